@@ -1,0 +1,654 @@
+#include "common/config.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace strata {
+
+const char* ConsistencyName(Consistency c) {
+  switch (c) {
+    case Consistency::kBsp:
+      return "bsp";
+    case Consistency::kAsp:
+      return "asp";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// A range or membership rule on a parsed value: returns the reason the value
+// is rejected ("must be > 0"), or nullopt if it is accepted.
+template <typename T>
+using Check = std::function<std::optional<std::string>(const T&)>;
+
+Check<int64_t> IntAtLeast(int64_t min) {
+  return [min](const int64_t& v) -> std::optional<std::string> {
+    if (v >= min) return std::nullopt;
+    if (min == 1) return std::string("must be > 0");
+    return absl::StrCat("must be >= ", min);
+  };
+}
+
+Check<int64_t> IntInRange(int64_t lo, int64_t hi) {
+  return [lo, hi](const int64_t& v) -> std::optional<std::string> {
+    if (v >= lo && v <= hi) return std::nullopt;
+    return absl::StrCat("must be in [", lo, ", ", hi, "]");
+  };
+}
+
+Check<double> DoublePositive() {
+  return [](const double& v) -> std::optional<std::string> {
+    if (v > 0) return std::nullopt;
+    return std::string("must be > 0");
+  };
+}
+
+Check<double> DoubleNonNegative() {
+  return [](const double& v) -> std::optional<std::string> {
+    if (v >= 0) return std::nullopt;
+    return std::string("must be >= 0");
+  };
+}
+
+// [0, 1): momentum and Adam's betas.
+Check<double> DoubleUnitInterval() {
+  return [](const double& v) -> std::optional<std::string> {
+    if (v >= 0 && v < 1) return std::nullopt;
+    return std::string("must be in [0, 1)");
+  };
+}
+
+Check<std::string> NonEmpty() {
+  return [](const std::string& v) -> std::optional<std::string> {
+    if (!v.empty()) return std::nullopt;
+    return std::string("must not be empty");
+  };
+}
+
+// Formats a double the way a user would have written it (no trailing zeros).
+std::string FormatDouble(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// Short description of a node's kind for "expected X, got Y" messages.
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "an empty value";
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Scalar:
+      if (node.Tag() == "!")
+        return absl::StrCat("quoted string \"", node.Scalar(), "\"");
+      return absl::StrCat("'", node.Scalar(), "'");
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+// True for a plain (unquoted) scalar: only those may be read as numbers.
+bool IsPlainScalar(const YAML::Node& node) {
+  return node.IsScalar() && node.Tag() != "!";
+}
+
+// Walks a parsed YAML document and fills a JobConfig, stopping at the first
+// error. Errors are InvalidArgument "file:line:col: path: message".
+// Not thread-safe; one instance parses one document.
+class ConfigReader {
+ public:
+  explicit ConfigReader(const std::string& filename) : filename_(filename) {}
+
+  ConfigReader(const ConfigReader&) = delete;
+  ConfigReader& operator=(const ConfigReader&) = delete;
+
+  absl::Status Read(const YAML::Node& root, JobConfig* config);
+
+ private:
+  // One key of a map section: its name and how to read its value.
+  struct Field {
+    std::string key;
+    // `key` and `value` are the YAML nodes; `path` the dotted key path.
+    std::function<absl::Status(const YAML::Node& key, const YAML::Node& value,
+                               const std::string& path)>
+        read;
+  };
+
+  // "file:line:col: " for a 0-based YAML mark (just "file: " if unknown).
+  std::string Position(const YAML::Mark& mark) const;
+  absl::Status Error(const YAML::Mark& mark, absl::string_view message) const;
+  absl::Status PathError(const YAML::Mark& mark, const std::string& path,
+                         absl::string_view message) const;
+
+  // Where to point at a value: the value itself, or its key when the value
+  // is empty (yaml-cpp gives empty values the position of the next token).
+  static YAML::Mark ValueMark(const YAML::Node& key, const YAML::Node& value);
+
+  // Reads a map section at `path` ("" for the document root) whose allowed
+  // keys are `fields`. An empty (null) node is an empty map. `where` is used
+  // for errors about the node as a whole.
+  absl::Status ReadMap(const YAML::Node& node, const YAML::Mark& where,
+                       const std::string& path,
+                       const std::vector<Field>& fields);
+
+  // Field builders: read one typed value into `*out` and apply `check`.
+  // The returned Field borrows `this` and `out`; use it only during Read().
+  Field Int(const std::string& key, int* out, Check<int64_t> check);
+  Field Int64(const std::string& key, int64_t* out, Check<int64_t> check);
+  Field Uint64(const std::string& key, uint64_t* out);
+  Field Double(const std::string& key, double* out, Check<double> check);
+  Field String(const std::string& key, std::string* out,
+               Check<std::string> check);
+  Field Enum(const std::string& key, std::string* out,
+             std::vector<std::string> allowed);
+  Field Section(const std::string& key,
+                std::function<std::vector<Field>()> fields);
+
+  absl::StatusOr<int64_t> ParseInt(const YAML::Node& key,
+                                   const YAML::Node& value,
+                                   const std::string& path) const;
+  absl::StatusOr<double> ParseDouble(const YAML::Node& key,
+                                     const YAML::Node& value,
+                                     const std::string& path) const;
+
+  std::vector<Field> JobFields(JobSection* job);
+  std::vector<Field> ModelFields(ModelSection* model);
+  std::vector<Field> OptimizerFields(OptimizerSection* optimizer);
+  std::vector<Field> DataFields(DataSection* data);
+  std::vector<Field> ClusterFields(ClusterSection* cluster);
+  std::vector<Field> PortsFields(PortsSection* ports);
+
+  // Checks that involve more than one key, once everything is read.
+  absl::Status CrossCheck(const JobConfig& config) const;
+
+  const std::string filename_;
+  // Position of every key path read so far (of its key node, for sections).
+  std::map<std::string, YAML::Mark> marks_;
+};
+
+std::string ConfigReader::Position(const YAML::Mark& mark) const {
+  if (mark.is_null() || mark.line < 0) return absl::StrCat(filename_, ": ");
+  return absl::StrCat(filename_, ":", mark.line + 1, ":", mark.column + 1,
+                      ": ");
+}
+
+absl::Status ConfigReader::Error(const YAML::Mark& mark,
+                                 absl::string_view message) const {
+  return absl::InvalidArgumentError(absl::StrCat(Position(mark), message));
+}
+
+absl::Status ConfigReader::PathError(const YAML::Mark& mark,
+                                     const std::string& path,
+                                     absl::string_view message) const {
+  return Error(mark, absl::StrCat(path, ": ", message));
+}
+
+YAML::Mark ConfigReader::ValueMark(const YAML::Node& key,
+                                   const YAML::Node& value) {
+  if (value.IsNull() || value.Mark().is_null()) return key.Mark();
+  return value.Mark();
+}
+
+absl::Status ConfigReader::ReadMap(const YAML::Node& node,
+                                   const YAML::Mark& where,
+                                   const std::string& path,
+                                   const std::vector<Field>& fields) {
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) {
+    if (path.empty()) {
+      return Error(where, absl::StrCat("expected a map of sections, got ",
+                                       Describe(node)));
+    }
+    return PathError(where, path,
+                     absl::StrCat("expected a map, got ", Describe(node)));
+  }
+  std::vector<std::string> names;
+  names.reserve(fields.size());
+  for (const Field& f : fields) names.push_back(f.key);
+
+  std::map<std::string, int> seen;  // key -> 1-based line of first occurrence
+  for (const auto& kv : node) {
+    const YAML::Node& key = kv.first;
+    const YAML::Node& value = kv.second;
+    if (!key.IsScalar()) {
+      return Error(key.Mark(), absl::StrCat(path.empty() ? "" : path + ": ",
+                                            "keys must be plain names, got ",
+                                            Describe(key)));
+    }
+    const std::string& name = key.Scalar();
+    const std::string full =
+        path.empty() ? name : absl::StrCat(path, ".", name);
+    const Field* field = nullptr;
+    for (const Field& f : fields) {
+      if (f.key == name) field = &f;
+    }
+    if (field == nullptr) {
+      return Error(key.Mark(),
+                   absl::StrCat("unknown key '", full, "' (expected one of: ",
+                                absl::StrJoin(names, ", "), ")"));
+    }
+    auto [it, inserted] = seen.emplace(name, key.Mark().line + 1);
+    if (!inserted) {
+      return Error(key.Mark(),
+                   absl::StrCat("duplicate key '", full,
+                                "' (first given on line ", it->second, ")"));
+    }
+    marks_[full] = ValueMark(key, value);
+    STRATA_RETURN_IF_ERROR(field->read(key, value, full));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ConfigReader::ParseInt(const YAML::Node& key,
+                                               const YAML::Node& value,
+                                               const std::string& path) const {
+  int64_t v = 0;
+  if (IsPlainScalar(value) && absl::SimpleAtoi(value.Scalar(), &v)) return v;
+  if (IsPlainScalar(value)) {
+    // Digits only but unparsable: too large rather than not a number.
+    absl::string_view s = value.Scalar();
+    if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+    if (!s.empty() && std::all_of(s.begin(), s.end(), absl::ascii_isdigit)) {
+      return PathError(value.Mark(), path,
+                       absl::StrCat("integer out of range: ", value.Scalar()));
+    }
+  }
+  return PathError(ValueMark(key, value), path,
+                   absl::StrCat("expected an integer, got ", Describe(value)));
+}
+
+absl::StatusOr<double> ConfigReader::ParseDouble(
+    const YAML::Node& key, const YAML::Node& value,
+    const std::string& path) const {
+  double v = 0;
+  if (IsPlainScalar(value) && absl::SimpleAtod(value.Scalar(), &v)) {
+    if (std::isfinite(v)) return v;
+    return PathError(
+        value.Mark(), path,
+        absl::StrCat("expected a finite number, got '", value.Scalar(), "'"));
+  }
+  return PathError(ValueMark(key, value), path,
+                   absl::StrCat("expected a number, got ", Describe(value)));
+}
+
+ConfigReader::Field ConfigReader::Int(const std::string& key, int* out,
+                                      Check<int64_t> check) {
+  return {key,
+          [this, out, check](const YAML::Node& k, const YAML::Node& v,
+                             const std::string& path) -> absl::Status {
+            STRATA_ASSIGN_OR_RETURN(int64_t value, ParseInt(k, v, path));
+            if (value < std::numeric_limits<int>::min() ||
+                value > std::numeric_limits<int>::max()) {
+              return PathError(v.Mark(), path,
+                               absl::StrCat("integer out of range: ", value));
+            }
+            if (auto why = check(value)) {
+              return PathError(v.Mark(), path,
+                               absl::StrCat(*why, ", got ", value));
+            }
+            *out = static_cast<int>(value);
+            return absl::OkStatus();
+          }};
+}
+
+ConfigReader::Field ConfigReader::Int64(const std::string& key, int64_t* out,
+                                        Check<int64_t> check) {
+  return {key,
+          [this, out, check](const YAML::Node& k, const YAML::Node& v,
+                             const std::string& path) -> absl::Status {
+            STRATA_ASSIGN_OR_RETURN(int64_t value, ParseInt(k, v, path));
+            if (auto why = check(value)) {
+              return PathError(v.Mark(), path,
+                               absl::StrCat(*why, ", got ", value));
+            }
+            *out = value;
+            return absl::OkStatus();
+          }};
+}
+
+ConfigReader::Field ConfigReader::Uint64(const std::string& key,
+                                         uint64_t* out) {
+  return {key,
+          [this, out](const YAML::Node& k, const YAML::Node& v,
+                      const std::string& path) -> absl::Status {
+            uint64_t value = 0;
+            if (IsPlainScalar(v) && absl::SimpleAtoi(v.Scalar(), &value)) {
+              *out = value;
+              return absl::OkStatus();
+            }
+            return PathError(ValueMark(k, v), path,
+                             absl::StrCat("expected an integer in [0, ",
+                                          std::numeric_limits<uint64_t>::max(),
+                                          "], got ", Describe(v)));
+          }};
+}
+
+ConfigReader::Field ConfigReader::Double(const std::string& key, double* out,
+                                         Check<double> check) {
+  return {key,
+          [this, out, check](const YAML::Node& k, const YAML::Node& v,
+                             const std::string& path) -> absl::Status {
+            STRATA_ASSIGN_OR_RETURN(double value, ParseDouble(k, v, path));
+            if (auto why = check(value)) {
+              return PathError(
+                  v.Mark(), path,
+                  absl::StrCat(*why, ", got ", FormatDouble(value)));
+            }
+            *out = value;
+            return absl::OkStatus();
+          }};
+}
+
+ConfigReader::Field ConfigReader::String(const std::string& key,
+                                         std::string* out,
+                                         Check<std::string> check) {
+  return {key,
+          [this, out, check](const YAML::Node& k, const YAML::Node& v,
+                             const std::string& path) -> absl::Status {
+            if (!v.IsScalar()) {
+              return PathError(
+                  ValueMark(k, v), path,
+                  absl::StrCat("expected a string, got ", Describe(v)));
+            }
+            if (check) {
+              if (auto why = check(v.Scalar())) {
+                return PathError(v.Mark(), path, *why);
+              }
+            }
+            *out = v.Scalar();
+            return absl::OkStatus();
+          }};
+}
+
+ConfigReader::Field ConfigReader::Enum(const std::string& key, std::string* out,
+                                       std::vector<std::string> allowed) {
+  return {key,
+          [this, out, allowed](const YAML::Node& k, const YAML::Node& v,
+                               const std::string& path) -> absl::Status {
+            if (!v.IsScalar()) {
+              return PathError(
+                  ValueMark(k, v), path,
+                  absl::StrCat("expected one of ", absl::StrJoin(allowed, ", "),
+                               ", got ", Describe(v)));
+            }
+            for (const std::string& a : allowed) {
+              if (v.Scalar() == a) {
+                *out = a;
+                return absl::OkStatus();
+              }
+            }
+            return PathError(
+                v.Mark(), path,
+                absl::StrCat("unknown value '", v.Scalar(), "' (allowed: ",
+                             absl::StrJoin(allowed, ", "), ")"));
+          }};
+}
+
+ConfigReader::Field ConfigReader::Section(
+    const std::string& key, std::function<std::vector<Field>()> fields) {
+  return {key,
+          [this, fields](const YAML::Node& k, const YAML::Node& v,
+                         const std::string& path) -> absl::Status {
+            // Sections are located by their key: that is what a reader of
+            // "missing required key" errors wants to see.
+            marks_[path] = k.Mark();
+            return ReadMap(v, ValueMark(k, v), path, fields());
+          }};
+}
+
+std::vector<ConfigReader::Field> ConfigReader::JobFields(JobSection* job) {
+  return {
+      String("name", &job->name, NonEmpty()),
+      {"consistency",
+       [this, job](const YAML::Node& k, const YAML::Node& v,
+                   const std::string& path) -> absl::Status {
+         std::string name;
+         STRATA_RETURN_IF_ERROR(
+             Enum("consistency", &name, {"bsp", "asp"}).read(k, v, path));
+         job->consistency =
+             name == "bsp" ? Consistency::kBsp : Consistency::kAsp;
+         return absl::OkStatus();
+       }},
+      Int("epochs", &job->epochs, IntAtLeast(1)),
+      Int("batch_size", &job->batch_size, IntAtLeast(1)),
+      Int("progress_every_steps", &job->progress_every_steps, IntAtLeast(1)),
+      Uint64("seed", &job->seed),
+  };
+}
+
+std::vector<ConfigReader::Field> ConfigReader::ModelFields(
+    ModelSection* model) {
+  return {
+      Enum("type", &model->type, {"mlp"}),
+      {"layers",
+       [this, model](const YAML::Node& k, const YAML::Node& v,
+                     const std::string& path) -> absl::Status {
+         if (!v.IsSequence()) {
+           return PathError(
+               ValueMark(k, v), path,
+               absl::StrCat("expected a list of integers, got ", Describe(v)));
+         }
+         if (v.size() < 2) {
+           return PathError(v.Mark(), path,
+                            absl::StrCat("needs at least 2 entries (input and "
+                                         "output width), got ",
+                                         v.size()));
+         }
+         std::vector<int> layers;
+         for (const YAML::Node& item : v) {
+           int w = 0;
+           STRATA_RETURN_IF_ERROR(
+               Int("", &w, IntAtLeast(1))
+                   .read(k, item, absl::StrCat(path, "[", layers.size(), "]")));
+           layers.push_back(w);
+         }
+         model->layers = std::move(layers);
+         return absl::OkStatus();
+       }},
+      Enum("activation", &model->activation, {"relu", "tanh", "sigmoid"}),
+  };
+}
+
+std::vector<ConfigReader::Field> ConfigReader::OptimizerFields(
+    OptimizerSection* opt) {
+  return {
+      Enum("type", &opt->type, {"sgd", "momentum", "adam"}),
+      Double("learning_rate", &opt->learning_rate, DoublePositive()),
+      Double("momentum", &opt->momentum, DoubleUnitInterval()),
+      Double("beta1", &opt->beta1, DoubleUnitInterval()),
+      Double("beta2", &opt->beta2, DoubleUnitInterval()),
+      Double("epsilon", &opt->epsilon, DoublePositive()),
+      Double("weight_decay", &opt->weight_decay, DoubleNonNegative()),
+  };
+}
+
+std::vector<ConfigReader::Field> ConfigReader::DataFields(DataSection* data) {
+  return {
+      Enum("format", &data->format, {"idx"}),
+      String("train_images", &data->train_images, NonEmpty()),
+      String("train_labels", &data->train_labels, NonEmpty()),
+      String("test_images", &data->test_images, NonEmpty()),
+      String("test_labels", &data->test_labels, NonEmpty()),
+      Int64("task_records", &data->task_records, IntAtLeast(1)),
+      Int64("train_limit", &data->train_limit, IntAtLeast(0)),
+  };
+}
+
+std::vector<ConfigReader::Field> ConfigReader::ClusterFields(
+    ClusterSection* cluster) {
+  return {
+      Enum("transport", &cluster->transport, {"tcp", "inproc"}),
+      Int64("slice_bytes", &cluster->slice_bytes, IntAtLeast(4)),
+      Int("heartbeat_interval_ms", &cluster->heartbeat_interval_ms,
+          IntAtLeast(1)),
+      Int("dead_timeout_ms", &cluster->dead_timeout_ms, IntAtLeast(1)),
+      Int("task_lease_timeout_ms", &cluster->task_lease_timeout_ms,
+          IntAtLeast(1)),
+      Int("request_timeout_ms", &cluster->request_timeout_ms, IntAtLeast(1)),
+      Section("ports",
+              [this, cluster] { return PortsFields(&cluster->ports); }),
+  };
+}
+
+std::vector<ConfigReader::Field> ConfigReader::PortsFields(
+    PortsSection* ports) {
+  const auto port = [] { return IntInRange(0, 65535); };
+  return {
+      Int("master", &ports->master, port()),
+      Int("master_http", &ports->master_http, port()),
+      Int("pserver", &ports->pserver, port()),
+      Int("pserver_data", &ports->pserver_data, port()),
+      Int("pserver_http", &ports->pserver_http, port()),
+      Int("worker_http", &ports->worker_http, port()),
+  };
+}
+
+absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
+  const ClusterSection& c = config.cluster;
+  if (c.dead_timeout_ms <= c.heartbeat_interval_ms) {
+    // Point at whichever of the two the file set (dead_timeout_ms first).
+    YAML::Mark mark = YAML::Mark::null_mark();
+    for (const char* key : {"cluster.dead_timeout_ms",
+                            "cluster.heartbeat_interval_ms", "cluster"}) {
+      auto it = marks_.find(key);
+      if (it != marks_.end()) {
+        mark = it->second;
+        break;
+      }
+    }
+    return PathError(
+        mark, "cluster.dead_timeout_ms",
+        absl::StrCat("must be > cluster.heartbeat_interval_ms (",
+                     c.heartbeat_interval_ms, "), got ", c.dead_timeout_ms));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
+  // An empty document has no position; report errors about it at 1:1.
+  YAML::Mark root_mark = root.Mark();
+  if (root_mark.is_null() || root_mark.line < 0) {
+    root_mark.line = 0;
+    root_mark.column = 0;
+  }
+  const std::vector<Field> sections = {
+      Section("job", [this, config] { return JobFields(&config->job); }),
+      Section("model", [this, config] { return ModelFields(&config->model); }),
+      Section("optimizer",
+              [this, config] { return OptimizerFields(&config->optimizer); }),
+      Section("data", [this, config] { return DataFields(&config->data); }),
+      Section("cluster",
+              [this, config] { return ClusterFields(&config->cluster); }),
+  };
+  STRATA_RETURN_IF_ERROR(ReadMap(root, root_mark, "", sections));
+
+  auto data = marks_.find("data");
+  if (data == marks_.end()) {
+    return Error(root_mark, "missing required section 'data'");
+  }
+  for (const char* key :
+       {"train_images", "train_labels", "test_images", "test_labels"}) {
+    const std::string path = absl::StrCat("data.", key);
+    if (marks_.count(path) == 0) {
+      return Error(data->second,
+                   absl::StrCat("missing required key '", path, "'"));
+    }
+  }
+  return CrossCheck(*config);
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string why = std::generic_category().message(err);
+    if (err == ENOENT || err == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(path, ": ", why));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
+  }
+  std::ifstream in(path, std::ios::in | std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": cannot open: ", std::generic_category().message(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": read failed"));
+  }
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text,
+                                         const std::string& filename) {
+  JobConfig config;
+  try {
+    std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1) {
+      YAML::Mark mark = docs[1].Mark();
+      std::string where = filename + ": ";
+      if (!mark.is_null() && mark.line >= 0) {
+        where = absl::StrCat(filename, ":", mark.line + 1, ":", mark.column + 1,
+                             ": ");
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "expected one YAML document, found ", docs.size()));
+    }
+    ConfigReader reader(filename);
+    STRATA_RETURN_IF_ERROR(
+        reader.Read(docs.empty() ? YAML::Node() : docs[0], &config));
+  } catch (const YAML::Exception& e) {
+    std::string where = filename + ": ";
+    if (!e.mark.is_null() && e.mark.line >= 0) {
+      where = absl::StrCat(filename, ":", e.mark.line + 1, ":",
+                           e.mark.column + 1, ": ");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "invalid YAML: ", e.msg));
+  }
+  config.source.clear();
+  return config;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  STRATA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(text, path));
+  config.source = path;
+  return config;
+}
+
+}  // namespace strata

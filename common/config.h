@@ -1,0 +1,93 @@
+// Job configuration: one YAML file describes a job and its cluster.
+// The schema is documented key by key in docs/config.md. Parsing is strict:
+// an unknown key, a wrong type or a bad value is an InvalidArgument error
+// whose message starts with "file:line:column: " and names the key path
+// (e.g. "conf/local.yaml:12:14: optimizer.learning_rate: must be > 0").
+#ifndef STRATA_COMMON_CONFIG_H_
+#define STRATA_COMMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata {
+
+enum class Consistency { kBsp, kAsp };
+const char* ConsistencyName(Consistency c);
+
+struct JobSection {
+  std::string name = "strata-job";
+  Consistency consistency = Consistency::kBsp;
+  int epochs = 1;                   // > 0
+  int batch_size = 64;              // > 0, per worker
+  int progress_every_steps = 50;    // > 0
+  uint64_t seed = 1;
+};
+
+struct ModelSection {
+  std::string type = "mlp";                  // only "mlp" for now
+  std::vector<int> layers{784, 256, 128, 10};  // >= 2 entries, each > 0
+  std::string activation = "relu";           // relu | tanh | sigmoid
+};
+
+struct OptimizerSection {
+  std::string type = "adam";   // sgd | momentum | adam
+  double learning_rate = 0.001;  // > 0
+  double momentum = 0.9;         // [0, 1)
+  double beta1 = 0.9;            // [0, 1)
+  double beta2 = 0.999;          // [0, 1)
+  double epsilon = 1e-8;         // > 0
+  double weight_decay = 0.0;     // >= 0
+};
+
+struct DataSection {
+  std::string format = "idx";  // only "idx" (gzip or plain IDX files)
+  std::string train_images;    // required
+  std::string train_labels;    // required
+  std::string test_images;     // required
+  std::string test_labels;     // required
+  int64_t task_records = 2000; // records per data task, > 0
+  int64_t train_limit = 0;     // use only the first N training records; 0 = all
+};
+
+struct PortsSection {
+  int master = 7070;         // master gRPC
+  int master_http = 7071;    // master HTTP (/metrics, /healthz, /status)
+  int pserver = 7100;        // pserver gRPC admin port of instance 0; i -> base+i
+  int pserver_data = 7200;   // pserver data-plane port of instance 0
+  int pserver_http = 7300;   // pserver HTTP port of instance 0
+  int worker_http = 7400;    // worker HTTP port of instance 0
+};
+
+struct ClusterSection {
+  std::string transport = "tcp";   // tcp | inproc
+  int64_t slice_bytes = 4 << 20;   // max bytes of one dense partition, >= 4
+  int heartbeat_interval_ms = 500;    // > 0
+  int dead_timeout_ms = 5000;         // > heartbeat_interval_ms
+  int task_lease_timeout_ms = 120000; // > 0
+  int request_timeout_ms = 60000;     // data-plane request timeout, > 0
+  PortsSection ports;
+};
+
+struct JobConfig {
+  std::string source;  // file the config came from ("" if from a string)
+  JobSection job;
+  ModelSection model;
+  OptimizerSection optimizer;
+  DataSection data;
+  ClusterSection cluster;
+};
+
+// Parses YAML text. `filename` is used in error messages only.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text,
+                                         const std::string& filename);
+
+// Reads and parses `path`. A missing or unreadable file is NotFound /
+// InvalidArgument naming the path.
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_CONFIG_H_

@@ -1,0 +1,236 @@
+#include "common/host_file.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace strata {
+
+int HostFile::total_pservers() const {
+  int n = 0;
+  for (const HostEntry& h : hosts) n += h.pservers;
+  return n;
+}
+
+int HostFile::total_workers() const {
+  int n = 0;
+  for (const HostEntry& h : hosts) n += h.workers;
+  return n;
+}
+
+const HostEntry& HostFile::master_host() const {
+  for (const HostEntry& h : hosts) {
+    if (h.masters == 1) return h;
+  }
+  LOG(FATAL) << "host file " << source
+             << " has no master; master_host() requires a parsed host file";
+  return hosts.front();  // Not reached.
+}
+
+namespace {
+
+constexpr char kRoles[] = "master, pserver[=N] or worker[=N]";
+
+// Host names and addresses: letters, digits and . - _ (names, IPv4) and :
+// (IPv6). Anything else (=, quotes, brackets...) is a typo.
+bool IsValidHost(absl::string_view host) {
+  for (char c : host) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_' &&
+        c != ':') {
+      return false;
+    }
+  }
+  return !host.empty();
+}
+
+// Parses an unsigned decimal count; false on anything else or overflow.
+bool ParseCount(absl::string_view text, int* out) {
+  if (text.empty() || text.size() > 9) return false;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(c)) return false;
+  }
+  return absl::SimpleAtoi(text, out);
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string why = std::generic_category().message(err);
+    if (err == ENOENT || err == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(path, ": ", why));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
+  }
+  std::ifstream in(path, std::ios::in | std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": cannot open: ", std::generic_category().message(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": read failed"));
+  }
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<HostFile> ParseHostFile(const std::string& text,
+                                       const std::string& filename) {
+  const auto error = [&filename](int line, absl::string_view message) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(filename, ":", line, ": ", message));
+  };
+  HostFile file;
+  std::map<std::string, int> host_lines;  // host -> line of first appearance
+  int master_line = 0;
+
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    const std::size_t hash = line.find('#');
+    if (hash != absl::string_view::npos) line = line.substr(0, hash);
+    std::vector<absl::string_view> tokens =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r\f\v"), absl::SkipEmpty());
+    if (tokens.empty()) continue;
+
+    HostEntry entry;
+    entry.host = std::string(tokens[0]);
+    entry.line = line_no;
+    if (absl::StrContains(tokens[0], '=')) {
+      return error(line_no,
+                   absl::StrCat("'", tokens[0],
+                                "' is not a host name (each line "
+                                "starts with a host, then its roles)"));
+    }
+    if (!IsValidHost(tokens[0])) {
+      return error(line_no,
+                   absl::StrCat("bad host '", tokens[0],
+                                "' (expected a host name or IP address)"));
+    }
+    if (tokens.size() == 1) {
+      return error(line_no, absl::StrCat("host '", tokens[0],
+                                         "' has no roles (expected ", kRoles,
+                                         " after the host)"));
+    }
+    std::map<std::string, bool> roles_seen;
+    for (std::size_t i = 1; i < tokens.size(); ++i) {
+      const absl::string_view item = tokens[i];
+      const std::size_t eq = item.find('=');
+      const absl::string_view role = item.substr(0, eq);
+      int* count = nullptr;
+      if (role == "master") {
+        count = &entry.masters;
+      } else if (role == "pserver") {
+        count = &entry.pservers;
+      } else if (role == "worker") {
+        count = &entry.workers;
+      } else {
+        return error(line_no, absl::StrCat("unknown role '", role, "' in '",
+                                           item, "' (expected ", kRoles, ")"));
+      }
+      if (roles_seen[std::string(role)]) {
+        return error(line_no,
+                     absl::StrCat("role '", role, "' given twice for host '",
+                                  entry.host, "'"));
+      }
+      roles_seen[std::string(role)] = true;
+      int n = 1;
+      if (eq != absl::string_view::npos) {
+        const absl::string_view value = item.substr(eq + 1);
+        if (!ParseCount(value, &n) || n < 1) {
+          return error(line_no, absl::StrCat("bad count in '", item,
+                                             "' (expected an integer >= 1)"));
+        }
+      }
+      if (count == &entry.masters && n != 1) {
+        return error(line_no, absl::StrCat("bad count in '", item,
+                                           "' (a job has exactly one master)"));
+      }
+      *count = n;
+    }
+
+    auto [it, inserted] = host_lines.emplace(entry.host, line_no);
+    if (!inserted) {
+      return error(line_no, absl::StrCat("duplicate host '", entry.host,
+                                         "' (first on line ", it->second, ")"));
+    }
+    if (entry.masters > 0) {
+      if (master_line != 0) {
+        return error(line_no, absl::StrCat("more than one master (lines ",
+                                           master_line, " and ", line_no,
+                                           "); exactly one host runs master"));
+      }
+      master_line = line_no;
+    }
+    file.hosts.push_back(std::move(entry));
+  }
+
+  const auto file_error = [&filename](absl::string_view message) {
+    return absl::InvalidArgumentError(absl::StrCat(filename, ": ", message));
+  };
+  if (file.hosts.empty()) {
+    return file_error(
+        "no hosts (expected lines like '127.0.0.1 master "
+        "pserver=1 worker=1')");
+  }
+  if (master_line == 0) {
+    return file_error("no master (exactly one host must run master)");
+  }
+  if (file.total_pservers() == 0) {
+    return file_error("no pserver (at least one host must run pserver)");
+  }
+  if (file.total_workers() == 0) {
+    return file_error("no worker (at least one host must run worker)");
+  }
+  return file;
+}
+
+absl::StatusOr<HostFile> LoadHostFile(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  STRATA_ASSIGN_OR_RETURN(HostFile file, ParseHostFile(text, path));
+  file.source = path;
+  return file;
+}
+
+bool IsLocalHost(const std::string& host) {
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  in_addr v4;
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    // s_addr is in network byte order: the first byte is the first octet.
+    unsigned char first = 0;
+    std::memcpy(&first, &v4.s_addr, 1);
+    return first == 127;
+  }
+  in6_addr v6;
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return std::memcmp(&v6, &in6addr_loopback, sizeof(v6)) == 0;
+  }
+  return false;
+}
+
+}  // namespace strata

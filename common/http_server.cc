@@ -1,0 +1,487 @@
+#include "common/http_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "glog/logging.h"
+
+namespace strata {
+namespace {
+
+constexpr size_t kMaxRequestBytes = 16 * 1024;
+constexpr absl::Duration kRequestReadTimeout = absl::Seconds(2);
+constexpr absl::Duration kResponseWriteTimeout = absl::Seconds(2);
+constexpr absl::Duration kDrainTimeout = absl::Milliseconds(200);
+constexpr int kAcceptPollMs = 100;
+
+// "host:port", bracketing IPv6 literals.
+std::string HostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Milliseconds left until `deadline`, clamped to [0, INT_MAX].
+int MillisLeft(absl::Time deadline) {
+  absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  int64_t ms = absl::ToInt64Milliseconds(left) + 1;
+  return ms > 1 << 30 ? 1 << 30 : static_cast<int>(ms);
+}
+
+// Waits for `events` on `fd` until `deadline`. Returns >0 when ready, 0 on
+// timeout, <0 with errno set on error.
+int PollUntil(int fd, short events, absl::Time deadline) {
+  while (true) {
+    pollfd pfd{fd, events, 0};
+    int rc = poll(&pfd, 1, MillisLeft(deadline));
+    if (rc < 0 && errno == EINTR) continue;
+    return rc;
+  }
+}
+
+// Writes all of `data` before `deadline`. Returns 0, ETIMEDOUT, or the errno
+// of the failed call.
+int SendAll(int fd, absl::string_view data, absl::Time deadline) {
+  while (!data.empty()) {
+    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) return EPIPE;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      int ready = PollUntil(fd, POLLOUT, deadline);
+      if (ready == 0) return ETIMEDOUT;
+      if (ready < 0) return errno;
+      continue;
+    }
+    return errno;
+  }
+  return 0;
+}
+
+const char* ReasonPhrase(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
+  }
+}
+
+// Serializes a response; HEAD gets the headers only.
+std::string FormatResponse(const HttpResponse& response, bool head_only,
+                           const std::string& extra_headers = "") {
+  std::string out = absl::StrCat(
+      "HTTP/1.1 ", response.status, " ", ReasonPhrase(response.status), "\r\n",
+      "Content-Type: ", response.content_type, "\r\n",
+      "Content-Length: ", response.body.size(), "\r\n", extra_headers,
+      "Connection: close\r\n\r\n");
+  if (!head_only) out += response.body;
+  return out;
+}
+
+HttpResponse TextResponse(int status, absl::string_view text) {
+  HttpResponse response;
+  response.status = status;
+  response.body = absl::StrCat(text, "\n");
+  return response;
+}
+
+// Sends `response` and ends the connection gracefully: half-close, then
+// drain what the client still sends (briefly) so close() does not reset the
+// connection under the response.
+void SendResponse(int fd, const HttpResponse& response, bool head_only,
+                  const std::string& extra_headers) {
+  int err = SendAll(fd, FormatResponse(response, head_only, extra_headers),
+                    absl::Now() + kResponseWriteTimeout);
+  if (err != 0) {
+    VLOG(1) << "http server: sending a " << response.status
+            << " response: " << ErrnoText(err);
+    return;
+  }
+  shutdown(fd, SHUT_WR);
+  const absl::Time drain_deadline = absl::Now() + kDrainTimeout;
+  char buf[4096];
+  while (PollUntil(fd, POLLIN, drain_deadline) > 0) {
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0) break;
+    if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      break;
+    }
+  }
+}
+
+// Resolves host:port for a stream socket; `passive` for bind().
+absl::StatusOr<addrinfo*> Resolve(const std::string& host, int port,
+                                  bool passive) {
+  addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  std::string service = absl::StrCat(port);
+  addrinfo* result = nullptr;
+  const char* node = host.empty() ? nullptr : host.c_str();
+  int rc = getaddrinfo(node, service.c_str(), &hints, &result);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("resolve ", HostPort(host, port), ": ", gai_strerror(rc)));
+  }
+  return result;
+}
+
+}  // namespace
+
+HttpServer::~HttpServer() { Shutdown(); }
+
+void HttpServer::Handle(const std::string& path, HttpHandler handler) {
+  CHECK(!thread_.joinable()) << "Handle() must be called before Start()";
+  handlers_[path] = std::move(handler);
+}
+
+absl::Status HttpServer::Start(const std::string& host, int port) {
+  if (listen_fd_ >= 0 || thread_.joinable() || stop_.HasBeenNotified()) {
+    return absl::FailedPreconditionError("HttpServer already started");
+  }
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid port ", port, " for ", HostPort(host, port)));
+  }
+  absl::StatusOr<addrinfo*> resolved = Resolve(host, port, /*passive=*/true);
+  if (!resolved.ok()) return resolved.status();
+  addrinfo* addrs = *resolved;
+
+  std::string last_error = "no addresses";
+  int fd = -1;
+  for (addrinfo* ai = addrs; ai != nullptr; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last_error = absl::StrCat("socket: ", ErrnoText(errno));
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      last_error = absl::StrCat("bind: ", ErrnoText(errno));
+    } else if (listen(fd, SOMAXCONN) != 0) {
+      last_error = absl::StrCat("listen: ", ErrnoText(errno));
+    } else {
+      break;  // bound and listening
+    }
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(addrs);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "http server on ", HostPort(host, port), ": ", last_error));
+  }
+
+  sockaddr_storage bound;
+  socklen_t len = sizeof(bound);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat(
+        "getsockname for ", HostPort(host, port), ": ", ErrnoText(err)));
+  }
+  if (bound.ss_family == AF_INET6) {
+    port_ = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  } else {
+    port_ = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  }
+  listen_fd_ = fd;
+  thread_ = std::thread([this] { Serve(); });
+  VLOG(1) << "http server listening on " << HostPort(host, port_);
+  return absl::OkStatus();
+}
+
+void HttpServer::Shutdown() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  // Wakes the accept loop's poll() at once (Linux); the poll timeout bounds
+  // the wait otherwise.
+  if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+  }
+}
+
+void HttpServer::Serve() {
+  while (!stop_.HasBeenNotified()) {
+    pollfd pfd{listen_fd_, POLLIN, 0};
+    int rc = poll(&pfd, 1, kAcceptPollMs);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      LOG(ERROR) << "http server poll: " << ErrnoText(errno);
+      return;
+    }
+    if (rc == 0 || stop_.HasBeenNotified()) continue;
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK ||
+          err == ECONNABORTED || err == EPROTO) {
+        continue;
+      }
+      LOG(WARNING) << "http server accept: " << ErrnoText(err);
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // Out of resources: back off instead of spinning.
+        stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+        continue;
+      }
+      return;
+    }
+    ServeConnection(fd);
+    close(fd);
+  }
+}
+
+void HttpServer::ServeConnection(int fd) {
+  // The whole request must arrive within kRequestReadTimeout, so a client
+  // trickling bytes cannot hold the (only) serving thread.
+  const absl::Time read_deadline = absl::Now() + kRequestReadTimeout;
+  std::string request;
+  size_t header_end = std::string::npos;
+  bool too_large = false;
+  char buf[4096];
+  while (true) {
+    int ready = PollUntil(fd, POLLIN, read_deadline);
+    if (ready <= 0) {
+      if (ready == 0 && !request.empty()) {
+        SendResponse(fd, TextResponse(408, "request timeout"), false, "");
+      }
+      return;
+    }
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return;
+    }
+    if (n == 0) return;  // peer closed before a full request
+    // Search only the new bytes (plus 3 for a split terminator).
+    size_t search_from = request.size() >= 3 ? request.size() - 3 : 0;
+    request.append(buf, static_cast<size_t>(n));
+    header_end = request.find("\r\n\r\n", search_from);
+    if (header_end != std::string::npos) {
+      too_large = header_end + 4 > kMaxRequestBytes;
+      break;
+    }
+    if (request.size() > kMaxRequestBytes) {
+      too_large = true;
+      break;
+    }
+  }
+  if (too_large) {
+    SendResponse(fd, TextResponse(431, "request too large"), false, "");
+    return;
+  }
+
+  // Request line: METHOD SP request-target SP HTTP-version.
+  absl::string_view head(request.data(), header_end);
+  absl::string_view line = head.substr(0, head.find("\r\n"));
+  std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+  if (parts.size() != 3 || parts[0].empty() || parts[1].empty() ||
+      parts[1][0] != '/' || !absl::StartsWith(parts[2], "HTTP/")) {
+    SendResponse(fd, TextResponse(400, "bad request"), false, "");
+    return;
+  }
+  HttpRequest req;
+  req.method = std::string(parts[0]);
+  absl::string_view target = parts[1];
+  size_t q = target.find('?');
+  req.path = std::string(target.substr(0, q));
+  if (q != absl::string_view::npos) {
+    req.query = std::string(target.substr(q + 1));
+  }
+
+  const bool head_only = req.method == "HEAD";
+  if (req.method != "GET" && !head_only) {
+    SendResponse(fd, TextResponse(405, "method not allowed"), false,
+                 "Allow: GET, HEAD\r\n");
+    return;
+  }
+  auto it = handlers_.find(req.path);
+  HttpResponse response =
+      it == handlers_.end() ? TextResponse(404, "not found") : it->second(req);
+  SendResponse(fd, response, head_only, "");
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
+                                    const std::string& path,
+                                    absl::Duration timeout) {
+  const std::string address = HostPort(host, port);
+  const std::string url = absl::StrCat("http://", address, path);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<addrinfo*> resolved = Resolve(host, port, /*passive=*/false);
+  if (!resolved.ok()) return resolved.status();
+  addrinfo* addrs = *resolved;
+
+  // Connect, non-blocking so the timeout applies.
+  int fd = -1;
+  std::string last_error = "no addresses";
+  for (addrinfo* ai = addrs; ai != nullptr; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                ai->ai_protocol);
+    if (fd < 0) {
+      last_error = ErrnoText(errno);
+      continue;
+    }
+    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      int ready = PollUntil(fd, POLLOUT, deadline);
+      if (ready == 0) {
+        last_error =
+            absl::StrCat("timed out after ", absl::FormatDuration(timeout));
+      } else if (ready < 0) {
+        last_error = ErrnoText(errno);
+      } else {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err == 0) {
+          rc = 0;
+        } else {
+          last_error = ErrnoText(err);
+        }
+      }
+    } else if (rc != 0) {
+      last_error = ErrnoText(errno);
+    }
+    if (rc == 0) break;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(addrs);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("connect to ", address, ": ", last_error));
+  }
+
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address,
+                   "\r\nConnection: close\r\nAccept: */*\r\n\r\n");
+  if (int err = SendAll(fd, request, deadline); err != 0) {
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("send GET ", url, ": ", ErrnoText(err)));
+  }
+
+  std::string response;
+  char buf[16384];
+  while (true) {
+    int ready = PollUntil(fd, POLLIN, deadline);
+    if (ready == 0) {
+      close(fd);
+      return absl::UnavailableError(absl::StrCat(
+          "GET ", url, ": timed out after ", absl::FormatDuration(timeout)));
+    }
+    if (ready < 0) {
+      int err = errno;
+      close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("GET ", url, ": poll: ", ErrnoText(err)));
+    }
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      int err = errno;
+      close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("GET ", url, ": recv: ", ErrnoText(err)));
+    }
+    if (n == 0) break;
+    response.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+
+  // Status line, headers, body.
+  size_t header_end = response.find("\r\n\r\n");
+  if (header_end == std::string::npos) {
+    return absl::UnavailableError(absl::StrCat(
+        "GET ", url, ": connection closed before the end of the headers (",
+        response.size(), " bytes received)"));
+  }
+  absl::string_view head(response.data(), header_end);
+  std::vector<absl::string_view> lines = absl::StrSplit(head, "\r\n");
+  std::vector<absl::string_view> status_parts =
+      absl::StrSplit(lines[0], absl::MaxSplits(' ', 2));
+  int status = 0;
+  if (status_parts.size() < 2 || !absl::StartsWith(status_parts[0], "HTTP/") ||
+      !absl::SimpleAtoi(status_parts[1], &status)) {
+    return absl::InternalError(
+        absl::StrCat("GET ", url, ": malformed status line '", lines[0], "'"));
+  }
+  std::string body = response.substr(header_end + 4);
+  for (size_t i = 1; i < lines.size(); ++i) {
+    size_t colon = lines[i].find(':');
+    if (colon == absl::string_view::npos) continue;
+    absl::string_view name =
+        absl::StripAsciiWhitespace(lines[i].substr(0, colon));
+    if (!absl::EqualsIgnoreCase(name, "Content-Length")) continue;
+    uint64_t length = 0;
+    if (!absl::SimpleAtoi(
+            absl::StripAsciiWhitespace(lines[i].substr(colon + 1)), &length)) {
+      return absl::InternalError(
+          absl::StrCat("GET ", url, ": malformed header '", lines[i], "'"));
+    }
+    if (body.size() < length) {
+      return absl::UnavailableError(
+          absl::StrCat("GET ", url, ": body truncated: Content-Length ", length,
+                       ", received ", body.size(), " bytes"));
+    }
+    body.resize(length);
+  }
+  if (status != 200) {
+    std::string reason =
+        status_parts.size() > 2 ? std::string(status_parts[2]) : "";
+    return absl::InternalError(absl::StrCat("GET ", url, ": HTTP ", status,
+                                            reason.empty() ? "" : " ", reason));
+  }
+  return body;
+}
+
+}  // namespace strata

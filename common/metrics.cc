@@ -1,0 +1,254 @@
+#include "common/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace strata {
+namespace {
+
+// Adds `v` to `a`. std::atomic<double>::fetch_add is C++20; a CAS loop does
+// the same lock-free.
+void AtomicAdd(std::atomic<double>& a, double v) {
+  double old = a.load(std::memory_order_relaxed);
+  while (!a.compare_exchange_weak(old, old + v, std::memory_order_relaxed,
+                                  std::memory_order_relaxed)) {
+  }
+}
+
+bool IsNameStart(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// Metric names: [a-zA-Z_:][a-zA-Z0-9_:]*.
+bool IsValidMetricName(const std::string& name) {
+  if (name.empty()) return false;
+  if (!IsNameStart(name[0]) && name[0] != ':') return false;
+  for (char c : name) {
+    if (!IsNameStart(c) && !IsDigit(c) && c != ':') return false;
+  }
+  return true;
+}
+
+// Label names: [a-zA-Z_][a-zA-Z0-9_]*.
+bool IsValidLabelName(const std::string& name) {
+  if (name.empty() || !IsNameStart(name[0])) return false;
+  for (char c : name) {
+    if (!IsNameStart(c) && !IsDigit(c)) return false;
+  }
+  return true;
+}
+
+void CheckNames(const std::string& name, const MetricLabels& labels) {
+  CHECK(IsValidMetricName(name)) << "invalid metric name '" << name << "'";
+  for (const auto& [key, value] : labels) {
+    CHECK(IsValidLabelName(key))
+        << "invalid label name '" << key << "' on metric " << name;
+  }
+}
+
+// HELP text escapes backslash and newline.
+std::string EscapeHelp(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Label values also escape the double quote.
+std::string EscapeLabelValue(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Integral values print without a fraction ("3"), others with the shortest
+// precision that reads back to the same double; specials as Prometheus spells
+// them.
+std::string FormatValue(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+    // "-0" reads oddly; it is zero.
+    return std::string(buf) == "-0" ? "0" : std::string(buf);
+  }
+  char buf[40];
+  for (int precision = 15; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+std::string FormatLabels(const MetricLabels& labels) {
+  if (labels.empty()) return "";
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [key, value] : labels) {
+    if (!first) out += ",";
+    first = false;
+    absl::StrAppend(&out, key, "=\"", EscapeLabelValue(value), "\"");
+  }
+  out += "}";
+  return out;
+}
+
+}  // namespace
+
+void Counter::Increment(double v) {
+  DCHECK_GE(v, 0.0) << "counters only go up";
+  AtomicAdd(value_, v);
+}
+
+void Gauge::Add(double v) { AtomicAdd(value_, v); }
+
+// One metric name: its help, type and one series per label set. Exactly one
+// of counter / gauge / callback is set in each series.
+struct MetricsRegistry::Family {
+  struct Series {
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Gauge> gauge;
+    std::function<double()> callback;
+  };
+
+  std::string help;
+  std::string type;  // "counter" or "gauge"
+  std::map<MetricLabels, Series> series;
+};
+
+MetricsRegistry::MetricsRegistry() = default;
+MetricsRegistry::~MetricsRegistry() = default;
+
+MetricsRegistry::Family* MetricsRegistry::FamilyLocked(const std::string& name,
+                                                       const std::string& help,
+                                                       const char* type) {
+  auto it = families_.find(name);
+  if (it == families_.end()) {
+    auto family = std::make_unique<Family>();
+    family->help = help;
+    family->type = type;
+    it = families_.emplace(name, std::move(family)).first;
+  }
+  CHECK_EQ(it->second->type, type)
+      << "metric " << name << " registered as " << it->second->type
+      << ", now asked for as " << type;
+  return it->second.get();
+}
+
+Counter* MetricsRegistry::GetCounter(const std::string& name,
+                                     const std::string& help,
+                                     const MetricLabels& labels) {
+  CheckNames(name, labels);
+  absl::MutexLock lock(&mu_);
+  Family* family = FamilyLocked(name, help, "counter");
+  Family::Series& series = family->series[labels];
+  if (series.counter == nullptr) series.counter = std::make_unique<Counter>();
+  return series.counter.get();
+}
+
+Gauge* MetricsRegistry::GetGauge(const std::string& name,
+                                 const std::string& help,
+                                 const MetricLabels& labels) {
+  CheckNames(name, labels);
+  absl::MutexLock lock(&mu_);
+  Family* family = FamilyLocked(name, help, "gauge");
+  Family::Series& series = family->series[labels];
+  CHECK(!series.callback) << "metric " << name << FormatLabels(labels)
+                          << " is already a callback gauge";
+  if (series.gauge == nullptr) series.gauge = std::make_unique<Gauge>();
+  return series.gauge.get();
+}
+
+void MetricsRegistry::AddCallbackGauge(const std::string& name,
+                                       const std::string& help,
+                                       std::function<double()> fn,
+                                       const MetricLabels& labels) {
+  CHECK(fn) << "callback gauge " << name << " needs a function";
+  CheckNames(name, labels);
+  absl::MutexLock lock(&mu_);
+  Family* family = FamilyLocked(name, help, "gauge");
+  Family::Series& series = family->series[labels];
+  CHECK(series.gauge == nullptr)
+      << "metric " << name << FormatLabels(labels) << " is already a gauge";
+  // Registering the same (name, labels) again replaces the function.
+  series.callback = std::move(fn);
+}
+
+std::string MetricsRegistry::RenderPrometheus() const {
+  // Snapshot under the lock, read values outside it: callbacks may take
+  // their own locks, or even use this registry.
+  struct SeriesView {
+    std::string labels;
+    const Counter* counter = nullptr;
+    const Gauge* gauge = nullptr;
+    std::function<double()> callback;
+  };
+  struct FamilyView {
+    std::string name;
+    std::string help;
+    std::string type;
+    std::vector<SeriesView> series;
+  };
+  std::vector<FamilyView> views;
+  {
+    absl::MutexLock lock(&mu_);
+    views.reserve(families_.size());
+    for (const auto& [name, family] : families_) {  // std::map: sorted
+      FamilyView view{name, family->help, family->type, {}};
+      view.series.reserve(family->series.size());
+      for (const auto& [labels, series] : family->series) {
+        view.series.push_back(SeriesView{FormatLabels(labels),
+                                         series.counter.get(),
+                                         series.gauge.get(), series.callback});
+      }
+      views.push_back(std::move(view));
+    }
+  }
+
+  std::string out;
+  for (const FamilyView& view : views) {
+    absl::StrAppend(&out, "# HELP ", view.name, " ", EscapeHelp(view.help),
+                    "\n");
+    absl::StrAppend(&out, "# TYPE ", view.name, " ", view.type, "\n");
+    for (const SeriesView& s : view.series) {
+      double value = 0.0;
+      if (s.counter != nullptr) {
+        value = s.counter->value();
+      } else if (s.gauge != nullptr) {
+        value = s.gauge->value();
+      } else if (s.callback) {
+        value = s.callback();
+      }
+      absl::StrAppend(&out, view.name, s.labels, " ", FormatValue(value), "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,77 @@
+// Metrics registry rendered in the Prometheus text exposition format
+// (version 0.0.4). Counters and gauges, optionally with constant labels.
+#ifndef STRATA_COMMON_METRICS_H_
+#define STRATA_COMMON_METRICS_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace strata {
+
+// Monotonic counter. Thread-safe, lock-free.
+class Counter {
+ public:
+  void Increment(double v = 1.0);
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0.0};
+};
+
+// Settable gauge. Thread-safe, lock-free.
+class Gauge {
+ public:
+  void Set(double v) { value_.store(v, std::memory_order_relaxed); }
+  void Add(double v);
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0.0};
+};
+
+using MetricLabels = std::map<std::string, std::string>;
+
+// Owns all metrics it hands out; returned pointers live as long as the
+// registry. Asking twice for the same (name, labels) returns the same object.
+// Names must match [a-zA-Z_:][a-zA-Z0-9_:]*; a name is registered with one
+// type only (CHECK-fails otherwise: a programmer error). Thread-safe.
+class MetricsRegistry {
+ public:
+  // Out of line: Family is a complete type only in metrics.cc.
+  MetricsRegistry();
+  ~MetricsRegistry();
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  Counter* GetCounter(const std::string& name, const std::string& help,
+                      const MetricLabels& labels = {});
+  Gauge* GetGauge(const std::string& name, const std::string& help,
+                  const MetricLabels& labels = {});
+  // A gauge whose value is read by calling `fn` at render time. `fn` must be
+  // thread-safe and stay callable for the registry's lifetime.
+  void AddCallbackGauge(const std::string& name, const std::string& help,
+                        std::function<double()> fn,
+                        const MetricLabels& labels = {});
+
+  // "# HELP", "# TYPE" and sample lines for every metric, sorted by name.
+  std::string RenderPrometheus() const;
+
+ private:
+  struct Family;
+  Family* FamilyLocked(const std::string& name, const std::string& help,
+                       const char* type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Family>> families_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_METRICS_H_

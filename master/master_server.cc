@@ -1,0 +1,634 @@
+#include "master/master_server.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/model_spec.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "master/placement.h"
+#include "storage/idx_reader.h"
+
+namespace strata::master {
+namespace {
+
+int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+const char* RoleName(proto::Role r) {
+  switch (r) {
+    case proto::MASTER: return "master";
+    case proto::PSERVER: return "pserver";
+    case proto::WORKER: return "worker";
+    default: return "unknown";
+  }
+}
+
+std::string JsonEscape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+bool IsTerminal(const std::string& state) {
+  return state == "succeeded" || state == "failed";
+}
+
+}  // namespace
+
+// gRPC front end: converts between proto calls and MasterServer methods.
+class MasterServer::Service final : public proto::Master::Service {
+ public:
+  explicit Service(MasterServer* m) : m_(m) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
+                        proto::RegisterResponse* resp) override {
+    auto r = m_->Register(*req, ctx->peer());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
+                         proto::HeartbeatResponse* resp) override {
+    auto r = m_->Heartbeat(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetClusterView(grpc::ServerContext*, const proto::GetClusterViewRequest*,
+                              proto::ClusterView* resp) override {
+    *resp = m_->View();
+    return grpc::Status::OK;
+  }
+  grpc::Status LeaseTask(grpc::ServerContext*, const proto::LeaseTaskRequest* req,
+                         proto::LeaseTaskResponse* resp) override {
+    auto r = m_->LeaseTask(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status CompleteTask(grpc::ServerContext*, const proto::CompleteTaskRequest* req,
+                            proto::CompleteTaskResponse*) override {
+    return ToGrpcStatus(m_->CompleteTask(*req));
+  }
+  grpc::Status ReportProgress(grpc::ServerContext*,
+                              const proto::ReportProgressRequest* req,
+                              proto::ReportProgressResponse*) override {
+    return ToGrpcStatus(m_->ReportProgress(*req));
+  }
+  grpc::Status GetStatus(grpc::ServerContext*, const proto::GetStatusRequest*,
+                         proto::GetStatusResponse* resp) override {
+    *resp = m_->GetStatus();
+    return grpc::Status::OK;
+  }
+
+ private:
+  MasterServer* const m_;  // owns this service
+};
+
+absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
+    MasterOptions options) {
+  if (options.fs == nullptr) {
+    return absl::InvalidArgumentError("MasterOptions.fs is required");
+  }
+  if (options.expected_pservers < 1 || options.expected_workers < 1) {
+    return absl::InvalidArgumentError(
+        "the cluster needs at least one pserver and one worker");
+  }
+  // The training-set size comes from the labels file (small).
+  STRATA_ASSIGN_OR_RETURN(
+      storage::IdxArray labels,
+      storage::ReadIdxFile(options.fs, options.config.data.train_labels));
+  if (labels.dims.size() != 1 || labels.dims[0] == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.config.data.train_labels, ": expected a non-empty 1-d label file"));
+  }
+  int64_t n = labels.dims[0];
+  if (options.config.data.train_limit > 0) {
+    n = std::min<int64_t>(n, options.config.data.train_limit);
+  }
+  return std::unique_ptr<MasterServer>(new MasterServer(std::move(options), n));
+}
+
+MasterServer::MasterServer(MasterOptions options, int64_t num_records)
+    : options_(std::move(options)),
+      num_records_(num_records),
+      clock_(options_.clock ? options_.clock : RealClock()),
+      tasks_(num_records, options_.config.data.task_records,
+             options_.config.job.epochs, options_.config.job.seed,
+             absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms)) {
+  absl::MutexLock l(&mu_);
+  view_.set_epoch(1);
+  view_.set_seed(options_.config.job.seed);
+  for (auto& t : MakeTableInfos(ModelTables(options_.config.model))) {
+    *view_.add_tables() = std::move(t);
+  }
+  proto::NodeInfo* self = view_.add_members();
+  self->set_id(0);
+  self->set_role(proto::MASTER);
+  self->set_host(options_.host);
+  self->set_state(proto::ALIVE);
+  self->set_registered_unix_ms(ToUnixMs(clock_->Now()));
+  self->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
+}
+
+MasterServer::~MasterServer() { Shutdown(); }
+
+absl::Status MasterServer::Start() {
+  service_ = std::make_unique<Service>(this);
+  grpc::ServerBuilder builder;
+  const std::string addr = absl::StrCat(options_.host, ":", options_.port);
+  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &bound_port_);
+  builder.RegisterService(service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || bound_port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("master: cannot listen on ", addr, " (port in use?)"));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    view_.mutable_members(0)->set_grpc_address(address());
+  }
+  if (options_.http_port >= 0) {
+    RegisterMetrics();
+    http_.Handle("/metrics", [this](const HttpRequest&) {
+      return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
+    });
+    http_.Handle("/healthz", [](const HttpRequest&) {
+      return HttpResponse{200, "text/plain", "ok\n"};
+    });
+    http_.Handle("/status", [this](const HttpRequest&) {
+      std::string json;
+      google::protobuf::util::JsonPrintOptions opts;
+      opts.always_print_primitive_fields = true;
+      opts.add_whitespace = true;
+      auto s = google::protobuf::util::MessageToJsonString(GetStatus(), &json, opts);
+      if (!s.ok()) return HttpResponse{500, "text/plain", s.ToString()};
+      return HttpResponse{200, "application/json", json};
+    });
+    STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
+    absl::MutexLock l(&mu_);
+    view_.mutable_members(0)->set_http_port(http_.port());
+  }
+  background_ = std::thread([this] { BackgroundLoop(); });
+  started_ = true;
+  LOG(INFO) << "master listening on " << address() << ", http port "
+            << http_port() << "; waiting for " << options_.expected_pservers
+            << " pserver(s) and " << options_.expected_workers << " worker(s); "
+            << num_records_ << " training records, " << tasks_.total()
+            << " data tasks";
+  return absl::OkStatus();
+}
+
+void MasterServer::Shutdown() {
+  if (!started_) return;
+  started_ = false;
+  stop_.Notify();
+  if (background_.joinable()) background_.join();
+  http_.Shutdown();
+  if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+}
+
+std::string MasterServer::address() const {
+  return absl::StrCat(options_.host, ":", bound_port_);
+}
+int MasterServer::http_port() const { return http_.port(); }
+
+void MasterServer::BackgroundLoop() {
+  const absl::Duration tick = std::min(
+      absl::Milliseconds(200),
+      absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms) / 2);
+  while (!stop_.WaitForNotificationWithTimeout(tick)) Tick();
+}
+
+void MasterServer::Tick() {
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = clock_->Now();
+    const int64_t dead_ms = options_.config.cluster.dead_timeout_ms;
+    bool changed = false;
+    for (proto::NodeInfo& n : *view_.mutable_members()) {
+      if (n.role() == proto::MASTER || n.state() == proto::DEAD) continue;
+      if (ToUnixMs(now) - n.last_heartbeat_unix_ms() > dead_ms) {
+        LOG(WARNING) << RoleName(n.role()) << " " << n.index() << " (node "
+                     << n.id() << ", " << n.host() << ") missed heartbeats for "
+                     << dead_ms << " ms: marked dead";
+        n.set_state(proto::DEAD);
+        if (n.role() == proto::WORKER) {
+          int released = tasks_.ReleaseNode(n.id());
+          if (released > 0) {
+            LOG(WARNING) << released << " data task(s) of node " << n.id()
+                         << " returned to the queue";
+          }
+        }
+        changed = true;
+      }
+    }
+    int expired = tasks_.ExpireLeases(now);
+    if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
+    if (changed) BumpEpochLocked();
+    UpdateJobStateLocked();
+  }
+  MaybePlacePartitions();
+}
+
+void MasterServer::MaybePlacePartitions() {
+  proto::ClusterView view;
+  std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>> targets;
+  {
+    absl::MutexLock l(&mu_);
+    if (placed_) return;
+    std::vector<uint32_t> ids;
+    for (const auto& n : view_.members()) {
+      if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) ids.push_back(n.id());
+    }
+    if (static_cast<int>(ids.size()) < options_.expected_pservers) return;
+    auto parts = PlacePartitions(
+        std::vector<proto::TableInfo>(view_.tables().begin(), view_.tables().end()),
+        options_.config.cluster.slice_bytes, ids);
+    if (!parts.ok()) {
+      FinishJobLocked("failed", parts.status().ToString());
+      return;
+    }
+    // The candidate view becomes the master's only once every pserver has
+    // accepted its partitions.
+    view = view_;
+    view.clear_partitions();
+    for (auto& p : *parts) *view.add_partitions() = std::move(p);
+    view.set_epoch(view_.epoch() + 1);
+    for (uint32_t id : ids) targets.emplace_back(id, pserver_stubs_[id].get());
+  }
+  // Outgoing RPCs without the lock. Stubs live as long as the server.
+  for (auto& [id, stub] : targets) {
+    proto::AssignPartitionsRequest req;
+    *req.mutable_view() = view;
+    req.set_node_id(id);
+    proto::AssignPartitionsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::Status s = stub->AssignPartitions(&ctx, req, &resp);
+    if (!s.ok()) {
+      LOG(WARNING) << "AssignPartitions to pserver node " << id
+                   << " failed: " << s.error_message() << "; will retry";
+      return;
+    }
+  }
+  absl::MutexLock l(&mu_);
+  *view_.mutable_partitions() = view.partitions();
+  BumpEpochLocked();
+  placed_ = true;
+  LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of "
+            << view.tables_size() << " table(s) on " << targets.size()
+            << " pserver(s)";
+  UpdateJobStateLocked();
+}
+
+void MasterServer::BumpEpochLocked() { view_.set_epoch(view_.epoch() + 1); }
+
+proto::NodeInfo* MasterServer::FindNodeLocked(uint32_t id) {
+  for (proto::NodeInfo& n : *view_.mutable_members()) {
+    if (n.id() == id) return &n;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<proto::NodeInfo*> MasterServer::LiveWorkerLocked(uint32_t id) {
+  proto::NodeInfo* n = FindNodeLocked(id);
+  if (n == nullptr || n->role() != proto::WORKER) {
+    return absl::NotFoundError(absl::StrCat("node ", id, " is not a registered worker"));
+  }
+  if (n->state() == proto::DEAD) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker node ", id, " was declared dead; register again"));
+  }
+  return n;
+}
+
+int MasterServer::CountLocked(proto::Role role, bool include_finished) const {
+  int c = 0;
+  for (const auto& n : view_.members()) {
+    if (n.role() != role) continue;
+    if (n.state() == proto::ALIVE || (include_finished && n.state() == proto::FINISHED)) ++c;
+  }
+  return c;
+}
+
+absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
+    const proto::RegisterRequest& req, const std::string& peer) {
+  if (req.role() != proto::PSERVER && req.role() != proto::WORKER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register from ", peer, ": role must be PSERVER or WORKER"));
+  }
+  if (req.role() == proto::PSERVER &&
+      (req.grpc_address().empty() || req.data_address().empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register from ", peer, ": a pserver must give grpc_address and data_address"));
+  }
+  absl::MutexLock l(&mu_);
+  // A restarted instance replaces its predecessor.
+  for (proto::NodeInfo& n : *view_.mutable_members()) {
+    if (n.role() == req.role() && n.index() == req.index() &&
+        n.state() != proto::DEAD) {
+      LOG(WARNING) << RoleName(req.role()) << " " << req.index()
+                   << " registered again: node " << n.id() << " marked dead";
+      n.set_state(proto::DEAD);
+      if (req.role() == proto::WORKER) tasks_.ReleaseNode(n.id());
+    }
+  }
+  proto::NodeInfo* n = view_.add_members();
+  n->set_id(next_node_id_++);
+  n->set_role(req.role());
+  n->set_index(req.index());
+  n->set_host(req.host());
+  n->set_grpc_address(req.grpc_address());
+  n->set_data_address(req.data_address());
+  n->set_http_port(req.http_port());
+  n->set_state(proto::ALIVE);
+  n->set_registered_unix_ms(ToUnixMs(clock_->Now()));
+  n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
+  if (req.role() == proto::PSERVER) {
+    pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(grpc::CreateChannel(
+        req.grpc_address(), grpc::InsecureChannelCredentials()));
+  }
+  LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
+            << n->id() << " from " << peer;
+  BumpEpochLocked();
+  UpdateJobStateLocked();
+  proto::RegisterResponse resp;
+  resp.set_node_id(n->id());
+  *resp.mutable_view() = view_;
+  return resp;
+}
+
+absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
+    const proto::HeartbeatRequest& req) {
+  absl::MutexLock l(&mu_);
+  proto::NodeInfo* n = FindNodeLocked(req.node_id());
+  if (n == nullptr) {
+    return absl::NotFoundError(absl::StrCat("heartbeat from unknown node ", req.node_id()));
+  }
+  if (n->state() == proto::DEAD) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", req.node_id(), " was declared dead; it must register again"));
+  }
+  n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
+  proto::HeartbeatResponse resp;
+  resp.set_epoch(view_.epoch());
+  resp.set_job_state(job_state_);
+  return resp;
+}
+
+proto::ClusterView MasterServer::View() {
+  absl::MutexLock l(&mu_);
+  return view_;
+}
+
+absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
+    const proto::LeaseTaskRequest& req) {
+  absl::MutexLock l(&mu_);
+  STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
+  proto::LeaseTaskResponse resp;
+  if (!view_.ready() || job_state_ == "waiting") {
+    resp.set_outcome(proto::LeaseTaskResponse::WAIT);
+    return resp;
+  }
+  if (IsTerminal(job_state_)) {
+    resp.set_outcome(proto::LeaseTaskResponse::DONE);
+    return resp;
+  }
+  if (auto task = tasks_.Lease(n->id(), clock_->Now())) {
+    if (n->state() == proto::FINISHED) {
+      n->set_state(proto::ALIVE);  // back in the step set
+      BumpEpochLocked();
+    }
+    resp.set_outcome(proto::LeaseTaskResponse::TASK);
+    *resp.mutable_task() = *task;
+    return resp;
+  }
+  // No training work left for this worker: it leaves the step set.
+  if (n->state() == proto::ALIVE) {
+    n->set_state(proto::FINISHED);
+    LOG(INFO) << "worker " << n->index() << " (node " << n->id()
+              << ") has no more data tasks";
+    BumpEpochLocked();
+  }
+  UpdateJobStateLocked();
+  if (job_state_ == "evaluating") {
+    proto::NodeInfo* ev = evaluator_ ? FindNodeLocked(evaluator_) : nullptr;
+    if (ev == nullptr || ev->state() == proto::DEAD) evaluator_ = n->id();
+    if (evaluator_ == n->id()) {
+      resp.set_outcome(proto::LeaseTaskResponse::EVALUATE);
+      resp.set_min_version(options_.config.job.consistency == Consistency::kBsp
+                               ? max_last_step_ + 1
+                               : 0);
+      return resp;
+    }
+  }
+  resp.set_outcome(proto::LeaseTaskResponse::WAIT);
+  return resp;
+}
+
+absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
+  absl::MutexLock l(&mu_);
+  STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
+  STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id()));
+  max_last_step_ = std::max(max_last_step_, req.last_step());
+  UpdateJobStateLocked();
+  return absl::OkStatus();
+}
+
+absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& req) {
+  absl::MutexLock l(&mu_);
+  STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
+  if (req.has_test_accuracy() && n->id() != evaluator_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", n->id(), " reported a test accuracy but is not the evaluator"));
+  }
+  workers_[n->id()].last = req;
+  if (req.has_test_accuracy()) {
+    has_accuracy_ = true;
+    test_accuracy_ = req.test_accuracy();
+    test_loss_ = req.test_loss();
+    LOG(INFO) << absl::StrFormat("final test accuracy %.4f (loss %.4f)",
+                                 test_accuracy_, test_loss_);
+    FinishJobLocked("succeeded", "");
+  }
+  return absl::OkStatus();
+}
+
+void MasterServer::UpdateJobStateLocked() {
+  if (IsTerminal(job_state_)) return;
+  if (!view_.ready() && placed_ &&
+      CountLocked(proto::WORKER, true) >= options_.expected_workers) {
+    view_.set_ready(true);
+    BumpEpochLocked();
+    start_time_ = clock_->Now();
+    job_state_ = "running";
+    LOG(INFO) << "cluster ready at epoch " << view_.epoch() << ": job '"
+              << options_.config.job.name << "' running";
+  }
+  if (job_state_ == "running" && tasks_.AllDone()) {
+    job_state_ = "evaluating";
+    LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
+  }
+  if (job_state_ == "running" || job_state_ == "evaluating") {
+    if (CountLocked(proto::WORKER, true) == 0) {
+      FinishJobLocked("failed", absl::StrCat(
+          "no live worker left with ", tasks_.total() - tasks_.done(),
+          " data task(s) unfinished"));
+    }
+  }
+}
+
+void MasterServer::FinishJobLocked(const std::string& state,
+                                   const std::string& message) {
+  job_state_ = state;
+  job_message_ = message;
+  end_time_ = clock_->Now();
+  if (state == "failed") LOG(ERROR) << "job failed: " << message;
+  if (!options_.summary_path.empty()) {
+    absl::Status s = options_.fs->WriteFileAtomic(options_.summary_path, SummaryJsonLocked());
+    if (!s.ok()) LOG(ERROR) << "cannot write summary: " << s;
+    else LOG(INFO) << "wrote " << options_.summary_path;
+  }
+}
+
+proto::JobStatus MasterServer::JobStatusLocked() const {
+  proto::JobStatus js;
+  js.set_name(options_.config.job.name);
+  js.set_state(job_state_);
+  js.set_message(job_message_);
+  js.set_consistency(ConsistencyName(options_.config.job.consistency));
+  js.set_epoch(tasks_.current_epoch());
+  js.set_epochs(options_.config.job.epochs);
+  js.set_tasks_total(tasks_.total());
+  js.set_tasks_done(tasks_.done());
+  uint64_t steps = 0, samples = 0;
+  double busy = 0, comm = 0, loss_sum = 0, sps = 0;
+  int n_loss = 0;
+  for (const auto& [id, w] : workers_) {
+    const auto& p = w.last;
+    steps += p.steps_done();
+    samples += p.samples();
+    busy += p.busy_seconds();
+    comm += p.comm_seconds();
+    if (p.steps_done() > 0) { loss_sum += p.loss(); ++n_loss; }
+    const proto::NodeInfo* node = nullptr;
+    for (const auto& m : view_.members()) if (m.id() == id) node = &m;
+    if (node && node->state() == proto::ALIVE) sps += p.samples_per_sec();
+    proto::WorkerProgress* wp = js.add_workers();
+    wp->set_node_id(id);
+    wp->set_index(node ? node->index() : -1);
+    wp->set_epoch(p.epoch());
+    wp->set_step(p.step());
+    wp->set_steps_done(p.steps_done());
+    wp->set_samples(p.samples());
+    wp->set_loss(p.loss());
+    wp->set_samples_per_sec(p.samples_per_sec());
+    wp->set_comm_share(p.busy_seconds() > 0 ? p.comm_seconds() / p.busy_seconds() : 0);
+  }
+  // BSP: one optimizer step per synchronous step; ASP: one per push.
+  js.set_steps(options_.config.job.consistency == Consistency::kBsp
+                   ? (steps > 0 ? max_last_step_ + 1 : 0)
+                   : steps);
+  js.set_samples(samples);
+  js.set_loss(n_loss ? loss_sum / n_loss : 0);
+  const absl::Time end = IsTerminal(job_state_) ? end_time_ : clock_->Now();
+  const double wall = job_state_ == "waiting" ? 0 : absl::ToDoubleSeconds(end - start_time_);
+  js.set_wall_seconds(wall);
+  js.set_samples_per_sec(IsTerminal(job_state_) || sps == 0
+                             ? (wall > 0 ? samples / wall : 0)
+                             : sps);
+  js.set_comm_share(busy > 0 ? comm / busy : 0);
+  js.set_has_test_accuracy(has_accuracy_);
+  js.set_test_accuracy(test_accuracy_);
+  return js;
+}
+
+proto::GetStatusResponse MasterServer::GetStatus() {
+  absl::MutexLock l(&mu_);
+  view_.mutable_members(0)->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
+  proto::GetStatusResponse resp;
+  *resp.mutable_view() = view_;
+  *resp.mutable_job() = JobStatusLocked();
+  return resp;
+}
+
+std::string MasterServer::SummaryJsonLocked() const {
+  const proto::JobStatus js = JobStatusLocked();
+  std::string workers;
+  for (const auto& w : js.workers()) {
+    if (!workers.empty()) workers += ",\n";
+    workers += absl::StrFormat(
+        "    {\"node_id\": %d, \"index\": %d, \"steps\": %d, \"samples\": %d, "
+        "\"comm_share\": %.4f}",
+        w.node_id(), w.index(), w.steps_done(), w.samples(), w.comm_share());
+  }
+  return absl::StrFormat(
+      "{\n  \"job\": \"%s\",\n  \"state\": \"%s\",\n  \"message\": \"%s\",\n"
+      "  \"consistency\": \"%s\",\n  \"epochs\": %d,\n"
+      "  \"final_test_accuracy\": %.6f,\n  \"final_test_loss\": %.6f,\n"
+      "  \"steps\": %d,\n  \"samples\": %d,\n  \"samples_per_sec\": %.2f,\n"
+      "  \"comm_share\": %.4f,\n  \"wall_seconds\": %.3f,\n"
+      "  \"tasks_total\": %d,\n  \"tasks_done\": %d,\n"
+      "  \"workers\": [\n%s\n  ]\n}\n",
+      js.name(), js.state(), JsonEscape(js.message()), js.consistency(),
+      js.epochs(), js.test_accuracy(), test_loss_, js.steps(), js.samples(),
+      js.samples_per_sec(), js.comm_share(), js.wall_seconds(), js.tasks_total(),
+      js.tasks_done(), workers);
+}
+
+bool MasterServer::WaitForJobEnd(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return IsTerminal(job_state_); };
+  return mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
+}
+
+void MasterServer::RegisterMetrics() {
+  auto locked = [this](auto fn) {
+    return [this, fn]() {
+      absl::MutexLock l(&mu_);
+      return static_cast<double>(fn());
+    };
+  };
+  metrics_.AddCallbackGauge("strata_master_view_epoch", "Cluster view epoch",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return view_.epoch(); }));
+  for (proto::Role role : {proto::PSERVER, proto::WORKER}) {
+    metrics_.AddCallbackGauge(
+        "strata_master_nodes_alive", "Nodes alive (workers: training or finished)",
+        locked([this, role]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return CountLocked(role, true); }),
+        {{"role", RoleName(role)}});
+  }
+  metrics_.AddCallbackGauge(
+      "strata_master_nodes_dead", "Nodes declared dead",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        int c = 0;
+        for (const auto& n : view_.members()) c += n.state() == proto::DEAD;
+        return c;
+      }));
+  metrics_.AddCallbackGauge("strata_master_tasks_total", "Data tasks of the job",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.total(); }));
+  metrics_.AddCallbackGauge("strata_master_tasks_done", "Data tasks completed",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.done(); }));
+  metrics_.AddCallbackGauge("strata_master_tasks_leased", "Data tasks leased now",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.leased(); }));
+  metrics_.AddCallbackGauge("strata_job_samples_per_second", "Job training throughput",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().samples_per_sec(); }));
+  metrics_.AddCallbackGauge("strata_job_comm_share", "Share of worker step time waiting on push/pull",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().comm_share(); }));
+  metrics_.AddCallbackGauge("strata_job_samples", "Samples trained",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().samples(); }));
+}
+
+}  // namespace strata::master

@@ -1,0 +1,27 @@
+// Partitioning of dense tables and placement of partitions on pservers.
+#ifndef STRATA_MASTER_PLACEMENT_H_
+#define STRATA_MASTER_PLACEMENT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_spec.h"
+#include "proto/strata.pb.h"
+
+namespace strata::master {
+
+// Table descriptors with ids 0..n-1 in the given order.
+std::vector<proto::TableInfo> MakeTableInfos(const std::vector<TableSpec>& specs);
+
+// Cuts every table into partitions of at most `slice_bytes` (fp32 elements),
+// numbered 0.. in table order, and places them on `pserver_ids` balancing
+// bytes: largest partition first onto the least-loaded pserver (ties: the
+// lower id). InvalidArgument when there is no pserver or slice_bytes < 4.
+absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
+    const std::vector<proto::TableInfo>& tables, int64_t slice_bytes,
+    const std::vector<uint32_t>& pserver_ids);
+
+}  // namespace strata::master
+
+#endif  // STRATA_MASTER_PLACEMENT_H_

@@ -1,0 +1,341 @@
+#include "pserver/pserver.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "pserver/initializer.h"
+
+namespace strata::pserver {
+
+using transport::Message;
+using transport::MessageType;
+
+class PServer::AdminService final : public proto::PServerAdmin::Service {
+ public:
+  explicit AdminService(PServer* p) : p_(p) {}
+  grpc::Status AssignPartitions(grpc::ServerContext*,
+                                const proto::AssignPartitionsRequest* req,
+                                proto::AssignPartitionsResponse* resp) override {
+    if (req->node_id() != p_->node_id()) {
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+          "AssignPartitions for node ", req->node_id(), " sent to node ", p_->node_id())));
+    }
+    absl::Status s = p_->ApplyView(req->view());
+    if (!s.ok()) return ToGrpcStatus(s);
+    for (const auto& part : req->view().partitions()) {
+      if (part.owner() == p_->node_id()) resp->add_partitions(part.id());
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status GetStatus(grpc::ServerContext*, const proto::PServerStatusRequest*,
+                         proto::PServerStatusResponse* resp) override {
+    *resp = p_->Status();
+    return grpc::Status::OK;
+  }
+
+ private:
+  PServer* const p_;  // owns this service
+};
+
+absl::StatusOr<std::unique_ptr<PServer>> PServer::Create(PServerOptions options) {
+  if (options.master_address.empty()) {
+    return absl::InvalidArgumentError("pserver: master address is required");
+  }
+  STRATA_RETURN_IF_ERROR(Optimizer::Create(options.config.optimizer, 1).status());
+  return std::unique_ptr<PServer>(new PServer(std::move(options)));
+}
+
+PServer::PServer(PServerOptions options) : options_(std::move(options)) {}
+
+PServer::~PServer() { Shutdown(); }
+
+std::string PServer::data_address() const { return transport_ ? transport_->listen_address() : ""; }
+std::string PServer::admin_address() const {
+  return absl::StrCat(options_.host, ":", admin_port_);
+}
+
+absl::Status PServer::Start() {
+  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
+  STRATA_RETURN_IF_ERROR(transport_->Listen(
+      options_.host, options_.data_port,
+      [this](Message req, std::shared_ptr<transport::Responder> r) {
+        HandleRequest(std::move(req), std::move(r));
+      }));
+  admin_service_ = std::make_unique<AdminService>(this);
+  grpc::ServerBuilder builder;
+  const std::string addr = absl::StrCat(options_.host, ":", options_.port);
+  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &admin_port_);
+  builder.RegisterService(admin_service_.get());
+  admin_server_ = builder.BuildAndStart();
+  if (admin_server_ == nullptr || admin_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("pserver: cannot listen on ", addr));
+  }
+  RegisterMetrics();
+  if (options_.http_port >= 0) {
+    http_.Handle("/metrics", [this](const HttpRequest&) {
+      return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
+    });
+    http_.Handle("/healthz", [](const HttpRequest&) {
+      return HttpResponse{200, "text/plain", "ok\n"};
+    });
+    http_.Handle("/status", [this](const HttpRequest&) {
+      std::string json;
+      google::protobuf::util::JsonPrintOptions o;
+      o.always_print_primitive_fields = true;
+      o.add_whitespace = true;
+      (void)google::protobuf::util::MessageToJsonString(Status(), &json, o);
+      return HttpResponse{200, "application/json", json};
+    });
+    STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
+  }
+
+  master_channel_ = grpc::CreateChannel(options_.master_address,
+                                        grpc::InsecureChannelCredentials());
+  master_ = proto::Master::NewStub(master_channel_);
+  proto::RegisterRequest req;
+  req.set_role(proto::PSERVER);
+  req.set_index(options_.index);
+  req.set_host(options_.host);
+  req.set_grpc_address(admin_address());
+  req.set_data_address(data_address());
+  req.set_http_port(options_.http_port >= 0 ? http_.port() : 0);
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  absl::Status last;
+  while (true) {
+    proto::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    last = FromGrpcStatus(master_->Register(&ctx, req, &resp),
+                          "master " + options_.master_address);
+    if (last.ok()) {
+      node_id_ = resp.node_id();
+      epoch_ = resp.view().epoch();
+      break;
+    }
+    if (absl::Now() > deadline || stop_.HasBeenNotified()) {
+      return absl::UnavailableError(absl::StrCat("pserver ", options_.index,
+                                                 ": cannot register: ", last.message()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  started_ = true;
+  LOG(INFO) << "pserver " << options_.index << " is node " << node_id_
+            << ": data " << data_address() << ", admin " << admin_address()
+            << ", http " << http_.port();
+  return absl::OkStatus();
+}
+
+void PServer::Shutdown() {
+  if (shutdown_.exchange(true)) return;
+  stop_.Notify();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (admin_server_) admin_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (transport_) transport_->Shutdown();
+  http_.Shutdown();
+  started_ = false;
+}
+
+Partition* PServer::FindPartition(uint32_t id) const {
+  absl::MutexLock l(&mu_);
+  auto it = partitions_.find(id);
+  return it == partitions_.end() ? nullptr : it->second.get();
+}
+
+absl::Status PServer::ApplyView(const proto::ClusterView& view) {
+  std::set<uint32_t> step_workers;
+  for (const auto& m : view.members()) {
+    if (m.role() == proto::WORKER && m.state() == proto::ALIVE) step_workers.insert(m.id());
+  }
+  std::vector<Partition*> all;
+  {
+    absl::MutexLock l(&mu_);
+    if (view.epoch() < epoch_.load() && !partitions_.empty()) return absl::OkStatus();
+    for (const auto& p : view.partitions()) {
+      if (p.owner() != node_id_ || partitions_.count(p.id())) continue;
+      if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition ", p.id(), " names table ", p.table_id(), " not in the view"));
+      }
+      const proto::TableInfo& t = view.tables(p.table_id());
+      std::vector<float> values(p.length());
+      STRATA_RETURN_IF_ERROR(InitializeSlice(
+          InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
+          p.offset(), p.length(), values.data()));
+      STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
+      partitions_[p.id()] = std::make_unique<Partition>(
+          p.id(), t.name(), std::move(values), std::move(opt),
+          options_.config.job.consistency);
+      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " ["
+              << p.offset() << ", " << p.offset() + p.length() << "))";
+    }
+    for (auto& [id, part] : partitions_) all.push_back(part.get());
+    epoch_ = std::max(epoch_.load(), view.epoch());
+  }
+  for (Partition* p : all) p->SetStepWorkers(step_workers);
+  return absl::OkStatus();
+}
+
+void PServer::HandleRequest(Message request,
+                            std::shared_ptr<transport::Responder> responder) {
+  requests_total_->Increment();
+  bytes_in_->Increment(static_cast<double>(request.payload.size()));
+  const auto& h = request.header;
+  const MessageType resp_type = h.type == MessageType::kPullRequest
+                                    ? MessageType::kPullResponse
+                                    : MessageType::kPushResponse;
+  if (h.type == MessageType::kPing) {
+    Message pong;
+    pong.header = h;
+    pong.header.type = MessageType::kPong;
+    pong.payload = std::move(request.payload);
+    responder->Respond(std::move(pong));
+    return;
+  }
+  if (h.type != MessageType::kPullRequest && h.type != MessageType::kPushRequest) {
+    responder->Respond(transport::MakeErrorResponse(
+        h, MessageType::kPushResponse,
+        absl::InvalidArgumentError(absl::StrCat(
+            "unexpected message type ", static_cast<int>(h.type), " from ",
+            responder->peer()))));
+    return;
+  }
+  const uint64_t epoch = epoch_.load();
+  if (h.epoch != epoch) {
+    stale_epoch_total_->Increment();
+    Message err;
+    if (h.epoch < epoch) {
+      err = transport::MakeErrorResponse(
+          h, resp_type,
+          absl::FailedPreconditionError(absl::StrCat(
+              "STALE_EPOCH: request epoch ", h.epoch, " < pserver epoch ", epoch)));
+    } else {
+      {
+        absl::MutexLock l(&mu_);
+        refresh_wanted_ = true;
+      }
+      err = transport::MakeErrorResponse(
+          h, resp_type,
+          absl::UnavailableError(absl::StrCat("pserver epoch ", epoch,
+                                              " behind request epoch ", h.epoch,
+                                              "; retry")));
+    }
+    err.header.epoch = epoch;
+    responder->Respond(std::move(err));
+    return;
+  }
+  Partition* part = FindPartition(h.partition);
+  if (part == nullptr) {
+    responder->Respond(transport::MakeErrorResponse(
+        h, resp_type,
+        absl::NotFoundError(absl::StrCat("partition ", h.partition,
+                                         " is not served by pserver node ", node_id_.load()))));
+    return;
+  }
+  if (h.type == MessageType::kPullRequest) {
+    bytes_out_->Increment(static_cast<double>(part->length() * sizeof(float)));
+    part->Pull(request, std::move(responder));
+  } else {
+    part->Push(request, std::move(responder));
+  }
+}
+
+absl::Status PServer::RefreshView() {
+  proto::ClusterView view;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  STRATA_RETURN_IF_ERROR(FromGrpcStatus(
+      master_->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
+      "master " + options_.master_address));
+  return ApplyView(view);
+}
+
+void PServer::HeartbeatLoop() {
+  const absl::Duration interval =
+      absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
+  absl::Time next = absl::Now();
+  while (!stop_.HasBeenNotified()) {
+    bool refresh = false;
+    {
+      absl::MutexLock l(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return refresh_wanted_ || stop_.HasBeenNotified();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&wake), std::min(next, absl::Now() + absl::Milliseconds(100)));
+      refresh = refresh_wanted_;
+      refresh_wanted_ = false;
+    }
+    if (stop_.HasBeenNotified()) break;
+    if (absl::Now() >= next) {
+      next = absl::Now() + interval;
+      proto::HeartbeatRequest req;
+      req.set_node_id(node_id_);
+      req.set_epoch(epoch_);
+      proto::HeartbeatResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
+      absl::Status s = FromGrpcStatus(master_->Heartbeat(&ctx, req, &resp),
+                                      "master " + options_.master_address);
+      if (!s.ok()) {
+        LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
+      } else if (resp.epoch() != epoch_) {
+        refresh = true;
+      }
+    }
+    if (refresh) {
+      absl::Status s = RefreshView();
+      if (!s.ok()) LOG(WARNING) << "view refresh failed: " << s;
+    }
+  }
+}
+
+proto::PServerStatusResponse PServer::Status() const {
+  proto::PServerStatusResponse resp;
+  resp.set_node_id(node_id_);
+  resp.set_epoch(epoch_);
+  absl::MutexLock l(&mu_);
+  for (const auto& [id, p] : partitions_) {
+    PartitionStats st = p->stats();
+    proto::PartitionStatus* ps = resp.add_partitions();
+    ps->set_id(id);
+    ps->set_table(p->table());
+    ps->set_length(p->length());
+    ps->set_version(st.version);
+    ps->set_pushes_applied(st.pushes_applied);
+    ps->set_duplicate_pushes(st.duplicate_pushes);
+  }
+  return resp;
+}
+
+void PServer::RegisterMetrics() {
+  requests_total_ = metrics_.GetCounter("strata_pserver_requests_total", "Data-plane requests received");
+  stale_epoch_total_ = metrics_.GetCounter("strata_pserver_stale_epoch_total", "Requests refused for an epoch mismatch");
+  bytes_in_ = metrics_.GetCounter("strata_pserver_bytes_received_total", "Payload bytes received");
+  bytes_out_ = metrics_.GetCounter("strata_pserver_bytes_sent_total", "Payload bytes sent in pull responses");
+  auto sum = [this](uint64_t PartitionStats::*field) {
+    return [this, field]() {
+      double total = 0;
+      absl::MutexLock l(&mu_);
+      for (const auto& [id, p] : partitions_) total += static_cast<double>(p->stats().*field);
+      return total;
+    };
+  };
+  metrics_.AddCallbackGauge("strata_pserver_pushes_applied", "Gradients accepted", sum(&PartitionStats::pushes_applied));
+  metrics_.AddCallbackGauge("strata_pserver_updates_applied", "Optimizer updates applied", sum(&PartitionStats::updates_applied));
+  metrics_.AddCallbackGauge("strata_pserver_duplicate_pushes", "Duplicate pushes acknowledged without applying", sum(&PartitionStats::duplicate_pushes));
+  metrics_.AddCallbackGauge("strata_pserver_rejected_pushes", "Pushes refused (stale step, bad size)", sum(&PartitionStats::rejected_pushes));
+  metrics_.AddCallbackGauge("strata_pserver_pulls_served", "Pull responses sent", sum(&PartitionStats::pulls_served));
+  metrics_.AddCallbackGauge("strata_pserver_partitions", "Partitions served", [this]() {
+    absl::MutexLock l(&mu_);
+    return static_cast<double>(partitions_.size());
+  });
+  metrics_.AddCallbackGauge("strata_pserver_view_epoch", "Cluster view epoch held", [this]() {
+    return static_cast<double>(epoch_.load());
+  });
+}
+
+}  // namespace strata::pserver

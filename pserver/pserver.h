@@ -1,0 +1,102 @@
+// The pserver: serves its partitions over the data-plane transport, takes
+// placement from the master (PServerAdmin gRPC), heartbeats, and follows the
+// cluster view (epoch checks, the BSP step set).
+#ifndef STRATA_PSERVER_PSERVER_H_
+#define STRATA_PSERVER_PSERVER_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/config.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/strata.grpc.pb.h"
+#include "pserver/partition.h"
+#include "transport/transport.h"
+
+namespace strata::pserver {
+
+struct PServerOptions {
+  JobConfig config;
+  std::string master_address;     // "host:port"
+  int index = 0;                  // instance index
+  std::string host = "127.0.0.1"; // bind and advertise address
+  int port = 0;                   // admin gRPC; 0 = any
+  int data_port = 0;              // data plane; 0 = any
+  int http_port = 0;              // 0 = any, -1 = off
+  transport::TransportOptions transport;
+  absl::Duration register_timeout = absl::Seconds(60);
+};
+
+// Thread-safe. Start() once, Shutdown() once (idempotent).
+class PServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PServer>> Create(PServerOptions options);
+  ~PServer();
+  PServer(const PServer&) = delete;
+  PServer& operator=(const PServer&) = delete;
+
+  // Listens (data plane, admin gRPC, HTTP), registers with the master
+  // (retrying until register_timeout) and starts heartbeating.
+  absl::Status Start();
+  void Shutdown();
+
+  uint32_t node_id() const { return node_id_; }
+  std::string data_address() const;
+  std::string admin_address() const;
+  int http_port() const { return http_.port(); }
+  uint64_t epoch() const { return epoch_.load(); }
+
+  // Installs a cluster view: creates newly owned partitions, updates the
+  // epoch and the BSP step set. Errors: bad initializer / optimizer config.
+  absl::Status ApplyView(const proto::ClusterView& view);
+  proto::PServerStatusResponse Status() const;
+  // A partition by id, or nullptr. The pointer lives as long as the PServer.
+  Partition* FindPartition(uint32_t id) const;
+
+ private:
+  class AdminService;
+  explicit PServer(PServerOptions options);
+  void HandleRequest(transport::Message request,
+                     std::shared_ptr<transport::Responder> responder);
+  void HeartbeatLoop();
+  absl::Status RefreshView();
+  void RegisterMetrics();
+
+  const PServerOptions options_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::shared_ptr<grpc::Channel> master_channel_;
+  std::unique_ptr<proto::Master::Stub> master_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> admin_server_;
+  int admin_port_ = 0;
+  HttpServer http_;
+  MetricsRegistry metrics_;
+  Counter* requests_total_ = nullptr;
+  Counter* stale_epoch_total_ = nullptr;
+  Counter* bytes_in_ = nullptr;
+  Counter* bytes_out_ = nullptr;
+
+  std::atomic<uint32_t> node_id_{0};
+  std::atomic<uint64_t> epoch_{0};
+  mutable absl::Mutex mu_;
+  std::map<uint32_t, std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
+  bool refresh_wanted_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<bool> shutdown_{false};
+  absl::Notification stop_;
+  std::thread heartbeat_;
+  bool started_ = false;
+};
+
+}  // namespace strata::pserver
+
+#endif  // STRATA_PSERVER_PSERVER_H_

@@ -1,0 +1,53 @@
+// strata-pserver: holds parameter partitions, aggregates and applies updates.
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/daemon.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "pserver/pserver.h"
+
+DEFINE_string(config, "", "job config (YAML), required");
+DEFINE_string(master, "", "master address host:port, required");
+DEFINE_int32(index, 0, "instance index of this pserver (0-based)");
+DEFINE_string(host, "127.0.0.1", "address to bind and advertise");
+DEFINE_int32(port, -1, "admin gRPC port (default: cluster.ports.pserver + index; 0 = any)");
+DEFINE_int32(data_port, -1, "data-plane port (default: cluster.ports.pserver_data + index)");
+DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.pserver_http + index; -1 = off)");
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("strata-pserver --config C --master HOST:PORT --index I");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  strata::InitDaemon(argv[0]);
+
+  auto config = strata::LoadJobConfig(FLAGS_config);
+  if (!config.ok()) {
+    LOG(ERROR) << config.status().message();
+    return 2;
+  }
+  const auto& ports = config->cluster.ports;
+  strata::pserver::PServerOptions opts;
+  opts.config = *config;
+  opts.master_address = FLAGS_master;
+  opts.index = FLAGS_index;
+  opts.host = FLAGS_host;
+  opts.port = FLAGS_port >= 0 ? FLAGS_port : ports.pserver + FLAGS_index;
+  opts.data_port = FLAGS_data_port >= 0 ? FLAGS_data_port : ports.pserver_data + FLAGS_index;
+  opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : ports.pserver_http + FLAGS_index;
+  opts.transport.kind = config->cluster.transport;
+
+  auto server = strata::pserver::PServer::Create(std::move(opts));
+  if (!server.ok()) {
+    LOG(ERROR) << "cannot start pserver: " << server.status().message();
+    return 1;
+  }
+  if (auto s = (*server)->Start(); !s.ok()) {
+    LOG(ERROR) << "cannot start pserver: " << s.message();
+    return 1;
+  }
+  strata::WaitForTerminationSignal();
+  LOG(INFO) << "signal received; shutting down";
+  (*server)->Shutdown();
+  return 0;
+}

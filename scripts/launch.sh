@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# Brings a Strata cluster up or down from a job config and a host file.
+#
+#   scripts/launch.sh run    --config C --hosts H [--run-dir D] [--timeout S]
+#   scripts/launch.sh up     --config C --hosts H [--run-dir D]
+#   scripts/launch.sh status [--run-dir D]
+#   scripts/launch.sh down   [--run-dir D]
+#
+# run = up, wait for the job to end (showing the workers' progress), down.
+# It exits 0 only if the job succeeded, and leaves D/summary.json and each
+# daemon's log (D/logs/<role>-<index>.log). Nothing is left running when it
+# ends, also when it is interrupted or a daemon fails.
+#
+# Hosts that are local (localhost, 127.x.y.z, ::1) run as local processes.
+# Other hosts are reached with the remote command, "ssh -o BatchMode=yes" by
+# default; --remote-cmd "CMD" (or STRATA_REMOTE_CMD) replaces it, e.g. a
+# wrapper that enters a network namespace. The remote command is called as
+# `CMD HOST 'shell command'`; binaries, the config, the host file and the
+# data must be at the same paths there (a shared file system or an install).
+#
+# Options:
+#   --run-dir D     logs, pid files, summary (default runs/<config name>-<time>)
+#   --timeout S     give up (and fail) after S seconds (default 3600)
+#   --bin-dir B     where the strata binaries are (default build/bin)
+#   --remote-cmd C  command to run things on remote hosts
+#   --quiet         do not stream the workers' progress lines
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cmd="${1:-}"
+[[ -n "$cmd" ]] && shift || true
+
+CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0
+BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
+REMOTE_CMD="${STRATA_REMOTE_CMD:-ssh -o BatchMode=yes}"
+
+die() { echo "launch.sh: $*" >&2; exit 2; }
+usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --config) CONFIG="$2"; shift 2 ;;
+    --hosts) HOSTS="$2"; shift 2 ;;
+    --run-dir) RUN_DIR="$2"; shift 2 ;;
+    --timeout) TIMEOUT="$2"; shift 2 ;;
+    --bin-dir) BIN_DIR="$2"; shift 2 ;;
+    --remote-cmd) REMOTE_CMD="$2"; shift 2 ;;
+    --quiet) QUIET=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+STRATA="$BIN_DIR/strata"
+abspath() { (cd "$(dirname "$1")" && echo "$(pwd)/$(basename "$1")"); }
+
+is_local() {
+  case "$1" in
+    localhost|LOCALHOST|127.*|::1) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+# Runs a shell command on a host: locally with bash, else via REMOTE_CMD.
+on_host() {
+  local host="$1"; shift
+  if is_local "$host"; then bash -c "$*"; else $REMOTE_CMD "$host" "$*"; fi
+}
+
+master_address() { cat "$RUN_DIR/master.address"; }
+
+# start_daemon ROLE INDEX HOST COMMAND...: starts it in the background on
+# HOST, logging to RUN_DIR/logs/ROLE-INDEX.log, pid in RUN_DIR/pids/.
+start_daemon() {
+  local role="$1" index="$2" host="$3"; shift 3
+  local log="$RUN_DIR/logs/$role-$index.log"
+  local quoted; quoted="$(printf '%q ' "$@")"
+  local pid
+  pid="$(on_host "$host" "mkdir -p '$RUN_DIR/logs' && { OPENBLAS_NUM_THREADS=1 nohup $quoted > '$log' 2>&1 < /dev/null & echo \$!; }")"
+  echo "$host $pid" > "$RUN_DIR/pids/$role-$index"
+}
+
+# Polls the master until it answers (bounded).
+wait_for_master() {
+  local addr; addr="$(master_address)"
+  for _ in $(seq 1 150); do
+    if "$STRATA" status --master "$addr" > /dev/null 2>&1; then return 0; fi
+    if ! daemon_alive "$RUN_DIR/pids/master-0"; then
+      echo "launch.sh: the master exited during start-up; its log:" >&2
+      tail -n 20 "$RUN_DIR/logs/master-0.log" >&2 || true
+      return 1
+    fi
+    sleep 0.2
+  done
+  echo "launch.sh: master at $addr did not answer within 30 s" >&2
+  return 1
+}
+
+daemon_alive() {
+  local f="$1" host pid
+  [[ -f "$f" ]] || return 1
+  read -r host pid < "$f"
+  on_host "$host" "kill -0 $pid 2>/dev/null"
+}
+
+do_up() {
+  [[ -n "$CONFIG" && -n "$HOSTS" ]] || die "up/run need --config and --hosts"
+  [[ -x "$STRATA" ]] || die "$STRATA not found: build first (scripts/build.sh)"
+  CONFIG="$(abspath "$CONFIG")"
+  HOSTS="$(abspath "$HOSTS")"
+  "$STRATA" validate --config "$CONFIG" --hosts "$HOSTS" > /dev/null || exit 2
+  if [[ -z "$RUN_DIR" ]]; then
+    RUN_DIR="$ROOT/runs/$(basename "$CONFIG" .yaml)-$(date +%Y%m%d-%H%M%S)"
+  fi
+  mkdir -p "$RUN_DIR/logs" "$RUN_DIR/pids"
+  RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+  if compgen -G "$RUN_DIR/pids/*" > /dev/null; then
+    die "$RUN_DIR already has a running cluster (launch.sh down --run-dir $RUN_DIR)"
+  fi
+  rm -f "$RUN_DIR/summary.json"
+  local plan; plan="$("$STRATA" plan --config "$CONFIG" --hosts "$HOSTS")" || exit 2
+  echo "$plan" > "$RUN_DIR/plan"
+  cp "$CONFIG" "$RUN_DIR/config.yaml"
+  cp "$HOSTS" "$RUN_DIR/hosts"
+
+  local role index host port data_port http_port
+  read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
+  echo "$host:$port" > "$RUN_DIR/master.address"
+  echo "$host:$http_port" > "$RUN_DIR/master.http"
+  start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
+    --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
+    --summary "$RUN_DIR/summary.json"
+  wait_for_master || return 1
+  local master; master="$(master_address)"
+  while read -r role index host port data_port http_port; do
+    case "$role" in
+      pserver)
+        start_daemon pserver "$index" "$host" "$BIN_DIR/strata-pserver" \
+          --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
+          --port "$port" --data_port "$data_port" --http_port "$http_port" ;;
+      worker)
+        start_daemon worker "$index" "$host" "$BIN_DIR/strata-worker" \
+          --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
+          --http_port "$http_port" ;;
+    esac
+  done <<< "$plan"
+  echo "launch.sh: cluster up: master $master (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"
+}
+
+do_down() {
+  [[ -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]] || die "down needs --run-dir of a cluster"
+  local f host pid
+  # Workers first, then pservers, then the master.
+  for pat in 'worker-*' 'pserver-*' 'master-*'; do
+    for f in "$RUN_DIR"/pids/$pat; do
+      [[ -f "$f" ]] || continue
+      read -r host pid < "$f"
+      on_host "$host" "kill -TERM $pid 2>/dev/null; kill -CONT $pid 2>/dev/null" || true
+    done
+  done
+  for f in "$RUN_DIR"/pids/*; do
+    [[ -f "$f" ]] || continue
+    read -r host pid < "$f"
+    on_host "$host" "for i in \$(seq 1 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL $pid 2>/dev/null; true" || true
+    rm -f "$f"
+  done
+}
+
+do_status() {
+  [[ -n "$RUN_DIR" && -f "$RUN_DIR/master.address" ]] || die "status needs --run-dir of a cluster"
+  "$STRATA" status --master "$(master_address)"
+}
+
+# Streams the workers' progress lines to stdout until killed.
+stream_progress() {
+  cd "$RUN_DIR/logs" && tail -n +1 -F worker-*.log 2>/dev/null |
+    grep --line-buffered -E 'progress:|evaluation:|ERROR|^E[0-9]{4}' |
+    sed -u -E 's/^[IWEF][0-9]{4,8} [0-9:.]+ +[0-9]+ [^]]+\] //'
+}
+
+do_run() {
+  local progress_pid="" rc=1
+  cleanup() {
+    trap - EXIT INT TERM
+    if [[ -n "$progress_pid" ]]; then
+      pkill -P "$progress_pid" 2>/dev/null || true
+      kill "$progress_pid" 2>/dev/null || true
+      wait "$progress_pid" 2>/dev/null || true
+      progress_pid=""
+    fi
+    [[ -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]] && do_down || true
+  }
+  trap 'cleanup; exit 130' INT TERM
+  trap cleanup EXIT
+  local start; start=$(date +%s)
+  do_up || { echo "launch.sh: bring-up failed" >&2; exit 1; }
+  if [[ $QUIET -eq 0 ]]; then
+    stream_progress &
+    progress_pid=$!
+  fi
+  local master; master="$(master_address)"
+  while true; do
+    if ! daemon_alive "$RUN_DIR/pids/master-0"; then
+      echo "launch.sh: the master died; see $RUN_DIR/logs/master-0.log" >&2
+      rc=1; break
+    fi
+    local state
+    state="$("$STRATA" status --master "$master" --json 2>/dev/null |
+             sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
+    if [[ "$state" == "succeeded" ]]; then rc=0; break; fi
+    if [[ "$state" == "failed" ]]; then rc=1; break; fi
+    # A job cannot go on when every pserver process has exited.
+    local any=0 f
+    for f in "$RUN_DIR"/pids/pserver-*; do daemon_alive "$f" && any=1 && break; done
+    if [[ $any -eq 0 ]]; then
+      echo "launch.sh: every pserver exited; see $RUN_DIR/logs/" >&2
+      rc=1; break
+    fi
+    if (( $(date +%s) - start > TIMEOUT )); then
+      echo "launch.sh: job did not finish within $TIMEOUT s" >&2
+      rc=1; break
+    fi
+    sleep 0.5
+  done
+  sleep 0.3  # let the last progress lines through
+  "$STRATA" status --master "$master" > "$RUN_DIR/status.txt" 2>&1 || true
+  cleanup
+  if [[ -f "$RUN_DIR/summary.json" ]]; then
+    echo "launch.sh: summary ($RUN_DIR/summary.json):"
+    grep -E '"(state|message|final_test_accuracy|steps|samples_per_sec|comm_share|wall_seconds)"' \
+      "$RUN_DIR/summary.json" | sed 's/^ */  /'
+  else
+    echo "launch.sh: no summary written; logs in $RUN_DIR/logs" >&2
+    rc=1
+  fi
+  [[ $rc -eq 0 ]] && echo "launch.sh: job succeeded" || echo "launch.sh: job FAILED" >&2
+  exit $rc
+}
+
+case "$cmd" in
+  run) do_run ;;
+  up) do_up ;;
+  down) do_down ;;
+  status) do_status ;;
+  ""|-h|--help|help) usage ;;
+  *) die "unknown command '$cmd' (run, up, down, status)" ;;
+esac

@@ -1,0 +1,472 @@
+#include "common/config.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// The smallest valid config: the required data section only (lines 1-5).
+constexpr char kData[] =
+    "data:\n"
+    "  train_images: /d/train-images.gz\n"
+    "  train_labels: /d/train-labels.gz\n"
+    "  test_images: /d/test-images.gz\n"
+    "  test_labels: /d/test-labels.gz\n";
+
+// Parses kData followed by `extra` (whose first line is line 6).
+absl::StatusOr<JobConfig> ParseWithData(const std::string& extra) {
+  return ParseJobConfig(absl::StrCat(kData, extra), "local.yaml");
+}
+
+// Expects InvalidArgument whose message starts with `position` and contains
+// every one of `parts`.
+template <typename... Parts>
+void ExpectError(const absl::StatusOr<JobConfig>& result,
+                 const std::string& position, const Parts&... parts) {
+  EXPECT_THAT(result,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(StartsWith(position), HasSubstr(parts)...)));
+}
+
+TEST(ConsistencyNameTest, NamesBothModes) {
+  EXPECT_STREQ(ConsistencyName(Consistency::kBsp), "bsp");
+  EXPECT_STREQ(ConsistencyName(Consistency::kAsp), "asp");
+}
+
+TEST(ParseJobConfigTest, FullExampleParsesEveryKey) {
+  const std::string text = R"(# A complete config.
+job:
+  name: mnist-asp
+  consistency: asp
+  epochs: 3
+  batch_size: 128
+  progress_every_steps: 10
+  seed: 18446744073709551615
+model:
+  type: mlp
+  layers: [784, 512, 10]
+  activation: tanh
+optimizer:
+  type: momentum
+  learning_rate: 0.05
+  momentum: 0.5
+  beta1: 0.8
+  beta2: 0.99
+  epsilon: 1e-6
+  weight_decay: 1e-4
+data:
+  format: idx
+  train_images: /data/mnist/train-images-idx3-ubyte.gz
+  train_labels: /data/mnist/train-labels-idx1-ubyte.gz
+  test_images: /data/mnist/t10k-images-idx3-ubyte.gz
+  test_labels: /data/mnist/t10k-labels-idx1-ubyte.gz
+  task_records: 1000
+  train_limit: 6000
+cluster:
+  transport: inproc
+  slice_bytes: 1048576
+  heartbeat_interval_ms: 200
+  dead_timeout_ms: 2000
+  task_lease_timeout_ms: 30000
+  request_timeout_ms: 10000
+  ports:
+    master: 9000
+    master_http: 9001
+    pserver: 9100
+    pserver_data: 9200
+    pserver_http: 9300
+    worker_http: 0
+)";
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseJobConfig(text, "full.yaml"));
+  EXPECT_EQ(c.source, "");
+  EXPECT_EQ(c.job.name, "mnist-asp");
+  EXPECT_EQ(c.job.consistency, Consistency::kAsp);
+  EXPECT_EQ(c.job.epochs, 3);
+  EXPECT_EQ(c.job.batch_size, 128);
+  EXPECT_EQ(c.job.progress_every_steps, 10);
+  EXPECT_EQ(c.job.seed, UINT64_MAX);
+  EXPECT_EQ(c.model.type, "mlp");
+  EXPECT_THAT(c.model.layers, ElementsAre(784, 512, 10));
+  EXPECT_EQ(c.model.activation, "tanh");
+  EXPECT_EQ(c.optimizer.type, "momentum");
+  EXPECT_DOUBLE_EQ(c.optimizer.learning_rate, 0.05);
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.5);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(c.optimizer.epsilon, 1e-6);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 1e-4);
+  EXPECT_EQ(c.data.format, "idx");
+  EXPECT_EQ(c.data.train_images, "/data/mnist/train-images-idx3-ubyte.gz");
+  EXPECT_EQ(c.data.train_labels, "/data/mnist/train-labels-idx1-ubyte.gz");
+  EXPECT_EQ(c.data.test_images, "/data/mnist/t10k-images-idx3-ubyte.gz");
+  EXPECT_EQ(c.data.test_labels, "/data/mnist/t10k-labels-idx1-ubyte.gz");
+  EXPECT_EQ(c.data.task_records, 1000);
+  EXPECT_EQ(c.data.train_limit, 6000);
+  EXPECT_EQ(c.cluster.transport, "inproc");
+  EXPECT_EQ(c.cluster.slice_bytes, 1048576);
+  EXPECT_EQ(c.cluster.heartbeat_interval_ms, 200);
+  EXPECT_EQ(c.cluster.dead_timeout_ms, 2000);
+  EXPECT_EQ(c.cluster.task_lease_timeout_ms, 30000);
+  EXPECT_EQ(c.cluster.request_timeout_ms, 10000);
+  EXPECT_EQ(c.cluster.ports.master, 9000);
+  EXPECT_EQ(c.cluster.ports.master_http, 9001);
+  EXPECT_EQ(c.cluster.ports.pserver, 9100);
+  EXPECT_EQ(c.cluster.ports.pserver_data, 9200);
+  EXPECT_EQ(c.cluster.ports.pserver_http, 9300);
+  EXPECT_EQ(c.cluster.ports.worker_http, 0);
+}
+
+TEST(ParseJobConfigTest, DataOnlyGetsAllDefaults) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData(""));
+  const JobConfig d;  // the header's defaults
+  EXPECT_EQ(c.job.name, d.job.name);
+  EXPECT_EQ(c.job.consistency, Consistency::kBsp);
+  EXPECT_EQ(c.job.epochs, 1);
+  EXPECT_EQ(c.job.batch_size, 64);
+  EXPECT_EQ(c.job.progress_every_steps, 50);
+  EXPECT_EQ(c.job.seed, 1u);
+  EXPECT_EQ(c.model.type, "mlp");
+  EXPECT_THAT(c.model.layers, ElementsAre(784, 256, 128, 10));
+  EXPECT_EQ(c.model.activation, "relu");
+  EXPECT_EQ(c.optimizer.type, "adam");
+  EXPECT_DOUBLE_EQ(c.optimizer.learning_rate, 0.001);
+  EXPECT_DOUBLE_EQ(c.optimizer.epsilon, 1e-8);
+  EXPECT_EQ(c.data.format, "idx");
+  EXPECT_EQ(c.data.train_images, "/d/train-images.gz");
+  EXPECT_EQ(c.data.test_labels, "/d/test-labels.gz");
+  EXPECT_EQ(c.data.task_records, 2000);
+  EXPECT_EQ(c.data.train_limit, 0);
+  EXPECT_EQ(c.cluster.transport, "tcp");
+  EXPECT_EQ(c.cluster.slice_bytes, 4 << 20);
+  EXPECT_EQ(c.cluster.heartbeat_interval_ms, 500);
+  EXPECT_EQ(c.cluster.dead_timeout_ms, 5000);
+  EXPECT_EQ(c.cluster.ports.master, 7070);
+  EXPECT_EQ(c.cluster.ports.worker_http, 7400);
+}
+
+TEST(ParseJobConfigTest, PartialSectionKeepsOtherDefaults) {
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c, ParseWithData("job:\n  epochs: 7\n"
+                                 "cluster:\n  ports:\n    master: 1234\n"
+                                 "model:\n"));  // empty section is allowed
+  EXPECT_EQ(c.job.epochs, 7);
+  EXPECT_EQ(c.job.batch_size, 64);
+  EXPECT_EQ(c.cluster.ports.master, 1234);
+  EXPECT_EQ(c.cluster.ports.master_http, 7071);
+  EXPECT_EQ(c.cluster.transport, "tcp");
+  EXPECT_THAT(c.model.layers, ElementsAre(784, 256, 128, 10));
+}
+
+TEST(ParseJobConfigTest, DoubleFieldAcceptsInteger) {
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c, ParseWithData("optimizer:\n  learning_rate: 1\n"));
+  EXPECT_DOUBLE_EQ(c.optimizer.learning_rate, 1.0);
+}
+
+TEST(ParseJobConfigTest, QuotedStringsAreStrings) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c,
+                              ParseWithData("job:\n  name: \"run #1: a\"\n"));
+  EXPECT_EQ(c.job.name, "run #1: a");
+}
+
+TEST(ParseJobConfigTest, BspConsistency) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c,
+                              ParseWithData("job:\n  consistency: bsp\n"));
+  EXPECT_EQ(c.job.consistency, Consistency::kBsp);
+}
+
+// --- YAML syntax -----------------------------------------------------------
+
+TEST(ParseJobConfigTest, SyntaxErrorHasOneBasedLineAndColumn) {
+  // Line 2, column 8 (0-based 1:7) is the stray ':' after "foo".
+  ExpectError(ParseJobConfig("job:\n  name: foo: bar\n", "bad.yaml"),
+              "bad.yaml:2:", "invalid YAML");
+  ExpectError(ParseJobConfig("model:\n  layers: [784, 10\n", "bad.yaml"),
+              "bad.yaml:3:1: ", "invalid YAML");
+}
+
+TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
+  ExpectError(ParseWithData("---\njob:\n  epochs: 2\n"),
+              "local.yaml:7:1: ", "one YAML document");
+}
+
+// --- structure ---------------------------------------------------------------
+
+TEST(ParseJobConfigTest, UnknownTopLevelKeyNamesKeyAndChoices) {
+  ExpectError(ParseWithData("\noptimzer:\n  type: sgd\n"), "local.yaml:7:1: ",
+              "unknown key 'optimzer' (expected one of: job, model, "
+              "optimizer, data, cluster)");
+}
+
+TEST(ParseJobConfigTest, UnknownNestedKeyNamesFullPath) {
+  ExpectError(ParseWithData("cluster:\n  ports:\n    masterr: 1\n"),
+              "local.yaml:8:5: ", "unknown key 'cluster.ports.masterr'",
+              "pserver_data");
+  ExpectError(ParseWithData("job:\n  epoch: 1\n"),
+              "local.yaml:7:3: ", "unknown key 'job.epoch'",
+              "progress_every_steps");
+}
+
+TEST(ParseJobConfigTest, DuplicateKeyRejected) {
+  ExpectError(ParseWithData("job:\n  epochs: 1\n  epochs: 2\n"),
+              "local.yaml:8:3: ", "duplicate key 'job.epochs'",
+              "first given on line 7");
+  ExpectError(ParseWithData("data:\n"), "local.yaml:6:1: ",
+              "duplicate key 'data' (first given on line 1)");
+}
+
+TEST(ParseJobConfigTest, RootMustBeMap) {
+  ExpectError(ParseJobConfig("- a\n- b\n", "x.yaml"),
+              "x.yaml:1:1: ", "expected a map of sections, got a list");
+}
+
+TEST(ParseJobConfigTest, SectionMustBeMap) {
+  ExpectError(ParseWithData("job: [1, 2]\n"),
+              "local.yaml:6:6: ", "job: expected a map, got a list");
+  ExpectError(ParseWithData("cluster:\n  ports: 7000\n"),
+              "local.yaml:7:10: ", "cluster.ports: expected a map, got '7000'");
+}
+
+// --- types -------------------------------------------------------------------
+
+TEST(ParseJobConfigTest, StringWhereIntExpected) {
+  ExpectError(ParseWithData("job:\n  epochs: many\n"), "local.yaml:7:11: ",
+              "job.epochs: expected an integer, got 'many'");
+}
+
+TEST(ParseJobConfigTest, FractionWhereIntExpected) {
+  ExpectError(ParseWithData("job:\n  batch_size: 1.5\n"), "local.yaml:7:15: ",
+              "job.batch_size: expected an integer, got '1.5'");
+}
+
+TEST(ParseJobConfigTest, OtherNumberSpellingsWhereIntExpected) {
+  ExpectError(ParseWithData("job:\n  epochs: 1e3\n"), "local.yaml:7:11: ",
+              "job.epochs: expected an integer, got '1e3'");
+  ExpectError(ParseWithData("job:\n  epochs: 0x40\n"), "local.yaml:7:11: ",
+              "job.epochs: expected an integer, got '0x40'");
+}
+
+TEST(ParseJobConfigTest, QuotedNumberWhereIntExpected) {
+  ExpectError(ParseWithData("job:\n  epochs: \"5\"\n"), "local.yaml:7:11: ",
+              "job.epochs: expected an integer, got quoted string \"5\"");
+}
+
+TEST(ParseJobConfigTest, EmptyValueWhereIntExpected) {
+  ExpectError(ParseWithData("job:\n  epochs:\n"), "local.yaml:7:3: ",
+              "job.epochs: expected an integer, got an empty value");
+}
+
+TEST(ParseJobConfigTest, IntOutOfRange) {
+  ExpectError(ParseWithData("job:\n  epochs: 99999999999\n"),
+              "local.yaml:7:11: ", "job.epochs: integer out of range");
+  ExpectError(ParseWithData("job:\n  seed: -1\n"),
+              "local.yaml:7:9: ", "job.seed: expected an integer in [0, ");
+}
+
+TEST(ParseJobConfigTest, MapWhereListExpected) {
+  ExpectError(ParseWithData("model:\n  layers:\n    a: 1\n"),
+              "local.yaml:8:5: ",
+              "model.layers: expected a list of integers, got a map");
+}
+
+TEST(ParseJobConfigTest, ListElementMustBeInteger) {
+  ExpectError(
+      ParseWithData("model:\n  layers: [784, x, 10]\n"),
+      "local.yaml:7:17: ", "model.layers[1]: expected an integer, got 'x'");
+}
+
+TEST(ParseJobConfigTest, ListWhereNumberExpected) {
+  ExpectError(ParseWithData("optimizer:\n  learning_rate: [1]\n"),
+              "local.yaml:7:18: ",
+              "optimizer.learning_rate: expected a number, got a list");
+  ExpectError(ParseWithData("optimizer:\n  learning_rate: fast\n"),
+              "local.yaml:7:18: ",
+              "optimizer.learning_rate: expected a number, got 'fast'");
+  ExpectError(ParseWithData("optimizer:\n  learning_rate: nan\n"),
+              "local.yaml:7:18: ",
+              "optimizer.learning_rate: expected a "
+              "finite number");
+}
+
+TEST(ParseJobConfigTest, MapWhereStringExpected) {
+  ExpectError(ParseWithData("job:\n  name: {a: 1}\n"),
+              "local.yaml:7:9: ", "job.name: expected a string, got a map");
+}
+
+// --- values ------------------------------------------------------------------
+
+TEST(ParseJobConfigTest, UnknownConsistency) {
+  ExpectError(ParseWithData("job:\n  consistency: foo\n"), "local.yaml:7:16: ",
+              "job.consistency: unknown value 'foo' (allowed: bsp, asp)");
+}
+
+TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {
+  ExpectError(ParseWithData("model:\n  type: cnn\n"), "local.yaml:7:9: ",
+              "model.type: unknown value 'cnn' (allowed: mlp)");
+  ExpectError(ParseWithData("model:\n  activation: gelu\n"),
+              "local.yaml:7:15: ",
+              "model.activation: unknown value 'gelu' (allowed: relu, tanh, "
+              "sigmoid)");
+  ExpectError(ParseWithData("optimizer:\n  type: adagrad\n"),
+              "local.yaml:7:9: ",
+              "optimizer.type: unknown value 'adagrad' (allowed: sgd, "
+              "momentum, adam)");
+  ExpectError(ParseWithData("cluster:\n  transport: rdma\n"),
+              "local.yaml:7:14: ",
+              "cluster.transport: unknown value 'rdma' (allowed: tcp, inproc)");
+  ExpectError(
+      ParseJobConfig(absl::StrCat(kData, "  format: csv\n"), "f.yaml"),
+      "f.yaml:6:11: ", "data.format: unknown value 'csv' (allowed: idx)");
+}
+
+TEST(ParseJobConfigTest, NonPositiveIntegers) {
+  ExpectError(ParseWithData("job:\n  epochs: -2\n"),
+              "local.yaml:7:11: ", "job.epochs: must be > 0, got -2");
+  ExpectError(ParseWithData("job:\n  progress_every_steps: 0\n"),
+              "local.yaml:7:25: ", "job.progress_every_steps: must be > 0");
+  ExpectError(ParseWithData("cluster:\n  request_timeout_ms: 0\n"),
+              "local.yaml:7:23: ", "cluster.request_timeout_ms: must be > 0");
+  ExpectError(ParseJobConfig(absl::StrCat(kData, "  task_records: 0\n"), "f"),
+              "f:6:17: ", "data.task_records: must be > 0, got 0");
+  ExpectError(ParseJobConfig(absl::StrCat(kData, "  train_limit: -1\n"), "f"),
+              "f:6:16: ", "data.train_limit: must be >= 0, got -1");
+}
+
+TEST(ParseJobConfigTest, PortOutOfRange) {
+  ExpectError(ParseWithData("cluster:\n  ports:\n    pserver_data: 70000\n"),
+              "local.yaml:8:19: ",
+              "cluster.ports.pserver_data: must be in [0, 65535], got 70000");
+  ExpectError(
+      ParseWithData("cluster:\n  ports:\n    master: -1\n"),
+      "local.yaml:8:13: ", "cluster.ports.master: must be in [0, 65535]");
+}
+
+TEST(ParseJobConfigTest, OptimizerRanges) {
+  ExpectError(
+      ParseWithData("optimizer:\n  learning_rate: 0\n"),
+      "local.yaml:7:18: ", "optimizer.learning_rate: must be > 0, got 0");
+  ExpectError(
+      ParseWithData("optimizer:\n  momentum: 1.0\n"),
+      "local.yaml:7:13: ", "optimizer.momentum: must be in [0, 1), got 1");
+  ExpectError(ParseWithData("optimizer:\n  beta2: -0.5\n"), "local.yaml:7:10: ",
+              "optimizer.beta2: must be in [0, 1), got -0.5");
+  ExpectError(ParseWithData("optimizer:\n  epsilon: 0\n"),
+              "local.yaml:7:12: ", "optimizer.epsilon: must be > 0");
+  ExpectError(ParseWithData("optimizer:\n  weight_decay: -0.1\n"),
+              "local.yaml:7:17: ", "optimizer.weight_decay: must be >= 0");
+}
+
+TEST(ParseJobConfigTest, LayersNeedTwoPositiveEntries) {
+  ExpectError(ParseWithData("model:\n  layers: [784]\n"),
+              "local.yaml:7:11: ", "model.layers: needs at least 2 entries",
+              "got 1");
+  ExpectError(ParseWithData("model:\n  layers: [784, 0, 10]\n"),
+              "local.yaml:7:17: ", "model.layers[1]: must be > 0, got 0");
+}
+
+TEST(ParseJobConfigTest, SliceBytesAtLeastFour) {
+  ExpectError(ParseWithData("cluster:\n  slice_bytes: 3\n"),
+              "local.yaml:7:16: ", "cluster.slice_bytes: must be >= 4, got 3");
+}
+
+TEST(ParseJobConfigTest, DeadTimeoutMustExceedHeartbeat) {
+  ExpectError(ParseWithData("cluster:\n  dead_timeout_ms: 500\n"),
+              "local.yaml:7:20: ",
+              "cluster.dead_timeout_ms: must be > "
+              "cluster.heartbeat_interval_ms (500), got 500");
+  // Only the heartbeat set: the error points at it.
+  ExpectError(ParseWithData("cluster:\n  heartbeat_interval_ms: 6000\n"),
+              "local.yaml:7:26: ",
+              "cluster.dead_timeout_ms: must be > "
+              "cluster.heartbeat_interval_ms (6000)");
+}
+
+TEST(ParseJobConfigTest, EmptyNameRejected) {
+  ExpectError(ParseWithData("job:\n  name: \"\"\n"),
+              "local.yaml:7:9: ", "job.name: must not be empty");
+}
+
+// --- required keys
+// -------------------------------------------------------------
+
+TEST(ParseJobConfigTest, MissingDataSection) {
+  ExpectError(ParseJobConfig("job:\n  epochs: 1\n", "nodata.yaml"),
+              "nodata.yaml:1:1: ", "missing required section 'data'");
+  ExpectError(ParseJobConfig("", "empty.yaml"),
+              "empty.yaml:1:1: ", "missing required section 'data'");
+  ExpectError(ParseJobConfig("# only a comment\n", "c.yaml"),
+              "c.yaml:1:1: ", "missing required section 'data'");
+}
+
+TEST(ParseJobConfigTest, MissingDataPathNamesKey) {
+  ExpectError(ParseJobConfig("job:\n  epochs: 1\ndata:\n"
+                             "  train_images: a\n  train_labels: b\n"
+                             "  test_images: c\n",
+                             "m.yaml"),
+              "m.yaml:3:1: ", "missing required key 'data.test_labels'");
+  ExpectError(ParseJobConfig("data:\n  format: idx\n", "m.yaml"),
+              "m.yaml:1:1: ", "missing required key 'data.train_images'");
+}
+
+TEST(ParseJobConfigTest, EmptyDataPathRejected) {
+  ExpectError(ParseJobConfig("data:\n  train_images: ''\n", "m.yaml"),
+              "m.yaml:2:17: ", "data.train_images: must not be empty");
+}
+
+// --- files
+// -----------------------------------------------------------------------
+
+TEST(LoadJobConfigTest, MissingFileIsNotFoundNamingPath) {
+  const std::string path = ::testing::TempDir() + "/no-such-config.yaml";
+  EXPECT_THAT(LoadJobConfig(path),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+}
+
+TEST(LoadJobConfigTest, DirectoryIsInvalidArgument) {
+  EXPECT_THAT(LoadJobConfig(::testing::TempDir()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(::testing::TempDir())));
+}
+
+TEST(LoadJobConfigTest, ReadsFileAndSetsSource) {
+  const std::string path = ::testing::TempDir() + "/config_test_ok.yaml";
+  {
+    std::ofstream out(path);
+    out << kData << "job:\n  epochs: 4\n";
+  }
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, LoadJobConfig(path));
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.job.epochs, 4);
+  std::remove(path.c_str());
+}
+
+TEST(LoadJobConfigTest, ErrorsNameThePath) {
+  const std::string path = ::testing::TempDir() + "/config_test_bad.yaml";
+  {
+    std::ofstream out(path);
+    out << kData << "job:\n  epochs: 0\n";
+  }
+  EXPECT_THAT(LoadJobConfig(path),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       StartsWith(path + ":7:11: job.epochs: must be > 0")));
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace strata

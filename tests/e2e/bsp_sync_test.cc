@@ -1,0 +1,89 @@
+// Synchronisation check: with bsp, 2 workers at batch b reach the same
+// parameters after 50 steps as 1 worker at batch 2b over the same records
+// (each synchronous step averages the gradients over all 2b samples).
+#include <cmath>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/inproc_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::testing {
+namespace {
+
+constexpr int kSteps = 50;
+constexpr int kBatch = 16;  // b
+
+proto::DataTask Task(uint64_t id, int64_t begin, int64_t end) {
+  proto::DataTask t;
+  t.set_id(id);
+  t.set_begin(begin);
+  t.set_end(end);
+  return t;
+}
+
+// Trains kSteps steps with `workers` workers at batch 2b/workers; worker k's
+// step-s batch is records [2b s + k (2b/workers), ...). Returns the final
+// parameters.
+std::vector<std::vector<float>> Train(int workers, const std::string& optimizer) {
+  InProcClusterOptions opts;
+  opts.config = SmallFashionMnistConfig();
+  opts.config.job.consistency = Consistency::kBsp;
+  opts.config.job.batch_size = 2 * kBatch / workers;
+  opts.config.optimizer.type = optimizer;
+  opts.config.optimizer.learning_rate = optimizer == "adam" ? 0.001 : 0.05;
+  opts.workers = workers;
+  opts.pservers = 2;
+  opts.shuffle_within_task = false;
+  const int per = 2 * kBatch / workers;
+  for (int k = 0; k < workers; ++k) {
+    std::vector<proto::DataTask> tasks;
+    for (int s = 0; s < kSteps; ++s) {
+      const int64_t b = 2 * kBatch * s + k * per;
+      tasks.push_back(Task(s, b, b + per));
+    }
+    opts.task_sources.push_back(std::make_unique<FixedTaskSource>(std::move(tasks)));
+  }
+  auto cluster = InProcCluster::Start(std::move(opts));
+  EXPECT_THAT(cluster, IsOk());
+  if (!cluster.ok()) return {};
+  (*cluster)->RunWorkers();
+  EXPECT_THAT((*cluster)->JoinWorkers(), IsOk());
+  for (int k = 0; k < workers; ++k) {
+    EXPECT_EQ((*cluster)->worker(k)->stats().steps, static_cast<uint64_t>(kSteps));
+  }
+  auto params = (*cluster)->worker(0)->PullParams(kSteps);
+  EXPECT_THAT(params, IsOk());
+  return params.ok() ? *params : std::vector<std::vector<float>>{};
+}
+
+class BspSyncTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BspSyncTest, TwoWorkersAtBatchBEqualOneWorkerAtBatch2B) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const auto two = Train(2, GetParam());
+  const auto one = Train(1, GetParam());
+  ASSERT_EQ(two.size(), one.size());
+  ASSERT_FALSE(one.empty());
+  double max_diff = 0, max_change = 0;
+  const auto init = [&] {
+    // Parameters moved away from zero-initialised biases: training happened.
+    double m = 0;
+    for (float v : one[1]) m = std::max(m, std::fabs(static_cast<double>(v)));
+    return m;
+  }();
+  for (size_t t = 0; t < one.size(); ++t) {
+    ASSERT_EQ(one[t].size(), two[t].size());
+    for (size_t i = 0; i < one[t].size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(one[t][i]) - two[t][i]));
+      max_change = std::max(max_change, std::fabs(static_cast<double>(one[t][i])));
+    }
+  }
+  EXPECT_GT(init, 1e-3) << "biases did not move: no training happened";
+  EXPECT_LT(max_diff, 1e-4) << "largest parameter difference";
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, BspSyncTest, ::testing::Values("sgd", "adam"));
+
+}  // namespace
+}  // namespace strata::testing

@@ -1,0 +1,529 @@
+#include "master/master_server.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/strata.grpc.pb.h"
+#include "storage/file_system.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::master {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+constexpr char kLabels[] = "/data/train-labels-idx1-ubyte";
+constexpr char kSummary[] = "/out/summary.json";
+
+// IDX label file: magic 0,0,8,1, big-endian count, then one byte per label.
+std::string IdxLabels(uint32_t n) {
+  std::string s = {0, 0, 8, 1};
+  s += static_cast<char>(n >> 24);
+  s += static_cast<char>(n >> 16);
+  s += static_cast<char>(n >> 8);
+  s += static_cast<char>(n);
+  for (uint32_t i = 0; i < n; ++i) s += static_cast<char>(i % 10);
+  return s;
+}
+
+// A pserver admin service that accepts every assignment and records it.
+// Thread-safe (gRPC threads call it).
+class FakePServerAdmin final : public proto::PServerAdmin::Service {
+ public:
+  grpc::Status AssignPartitions(
+      grpc::ServerContext*, const proto::AssignPartitionsRequest* req,
+      proto::AssignPartitionsResponse* resp) override {
+    absl::MutexLock l(&mu_);
+    requests_.push_back(*req);
+    for (const auto& p : req->view().partitions()) {
+      if (p.owner() == req->node_id()) resp->add_partitions(p.id());
+    }
+    return grpc::Status::OK;
+  }
+  std::vector<proto::AssignPartitionsRequest> requests() const {
+    absl::MutexLock l(&mu_);
+    return requests_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<proto::AssignPartitionsRequest> requests_ ABSL_GUARDED_BY(mu_);
+};
+
+class MasterServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fs_ = storage::NewMemoryFileSystem();
+    // 10 training records, tasks of 4: [0,4) [4,8) [8,10) -> 3 tasks.
+    ASSERT_THAT(fs_->WriteFileAtomic(kLabels, IdxLabels(10)), IsOk());
+
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(&admin_);
+    admin_server_ = builder.BuildAndStart();
+    ASSERT_NE(admin_server_, nullptr);
+    ASSERT_NE(port, 0);
+    admin_address_ = absl::StrCat("127.0.0.1:", port);
+
+    JobConfig& c = options_.config;
+    c.job.name = "unit-job";
+    c.job.consistency = Consistency::kBsp;
+    c.job.epochs = 1;
+    c.model.layers = {4, 3, 2};  // tables of 12, 3, 6, 2 elements
+    c.data.train_images = "/data/train-images";
+    c.data.train_labels = kLabels;
+    c.data.test_images = "/data/test-images";
+    c.data.test_labels = "/data/test-labels";
+    c.data.task_records = 4;
+    c.cluster.heartbeat_interval_ms = 500;
+    c.cluster.dead_timeout_ms = 5000;
+    c.cluster.task_lease_timeout_ms = 120000;
+    options_.expected_pservers = 1;
+    options_.expected_workers = 1;
+    options_.port = 0;
+    options_.http_port = -1;
+    options_.summary_path = kSummary;
+    options_.clock = &clock_;
+    options_.fs = fs_.get();
+  }
+
+  void TearDown() override {
+    master_.reset();
+    if (admin_server_) admin_server_->Shutdown();
+  }
+
+  void CreateMaster() {
+    auto m = MasterServer::Create(options_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    master_ = std::move(*m);
+  }
+
+  uint32_t RegisterPserver(int index, const std::string& grpc_address) {
+    proto::RegisterRequest req;
+    req.set_role(proto::PSERVER);
+    req.set_index(index);
+    req.set_host("127.0.0.1");
+    req.set_grpc_address(grpc_address);
+    req.set_data_address("127.0.0.1:9");
+    auto r = master_->Register(req, "ipv4:127.0.0.1:5000");
+    EXPECT_THAT(r, IsOk());
+    return r.ok() ? r->node_id() : 0;
+  }
+  uint32_t RegisterWorker(int index) {
+    proto::RegisterRequest req;
+    req.set_role(proto::WORKER);
+    req.set_index(index);
+    req.set_host("127.0.0.1");
+    auto r = master_->Register(req, "ipv4:127.0.0.1:5001");
+    EXPECT_THAT(r, IsOk());
+    return r.ok() ? r->node_id() : 0;
+  }
+
+  absl::Status Heartbeat(uint32_t node) {
+    proto::HeartbeatRequest req;
+    req.set_node_id(node);
+    return master_->Heartbeat(req).status();
+  }
+  absl::StatusOr<proto::LeaseTaskResponse> Lease(uint32_t node) {
+    proto::LeaseTaskRequest req;
+    req.set_node_id(node);
+    return master_->LeaseTask(req);
+  }
+  absl::Status Complete(uint32_t node, uint64_t task, uint64_t last_step) {
+    proto::CompleteTaskRequest req;
+    req.set_node_id(node);
+    req.set_task_id(task);
+    req.set_last_step(last_step);
+    return master_->CompleteTask(req);
+  }
+
+  proto::NodeState StateOf(uint32_t node) {
+    const proto::GetStatusResponse status = master_->GetStatus();
+    for (const auto& n : status.view().members()) {
+      if (n.id() == node) return n.state();
+    }
+    ADD_FAILURE() << "node " << node << " not in the view";
+    return proto::NODE_STATE_UNSPECIFIED;
+  }
+  std::string JobState() { return master_->GetStatus().job().state(); }
+
+  // Registers pserver 0 (the fake admin service) and worker 0, then places.
+  void StartRunningJob(uint32_t* pserver, uint32_t* worker) {
+    *pserver = RegisterPserver(0, admin_address_);
+    *worker = RegisterWorker(0);
+    master_->TickForTesting();
+    ASSERT_EQ(JobState(), "running");
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<storage::FileSystem> fs_;
+  FakePServerAdmin admin_;
+  std::unique_ptr<grpc::Server> admin_server_;
+  std::string admin_address_;
+  MasterOptions options_;
+  std::unique_ptr<MasterServer> master_;
+};
+
+TEST_F(MasterServerTest, CreateRequiresFileSystemAndLabels) {
+  MasterOptions no_fs = options_;
+  no_fs.fs = nullptr;
+  EXPECT_THAT(MasterServer::Create(no_fs),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fs")));
+  MasterOptions no_labels = options_;
+  no_labels.config.data.train_labels = "/data/missing";
+  EXPECT_THAT(
+      MasterServer::Create(no_labels),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("/data/missing")));
+  MasterOptions no_workers = options_;
+  no_workers.expected_workers = 0;
+  EXPECT_THAT(MasterServer::Create(no_workers),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(MasterServerTest, TasksComeFromTheLabelCountAndTrainLimit) {
+  CreateMaster();
+  EXPECT_EQ(master_->GetStatus().job().tasks_total(), 3u);  // ceil(10 / 4)
+  options_.config.data.train_limit = 4;
+  CreateMaster();
+  EXPECT_EQ(master_->GetStatus().job().tasks_total(), 1u);  // 4 records
+}
+
+TEST_F(MasterServerTest, RegisterAssignsDistinctIdsAndBumpsEpoch) {
+  CreateMaster();
+  const proto::ClusterView v0 = master_->View();
+  EXPECT_EQ(v0.epoch(), 1u);
+  ASSERT_THAT(v0.members(), SizeIs(1));
+  EXPECT_EQ(v0.members(0).id(), 0u);
+  EXPECT_EQ(v0.members(0).role(), proto::MASTER);
+  EXPECT_THAT(v0.tables(), SizeIs(4));
+
+  const uint32_t ps = RegisterPserver(0, admin_address_);
+  EXPECT_EQ(master_->View().epoch(), 2u);
+  const uint32_t w0 = RegisterWorker(0);
+  EXPECT_EQ(master_->View().epoch(), 3u);
+  const uint32_t w1 = RegisterWorker(1);
+  EXPECT_EQ(master_->View().epoch(), 4u);
+  EXPECT_EQ(ps, 1u);
+  EXPECT_EQ(w0, 2u);
+  EXPECT_EQ(w1, 3u);
+
+  const proto::ClusterView v = master_->View();
+  ASSERT_THAT(v.members(), SizeIs(4));
+  EXPECT_EQ(v.members(1).role(), proto::PSERVER);
+  EXPECT_EQ(v.members(1).grpc_address(), admin_address_);
+  EXPECT_EQ(v.members(1).state(), proto::ALIVE);
+  EXPECT_EQ(v.members(3).role(), proto::WORKER);
+  EXPECT_EQ(v.members(3).index(), 1);
+}
+
+TEST_F(MasterServerTest, RegisterRejectsBadRequests) {
+  CreateMaster();
+  proto::RegisterRequest master_role;
+  master_role.set_role(proto::MASTER);
+  EXPECT_THAT(
+      master_->Register(master_role, "peer-x"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("peer-x")));
+  proto::RegisterRequest no_address;
+  no_address.set_role(proto::PSERVER);
+  EXPECT_THAT(
+      master_->Register(no_address, "peer-y"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpc_address")));
+  EXPECT_EQ(master_->View().epoch(), 1u);
+  EXPECT_THAT(master_->View().members(), SizeIs(1));
+}
+
+TEST_F(MasterServerTest, ReRegisteringAnIndexMarksThePredecessorDead) {
+  CreateMaster();
+  const uint32_t first = RegisterWorker(0);
+  const uint32_t second = RegisterWorker(0);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(StateOf(first), proto::DEAD);
+  EXPECT_EQ(StateOf(second), proto::ALIVE);
+  EXPECT_THAT(Heartbeat(first),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(MasterServerTest, HeartbeatFromUnknownNodeIsNotFound) {
+  CreateMaster();
+  EXPECT_THAT(Heartbeat(42),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("42")));
+}
+
+TEST_F(MasterServerTest, HeartbeatReturnsEpochAndJobState) {
+  CreateMaster();
+  const uint32_t w = RegisterWorker(0);
+  proto::HeartbeatRequest req;
+  req.set_node_id(w);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto resp, master_->Heartbeat(req));
+  EXPECT_EQ(resp.epoch(), 2u);
+  EXPECT_EQ(resp.job_state(), "waiting");
+  clock_.Advance(absl::Milliseconds(1234));
+  ASSERT_THAT(Heartbeat(w), IsOk());
+  EXPECT_EQ(master_->View().members(1).last_heartbeat_unix_ms(), 1234);
+}
+
+TEST_F(MasterServerTest, JobRunsOncePartitionsArePlacedAndTheWorkerRegistered) {
+  CreateMaster();
+  const uint32_t ps = RegisterPserver(0, admin_address_);
+  master_->TickForTesting();
+  // Placed (epoch 2 -> 3) but no worker yet.
+  EXPECT_EQ(JobState(), "waiting");
+  EXPECT_FALSE(master_->View().ready());
+  EXPECT_EQ(master_->View().epoch(), 3u);
+  const auto requests = admin_.requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_EQ(requests[0].node_id(), ps);
+  // fc0.weight 12, fc0.bias 3, fc1.weight 6, fc1.bias 2 elements: one
+  // partition each under the default 4 MiB slices, all on the one pserver.
+  ASSERT_THAT(requests[0].view().partitions(), SizeIs(4));
+  const uint64_t lengths[] = {12, 3, 6, 2};
+  for (int i = 0; i < 4; ++i) {
+    const auto& p = requests[0].view().partitions(i);
+    EXPECT_EQ(p.table_id(), static_cast<uint32_t>(i));
+    EXPECT_EQ(p.offset(), 0u);
+    EXPECT_EQ(p.length(), lengths[i]);
+    EXPECT_EQ(p.owner(), ps);
+  }
+  EXPECT_EQ(requests[0].view().epoch(), 3u);
+
+  // Another tick does not place again.
+  master_->TickForTesting();
+  EXPECT_THAT(admin_.requests(), SizeIs(1));
+
+  const uint32_t w = RegisterWorker(0);  // epoch 4, then ready: 5
+  EXPECT_EQ(JobState(), "running");
+  EXPECT_TRUE(master_->View().ready());
+  EXPECT_EQ(master_->View().epoch(), 5u);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(w));
+  EXPECT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK);
+}
+
+TEST_F(MasterServerTest, WaitsWhileNotPlaced) {
+  CreateMaster();
+  const uint32_t w = RegisterWorker(0);
+  master_->TickForTesting();  // no pserver: nothing to place on
+  EXPECT_EQ(JobState(), "waiting");
+  EXPECT_THAT(admin_.requests(), SizeIs(0));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(w));
+  EXPECT_EQ(lease.outcome(), proto::LeaseTaskResponse::WAIT);
+}
+
+TEST_F(MasterServerTest, UnreachablePserverKeepsTheJobWaiting) {
+  CreateMaster();
+  // Port 1 on loopback refuses connections: AssignPartitions fails.
+  RegisterPserver(0, "127.0.0.1:1");
+  const uint32_t w = RegisterWorker(0);
+  master_->TickForTesting();
+  EXPECT_EQ(JobState(), "waiting");
+  EXPECT_FALSE(master_->View().ready());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(w));
+  EXPECT_EQ(lease.outcome(), proto::LeaseTaskResponse::WAIT);
+}
+
+TEST_F(MasterServerTest,
+       WorkerWithoutHeartbeatsIsDeadAfterTheTimeoutAndLosesItsTasks) {
+  CreateMaster();
+  uint32_t ps, a;
+  StartRunningJob(&ps, &a);
+  const uint32_t b = RegisterWorker(1);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(a));
+  ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK);
+  const uint64_t task = lease.task().id();
+  const uint64_t epoch = master_->View().epoch();
+
+  // Exactly dead_timeout_ms (5000) of silence from `a`: still alive.
+  clock_.Advance(absl::Milliseconds(2500));
+  ASSERT_THAT(Heartbeat(ps), IsOk());
+  ASSERT_THAT(Heartbeat(b), IsOk());
+  master_->TickForTesting();
+  clock_.Advance(absl::Milliseconds(2500));
+  ASSERT_THAT(Heartbeat(ps), IsOk());
+  ASSERT_THAT(Heartbeat(b), IsOk());
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(a), proto::ALIVE);
+  EXPECT_EQ(master_->View().epoch(), epoch);
+
+  // 5001 ms: dead. The others heartbeated and stay alive.
+  clock_.Advance(absl::Milliseconds(1));
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(a), proto::DEAD);
+  EXPECT_EQ(StateOf(ps), proto::ALIVE);
+  EXPECT_EQ(StateOf(b), proto::ALIVE);
+  EXPECT_EQ(master_->View().epoch(), epoch + 1);
+  EXPECT_EQ(JobState(), "running");
+
+  // The dead worker is refused everywhere.
+  EXPECT_THAT(Heartbeat(a), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("declared dead")));
+  EXPECT_THAT(Lease(a), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(Complete(a, task, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // Its task went back to the front of the queue: the next lease gets it.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto again, Lease(b));
+  ASSERT_EQ(again.outcome(), proto::LeaseTaskResponse::TASK);
+  EXPECT_EQ(again.task().id(), task);
+  EXPECT_THAT(Complete(b, task, 0), IsOk());
+}
+
+TEST_F(MasterServerTest, LosingTheOnlyWorkerFailsTheJob) {
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  clock_.Advance(absl::Milliseconds(5001));
+  ASSERT_THAT(Heartbeat(ps), IsOk());
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(w), proto::DEAD);
+  const proto::JobStatus job = master_->GetStatus().job();
+  EXPECT_EQ(job.state(), "failed");
+  EXPECT_THAT(job.message(),
+              HasSubstr("no live worker left with 3 data task(s)"));
+  STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
+  EXPECT_THAT(summary, HasSubstr("\"state\": \"failed\""));
+}
+
+TEST_F(MasterServerTest, ExpiredTaskLeaseGoesBackToTheQueue) {
+  options_.config.cluster.task_lease_timeout_ms = 1000;
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(w));
+  ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK);
+  clock_.Advance(absl::Milliseconds(1000));
+  ASSERT_THAT(Heartbeat(ps), IsOk());
+  ASSERT_THAT(Heartbeat(w), IsOk());
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(w), proto::ALIVE);
+  EXPECT_THAT(Complete(w, lease.task().id(), 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto again, Lease(w));
+  EXPECT_EQ(again.task().id(), lease.task().id());
+}
+
+TEST_F(MasterServerTest, CompleteTaskErrors) {
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  EXPECT_THAT(Complete(w, 99, 0), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(Complete(ps, 0, 0),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("not a registered worker")));
+  EXPECT_THAT(Complete(w, 0, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
+  CreateMaster();
+  uint32_t ps, a;
+  StartRunningJob(&ps, &a);
+  const uint32_t b = RegisterWorker(1);
+
+  // Three tasks; last steps pushed 3, 5 and 7.
+  const uint32_t who[] = {a, b, a};
+  const uint64_t last_step[] = {3, 5, 7};
+  for (int i = 0; i < 3; ++i) {
+    STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(who[i]));
+    ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK) << i;
+    ASSERT_THAT(Complete(who[i], lease.task().id(), last_step[i]), IsOk());
+  }
+  EXPECT_EQ(JobState(), "evaluating");
+  EXPECT_EQ(master_->GetStatus().job().tasks_done(), 3u);
+
+  // b runs out first and becomes the evaluator; BSP: min_version =
+  // max last step + 1 = 7 + 1 = 8.
+  const uint64_t epoch = master_->View().epoch();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto eval, Lease(b));
+  EXPECT_EQ(eval.outcome(), proto::LeaseTaskResponse::EVALUATE);
+  EXPECT_EQ(eval.min_version(), 8u);
+  EXPECT_EQ(StateOf(b), proto::FINISHED);
+  EXPECT_EQ(master_->View().epoch(), epoch + 1);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto wait, Lease(a));
+  EXPECT_EQ(wait.outcome(), proto::LeaseTaskResponse::WAIT);
+  EXPECT_EQ(StateOf(a), proto::FINISHED);
+
+  // Progress reports; only the evaluator may report an accuracy.
+  proto::ReportProgressRequest pa;
+  pa.set_node_id(a);
+  pa.set_steps_done(4);
+  pa.set_samples(6);
+  pa.set_loss(0.5);
+  pa.set_busy_seconds(2.0);
+  pa.set_comm_seconds(0.5);
+  pa.set_has_test_accuracy(true);
+  pa.set_test_accuracy(0.1);
+  EXPECT_THAT(master_->ReportProgress(pa),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not the evaluator")));
+  pa.set_has_test_accuracy(false);
+  ASSERT_THAT(master_->ReportProgress(pa), IsOk());
+  EXPECT_EQ(JobState(), "evaluating");
+
+  clock_.Advance(absl::Seconds(2));  // wall time since the job started running
+  proto::ReportProgressRequest pb;
+  pb.set_node_id(b);
+  pb.set_steps_done(4);
+  pb.set_samples(4);
+  pb.set_loss(0.25);
+  pb.set_busy_seconds(2.0);
+  pb.set_comm_seconds(1.5);
+  pb.set_has_test_accuracy(true);
+  pb.set_test_accuracy(0.875);
+  pb.set_test_loss(0.25);
+  ASSERT_THAT(master_->ReportProgress(pb), IsOk());
+
+  const proto::JobStatus job = master_->GetStatus().job();
+  EXPECT_EQ(job.state(), "succeeded");
+  EXPECT_TRUE(job.has_test_accuracy());
+  EXPECT_DOUBLE_EQ(job.test_accuracy(), 0.875);
+  EXPECT_EQ(job.steps(), 8u);           // BSP: max last step 7 + 1
+  EXPECT_EQ(job.samples(), 10u);        // 6 + 4
+  EXPECT_DOUBLE_EQ(job.loss(), 0.375);  // (0.5 + 0.25) / 2
+  EXPECT_DOUBLE_EQ(job.wall_seconds(), 2.0);
+  EXPECT_DOUBLE_EQ(job.samples_per_sec(), 5.0);  // 10 / 2 s
+  EXPECT_DOUBLE_EQ(job.comm_share(), 0.5);       // (0.5 + 1.5) / (2 + 2)
+
+  STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
+  EXPECT_THAT(summary,
+              AllOf(HasSubstr("\"job\": \"unit-job\""),
+                    HasSubstr("\"state\": \"succeeded\""),
+                    HasSubstr("\"final_test_accuracy\": 0.875000"),
+                    HasSubstr("\"final_test_loss\": 0.250000"),
+                    HasSubstr("\"steps\": 8"), HasSubstr("\"samples\": 10"),
+                    HasSubstr("\"tasks_done\": 3")));
+
+  // Everyone is told to exit.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto done, Lease(a));
+  EXPECT_EQ(done.outcome(), proto::LeaseTaskResponse::DONE);
+}
+
+TEST_F(MasterServerTest, AspEvaluatorNeedsNoMinimumVersion) {
+  options_.config.job.consistency = Consistency::kAsp;
+  options_.config.data.task_records = 10;  // one task
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(w));
+  ASSERT_THAT(Complete(w, lease.task().id(), 12), IsOk());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto eval, Lease(w));
+  EXPECT_EQ(eval.outcome(), proto::LeaseTaskResponse::EVALUATE);
+  EXPECT_EQ(eval.min_version(), 0u);
+}
+
+}  // namespace
+}  // namespace strata::master

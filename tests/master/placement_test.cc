@@ -1,0 +1,201 @@
+#include "master/placement.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::master {
+namespace {
+
+using ::strata::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+proto::TableInfo Table(uint32_t id, uint64_t elements) {
+  proto::TableInfo t;
+  t.set_id(id);
+  t.set_name("t" + std::to_string(id));
+  t.set_num_elements(elements);
+  return t;
+}
+
+TEST(MakeTableInfosTest, CopiesSpecsWithIdsInOrder) {
+  ModelSection model;
+  model.layers = {4, 3, 2};
+  auto tables = MakeTableInfos(ModelTables(model));
+  ASSERT_EQ(tables.size(), 4u);
+  // fc0.weight {4,3} = 12, fc0.bias {3}, fc1.weight {3,2} = 6, fc1.bias {2}
+  const std::vector<std::string> names = {"fc0.weight", "fc0.bias",
+                                          "fc1.weight", "fc1.bias"};
+  const std::vector<uint64_t> sizes = {12, 3, 6, 2};
+  for (size_t i = 0; i < tables.size(); ++i) {
+    EXPECT_EQ(tables[i].id(), i);
+    EXPECT_EQ(tables[i].name(), names[i]);
+    EXPECT_EQ(tables[i].num_elements(), sizes[i]);
+  }
+  EXPECT_THAT(tables[0].shape(), ElementsAre(4u, 3u));
+  EXPECT_EQ(tables[0].init(), "glorot_uniform");
+  EXPECT_EQ(tables[0].fan_in(), 4u);
+  EXPECT_EQ(tables[0].fan_out(), 3u);
+  EXPECT_EQ(tables[1].init(), "zeros");
+}
+
+TEST(PlacePartitionsTest, CutsTableIntoSlicesOfAtMostSliceBytes) {
+  // 10 elements, 16 bytes = 4 elements per slice: [0,4) [4,8) [8,10).
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts,
+                              PlacePartitions({Table(0, 10)}, 16, {1}));
+  ASSERT_EQ(parts.size(), 3u);
+  const uint64_t offsets[] = {0, 4, 8}, lengths[] = {4, 4, 2};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(parts[i].id(), i);
+    EXPECT_EQ(parts[i].table_id(), 0u);
+    EXPECT_EQ(parts[i].offset(), offsets[i]) << i;
+    EXPECT_EQ(parts[i].length(), lengths[i]) << i;
+    EXPECT_EQ(parts[i].owner(), 1u);
+  }
+}
+
+TEST(PlacePartitionsTest, SliceBytesRoundDownToWholeElements) {
+  // 18 bytes hold 4 whole fp32 elements (4 * 4 = 16 <= 18 < 20).
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts,
+                              PlacePartitions({Table(0, 9)}, 18, {1}));
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].length(), 4u);
+  EXPECT_EQ(parts[1].length(), 4u);
+  EXPECT_EQ(parts[2].length(), 1u);
+  // Exactly 4 bytes: one element per partition.
+  STRATA_ASSERT_OK_AND_ASSIGN(parts, PlacePartitions({Table(0, 3)}, 4, {1}));
+  ASSERT_EQ(parts.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(parts[i].offset(), i);
+    EXPECT_EQ(parts[i].length(), 1u);
+  }
+}
+
+TEST(PlacePartitionsTest, NumbersPartitionsInTableOrder) {
+  // t0: 10 -> [0,4) [4,8) [8,10); t1: 3 -> [0,3); t2: 8 -> [0,4) [4,8)
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto parts,
+      PlacePartitions({Table(0, 10), Table(1, 3), Table(2, 8)}, 16, {1}));
+  ASSERT_EQ(parts.size(), 6u);
+  const uint32_t tables[] = {0, 0, 0, 1, 2, 2};
+  const uint64_t offsets[] = {0, 4, 8, 0, 0, 4};
+  const uint64_t lengths[] = {4, 4, 2, 3, 4, 4};
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].id(), i);
+    EXPECT_EQ(parts[i].table_id(), tables[i]) << i;
+    EXPECT_EQ(parts[i].offset(), offsets[i]) << i;
+    EXPECT_EQ(parts[i].length(), lengths[i]) << i;
+  }
+}
+
+TEST(PlacePartitionsTest, LargestFirstOntoLeastLoadedLowerIdOnTies) {
+  // Partitions (length): p0 4, p1 4, p2 2 (t0) and p3 3 (t1), pservers 5, 9.
+  // Largest first (stable): p0 -> 5 (tie: lower id; 5 has 16 B)
+  //                         p1 -> 9 (9 has 16 B)
+  //                         p3 -> 5 (tie at 16; 5 has 28 B)
+  //                         p2 -> 9 (9 has 24 B)
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto parts, PlacePartitions({Table(0, 10), Table(1, 3)}, 16, {9, 5}));
+  ASSERT_EQ(parts.size(), 4u);
+  EXPECT_EQ(parts[0].owner(), 5u);
+  EXPECT_EQ(parts[1].owner(), 9u);
+  EXPECT_EQ(parts[2].owner(), 9u);
+  EXPECT_EQ(parts[3].owner(), 5u);
+}
+
+// Bytes per pserver must differ by at most the largest partition.
+void ExpectBalanced(const std::vector<proto::PartitionInfo>& parts,
+                    const std::vector<uint32_t>& pservers) {
+  std::map<uint32_t, uint64_t> bytes;
+  for (uint32_t id : pservers) bytes[id] = 0;
+  uint64_t largest = 0;
+  for (const auto& p : parts) {
+    ASSERT_TRUE(bytes.count(p.owner()))
+        << "partition " << p.id() << " on unknown pserver " << p.owner();
+    bytes[p.owner()] += p.length() * 4;
+    largest = std::max<uint64_t>(largest, p.length() * 4);
+  }
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const auto& [id, b] : bytes) {
+    lo = std::min(lo, b);
+    hi = std::max(hi, b);
+  }
+  EXPECT_LE(hi - lo, largest);
+}
+
+TEST(PlacePartitionsTest, BalancesBytesAcrossPservers) {
+  // An MLP 784-256-128-10 cut into 64 KiB slices.
+  ModelSection model;
+  auto tables = MakeTableInfos(ModelTables(model));
+  for (const std::vector<uint32_t>& ps :
+       {std::vector<uint32_t>{1, 2}, std::vector<uint32_t>{3, 1, 2}}) {
+    STRATA_ASSERT_OK_AND_ASSIGN(auto parts,
+                                PlacePartitions(tables, 64 << 10, ps));
+    // Covers every table exactly, contiguously.
+    std::map<uint32_t, uint64_t> next;
+    for (const auto& p : parts) {
+      EXPECT_EQ(p.offset(), next[p.table_id()]) << "partition " << p.id();
+      next[p.table_id()] += p.length();
+      EXPECT_LE(p.length(), (64u << 10) / 4);
+    }
+    for (const auto& t : tables)
+      EXPECT_EQ(next[t.id()], t.num_elements()) << t.name();
+    ExpectBalanced(parts, ps);
+    // Every pserver gets something.
+    std::set<uint32_t> owners;
+    for (const auto& p : parts) owners.insert(p.owner());
+    EXPECT_EQ(owners.size(), ps.size());
+  }
+}
+
+TEST(PlacePartitionsTest, UnevenSizesOnThreePservers) {
+  // Slice 20 B = 5 elements. Lengths: p0..p3 = 5 (t0: 20), p4 = 3 (t1),
+  // p5 = 1 (t2), p6 = 5, p7 = 2 (t3: 7). Largest first, stable:
+  //   p0 -> 1 (20 B), p1 -> 2 (20 B), p2 -> 3 (20 B),
+  //   p3 -> 1 (tie; 40 B), p6 -> 2 (40 B), p4 -> 3 (20 + 12 = 32 B),
+  //   p7 -> 3 (32 + 8 = 40 B), p5 -> 1 (tie; 44 B).
+  // Totals: 44, 40, 40 bytes; max - min = 4 <= 20.
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto parts,
+      PlacePartitions({Table(0, 20), Table(1, 3), Table(2, 1), Table(3, 7)}, 20,
+                      {1, 2, 3}));
+  ASSERT_EQ(parts.size(), 8u);
+  ExpectBalanced(parts, {1, 2, 3});
+  std::map<uint32_t, uint64_t> bytes;
+  for (const auto& p : parts) bytes[p.owner()] += p.length() * 4;
+  EXPECT_EQ(bytes[1], 44u);
+  EXPECT_EQ(bytes[2], 40u);
+  EXPECT_EQ(bytes[3], 40u);
+  EXPECT_EQ(parts[4].owner(), 3u);
+  EXPECT_EQ(parts[5].owner(), 1u);
+  EXPECT_EQ(parts[7].owner(), 3u);
+}
+
+TEST(PlacePartitionsTest, NoPserverIsInvalidArgument) {
+  EXPECT_THAT(
+      PlacePartitions({Table(0, 10)}, 16, {}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no pserver")));
+}
+
+TEST(PlacePartitionsTest, SliceBytesBelowFourIsInvalidArgument) {
+  EXPECT_THAT(PlacePartitions({Table(0, 10)}, 3, {1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 3")));
+  EXPECT_THAT(
+      PlacePartitions({Table(0, 10)}, 0, {1}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slice_bytes")));
+  EXPECT_THAT(
+      PlacePartitions({Table(0, 10)}, -8, {1}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -8")));
+}
+
+}  // namespace
+}  // namespace strata::master

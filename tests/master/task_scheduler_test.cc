@@ -1,0 +1,209 @@
+#include "master/task_scheduler.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::master {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+const absl::Duration kLease = absl::Seconds(10);
+
+// Leases every pending task to `node` at `now`, in lease order.
+std::vector<proto::DataTask> LeaseAll(TaskScheduler& s, uint32_t node,
+                                      absl::Time now) {
+  std::vector<proto::DataTask> out;
+  while (auto t = s.Lease(node, now)) out.push_back(*t);
+  return out;
+}
+
+TEST(TaskSchedulerTest, EachEpochCoversAllRecordsExactlyOnce) {
+  // 10 records in tasks of 4: [0,4) [4,8) [8,10) per epoch; 3 epochs -> 9
+  // tasks.
+  TaskScheduler s(10, 4, 3, 7, kLease);
+  EXPECT_EQ(s.total(), 9u);
+  EXPECT_EQ(s.pending(), 9u);
+  const auto tasks = LeaseAll(s, 1, kT0);
+  ASSERT_EQ(tasks.size(), 9u);
+  std::set<uint64_t> ids;
+  for (int e = 0; e < 3; ++e) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (const auto& t : tasks) {
+      if (t.epoch() == e) ranges.emplace_back(t.begin(), t.end());
+    }
+    std::sort(ranges.begin(), ranges.end());
+    EXPECT_THAT(ranges, ElementsAre(Pair(0, 4), Pair(4, 8), Pair(8, 10)))
+        << "epoch " << e;
+  }
+  for (const auto& t : tasks) ids.insert(t.id());
+  EXPECT_EQ(ids, (std::set<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(s.pending(), 0u);
+  EXPECT_EQ(s.leased(), 9u);
+}
+
+TEST(TaskSchedulerTest, ExactMultipleHasNoShortTask) {
+  // 8 records in tasks of 4: two full tasks.
+  TaskScheduler s(8, 4, 1, 1, kLease);
+  auto tasks = LeaseAll(s, 1, kT0);
+  ASSERT_EQ(tasks.size(), 2u);
+  for (const auto& t : tasks) EXPECT_EQ(t.end() - t.begin(), 4);
+}
+
+TEST(TaskSchedulerTest, EpochsAreLeasedInOrder) {
+  TaskScheduler s(10, 3, 2, 99, kLease);  // 4 tasks per epoch
+  const auto tasks = LeaseAll(s, 1, kT0);
+  ASSERT_EQ(tasks.size(), 8u);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    EXPECT_EQ(tasks[i].epoch(), i < 4 ? 0 : 1) << "lease " << i;
+  }
+}
+
+TEST(TaskSchedulerTest, SameSeedSameOrder) {
+  TaskScheduler a(100, 10, 2, 5, kLease), b(100, 10, 2, 5, kLease);
+  const auto ta = LeaseAll(a, 1, kT0), tb = LeaseAll(b, 1, kT0);
+  ASSERT_EQ(ta.size(), tb.size());
+  for (size_t i = 0; i < ta.size(); ++i) {
+    EXPECT_EQ(ta[i].begin(), tb[i].begin());
+    EXPECT_EQ(ta[i].epoch(), tb[i].epoch());
+  }
+}
+
+TEST(TaskSchedulerTest, LeaseAndComplete) {
+  TaskScheduler s(10, 4, 1, 1, kLease);
+  auto t = s.Lease(1, kT0);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(s.pending(), 2u);
+  EXPECT_EQ(s.leased(), 1u);
+  EXPECT_THAT(s.Complete(1, t->id()), IsOk());
+  EXPECT_EQ(s.done(), 1u);
+  EXPECT_EQ(s.leased(), 0u);
+  EXPECT_EQ(s.pending(), 2u);
+  EXPECT_FALSE(s.AllDone());
+}
+
+TEST(TaskSchedulerTest, LeaseReturnsNulloptWhenNothingPending) {
+  TaskScheduler s(4, 4, 1, 1, kLease);
+  ASSERT_TRUE(s.Lease(1, kT0).has_value());
+  EXPECT_FALSE(s.Lease(2, kT0).has_value());
+  EXPECT_FALSE(s.AllDone());  // the one task is leased, not done
+}
+
+TEST(TaskSchedulerTest, CompletingATaskLeasedElsewhereIsFailedPrecondition) {
+  TaskScheduler s(10, 4, 1, 1, kLease);
+  auto t = s.Lease(1, kT0);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_THAT(s.Complete(2, t->id()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not leased to node 2")));
+  EXPECT_EQ(s.done(), 0u);
+  EXPECT_EQ(s.leased(), 1u);
+  // A pending (never leased) task cannot be completed either.
+  auto next = s.Lease(1, kT0);
+  ASSERT_TRUE(next.has_value());
+  const auto pending = LeaseAll(s, 3, kT0);
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(s.ReleaseNode(3), 1);
+  EXPECT_THAT(s.Complete(1, pending[0].id()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(TaskSchedulerTest, UnknownTaskIsNotFound) {
+  TaskScheduler s(10, 4, 1, 1, kLease);  // ids 0..2
+  EXPECT_THAT(s.Complete(1, 3), StatusIs(absl::StatusCode::kNotFound,
+                                         HasSubstr("unknown data task 3")));
+}
+
+TEST(TaskSchedulerTest, CompleteIsIdempotent) {
+  TaskScheduler s(10, 4, 1, 1, kLease);
+  auto t = s.Lease(1, kT0);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_THAT(s.Complete(1, t->id()), IsOk());
+  EXPECT_THAT(s.Complete(1, t->id()), IsOk());
+  EXPECT_EQ(s.done(), 1u);
+}
+
+TEST(TaskSchedulerTest, ReleaseNodeReturnsItsLeasesToTheFront) {
+  TaskScheduler s(20, 4, 1, 1, kLease);  // 5 tasks
+  auto a1 = s.Lease(1, kT0), b = s.Lease(2, kT0), a2 = s.Lease(1, kT0);
+  ASSERT_TRUE(a1 && b && a2);
+  EXPECT_EQ(s.pending(), 2u);
+  EXPECT_EQ(s.ReleaseNode(1), 2);
+  EXPECT_EQ(s.pending(), 4u);
+  EXPECT_EQ(s.leased(), 1u);
+  // Node 1's tasks are leased again before the never-leased ones.
+  auto n1 = s.Lease(3, kT0), n2 = s.Lease(3, kT0);
+  ASSERT_TRUE(n1 && n2);
+  EXPECT_THAT((std::vector<uint64_t>{n1->id(), n2->id()}),
+              UnorderedElementsAre(a1->id(), a2->id()));
+  // Node 1 lost them: completing is refused; node 3 may.
+  EXPECT_THAT(s.Complete(1, a1->id()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s.Complete(3, a1->id()), IsOk());
+  EXPECT_EQ(s.ReleaseNode(1), 0);
+}
+
+TEST(TaskSchedulerTest, ExpireLeasesAtTheLeaseTimeout) {
+  TaskScheduler s(10, 4, 1, 1, kLease);
+  auto a = s.Lease(1, kT0);                     // expires at T0 + 10 s
+  auto b = s.Lease(2, kT0 + absl::Seconds(5));  // expires at T0 + 15 s
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(s.ExpireLeases(kT0 + absl::Seconds(9)), 0);
+  EXPECT_EQ(s.ExpireLeases(kT0 + absl::Milliseconds(9999)), 0);
+  EXPECT_EQ(s.ExpireLeases(kT0 + absl::Seconds(10)), 1);  // a: expires <= now
+  EXPECT_EQ(s.leased(), 1u);
+  EXPECT_EQ(s.pending(), 2u);
+  EXPECT_THAT(s.Complete(1, a->id()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // The expired task is next in line.
+  auto again = s.Lease(3, kT0 + absl::Seconds(11));  // expires at T0 + 21 s
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->id(), a->id());
+  EXPECT_EQ(s.ExpireLeases(kT0 + absl::Seconds(15)), 1);  // b
+  EXPECT_EQ(s.ExpireLeases(kT0 + absl::Seconds(20)), 0);
+  EXPECT_THAT(s.Complete(3, again->id()), IsOk());
+}
+
+TEST(TaskSchedulerTest, AllDoneAndCurrentEpoch) {
+  TaskScheduler s(10, 4, 2, 3, kLease);  // 3 tasks per epoch, 2 epochs
+  EXPECT_EQ(s.current_epoch(), 0);
+  const auto tasks = LeaseAll(s, 1, kT0);
+  ASSERT_EQ(tasks.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(s.current_epoch(), i < 3 ? 0 : 1)
+        << "after " << i << " completions";
+    EXPECT_FALSE(s.AllDone());
+    EXPECT_THAT(s.Complete(1, tasks[i].id()), IsOk());
+  }
+  EXPECT_TRUE(s.AllDone());
+  EXPECT_EQ(s.done(), 6u);
+  EXPECT_EQ(s.current_epoch(), 2);  // == epochs once all done
+}
+
+TEST(TaskSchedulerTest, CurrentEpochWaitsForTheSlowestTaskOfTheEpoch) {
+  TaskScheduler s(10, 4, 2, 3, kLease);
+  const auto tasks = LeaseAll(s, 1, kT0);
+  // Complete all of epoch 1 and two of epoch 0: still epoch 0.
+  for (size_t i : {0u, 1u, 3u, 4u, 5u})
+    EXPECT_THAT(s.Complete(1, tasks[i].id()), IsOk());
+  EXPECT_EQ(s.current_epoch(), 0);
+  EXPECT_THAT(s.Complete(1, tasks[2].id()), IsOk());
+  EXPECT_EQ(s.current_epoch(), 2);
+}
+
+}  // namespace
+}  // namespace strata::master

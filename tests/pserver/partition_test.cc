@@ -1,0 +1,377 @@
+#include "pserver/partition.h"
+
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "transport/transport.h"
+
+namespace strata::pserver {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::FloatNear;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using transport::Message;
+using transport::MessageType;
+
+constexpr uint32_t kPartitionId = 7;
+constexpr float kTol = 1e-6f;
+
+// Records every response it is given. Thread-safe.
+class RecordingResponder : public transport::Responder {
+ public:
+  void Respond(Message response) override {
+    absl::MutexLock l(&mu_);
+    responses_.push_back(std::move(response));
+  }
+  std::string peer() const override { return "fake:0"; }
+  std::vector<Message> responses() const {
+    absl::MutexLock l(&mu_);
+    return responses_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Message> responses_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string FloatBytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()),
+                     v.size() * sizeof(float));
+}
+
+std::vector<float> BytesToFloats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+Message PushMsg(uint32_t sender, uint64_t seq, uint64_t step, uint64_t count,
+                const std::vector<float>& grad_sum) {
+  Message m;
+  m.header.type = MessageType::kPushRequest;
+  m.header.sender_id = sender;
+  m.header.request_id = 1000 + seq;
+  m.header.seq = seq;
+  m.header.partition = kPartitionId;
+  m.header.version = step;
+  m.header.count = count;
+  m.payload = FloatBytes(grad_sum);
+  return m;
+}
+
+Message PullMsg(uint32_t sender, uint64_t min_version, uint64_t request_id) {
+  Message m;
+  m.header.type = MessageType::kPullRequest;
+  m.header.sender_id = sender;
+  m.header.request_id = request_id;
+  m.header.partition = kPartitionId;
+  m.header.version = min_version;
+  return m;
+}
+
+std::unique_ptr<Optimizer> Sgd(double lr) {
+  OptimizerSection c;
+  c.type = "sgd";
+  c.learning_rate = lr;
+  auto opt = Optimizer::Create(c, 3);
+  CHECK(opt.ok()) << opt.status();
+  return std::move(*opt);
+}
+
+// Partition 7 of table "fc0.weight" holding {1, 2, 3}, SGD with lr 0.5.
+std::unique_ptr<Partition> MakePartition(Consistency consistency) {
+  return std::make_unique<Partition>(kPartitionId, "fc0.weight",
+                                     std::vector<float>{1.f, 2.f, 3.f},
+                                     Sgd(0.5), consistency);
+}
+
+// Pushes and returns the single response the push got at once.
+Message PushAndGetResponse(Partition& p, const Message& m) {
+  auto r = std::make_shared<RecordingResponder>();
+  p.Push(m, r);
+  auto responses = r->responses();
+  EXPECT_THAT(responses, SizeIs(1));
+  return responses.empty() ? Message() : responses[0];
+}
+
+void ExpectPushAck(const Message& resp, uint32_t sender, uint64_t seq) {
+  SCOPED_TRACE(::testing::Message() << "push ack to node " << sender);
+  EXPECT_EQ(resp.header.type, MessageType::kPushResponse);
+  EXPECT_EQ(resp.header.status, 0);
+  EXPECT_EQ(resp.header.seq, seq);
+  EXPECT_EQ(resp.header.request_id, 1000 + seq);
+  EXPECT_EQ(resp.header.partition, kPartitionId);
+  EXPECT_THAT(transport::ResponseStatus(resp), IsOk());
+  EXPECT_THAT(resp.payload, IsEmpty());  // the gradient is not echoed
+}
+
+TEST(PartitionTest, PullReturnsValuesAsFp32Bytes) {
+  auto p = MakePartition(Consistency::kBsp);
+  EXPECT_EQ(p->id(), kPartitionId);
+  EXPECT_EQ(p->table(), "fc0.weight");
+  EXPECT_EQ(p->length(), 3u);
+  auto r = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(4, 0, 55), r);
+  auto responses = r->responses();
+  ASSERT_THAT(responses, SizeIs(1));
+  const Message& resp = responses[0];
+  EXPECT_EQ(resp.header.type, MessageType::kPullResponse);
+  EXPECT_EQ(resp.header.status, 0);
+  EXPECT_EQ(resp.header.request_id, 55u);
+  EXPECT_EQ(resp.header.partition, kPartitionId);
+  EXPECT_EQ(resp.header.version, 0u);
+  EXPECT_EQ(resp.payload, FloatBytes({1.f, 2.f, 3.f}));
+  EXPECT_EQ(p->stats().pulls_served, 1u);
+}
+
+TEST(PartitionTest,
+     BspAppliesOnceEveryStepWorkerPushedWithSampleWeightedAverage) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1, 2});
+
+  // Worker 1: gradient sum {2, 4, -2} over 2 samples. Not applied yet.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})),
+                1, 1);
+  EXPECT_EQ(p->stats().version, 0u);
+  EXPECT_EQ(p->stats().pushes_applied, 1u);
+  EXPECT_EQ(p->stats().updates_applied, 0u);
+  EXPECT_THAT(p->ValuesForTesting(), ElementsAre(1.f, 2.f, 3.f));
+
+  // A pull for version 1 waits for the step.
+  auto waiting = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(3, 1, 77), waiting);
+  EXPECT_THAT(waiting->responses(), IsEmpty());
+  EXPECT_EQ(p->stats().pulls_served, 0u);
+
+  // Worker 2: sum {1, -1, 7} over 3 samples completes the step.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 3, {1.f, -1.f, 7.f})),
+                2, 1);
+  // sum of sums = {3, 3, 5}, samples = 2 + 3 = 5, mean = {0.6, 0.6, 1.0}
+  // SGD lr 0.5: {1 - 0.3, 2 - 0.3, 3 - 0.5} = {0.7, 1.7, 2.5}
+  // (Averaging each worker's mean instead would give {1-0.5*(1+1/3)/2, ...}
+  //  = {0.6667, ...}: the sample weighting matters.)
+  const PartitionStats st = p->stats();
+  EXPECT_EQ(st.version, 1u);
+  EXPECT_EQ(st.pushes_applied, 2u);
+  EXPECT_EQ(st.updates_applied, 1u);
+  EXPECT_EQ(st.duplicate_pushes, 0u);
+  EXPECT_EQ(st.rejected_pushes, 0u);
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.7f, kTol), FloatNear(1.7f, kTol),
+                          FloatNear(2.5f, kTol)));
+
+  // The waiting pull is answered with version 1 and the new values.
+  auto responses = waiting->responses();
+  ASSERT_THAT(responses, SizeIs(1));
+  EXPECT_EQ(responses[0].header.type, MessageType::kPullResponse);
+  EXPECT_EQ(responses[0].header.status, 0);
+  EXPECT_EQ(responses[0].header.request_id, 77u);
+  EXPECT_EQ(responses[0].header.version, 1u);
+  EXPECT_THAT(BytesToFloats(responses[0].payload),
+              ElementsAre(FloatNear(0.7f, kTol), FloatNear(1.7f, kTol),
+                          FloatNear(2.5f, kTol)));
+  EXPECT_EQ(p->stats().pulls_served, 1u);
+}
+
+TEST(PartitionTest, BspPullForAFutureVersionWaitsForThatVersion) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1});
+  auto wants2 = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(3, 2, 1), wants2);
+  // Step 0: sum {1, 1, 1} over 1 sample -> {0.5, 1.5, 2.5}, version 1.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1,
+                1);
+  EXPECT_THAT(wants2->responses(), IsEmpty());
+  // Step 1: sum {2, 0, 0} over 2 samples -> mean {1, 0, 0} -> {0, 1.5, 2.5}.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 2, 1, 2, {2.f, 0.f, 0.f})), 1,
+                2);
+  auto responses = wants2->responses();
+  ASSERT_THAT(responses, SizeIs(1));
+  EXPECT_EQ(responses[0].header.version, 2u);
+  EXPECT_THAT(BytesToFloats(responses[0].payload),
+              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.5f, kTol),
+                          FloatNear(2.5f, kTol)));
+}
+
+TEST(PartitionTest, DuplicatePushIsAckedButNotApplied) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1, 2});
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f})), 1,
+                1);
+  // The same (sender, seq) again, e.g. a retry after a lost ack.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f})), 1,
+                1);
+  EXPECT_EQ(p->stats().duplicate_pushes, 1u);
+  EXPECT_EQ(p->stats().pushes_applied, 1u);
+  EXPECT_EQ(p->stats().version, 0u);
+
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {0.f, 0.f, 0.f})), 2,
+                1);
+  // Counted once: sums {2, 2, 2} over 1 + 1 = 2 samples, mean {1, 1, 1};
+  // lr 0.5 -> {0.5, 1.5, 2.5}. (Counted twice it would be {4,4,4}/3.)
+  EXPECT_EQ(p->stats().version, 1u);
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.5f, kTol),
+                          FloatNear(2.5f, kTol)));
+
+  // A retry of a push of the finished step is still a duplicate, not stale.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {0.f, 0.f, 0.f})), 2,
+                1);
+  EXPECT_EQ(p->stats().duplicate_pushes, 2u);
+  EXPECT_EQ(p->stats().rejected_pushes, 0u);
+  EXPECT_EQ(p->stats().version, 1u);
+}
+
+TEST(PartitionTest, StalePushIsFailedPrecondition) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1});
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1,
+                1);
+  ASSERT_EQ(p->stats().version, 1u);
+  // A new push (seq 2) for step 0, but the partition is at version 1.
+  Message resp = PushAndGetResponse(*p, PushMsg(1, 2, 0, 1, {9.f, 9.f, 9.f}));
+  EXPECT_EQ(resp.header.type, MessageType::kPushResponse);
+  EXPECT_EQ(resp.header.request_id, 1002u);
+  EXPECT_THAT(transport::ResponseStatus(resp),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("partition 7"), HasSubstr("step 0"))));
+  EXPECT_EQ(p->stats().rejected_pushes, 1u);
+  EXPECT_EQ(p->stats().version, 1u);
+  // {1,2,3} - 0.5 * {1,1,1}; the stale gradient left no trace.
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.5f, kTol),
+                          FloatNear(2.5f, kTol)));
+}
+
+TEST(PartitionTest, PushForAFutureStepIsOutOfRange) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1});
+  Message resp = PushAndGetResponse(*p, PushMsg(1, 1, 3, 1, {1.f, 1.f, 1.f}));
+  EXPECT_THAT(transport::ResponseStatus(resp),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("step 3")));
+  EXPECT_EQ(p->stats().rejected_pushes, 1u);
+  EXPECT_EQ(p->stats().version, 0u);
+}
+
+TEST(PartitionTest, PushFromOutsideTheStepSetIsUnavailable) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1});
+  Message resp = PushAndGetResponse(*p, PushMsg(5, 1, 0, 1, {1.f, 1.f, 1.f}));
+  EXPECT_THAT(transport::ResponseStatus(resp),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("node 5")));
+  EXPECT_EQ(p->stats().pushes_applied, 0u);
+  // Not remembered: once in the step set, the same seq is accepted.
+  p->SetStepWorkers({1, 5});
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(5, 1, 0, 1, {1.f, 1.f, 1.f})), 5,
+                1);
+  EXPECT_EQ(p->stats().pushes_applied, 1u);
+  EXPECT_EQ(p->stats().duplicate_pushes, 0u);
+}
+
+TEST(PartitionTest, WrongPayloadSizeIsInvalidArgumentNamingThePartition) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1});
+  Message resp = PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f}));
+  EXPECT_EQ(resp.header.type, MessageType::kPushResponse);
+  EXPECT_THAT(
+      transport::ResponseStatus(resp),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("partition 7"), HasSubstr("fc0.weight"),
+                     HasSubstr("expected 12 bytes"), HasSubstr("got 8"))));
+  // Zero samples is refused the same way.
+  resp = PushAndGetResponse(*p, PushMsg(1, 2, 0, 0, {1.f, 1.f, 1.f}));
+  EXPECT_THAT(
+      transport::ResponseStatus(resp),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("partition 7")));
+  EXPECT_EQ(p->stats().rejected_pushes, 2u);
+  EXPECT_EQ(p->stats().pushes_applied, 0u);
+  EXPECT_THAT(p->ValuesForTesting(), ElementsAre(1.f, 2.f, 3.f));
+}
+
+TEST(PartitionTest, ShrinkingTheStepSetCompletesThePendingStep) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1, 2});
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})),
+                1, 1);
+  auto waiting = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(1, 1, 9), waiting);
+  EXPECT_THAT(waiting->responses(), IsEmpty());
+
+  // Worker 2 died: the step proceeds with worker 1's gradient alone.
+  p->SetStepWorkers({1});
+  // mean = {2, 4, -2} / 2 = {1, 2, -1}; lr 0.5 -> {0.5, 1, 3.5}
+  EXPECT_EQ(p->stats().version, 1u);
+  EXPECT_EQ(p->stats().updates_applied, 1u);
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.f, kTol),
+                          FloatNear(3.5f, kTol)));
+  auto responses = waiting->responses();
+  ASSERT_THAT(responses, SizeIs(1));
+  EXPECT_EQ(responses[0].header.version, 1u);
+  EXPECT_EQ(responses[0].payload, FloatBytes(p->ValuesForTesting()));
+}
+
+TEST(PartitionTest, SetStepWorkersWithoutPushesAppliesNothing) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1, 2});
+  p->SetStepWorkers({1});
+  p->SetStepWorkers({});
+  EXPECT_EQ(p->stats().version, 0u);
+  EXPECT_EQ(p->stats().updates_applied, 0u);
+  EXPECT_THAT(p->ValuesForTesting(), ElementsAre(1.f, 2.f, 3.f));
+}
+
+TEST(PartitionTest, AspAppliesEachPushAtOnceWithItsOwnAverage) {
+  auto p = MakePartition(Consistency::kAsp);
+  // No step set is needed in ASP.
+  // Push 1: {2, 4, -2} / 2 = {1, 2, -1}; lr 0.5 -> {0.5, 1, 3.5}
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})),
+                1, 1);
+  EXPECT_EQ(p->stats().version, 1u);
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.f, kTol),
+                          FloatNear(3.5f, kTol)));
+  // Push 2 (another worker, any step): {4, 0, 2} / 4 = {1, 0, 0.5}
+  // -> {0.5 - 0.5, 1 - 0, 3.5 - 0.25} = {0, 1, 3.25}
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 17, 4, {4.f, 0.f, 2.f})),
+                2, 1);
+  EXPECT_EQ(p->stats().version, 2u);
+  EXPECT_EQ(p->stats().updates_applied, 2u);
+  EXPECT_EQ(p->stats().pushes_applied, 2u);
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.f, kTol),
+                          FloatNear(3.25f, kTol)));
+  // A duplicate is still acked and dropped.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 17, 4, {4.f, 0.f, 2.f})),
+                2, 1);
+  EXPECT_EQ(p->stats().duplicate_pushes, 1u);
+  EXPECT_EQ(p->stats().version, 2u);
+
+  // ASP pulls never wait, whatever version they ask for.
+  auto r = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(1, 50, 3), r);
+  auto responses = r->responses();
+  ASSERT_THAT(responses, SizeIs(1));
+  EXPECT_EQ(responses[0].header.version, 2u);
+  EXPECT_THAT(BytesToFloats(responses[0].payload),
+              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.f, kTol),
+                          FloatNear(3.25f, kTol)));
+}
+
+}  // namespace
+}  // namespace strata::pserver

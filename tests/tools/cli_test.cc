@@ -1,0 +1,201 @@
+#include "tools/cli.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata::tools {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::StartsWith;
+
+// Writes `text` to a file in the test's temp dir and returns its path.
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/cli_test_" + name;
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  return path;
+}
+
+// Ports differ from the defaults so the plan shows they were read.
+constexpr char kConfig[] =
+    "job:\n"
+    "  name: cli-test\n"
+    "  consistency: asp\n"
+    "model:\n"
+    "  layers: [4, 3, 2]\n"
+    "data:\n"
+    "  train_images: /d/train-images.gz\n"
+    "  train_labels: /d/train-labels.gz\n"
+    "  test_images: /d/test-images.gz\n"
+    "  test_labels: /d/test-labels.gz\n"
+    "cluster:\n"
+    "  ports:\n"
+    "    master: 9000\n"
+    "    master_http: 9001\n"
+    "    pserver: 9100\n"
+    "    pserver_data: 9200\n"
+    "    pserver_http: 9300\n"
+    "    worker_http: 9400\n";
+
+constexpr char kHosts[] =
+    "# two hosts\n"
+    "127.0.0.1  master pserver=2 worker\n"
+    "node-a     pserver worker=2\n";
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+Result RunStrata(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  const int code = RunCli(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+TEST(CliTest, PlanListsEveryDaemonWithItsPorts) {
+  const std::string cfg = WriteTemp("plan.yaml", kConfig);
+  const std::string hosts = WriteTemp("plan.hosts", kHosts);
+  const Result r = RunStrata({"plan", "--config", cfg, "--hosts", hosts});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  // Instance i of a role uses base + i, numbered across hosts in file order.
+  EXPECT_EQ(r.out,
+            "master 0 127.0.0.1 9000 - 9001\n"
+            "pserver 0 127.0.0.1 9100 9200 9300\n"
+            "pserver 1 127.0.0.1 9101 9201 9301\n"
+            "pserver 2 node-a 9102 9202 9302\n"
+            "worker 0 127.0.0.1 - - 9400\n"
+            "worker 1 node-a - - 9401\n"
+            "worker 2 node-a - - 9402\n");
+}
+
+TEST(CliTest, PlanAcceptsKeyEqualsValueFlags) {
+  const std::string cfg = WriteTemp("plan_eq.yaml", kConfig);
+  const std::string hosts =
+      WriteTemp("plan_eq.hosts", "localhost master pserver worker\n");
+  const Result r = RunStrata({"plan", "--config=" + cfg, "--hosts=" + hosts});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "master 0 localhost 9000 - 9001\n"
+            "pserver 0 localhost 9100 9200 9300\n"
+            "worker 0 localhost - - 9400\n");
+}
+
+TEST(CliTest, PlanNeedsBothFiles) {
+  const std::string cfg = WriteTemp("plan_only.yaml", kConfig);
+  const Result r = RunStrata({"plan", "--config", cfg});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--hosts FILE"));
+  EXPECT_THAT(r.out, IsEmpty());
+}
+
+TEST(CliTest, ValidateReportsConfigAndHostFile) {
+  const std::string cfg = WriteTemp("ok.yaml", kConfig);
+  const std::string hosts = WriteTemp("ok.hosts", kHosts);
+  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts});
+  EXPECT_EQ(r.code, 0) << r.err;
+  // layers [4, 3, 2]: 4*3 + 3 + 3*2 + 2 = 23 parameters.
+  EXPECT_EQ(r.out, cfg + ": ok (job 'cli-test', asp, 23 parameters)\n" + hosts +
+                       ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n");
+  EXPECT_THAT(r.err, IsEmpty());
+}
+
+TEST(CliTest, ValidateBadConfigExitsTwoNamingFileAndLine) {
+  const std::string cfg = WriteTemp("bad.yaml",
+                                    "data:\n"
+                                    "  train_images: /d/a\n"
+                                    "  train_labels: /d/b\n"
+                                    "  test_images: /d/c\n"
+                                    "  test_labels: /d/d\n"
+                                    "optimizer:\n"
+                                    "  learning_rate: -1\n");  // line 7
+  const Result r = RunStrata({"validate", "--config", cfg});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(StartsWith(cfg + ":7:"),
+                           HasSubstr("optimizer.learning_rate"),
+                           HasSubstr("must be > 0")));
+  EXPECT_THAT(r.out, IsEmpty());
+}
+
+TEST(CliTest, ValidateBadHostFileExitsTwoNamingFileAndLine) {
+  const std::string cfg = WriteTemp("ok2.yaml", kConfig);
+  const std::string hosts = WriteTemp("bad.hosts",
+                                      "127.0.0.1 master pserver worker\n"
+                                      "node-b gpu=2\n");  // line 2
+  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(StartsWith(hosts + ":2:"), HasSubstr("gpu")));
+}
+
+TEST(CliTest, ValidateMissingConfigExitsTwoNamingThePath) {
+  const std::string missing =
+      ::testing::TempDir() + "/cli_test_does_not_exist.yaml";
+  const Result r = RunStrata({"validate", "--config", missing});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr(missing));
+}
+
+TEST(CliTest, UnknownCommandExitsTwoWithUsage) {
+  const Result r = RunStrata({"frobnicate"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("unknown command 'frobnicate'"),
+                           HasSubstr("usage: strata")));
+  EXPECT_THAT(r.out, IsEmpty());
+}
+
+TEST(CliTest, NoArgumentsIsUsageErrorAndHelpIsNot) {
+  Result r = RunStrata({});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("usage: strata"));
+  r = RunStrata({"help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("usage: strata"));
+  EXPECT_THAT(r.err, IsEmpty());
+}
+
+TEST(CliTest, StrayArgumentIsUsageError) {
+  const Result r = RunStrata({"status", "localhost:7070"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("unexpected argument 'localhost:7070'"));
+}
+
+TEST(CliTest, StatusNeedsMaster) {
+  const Result r = RunStrata({"status"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--master HOST:PORT is required"));
+}
+
+TEST(CliTest, StatusOfUnreachableMasterExitsOneNamingTheAddress) {
+  // Nothing listens on port 1 of the loopback: the connection is refused.
+  const Result r = RunStrata({"status", "--master", "127.0.0.1:1"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err,
+              AllOf(StartsWith("strata status: "), HasSubstr("127.0.0.1:1")));
+  EXPECT_THAT(r.out, IsEmpty());
+}
+
+TEST(CliTest, WaitOnUnreachableMasterTimesOutWithTheLastError) {
+  const Result r =
+      RunStrata({"wait", "--master", "127.0.0.1:1", "--timeout", "0.3"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("timed out after 0.3 s"),
+                           HasSubstr("127.0.0.1:1")));
+}
+
+TEST(CliTest, WaitRejectsNonNumericTimeout) {
+  const Result r =
+      RunStrata({"wait", "--master", "127.0.0.1:1", "--timeout", "soon"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--timeout must be a number"));
+}
+
+}  // namespace
+}  // namespace strata::tools

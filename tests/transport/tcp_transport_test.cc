@@ -1,0 +1,334 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <glog/logging.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/transport/transport_contract_tests.h"
+#include "transport/transport.h"
+
+namespace strata::transport::tcp {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::strata::transport::testing::CallResult;
+using ::strata::transport::testing::Capture;
+using ::strata::transport::testing::EchoHandler;
+using ::strata::transport::testing::FullHeader;
+using ::strata::transport::testing::kWait;
+using ::strata::transport::testing::Pattern;
+using ::strata::transport::testing::TransportContractTest;
+using ::testing::HasSubstr;
+
+INSTANTIATE_TEST_SUITE_P(Tcp, TransportContractTest, ::testing::Values("tcp"));
+
+std::unique_ptr<Transport> NewTcp(uint64_t max_payload_bytes = 1ull << 31) {
+  TransportOptions options;
+  options.kind = "tcp";
+  options.max_payload_bytes = max_payload_bytes;
+  auto transport = CreateTransport(options);
+  CHECK(transport.ok()) << transport.status();
+  return std::move(transport).value();
+}
+
+uint64_t ReadLe(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) {
+    v = (v << 8) | static_cast<unsigned char>(p[i]);
+  }
+  return v;
+}
+
+// A plain blocking socket connected to `address`, for speaking raw bytes.
+int RawConnect(const std::string& address) {
+  std::string host;
+  int port = 0;
+  CHECK(SplitHostPort(address, &host, &port).ok());
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(static_cast<uint16_t>(port));
+  CHECK_EQ(::inet_pton(AF_INET, host.c_str(), &sin.sin_addr), 1);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK_GE(fd, 0);
+  CHECK_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sin), sizeof(sin)), 0)
+      << std::strerror(errno);
+  return fd;
+}
+
+// True when the peer closes `fd` (EOF or reset) within `timeout`.
+bool WaitForClose(int fd, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  char buf[4096];
+  while (absl::Now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    const int rc = ::poll(&p, 1, 100);
+    if (rc <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n == 0) return true;
+    if (n < 0 && errno != EINTR && errno != EAGAIN) return true;
+  }
+  return false;
+}
+
+TEST(FrameHeaderTest, EncodesDocumentedLayout) {
+  MessageHeader h = FullHeader(MessageType::kPushRequest);
+  h.status = 5;
+  h.request_id = 0x4142434445464748ull;
+  char buf[kFrameHeaderBytes];
+  EncodeFrameHeader(h, 0x0000000012345678ull, buf);
+  EXPECT_EQ(std::string(buf, 4), "STR1");
+  EXPECT_EQ(ReadLe(buf + 0, 4), 0x31525453u);
+  EXPECT_EQ(ReadLe(buf + 4, 2), 1u);
+  EXPECT_EQ(ReadLe(buf + 6, 2), 3u);  // kPushRequest
+  EXPECT_EQ(ReadLe(buf + 8, 2), 5u);
+  EXPECT_EQ(ReadLe(buf + 10, 2), 0u);
+  EXPECT_EQ(ReadLe(buf + 12, 4), h.sender_id);
+  EXPECT_EQ(static_cast<unsigned char>(buf[12]), 0xD4);  // little-endian
+  EXPECT_EQ(ReadLe(buf + 16, 8), h.epoch);
+  EXPECT_EQ(ReadLe(buf + 24, 8), h.request_id);
+  EXPECT_EQ(ReadLe(buf + 32, 8), h.seq);
+  EXPECT_EQ(ReadLe(buf + 40, 4), h.partition);
+  EXPECT_EQ(ReadLe(buf + 44, 4), h.flags);
+  EXPECT_EQ(ReadLe(buf + 48, 8), h.version);
+  EXPECT_EQ(ReadLe(buf + 56, 8), h.count);
+  EXPECT_EQ(ReadLe(buf + 64, 8), 0x12345678u);
+
+  MessageHeader decoded;
+  uint64_t payload_bytes = 0;
+  ASSERT_THAT(DecodeFrameHeader(buf, 1ull << 31, &decoded, &payload_bytes),
+              IsOk());
+  EXPECT_EQ(payload_bytes, 0x12345678u);
+  EXPECT_EQ(decoded.type, h.type);
+  EXPECT_EQ(decoded.status, h.status);
+  EXPECT_EQ(decoded.sender_id, h.sender_id);
+  EXPECT_EQ(decoded.epoch, h.epoch);
+  EXPECT_EQ(decoded.request_id, h.request_id);
+  EXPECT_EQ(decoded.seq, h.seq);
+  EXPECT_EQ(decoded.partition, h.partition);
+  EXPECT_EQ(decoded.flags, h.flags);
+  EXPECT_EQ(decoded.version, h.version);
+  EXPECT_EQ(decoded.count, h.count);
+}
+
+TEST(FrameHeaderTest, RejectsMalformedHeaders) {
+  char good[kFrameHeaderBytes];
+  EncodeFrameHeader(FullHeader(MessageType::kPing), 100, good);
+  MessageHeader h;
+  uint64_t n;
+
+  char bad[kFrameHeaderBytes];
+  std::memcpy(bad, good, sizeof(bad));
+  bad[0] = 'X';
+  EXPECT_THAT(DecodeFrameHeader(bad, 1000, &h, &n),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("magic")));
+
+  std::memcpy(bad, good, sizeof(bad));
+  bad[4] = 2;
+  EXPECT_THAT(DecodeFrameHeader(bad, 1000, &h, &n),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version 2")));
+
+  std::memcpy(bad, good, sizeof(bad));
+  bad[6] = 99;
+  EXPECT_THAT(DecodeFrameHeader(bad, 1000, &h, &n),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("type 99")));
+
+  std::memcpy(bad, good, sizeof(bad));
+  bad[6] = 0;  // kInvalid
+  EXPECT_THAT(DecodeFrameHeader(bad, 1000, &h, &n),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("type 0")));
+
+  EXPECT_THAT(DecodeFrameHeader(good, 99, &h, &n),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("exceeds max_payload_bytes 99")));
+  EXPECT_THAT(DecodeFrameHeader(good, 100, &h, &n), IsOk());
+}
+
+TEST(TcpTransportTest, BadFramesCloseOnlyTheOffendingConnection) {
+  auto server = NewTcp();
+  auto client = NewTcp();
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
+  const std::string address = server->listen_address();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+
+  char valid[kFrameHeaderBytes];
+  EncodeFrameHeader(FullHeader(MessageType::kPing), 0, valid);
+  struct Case {
+    const char* name;
+    std::string bytes;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"garbage", std::string(200, 'x')});
+  std::string bad_magic(valid, kFrameHeaderBytes);
+  bad_magic[3] = '2';
+  cases.push_back({"bad magic", bad_magic});
+  std::string bad_version(valid, kFrameHeaderBytes);
+  bad_version[4] = 7;
+  cases.push_back({"bad version", bad_version});
+  std::string bad_type(valid, kFrameHeaderBytes);
+  bad_type[6] = 42;
+  cases.push_back({"unknown type", bad_type});
+  // A valid frame followed by garbage: the first is answered, then closed.
+  cases.push_back({"valid then garbage",
+                   std::string(valid, kFrameHeaderBytes) + std::string(72, 0)});
+
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int fd = RawConnect(address);
+    ASSERT_EQ(::write(fd, c.bytes.data(), c.bytes.size()),
+              static_cast<ssize_t>(c.bytes.size()));
+    EXPECT_TRUE(WaitForClose(fd, absl::Seconds(10)));
+    ::close(fd);
+
+    // Everyone else is still served.
+    Message ping;
+    ping.header.type = MessageType::kPing;
+    ping.payload = "still there?";
+    STRATA_ASSERT_OK_AND_ASSIGN(Message pong, conn->CallSync(ping, kWait));
+    EXPECT_EQ(pong.payload, "still there?");
+    EXPECT_TRUE(conn->healthy());
+  }
+}
+
+TEST(TcpTransportTest, OversizedRequestIsRejectedByServer) {
+  auto server = NewTcp(/*max_payload_bytes=*/1024);
+  auto client = NewTcp();
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
+  const std::string address = server->listen_address();
+
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+  Message big;
+  big.header.type = MessageType::kPushRequest;
+  big.payload = Pattern(2048);
+  EXPECT_THAT(conn->CallSync(big, kWait),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  EXPECT_FALSE(conn->healthy());
+
+  // At the limit is fine, on a new connection.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn2, client->Connect(address));
+  Message ok;
+  ok.header.type = MessageType::kPushRequest;
+  ok.payload = Pattern(1024);
+  STRATA_ASSERT_OK_AND_ASSIGN(Message response, conn2->CallSync(ok, kWait));
+  EXPECT_EQ(response.payload, ok.payload);
+}
+
+TEST(TcpTransportTest, OversizedResponseFailsCallsWithDataLoss) {
+  auto server = NewTcp();
+  auto client = NewTcp(/*max_payload_bytes=*/1024);
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
+  const std::string address = server->listen_address();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+  Message big;
+  big.header.type = MessageType::kPullRequest;
+  big.payload = Pattern(4096);
+  EXPECT_THAT(conn->CallSync(big, kWait),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("bad frame from ", address))));
+  EXPECT_FALSE(conn->healthy());
+}
+
+TEST(TcpTransportTest, ConnectToClosedPortIsUnavailableNamingAddress) {
+  // Hold a bound but not listening socket so that the port stays closed.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof(sin)), 0);
+  socklen_t len = sizeof(sin);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len), 0);
+  const std::string address = absl::StrCat("127.0.0.1:", ntohs(sin.sin_port));
+
+  auto client = NewTcp();
+  EXPECT_THAT(client->Connect(address),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  ::close(fd);
+}
+
+TEST(TcpTransportTest, MalformedAddressIsInvalidArgument) {
+  auto client = NewTcp();
+  EXPECT_THAT(
+      client->Connect("no-port-here"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no-port-here")));
+  EXPECT_THAT(client->Connect("127.0.0.1:99999"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TcpTransportTest, ListensAndConnectsByHostname) {
+  auto server = NewTcp();
+  auto client = NewTcp();
+  ASSERT_THAT(server->Listen("localhost", 0, EchoHandler), IsOk());
+  std::string host;
+  int port = 0;
+  ASSERT_THAT(SplitHostPort(server->listen_address(), &host, &port), IsOk());
+  ASSERT_GT(port, 0);
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto conn, client->Connect(absl::StrCat("localhost:", port)));
+  Message ping;
+  ping.header.type = MessageType::kPing;
+  STRATA_ASSERT_OK_AND_ASSIGN(Message pong, conn->CallSync(ping, kWait));
+  EXPECT_EQ(pong.header.type, MessageType::kPong);
+}
+
+TEST(TcpTransportTest, ShutdownIsIdempotentAndRefusesNewWork) {
+  auto server = NewTcp();
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
+  const std::string address = server->listen_address();
+  server->Shutdown();
+  server->Shutdown();
+  auto client = NewTcp();
+  EXPECT_THAT(client->Connect(address),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  EXPECT_THAT(server->Connect(address),
+              StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST(TransportFactoryTest, UnknownKindIsInvalidArgumentNamingIt) {
+  TransportOptions options;
+  options.kind = "carrier-pigeon";
+  EXPECT_THAT(CreateTransport(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("carrier-pigeon")));
+}
+
+TEST(MessageTest, HelpersBehave) {
+  EXPECT_STREQ(MessageTypeName(MessageType::kPing), "PING");
+  EXPECT_STREQ(MessageTypeName(MessageType::kPushResponse), "PUSH_RESPONSE");
+  EXPECT_STREQ(MessageTypeName(static_cast<MessageType>(77)), "UNKNOWN");
+  EXPECT_EQ(ResponseTypeFor(MessageType::kPullRequest),
+            MessageType::kPullResponse);
+  EXPECT_FALSE(IsValidMessageType(MessageType::kInvalid));
+  EXPECT_TRUE(IsValidMessageType(MessageType::kPong));
+
+  Message ok;
+  EXPECT_THAT(ResponseStatus(ok), IsOk());
+  Message error = MakeErrorResponse(FullHeader(MessageType::kPullRequest),
+                                    MessageType::kPullResponse,
+                                    absl::UnavailableError("busy"));
+  EXPECT_EQ(error.header.type, MessageType::kPullResponse);
+  EXPECT_THAT(ResponseStatus(error),
+              StatusIs(absl::StatusCode::kUnavailable, "busy"));
+  Message odd =
+      MakeErrorResponse(MessageHeader(), MessageType::kPong, absl::OkStatus());
+  EXPECT_THAT(ResponseStatus(odd), StatusIs(absl::StatusCode::kInternal));
+  Message bogus;
+  bogus.header.status = 1000;
+  EXPECT_THAT(ResponseStatus(bogus), StatusIs(absl::StatusCode::kUnknown));
+}
+
+}  // namespace
+}  // namespace strata::transport::tcp

@@ -1,0 +1,265 @@
+#include "tools/cli.h"
+
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/grpc_status.h"
+#include "common/host_file.h"
+#include "common/model_spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/strata.grpc.pb.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: strata <command> [flags]\n"
+    "commands:\n"
+    "  status   --master HOST:PORT [--json]   cluster view and job progress\n"
+    "  wait     --master HOST:PORT [--timeout SECONDS]\n"
+    "           wait for the job to end; exit 0 if it succeeded\n"
+    "  validate --config FILE [--hosts FILE]  check a config and a host file\n"
+    "  plan     --config FILE --hosts FILE    the daemons a launch starts, one a line:\n"
+    "           role index host port data_port http_port  (- where unused)\n";
+
+// --key value / --key=value / --flag
+absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
+    const std::vector<std::string>& args, size_t from) {
+  std::map<std::string, std::string> flags;
+  for (size_t i = from; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    }
+    std::string key = a.substr(2), value = "true";
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (key != "json") {
+      if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
+      }
+      value = args[++i];
+    }
+    flags[key] = value;
+  }
+  return flags;
+}
+
+absl::StatusOr<proto::GetStatusResponse> FetchStatus(const std::string& master) {
+  auto stub = proto::Master::NewStub(
+      grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  proto::GetStatusResponse resp;
+  absl::Status s = FromGrpcStatus(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp),
+                                  "master " + master);
+  if (!s.ok()) return s;
+  return resp;
+}
+
+const char* RoleName(proto::Role r) {
+  switch (r) {
+    case proto::MASTER: return "master";
+    case proto::PSERVER: return "pserver";
+    case proto::WORKER: return "worker";
+    default: return "?";
+  }
+}
+const char* StateName(proto::NodeState s) {
+  switch (s) {
+    case proto::ALIVE: return "alive";
+    case proto::DEAD: return "DEAD";
+    case proto::FINISHED: return "finished";
+    default: return "?";
+  }
+}
+
+void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
+  const proto::JobStatus& j = st.job();
+  out << absl::StrFormat(
+      "job %s: %s%s  (%s)\n  epoch %d/%d  tasks %d/%d  steps %d  samples %d  "
+      "samples/s %.0f  loss %.4f  comm %.0f%%  wall %.1fs  test accuracy %s\n",
+      j.name(), j.state(), j.message().empty() ? "" : " - " + j.message(),
+      j.consistency(), std::min(j.epoch() + 1, j.epochs()), j.epochs(), j.tasks_done(),
+      j.tasks_total(), j.steps(), j.samples(), j.samples_per_sec(), j.loss(),
+      100 * j.comm_share(), j.wall_seconds(),
+      j.has_test_accuracy() ? absl::StrFormat("%.4f", j.test_accuracy()) : "-");
+  const auto& v = st.view();
+  out << absl::StrFormat("\ncluster view epoch %d (%s)\n", v.epoch(),
+                         v.ready() ? "ready" : "not ready");
+  out << absl::StrFormat("%-5s %-8s %-5s %-16s %-9s %-8s %-22s %s\n", "NODE", "ROLE",
+                         "INDEX", "HOST", "STATE", "LAST_HB", "DATA/GRPC", "HTTP");
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::map<uint32_t, uint64_t> bytes_by_owner;
+  for (const auto& p : v.partitions()) bytes_by_owner[p.owner()] += p.length() * 4;
+  for (const auto& n : v.members()) {
+    const std::string addr = n.data_address().empty() ? n.grpc_address() : n.data_address();
+    out << absl::StrFormat("%-5d %-8s %-5d %-16s %-9s %-8s %-22s %d\n", n.id(),
+                           RoleName(n.role()), n.index(), n.host(), StateName(n.state()),
+                           absl::StrFormat("%.1fs", (now_ms - n.last_heartbeat_unix_ms()) / 1000.0),
+                           addr.empty() ? "-" : addr, n.http_port());
+  }
+  out << absl::StrFormat("\n%-9s %-12s %-10s %-10s %s\n", "PARTITION", "TABLE", "OFFSET",
+                         "LENGTH", "OWNER");
+  for (const auto& p : v.partitions()) {
+    const std::string table =
+        p.table_id() < static_cast<uint32_t>(v.tables_size()) ? v.tables(p.table_id()).name() : "?";
+    out << absl::StrFormat("%-9d %-12s %-10d %-10d %d\n", p.id(), table, p.offset(),
+                           p.length(), p.owner());
+  }
+  if (!j.workers().empty()) {
+    out << absl::StrFormat("\n%-7s %-5s %-6s %-8s %-10s %-10s %-8s %s\n", "WORKER", "NODE",
+                           "EPOCH", "STEP", "SAMPLES", "SAMPLES/S", "LOSS", "COMM");
+    for (const auto& w : j.workers()) {
+      out << absl::StrFormat("%-7d %-5d %-6d %-8d %-10d %-10.0f %-8.4f %.0f%%\n", w.index(),
+                             w.node_id(), w.epoch() + 1, w.step(), w.samples(),
+                             w.samples_per_sec(), w.loss(), 100 * w.comm_share());
+    }
+  }
+}
+
+int Status(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  auto it = f.find("master");
+  if (it == f.end()) {
+    err << "strata status: --master HOST:PORT is required\n";
+    return 2;
+  }
+  auto st = FetchStatus(it->second);
+  if (!st.ok()) {
+    err << "strata status: " << st.status().message() << "\n";
+    return 1;
+  }
+  if (f.count("json")) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions o;
+    o.always_print_primitive_fields = true;
+    o.add_whitespace = true;
+    (void)google::protobuf::util::MessageToJsonString(*st, &json, o);
+    out << json;
+  } else {
+    PrintStatus(*st, out);
+  }
+  return 0;
+}
+
+int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  auto it = f.find("master");
+  if (it == f.end()) {
+    err << "strata wait: --master HOST:PORT is required\n";
+    return 2;
+  }
+  double timeout = 3600;
+  if (f.count("timeout") && !absl::SimpleAtod(f.at("timeout"), &timeout)) {
+    err << "strata wait: --timeout must be a number of seconds\n";
+    return 2;
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout);
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    auto st = FetchStatus(it->second);
+    if (st.ok()) {
+      const std::string& state = st->job().state();
+      if (state == "succeeded" || state == "failed") {
+        out << "job " << st->job().name() << " " << state
+            << (st->job().message().empty() ? "" : ": " + st->job().message()) << "\n";
+        return state == "succeeded" ? 0 : 1;
+      }
+    } else {
+      last = st.status();
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  err << "strata wait: timed out after " << timeout << " s"
+      << (last.ok() ? "" : absl::StrCat(" (last error: ", last.message(), ")")) << "\n";
+  return 1;
+}
+
+int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  if (!f.count("config")) {
+    err << "strata validate: --config FILE is required\n";
+    return 2;
+  }
+  auto cfg = LoadJobConfig(f.at("config"));
+  if (!cfg.ok()) {
+    err << cfg.status().message() << "\n";
+    return 2;
+  }
+  uint64_t params = 0;
+  for (const auto& t : ModelTables(cfg->model)) params += t.num_elements();
+  out << f.at("config") << ": ok (job '" << cfg->job.name << "', "
+      << ConsistencyName(cfg->job.consistency) << ", " << params << " parameters)\n";
+  if (f.count("hosts")) {
+    auto hosts = LoadHostFile(f.at("hosts"));
+    if (!hosts.ok()) {
+      err << hosts.status().message() << "\n";
+      return 2;
+    }
+    out << f.at("hosts") << ": ok (" << hosts->hosts.size() << " host(s), "
+        << hosts->total_pservers() << " pserver(s), " << hosts->total_workers()
+        << " worker(s))\n";
+  }
+  return 0;
+}
+
+int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  if (!f.count("config") || !f.count("hosts")) {
+    err << "strata plan: --config FILE and --hosts FILE are required\n";
+    return 2;
+  }
+  auto cfg = LoadJobConfig(f.at("config"));
+  if (!cfg.ok()) {
+    err << cfg.status().message() << "\n";
+    return 2;
+  }
+  auto hosts = LoadHostFile(f.at("hosts"));
+  if (!hosts.ok()) {
+    err << hosts.status().message() << "\n";
+    return 2;
+  }
+  const auto& p = cfg->cluster.ports;
+  const auto& m = hosts->master_host();
+  out << absl::StrFormat("master 0 %s %d - %d\n", m.host, p.master, p.master_http);
+  int pi = 0, wi = 0;
+  for (const auto& h : hosts->hosts) {
+    for (int i = 0; i < h.pservers; ++i, ++pi) {
+      out << absl::StrFormat("pserver %d %s %d %d %d\n", pi, h.host, p.pserver + pi,
+                             p.pserver_data + pi, p.pserver_http + pi);
+    }
+  }
+  for (const auto& h : hosts->hosts) {
+    for (int i = 0; i < h.workers; ++i, ++wi) {
+      out << absl::StrFormat("worker %d %s - - %d\n", wi, h.host, p.worker_http + wi);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
+    (args.empty() ? err : out) << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  auto flags = ParseFlags(args, 1);
+  if (!flags.ok()) {
+    err << "strata " << args[0] << ": " << flags.status().message() << "\n" << kUsage;
+    return 2;
+  }
+  const std::string& cmd = args[0];
+  if (cmd == "status") return Status(*flags, out, err);
+  if (cmd == "wait") return Wait(*flags, out, err);
+  if (cmd == "validate") return Validate(*flags, out, err);
+  if (cmd == "plan") return Plan(*flags, out, err);
+  err << "strata: unknown command '" << cmd << "'\n" << kUsage;
+  return 2;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,18 @@
+// The operator CLI `strata`: status, wait, validate, plan.
+#ifndef STRATA_TOOLS_CLI_H_
+#define STRATA_TOOLS_CLI_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace strata::tools {
+
+// Runs `strata <args...>` (args excludes the program name), writing to
+// out/err. Returns the process exit code: 0 ok, 1 failure (job failed,
+// unreachable master), 2 usage or invalid input.
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace strata::tools
+
+#endif  // STRATA_TOOLS_CLI_H_

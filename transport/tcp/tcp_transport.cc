@@ -1,0 +1,507 @@
+// TCP backend setup and lifecycle: listening socket, Connect, the epoll
+// thread and the endpoint table. The per-frame work is in tcp_datapath.cc.
+#include "transport/tcp/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace strata::transport::tcp {
+namespace {
+
+// Size of the epoll thread's read buffer.
+constexpr size_t kScratchBytes = 256 << 10;
+constexpr int kMaxEvents = 64;
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    LOG(WARNING) << "tcp: setsockopt(TCP_NODELAY): " << ErrnoText(errno);
+  }
+}
+
+// "a.b.c.d:port" or "[v6]:port".
+std::string FormatSockaddr(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
+    return absl::StrCat(buf, ":", ntohs(in->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf));
+    return absl::StrCat("[", buf, "]:", ntohs(in6->sin6_port));
+  }
+  return "unknown-address";
+}
+
+// Frees a getaddrinfo result on scope exit.
+struct AddrInfoDeleter {
+  void operator()(addrinfo* ai) const { ::freeaddrinfo(ai); }
+};
+using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
+
+absl::StatusOr<AddrInfoPtr> Resolve(const std::string& host, int port,
+                                    bool passive, const std::string& what) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  const std::string service = std::to_string(port);
+  addrinfo* result = nullptr;
+  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(),
+                               service.c_str(), &hints, &result);
+  if (rc != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        what, ": cannot resolve \"", host,
+        "\": ", rc == EAI_SYSTEM ? ErrnoText(errno) : ::gai_strerror(rc)));
+  }
+  return AddrInfoPtr(result);
+}
+
+// Connects a non-blocking socket to `ai` before `deadline`. Returns the fd,
+// or -1 with `*error` set.
+int ConnectOne(const addrinfo* ai, absl::Time deadline, std::string* error) {
+  const int fd =
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+               ai->ai_protocol);
+  if (fd < 0) {
+    *error = absl::StrCat("socket: ", ErrnoText(errno));
+    return -1;
+  }
+  int rc;
+  do {
+    rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0 && errno != EINPROGRESS) {
+    *error = ErrnoText(errno);
+    ::close(fd);
+    return -1;
+  }
+  if (rc != 0) {
+    for (;;) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        *error = "connect timed out";
+        ::close(fd);
+        return -1;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      const int n =
+          ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        *error = absl::StrCat("poll: ", ErrnoText(errno));
+        ::close(fd);
+        return -1;
+      }
+      if (n > 0) break;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err != 0) {
+      *error = ErrnoText(err);
+      ::close(fd);
+      return -1;
+    }
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::Status SplitHostPort(const std::string& address, std::string* host,
+                           int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address \"", address, "\" is not host:port"));
+  }
+  std::string h = address.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') {
+    h = h.substr(1, h.size() - 2);
+  }
+  int p = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &p) || p < 0 || p > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address \"", address, "\" has a bad port"));
+  }
+  *host = std::move(h);
+  *port = p;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
+    const TcpOptions& options) {
+  auto transport = TcpTransport::Create(options);
+  if (!transport.ok()) return transport.status();
+  return std::unique_ptr<Transport>(std::move(transport).value());
+}
+
+// ---------------------------------------------------------------------------
+// Endpoint lifecycle (reads and writes are in tcp_datapath.cc).
+
+Endpoint::Endpoint(int fd, std::string peer, const TcpOptions& options)
+    : fd_(fd),
+      peer_(std::move(peer)),
+      max_payload_bytes_(options.max_payload_bytes),
+      write_stall_timeout_(options.write_stall_timeout) {}
+
+Endpoint::~Endpoint() {
+  // Normally Close() ran; this only covers an endpoint that never got that far.
+  absl::MutexLock l(&write_mu_);
+  if (fd_open_) {
+    ::close(fd_);
+    fd_open_ = false;
+  }
+}
+
+void Endpoint::Close(const absl::Status& reason) {
+  if (closed_.exchange(true, std::memory_order_acq_rel)) return;
+  // Wake any writer blocked in poll() before waiting for the write mutex.
+  // fd_ is still open: only this function closes it, once.
+  ::shutdown(fd_, SHUT_RDWR);
+  {
+    absl::MutexLock l(&write_mu_);
+    if (fd_open_) {
+      ::close(fd_);
+      fd_open_ = false;
+    }
+  }
+  OnClosed(reason);
+}
+
+void Endpoint::RequestClose() {
+  absl::MutexLock l(&write_mu_);
+  if (fd_open_) {
+    local_shutdown_.store(true, std::memory_order_release);
+    ::shutdown(fd_, SHUT_RDWR);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// TcpTransport.
+
+absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
+    const TcpOptions& options) {
+  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("tcp transport: epoll_create1: ", ErrnoText(errno)));
+  }
+  const int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd < 0) {
+    const int err = errno;
+    ::close(epoll_fd);
+    return absl::InternalError(
+        absl::StrCat("tcp transport: eventfd: ", ErrnoText(err)));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // nullptr tags the wake eventfd
+  if (::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &ev) != 0) {
+    const int err = errno;
+    ::close(wake_fd);
+    ::close(epoll_fd);
+    return absl::InternalError(
+        absl::StrCat("tcp transport: epoll_ctl(eventfd): ", ErrnoText(err)));
+  }
+  return std::unique_ptr<TcpTransport>(
+      new TcpTransport(options, epoll_fd, wake_fd));
+}
+
+TcpTransport::TcpTransport(const TcpOptions& options, int epoll_fd, int wake_fd)
+    : options_(options), epoll_fd_(epoll_fd), wake_fd_(wake_fd) {
+  loop_thread_ = std::thread([this] { EventLoop(); });
+  loop_thread_id_ = loop_thread_.get_id();
+}
+
+TcpTransport::~TcpTransport() { Shutdown(); }
+
+absl::Status TcpTransport::Listen(const std::string& host, int port,
+                                  RequestHandler handler) {
+  const std::string address = absl::StrCat(host, ":", port);
+  const std::string what = absl::StrCat("listen on ", address);
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad port"));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": transport is shut down"));
+    }
+    if (listen_fd_ >= 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": already listening on ", listen_address_));
+    }
+  }
+  auto resolved = Resolve(host, port, /*passive=*/true, what);
+  if (!resolved.ok()) return resolved.status();
+
+  int fd = -1;
+  std::string error = "no address";
+  for (const addrinfo* ai = resolved->get(); ai != nullptr; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                  ai->ai_protocol);
+    if (fd < 0) {
+      error = absl::StrCat("socket: ", ErrnoText(errno));
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      error = absl::StrCat("bind: ", ErrnoText(errno));
+    } else if (::listen(fd, SOMAXCONN) != 0) {
+      error = absl::StrCat("listen: ", ErrnoText(errno));
+    } else {
+      break;
+    }
+    ::close(fd);
+    fd = -1;
+  }
+  if (fd < 0) return absl::UnavailableError(absl::StrCat(what, ": ", error));
+
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(
+        absl::StrCat(what, ": getsockname: ", ErrnoText(err)));
+  }
+
+  absl::MutexLock l(&mu_);
+  if (stopping_ || listen_fd_ >= 0) {  // lost a race with Shutdown or Listen
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": transport is shut down or already listening"));
+  }
+  handler_ = std::make_shared<const RequestHandler>(std::move(handler));
+  listen_fd_ = fd;
+  listen_address_ = FormatSockaddr(bound);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = this;  // `this` tags the listening socket
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    const int err = errno;
+    ::close(fd);
+    listen_fd_ = -1;
+    return absl::InternalError(
+        absl::StrCat(what, ": epoll_ctl: ", ErrnoText(err)));
+  }
+  VLOG(1) << "tcp: listening on " << listen_address_;
+  return absl::OkStatus();
+}
+
+std::string TcpTransport::listen_address() const {
+  absl::MutexLock l(&mu_);
+  return listen_address_;
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
+    const std::string& address) {
+  std::string host;
+  int port = 0;
+  absl::Status s = SplitHostPort(address, &host, &port);
+  if (!s.ok()) return s;
+  if (stop_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError(
+        absl::StrCat("connect to ", address, ": transport is shut down"));
+  }
+  const std::string what = absl::StrCat("connect to ", address);
+  auto resolved = Resolve(host, port, /*passive=*/false, what);
+  if (!resolved.ok()) return resolved.status();
+
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  int fd = -1;
+  std::string error = "no address";
+  for (const addrinfo* ai = resolved->get(); ai != nullptr && fd < 0;
+       ai = ai->ai_next) {
+    fd = ConnectOne(ai, deadline, &error);
+  }
+  if (fd < 0) return absl::UnavailableError(absl::StrCat(what, ": ", error));
+  SetNoDelay(fd);
+
+  auto endpoint = std::make_shared<ClientEndpoint>(fd, address, options_);
+  s = Register(endpoint);
+  if (!s.ok()) {
+    endpoint->Close(s);
+    return s;
+  }
+  VLOG(1) << "tcp: connected to " << address;
+  return std::shared_ptr<Connection>(
+      std::make_shared<TcpConnection>(std::move(endpoint)));
+}
+
+absl::Status TcpTransport::Register(std::shared_ptr<Endpoint> endpoint) {
+  absl::MutexLock l(&mu_);
+  if (stopping_) {
+    return absl::UnavailableError(absl::StrCat(
+        "connection with ", endpoint->peer(), ": transport is shut down"));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.ptr = endpoint.get();
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, endpoint->fd(), &ev) != 0) {
+    return absl::InternalError(absl::StrCat("connection with ",
+                                            endpoint->peer(),
+                                            ": epoll_ctl: ", ErrnoText(errno)));
+  }
+  Endpoint* key = endpoint.get();
+  endpoints_.emplace(key, std::move(endpoint));
+  return absl::OkStatus();
+}
+
+void TcpTransport::CloseEndpoint(
+    Endpoint* endpoint, const absl::Status& reason,
+    std::vector<std::shared_ptr<Endpoint>>* graveyard) {
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, endpoint->fd(), nullptr);
+  {
+    absl::MutexLock l(&mu_);
+    auto it = endpoints_.find(endpoint);
+    if (it != endpoints_.end()) {
+      graveyard->push_back(std::move(it->second));
+      endpoints_.erase(it);
+    }
+  }
+  endpoint->Close(reason);
+}
+
+void TcpTransport::AcceptAll() {
+  int listen_fd;
+  std::shared_ptr<const RequestHandler> handler;
+  {
+    absl::MutexLock l(&mu_);
+    listen_fd = listen_fd_;
+    handler = handler_;
+  }
+  if (listen_fd < 0) return;
+  for (;;) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      LOG_EVERY_N(WARNING, 100)
+          << "tcp: accept on " << listen_address() << ": " << ErrnoText(errno);
+      return;
+    }
+    SetNoDelay(fd);
+    auto endpoint = std::make_shared<ServerEndpoint>(fd, FormatSockaddr(ss),
+                                                     options_, handler);
+    VLOG(1) << "tcp: accepted connection from " << endpoint->peer();
+    absl::Status s = Register(endpoint);
+    if (!s.ok()) {
+      endpoint->Close(s);
+      return;
+    }
+  }
+}
+
+void TcpTransport::EventLoop() {
+  std::unique_ptr<char[]> scratch(new char[kScratchBytes]);
+  epoll_event events[kMaxEvents];
+  // Endpoints closed during a batch stay alive until the batch is done, as
+  // later events of the same batch may still point at them.
+  std::vector<std::shared_ptr<Endpoint>> graveyard;
+  while (!stop_.load(std::memory_order_acquire)) {
+    const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      LOG(ERROR) << "tcp: epoll_wait: " << ErrnoText(errno)
+                 << "; transport stops serving";
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (stop_.load(std::memory_order_acquire)) break;
+      void* tag = events[i].data.ptr;
+      if (tag == nullptr) {  // wake eventfd
+        uint64_t value;
+        while (::read(wake_fd_, &value, sizeof(value)) > 0) {
+        }
+        continue;
+      }
+      if (tag == this) {
+        AcceptAll();
+        continue;
+      }
+      auto* endpoint = static_cast<Endpoint*>(tag);
+      if (endpoint->closed()) continue;
+      const absl::Status s = endpoint->OnReadable(scratch.get(), kScratchBytes);
+      if (!s.ok()) CloseEndpoint(endpoint, s, &graveyard);
+    }
+    graveyard.clear();
+  }
+}
+
+void TcpTransport::Shutdown() {
+  CHECK(std::this_thread::get_id() != loop_thread_id_)
+      << "TcpTransport::Shutdown called from its own epoll thread (a handler "
+         "or response callback)";
+  absl::MutexLock shutdown_lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+
+  stop_.store(true, std::memory_order_release);
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    // Unblock an epoll-thread write (a handler responding to a stalled peer)
+    // so the join below is prompt. Sockets in the table are open.
+    for (auto& entry : endpoints_) ::shutdown(entry.first->fd(), SHUT_RDWR);
+  }
+  const uint64_t one = 1;
+  if (::write(wake_fd_, &one, sizeof(one)) < 0) {
+    LOG(ERROR) << "tcp: eventfd write: " << ErrnoText(errno);
+  }
+  if (loop_thread_.joinable()) loop_thread_.join();
+
+  int listen_fd;
+  std::unordered_map<Endpoint*, std::shared_ptr<Endpoint>> endpoints;
+  {
+    absl::MutexLock l(&mu_);
+    listen_fd = listen_fd_;
+    listen_fd_ = -1;
+    endpoints.swap(endpoints_);
+  }
+  if (listen_fd >= 0) ::close(listen_fd);
+  for (auto& entry : endpoints) {
+    entry.second->Close(absl::UnavailableError(
+        absl::StrCat("connection with ", entry.second->peer(),
+                     " closed: transport shut down")));
+  }
+  endpoints.clear();
+  ::close(epoll_fd_);
+  ::close(wake_fd_);
+}
+
+}  // namespace strata::transport::tcp

@@ -1,0 +1,275 @@
+// The TCP backend of transport.h. Frames are a 72-byte little-endian header
+// followed by the payload; docs/wire-protocol.md is the specification.
+//
+// Design: one epoll thread per TcpTransport accepts connections and reads
+// every socket of that transport (server-side accepted sockets and
+// client-side Connections). Complete request frames are handed to the
+// RequestHandler on that thread; complete response frames run the matching
+// ResponseCallback on that thread. Writes happen on the calling thread under
+// a per-socket write mutex (so responses may be sent from any thread).
+// Consequently handlers and response callbacks must be quick and must never
+// block waiting for another message of the same transport (e.g. CallSync to
+// a peer from inside a callback, or a server calling itself). Sending from a
+// callback is allowed, but a large send there stalls every socket of the
+// transport while the peer's receive buffer is full (and two peers doing so
+// towards each other wait out write_stall_timeout): hand large sends to
+// another thread.
+//
+// Setup and lifecycle live in tcp_transport.cc, the hot path (framing,
+// reads, writes, request/response matching) in tcp_datapath.cc.
+#ifndef STRATA_TRANSPORT_TCP_TCP_TRANSPORT_H_
+#define STRATA_TRANSPORT_TCP_TCP_TRANSPORT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/transport.h"
+
+namespace strata::transport::tcp {
+
+// ---------------------------------------------------------------------------
+// Framing (docs/wire-protocol.md).
+
+inline constexpr uint32_t kFrameMagic = 0x31525453;  // "STR1" on the wire
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kFrameHeaderBytes = 72;
+
+// Writes the wire form of `header` with `payload_bytes` into `out`.
+void EncodeFrameHeader(const MessageHeader& header, uint64_t payload_bytes,
+                       char out[kFrameHeaderBytes]);
+
+// Parses a wire header. DataLoss describing the problem when the magic or
+// protocol version is wrong, the type is not a valid MessageType, or
+// payload_bytes exceeds `max_payload_bytes`.
+absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes],
+                               uint64_t max_payload_bytes,
+                               MessageHeader* header, uint64_t* payload_bytes);
+
+// ---------------------------------------------------------------------------
+// Factory.
+
+struct TcpOptions {
+  // Largest payload accepted from the wire (TransportOptions).
+  uint64_t max_payload_bytes = 1ull << 31;
+  // Bound on Connect (name resolution excluded).
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // A write making no progress for this long breaks the connection.
+  absl::Duration write_stall_timeout = absl::Seconds(60);
+};
+
+absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
+    const TcpOptions& options);
+
+// Splits "host:port" or "[v6addr]:port". InvalidArgument naming `address`.
+absl::Status SplitHostPort(const std::string& address, std::string* host,
+                           int* port);
+
+// ---------------------------------------------------------------------------
+// Implementation classes (shared by tcp_transport.cc and tcp_datapath.cc).
+
+class TcpTransport;
+
+// One connected, non-blocking TCP socket of a TcpTransport, either side.
+// Reading (OnReadable) happens only on the owning transport's epoll thread;
+// WriteFrame is thread-safe. The socket is closed exactly once, by Close(),
+// which runs on the epoll thread or after that thread has stopped.
+// Owned by the transport's endpoint table (shared_ptr); responders and
+// connection handles may keep it alive after it closed.
+class Endpoint : public std::enable_shared_from_this<Endpoint> {
+ public:
+  // Takes ownership of `fd` (connected, non-blocking).
+  Endpoint(int fd, std::string peer, const TcpOptions& options);
+  virtual ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // "host:port" of the other side.
+  const std::string& peer() const { return peer_; }
+  // The socket; only meaningful while the endpoint is in its transport's
+  // table (the table is emptied before sockets are closed).
+  int fd() const { return fd_; }
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+
+  // Writes one frame (header then payload) atomically with respect to other
+  // writers, blocking until it is in the kernel. Unavailable naming the peer
+  // when the socket is closed or the write fails; a failed write also shuts
+  // the socket down so the epoll thread closes the connection.
+  // Thread-safe.
+  absl::Status WriteFrame(const MessageHeader& header,
+                          const std::string& payload);
+
+  // Epoll thread only: reads what the socket has (bounded per call, epoll is
+  // level-triggered), handing complete frames to OnFrame. `scratch` is the
+  // epoll thread's read buffer. Returns the reason to close the connection:
+  // Unavailable on EOF or a socket error, DataLoss on a malformed frame.
+  absl::Status OnReadable(char* scratch, size_t scratch_size);
+
+  // Closes the socket and calls OnClosed(reason); later calls do nothing.
+  // REQUIRES: on the epoll thread, after it stopped, or never registered.
+  void Close(const absl::Status& reason);
+
+  // Any thread: shuts the socket down so that the epoll thread sees EOF and
+  // closes the connection. No-op once closed.
+  void RequestClose();
+
+ protected:
+  // Epoll thread: one complete frame arrived. A non-OK status closes the
+  // connection with that reason.
+  virtual absl::Status OnFrame(Message message) = 0;
+  // Called once from Close().
+  virtual void OnClosed(const absl::Status& reason) = 0;
+
+ private:
+  absl::Status WriteAllLocked(struct iovec* iov, int iovcnt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Feeds `n` received bytes to the frame parser.
+  absl::Status Consume(const char* data, size_t n);
+  // The frame in incoming_ is complete: reset and hand it to OnFrame.
+  absl::Status DeliverIncoming();
+
+  const int fd_;
+  const std::string peer_;
+  const uint64_t max_payload_bytes_;
+  const absl::Duration write_stall_timeout_;
+  std::atomic<bool> closed_{false};
+  // We shut the socket down ourselves (RequestClose or a failed write), so
+  // EOF is not the peer's doing.
+  std::atomic<bool> local_shutdown_{false};
+
+  absl::Mutex write_mu_;
+  bool fd_open_ ABSL_GUARDED_BY(write_mu_) = true;
+
+  // Frame parser state; touched only by the epoll thread.
+  char header_buf_[kFrameHeaderBytes];
+  size_t header_got_ = 0;
+  bool in_payload_ = false;
+  Message incoming_;
+  uint64_t payload_got_ = 0;
+};
+
+// Server side of an accepted socket: each request frame goes to the handler
+// with a TcpResponder. Thread-safety as Endpoint.
+class ServerEndpoint : public Endpoint {
+ public:
+  ServerEndpoint(int fd, std::string peer, const TcpOptions& options,
+                 std::shared_ptr<const RequestHandler> handler);
+
+ protected:
+  absl::Status OnFrame(Message request) override;
+  void OnClosed(const absl::Status& reason) override;
+
+ private:
+  const std::shared_ptr<const RequestHandler> handler_;
+};
+
+// Client side: matches responses to pending calls by request_id.
+// Thread-safe.
+class ClientEndpoint : public Endpoint {
+ public:
+  ClientEndpoint(int fd, std::string peer, const TcpOptions& options);
+
+  // Connection::Call.
+  void Call(Message request, ResponseCallback done);
+  bool healthy() const;
+
+ protected:
+  absl::Status OnFrame(Message response) override;
+  void OnClosed(const absl::Status& reason) override;
+
+ private:
+  mutable absl::Mutex mu_;
+  uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unordered_map<uint64_t, ResponseCallback> pending_ ABSL_GUARDED_BY(mu_);
+  // Set once the connection broke (closed, or a write failed).
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+// The Connection handed to users. Releasing the last reference closes the
+// socket (pending calls then fail Unavailable). Thread-safe.
+class TcpConnection : public Connection {
+ public:
+  explicit TcpConnection(std::shared_ptr<ClientEndpoint> endpoint)
+      : endpoint_(std::move(endpoint)) {}
+  ~TcpConnection() override { endpoint_->RequestClose(); }
+  TcpConnection(const TcpConnection&) = delete;
+  TcpConnection& operator=(const TcpConnection&) = delete;
+
+  void Call(Message request, ResponseCallback done) override {
+    endpoint_->Call(std::move(request), std::move(done));
+  }
+  std::string peer() const override { return endpoint_->peer(); }
+  bool healthy() const override { return endpoint_->healthy(); }
+
+ private:
+  const std::shared_ptr<ClientEndpoint> endpoint_;
+};
+
+// See the file comment. Thread-safe, except that Shutdown (and so the
+// destructor) must not run on the epoll thread, i.e. inside a handler or a
+// response callback of this transport.
+class TcpTransport : public Transport {
+ public:
+  static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(
+      const TcpOptions& options);
+  ~TcpTransport() override;
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  absl::Status Listen(const std::string& host, int port,
+                      RequestHandler handler) override;
+  std::string listen_address() const override;
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(
+      const std::string& address) override;
+  // Stops the epoll thread, closes every socket and fails pending calls
+  // with Unavailable. Idempotent.
+  void Shutdown() override;
+
+ private:
+  TcpTransport(const TcpOptions& options, int epoll_fd, int wake_fd);
+
+  void EventLoop();
+  void AcceptAll();
+  // Adds `endpoint` to the table and to epoll. Unavailable after Shutdown.
+  absl::Status Register(std::shared_ptr<Endpoint> endpoint);
+  // Epoll thread: removes `endpoint` from epoll and the table (keeping it
+  // alive in `graveyard` until the current batch of events is done) and
+  // closes it.
+  void CloseEndpoint(Endpoint* endpoint, const absl::Status& reason,
+                     std::vector<std::shared_ptr<Endpoint>>* graveyard);
+
+  const TcpOptions options_;
+  const int epoll_fd_;
+  const int wake_fd_;        // eventfd that wakes the epoll thread for Shutdown
+  std::thread loop_thread_;  // joined by Shutdown, under shutdown_mu_
+  std::thread::id loop_thread_id_;  // written once in the constructor
+  std::atomic<bool> stop_{false};
+
+  absl::Mutex shutdown_mu_;  // serializes Shutdown
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int listen_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string listen_address_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
+  // Every registered endpoint; an endpoint leaves the table before its
+  // socket is closed, so sockets in the table are open.
+  std::unordered_map<Endpoint*, std::shared_ptr<Endpoint>> endpoints_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace strata::transport::tcp
+
+#endif  // STRATA_TRANSPORT_TCP_TCP_TRANSPORT_H_

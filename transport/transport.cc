@@ -1,0 +1,135 @@
+// Backend-independent parts of the transport API: message helpers,
+// Connection::CallSync and the CreateTransport factory.
+#include "transport/transport.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/inproc/inproc_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace strata::transport {
+
+const char* MessageTypeName(MessageType t) {
+  switch (t) {
+    case MessageType::kInvalid:
+      return "INVALID";
+    case MessageType::kPullRequest:
+      return "PULL_REQUEST";
+    case MessageType::kPullResponse:
+      return "PULL_RESPONSE";
+    case MessageType::kPushRequest:
+      return "PUSH_REQUEST";
+    case MessageType::kPushResponse:
+      return "PUSH_RESPONSE";
+    case MessageType::kPing:
+      return "PING";
+    case MessageType::kPong:
+      return "PONG";
+  }
+  return "UNKNOWN";
+}
+
+bool IsValidMessageType(MessageType t) {
+  const auto v = static_cast<uint16_t>(t);
+  return v >= static_cast<uint16_t>(MessageType::kPullRequest) &&
+         v <= static_cast<uint16_t>(MessageType::kPong);
+}
+
+MessageType ResponseTypeFor(MessageType request_type) {
+  switch (request_type) {
+    case MessageType::kPullRequest:
+      return MessageType::kPullResponse;
+    case MessageType::kPushRequest:
+      return MessageType::kPushResponse;
+    case MessageType::kPing:
+      return MessageType::kPong;
+    default:
+      return request_type;
+  }
+}
+
+Message MakeErrorResponse(const MessageHeader& request, MessageType type,
+                          const absl::Status& status) {
+  Message response;
+  // Echo what identifies the request; sender_id/epoch are the responder's to
+  // fill in, count is meaningless for an error.
+  response.header.type = type;
+  response.header.request_id = request.request_id;
+  response.header.seq = request.seq;
+  response.header.partition = request.partition;
+  response.header.version = request.version;
+  if (status.ok()) {
+    response.header.status = static_cast<uint16_t>(absl::StatusCode::kInternal);
+    response.payload = "MakeErrorResponse called with an OK status";
+  } else {
+    response.header.status = static_cast<uint16_t>(status.code());
+    response.payload = std::string(status.message());
+  }
+  return response;
+}
+
+absl::Status ResponseStatus(const Message& response) {
+  const uint16_t code = response.header.status;
+  if (code == 0) return absl::OkStatus();
+  if (code > static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::UnknownError(absl::StrCat(
+        "response carries unknown status code ", code, ": ", response.payload));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), response.payload);
+}
+
+absl::StatusOr<Message> Connection::CallSync(Message request,
+                                             absl::Duration timeout) {
+  // Shared with the callback, which may run after we gave up waiting.
+  struct State {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<Message> result ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  Call(std::move(request), [state](absl::StatusOr<Message> result) {
+    absl::MutexLock l(&state->mu);
+    state->result = std::move(result);
+    state->done = true;
+  });
+  absl::MutexLock l(&state->mu);
+  if (!state->mu.AwaitWithTimeout(absl::Condition(&state->done), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("call to ", peer(), " got no response within ",
+                     absl::FormatDuration(timeout)));
+  }
+  return std::move(state->result);
+}
+
+std::shared_ptr<InProcNetwork> NewInProcNetwork() {
+  return std::make_shared<InProcNetwork>();
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+    const TransportOptions& options) {
+  if (options.kind == "tcp") {
+    tcp::TcpOptions tcp_options;
+    tcp_options.max_payload_bytes = options.max_payload_bytes;
+    return tcp::NewTcpTransport(tcp_options);
+  }
+  if (options.kind == "inproc") {
+    if (options.inproc_network == nullptr) {
+      return absl::InvalidArgumentError(
+          "transport kind \"inproc\" needs options.inproc_network");
+    }
+    return inproc::NewInProcTransport(options.inproc_network);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport kind \"", options.kind,
+                   "\" (known: \"tcp\", \"inproc\")"));
+}
+
+}  // namespace strata::transport

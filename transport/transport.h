@@ -1,0 +1,143 @@
+// The data plane as pserver and worker see it: request/response messages of
+// a fixed header plus an opaque payload, over a pluggable backend
+// (tcp, inproc; rdma in a later issue). docs/wire-protocol.md documents the
+// header and the TCP framing.
+#ifndef STRATA_TRANSPORT_TRANSPORT_H_
+#define STRATA_TRANSPORT_TRANSPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace strata::transport {
+
+enum class MessageType : uint16_t {
+  kInvalid = 0,
+  kPullRequest = 1,   // worker -> pserver: send me partition P (version >= V)
+  kPullResponse = 2,  // payload: fp32 values of the partition
+  kPushRequest = 3,   // worker -> pserver: gradient for partition P, step V
+  kPushResponse = 4,  // ack (status OK) or refusal
+  kPing = 5,          // liveness / round-trip probe; echoed as kPong
+  kPong = 6,
+};
+const char* MessageTypeName(MessageType t);
+// True for the message types above other than kInvalid: the only types a
+// backend puts on the wire.
+bool IsValidMessageType(MessageType t);
+// The response type answering `request_type` (kPullRequest -> kPullResponse,
+// kPushRequest -> kPushResponse, kPing -> kPong); other types map to
+// themselves.
+MessageType ResponseTypeFor(MessageType request_type);
+
+// Fixed-size message header. On the TCP wire it is 72 bytes, little-endian;
+// see docs/wire-protocol.md. Fields a message type does not use are zero.
+struct MessageHeader {
+  MessageType type = MessageType::kInvalid;
+  // Responses: an absl::StatusCode (0 = OK). On error the payload is the
+  // UTF-8 error message. Requests: 0.
+  uint16_t status = 0;
+  uint32_t sender_id = 0;   // node id assigned by the master at registration
+  uint64_t epoch = 0;       // sender's cluster-view epoch
+  uint64_t request_id = 0;  // set by Connection::Call; echoed in the response
+  uint64_t seq = 0;         // per-sender push sequence (push idempotence)
+  uint32_t partition = 0;   // partition id
+  uint32_t flags = 0;       // reserved, 0
+  uint64_t version = 0;     // pull: min version wanted / version sent;
+                            // push: the step (version) the gradient is for
+  uint64_t count = 0;       // push: samples the gradient sums over
+};
+
+struct Message {
+  MessageHeader header;
+  std::string payload;  // opaque bytes; fp32 arrays for pull/push
+};
+
+// Builds an error response to `request` with `status` (not OK).
+Message MakeErrorResponse(const MessageHeader& request, MessageType type,
+                          const absl::Status& status);
+// The status carried by a response (OK or header.status + payload message).
+absl::Status ResponseStatus(const Message& response);
+
+// Server side: a handler gets each request with a Responder. The handler may
+// respond at once or keep the Responder and respond later from any thread
+// (a BSP pull waits for the step's update). Respond must be called exactly
+// once; a Responder dropped without responding answers kInternal.
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  virtual void Respond(Message response) = 0;
+  // The peer, for logs and errors ("127.0.0.1:51234" or "inproc:...").
+  virtual std::string peer() const = 0;
+};
+using RequestHandler =
+    std::function<void(Message request, std::shared_ptr<Responder> responder)>;
+
+using ResponseCallback = std::function<void(absl::StatusOr<Message>)>;
+
+// Client side: one connection to one listening peer. Thread-safe: many
+// threads may Call concurrently; responses are matched by request_id.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // Sends `request` (request_id is overwritten) and calls `done` exactly once,
+  // from a transport thread, with the response or with an error: Unavailable
+  // when the connection broke (naming the peer), DataLoss on a malformed
+  // frame. Response payload errors are not turned into Status here: use
+  // ResponseStatus().
+  virtual void Call(Message request, ResponseCallback done) = 0;
+
+  // Call and wait up to `timeout` (DeadlineExceeded naming the peer).
+  absl::StatusOr<Message> CallSync(Message request, absl::Duration timeout);
+
+  virtual std::string peer() const = 0;
+  // False once the connection broke; a new Connect is needed.
+  virtual bool healthy() const = 0;
+};
+
+// Shared in-process "network" for the inproc backend: addresses map to
+// listening transports within one process. Thread-safe. Owned by the test
+// (or in-process cluster) and must outlive every transport that uses it.
+class InProcNetwork;
+std::shared_ptr<InProcNetwork> NewInProcNetwork();
+
+struct TransportOptions {
+  std::string kind = "tcp";  // "tcp" | "inproc"
+  std::shared_ptr<InProcNetwork> inproc_network;  // required for inproc
+  // Largest payload accepted from the wire; larger frames are DataLoss and
+  // close the connection.
+  uint64_t max_payload_bytes = 1ull << 31;
+};
+
+// One backend instance: may listen (server) and connect (client).
+// Thread-safe. Shutdown() closes everything; pending calls fail Unavailable.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Starts serving on host:port (0 = any free port). One Listen per
+  // transport. Errors name the address.
+  virtual absl::Status Listen(const std::string& host, int port,
+                              RequestHandler handler) = 0;
+  // "host:port" actually bound; valid after a successful Listen.
+  virtual std::string listen_address() const = 0;
+
+  // Connects to a listening peer at "host:port". Unavailable naming the
+  // address on failure.
+  virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(
+      const std::string& address) = 0;
+
+  virtual void Shutdown() = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+    const TransportOptions& options);
+
+}  // namespace strata::transport
+
+#endif  // STRATA_TRANSPORT_TRANSPORT_H_

@@ -1,0 +1,386 @@
+#include "worker/worker.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace strata::worker {
+
+// Leases tasks from the master over gRPC.
+class Worker::MasterTaskSource : public TaskSource {
+ public:
+  explicit MasterTaskSource(Worker* w) : w_(w) {}
+  absl::StatusOr<Lease> Next() override {
+    proto::LeaseTaskRequest req;
+    req.set_node_id(w_->node_id_);
+    proto::LeaseTaskResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    STRATA_RETURN_IF_ERROR(FromGrpcStatus(w_->master_->LeaseTask(&ctx, req, &resp),
+                                          "master " + w_->options_.master_address));
+    return Lease{resp.outcome(), resp.task(), resp.min_version()};
+  }
+  absl::Status Complete(const proto::DataTask& task, int64_t records,
+                        uint64_t last_step) override {
+    proto::CompleteTaskRequest req;
+    req.set_node_id(w_->node_id_);
+    req.set_task_id(task.id());
+    req.set_records(records);
+    req.set_last_step(last_step);
+    proto::CompleteTaskResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return FromGrpcStatus(w_->master_->CompleteTask(&ctx, req, &resp),
+                          "master " + w_->options_.master_address);
+  }
+
+ private:
+  Worker* const w_;  // owns this source
+};
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
+  if (options.fs == nullptr) return absl::InvalidArgumentError("WorkerOptions.fs is required");
+  if (options.master_address.empty() && options.task_source == nullptr) {
+    return absl::InvalidArgumentError("worker: master address is required");
+  }
+  STRATA_RETURN_IF_ERROR(ParseActivation(options.config.model.activation).status());
+  const auto& d = options.config.data;
+  STRATA_ASSIGN_OR_RETURN(
+      storage::LabeledDataset train,
+      storage::LoadIdxDataset(options.fs, d.train_images, d.train_labels, d.train_limit));
+  if (train.feature_dim != options.config.model.layers.front()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        d.train_images, ": examples have ", train.feature_dim,
+        " features but model.layers[0] is ", options.config.model.layers.front()));
+  }
+  for (int32_t label : train.labels) {
+    if (label < 0 || label >= options.config.model.layers.back()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          d.train_labels, ": label ", label, " outside [0, ",
+          options.config.model.layers.back(), ") of model.layers' last entry"));
+    }
+  }
+  return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(train)));
+}
+
+Worker::Worker(WorkerOptions options, storage::LabeledDataset train)
+    : options_(std::move(options)), train_(std::move(train)) {
+  device_ = NewCpuDevice(1);
+  model_ = std::make_unique<Mlp>(options_.config.model.layers,
+                                 *ParseActivation(options_.config.model.activation),
+                                 device_.get());
+  tasks_ = std::move(options_.task_source);
+}
+
+Worker::~Worker() { Shutdown(); }
+
+void Worker::Shutdown() {
+  if (shutdown_.exchange(true)) return;
+  stop_.Notify();
+  if (params_) params_->Cancel();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  http_.Shutdown();
+  if (transport_) transport_->Shutdown();
+}
+
+Worker::Stats Worker::stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+absl::Status Worker::Start() {
+  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
+  if (options_.http_port >= 0) {
+    Counter* unused = metrics_.GetCounter("strata_worker_up", "1 while the worker runs");
+    unused->Increment();
+    auto stat = [this](double Stats::*field) {
+      return [this, field]() { return stats().*field; };
+    };
+    metrics_.AddCallbackGauge("strata_worker_steps", "Training steps done",
+                              [this] { return static_cast<double>(stats().steps); });
+    metrics_.AddCallbackGauge("strata_worker_samples", "Samples trained",
+                              [this] { return static_cast<double>(stats().samples); });
+    metrics_.AddCallbackGauge("strata_worker_stale_pushes", "Gradients dropped as stale",
+                              [this] { return static_cast<double>(stats().stale_pushes); });
+    metrics_.AddCallbackGauge("strata_worker_busy_seconds", "Time in training steps",
+                              stat(&Stats::busy_seconds));
+    metrics_.AddCallbackGauge("strata_worker_comm_seconds", "Time waiting on push/pull",
+                              stat(&Stats::comm_seconds));
+    metrics_.AddCallbackGauge("strata_worker_loss", "Recent mean training loss",
+                              stat(&Stats::recent_loss));
+    http_.Handle("/metrics", [this](const HttpRequest&) {
+      return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
+    });
+    http_.Handle("/healthz", [](const HttpRequest&) {
+      return HttpResponse{200, "text/plain", "ok\n"};
+    });
+    http_.Handle("/status", [this](const HttpRequest&) {
+      Stats s = stats();
+      return HttpResponse{
+          200, "application/json",
+          absl::StrFormat("{\"node_id\": %d, \"index\": %d, \"steps\": %d, "
+                          "\"samples\": %d, \"last_step\": %d, \"loss\": %.5f, "
+                          "\"comm_share\": %.4f, \"view_epoch\": %d}\n",
+                          node_id_.load(), options_.index, s.steps, s.samples,
+                          s.last_step, s.recent_loss,
+                          s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0.0,
+                          params_ ? params_->epoch() : 0)};
+    });
+    STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
+  }
+  if (options_.master_address.empty()) return absl::OkStatus();
+
+  master_channel_ = grpc::CreateChannel(options_.master_address,
+                                        grpc::InsecureChannelCredentials());
+  master_ = proto::Master::NewStub(master_channel_);
+  proto::RegisterRequest req;
+  req.set_role(proto::WORKER);
+  req.set_index(options_.index);
+  req.set_host(options_.host);
+  req.set_http_port(options_.http_port >= 0 ? http_.port() : 0);
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  proto::RegisterResponse resp;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    absl::Status s = FromGrpcStatus(master_->Register(&ctx, req, &resp),
+                                    "master " + options_.master_address);
+    if (s.ok()) break;
+    if (absl::Now() > deadline || stop_.HasBeenNotified()) {
+      return absl::UnavailableError(absl::StrCat("worker ", options_.index,
+                                                 ": cannot register: ", s.message()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  node_id_ = resp.node_id();
+  params_ = std::make_unique<ParamClient>(
+      transport_.get(), node_id_, [this] { return FetchView(); },
+      absl::Milliseconds(options_.config.cluster.request_timeout_ms));
+  params_->SetView(resp.view());
+  if (tasks_ == nullptr) tasks_ = std::make_unique<MasterTaskSource>(this);
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  LOG(INFO) << "worker " << options_.index << " is node " << node_id_
+            << "; http port " << http_.port() << "; " << train_.num_examples
+            << " training examples loaded";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::ClusterView> Worker::FetchView() {
+  proto::ClusterView view;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  STRATA_RETURN_IF_ERROR(FromGrpcStatus(
+      master_->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
+      "master " + options_.master_address));
+  return view;
+}
+
+void Worker::HeartbeatLoop() {
+  const absl::Duration interval =
+      absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
+  while (!stop_.WaitForNotificationWithTimeout(interval)) {
+    proto::HeartbeatRequest req;
+    req.set_node_id(node_id_);
+    req.set_epoch(params_->epoch());
+    proto::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
+    absl::Status s = FromGrpcStatus(master_->Heartbeat(&ctx, req, &resp),
+                                    "master " + options_.master_address);
+    if (absl::IsFailedPrecondition(s)) {
+      LOG(ERROR) << s;
+      declared_dead_ = true;
+      continue;
+    }
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
+      continue;
+    }
+    if (resp.epoch() != params_->epoch()) {
+      auto view = FetchView();
+      if (view.ok()) params_->SetView(*view);
+    }
+  }
+}
+
+absl::Status Worker::WaitForReadyView() {
+  if (master_ == nullptr) return absl::OkStatus();
+  while (!stop_.HasBeenNotified()) {
+    STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, FetchView());
+    if (view.ready()) {
+      params_->SetView(view);
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::CancelledError("worker shut down");
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Worker::PullParams(uint64_t min_version) {
+  std::vector<std::vector<float>> tables;
+  STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &tables).status());
+  return tables;
+}
+
+absl::Status Worker::Run() {
+  STRATA_RETURN_IF_ERROR(WaitForReadyView());
+  window_start_ = absl::Now();
+  while (!stop_.HasBeenNotified()) {
+    if (declared_dead_) {
+      return absl::AbortedError(absl::StrCat(
+          "worker ", options_.index, " was declared dead by the master"));
+    }
+    STRATA_ASSIGN_OR_RETURN(TaskSource::Lease lease, tasks_->Next());
+    switch (lease.outcome) {
+      case proto::LeaseTaskResponse::TASK:
+        STRATA_RETURN_IF_ERROR(TrainTask(lease.task));
+        STRATA_RETURN_IF_ERROR(tasks_->Complete(
+            lease.task, lease.task.end() - lease.task.begin(), stats().last_step));
+        break;
+      case proto::LeaseTaskResponse::EVALUATE:
+        ReportProgress(false, 0, 0);
+        STRATA_RETURN_IF_ERROR(Evaluate(lease.min_version));
+        break;
+      case proto::LeaseTaskResponse::DONE:
+        ReportProgress(false, 0, 0);
+        LOG(INFO) << "worker " << options_.index << ": job done";
+        return absl::OkStatus();
+      default:  // WAIT
+        stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::TrainTask(const proto::DataTask& task) {
+  if (task.begin() < 0 || task.end() > train_.num_examples || task.begin() >= task.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data task ", task.id(), " [", task.begin(), ", ", task.end(),
+        ") is outside the training set of ", train_.num_examples, " records"));
+  }
+  current_epoch_ = task.epoch();
+  std::vector<int64_t> order(task.end() - task.begin());
+  std::iota(order.begin(), order.end(), task.begin());
+  if (options_.shuffle_within_task) {
+    std::mt19937_64 rng(options_.config.job.seed * 7919 + task.id());
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  const int dim = train_.feature_dim;
+  const int batch_size = options_.config.job.batch_size;
+  const bool bsp = options_.config.job.consistency == Consistency::kBsp;
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (size_t b = 0; b < order.size(); b += batch_size) {
+    if (stop_.HasBeenNotified()) return absl::CancelledError("worker shut down");
+    const int n = static_cast<int>(std::min<size_t>(batch_size, order.size() - b));
+    x.resize(static_cast<size_t>(n) * dim);
+    y.resize(n);
+    for (int i = 0; i < n; ++i) {
+      const int64_t r = order[b + i];
+      std::copy_n(train_.features.data() + r * dim, dim, x.data() + static_cast<size_t>(i) * dim);
+      y[i] = train_.labels[r];
+    }
+    const absl::Time t0 = absl::Now();
+    STRATA_ASSIGN_OR_RETURN(uint64_t version,
+                            params_->PullAll(bsp ? next_step_ : 0, &model_->params()));
+    const absl::Time t1 = absl::Now();
+    const double loss = model_->TrainStep(x.data(), y.data(), n);
+    const absl::Time t2 = absl::Now();
+    STRATA_ASSIGN_OR_RETURN(PushResult pushed, params_->PushAll(model_->grads(), version, n));
+    const absl::Time t3 = absl::Now();
+    next_step_ = version + 1;
+    {
+      absl::MutexLock l(&mu_);
+      stats_.steps++;
+      stats_.samples += n;
+      stats_.last_step = version;
+      stats_.stale_pushes += pushed.stale_partitions > 0;
+      stats_.busy_seconds += absl::ToDoubleSeconds(t3 - t0);
+      stats_.comm_seconds += absl::ToDoubleSeconds((t1 - t0) + (t3 - t2));
+    }
+    window_samples_ += n;
+    window_loss_ += loss;
+    ++window_steps_;
+    if (window_steps_ >= static_cast<uint64_t>(options_.config.job.progress_every_steps)) {
+      ReportProgress(false, 0, 0);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss) {
+  const absl::Time now = absl::Now();
+  const double secs = absl::ToDoubleSeconds(now - window_start_);
+  Stats s;
+  {
+    absl::MutexLock l(&mu_);
+    if (window_samples_ > 0) stats_.recent_loss = window_loss_ / window_samples_;
+    s = stats_;
+  }
+  if (window_samples_ > 0 && secs > 0) recent_sps_ = window_samples_ / secs;
+  if (window_steps_ > 0) {
+    const double comm = s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0;
+    LOG(INFO) << absl::StrFormat(
+        "progress: worker %d epoch %d/%d step %d samples/s %.0f loss %.4f comm %.0f%%",
+        options_.index, current_epoch_ + 1, options_.config.job.epochs, s.last_step,
+        recent_sps_, s.recent_loss, 100 * comm);
+  }
+  window_start_ = now;
+  window_samples_ = 0;
+  window_loss_ = 0;
+  window_steps_ = 0;
+  if (master_ == nullptr) return;
+  proto::ReportProgressRequest req;
+  req.set_node_id(node_id_);
+  req.set_epoch(current_epoch_);
+  req.set_step(s.last_step);
+  req.set_steps_done(s.steps);
+  req.set_samples(s.samples);
+  req.set_loss(s.recent_loss);
+  req.set_samples_per_sec(recent_sps_);
+  req.set_busy_seconds(s.busy_seconds);
+  req.set_comm_seconds(s.comm_seconds);
+  req.set_has_test_accuracy(has_eval);
+  req.set_test_accuracy(accuracy);
+  req.set_test_loss(test_loss);
+  proto::ReportProgressResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  absl::Status st = FromGrpcStatus(master_->ReportProgress(&ctx, req, &resp),
+                                   "master " + options_.master_address);
+  if (!st.ok()) LOG(WARNING) << "progress report failed: " << st;
+}
+
+absl::Status Worker::Evaluate(uint64_t min_version) {
+  const auto& d = options_.config.data;
+  STRATA_ASSIGN_OR_RETURN(storage::LabeledDataset test,
+                          storage::LoadIdxDataset(options_.fs, d.test_images, d.test_labels));
+  if (test.feature_dim != train_.feature_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        d.test_images, ": ", test.feature_dim, " features, training set has ",
+        train_.feature_dim));
+  }
+  STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &model_->params()).status());
+  double loss = 0;
+  int64_t correct = 0;
+  const int chunk = 1000;
+  for (int64_t b = 0; b < test.num_examples; b += chunk) {
+    const int n = static_cast<int>(std::min<int64_t>(chunk, test.num_examples - b));
+    model_->Evaluate(test.features.data() + b * test.feature_dim,
+                     test.labels.data() + b, n, &loss, &correct);
+  }
+  const double acc = static_cast<double>(correct) / test.num_examples;
+  LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f over %d examples",
+                               acc, loss / test.num_examples, test.num_examples);
+  ReportProgress(true, acc, loss / test.num_examples);
+  return absl::OkStatus();
+}
+
+}  // namespace strata::worker

@@ -1,0 +1,135 @@
+// The worker daemon's library: registers with the master, heartbeats,
+// leases data tasks, trains the model with pull -> compute -> push steps,
+// reports progress, and evaluates the final model when asked.
+#ifndef STRATA_WORKER_WORKER_H_
+#define STRATA_WORKER_WORKER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/config.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/strata.grpc.pb.h"
+#include "storage/file_system.h"
+#include "storage/idx_reader.h"
+#include "transport/transport.h"
+#include "worker/device.h"
+#include "worker/mlp.h"
+#include "worker/param_client.h"
+
+namespace strata::worker {
+
+// Where the worker's data tasks come from: the master in production, a fixed
+// list in tests. Called from the training thread only.
+class TaskSource {
+ public:
+  struct Lease {
+    proto::LeaseTaskResponse::Outcome outcome;
+    proto::DataTask task;
+    uint64_t min_version = 0;
+  };
+  virtual ~TaskSource() = default;
+  virtual absl::StatusOr<Lease> Next() = 0;
+  virtual absl::Status Complete(const proto::DataTask& task, int64_t records,
+                                uint64_t last_step) = 0;
+};
+
+struct WorkerOptions {
+  JobConfig config;
+  std::string master_address;      // "host:port"
+  int index = 0;                   // instance index
+  std::string host = "127.0.0.1";  // advertised / HTTP bind address
+  int http_port = 0;               // 0 = any, -1 = off
+  transport::TransportOptions transport;
+  storage::FileSystem* fs = nullptr;  // borrowed, required
+  // Optional: replaces the master as the source of data tasks (tests).
+  std::unique_ptr<TaskSource> task_source;
+  bool shuffle_within_task = true;
+  absl::Duration register_timeout = absl::Seconds(60);
+};
+
+// Thread-safe where noted: Run() on one thread; Shutdown() from any.
+class Worker {
+ public:
+  // Loads the training set. Errors name the data file.
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(WorkerOptions options);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // HTTP endpoint, registration, heartbeats.
+  absl::Status Start();
+  // Trains until the master says the job is done (or the task source runs
+  // dry). Returns the first unrecoverable error.
+  absl::Status Run();
+  // Stops Run() at the next step and the background threads.
+  void Shutdown();
+
+  uint32_t node_id() const { return node_id_; }
+  int http_port() const { return http_.port(); }
+  // Pulls the current parameters (all tables).
+  absl::StatusOr<std::vector<std::vector<float>>> PullParams(uint64_t min_version = 0);
+
+  struct Stats {
+    uint64_t steps = 0;
+    uint64_t samples = 0;
+    uint64_t last_step = 0;
+    uint64_t stale_pushes = 0;
+    double busy_seconds = 0;
+    double comm_seconds = 0;
+    double recent_loss = 0;
+  };
+  Stats stats() const;
+
+ private:
+  class MasterTaskSource;
+  explicit Worker(WorkerOptions options, storage::LabeledDataset train);
+  absl::Status WaitForReadyView();
+  absl::Status TrainTask(const proto::DataTask& task);
+  absl::Status Evaluate(uint64_t min_version);
+  void ReportProgress(bool has_eval, double accuracy, double test_loss);
+  void HeartbeatLoop();
+  absl::StatusOr<proto::ClusterView> FetchView();
+
+  WorkerOptions options_;
+  storage::LabeledDataset train_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::shared_ptr<grpc::Channel> master_channel_;
+  std::unique_ptr<proto::Master::Stub> master_;
+  std::unique_ptr<ParamClient> params_;
+  std::unique_ptr<TaskSource> tasks_;
+  HttpServer http_;
+  MetricsRegistry metrics_;
+
+  std::atomic<uint32_t> node_id_{0};
+  std::atomic<bool> declared_dead_{false};
+  uint64_t next_step_ = 0;   // training thread only
+  int current_epoch_ = 0;    // training thread only
+  absl::Time window_start_;  // training thread only: throughput window
+  uint64_t window_samples_ = 0;
+  double window_loss_ = 0;
+  uint64_t window_steps_ = 0;
+  double recent_sps_ = 0;
+
+  mutable absl::Mutex mu_;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<bool> shutdown_{false};
+  absl::Notification stop_;
+  std::thread heartbeat_;
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_WORKER_H_

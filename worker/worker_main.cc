@@ -1,0 +1,68 @@
+// strata-worker: trains on leased data tasks, pulling parameters and pushing
+// gradients; evaluates the final model when the master asks.
+#include <memory>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+
+#include "common/config.h"
+#include "common/daemon.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "storage/file_system.h"
+#include "worker/worker.h"
+
+DEFINE_string(config, "", "job config (YAML), required");
+DEFINE_string(master, "", "master address host:port, required");
+DEFINE_int32(index, 0, "instance index of this worker (0-based)");
+DEFINE_string(host, "127.0.0.1", "address to advertise and bind HTTP on");
+DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.worker_http + index; -1 = off)");
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("strata-worker --config C --master HOST:PORT --index I");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  strata::InitDaemon(argv[0]);
+
+  auto config = strata::LoadJobConfig(FLAGS_config);
+  if (!config.ok()) {
+    LOG(ERROR) << config.status().message();
+    return 2;
+  }
+  auto fs = strata::storage::NewPosixFileSystem();
+  strata::worker::WorkerOptions opts;
+  opts.config = *config;
+  opts.master_address = FLAGS_master;
+  opts.index = FLAGS_index;
+  opts.host = FLAGS_host;
+  opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port
+                                         : config->cluster.ports.worker_http + FLAGS_index;
+  opts.transport.kind = config->cluster.transport;
+  opts.fs = fs.get();
+
+  auto worker = strata::worker::Worker::Create(std::move(opts));
+  if (!worker.ok()) {
+    LOG(ERROR) << "cannot start worker: " << worker.status().message();
+    return 1;
+  }
+  if (auto s = (*worker)->Start(); !s.ok()) {
+    LOG(ERROR) << "cannot start worker: " << s.message();
+    return 1;
+  }
+  // Training runs on its own thread so a signal can stop it between steps.
+  absl::Status result;
+  absl::Notification finished;
+  std::thread trainer([&] {
+    result = (*worker)->Run();
+    finished.Notify();
+  });
+  const int sig = strata::WaitForTerminationSignal([&] { return finished.HasBeenNotified(); });
+  if (sig != 0) LOG(INFO) << "signal received; stopping";
+  (*worker)->Shutdown();
+  trainer.join();
+  (*worker)->Shutdown();
+  if (!result.ok() && sig == 0) {
+    LOG(ERROR) << "worker failed: " << result.message();
+    return 1;
+  }
+  return 0;
+}

@@ -23,6 +23,7 @@
 #   --timeout S     give up (and fail) after S seconds (default 3600)
 #   --bin-dir B     where the strata binaries are (default build/bin)
 #   --remote-cmd C  command to run things on remote hosts
+#   --remote-all    use the remote command for local hosts too
 #   --quiet         do not stream the workers' progress lines
 set -euo pipefail
 
@@ -30,7 +31,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
-CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0
+CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0
 BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
 REMOTE_CMD="${STRATA_REMOTE_CMD:-ssh -o BatchMode=yes}"
 
@@ -45,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --bin-dir) BIN_DIR="$2"; shift 2 ;;
     --remote-cmd) REMOTE_CMD="$2"; shift 2 ;;
+    --remote-all) REMOTE_ALL=1; shift ;;
     --quiet) QUIET=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -55,6 +57,7 @@ STRATA="$BIN_DIR/strata"
 abspath() { (cd "$(dirname "$1")" && echo "$(pwd)/$(basename "$1")"); }
 
 is_local() {
+  [[ $REMOTE_ALL -eq 1 ]] && return 1
   case "$1" in
     localhost|LOCALHOST|127.*|::1) return 0 ;;
     *) return 1 ;;
@@ -209,11 +212,19 @@ do_run() {
              sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
     if [[ "$state" == "succeeded" ]]; then rc=0; break; fi
     if [[ "$state" == "failed" ]]; then rc=1; break; fi
-    # A job cannot go on when every pserver process has exited.
-    local any=0 f
-    for f in "$RUN_DIR"/pids/pserver-*; do daemon_alive "$f" && any=1 && break; done
-    if [[ $any -eq 0 ]]; then
-      echo "launch.sh: every pserver exited; see $RUN_DIR/logs/" >&2
+    # Partitions are not recovered yet (no replication or checkpoints), so
+    # the job cannot go on without any of its pservers; and a daemon that
+    # exits before the job runs (bad port, bad data) would stall bring-up.
+    local f name dead=""
+    for f in "$RUN_DIR"/pids/*; do
+      [[ -f "$f" ]] || continue
+      name="$(basename "$f")"
+      [[ "$name" == worker-* && "$state" != waiting && -n "$state" ]] && continue
+      daemon_alive "$f" || { dead="$name"; break; }
+    done
+    if [[ -n "$dead" ]]; then
+      echo "launch.sh: $dead exited (job state: ${state:-unknown}); its log ends:" >&2
+      tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
       rc=1; break
     fi
     if (( $(date +%s) - start > TIMEOUT )); then

@@ -97,8 +97,7 @@ Worker::Stats Worker::stats() const {
 absl::Status Worker::Start() {
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
   if (options_.http_port >= 0) {
-    Counter* unused = metrics_.GetCounter("strata_worker_up", "1 while the worker runs");
-    unused->Increment();
+    metrics_.GetGauge("strata_worker_up", "1 while the worker runs")->Set(1);
     auto stat = [this](double Stats::*field) {
       return [this, field]() { return stats().*field; };
     };

@@ -19,9 +19,9 @@ pick_port_base() {
   echo "$base"
 }
 
-# write_config FILE CONSISTENCY EPOCHS PORT_BASE [extra yaml lines for job:]
+# write_config FILE CONSISTENCY EPOCHS PORT_BASE [TRAIN_LIMIT]
 write_config() {
-  local file="$1" consistency="$2" epochs="$3" base="$4"
+  local file="$1" consistency="$2" epochs="$3" base="$4" limit="${5:-0}"
   cat > "$file" <<YAML
 job:
   name: e2e-$consistency
@@ -42,6 +42,7 @@ data:
   test_images: $FMNIST/t10k-images-idx3-ubyte.gz
   test_labels: $FMNIST/t10k-labels-idx1-ubyte.gz
   task_records: 2000
+  train_limit: $limit
 cluster:
   transport: tcp
   slice_bytes: 131072

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# launch.sh's life cycle: remote hosts through a pluggable remote command,
+# an interrupted run, and a daemon that dies mid-job. In every case nothing
+# may be left running afterwards.
+BUILD_DIR="$1"
+source "$(dirname "$0")/lib.sh"
+[[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
+work="$(mktemp -d /tmp/strata-e2e-life-XXXXXX)"
+trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
+
+# 1. Every host through the remote command (a stand-in for ssh that records
+#    the host it was given and runs the command here).
+cat > "$work/fake-ssh" <<SH
+#!/usr/bin/env bash
+echo "\$1" >> "$work/remote.log"
+shift
+exec bash -c "\$*"
+SH
+chmod +x "$work/fake-ssh"
+write_config "$work/small.yaml" bsp 1 "$(pick_port_base)" 8000
+"$ROOT/scripts/launch.sh" run --config "$work/small.yaml" --hosts "$work/hosts" \
+  --run-dir "$work/remote" --bin-dir "$BUILD_DIR/bin" --remote-all \
+  --remote-cmd "$work/fake-ssh" --quiet --timeout 300 || fail "remote run failed"
+[[ "$(json_field "$work/remote/summary.json" state)" == succeeded ]] || fail "remote run did not succeed"
+n="$(grep -c '^127.0.0.1$' "$work/remote.log")"
+(( n >= 5 )) || fail "remote command used $n times, expected >= 5 (one per daemon)"
+assert_nothing_left "$work/remote"
+echo "ok: remote command used $n times"
+
+# wait_running ADDR: until the job has trained some samples (bounded).
+wait_running() {
+  for _ in $(seq 1 300); do
+    if "$STRATA" status --master "$1" --json 2>/dev/null | grep -qE '"samples": "[1-9]'; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  fail "job at $1 did not start training"
+}
+
+# 2. SIGTERM to launch.sh run: it stops the cluster and exits non-zero.
+base="$(pick_port_base)"
+write_config "$work/long.yaml" bsp 50 "$base"
+"$ROOT/scripts/launch.sh" run --config "$work/long.yaml" --hosts "$work/hosts" \
+  --run-dir "$work/int" --bin-dir "$BUILD_DIR/bin" --quiet > "$work/int.out" 2>&1 &
+launcher=$!
+wait_running "127.0.0.1:$base"
+kill -TERM "$launcher"
+for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$launcher" 2>/dev/null && fail "launch.sh still running 30 s after SIGTERM"
+set +e; wait "$launcher"; rc=$?; set -e
+(( rc != 0 )) || fail "interrupted run exited 0"
+assert_nothing_left "$work/int"
+echo "ok: interrupted run exited $rc, nothing left"
+
+# 3. A pserver killed mid-job: the run fails (partitions are not recovered
+#    yet), says which daemon died, and stops the rest.
+base="$(pick_port_base)"
+write_config "$work/long2.yaml" bsp 50 "$base"
+"$ROOT/scripts/launch.sh" run --config "$work/long2.yaml" --hosts "$work/hosts" \
+  --run-dir "$work/kill" --bin-dir "$BUILD_DIR/bin" --quiet > "$work/kill.out" 2>&1 &
+launcher=$!
+wait_running "127.0.0.1:$base"
+read -r _ pid < "$work/kill/pids/pserver-0"
+kill -KILL "$pid"
+for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$launcher" 2>/dev/null && fail "launch.sh did not notice the dead pserver within 30 s"
+set +e; wait "$launcher"; rc=$?; set -e
+cat "$work/kill.out"
+(( rc != 0 )) || fail "run with a dead pserver exited 0"
+grep -q "pserver-0 exited" "$work/kill.out" || fail "launch.sh did not name the dead pserver"
+assert_nothing_left "$work/kill"
+echo "PASS"

@@ -81,7 +81,7 @@ TEST_P(BspSyncTest, TwoWorkersAtBatchBEqualOneWorkerAtBatch2B) {
     }
   }
   EXPECT_GT(init, 1e-3) << "biases did not move: no training happened";
-  EXPECT_LT(max_diff, 1e-4) << "largest parameter difference";
+  EXPECT_LT(max_diff, 1e-5) << "largest parameter difference";
   RecordProperty("max_param_diff", std::to_string(max_diff));
   std::printf("largest parameter difference after %d steps: %.3g\n", kSteps, max_diff);
 }

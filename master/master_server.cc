@@ -232,6 +232,17 @@ void MasterServer::Tick() {
                          << " returned to the queue";
           }
         }
+        if (n.role() == proto::PSERVER && placed_ && !IsTerminal(job_state_)) {
+          int owned = 0;
+          for (const auto& p : view_.partitions()) owned += p.owner() == n.id();
+          if (owned > 0) {
+            // Partitions are not recovered yet (replication and checkpoints
+            // come later): the job cannot go on without them.
+            FinishJobLocked("failed", absl::StrCat(
+                "pserver ", n.index(), " (node ", n.id(), ", ", n.host(),
+                ") died with ", owned, " partition(s) and no replica"));
+          }
+        }
         changed = true;
       }
     }
@@ -383,6 +394,8 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
         "node ", req.node_id(), " was declared dead; it must register again"));
   }
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
+  // A live worker keeps its data-task leases.
+  if (n->role() == proto::WORKER) tasks_.RenewLeases(n->id(), clock_->Now());
   proto::HeartbeatResponse resp;
   resp.set_epoch(view_.epoch());
   resp.set_job_state(job_state_);
@@ -456,6 +469,11 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
         "node ", n->id(), " reported a test accuracy but is not the evaluator"));
   }
   workers_[n->id()].last = req;
+  if (!req.error().empty() && !IsTerminal(job_state_)) {
+    FinishJobLocked("failed", absl::StrCat("worker ", n->index(), " (node ", n->id(),
+                                           "): ", req.error()));
+    return absl::OkStatus();
+  }
   if (req.has_test_accuracy()) {
     has_accuracy_ = true;
     test_accuracy_ = req.test_accuracy();
@@ -545,7 +563,9 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_samples(samples);
   js.set_loss(n_loss ? loss_sum / n_loss : 0);
   const absl::Time end = IsTerminal(job_state_) ? end_time_ : clock_->Now();
-  const double wall = job_state_ == "waiting" ? 0 : absl::ToDoubleSeconds(end - start_time_);
+  const double wall = start_time_ == absl::InfinitePast()
+                          ? 0
+                          : absl::ToDoubleSeconds(end - start_time_);
   js.set_wall_seconds(wall);
   js.set_samples_per_sec(IsTerminal(job_state_) || sps == 0
                              ? (wall > 0 ? samples / wall : 0)
@@ -583,7 +603,7 @@ std::string MasterServer::SummaryJsonLocked() const {
       "  \"comm_share\": %.4f,\n  \"wall_seconds\": %.3f,\n"
       "  \"tasks_total\": %d,\n  \"tasks_done\": %d,\n"
       "  \"workers\": [\n%s\n  ]\n}\n",
-      js.name(), js.state(), JsonEscape(js.message()), js.consistency(),
+      JsonEscape(js.name()), js.state(), JsonEscape(js.message()), js.consistency(),
       js.epochs(), js.test_accuracy(), test_loss_, js.steps(), js.samples(),
       js.samples_per_sec(), js.comm_share(), js.wall_seconds(), js.tasks_total(),
       js.tasks_done(), workers);

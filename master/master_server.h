@@ -106,7 +106,7 @@ class MasterServer {
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
   std::string job_state_ ABSL_GUARDED_BY(mu_) = "waiting";
   std::string job_message_ ABSL_GUARDED_BY(mu_);
-  absl::Time start_time_ ABSL_GUARDED_BY(mu_);
+  absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
   uint32_t evaluator_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_last_step_ ABSL_GUARDED_BY(mu_) = 0;

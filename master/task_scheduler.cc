@@ -57,6 +57,12 @@ absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id) {
   return absl::OkStatus();
 }
 
+void TaskScheduler::RenewLeases(uint32_t node, absl::Time now) {
+  for (auto& [id, lease] : leases_) {
+    if (lease.node == node) lease.expires = now + lease_timeout_;
+  }
+}
+
 int TaskScheduler::ReleaseNode(uint32_t node) {
   int n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {

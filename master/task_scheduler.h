@@ -30,6 +30,8 @@ class TaskScheduler {
   // leased to `node` (its lease expired and went elsewhere). Completing a
   // completed task again is OK (idempotent).
   absl::Status Complete(uint32_t node, uint64_t task_id);
+  // Extends all of `node`'s leases to now + lease_timeout (the node is alive).
+  void RenewLeases(uint32_t node, absl::Time now);
   // Returns all of `node`'s leases to the front of the queue; their count.
   int ReleaseNode(uint32_t node);
   // Returns expired leases to the queue; their count.

@@ -59,6 +59,7 @@ std::string PServer::admin_address() const {
 }
 
 absl::Status PServer::Start() {
+  RegisterMetrics();  // before Listen: request handlers use the counters
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
   STRATA_RETURN_IF_ERROR(transport_->Listen(
       options_.host, options_.data_port,
@@ -74,7 +75,6 @@ absl::Status PServer::Start() {
   if (admin_server_ == nullptr || admin_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("pserver: cannot listen on ", addr));
   }
-  RegisterMetrics();
   if (options_.http_port >= 0) {
     http_.Handle("/metrics", [this](const HttpRequest&) {
       return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};

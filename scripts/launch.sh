@@ -32,6 +32,7 @@ cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
 CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0
+STARTED=0  # set once this invocation has started a daemon
 BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
 REMOTE_CMD="${STRATA_REMOTE_CMD:-ssh -o BatchMode=yes}"
 
@@ -79,6 +80,7 @@ start_daemon() {
   local log="$RUN_DIR/logs/$role-$index.log"
   local quoted; quoted="$(printf '%q ' "$@")"
   local pid
+  STARTED=1
   pid="$(on_host "$host" "mkdir -p '$RUN_DIR/logs' && { OPENBLAS_NUM_THREADS=1 nohup $quoted > '$log' 2>&1 < /dev/null & echo \$!; }")"
   echo "$host $pid" > "$RUN_DIR/pids/$role-$index"
 }
@@ -133,7 +135,10 @@ do_up() {
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
     --summary "$RUN_DIR/summary.json"
-  wait_for_master || return 1
+  if ! wait_for_master; then
+    do_down
+    return 1
+  fi
   local master; master="$(master_address)"
   while read -r role index host port data_port http_port; do
     case "$role" in
@@ -191,7 +196,10 @@ do_run() {
       wait "$progress_pid" 2>/dev/null || true
       progress_pid=""
     fi
-    [[ -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]] && do_down || true
+    # Only a cluster this invocation started: never one found in --run-dir.
+    if [[ $STARTED -eq 1 && -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]]; then
+      do_down || true
+    fi
   }
   trap 'cleanup; exit 130' INT TERM
   trap cleanup EXIT

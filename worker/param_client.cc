@@ -53,46 +53,57 @@ absl::StatusOr<std::shared_ptr<transport::Connection>> ParamClient::ConnectionTo
   return conn;
 }
 
+namespace {
+
+// Results of one round of requests. Shared with the transport callbacks, so
+// a callback arriving after the round gave up writes here, not into a dead
+// stack frame.
+struct Round {
+  explicit Round(size_t n) : results(n), outstanding(static_cast<int>(n)) {}
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
+  int outstanding ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace
+
 absl::Status ParamClient::CallAll(
     const std::function<Message(const Route&)>& make_request,
     const std::function<absl::Status(const Route&, const Message&)>& on_response) {
   const absl::Time deadline = absl::Now() + request_timeout_;
-  std::vector<Route> routes;
+  std::map<uint32_t, Route> routes;  // by partition id
   uint64_t epoch;
-  {
+  auto load_routes = [&]() {
     absl::MutexLock l(&mu_);
-    routes = routes_;
+    routes.clear();
+    for (const Route& r : routes_) routes[r.partition] = r;
     epoch = epoch_;
-  }
+  };
+  load_routes();
   if (routes.empty()) return absl::FailedPreconditionError("no partitions in the cluster view");
-  std::vector<uint32_t> pending;  // indices into routes
-  for (uint32_t i = 0; i < routes.size(); ++i) pending.push_back(i);
+  std::vector<uint32_t> pending;  // partition ids
+  for (const auto& [id, r] : routes) pending.push_back(id);
 
   for (int attempt = 0; !pending.empty(); ++attempt) {
     if (cancelled_) return absl::CancelledError("parameter client cancelled");
     if (absl::Now() > deadline) {
+      const Route& r = routes[pending[0]];
       return absl::DeadlineExceededError(absl::StrCat(
           pending.size(), " partition request(s) unanswered after ",
           absl::FormatDuration(request_timeout_), "; first: partition ",
-          routes[pending[0]].partition, " at ", routes[pending[0]].address));
+          r.partition, " at ", r.address));
     }
-    absl::Mutex done_mu;
-    int outstanding = static_cast<int>(pending.size());
-    std::vector<Outcome> outcomes(pending.size());
+    auto round = std::make_shared<Round>(pending.size());
     for (size_t j = 0; j < pending.size(); ++j) {
       const Route& r = routes[pending[j]];
       Message req = make_request(r);
       req.header.sender_id = node_id_;
       req.header.epoch = epoch;
       req.header.partition = r.partition;
-      auto finish = [&, j](absl::StatusOr<Message> resp) {
-        absl::MutexLock l(&done_mu);
-        if (resp.ok()) {
-          outcomes[j].response = std::move(*resp);
-        } else {
-          outcomes[j].status = resp.status();
-        }
-        --outstanding;
+      auto finish = [round, j](absl::StatusOr<Message> resp) {
+        absl::MutexLock l(&round->mu);
+        round->results[j] = std::move(resp);
+        --round->outstanding;
       };
       auto conn = ConnectionTo(r.address);
       if (!conn.ok()) {
@@ -101,36 +112,46 @@ absl::Status ParamClient::CallAll(
       }
       (*conn)->Call(std::move(req), finish);
     }
+    std::vector<absl::StatusOr<Message>> results;
     {
-      absl::MutexLock l(&done_mu);
-      auto all_done = [&]() { return outstanding == 0; };
-      if (!done_mu.AwaitWithDeadline(absl::Condition(&all_done), deadline)) {
-        // Callbacks still reference locals: wait for them before leaving.
-        // Transports fail pending calls on their own timeouts/shutdown.
-        done_mu.Await(absl::Condition(&all_done));
+      absl::MutexLock l(&round->mu);
+      auto all_done = [&round]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(round->mu) {
+        return round->outstanding == 0;
+      };
+      // Wake up now and then to notice Cancel().
+      while (!round->mu.AwaitWithDeadline(
+          absl::Condition(&all_done), std::min(deadline, absl::Now() + absl::Milliseconds(200)))) {
+        if (cancelled_) return absl::CancelledError("parameter client cancelled");
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              round->outstanding, " partition request(s) unanswered after ",
+              absl::FormatDuration(request_timeout_), " (first: partition ",
+              routes[pending[0]].partition, " at ", routes[pending[0]].address, ")"));
+        }
       }
+      results = std::move(round->results);
     }
     std::vector<uint32_t> retry;
     bool refresh = false;
     for (size_t j = 0; j < pending.size(); ++j) {
       const Route& r = routes[pending[j]];
-      Outcome& o = outcomes[j];
-      if (!o.status.ok()) {  // connection-level failure: reconnect and retry
+      const absl::StatusOr<Message>& o = results[j];
+      if (!o.ok()) {  // connection-level failure: reconnect and retry
         LOG_EVERY_N(WARNING, 20) << "partition " << r.partition << " at " << r.address
-                                 << ": " << o.status << "; retrying";
+                                 << ": " << o.status() << "; retrying";
         retry.push_back(pending[j]);
         continue;
       }
-      absl::Status s = transport::ResponseStatus(o.response);
+      absl::Status s = transport::ResponseStatus(*o);
       if (s.ok()) {
-        STRATA_RETURN_IF_ERROR(on_response(r, o.response));
-      } else if (absl::IsFailedPrecondition(s) && o.response.header.epoch > epoch) {
+        STRATA_RETURN_IF_ERROR(on_response(r, *o));
+      } else if (absl::IsFailedPrecondition(s) && o->header.epoch > epoch) {
         refresh = true;  // our view is stale
         retry.push_back(pending[j]);
       } else if (absl::IsUnavailable(s)) {
         retry.push_back(pending[j]);  // pserver behind on the view, or not ready
       } else {
-        STRATA_RETURN_IF_ERROR(on_response(r, o.response));
+        STRATA_RETURN_IF_ERROR(on_response(r, *o));
       }
     }
     pending.swap(retry);
@@ -138,9 +159,13 @@ absl::Status ParamClient::CallAll(
     if (refresh) {
       STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, refresh_view_());
       SetView(view);
-      absl::MutexLock l(&mu_);
-      routes = routes_;  // owners may have moved
-      epoch = epoch_;
+      load_routes();  // owners may have moved
+      for (uint32_t id : pending) {
+        if (routes.count(id) == 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "partition ", id, " is no longer in the cluster view"));
+        }
+      }
     } else {
       absl::SleepFor(absl::Milliseconds(std::min(200, 10 * (attempt + 1))));
     }

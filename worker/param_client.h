@@ -62,10 +62,6 @@ class ParamClient {
     uint64_t length;
     std::string address;
   };
-  struct Outcome {
-    absl::Status status;
-    transport::Message response;
-  };
   // Sends one request per route (built by make_request) with retries on
   // stale epochs, lagging pservers and broken connections.
   absl::Status CallAll(

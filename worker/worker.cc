@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -20,10 +21,9 @@ class Worker::MasterTaskSource : public TaskSource {
     proto::LeaseTaskRequest req;
     req.set_node_id(w_->node_id_);
     proto::LeaseTaskResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    STRATA_RETURN_IF_ERROR(FromGrpcStatus(w_->master_->LeaseTask(&ctx, req, &resp),
-                                          "master " + w_->options_.master_address));
+    STRATA_RETURN_IF_ERROR(w_->CallMaster([&](grpc::ClientContext* ctx) {
+      return w_->master_->LeaseTask(ctx, req, &resp);
+    }));
     return Lease{resp.outcome(), resp.task(), resp.min_version()};
   }
   absl::Status Complete(const proto::DataTask& task, int64_t records,
@@ -34,19 +34,40 @@ class Worker::MasterTaskSource : public TaskSource {
     req.set_records(records);
     req.set_last_step(last_step);
     proto::CompleteTaskResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return FromGrpcStatus(w_->master_->CompleteTask(&ctx, req, &resp),
-                          "master " + w_->options_.master_address);
+    return w_->CallMaster([&](grpc::ClientContext* ctx) {
+      return w_->master_->CompleteTask(ctx, req, &resp);
+    });
   }
 
  private:
   Worker* const w_;  // owns this source
 };
 
+namespace {
+
+absl::Status CheckLabelsFor(const storage::LabeledDataset& data, const std::string& file,
+                            const ModelSection& model) {
+  const int classes = model.layers.back();
+  for (int64_t i = 0; i < data.num_examples; ++i) {
+    if (data.labels[i] < 0 || data.labels[i] >= classes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": record ", i, " has label ", data.labels[i], " outside [0, ", classes,
+          ") (the last entry of model.layers)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Worker::CheckLabels(const storage::LabeledDataset& data,
+                                 const std::string& file) const {
+  return CheckLabelsFor(data, file, options_.config.model);
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (options.fs == nullptr) return absl::InvalidArgumentError("WorkerOptions.fs is required");
-  if (options.master_address.empty() && options.task_source == nullptr) {
+  if (options.master_address.empty()) {
     return absl::InvalidArgumentError("worker: master address is required");
   }
   STRATA_RETURN_IF_ERROR(ParseActivation(options.config.model.activation).status());
@@ -59,13 +80,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
         d.train_images, ": examples have ", train.feature_dim,
         " features but model.layers[0] is ", options.config.model.layers.front()));
   }
-  for (int32_t label : train.labels) {
-    if (label < 0 || label >= options.config.model.layers.back()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          d.train_labels, ": label ", label, " outside [0, ",
-          options.config.model.layers.back(), ") of model.layers' last entry"));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(CheckLabelsFor(train, d.train_labels, options.config.model));
   return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(train)));
 }
 
@@ -125,16 +140,13 @@ absl::Status Worker::Start() {
           200, "application/json",
           absl::StrFormat("{\"node_id\": %d, \"index\": %d, \"steps\": %d, "
                           "\"samples\": %d, \"last_step\": %d, \"loss\": %.5f, "
-                          "\"comm_share\": %.4f, \"view_epoch\": %d}\n",
+                          "\"comm_share\": %.4f}\n",
                           node_id_.load(), options_.index, s.steps, s.samples,
                           s.last_step, s.recent_loss,
-                          s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0.0,
-                          params_ ? params_->epoch() : 0)};
+                          s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0.0)};
     });
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
-  if (options_.master_address.empty()) return absl::OkStatus();
-
   master_channel_ = grpc::CreateChannel(options_.master_address,
                                         grpc::InsecureChannelCredentials());
   master_ = proto::Master::NewStub(master_channel_);
@@ -170,13 +182,28 @@ absl::Status Worker::Start() {
   return absl::OkStatus();
 }
 
+absl::Status Worker::CallMaster(
+    const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(options_.config.cluster.request_timeout_ms);
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    absl::Status s = FromGrpcStatus(call(&ctx), "master " + options_.master_address);
+    const bool transient = absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+    if (!transient || absl::Now() + backoff > deadline || stop_.HasBeenNotified()) return s;
+    LOG_EVERY_N(WARNING, 5) << s << "; retrying";
+    stop_.WaitForNotificationWithTimeout(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
 absl::StatusOr<proto::ClusterView> Worker::FetchView() {
   proto::ClusterView view;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  STRATA_RETURN_IF_ERROR(FromGrpcStatus(
-      master_->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
-      "master " + options_.master_address));
+  STRATA_RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
+    return master_->GetClusterView(ctx, proto::GetClusterViewRequest(), &view);
+  }));
   return view;
 }
 
@@ -213,12 +240,46 @@ absl::Status Worker::WaitForReadyView() {
   while (!stop_.HasBeenNotified()) {
     STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, FetchView());
     if (view.ready()) {
+      STRATA_RETURN_IF_ERROR(CheckViewMatchesModel(view));
       params_->SetView(view);
       return absl::OkStatus();
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
   return absl::CancelledError("worker shut down");
+}
+
+absl::Status Worker::CheckViewMatchesModel(const proto::ClusterView& view) const {
+  const std::vector<TableSpec> mine = ModelTables(options_.config.model);
+  std::string mismatch;
+  if (static_cast<size_t>(view.tables_size()) != mine.size()) {
+    mismatch = absl::StrCat(mine.size(), " tables here, ", view.tables_size(), " in the job");
+  }
+  for (size_t i = 0; mismatch.empty() && i < mine.size(); ++i) {
+    if (view.tables(i).name() != mine[i].name ||
+        view.tables(i).num_elements() != mine[i].num_elements()) {
+      mismatch = absl::StrCat("table ", i, " is ", mine[i].name, " of ",
+                              mine[i].num_elements(), " elements here, ",
+                              view.tables(i).name(), " of ",
+                              view.tables(i).num_elements(), " in the job");
+    }
+  }
+  if (!mismatch.empty()) {
+    // FailedPrecondition: this worker is misconfigured, the job is not.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.layers of ",
+        options_.config.source.empty() ? "the worker's config" : options_.config.source,
+        " does not match the job at master ", options_.master_address, " (", mismatch,
+        "): the worker and the master must use the same model config"));
+  }
+  for (const auto& p : view.partitions()) {
+    if (p.table_id() >= mine.size() || p.offset() + p.length() > mine[p.table_id()].num_elements()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cluster view from master ", options_.master_address, ": partition ", p.id(),
+          " lies outside its table"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Worker::PullParams(uint64_t min_version) {
@@ -228,6 +289,16 @@ absl::StatusOr<std::vector<std::vector<float>>> Worker::PullParams(uint64_t min_
 }
 
 absl::Status Worker::Run() {
+  absl::Status s = RunLoop();
+  if (absl::IsInvalidArgument(s) || absl::IsDataLoss(s) || absl::IsNotFound(s)) {
+    // Bad input stops every worker the same way: tell the master so the
+    // job fails with the real cause.
+    ReportProgress(false, 0, 0, std::string(s.message()));
+  }
+  return s;
+}
+
+absl::Status Worker::RunLoop() {
   STRATA_RETURN_IF_ERROR(WaitForReadyView());
   window_start_ = absl::Now();
   while (!stop_.HasBeenNotified()) {
@@ -239,8 +310,16 @@ absl::Status Worker::Run() {
     switch (lease.outcome) {
       case proto::LeaseTaskResponse::TASK:
         STRATA_RETURN_IF_ERROR(TrainTask(lease.task));
-        STRATA_RETURN_IF_ERROR(tasks_->Complete(
-            lease.task, lease.task.end() - lease.task.begin(), stats().last_step));
+        if (absl::Status s = tasks_->Complete(
+                lease.task, lease.task.end() - lease.task.begin(), stats().last_step);
+            absl::IsFailedPrecondition(s)) {
+          // The lease went elsewhere (expired while the master could not
+          // hear us); the other holder completes it.
+          LOG(WARNING) << s;
+        } else if (!s.ok()) {
+          return s;
+        }
+        ReportProgress(false, 0, 0);
         break;
       case proto::LeaseTaskResponse::EVALUATE:
         ReportProgress(false, 0, 0);
@@ -314,7 +393,8 @@ absl::Status Worker::TrainTask(const proto::DataTask& task) {
   return absl::OkStatus();
 }
 
-void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss) {
+void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
+                            const std::string& error) {
   const absl::Time now = absl::Now();
   const double secs = absl::ToDoubleSeconds(now - window_start_);
   Stats s;
@@ -324,7 +404,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss) {
     s = stats_;
   }
   if (window_samples_ > 0 && secs > 0) recent_sps_ = window_samples_ / secs;
-  if (window_steps_ > 0) {
+  if (window_steps_ > 0 && error.empty()) {
     const double comm = s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0;
     LOG(INFO) << absl::StrFormat(
         "progress: worker %d epoch %d/%d step %d samples/s %.0f loss %.4f comm %.0f%%",
@@ -349,6 +429,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss) {
   req.set_has_test_accuracy(has_eval);
   req.set_test_accuracy(accuracy);
   req.set_test_loss(test_loss);
+  req.set_error(error);
   proto::ReportProgressResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -366,6 +447,7 @@ absl::Status Worker::Evaluate(uint64_t min_version) {
         d.test_images, ": ", test.feature_dim, " features, training set has ",
         train_.feature_dim));
   }
+  STRATA_RETURN_IF_ERROR(CheckLabels(test, d.test_labels));
   STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &model_->params()).status());
   double loss = 0;
   int64_t correct = 0;

@@ -5,6 +5,7 @@
 #define STRATA_WORKER_WORKER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -93,10 +94,20 @@ class Worker {
  private:
   class MasterTaskSource;
   explicit Worker(WorkerOptions options, storage::LabeledDataset train);
+  absl::Status RunLoop();
   absl::Status WaitForReadyView();
+  absl::Status CheckViewMatchesModel(const proto::ClusterView& view) const;
+  absl::Status CheckLabels(const storage::LabeledDataset& data,
+                           const std::string& file) const;
+  // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
+  // for up to cluster.request_timeout_ms.
+  absl::Status CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call);
   absl::Status TrainTask(const proto::DataTask& task);
   absl::Status Evaluate(uint64_t min_version);
-  void ReportProgress(bool has_eval, double accuracy, double test_loss);
+  // Logs a progress line and reports to the master; `error` non-empty
+  // reports a fatal input error instead.
+  void ReportProgress(bool has_eval, double accuracy, double test_loss,
+                      const std::string& error = "");
   void HeartbeatLoop();
   absl::StatusOr<proto::ClusterView> FetchView();
 

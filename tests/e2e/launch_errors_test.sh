@@ -38,4 +38,24 @@ echo "$out"
 [[ $rc -ne 0 ]] || fail "missing data file accepted"
 grep -q "no-such-file.gz" "$work/run3/logs/master-0.log" || fail "master log does not name the missing file"
 assert_nothing_left "$work"
+
+# `run` into the run dir of a live cluster refuses, and leaves that cluster
+# alone.
+write_config "$work/live.yaml" bsp 50 "$(pick_port_base)"
+"$ROOT/scripts/launch.sh" up --config "$work/live.yaml" --hosts "$work/hosts" \
+  --run-dir "$work/live" --bin-dir "$BUILD_DIR/bin"
+set +e
+out="$("$ROOT/scripts/launch.sh" run --config "$work/live.yaml" --hosts "$work/hosts" \
+  --run-dir "$work/live" --bin-dir "$BUILD_DIR/bin" 2>&1)"; rc=$?
+set -e
+echo "$out"
+[[ $rc -ne 0 ]] || fail "run into a live cluster's run dir accepted"
+grep -q "already has a running cluster" <<< "$out" || fail "no 'already has a running cluster' message"
+daemon_ok=1
+for f in "$work"/live/pids/*; do
+  read -r _ pid < "$f"; kill -0 "$pid" 2>/dev/null || daemon_ok=0
+done
+(( daemon_ok == 1 )) || fail "the refused run stopped the live cluster"
+"$ROOT/scripts/launch.sh" down --run-dir "$work/live"
+assert_nothing_left "$work"
 echo "PASS"

@@ -405,15 +405,61 @@ TEST_F(MasterServerTest, ExpiredTaskLeaseGoesBackToTheQueue) {
   StartRunningJob(&ps, &w);
   STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(w));
   ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK);
+  // The worker is silent for the lease timeout (1 s) but not yet dead (5 s):
+  // its lease expires and the task goes back to the queue.
   clock_.Advance(absl::Milliseconds(1000));
   ASSERT_THAT(Heartbeat(ps), IsOk());
-  ASSERT_THAT(Heartbeat(w), IsOk());
   master_->TickForTesting();
   EXPECT_EQ(StateOf(w), proto::ALIVE);
   EXPECT_THAT(Complete(w, lease.task().id(), 0),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   STRATA_ASSERT_OK_AND_ASSIGN(auto again, Lease(w));
   EXPECT_EQ(again.task().id(), lease.task().id());
+}
+
+TEST_F(MasterServerTest, HeartbeatsRenewTaskLeases) {
+  options_.config.cluster.task_lease_timeout_ms = 1000;
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(w));
+  ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK);
+  // A task that takes 3 s, with a heartbeat every 500 ms, keeps its lease.
+  for (int i = 0; i < 6; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    ASSERT_THAT(Heartbeat(ps), IsOk());
+    ASSERT_THAT(Heartbeat(w), IsOk());
+    master_->TickForTesting();
+  }
+  EXPECT_THAT(Complete(w, lease.task().id(), 0), IsOk());
+}
+
+TEST_F(MasterServerTest, DeadPserverWithPartitionsFailsTheJob) {
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  clock_.Advance(absl::Milliseconds(5001));
+  ASSERT_THAT(Heartbeat(w), IsOk());
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(ps), proto::DEAD);
+  const proto::JobStatus job = master_->GetStatus().job();
+  EXPECT_EQ(job.state(), "failed");
+  EXPECT_THAT(job.message(), HasSubstr("pserver 0"));
+  EXPECT_THAT(job.message(), HasSubstr("no replica"));
+}
+
+TEST_F(MasterServerTest, WorkerInputErrorFailsTheJobWithItsMessage) {
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  proto::ReportProgressRequest req;
+  req.set_node_id(w);
+  req.set_error("/data/t10k-labels: record 3 has label 12 outside [0, 10)");
+  ASSERT_THAT(master_->ReportProgress(req), IsOk());
+  const proto::JobStatus job = master_->GetStatus().job();
+  EXPECT_EQ(job.state(), "failed");
+  EXPECT_THAT(job.message(), HasSubstr("worker 0"));
+  EXPECT_THAT(job.message(), HasSubstr("record 3 has label 12"));
 }
 
 TEST_F(MasterServerTest, CompleteTaskErrors) {

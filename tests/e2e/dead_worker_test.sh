@@ -29,6 +29,22 @@ for i in $(seq 1 300); do
   sleep 0.1
 done
 (( n > 0 )) || fail "training did not start"
+
+# Every daemon serves /healthz, /metrics (Prometheus text) and /status (JSON).
+ports=$((base + 1)),$((base + 30)),$((base + 31)),$((base + 40)),$((base + 41))
+for port in ${ports//,/ }; do
+  [[ "$(curl -sf "http://127.0.0.1:$port/healthz")" == ok ]] || fail "/healthz on port $port"
+  curl -sf "http://127.0.0.1:$port/metrics" | grep -qE '^# TYPE strata_[a-z_]+ (gauge|counter)' ||
+    fail "/metrics on port $port is not Prometheus text"
+  curl -sf "http://127.0.0.1:$port/status" | python3 -c 'import json,sys; json.load(sys.stdin)' ||
+    fail "/status on port $port is not JSON"
+done
+curl -sf "http://127.0.0.1:$((base + 30))/metrics" | grep -qE '^strata_pserver_pushes_applied [1-9]' ||
+  fail "pserver 0 reports no applied pushes"
+curl -sf "http://127.0.0.1:$((base + 40))/metrics" | grep -qE '^strata_worker_samples [1-9]' ||
+  fail "worker 0 reports no samples"
+curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$((base + 1))/nope" | grep -q 404 ||
+  fail "unknown path is not 404"
 [[ "$(worker_state 1)" == ALIVE ]] || fail "worker 1 not ALIVE before the kill"
 
 read -r _ pid < "$work/run/pids/worker-1"

@@ -39,13 +39,19 @@ wait_running() {
   fail "job at $1 did not start training"
 }
 
+# start_long_run NAME: `launch.sh run` of a long job in the background, in
+# run dir $work/NAME; returns once it trains. Sets $launcher.
+start_long_run() {
+  local base; base="$(pick_port_base)"
+  write_config "$work/$1.yaml" bsp 50 "$base"
+  "$ROOT/scripts/launch.sh" run --config "$work/$1.yaml" --hosts "$work/hosts" \
+    --run-dir "$work/$1" --bin-dir "$BUILD_DIR/bin" --quiet > "$work/$1.out" 2>&1 &
+  launcher=$!
+  wait_running "127.0.0.1:$base"
+}
+
 # 2. SIGTERM to launch.sh run: it stops the cluster and exits non-zero.
-base="$(pick_port_base)"
-write_config "$work/long.yaml" bsp 50 "$base"
-"$ROOT/scripts/launch.sh" run --config "$work/long.yaml" --hosts "$work/hosts" \
-  --run-dir "$work/int" --bin-dir "$BUILD_DIR/bin" --quiet > "$work/int.out" 2>&1 &
-launcher=$!
-wait_running "127.0.0.1:$base"
+start_long_run int
 kill -TERM "$launcher"
 for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$launcher" 2>/dev/null && fail "launch.sh still running 30 s after SIGTERM"
@@ -56,12 +62,7 @@ echo "ok: interrupted run exited $rc, nothing left"
 
 # 3. A pserver killed mid-job: the run fails (partitions are not recovered
 #    yet), says which daemon died, and stops the rest.
-base="$(pick_port_base)"
-write_config "$work/long2.yaml" bsp 50 "$base"
-"$ROOT/scripts/launch.sh" run --config "$work/long2.yaml" --hosts "$work/hosts" \
-  --run-dir "$work/kill" --bin-dir "$BUILD_DIR/bin" --quiet > "$work/kill.out" 2>&1 &
-launcher=$!
-wait_running "127.0.0.1:$base"
+start_long_run kill
 read -r _ pid < "$work/kill/pids/pserver-0"
 kill -KILL "$pid"
 for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A worker killed mid-job is reported DEAD in the master's /status within
-# dead_timeout_ms (2 s here, checked with a 3 s margin for slow machines),
+# dead_timeout_ms (2 s here; checked with a wide margin, as a loaded 2-core
+# CI machine delays heartbeats and polls; the exact bound is checked with a
+# fake clock in master_server_test),
 # and in bsp the surviving worker keeps training (the step set shrinks).
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
@@ -51,17 +53,18 @@ read -r _ pid < "$work/run/pids/worker-1"
 kill -KILL "$pid"
 t0=$(date +%s.%N)
 dead=0
-for i in $(seq 1 100); do  # 10 s at most
+for i in $(seq 1 200); do  # 20 s at most
   if [[ "$(worker_state 1)" == DEAD ]]; then dead=1; break; fi
   sleep 0.1
 done
 t1=$(date +%s.%N)
 elapsed=$(python3 -c "print(round($t1 - $t0, 2))")
-(( dead == 1 )) || fail "worker 1 not reported DEAD within 10 s"
-python3 -c "import sys; sys.exit(0 if $elapsed <= 2.0 + 3.0 else 1)" ||
-  fail "worker 1 reported DEAD after ${elapsed}s (timeout 2 s + 3 s margin)"
-python3 -c "import sys; sys.exit(0 if $elapsed >= 1.5 else 1)" ||
-  fail "worker 1 reported DEAD after only ${elapsed}s, before the 2 s timeout"
+(( dead == 1 )) || fail "worker 1 not reported DEAD within 20 s"
+python3 -c "import sys; sys.exit(0 if $elapsed <= 2.0 + 8.0 else 1)" ||
+  fail "worker 1 reported DEAD after ${elapsed}s (timeout 2 s + 8 s margin)"
+# Its last heartbeat can precede the kill by an interval or so.
+python3 -c "import sys; sys.exit(0 if $elapsed >= 1.0 else 1)" ||
+  fail "worker 1 reported DEAD after only ${elapsed}s, well before the 2 s timeout"
 echo "worker 1 reported DEAD after ${elapsed}s"
 
 # /metrics says so too.

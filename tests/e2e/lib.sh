@@ -11,7 +11,7 @@ skip() { echo "SKIP: $*"; exit 77; }
 pick_port_base() {
   local base
   for _ in $(seq 1 50); do
-    base=$(( 20000 + (RANDOM % 400) * 100 ))
+    base=$(( 20000 + (RANDOM % 120) * 100 ))  # below the ephemeral range
     if ! ss -ltn 2>/dev/null | grep -qE ":($base|$((base+1))|$((base+10))|$((base+20))|$((base+30))|$((base+40)))\b"; then
       echo "$base"; return 0
     fi

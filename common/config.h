@@ -27,9 +27,12 @@ struct JobSection {
 };
 
 struct ModelSection {
-  std::string type = "mlp";                  // only "mlp" for now
+  std::string type = "mlp";                  // "mlp" (YAML); "dense" (programs)
   std::vector<int> layers{784, 256, 128, 10};  // >= 2 entries, each > 0
   std::string activation = "relu";           // relu | tanh | sigmoid
+  // type "dense" only, set by programs (bench/), not by YAML: one
+  // zero-initialised fp32 table "dense<i>" of dense_tables[i] elements each.
+  std::vector<uint64_t> dense_tables;
 };
 
 struct OptimizerSection {

@@ -12,6 +12,12 @@ uint64_t TableSpec::num_elements() const {
 
 std::vector<TableSpec> ModelTables(const ModelSection& model) {
   std::vector<TableSpec> tables;
+  if (model.type == "dense") {
+    for (size_t i = 0; i < model.dense_tables.size(); ++i) {
+      tables.push_back({absl::StrCat("dense", i), {model.dense_tables[i]}, "zeros", 1, 1});
+    }
+    return tables;
+  }
   for (size_t i = 0; i + 1 < model.layers.size(); ++i) {
     const uint64_t in = model.layers[i];
     const uint64_t out = model.layers[i + 1];

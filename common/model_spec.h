@@ -24,6 +24,7 @@ struct TableSpec {
 
 // Tables of an MLP with model.layers = [d0, d1, ..., dn]: for each layer i,
 // "fc<i>.weight" of shape {d_i, d_{i+1}} and "fc<i>.bias" of shape {d_{i+1}}.
+// For model.type "dense": "dense<i>" of shape {dense_tables[i]}, zeros.
 std::vector<TableSpec> ModelTables(const ModelSection& model);
 
 }  // namespace strata

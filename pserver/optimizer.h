@@ -17,9 +17,13 @@ namespace strata::pserver {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update of params[0..n) with gradient grad[0..n) (already averaged
-  // over the samples of the step). REQUIRES: n == the size given to Create.
-  virtual void Apply(float* params, const float* grad, size_t n) = 0;
+  // One update of params[0..n) with the gradient grad_scale * grad[0..n)
+  // (a partition passes its summed gradient and 1/samples, so no scaled
+  // copy is made). Loops are vectorised (AVX2 where the CPU has it).
+  // REQUIRES: n == the size given to Create; params and grad do not overlap.
+  virtual void Apply(float* params, const float* grad, float grad_scale, size_t n) = 0;
+  // Apply with grad_scale 1.
+  void Apply(float* params, const float* grad, size_t n) { Apply(params, grad, 1.f, n); }
   virtual const char* name() const = 0;
   // Bytes of optimizer state per parameter.
   virtual size_t state_bytes_per_param() const = 0;

@@ -32,24 +32,21 @@ Message Partition::PullResponseLocked(const transport::MessageHeader& req) const
   resp.header.type = MessageType::kPullResponse;
   resp.header.status = 0;
   resp.header.version = stats_.version;
-  resp.payload.assign(reinterpret_cast<const char*>(values_.data()),
-                      values_.size() * sizeof(float));
+  // Sent straight from the values, under the partition lock (see Send).
+  resp.payload_ref = reinterpret_cast<const char*>(values_.data());
+  resp.payload_ref_size = values_.size() * sizeof(float);
   return resp;
 }
 
 void Partition::Pull(const Message& request,
                      std::shared_ptr<transport::Responder> responder) {
-  std::vector<Reply> replies;
-  {
-    absl::MutexLock l(&mu_);
-    if (consistency_ == Consistency::kBsp && request.header.version > stats_.version) {
-      waiting_pulls_.emplace_back(request.header, std::move(responder));
-      return;
-    }
-    ++stats_.pulls_served;
-    replies.emplace_back(std::move(responder), PullResponseLocked(request.header));
+  absl::MutexLock l(&mu_);
+  if (consistency_ == Consistency::kBsp && request.header.version > stats_.version) {
+    waiting_pulls_.emplace_back(request.header, std::move(responder));
+    return;
   }
-  Send(&replies);
+  ++stats_.pulls_served;
+  responder->Respond(PullResponseLocked(request.header));
 }
 
 void Partition::Push(const Message& request,
@@ -114,15 +111,12 @@ void Partition::Push(const Message& request,
       reply(absl::OkStatus());
       MaybeCompleteStepLocked(&replies);
     }
+    Send(&replies);
   }
-  Send(&replies);
 }
 
 void Partition::ApplyLocked(const float* grad_sum, double count) {
-  std::vector<float> grad(length_);
-  const float inv = static_cast<float>(1.0 / count);
-  for (uint64_t i = 0; i < length_; ++i) grad[i] = grad_sum[i] * inv;
-  optimizer_->Apply(values_.data(), grad.data(), length_);
+  optimizer_->Apply(values_.data(), grad_sum, static_cast<float>(1.0 / count), length_);
   ++stats_.updates_applied;
   ++stats_.version;
 }
@@ -149,11 +143,9 @@ void Partition::MaybeCompleteStepLocked(std::vector<Reply>* replies) {
 
 void Partition::SetStepWorkers(const std::set<uint32_t>& workers) {
   std::vector<Reply> replies;
-  {
-    absl::MutexLock l(&mu_);
-    step_workers_ = workers;
-    if (consistency_ == Consistency::kBsp) MaybeCompleteStepLocked(&replies);
-  }
+  absl::MutexLock l(&mu_);
+  step_workers_ = workers;
+  if (consistency_ == Consistency::kBsp) MaybeCompleteStepLocked(&replies);
   Send(&replies);
 }
 

@@ -29,7 +29,8 @@ struct PartitionStats {
 };
 
 // Thread-safe: any transport thread may call Pull/Push concurrently.
-// Responses are sent after the partition lock is released.
+// Responses are sent while the partition lock is held: pull responses go
+// out straight from the values (no copy), which must not change meanwhile.
 class Partition {
  public:
   // `values` are the initial parameters (moved in); `optimizer` owned.
@@ -68,6 +69,7 @@ class Partition {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   transport::Message PullResponseLocked(const transport::MessageHeader& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Called with mu_ held (pull responses borrow values_).
   static void Send(std::vector<Reply>* replies);
 
   const uint32_t id_;

@@ -2,6 +2,8 @@
 // Connection::CallSync and the CreateTransport factory.
 #include "transport/transport.h"
 
+#include <cstring>
+
 #include <memory>
 #include <string>
 #include <utility>
@@ -84,6 +86,20 @@ absl::Status ResponseStatus(const Message& response) {
         "response carries unknown status code ", code, ": ", response.payload));
   }
   return absl::Status(static_cast<absl::StatusCode>(code), response.payload);
+}
+
+void Connection::CallInto(Message request, char* dest, size_t dest_size,
+                          ResponseCallback done) {
+  Call(std::move(request), [dest, dest_size, done = std::move(done)](
+                               absl::StatusOr<Message> response) {
+    if (response.ok() && response->header.status == 0 &&
+        response->payload.size() == dest_size) {
+      std::memcpy(dest, response->payload.data(), dest_size);
+      response->payload.clear();
+      response->payload_in_destination = true;
+    }
+    done(std::move(response));
+  });
 }
 
 absl::StatusOr<Message> Connection::CallSync(Message request,

@@ -55,6 +55,28 @@ struct MessageHeader {
 struct Message {
   MessageHeader header;
   std::string payload;  // opaque bytes; fp32 arrays for pull/push
+
+  // Sending without a copy: when payload_ref is set, these bytes are sent
+  // instead of `payload`. They are borrowed from the caller and must stay
+  // valid and unchanged until Call / Respond returns (TCP writes them before
+  // returning; other backends copy them).
+  const char* payload_ref = nullptr;
+  size_t payload_ref_size = 0;
+
+  // Receiving without a copy: true when the payload was written straight
+  // into the destination given to Connection::CallInto (`payload` is empty).
+  bool payload_in_destination = false;
+
+  const char* payload_data() const { return payload_ref ? payload_ref : payload.data(); }
+  size_t payload_size() const { return payload_ref ? payload_ref_size : payload.size(); }
+  // Copies a borrowed payload into `payload` (for backends that send later).
+  void OwnPayload() {
+    if (payload_ref != nullptr) {
+      payload.assign(payload_ref, payload_ref_size);
+      payload_ref = nullptr;
+      payload_ref_size = 0;
+    }
+  }
 };
 
 // Builds an error response to `request` with `status` (not OK).
@@ -91,6 +113,15 @@ class Connection {
   // frame. Response payload errors are not turned into Status here: use
   // ResponseStatus().
   virtual void Call(Message request, ResponseCallback done) = 0;
+
+  // Call, asking for a successful response's payload of exactly `dest_size`
+  // bytes to be written straight into `dest` (then the response has
+  // payload_in_destination set and an empty payload); other responses
+  // arrive as with Call. `dest` must stay valid until `done` runs; if the
+  // caller gives up before that, `dest` may still be written to, so it must
+  // not be freed. The default implementation copies.
+  virtual void CallInto(Message request, char* dest, size_t dest_size,
+                        ResponseCallback done);
 
   // Call and wait up to `timeout` (DeadlineExceeded naming the peer).
   absl::StatusOr<Message> CallSync(Message request, absl::Duration timeout);

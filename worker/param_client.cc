@@ -33,6 +33,18 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   }
   table_sizes_.clear();
   for (const auto& t : view.tables()) table_sizes_.push_back(t.num_elements());
+  // Pulls land straight in the tensors: a route outside its table would
+  // write out of bounds, so such a view is refused.
+  view_error_ = absl::OkStatus();
+  for (const Route& r : routes_) {
+    if (r.table >= table_sizes_.size() || r.offset + r.length > table_sizes_[r.table]) {
+      view_error_ = absl::DataLossError(absl::StrCat(
+          "cluster view epoch ", view.epoch(), ": partition ", r.partition,
+          " lies outside table ", r.table));
+      LOG(ERROR) << view_error_;
+      break;
+    }
+  }
 }
 
 uint64_t ParamClient::epoch() const {
@@ -69,17 +81,21 @@ struct Round {
 
 absl::Status ParamClient::CallAll(
     const std::function<Message(const Route&)>& make_request,
-    const std::function<absl::Status(const Route&, const Message&)>& on_response) {
+    const std::function<absl::Status(const Route&, const Message&)>& on_response,
+    const std::function<std::pair<char*, size_t>(const Route&)>& destination) {
   const absl::Time deadline = absl::Now() + request_timeout_;
   std::map<uint32_t, Route> routes;  // by partition id
   uint64_t epoch;
+  absl::Status view_error;
   auto load_routes = [&]() {
     absl::MutexLock l(&mu_);
+    view_error = view_error_;
     routes.clear();
     for (const Route& r : routes_) routes[r.partition] = r;
     epoch = epoch_;
   };
   load_routes();
+  STRATA_RETURN_IF_ERROR(view_error);
   if (routes.empty()) return absl::FailedPreconditionError("no partitions in the cluster view");
   std::vector<uint32_t> pending;  // partition ids
   for (const auto& [id, r] : routes) pending.push_back(id);
@@ -110,7 +126,12 @@ absl::Status ParamClient::CallAll(
         finish(conn.status());
         continue;
       }
-      (*conn)->Call(std::move(req), finish);
+      if (destination) {
+        auto [dest, size] = destination(r);
+        (*conn)->CallInto(std::move(req), dest, size, finish);
+      } else {
+        (*conn)->Call(std::move(req), finish);
+      }
     }
     std::vector<absl::StatusOr<Message>> results;
     {
@@ -160,6 +181,7 @@ absl::Status ParamClient::CallAll(
       STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, refresh_view_());
       SetView(view);
       load_routes();  // owners may have moved
+      STRATA_RETURN_IF_ERROR(view_error);
       for (uint32_t id : pending) {
         if (routes.count(id) == 0) {
           return absl::FailedPreconditionError(absl::StrCat(
@@ -191,17 +213,19 @@ absl::StatusOr<uint64_t> ParamClient::PullAll(
       },
       [&](const Route& r, const Message& resp) -> absl::Status {
         STRATA_RETURN_IF_ERROR(transport::ResponseStatus(resp));
-        if (resp.payload.size() != r.length * sizeof(float) ||
-            r.table >= tables->size() || r.offset + r.length > (*tables)[r.table].size()) {
+        if (!resp.payload_in_destination) {  // a response of the wrong size
           return absl::DataLossError(absl::StrCat(
               "pull of partition ", r.partition, " from ", r.address, ": expected ",
               r.length * sizeof(float), " bytes, got ", resp.payload.size()));
         }
-        std::memcpy((*tables)[r.table].data() + r.offset, resp.payload.data(),
-                    resp.payload.size());
         absl::MutexLock l(&mu);
         lowest = std::min(lowest, resp.header.version);
         return absl::OkStatus();
+      },
+      [&](const Route& r) -> std::pair<char*, size_t> {
+        // Responses land straight in the tensor (checked against the view).
+        return {reinterpret_cast<char*>((*tables)[r.table].data() + r.offset),
+                r.length * sizeof(float)};
       }));
   return lowest;
 }
@@ -221,8 +245,9 @@ absl::StatusOr<PushResult> ParamClient::PushAll(
         m.header.seq = seq;
         m.header.version = step;
         m.header.count = count;
-        const float* src = grads[r.table].data() + r.offset;
-        m.payload.assign(reinterpret_cast<const char*>(src), r.length * sizeof(float));
+        // Sent straight from the gradient tensor: no copy.
+        m.payload_ref = reinterpret_cast<const char*>(grads[r.table].data() + r.offset);
+        m.payload_ref_size = r.length * sizeof(float);
         return m;
       },
       [&](const Route& r, const Message& resp) -> absl::Status {

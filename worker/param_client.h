@@ -64,9 +64,12 @@ class ParamClient {
   };
   // Sends one request per route (built by make_request) with retries on
   // stale epochs, lagging pservers and broken connections.
+  // `destination` (may be empty) names where a route's successful response
+  // payload should land (CallInto).
   absl::Status CallAll(
       const std::function<transport::Message(const Route&)>& make_request,
-      const std::function<absl::Status(const Route&, const transport::Message&)>& on_response);
+      const std::function<absl::Status(const Route&, const transport::Message&)>& on_response,
+      const std::function<std::pair<char*, size_t>(const Route&)>& destination = {});
   absl::StatusOr<std::shared_ptr<transport::Connection>> ConnectionTo(
       const std::string& address);
 
@@ -80,6 +83,7 @@ class ParamClient {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Route> routes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> table_sizes_ ABSL_GUARDED_BY(mu_);
+  absl::Status view_error_ ABSL_GUARDED_BY(mu_);  // a view we cannot use
   std::map<std::string, std::shared_ptr<transport::Connection>> conns_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

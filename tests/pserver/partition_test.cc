@@ -35,6 +35,8 @@ constexpr float kTol = 1e-6f;
 class RecordingResponder : public transport::Responder {
  public:
   void Respond(Message response) override {
+    // A borrowed payload is only valid during Respond, as in the transports.
+    response.OwnPayload();
     absl::MutexLock l(&mu_);
     responses_.push_back(std::move(response));
   }

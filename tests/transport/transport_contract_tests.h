@@ -396,6 +396,135 @@ TEST_P(TransportContractTest, CallWithInvalidTypeIsInvalidArgument) {
   EXPECT_TRUE(conn->healthy());
 }
 
+// Sends a borrowed payload (payload_ref) and answers with one: the bytes
+// arrive intact and the borrowed buffers may change right after the call.
+TEST_P(TransportContractTest, BorrowedPayloadsAreSentIntact) {
+  const std::string reply = Pattern(3 << 20, 9);
+  STRATA_ASSERT_OK(server_->Listen(
+      "127.0.0.1", 0, [&reply](Message request, std::shared_ptr<Responder> r) {
+        Message response;
+        response.header = request.header;
+        response.header.type = ResponseTypeFor(request.header.type);
+        // Echo whether the request arrived intact in the header's count.
+        response.header.count = request.payload == Pattern(5 << 20, 4) ? 1 : 0;
+        response.payload_ref = reply.data();
+        response.payload_ref_size = reply.size();
+        r->Respond(std::move(response));
+      }));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
+  std::string tensor = Pattern(5 << 20, 4);
+  Message request;
+  request.header = FullHeader(MessageType::kPushRequest);
+  request.payload_ref = tensor.data();
+  request.payload_ref_size = tensor.size();
+  auto r = std::make_shared<CallResult>();
+  conn->Call(std::move(request), Capture(r));
+  tensor.assign(tensor.size(), 'z');  // the caller may reuse its buffer now
+  ASSERT_TRUE(r->Wait());
+  STRATA_ASSERT_OK(r->result);
+  EXPECT_EQ(r->result->header.count, 1u) << "request payload arrived corrupted";
+  EXPECT_FALSE(r->result->payload_in_destination);
+  EXPECT_TRUE(r->result->payload == reply);
+}
+
+// CallInto: a response of the expected size lands in the destination; one
+// of another size, or an error, arrives as usual and leaves it untouched.
+TEST_P(TransportContractTest, CallIntoWritesMatchingPayloadToDestination) {
+  STRATA_ASSERT_OK(server_->Listen(
+      "127.0.0.1", 0, [](Message request, std::shared_ptr<Responder> r) {
+        if (request.header.partition == 2) {
+          r->Respond(MakeErrorResponse(request.header, MessageType::kPullResponse,
+                                       absl::NotFoundError("no partition 2")));
+          return;
+        }
+        Message response;
+        response.header = request.header;
+        response.header.type = MessageType::kPullResponse;
+        response.payload = Pattern(request.header.count, request.header.partition);
+        r->Respond(std::move(response));
+      }));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
+  auto call_into = [&](uint32_t partition, uint64_t bytes, std::string* dest) {
+    Message request;
+    request.header.type = MessageType::kPullRequest;
+    request.header.partition = partition;
+    request.header.count = bytes;  // the size the server answers with
+    auto r = std::make_shared<CallResult>();
+    conn->CallInto(std::move(request), dest->data(), dest->size(), Capture(r));
+    EXPECT_TRUE(r->Wait());
+    return r;
+  };
+  std::string dest(2 << 20, '\0');
+  auto r = call_into(1, dest.size(), &dest);
+  STRATA_ASSERT_OK(r->result);
+  EXPECT_TRUE(r->result->payload_in_destination);
+  EXPECT_TRUE(r->result->payload.empty());
+  EXPECT_TRUE(dest == Pattern(dest.size(), 1));
+
+  std::string untouched(1000, 'u');
+  r = call_into(3, 999, &untouched);  // wrong size: regular payload
+  STRATA_ASSERT_OK(r->result);
+  EXPECT_FALSE(r->result->payload_in_destination);
+  EXPECT_TRUE(r->result->payload == Pattern(999, 3));
+  EXPECT_EQ(untouched, std::string(1000, 'u'));
+
+  r = call_into(2, untouched.size(), &untouched);  // error: message in payload
+  STRATA_ASSERT_OK(r->result);
+  EXPECT_THAT(ResponseStatus(*r->result),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no partition 2")));
+  EXPECT_EQ(untouched, std::string(1000, 'u'));
+}
+
+// A large tensor cut into slices, all requested at once (pipelined), the
+// server answering in a shuffled order from other threads: every slice
+// lands in its place, checked by a checksum per slice.
+TEST_P(TransportContractTest, PipelinedSlicesAnsweredOutOfOrderLandInPlace) {
+  constexpr int kSlices = 24;
+  constexpr size_t kSlice = (1 << 20) + 12345;  // odd size
+  STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, held_.Handler()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
+  std::string tensor(kSlices * kSlice, '\0');
+  std::vector<std::shared_ptr<CallResult>> results;
+  for (int i = 0; i < kSlices; ++i) {
+    Message request;
+    request.header.type = MessageType::kPullRequest;
+    request.header.partition = i;
+    auto r = std::make_shared<CallResult>();
+    conn->CallInto(std::move(request), tensor.data() + i * kSlice, kSlice, Capture(r));
+    results.push_back(r);
+  }
+  ASSERT_TRUE(held_.WaitForCount(kSlices));
+  std::vector<int> order(kSlices);
+  for (int i = 0; i < kSlices; ++i) order[i] = (i * 7 + 3) % kSlices;  // a permutation
+  std::vector<std::thread> responders;
+  for (int t = 0; t < 3; ++t) {
+    responders.emplace_back([&, t] {
+      for (int k = t; k < kSlices; k += 3) {
+        auto [request, responder] = held_.Take(order[k]);
+        Message response;
+        response.header = request.header;
+        response.header.type = MessageType::kPullResponse;
+        response.payload = Pattern(kSlice, request.header.partition);
+        responder->Respond(std::move(response));
+      }
+    });
+  }
+  for (auto& t : responders) t.join();
+  auto checksum = [](const char* p, size_t n) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
+    return h;
+  };
+  for (int i = 0; i < kSlices; ++i) {
+    ASSERT_TRUE(results[i]->Wait());
+    STRATA_ASSERT_OK(results[i]->result);
+    EXPECT_TRUE(results[i]->result->payload_in_destination);
+    const std::string want = Pattern(kSlice, i);
+    EXPECT_EQ(checksum(tensor.data() + i * kSlice, kSlice), checksum(want.data(), kSlice))
+        << "slice " << i;
+  }
+}
+
 }  // namespace strata::transport::testing
 
 #endif  // STRATA_TESTS_TRANSPORT_TRANSPORT_CONTRACT_TESTS_H_

@@ -36,6 +36,7 @@ class InProcResponder : public Responder {
   }
 
   void Respond(Message response) override {
+    response.OwnPayload();  // delivered later, on another thread
     if (responded_.exchange(true, std::memory_order_acq_rel)) {
       LOG(DFATAL) << "inproc: Respond called twice for request "
                   << request_.request_id << " from " << peer_;
@@ -159,6 +160,7 @@ InProcConnection::~InProcConnection() {
 }
 
 void InProcConnection::Call(Message request, ResponseCallback done) {
+  request.OwnPayload();  // delivered later, on another thread
   if (!IsValidMessageType(request.header.type)) {
     done(absl::InvalidArgumentError(
         absl::StrCat("call to ", address_, ": cannot send message type ",

@@ -112,7 +112,8 @@ class TcpResponder : public Responder {
       return;
     }
     const absl::Status s =
-        endpoint->WriteFrame(response.header, response.payload);
+        endpoint->WriteFrame(response.header, response.payload_data(),
+                             response.payload_size());
     if (!s.ok()) VLOG(1) << "tcp: dropping response: " << s;
   }
 
@@ -189,21 +190,21 @@ absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes],
 // Writing.
 
 absl::Status Endpoint::WriteFrame(const MessageHeader& header,
-                                  const std::string& payload) {
+                                  const char* payload, size_t payload_size) {
   char head[kFrameHeaderBytes];
-  EncodeFrameHeader(header, payload.size(), head);
+  EncodeFrameHeader(header, payload_size, head);
   iovec iov[2];
   iov[0].iov_base = head;
   iov[0].iov_len = kFrameHeaderBytes;
-  iov[1].iov_base = const_cast<char*>(payload.data());
-  iov[1].iov_len = payload.size();
+  iov[1].iov_base = const_cast<char*>(payload);
+  iov[1].iov_len = payload_size;
 
   absl::MutexLock l(&write_mu_);
   if (!fd_open_) {
     return absl::UnavailableError(
         absl::StrCat("connection with ", peer_, " is closed"));
   }
-  absl::Status s = WriteAllLocked(iov, payload.empty() ? 1 : 2);
+  absl::Status s = WriteAllLocked(iov, payload_size == 0 ? 1 : 2);
   if (!s.ok()) {
     // Part of a frame may be out: the stream is unusable. Let the epoll
     // thread close the connection (and fail pending calls).
@@ -265,13 +266,12 @@ absl::Status Endpoint::WriteAllLocked(iovec* iov, int iovcnt) {
 absl::Status Endpoint::OnReadable(char* scratch, size_t scratch_size) {
   size_t budget = kReadBudgetBytes;
   while (budget > 0) {
-    const uint64_t remaining =
-        in_payload_ ? incoming_.payload.size() - payload_got_ : 0;
+    const uint64_t remaining = in_payload_ ? payload_size_ - payload_got_ : 0;
     char* dst = scratch;
     size_t want = scratch_size;
     const bool direct = remaining >= kDirectReadMinBytes;
     if (direct) {
-      dst = incoming_.payload.data() + payload_got_;
+      dst = payload_buf_ + payload_got_;
       want = static_cast<size_t>(std::min<uint64_t>(remaining, budget));
     }
     const ssize_t n = ::read(fd_, dst, want);
@@ -294,7 +294,7 @@ absl::Status Endpoint::OnReadable(char* scratch, size_t scratch_size) {
     budget -= std::min(budget, static_cast<size_t>(n));
     if (direct) {
       payload_got_ += static_cast<uint64_t>(n);
-      if (payload_got_ == incoming_.payload.size()) {
+      if (payload_got_ == payload_size_) {
         absl::Status s = DeliverIncoming();
         if (!s.ok()) return s;
       }
@@ -325,7 +325,17 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
         return absl::DataLossError(
             absl::StrCat("bad frame from ", peer_, ": ", s.message()));
       }
-      incoming_.payload.resize(payload_bytes);
+      // A destination registered by the caller (a pull landing in the
+      // worker's tensor) takes the payload directly; else a buffer of the
+      // frame's size, allocated only now that the header checked out.
+      char* dest = PayloadDestination(incoming_.header, payload_bytes);
+      incoming_.payload_in_destination = dest != nullptr;
+      if (dest == nullptr) {
+        incoming_.payload.resize(payload_bytes);
+        dest = incoming_.payload.data();
+      }
+      payload_buf_ = dest;
+      payload_size_ = payload_bytes;
       payload_got_ = 0;
       in_payload_ = true;
       if (payload_bytes == 0) {
@@ -334,13 +344,13 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       }
       continue;
     }
-    const size_t take = static_cast<size_t>(
-        std::min<uint64_t>(n, incoming_.payload.size() - payload_got_));
-    std::memcpy(incoming_.payload.data() + payload_got_, data, take);
+    const size_t take =
+        static_cast<size_t>(std::min<uint64_t>(n, payload_size_ - payload_got_));
+    std::memcpy(payload_buf_ + payload_got_, data, take);
     payload_got_ += take;
     data += take;
     n -= take;
-    if (payload_got_ == incoming_.payload.size()) {
+    if (payload_got_ == payload_size_) {
       absl::Status s = DeliverIncoming();
       if (!s.ok()) return s;
     }
@@ -353,6 +363,8 @@ absl::Status Endpoint::DeliverIncoming() {
   incoming_ = Message();
   in_payload_ = false;
   payload_got_ = 0;
+  payload_buf_ = nullptr;
+  payload_size_ = 0;
   return OnFrame(std::move(message));
 }
 
@@ -382,7 +394,8 @@ ClientEndpoint::ClientEndpoint(int fd, std::string peer,
                                const TcpOptions& options)
     : Endpoint(fd, std::move(peer), options) {}
 
-void ClientEndpoint::Call(Message request, ResponseCallback done) {
+void ClientEndpoint::Call(Message request, ResponseCallback done, char* dest,
+                          size_t dest_size) {
   if (!IsValidMessageType(request.header.type)) {
     done(absl::InvalidArgumentError(
         absl::StrCat("call to ", peer(), ": cannot send message type ",
@@ -397,7 +410,7 @@ void ClientEndpoint::Call(Message request, ResponseCallback done) {
       broken = broken_reason_;
     } else {
       id = ++next_request_id_;
-      pending_.emplace(id, std::move(done));
+      pending_.emplace(id, Pending{std::move(done), dest, dest_size});
     }
   }
   if (!broken.ok()) {
@@ -406,7 +419,8 @@ void ClientEndpoint::Call(Message request, ResponseCallback done) {
     return;
   }
   request.header.request_id = id;
-  const absl::Status s = WriteFrame(request.header, request.payload);
+  const absl::Status s =
+      WriteFrame(request.header, request.payload_data(), request.payload_size());
   if (s.ok()) return;
   ResponseCallback callback;
   {
@@ -417,7 +431,7 @@ void ClientEndpoint::Call(Message request, ResponseCallback done) {
     }
     auto it = pending_.find(id);
     if (it != pending_.end()) {
-      callback = std::move(it->second);
+      callback = std::move(it->second.done);
       pending_.erase(it);
     }
   }
@@ -430,13 +444,25 @@ bool ClientEndpoint::healthy() const {
   return !broken_ && !closed();
 }
 
+char* ClientEndpoint::PayloadDestination(const MessageHeader& header,
+                                         uint64_t payload_bytes) {
+  if (header.status != 0) return nullptr;  // error text goes to payload
+  absl::MutexLock l(&mu_);
+  auto it = pending_.find(header.request_id);
+  if (it == pending_.end() || it->second.dest == nullptr ||
+      it->second.dest_size != payload_bytes) {
+    return nullptr;
+  }
+  return it->second.dest;
+}
+
 absl::Status ClientEndpoint::OnFrame(Message response) {
   ResponseCallback callback;
   {
     absl::MutexLock l(&mu_);
     auto it = pending_.find(response.header.request_id);
     if (it != pending_.end()) {
-      callback = std::move(it->second);
+      callback = std::move(it->second.done);
       pending_.erase(it);
     }
   }
@@ -451,7 +477,7 @@ absl::Status ClientEndpoint::OnFrame(Message response) {
 }
 
 void ClientEndpoint::OnClosed(const absl::Status& reason) {
-  std::unordered_map<uint64_t, ResponseCallback> pending;
+  std::unordered_map<uint64_t, Pending> pending;
   {
     absl::MutexLock l(&mu_);
     if (!broken_) {
@@ -464,7 +490,7 @@ void ClientEndpoint::OnClosed(const absl::Status& reason) {
     VLOG(1) << "tcp: failing " << pending.size()
             << " pending calls: " << reason;
   }
-  for (auto& entry : pending) entry.second(reason);
+  for (auto& entry : pending) entry.second.done(reason);
 }
 
 }  // namespace strata::transport::tcp

@@ -106,8 +106,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // when the socket is closed or the write fails; a failed write also shuts
   // the socket down so the epoll thread closes the connection.
   // Thread-safe.
-  absl::Status WriteFrame(const MessageHeader& header,
-                          const std::string& payload);
+  absl::Status WriteFrame(const MessageHeader& header, const char* payload,
+                          size_t payload_size);
 
   // Epoll thread only: reads what the socket has (bounded per call, epoll is
   // level-triggered), handing complete frames to OnFrame. `scratch` is the
@@ -129,6 +129,12 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   virtual absl::Status OnFrame(Message message) = 0;
   // Called once from Close().
   virtual void OnClosed(const absl::Status& reason) = 0;
+  // Epoll thread: where the payload of a frame with this (valid) header
+  // should be written, or nullptr for a fresh buffer in Message::payload.
+  virtual char* PayloadDestination(const MessageHeader& header,
+                                   uint64_t payload_bytes) {
+    return nullptr;
+  }
 
  private:
   absl::Status WriteAllLocked(struct iovec* iov, int iovcnt)
@@ -155,6 +161,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   size_t header_got_ = 0;
   bool in_payload_ = false;
   Message incoming_;
+  char* payload_buf_ = nullptr;  // where the current payload goes
+  uint64_t payload_size_ = 0;
   uint64_t payload_got_ = 0;
 };
 
@@ -179,18 +187,26 @@ class ClientEndpoint : public Endpoint {
  public:
   ClientEndpoint(int fd, std::string peer, const TcpOptions& options);
 
-  // Connection::Call.
-  void Call(Message request, ResponseCallback done);
+  // Connection::Call / CallInto (dest == nullptr: no destination).
+  void Call(Message request, ResponseCallback done, char* dest = nullptr,
+            size_t dest_size = 0);
   bool healthy() const;
 
  protected:
   absl::Status OnFrame(Message response) override;
   void OnClosed(const absl::Status& reason) override;
+  char* PayloadDestination(const MessageHeader& header,
+                           uint64_t payload_bytes) override;
 
  private:
+  struct Pending {
+    ResponseCallback done;
+    char* dest;  // borrowed from the caller (CallInto), or nullptr
+    size_t dest_size;
+  };
   mutable absl::Mutex mu_;
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
-  std::unordered_map<uint64_t, ResponseCallback> pending_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   // Set once the connection broke (closed, or a write failed).
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_reason_ ABSL_GUARDED_BY(mu_);
@@ -208,6 +224,10 @@ class TcpConnection : public Connection {
 
   void Call(Message request, ResponseCallback done) override {
     endpoint_->Call(std::move(request), std::move(done));
+  }
+  void CallInto(Message request, char* dest, size_t dest_size,
+                ResponseCallback done) override {
+    endpoint_->Call(std::move(request), std::move(done), dest, dest_size);
   }
   std::string peer() const override { return endpoint_->peer(); }
   bool healthy() const override { return endpoint_->healthy(); }

@@ -1,0 +1,63 @@
+// strata-bench: data-plane and server-side apply benchmarks, each reported
+// as a ratio to a baseline measured in the same run (raw TCP over
+// 127.0.0.1; a plain streaming loop over the same memory).
+#ifndef STRATA_BENCH_BENCH_H_
+#define STRATA_BENCH_BENCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::bench {
+
+struct Latency {
+  double p50_us = 0;
+  double p99_us = 0;
+};
+
+// Raw single-stream TCP over 127.0.0.1: the best GB/s of sending `total`
+// bytes with writes of 128 KiB, 1 MiB and 16 MiB.
+absl::StatusOr<double> RawTcpThroughputGbps(uint64_t total_bytes);
+// Raw TCP ping-pong of `bytes` each way (one round trip per sample).
+absl::StatusOr<Latency> RawTcpPingPong(uint64_t bytes, double seconds);
+
+struct PushPullCase {
+  std::string mode;  // push | pull | pushpull
+  uint64_t bytes = 0;
+  int workers = 1;
+  int servers = 1;
+  std::string transport = "tcp";
+  int64_t slice_bytes = 4 << 20;
+  double seconds = 1.0;  // measuring time per case (at least 5 operations)
+};
+
+struct PushPullResult {
+  PushPullCase c;
+  double gbps = 0;  // payload bytes over the wire per second
+  Latency latency;  // per operation (pushpull: push then pull)
+  uint64_t operations = 0;
+};
+
+// Starts a master, `servers` pservers and `workers` clients in this process
+// (threads; real gRPC and the chosen data-plane transport over 127.0.0.1)
+// holding one dense table of c.bytes, and measures c.mode.
+absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c);
+
+struct ApplyResult {
+  std::string optimizer;  // sgd | adam
+  uint64_t floats = 0;
+  double gbps = 0;           // gradient bytes applied per second
+  double baseline_gbps = 0;  // a plain loop over the same arrays, same bytes
+};
+
+// Server-side apply over `floats` parameters, as a pserver partition does it
+// (sum of gradients scaled by 1/count, optimizer step), against a streaming
+// loop that reads and writes the same arrays.
+absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floats,
+                                     int threads);
+
+}  // namespace strata::bench
+
+#endif  // STRATA_BENCH_BENCH_H_

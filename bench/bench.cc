@@ -20,7 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "master/master_server.h"
 #include "proto/strata.grpc.pb.h"
-#include "pserver/optimizer.h"
+#include "common/optimizer.h"
 #include "pserver/pserver.h"
 #include "storage/file_system.h"
 #include "transport/transport.h"
@@ -318,9 +318,9 @@ absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floa
   oc.learning_rate = 1e-6;
   threads = std::max(1, threads);
   const uint64_t per = (floats + threads - 1) / threads;
-  std::vector<std::unique_ptr<pserver::Optimizer>> opts;
+  std::vector<std::unique_ptr<Optimizer>> opts;
   for (int t = 0; t < threads; ++t) {
-    STRATA_ASSIGN_OR_RETURN(auto o, pserver::Optimizer::Create(
+    STRATA_ASSIGN_OR_RETURN(auto o, Optimizer::Create(
                                         oc, std::min<uint64_t>(per, floats - std::min(floats, t * per))));
     opts.push_back(std::move(o));
   }

@@ -14,7 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config.h"
-#include "pserver/optimizer.h"
+#include "common/optimizer.h"
 #include "transport/transport.h"
 
 namespace strata::pserver {

@@ -7,7 +7,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
-#include "pserver/initializer.h"
+#include "common/initializer.h"
 
 namespace strata::pserver {
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/initializer.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -67,7 +68,7 @@ absl::Status Worker::CheckLabels(const storage::LabeledDataset& data,
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (options.fs == nullptr) return absl::InvalidArgumentError("WorkerOptions.fs is required");
-  if (options.master_address.empty()) {
+  if (options.master_address.empty() && !options.local_only) {
     return absl::InvalidArgumentError("worker: master address is required");
   }
   STRATA_RETURN_IF_ERROR(ParseActivation(options.config.model.activation).status());
@@ -86,7 +87,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
 
 Worker::Worker(WorkerOptions options, storage::LabeledDataset train)
     : options_(std::move(options)), train_(std::move(train)) {
-  device_ = NewCpuDevice(1);
+  device_ = NewCpuDevice(options_.cpu_threads);
   model_ = std::make_unique<Mlp>(options_.config.model.layers,
                                  *ParseActivation(options_.config.model.activation),
                                  device_.get());
@@ -147,6 +148,7 @@ absl::Status Worker::Start() {
     });
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
+  if (options_.local_only) return absl::OkStatus();
   master_channel_ = grpc::CreateChannel(options_.master_address,
                                         grpc::InsecureChannelCredentials());
   master_ = proto::Master::NewStub(master_channel_);
@@ -289,6 +291,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Worker::PullParams(uint64_t min_
 }
 
 absl::Status Worker::Run() {
+  if (options_.local_only) return RunLocal();
   absl::Status s = RunLoop();
   if (absl::IsInvalidArgument(s) || absl::IsDataLoss(s) || absl::IsNotFound(s)) {
     // Bad input stops every worker the same way: tell the master so the
@@ -309,7 +312,7 @@ absl::Status Worker::RunLoop() {
     STRATA_ASSIGN_OR_RETURN(TaskSource::Lease lease, tasks_->Next());
     switch (lease.outcome) {
       case proto::LeaseTaskResponse::TASK:
-        STRATA_RETURN_IF_ERROR(TrainTask(lease.task));
+        STRATA_RETURN_IF_ERROR(TrainTask(lease.task, /*local=*/false));
         if (absl::Status s = tasks_->Complete(
                 lease.task, lease.task.end() - lease.task.begin(), stats().last_step);
             absl::IsFailedPrecondition(s)) {
@@ -337,7 +340,50 @@ absl::Status Worker::RunLoop() {
   return absl::OkStatus();
 }
 
-absl::Status Worker::TrainTask(const proto::DataTask& task) {
+absl::Status Worker::RunLocal() {
+  const std::vector<TableSpec> tables = ModelTables(options_.config.model);
+  auto& params = model_->params();
+  for (size_t t = 0; t < tables.size(); ++t) {
+    STRATA_RETURN_IF_ERROR(InitializeSlice(
+        InitSpec{tables[t].init, tables[t].fan_in, tables[t].fan_out,
+                 static_cast<uint32_t>(t), options_.config.job.seed},
+        0, params[t].size(), params[t].data()));
+    STRATA_ASSIGN_OR_RETURN(auto opt,
+                            Optimizer::Create(options_.config.optimizer, params[t].size()));
+    local_optimizers_.push_back(std::move(opt));
+  }
+  // The master's tasks, in its order, trained by this process alone.
+  const int64_t n = train_.num_examples;
+  const int64_t per = options_.config.data.task_records;
+  const absl::Time start = absl::Now();
+  window_start_ = start;
+  uint64_t id = 0;
+  for (int e = 0; e < options_.config.job.epochs; ++e) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (int64_t b = 0; b < n; b += per) ranges.emplace_back(b, std::min(n, b + per));
+    std::mt19937_64 rng(options_.config.job.seed * 1000003 + e);
+    std::shuffle(ranges.begin(), ranges.end(), rng);
+    for (const auto& [b, end] : ranges) {
+      proto::DataTask task;
+      task.set_id(id++);
+      task.set_epoch(e);
+      task.set_begin(b);
+      task.set_end(end);
+      STRATA_RETURN_IF_ERROR(TrainTask(task, /*local=*/true));
+    }
+  }
+  ReportProgress(false, 0, 0);
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());
+  local_test_accuracy_ = acc.first;
+  const Stats s = stats();
+  LOG(INFO) << absl::StrFormat(
+      "local: %d samples in %.2f s: %.0f samples/s; test accuracy %.4f, test loss %.4f",
+      s.samples, secs, s.samples / secs, acc.first, acc.second);
+  return absl::OkStatus();
+}
+
+absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
   if (task.begin() < 0 || task.end() > train_.num_examples || task.begin() >= task.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data task ", task.id(), " [", task.begin(), ", ", task.end(),
@@ -366,12 +412,22 @@ absl::Status Worker::TrainTask(const proto::DataTask& task) {
       y[i] = train_.labels[r];
     }
     const absl::Time t0 = absl::Now();
-    STRATA_ASSIGN_OR_RETURN(uint64_t version,
-                            params_->PullAll(bsp ? next_step_ : 0, &model_->params()));
+    uint64_t version = next_step_;
+    if (!local) {
+      STRATA_ASSIGN_OR_RETURN(version, params_->PullAll(bsp ? next_step_ : 0, &model_->params()));
+    }
     const absl::Time t1 = absl::Now();
     const double loss = model_->TrainStep(x.data(), y.data(), n);
     const absl::Time t2 = absl::Now();
-    STRATA_ASSIGN_OR_RETURN(PushResult pushed, params_->PushAll(model_->grads(), version, n));
+    PushResult pushed;
+    if (local) {
+      for (size_t t = 0; t < local_optimizers_.size(); ++t) {
+        local_optimizers_[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(),
+                                    1.0f / n, model_->params()[t].size());
+      }
+    } else {
+      STRATA_ASSIGN_OR_RETURN(pushed, params_->PushAll(model_->grads(), version, n));
+    }
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
     {
@@ -381,7 +437,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task) {
       stats_.last_step = version;
       stats_.stale_pushes += pushed.stale_partitions > 0;
       stats_.busy_seconds += absl::ToDoubleSeconds(t3 - t0);
-      stats_.comm_seconds += absl::ToDoubleSeconds((t1 - t0) + (t3 - t2));
+      if (!local) stats_.comm_seconds += absl::ToDoubleSeconds((t1 - t0) + (t3 - t2));
     }
     window_samples_ += n;
     window_loss_ += loss;
@@ -415,7 +471,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   window_samples_ = 0;
   window_loss_ = 0;
   window_steps_ = 0;
-  if (master_ == nullptr) return;
+  if (master_ == nullptr || options_.local_only) return;
   proto::ReportProgressRequest req;
   req.set_node_id(node_id_);
   req.set_epoch(current_epoch_);
@@ -438,7 +494,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   if (!st.ok()) LOG(WARNING) << "progress report failed: " << st;
 }
 
-absl::Status Worker::Evaluate(uint64_t min_version) {
+absl::StatusOr<std::pair<double, double>> Worker::TestAccuracy() {
   const auto& d = options_.config.data;
   STRATA_ASSIGN_OR_RETURN(storage::LabeledDataset test,
                           storage::LoadIdxDataset(options_.fs, d.test_images, d.test_labels));
@@ -448,7 +504,6 @@ absl::Status Worker::Evaluate(uint64_t min_version) {
         train_.feature_dim));
   }
   STRATA_RETURN_IF_ERROR(CheckLabels(test, d.test_labels));
-  STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &model_->params()).status());
   double loss = 0;
   int64_t correct = 0;
   const int chunk = 1000;
@@ -457,10 +512,16 @@ absl::Status Worker::Evaluate(uint64_t min_version) {
     model_->Evaluate(test.features.data() + b * test.feature_dim,
                      test.labels.data() + b, n, &loss, &correct);
   }
-  const double acc = static_cast<double>(correct) / test.num_examples;
-  LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f over %d examples",
-                               acc, loss / test.num_examples, test.num_examples);
-  ReportProgress(true, acc, loss / test.num_examples);
+  return std::make_pair(static_cast<double>(correct) / test.num_examples,
+                        loss / test.num_examples);
+}
+
+absl::Status Worker::Evaluate(uint64_t min_version) {
+  STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &model_->params()).status());
+  STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());
+  LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f",
+                               acc.first, acc.second);
+  ReportProgress(true, acc.first, acc.second);
   return absl::OkStatus();
 }
 

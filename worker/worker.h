@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
+#include "common/optimizer.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
@@ -55,6 +56,12 @@ struct WorkerOptions {
   // Optional: replaces the master as the source of data tasks (tests).
   std::unique_ptr<TaskSource> task_source;
   bool shuffle_within_task = true;
+  // Train alone, with no master and no pservers: the optimizer runs in this
+  // process (the baseline that measures the cost of distribution). Data is
+  // cut into the same tasks and shuffled the same way; the test accuracy is
+  // logged at the end.
+  bool local_only = false;
+  int cpu_threads = 1;  // OpenBLAS threads of the CPU device
   absl::Duration register_timeout = absl::Seconds(60);
 };
 
@@ -76,6 +83,8 @@ class Worker {
   void Shutdown();
 
   uint32_t node_id() const { return node_id_; }
+  // Test accuracy measured at the end of a local_only run.
+  double local_test_accuracy() const { return local_test_accuracy_; }
   int http_port() const { return http_.port(); }
   // Pulls the current parameters (all tables).
   absl::StatusOr<std::vector<std::vector<float>>> PullParams(uint64_t min_version = 0);
@@ -95,6 +104,9 @@ class Worker {
   class MasterTaskSource;
   explicit Worker(WorkerOptions options, storage::LabeledDataset train);
   absl::Status RunLoop();
+  absl::Status RunLocal();
+  // The training step: pull, compute, push (or, local, apply in place).
+  absl::Status TrainTask(const proto::DataTask& task, bool local);
   absl::Status WaitForReadyView();
   absl::Status CheckViewMatchesModel(const proto::ClusterView& view) const;
   absl::Status CheckLabels(const storage::LabeledDataset& data,
@@ -102,8 +114,9 @@ class Worker {
   // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
   // for up to cluster.request_timeout_ms.
   absl::Status CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call);
-  absl::Status TrainTask(const proto::DataTask& task);
   absl::Status Evaluate(uint64_t min_version);
+  // Test-set accuracy and mean loss of the model's current parameters.
+  absl::StatusOr<std::pair<double, double>> TestAccuracy();
   // Logs a progress line and reports to the master; `error` non-empty
   // reports a fatal input error instead.
   void ReportProgress(bool has_eval, double accuracy, double test_loss,
@@ -120,6 +133,7 @@ class Worker {
   std::unique_ptr<proto::Master::Stub> master_;
   std::unique_ptr<ParamClient> params_;
   std::unique_ptr<TaskSource> tasks_;
+  std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only
   HttpServer http_;
   MetricsRegistry metrics_;
 
@@ -132,6 +146,7 @@ class Worker {
   double window_loss_ = 0;
   uint64_t window_steps_ = 0;
   double recent_sps_ = 0;
+  double local_test_accuracy_ = 0;
 
   mutable absl::Mutex mu_;
   Stats stats_ ABSL_GUARDED_BY(mu_);

@@ -13,9 +13,13 @@
 #include "worker/worker.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
-DEFINE_string(master, "", "master address host:port, required");
+DEFINE_string(master, "", "master address host:port (required unless --local)");
 DEFINE_int32(index, 0, "instance index of this worker (0-based)");
 DEFINE_string(host, "127.0.0.1", "address to advertise and bind HTTP on");
+DEFINE_bool(local, false,
+            "train alone: no master, no pservers, the optimizer in this process "
+            "(the baseline for the cost of distribution)");
+DEFINE_int32(cpu_threads, 1, "OpenBLAS threads");
 DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.worker_http + index; -1 = off)");
 
 int main(int argc, char** argv) {
@@ -38,6 +42,8 @@ int main(int argc, char** argv) {
                                          : config->cluster.ports.worker_http + FLAGS_index;
   opts.transport.kind = config->cluster.transport;
   opts.fs = fs.get();
+  opts.local_only = FLAGS_local;
+  opts.cpu_threads = FLAGS_cpu_threads;
 
   auto worker = strata::worker::Worker::Create(std::move(opts));
   if (!worker.ok()) {

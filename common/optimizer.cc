@@ -1,11 +1,11 @@
-#include "pserver/optimizer.h"
+#include "common/optimizer.h"
 
 #include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 
-namespace strata::pserver {
+namespace strata {
 namespace {
 
 // The kernels: plain loops over restrict pointers that the compiler
@@ -104,4 +104,4 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
       absl::StrCat("unknown optimizer '", c.type, "' (expected sgd, momentum or adam)"));
 }
 
-}  // namespace strata::pserver
+}  // namespace strata

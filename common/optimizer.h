@@ -1,8 +1,10 @@
-// Server-side optimizers. State lives beside the parameters of one partition.
+// Optimizers, run server-side by pserver partitions (state beside the
+// parameters) and by a worker training alone (--local, the baseline of the
+// benchmarks).
 // The math follows the common frameworks' definitions (PyTorch's SGD with
 // momentum and Adam, L2 weight decay added to the gradient).
-#ifndef STRATA_PSERVER_OPTIMIZER_H_
-#define STRATA_PSERVER_OPTIMIZER_H_
+#ifndef STRATA_COMMON_OPTIMIZER_H_
+#define STRATA_COMMON_OPTIMIZER_H_
 
 #include <cstddef>
 #include <memory>
@@ -11,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/config.h"
 
-namespace strata::pserver {
+namespace strata {
 
 // Not thread-safe: a partition applies updates under its own lock.
 class Optimizer {
@@ -33,6 +35,6 @@ class Optimizer {
       const OptimizerSection& config, size_t n);
 };
 
-}  // namespace strata::pserver
+}  // namespace strata
 
-#endif  // STRATA_PSERVER_OPTIMIZER_H_
+#endif  // STRATA_COMMON_OPTIMIZER_H_

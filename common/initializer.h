@@ -1,15 +1,16 @@
-// Deterministic parameter initialisation: the value of element i of table t
+// Deterministic parameter initialisation (pservers; a worker training
+// alone): the value of element i of table t
 // depends only on (seed, t, i), so it does not matter which pserver holds
 // which slice or when it was created.
-#ifndef STRATA_PSERVER_INITIALIZER_H_
-#define STRATA_PSERVER_INITIALIZER_H_
+#ifndef STRATA_COMMON_INITIALIZER_H_
+#define STRATA_COMMON_INITIALIZER_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
 
-namespace strata::pserver {
+namespace strata {
 
 struct InitSpec {
   std::string init;  // "glorot_uniform" | "zeros"
@@ -24,6 +25,6 @@ struct InitSpec {
 absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n,
                              float* out);
 
-}  // namespace strata::pserver
+}  // namespace strata
 
-#endif  // STRATA_PSERVER_INITIALIZER_H_
+#endif  // STRATA_COMMON_INITIALIZER_H_

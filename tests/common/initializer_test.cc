@@ -1,4 +1,4 @@
-#include "pserver/initializer.h"
+#include "common/initializer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace strata::pserver {
+namespace strata {
 namespace {
 
 using ::strata::testing::IsOk;
@@ -123,4 +123,4 @@ TEST(InitializerTest, UnknownInitializerIsInvalidArgumentNamingIt) {
 }
 
 }  // namespace
-}  // namespace strata::pserver
+}  // namespace strata

@@ -1,10 +1,10 @@
-#include "pserver/initializer.h"
+#include "common/initializer.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 
-namespace strata::pserver {
+namespace strata {
 namespace {
 
 uint64_t SplitMix64(uint64_t x) {
@@ -36,4 +36,4 @@ absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n,
   return absl::InvalidArgumentError(absl::StrCat("unknown initializer '", spec.init, "'"));
 }
 
-}  // namespace strata::pserver
+}  // namespace strata

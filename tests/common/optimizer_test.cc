@@ -1,4 +1,4 @@
-#include "pserver/optimizer.h"
+#include "common/optimizer.h"
 
 #include <memory>
 #include <vector>
@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace strata::pserver {
+namespace strata {
 namespace {
 
 using ::strata::testing::StatusIs;
@@ -171,4 +171,4 @@ TEST(OptimizerTest, UnknownTypeIsInvalidArgumentNamingIt) {
 }
 
 }  // namespace
-}  // namespace strata::pserver
+}  // namespace strata

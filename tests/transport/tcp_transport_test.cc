@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <fstream>
 #include <arpa/inet.h>
 #include <glog/logging.h>
 #include <netinet/in.h>
@@ -201,6 +202,78 @@ TEST(TcpTransportTest, BadFramesCloseOnlyTheOffendingConnection) {
     EXPECT_EQ(pong.payload, "still there?");
     EXPECT_TRUE(conn->healthy());
   }
+}
+
+// Resident memory of this process in bytes.
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Frames that claim a huge payload (within the limit) and then send little
+// or stop mid-payload: the connection is closed when the peer goes, memory
+// grows only with what was sent, and the server keeps serving.
+TEST(TcpTransportTest, ClaimedPayloadIsNotAllocatedUpFront) {
+  auto server = NewTcp(/*max_payload_bytes=*/3ull << 30);
+  auto client = NewTcp();
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
+  const std::string address = server->listen_address();
+  const uint64_t before = ResidentBytes();
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) {  // 4 x 2.5 GiB claimed, 100 KiB sent each
+    char head[kFrameHeaderBytes];
+    EncodeFrameHeader(FullHeader(MessageType::kPushRequest), 5ull << 29, head);
+    const int fd = RawConnect(address);
+    ASSERT_EQ(::write(fd, head, sizeof(head)), static_cast<ssize_t>(sizeof(head)));
+    const std::string part(100 << 10, 'p');
+    ASSERT_EQ(::write(fd, part.data(), part.size()), static_cast<ssize_t>(part.size()));
+    fds.push_back(fd);
+  }
+  // Still served meanwhile.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+  Message ping;
+  ping.header.type = MessageType::kPing;
+  ping.payload = "alive";
+  STRATA_ASSERT_OK_AND_ASSIGN(Message pong, conn->CallSync(ping, kWait));
+  EXPECT_EQ(pong.payload, "alive");
+  const uint64_t during = ResidentBytes();
+  EXPECT_LT(during, before + (64ull << 20))
+      << "resident memory grew by " << (during - before) << " bytes for 400 KiB sent";
+  // The peers close mid-payload: each connection goes, the server stays.
+  for (int fd : fds) ::close(fd);
+  STRATA_ASSERT_OK_AND_ASSIGN(pong, conn->CallSync(ping, kWait));
+  EXPECT_EQ(pong.payload, "alive");
+}
+
+// A payload arriving in many small writes (partial reads on the server,
+// growing buffer) is reassembled exactly.
+TEST(TcpTransportTest, PayloadInSmallPiecesIsReassembled) {
+  auto server = NewTcp();
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
+  const std::string payload = Pattern((3 << 20) + 7, 5);
+  char head[kFrameHeaderBytes];
+  MessageHeader h = FullHeader(MessageType::kPushRequest);
+  h.request_id = 77;
+  EncodeFrameHeader(h, payload.size(), head);
+  const std::string frame = std::string(head, sizeof(head)) + payload;
+  const int fd = RawConnect(server->listen_address());
+  for (size_t off = 0; off < frame.size();) {
+    const size_t n = std::min<size_t>(frame.size() - off, 1 + (off * 7919) % 70000);
+    ASSERT_EQ(::write(fd, frame.data() + off, n), static_cast<ssize_t>(n));
+    off += n;
+  }
+  std::string back(kFrameHeaderBytes + payload.size(), '\0');
+  size_t got = 0;
+  while (got < back.size()) {
+    const ssize_t n = ::read(fd, back.data() + got, back.size() - got);
+    ASSERT_GT(n, 0);
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  EXPECT_EQ(ReadLe(back.data() + 24, 8), 77u);  // request_id echoed
+  EXPECT_TRUE(back.substr(kFrameHeaderBytes) == payload);
 }
 
 TEST(TcpTransportTest, OversizedRequestIsRejectedByServer) {

@@ -32,6 +32,9 @@ constexpr uint64_t kDirectReadMinBytes = 64 << 10;
 // Bytes read from one socket per epoll wakeup, so that one busy peer cannot
 // starve the others (epoll is level-triggered: the rest comes next round).
 constexpr size_t kReadBudgetBytes = 4 << 20;
+// First allocation for a payload without a destination; doubled as bytes
+// arrive, so memory follows what the peer actually sent.
+constexpr uint64_t kInitialPayloadRoom = 1 << 20;
 
 void PutU16(char* p, uint16_t v) {
   p[0] = static_cast<char>(v);
@@ -271,8 +274,10 @@ absl::Status Endpoint::OnReadable(char* scratch, size_t scratch_size) {
     size_t want = scratch_size;
     const bool direct = remaining >= kDirectReadMinBytes;
     if (direct) {
+      GrowPayloadRoom();
       dst = payload_buf_ + payload_got_;
-      want = static_cast<size_t>(std::min<uint64_t>(remaining, budget));
+      want = static_cast<size_t>(
+          std::min<uint64_t>({remaining, budget, payload_room_ - payload_got_}));
     }
     const ssize_t n = ::read(fd_, dst, want);
     if (n == 0) {
@@ -330,12 +335,17 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       // frame's size, allocated only now that the header checked out.
       char* dest = PayloadDestination(incoming_.header, payload_bytes);
       incoming_.payload_in_destination = dest != nullptr;
+      payload_size_ = payload_bytes;
       if (dest == nullptr) {
-        incoming_.payload.resize(payload_bytes);
+        // The buffer grows as bytes arrive, so a frame that claims a huge
+        // payload and never sends it costs nothing.
+        payload_room_ = std::min<uint64_t>(payload_bytes, kInitialPayloadRoom);
+        incoming_.payload.resize(payload_room_);
         dest = incoming_.payload.data();
+      } else {
+        payload_room_ = payload_bytes;
       }
       payload_buf_ = dest;
-      payload_size_ = payload_bytes;
       payload_got_ = 0;
       in_payload_ = true;
       if (payload_bytes == 0) {
@@ -344,8 +354,9 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       }
       continue;
     }
-    const size_t take =
-        static_cast<size_t>(std::min<uint64_t>(n, payload_size_ - payload_got_));
+    GrowPayloadRoom();
+    const size_t take = static_cast<size_t>(
+        std::min<uint64_t>(n, payload_room_ - payload_got_));
     std::memcpy(payload_buf_ + payload_got_, data, take);
     payload_got_ += take;
     data += take;
@@ -358,6 +369,13 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
   return absl::OkStatus();
 }
 
+void Endpoint::GrowPayloadRoom() {
+  if (payload_got_ < payload_room_ || payload_room_ == payload_size_) return;
+  payload_room_ = std::min<uint64_t>(payload_size_, payload_room_ * 2);
+  incoming_.payload.resize(payload_room_);
+  payload_buf_ = incoming_.payload.data();
+}
+
 absl::Status Endpoint::DeliverIncoming() {
   Message message = std::move(incoming_);
   incoming_ = Message();
@@ -365,6 +383,7 @@ absl::Status Endpoint::DeliverIncoming() {
   payload_got_ = 0;
   payload_buf_ = nullptr;
   payload_size_ = 0;
+  payload_room_ = 0;
   return OnFrame(std::move(message));
 }
 

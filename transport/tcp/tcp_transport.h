@@ -141,6 +141,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Feeds `n` received bytes to the frame parser.
   absl::Status Consume(const char* data, size_t n);
+  // Doubles the payload buffer (up to the frame's size) when it is full.
+  void GrowPayloadRoom();
   // The frame in incoming_ is complete: reset and hand it to OnFrame.
   absl::Status DeliverIncoming();
 
@@ -162,7 +164,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   bool in_payload_ = false;
   Message incoming_;
   char* payload_buf_ = nullptr;  // where the current payload goes
-  uint64_t payload_size_ = 0;
+  uint64_t payload_size_ = 0;    // the frame's payload bytes
+  uint64_t payload_room_ = 0;    // bytes of payload_buf_ allocated so far
   uint64_t payload_got_ = 0;
 };
 

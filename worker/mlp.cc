@@ -14,10 +14,15 @@ Mlp::Mlp(std::vector<int> layers, Activation activation, Device* device)
   acts_.resize(layers_.size() - 1);
 }
 
-void Mlp::Forward(const float* x, int batch) {
+absl::Status Mlp::Forward(const float* x, int batch,
+                          const std::function<absl::Status(int)>& before_layer) {
   const size_t n_layers = layers_.size() - 1;
   const float* in = x;
   for (size_t i = 0; i < n_layers; ++i) {
+    if (before_layer) {
+      absl::Status s = before_layer(static_cast<int>(i));
+      if (!s.ok()) return s;
+    }
     const int din = layers_[i], dout = layers_[i + 1];
     acts_[i].resize(static_cast<size_t>(batch) * dout);
     float* out = acts_[i].data();
@@ -28,10 +33,21 @@ void Mlp::Forward(const float* x, int batch) {
     }
     in = out;
   }
+  return absl::OkStatus();
 }
 
 double Mlp::TrainStep(const float* x, const int32_t* y, int batch) {
-  Forward(x, batch);
+  return *TrainStep(x, y, batch, Hooks());  // no hooks: cannot fail
+}
+
+absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batch,
+                                      const Hooks& hooks) {
+  absl::Status s = Forward(x, batch, hooks.before_layer);
+  if (!s.ok()) return s;
+  if (hooks.after_forward) {
+    s = hooks.after_forward();
+    if (!s.ok()) return s;
+  }
   const size_t n_layers = layers_.size() - 1;
   const int classes = layers_.back();
   delta_.resize(static_cast<size_t>(batch) * classes);
@@ -44,6 +60,10 @@ double Mlp::TrainStep(const float* x, const int32_t* y, int batch) {
     device_->Gemm(true, false, din, dout, batch, 1.f, in, delta_.data(), 0.f,
                   grads_[2 * li].data());
     device_->ColumnSum(batch, dout, delta_.data(), grads_[2 * li + 1].data());
+    if (hooks.after_backward) {
+      s = hooks.after_backward(static_cast<int>(li));
+      if (!s.ok()) return s;
+    }
     if (li == 0) break;
     // delta_prev = delta W^T, then through the activation of layer li-1.
     delta_prev_.resize(static_cast<size_t>(batch) * din);
@@ -58,7 +78,7 @@ double Mlp::TrainStep(const float* x, const int32_t* y, int batch) {
 
 void Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
                    int64_t* correct) {
-  Forward(x, batch);
+  (void)Forward(x, batch, nullptr);  // no hook: cannot fail
   *loss_sum += device_->SoftmaxCrossEntropy(batch, layers_.back(),
                                             acts_.back().data(), y, nullptr, correct);
 }

@@ -5,7 +5,10 @@
 #define STRATA_WORKER_MLP_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "worker/device.h"
 
@@ -25,13 +28,27 @@ class Mlp {
   // grads() becomes d(sum of per-example losses)/d params. Returns the
   // summed loss.
   double TrainStep(const float* x, const int32_t* y, int batch);
+  // TrainStep with hooks for overlapping communication: before_layer(i)
+  // runs before layer i's forward (wait for its parameters), after_forward()
+  // once the forward pass is done, after_backward(i) once layer i's
+  // gradients are complete (send them). Any hook's error stops the step.
+  struct Hooks {
+    std::function<absl::Status(int layer)> before_layer;
+    std::function<absl::Status()> after_forward;
+    std::function<absl::Status(int layer)> after_backward;
+  };
+  absl::StatusOr<double> TrainStep(const float* x, const int32_t* y, int batch,
+                                   const Hooks& hooks);
+  int num_layers() const { return static_cast<int>(layers_.size()) - 1; }
+
   // Forward only: adds the summed loss to *loss_sum and the number of
   // correct predictions to *correct.
   void Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
                 int64_t* correct);
 
  private:
-  void Forward(const float* x, int batch);
+  absl::Status Forward(const float* x, int batch,
+                       const std::function<absl::Status(int)>& before_layer);
 
   const std::vector<int> layers_;
   const Activation activation_;

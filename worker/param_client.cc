@@ -1,6 +1,7 @@
 #include "worker/param_client.h"
 
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -65,125 +66,174 @@ absl::StatusOr<std::shared_ptr<transport::Connection>> ParamClient::ConnectionTo
   return conn;
 }
 
-namespace {
-
-// Results of one round of requests. Shared with the transport callbacks, so
-// a callback arriving after the round gave up writes here, not into a dead
+// State shared with the transport callbacks of one round of requests, so a
+// callback arriving after the caller gave up writes here, not into a dead
 // stack frame.
-struct Round {
-  explicit Round(size_t n) : results(n), outstanding(static_cast<int>(n)) {}
+struct ParamClient::Round {
   absl::Mutex mu;
-  std::vector<absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
-  int outstanding ABSL_GUARDED_BY(mu);
+  std::map<uint32_t, absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
+  std::map<uint32_t, int> outstanding_by_table ABSL_GUARDED_BY(mu);
+  int outstanding ABSL_GUARDED_BY(mu) = 0;
 };
 
-}  // namespace
+ParamClient::Exchange::Exchange(ParamClient* client, MakeRequest make_request,
+                                OnResponse on_response, Destination destination)
+    : client_(client),
+      make_request_(std::move(make_request)),
+      on_response_(std::move(on_response)),
+      destination_(std::move(destination)),
+      deadline_(absl::Now() + client->request_timeout_),
+      round_(std::make_shared<Round>()) {
+  LoadRoutes();
+}
 
-absl::Status ParamClient::CallAll(
-    const std::function<Message(const Route&)>& make_request,
-    const std::function<absl::Status(const Route&, const Message&)>& on_response,
-    const std::function<std::pair<char*, size_t>(const Route&)>& destination) {
-  const absl::Time deadline = absl::Now() + request_timeout_;
-  std::map<uint32_t, Route> routes;  // by partition id
-  uint64_t epoch;
-  absl::Status view_error;
-  auto load_routes = [&]() {
-    absl::MutexLock l(&mu_);
-    view_error = view_error_;
-    routes.clear();
-    for (const Route& r : routes_) routes[r.partition] = r;
-    epoch = epoch_;
+void ParamClient::Exchange::LoadRoutes() {
+  absl::MutexLock l(&client_->mu_);
+  view_error_ = client_->view_error_;
+  routes_.clear();
+  for (const Route& r : client_->routes_) routes_[r.partition] = r;
+  epoch_ = client_->epoch_;
+}
+
+void ParamClient::Exchange::Send(uint32_t partition) {
+  const Route& r = routes_.at(partition);
+  Message req = make_request_(r);
+  req.header.sender_id = client_->node_id_;
+  req.header.epoch = epoch_;
+  req.header.partition = r.partition;
+  std::shared_ptr<Round> round = round_;
+  const uint32_t table = r.table;
+  {
+    absl::MutexLock l(&round->mu);
+    ++round->outstanding;
+    ++round->outstanding_by_table[table];
+  }
+  auto finish = [round, partition, table](absl::StatusOr<Message> resp) {
+    absl::MutexLock l(&round->mu);
+    round->results.insert_or_assign(partition, std::move(resp));
+    --round->outstanding;
+    --round->outstanding_by_table[table];
   };
-  load_routes();
-  STRATA_RETURN_IF_ERROR(view_error);
-  if (routes.empty()) return absl::FailedPreconditionError("no partitions in the cluster view");
-  std::vector<uint32_t> pending;  // partition ids
-  for (const auto& [id, r] : routes) pending.push_back(id);
+  auto conn = client_->ConnectionTo(r.address);
+  if (!conn.ok()) {
+    finish(conn.status());
+  } else if (destination_) {
+    auto [dest, size] = destination_(r);
+    (*conn)->CallInto(std::move(req), dest, size, finish);
+  } else {
+    (*conn)->Call(std::move(req), finish);
+  }
+}
 
-  for (int attempt = 0; !pending.empty(); ++attempt) {
-    if (cancelled_) return absl::CancelledError("parameter client cancelled");
-    if (absl::Now() > deadline) {
-      const Route& r = routes[pending[0]];
+void ParamClient::Exchange::Issue(uint32_t table) {
+  if (!view_error_.ok() || !issued_tables_.insert(table).second) return;
+  for (const auto& [id, r] : routes_) {
+    if (r.table == table) Send(id);
+  }
+}
+
+void ParamClient::Exchange::IssueAll() {
+  std::set<uint32_t> tables;
+  for (const auto& [id, r] : routes_) tables.insert(r.table);
+  for (uint32_t t : tables) Issue(t);
+}
+
+absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
+  absl::MutexLock l(&round_->mu);
+  auto cond = [&done]() { return done(); };
+  // Wake up now and then to notice Cancel().
+  while (!round_->mu.AwaitWithDeadline(
+      absl::Condition(&cond), std::min(deadline_, absl::Now() + absl::Milliseconds(200)))) {
+    if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
+    if (absl::Now() > deadline_) {
       return absl::DeadlineExceededError(absl::StrCat(
-          pending.size(), " partition request(s) unanswered after ",
-          absl::FormatDuration(request_timeout_), "; first: partition ",
-          r.partition, " at ", r.address));
+          round_->outstanding, " partition request(s) unanswered after ",
+          absl::FormatDuration(client_->request_timeout_)));
     }
-    auto round = std::make_shared<Round>(pending.size());
-    for (size_t j = 0; j < pending.size(); ++j) {
-      const Route& r = routes[pending[j]];
-      Message req = make_request(r);
-      req.header.sender_id = node_id_;
-      req.header.epoch = epoch;
-      req.header.partition = r.partition;
-      auto finish = [round, j](absl::StatusOr<Message> resp) {
-        absl::MutexLock l(&round->mu);
-        round->results[j] = std::move(resp);
-        --round->outstanding;
-      };
-      auto conn = ConnectionTo(r.address);
-      if (!conn.ok()) {
-        finish(conn.status());
-        continue;
-      }
-      if (destination) {
-        auto [dest, size] = destination(r);
-        (*conn)->CallInto(std::move(req), dest, size, finish);
-      } else {
-        (*conn)->Call(std::move(req), finish);
-      }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParamClient::Exchange::WaitTable(uint32_t table) {
+  STRATA_RETURN_IF_ERROR(view_error_);
+  if (finished_) return finish_status_;
+  Issue(table);
+  std::shared_ptr<Round> round = round_;
+  STRATA_RETURN_IF_ERROR(Await([round, table]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return round->outstanding_by_table[table] == 0;
+  }));
+  bool all_good = true;
+  {
+    absl::MutexLock l(&round_->mu);
+    for (const auto& [id, r] : routes_) {
+      if (r.table != table) continue;
+      auto it = round_->results.find(id);
+      all_good = all_good && it != round_->results.end() && it->second.ok() &&
+                 it->second->header.status == 0 &&
+                 (!destination_ || it->second->payload_in_destination);
     }
-    std::vector<absl::StatusOr<Message>> results;
+  }
+  // Something of this table needs a retry: settle everything now.
+  return all_good ? absl::OkStatus() : Finish();
+}
+
+absl::Status ParamClient::Exchange::Finish() {
+  if (!finished_) {
+    finish_status_ = FinishOnce();
+    finished_ = true;
+  }
+  return finish_status_;
+}
+
+absl::Status ParamClient::Exchange::FinishOnce() {
+  STRATA_RETURN_IF_ERROR(view_error_);
+  if (routes_.empty()) return absl::FailedPreconditionError("no partitions in the cluster view");
+  IssueAll();
+  for (int attempt = 0;; ++attempt) {
+    std::shared_ptr<Round> round = round_;
+    STRATA_RETURN_IF_ERROR(
+        Await([round]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return round->outstanding == 0; }));
+    std::map<uint32_t, absl::StatusOr<Message>> results;
     {
-      absl::MutexLock l(&round->mu);
-      auto all_done = [&round]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(round->mu) {
-        return round->outstanding == 0;
-      };
-      // Wake up now and then to notice Cancel().
-      while (!round->mu.AwaitWithDeadline(
-          absl::Condition(&all_done), std::min(deadline, absl::Now() + absl::Milliseconds(200)))) {
-        if (cancelled_) return absl::CancelledError("parameter client cancelled");
-        if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              round->outstanding, " partition request(s) unanswered after ",
-              absl::FormatDuration(request_timeout_), " (first: partition ",
-              routes[pending[0]].partition, " at ", routes[pending[0]].address, ")"));
-        }
-      }
-      results = std::move(round->results);
+      absl::MutexLock l(&round_->mu);
+      results.swap(round_->results);
     }
     std::vector<uint32_t> retry;
     bool refresh = false;
-    for (size_t j = 0; j < pending.size(); ++j) {
-      const Route& r = routes[pending[j]];
-      const absl::StatusOr<Message>& o = results[j];
+    for (auto& [id, o] : results) {
+      const Route& r = routes_.at(id);
       if (!o.ok()) {  // connection-level failure: reconnect and retry
         LOG_EVERY_N(WARNING, 20) << "partition " << r.partition << " at " << r.address
                                  << ": " << o.status() << "; retrying";
-        retry.push_back(pending[j]);
+        retry.push_back(id);
         continue;
       }
       absl::Status s = transport::ResponseStatus(*o);
-      if (s.ok()) {
-        STRATA_RETURN_IF_ERROR(on_response(r, *o));
-      } else if (absl::IsFailedPrecondition(s) && o->header.epoch > epoch) {
+      if (absl::IsFailedPrecondition(s) && o->header.epoch > epoch_) {
         refresh = true;  // our view is stale
-        retry.push_back(pending[j]);
+        retry.push_back(id);
       } else if (absl::IsUnavailable(s)) {
-        retry.push_back(pending[j]);  // pserver behind on the view, or not ready
+        retry.push_back(id);  // pserver behind on the view, or not ready
       } else {
-        STRATA_RETURN_IF_ERROR(on_response(r, *o));
+        STRATA_RETURN_IF_ERROR(on_response_(r, *o));
       }
     }
-    pending.swap(retry);
-    if (pending.empty()) break;
+    if (retry.empty()) return absl::OkStatus();
+    if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
+    if (absl::Now() > deadline_) {
+      const Route& r = routes_.at(retry[0]);
+      return absl::DeadlineExceededError(absl::StrCat(
+          retry.size(), " partition request(s) unanswered after ",
+          absl::FormatDuration(client_->request_timeout_), "; first: partition ",
+          r.partition, " at ", r.address));
+    }
     if (refresh) {
-      STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, refresh_view_());
-      SetView(view);
-      load_routes();  // owners may have moved
-      STRATA_RETURN_IF_ERROR(view_error);
-      for (uint32_t id : pending) {
-        if (routes.count(id) == 0) {
+      STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, client_->refresh_view_());
+      client_->SetView(view);
+      LoadRoutes();  // owners may have moved
+      STRATA_RETURN_IF_ERROR(view_error_);
+      for (uint32_t id : retry) {
+        if (routes_.count(id) == 0) {
           return absl::FailedPreconditionError(absl::StrCat(
               "partition ", id, " is no longer in the cluster view"));
         }
@@ -191,69 +241,78 @@ absl::Status ParamClient::CallAll(
     } else {
       absl::SleepFor(absl::Milliseconds(std::min(200, 10 * (attempt + 1))));
     }
+    for (uint32_t id : retry) Send(id);
   }
-  return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> ParamClient::PullAll(
-    uint64_t min_version, std::vector<std::vector<float>>* tables) {
+absl::Status ParamClient::CallAll(const MakeRequest& make_request,
+                                  const OnResponse& on_response,
+                                  const Destination& destination) {
+  Exchange ex(this, make_request, on_response, destination);
+  return ex.Finish();
+}
+
+std::unique_ptr<ParamClient::Exchange> ParamClient::StartPull(
+    uint64_t min_version, std::vector<std::vector<float>>* tables, uint64_t* lowest) {
   {
     absl::MutexLock l(&mu_);
     tables->resize(table_sizes_.size());
     for (size_t t = 0; t < table_sizes_.size(); ++t) (*tables)[t].resize(table_sizes_[t]);
   }
-  absl::Mutex mu;
-  uint64_t lowest = UINT64_MAX;
-  STRATA_RETURN_IF_ERROR(CallAll(
-      [&](const Route&) {
+  *lowest = UINT64_MAX;
+  auto ex = std::make_unique<Exchange>(
+      this,
+      [min_version](const Route&) {
         Message m;
         m.header.type = MessageType::kPullRequest;
         m.header.version = min_version;
         return m;
       },
-      [&](const Route& r, const Message& resp) -> absl::Status {
+      [lowest](const Route& r, const Message& resp) -> absl::Status {
         STRATA_RETURN_IF_ERROR(transport::ResponseStatus(resp));
         if (!resp.payload_in_destination) {  // a response of the wrong size
           return absl::DataLossError(absl::StrCat(
               "pull of partition ", r.partition, " from ", r.address, ": expected ",
               r.length * sizeof(float), " bytes, got ", resp.payload.size()));
         }
-        absl::MutexLock l(&mu);
-        lowest = std::min(lowest, resp.header.version);
+        *lowest = std::min(*lowest, resp.header.version);
         return absl::OkStatus();
       },
-      [&](const Route& r) -> std::pair<char*, size_t> {
+      [tables](const Route& r) -> std::pair<char*, size_t> {
         // Responses land straight in the tensor (checked against the view).
         return {reinterpret_cast<char*>((*tables)[r.table].data() + r.offset),
                 r.length * sizeof(float)};
-      }));
-  return lowest;
+      });
+  ex->IssueAll();  // layer order: tables are numbered first layer first
+  return ex;
 }
 
-absl::StatusOr<PushResult> ParamClient::PushAll(
-    const std::vector<std::vector<float>>& grads, uint64_t step, uint64_t count) {
+std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
+    const std::vector<std::vector<float>>* grads, uint64_t step, uint64_t count,
+    PushResult* result) {
   uint64_t seq;
   {
     absl::MutexLock l(&mu_);
     seq = next_seq_++;
   }
-  PushResult result;
-  STRATA_RETURN_IF_ERROR(CallAll(
-      [&](const Route& r) {
+  *result = PushResult();
+  return std::make_unique<Exchange>(
+      this,
+      [grads, seq, step, count](const Route& r) {
         Message m;
         m.header.type = MessageType::kPushRequest;
         m.header.seq = seq;
         m.header.version = step;
         m.header.count = count;
         // Sent straight from the gradient tensor: no copy.
-        m.payload_ref = reinterpret_cast<const char*>(grads[r.table].data() + r.offset);
+        m.payload_ref = reinterpret_cast<const char*>((*grads)[r.table].data() + r.offset);
         m.payload_ref_size = r.length * sizeof(float);
         return m;
       },
-      [&](const Route& r, const Message& resp) -> absl::Status {
+      [result](const Route& r, const Message& resp) -> absl::Status {
         absl::Status s = transport::ResponseStatus(resp);
         if (absl::IsFailedPrecondition(s)) {  // stale gradient: dropped by design
-          ++result.stale_partitions;
+          ++result->stale_partitions;
           VLOG(1) << s;
           return absl::OkStatus();
         }
@@ -261,7 +320,21 @@ absl::StatusOr<PushResult> ParamClient::PushAll(
           return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
         }
         return absl::OkStatus();
-      }));
+      },
+      Destination());
+}
+
+absl::StatusOr<uint64_t> ParamClient::PullAll(
+    uint64_t min_version, std::vector<std::vector<float>>* tables) {
+  uint64_t lowest = 0;
+  STRATA_RETURN_IF_ERROR(StartPull(min_version, tables, &lowest)->Finish());
+  return lowest;
+}
+
+absl::StatusOr<PushResult> ParamClient::PushAll(
+    const std::vector<std::vector<float>>& grads, uint64_t step, uint64_t count) {
+  PushResult result;
+  STRATA_RETURN_IF_ERROR(StartPush(&grads, step, count, &result)->Finish());
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,6 @@ class ParamClient {
   absl::StatusOr<PushResult> PushAll(const std::vector<std::vector<float>>& grads,
                                      uint64_t step, uint64_t count);
 
- private:
   struct Route {
     uint32_t partition;
     uint32_t table;
@@ -62,14 +62,71 @@ class ParamClient {
     uint64_t length;
     std::string address;
   };
-  // Sends one request per route (built by make_request) with retries on
-  // stale epochs, lagging pservers and broken connections.
-  // `destination` (may be empty) names where a route's successful response
-  // payload should land (CallInto).
-  absl::Status CallAll(
-      const std::function<transport::Message(const Route&)>& make_request,
-      const std::function<absl::Status(const Route&, const transport::Message&)>& on_response,
-      const std::function<std::pair<char*, size_t>(const Route&)>& destination = {});
+  using MakeRequest = std::function<transport::Message(const Route&)>;
+  using OnResponse = std::function<absl::Status(const Route&, const transport::Message&)>;
+  using Destination = std::function<std::pair<char*, size_t>(const Route&)>;
+  struct Round;
+
+  // One pull or push over every partition, issued table by table so the
+  // worker can overlap it with computation: a pull's tables are all asked
+  // for at once and awaited one by one (the forward pass waits for layer i
+  // only); a push's tables are sent as the backward pass produces them.
+  // Finish() settles everything: it waits for the answers and retries what
+  // needs it (stale epoch, lagging pserver, broken connection) until the
+  // request timeout. Used by one thread; the ParamClient must outlive it.
+  class Exchange {
+   public:
+    Exchange(ParamClient* client, MakeRequest make_request, OnResponse on_response,
+             Destination destination);
+    Exchange(const Exchange&) = delete;
+    Exchange& operator=(const Exchange&) = delete;
+
+    // Sends the first attempt for the partitions of `table` (once).
+    void Issue(uint32_t table);
+    void IssueAll();
+    // Issues `table` if needed and waits until its partitions are answered
+    // successfully; if any is not, settles the whole exchange (Finish).
+    absl::Status WaitTable(uint32_t table);
+    // Idempotent.
+    absl::Status Finish();
+
+   private:
+    void LoadRoutes();
+    void Send(uint32_t partition);
+    absl::Status Await(const std::function<bool()>& done);
+    absl::Status FinishOnce();
+
+    ParamClient* const client_;
+    const MakeRequest make_request_;
+    const OnResponse on_response_;
+    const Destination destination_;
+    const absl::Time deadline_;
+    std::shared_ptr<Round> round_;
+    std::map<uint32_t, Route> routes_;  // by partition id
+    uint64_t epoch_ = 0;
+    absl::Status view_error_;
+    std::set<uint32_t> issued_tables_;
+    bool finished_ = false;
+    absl::Status finish_status_;
+  };
+
+  // Starts a pull of every partition (version >= min_version) into
+  // *tables (resized to the view's tables); all requests are sent at once.
+  // *lowest receives the lowest version received once Finish() is OK.
+  // `tables` and `lowest` must outlive the exchange.
+  std::unique_ptr<Exchange> StartPull(uint64_t min_version,
+                                      std::vector<std::vector<float>>* tables,
+                                      uint64_t* lowest);
+  // A push of (*grads) for `step` over `count` samples; nothing is sent
+  // until Issue(table) / Finish(). `grads` and `result` must outlive it, and
+  // a table's gradient must not change once issued.
+  std::unique_ptr<Exchange> StartPush(const std::vector<std::vector<float>>* grads,
+                                      uint64_t step, uint64_t count, PushResult* result);
+
+ private:
+  // One Exchange over every partition, settled.
+  absl::Status CallAll(const MakeRequest& make_request, const OnResponse& on_response,
+                       const Destination& destination = {});
   absl::StatusOr<std::shared_ptr<transport::Connection>> ConnectionTo(
       const std::string& address);
 

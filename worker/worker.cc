@@ -413,20 +413,62 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     }
     const absl::Time t0 = absl::Now();
     uint64_t version = next_step_;
-    if (!local) {
-      STRATA_ASSIGN_OR_RETURN(version, params_->PullAll(bsp ? next_step_ : 0, &model_->params()));
-    }
-    const absl::Time t1 = absl::Now();
-    const double loss = model_->TrainStep(x.data(), y.data(), n);
-    const absl::Time t2 = absl::Now();
+    double loss = 0;
+    absl::Duration comm;
     PushResult pushed;
     if (local) {
+      loss = model_->TrainStep(x.data(), y.data(), n);
       for (size_t t = 0; t < local_optimizers_.size(); ++t) {
         local_optimizers_[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(),
                                     1.0f / n, model_->params()[t].size());
       }
     } else {
-      STRATA_ASSIGN_OR_RETURN(pushed, params_->PushAll(model_->grads(), version, n));
+      // Communication overlaps computation: the pull was sent ahead (at the
+      // end of the previous step when possible) and the forward pass waits
+      // for each layer's tables only; each layer's gradients are pushed as
+      // soon as the backward pass has them.
+      if (pull_ == nullptr) {
+        pull_ = params_->StartPull(bsp ? next_step_ : 0, &model_->params(), &pulled_version_);
+      }
+      std::unique_ptr<ParamClient::Exchange> push;
+      auto timed = [&comm](const std::function<absl::Status()>& fn) {
+        const absl::Time w = absl::Now();
+        absl::Status st = fn();
+        comm += absl::Now() - w;
+        return st;
+      };
+      Mlp::Hooks hooks;
+      hooks.before_layer = [&](int layer) {
+        return timed([&] {
+          STRATA_RETURN_IF_ERROR(pull_->WaitTable(2 * layer));
+          return pull_->WaitTable(2 * layer + 1);
+        });
+      };
+      hooks.after_forward = [&]() {
+        STRATA_RETURN_IF_ERROR(timed([&] { return pull_->Finish(); }));
+        pull_.reset();
+        version = pulled_version_;
+        push = params_->StartPush(&model_->grads(), version, n, &pushed);
+        return absl::OkStatus();
+      };
+      hooks.after_backward = [&](int layer) {
+        push->Issue(2 * layer);
+        push->Issue(2 * layer + 1);
+        return absl::OkStatus();
+      };
+      absl::StatusOr<double> l = model_->TrainStep(x.data(), y.data(), n, hooks);
+      if (!l.ok()) {
+        pull_.reset();
+        return l.status();
+      }
+      loss = *l;
+      // Ask for the next step's parameters before waiting for the acks
+      // (the same connections, so they follow the pushes), unless the task
+      // ends here.
+      if (b + batch_size < order.size()) {
+        pull_ = params_->StartPull(bsp ? version + 1 : 0, &model_->params(), &pulled_version_);
+      }
+      STRATA_RETURN_IF_ERROR(timed([&] { return push->Finish(); }));
     }
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
@@ -437,7 +479,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       stats_.last_step = version;
       stats_.stale_pushes += pushed.stale_partitions > 0;
       stats_.busy_seconds += absl::ToDoubleSeconds(t3 - t0);
-      if (!local) stats_.comm_seconds += absl::ToDoubleSeconds((t1 - t0) + (t3 - t2));
+      stats_.comm_seconds += absl::ToDoubleSeconds(comm);
     }
     window_samples_ += n;
     window_loss_ += loss;

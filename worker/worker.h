@@ -140,6 +140,9 @@ class Worker {
   std::atomic<uint32_t> node_id_{0};
   std::atomic<bool> declared_dead_{false};
   uint64_t next_step_ = 0;   // training thread only
+  // The pull of the next step's parameters, sent ahead (training thread).
+  std::unique_ptr<ParamClient::Exchange> pull_;
+  uint64_t pulled_version_ = 0;
   int current_epoch_ = 0;    // training thread only
   absl::Time window_start_;  // training thread only: throughput window
   uint64_t window_samples_ = 0;

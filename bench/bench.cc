@@ -195,6 +195,7 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
     po.index = i;
     po.http_port = -1;
     po.transport = topts;
+    po.apply_threads = c.apply_threads;
     STRATA_ASSIGN_OR_RETURN(auto ps, pserver::PServer::Create(po));
     STRATA_RETURN_IF_ERROR(ps->Start());
     servers.push_back(std::move(ps));

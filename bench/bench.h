@@ -31,6 +31,7 @@ struct PushPullCase {
   std::string transport = "tcp";
   int64_t slice_bytes = 4 << 20;
   double seconds = 1.0;  // measuring time per case (at least 5 operations)
+  int apply_threads = 1;  // PServerOptions::apply_threads
 };
 
 struct PushPullResult {

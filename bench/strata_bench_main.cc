@@ -22,6 +22,7 @@ DEFINE_int32(servers, 1, "pservers (in this process)");
 DEFINE_string(transport, "tcp", "tcp | inproc");
 DEFINE_int64(slice_bytes, 4 << 20, "partition size");
 DEFINE_double(seconds, 1.0, "measuring time per case");
+DEFINE_int32(pserver_apply_threads, 1, "pserver apply threads (1 = transport thread, 0 = one per core)");
 DEFINE_int64(apply_floats, 64ll << 20, "parameters for --mode apply");
 DEFINE_int32(apply_threads, 0, "threads for apply (0 = hardware threads)");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
       c.transport = FLAGS_transport;
       c.slice_bytes = FLAGS_slice_bytes;
       c.seconds = FLAGS_seconds;
+      c.apply_threads = FLAGS_pserver_apply_threads;
       auto r = strata::bench::RunPushPull(c);
       if (!r.ok()) {
         std::cerr << mode << " " << Human(bytes) << " failed: " << r.status() << "\n";

@@ -1,6 +1,8 @@
 #include "pserver/pserver.h"
 
+#include <algorithm>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -60,6 +62,10 @@ std::string PServer::admin_address() const {
 
 absl::Status PServer::Start() {
   RegisterMetrics();  // before Listen: request handlers use the counters
+  const int threads = options_.apply_threads > 0
+                          ? options_.apply_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads > 1) executor_ = std::make_unique<ShardedExecutor>(threads);
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
   STRATA_RETURN_IF_ERROR(transport_->Listen(
       options_.host, options_.data_port,
@@ -136,6 +142,7 @@ void PServer::Shutdown() {
   if (heartbeat_.joinable()) heartbeat_.join();
   if (admin_server_) admin_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (transport_) transport_->Shutdown();
+  if (executor_) executor_->Shutdown();  // runs what is queued; replies are dropped
   http_.Shutdown();
   started_ = false;
 }
@@ -238,10 +245,25 @@ void PServer::HandleRequest(Message request,
   }
   if (h.type == MessageType::kPullRequest) {
     bytes_out_->Increment(static_cast<double>(part->length() * sizeof(float)));
-    part->Pull(request, std::move(responder));
-  } else {
-    part->Push(request, std::move(responder));
   }
+  if (executor_ == nullptr) {
+    if (h.type == MessageType::kPullRequest) {
+      part->Pull(request, std::move(responder));
+    } else {
+      part->Push(request, std::move(responder));
+    }
+    return;
+  }
+  // Partitions apply in parallel; one partition's requests keep their order.
+  const uint32_t partition = h.partition;
+  auto req = std::make_shared<Message>(std::move(request));
+  executor_->Post(partition, [part, req, responder = std::move(responder)]() {
+    if (req->header.type == MessageType::kPullRequest) {
+      part->Pull(*req, responder);
+    } else {
+      part->Push(*req, responder);
+    }
+  });
 }
 
 absl::Status PServer::RefreshView() {

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/sharded_executor.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
 #include "pserver/partition.h"
@@ -33,6 +34,11 @@ struct PServerOptions {
   int data_port = 0;              // data plane; 0 = any
   int http_port = 0;              // 0 = any, -1 = off
   transport::TransportOptions transport;
+  // Threads that apply pushes and answer pulls, partitions spread over them
+  // (each partition's requests stay in arrival order). 1 = on the
+  // transport's thread (best on small machines: see docs/performance.md);
+  // 0 = one per core.
+  int apply_threads = 1;
   absl::Duration register_timeout = absl::Seconds(60);
 };
 
@@ -73,6 +79,7 @@ class PServer {
 
   const PServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<ShardedExecutor> executor_;  // null: apply on the transport thread
   std::shared_ptr<grpc::Channel> master_channel_;
   std::unique_ptr<proto::Master::Stub> master_;
   std::unique_ptr<AdminService> admin_service_;

@@ -14,6 +14,9 @@ DEFINE_int32(index, 0, "instance index of this pserver (0-based)");
 DEFINE_string(host, "127.0.0.1", "address to bind and advertise");
 DEFINE_int32(port, -1, "admin gRPC port (default: cluster.ports.pserver + index; 0 = any)");
 DEFINE_int32(data_port, -1, "data-plane port (default: cluster.ports.pserver_data + index)");
+DEFINE_int32(apply_threads, 1,
+             "threads applying updates, partitions spread over them (1 = the transport "
+             "thread, 0 = one per core)");
 DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.pserver_http + index; -1 = off)");
 
 int main(int argc, char** argv) {
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
   opts.data_port = FLAGS_data_port >= 0 ? FLAGS_data_port : ports.pserver_data + FLAGS_index;
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : ports.pserver_http + FLAGS_index;
   opts.transport.kind = config->cluster.transport;
+  opts.apply_threads = FLAGS_apply_threads;
 
   auto server = strata::pserver::PServer::Create(std::move(opts));
   if (!server.ok()) {

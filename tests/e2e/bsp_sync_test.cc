@@ -27,7 +27,8 @@ proto::DataTask Task(uint64_t id, int64_t begin, int64_t end) {
 // Trains kSteps steps with `workers` workers at batch 2b/workers; worker k's
 // step-s batch is records [2b s + k (2b/workers), ...). Returns the final
 // parameters.
-std::vector<std::vector<float>> Train(int workers, const std::string& optimizer) {
+std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
+                                      int apply_threads = 1) {
   InProcClusterOptions opts;
   opts.config = SmallFashionMnistConfig();
   opts.config.job.consistency = Consistency::kBsp;
@@ -37,6 +38,7 @@ std::vector<std::vector<float>> Train(int workers, const std::string& optimizer)
   opts.workers = workers;
   opts.pservers = 2;
   opts.shuffle_within_task = false;
+  opts.pserver_apply_threads = apply_threads;
   const int per = 2 * kBatch / workers;
   for (int k = 0; k < workers; ++k) {
     std::vector<proto::DataTask> tasks;
@@ -87,6 +89,16 @@ TEST_P(BspSyncTest, TwoWorkersAtBatchBEqualOneWorkerAtBatch2B) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, BspSyncTest, ::testing::Values("sgd", "adam"));
+
+// Partitions applied on 3 pserver threads give exactly the same result as
+// applied on the transport thread.
+TEST(BspSyncParallelApplyTest, ParallelApplyChangesNothing) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const auto serial = Train(2, "adam", 1);
+  const auto parallel = Train(2, "adam", 3);
+  ASSERT_FALSE(serial.empty());
+  EXPECT_EQ(serial, parallel);
+}
 
 }  // namespace
 }  // namespace strata::testing

@@ -12,6 +12,7 @@ namespace {
 struct Case {
   Consistency consistency;
   std::string transport;
+  int apply_threads = 1;
 };
 
 class InProcClusterTest : public ::testing::TestWithParam<Case> {};
@@ -23,6 +24,7 @@ TEST_P(InProcClusterTest, TrainsToCompletionAndEvaluates) {
   opts.config.job.consistency = GetParam().consistency;
   opts.config.job.epochs = 2;
   opts.transport = GetParam().transport;
+  opts.pserver_apply_threads = GetParam().apply_threads;
   STRATA_ASSERT_OK_AND_ASSIGN(auto cluster, InProcCluster::Start(std::move(opts)));
   cluster->RunWorkers();
   STRATA_ASSERT_OK(cluster->JoinWorkers());
@@ -62,9 +64,11 @@ TEST_P(InProcClusterTest, TrainsToCompletionAndEvaluates) {
 INSTANTIATE_TEST_SUITE_P(
     All, InProcClusterTest,
     ::testing::Values(Case{Consistency::kBsp, "inproc"}, Case{Consistency::kAsp, "inproc"},
-                      Case{Consistency::kBsp, "tcp"}),
+                      Case{Consistency::kBsp, "tcp"}, Case{Consistency::kBsp, "tcp", 3},
+                      Case{Consistency::kAsp, "tcp", 3}),
     [](const ::testing::TestParamInfo<Case>& info) {
-      return std::string(ConsistencyName(info.param.consistency)) + "_" + info.param.transport;
+      return std::string(ConsistencyName(info.param.consistency)) + "_" + info.param.transport +
+             (info.param.apply_threads > 1 ? "_parallel_apply" : "");
     });
 
 }  // namespace

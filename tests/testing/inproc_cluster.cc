@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
     p.data_port = 0;
     p.http_port = 0;
     p.transport = topts;
+    p.apply_threads = options.pserver_apply_threads;
     STRATA_ASSIGN_OR_RETURN(auto ps, pserver::PServer::Create(std::move(p)));
     STRATA_RETURN_IF_ERROR(ps->Start());
     c->pservers_.push_back(std::move(ps));

@@ -27,6 +27,7 @@ struct InProcClusterOptions {
   // empty = lease from the master.
   std::vector<std::unique_ptr<worker::TaskSource>> task_sources;
   bool shuffle_within_task = true;
+  int pserver_apply_threads = 1;
 };
 
 // Not thread-safe; owned by one test.

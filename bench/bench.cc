@@ -4,11 +4,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -156,19 +159,141 @@ absl::StatusOr<Latency> RawTcpPingPong(uint64_t bytes, double seconds) {
   return Percentiles(us);
 }
 
-absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
+namespace {
+
+// The bench's job: one dense table, asp, a tiny learning rate.
+JobConfig BenchConfig(uint64_t bytes, const std::string& optimizer, int64_t slice_bytes) {
   JobConfig config;
   config.job.name = "bench";
   config.job.consistency = Consistency::kAsp;
   config.model.type = "dense";
-  config.model.dense_tables = {c.bytes / 4};
-  config.optimizer.type = "sgd";
+  config.model.dense_tables = {bytes / 4};
+  config.optimizer.type = optimizer;
   config.optimizer.learning_rate = 1e-12;
   config.data.train_labels = "/labels";
-  config.cluster.slice_bytes = c.slice_bytes;
+  config.cluster.slice_bytes = slice_bytes;
   config.cluster.heartbeat_interval_ms = 1000;
   config.cluster.dead_timeout_ms = 3600 * 1000;
   config.cluster.request_timeout_ms = 120 * 1000;
+  return config;
+}
+
+uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return std::stoull(line.substr(field.size() + 1)) * 1024;  // "... kB"
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& optimizer) {
+  const JobConfig config = BenchConfig(model_bytes, optimizer, 4 << 20);
+  int to_child[2], to_parent[2];
+  if (pipe(to_child) != 0 || pipe(to_parent) != 0) return absl::InternalError("pipe failed");
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    // The pserver process: wait for the master's address, serve until killed.
+    close(to_child[1]);
+    close(to_parent[0]);
+    char addr[256] = {0};
+    if (read(to_child[0], addr, sizeof(addr) - 1) <= 0) _exit(1);
+    pserver::PServerOptions po;
+    po.config = config;
+    po.master_address = addr;
+    po.http_port = -1;
+    auto ps = pserver::PServer::Create(po);
+    if (!ps.ok() || !(*ps)->Start().ok()) _exit(2);
+    const char ok = 1;
+    if (write(to_parent[1], &ok, 1) != 1) _exit(3);
+    pause();
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(to_parent[1]);
+  auto kill_child = [pid] {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  };
+  auto fs = storage::NewMemoryFileSystem();
+  STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic("/labels", std::string("\0\0\x08\x01\0\0\0\x01\x00", 9)));
+  master::MasterOptions mo;
+  mo.config = config;
+  mo.http_port = -1;
+  mo.fs = fs.get();
+  STRATA_ASSIGN_OR_RETURN(auto master, master::MasterServer::Create(mo));
+  STRATA_RETURN_IF_ERROR(master->Start());
+  const std::string addr = master->address();
+  char ok = 0;
+  if (write(to_child[1], addr.data(), addr.size()) != static_cast<ssize_t>(addr.size()) ||
+      read(to_parent[0], &ok, 1) != 1) {
+    kill_child();
+    return absl::InternalError("the pserver process did not start");
+  }
+  auto stub = proto::Master::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto fetch_view = [&]() -> absl::StatusOr<proto::ClusterView> {
+    grpc::ClientContext ctx;
+    proto::ClusterView v;
+    STRATA_RETURN_IF_ERROR(
+        FromGrpcStatus(stub->GetClusterView(&ctx, proto::GetClusterViewRequest(), &v)));
+    return v;
+  };
+  proto::RegisterRequest req;
+  req.set_role(proto::WORKER);
+  req.set_host("127.0.0.1");
+  proto::RegisterResponse resp;
+  grpc::ClientContext ctx;
+  absl::Status st = FromGrpcStatus(stub->Register(&ctx, req, &resp));
+  if (!st.ok()) {
+    kill_child();
+    return st;
+  }
+  transport::TransportOptions topts;
+  auto t = transport::CreateTransport(topts);
+  if (!t.ok()) {
+    kill_child();
+    return t.status();
+  }
+  worker::ParamClient client(t->get(), resp.node_id(), fetch_view, absl::Seconds(120));
+  absl::Status result;
+  MemoryResult r;
+  for (int i = 0; i < 300; ++i) {
+    auto v = fetch_view();
+    if (v.ok() && v->ready()) {
+      client.SetView(*v);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  {
+    std::vector<std::vector<float>> grads{std::vector<float>(model_bytes / 4, 1e-3f)};
+    std::vector<std::vector<float>> params;
+    for (int i = 0; i < 2 && result.ok(); ++i) {
+      result = client.PushAll(grads, 0, 1).status();
+      if (result.ok()) result = client.PullAll(0, &params).status();
+    }
+  }
+  r.model_bytes = model_bytes;
+  auto probe = Optimizer::Create(config.optimizer, 1);
+  r.state_bytes = probe.ok() ? (*probe)->state_bytes_per_param() * (model_bytes / 4) : 0;
+  r.rss_bytes = ProcStatusBytes(pid, "VmRSS");
+  r.peak_rss_bytes = ProcStatusBytes(pid, "VmHWM");
+  r.bound_bytes = 1.3 * static_cast<double>(r.model_bytes + r.state_bytes) + (64 << 20);
+  client.Cancel();
+  (*t)->Shutdown();
+  kill_child();
+  master->Shutdown();
+  if (!result.ok()) return result;
+  return r;
+}
+
+absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
+  const JobConfig config = BenchConfig(c.bytes, "sgd", c.slice_bytes);
 
   // The master reads the training-set size from a labels file: one record.
   auto fs = storage::NewMemoryFileSystem();

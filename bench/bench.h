@@ -59,6 +59,20 @@ struct ApplyResult {
 absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floats,
                                      int threads);
 
+struct MemoryResult {
+  uint64_t model_bytes = 0;
+  uint64_t state_bytes = 0;     // optimizer state
+  uint64_t rss_bytes = 0;       // pserver resident set after push and pull
+  uint64_t peak_rss_bytes = 0;  // VmHWM
+  double bound_bytes = 0;       // 1.3 x (model + state) + 64 MiB
+};
+
+// Forks a pserver process (before this process has any thread), starts a
+// master and one client here, pushes and pulls a dense table of
+// `model_bytes` with `optimizer` (asp), and reads the pserver's resident
+// set from /proc. REQUIRES: no thread has been started in this process.
+absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& optimizer);
+
 }  // namespace strata::bench
 
 #endif  // STRATA_BENCH_BENCH_H_

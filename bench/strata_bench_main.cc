@@ -15,7 +15,8 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 
-DEFINE_string(mode, "all", "all | push | pull | pushpull | apply (comma list allowed)");
+DEFINE_string(mode, "all", "all | push | pull | pushpull | apply | memory (comma list allowed)");
+DEFINE_int64(memory_model_bytes, 1ll << 30, "model size for --mode memory");
 DEFINE_string(sizes, "4K,64K,1M,16M,64M", "value sizes (K, M suffixes)");
 DEFINE_int32(workers, 1, "workers (client threads, each with its own transport)");
 DEFINE_int32(servers, 1, "pservers (in this process)");
@@ -59,10 +60,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> modes;
   for (auto m : absl::StrSplit(FLAGS_mode, ',')) {
     if (m == "all") {
-      modes = {"push", "pull", "pushpull", "apply"};
+      modes = {"memory", "push", "pull", "pushpull", "apply"};
       break;
     }
-    if (m != "push" && m != "pull" && m != "pushpull" && m != "apply") {
+    if (m != "push" && m != "pull" && m != "pushpull" && m != "apply" && m != "memory") {
       std::cerr << "strata-bench: unknown mode '" << m << "'\n";
       return 2;
     }
@@ -71,9 +72,31 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes;
   for (auto s : absl::StrSplit(FLAGS_sizes, ',')) sizes.push_back(ParseSize(std::string(s)));
 
-  std::string json_results, json_apply;
+  std::string json_results, json_apply, json_memory = "null";
+  // First, while this process has no thread yet: it forks a pserver.
+  if (std::find(modes.begin(), modes.end(), "memory") != modes.end()) {
+    auto m = strata::bench::RunMemory(FLAGS_memory_model_bytes, "adam");
+    if (!m.ok()) {
+      std::cerr << "memory failed: " << m.status() << "\n";
+      return 1;
+    }
+    const double ratio = m->rss_bytes / m->bound_bytes;
+    if (FLAGS_json) {
+      json_memory = absl::StrFormat(
+          "{\"model_bytes\": %d, \"optimizer\": \"adam\", \"state_bytes\": %d, "
+          "\"rss_bytes\": %d, \"peak_rss_bytes\": %d, \"bound_bytes\": %.0f, "
+          "\"ratio_to_bound\": %.4f}",
+          m->model_bytes, m->state_bytes, m->rss_bytes, m->peak_rss_bytes, m->bound_bytes, ratio);
+    } else {
+      std::printf("pserver memory, %s model, adam: resident %.1f MiB (peak %.1f MiB); "
+                  "parameters + state %.1f MiB; bound 1.3x + 64 MiB = %.1f MiB; ratio %.3f\n\n",
+                  Human(m->model_bytes).c_str(), m->rss_bytes / 1048576.0,
+                  m->peak_rss_bytes / 1048576.0, (m->model_bytes + m->state_bytes) / 1048576.0,
+                  m->bound_bytes / 1048576.0, ratio);
+    }
+  }
   bool any_pp = false;
-  for (const auto& m : modes) any_pp |= m != "apply";
+  for (const auto& m : modes) any_pp |= m != "apply" && m != "memory";
   double raw_gbps = 0;
   if (any_pp) {
     auto raw = strata::bench::RawTcpThroughputGbps(2ull << 30);
@@ -97,7 +120,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (const auto& mode : modes) {
-      if (mode == "apply") continue;
+      if (mode == "apply" || mode == "memory") continue;
       strata::bench::PushPullCase c;
       c.mode = mode;
       c.bytes = bytes;
@@ -159,8 +182,8 @@ int main(int argc, char** argv) {
     }
   }
   if (FLAGS_json) {
-    std::printf("{\"raw_tcp_gbps\": %.4f,\n  \"results\": [\n    %s\n  ],\n  \"apply\": [\n    %s\n  ]\n}\n",
-                raw_gbps, json_results, json_apply);
+    std::printf("{\"raw_tcp_gbps\": %.4f,\n  \"results\": [\n    %s\n  ],\n  \"apply\": [\n    %s\n  ],\n  \"memory\": %s\n}\n",
+                raw_gbps, json_results, json_apply, json_memory);
   }
   return 0;
 }

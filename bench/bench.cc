@@ -178,6 +178,22 @@ JobConfig BenchConfig(uint64_t bytes, const std::string& optimizer, int64_t slic
   return config;
 }
 
+// Fetches the cluster view from the master. `stub` must outlive the result.
+std::function<absl::StatusOr<proto::ClusterView>()> ViewFetcher(proto::Master::Stub* stub) {
+  return [stub]() -> absl::StatusOr<proto::ClusterView> {
+    grpc::ClientContext ctx;
+    proto::ClusterView v;
+    STRATA_RETURN_IF_ERROR(
+        FromGrpcStatus(stub->GetClusterView(&ctx, proto::GetClusterViewRequest(), &v)));
+    return v;
+  };
+}
+
+// The master reads the training-set size from a labels file: one record.
+absl::Status WriteBenchLabels(storage::FileSystem* fs) {
+  return fs->WriteFileAtomic("/labels", std::string("\0\0\x08\x01\0\0\0\x01\x00", 9));
+}
+
 uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
@@ -221,7 +237,7 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
     waitpid(pid, nullptr, 0);
   };
   auto fs = storage::NewMemoryFileSystem();
-  STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic("/labels", std::string("\0\0\x08\x01\0\0\0\x01\x00", 9)));
+  STRATA_RETURN_IF_ERROR(WriteBenchLabels(fs.get()));
   master::MasterOptions mo;
   mo.config = config;
   mo.http_port = -1;
@@ -236,13 +252,7 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
     return absl::InternalError("the pserver process did not start");
   }
   auto stub = proto::Master::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
-  auto fetch_view = [&]() -> absl::StatusOr<proto::ClusterView> {
-    grpc::ClientContext ctx;
-    proto::ClusterView v;
-    STRATA_RETURN_IF_ERROR(
-        FromGrpcStatus(stub->GetClusterView(&ctx, proto::GetClusterViewRequest(), &v)));
-    return v;
-  };
+  auto fetch_view = ViewFetcher(stub.get());
   proto::RegisterRequest req;
   req.set_role(proto::WORKER);
   req.set_host("127.0.0.1");
@@ -295,10 +305,8 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
 absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
   const JobConfig config = BenchConfig(c.bytes, "sgd", c.slice_bytes);
 
-  // The master reads the training-set size from a labels file: one record.
   auto fs = storage::NewMemoryFileSystem();
-  const std::string labels("\0\0\x08\x01\0\0\0\x01\x00", 9);
-  STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic("/labels", labels));
+  STRATA_RETURN_IF_ERROR(WriteBenchLabels(fs.get()));
 
   master::MasterOptions mo;
   mo.config = config;
@@ -329,13 +337,7 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
   // Clients: registered as workers so the view becomes ready.
   auto stub = proto::Master::NewStub(
       grpc::CreateChannel(master->address(), grpc::InsecureChannelCredentials()));
-  auto fetch_view = [&]() -> absl::StatusOr<proto::ClusterView> {
-    grpc::ClientContext ctx;
-    proto::ClusterView v;
-    STRATA_RETURN_IF_ERROR(
-        FromGrpcStatus(stub->GetClusterView(&ctx, proto::GetClusterViewRequest(), &v)));
-    return v;
-  };
+  auto fetch_view = ViewFetcher(stub.get());
   std::vector<std::unique_ptr<transport::Transport>> transports;
   std::vector<std::unique_ptr<worker::ParamClient>> clients;
   for (int i = 0; i < c.workers; ++i) {

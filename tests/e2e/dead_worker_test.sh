@@ -80,6 +80,10 @@ done
 (( b > a )) || fail "training stalled after the worker died ($a samples)"
 "$BUILD_DIR/bin/strata" status --master "$(cat "$work/run/master.address")" | tee "$work/status"
 grep -qE '^[0-9]+ +worker +1 .*DEAD' "$work/status" || fail "strata status does not show worker 1 DEAD"
+grep -qE '^job e2e-bsp: running' "$work/status" || fail "strata status does not show the running job"
+grep -qE '^[0-9]+ +fc0.weight +0 ' "$work/status" || fail "strata status does not list the partitions"
+"$ROOT/scripts/launch.sh" status --run-dir "$work/run" | grep -qE '^[0-9]+ +pserver +1 .*alive' ||
+  fail "launch.sh status does not show pserver 1 alive"
 "$ROOT/scripts/launch.sh" down --run-dir "$work/run"
 assert_nothing_left "$work"
 echo "PASS"

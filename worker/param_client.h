@@ -104,6 +104,7 @@ class ParamClient {
     std::shared_ptr<Round> round_;
     std::map<uint32_t, Route> routes_;  // by partition id
     uint64_t epoch_ = 0;
+    uint64_t total_bytes_ = 0;  // payload of all partitions
     absl::Status view_error_;
     std::set<uint32_t> issued_tables_;
     bool finished_ = false;

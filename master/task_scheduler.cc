@@ -1,9 +1,9 @@
 #include "master/task_scheduler.h"
 
 #include <algorithm>
-#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/data_tasks.h"
 
 namespace strata::master {
 
@@ -12,13 +12,7 @@ TaskScheduler::TaskScheduler(int64_t num_records, int64_t task_records,
                              absl::Duration lease_timeout)
     : lease_timeout_(lease_timeout), epochs_(epochs) {
   for (int e = 0; e < epochs; ++e) {
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    for (int64_t b = 0; b < num_records; b += task_records) {
-      ranges.emplace_back(b, std::min(num_records, b + task_records));
-    }
-    std::mt19937_64 rng(seed * 1000003 + e);
-    std::shuffle(ranges.begin(), ranges.end(), rng);
-    for (const auto& [b, end] : ranges) {
+    for (const auto& [b, end] : EpochTaskRanges(num_records, task_records, seed, e)) {
       proto::DataTask t;
       t.set_id(tasks_.size());
       t.set_epoch(e);

@@ -19,7 +19,7 @@ namespace strata::master {
 class TaskScheduler {
  public:
   // Tasks of `task_records` records over [0, num_records), for `epochs`
-  // passes; the order of tasks within each epoch is shuffled by `seed`.
+  // passes, in the order of EpochTaskRanges (common/data_tasks.h).
   TaskScheduler(int64_t num_records, int64_t task_records, int epochs,
                 uint64_t seed, absl::Duration lease_timeout);
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/data_tasks.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/model_spec.h"
@@ -60,11 +61,6 @@ absl::Status CheckLabelsFor(const storage::LabeledDataset& data, const std::stri
 }
 
 }  // namespace
-
-absl::Status Worker::CheckLabels(const storage::LabeledDataset& data,
-                                 const std::string& file) const {
-  return CheckLabelsFor(data, file, options_.config.model);
-}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (options.fs == nullptr) return absl::InvalidArgumentError("WorkerOptions.fs is required");
@@ -359,11 +355,7 @@ absl::Status Worker::RunLocal() {
   window_start_ = start;
   uint64_t id = 0;
   for (int e = 0; e < options_.config.job.epochs; ++e) {
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    for (int64_t b = 0; b < n; b += per) ranges.emplace_back(b, std::min(n, b + per));
-    std::mt19937_64 rng(options_.config.job.seed * 1000003 + e);
-    std::shuffle(ranges.begin(), ranges.end(), rng);
-    for (const auto& [b, end] : ranges) {
+    for (const auto& [b, end] : EpochTaskRanges(n, per, options_.config.job.seed, e)) {
       proto::DataTask task;
       task.set_id(id++);
       task.set_epoch(e);
@@ -545,7 +537,7 @@ absl::StatusOr<std::pair<double, double>> Worker::TestAccuracy() {
         d.test_images, ": ", test.feature_dim, " features, training set has ",
         train_.feature_dim));
   }
-  STRATA_RETURN_IF_ERROR(CheckLabels(test, d.test_labels));
+  STRATA_RETURN_IF_ERROR(CheckLabelsFor(test, d.test_labels, options_.config.model));
   double loss = 0;
   int64_t correct = 0;
   const int chunk = 1000;

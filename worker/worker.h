@@ -109,8 +109,6 @@ class Worker {
   absl::Status TrainTask(const proto::DataTask& task, bool local);
   absl::Status WaitForReadyView();
   absl::Status CheckViewMatchesModel(const proto::ClusterView& view) const;
-  absl::Status CheckLabels(const storage::LabeledDataset& data,
-                           const std::string& file) const;
   // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
   // for up to cluster.request_timeout_ms.
   absl::Status CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call);

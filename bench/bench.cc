@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
@@ -194,6 +195,53 @@ absl::Status WriteBenchLabels(storage::FileSystem* fs) {
   return fs->WriteFileAtomic("/labels", std::string("\0\0\x08\x01\0\0\0\x01\x00", 9));
 }
 
+// Clients registered with the master as workers (so the view becomes
+// ready), each with its own data-plane transport. Cancels and shuts down
+// its clients when destroyed.
+struct BenchClients {
+  std::unique_ptr<proto::Master::Stub> stub;  // used by the clients' view refresh
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  std::vector<std::unique_ptr<worker::ParamClient>> clients;
+
+  ~BenchClients() {
+    for (auto& c : clients) c->Cancel();
+    for (auto& t : transports) t->Shutdown();
+  }
+};
+
+// Registers `n` clients with the master at `master` and waits (30 s at
+// most) until the cluster view is ready.
+absl::StatusOr<std::unique_ptr<BenchClients>> ConnectClients(
+    const std::string& master, int n, const transport::TransportOptions& topts,
+    absl::Duration request_timeout) {
+  auto bc = std::make_unique<BenchClients>();
+  bc->stub = proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+  auto fetch_view = ViewFetcher(bc->stub.get());
+  for (int i = 0; i < n; ++i) {
+    proto::RegisterRequest req;
+    req.set_role(proto::WORKER);
+    req.set_index(i);
+    req.set_host("127.0.0.1");
+    proto::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    STRATA_RETURN_IF_ERROR(FromGrpcStatus(bc->stub->Register(&ctx, req, &resp)));
+    STRATA_ASSIGN_OR_RETURN(auto t, transport::CreateTransport(topts));
+    bc->clients.push_back(std::make_unique<worker::ParamClient>(t.get(), resp.node_id(),
+                                                                fetch_view, request_timeout));
+    bc->transports.push_back(std::move(t));
+  }
+  const absl::Time ready_by = absl::Now() + absl::Seconds(30);
+  while (true) {
+    STRATA_ASSIGN_OR_RETURN(proto::ClusterView v, fetch_view());
+    if (v.ready()) {
+      for (auto& cl : bc->clients) cl->SetView(v);
+      return bc;
+    }
+    if (absl::Now() > ready_by) return absl::DeadlineExceededError("bench cluster not ready");
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
@@ -232,7 +280,7 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
   }
   close(to_child[0]);
   close(to_parent[1]);
-  auto kill_child = [pid] {
+  absl::Cleanup kill_child = [pid] {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
   };
@@ -248,57 +296,26 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
   char ok = 0;
   if (write(to_child[1], addr.data(), addr.size()) != static_cast<ssize_t>(addr.size()) ||
       read(to_parent[0], &ok, 1) != 1) {
-    kill_child();
     return absl::InternalError("the pserver process did not start");
   }
-  auto stub = proto::Master::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
-  auto fetch_view = ViewFetcher(stub.get());
-  proto::RegisterRequest req;
-  req.set_role(proto::WORKER);
-  req.set_host("127.0.0.1");
-  proto::RegisterResponse resp;
-  grpc::ClientContext ctx;
-  absl::Status st = FromGrpcStatus(stub->Register(&ctx, req, &resp));
-  if (!st.ok()) {
-    kill_child();
-    return st;
-  }
-  transport::TransportOptions topts;
-  auto t = transport::CreateTransport(topts);
-  if (!t.ok()) {
-    kill_child();
-    return t.status();
-  }
-  worker::ParamClient client(t->get(), resp.node_id(), fetch_view, absl::Seconds(120));
-  absl::Status result;
-  MemoryResult r;
-  for (int i = 0; i < 300; ++i) {
-    auto v = fetch_view();
-    if (v.ok() && v->ready()) {
-      client.SetView(*v);
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  STRATA_ASSIGN_OR_RETURN(auto bc, ConnectClients(addr, 1, transport::TransportOptions(),
+                                                  absl::Seconds(120)));
+  worker::ParamClient& client = *bc->clients[0];
   {
     std::vector<std::vector<float>> grads{std::vector<float>(model_bytes / 4, 1e-3f)};
     std::vector<std::vector<float>> params;
-    for (int i = 0; i < 2 && result.ok(); ++i) {
-      result = client.PushAll(grads, 0, 1).status();
-      if (result.ok()) result = client.PullAll(0, &params).status();
+    for (int i = 0; i < 2; ++i) {
+      STRATA_RETURN_IF_ERROR(client.PushAll(grads, 0, 1).status());
+      STRATA_RETURN_IF_ERROR(client.PullAll(0, &params).status());
     }
   }
+  MemoryResult r;
   r.model_bytes = model_bytes;
-  auto probe = Optimizer::Create(config.optimizer, 1);
-  r.state_bytes = probe.ok() ? (*probe)->state_bytes_per_param() * (model_bytes / 4) : 0;
+  STRATA_ASSIGN_OR_RETURN(auto probe, Optimizer::Create(config.optimizer, 1));
+  r.state_bytes = probe->state_bytes_per_param() * (model_bytes / 4);
   r.rss_bytes = ProcStatusBytes(pid, "VmRSS");
   r.peak_rss_bytes = ProcStatusBytes(pid, "VmHWM");
   r.bound_bytes = 1.3 * static_cast<double>(r.model_bytes + r.state_bytes) + (64 << 20);
-  client.Cancel();
-  (*t)->Shutdown();
-  kill_child();
-  master->Shutdown();
-  if (!result.ok()) return result;
   return r;
 }
 
@@ -334,35 +351,10 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
     servers.push_back(std::move(ps));
   }
 
-  // Clients: registered as workers so the view becomes ready.
-  auto stub = proto::Master::NewStub(
-      grpc::CreateChannel(master->address(), grpc::InsecureChannelCredentials()));
-  auto fetch_view = ViewFetcher(stub.get());
-  std::vector<std::unique_ptr<transport::Transport>> transports;
-  std::vector<std::unique_ptr<worker::ParamClient>> clients;
-  for (int i = 0; i < c.workers; ++i) {
-    proto::RegisterRequest req;
-    req.set_role(proto::WORKER);
-    req.set_index(i);
-    req.set_host("127.0.0.1");
-    proto::RegisterResponse resp;
-    grpc::ClientContext ctx;
-    STRATA_RETURN_IF_ERROR(FromGrpcStatus(stub->Register(&ctx, req, &resp)));
-    STRATA_ASSIGN_OR_RETURN(auto t, transport::CreateTransport(topts));
-    clients.push_back(std::make_unique<worker::ParamClient>(
-        t.get(), resp.node_id(), fetch_view, absl::Milliseconds(config.cluster.request_timeout_ms)));
-    transports.push_back(std::move(t));
-  }
-  const absl::Time ready_by = absl::Now() + absl::Seconds(30);
-  while (true) {
-    STRATA_ASSIGN_OR_RETURN(proto::ClusterView v, fetch_view());
-    if (v.ready()) {
-      for (auto& cl : clients) cl->SetView(v);
-      break;
-    }
-    if (absl::Now() > ready_by) return absl::DeadlineExceededError("bench cluster not ready");
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  STRATA_ASSIGN_OR_RETURN(
+      auto bc, ConnectClients(master->address(), c.workers, topts,
+                              absl::Milliseconds(config.cluster.request_timeout_ms)));
+  auto& clients = bc->clients;
 
   const uint64_t floats = c.bytes / 4;
   const bool push = c.mode == "push" || c.mode == "pushpull";
@@ -412,8 +404,7 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
   }
   r.gbps = static_cast<double>(r.operations * bytes_per_op) / secs / 1e9;
   r.latency = Percentiles(std::move(all));
-  for (auto& cl : clients) cl->Cancel();
-  for (auto& t : transports) t->Shutdown();
+  bc.reset();
   for (auto& s : servers) s->Shutdown();
   master->Shutdown();
   return r;

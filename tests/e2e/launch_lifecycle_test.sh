@@ -75,4 +75,16 @@ cat "$work/kill.out"
 grep -qE "pserver-0 exited|pserver 0 \(node [0-9]+, 127.0.0.1\) died" "$work/kill.out" ||
   fail "the dead pserver is not named"
 assert_nothing_left "$work/kill"
+
+# 4. The master killed mid-job: the run fails, says so, and stops the rest.
+start_long_run nomaster
+read -r _ pid < "$work/nomaster/pids/master-0"
+kill -KILL "$pid"
+for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$launcher" 2>/dev/null && fail "launch.sh did not notice the dead master within 30 s"
+set +e; wait "$launcher"; rc=$?; set -e
+cat "$work/nomaster.out"
+(( rc != 0 )) || fail "run with a dead master exited 0"
+grep -q "the master died" "$work/nomaster.out" || fail "launch.sh did not say the master died"
+assert_nothing_left "$work/nomaster"
 echo "PASS"

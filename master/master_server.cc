@@ -498,6 +498,7 @@ void MasterServer::UpdateJobStateLocked() {
   }
   if (job_state_ == "running" && tasks_.AllDone()) {
     job_state_ = "evaluating";
+    train_end_time_ = clock_->Now();
     LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
   }
   if (job_state_ == "running" || job_state_ == "evaluating") {
@@ -567,8 +568,14 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
                           ? 0
                           : absl::ToDoubleSeconds(end - start_time_);
   js.set_wall_seconds(wall);
+  // Training throughput: the final evaluation is not training.
+  const double train =
+      start_time_ == absl::InfinitePast()
+          ? 0
+          : absl::ToDoubleSeconds(std::min(end, train_end_time_) - start_time_);
+  js.set_train_seconds(train);
   js.set_samples_per_sec(IsTerminal(job_state_) || sps == 0
-                             ? (wall > 0 ? samples / wall : 0)
+                             ? (train > 0 ? samples / train : 0)
                              : sps);
   js.set_comm_share(busy > 0 ? comm / busy : 0);
   js.set_has_test_accuracy(has_accuracy_);
@@ -600,12 +607,12 @@ std::string MasterServer::SummaryJsonLocked() const {
       "  \"consistency\": \"%s\",\n  \"epochs\": %d,\n"
       "  \"final_test_accuracy\": %.6f,\n  \"final_test_loss\": %.6f,\n"
       "  \"steps\": %d,\n  \"samples\": %d,\n  \"samples_per_sec\": %.2f,\n"
-      "  \"comm_share\": %.4f,\n  \"wall_seconds\": %.3f,\n"
+      "  \"comm_share\": %.4f,\n  \"wall_seconds\": %.3f,\n  \"train_seconds\": %.3f,\n"
       "  \"tasks_total\": %d,\n  \"tasks_done\": %d,\n"
       "  \"workers\": [\n%s\n  ]\n}\n",
       JsonEscape(js.name()), js.state(), JsonEscape(js.message()), js.consistency(),
       js.epochs(), js.test_accuracy(), test_loss_, js.steps(), js.samples(),
-      js.samples_per_sec(), js.comm_share(), js.wall_seconds(), js.tasks_total(),
+      js.samples_per_sec(), js.comm_share(), js.wall_seconds(), js.train_seconds(), js.tasks_total(),
       js.tasks_done(), workers);
 }
 

@@ -108,6 +108,7 @@ class MasterServer {
   std::string job_message_ ABSL_GUARDED_BY(mu_);
   absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
+  absl::Time train_end_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint32_t evaluator_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_last_step_ ABSL_GUARDED_BY(mu_) = 0;
   bool has_accuracy_ ABSL_GUARDED_BY(mu_) = false;

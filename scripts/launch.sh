@@ -246,7 +246,7 @@ do_run() {
   cleanup
   if [[ -f "$RUN_DIR/summary.json" ]]; then
     echo "launch.sh: summary ($RUN_DIR/summary.json):"
-    grep -E '"(state|message|final_test_accuracy|steps|samples_per_sec|comm_share|wall_seconds)"' \
+    grep -E '"(state|message|final_test_accuracy|steps|samples_per_sec|comm_share|wall_seconds|train_seconds)"' \
       "$RUN_DIR/summary.json" | sed 's/^ */  /'
   else
     echo "launch.sh: no summary written; logs in $RUN_DIR/logs" >&2

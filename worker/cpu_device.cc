@@ -25,11 +25,12 @@ class CpuDevice : public Device {
   }
   const char* name() const override { return "cpu"; }
 
-  void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
-            const float* b, float beta, float* c) override {
+  void GemmStrided(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c,
+                   int ldc) override {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, ta ? m : k,
-                b, tb ? k : n, beta, c, n);
+                tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                ldc);
   }
 
   void AddBias(int rows, int cols, const float* bias, float* x) override {

@@ -22,9 +22,18 @@ class Device {
   virtual const char* name() const = 0;
 
   // C[m x n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T;
-  // op(A) is m x k, op(B) is k x n.
-  virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                    const float* a, const float* b, float beta, float* c) = 0;
+  // op(A) is m x k, op(B) is k x n. lda, ldb and ldc are the row strides (in
+  // elements) of A, B and C as stored, so a block of columns of a larger
+  // matrix can take part (the MLP computes a weight's rows block by block).
+  virtual void GemmStrided(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                           const float* a, int lda, const float* b, int ldb, float beta,
+                           float* c, int ldc) = 0;
+  // GemmStrided on densely stored matrices.
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+            const float* b, float beta, float* c) {
+    GemmStrided(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n,
+                beta, c, n);
+  }
   // x[rows x cols] += bias[cols] on every row.
   virtual void AddBias(int rows, int cols, const float* bias, float* x) = 0;
   // bias_grad[cols] = column sums of g[rows x cols].

@@ -28,17 +28,35 @@ class Mlp {
   // grads() becomes d(sum of per-example losses)/d params. Returns the
   // summed loss.
   double TrainStep(const float* x, const int32_t* y, int batch);
-  // TrainStep with hooks for overlapping communication: before_layer(i)
-  // runs before layer i's forward (wait for its parameters), after_forward()
-  // once the forward pass is done, after_backward(i) once layer i's
-  // gradients are complete (send them). Any hook's error stops the step.
+  // TrainStep with hooks for overlapping communication, in terms of
+  // parameter tables and element prefixes (a weight table is computed in
+  // blocks of rows, see SetPartitionStarts):
+  //   need_params(t, end)   forward: elements [0, end) of table t are read
+  //                         next (wait for them);
+  //   after_forward()       the forward pass is done;
+  //   grads_ready(t, end)   backward: gradient elements [0, end) of table t
+  //                         are final (send them);
+  //   params_released(t)    backward: table t's parameters are not read
+  //                         again in this step (the next step's may land).
+  // For each table, `end` only grows. Any hook's error stops the step.
   struct Hooks {
-    std::function<absl::Status(int layer)> before_layer;
+    std::function<absl::Status(int table, uint64_t end)> need_params;
     std::function<absl::Status()> after_forward;
-    std::function<absl::Status(int layer)> after_backward;
+    std::function<absl::Status(int table, uint64_t end)> grads_ready;
+    std::function<absl::Status(int table)> params_released;
   };
   absl::StatusOr<double> TrainStep(const float* x, const int32_t* y, int batch,
                                    const Hooks& hooks);
+
+  // Where the partitions of parameter table t begin (element offsets). A
+  // weight table's forward and backward are then computed in blocks of rows
+  // cut at those partitions (at most kMaxRowBlocks per layer), so a block
+  // can start as soon as its parameters arrive and its gradient can be sent
+  // while the next block computes. Bias tables are never cut.
+  static constexpr int kMaxRowBlocks = 8;
+  void SetPartitionStarts(int table, const std::vector<uint64_t>& starts);
+  // Row boundaries of layer i's weight blocks: {0, ..., layers[i]}.
+  const std::vector<int>& row_blocks(int layer) const { return row_blocks_[layer]; }
   int num_layers() const { return static_cast<int>(layers_.size()) - 1; }
 
   // Forward only: adds the summed loss to *loss_sum and the number of
@@ -47,8 +65,7 @@ class Mlp {
                 int64_t* correct);
 
  private:
-  absl::Status Forward(const float* x, int batch,
-                       const std::function<absl::Status(int)>& before_layer);
+  absl::Status Forward(const float* x, int batch, const Hooks& hooks);
 
   const std::vector<int> layers_;
   const Activation activation_;
@@ -56,6 +73,7 @@ class Mlp {
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> acts_;  // per layer output, batch-sized
+  std::vector<std::vector<int>> row_blocks_;  // per layer
   std::vector<float> delta_, delta_prev_;
 };
 

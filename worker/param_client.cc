@@ -1,5 +1,6 @@
 #include "worker/param_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <set>
@@ -54,6 +55,16 @@ uint64_t ParamClient::epoch() const {
   return epoch_;
 }
 
+std::vector<uint64_t> ParamClient::PartitionStarts(uint32_t table) const {
+  absl::MutexLock l(&mu_);
+  std::vector<uint64_t> starts;
+  for (const Route& r : routes_) {
+    if (r.table == table) starts.push_back(r.offset);
+  }
+  std::sort(starts.begin(), starts.end());
+  return starts;
+}
+
 absl::StatusOr<std::shared_ptr<transport::Connection>> ParamClient::ConnectionTo(
     const std::string& address) {
   {
@@ -76,7 +87,6 @@ constexpr uint64_t kSpinMaxBytes = 256 << 10;
 struct ParamClient::Round {
   absl::Mutex mu;
   std::map<uint32_t, absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
-  std::map<uint32_t, int> outstanding_by_table ABSL_GUARDED_BY(mu);
   int outstanding ABSL_GUARDED_BY(mu) = 0;
   // Answers so far, readable without the lock (for a short spin).
   std::atomic<uint64_t> answered{0};
@@ -112,17 +122,14 @@ void ParamClient::Exchange::Send(uint32_t partition) {
   req.header.epoch = epoch_;
   req.header.partition = r.partition;
   std::shared_ptr<Round> round = round_;
-  const uint32_t table = r.table;
   {
     absl::MutexLock l(&round->mu);
     ++round->outstanding;
-    ++round->outstanding_by_table[table];
   }
-  auto finish = [round, partition, table](absl::StatusOr<Message> resp) {
+  auto finish = [round, partition](absl::StatusOr<Message> resp) {
     absl::MutexLock l(&round->mu);
     round->results.insert_or_assign(partition, std::move(resp));
     --round->outstanding;
-    --round->outstanding_by_table[table];
     round->answered.fetch_add(1, std::memory_order_release);
   };
   auto conn = client_->ConnectionTo(r.address);
@@ -136,17 +143,26 @@ void ParamClient::Exchange::Send(uint32_t partition) {
   }
 }
 
-void ParamClient::Exchange::Issue(uint32_t table) {
-  if (!view_error_.ok() || !issued_tables_.insert(table).second) return;
+void ParamClient::Exchange::IssueRange(uint32_t table, uint64_t end) {
+  if (!view_error_.ok() || finished_) return;
   for (const auto& [id, r] : routes_) {
-    if (r.table == table) Send(id);
+    if (r.table == table && r.offset + r.length <= end && issued_.insert(id).second) {
+      Send(id);
+    }
   }
 }
 
 void ParamClient::Exchange::IssueAll() {
-  std::set<uint32_t> tables;
-  for (const auto& [id, r] : routes_) tables.insert(r.table);
-  for (uint32_t t : tables) Issue(t);
+  if (!view_error_.ok() || finished_) return;
+  // Tables are numbered first layer first: ask in that order.
+  std::vector<const Route*> order;
+  for (const auto& [id, r] : routes_) order.push_back(&r);
+  std::stable_sort(order.begin(), order.end(), [](const Route* a, const Route* b) {
+    return a->table != b->table ? a->table < b->table : a->offset < b->offset;
+  });
+  for (const Route* r : order) {
+    if (issued_.insert(r->partition).second) Send(r->partition);
+  }
 }
 
 absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
@@ -176,26 +192,33 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
   return absl::OkStatus();
 }
 
-absl::Status ParamClient::Exchange::WaitTable(uint32_t table) {
+absl::Status ParamClient::Exchange::WaitRange(uint32_t table, uint64_t end) {
   STRATA_RETURN_IF_ERROR(view_error_);
   if (finished_) return finish_status_;
-  Issue(table);
+  std::vector<uint32_t> needed;
+  for (const auto& [id, r] : routes_) {
+    if (r.table != table || r.offset >= end) continue;
+    needed.push_back(id);
+    if (issued_.insert(id).second) Send(id);
+  }
   std::shared_ptr<Round> round = round_;
-  STRATA_RETURN_IF_ERROR(Await([round, table]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return round->outstanding_by_table[table] == 0;
+  STRATA_RETURN_IF_ERROR(Await([round, &needed]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (uint32_t id : needed) {
+      if (round->results.count(id) == 0) return false;
+    }
+    return true;
   }));
   bool all_good = true;
   {
     absl::MutexLock l(&round_->mu);
-    for (const auto& [id, r] : routes_) {
-      if (r.table != table) continue;
+    for (uint32_t id : needed) {
       auto it = round_->results.find(id);
       all_good = all_good && it != round_->results.end() && it->second.ok() &&
                  it->second->header.status == 0 &&
                  (!destination_ || it->second->payload_in_destination);
     }
   }
-  // Something of this table needs a retry: settle everything now.
+  // Something here needs a retry: settle everything now.
   return all_good ? absl::OkStatus() : Finish();
 }
 
@@ -305,7 +328,6 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPull(
         return {reinterpret_cast<char*>((*tables)[r.table].data() + r.offset),
                 r.length * sizeof(float)};
       });
-  ex->IssueAll();  // layer order: tables are numbered first layer first
   return ex;
 }
 

@@ -41,6 +41,8 @@ class ParamClient {
   // Installs a view (ignored when older than the one held).
   void SetView(const proto::ClusterView& view);
   uint64_t epoch() const;
+  // Element offsets where the partitions of table t begin, ascending.
+  std::vector<uint64_t> PartitionStarts(uint32_t table) const;
   // Makes every current and later PullAll/PushAll return Cancelled at its
   // next retry. Thread-safe.
   void Cancel() { cancelled_ = true; }
@@ -67,10 +69,12 @@ class ParamClient {
   using Destination = std::function<std::pair<char*, size_t>(const Route&)>;
   struct Round;
 
-  // One pull or push over every partition, issued table by table so the
-  // worker can overlap it with computation: a pull's tables are all asked
-  // for at once and awaited one by one (the forward pass waits for layer i
-  // only); a push's tables are sent as the backward pass produces them.
+  // One pull or push over every partition, issued piece by piece so the
+  // worker can overlap it with computation: a push's partitions are sent as
+  // the backward pass produces their gradients, the next step's pull of a
+  // partition right behind its push (a bsp pserver holds it until the step
+  // is applied), and the forward pass waits only for the partitions it
+  // reads next.
   // Finish() settles everything: it waits for the answers and retries what
   // needs it (stale epoch, lagging pserver, broken connection) until the
   // request timeout. Used by one thread; the ParamClient must outlive it.
@@ -81,12 +85,16 @@ class ParamClient {
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;
 
-    // Sends the first attempt for the partitions of `table` (once).
-    void Issue(uint32_t table);
+    // Sends the first attempt (once) for the partitions of `table` that lie
+    // within its elements [0, end).
+    void IssueRange(uint32_t table, uint64_t end);
+    void Issue(uint32_t table) { IssueRange(table, UINT64_MAX); }
     void IssueAll();
-    // Issues `table` if needed and waits until its partitions are answered
-    // successfully; if any is not, settles the whole exchange (Finish).
-    absl::Status WaitTable(uint32_t table);
+    // Waits until the partitions of `table` that hold any of its elements
+    // [0, end) are answered successfully (issuing those not yet sent); if
+    // any is not, settles the whole exchange (Finish).
+    absl::Status WaitRange(uint32_t table, uint64_t end);
+    absl::Status WaitTable(uint32_t table) { return WaitRange(table, UINT64_MAX); }
     // Idempotent.
     absl::Status Finish();
 
@@ -106,13 +114,14 @@ class ParamClient {
     uint64_t epoch_ = 0;
     uint64_t total_bytes_ = 0;  // payload of all partitions
     absl::Status view_error_;
-    std::set<uint32_t> issued_tables_;
+    std::set<uint32_t> issued_;  // partitions sent at least once
     bool finished_ = false;
     absl::Status finish_status_;
   };
 
-  // Starts a pull of every partition (version >= min_version) into
-  // *tables (resized to the view's tables); all requests are sent at once.
+  // Prepares a pull of every partition (version >= min_version) into
+  // *tables (resized to the view's tables); nothing is sent until
+  // IssueRange / IssueAll / WaitRange / Finish.
   // *lowest receives the lowest version received once Finish() is OK.
   // `tables` and `lowest` must outlive the exchange.
   std::unique_ptr<Exchange> StartPull(uint64_t min_version,

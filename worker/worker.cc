@@ -321,14 +321,17 @@ absl::Status Worker::RunLoop() {
         ReportProgress(false, 0, 0);
         break;
       case proto::LeaseTaskResponse::EVALUATE:
+        STRATA_RETURN_IF_ERROR(SettlePull());
         ReportProgress(false, 0, 0);
         STRATA_RETURN_IF_ERROR(Evaluate(lease.min_version));
         break;
       case proto::LeaseTaskResponse::DONE:
+        if (absl::Status s = SettlePull(); !s.ok()) LOG(WARNING) << s;
         ReportProgress(false, 0, 0);
         LOG(INFO) << "worker " << options_.index << ": job done";
         return absl::OkStatus();
       default:  // WAIT
+        STRATA_RETURN_IF_ERROR(SettlePull());
         stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
         break;
     }
@@ -375,6 +378,13 @@ absl::Status Worker::RunLocal() {
   return absl::OkStatus();
 }
 
+absl::Status Worker::SettlePull() {
+  if (pull_ == nullptr) return absl::OkStatus();
+  absl::Status s = pull_->Finish();
+  pull_.reset();
+  return s;
+}
+
 absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
   if (task.begin() < 0 || task.end() > train_.num_examples || task.begin() >= task.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -407,7 +417,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     uint64_t version = next_step_;
     double loss = 0;
     absl::Duration comm;
-    PushResult pushed;
+    PushResult pushed_result;
     if (local) {
       loss = model_->TrainStep(x.data(), y.data(), n);
       for (size_t t = 0; t < local_optimizers_.size(); ++t) {
@@ -415,14 +425,22 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
                                     1.0f / n, model_->params()[t].size());
       }
     } else {
-      // Communication overlaps computation: the pull was sent ahead (at the
-      // end of the previous step when possible) and the forward pass waits
-      // for each layer's tables only; each layer's gradients are pushed as
-      // soon as the backward pass has them.
+      // Communication overlaps computation (docs/performance.md): each
+      // block of a weight's gradient is pushed as soon as the backward pass
+      // has it, and the next step's pull of it right behind (once the
+      // backward pass no longer reads those parameters); the forward pass
+      // waits only for the block of parameters it reads next.
+      const int n_tables = static_cast<int>(model_->params().size());
+      for (int t = 0; t < n_tables; ++t) {
+        model_->SetPartitionStarts(t, params_->PartitionStarts(t));
+      }
       if (pull_ == nullptr) {
         pull_ = params_->StartPull(bsp ? next_step_ : 0, &model_->params(), &pulled_version_);
+        pull_->IssueAll();
       }
-      std::unique_ptr<ParamClient::Exchange> push;
+      std::unique_ptr<ParamClient::Exchange> push, next_pull;
+      std::vector<uint64_t> pushed(n_tables, 0);
+      std::vector<bool> released(n_tables, false);
       auto timed = [&comm](const std::function<absl::Status()>& fn) {
         const absl::Time w = absl::Now();
         absl::Status st = fn();
@@ -430,22 +448,27 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         return st;
       };
       Mlp::Hooks hooks;
-      hooks.before_layer = [&](int layer) {
-        return timed([&] {
-          STRATA_RETURN_IF_ERROR(pull_->WaitTable(2 * layer));
-          return pull_->WaitTable(2 * layer + 1);
-        });
+      hooks.need_params = [&](int table, uint64_t end) {
+        return timed([&] { return pull_->WaitRange(table, end); });
       };
       hooks.after_forward = [&]() {
         STRATA_RETURN_IF_ERROR(timed([&] { return pull_->Finish(); }));
         pull_.reset();
         version = pulled_version_;
-        push = params_->StartPush(&model_->grads(), version, n, &pushed);
+        push = params_->StartPush(&model_->grads(), version, n, &pushed_result);
+        next_pull =
+            params_->StartPull(bsp ? version + 1 : 0, &model_->params(), &pulled_version_);
         return absl::OkStatus();
       };
-      hooks.after_backward = [&](int layer) {
-        push->Issue(2 * layer);
-        push->Issue(2 * layer + 1);
+      hooks.grads_ready = [&](int table, uint64_t end) {
+        push->IssueRange(table, end);
+        pushed[table] = end;
+        if (released[table]) next_pull->IssueRange(table, end);
+        return absl::OkStatus();
+      };
+      hooks.params_released = [&](int table) {
+        released[table] = true;
+        next_pull->IssueRange(table, pushed[table]);
         return absl::OkStatus();
       };
       absl::StatusOr<double> l = model_->TrainStep(x.data(), y.data(), n, hooks);
@@ -454,12 +477,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         return l.status();
       }
       loss = *l;
-      // Ask for the next step's parameters before waiting for the acks
-      // (the same connections, so they follow the pushes), unless the task
-      // ends here.
-      if (b + batch_size < order.size()) {
-        pull_ = params_->StartPull(bsp ? version + 1 : 0, &model_->params(), &pulled_version_);
-      }
+      pull_ = std::move(next_pull);  // also across tasks: see SettlePull
       STRATA_RETURN_IF_ERROR(timed([&] { return push->Finish(); }));
     }
     const absl::Time t3 = absl::Now();
@@ -469,7 +487,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       stats_.steps++;
       stats_.samples += n;
       stats_.last_step = version;
-      stats_.stale_pushes += pushed.stale_partitions > 0;
+      stats_.stale_pushes += pushed_result.stale_partitions > 0;
       stats_.busy_seconds += absl::ToDoubleSeconds(t3 - t0);
       stats_.comm_seconds += absl::ToDoubleSeconds(comm);
     }

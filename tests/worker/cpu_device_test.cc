@@ -152,6 +152,33 @@ TEST(CpuDeviceTest, GemmBetaZeroOverwritesGarbageInC) {
   }
 }
 
+TEST(CpuDeviceTest, GemmStridedWorksOnColumnBlocksOfLargerMatrices) {
+  // What the MLP does per weight row block: forward out += X[:, r0:r1] W[r0:r1, :]
+  // and backward dW[r0:r1, :] = X[:, r0:r1]^T D, X stored with its full width.
+  auto dev = NewCpuDevice(1);
+  std::mt19937 rng(11);
+  const int batch = 7, din = 9, dout = 5;
+  const auto x = RandomVector(batch * din, &rng);
+  const auto w = RandomVector(din * dout, &rng);
+  const auto d = RandomVector(batch * dout, &rng);
+  const auto want_out = NaiveGemm(false, false, batch, dout, din, 1.0, x, w, 0.0,
+                                  std::vector<float>(batch * dout, 0.f));
+  const auto want_dw = NaiveGemm(true, false, din, dout, batch, 1.0, x, d, 0.0,
+                                 std::vector<float>(din * dout, 0.f));
+  std::vector<float> out(batch * dout, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> dw(din * dout, std::numeric_limits<float>::quiet_NaN());
+  const int bounds[] = {0, 2, 3, 7, 9};  // uneven blocks, one of a single row
+  for (int b = 0; b + 1 < 5; ++b) {
+    const int r0 = bounds[b], rows = bounds[b + 1] - r0;
+    dev->GemmStrided(false, false, batch, dout, rows, 1.f, x.data() + r0, din,
+                     w.data() + r0 * dout, dout, b == 0 ? 0.f : 1.f, out.data(), dout);
+    dev->GemmStrided(true, false, rows, dout, batch, 1.f, x.data() + r0, din, d.data(),
+                     dout, 0.f, dw.data() + r0 * dout, dout);
+  }
+  for (int i = 0; i < batch * dout; ++i) EXPECT_NEAR(out[i], want_out[i], 1e-5) << i;
+  for (int i = 0; i < din * dout; ++i) EXPECT_NEAR(dw[i], want_dw[i], 1e-5) << i;
+}
+
 TEST(CpuDeviceTest, NameIsCpu) { EXPECT_STREQ(NewCpuDevice(0)->name(), "cpu"); }
 
 TEST(CpuDeviceTest, AddBiasAddsToEveryRow) {

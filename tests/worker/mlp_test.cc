@@ -403,5 +403,124 @@ INSTANTIATE_TEST_SUITE_P(AllActivations, MlpTrainingTest,
                            return ActName(info.param);
                          });
 
+TEST(MlpTest, PartitionStartsCutWeightsIntoRowBlocks) {
+  auto dev = NewCpuDevice(1);
+  Mlp mlp({10, 4, 3}, Activation::kRelu, dev.get());
+  EXPECT_THAT(mlp.row_blocks(0), ::testing::ElementsAre(0, 10));
+  // Partitions of the 10x4 weight starting at elements 0, 12 (row 3), 22
+  // (mid-row 5: its block starts at row 5) and 36 (row 9).
+  mlp.SetPartitionStarts(0, {0, 12, 22, 36});
+  EXPECT_THAT(mlp.row_blocks(0), ::testing::ElementsAre(0, 3, 5, 9, 10));
+  // Bias tables are never cut; a table out of range is ignored.
+  mlp.SetPartitionStarts(1, {0, 2});
+  mlp.SetPartitionStarts(7, {0, 2});
+  EXPECT_THAT(mlp.row_blocks(1), ::testing::ElementsAre(0, 4));
+  // One partition per row of a tall weight: merged to at most kMaxRowBlocks.
+  Mlp tall({64, 2}, Activation::kRelu, dev.get());
+  std::vector<uint64_t> starts;
+  for (uint64_t r = 0; r < 64; ++r) starts.push_back(2 * r);
+  tall.SetPartitionStarts(0, starts);
+  EXPECT_EQ(tall.row_blocks(0).size(), Mlp::kMaxRowBlocks + 1u);
+  EXPECT_EQ(tall.row_blocks(0).front(), 0);
+  EXPECT_EQ(tall.row_blocks(0).back(), 64);
+}
+
+TEST(MlpTest, RowBlocksGiveTheSameStepAsWholeWeights) {
+  const std::vector<int> layers = {13, 7, 5, 3};
+  auto dev = NewCpuDevice(1);
+  std::mt19937 rng(21);
+  Mlp whole(layers, Activation::kTanh, dev.get());
+  RandomizeParams(layers, &whole.params(), &rng);
+  Mlp blocked(layers, Activation::kTanh, dev.get());
+  blocked.params() = whole.params();
+  blocked.SetPartitionStarts(0, {0, 7 * 2, 7 * 5 + 3, 7 * 11});
+  blocked.SetPartitionStarts(2, {0, 5 * 4});
+  ASSERT_EQ(blocked.row_blocks(0).size(), 5u);
+  const int batch = 6;
+  const std::vector<float> x = RandomInput(batch * layers[0], &rng);
+  const std::vector<int32_t> y = {0, 1, 2, 2, 1, 0};
+  const double a = whole.TrainStep(x.data(), y.data(), batch);
+  const double b = blocked.TrainStep(x.data(), y.data(), batch);
+  EXPECT_NEAR(a, b, 1e-5);
+  for (size_t t = 0; t < whole.grads().size(); ++t) {
+    for (size_t i = 0; i < whole.grads()[t].size(); ++i) {
+      EXPECT_NEAR(whole.grads()[t][i], blocked.grads()[t][i], 1e-5) << t << " " << i;
+    }
+  }
+}
+
+TEST(MlpTest, HooksFollowTheDataThatEachBlockNeedsAndProduces) {
+  // The worker's overlap rests on these promises: a block's parameters are
+  // asked for before it is read, a gradient prefix is final when announced
+  // (it is sent at once), and parameters are released only after their
+  // last read (the next step's pull may then overwrite them).
+  const std::vector<int> layers = {6, 4, 3};
+  auto dev = NewCpuDevice(1);
+  std::mt19937 rng(5);
+  Mlp mlp(layers, Activation::kRelu, dev.get());
+  RandomizeParams(layers, &mlp.params(), &rng);
+  mlp.SetPartitionStarts(0, {0, 8, 16});  // rows 0-1, 2-3, 4-5
+  const Params params = mlp.params();
+  const int batch = 4;
+  const std::vector<float> x = RandomInput(batch * layers[0], &rng);
+  const std::vector<int32_t> y = {0, 1, 2, 1};
+  Mlp reference(layers, Activation::kRelu, dev.get());
+  reference.params() = params;
+  reference.TrainStep(x.data(), y.data(), batch);
+
+  std::vector<std::string> events;
+  std::vector<uint64_t> available(4, 0), sent(4, 0);
+  std::vector<bool> released(4, false);
+  Params snapshot(4);
+  Mlp::Hooks hooks;
+  hooks.need_params = [&](int t, uint64_t end) {
+    events.push_back("need " + std::to_string(t) + " " + std::to_string(end));
+    EXPECT_GE(end, available[t]) << "need_params for table " << t << " shrank";
+    available[t] = end;
+    return absl::OkStatus();
+  };
+  hooks.after_forward = [&]() {
+    events.push_back("forward done");
+    for (size_t t = 0; t < 4; ++t) EXPECT_EQ(available[t], params[t].size()) << t;
+    return absl::OkStatus();
+  };
+  hooks.grads_ready = [&](int t, uint64_t end) {
+    events.push_back("grads " + std::to_string(t) + " " + std::to_string(end));
+    EXPECT_GT(end, sent[t]);
+    // The announced prefix is already the final gradient.
+    for (uint64_t i = 0; i < end; ++i) {
+      EXPECT_NEAR(mlp.grads()[t][i], reference.grads()[t][i], 1e-5) << t << " " << i;
+    }
+    sent[t] = end;
+    return absl::OkStatus();
+  };
+  hooks.params_released = [&](int t) {
+    events.push_back("released " + std::to_string(t));
+    released[t] = true;
+    // Scribble over released parameters, as a pull landing early would.
+    std::fill(mlp.params()[t].begin(), mlp.params()[t].end(), 1e6f);
+    return absl::OkStatus();
+  };
+  auto loss = mlp.TrainStep(x.data(), y.data(), batch, hooks);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_THAT(events, ::testing::ElementsAre(
+                          "need 0 8", "need 0 16", "need 0 24", "need 1 4", "need 2 12",
+                          "need 3 3", "forward done", "grads 3 3", "released 3",
+                          "grads 2 12", "released 2", "grads 1 4", "released 1",
+                          "grads 0 8", "grads 0 16", "grads 0 24", "released 0"));
+  for (size_t t = 0; t < 4; ++t) {
+    EXPECT_TRUE(released[t]) << t;
+    EXPECT_EQ(sent[t], params[t].size()) << t;
+    for (size_t i = 0; i < params[t].size(); ++i) {
+      ASSERT_NEAR(mlp.grads()[t][i], reference.grads()[t][i], 1e-5) << t << " " << i;
+    }
+  }
+
+  // A failing hook stops the step with its status.
+  hooks.need_params = [](int, uint64_t) { return absl::UnavailableError("no pserver"); };
+  EXPECT_EQ(mlp.TrainStep(x.data(), y.data(), batch, hooks).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace strata::worker

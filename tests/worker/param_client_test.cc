@@ -1,0 +1,217 @@
+// ParamClient against a fake pserver on a real TCP socket: the pieces of an
+// exchange go out and come back as the worker's overlap needs them.
+#include "worker/param_client.h"
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/transport.h"
+
+namespace strata::worker {
+namespace {
+
+using transport::Message;
+using transport::MessageType;
+
+// Answers pushes at once and pulls with partition p's values p*1000 + i,
+// except pulls of partitions in `hold`, which wait for Release(p).
+class FakePServer {
+ public:
+  FakePServer() {
+    transport_ = *transport::CreateTransport(transport::TransportOptions());
+    EXPECT_TRUE(transport_
+                    ->Listen("127.0.0.1", 0,
+                             [this](Message m, std::shared_ptr<transport::Responder> r) {
+                               Handle(std::move(m), std::move(r));
+                             })
+                    .ok());
+  }
+  ~FakePServer() { transport_->Shutdown(); }
+  std::string address() const { return transport_->listen_address(); }
+
+  void Hold(uint32_t partition) {
+    absl::MutexLock l(&mu_);
+    hold_[partition];
+  }
+  void Release(uint32_t partition) {
+    std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>> out;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = hold_.find(partition);
+      if (it == hold_.end()) return;
+      out = std::move(it->second);
+      hold_.erase(it);
+    }
+    for (auto& [r, req] : out) r->Respond(PullAnswer(req));
+  }
+  // (type, partition) of every request, in arrival order.
+  std::vector<std::pair<MessageType, uint32_t>> requests() const {
+    absl::MutexLock l(&mu_);
+    return requests_;
+  }
+  std::map<uint32_t, std::vector<float>> pushed() const {
+    absl::MutexLock l(&mu_);
+    return pushed_;
+  }
+  // Waits until `n` requests have arrived.
+  bool AwaitRequests(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return requests_.size() >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+  }
+
+  static constexpr uint32_t kLength = 10;
+
+ private:
+  static Message PullAnswer(const Message& req) {
+    std::vector<float> v(kLength);
+    for (uint32_t i = 0; i < kLength; ++i) v[i] = req.header.partition * 1000.f + i;
+    Message resp;
+    resp.header = req.header;
+    resp.header.type = MessageType::kPullResponse;
+    resp.header.version = 7;
+    resp.payload.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    return resp;
+  }
+
+  void Handle(Message m, std::shared_ptr<transport::Responder> r) {
+    absl::MutexLock l(&mu_);
+    requests_.emplace_back(m.header.type, m.header.partition);
+    if (m.header.type == MessageType::kPushRequest) {
+      const float* g = reinterpret_cast<const float*>(m.payload.data());
+      pushed_[m.header.partition].assign(g, g + m.payload.size() / sizeof(float));
+      Message resp;
+      resp.header = m.header;
+      resp.header.type = MessageType::kPushResponse;
+      r->Respond(std::move(resp));
+      return;
+    }
+    auto it = hold_.find(m.header.partition);
+    if (it != hold_.end()) {
+      it->second.emplace_back(std::move(r), std::move(m));
+      return;
+    }
+    r->Respond(PullAnswer(m));
+  }
+
+  std::unique_ptr<transport::Transport> transport_;
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<MessageType, uint32_t>> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::vector<float>> pushed_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>>>
+      hold_ ABSL_GUARDED_BY(mu_);
+};
+
+class ParamClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    client_transport_ = *transport::CreateTransport(transport::TransportOptions());
+    client_ = std::make_unique<ParamClient>(
+        client_transport_.get(), /*node_id=*/5,
+        []() -> absl::StatusOr<proto::ClusterView> {
+          return absl::UnavailableError("no master in this test");
+        },
+        absl::Seconds(10));
+    // Table 0: three partitions (ids 0-2, elements 0-29); table 1: one
+    // (id 3, elements 0-9). All on the fake pserver.
+    proto::ClusterView view;
+    view.set_epoch(3);
+    view.set_ready(true);
+    auto* m = view.add_members();
+    m->set_id(1);
+    m->set_role(proto::PSERVER);
+    m->set_data_address(server_.address());
+    const uint32_t tables[] = {0, 0, 0, 1};
+    const uint64_t offsets[] = {0, 10, 20, 0};
+    for (uint32_t id = 0; id < 4; ++id) {
+      auto* p = view.add_partitions();
+      p->set_id(id);
+      p->set_table_id(tables[id]);
+      p->set_offset(offsets[id]);
+      p->set_length(FakePServer::kLength);
+      p->set_owner(1);
+    }
+    view.add_tables()->set_num_elements(30);
+    view.add_tables()->set_num_elements(10);
+    client_->SetView(view);
+  }
+  void TearDown() override { client_transport_->Shutdown(); }
+
+  FakePServer server_;
+  std::unique_ptr<transport::Transport> client_transport_;
+  std::unique_ptr<ParamClient> client_;
+};
+
+TEST_F(ParamClientTest, PartitionStartsFollowTheView) {
+  EXPECT_THAT(client_->PartitionStarts(0), ::testing::ElementsAre(0, 10, 20));
+  EXPECT_THAT(client_->PartitionStarts(1), ::testing::ElementsAre(0));
+  EXPECT_THAT(client_->PartitionStarts(9), ::testing::IsEmpty());
+}
+
+TEST_F(ParamClientTest, WaitRangeWaitsOnlyForThePartitionsItReads) {
+  server_.Hold(1);
+  server_.Hold(2);
+  std::vector<std::vector<float>> tables;
+  uint64_t lowest = 0;
+  auto pull = client_->StartPull(0, &tables, &lowest);
+  ASSERT_EQ(tables.size(), 2u);
+  // Nothing is sent before it is asked for.
+  EXPECT_TRUE(server_.requests().empty());
+  pull->IssueAll();
+  ASSERT_TRUE(server_.AwaitRequests(4));
+  // Elements [0, 10) are partition 0 only; table 1 does not wait for table 0.
+  ASSERT_TRUE(pull->WaitRange(0, 10).ok());
+  ASSERT_TRUE(pull->WaitTable(1).ok());
+  for (uint32_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(tables[0][i], 0.f * 1000 + i);
+    EXPECT_EQ(tables[1][i], 3.f * 1000 + i);  // straight into the tensor
+  }
+  // Element 10 lives in held partition 1.
+  server_.Release(1);
+  ASSERT_TRUE(pull->WaitRange(0, 11).ok());
+  EXPECT_EQ(tables[0][15], 1000.f + 5);
+  server_.Release(2);
+  ASSERT_TRUE(pull->Finish().ok());
+  EXPECT_EQ(tables[0][29], 2000.f + 9);
+  EXPECT_EQ(lowest, 7u);
+}
+
+TEST_F(ParamClientTest, IssueRangeSendsWholePartitionsOnceEach) {
+  std::vector<std::vector<float>> grads = {std::vector<float>(30), std::vector<float>(10)};
+  for (size_t t = 0; t < grads.size(); ++t) {
+    for (size_t i = 0; i < grads[t].size(); ++i) grads[t][i] = 100.f * t + i;
+  }
+  PushResult result;
+  auto push = client_->StartPush(&grads, /*step=*/4, /*count=*/2, &result);
+  push->IssueRange(0, 15);  // partition 0 is whole, partition 1 is not
+  ASSERT_TRUE(server_.AwaitRequests(1));
+  push->IssueRange(0, 20);
+  push->IssueRange(0, 20);  // again: nothing new
+  ASSERT_TRUE(server_.AwaitRequests(2));
+  push->IssueRange(1, 10);
+  ASSERT_TRUE(server_.AwaitRequests(3));
+  ASSERT_TRUE(push->Finish().ok());  // sends what is left: partition 2
+  using Req = std::pair<MessageType, uint32_t>;
+  EXPECT_THAT(server_.requests(),
+              ::testing::ElementsAre(Req{MessageType::kPushRequest, 0},
+                                     Req{MessageType::kPushRequest, 1},
+                                     Req{MessageType::kPushRequest, 3},
+                                     Req{MessageType::kPushRequest, 2}));
+  const auto pushed = server_.pushed();
+  ASSERT_EQ(pushed.size(), 4u);
+  for (uint32_t p = 0; p < 3; ++p) {
+    EXPECT_THAT(pushed.at(p), ::testing::ElementsAreArray(grads[0].data() + 10 * p, 10))
+        << "partition " << p;
+  }
+  EXPECT_THAT(pushed.at(3), ::testing::ElementsAreArray(grads[1]));
+  EXPECT_EQ(result.stale_partitions, 0);
+}
+
+}  // namespace
+}  // namespace strata::worker

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/vector_ops.h"
 #include "glog/logging.h"
 
 namespace strata::pserver {
@@ -103,7 +104,13 @@ void Partition::Push(const Message& request,
       if (contributors_.insert(h.sender_id).second) {
         ++stats_.pushes_applied;
         const float* g = reinterpret_cast<const float*>(request.payload.data());
-        for (uint64_t i = 0; i < length_; ++i) grad_sum_[i] += g[i];
+        // The step's first gradient is copied, later ones added: the sum
+        // needs no clearing between steps.
+        if (contributors_.size() == 1) {
+          std::memcpy(grad_sum_.data(), g, length_ * sizeof(float));
+        } else {
+          AddInto(grad_sum_.data(), g, length_);
+        }
         count_sum_ += static_cast<double>(h.count);
       } else {
         ++stats_.duplicate_pushes;
@@ -130,7 +137,6 @@ void Partition::MaybeCompleteStepLocked(std::vector<Reply>* replies) {
     if (contributors_.count(w) == 0) return;
   }
   ApplyLocked(grad_sum_.data(), count_sum_);
-  std::fill(grad_sum_.begin(), grad_sum_.end(), 0.f);
   count_sum_ = 0;
   contributors_.clear();
   for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {

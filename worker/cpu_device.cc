@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/vector_ops.h"
 #include "worker/device.h"
 
 namespace strata::worker {
@@ -34,24 +35,17 @@ class CpuDevice : public Device {
   }
 
   void AddBias(int rows, int cols, const float* bias, float* x) override {
-    for (int r = 0; r < rows; ++r) {
-      float* row = x + static_cast<int64_t>(r) * cols;
-      for (int c = 0; c < cols; ++c) row[c] += bias[c];
-    }
+    AddBiasRows(x, bias, rows, cols);
   }
 
   void ColumnSum(int rows, int cols, const float* g, float* out) override {
-    std::fill(out, out + cols, 0.f);
-    for (int r = 0; r < rows; ++r) {
-      const float* row = g + static_cast<int64_t>(r) * cols;
-      for (int c = 0; c < cols; ++c) out[c] += row[c];
-    }
+    SumRows(g, out, rows, cols);
   }
 
   void ActivationForward(Activation act, int64_t n, float* x) override {
     switch (act) {
       case Activation::kRelu:
-        for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;
+        ReluForward(x, n);
         break;
       case Activation::kTanh:
         for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i]);
@@ -66,7 +60,7 @@ class CpuDevice : public Device {
                           float* g) override {
     switch (act) {
       case Activation::kRelu:
-        for (int64_t i = 0; i < n; ++i) g[i] = y[i] > 0.f ? g[i] : 0.f;
+        ReluBackward(y, g, n);
         break;
       case Activation::kTanh:
         for (int64_t i = 0; i < n; ++i) g[i] *= 1.f - y[i] * y[i];

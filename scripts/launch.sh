@@ -105,7 +105,8 @@ daemon_alive() {
   local f="$1" host pid
   [[ -f "$f" ]] || return 1
   read -r host pid < "$f"
-  on_host "$host" "kill -0 $pid 2>/dev/null"
+  # A local check forks nothing: run polls it while the job trains.
+  if is_local "$host"; then kill -0 "$pid" 2>/dev/null; else on_host "$host" "kill -0 $pid 2>/dev/null"; fi
 }
 
 do_up() {
@@ -187,9 +188,14 @@ stream_progress() {
 }
 
 do_run() {
-  local progress_pid="" rc=1
+  local progress_pid="" wait_pid="" rc=1
   cleanup() {
     trap - EXIT INT TERM
+    if [[ -n "$wait_pid" ]]; then
+      kill "$wait_pid" 2>/dev/null || true
+      wait "$wait_pid" 2>/dev/null || true
+      wait_pid=""
+    fi
     if [[ -n "$progress_pid" ]]; then
       pkill -P "$progress_pid" 2>/dev/null || true
       kill "$progress_pid" 2>/dev/null || true
@@ -203,39 +209,58 @@ do_run() {
   }
   trap 'cleanup; exit 130' INT TERM
   trap cleanup EXIT
-  local start; start=$(date +%s)
+  local start=$SECONDS
   do_up || { echo "launch.sh: bring-up failed" >&2; exit 1; }
   if [[ $QUIET -eq 0 ]]; then
     stream_progress &
     progress_pid=$!
   fi
   local master; master="$(master_address)"
+  # One `strata wait` watches the job (gRPC from one process); this loop
+  # only checks that the daemons live, with shell builtins, so the launcher
+  # takes next to no CPU from the job it runs.
+  "$STRATA" wait --master "$master" --timeout "$TIMEOUT" > "$RUN_DIR/wait.txt" 2>&1 &
+  wait_pid=$!
+  local state="" f name dead=""
   while true; do
+    if ! kill -0 "$wait_pid" 2>/dev/null; then
+      if wait "$wait_pid"; then rc=0; else rc=1; sed 's/^/launch.sh: /' "$RUN_DIR/wait.txt" >&2; fi
+      wait_pid=""
+      break
+    fi
     if ! daemon_alive "$RUN_DIR/pids/master-0"; then
       echo "launch.sh: the master died; see $RUN_DIR/logs/master-0.log" >&2
       rc=1; break
     fi
-    local state
-    state="$("$STRATA" status --master "$master" --json 2>/dev/null |
-             sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
-    if [[ "$state" == "succeeded" ]]; then rc=0; break; fi
-    if [[ "$state" == "failed" ]]; then rc=1; break; fi
+    # Workers may exit once the job runs (they leave when it is done, and
+    # the master handles a dead one); before that, any exit is fatal.
+    if [[ -z "$state" || "$state" == waiting ]]; then
+      state="$("$STRATA" status --master "$master" --json 2>/dev/null |
+               sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
+    fi
     # Partitions are not recovered yet (no replication or checkpoints), so
     # the job cannot go on without any of its pservers; and a daemon that
     # exits before the job runs (bad port, bad data) would stall bring-up.
-    local f name dead=""
+    dead=""
     for f in "$RUN_DIR"/pids/*; do
       [[ -f "$f" ]] || continue
-      name="$(basename "$f")"
+      name="${f##*/}"
       [[ "$name" == worker-* && "$state" != waiting && -n "$state" ]] && continue
       daemon_alive "$f" || { dead="$name"; break; }
     done
     if [[ -n "$dead" ]]; then
+      # The job may have just ended (a pserver told to stop): ask once more.
+      if kill -0 "$wait_pid" 2>/dev/null; then sleep 0.3; fi
+      if ! kill -0 "$wait_pid" 2>/dev/null; then continue; fi
+      if [[ "$dead" == master-0 ]]; then
+        echo "launch.sh: the master died; see $RUN_DIR/logs/master-0.log" >&2
+        rc=1; break
+      fi
       echo "launch.sh: $dead exited (job state: ${state:-unknown}); its log ends:" >&2
       tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
       rc=1; break
     fi
-    if (( $(date +%s) - start > TIMEOUT )); then
+    if (( SECONDS - start > TIMEOUT )); then
       echo "launch.sh: job did not finish within $TIMEOUT s" >&2
       rc=1; break
     fi

@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -245,6 +248,119 @@ TEST(TcpTransportTest, ClaimedPayloadIsNotAllocatedUpFront) {
   for (int fd : fds) ::close(fd);
   STRATA_ASSERT_OK_AND_ASSIGN(pong, conn->CallSync(ping, kWait));
   EXPECT_EQ(pong.payload, "alive");
+}
+
+// A raw server socket on 127.0.0.1 that answers the first request of one
+// connection with `answer(request header)` (raw bytes), then closes it.
+class OneShotRawServer {
+ public:
+  explicit OneShotRawServer(std::function<std::string(const MessageHeader&)> answer) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK_GE(listen_fd_, 0);
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&sin), sizeof(sin)), 0);
+    CHECK_EQ(::listen(listen_fd_, 4), 0);
+    socklen_t len = sizeof(sin);
+    CHECK_EQ(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sin), &len), 0);
+    address_ = absl::StrCat("127.0.0.1:", ntohs(sin.sin_port));
+    thread_ = std::thread([this, answer = std::move(answer)] {
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      char head[kFrameHeaderBytes];
+      size_t got = 0;
+      while (got < sizeof(head)) {
+        const ssize_t n = ::read(fd, head + got, sizeof(head) - got);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      MessageHeader h;
+      uint64_t payload = 0;
+      if (got == sizeof(head) && DecodeFrameHeader(head, 1ull << 31, &h, &payload).ok()) {
+        std::string skip(payload, '\0');  // the request's payload, if any
+        size_t read_payload = 0;
+        while (read_payload < payload) {
+          const ssize_t n = ::read(fd, skip.data(), payload - read_payload);
+          if (n <= 0) break;
+          read_payload += static_cast<size_t>(n);
+        }
+        const std::string bytes = answer(h);
+        (void)!::write(fd, bytes.data(), bytes.size());
+      }
+      ::close(fd);
+    });
+  }
+  ~OneShotRawServer() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(listen_fd_);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  int listen_fd_ = -1;
+  std::string address_;
+  std::thread thread_;
+};
+
+// The peer closes in the middle of a response (inside the header, or
+// inside a payload that was to land in the caller's tensor): the call fails
+// Unavailable naming the peer, once, and the transport serves on.
+TEST(TcpTransportTest, PeerClosingMidResponseFailsTheCallNamingThePeer) {
+  auto client = NewTcp();
+  auto server = NewTcp();
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
+  struct Case {
+    const char* name;
+    bool into;           // CallInto a destination, or Call
+    size_t header_bytes; // how much of the response header is sent
+    size_t payload_bytes;  // how much of the claimed 1 MiB payload is sent
+  };
+  const Case cases[] = {
+      {"inside the header", false, 30, 0},
+      {"inside the payload", false, kFrameHeaderBytes, 100 << 10},
+      {"inside the payload, into a destination", true, kFrameHeaderBytes, 100 << 10},
+      {"after the header, into a destination", true, kFrameHeaderBytes, 0},
+  };
+  constexpr size_t kClaimed = 1 << 20;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    OneShotRawServer raw([&c](const MessageHeader& request) {
+      MessageHeader h = request;
+      h.type = ResponseTypeFor(request.type);
+      char head[kFrameHeaderBytes];
+      EncodeFrameHeader(h, kClaimed, head);
+      return std::string(head, c.header_bytes) + std::string(c.payload_bytes, 'v');
+    });
+    STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(raw.address()));
+    Message pull;
+    pull.header.type = MessageType::kPullRequest;
+    pull.header.partition = 3;
+    auto result = std::make_shared<CallResult>();
+    std::vector<char> dest(kClaimed, 0);
+    if (c.into) {
+      conn->CallInto(pull, dest.data(), dest.size(), Capture(result));
+    } else {
+      conn->Call(pull, Capture(result));
+    }
+    ASSERT_TRUE(result->Wait());
+    EXPECT_THAT(result->result,
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr(raw.address())));
+    EXPECT_FALSE(conn->healthy());
+    // A later call on the broken connection fails at once, the same way.
+    auto again = std::make_shared<CallResult>();
+    conn->Call(pull, Capture(again));
+    ASSERT_TRUE(again->Wait());
+    EXPECT_THAT(again->result, StatusIs(absl::StatusCode::kUnavailable));
+    // The client transport still reaches everyone else.
+    STRATA_ASSERT_OK_AND_ASSIGN(auto good, client->Connect(server->listen_address()));
+    Message ping;
+    ping.header.type = MessageType::kPing;
+    ping.payload = "still here";
+    STRATA_ASSERT_OK_AND_ASSIGN(Message pong, good->CallSync(ping, kWait));
+    EXPECT_EQ(pong.payload, "still here");
+  }
 }
 
 // A payload arriving in many small writes (partial reads on the server,

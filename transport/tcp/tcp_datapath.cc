@@ -307,6 +307,10 @@ absl::Status Endpoint::OnReadable(char* scratch, size_t scratch_size) {
       absl::Status s = Consume(scratch, static_cast<size_t>(n));
       if (!s.ok()) return s;
     }
+    // A short read drained the socket: back to epoll (level-triggered, so
+    // it reports whatever arrives next) without a read that returns EAGAIN,
+    // one system call less per small message.
+    if (static_cast<size_t>(n) < want) break;
   }
   return absl::OkStatus();
 }

@@ -307,10 +307,11 @@ absl::Status Endpoint::OnReadable(char* scratch, size_t scratch_size) {
       absl::Status s = Consume(scratch, static_cast<size_t>(n));
       if (!s.ok()) return s;
     }
-    // A short read drained the socket: back to epoll (level-triggered, so
-    // it reports whatever arrives next) without a read that returns EAGAIN,
-    // one system call less per small message.
-    if (static_cast<size_t>(n) < want) break;
+    // A short read that ended on a frame boundary: back to epoll (level-
+    // triggered, so it reports whatever arrives next) without a read that
+    // returns EAGAIN, one system call less per small message. Inside a
+    // frame, more is on its way: keep reading.
+    if (static_cast<size_t>(n) < want && !in_payload_ && header_got_ == 0) break;
   }
   return absl::OkStatus();
 }

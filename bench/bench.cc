@@ -378,11 +378,13 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
     threads.emplace_back([&, i] {
       while (ops[i] < 5 || absl::Now() < end) {
         const absl::Time s = absl::Now();
-        if (push) {
+        if (push && pull) {  // each slice's pull right behind its push
+          auto r = clients[i]->PushThenPull(grads[i], 0, 1, 0, &params[i]);
+          if (!r.ok()) { errors[i] = r.status(); return; }
+        } else if (push) {
           auto r = clients[i]->PushAll(grads[i], 0, 1);
           if (!r.ok()) { errors[i] = r.status(); return; }
-        }
-        if (pull) {
+        } else {
           auto r = clients[i]->PullAll(0, &params[i]);
           if (!r.ok()) { errors[i] = r.status(); return; }
         }

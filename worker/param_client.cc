@@ -375,6 +375,25 @@ absl::StatusOr<uint64_t> ParamClient::PullAll(
   return lowest;
 }
 
+absl::StatusOr<uint64_t> ParamClient::PushThenPull(
+    const std::vector<std::vector<float>>& grads, uint64_t step, uint64_t count,
+    uint64_t min_version, std::vector<std::vector<float>>* tables, PushResult* result) {
+  PushResult pushed;
+  uint64_t lowest = 0;
+  auto push = StartPush(&grads, step, count, &pushed);
+  auto pull = StartPull(min_version, tables, &lowest);
+  // Every push, then every pull: no round trip between the two, and the
+  // pserver's transport thread is not asked to send a large pull while
+  // the pushes behind it still arrive (on a shared-core loopback that
+  // contention cost more than the overlap gained).
+  push->IssueAll();
+  pull->IssueAll();
+  STRATA_RETURN_IF_ERROR(push->Finish());
+  STRATA_RETURN_IF_ERROR(pull->Finish());
+  if (result != nullptr) *result = pushed;
+  return lowest;
+}
+
 absl::StatusOr<PushResult> ParamClient::PushAll(
     const std::vector<std::vector<float>>& grads, uint64_t step, uint64_t count) {
   PushResult result;

@@ -56,6 +56,15 @@ class ParamClient {
   // at most once.
   absl::StatusOr<PushResult> PushAll(const std::vector<std::vector<float>>& grads,
                                      uint64_t step, uint64_t count);
+  // PushAll then PullAll(min_version, tables) without a round trip between
+  // them: the pulls are sent right behind the pushes on the same
+  // connections (a pserver answers a pull after the pushes before it, in
+  // bsp once the step is applied). Returns the lowest version pulled.
+  absl::StatusOr<uint64_t> PushThenPull(const std::vector<std::vector<float>>& grads,
+                                        uint64_t step, uint64_t count,
+                                        uint64_t min_version,
+                                        std::vector<std::vector<float>>* tables,
+                                        PushResult* result = nullptr);
 
   struct Route {
     uint32_t partition;

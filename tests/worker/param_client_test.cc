@@ -213,5 +213,27 @@ TEST_F(ParamClientTest, IssueRangeSendsWholePartitionsOnceEach) {
   EXPECT_EQ(result.stale_partitions, 0);
 }
 
+TEST_F(ParamClientTest, PushThenPullSendsThePullsRightBehindThePushes) {
+  std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
+                                           std::vector<float>(10, 2.f)};
+  std::vector<std::vector<float>> tables;
+  PushResult result;
+  auto lowest = client_->PushThenPull(grads, /*step=*/1, /*count=*/1, /*min_version=*/0,
+                                      &tables, &result);
+  ASSERT_TRUE(lowest.ok()) << lowest.status();
+  EXPECT_EQ(*lowest, 7u);
+  // One connection, so arrival order is send order: every push first.
+  const auto requests = server_.requests();
+  ASSERT_EQ(requests.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(requests[i].first,
+              i < 4 ? MessageType::kPushRequest : MessageType::kPullRequest) << i;
+  }
+  EXPECT_EQ(server_.pushed().size(), 4u);
+  ASSERT_EQ(tables.size(), 2u);
+  EXPECT_EQ(tables[0][25], 2000.f + 5);
+  EXPECT_EQ(tables[1][9], 3000.f + 9);
+}
+
 }  // namespace
 }  // namespace strata::worker

@@ -170,7 +170,13 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
   // the answer count before sleeping, which saves a wake-up on the way back.
   // (Large ones would only burn a core the transport needs.)
   if (total_bytes_ <= kSpinMaxBytes) {
+    // The count is read before the check, so an answer that lands in
+    // between ends the spin; one that landed before needs no spin at all.
     const uint64_t seen = round_->answered.load(std::memory_order_acquire);
+    {
+      absl::MutexLock l(&round_->mu);
+      if (done()) return absl::OkStatus();
+    }
     const absl::Time spin_until = absl::Now() + absl::Microseconds(50);
     while (round_->answered.load(std::memory_order_acquire) == seen &&
            absl::Now() < spin_until) {

@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
   }
   if (FLAGS_json) {
     std::printf("{\"raw_tcp_gbps\": %.4f,\n  \"results\": [\n    %s\n  ],\n  \"apply\": [\n    %s\n  ],\n  \"memory\": %s\n}\n",
-                raw_gbps, json_results, json_apply, json_memory);
+                raw_gbps, json_results.c_str(), json_apply.c_str(), json_memory.c_str());
   }
   return 0;
 }

@@ -321,17 +321,17 @@ absl::Status Worker::RunLoop() {
         ReportProgress(false, 0, 0);
         break;
       case proto::LeaseTaskResponse::EVALUATE:
-        STRATA_RETURN_IF_ERROR(SettlePull());
+        STRATA_RETURN_IF_ERROR(Settle());
         ReportProgress(false, 0, 0);
         STRATA_RETURN_IF_ERROR(Evaluate(lease.min_version));
         break;
       case proto::LeaseTaskResponse::DONE:
-        if (absl::Status s = SettlePull(); !s.ok()) LOG(WARNING) << s;
+        if (absl::Status s = Settle(); !s.ok()) LOG(WARNING) << s;
         ReportProgress(false, 0, 0);
         LOG(INFO) << "worker " << options_.index << ": job done";
         return absl::OkStatus();
       default:  // WAIT
-        STRATA_RETURN_IF_ERROR(SettlePull());
+        STRATA_RETURN_IF_ERROR(Settle());
         stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
         break;
     }
@@ -378,10 +378,21 @@ absl::Status Worker::RunLocal() {
   return absl::OkStatus();
 }
 
-absl::Status Worker::SettlePull() {
-  if (pull_ == nullptr) return absl::OkStatus();
-  absl::Status s = pull_->Finish();
-  pull_.reset();
+absl::Status Worker::SettlePush() {
+  if (push_ == nullptr) return absl::OkStatus();
+  absl::Status s = push_->Finish();
+  push_.reset();
+  absl::MutexLock l(&mu_);
+  stats_.stale_pushes += push_result_.stale_partitions > 0;
+  return s;
+}
+
+absl::Status Worker::Settle() {
+  absl::Status s = SettlePush();
+  if (pull_ != nullptr) {
+    s.Update(pull_->Finish());
+    pull_.reset();
+  }
   return s;
 }
 
@@ -417,7 +428,6 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     uint64_t version = next_step_;
     double loss = 0;
     absl::Duration comm;
-    PushResult pushed_result;
     if (local) {
       loss = model_->TrainStep(x.data(), y.data(), n);
       for (size_t t = 0; t < local_optimizers_.size(); ++t) {
@@ -429,7 +439,10 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       // block of a weight's gradient is pushed as soon as the backward pass
       // has it, and the next step's pull of it right behind (once the
       // backward pass no longer reads those parameters); the forward pass
-      // waits only for the block of parameters it reads next.
+      // waits only for the block of parameters it reads next. A push is
+      // settled (acks, retries) in the next step: a block's ack is awaited
+      // just before its pull, which follows it on the same connection, and
+      // the rest after the forward pass, before the gradients change.
       const int n_tables = static_cast<int>(model_->params().size());
       for (int t = 0; t < n_tables; ++t) {
         model_->SetPartitionStarts(t, params_->PartitionStarts(t));
@@ -438,7 +451,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         pull_ = params_->StartPull(bsp ? next_step_ : 0, &model_->params(), &pulled_version_);
         pull_->IssueAll();
       }
-      std::unique_ptr<ParamClient::Exchange> push, next_pull;
+      std::unique_ptr<ParamClient::Exchange> next_pull;
       std::vector<uint64_t> pushed(n_tables, 0);
       std::vector<bool> released(n_tables, false);
       auto timed = [&comm](const std::function<absl::Status()>& fn) {
@@ -449,19 +462,23 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       };
       Mlp::Hooks hooks;
       hooks.need_params = [&](int table, uint64_t end) {
-        return timed([&] { return pull_->WaitRange(table, end); });
+        return timed([&] {
+          if (push_ != nullptr) STRATA_RETURN_IF_ERROR(push_->WaitRange(table, end));
+          return pull_->WaitRange(table, end);
+        });
       };
       hooks.after_forward = [&]() {
+        STRATA_RETURN_IF_ERROR(timed([&] { return SettlePush(); }));
         STRATA_RETURN_IF_ERROR(timed([&] { return pull_->Finish(); }));
         pull_.reset();
         version = pulled_version_;
-        push = params_->StartPush(&model_->grads(), version, n, &pushed_result);
+        push_ = params_->StartPush(&model_->grads(), version, n, &push_result_);
         next_pull =
             params_->StartPull(bsp ? version + 1 : 0, &model_->params(), &pulled_version_);
         return absl::OkStatus();
       };
       hooks.grads_ready = [&](int table, uint64_t end) {
-        push->IssueRange(table, end);
+        push_->IssueRange(table, end);
         pushed[table] = end;
         if (released[table]) next_pull->IssueRange(table, end);
         return absl::OkStatus();
@@ -474,11 +491,12 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       absl::StatusOr<double> l = model_->TrainStep(x.data(), y.data(), n, hooks);
       if (!l.ok()) {
         pull_.reset();
+        push_.reset();
         return l.status();
       }
       loss = *l;
-      pull_ = std::move(next_pull);  // also across tasks: see SettlePull
-      STRATA_RETURN_IF_ERROR(timed([&] { return push->Finish(); }));
+      // pull_ and push_ carry over to the next data task (see Settle).
+      pull_ = std::move(next_pull);
     }
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
@@ -487,7 +505,6 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       stats_.steps++;
       stats_.samples += n;
       stats_.last_step = version;
-      stats_.stale_pushes += pushed_result.stale_partitions > 0;
       stats_.busy_seconds += absl::ToDoubleSeconds(t3 - t0);
       stats_.comm_seconds += absl::ToDoubleSeconds(comm);
     }

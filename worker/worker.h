@@ -107,8 +107,10 @@ class Worker {
   absl::Status RunLocal();
   // The training step: pull, compute, push (or, local, apply in place).
   absl::Status TrainTask(const proto::DataTask& task, bool local);
-  // Waits for the pull sent ahead, if any, and drops it.
-  absl::Status SettlePull();
+  // Settles the last step's push (acks, retries), if any.
+  absl::Status SettlePush();
+  // SettlePush, then waits for the pull sent ahead, if any, and drops it.
+  absl::Status Settle();
   absl::Status WaitForReadyView();
   absl::Status CheckViewMatchesModel(const proto::ClusterView& view) const;
   // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
@@ -141,11 +143,14 @@ class Worker {
   std::atomic<bool> declared_dead_{false};
   uint64_t next_step_ = 0;   // training thread only
   // The pull of the next step's parameters, sent ahead during the backward
-  // pass (training thread). It carries over to the next data task; when the
-  // master has no task for us (wait, evaluate, done) it is settled first
-  // (SettlePull), so a later task starts from a fresh pull of the current
-  // version rather than from parameters that went stale meanwhile.
+  // pass, and the last step's push, settled during the next step (training
+  // thread). Both carry over to the next data task; when the master has no
+  // task for us (wait, evaluate, done) they are settled first (Settle), so
+  // a later task starts from a fresh pull of the current version rather
+  // than from parameters that went stale meanwhile.
   std::unique_ptr<ParamClient::Exchange> pull_;
+  std::unique_ptr<ParamClient::Exchange> push_;
+  PushResult push_result_;
   uint64_t pulled_version_ = 0;
   int current_epoch_ = 0;    // training thread only
   absl::Time window_start_;  // training thread only: throughput window

@@ -97,13 +97,11 @@ class ParamClient {
     // Sends the first attempt (once) for the partitions of `table` that lie
     // within its elements [0, end).
     void IssueRange(uint32_t table, uint64_t end);
-    void Issue(uint32_t table) { IssueRange(table, UINT64_MAX); }
     void IssueAll();
     // Waits until the partitions of `table` that hold any of its elements
     // [0, end) are answered successfully (issuing those not yet sent); if
     // any is not, settles the whole exchange (Finish).
     absl::Status WaitRange(uint32_t table, uint64_t end);
-    absl::Status WaitTable(uint32_t table) { return WaitRange(table, UINT64_MAX); }
     // Idempotent.
     absl::Status Finish();
 

@@ -167,7 +167,7 @@ TEST_F(ParamClientTest, WaitRangeWaitsOnlyForThePartitionsItReads) {
   ASSERT_TRUE(server_.AwaitRequests(4));
   // Elements [0, 10) are partition 0 only; table 1 does not wait for table 0.
   ASSERT_TRUE(pull->WaitRange(0, 10).ok());
-  ASSERT_TRUE(pull->WaitTable(1).ok());
+  ASSERT_TRUE(pull->WaitRange(1, UINT64_MAX).ok());
   for (uint32_t i = 0; i < 10; ++i) {
     EXPECT_EQ(tables[0][i], 0.f * 1000 + i);
     EXPECT_EQ(tables[1][i], 3.f * 1000 + i);  // straight into the tensor

@@ -185,6 +185,7 @@ class ConfigReader {
   std::vector<Field> DataFields(DataSection* data);
   std::vector<Field> ClusterFields(ClusterSection* cluster);
   std::vector<Field> PortsFields(PortsSection* ports);
+  std::vector<Field> RdmaFields(RdmaSection* rdma);
 
   // Checks that involve more than one key, once everything is read.
   absl::Status CrossCheck(const JobConfig& config) const;
@@ -515,6 +516,16 @@ std::vector<ConfigReader::Field> ConfigReader::ClusterFields(
       Int("request_timeout_ms", &cluster->request_timeout_ms, IntAtLeast(1)),
       Section("ports",
               [this, cluster] { return PortsFields(&cluster->ports); }),
+      Section("rdma", [this, cluster] { return RdmaFields(&cluster->rdma); }),
+  };
+}
+
+std::vector<ConfigReader::Field> ConfigReader::RdmaFields(RdmaSection* rdma) {
+  return {
+      String("device", &rdma->device,
+             [](const std::string&) { return std::optional<std::string>(); }),
+      Int("port", &rdma->port, IntAtLeast(0)),
+      Int("gid_index", &rdma->gid_index, IntAtLeast(-1)),
   };
 }
 

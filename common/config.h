@@ -64,6 +64,13 @@ struct PortsSection {
   int worker_http = 7400;    // worker HTTP port of instance 0
 };
 
+// RDMA device choice (docs/config.md); empty / 0 / -1 choose automatically.
+struct RdmaSection {
+  std::string device;   // "mlx5_0", "rxe0"
+  int port = 0;         // 1-based
+  int gid_index = -1;
+};
+
 struct ClusterSection {
   std::string transport = "tcp";   // tcp | inproc
   int64_t slice_bytes = 4 << 20;   // max bytes of one dense partition, >= 4
@@ -72,6 +79,7 @@ struct ClusterSection {
   int task_lease_timeout_ms = 120000; // > 0
   int request_timeout_ms = 60000;     // data-plane request timeout, > 0
   PortsSection ports;
+  RdmaSection rdma;
 };
 
 struct JobConfig {

@@ -14,6 +14,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
+#include "transport/rdma/rdma_device.h"
 
 namespace strata::tools {
 namespace {
@@ -26,7 +27,9 @@ constexpr char kUsage[] =
     "           wait for the job to end; exit 0 if it succeeded\n"
     "  validate --config FILE [--hosts FILE]  check a config and a host file\n"
     "  plan     --config FILE --hosts FILE    the daemons a launch starts, one a line:\n"
-    "           role index host port data_port http_port  (- where unused)\n";
+    "           role index host port data_port http_port  (- where unused)\n"
+    "  doctor   [--config FILE]               RDMA preflight of this host: devices,\n"
+    "           ports, GIDs, MTU, locked-memory limit; exit 0 when ready\n";
 
 // --key value / --key=value / --flag
 absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
@@ -208,6 +211,38 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
   return 0;
 }
 
+// What a worker of this job registers with the NIC: its parameter and
+// gradient tensors plus the transport's buffer pool (a pserver registers
+// at most one copy of the model plus the pool, so this bounds both roles).
+constexpr uint64_t kRdmaPoolBytes = 64ull << 20;
+
+int Doctor(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  transport::rdma::RdmaSettings settings;
+  uint64_t register_bytes = kRdmaPoolBytes;
+  if (f.count("config")) {
+    auto cfg = LoadJobConfig(f.at("config"));
+    if (!cfg.ok()) {
+      err << cfg.status().message() << "\n";
+      return 2;
+    }
+    settings.device = cfg->cluster.rdma.device;
+    settings.port = cfg->cluster.rdma.port;
+    settings.gid_index = cfg->cluster.rdma.gid_index;
+    uint64_t params = 0;
+    for (const auto& t : ModelTables(cfg->model)) params += t.num_elements();
+    register_bytes += 2 * params * sizeof(float);
+  }
+  auto devices = transport::rdma::ListRdmaDevices();
+  if (!devices.ok()) {
+    err << "strata doctor: " << devices.status().message() << "\n";
+    return 1;
+  }
+  const transport::rdma::PreflightReport report = transport::rdma::RdmaPreflight(
+      *devices, settings, transport::rdma::MemlockLimitBytes(), register_bytes);
+  out << transport::rdma::FormatRdmaDoctorReport(*devices, report);
+  return report.ok() ? 0 : 1;
+}
+
 int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
   if (!f.count("config") || !f.count("hosts")) {
     err << "strata plan: --config FILE and --hosts FILE are required\n";
@@ -258,6 +293,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "wait") return Wait(*flags, out, err);
   if (cmd == "validate") return Validate(*flags, out, err);
   if (cmd == "plan") return Plan(*flags, out, err);
+  if (cmd == "doctor") return Doctor(*flags, out, err);
   err << "strata: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

@@ -1,4 +1,4 @@
-// The operator CLI `strata`: status, wait, validate, plan.
+// The operator CLI `strata`: status, wait, validate, plan, doctor.
 #ifndef STRATA_TOOLS_CLI_H_
 #define STRATA_TOOLS_CLI_H_
 

@@ -92,6 +92,10 @@ cluster:
     pserver_data: 9200
     pserver_http: 9300
     worker_http: 0
+  rdma:
+    device: mlx5_1
+    port: 2
+    gid_index: 3
 )";
   STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseJobConfig(text, "full.yaml"));
   EXPECT_EQ(c.source, "");
@@ -130,6 +134,9 @@ cluster:
   EXPECT_EQ(c.cluster.ports.pserver_data, 9200);
   EXPECT_EQ(c.cluster.ports.pserver_http, 9300);
   EXPECT_EQ(c.cluster.ports.worker_http, 0);
+  EXPECT_EQ(c.cluster.rdma.device, "mlx5_1");
+  EXPECT_EQ(c.cluster.rdma.port, 2);
+  EXPECT_EQ(c.cluster.rdma.gid_index, 3);
 }
 
 TEST(ParseJobConfigTest, DataOnlyGetsAllDefaults) {

@@ -143,6 +143,29 @@ TEST(CliTest, ValidateMissingConfigExitsTwoNamingThePath) {
   EXPECT_THAT(r.err, HasSubstr(missing));
 }
 
+TEST(CliTest, DoctorReportsThisHostsRdmaReadiness) {
+  // No RDMA device on the machines that run the tests (the Soft-RoCE guest
+  // of tests/rdma runs the same command and expects "RDMA: ready").
+  const Result r = RunStrata({"doctor"});
+  if (r.code == 0) {
+    EXPECT_THAT(r.out, HasSubstr("RDMA: ready"));
+    return;
+  }
+  EXPECT_EQ(r.code, 1) << r.err;
+  if (!r.err.empty()) {  // a build without libibverbs
+    EXPECT_THAT(r.err, HasSubstr("no RDMA support"));
+    return;
+  }
+  EXPECT_THAT(r.out, AllOf(HasSubstr("RDMA devices:"), HasSubstr("FAIL"),
+                           HasSubstr("RDMA: NOT ready")));
+}
+
+TEST(CliTest, DoctorWithABadConfigExitsTwoNamingIt) {
+  const Result r = RunStrata({"doctor", "--config", "/nonexistent/job.yaml"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("/nonexistent/job.yaml"));
+}
+
 TEST(CliTest, UnknownCommandExitsTwoWithUsage) {
   const Result r = RunStrata({"frobnicate"});
   EXPECT_EQ(r.code, 2);

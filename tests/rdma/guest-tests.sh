@@ -5,6 +5,7 @@
 # of failed checks.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export LD_LIBRARY_PATH=/share/lib
+export STRATA_REQUIRE_RDMA=1   # a test that finds no device fails here
 ulimit -l unlimited
 fails=0
 check() {  # name command...

@@ -35,7 +35,7 @@ SHARE="$(mktemp -d /tmp/strata-rdma-vm.XXXXXX)"
 trap 'rm -rf "$SHARE"' EXIT
 mkdir -p "$SHARE/bin" "$SHARE/lib" "$SHARE/tests"
 cp "$BUILD/bin/strata" "$SHARE/bin/"
-cp "$BUILD/tests/rdma_device_test" "$SHARE/tests/"
+cp "$BUILD/tests/rdma_device_test" "$BUILD/tests/rdma_verbs_test" "$SHARE/tests/"
 cp "$ROOT/conf/local.yaml" "$SHARE/job.yaml"
 # The binaries' libraries, but the guest's own glibc and rdma-core (the
 # guest's libibverbs finds the rxe provider).

@@ -1,0 +1,149 @@
+// Thin RAII layer over libibverbs for the rdma transport: an opened device
+// with its protection domain, completion queues, registered memory and RC
+// queue pairs. Every failing verbs call is an absl::Status that names the
+// call and, where there is one, the peer; nothing here aborts.
+//
+// Built only with STRATA_WITH_RDMA (libibverbs). Not thread-safe unless a
+// method says so: the transport drives each object from its own thread.
+#ifndef STRATA_TRANSPORT_RDMA_VERBS_H_
+#define STRATA_TRANSPORT_RDMA_VERBS_H_
+
+#include <infiniband/verbs.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "transport/rdma/rdma_device.h"
+
+namespace strata::transport::rdma {
+
+// What one side of an RC connection tells the other (over the control
+// channel) so the two queue pairs can be joined.
+struct QpInfo {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;                 // 24 bits
+  std::array<uint8_t, 16> gid{};    // RoCE: the GID to reach this side
+  uint16_t lid = 0;                 // InfiniBand
+  int mtu = 1024;                   // active MTU in bytes
+};
+std::string DescribeQpInfo(const QpInfo& info);
+
+// An opened device and its protection domain.
+class VerbsDevice {
+ public:
+  // Opens `selection.device` (as chosen by SelectRdmaDevice).
+  static absl::StatusOr<std::unique_ptr<VerbsDevice>> Open(const RdmaSelection& selection);
+  ~VerbsDevice();
+  VerbsDevice(const VerbsDevice&) = delete;
+  VerbsDevice& operator=(const VerbsDevice&) = delete;
+
+  ibv_context* context() const { return ctx_; }
+  ibv_pd* pd() const { return pd_; }
+  const RdmaSelection& selection() const { return selection_; }
+  const std::array<uint8_t, 16>& gid() const { return gid_; }
+  uint16_t lid() const { return lid_; }
+
+ private:
+  VerbsDevice() = default;
+  RdmaSelection selection_;
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  std::array<uint8_t, 16> gid_{};
+  uint16_t lid_ = 0;
+};
+
+// Memory registered with the device, once (never per message).
+class MemoryRegion {
+ public:
+  // `access`: IBV_ACCESS_* flags; the narrowest that the use needs. A
+  // failure names ibv_reg_mr and, for ENOMEM/EPERM, the locked-memory limit
+  // with its fix.
+  static absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(VerbsDevice* device,
+                                                                void* addr, size_t length,
+                                                                int access);
+  ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  char* data() const { return static_cast<char*>(mr_->addr); }
+  size_t size() const { return mr_->length; }
+  uint32_t lkey() const { return mr_->lkey; }
+  uint32_t rkey() const { return mr_->rkey; }
+
+ private:
+  explicit MemoryRegion(ibv_mr* mr) : mr_(mr) {}
+  ibv_mr* mr_;
+};
+
+class CompletionQueue {
+ public:
+  static absl::StatusOr<std::unique_ptr<CompletionQueue>> Create(VerbsDevice* device,
+                                                                 int depth);
+  ~CompletionQueue();
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  ibv_cq* cq() const { return cq_; }
+  // Up to `n` completions into wc; the count, or an error naming ibv_poll_cq.
+  absl::StatusOr<int> Poll(ibv_wc* wc, int n);
+
+ private:
+  explicit CompletionQueue(ibv_cq* cq) : cq_(cq) {}
+  ibv_cq* cq_;
+};
+
+// A completion's outcome: OK, or Unavailable naming the operation, the verbs
+// status and the peer.
+absl::Status CompletionStatus(const ibv_wc& wc, const std::string& peer);
+
+// A reliable-connected queue pair. Created in RESET, joined to its peer by
+// Connect (INIT -> RTR -> RTS); a QP in error reports every later post and
+// completion as an error, and is torn down by its owner.
+class RcQueuePair {
+ public:
+  static absl::StatusOr<std::unique_ptr<RcQueuePair>> Create(
+      VerbsDevice* device, CompletionQueue* send_cq, CompletionQueue* recv_cq,
+      int max_send_wr, int max_recv_wr, std::string peer);
+  ~RcQueuePair();
+  RcQueuePair(const RcQueuePair&) = delete;
+  RcQueuePair& operator=(const RcQueuePair&) = delete;
+
+  QpInfo local_info() const;
+  const std::string& peer() const { return peer_; }
+  // Joins this QP to the remote one; the path MTU is the smaller of the two.
+  // Remote access: RDMA WRITE into this side's regions (their rkeys), nothing
+  // else.
+  absl::Status Connect(const QpInfo& remote);
+
+  absl::Status PostRecv(uint64_t wr_id, char* addr, uint32_t length, uint32_t lkey);
+  // SEND of [addr, addr + length) into the receive the peer posted next.
+  absl::Status PostSend(uint64_t wr_id, const char* addr, uint32_t length, uint32_t lkey,
+                        bool signaled);
+  // RDMA WRITE with immediate: `length` bytes into the peer's registered
+  // memory at remote_addr/rkey; the peer gets a receive completion carrying
+  // `imm` (it must have a receive posted).
+  absl::Status PostWriteWithImm(uint64_t wr_id, const char* addr, uint32_t length,
+                                uint32_t lkey, uint64_t remote_addr, uint32_t rkey,
+                                uint32_t imm, bool signaled);
+  // Moves the QP to the error state (tests; a failing peer does the same).
+  absl::Status ForceError();
+  // "RESET", "INIT", "RTR", "RTS", "ERR", ... (ibv_query_qp).
+  std::string StateName() const;
+
+ private:
+  RcQueuePair(VerbsDevice* device, ibv_qp* qp, uint32_t psn, std::string peer)
+      : device_(device), qp_(qp), psn_(psn), peer_(std::move(peer)) {}
+  absl::Status PostSendWr(ibv_send_wr* wr, const char* what);
+
+  VerbsDevice* const device_;
+  ibv_qp* const qp_;
+  const uint32_t psn_;
+  const std::string peer_;
+};
+
+}  // namespace strata::transport::rdma
+
+#endif  // STRATA_TRANSPORT_RDMA_VERBS_H_

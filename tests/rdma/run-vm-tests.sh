@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Soft-RoCE harness (docs/rdma.md): boots a QEMU guest whose kernel
-# gives a real verbs device (rxe0) and runs the project's RDMA checks in it
-# with the binaries of BUILD_DIR.
+# The Soft-RoCE harness (docs/rdma.md): boots QEMU guests whose kernel gives
+# a real verbs device (rxe0) and runs the project's RDMA checks in them with
+# the binaries of BUILD_DIR: first one guest (rxe0 on a dummy netdev), then
+# two guests joined by a link (rxe0 on each eth0, RoCE between hosts).
 #
 #   tests/rdma/run-vm-tests.sh BUILD_DIR
 #
@@ -51,21 +52,66 @@ done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libi
   xargs -r cp -L -t "$SHARE/lib/"
 install -m755 "$HERE/guest-tests.sh" "$SHARE/run.sh"
 
-echo "run-vm-tests.sh: booting the guest (QEMU TCG, 2 vCPUs)"
+# boot SHARE LOG SMP MEM APPEND... -- QEMU_ARGS...: one guest, until it powers off.
+boot() {
+  local share="$1" log="$2" smp="$3" mem="$4"; shift 4
+  local append=()
+  while [[ $# -gt 0 && "$1" != -- ]]; do append+=("$1"); shift; done
+  shift || true
+  timeout "${STRATA_RDMA_VM_TIMEOUT:-600}" qemu-system-x86_64 \
+    -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" -nographic -no-reboot \
+    -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.img" \
+    -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 init=/sbin/strata-guest-init panic=-1 quiet loglevel=3 ${append[*]}" \
+    -drive file="$IMG/rootfs.ext4",format=raw,if=virtio,cache=unsafe,snapshot=on \
+    -virtfs local,path="$share",mount_tag=share,security_model=none,id=share \
+    "$@" </dev/null >"$log" 2>&1
+}
+
+# verdict NAME SHARE QEMU_RC: prints the guest's log; true when all passed.
+verdict() {
+  local name="$1" share="$2" rc="$3" guest_rc
+  [[ -f "$share/guest.log" ]] && cat "$share/guest.log"
+  guest_rc="$(cat "$share/run.rc" 2>/dev/null || echo none)"
+  echo "run-vm-tests.sh: $name: qemu exit $rc, guest checks exit $guest_rc"
+  if [[ $rc -ne 0 || "$guest_rc" != 0 ]]; then
+    echo "--- $name console (last 30 lines):"
+    tail -n 30 "$share/console.log"
+    return 1
+  fi
+}
+
+failed=0
 start=$SECONDS
+
+# 1. One guest, rxe0 on a dummy netdev: the device, the verbs layer.
+echo "run-vm-tests.sh: one guest (QEMU TCG, 2 vCPUs)"
 rc=0
-timeout "${STRATA_RDMA_VM_TIMEOUT:-600}" qemu-system-x86_64 \
-  -accel tcg,thread=multi -cpu max -smp 2 -m 2048 -nographic -no-reboot \
-  -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.img" \
-  -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 init=/sbin/strata-guest-init panic=-1 quiet loglevel=3" \
-  -drive file="$IMG/rootfs.ext4",format=raw,if=virtio,cache=unsafe,snapshot=on \
-  -virtfs local,path="$SHARE",mount_tag=share,security_model=none,id=share \
-  -nic none </dev/null >"$SHARE/console.log" 2>&1 || rc=$?
-[[ -f "$SHARE/guest.log" ]] && cat "$SHARE/guest.log"
-guest_rc="$(cat "$SHARE/run.rc" 2>/dev/null || echo none)"
-echo "run-vm-tests.sh: qemu exit $rc, guest checks exit $guest_rc, $((SECONDS - start)) s"
-if [[ $rc -ne 0 || "$guest_rc" != 0 ]]; then
-  echo "--- guest console (last 30 lines):"
-  tail -n 30 "$SHARE/console.log"
-  exit 1
-fi
+boot "$SHARE" "$SHARE/console.log" 2 2048 -- -nic none || rc=$?
+verdict "one guest" "$SHARE" "$rc" || failed=1
+
+# 2. Two guests joined by a link (a QEMU UDP socket pair on 127.0.0.1), rxe0
+# on each one's eth0: RoCE between hosts.
+echo "run-vm-tests.sh: two guests linked over 127.0.0.1 UDP (1 vCPU each)"
+for g in a b; do
+  mkdir -p "$SHARE/$g"
+  cp -al "$SHARE/bin" "$SHARE/lib" "$SHARE/$g/"
+  install -m755 "$HERE/guest-pair.sh" "$SHARE/$g/run.sh"
+done
+port=$((20000 + RANDOM % 20000))
+rc_a=0 rc_b=0
+boot "$SHARE/a" "$SHARE/a/console.log" 1 1024 role=a -- \
+  -netdev "socket,id=n0,udp=127.0.0.1:$((port + 1)),localaddr=127.0.0.1:$port" \
+  -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01 &
+pid_a=$!
+boot "$SHARE/b" "$SHARE/b/console.log" 1 1024 role=b -- \
+  -netdev "socket,id=n0,udp=127.0.0.1:$port,localaddr=127.0.0.1:$((port + 1))" \
+  -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:02 || rc_b=$?
+wait "$pid_a" || rc_a=$?
+verdict "guest a" "$SHARE/a" "$rc_a" || failed=1
+verdict "guest b" "$SHARE/b" "$rc_b" || failed=1
+
+# The line scripts/test.sh shows after the ctest summary.
+bw="$(sed -n 's/^ib_write_bw 1 MiB between guests: /, ib_write_bw between the guests /p' \
+      "$SHARE/b/guest.log" 2>/dev/null | head -n 1)"
+echo "run-vm-tests.sh: qemu exit $failed, guest checks exit $failed, $((SECONDS - start)) s$bw"
+exit "$failed"

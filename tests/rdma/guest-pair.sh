@@ -1,0 +1,43 @@
+#!/bin/sh
+# Runs inside each of two Soft-RoCE guests joined by a link (as /share/run.sh;
+# the kernel command line says role=a or role=b): rxe0 on eth0, 10.0.0.1
+# (a) and 10.0.0.2 (b). Both check `strata doctor`; then a RoCE transfer
+# between the hosts: perftest's ib_write_bw, server in a, client in b (its
+# result is the line the harness reports). Exit status: failed checks.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export LD_LIBRARY_PATH=/share/lib
+export STRATA_REQUIRE_RDMA=1
+ulimit -l unlimited
+role=$(sed -n 's/.* role=\([ab]\).*/\1/p' /proc/cmdline)
+case "$role" in a) me=10.0.0.1; peer=10.0.0.2 ;; b) me=10.0.0.2; peer=10.0.0.1 ;;
+  *) echo "guest-pair: no role= on the kernel command line"; exit 100 ;; esac
+fails=0
+check() {
+  name="$1"; shift
+  echo "=== [$role] $name"
+  if "$@"; then echo "=== [$role] $name: PASS"; else echo "=== [$role] $name: FAIL"; fails=$((fails + 1)); fi
+}
+modprobe virtio_net && ip link set lo up && ip link set eth0 up &&
+  ip addr add "$me/24" dev eth0 && modprobe rdma_rxe &&
+  rdma link add rxe0 type rxe netdev eth0 || { echo "guest-pair: cannot create rxe0 on eth0"; exit 100; }
+# (The image has no ping: the client below retries until the server,
+# which may boot later, listens.)
+
+check "strata doctor on eth0" sh -c \
+  "/share/bin/strata doctor | tee /tmp/doctor.txt && grep -q '::ffff:$me RoCE v2' /tmp/doctor.txt"
+if [ "$role" = a ]; then
+  check "ib_write_bw server" timeout 120 ib_write_bw -d rxe0 -x 1 -F -s 1048576 -D 3
+else
+  bw() {
+    n=0
+    until timeout 120 ib_write_bw -d rxe0 -x 1 -F -s 1048576 -D 3 "$peer" >/tmp/bw.txt 2>&1; do
+      n=$((n + 1)); [ $n -lt 30 ] || { cat /tmp/bw.txt; return 1; }; sleep 1
+    done
+    cat /tmp/bw.txt
+    # A row "1048576 <iterations> <peak> <average> <msg rate>" with iterations > 0.
+    awk '$1 == 1048576 && $2 > 0 {found = 1; print "ib_write_bw 1 MiB between guests: " $4 " MB/s"} END {exit !found}' /tmp/bw.txt
+  }
+  check "ib_write_bw between the guests" bw
+fi
+echo "guest-pair [$role]: $fails check(s) failed"
+exit "$fails"

@@ -199,8 +199,21 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
 }
 
 absl::Status ParamClient::Exchange::WaitRange(uint32_t table, uint64_t end) {
+  STRATA_ASSIGN_OR_RETURN(bool good, AwaitRange(table, end));
+  // Something here needs a retry: settle everything now.
+  return good ? absl::OkStatus() : Finish();
+}
+
+void ParamClient::Exchange::RenewDeadline() {
+  deadline_ = absl::Now() + client_->request_timeout_;
+}
+
+absl::StatusOr<bool> ParamClient::Exchange::AwaitRange(uint32_t table, uint64_t end) {
   STRATA_RETURN_IF_ERROR(view_error_);
-  if (finished_) return finish_status_;
+  if (finished_) {
+    STRATA_RETURN_IF_ERROR(finish_status_);
+    return true;
+  }
   std::vector<uint32_t> needed;
   for (const auto& [id, r] : routes_) {
     if (r.table != table || r.offset >= end) continue;
@@ -224,8 +237,7 @@ absl::Status ParamClient::Exchange::WaitRange(uint32_t table, uint64_t end) {
                  (!destination_ || it->second->payload_in_destination);
     }
   }
-  // Something here needs a retry: settle everything now.
-  return all_good ? absl::OkStatus() : Finish();
+  return all_good;
 }
 
 absl::Status ParamClient::Exchange::Finish() {
@@ -394,8 +406,11 @@ absl::StatusOr<uint64_t> ParamClient::PushThenPull(
   // contention cost more than the overlap gained).
   push->IssueAll();
   pull->IssueAll();
-  STRATA_RETURN_IF_ERROR(push->Finish());
-  STRATA_RETURN_IF_ERROR(pull->Finish());
+  absl::Status pushed_status = push->Finish();
+  // Settled even when the push failed: the pulls write into *tables.
+  absl::Status pulled_status = pull->Finish();
+  STRATA_RETURN_IF_ERROR(pushed_status);
+  STRATA_RETURN_IF_ERROR(pulled_status);
   if (result != nullptr) *result = pushed;
   return lowest;
 }

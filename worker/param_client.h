@@ -102,6 +102,12 @@ class ParamClient {
     // [0, end) are answered successfully (issuing those not yet sent); if
     // any is not, settles the whole exchange (Finish).
     absl::Status WaitRange(uint32_t table, uint64_t end);
+    // WaitRange without the settling: true when those partitions were all
+    // answered successfully, false when one needs a retry (the caller then
+    // calls Finish, after settling whatever that retry depends on).
+    absl::StatusOr<bool> AwaitRange(uint32_t table, uint64_t end);
+    // Restarts the request timeout (an exchange carried into a new step).
+    void RenewDeadline();
     // Idempotent.
     absl::Status Finish();
 
@@ -115,7 +121,7 @@ class ParamClient {
     const MakeRequest make_request_;
     const OnResponse on_response_;
     const Destination destination_;
-    const absl::Time deadline_;
+    absl::Time deadline_;
     std::shared_ptr<Round> round_;
     std::map<uint32_t, Route> routes_;  // by partition id
     uint64_t epoch_ = 0;

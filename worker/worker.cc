@@ -309,6 +309,9 @@ absl::Status Worker::RunLoop() {
     switch (lease.outcome) {
       case proto::LeaseTaskResponse::TASK:
         STRATA_RETURN_IF_ERROR(TrainTask(lease.task, /*local=*/false));
+        // The task is done when its last gradient is acknowledged: before
+        // telling the master (which may then end our part in the step set).
+        STRATA_RETURN_IF_ERROR(SettlePush());
         if (absl::Status s = tasks_->Complete(
                 lease.task, lease.task.end() - lease.task.begin(), stats().last_step);
             absl::IsFailedPrecondition(s)) {
@@ -442,7 +445,9 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       // waits only for the block of parameters it reads next. A push is
       // settled (acks, retries) in the next step: a block's ack is awaited
       // just before its pull, which follows it on the same connection, and
-      // the rest after the forward pass, before the gradients change.
+      // the rest after the forward pass, before the gradients change (or at
+      // once, when a pull needs a retry that could wait on it); the last
+      // push of a task before the task is reported done.
       const int n_tables = static_cast<int>(model_->params().size());
       for (int t = 0; t < n_tables; ++t) {
         model_->SetPartitionStarts(t, params_->PartitionStarts(t));
@@ -450,7 +455,10 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       if (pull_ == nullptr) {
         pull_ = params_->StartPull(bsp ? next_step_ : 0, &model_->params(), &pulled_version_);
         pull_->IssueAll();
+      } else {
+        pull_->RenewDeadline();  // carried over: the timeout counts from now
       }
+      if (push_ != nullptr) push_->RenewDeadline();
       std::unique_ptr<ParamClient::Exchange> next_pull;
       std::vector<uint64_t> pushed(n_tables, 0);
       std::vector<bool> released(n_tables, false);
@@ -462,9 +470,14 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
       };
       Mlp::Hooks hooks;
       hooks.need_params = [&](int table, uint64_t end) {
-        return timed([&] {
+        return timed([&]() -> absl::Status {
           if (push_ != nullptr) STRATA_RETURN_IF_ERROR(push_->WaitRange(table, end));
-          return pull_->WaitRange(table, end);
+          STRATA_ASSIGN_OR_RETURN(bool good, pull_->AwaitRange(table, end));
+          if (good) return absl::OkStatus();
+          // A pull to retry (a new view, a lagging pserver): its answer may
+          // wait on any of our pushes (bsp), so settle them all first.
+          STRATA_RETURN_IF_ERROR(SettlePush());
+          return pull_->Finish();
         });
       };
       hooks.after_forward = [&]() {
@@ -495,7 +508,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         return l.status();
       }
       loss = *l;
-      // pull_ and push_ carry over to the next data task (see Settle).
+      // pull_ carries over to the next data task (see Settle).
       pull_ = std::move(next_pull);
     }
     const absl::Time t3 = absl::Now();

@@ -143,11 +143,12 @@ class Worker {
   std::atomic<bool> declared_dead_{false};
   uint64_t next_step_ = 0;   // training thread only
   // The pull of the next step's parameters, sent ahead during the backward
-  // pass, and the last step's push, settled during the next step (training
-  // thread). Both carry over to the next data task; when the master has no
-  // task for us (wait, evaluate, done) they are settled first (Settle), so
-  // a later task starts from a fresh pull of the current version rather
-  // than from parameters that went stale meanwhile.
+  // pass, and the last step's push, settled during the next step or before
+  // its task is reported done (training thread). The pull carries over to
+  // the next data task; when the master has no task for us (wait, evaluate,
+  // done) it is settled first (Settle), so a later task starts from a fresh
+  // pull of the current version rather than from parameters that went
+  // stale meanwhile.
   std::unique_ptr<ParamClient::Exchange> pull_;
   std::unique_ptr<ParamClient::Exchange> push_;
   PushResult push_result_;

@@ -34,13 +34,16 @@ fi
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
 if [[ ${#missing[@]} -gt 0 ]]; then
   echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 if [[ ${#vm_missing[@]} -gt 0 ]]; then
+  # Best effort, and never fatal: a machine without them (or offline, or
+  # without sudo) still builds and runs everything else.
   echo "install-deps: installing ${vm_missing[*]} (for the Soft-RoCE test guest)"
-  $SUDO apt-get install -y -qq --no-install-recommends "${vm_missing[@]}" ||
+  { [[ ${#missing[@]} -gt 0 ]] || $SUDO apt-get update -qq; } &&
+    $SUDO apt-get install -y -qq --no-install-recommends "${vm_missing[@]}" ||
     echo "install-deps: could not install ${vm_missing[*]}; tests/rdma will be skipped" >&2
 fi

@@ -249,8 +249,9 @@ do_run() {
       daemon_alive "$f" || { dead="$name"; break; }
     done
     if [[ -n "$dead" ]]; then
-      # The job may have just ended (a pserver told to stop): ask once more.
-      if kill -0 "$wait_pid" 2>/dev/null; then sleep 0.3; fi
+      # A worker leaves as soon as the job is done, which `strata wait`
+      # (polling every 250 ms) may not have seen yet: give it a moment.
+      for _ in 1 2 3 4 5 6; do kill -0 "$wait_pid" 2>/dev/null && sleep 0.25; done
       if ! kill -0 "$wait_pid" 2>/dev/null; then continue; fi
       if [[ "$dead" == master-0 ]]; then
         echo "launch.sh: the master died; see $RUN_DIR/logs/master-0.log" >&2

@@ -11,7 +11,7 @@ cd "${STRATA_BUILD_DIR:-$ROOT/build}"
 rc=0
 ctest --output-on-failure --timeout 900 -j "${STRATA_TEST_JOBS:-2}" "$@" || rc=$?
 # The Soft-RoCE harness's verdict: ctest prints a skip without its reason.
-if line="$(grep -E '^(SKIP: |run-vm-tests.sh: qemu exit)' Testing/Temporary/LastTest.log 2>/dev/null |
+if line="$(grep -E '^(SKIP: |run-vm-tests.sh: all phases)' Testing/Temporary/LastTest.log 2>/dev/null |
            tail -n 1)" && [[ -n "$line" ]]; then
   echo "rdma_vm_test (Soft-RoCE guest): $line"
 fi

@@ -26,7 +26,14 @@ modprobe virtio_net && ip link set lo up && ip link set eth0 up &&
 check "strata doctor on eth0" sh -c \
   "/share/bin/strata doctor | tee /tmp/doctor.txt && grep -q '::ffff:$me RoCE v2' /tmp/doctor.txt"
 if [ "$role" = a ]; then
-  check "ib_write_bw server" timeout 120 ib_write_bw -d rxe0 -x 1 -F -s 1048576 -D 3
+  # A server serves one client: listen again if an attempt broke off.
+  serve() {
+    n=0
+    until timeout 120 ib_write_bw -d rxe0 -x 1 -F -s 1048576 -D 3; do
+      n=$((n + 1)); [ $n -lt 5 ] || return 1
+    done
+  }
+  check "ib_write_bw server" serve
 else
   bw() {
     n=0

@@ -25,7 +25,8 @@ class FakePServer {
     transport_ = *transport::CreateTransport(transport::TransportOptions());
     EXPECT_TRUE(transport_
                     ->Listen("127.0.0.1", 0,
-                             [this](Message m, std::shared_ptr<transport::Responder> r) {
+                             [this](Message m,
+                                    std::shared_ptr<transport::Responder> r) {
                                Handle(std::move(m), std::move(r));
                              })
                     .ok());
@@ -71,12 +72,14 @@ class FakePServer {
  private:
   static Message PullAnswer(const Message& req) {
     std::vector<float> v(kLength);
-    for (uint32_t i = 0; i < kLength; ++i) v[i] = req.header.partition * 1000.f + i;
+    for (uint32_t i = 0; i < kLength; ++i)
+      v[i] = req.header.partition * 1000.f + i;
     Message resp;
     resp.header = req.header;
     resp.header.type = MessageType::kPullResponse;
     resp.header.version = 7;
-    resp.payload.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    resp.payload.assign(reinterpret_cast<const char*>(v.data()),
+                        v.size() * sizeof(float));
     return resp;
   }
 
@@ -85,7 +88,8 @@ class FakePServer {
     requests_.emplace_back(m.header.type, m.header.partition);
     if (m.header.type == MessageType::kPushRequest) {
       const float* g = reinterpret_cast<const float*>(m.payload.data());
-      pushed_[m.header.partition].assign(g, g + m.payload.size() / sizeof(float));
+      pushed_[m.header.partition].assign(g,
+                                         g + m.payload.size() / sizeof(float));
       Message resp;
       resp.header = m.header;
       resp.header.type = MessageType::kPushResponse;
@@ -104,14 +108,17 @@ class FakePServer {
   mutable absl::Mutex mu_;
   std::vector<std::pair<MessageType, uint32_t>> requests_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::vector<float>> pushed_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>>>
+  std::map<
+      uint32_t,
+      std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>>>
       hold_ ABSL_GUARDED_BY(mu_);
 };
 
 class ParamClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    client_transport_ = *transport::CreateTransport(transport::TransportOptions());
+    client_transport_ =
+        *transport::CreateTransport(transport::TransportOptions());
     client_ = std::make_unique<ParamClient>(
         client_transport_.get(), /*node_id=*/5,
         []() -> absl::StatusOr<proto::ClusterView> {
@@ -183,7 +190,8 @@ TEST_F(ParamClientTest, WaitRangeWaitsOnlyForThePartitionsItReads) {
 }
 
 TEST_F(ParamClientTest, IssueRangeSendsWholePartitionsOnceEach) {
-  std::vector<std::vector<float>> grads = {std::vector<float>(30), std::vector<float>(10)};
+  std::vector<std::vector<float>> grads = {std::vector<float>(30),
+                                           std::vector<float>(10)};
   for (size_t t = 0; t < grads.size(); ++t) {
     for (size_t i = 0; i < grads[t].size(); ++i) grads[t][i] = 100.f * t + i;
   }
@@ -206,7 +214,8 @@ TEST_F(ParamClientTest, IssueRangeSendsWholePartitionsOnceEach) {
   const auto pushed = server_.pushed();
   ASSERT_EQ(pushed.size(), 4u);
   for (uint32_t p = 0; p < 3; ++p) {
-    EXPECT_THAT(pushed.at(p), ::testing::ElementsAreArray(grads[0].data() + 10 * p, 10))
+    EXPECT_THAT(pushed.at(p),
+                ::testing::ElementsAreArray(grads[0].data() + 10 * p, 10))
         << "partition " << p;
   }
   EXPECT_THAT(pushed.at(3), ::testing::ElementsAreArray(grads[1]));
@@ -218,8 +227,8 @@ TEST_F(ParamClientTest, PushThenPullSendsThePullsRightBehindThePushes) {
                                            std::vector<float>(10, 2.f)};
   std::vector<std::vector<float>> tables;
   PushResult result;
-  auto lowest = client_->PushThenPull(grads, /*step=*/1, /*count=*/1, /*min_version=*/0,
-                                      &tables, &result);
+  auto lowest = client_->PushThenPull(grads, /*step=*/1, /*count=*/1,
+                                      /*min_version=*/0, &tables, &result);
   ASSERT_TRUE(lowest.ok()) << lowest.status();
   EXPECT_EQ(*lowest, 7u);
   // One connection, so arrival order is send order: every push first.
@@ -227,7 +236,8 @@ TEST_F(ParamClientTest, PushThenPullSendsThePullsRightBehindThePushes) {
   ASSERT_EQ(requests.size(), 8u);
   for (size_t i = 0; i < 8; ++i) {
     EXPECT_EQ(requests[i].first,
-              i < 4 ? MessageType::kPushRequest : MessageType::kPullRequest) << i;
+              i < 4 ? MessageType::kPushRequest : MessageType::kPullRequest)
+        << i;
   }
   EXPECT_EQ(server_.pushed().size(), 4u);
   ASSERT_EQ(tables.size(), 2u);

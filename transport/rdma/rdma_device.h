@@ -28,18 +28,18 @@ struct GidEntry {
 };
 
 struct PortInfo {
-  int port = 1;                     // 1-based, as in verbs
-  std::string state;                // "ACTIVE", "DOWN", "INIT", ...
+  int port = 1;       // 1-based, as in verbs
+  std::string state;  // "ACTIVE", "DOWN", "INIT", ...
   bool active = false;
-  std::string link_layer;           // "Ethernet" (RoCE) or "InfiniBand"
-  int active_mtu = 0;               // bytes: 256 .. 4096
+  std::string link_layer;  // "Ethernet" (RoCE) or "InfiniBand"
+  int active_mtu = 0;      // bytes: 256 .. 4096
   int max_mtu = 0;
-  uint16_t lid = 0;                 // InfiniBand only
-  std::vector<GidEntry> gids;       // non-empty entries only
+  uint16_t lid = 0;            // InfiniBand only
+  std::vector<GidEntry> gids;  // non-empty entries only
 };
 
 struct DeviceInfo {
-  std::string name;                 // "mlx5_0", "rxe0"
+  std::string name;  // "mlx5_0", "rxe0"
   std::string node_guid;
   std::vector<PortInfo> ports;
 };
@@ -65,14 +65,14 @@ struct RdmaSelection {
 // list order) with an ACTIVE port; on Ethernet (RoCE) the RoCE v2 GID of
 // an IPv4 address if there is one, else any RoCE v2 GID, else index 0; on
 // InfiniBand index 0. Errors say what is missing and how to fix it.
-absl::StatusOr<RdmaSelection> SelectRdmaDevice(const std::vector<DeviceInfo>& devices,
-                                               const RdmaSettings& settings);
+absl::StatusOr<RdmaSelection> SelectRdmaDevice(
+    const std::vector<DeviceInfo>& devices, const RdmaSettings& settings);
 
 struct PreflightFinding {
-  bool ok = true;         // false: the rdma transport cannot run like this
-  std::string check;      // "devices", "port", "gid", "mtu", "memlock"
-  std::string detail;     // what was found
-  std::string fix;        // what to do (empty when ok)
+  bool ok = true;      // false: the rdma transport cannot run like this
+  std::string check;   // "devices", "port", "gid", "mtu", "memlock"
+  std::string detail;  // what was found
+  std::string fix;     // what to do (empty when ok)
 };
 
 struct PreflightReport {
@@ -86,7 +86,8 @@ struct PreflightReport {
 // unlimited); `register_bytes`: what the process will register (its share
 // of the model's tensors plus buffer pools).
 PreflightReport RdmaPreflight(const std::vector<DeviceInfo>& devices,
-                              const RdmaSettings& settings, uint64_t memlock_limit_bytes,
+                              const RdmaSettings& settings,
+                              uint64_t memlock_limit_bytes,
                               uint64_t register_bytes);
 
 // The devices of this host, read through libibverbs. An empty list when

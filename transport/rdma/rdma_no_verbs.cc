@@ -6,7 +6,8 @@ namespace strata::transport::rdma {
 
 absl::StatusOr<std::vector<DeviceInfo>> ListRdmaDevices() {
   return absl::UnimplementedError(
-      "this build has no RDMA support (libibverbs-dev was missing at configure time: "
+      "this build has no RDMA support (libibverbs-dev was missing at configure "
+      "time: "
       "install it and rebuild, or set cluster.transport: tcp)");
 }
 

@@ -8,11 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "glog/logging.h"
 
 namespace strata::transport::rdma {
 namespace {
 
-std::string Errno(int e) { return absl::StrCat(std::strerror(e), " (errno ", e, ")"); }
+std::string Errno(int e) {
+  return absl::StrCat(std::strerror(e), " (errno ", e, ")");
+}
 
 ibv_mtu MtuEnum(int bytes) {
   if (bytes >= 4096) return IBV_MTU_4096;
@@ -24,25 +27,39 @@ ibv_mtu MtuEnum(int bytes) {
 
 const char* QpStateName(ibv_qp_state s) {
   switch (s) {
-    case IBV_QPS_RESET: return "RESET";
-    case IBV_QPS_INIT: return "INIT";
-    case IBV_QPS_RTR: return "RTR";
-    case IBV_QPS_RTS: return "RTS";
-    case IBV_QPS_SQD: return "SQD";
-    case IBV_QPS_SQE: return "SQE";
-    case IBV_QPS_ERR: return "ERR";
-    default: return "UNKNOWN";
+    case IBV_QPS_RESET:
+      return "RESET";
+    case IBV_QPS_INIT:
+      return "INIT";
+    case IBV_QPS_RTR:
+      return "RTR";
+    case IBV_QPS_RTS:
+      return "RTS";
+    case IBV_QPS_SQD:
+      return "SQD";
+    case IBV_QPS_SQE:
+      return "SQE";
+    case IBV_QPS_ERR:
+      return "ERR";
+    default:
+      return "UNKNOWN";
   }
 }
 
 const char* OpcodeName(ibv_wc_opcode op) {
   switch (op) {
-    case IBV_WC_SEND: return "SEND";
-    case IBV_WC_RDMA_WRITE: return "RDMA WRITE";
-    case IBV_WC_RDMA_READ: return "RDMA READ";
-    case IBV_WC_RECV: return "RECV";
-    case IBV_WC_RECV_RDMA_WITH_IMM: return "RECV (RDMA WRITE with immediate)";
-    default: return "operation";
+    case IBV_WC_SEND:
+      return "SEND";
+    case IBV_WC_RDMA_WRITE:
+      return "RDMA WRITE";
+    case IBV_WC_RDMA_READ:
+      return "RDMA READ";
+    case IBV_WC_RECV:
+      return "RECV";
+    case IBV_WC_RECV_RDMA_WITH_IMM:
+      return "RECV (RDMA WRITE with immediate)";
+    default:
+      return "operation";
   }
 }
 
@@ -51,25 +68,29 @@ const char* OpcodeName(ibv_wc_opcode op) {
 std::string DescribeQpInfo(const QpInfo& info) {
   char gid[INET6_ADDRSTRLEN] = {0};
   inet_ntop(AF_INET6, info.gid.data(), gid, sizeof(gid));
-  return absl::StrFormat("qpn 0x%x psn 0x%x gid %s lid %d mtu %d", info.qpn, info.psn, gid,
-                         info.lid, info.mtu);
+  return absl::StrFormat("qpn 0x%x psn 0x%x gid %s lid %d mtu %d", info.qpn,
+                         info.psn, gid, info.lid, info.mtu);
 }
 
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(const RdmaSelection& sel) {
+absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(
+    const RdmaSelection& sel) {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (list == nullptr) {
-    return absl::UnavailableError(absl::StrCat("ibv_get_device_list: ", Errno(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_get_device_list: ", Errno(errno)));
   }
-  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> owner(list, ibv_free_device_list);
+  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> owner(
+      list, ibv_free_device_list);
   ibv_device* dev = nullptr;
   for (int i = 0; i < n; ++i) {
     if (sel.device == ibv_get_device_name(list[i])) dev = list[i];
   }
   if (dev == nullptr) {
-    return absl::NotFoundError(absl::StrCat("RDMA device ", sel.device, " is gone"));
+    return absl::NotFoundError(
+        absl::StrCat("RDMA device ", sel.device, " is gone"));
   }
   std::unique_ptr<VerbsDevice> d(new VerbsDevice());
   d->selection_ = sel;
@@ -80,82 +101,100 @@ absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(const RdmaSelecti
   }
   d->pd_ = ibv_alloc_pd(d->ctx_);
   if (d->pd_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("ibv_alloc_pd(", sel.device, "): ", Errno(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_alloc_pd(", sel.device, "): ", Errno(errno)));
   }
   ibv_port_attr pa{};
-  if (int rc = ibv_query_port(d->ctx_, static_cast<uint8_t>(sel.port), &pa); rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_query_port(", sel.device, ", ", sel.port, "): ", Errno(rc)));
+  if (int rc = ibv_query_port(d->ctx_, static_cast<uint8_t>(sel.port), &pa);
+      rc != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "ibv_query_port(", sel.device, ", ", sel.port, "): ", Errno(rc)));
   }
   d->lid_ = pa.lid;
   ibv_gid gid{};
-  if (int rc = ibv_query_gid(d->ctx_, static_cast<uint8_t>(sel.port), sel.gid_index, &gid);
+  if (int rc = ibv_query_gid(d->ctx_, static_cast<uint8_t>(sel.port),
+                             sel.gid_index, &gid);
       rc != 0) {
-    return absl::UnavailableError(absl::StrCat("ibv_query_gid(", sel.device, ", port ",
-                                               sel.port, ", index ", sel.gid_index,
-                                               "): ", Errno(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_query_gid(", sel.device, ", port ", sel.port,
+                     ", index ", sel.gid_index, "): ", Errno(rc)));
   }
   std::memcpy(d->gid_.data(), gid.raw, sizeof(gid.raw));
   return d;
 }
 
 VerbsDevice::~VerbsDevice() {
-  if (pd_ != nullptr) ibv_dealloc_pd(pd_);
+  if (pd_ != nullptr) {
+    if (int rc = ibv_dealloc_pd(pd_); rc != 0) {
+      LOG(WARNING) << "ibv_dealloc_pd(" << selection_.device
+                   << "): " << Errno(rc)
+                   << " (a region, queue pair or CQ of it still exists)";
+    }
+  }
   if (ctx_ != nullptr) ibv_close_device(ctx_);
 }
 
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(VerbsDevice* device,
-                                                                     void* addr,
-                                                                     size_t length,
-                                                                     int access) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(
+    VerbsDevice* device, void* addr, size_t length, int access) {
   ibv_mr* mr = ibv_reg_mr(device->pd(), addr, length, access);
   if (mr == nullptr) {
     const int e = errno;
-    std::string why = absl::StrCat("ibv_reg_mr(", device->selection().device, ", ", length,
-                                   " bytes): ", Errno(e));
+    std::string why = absl::StrCat("ibv_reg_mr(", device->selection().device,
+                                   ", ", length, " bytes): ", Errno(e));
     if (e == ENOMEM || e == EPERM || e == EAGAIN) {
-      absl::StrAppend(&why, "; the locked-memory limit is ",
-                      MemlockLimitBytes() == UINT64_MAX
-                          ? std::string("unlimited")
-                          : absl::StrCat(MemlockLimitBytes(), " bytes"),
-                      ": raise it (`ulimit -l unlimited`, LimitMEMLOCK=infinity in the "
-                      "systemd unit) and see `strata doctor`");
+      absl::StrAppend(
+          &why, "; the locked-memory limit is ",
+          MemlockLimitBytes() == UINT64_MAX
+              ? std::string("unlimited")
+              : absl::StrCat(MemlockLimitBytes(), " bytes"),
+          ": raise it (`ulimit -l unlimited`, LimitMEMLOCK=infinity in the "
+          "systemd unit) and see `strata doctor`");
     }
     return absl::ResourceExhaustedError(why);
   }
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr));
 }
 
-MemoryRegion::~MemoryRegion() { ibv_dereg_mr(mr_); }
+MemoryRegion::~MemoryRegion() {
+  if (int rc = ibv_dereg_mr(mr_); rc != 0)
+    LOG(WARNING) << "ibv_dereg_mr: " << Errno(rc);
+}
 
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<CompletionQueue>> CompletionQueue::Create(VerbsDevice* device,
-                                                                         int depth) {
+absl::StatusOr<std::unique_ptr<CompletionQueue>> CompletionQueue::Create(
+    VerbsDevice* device, int depth) {
   ibv_cq* cq = ibv_create_cq(device->context(), depth, nullptr, nullptr, 0);
   if (cq == nullptr) {
-    return absl::UnavailableError(absl::StrCat("ibv_create_cq(", device->selection().device,
-                                               ", depth ", depth, "): ", Errno(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_create_cq(", device->selection().device, ", depth ",
+                     depth, "): ", Errno(errno)));
   }
   return std::unique_ptr<CompletionQueue>(new CompletionQueue(cq));
 }
 
-CompletionQueue::~CompletionQueue() { ibv_destroy_cq(cq_); }
+CompletionQueue::~CompletionQueue() {
+  if (int rc = ibv_destroy_cq(cq_); rc != 0) {
+    LOG(WARNING) << "ibv_destroy_cq: " << Errno(rc)
+                 << " (a queue pair still uses it)";
+  }
+}
 
 absl::StatusOr<int> CompletionQueue::Poll(ibv_wc* wc, int n) {
   const int got = ibv_poll_cq(cq_, n, wc);
-  if (got < 0) return absl::UnavailableError(absl::StrCat("ibv_poll_cq: returned ", got));
+  if (got < 0)
+    return absl::UnavailableError(absl::StrCat("ibv_poll_cq: returned ", got));
   return got;
 }
 
 absl::Status CompletionStatus(const ibv_wc& wc, const std::string& peer) {
   if (wc.status == IBV_WC_SUCCESS) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
-      OpcodeName(wc.opcode), " with ", peer, " failed: ", ibv_wc_status_str(wc.status),
-      " (wc status ", static_cast<int>(wc.status), ", vendor error 0x",
-      absl::Hex(wc.vendor_err), ")"));
+      OpcodeName(wc.opcode), " with ", peer, " failed: ",
+      ibv_wc_status_str(wc.status), " (wc status ", static_cast<int>(wc.status),
+      ", vendor error 0x", absl::Hex(wc.vendor_err), ")"));
 }
 
 // ---------------------------------------------------------------------------
@@ -173,15 +212,21 @@ absl::StatusOr<std::unique_ptr<RcQueuePair>> RcQueuePair::Create(
   init.cap.max_recv_sge = 1;
   ibv_qp* qp = ibv_create_qp(device->pd(), &init);
   if (qp == nullptr) {
-    return absl::UnavailableError(absl::StrCat("ibv_create_qp(", device->selection().device,
-                                               ") for ", peer, ": ", Errno(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_create_qp(", device->selection().device, ") for ",
+                     peer, ": ", Errno(errno)));
   }
   std::random_device rd;
   const uint32_t psn = rd() & 0xffffff;
-  return std::unique_ptr<RcQueuePair>(new RcQueuePair(device, qp, psn, std::move(peer)));
+  return std::unique_ptr<RcQueuePair>(
+      new RcQueuePair(device, qp, psn, std::move(peer)));
 }
 
-RcQueuePair::~RcQueuePair() { ibv_destroy_qp(qp_); }
+RcQueuePair::~RcQueuePair() {
+  if (int rc = ibv_destroy_qp(qp_); rc != 0) {
+    LOG(WARNING) << "ibv_destroy_qp for " << peer_ << ": " << Errno(rc);
+  }
+}
 
 QpInfo RcQueuePair::local_info() const {
   QpInfo info;
@@ -200,12 +245,12 @@ absl::Status RcQueuePair::Connect(const QpInfo& remote) {
   a.pkey_index = 0;
   a.port_num = static_cast<uint8_t>(sel.port);
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-  if (int rc = ibv_modify_qp(qp_, &a,
-                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                 IBV_QP_ACCESS_FLAGS);
+  if (int rc = ibv_modify_qp(
+          qp_, &a,
+          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
       rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_modify_qp(RESET -> INIT) for ", peer_, ": ", Errno(rc)));
+    return absl::UnavailableError(absl::StrCat(
+        "ibv_modify_qp(RESET -> INIT) for ", peer_, ": ", Errno(rc)));
   }
   a = ibv_qp_attr{};
   a.qp_state = IBV_QPS_RTR;
@@ -221,25 +266,26 @@ absl::Status RcQueuePair::Connect(const QpInfo& remote) {
   a.ah_attr.dlid = remote.lid;
   a.ah_attr.sl = 0;
   a.ah_attr.port_num = static_cast<uint8_t>(sel.port);
-  if (int rc = ibv_modify_qp(qp_, &a,
-                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                 IBV_QP_MIN_RNR_TIMER);
+  if (int rc = ibv_modify_qp(
+          qp_, &a,
+          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
       rc != 0) {
-    return absl::UnavailableError(absl::StrCat("ibv_modify_qp(INIT -> RTR) for ", peer_,
-                                               " (remote ", DescribeQpInfo(remote),
-                                               "): ", Errno(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_modify_qp(INIT -> RTR) for ", peer_, " (remote ",
+                     DescribeQpInfo(remote), "): ", Errno(rc)));
   }
   a = ibv_qp_attr{};
   a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;   // 4.096 us * 2^14 = 67 ms per try
+  a.timeout = 14;  // 4.096 us * 2^14 = 67 ms per try
   a.retry_cnt = 7;
   a.rnr_retry = 7;  // receiver not ready: retry forever (credits prevent it)
   a.sq_psn = psn_;
   a.max_rd_atomic = 1;
   if (int rc = ibv_modify_qp(qp_, &a,
                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                 IBV_QP_MAX_QP_RD_ATOMIC);
       rc != 0) {
     return absl::UnavailableError(
         absl::StrCat("ibv_modify_qp(RTR -> RTS) for ", peer_, ": ", Errno(rc)));
@@ -247,7 +293,8 @@ absl::Status RcQueuePair::Connect(const QpInfo& remote) {
   return absl::OkStatus();
 }
 
-absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length, uint32_t lkey) {
+absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length,
+                                   uint32_t lkey) {
   ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
@@ -255,8 +302,8 @@ absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length, 
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
   if (int rc = ibv_post_recv(qp_, &wr, &bad); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("ibv_post_recv for ", peer_, " (QP ",
-                                               StateName(), "): ", Errno(rc)));
+    return absl::UnavailableError(absl::StrCat(
+        "ibv_post_recv for ", peer_, " (QP ", StateName(), "): ", Errno(rc)));
   }
   return absl::OkStatus();
 }
@@ -264,14 +311,16 @@ absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length, 
 absl::Status RcQueuePair::PostSendWr(ibv_send_wr* wr, const char* what) {
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_, wr, &bad); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("ibv_post_send(", what, ") to ", peer_,
-                                               " (QP ", StateName(), "): ", Errno(rc)));
+    return absl::UnavailableError(absl::StrCat("ibv_post_send(", what, ") to ",
+                                               peer_, " (QP ", StateName(),
+                                               "): ", Errno(rc)));
   }
   return absl::OkStatus();
 }
 
-absl::Status RcQueuePair::PostSend(uint64_t wr_id, const char* addr, uint32_t length,
-                                   uint32_t lkey, bool signaled) {
+absl::Status RcQueuePair::PostSend(uint64_t wr_id, const char* addr,
+                                   uint32_t length, uint32_t lkey,
+                                   bool signaled) {
   ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
@@ -282,9 +331,10 @@ absl::Status RcQueuePair::PostSend(uint64_t wr_id, const char* addr, uint32_t le
   return PostSendWr(&wr, "SEND");
 }
 
-absl::Status RcQueuePair::PostWriteWithImm(uint64_t wr_id, const char* addr, uint32_t length,
-                                           uint32_t lkey, uint64_t remote_addr,
-                                           uint32_t rkey, uint32_t imm, bool signaled) {
+absl::Status RcQueuePair::PostWriteWithImm(uint64_t wr_id, const char* addr,
+                                           uint32_t length, uint32_t lkey,
+                                           uint64_t remote_addr, uint32_t rkey,
+                                           uint32_t imm, bool signaled) {
   ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
   ibv_send_wr wr{};
   wr.wr_id = wr_id;

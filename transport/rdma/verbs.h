@@ -5,6 +5,9 @@
 //
 // Built only with STRATA_WITH_RDMA (libibverbs). Not thread-safe unless a
 // method says so: the transport drives each object from its own thread.
+// Destroy in reverse order of creation: queue pairs, then CQs and regions,
+// then the device (verbs refuses to free a PD or CQ still in use; that is
+// logged, and the resource leaks).
 #ifndef STRATA_TRANSPORT_RDMA_VERBS_H_
 #define STRATA_TRANSPORT_RDMA_VERBS_H_
 
@@ -24,10 +27,10 @@ namespace strata::transport::rdma {
 // channel) so the two queue pairs can be joined.
 struct QpInfo {
   uint32_t qpn = 0;
-  uint32_t psn = 0;                 // 24 bits
-  std::array<uint8_t, 16> gid{};    // RoCE: the GID to reach this side
-  uint16_t lid = 0;                 // InfiniBand
-  int mtu = 1024;                   // active MTU in bytes
+  uint32_t psn = 0;               // 24 bits
+  std::array<uint8_t, 16> gid{};  // RoCE: the GID to reach this side
+  uint16_t lid = 0;               // InfiniBand
+  int mtu = 1024;                 // active MTU in bytes
 };
 std::string DescribeQpInfo(const QpInfo& info);
 
@@ -35,7 +38,8 @@ std::string DescribeQpInfo(const QpInfo& info);
 class VerbsDevice {
  public:
   // Opens `selection.device` (as chosen by SelectRdmaDevice).
-  static absl::StatusOr<std::unique_ptr<VerbsDevice>> Open(const RdmaSelection& selection);
+  static absl::StatusOr<std::unique_ptr<VerbsDevice>> Open(
+      const RdmaSelection& selection);
   ~VerbsDevice();
   VerbsDevice(const VerbsDevice&) = delete;
   VerbsDevice& operator=(const VerbsDevice&) = delete;
@@ -61,9 +65,8 @@ class MemoryRegion {
   // `access`: IBV_ACCESS_* flags; the narrowest that the use needs. A
   // failure names ibv_reg_mr and, for ENOMEM/EPERM, the locked-memory limit
   // with its fix.
-  static absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(VerbsDevice* device,
-                                                                void* addr, size_t length,
-                                                                int access);
+  static absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(
+      VerbsDevice* device, void* addr, size_t length, int access);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -80,8 +83,8 @@ class MemoryRegion {
 
 class CompletionQueue {
  public:
-  static absl::StatusOr<std::unique_ptr<CompletionQueue>> Create(VerbsDevice* device,
-                                                                 int depth);
+  static absl::StatusOr<std::unique_ptr<CompletionQueue>> Create(
+      VerbsDevice* device, int depth);
   ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
@@ -118,15 +121,17 @@ class RcQueuePair {
   // else.
   absl::Status Connect(const QpInfo& remote);
 
-  absl::Status PostRecv(uint64_t wr_id, char* addr, uint32_t length, uint32_t lkey);
+  absl::Status PostRecv(uint64_t wr_id, char* addr, uint32_t length,
+                        uint32_t lkey);
   // SEND of [addr, addr + length) into the receive the peer posted next.
-  absl::Status PostSend(uint64_t wr_id, const char* addr, uint32_t length, uint32_t lkey,
-                        bool signaled);
+  absl::Status PostSend(uint64_t wr_id, const char* addr, uint32_t length,
+                        uint32_t lkey, bool signaled);
   // RDMA WRITE with immediate: `length` bytes into the peer's registered
   // memory at remote_addr/rkey; the peer gets a receive completion carrying
   // `imm` (it must have a receive posted).
-  absl::Status PostWriteWithImm(uint64_t wr_id, const char* addr, uint32_t length,
-                                uint32_t lkey, uint64_t remote_addr, uint32_t rkey,
+  absl::Status PostWriteWithImm(uint64_t wr_id, const char* addr,
+                                uint32_t length, uint32_t lkey,
+                                uint64_t remote_addr, uint32_t rkey,
                                 uint32_t imm, bool signaled);
   // Moves the QP to the error state (tests; a failing peer does the same).
   absl::Status ForceError();

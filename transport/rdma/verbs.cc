@@ -308,9 +308,23 @@ absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length,
   return absl::OkStatus();
 }
 
-absl::Status RcQueuePair::PostSendWr(ibv_send_wr* wr, const char* what) {
+absl::Status RcQueuePair::PostSendWr(ibv_wr_opcode opcode, const char* what,
+                                     uint64_t wr_id, const char* addr,
+                                     uint32_t length, uint32_t lkey,
+                                     bool signaled, uint32_t imm,
+                                     uint64_t remote_addr, uint32_t rkey) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = opcode;
+  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  wr.imm_data = htonl(imm);
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
   ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(qp_, wr, &bad); rc != 0) {
+  if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) {
     return absl::UnavailableError(absl::StrCat("ibv_post_send(", what, ") to ",
                                                peer_, " (QP ", StateName(),
                                                "): ", Errno(rc)));
@@ -321,31 +335,17 @@ absl::Status RcQueuePair::PostSendWr(ibv_send_wr* wr, const char* what) {
 absl::Status RcQueuePair::PostSend(uint64_t wr_id, const char* addr,
                                    uint32_t length, uint32_t lkey,
                                    bool signaled) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
-  return PostSendWr(&wr, "SEND");
+  return PostSendWr(IBV_WR_SEND, "SEND", wr_id, addr, length, lkey, signaled,
+                    /*imm=*/0, /*remote_addr=*/0, /*rkey=*/0);
 }
 
 absl::Status RcQueuePair::PostWriteWithImm(uint64_t wr_id, const char* addr,
                                            uint32_t length, uint32_t lkey,
                                            uint64_t remote_addr, uint32_t rkey,
                                            uint32_t imm, bool signaled) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
-  wr.imm_data = htonl(imm);
-  wr.wr.rdma.remote_addr = remote_addr;
-  wr.wr.rdma.rkey = rkey;
-  return PostSendWr(&wr, "RDMA WRITE with immediate");
+  return PostSendWr(IBV_WR_RDMA_WRITE_WITH_IMM, "RDMA WRITE with immediate",
+                    wr_id, addr, length, lkey, signaled, imm, remote_addr,
+                    rkey);
 }
 
 absl::Status RcQueuePair::ForceError() {

@@ -141,7 +141,11 @@ class RcQueuePair {
  private:
   RcQueuePair(VerbsDevice* device, ibv_qp* qp, uint32_t psn, std::string peer)
       : device_(device), qp_(qp), psn_(psn), peer_(std::move(peer)) {}
-  absl::Status PostSendWr(ibv_send_wr* wr, const char* what);
+  // One work request on the send queue; `what` names it in errors.
+  absl::Status PostSendWr(ibv_wr_opcode opcode, const char* what,
+                          uint64_t wr_id, const char* addr, uint32_t length,
+                          uint32_t lkey, bool signaled, uint32_t imm,
+                          uint64_t remote_addr, uint32_t rkey);
 
   VerbsDevice* const device_;
   ibv_qp* const qp_;

@@ -51,11 +51,17 @@ start_long_run() {
 }
 
 # 2. SIGTERM to launch.sh run: it stops the cluster and exits non-zero.
+# launcher_exit WHAT: waits up to 30 s for the launcher to end (failing
+# with "launch.sh WHAT within 30 s" otherwise); its exit status in $rc.
+launcher_exit() {
+  for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$launcher" 2>/dev/null && fail "launch.sh $1 within 30 s"
+  set +e; wait "$launcher"; rc=$?; set -e
+}
+
 start_long_run int
 kill -TERM "$launcher"
-for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$launcher" 2>/dev/null && fail "launch.sh still running 30 s after SIGTERM"
-set +e; wait "$launcher"; rc=$?; set -e
+launcher_exit "did not end after SIGTERM"
 (( rc != 0 )) || fail "interrupted run exited 0"
 assert_nothing_left "$work/int"
 echo "ok: interrupted run exited $rc, nothing left"
@@ -65,9 +71,7 @@ echo "ok: interrupted run exited $rc, nothing left"
 start_long_run kill
 read -r _ pid < "$work/kill/pids/pserver-0"
 kill -KILL "$pid"
-for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$launcher" 2>/dev/null && fail "launch.sh did not notice the dead pserver within 30 s"
-set +e; wait "$launcher"; rc=$?; set -e
+launcher_exit "did not notice the dead pserver"
 cat "$work/kill.out"
 (( rc != 0 )) || fail "run with a dead pserver exited 0"
 # Named by launch.sh (it saw the process go) or by the master's summary
@@ -80,9 +84,7 @@ assert_nothing_left "$work/kill"
 start_long_run nomaster
 read -r _ pid < "$work/nomaster/pids/master-0"
 kill -KILL "$pid"
-for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$launcher" 2>/dev/null && fail "launch.sh did not notice the dead master within 30 s"
-set +e; wait "$launcher"; rc=$?; set -e
+launcher_exit "did not notice the dead master"
 cat "$work/nomaster.out"
 (( rc != 0 )) || fail "run with a dead master exited 0"
 grep -q "the master died" "$work/nomaster.out" || fail "launch.sh did not say the master died"

@@ -61,6 +61,58 @@ std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
   return params.ok() ? *params : std::vector<std::vector<float>>{};
 }
 
+// Reports, at each Complete, whether every partition already holds the
+// task's last step (version > last_step): a task is done only when its last
+// gradient is in, else the master could end the worker's part in the step
+// set while that push is still in flight.
+class CheckingTaskSource : public FixedTaskSource {
+ public:
+  CheckingTaskSource(std::vector<proto::DataTask> tasks, InProcCluster** cluster,
+                     std::vector<std::string>* problems)
+      : FixedTaskSource(std::move(tasks)), cluster_(cluster), problems_(problems) {}
+  absl::Status Complete(const proto::DataTask& task, int64_t, uint64_t last_step) override {
+    InProcCluster* c = *cluster_;
+    const proto::ClusterView view = c->master()->View();
+    for (const auto& p : view.partitions()) {
+      for (int i = 0; i < 2; ++i) {
+        const pserver::Partition* part = c->pserver(i)->FindPartition(p.id());
+        if (part != nullptr && part->stats().version <= last_step) {
+          problems_->push_back("task " + std::to_string(task.id()) + ": partition " +
+                               std::to_string(p.id()) + " at version " +
+                               std::to_string(part->stats().version) + ", last step " +
+                               std::to_string(last_step));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  InProcCluster** const cluster_;
+  std::vector<std::string>* const problems_;
+};
+
+TEST(BspTaskCompletionTest, ATaskIsDoneOnlyOnceItsLastPushIsApplied) {
+  InProcClusterOptions opts;
+  opts.config = SmallFashionMnistConfig();
+  opts.config.job.consistency = Consistency::kBsp;
+  opts.config.job.batch_size = kBatch;
+  opts.workers = 1;
+  opts.pservers = 2;
+  InProcCluster* cluster = nullptr;
+  std::vector<std::string> problems;
+  std::vector<proto::DataTask> tasks;
+  for (int t = 0; t < 10; ++t) tasks.push_back(Task(t, 4 * kBatch * t, 4 * kBatch * (t + 1)));
+  opts.task_sources.push_back(
+      std::make_unique<CheckingTaskSource>(std::move(tasks), &cluster, &problems));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto owned, InProcCluster::Start(std::move(opts)));
+  cluster = owned.get();
+  cluster->RunWorkers();
+  ASSERT_THAT(cluster->JoinWorkers(), IsOk());
+  EXPECT_EQ(cluster->worker(0)->stats().steps, 40u);
+  EXPECT_THAT(problems, ::testing::IsEmpty());
+}
+
 class BspSyncTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BspSyncTest, TwoWorkersAtBatchBEqualOneWorkerAtBatch2B) {

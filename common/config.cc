@@ -506,7 +506,7 @@ std::vector<ConfigReader::Field> ConfigReader::DataFields(DataSection* data) {
 std::vector<ConfigReader::Field> ConfigReader::ClusterFields(
     ClusterSection* cluster) {
   return {
-      Enum("transport", &cluster->transport, {"tcp", "inproc"}),
+      Enum("transport", &cluster->transport, {"tcp", "rdma", "auto", "inproc"}),
       Int64("slice_bytes", &cluster->slice_bytes, IntAtLeast(4)),
       Int("heartbeat_interval_ms", &cluster->heartbeat_interval_ms,
           IntAtLeast(1)),
@@ -526,6 +526,10 @@ std::vector<ConfigReader::Field> ConfigReader::RdmaFields(RdmaSection* rdma) {
              [](const std::string&) { return std::optional<std::string>(); }),
       Int("port", &rdma->port, IntAtLeast(0)),
       Int("gid_index", &rdma->gid_index, IntAtLeast(-1)),
+      Int("recv_slots", &rdma->recv_slots, IntInRange(2, 4096)),
+      Int("send_slots", &rdma->send_slots, IntInRange(2, 4096)),
+      Int("slot_kib", &rdma->slot_kib, IntInRange(4, 16384)),
+      Int("busy_poll_us", &rdma->busy_poll_us, IntAtLeast(0)),
   };
 }
 

@@ -69,10 +69,14 @@ struct RdmaSection {
   std::string device;   // "mlx5_0", "rxe0"
   int port = 0;         // 1-based
   int gid_index = -1;
+  int recv_slots = 32;  // receive slots per connection, [2, 4096]
+  int send_slots = 32;  // send slots per connection, [2, 4096]
+  int slot_kib = 64;    // bytes per slot / 1024, [4, 16384]
+  int busy_poll_us = 50;  // busy polling after the last completion, >= 0
 };
 
 struct ClusterSection {
-  std::string transport = "tcp";   // tcp | inproc
+  std::string transport = "tcp";   // tcp | rdma | auto | inproc
   int64_t slice_bytes = 4 << 20;   // max bytes of one dense partition, >= 4
   int heartbeat_interval_ms = 500;    // > 0
   int dead_timeout_ms = 5000;         // > heartbeat_interval_ms

@@ -7,6 +7,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "pserver/pserver.h"
+#include "transport/transport_config.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
 DEFINE_string(master, "", "master address host:port, required");
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   opts.port = FLAGS_port >= 0 ? FLAGS_port : ports.pserver + FLAGS_index;
   opts.data_port = FLAGS_data_port >= 0 ? FLAGS_data_port : ports.pserver_data + FLAGS_index;
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : ports.pserver_http + FLAGS_index;
-  opts.transport.kind = config->cluster.transport;
+  opts.transport = strata::transport::TransportOptionsFor(config->cluster);
   opts.apply_threads = FLAGS_apply_threads;
 
   auto server = strata::pserver::PServer::Create(std::move(opts));

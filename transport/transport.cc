@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "transport/inproc/inproc_transport.h"
+#include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace strata::transport {
@@ -35,6 +36,10 @@ const char* MessageTypeName(MessageType t) {
       return "PING";
     case MessageType::kPong:
       return "PONG";
+    case MessageType::kRdmaHello:
+      return "RDMA_HELLO";
+    case MessageType::kRdmaHelloReply:
+      return "RDMA_HELLO_REPLY";
   }
   return "UNKNOWN";
 }
@@ -42,7 +47,7 @@ const char* MessageTypeName(MessageType t) {
 bool IsValidMessageType(MessageType t) {
   const auto v = static_cast<uint16_t>(t);
   return v >= static_cast<uint16_t>(MessageType::kPullRequest) &&
-         v <= static_cast<uint16_t>(MessageType::kPong);
+         v <= static_cast<uint16_t>(MessageType::kRdmaHelloReply);
 }
 
 MessageType ResponseTypeFor(MessageType request_type) {
@@ -53,6 +58,8 @@ MessageType ResponseTypeFor(MessageType request_type) {
       return MessageType::kPushResponse;
     case MessageType::kPing:
       return MessageType::kPong;
+    case MessageType::kRdmaHello:
+      return MessageType::kRdmaHelloReply;
     default:
       return request_type;
   }
@@ -143,9 +150,12 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
     }
     return inproc::NewInProcTransport(options.inproc_network);
   }
+  if (options.kind == "rdma" || options.kind == "auto") {
+    return rdma::NewRdmaTransport(options);
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown transport kind \"", options.kind,
-                   "\" (known: \"tcp\", \"inproc\")"));
+                   "\" (known: \"tcp\", \"rdma\", \"auto\", \"inproc\")"));
 }
 
 }  // namespace strata::transport

@@ -1,6 +1,6 @@
 // The data plane as pserver and worker see it: request/response messages of
 // a fixed header plus an opaque payload, over a pluggable backend
-// (tcp, inproc; rdma in a later issue). docs/wire-protocol.md documents the
+// (tcp, inproc, rdma). docs/wire-protocol.md documents the
 // header and the TCP framing.
 #ifndef STRATA_TRANSPORT_TRANSPORT_H_
 #define STRATA_TRANSPORT_TRANSPORT_H_
@@ -24,14 +24,19 @@ enum class MessageType : uint16_t {
   kPushResponse = 4,  // ack (status OK) or refusal
   kPing = 5,          // liveness / round-trip probe; echoed as kPong
   kPong = 6,
+  // The rdma backend's connection set-up over its TCP bootstrap connection
+  // (payload: a serialized proto::RdmaHello; docs/rdma.md). Handled by the
+  // transport, never given to a RequestHandler.
+  kRdmaHello = 7,
+  kRdmaHelloReply = 8,
 };
 const char* MessageTypeName(MessageType t);
 // True for the message types above other than kInvalid: the only types a
 // backend puts on the wire.
 bool IsValidMessageType(MessageType t);
 // The response type answering `request_type` (kPullRequest -> kPullResponse,
-// kPushRequest -> kPushResponse, kPing -> kPong); other types map to
-// themselves.
+// kPushRequest -> kPushResponse, kPing -> kPong, kRdmaHello ->
+// kRdmaHelloReply); other types map to themselves.
 MessageType ResponseTypeFor(MessageType request_type);
 
 // Fixed-size message header. On the TCP wire it is 72 bytes, little-endian;
@@ -129,6 +134,10 @@ class Connection {
   virtual std::string peer() const = 0;
   // False once the connection broke; a new Connect is needed.
   virtual bool healthy() const = 0;
+  // What carries this connection's messages, for logs and tests: "tcp",
+  // "inproc", "rdma", or for an rdma connection that fell back,
+  // "tcp (rdma fallback: <why>)".
+  virtual std::string kind() const { return "?"; }
 };
 
 // Shared in-process "network" for the inproc backend: addresses map to
@@ -137,9 +146,36 @@ class Connection {
 class InProcNetwork;
 std::shared_ptr<InProcNetwork> NewInProcNetwork();
 
+// The rdma backend's settings (cluster.rdma in the config; docs/rdma.md).
+struct RdmaTransportSettings {
+  // Device, port and GID index; empty / 0 / -1 choose automatically.
+  std::string device;
+  int port = 0;
+  int gid_index = -1;
+  // Receive slots per connection and their size: messages up to a slot go
+  // in one SEND, larger ones in several (or by RDMA WRITE into a registered
+  // destination). Each connection registers (recv_slots + 4 + send_slots) *
+  // slot_bytes.
+  uint32_t recv_slots = 32;
+  uint32_t send_slots = 32;
+  uint32_t slot_bytes = 64 << 10;
+  // The completion thread busy-polls this long after the last completion,
+  // then sleeps on the completion channel until the next one (0: sleep at
+  // once; event-driven).
+  absl::Duration busy_poll = absl::Microseconds(50);
+  // Bound on the connection set-up (TCP connect plus the hello exchange).
+  absl::Duration connect_timeout = absl::Seconds(10);
+};
+
 struct TransportOptions {
-  std::string kind = "tcp";  // "tcp" | "inproc"
+  // "tcp" | "inproc" | "rdma" | "auto". rdma: RDMA required (creating the
+  // transport fails with the preflight's findings when this host has no
+  // usable device; a connection to a peer without rdma fails). auto: rdma
+  // where this host has a usable device, each connection falling back to
+  // TCP when the peer, or the set-up, cannot do rdma (docs/rdma.md).
+  std::string kind = "tcp";
   std::shared_ptr<InProcNetwork> inproc_network;  // required for inproc
+  RdmaTransportSettings rdma;
   // Largest payload accepted from the wire; larger frames are DataLoss and
   // close the connection.
   uint64_t max_payload_bytes = 1ull << 31;
@@ -162,6 +198,16 @@ class Transport {
   // address on failure.
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(
       const std::string& address) = 0;
+
+  // Memory the caller will use as CallInto destinations (a worker's
+  // parameter tensor), registered once with the NIC by backends that can
+  // use it (rdma: a pull response is written straight into it by RDMA
+  // WRITE). A no-op elsewhere. The memory must stay allocated until
+  // Shutdown. Errors (rdma: the locked-memory limit) name the fix; a caller
+  // may go on without registration, slower.
+  virtual absl::Status RegisterMemory(void* addr, size_t size) {
+    return absl::OkStatus();
+  }
 
   virtual void Shutdown() = 0;
 };

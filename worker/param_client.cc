@@ -73,6 +73,7 @@ absl::StatusOr<std::shared_ptr<transport::Connection>> ParamClient::ConnectionTo
     if (it != conns_.end() && it->second->healthy()) return it->second;
   }
   STRATA_ASSIGN_OR_RETURN(auto conn, transport_->Connect(address));
+  LOG(INFO) << "data connection to pserver " << address << ": " << conn->kind();
   absl::MutexLock l(&mu_);
   conns_[address] = conn;
   return conn;

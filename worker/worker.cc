@@ -108,6 +108,16 @@ Worker::Stats Worker::stats() const {
 
 absl::Status Worker::Start() {
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
+  // The parameter tensors are where pulls land: registered once, an rdma
+  // pull response is written straight into them (a no-op on tcp).
+  for (auto& table : model_->params()) {
+    if (absl::Status s = transport_->RegisterMemory(table.data(), table.size() * sizeof(float));
+        !s.ok()) {
+      LOG(WARNING) << "worker " << options_.index
+                   << ": pulls will be copied, not written in place: " << s.message();
+      break;
+    }
+  }
   if (options_.http_port >= 0) {
     metrics_.GetGauge("strata_worker_up", "1 while the worker runs")->Set(1);
     auto stat = [this](double Stats::*field) {

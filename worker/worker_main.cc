@@ -10,6 +10,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "storage/file_system.h"
+#include "transport/transport_config.h"
 #include "worker/worker.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
   opts.host = FLAGS_host;
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port
                                          : config->cluster.ports.worker_http + FLAGS_index;
-  opts.transport.kind = config->cluster.transport;
+  opts.transport = strata::transport::TransportOptionsFor(config->cluster);
   opts.fs = fs.get();
   opts.local_only = FLAGS_local;
   opts.cpu_threads = FLAGS_cpu_threads;

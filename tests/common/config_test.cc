@@ -334,9 +334,11 @@ TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {
               "local.yaml:7:9: ",
               "optimizer.type: unknown value 'adagrad' (allowed: sgd, "
               "momentum, adam)");
-  ExpectError(ParseWithData("cluster:\n  transport: rdma\n"),
+  ExpectError(ParseWithData("cluster:\n  transport: verbs\n"),
               "local.yaml:7:14: ",
-              "cluster.transport: unknown value 'rdma' (allowed: tcp, inproc)");
+              "cluster.transport: unknown value 'verbs' (allowed: tcp, rdma, auto, inproc)");
+  ExpectError(ParseWithData("cluster:\n  rdma:\n    slot_kib: 2\n"),
+              "local.yaml:8:15: ", "cluster.rdma.slot_kib");
   ExpectError(
       ParseJobConfig(absl::StrCat(kData, "  format: csv\n"), "f.yaml"),
       "f.yaml:6:11: ", "data.format: unknown value 'csv' (allowed: idx)");

@@ -7,6 +7,7 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export LD_LIBRARY_PATH=/share/lib
 export STRATA_REQUIRE_RDMA=1   # a test that finds no device fails here
 ulimit -l unlimited
+[ -f /share/gtest_filter ] && export GTEST_FILTER="$(cat /share/gtest_filter)"
 fails=0
 check() {  # name command...
   name="$1"; shift

@@ -73,6 +73,7 @@ class InProcConnection : public Connection,
   void Call(Message request, ResponseCallback done) override;
   std::string peer() const override { return address_; }
   bool healthy() const override;
+  std::string kind() const override { return "inproc"; }
 
   // Name of the calling side, the server's Responder::peer().
   const std::string& client_name() const { return client_name_; }

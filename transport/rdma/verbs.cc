@@ -1,6 +1,7 @@
 #include "transport/rdma/verbs.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 
 #include <cerrno>
 #include <cstring>
@@ -164,9 +165,48 @@ MemoryRegion::~MemoryRegion() {
 
 // ---------------------------------------------------------------------------
 
+absl::StatusOr<std::unique_ptr<CompletionChannel>> CompletionChannel::Create(
+    VerbsDevice* device) {
+  ibv_comp_channel* ch = ibv_create_comp_channel(device->context());
+  if (ch == nullptr) {
+    return absl::UnavailableError(absl::StrCat("ibv_create_comp_channel(",
+                                               device->selection().device,
+                                               "): ", Errno(errno)));
+  }
+  const int flags = fcntl(ch->fd, F_GETFL);
+  if (flags < 0 || fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    const int err = errno;
+    ibv_destroy_comp_channel(ch);
+    return absl::UnavailableError(
+        absl::StrCat("fcntl(O_NONBLOCK) on the completion channel of ",
+                     device->selection().device, ": ", Errno(err)));
+  }
+  return std::unique_ptr<CompletionChannel>(new CompletionChannel(ch));
+}
+
+CompletionChannel::~CompletionChannel() {
+  if (int rc = ibv_destroy_comp_channel(channel_); rc != 0) {
+    LOG(WARNING) << "ibv_destroy_comp_channel: " << Errno(rc)
+                 << " (a completion queue still uses it)";
+  }
+}
+
+int CompletionChannel::DrainEvents() {
+  int n = 0;
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  while (ibv_get_cq_event(channel_, &cq, &context) == 0) {
+    ibv_ack_cq_events(cq, 1);
+    ++n;
+  }
+  return n;
+}
+
 absl::StatusOr<std::unique_ptr<CompletionQueue>> CompletionQueue::Create(
-    VerbsDevice* device, int depth) {
-  ibv_cq* cq = ibv_create_cq(device->context(), depth, nullptr, nullptr, 0);
+    VerbsDevice* device, int depth, CompletionChannel* channel) {
+  ibv_cq* cq =
+      ibv_create_cq(device->context(), depth, nullptr,
+                    channel != nullptr ? channel->channel() : nullptr, 0);
   if (cq == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("ibv_create_cq(", device->selection().device, ", depth ",
@@ -187,6 +227,12 @@ absl::StatusOr<int> CompletionQueue::Poll(ibv_wc* wc, int n) {
   if (got < 0)
     return absl::UnavailableError(absl::StrCat("ibv_poll_cq: returned ", got));
   return got;
+}
+
+absl::Status CompletionQueue::Arm() {
+  if (int rc = ibv_req_notify_cq(cq_, 0); rc != 0)
+    return absl::UnavailableError(absl::StrCat("ibv_req_notify_cq: ", Errno(rc)));
+  return absl::OkStatus();
 }
 
 absl::Status CompletionStatus(const ibv_wc& wc, const std::string& peer) {
@@ -238,7 +284,8 @@ QpInfo RcQueuePair::local_info() const {
   return info;
 }
 
-absl::Status RcQueuePair::Connect(const QpInfo& remote) {
+absl::Status RcQueuePair::Init() {
+  if (initialized_) return absl::OkStatus();
   const RdmaSelection& sel = device_->selection();
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
@@ -252,7 +299,14 @@ absl::Status RcQueuePair::Connect(const QpInfo& remote) {
     return absl::UnavailableError(absl::StrCat(
         "ibv_modify_qp(RESET -> INIT) for ", peer_, ": ", Errno(rc)));
   }
-  a = ibv_qp_attr{};
+  initialized_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status RcQueuePair::Connect(const QpInfo& remote) {
+  if (absl::Status s = Init(); !s.ok()) return s;
+  const RdmaSelection& sel = device_->selection();
+  ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = MtuEnum(std::min(sel.active_mtu, remote.mtu));
   a.dest_qp_num = remote.qpn;
@@ -346,6 +400,14 @@ absl::Status RcQueuePair::PostWriteWithImm(uint64_t wr_id, const char* addr,
   return PostSendWr(IBV_WR_RDMA_WRITE_WITH_IMM, "RDMA WRITE with immediate",
                     wr_id, addr, length, lkey, signaled, imm, remote_addr,
                     rkey);
+}
+
+absl::Status RcQueuePair::PostWrite(uint64_t wr_id, const char* addr,
+                                    uint32_t length, uint32_t lkey,
+                                    uint64_t remote_addr, uint32_t rkey,
+                                    bool signaled) {
+  return PostSendWr(IBV_WR_RDMA_WRITE, "RDMA WRITE", wr_id, addr, length, lkey,
+                    signaled, /*imm=*/0, remote_addr, rkey);
 }
 
 absl::Status RcQueuePair::ForceError() {

@@ -81,10 +81,32 @@ class MemoryRegion {
   ibv_mr* mr_;
 };
 
+// A completion channel: a file descriptor that becomes readable when an
+// armed CQ attached to it gets a completion (event-driven completion).
+class CompletionChannel {
+ public:
+  static absl::StatusOr<std::unique_ptr<CompletionChannel>> Create(
+      VerbsDevice* device);
+  ~CompletionChannel();
+  CompletionChannel(const CompletionChannel&) = delete;
+  CompletionChannel& operator=(const CompletionChannel&) = delete;
+
+  ibv_comp_channel* channel() const { return channel_; }
+  int fd() const { return channel_->fd; }
+  // Consumes every pending event (the fd is non-blocking), acknowledging
+  // each; returns how many there were.
+  int DrainEvents();
+
+ private:
+  explicit CompletionChannel(ibv_comp_channel* channel) : channel_(channel) {}
+  ibv_comp_channel* channel_;
+};
+
 class CompletionQueue {
  public:
+  // `channel`: where the CQ's events go once armed (nullptr: none).
   static absl::StatusOr<std::unique_ptr<CompletionQueue>> Create(
-      VerbsDevice* device, int depth);
+      VerbsDevice* device, int depth, CompletionChannel* channel = nullptr);
   ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
@@ -92,6 +114,8 @@ class CompletionQueue {
   ibv_cq* cq() const { return cq_; }
   // Up to `n` completions into wc; the count, or an error naming ibv_poll_cq.
   absl::StatusOr<int> Poll(ibv_wc* wc, int n);
+  // Asks for one event on the completion channel at the next completion.
+  absl::Status Arm();
 
  private:
   explicit CompletionQueue(ibv_cq* cq) : cq_(cq) {}
@@ -116,9 +140,11 @@ class RcQueuePair {
 
   QpInfo local_info() const;
   const std::string& peer() const { return peer_; }
-  // Joins this QP to the remote one; the path MTU is the smaller of the two.
-  // Remote access: RDMA WRITE into this side's regions (their rkeys), nothing
-  // else.
+  // RESET -> INIT: receives may be posted from here on. Remote access: RDMA
+  // WRITE into this side's regions (their rkeys), nothing else.
+  absl::Status Init();
+  // Joins this QP to the remote one (INIT -> RTR -> RTS; Init first if not
+  // done); the path MTU is the smaller of the two.
   absl::Status Connect(const QpInfo& remote);
 
   absl::Status PostRecv(uint64_t wr_id, char* addr, uint32_t length,
@@ -133,6 +159,10 @@ class RcQueuePair {
                                 uint32_t length, uint32_t lkey,
                                 uint64_t remote_addr, uint32_t rkey,
                                 uint32_t imm, bool signaled);
+  // RDMA WRITE (no immediate: the peer sees no completion).
+  absl::Status PostWrite(uint64_t wr_id, const char* addr, uint32_t length,
+                         uint32_t lkey, uint64_t remote_addr, uint32_t rkey,
+                         bool signaled);
   // Moves the QP to the error state (tests; a failing peer does the same).
   absl::Status ForceError();
   // "RESET", "INIT", "RTR", "RTS", "ERR", ... (ibv_query_qp).
@@ -151,6 +181,7 @@ class RcQueuePair {
   ibv_qp* const qp_;
   const uint32_t psn_;
   const std::string peer_;
+  bool initialized_ = false;
 };
 
 }  // namespace strata::transport::rdma

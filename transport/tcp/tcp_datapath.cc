@@ -93,6 +93,7 @@ class TcpResponder : public Responder {
   }
 
   std::string peer() const override { return peer_; }
+  std::shared_ptr<Endpoint> endpoint() const { return endpoint_.lock(); }
 
  private:
   void Send(Message response) {
@@ -127,6 +128,11 @@ class TcpResponder : public Responder {
 };
 
 }  // namespace
+
+std::shared_ptr<Endpoint> EndpointOf(const Responder& responder) {
+  const auto* r = dynamic_cast<const TcpResponder*>(&responder);
+  return r != nullptr ? r->endpoint() : nullptr;
+}
 
 // ---------------------------------------------------------------------------
 // Framing.
@@ -398,11 +404,24 @@ absl::Status Endpoint::DeliverIncoming() {
 ServerEndpoint::ServerEndpoint(int fd, std::string peer,
                                const TcpOptions& options,
                                std::shared_ptr<const RequestHandler> handler)
-    : Endpoint(fd, std::move(peer), options), handler_(std::move(handler)) {}
+    : Endpoint(fd, std::move(peer), options),
+      handler_(std::move(handler)),
+      rdma_hello_handler_(options.rdma_hello_handler) {}
 
 absl::Status ServerEndpoint::OnFrame(Message request) {
   auto responder = std::make_shared<TcpResponder>(
       std::weak_ptr<Endpoint>(shared_from_this()), request.header, peer());
+  if (request.header.type == MessageType::kRdmaHello) {
+    if (rdma_hello_handler_) {
+      rdma_hello_handler_(std::move(request), std::move(responder));
+    } else {
+      responder->Respond(MakeErrorResponse(
+          request.header, MessageType::kRdmaHelloReply,
+          absl::FailedPreconditionError(
+              "this peer serves transport tcp: no rdma here")));
+    }
+    return absl::OkStatus();
+  }
   (*handler_)(std::move(request), std::move(responder));
   return absl::OkStatus();
 }

@@ -171,6 +171,7 @@ Endpoint::Endpoint(int fd, std::string peer, const TcpOptions& options)
     : fd_(fd),
       peer_(std::move(peer)),
       max_payload_bytes_(options.max_payload_bytes),
+      on_close_(options.on_close),
       write_stall_timeout_(options.write_stall_timeout) {}
 
 Endpoint::~Endpoint() {
@@ -195,6 +196,7 @@ void Endpoint::Close(const absl::Status& reason) {
     }
   }
   OnClosed(reason);
+  if (on_close_) on_close_(this, reason);
 }
 
 void Endpoint::RequestClose() {

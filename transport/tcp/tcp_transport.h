@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,6 +38,8 @@
 #include "transport/transport.h"
 
 namespace strata::transport::tcp {
+
+class Endpoint;
 
 // ---------------------------------------------------------------------------
 // Framing (docs/wire-protocol.md).
@@ -66,6 +69,15 @@ struct TcpOptions {
   absl::Duration connect_timeout = absl::Seconds(5);
   // A write making no progress for this long breaks the connection.
   absl::Duration write_stall_timeout = absl::Seconds(60);
+
+  // Hooks for the rdma backend, which bootstraps its connections over TCP
+  // (docs/rdma.md). Both run on the epoll thread.
+  // Receives kRdmaHello requests. Unset: they are answered
+  // FailedPrecondition ("transport tcp: no rdma here") and never reach the
+  // request handler.
+  RequestHandler rdma_hello_handler;
+  // Called once when a connection (either side) closes, with its endpoint.
+  std::function<void(Endpoint* endpoint, const absl::Status& reason)> on_close;
 };
 
 absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
@@ -149,6 +161,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   const int fd_;
   const std::string peer_;
   const uint64_t max_payload_bytes_;
+  const std::function<void(Endpoint*, const absl::Status&)> on_close_;
   const absl::Duration write_stall_timeout_;
   std::atomic<bool> closed_{false};
   // We shut the socket down ourselves (RequestClose or a failed write), so
@@ -182,6 +195,7 @@ class ServerEndpoint : public Endpoint {
 
  private:
   const std::shared_ptr<const RequestHandler> handler_;
+  const RequestHandler rdma_hello_handler_;
 };
 
 // Client side: matches responses to pending calls by request_id.
@@ -234,10 +248,17 @@ class TcpConnection : public Connection {
   }
   std::string peer() const override { return endpoint_->peer(); }
   bool healthy() const override { return endpoint_->healthy(); }
+  std::string kind() const override { return "tcp"; }
+  // The socket's endpoint (the rdma backend matches TcpOptions::on_close).
+  const Endpoint* endpoint() const { return endpoint_.get(); }
 
  private:
   const std::shared_ptr<ClientEndpoint> endpoint_;
 };
+
+// The endpoint a responder of this backend answers on; nullptr for another
+// backend's responder or once the connection is gone.
+std::shared_ptr<Endpoint> EndpointOf(const Responder& responder);
 
 // See the file comment. Thread-safe, except that Shutdown (and so the
 // destructor) must not run on the epoll thread, i.e. inside a handler or a

@@ -1,0 +1,442 @@
+// The rdma backend (transport/rdma/rdma_transport.h): the transport
+// contract over "auto" (TCP fallback here, rdma in the Soft-RoCE guest) and
+// "rdma", then what only rdma has: size classes across the frame size with
+// checksums, credits under many calls in flight, responses RDMA-written
+// into a registered tensor, a QP forced into error, a peer dying
+// mid-transfer, a locked-memory limit too low, fallback to TCP.
+//
+// Tests that need a verbs device skip without one, unless
+// STRATA_REQUIRE_RDMA is set (the guest sets it).
+#include "transport/rdma/rdma_transport.h"
+
+#include <linux/capability.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/transport/transport_contract_tests.h"
+
+namespace strata::transport::testing {
+
+INSTANTIATE_TEST_SUITE_P(RdmaAuto, TransportContractTest, ::testing::Values("auto"));
+INSTANTIATE_TEST_SUITE_P(Rdma, TransportContractTest, ::testing::Values("rdma"));
+
+namespace {
+
+using rdma::ConnectionState;
+using rdma::StateOf;
+using rdma::StatsOf;
+using ::testing::AllOf;
+using ::testing::StartsWith;
+
+bool HaveDevice() {
+  auto devices = rdma::ListRdmaDevices();
+  return devices.ok() && !devices->empty();
+}
+
+uint64_t Fnv(const char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
+  return h;
+}
+
+TransportOptions Opts(const std::string& kind) {
+  TransportOptions o;
+  o.kind = kind;
+  return o;
+}
+
+// Answers a push by echoing its payload (so both directions carry it) and
+// a pull with `count` bytes of Pattern(count, partition).
+void SizedHandler(Message request, std::shared_ptr<Responder> responder) {
+  Message response;
+  response.header = request.header;
+  response.header.type = ResponseTypeFor(request.header.type);
+  if (request.header.type == MessageType::kPullRequest) {
+    response.payload = Pattern(request.header.count, request.header.partition);
+  } else {
+    response.payload = std::move(request.payload);
+  }
+  responder->Respond(std::move(response));
+}
+
+// --- Without a usable device (runs everywhere) -----------------------------
+
+TEST(RdmaFallbackTest, AutoWithoutAUsableDeviceCarriesCallsOverTcp) {
+  TransportOptions o = Opts("auto");
+  o.rdma.device = "no-such-device";  // as on a host without RDMA
+  STRATA_ASSERT_OK_AND_ASSIGN(auto server, CreateTransport(o));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto client, CreateTransport(o));
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  EXPECT_EQ(StateOf(*conn), ConnectionState::kFallbackTcp);
+  EXPECT_THAT(conn->kind(), StartsWith("tcp"));
+  Message request;
+  request.header.type = MessageType::kPushRequest;
+  request.payload = Pattern(100000, 3);
+  STRATA_ASSERT_OK_AND_ASSIGN(Message response, conn->CallSync(request, kWait));
+  EXPECT_TRUE(response.payload == request.payload);
+  client->Shutdown();
+  server->Shutdown();
+}
+
+TEST(RdmaFallbackTest, RdmaWithoutAUsableDeviceFailsNamingTheProblem) {
+  TransportOptions o = Opts("rdma");
+  o.rdma.device = "no-such-device";
+  EXPECT_THAT(CreateTransport(o), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                           HasSubstr("transport rdma")));
+}
+
+TEST(RdmaFallbackTest, BadSlotSettingsAreRefused) {
+  TransportOptions o = Opts("auto");
+  o.rdma.slot_bytes = 1000;
+  EXPECT_THAT(CreateTransport(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slot_bytes")));
+}
+
+// A plain tcp server answers the rdma hello with a refusal, never with a
+// crash or a call to its handler.
+TEST(RdmaFallbackTest, TcpServerDeclinesTheHelloWithoutCallingItsHandler) {
+  std::atomic<int> handled{0};
+  STRATA_ASSERT_OK_AND_ASSIGN(auto server, CreateTransport(Opts("tcp")));
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0,
+                                  [&](Message m, std::shared_ptr<Responder> r) {
+                                    ++handled;
+                                    EchoHandler(std::move(m), std::move(r));
+                                  }));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto client, CreateTransport(Opts("tcp")));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  Message hello;
+  hello.header.type = MessageType::kRdmaHello;
+  hello.payload = "not even a hello";
+  STRATA_ASSERT_OK_AND_ASSIGN(Message reply, conn->CallSync(hello, kWait));
+  EXPECT_EQ(reply.header.type, MessageType::kRdmaHelloReply);
+  EXPECT_THAT(ResponseStatus(reply), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                              HasSubstr("transport tcp")));
+  EXPECT_EQ(handled.load(), 0);
+  EXPECT_TRUE(conn->healthy());
+}
+
+// --- On a verbs device -------------------------------------------------------
+
+class RdmaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveDevice()) {
+      if (std::getenv("STRATA_REQUIRE_RDMA") != nullptr) {
+        FAIL() << "STRATA_REQUIRE_RDMA is set but there is no RDMA device";
+      }
+      GTEST_SKIP() << "no RDMA device here; tests/rdma runs this on Soft-RoCE";
+    }
+  }
+
+  std::unique_ptr<Transport> Make(const TransportOptions& o) {
+    auto t = CreateTransport(o);
+    EXPECT_THAT(t, IsOk());
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+};
+
+// Payloads at and around every boundary of the framing (one frame, one
+// byte more, several frames), each way and by each receive path: into a
+// fresh buffer, copied into an unregistered destination, written by RDMA
+// WRITE into a registered one.
+TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
+  TransportOptions o = Opts("rdma");
+  o.rdma.slot_bytes = 4096;  // small frames: many fragments per message
+  auto server = Make(o);
+  auto client = Make(o);
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(client, nullptr);
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  ASSERT_EQ(StateOf(*conn), ConnectionState::kReady);
+  EXPECT_EQ(conn->kind(), "rdma");
+  const size_t first = 4096 - 48 - 72;  // payload room of a message frame
+  const size_t more = 4096 - 48;        // of a continuation frame
+  std::vector<size_t> sizes = {0, 1, first - 1, first, first + 1, first + more,
+                               first + more + 1, 3 * more + 17, (1 << 20) + 3};
+  std::string registered((1 << 20) + 64, '\0');
+  STRATA_ASSERT_OK(client->RegisterMemory(registered.data(), registered.size()));
+  uint64_t written = 0;
+  for (size_t size : sizes) {
+    SCOPED_TRACE(absl::StrCat("payload bytes ", size));
+    Message push;
+    push.header = FullHeader(MessageType::kPushRequest);
+    push.payload = Pattern(size, 5);
+    STRATA_ASSERT_OK_AND_ASSIGN(Message echo, conn->CallSync(push, kWait));
+    ASSERT_EQ(echo.payload.size(), size);
+    EXPECT_EQ(Fnv(echo.payload.data(), size), Fnv(push.payload.data(), size));
+    EXPECT_EQ(echo.header.version, push.header.version);
+    EXPECT_EQ(echo.header.count, push.header.count);
+
+    const std::string want = Pattern(size, 9);
+    for (bool use_registered : {false, true}) {
+      std::string plain(size, '\0');
+      char* dest = use_registered ? registered.data() + 7 : plain.data();
+      Message pull;
+      pull.header.type = MessageType::kPullRequest;
+      pull.header.partition = 9;
+      pull.header.count = size;
+      auto r = std::make_shared<CallResult>();
+      conn->CallInto(std::move(pull), dest, size, Capture(r));
+      ASSERT_TRUE(r->Wait());
+      STRATA_ASSERT_OK(r->result);
+      if (size > 0) {
+        EXPECT_TRUE(r->result->payload_in_destination);
+        EXPECT_EQ(Fnv(dest, size), Fnv(want.data(), size)) << "registered " << use_registered;
+        if (use_registered) ++written;
+      }
+    }
+  }
+  EXPECT_EQ(StatsOf(*conn).responses_written, written);
+}
+
+// Two receive slots a side and 8 threads calling at once: credits keep
+// every SEND matched with a posted receive (a QP error would fail calls).
+TEST_F(RdmaDeviceTest, ManyCallsInFlightWithTwoCreditsAllComplete) {
+  TransportOptions o = Opts("rdma");
+  o.rdma.recv_slots = 2;
+  o.rdma.send_slots = 2;
+  o.rdma.slot_bytes = 4096;
+  auto server = Make(o);
+  auto client = Make(o);
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(client, nullptr);
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  constexpr int kThreads = 8, kCalls = 60;
+  std::atomic<int> ok{0}, bad{0};
+  std::vector<std::shared_ptr<CallResult>> all[kThreads];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        Message m;
+        m.header.type = MessageType::kPushRequest;
+        m.header.seq = t * 1000 + i;
+        m.payload = Pattern((i * 977 + t * 131) % 20000, t + i);
+        const uint64_t sum = Fnv(m.payload.data(), m.payload.size());
+        const uint64_t seq = m.header.seq;
+        conn->Call(std::move(m), [&, sum, seq](absl::StatusOr<Message> r) {
+          if (r.ok() && r->header.seq == seq && Fnv(r->payload.data(), r->payload.size()) == sum) {
+            ++ok;
+          } else {
+            ++bad;
+          }
+        });
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const absl::Time deadline = absl::Now() + kWait;
+  while (ok + bad < kThreads * kCalls && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(ok.load(), kThreads * kCalls);
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_TRUE(conn->healthy());
+  EXPECT_GT(StatsOf(*conn).sends, static_cast<uint64_t>(kThreads * kCalls));
+}
+
+TEST_F(RdmaDeviceTest, QpForcedIntoErrorFailsPendingCallsNamingThePeer) {
+  HeldRequests held;
+  auto server = Make(Opts("rdma"));
+  auto client = Make(Opts("rdma"));
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(client, nullptr);
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, held.Handler()));
+  const std::string address = server->listen_address();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+  auto pending = std::make_shared<CallResult>();
+  Message m;
+  m.header.type = MessageType::kPullRequest;
+  conn->Call(m, Capture(pending));
+  ASSERT_TRUE(held.WaitForCount(1));
+  STRATA_ASSERT_OK(rdma::ForceQpErrorForTesting(conn.get()));
+  ASSERT_TRUE(pending->Wait());
+  EXPECT_THAT(pending->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  EXPECT_FALSE(conn->healthy());
+  EXPECT_EQ(StateOf(*conn), ConnectionState::kFailed);
+  // The late response goes nowhere; a new connection works.
+  held.Take(0).second->Respond(Message());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto again, client->Connect(address));
+  auto r = std::make_shared<CallResult>();
+  again->Call(m, Capture(r));
+  ASSERT_TRUE(held.WaitForCount(2));
+  held.Take(1).second->Respond(Message());
+  ASSERT_TRUE(r->Wait());
+  STRATA_EXPECT_OK(r->result);
+}
+
+// A server process killed by SIGKILL while a large push is on its way: the
+// pending call fails Unavailable naming the peer; this process goes on.
+TEST_F(RdmaDeviceTest, PeerKilledMidTransferFailsThePendingCall) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    auto t = CreateTransport(Opts("rdma"));
+    if (!t.ok() || !(*t)->Listen("127.0.0.1", 0, [](Message, std::shared_ptr<Responder> r) {
+                        // Never answers (the responder is kept alive).
+                        static std::vector<std::shared_ptr<Responder>> keep;
+                        keep.push_back(std::move(r));
+                      }).ok()) {
+      _exit(1);
+    }
+    const std::string a = (*t)->listen_address() + "\n";
+    if (write(fds[1], a.data(), a.size()) < 0) _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  char buf[128] = {};
+  ssize_t n = read(fds[0], buf, sizeof(buf) - 1);
+  close(fds[0]);
+  ASSERT_GT(n, 1);
+  const std::string address(buf, n - 1);
+  auto client = Make(Opts("rdma"));
+  ASSERT_NE(client, nullptr);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+  ASSERT_EQ(StateOf(*conn), ConnectionState::kReady);
+  auto big = std::make_shared<CallResult>();
+  Message m;
+  m.header.type = MessageType::kPushRequest;
+  m.payload = Pattern(32 << 20, 1);
+  conn->Call(std::move(m), Capture(big));
+  absl::SleepFor(absl::Milliseconds(100));
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(big->Wait());
+  EXPECT_THAT(big->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  EXPECT_FALSE(conn->healthy());
+  EXPECT_THAT(client->Connect(address), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// The other way round: a client killed mid-push leaves the server serving.
+TEST_F(RdmaDeviceTest, ServerOutlivesAClientKilledMidTransfer) {
+  auto server = Make(Opts("rdma"));
+  ASSERT_NE(server, nullptr);
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
+  const std::string address = server->listen_address();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto t = CreateTransport(Opts("rdma"));
+    if (!t.ok()) _exit(1);
+    auto c = (*t)->Connect(address);
+    if (!c.ok()) _exit(1);
+    for (;;) {
+      Message m;
+      m.header.type = MessageType::kPushRequest;
+      m.payload = Pattern(8 << 20, 2);
+      (*c)->Call(std::move(m), [](absl::StatusOr<Message>) {});
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  absl::SleepFor(absl::Milliseconds(400));
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  auto client = Make(Opts("rdma"));
+  ASSERT_NE(client, nullptr);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+  Message m;
+  m.header.type = MessageType::kPushRequest;
+  m.payload = Pattern(300000, 4);
+  STRATA_ASSERT_OK_AND_ASSIGN(Message echo, conn->CallSync(m, kWait));
+  EXPECT_TRUE(echo.payload == m.payload);
+}
+
+TEST_F(RdmaDeviceTest, PlainTcpPeerMakesAutoFallBackAndRdmaFail) {
+  auto server = Make(Opts("tcp"));
+  ASSERT_NE(server, nullptr);
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
+  const std::string address = server->listen_address();
+  auto automatic = Make(Opts("auto"));
+  ASSERT_NE(automatic, nullptr);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, automatic->Connect(address));
+  EXPECT_EQ(StateOf(*conn), ConnectionState::kFallbackTcp);
+  EXPECT_THAT(conn->kind(), HasSubstr("transport tcp"));
+  Message m;
+  m.header.type = MessageType::kPushRequest;
+  m.payload = Pattern(70000, 1);
+  STRATA_ASSERT_OK_AND_ASSIGN(Message echo, conn->CallSync(m, kWait));
+  EXPECT_TRUE(echo.payload == m.payload);
+  auto required = Make(Opts("rdma"));
+  ASSERT_NE(required, nullptr);
+  EXPECT_THAT(required->Connect(address),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(address), HasSubstr("FAILED"))));
+}
+
+// Clears or sets CAP_IPC_LOCK in this process's effective set (root
+// ignores the locked-memory limit otherwise).
+bool SetIpcLock(bool on) {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2]{};
+  if (syscall(SYS_capget, &h, d) != 0) return false;
+  const uint32_t bit = 1u << (CAP_IPC_LOCK % 32);
+  if (on) {
+    d[CAP_IPC_LOCK / 32].effective |= bit;
+  } else {
+    d[CAP_IPC_LOCK / 32].effective &= ~bit;
+  }
+  return syscall(SYS_capset, &h, d) == 0;
+}
+
+// RLIMIT_MEMLOCK too low for what a connection registers: "rdma" refuses
+// with the preflight's memlock finding and its fix; "auto" falls back to
+// TCP; a registration on a transport made before the limit dropped fails
+// naming ibv_reg_mr and the fix. Nothing aborts.
+TEST_F(RdmaDeviceTest, MemlockLimitTooLowGivesThePreflightMessage) {
+  auto server = Make(Opts("auto"));
+  ASSERT_NE(server, nullptr);
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
+  auto before = Make(Opts("rdma"));
+  ASSERT_NE(before, nullptr);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &old), 0);
+  ASSERT_TRUE(SetIpcLock(false));
+  rlimit low = old;
+  low.rlim_cur = 64 << 10;
+  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &low), 0);
+
+  auto refused = CreateTransport(Opts("rdma"));
+  auto automatic = CreateTransport(Opts("auto"));
+  std::string tensor(16 << 20, 'x');
+  absl::Status reg = before->RegisterMemory(tensor.data(), tensor.size());
+  auto late = before->Connect(server->listen_address());
+
+  setrlimit(RLIMIT_MEMLOCK, &old);
+  SetIpcLock(true);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                AllOf(HasSubstr("memlock"), HasSubstr("ulimit -l"))));
+  EXPECT_THAT(reg, StatusIs(absl::StatusCode::kResourceExhausted,
+                            AllOf(HasSubstr("ibv_reg_mr"), HasSubstr("ulimit -l unlimited"))));
+  EXPECT_THAT(late, StatusIs(absl::StatusCode::kFailedPrecondition,
+                             AllOf(HasSubstr("FAILED"), HasSubstr("ulimit -l"))));
+  ASSERT_THAT(automatic, IsOk());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, (*automatic)->Connect(server->listen_address()));
+  EXPECT_EQ(StateOf(*conn), ConnectionState::kFallbackTcp);
+  Message m;
+  m.header.type = MessageType::kPushRequest;
+  m.payload = "still works";
+  STRATA_ASSERT_OK_AND_ASSIGN(Message echo, conn->CallSync(m, kWait));
+  EXPECT_EQ(echo.payload, "still works");
+}
+
+}  // namespace
+}  // namespace strata::transport::testing

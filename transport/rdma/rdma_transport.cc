@@ -1,0 +1,1318 @@
+// The rdma backend (rdma_transport.h has the design). Layout of this file:
+// frame encoding, the per-connection Channel (credits, fragmentation, the
+// write path, completions), the connection handed to users, and the
+// transport (bootstrap over TCP, the hello, the completion thread).
+#include "transport/rdma/rdma_transport.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "common/status_macros.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "glog/logging.h"
+#include "transport/rdma/rdma_device.h"
+#include "transport/rdma/rdma_hello.h"
+#include "transport/rdma/verbs.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace strata::transport::rdma {
+
+const char* ConnectionStateName(ConnectionState state) {
+  switch (state) {
+    case ConnectionState::kConnecting:
+      return "CONNECTING";
+    case ConnectionState::kExchanging:
+      return "EXCHANGING";
+    case ConnectionState::kReady:
+      return "READY";
+    case ConnectionState::kFallbackTcp:
+      return "FALLBACK_TCP";
+    case ConnectionState::kFailed:
+      return "FAILED";
+  }
+  return "UNKNOWN";
+}
+
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the rdma frame header is written in host order");
+
+// ---------------------------------------------------------------------------
+// Frames (docs/wire-protocol.md, "rdma frames"). Every SEND starts with a
+// 48-byte frame header; message frames then carry the 72-byte message
+// header of the tcp framing; message and continuation frames then a chunk
+// of the payload.
+
+constexpr uint32_t kFrameMagic = 0x31445253;  // "SRD1"
+constexpr size_t kFrameBytes = 48;
+constexpr size_t kMsgHeaderBytes = tcp::kFrameHeaderBytes;
+
+enum FrameKind : uint16_t {
+  kCredit = 1,    // credits only
+  kMessage = 2,   // first frame of a message: header + first chunk
+  kMore = 3,      // a further chunk of the message in progress
+  kWritten = 4,   // a message whose payload was RDMA-written to the
+                  // destination the request named
+};
+constexpr uint16_t kFlagHasDest = 1;  // request: dest_* name a registered
+                                      // destination for the response
+
+struct Frame {
+  uint16_t kind = 0;
+  uint16_t flags = 0;
+  uint32_t credits = 0;
+  uint32_t chunk_bytes = 0;
+  uint64_t total_bytes = 0;
+  uint64_t dest_addr = 0;
+  uint64_t dest_len = 0;
+  uint32_t dest_rkey = 0;
+};
+
+void EncodeFrame(const Frame& f, char* out) {
+  std::memset(out, 0, kFrameBytes);
+  std::memcpy(out + 0, &kFrameMagic, 4);
+  std::memcpy(out + 4, &f.kind, 2);
+  std::memcpy(out + 6, &f.flags, 2);
+  std::memcpy(out + 8, &f.credits, 4);
+  std::memcpy(out + 12, &f.chunk_bytes, 4);
+  std::memcpy(out + 16, &f.total_bytes, 8);
+  std::memcpy(out + 24, &f.dest_addr, 8);
+  std::memcpy(out + 32, &f.dest_len, 8);
+  std::memcpy(out + 40, &f.dest_rkey, 4);
+}
+
+bool DecodeFrame(const char* in, Frame* f) {
+  uint32_t magic;
+  std::memcpy(&magic, in, 4);
+  if (magic != kFrameMagic) return false;
+  std::memcpy(&f->kind, in + 4, 2);
+  std::memcpy(&f->flags, in + 6, 2);
+  std::memcpy(&f->credits, in + 8, 4);
+  std::memcpy(&f->chunk_bytes, in + 12, 4);
+  std::memcpy(&f->total_bytes, in + 16, 8);
+  std::memcpy(&f->dest_addr, in + 24, 8);
+  std::memcpy(&f->dest_len, in + 32, 8);
+  std::memcpy(&f->dest_rkey, in + 40, 4);
+  return f->kind >= kCredit && f->kind <= kWritten;
+}
+
+// Receive slots beyond the advertised credits, for credit-only frames
+// (which take no credit). Receiver-not-ready retries cover the rest.
+constexpr uint32_t kSpareRecvSlots = 4;
+
+constexpr uint64_t kWrRecv = 1ull << 56;
+constexpr uint64_t kWrSend = 2ull << 56;
+constexpr uint64_t kWrSlotMask = (1ull << 32) - 1;
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using SlotMemory = std::unique_ptr<char, FreeDeleter>;
+
+// ---------------------------------------------------------------------------
+// What outlives the transport for as long as a connection handle does.
+
+struct DeviceContext {
+  std::unique_ptr<VerbsDevice> device;
+  std::unique_ptr<CompletionChannel> events;
+};
+
+// Memory registered through Transport::RegisterMemory.
+class Registry {
+ public:
+  explicit Registry(std::shared_ptr<DeviceContext> ctx) : ctx_(std::move(ctx)) {}
+
+  absl::Status Register(void* addr, size_t size) {
+    absl::MutexLock l(&mu_);
+    const auto start = reinterpret_cast<uintptr_t>(addr);
+    auto it = regions_.find(start);
+    if (it != regions_.end() && it->second->size() >= size) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = MemoryRegion::Register(
+        ctx_->device.get(), addr, size,
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr.ok()) return mr.status();
+    regions_[start] = std::move(mr).value();
+    return absl::OkStatus();
+  }
+
+  // The rkey of a registered region holding [addr, addr + size), if any.
+  bool Lookup(const char* addr, size_t size, uint32_t* rkey) {
+    absl::MutexLock l(&mu_);
+    const auto a = reinterpret_cast<uintptr_t>(addr);
+    auto it = regions_.upper_bound(a);
+    if (it == regions_.begin()) return false;
+    --it;
+    if (a + size > it->first + it->second->size()) return false;
+    *rkey = it->second->rkey();
+    return true;
+  }
+
+ private:
+  const std::shared_ptr<DeviceContext> ctx_;
+  absl::Mutex mu_;
+  std::map<uintptr_t, std::unique_ptr<MemoryRegion>> regions_ ABSL_GUARDED_BY(mu_);
+};
+
+// Where a response goes by RDMA WRITE: the destination a request named.
+struct WriteTarget {
+  bool valid = false;
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint32_t rkey = 0;
+};
+
+class Channel;
+
+// Hands the completion thread's work back to the transport: a channel
+// that is new (its CQ must be polled) or has failed.
+struct ChannelListener {
+  virtual ~ChannelListener() = default;
+  virtual void ChannelsChanged() = 0;
+};
+
+// ---------------------------------------------------------------------------
+// One RC connection, either side. Thread-safe: callers on any thread, the
+// completion thread in PollOnce. Callbacks (response callbacks, the request
+// handler) never run under mu_.
+
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  enum Role { kClient, kServer };
+
+  Channel(std::shared_ptr<DeviceContext> ctx, Role role, std::string peer,
+          const RdmaTransportSettings& settings, uint64_t max_payload_bytes,
+          std::shared_ptr<const RequestHandler> handler, ChannelListener* listener)
+      : ctx_(std::move(ctx)),
+        role_(role),
+        peer_(std::move(peer)),
+        recv_slots_(settings.recv_slots),
+        send_slots_(settings.send_slots),
+        slot_bytes_(settings.slot_bytes),
+        max_payload_bytes_(max_payload_bytes),
+        handler_(std::move(handler)),
+        listener_(listener) {}
+
+  ~Channel() {
+    absl::MutexLock l(&mu_);
+    ReleaseLocked();
+  }
+
+  const std::string& peer() const { return peer_; }
+
+  // Creates the CQ, the QP and the two slot regions, moves the QP to INIT
+  // and posts every receive slot. All or nothing: on error nothing stays
+  // allocated.
+  absl::Status Allocate() {
+    absl::MutexLock l(&mu_);
+    absl::Status s = AllocateLocked();
+    if (!s.ok()) ReleaseLocked();
+    return s;
+  }
+
+  HelloQp LocalHello() const {
+    absl::MutexLock l(&mu_);
+    HelloQp h;
+    const QpInfo info = qp_->local_info();
+    h.qpn = info.qpn;
+    h.psn = info.psn;
+    h.gid = info.gid;
+    h.lid = info.lid;
+    h.mtu = info.mtu;
+    h.recv_slots = recv_slots_;
+    h.slot_bytes = slot_bytes_;
+    return h;
+  }
+
+  // Joins the QP to the peer's and starts the data path.
+  absl::Status Join(const HelloQp& remote) {
+    absl::MutexLock l(&mu_);
+    QpInfo info;
+    info.qpn = remote.qpn;
+    info.psn = remote.psn;
+    info.gid = remote.gid;
+    info.lid = remote.lid;
+    info.mtu = remote.mtu;
+    if (absl::Status s = qp_->Connect(info); !s.ok()) {
+      ReleaseLocked();
+      return s;
+    }
+    peer_credits_ = remote.recv_slots;
+    peer_recv_slots_ = remote.recv_slots;
+    frame_room_ = std::min(slot_bytes_, remote.slot_bytes);
+    state_ = ConnectionState::kReady;
+    VLOG(1) << "rdma: connection with " << peer_ << " READY (local "
+            << DescribeQpInfo(qp_->local_info()) << ", remote "
+            << DescribeQpInfo(info) << ")";
+    return absl::OkStatus();
+  }
+
+  // Closes the TCP bootstrap connection; run once when this fails, so that
+  // the peer tears its side down too.
+  void SetCloser(std::function<void()> closer) {
+    absl::MutexLock l(&mu_);
+    closer_ = std::move(closer);
+  }
+
+  ConnectionState state() const {
+    absl::MutexLock l(&mu_);
+    return state_;
+  }
+  bool failed() const { return state() == ConnectionState::kFailed; }
+  absl::Status failure() const {
+    absl::MutexLock l(&mu_);
+    return failure_;
+  }
+  RdmaConnectionStats stats() const {
+    absl::MutexLock l(&mu_);
+    return stats_;
+  }
+
+  // Client: sends a request; `done` runs once with the response or an
+  // error. `dest`: CallInto's destination (copied into when a fitting
+  // response comes by SEND); `remote`: the same destination when
+  // registered, for the server to RDMA WRITE into.
+  void Call(Message request, ResponseCallback done, char* dest, size_t dest_size,
+            const WriteTarget& remote) {
+    std::vector<std::function<void()>> work;
+    {
+      absl::MutexLock l(&mu_);
+      if (state_ != ConnectionState::kReady) {
+        absl::Status why = FailureLocked();
+        deferred_.push_back([done = std::move(done), why] { done(why); });
+      } else {
+        const uint64_t id = ++next_request_id_;
+        request.header.request_id = id;
+        pending_[id] = Pending{std::move(done), dest, dest_size};
+        Outgoing out;
+        out.frame.kind = kMessage;
+        if (remote.valid) {
+          out.frame.flags = kFlagHasDest;
+          out.frame.dest_addr = remote.addr;
+          out.frame.dest_len = remote.len;
+          out.frame.dest_rkey = remote.rkey;
+        }
+        Enqueue(std::move(request), std::move(out));
+      }
+      work.swap(deferred_);
+    }
+    for (auto& w : work) w();
+  }
+
+  // Server: answers `request` (the responder's header), by RDMA WRITE into
+  // `target` when it holds a successful payload of the target's size.
+  void Respond(const MessageHeader& request, Message response,
+               const WriteTarget& target) {
+    std::vector<std::function<void()>> work;
+    {
+      absl::MutexLock l(&mu_);
+      if (state_ != ConnectionState::kReady) {
+        VLOG(1) << "rdma: dropping the response to request " << request.request_id
+                << " from " << peer_ << ": " << FailureLocked();
+        return;
+      }
+      response.header.request_id = request.request_id;
+      if (response.header.type == MessageType::kInvalid) {
+        response.header.type = ResponseTypeFor(request.type);
+      }
+      Outgoing out;
+      out.frame.kind = kMessage;
+      const size_t size = response.payload_size();
+      if (target.valid && response.header.status == 0 && size > 0 &&
+          size == target.len) {
+        out.frame.kind = kWritten;
+        out.write = target;
+      }
+      Enqueue(std::move(response), std::move(out));
+      work.swap(deferred_);
+    }
+    for (auto& w : work) w();
+  }
+
+  // Fails the connection: pending calls get `reason`, resources are freed.
+  void Fail(const absl::Status& reason, bool warn = false) {
+    std::vector<std::function<void()>> work;
+    {
+      absl::MutexLock l(&mu_);
+      FailLocked(reason, warn);
+      work.swap(deferred_);
+    }
+    for (auto& w : work) w();
+  }
+
+  absl::Status ForceError() {
+    absl::MutexLock l(&mu_);
+    if (qp_ == nullptr) return FailureLocked();
+    return qp_->ForceError();
+  }
+
+  absl::Status Arm() {
+    absl::MutexLock l(&mu_);
+    if (cq_ == nullptr) return absl::OkStatus();
+    return cq_->Arm();
+  }
+
+  // Completion thread: handles what the CQ has; returns how many
+  // completions there were.
+  int PollOnce() {
+    std::vector<std::function<void()>> work;
+    int n = 0;
+    {
+      absl::MutexLock l(&mu_);
+      if (cq_ == nullptr) return 0;
+      ibv_wc wc[32];
+      absl::StatusOr<int> got = cq_->Poll(wc, 32);
+      if (!got.ok()) {
+        FailLocked(absl::UnavailableError(absl::StrCat(
+            "rdma connection with ", peer_, ": ", got.status().message())));
+      } else {
+        n = *got;
+        for (int i = 0; i < n && cq_ != nullptr; ++i) OnCompletion(wc[i]);
+        if (state_ == ConnectionState::kReady) Pump();
+      }
+      work.swap(deferred_);
+    }
+    for (auto& w : work) w();
+    return n;
+  }
+
+ private:
+  struct Pending {
+    ResponseCallback done;
+    char* dest;
+    size_t dest_size;
+  };
+  // A message on its way out.
+  struct Outgoing {
+    char header[kMsgHeaderBytes];
+    Frame frame;               // kMessage or kWritten, with dest_* for requests
+    std::string owned;         // the payload, when owned
+    const char* data = nullptr;
+    size_t size = 0;
+    bool borrowed = false;     // data points at the caller's memory
+    size_t sent = 0;           // payload bytes posted
+    bool started = false;      // the first frame was posted
+    WriteTarget write;         // kWritten: where the payload goes
+  };
+  // The message being received.
+  struct Incoming {
+    bool active = false;
+    Message message;
+    uint64_t total = 0;
+    uint64_t got = 0;
+    char* dest = nullptr;      // client: CallInto destination in use
+    WriteTarget reply_target;  // server: the request's destination
+  };
+
+  absl::Status AllocateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    VerbsDevice* dev = ctx_->device.get();
+    const uint32_t posted = recv_slots_ + kSpareRecvSlots;
+    const int depth = static_cast<int>(posted + send_slots_ + 8);
+    absl::StatusOr<std::unique_ptr<CompletionQueue>> cq =
+        CompletionQueue::Create(dev, depth, ctx_->events.get());
+    if (!cq.ok()) return Named(cq.status());
+    cq_ = std::move(cq).value();
+    absl::StatusOr<std::unique_ptr<RcQueuePair>> qp = RcQueuePair::Create(
+        dev, cq_.get(), cq_.get(), static_cast<int>(send_slots_ + 1),
+        static_cast<int>(posted), peer_);
+    if (!qp.ok()) return qp.status();
+    qp_ = std::move(qp).value();
+    for (auto [mem, mr, count, access] :
+         {std::tuple{&recv_mem_, &recv_mr_, posted, int{IBV_ACCESS_LOCAL_WRITE}},
+          std::tuple{&send_mem_, &send_mr_, send_slots_, 0}}) {
+      const size_t bytes = static_cast<size_t>(count) * slot_bytes_;
+      mem->reset(static_cast<char*>(std::aligned_alloc(4096, bytes)));
+      if (*mem == nullptr) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "rdma connection with ", peer_, ": cannot allocate ", bytes,
+            " bytes of slots"));
+      }
+      absl::StatusOr<std::unique_ptr<MemoryRegion>> r =
+          MemoryRegion::Register(dev, mem->get(), bytes, access);
+      if (!r.ok()) return Named(r.status());
+      *mr = std::move(r).value();
+    }
+    if (absl::Status s = qp_->Init(); !s.ok()) return s;
+    for (uint32_t i = 0; i < posted; ++i) {
+      if (absl::Status s = PostRecvSlot(i); !s.ok()) return s;
+    }
+    free_send_.clear();
+    for (uint32_t i = 0; i < send_slots_; ++i) free_send_.push_back(send_slots_ - 1 - i);
+    if (absl::Status s = cq_->Arm(); !s.ok()) return Named(s);
+    state_ = ConnectionState::kExchanging;
+    return absl::OkStatus();
+  }
+
+  absl::Status Named(const absl::Status& s) const {
+    return absl::Status(s.code(), absl::StrCat("rdma connection with ", peer_,
+                                               ": ", s.message()));
+  }
+
+  // Frees every verbs resource, QP first (so nothing DMAs into freed slots).
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    qp_.reset();
+    cq_.reset();
+    recv_mr_.reset();
+    send_mr_.reset();
+    recv_mem_.reset();
+    send_mem_.reset();
+  }
+
+  absl::Status FailureLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!failure_.ok()) return failure_;
+    return absl::UnavailableError(
+        absl::StrCat("rdma connection with ", peer_, " is not ready (",
+                     ConnectionStateName(state_), ")"));
+  }
+
+  // `warn`: a verbs error or a bad frame (logged as a warning), rather
+  // than a close (released, shut down, the peer went away).
+  void FailLocked(const absl::Status& reason, bool warn = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (state_ == ConnectionState::kFailed) return;
+    const bool was_ready = state_ == ConnectionState::kReady;
+    state_ = ConnectionState::kFailed;
+    failure_ = reason.ok() ? absl::UnavailableError(absl::StrCat(
+                                 "rdma connection with ", peer_, " closed"))
+                           : reason;
+    if (was_ready && warn) {
+      LOG(WARNING) << "rdma: connection with " << peer_ << " FAILED: " << failure_;
+    } else {
+      VLOG(1) << "rdma: connection with " << peer_ << " closed: " << failure_;
+    }
+    ReleaseLocked();
+    queue_.clear();
+    incoming_ = Incoming();
+    for (auto& [id, p] : pending_) {
+      deferred_.push_back([done = std::move(p.done), why = failure_] { done(why); });
+    }
+    pending_.clear();
+    deferred_.push_back([listener = listener_] { listener->ChannelsChanged(); });
+    if (closer_) {
+      deferred_.push_back(std::move(closer_));
+      closer_ = nullptr;
+    }
+  }
+
+  char* RecvSlot(uint32_t i) const { return recv_mem_.get() + size_t{i} * slot_bytes_; }
+  char* SendSlot(uint32_t i) const { return send_mem_.get() + size_t{i} * slot_bytes_; }
+
+  absl::Status PostRecvSlot(uint32_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return qp_->PostRecv(kWrRecv | i, RecvSlot(i), slot_bytes_, recv_mr_->lkey());
+  }
+
+  // Queues `message` (taking its payload or borrowing the caller's) and
+  // sends what credits and slots allow; what is left stays queued with its
+  // payload copied, so the caller's memory is free when this returns.
+  void Enqueue(Message message, Outgoing out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queue_.push_back(std::move(out));
+    // Pointers into `owned` are taken in place: moving a short string moves
+    // its bytes.
+    Outgoing& o = queue_.back();
+    if (message.payload_ref != nullptr) {
+      o.data = message.payload_ref;
+      o.size = message.payload_ref_size;
+      o.borrowed = true;
+    } else {
+      o.owned = std::move(message.payload);
+      o.data = o.owned.data();
+      o.size = o.owned.size();
+    }
+    o.frame.total_bytes = o.size;
+    tcp::EncodeFrameHeader(message.header, o.size, o.header);
+    Pump();
+    if (state_ == ConnectionState::kReady && !queue_.empty() && queue_.back().borrowed) {
+      Outgoing& tail = queue_.back();
+      tail.owned.assign(tail.data, tail.size);
+      tail.data = tail.owned.data();
+      tail.borrowed = false;
+    }
+  }
+
+  // Posts queued frames while credits and send slots last; returns credits
+  // in a credit frame when they pile up with nothing to carry them (also
+  // when the queue waits for credits: the peer may be waiting for ours).
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    PumpQueue();
+    if (state_ == ConnectionState::kReady &&
+        to_return_ >= std::max<uint32_t>(1, recv_slots_ / 2) && !free_send_.empty()) {
+      Frame f;
+      f.kind = kCredit;
+      if (PostFrame(f, nullptr, nullptr, 0)) ++stats_.credit_frames;
+    }
+  }
+
+  void PumpQueue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!queue_.empty() && state_ == ConnectionState::kReady) {
+      Outgoing& o = queue_.front();
+      if (o.frame.kind == kWritten) {
+        while (o.sent < o.size) {
+          if (free_send_.empty()) return;
+          const uint32_t slot = TakeSendSlot();
+          const uint32_t n =
+              static_cast<uint32_t>(std::min<size_t>(slot_bytes_, o.size - o.sent));
+          std::memcpy(SendSlot(slot), o.data + o.sent, n);
+          absl::Status s = qp_->PostWrite(kWrSend | slot, SendSlot(slot), n,
+                                          send_mr_->lkey(), o.write.addr + o.sent,
+                                          o.write.rkey, /*signaled=*/true);
+          if (!s.ok()) return FailLocked(s);
+          o.sent += n;
+        }
+        if (peer_credits_ == 0 || free_send_.empty()) return;
+        Frame f = o.frame;
+        f.chunk_bytes = 0;
+        if (!PostFrame(f, o.header, nullptr, 0)) return;
+        queue_.pop_front();
+        continue;
+      }
+      while (!o.started || o.sent < o.size) {
+        if (peer_credits_ == 0 || free_send_.empty()) return;
+        Frame f = o.frame;
+        const size_t head = kFrameBytes + (o.started ? 0 : kMsgHeaderBytes);
+        f.kind = o.started ? kMore : kMessage;
+        f.chunk_bytes =
+            static_cast<uint32_t>(std::min<size_t>(frame_room_ - head, o.size - o.sent));
+        if (!PostFrame(f, o.started ? nullptr : o.header, o.data + o.sent,
+                       f.chunk_bytes)) {
+          return;
+        }
+        o.started = true;
+        o.sent += f.chunk_bytes;
+      }
+      queue_.pop_front();
+    }
+  }
+
+  uint32_t TakeSendSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint32_t slot = free_send_.back();
+    free_send_.pop_back();
+    return slot;
+  }
+
+  // One SEND: frame header (+ message header) (+ chunk) from a send slot.
+  // Data frames take a credit; every frame returns ours.
+  bool PostFrame(Frame f, const char* msg_header, const char* chunk, uint32_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint32_t slot = TakeSendSlot();
+    char* p = SendSlot(slot);
+    f.credits = to_return_;
+    EncodeFrame(f, p);
+    size_t len = kFrameBytes;
+    if (msg_header != nullptr) {
+      std::memcpy(p + len, msg_header, kMsgHeaderBytes);
+      len += kMsgHeaderBytes;
+    }
+    if (n > 0) std::memcpy(p + len, chunk, n);
+    len += n;
+    absl::Status s = qp_->PostSend(kWrSend | slot, p, static_cast<uint32_t>(len),
+                                   send_mr_->lkey(), /*signaled=*/true);
+    if (!s.ok()) {
+      FailLocked(s);
+      return false;
+    }
+    to_return_ = 0;
+    if (f.kind != kCredit) --peer_credits_;
+    ++stats_.sends;
+    return true;
+  }
+
+  void OnCompletion(const ibv_wc& wc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (state_ == ConnectionState::kFailed) return;
+    if (wc.status != IBV_WC_SUCCESS) return FailLocked(CompletionStatus(wc, peer_));
+    const uint32_t slot = static_cast<uint32_t>(wc.wr_id & kWrSlotMask);
+    if ((wc.wr_id & ~kWrSlotMask) == kWrSend) {
+      free_send_.push_back(slot);
+      return;
+    }
+    bool took_credit = false;
+    absl::Status s = OnReceive(RecvSlot(slot), wc.byte_len, &took_credit);
+    if (!s.ok()) return FailLocked(s);
+    if (absl::Status r = PostRecvSlot(slot); !r.ok()) return FailLocked(r);
+    // Credit frames came in a spare slot, not on a credit.
+    if (took_credit) ++to_return_;
+  }
+
+  absl::Status Bad(const std::string& what) const {
+    return absl::DataLossError(
+        absl::StrCat("rdma frame from ", peer_, ": ", what));
+  }
+
+  // One received frame (a slot's bytes); the slot is reposted after.
+  absl::Status OnReceive(const char* p, uint32_t len, bool* took_credit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Frame f;
+    if (len < kFrameBytes || !DecodeFrame(p, &f)) {
+      return Bad(absl::StrCat("not a frame (", len, " bytes, bad magic or kind)"));
+    }
+    *took_credit = f.kind != kCredit;
+    if (f.credits > peer_recv_slots_ - peer_credits_) {
+      return Bad(absl::StrCat("returns ", f.credits, " credits, only ",
+                              peer_recv_slots_ - peer_credits_, " are out"));
+    }
+    peer_credits_ += f.credits;
+    const size_t head =
+        kFrameBytes + (f.kind == kMessage || f.kind == kWritten ? kMsgHeaderBytes : 0);
+    if (len != head + f.chunk_bytes) {
+      return Bad(absl::StrCat("frame of ", len, " bytes says ", head, " + ",
+                              f.chunk_bytes));
+    }
+    switch (f.kind) {
+      case kCredit:
+        return absl::OkStatus();
+      case kMore: {
+        if (!incoming_.active) return Bad("continuation without a message");
+        if (f.chunk_bytes > incoming_.total - incoming_.got) {
+          return Bad("continuation beyond the message's payload");
+        }
+        AppendChunk(p + kFrameBytes, f.chunk_bytes);
+        break;
+      }
+      case kMessage:
+      case kWritten: {
+        if (incoming_.active) return Bad("a new message before the last one ended");
+        MessageHeader h;
+        uint64_t payload_bytes = 0;
+        absl::Status s = tcp::DecodeFrameHeader(p + kFrameBytes, max_payload_bytes_,
+                                                &h, &payload_bytes);
+        if (!s.ok()) return Bad(std::string(s.message()));
+        if (payload_bytes != f.total_bytes) {
+          return Bad(absl::StrCat("message header says ", payload_bytes,
+                                  " payload bytes, frame ", f.total_bytes));
+        }
+        if (f.chunk_bytes > f.total_bytes) return Bad("chunk beyond the payload");
+        incoming_ = Incoming();
+        incoming_.active = true;
+        incoming_.message.header = h;
+        incoming_.total = f.total_bytes;
+        if (role_ == kServer && (f.flags & kFlagHasDest) != 0 &&
+            f.dest_len <= max_payload_bytes_) {
+          incoming_.reply_target = WriteTarget{true, f.dest_addr, f.dest_len, f.dest_rkey};
+        }
+        if (role_ == kClient) {
+          auto it = pending_.find(h.request_id);
+          const bool fits = it != pending_.end() && it->second.dest != nullptr &&
+                            h.status == 0 && it->second.dest_size == f.total_bytes &&
+                            f.total_bytes > 0;
+          if (f.kind == kWritten) {
+            if (role_ != kClient || !fits) {
+              return Bad("a written response that matches no destination");
+            }
+            incoming_.got = incoming_.total;  // already in place
+            incoming_.message.payload_in_destination = true;
+            ++stats_.responses_written;
+          } else if (fits) {
+            incoming_.dest = it->second.dest;
+          }
+        } else if (f.kind == kWritten) {
+          return Bad("a written frame sent to a server");
+        }
+        if (f.kind == kMessage) {
+          if (incoming_.dest == nullptr) {
+            incoming_.message.payload.reserve(
+                std::min<uint64_t>(f.total_bytes, uint64_t{64} << 20));
+          }
+          AppendChunk(p + kFrameBytes + kMsgHeaderBytes, f.chunk_bytes);
+        }
+        break;
+      }
+    }
+    if (incoming_.got == incoming_.total) Deliver();
+    return absl::OkStatus();
+  }
+
+  void AppendChunk(const char* chunk, uint32_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (incoming_.dest != nullptr) {
+      std::memcpy(incoming_.dest + incoming_.got, chunk, n);
+    } else {
+      incoming_.message.payload.append(chunk, n);
+    }
+    incoming_.got += n;
+  }
+
+  void Deliver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::shared_ptr<DeviceContext> ctx_;
+  const Role role_;
+  const std::string peer_;
+  const uint32_t recv_slots_;
+  const uint32_t send_slots_;
+  const uint32_t slot_bytes_;
+  const uint64_t max_payload_bytes_;
+  const std::shared_ptr<const RequestHandler> handler_;  // server side
+  ChannelListener* const listener_;
+
+  mutable absl::Mutex mu_;
+  ConnectionState state_ ABSL_GUARDED_BY(mu_) = ConnectionState::kExchanging;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<CompletionQueue> cq_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<RcQueuePair> qp_ ABSL_GUARDED_BY(mu_);
+  SlotMemory recv_mem_ ABSL_GUARDED_BY(mu_);
+  SlotMemory send_mem_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<MemoryRegion> recv_mr_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<MemoryRegion> send_mr_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_send_ ABSL_GUARDED_BY(mu_);
+  uint32_t peer_credits_ ABSL_GUARDED_BY(mu_) = 0;     // SENDs we may post
+  uint32_t peer_recv_slots_ ABSL_GUARDED_BY(mu_) = 0;  // the peer's advertised slots
+  uint32_t to_return_ ABSL_GUARDED_BY(mu_) = 0;        // slots reposted, not yet reported
+  uint32_t frame_room_ ABSL_GUARDED_BY(mu_) = 0;       // bytes per SEND
+  std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
+  Incoming incoming_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> closer_ ABSL_GUARDED_BY(mu_);
+  RdmaConnectionStats stats_ ABSL_GUARDED_BY(mu_);
+  // Callbacks to run once mu_ is released.
+  std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
+};
+
+// The server's responder for one request that came over rdma.
+class RdmaResponder : public Responder {
+ public:
+  RdmaResponder(std::weak_ptr<Channel> channel, const MessageHeader& request,
+                std::string peer, const WriteTarget& target)
+      : channel_(std::move(channel)),
+        request_(request),
+        peer_(std::move(peer)),
+        target_(target) {}
+
+  ~RdmaResponder() override {
+    if (responded_.load(std::memory_order_acquire)) return;
+    Send(MakeErrorResponse(request_, ResponseTypeFor(request_.type),
+                           absl::InternalError(absl::StrCat(
+                               "request handler dropped the responder for ",
+                               MessageTypeName(request_.type), " request ",
+                               request_.request_id, " without responding"))));
+  }
+
+  void Respond(Message response) override {
+    if (responded_.exchange(true, std::memory_order_acq_rel)) {
+      LOG(DFATAL) << "rdma: Respond called twice for request "
+                  << request_.request_id << " from " << peer_;
+      return;
+    }
+    Send(std::move(response));
+  }
+
+  std::string peer() const override { return peer_; }
+
+ private:
+  void Send(Message response) {
+    if (auto channel = channel_.lock()) {
+      channel->Respond(request_, std::move(response), target_);
+    }
+  }
+
+  const std::weak_ptr<Channel> channel_;
+  const MessageHeader request_;
+  const std::string peer_;
+  const WriteTarget target_;
+  std::atomic<bool> responded_{false};
+};
+
+void Channel::Deliver() {
+  Incoming in = std::move(incoming_);
+  incoming_ = Incoming();
+  in.message.payload_in_destination = in.message.payload_in_destination || in.dest != nullptr;
+  if (role_ == kServer) {
+    auto responder = std::make_shared<RdmaResponder>(
+        weak_from_this(), in.message.header, peer_, in.reply_target);
+    deferred_.push_back([handler = handler_, m = std::move(in.message),
+                         responder = std::move(responder)]() mutable {
+      (*handler)(std::move(m), std::move(responder));
+    });
+    return;
+  }
+  auto it = pending_.find(in.message.header.request_id);
+  if (it == pending_.end()) {
+    VLOG(1) << "rdma: response " << in.message.header.request_id << " from "
+            << peer_ << " matches no pending call";
+    return;
+  }
+  deferred_.push_back([done = std::move(it->second.done),
+                       m = std::move(in.message)]() mutable { done(std::move(m)); });
+  pending_.erase(it);
+}
+
+// ---------------------------------------------------------------------------
+// The connection handed to users: rdma (a channel) or the TCP fallback.
+
+class RdmaConnection : public Connection {
+ public:
+  RdmaConnection(std::shared_ptr<Channel> channel, std::shared_ptr<Registry> registry)
+      : channel_(std::move(channel)), registry_(std::move(registry)) {}
+  RdmaConnection(std::shared_ptr<Connection> fallback, std::string why)
+      : fallback_(std::move(fallback)), fallback_why_(std::move(why)) {}
+  ~RdmaConnection() override {
+    if (channel_ != nullptr) {
+      channel_->Fail(absl::UnavailableError(absl::StrCat(
+          "connection to ", channel_->peer(), " was released")));
+    }
+  }
+
+  void Call(Message request, ResponseCallback done) override {
+    CallInto(std::move(request), nullptr, 0, std::move(done));
+  }
+  void CallInto(Message request, char* dest, size_t dest_size,
+                ResponseCallback done) override {
+    if (fallback_ != nullptr) {
+      if (dest == nullptr) return fallback_->Call(std::move(request), std::move(done));
+      return fallback_->CallInto(std::move(request), dest, dest_size, std::move(done));
+    }
+    const MessageType t = request.header.type;
+    if (!IsValidMessageType(t) || t == MessageType::kRdmaHello ||
+        t == MessageType::kRdmaHelloReply) {
+      done(absl::InvalidArgumentError(
+          absl::StrCat("call to ", peer(), ": cannot send message type ",
+                       static_cast<uint16_t>(t))));
+      return;
+    }
+    WriteTarget target;
+    if (dest != nullptr && dest_size > 0 &&
+        registry_->Lookup(dest, dest_size, &target.rkey)) {
+      target.valid = true;
+      target.addr = reinterpret_cast<uint64_t>(dest);
+      target.len = dest_size;
+    }
+    channel_->Call(std::move(request), std::move(done), dest, dest_size, target);
+  }
+  std::string peer() const override {
+    return channel_ != nullptr ? channel_->peer() : fallback_->peer();
+  }
+  bool healthy() const override {
+    return channel_ != nullptr ? !channel_->failed() : fallback_->healthy();
+  }
+  std::string kind() const override {
+    if (channel_ != nullptr) return "rdma";
+    return absl::StrCat("tcp (rdma fallback: ", fallback_why_, ")");
+  }
+
+  ConnectionState state() const {
+    return channel_ != nullptr ? channel_->state() : ConnectionState::kFallbackTcp;
+  }
+  RdmaConnectionStats stats() const {
+    return channel_ != nullptr ? channel_->stats() : RdmaConnectionStats();
+  }
+  absl::Status ForceError() {
+    if (channel_ == nullptr) {
+      return absl::FailedPreconditionError("a TCP fallback connection has no queue pair");
+    }
+    return channel_->ForceError();
+  }
+
+ private:
+  const std::shared_ptr<Channel> channel_;
+  const std::shared_ptr<Registry> registry_;
+  const std::shared_ptr<Connection> fallback_;
+  const std::string fallback_why_;
+};
+
+// ---------------------------------------------------------------------------
+// The transport.
+
+class RdmaTransport : public Transport, public ChannelListener {
+ public:
+  // `ctx` null: no usable device (`no_device` says why); every connection
+  // falls back to TCP.
+  RdmaTransport(const TransportOptions& options, std::shared_ptr<DeviceContext> ctx,
+                std::string no_device)
+      : options_(options),
+        required_(options.kind == "rdma"),
+        ctx_(std::move(ctx)),
+        no_device_(std::move(no_device)) {
+    if (ctx_ != nullptr) registry_ = std::make_shared<Registry>(ctx_);
+  }
+
+  absl::Status Start() {
+    tcp::TcpOptions t;
+    t.max_payload_bytes = options_.max_payload_bytes;
+    t.connect_timeout = options_.rdma.connect_timeout;
+    t.rdma_hello_handler = [this](Message m, std::shared_ptr<Responder> r) {
+      OnHello(std::move(m), std::move(r));
+    };
+    t.on_close = [this](tcp::Endpoint* endpoint, const absl::Status& reason) {
+      OnBootstrapClosed(endpoint, reason);
+    };
+    STRATA_ASSIGN_OR_RETURN(tcp_, tcp::TcpTransport::Create(t));
+    if (ctx_ == nullptr) return absl::OkStatus();
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) {
+      return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+    }
+    poller_ = std::thread([this] { PollLoop(); });
+    return absl::OkStatus();
+  }
+
+  ~RdmaTransport() override {
+    Shutdown();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  absl::Status Listen(const std::string& host, int port, RequestHandler handler) override {
+    {
+      absl::MutexLock l(&mu_);
+      if (handler_ == nullptr) {
+        handler_ = std::make_shared<const RequestHandler>(handler);
+      }
+    }
+    return tcp_->Listen(host, port, std::move(handler));
+  }
+  std::string listen_address() const override { return tcp_->listen_address(); }
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address) override {
+    // CONNECTING
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Connection> bootstrap, tcp_->Connect(address));
+    if (ctx_ == nullptr) {
+      return Fallback(std::move(bootstrap), address, no_device_, /*is_error=*/false);
+    }
+    // EXCHANGING
+    auto channel = std::make_shared<Channel>(ctx_, Channel::kClient, address, options_.rdma,
+                                             options_.max_payload_bytes, nullptr, this);
+    if (absl::Status s = channel->Allocate(); !s.ok()) {
+      return Fallback(std::move(bootstrap), address, std::string(s.message()), true);
+    }
+    Message hello;
+    hello.header.type = MessageType::kRdmaHello;
+    hello.payload = ReadyHello(channel->LocalHello()).SerializeAsString();
+    absl::StatusOr<Message> reply =
+        bootstrap->CallSync(std::move(hello), options_.rdma.connect_timeout);
+    if (!reply.ok()) {
+      return absl::Status(reply.status().code(),
+                          absl::StrCat("rdma connection set-up with ", address, ": ",
+                                       reply.status().message()));
+    }
+    if (absl::Status s = ResponseStatus(*reply); !s.ok()) {
+      return Fallback(std::move(bootstrap), address,
+                      absl::StrCat("the peer declined: ", s.message()), false);
+    }
+    absl::StatusOr<proto::RdmaHello> peer_hello = ParsePeerHello(reply->payload, address);
+    if (!peer_hello.ok()) {
+      return Fallback(std::move(bootstrap), address,
+                      std::string(peer_hello.status().message()), true);
+    }
+    if (!peer_hello->rdma_ready()) {
+      return Fallback(std::move(bootstrap), address,
+                      absl::StrCat("the peer has no rdma: ", peer_hello->not_ready_reason()),
+                      false);
+    }
+    if (absl::Status s = channel->Join(HelloQpOf(*peer_hello)); !s.ok()) {
+      return Fallback(std::move(bootstrap), address, std::string(s.message()), true);
+    }
+    // READY
+    const auto* endpoint = static_cast<const tcp::TcpConnection*>(bootstrap.get())->endpoint();
+    const bool healthy = bootstrap->healthy();
+    // Releasing the bootstrap connection closes it.
+    channel->SetCloser([b = std::move(bootstrap)]() mutable { b.reset(); });
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) {
+        channel->Fail(absl::UnavailableError(
+            absl::StrCat("transport shut down while connecting to ", address)));
+        return absl::UnavailableError(
+            absl::StrCat("transport shut down while connecting to ", address));
+      }
+      channels_by_endpoint_[endpoint] = channel;
+      channels_.push_back(channel);
+    }
+    ChannelsChanged();
+    if (!healthy) {
+      channel->Fail(absl::UnavailableError(
+          absl::StrCat("connection to ", address, " closed during the rdma set-up")));
+    }
+    VLOG(1) << "rdma: connected to " << address;
+    return std::shared_ptr<Connection>(
+        std::make_shared<RdmaConnection>(std::move(channel), registry_));
+  }
+
+  absl::Status RegisterMemory(void* addr, size_t size) override {
+    if (registry_ == nullptr || size == 0) return absl::OkStatus();
+    return registry_->Register(addr, size);
+  }
+
+  void Shutdown() override {
+    std::vector<std::shared_ptr<Channel>> channels;
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      channels = channels_;
+    }
+    if (poller_.joinable()) {
+      stop_.store(true);
+      Wake();
+      poller_.join();
+    }
+    for (auto& ch : channels) {
+      ch->Fail(absl::UnavailableError(
+          absl::StrCat("rdma connection with ", ch->peer(), ": transport shut down")));
+    }
+    if (tcp_ != nullptr) tcp_->Shutdown();
+    absl::MutexLock l(&mu_);
+    channels_.clear();
+    channels_by_endpoint_.clear();
+  }
+
+  void ChannelsChanged() override {
+    changed_.store(true, std::memory_order_release);
+    Wake();
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<Connection>> Fallback(std::shared_ptr<Connection> bootstrap,
+                                                       const std::string& address,
+                                                       const std::string& why, bool is_error) {
+    if (required_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rdma connection to ", address, " FAILED: ", why,
+          " (transport: rdma requires rdma on both sides; transport: auto "
+          "falls back to TCP)"));
+    }
+    if (is_error) {
+      LOG(WARNING) << "rdma: connection to " << address << " falls back to TCP: " << why;
+    } else {
+      VLOG(1) << "rdma: connection to " << address << " uses TCP: " << why;
+    }
+    return std::shared_ptr<Connection>(std::make_shared<RdmaConnection>(std::move(bootstrap), why));
+  }
+
+  // Server side of the set-up (the TCP epoll thread).
+  void OnHello(Message request, std::shared_ptr<Responder> responder) {
+    const std::string peer = responder->peer();
+    absl::StatusOr<proto::RdmaHello> hello = ParsePeerHello(request.payload, peer);
+    if (!hello.ok() || !hello->rdma_ready()) {
+      responder->Respond(MakeErrorResponse(
+          request.header, MessageType::kRdmaHelloReply,
+          hello.ok() ? absl::InvalidArgumentError(absl::StrCat(
+                           "rdma hello from ", peer, " offers no rdma"))
+                     : hello.status()));
+      return;
+    }
+    Message reply;
+    reply.header.type = MessageType::kRdmaHelloReply;
+    std::shared_ptr<const RequestHandler> handler;
+    {
+      absl::MutexLock l(&mu_);
+      handler = handler_;
+    }
+    if (ctx_ == nullptr || handler == nullptr) {
+      reply.payload = NotReadyHello(ctx_ == nullptr ? no_device_ : "not listening")
+                          .SerializeAsString();
+      responder->Respond(std::move(reply));
+      return;
+    }
+    auto channel = std::make_shared<Channel>(ctx_, Channel::kServer, peer, options_.rdma,
+                                             options_.max_payload_bytes, handler, this);
+    absl::Status s = channel->Allocate();
+    if (s.ok()) s = channel->Join(HelloQpOf(*hello));
+    if (!s.ok()) {
+      LOG(WARNING) << "rdma: cannot accept rdma from " << peer << ": " << s;
+      reply.payload = NotReadyHello(std::string(s.message())).SerializeAsString();
+      responder->Respond(std::move(reply));
+      return;
+    }
+    std::shared_ptr<tcp::Endpoint> endpoint = tcp::EndpointOf(*responder);
+    if (endpoint == nullptr) return;  // the connection closed meanwhile
+    channel->SetCloser([weak = std::weak_ptr<tcp::Endpoint>(endpoint)] {
+      if (auto e = weak.lock()) e->RequestClose();
+    });
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) return;  // the responder answers Internal
+      channels_by_endpoint_[endpoint.get()] = channel;
+      channels_.push_back(channel);
+    }
+    ChannelsChanged();
+    reply.payload = ReadyHello(channel->LocalHello()).SerializeAsString();
+    responder->Respond(std::move(reply));
+  }
+
+  // The TCP epoll thread: a bootstrap connection closed, so its channel
+  // (either side) goes too.
+  void OnBootstrapClosed(tcp::Endpoint* endpoint, const absl::Status& reason) {
+    std::shared_ptr<Channel> channel;
+    {
+      absl::MutexLock l(&mu_);
+      if (auto it = channels_by_endpoint_.find(endpoint); it != channels_by_endpoint_.end()) {
+        channel = it->second.lock();
+        channels_by_endpoint_.erase(it);
+      }
+    }
+    if (channel != nullptr) {
+      channel->Fail(absl::UnavailableError(
+          absl::StrCat("rdma connection with ", channel->peer(),
+                       ": its TCP bootstrap connection closed (", reason.message(), ")")));
+    }
+  }
+
+  void Wake() {
+    if (wake_fd_ < 0) return;
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  }
+
+  // The completion thread.
+  void PollLoop() {
+    std::vector<std::shared_ptr<Channel>> live;
+    absl::Time last_busy = absl::Now();
+    while (!stop_.load(std::memory_order_acquire)) {
+      if (changed_.exchange(false, std::memory_order_acq_rel)) {
+        absl::MutexLock l(&mu_);
+        channels_.erase(std::remove_if(channels_.begin(), channels_.end(),
+                                       [](const std::shared_ptr<Channel>& c) {
+                                         return c->failed();
+                                       }),
+                        channels_.end());
+        live = channels_;
+      }
+      int n = 0;
+      for (auto& ch : live) n += ch->PollOnce();
+      if (n > 0) {
+        last_busy = absl::Now();
+        continue;
+      }
+      if (absl::Now() - last_busy < options_.rdma.busy_poll) continue;
+      // Going to sleep: arm every CQ, then look once more (a completion
+      // that came before the arming raises no event).
+      for (auto& ch : live) {
+        if (absl::Status s = ch->Arm(); !s.ok()) ch->Fail(s, /*warn=*/true);
+      }
+      for (auto& ch : live) n += ch->PollOnce();
+      if (n > 0) {
+        last_busy = absl::Now();
+        continue;
+      }
+      pollfd fds[2] = {{ctx_->events->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      ::poll(fds, 2, 100);
+      ctx_->events->DrainEvents();
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(wake_fd_, &v, sizeof(v));
+      last_busy = absl::Now();
+    }
+  }
+
+  const TransportOptions options_;
+  const bool required_;
+  const std::shared_ptr<DeviceContext> ctx_;
+  const std::string no_device_;
+  std::shared_ptr<Registry> registry_;
+  std::unique_ptr<tcp::TcpTransport> tcp_;
+  int wake_fd_ = -1;
+  std::thread poller_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> changed_{true};
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  // Each rdma channel by its TCP bootstrap connection (either side).
+  std::unordered_map<const tcp::Endpoint*, std::weak_ptr<Channel>> channels_by_endpoint_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// What one connection registers: its slots.
+uint64_t ConnectionRegisterBytes(const RdmaTransportSettings& s) {
+  return uint64_t{s.recv_slots + kSpareRecvSlots + s.send_slots} * s.slot_bytes;
+}
+
+absl::Status CheckSettings(const RdmaTransportSettings& s) {
+  if (s.recv_slots < 2 || s.recv_slots > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rdma recv_slots is ", s.recv_slots, ", not in [2, 4096]"));
+  }
+  if (s.send_slots < 2 || s.send_slots > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rdma send_slots is ", s.send_slots, ", not in [2, 4096]"));
+  }
+  if (s.slot_bytes < 4096 || s.slot_bytes > (16u << 20) || s.slot_bytes % 64 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rdma slot_bytes is ", s.slot_bytes, ", not a multiple of 64 in [4096, 16 MiB]"));
+  }
+  return absl::OkStatus();
+}
+
+// Opens the device the settings select, or says why not (the preflight's
+// failed findings, each with its fix).
+absl::StatusOr<std::shared_ptr<DeviceContext>> OpenDevice(const RdmaTransportSettings& s) {
+  RdmaSettings want;
+  want.device = s.device;
+  want.port = s.port;
+  want.gid_index = s.gid_index;
+  absl::StatusOr<std::vector<DeviceInfo>> devices = ListRdmaDevices();
+  if (!devices.ok()) return devices.status();
+  const PreflightReport report =
+      RdmaPreflight(*devices, want, MemlockLimitBytes(), ConnectionRegisterBytes(s));
+  if (!report.ok()) {
+    std::string why;
+    for (const PreflightFinding& f : report.findings) {
+      if (f.ok) continue;
+      absl::StrAppend(&why, why.empty() ? "" : "; ", f.check, ": ", f.detail,
+                      f.fix.empty() ? "" : " (fix: ", f.fix, f.fix.empty() ? "" : ")");
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable RDMA device: ", why, " (see `strata doctor`)"));
+  }
+  STRATA_ASSIGN_OR_RETURN(RdmaSelection sel, SelectRdmaDevice(*devices, want));
+  auto ctx = std::make_shared<DeviceContext>();
+  STRATA_ASSIGN_OR_RETURN(ctx->device, VerbsDevice::Open(sel));
+  STRATA_ASSIGN_OR_RETURN(ctx->events, CompletionChannel::Create(ctx->device.get()));
+  return ctx;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptions& options) {
+  if (absl::Status s = CheckSettings(options.rdma); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<DeviceContext>> ctx = OpenDevice(options.rdma);
+  std::string no_device;
+  if (!ctx.ok()) {
+    if (options.kind == "rdma") {
+      return absl::Status(ctx.status().code(),
+                          absl::StrCat("transport rdma: ", ctx.status().message()));
+    }
+    no_device = std::string(ctx.status().message());
+    LOG(INFO) << "transport auto: using TCP (" << no_device << ")";
+  }
+  auto t = std::make_unique<RdmaTransport>(
+      options, ctx.ok() ? std::move(ctx).value() : nullptr, no_device);
+  if (absl::Status s = t->Start(); !s.ok()) return s;
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+ConnectionState StateOf(const Connection& connection) {
+  const auto* c = dynamic_cast<const RdmaConnection*>(&connection);
+  return c != nullptr ? c->state() : ConnectionState::kFailed;
+}
+
+RdmaConnectionStats StatsOf(const Connection& connection) {
+  const auto* c = dynamic_cast<const RdmaConnection*>(&connection);
+  return c != nullptr ? c->stats() : RdmaConnectionStats();
+}
+
+absl::Status ForceQpErrorForTesting(Connection* connection) {
+  auto* c = dynamic_cast<RdmaConnection*>(connection);
+  if (c == nullptr) return absl::InvalidArgumentError("not an rdma connection");
+  return c->ForceError();
+}
+
+}  // namespace strata::transport::rdma

@@ -1,0 +1,48 @@
+// The rdma backend in a build without libibverbs: "rdma" cannot work,
+// "auto" is plain TCP.
+#include "absl/status/status.h"
+#include "glog/logging.h"
+#include "transport/rdma/rdma_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace strata::transport::rdma {
+
+const char* ConnectionStateName(ConnectionState state) {
+  switch (state) {
+    case ConnectionState::kConnecting:
+      return "CONNECTING";
+    case ConnectionState::kExchanging:
+      return "EXCHANGING";
+    case ConnectionState::kReady:
+      return "READY";
+    case ConnectionState::kFallbackTcp:
+      return "FALLBACK_TCP";
+    case ConnectionState::kFailed:
+      return "FAILED";
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptions& options) {
+  if (options.kind == "rdma") {
+    return absl::FailedPreconditionError(
+        "transport rdma: this build of Strata has no RDMA support (libibverbs-dev "
+        "was missing when it was configured); use transport: tcp or auto");
+  }
+  LOG(INFO) << "transport auto: using TCP (built without RDMA support)";
+  tcp::TcpOptions t;
+  t.max_payload_bytes = options.max_payload_bytes;
+  return tcp::NewTcpTransport(t);
+}
+
+ConnectionState StateOf(const Connection& connection) {
+  return connection.healthy() ? ConnectionState::kFallbackTcp : ConnectionState::kFailed;
+}
+
+RdmaConnectionStats StatsOf(const Connection&) { return RdmaConnectionStats(); }
+
+absl::Status ForceQpErrorForTesting(Connection*) {
+  return absl::FailedPreconditionError("built without RDMA support");
+}
+
+}  // namespace strata::transport::rdma

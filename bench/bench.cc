@@ -338,6 +338,8 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
   transport::TransportOptions topts;
   topts.kind = c.transport;
   topts.inproc_network = transport::NewInProcNetwork();
+  topts.rdma.slot_bytes = static_cast<uint32_t>(c.rdma_slot_kib) << 10;
+  topts.rdma.busy_poll = absl::Microseconds(c.rdma_busy_poll_us);
   for (int i = 0; i < c.servers; ++i) {
     pserver::PServerOptions po;
     po.config = config;
@@ -368,7 +370,14 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
   for (int i = 0; i < c.workers; ++i) {
     grads[i] = {std::vector<float>(floats, 1e-3f)};
     if (push) STRATA_RETURN_IF_ERROR(clients[i]->PushAll(grads[i], 0, 1).status());
-    if (pull) STRATA_RETURN_IF_ERROR(clients[i]->PullAll(0, &params[i]).status());
+    if (pull) {
+      STRATA_RETURN_IF_ERROR(clients[i]->PullAll(0, &params[i]).status());
+      // As a worker does: the pull destination registered once (rdma
+      // writes the responses straight into it; a no-op on tcp).
+      for (auto& t : params[i]) {
+        STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(t.data(), t.size() * sizeof(float)));
+      }
+    }
   }
   std::atomic<int> go{0};
   const absl::Time t0 = absl::Now();

@@ -32,6 +32,8 @@ struct PushPullCase {
   int64_t slice_bytes = 4 << 20;
   double seconds = 1.0;  // measuring time per case (at least 5 operations)
   int apply_threads = 1;  // PServerOptions::apply_threads
+  int rdma_slot_kib = 64;     // cluster.rdma.slot_kib (transport rdma/auto)
+  int rdma_busy_poll_us = 50;  // cluster.rdma.busy_poll_us
 };
 
 struct PushPullResult {

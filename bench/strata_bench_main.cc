@@ -20,12 +20,14 @@ DEFINE_int64(memory_model_bytes, 1ll << 30, "model size for --mode memory");
 DEFINE_string(sizes, "4K,64K,1M,16M,64M", "value sizes (K, M suffixes)");
 DEFINE_int32(workers, 1, "workers (client threads, each with its own transport)");
 DEFINE_int32(servers, 1, "pservers (in this process)");
-DEFINE_string(transport, "tcp", "tcp | inproc");
+DEFINE_string(transport, "tcp", "tcp | rdma | auto | inproc");
 DEFINE_int64(slice_bytes, 4 << 20, "partition size");
 DEFINE_double(seconds, 1.0, "measuring time per case");
 DEFINE_int32(pserver_apply_threads, 1, "pserver apply threads (1 = transport thread, 0 = one per core)");
 DEFINE_int64(apply_floats, 64ll << 20, "parameters for --mode apply");
 DEFINE_int32(apply_threads, 0, "threads for apply (0 = hardware threads)");
+DEFINE_int32(rdma_slot_kib, 64, "rdma: bytes per send/receive slot / 1024 (cluster.rdma.slot_kib)");
+DEFINE_int32(rdma_busy_poll_us, 50, "rdma: busy polling after a completion (cluster.rdma.busy_poll_us)");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
 
 namespace {
@@ -130,6 +132,8 @@ int main(int argc, char** argv) {
       c.slice_bytes = FLAGS_slice_bytes;
       c.seconds = FLAGS_seconds;
       c.apply_threads = FLAGS_pserver_apply_threads;
+      c.rdma_slot_kib = FLAGS_rdma_slot_kib;
+      c.rdma_busy_poll_us = FLAGS_rdma_busy_poll_us;
       auto r = strata::bench::RunPushPull(c);
       if (!r.ok()) {
         std::cerr << mode << " " << Human(bytes) << " failed: " << r.status() << "\n";

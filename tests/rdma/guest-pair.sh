@@ -46,5 +46,36 @@ else
   }
   check "ib_write_bw between the guests" bw
 fi
+# The training job across the link: master and pserver in a, the worker in
+# b, over rdma (transport: rdma, so a TCP fallback would fail it).
+printf '10.0.0.1 master pserver=1\n10.0.0.2 worker=1\n' >/tmp/hosts
+if [ "$role" = a ]; then
+  serve_job() {
+    /share/bin/strata-master --config /share/job-rdma.yaml --hosts /tmp/hosts \
+      --host 10.0.0.1 --summary /tmp/summary.json >/tmp/master.log 2>&1 &
+    m=$!
+    /share/bin/strata-pserver --config /share/job-rdma.yaml --master 10.0.0.1:7070 \
+      --index 0 --host 10.0.0.1 >/tmp/pserver.log 2>&1 &
+    p=$!
+    /share/bin/strata wait --master 10.0.0.1:7070 --timeout 600 >/tmp/wait.txt 2>&1
+    rc=$?
+    kill $p $m 2>/dev/null; wait $p $m 2>/dev/null
+    tail -n 3 /tmp/wait.txt; cat /tmp/summary.json 2>/dev/null
+    [ $rc = 0 ] && grep -q '"state": "succeeded"' /tmp/summary.json &&
+      awk -F': ' '/final_test_accuracy/ {a = $2 + 0} END {print "test accuracy " a; exit !(a > 0.5)}' \
+        /tmp/summary.json
+  }
+  check "training job: master and pserver here, the worker in b" serve_job
+else
+  work_job() {
+    /share/bin/strata-worker --config /share/job-rdma.yaml --master 10.0.0.1:7070 \
+      --index 0 --host 10.0.0.2 >/tmp/worker.log 2>&1
+    rc=$?
+    grep -E "data connection to pserver|cannot|failed" /tmp/worker.log | head -n 5
+    tail -n 2 /tmp/worker.log
+    [ $rc = 0 ] && grep -q "data connection to pserver 10.0.0.1:[0-9]*: rdma$" /tmp/worker.log
+  }
+  check "training job: the worker here, over rdma to the pserver in a" work_job
+fi
 echo "guest-pair [$role]: $fails check(s) failed"
 exit "$fails"

@@ -31,5 +31,55 @@ check "strata doctor names a low memlock limit and its fix" sh -c \
 for t in /share/tests/*; do
   check "$(basename "$t")" "$t"
 done
+
+# A training job over rdma: master, pserver and worker brought up by
+# launch.sh from a config (transport: rdma, so no silent TCP fallback).
+job() {
+  printf '127.0.0.1 master pserver=1 worker=1\n' >/tmp/hosts
+  bash /share/launch.sh run --config /share/job-rdma.yaml --hosts /tmp/hosts \
+    --bin-dir /share/bin --run-dir /tmp/run --timeout 600 >/tmp/job.txt 2>&1
+  rc=$?
+  tail -n 12 /tmp/job.txt
+  grep -h "data connection to pserver" /tmp/run/logs/worker-0.log
+  cat /tmp/run/summary.json 2>/dev/null
+  [ $rc = 0 ] && grep -q "data connection to pserver .*: rdma$" /tmp/run/logs/worker-0.log &&
+    grep -q '"state": "succeeded"' /tmp/run/summary.json &&
+    awk -F': ' '/final_test_accuracy/ {a = $2 + 0} END {print "test accuracy " a; exit !(a > 0.5)}' \
+      /tmp/run/summary.json
+}
+check "a training job over rdma (launch.sh: master, pserver, worker)" job
+
+# strata-bench --transport rdma against perftest's ib_write_bw on the same
+# device (rxe0) in the same run, alternated twice, best of each. The
+# figures are emulated (QEMU TCG) and only a sanity check; the ratio is
+# what the harness reports (never asserted: the machine is shared). The
+# completion threads sleep rather than busy-poll (--rdma_busy_poll_us 0):
+# on two emulated CPUs a polling thread takes the CPU rxe itself runs on.
+bench() {
+  for size in 1048576 4194304; do
+    n=$((104857600 / size))  # about 100 MiB (a duration run on one host reports 0)
+    base=0 gbps=0
+    for round in 1 2; do
+      ib_write_bw -d rxe0 -x 1 -F -s $size -n $n >/tmp/srv.txt 2>&1 &
+      sleep 1
+      timeout 120 ib_write_bw -d rxe0 -x 1 -F -s $size -n $n 127.0.0.1 >/tmp/bw.txt 2>&1
+      wait
+      # perftest's MB/sec is 2^20 bytes a second.
+      b=$(awk -v s=$size '$1 == s && $2 > 0 && $4 > 0 {printf "%.4f", $4 * 1048576 / 1e9}' /tmp/bw.txt)
+      /share/bin/strata-bench --mode pushpull --transport rdma --sizes $size --seconds 3 \
+        --rdma_busy_poll_us 0 --json >/tmp/bench.json 2>/tmp/bench.err
+      g=$(sed -n 's/.*"gbps": \([0-9.]*\).*/\1/p' /tmp/bench.json | head -n 1)
+      if [ -z "$b" ] || [ -z "$g" ]; then
+        cat /tmp/bw.txt /tmp/bench.err; return 1
+      fi
+      base=$(awk -v x=$base -v y=$b 'BEGIN {print (y > x ? y : x)}')
+      gbps=$(awk -v x=$gbps -v y=$g 'BEGIN {print (y > x ? y : x)}')
+    done
+    awk -v s=$size -v g=$gbps -v b=$base 'BEGIN {
+      printf "rdma bench %d MiB: strata pushpull %.4f GB/s, ib_write_bw %.4f GB/s, ratio %.2f\n",
+        s / 1048576, g, b, g / b }'
+  done
+}
+check "strata-bench --transport rdma vs ib_write_bw on rxe0" bench
 echo "guest: $fails check(s) failed"
 exit "$fails"

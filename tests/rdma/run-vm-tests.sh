@@ -48,8 +48,10 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-mkdir -p "$SHARE/bin" "$SHARE/lib" "$SHARE/tests"
-cp "$BUILD/bin/strata" "$SHARE/bin/"
+mkdir -p "$SHARE/bin" "$SHARE/lib" "$SHARE/tests" "$SHARE/data"
+cp "$BUILD/bin/strata" "$BUILD/bin/strata-master" "$BUILD/bin/strata-pserver" \
+  "$BUILD/bin/strata-worker" "$BUILD/bin/strata-bench" "$SHARE/bin/"
+cp "$ROOT/scripts/launch.sh" "$ROOT/tests/rdma/job-rdma.yaml" "$SHARE/"
 cp "$BUILD/tests/rdma_device_test" "$BUILD/tests/rdma_verbs_test" "$BUILD/tests/rdma_transport_test" \
   "$SHARE/tests/"
 cp "$ROOT/conf/local.yaml" "$SHARE/job.yaml"
@@ -59,9 +61,30 @@ for f in "$SHARE"/bin/* "$SHARE"/tests/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libibverbs|libnl-[^/]*)\.so' |
   xargs -r cp -L -t "$SHARE/lib/"
-install -m755 "$HERE/guest-tests.sh" "$SHARE/run.sh"
+install -m755 "${STRATA_RDMA_VM_RUN_SH:-$HERE/guest-tests.sh}" "$SHARE/run.sh"
+
+# The training job's data: the first records of Fashion-MNIST as plain IDX
+# files (an emulated CPU is slow to inflate the whole set).
+# idx_subset SRC.gz DST N DIMS...: the first N records of an IDX file.
+idx_subset() {
+  local src="$1" dst="$2" n="$3"; shift 3
+  local rec=1 d magic=$((0x0801 + ($# > 0 ? 2 : 0)))
+  be32() { printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($1 >> 24 & 255)) $(($1 >> 16 & 255)) $(($1 >> 8 & 255)) $(($1 & 255)))"; }
+  { be32 "$magic"; be32 "$n"; for d in "$@"; do be32 "$d"; rec=$((rec * d)); done
+    (set +o pipefail; zcat "$src" | tail -c +$((9 + 4 * $#)) | head -c $((n * rec))); } >"$dst"
+  [[ $(stat -c %s "$dst") -eq $((8 + 4 * $# + n * rec)) ]]
+}
+FMNIST="${STRATA_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}"
+have_data=1
+idx_subset "$FMNIST/train-images-idx3-ubyte.gz" "$SHARE/data/train-images-idx3-ubyte" 3000 28 28 &&
+  idx_subset "$FMNIST/train-labels-idx1-ubyte.gz" "$SHARE/data/train-labels-idx1-ubyte" 3000 &&
+  idx_subset "$FMNIST/t10k-images-idx3-ubyte.gz" "$SHARE/data/t10k-images-idx3-ubyte" 1000 28 28 &&
+  idx_subset "$FMNIST/t10k-labels-idx1-ubyte.gz" "$SHARE/data/t10k-labels-idx1-ubyte" 1000 ||
+  have_data=0
+[[ $have_data -eq 1 ]] || { echo "run-vm-tests.sh: no Fashion-MNIST in $FMNIST (dataset-fashion-mnist)" >&2; exit 1; }
 # For a developer's quicker round: STRATA_RDMA_VM_GTEST_FILTER narrows the
-# guest's gtest binaries, STRATA_RDMA_VM_PHASES="1" skips the two-guest phase.
+# guest's gtest binaries, STRATA_RDMA_VM_PHASES="1" skips the two-guest phase,
+# STRATA_RDMA_VM_RUN_SH replaces the one-guest script (experiments).
 if [[ -n "${STRATA_RDMA_VM_GTEST_FILTER:-}" ]]; then
   printf '%s\n' "$STRATA_RDMA_VM_GTEST_FILTER" >"$SHARE/gtest_filter"
 fi
@@ -112,7 +135,7 @@ if [[ " $phases " == *" 2 "* ]]; then
 echo "run-vm-tests.sh: two guests linked over 127.0.0.1 UDP (1 vCPU each)"
 for g in a b; do
   mkdir -p "$SHARE/$g"
-  cp -al "$SHARE/bin" "$SHARE/lib" "$SHARE/$g/"
+  cp -al "$SHARE/bin" "$SHARE/lib" "$SHARE/data" "$SHARE/job-rdma.yaml" "$SHARE/$g/"
   install -m755 "$HERE/guest-pair.sh" "$SHARE/$g/run.sh"
 done
 port=$((20000 + RANDOM % 20000))
@@ -133,6 +156,8 @@ fi
 # The line scripts/test.sh shows after the ctest summary.
 bw="$(sed -n 's/^ib_write_bw 1 MiB between guests: /, ib_write_bw between the guests /p' \
       "$SHARE/b/guest.log" 2>/dev/null | head -n 1 || true)"
+ratio="$(sed -n 's/^rdma bench 4 MiB: .*ratio \([0-9.]*\)$/, 4 MiB push-then-pull over rdma at \1 of ib_write_bw on rxe0/p' \
+      "$SHARE/guest.log" 2>/dev/null | head -n 1 || true)"
 if [[ $failed -eq 0 ]]; then verdict=passed; else verdict=FAILED; fi
-echo "run-vm-tests.sh: all phases $verdict, $((SECONDS - start)) s$bw"
+echo "run-vm-tests.sh: all phases $verdict, $((SECONDS - start)) s$ratio$bw"
 exit "$failed"

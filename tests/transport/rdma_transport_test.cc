@@ -382,6 +382,28 @@ TEST_F(RdmaDeviceTest, PlainTcpPeerMakesAutoFallBackAndRdmaFail) {
                        AllOf(HasSubstr(address), HasSubstr("FAILED"))));
 }
 
+// A handler answering with a type that is no message type: the caller gets
+// an Internal error (as on tcp), the connection stays up.
+TEST_F(RdmaDeviceTest, InvalidResponseTypeBecomesAnInternalError) {
+  auto server = Make(Opts("rdma"));
+  auto client = Make(Opts("rdma"));
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(client, nullptr);
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, [](Message m, std::shared_ptr<Responder> r) {
+    Message bad;
+    bad.header.type = static_cast<MessageType>(77);
+    r->Respond(std::move(bad));
+  }));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  Message m;
+  m.header.type = MessageType::kPing;
+  STRATA_ASSERT_OK_AND_ASSIGN(Message reply, conn->CallSync(m, kWait));
+  EXPECT_EQ(reply.header.type, MessageType::kPong);
+  EXPECT_THAT(ResponseStatus(reply), StatusIs(absl::StatusCode::kInternal,
+                                              HasSubstr("invalid message type")));
+  EXPECT_TRUE(conn->healthy());
+}
+
 // Clears or sets CAP_IPC_LOCK in this process's effective set (root
 // ignores the locked-memory limit otherwise).
 bool SetIpcLock(bool on) {

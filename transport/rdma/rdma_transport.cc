@@ -75,6 +75,8 @@ enum FrameKind : uint16_t {
   kMore = 3,      // a further chunk of the message in progress
   kWritten = 4,   // a message whose payload was RDMA-written to the
                   // destination the request named
+  kProbe = 5,     // the path check: the client's first frame once joined
+  kProbeAck = 6,  // and the server's answer (never handed to a handler)
 };
 constexpr uint16_t kFlagHasDest = 1;  // request: dest_* name a registered
                                       // destination for the response
@@ -115,7 +117,7 @@ bool DecodeFrame(const char* in, Frame* f) {
   std::memcpy(&f->dest_addr, in + 24, 8);
   std::memcpy(&f->dest_len, in + 32, 8);
   std::memcpy(&f->dest_rkey, in + 40, 4);
-  return f->kind >= kCredit && f->kind <= kWritten;
+  return f->kind >= kCredit && f->kind <= kProbeAck;
 }
 
 // Receive slots beyond the advertised credits, for credit-only frames
@@ -146,33 +148,43 @@ class Registry {
 
   absl::Status Register(void* addr, size_t size) {
     absl::MutexLock l(&mu_);
-    const auto start = reinterpret_cast<uintptr_t>(addr);
-    auto it = regions_.find(start);
-    if (it != regions_.end() && it->second->size() >= size) return absl::OkStatus();
+    uint32_t rkey;
+    if (LookupLocked(static_cast<const char*>(addr), size, &rkey)) return absl::OkStatus();
     absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = MemoryRegion::Register(
         ctx_->device.get(), addr, size,
         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!mr.ok()) return mr.status();
-    regions_[start] = std::move(mr).value();
+    // Regions stay until the transport goes: calls in flight carry their
+    // rkeys.
+    regions_.emplace(reinterpret_cast<uintptr_t>(addr), std::move(mr).value());
     return absl::OkStatus();
   }
 
   // The rkey of a registered region holding [addr, addr + size), if any.
   bool Lookup(const char* addr, size_t size, uint32_t* rkey) {
     absl::MutexLock l(&mu_);
-    const auto a = reinterpret_cast<uintptr_t>(addr);
-    auto it = regions_.upper_bound(a);
-    if (it == regions_.begin()) return false;
-    --it;
-    if (a + size > it->first + it->second->size()) return false;
-    *rkey = it->second->rkey();
-    return true;
+    return LookupLocked(addr, size, rkey);
   }
 
  private:
+  bool LookupLocked(const char* addr, size_t size, uint32_t* rkey)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto a = reinterpret_cast<uintptr_t>(addr);
+    // Regions starting at or before `addr`, nearest first (few: a worker
+    // registers one per table).
+    for (auto it = regions_.upper_bound(a); it != regions_.begin();) {
+      --it;
+      if (a + size <= it->first + it->second->size()) {
+        *rkey = it->second->rkey();
+        return true;
+      }
+    }
+    return false;
+  }
+
   const std::shared_ptr<DeviceContext> ctx_;
   absl::Mutex mu_;
-  std::map<uintptr_t, std::unique_ptr<MemoryRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uintptr_t, std::unique_ptr<MemoryRegion>> regions_ ABSL_GUARDED_BY(mu_);
 };
 
 // Where a response goes by RDMA WRITE: the destination a request named.
@@ -185,12 +197,17 @@ struct WriteTarget {
 
 class Channel;
 
-// Hands the completion thread's work back to the transport: a channel
-// that is new (its CQ must be polled) or has failed.
+// The transport as its channels see it.
 struct ChannelListener {
   virtual ~ChannelListener() = default;
+  // A channel is new (its CQ must be polled) or has failed.
   virtual void ChannelsChanged() = 0;
+  // Runs `work` (response callbacks of a failed channel, ...) on the
+  // completion thread, as transport.h promises; inline when that thread is
+  // the caller or has stopped.
+  virtual void Run(std::vector<std::function<void()>> work) = 0;
 };
+
 
 // ---------------------------------------------------------------------------
 // One RC connection, either side. Thread-safe: callers on any thread, the
@@ -231,8 +248,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
     return s;
   }
 
-  HelloQp LocalHello() const {
+  absl::StatusOr<HelloQp> LocalHello() const {
     absl::MutexLock l(&mu_);
+    if (qp_ == nullptr) return FailureLocked();
     HelloQp h;
     const QpInfo info = qp_->local_info();
     h.qpn = info.qpn;
@@ -268,6 +286,32 @@ class Channel : public std::enable_shared_from_this<Channel> {
     return absl::OkStatus();
   }
 
+  // Client: proves the joined queue pairs carry traffic both ways (a wrong
+  // GID or route shows up here, not at the first real call): one probe
+  // frame out, its answer back, within `timeout`.
+  absl::Status Probe(absl::Duration timeout) {
+    std::vector<std::function<void()>> work;
+    absl::Status result;
+    {
+      absl::MutexLock l(&mu_);
+      EnqueueControl(kProbe);
+      auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return probe_acked_ || state_ != ConnectionState::kReady;
+      };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&answered), timeout)) {
+        result = absl::DeadlineExceededError(absl::StrCat(
+            "rdma connection with ", peer_, ": no answer to the path check within ",
+            absl::FormatDuration(timeout), " (check the GID, the route and the MTU: "
+            "`strata doctor`)"));
+      } else if (!probe_acked_) {
+        result = FailureLocked();
+      }
+      work.swap(deferred_);
+    }
+    if (!work.empty()) listener_->Run(std::move(work));
+    return result;
+  }
+
   // Closes the TCP bootstrap connection; run once when this fails, so that
   // the peer tears its side down too.
   void SetCloser(std::function<void()> closer) {
@@ -296,11 +340,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void Call(Message request, ResponseCallback done, char* dest, size_t dest_size,
             const WriteTarget& remote) {
     std::vector<std::function<void()>> work;
+    absl::Status broken;
     {
       absl::MutexLock l(&mu_);
       if (state_ != ConnectionState::kReady) {
-        absl::Status why = FailureLocked();
-        deferred_.push_back([done = std::move(done), why] { done(why); });
+        broken = FailureLocked();
       } else {
         const uint64_t id = ++next_request_id_;
         request.header.request_id = id;
@@ -314,10 +358,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
           out.frame.dest_rkey = remote.rkey;
         }
         Enqueue(std::move(request), std::move(out));
+        work.swap(deferred_);
       }
-      work.swap(deferred_);
     }
-    for (auto& w : work) w();
+    // As on tcp, a call on a broken connection fails at once.
+    if (!broken.ok()) return done(broken);
+    if (!work.empty()) listener_->Run(std::move(work));
   }
 
   // Server: answers `request` (the responder's header), by RDMA WRITE into
@@ -336,6 +382,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
       if (response.header.type == MessageType::kInvalid) {
         response.header.type = ResponseTypeFor(request.type);
       }
+      if (!IsValidMessageType(response.header.type)) {
+        LOG(ERROR) << "rdma: handler responded with invalid message type "
+                   << static_cast<int>(response.header.type) << " to " << peer_;
+        response = MakeErrorResponse(
+            request, ResponseTypeFor(request.type),
+            absl::InternalError("handler produced an invalid message type"));
+        response.header.request_id = request.request_id;
+      }
       Outgoing out;
       out.frame.kind = kMessage;
       const size_t size = response.payload_size();
@@ -347,7 +401,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
       Enqueue(std::move(response), std::move(out));
       work.swap(deferred_);
     }
-    for (auto& w : work) w();
+    if (!work.empty()) listener_->Run(std::move(work));
   }
 
   // Fails the connection: pending calls get `reason`, resources are freed.
@@ -358,7 +412,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
       FailLocked(reason, warn);
       work.swap(deferred_);
     }
-    for (auto& w : work) w();
+    // Nothing to run once failed: a connection handle may outlive its
+    // transport (and so the listener).
+    if (!work.empty()) listener_->Run(std::move(work));
   }
 
   absl::Status ForceError() {
@@ -442,7 +498,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
          {std::tuple{&recv_mem_, &recv_mr_, posted, int{IBV_ACCESS_LOCAL_WRITE}},
           std::tuple{&send_mem_, &send_mr_, send_slots_, 0}}) {
       const size_t bytes = static_cast<size_t>(count) * slot_bytes_;
-      mem->reset(static_cast<char*>(std::aligned_alloc(4096, bytes)));
+      // aligned_alloc wants a multiple of the alignment.
+      mem->reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
       if (*mem == nullptr) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "rdma connection with ", peer_, ": cannot allocate ", bytes,
@@ -493,9 +550,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
     if (state_ == ConnectionState::kFailed) return;
     const bool was_ready = state_ == ConnectionState::kReady;
     state_ = ConnectionState::kFailed;
+    // Every later call sees a broken connection: Unavailable, whatever
+    // broke it (a bad frame is DataLoss at the point it was found).
     failure_ = reason.ok() ? absl::UnavailableError(absl::StrCat(
                                  "rdma connection with ", peer_, " closed"))
-                           : reason;
+                           : absl::UnavailableError(reason.message());
     if (was_ready && warn) {
       LOG(WARNING) << "rdma: connection with " << peer_ << " FAILED: " << failure_;
     } else {
@@ -515,11 +574,23 @@ class Channel : public std::enable_shared_from_this<Channel> {
     }
   }
 
-  char* RecvSlot(uint32_t i) const { return recv_mem_.get() + size_t{i} * slot_bytes_; }
-  char* SendSlot(uint32_t i) const { return send_mem_.get() + size_t{i} * slot_bytes_; }
+  char* RecvSlot(uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return recv_mem_.get() + size_t{i} * slot_bytes_;
+  }
+  char* SendSlot(uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return send_mem_.get() + size_t{i} * slot_bytes_;
+  }
 
   absl::Status PostRecvSlot(uint32_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return qp_->PostRecv(kWrRecv | i, RecvSlot(i), slot_bytes_, recv_mr_->lkey());
+  }
+
+  // Queues a frame of the path check.
+  void EnqueueControl(uint16_t kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Outgoing o;
+    o.frame.kind = kind;
+    queue_.push_back(std::move(o));
+    Pump();
   }
 
   // Queues `message` (taking its payload or borrowing the caller's) and
@@ -566,6 +637,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void PumpQueue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (!queue_.empty() && state_ == ConnectionState::kReady) {
       Outgoing& o = queue_.front();
+      if (o.frame.kind == kProbe || o.frame.kind == kProbeAck) {
+        if (peer_credits_ == 0 || free_send_.empty()) return;
+        if (!PostFrame(o.frame, nullptr, nullptr, 0)) return;
+        queue_.pop_front();
+        continue;
+      }
       if (o.frame.kind == kWritten) {
         while (o.sent < o.size) {
           if (free_send_.empty()) return;
@@ -680,6 +757,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
     switch (f.kind) {
       case kCredit:
         return absl::OkStatus();
+      case kProbe:
+        if (role_ != kServer || f.chunk_bytes != 0) return Bad("unexpected path check");
+        EnqueueControl(kProbeAck);
+        return absl::OkStatus();
+      case kProbeAck:
+        if (role_ != kClient || f.chunk_bytes != 0) return Bad("unexpected path check answer");
+        probe_acked_ = true;
+        return absl::OkStatus();
       case kMore: {
         if (!incoming_.active) return Bad("continuation without a message");
         if (f.chunk_bytes > incoming_.total - incoming_.got) {
@@ -781,6 +866,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::function<void()> closer_ ABSL_GUARDED_BY(mu_);
+  bool probe_acked_ ABSL_GUARDED_BY(mu_) = false;
   RdmaConnectionStats stats_ ABSL_GUARDED_BY(mu_);
   // Callbacks to run once mu_ is released.
   std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
@@ -837,6 +923,15 @@ void Channel::Deliver() {
   if (role_ == kServer) {
     auto responder = std::make_shared<RdmaResponder>(
         weak_from_this(), in.message.header, peer_, in.reply_target);
+    const MessageType t = in.message.header.type;
+    if (t == MessageType::kRdmaHello || t == MessageType::kRdmaHelloReply) {
+      deferred_.push_back([responder, h = in.message.header] {
+        responder->Respond(MakeErrorResponse(
+            h, MessageType::kRdmaHelloReply,
+            absl::FailedPreconditionError("this connection is joined already")));
+      });
+      return;
+    }
     deferred_.push_back([handler = handler_, m = std::move(in.message),
                          responder = std::move(responder)]() mutable {
       (*handler)(std::move(m), std::move(responder));
@@ -959,7 +1054,12 @@ class RdmaTransport : public Transport, public ChannelListener {
     if (wake_fd_ < 0) {
       return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
     }
+    {
+      absl::MutexLock l(&work_mu_);
+      poller_running_ = true;
+    }
     poller_ = std::thread([this] { PollLoop(); });
+    poller_id_ = poller_.get_id();
     return absl::OkStatus();
   }
 
@@ -969,13 +1069,21 @@ class RdmaTransport : public Transport, public ChannelListener {
   }
 
   absl::Status Listen(const std::string& host, int port, RequestHandler handler) override {
+    auto shared = std::make_shared<const RequestHandler>(handler);
+    bool set = false;
     {
       absl::MutexLock l(&mu_);
       if (handler_ == nullptr) {
-        handler_ = std::make_shared<const RequestHandler>(handler);
+        handler_ = shared;
+        set = true;
       }
     }
-    return tcp_->Listen(host, port, std::move(handler));
+    absl::Status s = tcp_->Listen(host, port, std::move(handler));
+    if (!s.ok() && set) {
+      absl::MutexLock l(&mu_);
+      handler_ = nullptr;
+    }
+    return s;
   }
   std::string listen_address() const override { return tcp_->listen_address(); }
 
@@ -991,15 +1099,15 @@ class RdmaTransport : public Transport, public ChannelListener {
     if (absl::Status s = channel->Allocate(); !s.ok()) {
       return Fallback(std::move(bootstrap), address, std::string(s.message()), true);
     }
+    STRATA_ASSIGN_OR_RETURN(HelloQp local, channel->LocalHello());
     Message hello;
     hello.header.type = MessageType::kRdmaHello;
-    hello.payload = ReadyHello(channel->LocalHello()).SerializeAsString();
+    hello.payload = ReadyHello(local).SerializeAsString();
     absl::StatusOr<Message> reply =
         bootstrap->CallSync(std::move(hello), options_.rdma.connect_timeout);
     if (!reply.ok()) {
-      return absl::Status(reply.status().code(),
-                          absl::StrCat("rdma connection set-up with ", address, ": ",
-                                       reply.status().message()));
+      return absl::UnavailableError(absl::StrCat("rdma connection set-up with ", address,
+                                                 ": ", reply.status().message()));
     }
     if (absl::Status s = ResponseStatus(*reply); !s.ok()) {
       return Fallback(std::move(bootstrap), address,
@@ -1007,8 +1115,7 @@ class RdmaTransport : public Transport, public ChannelListener {
     }
     absl::StatusOr<proto::RdmaHello> peer_hello = ParsePeerHello(reply->payload, address);
     if (!peer_hello.ok()) {
-      return Fallback(std::move(bootstrap), address,
-                      std::string(peer_hello.status().message()), true);
+      return Fallback(nullptr, address, std::string(peer_hello.status().message()), true);
     }
     if (!peer_hello->rdma_ready()) {
       return Fallback(std::move(bootstrap), address,
@@ -1016,28 +1123,35 @@ class RdmaTransport : public Transport, public ChannelListener {
                       false);
     }
     if (absl::Status s = channel->Join(HelloQpOf(*peer_hello)); !s.ok()) {
-      return Fallback(std::move(bootstrap), address, std::string(s.message()), true);
+      return Fallback(nullptr, address, std::string(s.message()), true);
     }
-    // READY
     const auto* endpoint = static_cast<const tcp::TcpConnection*>(bootstrap.get())->endpoint();
-    const bool healthy = bootstrap->healthy();
-    // Releasing the bootstrap connection closes it.
-    channel->SetCloser([b = std::move(bootstrap)]() mutable { b.reset(); });
+    bool stopping = false;
     {
       absl::MutexLock l(&mu_);
-      if (stopping_) {
-        channel->Fail(absl::UnavailableError(
-            absl::StrCat("transport shut down while connecting to ", address)));
-        return absl::UnavailableError(
-            absl::StrCat("transport shut down while connecting to ", address));
+      stopping = stopping_;
+      if (!stopping) {
+        channels_by_endpoint_[endpoint] = channel;
+        channels_.push_back(channel);
       }
-      channels_by_endpoint_[endpoint] = channel;
-      channels_.push_back(channel);
     }
+    if (stopping) {
+      return absl::UnavailableError(
+          absl::StrCat("transport shut down while connecting to ", address));
+    }
+    // In the map first: a close from now on finds the channel.
+    const bool healthy = bootstrap->healthy();
+    // Releasing the bootstrap connection closes it (and the peer's side).
+    channel->SetCloser([b = std::move(bootstrap)]() mutable { b.reset(); });
     ChannelsChanged();
     if (!healthy) {
       channel->Fail(absl::UnavailableError(
           absl::StrCat("connection to ", address, " closed during the rdma set-up")));
+    }
+    // The path check: READY only once a frame went each way.
+    if (absl::Status s = channel->Probe(options_.rdma.connect_timeout); !s.ok()) {
+      channel->Fail(s, /*warn=*/true);
+      return Fallback(nullptr, address, std::string(s.message()), true);
     }
     VLOG(1) << "rdma: connected to " << address;
     return std::shared_ptr<Connection>(
@@ -1058,10 +1172,21 @@ class RdmaTransport : public Transport, public ChannelListener {
       channels = channels_;
     }
     if (poller_.joinable()) {
+      CHECK(std::this_thread::get_id() != poller_id_)
+          << "rdma: Shutdown (or the transport's destruction) from inside a handler or "
+             "a response callback of the same transport";
       stop_.store(true);
       Wake();
       poller_.join();
     }
+    // Work handed to the completion thread as it stopped runs here.
+    std::vector<std::function<void()>> left;
+    {
+      absl::MutexLock l(&work_mu_);
+      poller_running_ = false;
+      left.swap(work_);
+    }
+    for (auto& w : left) w();
     for (auto& ch : channels) {
       ch->Fail(absl::UnavailableError(
           absl::StrCat("rdma connection with ", ch->peer(), ": transport shut down")));
@@ -1077,7 +1202,25 @@ class RdmaTransport : public Transport, public ChannelListener {
     Wake();
   }
 
+  void Run(std::vector<std::function<void()>> work) override {
+    if (work.empty()) return;
+    if (std::this_thread::get_id() != poller_id_) {
+      absl::MutexLock l(&work_mu_);
+      if (poller_running_) {
+        for (auto& w : work) work_.push_back(std::move(w));
+        Wake();
+        return;
+      }
+    }
+    for (auto& w : work) w();
+  }
+
  private:
+  // The connection to `address` goes over TCP (or, for transport rdma,
+  // fails). `bootstrap`: the TCP connection to carry it; null when the peer
+  // may hold rdma resources for the bootstrap connection (it accepted our
+  // hello): that one is closed, so the peer frees them, and a fresh one is
+  // opened.
   absl::StatusOr<std::shared_ptr<Connection>> Fallback(std::shared_ptr<Connection> bootstrap,
                                                        const std::string& address,
                                                        const std::string& why, bool is_error) {
@@ -1091,6 +1234,9 @@ class RdmaTransport : public Transport, public ChannelListener {
       LOG(WARNING) << "rdma: connection to " << address << " falls back to TCP: " << why;
     } else {
       VLOG(1) << "rdma: connection to " << address << " uses TCP: " << why;
+    }
+    if (bootstrap == nullptr) {
+      STRATA_ASSIGN_OR_RETURN(bootstrap, tcp_->Connect(address));
     }
     return std::shared_ptr<Connection>(std::make_shared<RdmaConnection>(std::move(bootstrap), why));
   }
@@ -1107,12 +1253,26 @@ class RdmaTransport : public Transport, public ChannelListener {
                      : hello.status()));
       return;
     }
+    std::shared_ptr<tcp::Endpoint> endpoint = tcp::EndpointOf(*responder);
+    if (endpoint == nullptr) return;  // the connection closed meanwhile
     Message reply;
     reply.header.type = MessageType::kRdmaHelloReply;
     std::shared_ptr<const RequestHandler> handler;
+    bool joined_already = false;
     {
       absl::MutexLock l(&mu_);
       handler = handler_;
+      auto it = channels_by_endpoint_.find(endpoint.get());
+      joined_already = it != channels_by_endpoint_.end() && it->second.lock() != nullptr;
+    }
+    if (joined_already) {
+      // One queue pair per bootstrap connection: a second hello would pin
+      // another set of slots for nothing.
+      responder->Respond(MakeErrorResponse(
+          request.header, MessageType::kRdmaHelloReply,
+          absl::FailedPreconditionError(
+              absl::StrCat("rdma hello from ", peer, ": this connection is joined already"))));
+      return;
     }
     if (ctx_ == nullptr || handler == nullptr) {
       reply.payload = NotReadyHello(ctx_ == nullptr ? no_device_ : "not listening")
@@ -1124,14 +1284,13 @@ class RdmaTransport : public Transport, public ChannelListener {
                                              options_.max_payload_bytes, handler, this);
     absl::Status s = channel->Allocate();
     if (s.ok()) s = channel->Join(HelloQpOf(*hello));
-    if (!s.ok()) {
-      LOG(WARNING) << "rdma: cannot accept rdma from " << peer << ": " << s;
-      reply.payload = NotReadyHello(std::string(s.message())).SerializeAsString();
+    absl::StatusOr<HelloQp> local = s.ok() ? channel->LocalHello() : s;
+    if (!local.ok()) {
+      LOG(WARNING) << "rdma: cannot accept rdma from " << peer << ": " << local.status();
+      reply.payload = NotReadyHello(std::string(local.status().message())).SerializeAsString();
       responder->Respond(std::move(reply));
       return;
     }
-    std::shared_ptr<tcp::Endpoint> endpoint = tcp::EndpointOf(*responder);
-    if (endpoint == nullptr) return;  // the connection closed meanwhile
     channel->SetCloser([weak = std::weak_ptr<tcp::Endpoint>(endpoint)] {
       if (auto e = weak.lock()) e->RequestClose();
     });
@@ -1142,7 +1301,7 @@ class RdmaTransport : public Transport, public ChannelListener {
       channels_.push_back(channel);
     }
     ChannelsChanged();
-    reply.payload = ReadyHello(channel->LocalHello()).SerializeAsString();
+    reply.payload = ReadyHello(*local).SerializeAsString();
     responder->Respond(std::move(reply));
   }
 
@@ -1175,6 +1334,12 @@ class RdmaTransport : public Transport, public ChannelListener {
     std::vector<std::shared_ptr<Channel>> live;
     absl::Time last_busy = absl::Now();
     while (!stop_.load(std::memory_order_acquire)) {
+      std::vector<std::function<void()>> work;
+      {
+        absl::MutexLock l(&work_mu_);
+        work.swap(work_);
+      }
+      for (auto& w : work) w();
       if (changed_.exchange(false, std::memory_order_acq_rel)) {
         absl::MutexLock l(&mu_);
         channels_.erase(std::remove_if(channels_.begin(), channels_.end(),
@@ -1194,7 +1359,11 @@ class RdmaTransport : public Transport, public ChannelListener {
       // Going to sleep: arm every CQ, then look once more (a completion
       // that came before the arming raises no event).
       for (auto& ch : live) {
-        if (absl::Status s = ch->Arm(); !s.ok()) ch->Fail(s, /*warn=*/true);
+        if (absl::Status s = ch->Arm(); !s.ok()) {
+          ch->Fail(absl::UnavailableError(absl::StrCat("rdma connection with ", ch->peer(),
+                                                       ": ", s.message())),
+                   /*warn=*/true);
+        }
       }
       for (auto& ch : live) n += ch->PollOnce();
       if (n > 0) {
@@ -1218,7 +1387,11 @@ class RdmaTransport : public Transport, public ChannelListener {
   std::unique_ptr<tcp::TcpTransport> tcp_;
   int wake_fd_ = -1;
   std::thread poller_;
+  std::thread::id poller_id_;  // written once in Start
   std::atomic<bool> stop_{false};
+  absl::Mutex work_mu_;
+  bool poller_running_ ABSL_GUARDED_BY(work_mu_) = false;
+  std::vector<std::function<void()>> work_ ABSL_GUARDED_BY(work_mu_);
   std::atomic<bool> changed_{true};
 
   absl::Mutex mu_;

@@ -1,5 +1,6 @@
 #include "tools/cli.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -28,8 +29,9 @@ constexpr char kUsage[] =
     "  validate --config FILE [--hosts FILE]  check a config and a host file\n"
     "  plan     --config FILE --hosts FILE    the daemons a launch starts, one a line:\n"
     "           role index host port data_port http_port  (- where unused)\n"
-    "  doctor   [--config FILE]               RDMA preflight of this host: devices,\n"
-    "           ports, GIDs, MTU, locked-memory limit; exit 0 when ready\n";
+    "  doctor   [--config FILE] [--hosts FILE] RDMA preflight of this host: devices,\n"
+    "           ports, GIDs, MTU, locked-memory limit against what the job\n"
+    "           registers; exit 0 when ready\n";
 
 // --key value / --key=value / --flag
 absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
@@ -211,27 +213,43 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
   return 0;
 }
 
-// What a worker of this job registers with the NIC: its parameter and
-// gradient tensors plus the transport's buffer pool (a pserver registers
-// at most one copy of the model plus the pool, so this bounds both roles).
-constexpr uint64_t kRdmaPoolBytes = 64ull << 20;
+// What a process of this job registers with the NIC: a worker its
+// parameter and gradient tensors (a pserver at most one copy of the model
+// plus its state, so this bounds both roles), plus each connection's send
+// and receive slots, (recv_slots + 4 + send_slots) * slot_kib, for every
+// peer: the larger of the pserver and worker counts of --hosts, or 16.
+constexpr int kDefaultRdmaPeers = 16;
 
 int Doctor(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
   transport::rdma::RdmaSettings settings;
-  uint64_t register_bytes = kRdmaPoolBytes;
+  RdmaSection rdma;  // the defaults, unless --config says otherwise
+  uint64_t tensors = 0;
   if (f.count("config")) {
     auto cfg = LoadJobConfig(f.at("config"));
     if (!cfg.ok()) {
       err << cfg.status().message() << "\n";
       return 2;
     }
-    settings.device = cfg->cluster.rdma.device;
-    settings.port = cfg->cluster.rdma.port;
-    settings.gid_index = cfg->cluster.rdma.gid_index;
+    rdma = cfg->cluster.rdma;
     uint64_t params = 0;
     for (const auto& t : ModelTables(cfg->model)) params += t.num_elements();
-    register_bytes += 2 * params * sizeof(float);
+    tensors = 2 * params * sizeof(float);
   }
+  settings.device = rdma.device;
+  settings.port = rdma.port;
+  settings.gid_index = rdma.gid_index;
+  int peers = kDefaultRdmaPeers;
+  if (f.count("hosts")) {
+    auto hosts = LoadHostFile(f.at("hosts"));
+    if (!hosts.ok()) {
+      err << hosts.status().message() << "\n";
+      return 2;
+    }
+    peers = std::max(hosts->total_pservers(), hosts->total_workers());
+  }
+  const uint64_t per_connection =
+      uint64_t(rdma.recv_slots + 4 + rdma.send_slots) * (uint64_t(rdma.slot_kib) << 10);
+  const uint64_t register_bytes = tensors + per_connection * uint64_t(std::max(peers, 1));
   auto devices = transport::rdma::ListRdmaDevices();
   if (!devices.ok()) {
     err << "strata doctor: " << devices.status().message() << "\n";

@@ -323,6 +323,23 @@ TEST(ParseJobConfigTest, UnknownConsistency) {
               "job.consistency: unknown value 'foo' (allowed: bsp, asp)");
 }
 
+TEST(ParseJobConfigTest, RdmaTransportAndItsSettings) {
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c, ParseWithData("cluster:\n  transport: auto\n  rdma:\n    device: rxe0\n"
+                                 "    port: 1\n    gid_index: 1\n    recv_slots: 8\n"
+                                 "    send_slots: 16\n    slot_kib: 256\n    busy_poll_us: 0\n"));
+  EXPECT_EQ(c.cluster.transport, "auto");
+  EXPECT_EQ(c.cluster.rdma.device, "rxe0");
+  EXPECT_EQ(c.cluster.rdma.port, 1);
+  EXPECT_EQ(c.cluster.rdma.gid_index, 1);
+  EXPECT_EQ(c.cluster.rdma.recv_slots, 8);
+  EXPECT_EQ(c.cluster.rdma.send_slots, 16);
+  EXPECT_EQ(c.cluster.rdma.slot_kib, 256);
+  EXPECT_EQ(c.cluster.rdma.busy_poll_us, 0);
+  ExpectError(ParseWithData("cluster:\n  rdma:\n    recv_slots: 1\n"), "local.yaml:8:17: ",
+              "cluster.rdma.recv_slots");
+}
+
 TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {
   ExpectError(ParseWithData("model:\n  type: cnn\n"), "local.yaml:7:9: ",
               "model.type: unknown value 'cnn' (allowed: mlp)");

@@ -96,7 +96,7 @@ boot() {
   local append=()
   while [[ $# -gt 0 && "$1" != -- ]]; do append+=("$1"); shift; done
   shift || true
-  timeout "${STRATA_RDMA_VM_TIMEOUT:-300}" qemu-system-x86_64 \
+  timeout "${STRATA_RDMA_VM_TIMEOUT:-600}" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" -nographic -no-reboot \
     -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 init=/sbin/strata-guest-init panic=-1 quiet loglevel=3 ${append[*]}" \

@@ -369,12 +369,18 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
   std::vector<std::vector<std::vector<float>>> grads(c.workers), params(c.workers);
   for (int i = 0; i < c.workers; ++i) {
     grads[i] = {std::vector<float>(floats, 1e-3f)};
+    // As a worker does: pushes sent straight from the registered gradient.
+    if (c.register_tensors) {
+      STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(
+          grads[i][0].data(), grads[i][0].size() * sizeof(float)));
+    }
     if (push) STRATA_RETURN_IF_ERROR(clients[i]->PushAll(grads[i], 0, 1).status());
     if (pull) {
       STRATA_RETURN_IF_ERROR(clients[i]->PullAll(0, &params[i]).status());
       // As a worker does: the pull destination registered once (rdma
       // writes the responses straight into it; a no-op on tcp).
       for (auto& t : params[i]) {
+        if (!c.register_tensors) break;
         STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(t.data(), t.size() * sizeof(float)));
       }
     }

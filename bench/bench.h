@@ -34,6 +34,9 @@ struct PushPullCase {
   int apply_threads = 1;  // PServerOptions::apply_threads
   int rdma_slot_kib = 64;     // cluster.rdma.slot_kib (transport rdma/auto)
   int rdma_busy_poll_us = 50;  // cluster.rdma.busy_poll_us
+  // Register the client's gradient and parameter tensors with the transport,
+  // as a worker does (rdma: zero-copy pushes, pulls written in place).
+  bool register_tensors = true;
 };
 
 struct PushPullResult {

@@ -28,6 +28,9 @@ DEFINE_int64(apply_floats, 64ll << 20, "parameters for --mode apply");
 DEFINE_int32(apply_threads, 0, "threads for apply (0 = hardware threads)");
 DEFINE_int32(rdma_slot_kib, 64, "rdma: bytes per send/receive slot / 1024 (cluster.rdma.slot_kib)");
 DEFINE_int32(rdma_busy_poll_us, 50, "rdma: busy polling after a completion (cluster.rdma.busy_poll_us)");
+DEFINE_bool(register_tensors, true,
+            "register the client's tensors as a worker does (rdma: zero-copy pushes, pulls "
+            "written in place; false: both copied through the slots)");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
 
 namespace {
@@ -134,6 +137,7 @@ int main(int argc, char** argv) {
       c.apply_threads = FLAGS_pserver_apply_threads;
       c.rdma_slot_kib = FLAGS_rdma_slot_kib;
       c.rdma_busy_poll_us = FLAGS_rdma_busy_poll_us;
+      c.register_tensors = FLAGS_register_tensors;
       auto r = strata::bench::RunPushPull(c);
       if (!r.ok()) {
         std::cerr << mode << " " << Human(bytes) << " failed: " << r.status() << "\n";

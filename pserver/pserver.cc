@@ -10,6 +10,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/initializer.h"
+#include "transport/transport_metrics.h"
 
 namespace strata::pserver {
 
@@ -346,6 +347,8 @@ void PServer::RegisterMetrics() {
       return total;
     };
   };
+  transport::AddTransportGauges(&metrics_, "strata_pserver",
+                                [this] { return transport_.get(); });
   metrics_.AddCallbackGauge("strata_pserver_pushes_applied", "Gradients accepted", sum(&PartitionStats::pushes_applied));
   metrics_.AddCallbackGauge("strata_pserver_updates_applied", "Optimizer updates applied", sum(&PartitionStats::updates_applied));
   metrics_.AddCallbackGauge("strata_pserver_duplicate_pushes", "Duplicate pushes acknowledged without applying", sum(&PartitionStats::duplicate_pushes));

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "glog/logging.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -134,6 +135,36 @@ absl::StatusOr<Message> Connection::CallSync(Message request,
 
 std::shared_ptr<InProcNetwork> NewInProcNetwork() {
   return std::make_shared<InProcNetwork>();
+}
+
+void OnceResponder::Respond(Message response) {
+  if (responded_.exchange(true, std::memory_order_acq_rel)) {
+    LOG(DFATAL) << backend_ << ": Respond called twice for request " << request_.request_id
+                << " from " << peer_;
+    return;
+  }
+  // The caller matches responses by request_id; the type defaults to the
+  // one answering the request.
+  response.header.request_id = request_.request_id;
+  if (response.header.type == MessageType::kInvalid) {
+    response.header.type = ResponseTypeFor(request_.type);
+  }
+  if (!IsValidMessageType(response.header.type)) {
+    LOG(ERROR) << backend_ << ": handler responded with invalid message type "
+               << static_cast<int>(response.header.type) << " to " << peer_;
+    response = MakeErrorResponse(request_, ResponseTypeFor(request_.type),
+                                 absl::InternalError("handler produced an invalid message type"));
+  }
+  Deliver(std::move(response));
+}
+
+void OnceResponder::AnswerIfDropped() {
+  if (responded_.load(std::memory_order_acquire)) return;
+  Respond(MakeErrorResponse(
+      request_, ResponseTypeFor(request_.type),
+      absl::InternalError(absl::StrCat("request handler dropped the responder for ",
+                                       MessageTypeName(request_.type), " request ",
+                                       request_.request_id, " without responding"))));
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(

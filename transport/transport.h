@@ -5,6 +5,7 @@
 #ifndef STRATA_TRANSPORT_TRANSPORT_H_
 #define STRATA_TRANSPORT_TRANSPORT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -104,6 +105,35 @@ class Responder {
 using RequestHandler =
     std::function<void(Message request, std::shared_ptr<Responder> responder)>;
 
+// The part of a Responder every backend shares: Respond answers once (a
+// second call is logged and ignored); the response gets the request's
+// request_id and, when left kInvalid, the type answering the request; a
+// type that is no message type becomes an Internal error response; a
+// responder dropped without responding answers Internal. Backends
+// implement Deliver, and call AnswerIfDropped from their destructor (the
+// base's destructor cannot reach Deliver). Thread-safe.
+class OnceResponder : public Responder {
+ public:
+  // `backend`: "tcp", "rdma", ... for logs.
+  OnceResponder(const MessageHeader& request, std::string peer, const char* backend)
+      : request_(request), peer_(std::move(peer)), backend_(backend) {}
+
+  void Respond(Message response) final;
+  std::string peer() const final { return peer_; }
+
+ protected:
+  // Sends the finished response, or drops it when the connection is gone.
+  virtual void Deliver(Message response) = 0;
+  void AnswerIfDropped();
+  const MessageHeader& request() const { return request_; }
+
+ private:
+  const MessageHeader request_;
+  const std::string peer_;
+  const char* const backend_;
+  std::atomic<bool> responded_{false};
+};
+
 using ResponseCallback = std::function<void(absl::StatusOr<Message>)>;
 
 // Client side: one connection to one listening peer. Thread-safe: many
@@ -181,6 +211,13 @@ struct TransportOptions {
   uint64_t max_payload_bytes = 1ull << 31;
 };
 
+// What a transport is doing, for /metrics.
+struct TransportStats {
+  uint64_t rdma_connections = 0;  // connections over rdma now (either side)
+  uint64_t tcp_fallbacks = 0;     // connections an rdma transport made over TCP
+  uint64_t rdma_failures = 0;     // rdma connections broken by a verbs error or bad frame
+};
+
 // One backend instance: may listen (server) and connect (client).
 // Thread-safe. Shutdown() closes everything; pending calls fail Unavailable.
 class Transport {
@@ -208,6 +245,8 @@ class Transport {
   virtual absl::Status RegisterMemory(void* addr, size_t size) {
     return absl::OkStatus();
   }
+
+  virtual TransportStats stats() const { return TransportStats(); }
 
   virtual void Shutdown() = 0;
 };

@@ -12,6 +12,7 @@
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "transport/transport_metrics.h"
 
 namespace strata::worker {
 
@@ -108,14 +109,21 @@ Worker::Stats Worker::stats() const {
 
 absl::Status Worker::Start() {
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
-  // The parameter tensors are where pulls land: registered once, an rdma
-  // pull response is written straight into them (a no-op on tcp).
-  for (auto& table : model_->params()) {
-    if (absl::Status s = transport_->RegisterMemory(table.data(), table.size() * sizeof(float));
-        !s.ok()) {
-      LOG(WARNING) << "worker " << options_.index
-                   << ": pulls will be copied, not written in place: " << s.message();
-      break;
+  // The parameter tensors are where pulls land, the gradient tensors what
+  // pushes send: registered once, an rdma pull response is written straight
+  // into the parameters and a push is sent straight from the gradients (a
+  // no-op on tcp).
+  const std::vector<std::vector<float>>* tensors[] = {&model_->params(), &model_->grads()};
+  for (const auto* tables : tensors) {
+    for (const auto& table : *tables) {
+      // Registration pins the memory; it does not write to it.
+      if (absl::Status s = transport_->RegisterMemory(const_cast<float*>(table.data()),
+                                                      table.size() * sizeof(float));
+          !s.ok()) {
+        LOG(WARNING) << "worker " << options_.index
+                     << ": pushes and pulls will be copied: " << s.message();
+        break;
+      }
     }
   }
   if (options_.http_port >= 0) {
@@ -135,6 +143,8 @@ absl::Status Worker::Start() {
                               stat(&Stats::comm_seconds));
     metrics_.AddCallbackGauge("strata_worker_loss", "Recent mean training loss",
                               stat(&Stats::recent_loss));
+    transport::AddTransportGauges(&metrics_, "strata_worker",
+                                  [this] { return transport_.get(); });
     http_.Handle("/metrics", [this](const HttpRequest&) {
       return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
     });

@@ -9,20 +9,20 @@
 // STRATA_REQUIRE_RDMA is set (the guest sets it).
 #include "transport/rdma/rdma_transport.h"
 
-#include <linux/capability.h>
 #include <signal.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/testing/low_memlock.h"
+#include "transport/rdma/rdma_hello.h"
 #include "tests/transport/transport_contract_tests.h"
 
 namespace strata::transport::testing {
@@ -80,6 +80,8 @@ TEST(RdmaFallbackTest, AutoWithoutAUsableDeviceCarriesCallsOverTcp) {
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
   EXPECT_EQ(StateOf(*conn), ConnectionState::kFallbackTcp);
   EXPECT_THAT(conn->kind(), StartsWith("tcp"));
+  EXPECT_EQ(client->stats().tcp_fallbacks, 1u);
+  EXPECT_EQ(client->stats().rdma_connections, 0u);
   Message request;
   request.header.type = MessageType::kPushRequest;
   request.payload = Pattern(100000, 3);
@@ -126,6 +128,40 @@ TEST(RdmaFallbackTest, TcpServerDeclinesTheHelloWithoutCallingItsHandler) {
   EXPECT_TRUE(conn->healthy());
 }
 
+// A hello from the wire is untrusted: garbage, or a field out of range, is
+// refused with the peer and the field named; the server carries on.
+TEST(RdmaFallbackTest, MalformedHellosAreRefusedNamingTheField) {
+  if (rdma::ListRdmaDevices().status().code() == absl::StatusCode::kUnimplemented) {
+    GTEST_SKIP() << "built without RDMA support: auto is plain tcp";
+  }
+  STRATA_ASSERT_OK_AND_ASSIGN(auto server, CreateTransport(Opts("auto")));
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto client, CreateTransport(Opts("tcp")));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  Message garbage;
+  garbage.header.type = MessageType::kRdmaHello;
+  garbage.payload = std::string("\xff\xff\xff", 3);
+  STRATA_ASSERT_OK_AND_ASSIGN(Message reply, conn->CallSync(garbage, kWait));
+  EXPECT_THAT(ResponseStatus(reply), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rdma hello")));
+  rdma::HelloQp qp;
+  qp.qpn = 1 << 25;  // not 24 bits
+  qp.psn = 1;
+  qp.recv_slots = 8;
+  qp.slot_bytes = 4096;
+  Message bad_field;
+  bad_field.header.type = MessageType::kRdmaHello;
+  bad_field.payload = rdma::ReadyHello(qp).SerializeAsString();
+  STRATA_ASSERT_OK_AND_ASSIGN(reply, conn->CallSync(bad_field, kWait));
+  EXPECT_THAT(ResponseStatus(reply),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("qpn")));
+  // The same connection still carries ordinary frames.
+  Message push;
+  push.header.type = MessageType::kPushRequest;
+  push.payload = "after the bad hellos";
+  STRATA_ASSERT_OK_AND_ASSIGN(Message echo, conn->CallSync(push, kWait));
+  EXPECT_EQ(echo.payload, "after the bad hellos");
+}
+
 // --- On a verbs device -------------------------------------------------------
 
 class RdmaDeviceTest : public ::testing::Test {
@@ -161,6 +197,9 @@ TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
   ASSERT_EQ(StateOf(*conn), ConnectionState::kReady);
   EXPECT_EQ(conn->kind(), "rdma");
+  EXPECT_EQ(client->stats().rdma_connections, 1u);
+  EXPECT_EQ(server->stats().rdma_connections, 1u);
+  EXPECT_EQ(client->stats().tcp_fallbacks, 0u);
   const size_t first = 4096 - 48 - 72;  // payload room of a message frame
   const size_t more = 4096 - 48;        // of a continuation frame
   std::vector<size_t> sizes = {0, 1, first - 1, first, first + 1, first + more,
@@ -178,6 +217,21 @@ TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
     EXPECT_EQ(Fnv(echo.payload.data(), size), Fnv(push.payload.data(), size));
     EXPECT_EQ(echo.header.version, push.header.version);
     EXPECT_EQ(echo.header.count, push.header.count);
+
+    // The same payload sent straight from registered memory (zero copy),
+    // overwritten as soon as the call returns.
+    std::memcpy(registered.data() + 3, push.payload.data(), size);
+    Message borrowed;
+    borrowed.header = FullHeader(MessageType::kPushRequest);
+    borrowed.payload_ref = registered.data() + 3;
+    borrowed.payload_ref_size = size;
+    auto zc = std::make_shared<CallResult>();
+    conn->Call(std::move(borrowed), Capture(zc));
+    std::memset(registered.data(), 'z', registered.size());
+    ASSERT_TRUE(zc->Wait());
+    STRATA_ASSERT_OK(zc->result);
+    ASSERT_EQ(zc->result->payload.size(), size);
+    EXPECT_EQ(Fnv(zc->result->payload.data(), size), Fnv(push.payload.data(), size));
 
     const std::string want = Pattern(size, 9);
     for (bool use_registered : {false, true}) {
@@ -199,6 +253,7 @@ TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
     }
   }
   EXPECT_EQ(StatsOf(*conn).responses_written, written);
+  EXPECT_GT(StatsOf(*conn).zero_copy_sends, 0u);
 }
 
 // Two receive slots a side and 8 threads calling at once: credits keep
@@ -267,6 +322,7 @@ TEST_F(RdmaDeviceTest, QpForcedIntoErrorFailsPendingCallsNamingThePeer) {
   EXPECT_THAT(pending->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
   EXPECT_FALSE(conn->healthy());
   EXPECT_EQ(StateOf(*conn), ConnectionState::kFailed);
+  EXPECT_EQ(client->stats().rdma_failures, 1u);
   // The late response goes nowhere; a new connection works.
   held.Take(0).second->Respond(Message());
   STRATA_ASSERT_OK_AND_ASSIGN(auto again, client->Connect(address));
@@ -404,21 +460,6 @@ TEST_F(RdmaDeviceTest, InvalidResponseTypeBecomesAnInternalError) {
   EXPECT_TRUE(conn->healthy());
 }
 
-// Clears or sets CAP_IPC_LOCK in this process's effective set (root
-// ignores the locked-memory limit otherwise).
-bool SetIpcLock(bool on) {
-  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct d[2]{};
-  if (syscall(SYS_capget, &h, d) != 0) return false;
-  const uint32_t bit = 1u << (CAP_IPC_LOCK % 32);
-  if (on) {
-    d[CAP_IPC_LOCK / 32].effective |= bit;
-  } else {
-    d[CAP_IPC_LOCK / 32].effective &= ~bit;
-  }
-  return syscall(SYS_capset, &h, d) == 0;
-}
-
 // RLIMIT_MEMLOCK too low for what a connection registers: "rdma" refuses
 // with the preflight's memlock finding and its fix; "auto" falls back to
 // TCP; a registration on a transport made before the limit dropped fails
@@ -429,21 +470,18 @@ TEST_F(RdmaDeviceTest, MemlockLimitTooLowGivesThePreflightMessage) {
   STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
   auto before = Make(Opts("rdma"));
   ASSERT_NE(before, nullptr);
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &old), 0);
-  ASSERT_TRUE(SetIpcLock(false));
-  rlimit low = old;
-  low.rlim_cur = 64 << 10;
-  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &low), 0);
-
-  auto refused = CreateTransport(Opts("rdma"));
-  auto automatic = CreateTransport(Opts("auto"));
   std::string tensor(16 << 20, 'x');
-  absl::Status reg = before->RegisterMemory(tensor.data(), tensor.size());
-  auto late = before->Connect(server->listen_address());
-
-  setrlimit(RLIMIT_MEMLOCK, &old);
-  SetIpcLock(true);
+  absl::StatusOr<std::unique_ptr<Transport>> refused, automatic;
+  absl::Status reg;
+  absl::StatusOr<std::shared_ptr<Connection>> late;
+  {
+    ::strata::testing::LowMemlockLimit low(64 << 10);
+    ASSERT_TRUE(low.ok());
+    refused = CreateTransport(Opts("rdma"));
+    automatic = CreateTransport(Opts("auto"));
+    reg = before->RegisterMemory(tensor.data(), tensor.size());
+    late = before->Connect(server->listen_address());
+  }
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
                                 AllOf(HasSubstr("memlock"), HasSubstr("ulimit -l"))));
   EXPECT_THAT(reg, StatusIs(absl::StatusCode::kResourceExhausted,

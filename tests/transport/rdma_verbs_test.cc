@@ -3,9 +3,6 @@
 // skips for want of a device, unless STRATA_REQUIRE_RDMA is set (the guest
 // sets it, so a missing device fails there).
 #include <arpa/inet.h>
-#include <linux/capability.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -16,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/low_memlock.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/rdma/verbs.h"
 
@@ -200,33 +198,14 @@ TEST_F(RdmaVerbsTest, AQueuePairInErrorReportsEveryOperationNamingThePeer) {
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("peer-a")));
 }
 
-// Clears CAP_IPC_LOCK from this process's effective set (root ignores the
-// locked-memory limit otherwise); returns false when it cannot.
-bool SetIpcLock(bool on) {
-  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct d[2]{};
-  if (syscall(SYS_capget, &h, d) != 0) return false;
-  const uint32_t bit = 1u << (CAP_IPC_LOCK % 32);
-  if (on) {
-    d[CAP_IPC_LOCK / 32].effective |= bit;
-  } else {
-    d[CAP_IPC_LOCK / 32].effective &= ~bit;
-  }
-  return syscall(SYS_capset, &h, d) == 0;
-}
-
 TEST_F(RdmaVerbsTest, RegistrationBeyondTheMemlockLimitNamesTheFix) {
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &old), 0);
-  ASSERT_TRUE(SetIpcLock(false));
-  rlimit low = old;
-  low.rlim_cur = 64 << 10;
-  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &low), 0);
   std::vector<char> big(16 << 20, 1);
-  auto mr =
-      MemoryRegion::Register(device_.get(), big.data(), big.size(), kAccessDst);
-  setrlimit(RLIMIT_MEMLOCK, &old);
-  SetIpcLock(true);
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> mr;
+  {
+    ::strata::testing::LowMemlockLimit low(64 << 10);
+    ASSERT_TRUE(low.ok());
+    mr = MemoryRegion::Register(device_.get(), big.data(), big.size(), kAccessDst);
+  }
   EXPECT_THAT(mr.status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        AllOf(HasSubstr("ibv_reg_mr"), HasSubstr("65536 bytes"),

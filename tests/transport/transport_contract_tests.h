@@ -422,6 +422,9 @@ TEST_P(TransportContractTest, BorrowedPayloadsAreSentIntact) {
       }));
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   std::string tensor = Pattern(5 << 20, 4);
+  // Registered, as a worker does with its gradients (rdma: the SENDs read
+  // it in place, and the call returns only once they are done with it).
+  STRATA_ASSERT_OK(client_->RegisterMemory(tensor.data(), tensor.size()));
   Message request;
   request.header = FullHeader(MessageType::kPushRequest);
   request.payload_ref = tensor.data();

@@ -18,44 +18,20 @@ using CallMap = std::unordered_map<uint64_t, ResponseCallback>;
 
 // Answers one request delivered by a Listener. Holds the calling connection
 // weakly: once it is gone the response is dropped. Thread-safe.
-class InProcResponder : public Responder {
+class InProcResponder : public OnceResponder {
  public:
   InProcResponder(std::weak_ptr<InProcConnection> connection,
                   const MessageHeader& request, std::string peer)
-      : connection_(std::move(connection)),
-        request_(request),
-        peer_(std::move(peer)) {}
-
-  ~InProcResponder() override {
-    if (responded_.load(std::memory_order_acquire)) return;
-    Send(MakeErrorResponse(request_, ResponseTypeFor(request_.type),
-                           absl::InternalError(absl::StrCat(
-                               "request handler dropped the responder for ",
-                               MessageTypeName(request_.type), " request ",
-                               request_.request_id, " without responding"))));
-  }
-
-  void Respond(Message response) override {
-    response.OwnPayload();  // delivered later, on another thread
-    if (responded_.exchange(true, std::memory_order_acq_rel)) {
-      LOG(DFATAL) << "inproc: Respond called twice for request "
-                  << request_.request_id << " from " << peer_;
-      return;
-    }
-    Send(std::move(response));
-  }
-
-  std::string peer() const override { return peer_; }
+      : OnceResponder(request, std::move(peer), "inproc"),
+        connection_(std::move(connection)) {}
+  ~InProcResponder() override { AnswerIfDropped(); }
 
  private:
-  void Send(Message response) {
-    response.header.request_id = request_.request_id;
-    if (response.header.type == MessageType::kInvalid) {
-      response.header.type = ResponseTypeFor(request_.type);
-    }
+  void Deliver(Message response) override {
+    response.OwnPayload();  // delivered later, on another thread
     std::shared_ptr<InProcConnection> connection = connection_.lock();
     if (connection == nullptr) {
-      VLOG(1) << "inproc: dropping response to " << peer_
+      VLOG(1) << "inproc: dropping response to " << peer()
               << ": connection released";
       return;
     }
@@ -63,9 +39,6 @@ class InProcResponder : public Responder {
   }
 
   const std::weak_ptr<InProcConnection> connection_;
-  const MessageHeader request_;
-  const std::string peer_;
-  std::atomic<bool> responded_{false};
 };
 
 // Runs `callbacks` with `status` on `worker`, or on this thread when the

@@ -1,4 +1,5 @@
 #include "transport/rdma/rdma_hello.h"
+#include "transport/rdma/rdma_transport.h"
 
 #include <cstring>
 
@@ -98,6 +99,24 @@ HelloQp HelloQpOf(const proto::RdmaHello& h) {
   qp.recv_slots = h.recv_slots();
   qp.slot_bytes = h.slot_bytes();
   return qp;
+}
+
+// Here rather than in rdma_transport.cc: both builds (with and without
+// libibverbs) compile this file.
+const char* ConnectionStateName(ConnectionState state) {
+  switch (state) {
+    case ConnectionState::kConnecting:
+      return "CONNECTING";
+    case ConnectionState::kExchanging:
+      return "EXCHANGING";
+    case ConnectionState::kReady:
+      return "READY";
+    case ConnectionState::kFallbackTcp:
+      return "FALLBACK_TCP";
+    case ConnectionState::kFailed:
+      return "FAILED";
+  }
+  return "UNKNOWN";
 }
 
 }  // namespace strata::transport::rdma

@@ -38,22 +38,6 @@
 
 namespace strata::transport::rdma {
 
-const char* ConnectionStateName(ConnectionState state) {
-  switch (state) {
-    case ConnectionState::kConnecting:
-      return "CONNECTING";
-    case ConnectionState::kExchanging:
-      return "EXCHANGING";
-    case ConnectionState::kReady:
-      return "READY";
-    case ConnectionState::kFallbackTcp:
-      return "FALLBACK_TCP";
-    case ConnectionState::kFailed:
-      return "FAILED";
-  }
-  return "UNKNOWN";
-}
-
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -124,6 +108,9 @@ bool DecodeFrame(const char* in, Frame* f) {
 // (which take no credit). Receiver-not-ready retries cover the rest.
 constexpr uint32_t kSpareRecvSlots = 4;
 
+// As the tcp backend's write_stall_timeout.
+constexpr absl::Duration kSendStallTimeout = absl::Seconds(60);
+
 constexpr uint64_t kWrRecv = 1ull << 56;
 constexpr uint64_t kWrSend = 2ull << 56;
 constexpr uint64_t kWrSlotMask = (1ull << 32) - 1;
@@ -148,8 +135,8 @@ class Registry {
 
   absl::Status Register(void* addr, size_t size) {
     absl::MutexLock l(&mu_);
-    uint32_t rkey;
-    if (LookupLocked(static_cast<const char*>(addr), size, &rkey)) return absl::OkStatus();
+    uint32_t lkey, rkey;
+    if (LookupLocked(static_cast<const char*>(addr), size, &lkey, &rkey)) return absl::OkStatus();
     absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = MemoryRegion::Register(
         ctx_->device.get(), addr, size,
         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -160,14 +147,14 @@ class Registry {
     return absl::OkStatus();
   }
 
-  // The rkey of a registered region holding [addr, addr + size), if any.
-  bool Lookup(const char* addr, size_t size, uint32_t* rkey) {
+  // The keys of a registered region holding [addr, addr + size), if any.
+  bool Lookup(const char* addr, size_t size, uint32_t* lkey, uint32_t* rkey) {
     absl::MutexLock l(&mu_);
-    return LookupLocked(addr, size, rkey);
+    return LookupLocked(addr, size, lkey, rkey);
   }
 
  private:
-  bool LookupLocked(const char* addr, size_t size, uint32_t* rkey)
+  bool LookupLocked(const char* addr, size_t size, uint32_t* lkey, uint32_t* rkey)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const auto a = reinterpret_cast<uintptr_t>(addr);
     // Regions starting at or before `addr`, nearest first (few: a worker
@@ -175,6 +162,7 @@ class Registry {
     for (auto it = regions_.upper_bound(a); it != regions_.begin();) {
       --it;
       if (a + size <= it->first + it->second->size()) {
+        *lkey = it->second->lkey();
         *rkey = it->second->rkey();
         return true;
       }
@@ -202,6 +190,10 @@ struct ChannelListener {
   virtual ~ChannelListener() = default;
   // A channel is new (its CQ must be polled) or has failed.
   virtual void ChannelsChanged() = 0;
+  // A READY channel broke on a verbs error or a bad frame.
+  virtual void CountFailure() = 0;
+  // True on the completion thread (which must never wait for completions).
+  virtual bool OnCompletionThread() const = 0;
   // Runs `work` (response callbacks of a failed channel, ...) on the
   // completion thread, as transport.h promises; inline when that thread is
   // the caller or has stopped.
@@ -337,10 +329,22 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // error. `dest`: CallInto's destination (copied into when a fitting
   // response comes by SEND); `remote`: the same destination when
   // registered, for the server to RDMA WRITE into.
+  //
+  // `source_lkey` (non-zero): the request's borrowed payload lies in memory
+  // registered with that key. Then its SENDs gather straight from it (no
+  // copy into the send slots) and Call returns once they completed, so the
+  // borrow still ends when Call returns. Not on the completion thread,
+  // which must not wait: there the payload is copied.
   void Call(Message request, ResponseCallback done, char* dest, size_t dest_size,
-            const WriteTarget& remote) {
+            const WriteTarget& remote, uint32_t source_lkey = 0) {
     std::vector<std::function<void()>> work;
     absl::Status broken;
+    std::shared_ptr<ZeroCopy> zero_copy;
+    if (source_lkey != 0 && request.payload_ref != nullptr &&
+        !listener_->OnCompletionThread()) {
+      zero_copy = std::make_shared<ZeroCopy>();
+      zero_copy->lkey = source_lkey;
+    }
     {
       absl::MutexLock l(&mu_);
       if (state_ != ConnectionState::kReady) {
@@ -357,7 +361,25 @@ class Channel : public std::enable_shared_from_this<Channel> {
           out.frame.dest_len = remote.len;
           out.frame.dest_rkey = remote.rkey;
         }
+        out.zero_copy = zero_copy;
         Enqueue(std::move(request), std::move(out));
+        if (zero_copy != nullptr) {
+          // Until every SEND reading the caller's memory completed (or the
+          // connection failed, its queue pair gone).
+          auto sent = [this, &zero_copy]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return state_ != ConnectionState::kReady ||
+                   (zero_copy->posted_all && zero_copy->in_flight == 0);
+          };
+          // A peer that stops taking data (stopped, not dead) would hold
+          // the caller forever: as a stalled TCP write does, that breaks
+          // the connection (its queue pair goes, so nothing reads the
+          // caller's memory any more).
+          if (!mu_.AwaitWithTimeout(absl::Condition(&sent), kSendStallTimeout)) {
+            FailLocked(absl::UnavailableError(absl::StrCat(
+                "rdma connection with ", peer_, ": no progress sending for ",
+                absl::FormatDuration(kSendStallTimeout))));
+          }
+        }
         work.swap(deferred_);
       }
     }
@@ -366,8 +388,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
     if (!work.empty()) listener_->Run(std::move(work));
   }
 
-  // Server: answers `request` (the responder's header), by RDMA WRITE into
-  // `target` when it holds a successful payload of the target's size.
+  // Server: sends the response to `request` (finished by OnceResponder),
+  // by RDMA WRITE into `target` when it holds a successful payload of the
+  // target's size.
   void Respond(const MessageHeader& request, Message response,
                const WriteTarget& target) {
     std::vector<std::function<void()>> work;
@@ -377,18 +400,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
         VLOG(1) << "rdma: dropping the response to request " << request.request_id
                 << " from " << peer_ << ": " << FailureLocked();
         return;
-      }
-      response.header.request_id = request.request_id;
-      if (response.header.type == MessageType::kInvalid) {
-        response.header.type = ResponseTypeFor(request.type);
-      }
-      if (!IsValidMessageType(response.header.type)) {
-        LOG(ERROR) << "rdma: handler responded with invalid message type "
-                   << static_cast<int>(response.header.type) << " to " << peer_;
-        response = MakeErrorResponse(
-            request, ResponseTypeFor(request.type),
-            absl::InternalError("handler produced an invalid message type"));
-        response.header.request_id = request.request_id;
       }
       Outgoing out;
       out.frame.kind = kMessage;
@@ -459,6 +470,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
     char* dest;
     size_t dest_size;
   };
+  // A message sent straight from the caller's registered memory.
+  struct ZeroCopy {
+    uint32_t lkey = 0;
+    bool posted_all = false;  // every frame posted
+    int in_flight = 0;        // posted SENDs not completed yet
+  };
   // A message on its way out.
   struct Outgoing {
     char header[kMsgHeaderBytes];
@@ -470,6 +487,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     size_t sent = 0;           // payload bytes posted
     bool started = false;      // the first frame was posted
     WriteTarget write;         // kWritten: where the payload goes
+    std::shared_ptr<ZeroCopy> zero_copy;  // SENDs gather from `data` itself
   };
   // The message being received.
   struct Incoming {
@@ -516,6 +534,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     }
     free_send_.clear();
     for (uint32_t i = 0; i < send_slots_; ++i) free_send_.push_back(send_slots_ - 1 - i);
+    slot_zero_copy_.assign(send_slots_, nullptr);
     if (absl::Status s = cq_->Arm(); !s.ok()) return Named(s);
     state_ = ConnectionState::kExchanging;
     return absl::OkStatus();
@@ -529,6 +548,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Frees every verbs resource, QP first (so nothing DMAs into freed slots).
   void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     qp_.reset();
+    slot_zero_copy_.assign(slot_zero_copy_.size(), nullptr);
     cq_.reset();
     recv_mr_.reset();
     send_mr_.reset();
@@ -557,6 +577,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
                            : absl::UnavailableError(reason.message());
     if (was_ready && warn) {
       LOG(WARNING) << "rdma: connection with " << peer_ << " FAILED: " << failure_;
+      deferred_.push_back([listener = listener_] { listener->CountFailure(); });
     } else {
       VLOG(1) << "rdma: connection with " << peer_ << " closed: " << failure_;
     }
@@ -613,7 +634,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
     o.frame.total_bytes = o.size;
     tcp::EncodeFrameHeader(message.header, o.size, o.header);
     Pump();
-    if (state_ == ConnectionState::kReady && !queue_.empty() && queue_.back().borrowed) {
+    if (state_ == ConnectionState::kReady && !queue_.empty() && queue_.back().borrowed &&
+        queue_.back().zero_copy == nullptr) {
       Outgoing& tail = queue_.back();
       tail.owned.assign(tail.data, tail.size);
       tail.data = tail.owned.data();
@@ -670,13 +692,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
         f.kind = o.started ? kMore : kMessage;
         f.chunk_bytes =
             static_cast<uint32_t>(std::min<size_t>(frame_room_ - head, o.size - o.sent));
-        if (!PostFrame(f, o.started ? nullptr : o.header, o.data + o.sent,
-                       f.chunk_bytes)) {
+        if (!PostFrame(f, o.started ? nullptr : o.header, o.data + o.sent, f.chunk_bytes,
+                       o.zero_copy.get())) {
           return;
         }
         o.started = true;
         o.sent += f.chunk_bytes;
       }
+      if (o.zero_copy != nullptr) o.zero_copy->posted_all = true;
       queue_.pop_front();
     }
   }
@@ -689,8 +712,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   // One SEND: frame header (+ message header) (+ chunk) from a send slot.
   // Data frames take a credit; every frame returns ours.
-  bool PostFrame(Frame f, const char* msg_header, const char* chunk, uint32_t n)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // `zero_copy`: the chunk is gathered from the caller's registered memory
+  // instead of copied into the slot.
+  bool PostFrame(Frame f, const char* msg_header, const char* chunk, uint32_t n,
+                 ZeroCopy* zero_copy = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint32_t slot = TakeSendSlot();
     char* p = SendSlot(slot);
     f.credits = to_return_;
@@ -700,10 +725,21 @@ class Channel : public std::enable_shared_from_this<Channel> {
       std::memcpy(p + len, msg_header, kMsgHeaderBytes);
       len += kMsgHeaderBytes;
     }
-    if (n > 0) std::memcpy(p + len, chunk, n);
-    len += n;
-    absl::Status s = qp_->PostSend(kWrSend | slot, p, static_cast<uint32_t>(len),
-                                   send_mr_->lkey(), /*signaled=*/true);
+    absl::Status s;
+    if (zero_copy != nullptr && n > 0) {
+      s = qp_->PostSendGather(kWrSend | slot, p, static_cast<uint32_t>(len), send_mr_->lkey(),
+                              chunk, n, zero_copy->lkey, /*signaled=*/true);
+      if (s.ok()) {
+        ++zero_copy->in_flight;
+        slot_zero_copy_[slot] = zero_copy;
+        ++stats_.zero_copy_sends;
+      }
+    } else {
+      if (n > 0) std::memcpy(p + len, chunk, n);
+      len += n;
+      s = qp_->PostSend(kWrSend | slot, p, static_cast<uint32_t>(len), send_mr_->lkey(),
+                        /*signaled=*/true);
+    }
     if (!s.ok()) {
       FailLocked(s);
       return false;
@@ -720,6 +756,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
     const uint32_t slot = static_cast<uint32_t>(wc.wr_id & kWrSlotMask);
     if ((wc.wr_id & ~kWrSlotMask) == kWrSend) {
       free_send_.push_back(slot);
+      if (ZeroCopy* z = slot_zero_copy_[slot]; z != nullptr) {
+        --z->in_flight;  // its Call waits on this (mu_'s condition)
+        slot_zero_copy_[slot] = nullptr;
+      }
       return;
     }
     bool took_credit = false;
@@ -857,6 +897,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::unique_ptr<MemoryRegion> recv_mr_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<MemoryRegion> send_mr_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_send_ ABSL_GUARDED_BY(mu_);
+  // Per send slot: the zero-copy message its SEND reads from, if any (the
+  // message's Call is waiting, so the pointer stays valid).
+  std::vector<ZeroCopy*> slot_zero_copy_ ABSL_GUARDED_BY(mu_);
   uint32_t peer_credits_ ABSL_GUARDED_BY(mu_) = 0;     // SENDs we may post
   uint32_t peer_recv_slots_ ABSL_GUARDED_BY(mu_) = 0;  // the peer's advertised slots
   uint32_t to_return_ ABSL_GUARDED_BY(mu_) = 0;        // slots reposted, not yet reported
@@ -873,47 +916,24 @@ class Channel : public std::enable_shared_from_this<Channel> {
 };
 
 // The server's responder for one request that came over rdma.
-class RdmaResponder : public Responder {
+class RdmaResponder : public OnceResponder {
  public:
   RdmaResponder(std::weak_ptr<Channel> channel, const MessageHeader& request,
                 std::string peer, const WriteTarget& target)
-      : channel_(std::move(channel)),
-        request_(request),
-        peer_(std::move(peer)),
+      : OnceResponder(request, std::move(peer), "rdma"),
+        channel_(std::move(channel)),
         target_(target) {}
-
-  ~RdmaResponder() override {
-    if (responded_.load(std::memory_order_acquire)) return;
-    Send(MakeErrorResponse(request_, ResponseTypeFor(request_.type),
-                           absl::InternalError(absl::StrCat(
-                               "request handler dropped the responder for ",
-                               MessageTypeName(request_.type), " request ",
-                               request_.request_id, " without responding"))));
-  }
-
-  void Respond(Message response) override {
-    if (responded_.exchange(true, std::memory_order_acq_rel)) {
-      LOG(DFATAL) << "rdma: Respond called twice for request "
-                  << request_.request_id << " from " << peer_;
-      return;
-    }
-    Send(std::move(response));
-  }
-
-  std::string peer() const override { return peer_; }
+  ~RdmaResponder() override { AnswerIfDropped(); }
 
  private:
-  void Send(Message response) {
+  void Deliver(Message response) override {
     if (auto channel = channel_.lock()) {
-      channel->Respond(request_, std::move(response), target_);
+      channel->Respond(request(), std::move(response), target_);
     }
   }
 
   const std::weak_ptr<Channel> channel_;
-  const MessageHeader request_;
-  const std::string peer_;
   const WriteTarget target_;
-  std::atomic<bool> responded_{false};
 };
 
 void Channel::Deliver() {
@@ -983,13 +1003,20 @@ class RdmaConnection : public Connection {
       return;
     }
     WriteTarget target;
+    uint32_t lkey = 0;
     if (dest != nullptr && dest_size > 0 &&
-        registry_->Lookup(dest, dest_size, &target.rkey)) {
+        registry_->Lookup(dest, dest_size, &lkey, &target.rkey)) {
       target.valid = true;
       target.addr = reinterpret_cast<uint64_t>(dest);
       target.len = dest_size;
     }
-    channel_->Call(std::move(request), std::move(done), dest, dest_size, target);
+    uint32_t source_lkey = 0, unused_rkey;
+    if (request.payload_ref != nullptr && request.payload_ref_size > 0 &&
+        !registry_->Lookup(request.payload_ref, request.payload_ref_size, &source_lkey,
+                           &unused_rkey)) {
+      source_lkey = 0;
+    }
+    channel_->Call(std::move(request), std::move(done), dest, dest_size, target, source_lkey);
   }
   std::string peer() const override {
     return channel_ != nullptr ? channel_->peer() : fallback_->peer();
@@ -1202,6 +1229,18 @@ class RdmaTransport : public Transport, public ChannelListener {
     Wake();
   }
 
+  void CountFailure() override { failures_.fetch_add(1, std::memory_order_relaxed); }
+  bool OnCompletionThread() const override { return std::this_thread::get_id() == poller_id_; }
+
+  TransportStats stats() const override {
+    TransportStats st;
+    st.tcp_fallbacks = fallbacks_.load(std::memory_order_relaxed);
+    st.rdma_failures = failures_.load(std::memory_order_relaxed);
+    absl::MutexLock l(&mu_);
+    for (const auto& ch : channels_) st.rdma_connections += ch->failed() ? 0 : 1;
+    return st;
+  }
+
   void Run(std::vector<std::function<void()>> work) override {
     if (work.empty()) return;
     if (std::this_thread::get_id() != poller_id_) {
@@ -1238,6 +1277,7 @@ class RdmaTransport : public Transport, public ChannelListener {
     if (bootstrap == nullptr) {
       STRATA_ASSIGN_OR_RETURN(bootstrap, tcp_->Connect(address));
     }
+    fallbacks_.fetch_add(1, std::memory_order_relaxed);
     return std::shared_ptr<Connection>(std::make_shared<RdmaConnection>(std::move(bootstrap), why));
   }
 
@@ -1393,8 +1433,10 @@ class RdmaTransport : public Transport, public ChannelListener {
   bool poller_running_ ABSL_GUARDED_BY(work_mu_) = false;
   std::vector<std::function<void()>> work_ ABSL_GUARDED_BY(work_mu_);
   std::atomic<bool> changed_{true};
+  std::atomic<uint64_t> fallbacks_{0};
+  std::atomic<uint64_t> failures_{0};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);

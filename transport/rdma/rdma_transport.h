@@ -59,6 +59,7 @@ struct RdmaConnectionStats {
   uint64_t sends = 0;            // SEND frames posted by this side
   uint64_t responses_written = 0;  // responses that arrived by RDMA WRITE
   uint64_t credit_frames = 0;    // credit-only frames sent
+  uint64_t zero_copy_sends = 0;  // SENDs gathered from the caller's registered memory
 };
 RdmaConnectionStats StatsOf(const Connection& connection);
 // Moves the connection's queue pair to the error state, as a failing NIC

@@ -7,22 +7,6 @@
 
 namespace strata::transport::rdma {
 
-const char* ConnectionStateName(ConnectionState state) {
-  switch (state) {
-    case ConnectionState::kConnecting:
-      return "CONNECTING";
-    case ConnectionState::kExchanging:
-      return "EXCHANGING";
-    case ConnectionState::kReady:
-      return "READY";
-    case ConnectionState::kFallbackTcp:
-      return "FALLBACK_TCP";
-    case ConnectionState::kFailed:
-      return "FAILED";
-  }
-  return "UNKNOWN";
-}
-
 absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptions& options) {
   if (options.kind == "rdma") {
     return absl::FailedPreconditionError(

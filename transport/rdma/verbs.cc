@@ -254,7 +254,7 @@ absl::StatusOr<std::unique_ptr<RcQueuePair>> RcQueuePair::Create(
   init.qp_type = IBV_QPT_RC;
   init.cap.max_send_wr = static_cast<uint32_t>(max_send_wr);
   init.cap.max_recv_wr = static_cast<uint32_t>(max_recv_wr);
-  init.cap.max_send_sge = 1;
+  init.cap.max_send_sge = 2;  // header + payload chunk (PostSendGather)
   init.cap.max_recv_sge = 1;
   ibv_qp* qp = ibv_create_qp(device->pd(), &init);
   if (qp == nullptr) {
@@ -366,12 +366,14 @@ absl::Status RcQueuePair::PostSendWr(ibv_wr_opcode opcode, const char* what,
                                      uint64_t wr_id, const char* addr,
                                      uint32_t length, uint32_t lkey,
                                      bool signaled, uint32_t imm,
-                                     uint64_t remote_addr, uint32_t rkey) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
+                                     uint64_t remote_addr, uint32_t rkey,
+                                     const ibv_sge* second) {
+  ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(addr), length, lkey}, {}};
+  if (second != nullptr) sge[1] = *second;
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
+  wr.sg_list = sge;
+  wr.num_sge = second != nullptr ? 2 : 1;
   wr.opcode = opcode;
   wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
   wr.imm_data = htonl(imm);
@@ -391,6 +393,15 @@ absl::Status RcQueuePair::PostSend(uint64_t wr_id, const char* addr,
                                    bool signaled) {
   return PostSendWr(IBV_WR_SEND, "SEND", wr_id, addr, length, lkey, signaled,
                     /*imm=*/0, /*remote_addr=*/0, /*rkey=*/0);
+}
+
+absl::Status RcQueuePair::PostSendGather(uint64_t wr_id, const char* head,
+                                          uint32_t head_length, uint32_t head_lkey,
+                                          const char* body, uint32_t body_length,
+                                          uint32_t body_lkey, bool signaled) {
+  const ibv_sge second{reinterpret_cast<uint64_t>(body), body_length, body_lkey};
+  return PostSendWr(IBV_WR_SEND, "SEND", wr_id, head, head_length, head_lkey, signaled,
+                    /*imm=*/0, /*remote_addr=*/0, /*rkey=*/0, &second);
 }
 
 absl::Status RcQueuePair::PostWriteWithImm(uint64_t wr_id, const char* addr,

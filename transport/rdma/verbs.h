@@ -152,6 +152,11 @@ class RcQueuePair {
   // SEND of [addr, addr + length) into the receive the peer posted next.
   absl::Status PostSend(uint64_t wr_id, const char* addr, uint32_t length,
                         uint32_t lkey, bool signaled);
+  // One SEND gathered from two registered pieces (a header from one region,
+  // a payload chunk from another), into the receive the peer posted next.
+  absl::Status PostSendGather(uint64_t wr_id, const char* head, uint32_t head_length,
+                              uint32_t head_lkey, const char* body, uint32_t body_length,
+                              uint32_t body_lkey, bool signaled);
   // RDMA WRITE with immediate: `length` bytes into the peer's registered
   // memory at remote_addr/rkey; the peer gets a receive completion carrying
   // `imm` (it must have a receive posted).
@@ -175,7 +180,8 @@ class RcQueuePair {
   absl::Status PostSendWr(ibv_wr_opcode opcode, const char* what,
                           uint64_t wr_id, const char* addr, uint32_t length,
                           uint32_t lkey, bool signaled, uint32_t imm,
-                          uint64_t remote_addr, uint32_t rkey);
+                          uint64_t remote_addr, uint32_t rkey,
+                          const ibv_sge* second = nullptr);
 
   VerbsDevice* const device_;
   ibv_qp* const qp_;

@@ -66,53 +66,20 @@ uint64_t GetU64(const char* p) {
 // Answers one request received on a ServerEndpoint. Holds the endpoint
 // weakly: once the connection is gone the response is dropped silently.
 // Thread-safe.
-class TcpResponder : public Responder {
+class TcpResponder : public OnceResponder {
  public:
   TcpResponder(std::weak_ptr<Endpoint> endpoint, const MessageHeader& request,
                std::string peer)
-      : endpoint_(std::move(endpoint)),
-        request_(request),
-        peer_(std::move(peer)) {}
+      : OnceResponder(request, std::move(peer), "tcp"), endpoint_(std::move(endpoint)) {}
+  ~TcpResponder() override { AnswerIfDropped(); }
 
-  ~TcpResponder() override {
-    if (responded_.load(std::memory_order_acquire)) return;
-    Send(MakeErrorResponse(request_, ResponseTypeFor(request_.type),
-                           absl::InternalError(absl::StrCat(
-                               "request handler dropped the responder for ",
-                               MessageTypeName(request_.type), " request ",
-                               request_.request_id, " without responding"))));
-  }
-
-  void Respond(Message response) override {
-    if (responded_.exchange(true, std::memory_order_acq_rel)) {
-      LOG(DFATAL) << "tcp: Respond called twice for request "
-                  << request_.request_id << " from " << peer_;
-      return;
-    }
-    Send(std::move(response));
-  }
-
-  std::string peer() const override { return peer_; }
   std::shared_ptr<Endpoint> endpoint() const { return endpoint_.lock(); }
 
  private:
-  void Send(Message response) {
-    // The caller matches responses by request_id; the type defaults to the
-    // one answering the request.
-    response.header.request_id = request_.request_id;
-    if (response.header.type == MessageType::kInvalid) {
-      response.header.type = ResponseTypeFor(request_.type);
-    }
-    if (!IsValidMessageType(response.header.type)) {
-      LOG(ERROR) << "tcp: handler responded with invalid message type "
-                 << static_cast<int>(response.header.type) << " to " << peer_;
-      response = MakeErrorResponse(
-          request_, ResponseTypeFor(request_.type),
-          absl::InternalError("handler produced an invalid message type"));
-    }
+  void Deliver(Message response) override {
     std::shared_ptr<Endpoint> endpoint = endpoint_.lock();
     if (endpoint == nullptr) {
-      VLOG(1) << "tcp: dropping response to " << peer_ << ": connection closed";
+      VLOG(1) << "tcp: dropping response to " << peer() << ": connection closed";
       return;
     }
     const absl::Status s =
@@ -122,9 +89,6 @@ class TcpResponder : public Responder {
   }
 
   const std::weak_ptr<Endpoint> endpoint_;
-  const MessageHeader request_;
-  const std::string peer_;
-  std::atomic<bool> responded_{false};
 };
 
 }  // namespace

@@ -372,7 +372,8 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
     // As a worker does: pushes sent straight from the registered gradient.
     if (c.register_tensors) {
       STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(
-          grads[i][0].data(), grads[i][0].size() * sizeof(float)));
+          grads[i][0].data(), grads[i][0].size() * sizeof(float),
+          transport::Transport::MemoryUse::kSendSource));
     }
     if (push) STRATA_RETURN_IF_ERROR(clients[i]->PushAll(grads[i], 0, 1).status());
     if (pull) {
@@ -381,7 +382,8 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
       // writes the responses straight into it; a no-op on tcp).
       for (auto& t : params[i]) {
         if (!c.register_tensors) break;
-        STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(t.data(), t.size() * sizeof(float)));
+        STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(
+            t.data(), t.size() * sizeof(float), transport::Transport::MemoryUse::kReceiveDestination));
       }
     }
   }

@@ -158,6 +158,11 @@ void OnceResponder::Respond(Message response) {
   Deliver(std::move(response));
 }
 
+OnceResponder::~OnceResponder() {
+  DCHECK(responded_.load(std::memory_order_acquire))
+      << backend_ << ": responder destroyed without AnswerIfDropped";
+}
+
 void OnceResponder::AnswerIfDropped() {
   if (responded_.load(std::memory_order_acquire)) return;
   Respond(MakeErrorResponse(

@@ -64,10 +64,18 @@ struct Message {
 
   // Sending without a copy: when payload_ref is set, these bytes are sent
   // instead of `payload`. They are borrowed from the caller and must stay
-  // valid and unchanged until Call / Respond returns (TCP writes them before
-  // returning; other backends copy them).
+  // valid and unchanged until Call / Respond returns (tcp writes them before
+  // returning; inproc copies them; rdma copies them, or, when they lie in
+  // memory registered as kSendSource, sends them in place and returns once
+  // sent).
   const char* payload_ref = nullptr;
   size_t payload_ref_size = 0;
+  // Call only: the caller keeps payload_ref valid and unchanged until the
+  // call's callback has run, not only until Call returns. Then rdma sends
+  // registered bytes in place without waiting in Call. A caller that gives
+  // up on such a call must release the connection (which stops every send
+  // on it) before changing the bytes.
+  bool payload_ref_until_response = false;
 
   // Receiving without a copy: true when the payload was written straight
   // into the destination given to Connection::CallInto (`payload` is empty).
@@ -117,6 +125,8 @@ class OnceResponder : public Responder {
   // `backend`: "tcp", "rdma", ... for logs.
   OnceResponder(const MessageHeader& request, std::string peer, const char* backend)
       : request_(request), peer_(std::move(peer)), backend_(backend) {}
+  // A backend that forgot AnswerIfDropped in its destructor shows here.
+  ~OnceResponder() override;
 
   void Respond(Message response) final;
   std::string peer() const final { return peer_; }
@@ -236,13 +246,18 @@ class Transport {
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(
       const std::string& address) = 0;
 
-  // Memory the caller will use as CallInto destinations (a worker's
-  // parameter tensor), registered once with the NIC by backends that can
-  // use it (rdma: a pull response is written straight into it by RDMA
-  // WRITE). A no-op elsewhere. The memory must stay allocated until
-  // Shutdown. Errors (rdma: the locked-memory limit) name the fix; a caller
-  // may go on without registration, slower.
-  virtual absl::Status RegisterMemory(void* addr, size_t size) {
+  // How registered memory is used.
+  enum class MemoryUse {
+    kReceiveDestination,  // CallInto destinations (a worker's parameters):
+                          // rdma writes pull responses straight into them
+    kSendSource,          // borrowed payloads (a worker's gradients): rdma
+                          // sends them in place (read only)
+  };
+  // Memory registered once with the NIC by backends that can use it; a
+  // no-op elsewhere. The memory must stay allocated until Shutdown. Errors
+  // (rdma: the locked-memory limit) name the fix; a caller may go on
+  // without registration, slower.
+  virtual absl::Status RegisterMemory(void* addr, size_t size, MemoryUse use) {
     return absl::OkStatus();
   }
 

@@ -79,6 +79,24 @@ absl::StatusOr<std::shared_ptr<transport::Connection>> ParamClient::ConnectionTo
   return conn;
 }
 
+void ParamClient::DropConnections(const std::set<std::string>& addresses) {
+  std::vector<std::shared_ptr<transport::Connection>> dropped;
+  {
+    absl::MutexLock l(&mu_);
+    for (const std::string& a : addresses) {
+      auto it = conns_.find(a);
+      if (it == conns_.end()) continue;
+      dropped.push_back(std::move(it->second));
+      conns_.erase(it);
+    }
+  }
+  if (!dropped.empty()) {
+    LOG(WARNING) << "dropping " << dropped.size()
+                 << " pserver connection(s) with pushes unanswered";
+  }
+  // Released here, outside mu_: that closes them.
+}
+
 // Exchanges up to this size spin briefly before sleeping on an answer.
 constexpr uint64_t kSpinMaxBytes = 256 << 10;
 
@@ -102,6 +120,16 @@ ParamClient::Exchange::Exchange(ParamClient* client, MakeRequest make_request,
       deadline_(absl::Now() + client->request_timeout_),
       round_(std::make_shared<Round>()) {
   LoadRoutes();
+}
+
+ParamClient::Exchange::~Exchange() {
+  if (borrowing_.empty()) return;
+  bool unanswered;
+  {
+    absl::MutexLock l(&round_->mu);
+    unanswered = round_->outstanding > 0;
+  }
+  if (unanswered) client_->DropConnections(borrowing_);
 }
 
 void ParamClient::Exchange::LoadRoutes() {
@@ -134,6 +162,7 @@ void ParamClient::Exchange::Send(uint32_t partition) {
     round->answered.fetch_add(1, std::memory_order_release);
   };
   auto conn = client_->ConnectionTo(r.address);
+  if (req.payload_ref_until_response) borrowing_.insert(r.address);
   if (!conn.ok()) {
     finish(conn.status());
   } else if (destination_) {
@@ -367,9 +396,11 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
         m.header.seq = seq;
         m.header.version = step;
         m.header.count = count;
-        // Sent straight from the gradient tensor: no copy.
+        // Sent straight from the gradient tensor: no copy (tcp writes it
+        // in Call; rdma sends it in place, registered, until the answer).
         m.payload_ref = reinterpret_cast<const char*>((*grads)[r.table].data() + r.offset);
         m.payload_ref_size = r.length * sizeof(float);
+        m.payload_ref_until_response = true;
         return m;
       },
       [result](const Route& r, const Message& resp) -> absl::Status {

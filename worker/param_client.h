@@ -93,6 +93,10 @@ class ParamClient {
              Destination destination);
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;
+    // With calls still unanswered whose payload the transport may still be
+    // reading (a push sent in place from the gradient), drops their
+    // connections, so nothing reads the gradient once this is gone.
+    ~Exchange();
 
     // Sends the first attempt (once) for the partitions of `table` that lie
     // within its elements [0, end).
@@ -128,6 +132,8 @@ class ParamClient {
     uint64_t total_bytes_ = 0;  // payload of all partitions
     absl::Status view_error_;
     std::set<uint32_t> issued_;  // partitions sent at least once
+    // Where calls went whose payload is borrowed until their answer.
+    std::set<std::string> borrowing_;
     bool finished_ = false;
     absl::Status finish_status_;
   };
@@ -142,7 +148,9 @@ class ParamClient {
                                       uint64_t* lowest);
   // A push of (*grads) for `step` over `count` samples; nothing is sent
   // until Issue(table) / Finish(). `grads` and `result` must outlive it, and
-  // a table's gradient must not change once issued.
+  // a table's gradient must not change once issued, until the exchange is
+  // finished or destroyed (the transport may send it in place until the
+  // answer: Message::payload_ref_until_response).
   std::unique_ptr<Exchange> StartPush(const std::vector<std::vector<float>>* grads,
                                       uint64_t step, uint64_t count, PushResult* result);
 
@@ -152,6 +160,8 @@ class ParamClient {
                        const Destination& destination = {});
   absl::StatusOr<std::shared_ptr<transport::Connection>> ConnectionTo(
       const std::string& address);
+  // Releases the connections to these addresses (a later call reconnects).
+  void DropConnections(const std::set<std::string>& addresses);
 
   transport::Transport* const transport_;
   const uint32_t node_id_;

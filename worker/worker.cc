@@ -113,18 +113,23 @@ absl::Status Worker::Start() {
   // pushes send: registered once, an rdma pull response is written straight
   // into the parameters and a push is sent straight from the gradients (a
   // no-op on tcp).
-  const std::vector<std::vector<float>>* tensors[] = {&model_->params(), &model_->grads()};
-  for (const auto* tables : tensors) {
-    for (const auto& table : *tables) {
-      // Registration pins the memory; it does not write to it.
-      if (absl::Status s = transport_->RegisterMemory(const_cast<float*>(table.data()),
-                                                      table.size() * sizeof(float));
-          !s.ok()) {
-        LOG(WARNING) << "worker " << options_.index
-                     << ": pushes and pulls will be copied: " << s.message();
-        break;
-      }
-    }
+  using Use = transport::Transport::MemoryUse;
+  absl::Status registered;
+  for (const auto& table : model_->params()) {
+    if (!registered.ok()) break;
+    registered = transport_->RegisterMemory(const_cast<float*>(table.data()),
+                                            table.size() * sizeof(float),
+                                            Use::kReceiveDestination);
+  }
+  for (const auto& table : model_->grads()) {
+    if (!registered.ok()) break;
+    // Registration pins the memory; kSendSource lets nothing write to it.
+    registered = transport_->RegisterMemory(const_cast<float*>(table.data()),
+                                            table.size() * sizeof(float), Use::kSendSource);
+  }
+  if (!registered.ok()) {
+    LOG(WARNING) << "worker " << options_.index
+                 << ": pushes and pulls will be copied: " << registered.message();
   }
   if (options_.http_port >= 0) {
     metrics_.GetGauge("strata_worker_up", "1 while the worker runs")->Set(1);

@@ -205,7 +205,11 @@ TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
   std::vector<size_t> sizes = {0, 1, first - 1, first, first + 1, first + more,
                                first + more + 1, 3 * more + 17, (1 << 20) + 3};
   std::string registered((1 << 20) + 64, '\0');
-  STRATA_ASSERT_OK(client->RegisterMemory(registered.data(), registered.size()));
+  // Both uses: pulls land in it, pushes are sent from it.
+  STRATA_ASSERT_OK(client->RegisterMemory(registered.data(), registered.size(),
+                                          Transport::MemoryUse::kReceiveDestination));
+  STRATA_ASSERT_OK(client->RegisterMemory(registered.data(), registered.size(),
+                                          Transport::MemoryUse::kSendSource));
   uint64_t written = 0;
   for (size_t size : sizes) {
     SCOPED_TRACE(absl::StrCat("payload bytes ", size));
@@ -232,6 +236,21 @@ TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
     STRATA_ASSERT_OK(zc->result);
     ASSERT_EQ(zc->result->payload.size(), size);
     EXPECT_EQ(Fnv(zc->result->payload.data(), size), Fnv(push.payload.data(), size));
+
+    // Borrowed until the answer (as the worker's pushes): Call does not
+    // wait for the SENDs; the bytes stay put until the callback ran.
+    std::memcpy(registered.data() + 5, push.payload.data(), size);
+    Message until_answer;
+    until_answer.header = FullHeader(MessageType::kPushRequest);
+    until_answer.payload_ref = registered.data() + 5;
+    until_answer.payload_ref_size = size;
+    until_answer.payload_ref_until_response = true;
+    auto ua = std::make_shared<CallResult>();
+    conn->Call(std::move(until_answer), Capture(ua));
+    ASSERT_TRUE(ua->Wait());
+    STRATA_ASSERT_OK(ua->result);
+    ASSERT_EQ(ua->result->payload.size(), size);
+    EXPECT_EQ(Fnv(ua->result->payload.data(), size), Fnv(push.payload.data(), size));
 
     const std::string want = Pattern(size, 9);
     for (bool use_registered : {false, true}) {
@@ -479,7 +498,8 @@ TEST_F(RdmaDeviceTest, MemlockLimitTooLowGivesThePreflightMessage) {
     ASSERT_TRUE(low.ok());
     refused = CreateTransport(Opts("rdma"));
     automatic = CreateTransport(Opts("auto"));
-    reg = before->RegisterMemory(tensor.data(), tensor.size());
+    reg = before->RegisterMemory(tensor.data(), tensor.size(),
+                                 Transport::MemoryUse::kReceiveDestination);
     late = before->Connect(server->listen_address());
   }
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,

@@ -424,7 +424,8 @@ TEST_P(TransportContractTest, BorrowedPayloadsAreSentIntact) {
   std::string tensor = Pattern(5 << 20, 4);
   // Registered, as a worker does with its gradients (rdma: the SENDs read
   // it in place, and the call returns only once they are done with it).
-  STRATA_ASSERT_OK(client_->RegisterMemory(tensor.data(), tensor.size()));
+  STRATA_ASSERT_OK(
+      client_->RegisterMemory(tensor.data(), tensor.size(), Transport::MemoryUse::kSendSource));
   Message request;
   request.header = FullHeader(MessageType::kPushRequest);
   request.payload_ref = tensor.data();
@@ -498,7 +499,8 @@ TEST_P(TransportContractTest, PipelinedSlicesAnsweredOutOfOrderLandInPlace) {
   std::string tensor(kSlices * kSlice, '\0');
   // Registered once, as a worker does with its parameters (rdma: the
   // responses are written straight into it).
-  STRATA_ASSERT_OK(client_->RegisterMemory(tensor.data(), tensor.size()));
+  STRATA_ASSERT_OK(client_->RegisterMemory(tensor.data(), tensor.size(),
+                                           Transport::MemoryUse::kReceiveDestination));
   std::vector<std::shared_ptr<CallResult>> results;
   for (int i = 0; i < kSlices; ++i) {
     Message request;

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -37,6 +38,16 @@ class FakePServer {
   void Hold(uint32_t partition) {
     absl::MutexLock l(&mu_);
     hold_[partition];
+  }
+  // Pushes are kept unanswered from now on.
+  void HoldPushes() {
+    absl::MutexLock l(&mu_);
+    hold_pushes_ = true;
+  }
+  // The client address (ip:port) each request came from, in arrival order.
+  std::vector<std::string> peers() const {
+    absl::MutexLock l(&mu_);
+    return peers_;
   }
   void Release(uint32_t partition) {
     std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>> out;
@@ -86,6 +97,11 @@ class FakePServer {
   void Handle(Message m, std::shared_ptr<transport::Responder> r) {
     absl::MutexLock l(&mu_);
     requests_.emplace_back(m.header.type, m.header.partition);
+    peers_.push_back(r->peer());
+    if (m.header.type == MessageType::kPushRequest && hold_pushes_) {
+      held_pushes_.push_back(std::move(r));
+      return;
+    }
     if (m.header.type == MessageType::kPushRequest) {
       const float* g = reinterpret_cast<const float*>(m.payload.data());
       pushed_[m.header.partition].assign(g,
@@ -108,6 +124,9 @@ class FakePServer {
   mutable absl::Mutex mu_;
   std::vector<std::pair<MessageType, uint32_t>> requests_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::vector<float>> pushed_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> peers_ ABSL_GUARDED_BY(mu_);
+  bool hold_pushes_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<transport::Responder>> held_pushes_ ABSL_GUARDED_BY(mu_);
   std::map<
       uint32_t,
       std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>>>
@@ -154,6 +173,43 @@ class ParamClientTest : public ::testing::Test {
   std::unique_ptr<transport::Transport> client_transport_;
   std::unique_ptr<ParamClient> client_;
 };
+
+// A push exchange given up with answers outstanding drops its connections:
+// the transport may be sending the gradient in place until the answer
+// (rdma), so nothing may read it once the caller reuses it. The next
+// exchange reconnects.
+TEST_F(ParamClientTest, AbandonedPushDropsItsConnection) {
+  server_.HoldPushes();
+  std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
+                                           std::vector<float>(10, 1.f)};
+  PushResult pushed;
+  auto push = client_->StartPush(&grads, 1, 1, &pushed);
+  push->IssueAll();
+  ASSERT_TRUE(server_.AwaitRequests(4));
+  push.reset();  // unanswered: gives the gradient back
+  std::vector<std::vector<float>> tables;
+  uint64_t lowest = 0;
+  auto pull = client_->StartPull(0, &tables, &lowest);
+  ASSERT_TRUE(pull->Finish().ok());
+  const std::vector<std::string> peers = server_.peers();
+  ASSERT_EQ(peers.size(), 8u);
+  EXPECT_NE(peers.front(), peers.back()) << "the pull reused the push's connection";
+}
+
+TEST_F(ParamClientTest, SettledPushKeepsItsConnection) {
+  std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
+                                           std::vector<float>(10, 1.f)};
+  PushResult pushed;
+  auto push = client_->StartPush(&grads, 1, 1, &pushed);
+  ASSERT_TRUE(push->Finish().ok());
+  push.reset();
+  std::vector<std::vector<float>> tables;
+  uint64_t lowest = 0;
+  ASSERT_TRUE(client_->StartPull(0, &tables, &lowest)->Finish().ok());
+  const std::vector<std::string> peers = server_.peers();
+  ASSERT_EQ(peers.size(), 8u);
+  EXPECT_EQ(peers.front(), peers.back());
+}
 
 TEST_F(ParamClientTest, PartitionStartsFollowTheView) {
   EXPECT_THAT(client_->PartitionStarts(0), ::testing::ElementsAre(0, 10, 20));

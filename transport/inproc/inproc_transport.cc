@@ -18,7 +18,7 @@ using CallMap = std::unordered_map<uint64_t, ResponseCallback>;
 
 // Answers one request delivered by a Listener. Holds the calling connection
 // weakly: once it is gone the response is dropped. Thread-safe.
-class InProcResponder : public OnceResponder {
+class InProcResponder final : public OnceResponder {
  public:
   InProcResponder(std::weak_ptr<InProcConnection> connection,
                   const MessageHeader& request, std::string peer)

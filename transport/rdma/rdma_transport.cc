@@ -133,37 +133,47 @@ class Registry {
  public:
   explicit Registry(std::shared_ptr<DeviceContext> ctx) : ctx_(std::move(ctx)) {}
 
-  absl::Status Register(void* addr, size_t size) {
+  // `remote_write`: a destination peers may RDMA-WRITE into; otherwise a
+  // send source (local reads need no access flag).
+  absl::Status Register(void* addr, size_t size, bool remote_write) {
     absl::MutexLock l(&mu_);
     uint32_t lkey, rkey;
-    if (LookupLocked(static_cast<const char*>(addr), size, &lkey, &rkey)) return absl::OkStatus();
+    if (LookupLocked(static_cast<const char*>(addr), size, remote_write, &lkey, &rkey)) {
+      return absl::OkStatus();
+    }
     absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = MemoryRegion::Register(
         ctx_->device.get(), addr, size,
-        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
     if (!mr.ok()) return mr.status();
     // Regions stay until the transport goes: calls in flight carry their
-    // rkeys.
-    regions_.emplace(reinterpret_cast<uintptr_t>(addr), std::move(mr).value());
+    // keys.
+    regions_.emplace(reinterpret_cast<uintptr_t>(addr), Region{std::move(mr).value(), remote_write});
     return absl::OkStatus();
   }
 
   // The keys of a registered region holding [addr, addr + size), if any.
-  bool Lookup(const char* addr, size_t size, uint32_t* lkey, uint32_t* rkey) {
+  bool Lookup(const char* addr, size_t size, bool remote_write, uint32_t* lkey, uint32_t* rkey) {
     absl::MutexLock l(&mu_);
-    return LookupLocked(addr, size, lkey, rkey);
+    return LookupLocked(addr, size, remote_write, lkey, rkey);
   }
 
  private:
-  bool LookupLocked(const char* addr, size_t size, uint32_t* lkey, uint32_t* rkey)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  struct Region {
+    std::unique_ptr<MemoryRegion> mr;
+    bool remote_write;
+  };
+
+  bool LookupLocked(const char* addr, size_t size, bool remote_write, uint32_t* lkey,
+                    uint32_t* rkey) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const auto a = reinterpret_cast<uintptr_t>(addr);
     // Regions starting at or before `addr`, nearest first (few: a worker
     // registers one per table).
     for (auto it = regions_.upper_bound(a); it != regions_.begin();) {
       --it;
-      if (a + size <= it->first + it->second->size()) {
-        *lkey = it->second->lkey();
-        *rkey = it->second->rkey();
+      const MemoryRegion& mr = *it->second.mr;
+      if (a + size <= it->first + mr.size() && (!remote_write || it->second.remote_write)) {
+        *lkey = mr.lkey();
+        *rkey = mr.rkey();
         return true;
       }
     }
@@ -172,7 +182,7 @@ class Registry {
 
   const std::shared_ptr<DeviceContext> ctx_;
   absl::Mutex mu_;
-  std::multimap<uintptr_t, std::unique_ptr<MemoryRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uintptr_t, Region> regions_ ABSL_GUARDED_BY(mu_);
 };
 
 // Where a response goes by RDMA WRITE: the destination a request named.
@@ -332,24 +342,31 @@ class Channel : public std::enable_shared_from_this<Channel> {
   //
   // `source_lkey` (non-zero): the request's borrowed payload lies in memory
   // registered with that key. Then its SENDs gather straight from it (no
-  // copy into the send slots) and Call returns once they completed, so the
-  // borrow still ends when Call returns. Not on the completion thread,
-  // which must not wait: there the payload is copied.
+  // copy into the send slots). With payload_ref_until_response the caller
+  // keeps the bytes until `done` runs, and Call returns at once; otherwise
+  // Call returns once those SENDs completed (the borrow ends when Call
+  // returns), except on the completion thread, which must not wait: there
+  // the payload is copied. (Nor should such a Call wait on another
+  // transport's thread: do not make one from another transport's callback.)
   void Call(Message request, ResponseCallback done, char* dest, size_t dest_size,
             const WriteTarget& remote, uint32_t source_lkey = 0) {
     std::vector<std::function<void()>> work;
     absl::Status broken;
     std::shared_ptr<ZeroCopy> zero_copy;
-    if (source_lkey != 0 && request.payload_ref != nullptr &&
-        !listener_->OnCompletionThread()) {
-      zero_copy = std::make_shared<ZeroCopy>();
-      zero_copy->lkey = source_lkey;
-    }
+    bool wait = false;
     {
       absl::MutexLock l(&mu_);
       if (state_ != ConnectionState::kReady) {
         broken = FailureLocked();
       } else {
+        if (source_lkey != 0 && request.payload_ref != nullptr) {
+          wait = !request.payload_ref_until_response;
+          // (The listener is alive while the channel is READY.)
+          if (!wait || !listener_->OnCompletionThread()) {
+            zero_copy = std::make_shared<ZeroCopy>();
+            zero_copy->lkey = source_lkey;
+          }
+        }
         const uint64_t id = ++next_request_id_;
         request.header.request_id = id;
         pending_[id] = Pending{std::move(done), dest, dest_size};
@@ -363,7 +380,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
         }
         out.zero_copy = zero_copy;
         Enqueue(std::move(request), std::move(out));
-        if (zero_copy != nullptr) {
+        if (zero_copy != nullptr && wait) {
           // Until every SEND reading the caller's memory completed (or the
           // connection failed, its queue pair gone).
           auto sent = [this, &zero_copy]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -371,13 +388,18 @@ class Channel : public std::enable_shared_from_this<Channel> {
                    (zero_copy->posted_all && zero_copy->in_flight == 0);
           };
           // A peer that stops taking data (stopped, not dead) would hold
-          // the caller forever: as a stalled TCP write does, that breaks
-          // the connection (its queue pair goes, so nothing reads the
-          // caller's memory any more).
-          if (!mu_.AwaitWithTimeout(absl::Condition(&sent), kSendStallTimeout)) {
-            FailLocked(absl::UnavailableError(absl::StrCat(
-                "rdma connection with ", peer_, ": no progress sending for ",
-                absl::FormatDuration(kSendStallTimeout))));
+          // the caller forever: as a stalled TCP write does, no progress
+          // for that long breaks the connection (its queue pair goes, so
+          // nothing reads the caller's memory any more).
+          uint64_t progress = zero_copy->completed;
+          while (!mu_.AwaitWithTimeout(absl::Condition(&sent), kSendStallTimeout)) {
+            if (zero_copy->completed == progress) {
+              FailLocked(absl::UnavailableError(absl::StrCat(
+                  "rdma connection with ", peer_, ": no progress sending for ",
+                  absl::FormatDuration(kSendStallTimeout))));
+              break;
+            }
+            progress = zero_copy->completed;
           }
         }
         work.swap(deferred_);
@@ -475,6 +497,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     uint32_t lkey = 0;
     bool posted_all = false;  // every frame posted
     int in_flight = 0;        // posted SENDs not completed yet
+    uint64_t completed = 0;   // SENDs completed (progress)
   };
   // A message on its way out.
   struct Outgoing {
@@ -693,7 +716,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
         f.chunk_bytes =
             static_cast<uint32_t>(std::min<size_t>(frame_room_ - head, o.size - o.sent));
         if (!PostFrame(f, o.started ? nullptr : o.header, o.data + o.sent, f.chunk_bytes,
-                       o.zero_copy.get())) {
+                       o.zero_copy)) {
           return;
         }
         o.started = true;
@@ -715,7 +738,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // `zero_copy`: the chunk is gathered from the caller's registered memory
   // instead of copied into the slot.
   bool PostFrame(Frame f, const char* msg_header, const char* chunk, uint32_t n,
-                 ZeroCopy* zero_copy = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                 const std::shared_ptr<ZeroCopy>& zero_copy = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint32_t slot = TakeSendSlot();
     char* p = SendSlot(slot);
     f.credits = to_return_;
@@ -756,9 +780,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
     const uint32_t slot = static_cast<uint32_t>(wc.wr_id & kWrSlotMask);
     if ((wc.wr_id & ~kWrSlotMask) == kWrSend) {
       free_send_.push_back(slot);
-      if (ZeroCopy* z = slot_zero_copy_[slot]; z != nullptr) {
-        --z->in_flight;  // its Call waits on this (mu_'s condition)
-        slot_zero_copy_[slot] = nullptr;
+      if (std::shared_ptr<ZeroCopy>& z = slot_zero_copy_[slot]; z != nullptr) {
+        --z->in_flight;  // a waiting Call sees this (mu_'s condition)
+        ++z->completed;
+        z = nullptr;
       }
       return;
     }
@@ -897,9 +922,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::unique_ptr<MemoryRegion> recv_mr_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<MemoryRegion> send_mr_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_send_ ABSL_GUARDED_BY(mu_);
-  // Per send slot: the zero-copy message its SEND reads from, if any (the
-  // message's Call is waiting, so the pointer stays valid).
-  std::vector<ZeroCopy*> slot_zero_copy_ ABSL_GUARDED_BY(mu_);
+  // Per send slot: the zero-copy message its SEND reads from, if any.
+  std::vector<std::shared_ptr<ZeroCopy>> slot_zero_copy_ ABSL_GUARDED_BY(mu_);
   uint32_t peer_credits_ ABSL_GUARDED_BY(mu_) = 0;     // SENDs we may post
   uint32_t peer_recv_slots_ ABSL_GUARDED_BY(mu_) = 0;  // the peer's advertised slots
   uint32_t to_return_ ABSL_GUARDED_BY(mu_) = 0;        // slots reposted, not yet reported
@@ -916,7 +940,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
 };
 
 // The server's responder for one request that came over rdma.
-class RdmaResponder : public OnceResponder {
+class RdmaResponder final : public OnceResponder {
  public:
   RdmaResponder(std::weak_ptr<Channel> channel, const MessageHeader& request,
                 std::string peer, const WriteTarget& target)
@@ -1005,15 +1029,15 @@ class RdmaConnection : public Connection {
     WriteTarget target;
     uint32_t lkey = 0;
     if (dest != nullptr && dest_size > 0 &&
-        registry_->Lookup(dest, dest_size, &lkey, &target.rkey)) {
+        registry_->Lookup(dest, dest_size, /*remote_write=*/true, &lkey, &target.rkey)) {
       target.valid = true;
       target.addr = reinterpret_cast<uint64_t>(dest);
       target.len = dest_size;
     }
     uint32_t source_lkey = 0, unused_rkey;
     if (request.payload_ref != nullptr && request.payload_ref_size > 0 &&
-        !registry_->Lookup(request.payload_ref, request.payload_ref_size, &source_lkey,
-                           &unused_rkey)) {
+        !registry_->Lookup(request.payload_ref, request.payload_ref_size,
+                           /*remote_write=*/false, &source_lkey, &unused_rkey)) {
       source_lkey = 0;
     }
     channel_->Call(std::move(request), std::move(done), dest, dest_size, target, source_lkey);
@@ -1177,7 +1201,7 @@ class RdmaTransport : public Transport, public ChannelListener {
     }
     // The path check: READY only once a frame went each way.
     if (absl::Status s = channel->Probe(options_.rdma.connect_timeout); !s.ok()) {
-      channel->Fail(s, /*warn=*/true);
+      channel->Fail(s);  // logged by Fallback; never a working connection
       return Fallback(nullptr, address, std::string(s.message()), true);
     }
     VLOG(1) << "rdma: connected to " << address;
@@ -1185,9 +1209,9 @@ class RdmaTransport : public Transport, public ChannelListener {
         std::make_shared<RdmaConnection>(std::move(channel), registry_));
   }
 
-  absl::Status RegisterMemory(void* addr, size_t size) override {
+  absl::Status RegisterMemory(void* addr, size_t size, MemoryUse use) override {
     if (registry_ == nullptr || size == 0) return absl::OkStatus();
-    return registry_->Register(addr, size);
+    return registry_->Register(addr, size, use == MemoryUse::kReceiveDestination);
   }
 
   void Shutdown() override {

@@ -66,7 +66,7 @@ uint64_t GetU64(const char* p) {
 // Answers one request received on a ServerEndpoint. Holds the endpoint
 // weakly: once the connection is gone the response is dropped silently.
 // Thread-safe.
-class TcpResponder : public OnceResponder {
+class TcpResponder final : public OnceResponder {
  public:
   TcpResponder(std::weak_ptr<Endpoint> endpoint, const MessageHeader& request,
                std::string peer)

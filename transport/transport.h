@@ -74,7 +74,8 @@ struct Message {
   // call's callback has run, not only until Call returns. Then rdma sends
   // registered bytes in place without waiting in Call. A caller that gives
   // up on such a call must release the connection (which stops every send
-  // on it) before changing the bytes.
+  // on it) before changing the bytes. The transport puts no time limit on
+  // such a call: the caller's own timeout does.
   bool payload_ref_until_response = false;
 
   // Receiving without a copy: true when the payload was written straight

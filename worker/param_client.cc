@@ -92,7 +92,7 @@ void ParamClient::DropConnections(const std::set<std::string>& addresses) {
   }
   if (!dropped.empty()) {
     LOG(WARNING) << "dropping " << dropped.size()
-                 << " pserver connection(s) with pushes unanswered";
+                 << " pserver connection(s) with requests given up unanswered";
   }
   // Released here, outside mu_: that closes them.
 }
@@ -162,7 +162,9 @@ void ParamClient::Exchange::Send(uint32_t partition) {
     round->answered.fetch_add(1, std::memory_order_release);
   };
   auto conn = client_->ConnectionTo(r.address);
-  if (req.payload_ref_until_response) borrowing_.insert(r.address);
+  // Calls that may still touch the caller's memory after a give-up: a push
+  // sent in place until its answer, a pull written into its destination.
+  if (req.payload_ref_until_response || destination_) borrowing_.insert(r.address);
   if (!conn.ok()) {
     finish(conn.status());
   } else if (destination_) {

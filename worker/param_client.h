@@ -93,9 +93,11 @@ class ParamClient {
              Destination destination);
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;
-    // With calls still unanswered whose payload the transport may still be
-    // reading (a push sent in place from the gradient), drops their
-    // connections, so nothing reads the gradient once this is gone.
+    // With calls still unanswered that may still touch the caller's memory
+    // (a push sent in place from the gradient, a pull writing into its
+    // destination), drops their connections, so the transport stops
+    // reading the gradient and writing the destination once this is gone
+    // (rdma: at once; tcp: once its thread sees the socket closed).
     ~Exchange();
 
     // Sends the first attempt (once) for the partitions of `table` that lie
@@ -132,7 +134,7 @@ class ParamClient {
     uint64_t total_bytes_ = 0;  // payload of all partitions
     absl::Status view_error_;
     std::set<uint32_t> issued_;  // partitions sent at least once
-    // Where calls went whose payload is borrowed until their answer.
+    // Where calls went that touch the caller's memory until their answer.
     std::set<std::string> borrowing_;
     bool finished_ = false;
     absl::Status finish_status_;

@@ -196,6 +196,29 @@ TEST_F(ParamClientTest, AbandonedPushDropsItsConnection) {
   EXPECT_NE(peers.front(), peers.back()) << "the pull reused the push's connection";
 }
 
+// Likewise a pull given up with answers outstanding: its connection goes,
+// so a late answer stops landing in the destination (rdma: at once, the
+// queue pair destroyed under the channel's lock; tcp: once its thread sees
+// the socket closed, so the destination is kept alive here).
+TEST_F(ParamClientTest, AbandonedPullDropsItsConnection) {
+  server_.Hold(1);
+  std::vector<std::vector<float>> abandoned;
+  {
+    uint64_t lowest = 0;
+    auto pull = client_->StartPull(0, &abandoned, &lowest);
+    pull->IssueAll();
+    ASSERT_TRUE(server_.AwaitRequests(4));
+  }  // given up with partition 1 unanswered
+  server_.Release(1);  // the late answer goes to a closed connection
+  std::vector<std::vector<float>> tables;
+  uint64_t lowest = 0;
+  ASSERT_TRUE(client_->StartPull(0, &tables, &lowest)->Finish().ok());
+  EXPECT_EQ(tables[0][10], 1000.f);
+  const std::vector<std::string> peers = server_.peers();
+  ASSERT_EQ(peers.size(), 8u);
+  EXPECT_NE(peers.front(), peers.back()) << "the pull reused the abandoned connection";
+}
+
 TEST_F(ParamClientTest, SettledPushKeepsItsConnection) {
   std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
                                            std::vector<float>(10, 1.f)};

@@ -391,15 +391,17 @@ class Channel : public std::enable_shared_from_this<Channel> {
           // the caller forever: as a stalled TCP write does, no progress
           // for that long breaks the connection (its queue pair goes, so
           // nothing reads the caller's memory any more).
-          uint64_t progress = zero_copy->completed;
+          // Progress of the whole connection: this message may wait
+          // behind others that are moving.
+          uint64_t progress = sends_completed_;
           while (!mu_.AwaitWithTimeout(absl::Condition(&sent), kSendStallTimeout)) {
-            if (zero_copy->completed == progress) {
+            if (sends_completed_ == progress) {
               FailLocked(absl::UnavailableError(absl::StrCat(
                   "rdma connection with ", peer_, ": no progress sending for ",
                   absl::FormatDuration(kSendStallTimeout))));
               break;
             }
-            progress = zero_copy->completed;
+            progress = sends_completed_;
           }
         }
         work.swap(deferred_);
@@ -497,7 +499,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
     uint32_t lkey = 0;
     bool posted_all = false;  // every frame posted
     int in_flight = 0;        // posted SENDs not completed yet
-    uint64_t completed = 0;   // SENDs completed (progress)
   };
   // A message on its way out.
   struct Outgoing {
@@ -639,7 +640,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   // Queues `message` (taking its payload or borrowing the caller's) and
   // sends what credits and slots allow; what is left stays queued with its
-  // payload copied, so the caller's memory is free when this returns.
+  // payload copied, so the caller's memory is free when this returns;
+  // except a zero-copy message, which keeps reading the caller's memory
+  // (its Call waits, or its caller keeps the bytes until the answer).
   void Enqueue(Message message, Outgoing out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     queue_.push_back(std::move(out));
     // Pointers into `owned` are taken in place: moving a short string moves
@@ -782,9 +785,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
       free_send_.push_back(slot);
       if (std::shared_ptr<ZeroCopy>& z = slot_zero_copy_[slot]; z != nullptr) {
         --z->in_flight;  // a waiting Call sees this (mu_'s condition)
-        ++z->completed;
         z = nullptr;
       }
+      ++sends_completed_;
       return;
     }
     bool took_credit = false;
@@ -924,6 +927,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::vector<uint32_t> free_send_ ABSL_GUARDED_BY(mu_);
   // Per send slot: the zero-copy message its SEND reads from, if any.
   std::vector<std::shared_ptr<ZeroCopy>> slot_zero_copy_ ABSL_GUARDED_BY(mu_);
+  uint64_t sends_completed_ ABSL_GUARDED_BY(mu_) = 0;  // progress, for stalls
   uint32_t peer_credits_ ABSL_GUARDED_BY(mu_) = 0;     // SENDs we may post
   uint32_t peer_recv_slots_ ABSL_GUARDED_BY(mu_) = 0;  // the peer's advertised slots
   uint32_t to_return_ ABSL_GUARDED_BY(mu_) = 0;        // slots reposted, not yet reported

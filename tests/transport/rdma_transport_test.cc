@@ -180,6 +180,23 @@ class RdmaDeviceTest : public ::testing::Test {
     EXPECT_THAT(t, IsOk());
     return t.ok() ? std::move(t).value() : nullptr;
   }
+
+  // A server and a client of `o`, the server answering with `handler`, the
+  // client connected to it: server_, client_, conn_, address_.
+  void Join(const TransportOptions& o, RequestHandler handler) {
+    server_ = Make(o);
+    client_ = Make(o);
+    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(client_, nullptr);
+    STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, std::move(handler)));
+    address_ = server_->listen_address();
+    STRATA_ASSERT_OK_AND_ASSIGN(conn_, client_->Connect(address_));
+  }
+
+  std::unique_ptr<Transport> server_;
+  std::unique_ptr<Transport> client_;
+  std::shared_ptr<Connection> conn_;  // released before the transports go
+  std::string address_;
 };
 
 // Payloads at and around every boundary of the framing (one frame, one
@@ -189,12 +206,10 @@ class RdmaDeviceTest : public ::testing::Test {
 TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
   TransportOptions o = Opts("rdma");
   o.rdma.slot_bytes = 4096;  // small frames: many fragments per message
-  auto server = Make(o);
-  auto client = Make(o);
-  ASSERT_NE(server, nullptr);
-  ASSERT_NE(client, nullptr);
-  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  ASSERT_NO_FATAL_FAILURE(Join(o, SizedHandler));
+  Transport* server = server_.get();
+  Transport* client = client_.get();
+  Connection* conn = conn_.get();
   ASSERT_EQ(StateOf(*conn), ConnectionState::kReady);
   EXPECT_EQ(conn->kind(), "rdma");
   EXPECT_EQ(client->stats().rdma_connections, 1u);
@@ -282,15 +297,10 @@ TEST_F(RdmaDeviceTest, ManyCallsInFlightWithTwoCreditsAllComplete) {
   o.rdma.recv_slots = 2;
   o.rdma.send_slots = 2;
   o.rdma.slot_bytes = 4096;
-  auto server = Make(o);
-  auto client = Make(o);
-  ASSERT_NE(server, nullptr);
-  ASSERT_NE(client, nullptr);
-  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, SizedHandler));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  ASSERT_NO_FATAL_FAILURE(Join(o, SizedHandler));
+  Connection* conn = conn_.get();
   constexpr int kThreads = 8, kCalls = 60;
   std::atomic<int> ok{0}, bad{0};
-  std::vector<std::shared_ptr<CallResult>> all[kThreads];
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -324,19 +334,16 @@ TEST_F(RdmaDeviceTest, ManyCallsInFlightWithTwoCreditsAllComplete) {
 
 TEST_F(RdmaDeviceTest, QpForcedIntoErrorFailsPendingCallsNamingThePeer) {
   HeldRequests held;
-  auto server = Make(Opts("rdma"));
-  auto client = Make(Opts("rdma"));
-  ASSERT_NE(server, nullptr);
-  ASSERT_NE(client, nullptr);
-  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, held.Handler()));
-  const std::string address = server->listen_address();
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address));
+  ASSERT_NO_FATAL_FAILURE(Join(Opts("rdma"), held.Handler()));
+  Transport* client = client_.get();
+  Connection* conn = conn_.get();
+  const std::string address = address_;
   auto pending = std::make_shared<CallResult>();
   Message m;
   m.header.type = MessageType::kPullRequest;
   conn->Call(m, Capture(pending));
   ASSERT_TRUE(held.WaitForCount(1));
-  STRATA_ASSERT_OK(rdma::ForceQpErrorForTesting(conn.get()));
+  STRATA_ASSERT_OK(rdma::ForceQpErrorForTesting(conn));
   ASSERT_TRUE(pending->Wait());
   EXPECT_THAT(pending->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
   EXPECT_FALSE(conn->healthy());
@@ -460,16 +467,12 @@ TEST_F(RdmaDeviceTest, PlainTcpPeerMakesAutoFallBackAndRdmaFail) {
 // A handler answering with a type that is no message type: the caller gets
 // an Internal error (as on tcp), the connection stays up.
 TEST_F(RdmaDeviceTest, InvalidResponseTypeBecomesAnInternalError) {
-  auto server = Make(Opts("rdma"));
-  auto client = Make(Opts("rdma"));
-  ASSERT_NE(server, nullptr);
-  ASSERT_NE(client, nullptr);
-  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, [](Message m, std::shared_ptr<Responder> r) {
+  ASSERT_NO_FATAL_FAILURE(Join(Opts("rdma"), [](Message m, std::shared_ptr<Responder> r) {
     Message bad;
     bad.header.type = static_cast<MessageType>(77);
     r->Respond(std::move(bad));
   }));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  Connection* conn = conn_.get();
   Message m;
   m.header.type = MessageType::kPing;
   STRATA_ASSERT_OK_AND_ASSIGN(Message reply, conn->CallSync(m, kWait));

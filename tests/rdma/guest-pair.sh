@@ -12,10 +12,13 @@ role=$(sed -n 's/.* role=\([ab]\).*/\1/p' /proc/cmdline)
 case "$role" in a) me=10.0.0.1; peer=10.0.0.2 ;; b) me=10.0.0.2; peer=10.0.0.1 ;;
   *) echo "guest-pair: no role= on the kernel command line"; exit 100 ;; esac
 fails=0
+failed_names=""
 check() {
   name="$1"; shift
   echo "=== [$role] $name"
-  if "$@"; then echo "=== [$role] $name: PASS"; else echo "=== [$role] $name: FAIL"; fails=$((fails + 1)); fi
+  t0=$(date +%s)
+  if "$@"; then verdict=PASS; else verdict=FAIL; fails=$((fails + 1)); failed_names="$failed_names '$name'"; fi
+  echo "=== [$role] $name: $verdict ($(( $(date +%s) - t0 )) s)"
 }
 modprobe virtio_net && ip link set lo up && ip link set eth0 up &&
   ip addr add "$me/24" dev eth0 && modprobe rdma_rxe &&
@@ -77,5 +80,5 @@ else
   }
   check "training job: the worker here, over rdma to the pserver in a" work_job
 fi
-echo "guest-pair [$role]: $fails check(s) failed"
+echo "guest-pair [$role]: $fails check(s) failed${failed_names:+:$failed_names}"
 exit "$fails"

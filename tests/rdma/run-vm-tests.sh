@@ -96,7 +96,7 @@ boot() {
   local append=()
   while [[ $# -gt 0 && "$1" != -- ]]; do append+=("$1"); shift; done
   shift || true
-  timeout "${STRATA_RDMA_VM_TIMEOUT:-600}" qemu-system-x86_64 \
+  timeout "${STRATA_RDMA_VM_TIMEOUT:-1500}" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" -nographic -no-reboot \
     -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 init=/sbin/strata-guest-init panic=-1 quiet loglevel=3 ${append[*]}" \
@@ -105,15 +105,28 @@ boot() {
     "$@" </dev/null >"$log" 2>&1
 }
 
-# verdict NAME SHARE QEMU_RC: prints the guest's log; true when all passed.
+# verdict NAME SHARE QEMU_RC SECONDS: prints the guest's log; true when all
+# passed. A failure also goes into $problems, which the last line carries
+# (CI shows the head and the tail of a long log, not the middle).
+problems=""
 verdict() {
-  local name="$1" share="$2" rc="$3" guest_rc
+  local name="$1" share="$2" rc="$3" secs="$4" guest_rc what
   [[ -f "$share/guest.log" ]] && cat "$share/guest.log"
   guest_rc="$(cat "$share/run.rc" 2>/dev/null || echo none)"
-  echo "run-vm-tests.sh: $name: qemu exit $rc, guest checks exit $guest_rc"
+  echo "run-vm-tests.sh: $name: qemu exit $rc, guest checks exit $guest_rc, $secs s"
   if [[ $rc -ne 0 || "$guest_rc" != 0 ]]; then
     echo "--- $name console (last 30 lines):"
     tail -n 30 "$share/console.log"
+    if [[ $rc -eq 124 ]]; then
+      # The check that was running: the last one started without a verdict.
+      what="$(sed -n 's/^=== \(.*\)$/\1/p' "$share/guest.log" 2>/dev/null | tail -n 1)"
+      case "$what" in *": PASS ("*|*": FAIL ("*|"") what="between checks" ;; *) what="in '$what'" ;; esac
+      what="timed out after $secs s $what (STRATA_RDMA_VM_TIMEOUT=${STRATA_RDMA_VM_TIMEOUT:-1500})"
+    else
+      what="$(sed -n 's/^=== \(.*\): FAIL (.*$/\1/p' "$share/guest.log" 2>/dev/null | paste -sd, -)"
+      what="qemu exit $rc, failed: ${what:-none named (guest exit $guest_rc)}"
+    fi
+    problems="$problems; $name: $what"
     return 1
   fi
 }
@@ -124,9 +137,9 @@ start=$SECONDS
 # 1. One guest, rxe0 on a dummy netdev: the device, the verbs layer.
 if [[ " $phases " == *" 1 "* ]]; then
 echo "run-vm-tests.sh: one guest (QEMU TCG, 2 vCPUs)"
-rc=0
+rc=0 t0=$SECONDS
 boot "$SHARE" "$SHARE/console.log" 2 2048 -- -nic none || rc=$?
-verdict "one guest" "$SHARE" "$rc" || failed=1
+verdict "one guest" "$SHARE" "$rc" $((SECONDS - t0)) || failed=1
 fi
 
 # 2. Two guests joined by a link (a QEMU UDP socket pair on 127.0.0.1), rxe0
@@ -139,7 +152,7 @@ for g in a b; do
   install -m755 "$HERE/guest-pair.sh" "$SHARE/$g/run.sh"
 done
 port=$((20000 + RANDOM % 20000))
-rc_a=0 rc_b=0
+rc_a=0 rc_b=0 t0=$SECONDS
 boot "$SHARE/a" "$SHARE/a/console.log" 1 1024 role=a -- \
   -netdev "socket,id=n0,udp=127.0.0.1:$((port + 1)),localaddr=127.0.0.1:$port" \
   -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01 &
@@ -149,8 +162,8 @@ boot "$SHARE/b" "$SHARE/b/console.log" 1 1024 role=b -- \
   -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:02 || rc_b=$?
 wait "$pid_a" || rc_a=$?
 pid_a=""
-verdict "guest a" "$SHARE/a" "$rc_a" || failed=1
-verdict "guest b" "$SHARE/b" "$rc_b" || failed=1
+verdict "guest a" "$SHARE/a" "$rc_a" $((SECONDS - t0)) || failed=1
+verdict "guest b" "$SHARE/b" "$rc_b" $((SECONDS - t0)) || failed=1
 fi
 
 # The line scripts/test.sh shows after the ctest summary.
@@ -159,5 +172,5 @@ bw="$(sed -n 's/^ib_write_bw 1 MiB between guests: /, ib_write_bw between the gu
 ratio="$(sed -n 's/^rdma bench 4 MiB: .*ratio \([0-9.]*\)$/, 4 MiB push-then-pull over rdma at \1 of ib_write_bw on rxe0/p' \
       "$SHARE/guest.log" 2>/dev/null | head -n 1 || true)"
 if [[ $failed -eq 0 ]]; then verdict=passed; else verdict=FAILED; fi
-echo "run-vm-tests.sh: all phases $verdict, $((SECONDS - start)) s$ratio$bw"
+echo "run-vm-tests.sh: all phases $verdict, $((SECONDS - start)) s$ratio$bw$problems"
 exit "$failed"

@@ -182,6 +182,7 @@ class ConfigReader {
   std::vector<Field> JobFields(JobSection* job);
   std::vector<Field> ModelFields(ModelSection* model);
   std::vector<Field> OptimizerFields(OptimizerSection* optimizer);
+  std::vector<Field> SparseFields(SparseSection* sparse);
   std::vector<Field> DataFields(DataSection* data);
   std::vector<Field> ClusterFields(ClusterSection* cluster);
   std::vector<Field> PortsFields(PortsSection* ports);
@@ -491,6 +492,65 @@ std::vector<ConfigReader::Field> ConfigReader::OptimizerFields(
   };
 }
 
+std::vector<ConfigReader::Field> ConfigReader::SparseFields(SparseSection* sparse) {
+  return {
+      Int("partitions", &sparse->partitions, IntInRange(1, 65536)),
+      Section("init",
+              [this, sparse] {
+                SparseInitSection* init = &sparse->init;
+                return std::vector<Field>{
+                    Enum("type", &init->type, {"zeros", "uniform", "normal"}),
+                    Double("scale", &init->scale, DoubleNonNegative()),
+                };
+              }),
+      Section("optimizer",
+              [this, sparse] {
+                RowOptimizerSection* opt = &sparse->optimizer;
+                return std::vector<Field>{
+                    Enum("type", &opt->type, {"sgd", "adagrad", "adam", "ftrl"}),
+                    Double("learning_rate", &opt->learning_rate, DoublePositive()),
+                    Double("initial_accumulator", &opt->initial_accumulator,
+                           DoubleNonNegative()),
+                    Double("beta1", &opt->beta1, DoubleUnitInterval()),
+                    Double("beta2", &opt->beta2, DoubleUnitInterval()),
+                    Double("epsilon", &opt->epsilon, DoublePositive()),
+                    Double("weight_decay", &opt->weight_decay, DoubleNonNegative()),
+                    Double("ftrl_beta", &opt->ftrl_beta, DoubleNonNegative()),
+                    Double("l1", &opt->l1, DoubleNonNegative()),
+                    Double("l2", &opt->l2, DoubleNonNegative()),
+                };
+              }),
+      Section("admission",
+              [this, sparse] {
+                AdmissionSection* a = &sparse->admission;
+                return std::vector<Field>{
+                    Int("min_count", &a->min_count, IntAtLeast(1)),
+                    Double("probability", &a->probability,
+                           [](const double& v) -> std::optional<std::string> {
+                             if (v > 0 && v <= 1) return std::nullopt;
+                             return std::string("must be in (0, 1]");
+                           }),
+                };
+              }),
+      Section("eviction",
+              [this, sparse] {
+                EvictionSection* e = &sparse->eviction;
+                return std::vector<Field>{
+                    Uint64("idle_updates", &e->idle_updates),
+                    Uint64("capacity_rows", &e->capacity_rows),
+                };
+              }),
+      Section("cache",
+              [this, sparse] {
+                RowCacheSection* c = &sparse->cache;
+                return std::vector<Field>{
+                    Int64("rows", &c->rows, IntAtLeast(0)),
+                    Int("staleness_steps", &c->staleness_steps, IntAtLeast(0)),
+                };
+              }),
+  };
+}
+
 std::vector<ConfigReader::Field> ConfigReader::DataFields(DataSection* data) {
   return {
       Enum("format", &data->format, {"idx"}),
@@ -579,6 +639,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
       Section("model", [this, config] { return ModelFields(&config->model); }),
       Section("optimizer",
               [this, config] { return OptimizerFields(&config->optimizer); }),
+      Section("sparse", [this, config] { return SparseFields(&config->sparse); }),
       Section("data", [this, config] { return DataFields(&config->data); }),
       Section("cluster",
               [this, config] { return ClusterFields(&config->cluster); }),

@@ -45,6 +45,57 @@ struct OptimizerSection {
   double weight_decay = 0.0;     // >= 0
 };
 
+// Sparse (embedding) tables: uint64 key -> row of `dim` floats, created on
+// first touch (docs/config.md, section "sparse").
+struct RowOptimizerSection {
+  std::string type = "adagrad";     // sgd | adagrad | adam | ftrl
+  double learning_rate = 0.05;      // > 0 (ftrl: alpha)
+  double initial_accumulator = 0.0; // adagrad, >= 0
+  double beta1 = 0.9;               // adam, [0, 1)
+  double beta2 = 0.999;             // adam, [0, 1)
+  double epsilon = 1e-8;            // adagrad, adam; > 0
+  double weight_decay = 0.0;        // sgd, adagrad, adam; >= 0
+  double ftrl_beta = 1.0;           // ftrl, >= 0
+  double l1 = 0.0;                  // ftrl, >= 0
+  double l2 = 0.0;                  // ftrl, >= 0
+};
+
+struct SparseInitSection {
+  std::string type = "normal";  // zeros | uniform | normal
+  double scale = 0.01;          // uniform: [-scale, scale); normal: stddev; >= 0
+};
+
+// A key becomes a row once it was pushed min_count times; from then on each
+// push of it is admitted with `probability`.
+struct AdmissionSection {
+  int min_count = 1;         // >= 1 (1: at first touch)
+  double probability = 1.0;  // (0, 1]
+};
+
+struct EvictionSection {
+  uint64_t idle_updates = 0;   // drop rows not updated for this many of their
+                               // partition's updates; 0 = never
+  uint64_t capacity_rows = 0;  // per table; beyond it the least frequently
+                               // updated rows go first; 0 = unbounded
+};
+
+// The worker's cache of pulled rows (hot keys), reused for a bounded number
+// of steps instead of being pulled again.
+struct RowCacheSection {
+  int64_t rows = 0;          // capacity; 0 = no cache
+  int staleness_steps = 0;   // a cached row is reused for at most this many
+                             // steps after it was pulled, >= 0
+};
+
+struct SparseSection {
+  int partitions = 16;  // virtual partitions per sparse table, [1, 65536]
+  SparseInitSection init;
+  RowOptimizerSection optimizer;
+  AdmissionSection admission;
+  EvictionSection eviction;
+  RowCacheSection cache;
+};
+
 struct DataSection {
   std::string format = "idx";  // only "idx" (gzip or plain IDX files)
   std::string train_images;    // required
@@ -91,6 +142,7 @@ struct JobConfig {
   JobSection job;
   ModelSection model;
   OptimizerSection optimizer;
+  SparseSection sparse;
   DataSection data;
   ClusterSection cluster;
 };

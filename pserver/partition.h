@@ -1,5 +1,7 @@
 // One parameter partition on a pserver: values, optimizer state, BSP
-// aggregation, waiting pulls and push de-duplication.
+// aggregation, waiting pulls and push de-duplication. A dense partition is
+// a slice of a dense table; a sparse one holds the rows of a sparse table
+// whose keys hash to it (docs/sparse.md).
 #ifndef STRATA_PSERVER_PARTITION_H_
 #define STRATA_PSERVER_PARTITION_H_
 
@@ -14,7 +16,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config.h"
+#include "absl/container/flat_hash_map.h"
 #include "common/optimizer.h"
+#include "pserver/sparse_table.h"
 #include "transport/transport.h"
 
 namespace strata::pserver {
@@ -36,17 +40,23 @@ class Partition {
   // `values` are the initial parameters (moved in); `optimizer` owned.
   Partition(uint32_t id, std::string table, std::vector<float> values,
             std::unique_ptr<Optimizer> optimizer, Consistency consistency);
+  // A sparse partition over `rows` (owned).
+  Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable> rows,
+            Consistency consistency);
   Partition(const Partition&) = delete;
   Partition& operator=(const Partition&) = delete;
 
   // kPullRequest: answers with the values once version >= header.version
-  // (BSP); ASP answers at once.
+  // (BSP); ASP answers at once. Sparse (kFlagSparse): the rows of the keys
+  // in the payload, in their order.
   void Pull(const transport::Message& request,
             std::shared_ptr<transport::Responder> responder);
   // kPushRequest: payload is the gradient summed over header.count samples
   // for step header.version. Applied at most once per (sender, seq). BSP:
   // accumulated until every worker of the step set has pushed, then averaged
   // over all samples and applied once; ASP: averaged and applied at once.
+  // Sparse (kFlagSparse): n keys then their n gradient rows; in BSP the
+  // rows of a key pushed by several workers are summed.
   void Push(const transport::Message& request,
             std::shared_ptr<transport::Responder> responder);
 
@@ -56,8 +66,12 @@ class Partition {
 
   uint32_t id() const { return id_; }
   const std::string& table() const { return table_; }
+  // Dense: elements. Sparse: 0.
   uint64_t length() const { return length_; }
+  bool sparse() const { return sparse_; }
   PartitionStats stats() const;
+  // Sparse partitions only (zeros for a dense one).
+  SparseTableStats sparse_stats() const;
   // A copy of the current values.
   std::vector<float> ValuesForTesting() const;
 
@@ -65,9 +79,14 @@ class Partition {
   using Reply = std::pair<std::shared_ptr<transport::Responder>, transport::Message>;
   void MaybeCompleteStepLocked(std::vector<Reply>* replies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyLocked(const float* grad_sum, double count)
+  // Applies the BSP step's summed gradient (dense or sparse).
+  void ApplyStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a sparse push's rows to the BSP step's sums.
+  void AccumulateSparseLocked(const uint64_t* keys, const float* grads, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  transport::Message PullResponseLocked(const transport::MessageHeader& req) const
+  // Why a request does not fit this partition (kind, payload size), or OK.
+  absl::Status CheckRequest(const transport::Message& request) const;
+  transport::Message PullResponseLocked(const transport::Message& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Called with mu_ held (pull responses borrow values_).
   static void Send(std::vector<Reply>* replies);
@@ -75,17 +94,25 @@ class Partition {
   const uint32_t id_;
   const std::string table_;
   const uint64_t length_;
+  const bool sparse_;
+  const int dim_;  // sparse: floats per row
   const Consistency consistency_;
 
   mutable absl::Mutex mu_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SparseTable> rows_ ABSL_GUARDED_BY(mu_);  // sparse only
   std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);  // BSP step accumulator
+  // Sparse BSP step accumulator: key -> its place in step_keys_/step_grads_.
+  absl::flat_hash_map<uint64_t, uint32_t> step_slot_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> step_keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> step_grads_ ABSL_GUARDED_BY(mu_);
   double count_sum_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<uint32_t> contributors_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> step_workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint64_t> last_seq_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<transport::MessageHeader, std::shared_ptr<transport::Responder>>>
+  // BSP pulls of a version not reached yet (sparse ones keep their keys).
+  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>>
       waiting_pulls_ ABSL_GUARDED_BY(mu_);
   PartitionStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -52,11 +52,17 @@ struct MessageHeader {
   uint64_t request_id = 0;  // set by Connection::Call; echoed in the response
   uint64_t seq = 0;         // per-sender push sequence (push idempotence)
   uint32_t partition = 0;   // partition id
-  uint32_t flags = 0;       // reserved, 0
+  uint32_t flags = 0;       // kFlagSparse, else 0
   uint64_t version = 0;     // pull: min version wanted / version sent;
                             // push: the step (version) the gradient is for
   uint64_t count = 0;       // push: samples the gradient sums over
 };
+
+// MessageHeader::flags bit 0: a request for a sparse table's partition
+// (docs/sparse.md). Pull: the payload is n little-endian uint64 keys and the
+// response n rows of `dim` fp32 values in the same order. Push: n keys, then
+// n rows of gradient (n * dim fp32).
+inline constexpr uint32_t kFlagSparse = 1;
 
 struct Message {
   MessageHeader header;

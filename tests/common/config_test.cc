@@ -218,7 +218,7 @@ TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
 TEST(ParseJobConfigTest, UnknownTopLevelKeyNamesKeyAndChoices) {
   ExpectError(ParseWithData("\noptimzer:\n  type: sgd\n"), "local.yaml:7:1: ",
               "unknown key 'optimzer' (expected one of: job, model, "
-              "optimizer, data, cluster)");
+              "optimizer, sparse, data, cluster)");
 }
 
 TEST(ParseJobConfigTest, UnknownNestedKeyNamesFullPath) {
@@ -338,6 +338,44 @@ TEST(ParseJobConfigTest, RdmaTransportAndItsSettings) {
   EXPECT_EQ(c.cluster.rdma.busy_poll_us, 0);
   ExpectError(ParseWithData("cluster:\n  rdma:\n    recv_slots: 1\n"), "local.yaml:8:17: ",
               "cluster.rdma.recv_slots");
+}
+
+TEST(ParseJobConfigTest, SparseSectionAndItsChecks) {
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c,
+      ParseWithData("sparse:\n  partitions: 32\n  init:\n    type: uniform\n    scale: 0.05\n"
+                    "  optimizer:\n    type: ftrl\n    learning_rate: 0.1\n    l1: 1\n"
+                    "    l2: 0.5\n    ftrl_beta: 2\n"
+                    "  admission:\n    min_count: 3\n    probability: 0.5\n"
+                    "  eviction:\n    idle_updates: 1000\n    capacity_rows: 5000000\n"
+                    "  cache:\n    rows: 100000\n    staleness_steps: 4\n"));
+  EXPECT_EQ(c.sparse.partitions, 32);
+  EXPECT_EQ(c.sparse.init.type, "uniform");
+  EXPECT_DOUBLE_EQ(c.sparse.init.scale, 0.05);
+  EXPECT_EQ(c.sparse.optimizer.type, "ftrl");
+  EXPECT_DOUBLE_EQ(c.sparse.optimizer.l1, 1);
+  EXPECT_DOUBLE_EQ(c.sparse.optimizer.l2, 0.5);
+  EXPECT_DOUBLE_EQ(c.sparse.optimizer.ftrl_beta, 2);
+  EXPECT_EQ(c.sparse.admission.min_count, 3);
+  EXPECT_DOUBLE_EQ(c.sparse.admission.probability, 0.5);
+  EXPECT_EQ(c.sparse.eviction.idle_updates, 1000u);
+  EXPECT_EQ(c.sparse.eviction.capacity_rows, 5000000u);
+  EXPECT_EQ(c.sparse.cache.rows, 100000);
+  EXPECT_EQ(c.sparse.cache.staleness_steps, 4);
+  // Defaults: admitted at first touch, never evicted, no cache.
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig d, ParseWithData(""));
+  EXPECT_EQ(d.sparse.optimizer.type, "adagrad");
+  EXPECT_EQ(d.sparse.admission.min_count, 1);
+  EXPECT_EQ(d.sparse.eviction.capacity_rows, 0u);
+  EXPECT_EQ(d.sparse.cache.rows, 0);
+  ExpectError(ParseWithData("sparse:\n  admission:\n    probability: 0\n"), "local.yaml:8:18: ",
+              "sparse.admission.probability: must be in (0, 1]");
+  ExpectError(ParseWithData("sparse:\n  optimizer:\n    type: momentum\n"), "local.yaml:8:11: ",
+              "sparse.optimizer.type: unknown value 'momentum' (allowed: sgd, adagrad, adam, ftrl)");
+  ExpectError(ParseWithData("sparse:\n  partitions: 0\n"), "local.yaml:7:15: ",
+              "sparse.partitions: must be in [1, 65536]");
+  ExpectError(ParseWithData("sparse:\n  init:\n    type: glorot_uniform\n"), "local.yaml:8:11: ",
+              "sparse.init.type");
 }
 
 TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {

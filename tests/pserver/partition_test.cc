@@ -375,5 +375,130 @@ TEST(PartitionTest, AspAppliesEachPushAtOnceWithItsOwnAverage) {
                           FloatNear(3.25f, kTol)));
 }
 
+// Sparse partitions: rows of dim 2, zeros at first, SGD with lr 0.5.
+std::unique_ptr<Partition> MakeSparsePartition(Consistency consistency) {
+  RowOptimizerSection c;
+  c.type = "sgd";
+  c.learning_rate = 0.5;
+  auto opt = RowOptimizer::Create(c);
+  CHECK(opt.ok());
+  auto init = RowInitializer::Create("zeros", 0, 0, 0);
+  CHECK(init.ok());
+  SparseTableOptions o;
+  o.dim = 2;
+  o.optimizer = std::shared_ptr<const RowOptimizer>(std::move(*opt));
+  o.initializer = &*init;
+  auto rows = SparseTable::Create(o);
+  CHECK(rows.ok());
+  return std::make_unique<Partition>(kPartitionId, "embedding", std::move(*rows), consistency);
+}
+
+std::string KeyBytes(const std::vector<uint64_t>& keys) {
+  return std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * sizeof(uint64_t));
+}
+
+Message SparsePullMsg(uint32_t sender, uint64_t min_version, const std::vector<uint64_t>& keys) {
+  Message m = PullMsg(sender, min_version, 500);
+  m.header.flags = transport::kFlagSparse;
+  m.payload = KeyBytes(keys);
+  return m;
+}
+
+Message SparsePushMsg(uint32_t sender, uint64_t seq, uint64_t step, uint64_t count,
+                      const std::vector<uint64_t>& keys, const std::vector<float>& rows) {
+  Message m = PushMsg(sender, seq, step, count, rows);
+  m.header.flags = transport::kFlagSparse;
+  m.payload = KeyBytes(keys) + FloatBytes(rows);
+  return m;
+}
+
+std::vector<float> PullRows(Partition& p, const std::vector<uint64_t>& keys) {
+  auto r = std::make_shared<RecordingResponder>();
+  p.Pull(SparsePullMsg(9, 0, keys), r);
+  auto responses = r->responses();
+  EXPECT_THAT(responses, SizeIs(1));
+  if (responses.empty()) return {};
+  EXPECT_THAT(transport::ResponseStatus(responses[0]), IsOk());
+  return BytesToFloats(responses[0].payload);
+}
+
+TEST(SparsePartitionTest, AspPushUpdatesTheRowsOfItsKeysAndPullReturnsThemInKeyOrder) {
+  auto p = MakeSparsePartition(Consistency::kAsp);
+  EXPECT_TRUE(p->sparse());
+  EXPECT_EQ(p->length(), 0u);
+  EXPECT_THAT(PullRows(*p, {5, 9}), ElementsAre(0.f, 0.f, 0.f, 0.f));
+  // Keys 5 and 9, gradient sums over 2 samples: rows -= 0.5 * sum / 2.
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 2, {5, 9}, {2.f, 4.f, -2.f, 0.f})),
+                1, 1);
+  EXPECT_THAT(PullRows(*p, {9, 7, 5}),
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(0.f, kTol),   // key 9
+                          0.f, 0.f,                                      // key 7: no row
+                          FloatNear(-0.5f, kTol), FloatNear(-1.f, kTol)));  // key 5
+  EXPECT_EQ(p->stats().version, 1u);
+  EXPECT_EQ(p->sparse_stats().rows, 2u);
+  EXPECT_EQ(p->sparse_stats().admitted, 2u);
+  // A retried push (same sender and seq) is acknowledged, not applied again.
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 2, {5, 9}, {2.f, 4.f, -2.f, 0.f})),
+                1, 1);
+  EXPECT_EQ(p->stats().duplicate_pushes, 1u);
+  EXPECT_THAT(PullRows(*p, {5}), ElementsAre(FloatNear(-0.5f, kTol), FloatNear(-1.f, kTol)));
+}
+
+TEST(SparsePartitionTest, BspSumsEveryWorkersRowsOfAKeyAndAppliesOnce) {
+  auto p = MakeSparsePartition(Consistency::kBsp);
+  p->SetStepWorkers({1, 2});
+  // Worker 1 pushes keys 3 and 4 over 1 sample, worker 2 keys 4 and 8 over 3.
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 1, {3, 4}, {1.f, 1.f, 2.f, 2.f})),
+                1, 1);
+  auto waiting = std::make_shared<RecordingResponder>();
+  p->Pull(SparsePullMsg(1, 1, {4, 3, 8}), waiting);
+  EXPECT_THAT(waiting->responses(), IsEmpty());
+  EXPECT_EQ(p->sparse_stats().rows, 0u);  // nothing applied before the step completes
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(2, 1, 0, 3, {4, 8}, {2.f, -2.f, 4.f, 4.f})),
+                2, 1);
+  // Mean over 4 samples: key 3 {1, 1}/4, key 4 {4, 0}/4, key 8 {4, 4}/4;
+  // SGD lr 0.5 from zeros.
+  auto responses = waiting->responses();
+  ASSERT_THAT(responses, SizeIs(1));
+  EXPECT_EQ(responses[0].header.version, 1u);
+  EXPECT_THAT(BytesToFloats(responses[0].payload),
+              ElementsAre(FloatNear(-0.5f, kTol), FloatNear(0.f, kTol),       // key 4
+                          FloatNear(-0.125f, kTol), FloatNear(-0.125f, kTol),  // key 3
+                          FloatNear(-0.5f, kTol), FloatNear(-0.5f, kTol)));   // key 8
+  EXPECT_EQ(p->stats().updates_applied, 1u);
+  EXPECT_EQ(p->sparse_stats().rows, 3u);
+  EXPECT_EQ(p->sparse_stats().updates, 1u);
+}
+
+TEST(SparsePartitionTest, MalformedSparseRequestsAreRefusedNamingWhatIsWrong) {
+  auto sparse = MakeSparsePartition(Consistency::kAsp);
+  // A push whose bytes are not whole (key, 2 floats) rows.
+  Message torn = SparsePushMsg(1, 1, 0, 1, {5}, {1.f, 2.f});
+  torn.payload.pop_back();
+  EXPECT_THAT(transport::ResponseStatus(PushAndGetResponse(*sparse, torn)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("sparse push to partition 7 (embedding) from node 1"),
+                             HasSubstr("rows of 16 bytes"))));
+  // A dense push to a sparse partition, and a sparse one to a dense partition.
+  EXPECT_THAT(transport::ResponseStatus(PushAndGetResponse(*sparse, PushMsg(1, 2, 0, 1, {1.f, 2.f}))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("dense push request from node 1 to sparse partition 7")));
+  auto dense = MakePartition(Consistency::kAsp);
+  EXPECT_THAT(transport::ResponseStatus(
+                  PushAndGetResponse(*dense, SparsePushMsg(1, 1, 0, 1, {5}, {1.f, 2.f}))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("sparse push request from node 1 to dense partition 7")));
+  // Keys that are not whole uint64s.
+  Message pull = SparsePullMsg(1, 0, {1, 2});
+  pull.payload.resize(13);
+  auto r = std::make_shared<RecordingResponder>();
+  sparse->Pull(pull, r);
+  ASSERT_THAT(r->responses(), SizeIs(1));
+  EXPECT_THAT(transport::ResponseStatus(r->responses()[0]),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("13 bytes of keys")));
+  EXPECT_EQ(sparse->stats().rejected_pushes, 2u);
+  EXPECT_EQ(sparse->sparse_stats().rows, 0u);
+}
+
 }  // namespace
 }  // namespace strata::pserver

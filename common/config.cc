@@ -449,7 +449,25 @@ std::vector<ConfigReader::Field> ConfigReader::JobFields(JobSection* job) {
 std::vector<ConfigReader::Field> ConfigReader::ModelFields(
     ModelSection* model) {
   return {
-      Enum("type", &model->type, {"mlp"}),
+      Enum("type", &model->type, {"mlp", "wide_deep"}),
+      Int("embedding_dim", &model->embedding_dim, IntInRange(1, 4096)),
+      {"hidden",
+       [this, model](const YAML::Node& k, const YAML::Node& v,
+                     const std::string& path) -> absl::Status {
+         if (!v.IsSequence()) {
+           return PathError(ValueMark(k, v), path,
+                            absl::StrCat("expected a list of integers, got ", Describe(v)));
+         }
+         std::vector<int> hidden;
+         for (const YAML::Node& item : v) {
+           int w = 0;
+           STRATA_RETURN_IF_ERROR(Int("", &w, IntInRange(1, 1 << 16))
+                                      .read(k, item, absl::StrCat(path, "[", hidden.size(), "]")));
+           hidden.push_back(w);
+         }
+         model->hidden = std::move(hidden);
+         return absl::OkStatus();
+       }},
       {"layers",
        [this, model](const YAML::Node& k, const YAML::Node& v,
                      const std::string& path) -> absl::Status {
@@ -553,11 +571,29 @@ std::vector<ConfigReader::Field> ConfigReader::SparseFields(SparseSection* spars
 
 std::vector<ConfigReader::Field> ConfigReader::DataFields(DataSection* data) {
   return {
-      Enum("format", &data->format, {"idx"}),
+      Enum("format", &data->format, {"idx", "criteo"}),
       String("train_images", &data->train_images, NonEmpty()),
       String("train_labels", &data->train_labels, NonEmpty()),
       String("test_images", &data->test_images, NonEmpty()),
       String("test_labels", &data->test_labels, NonEmpty()),
+      String("train", &data->train, NonEmpty()),
+      String("test", &data->test, NonEmpty()),
+      String("planted", &data->planted, NonEmpty()),
+      Enum("bad_lines", &data->bad_lines, {"fail", "skip"}),
+      Section("generate",
+              [this, data] {
+                CtrGenerateSection* g = &data->generate;
+                g->enabled = true;
+                return std::vector<Field>{
+                    String("out_dir", &g->out_dir, NonEmpty()),
+                    Int64("train_rows", &g->train_rows, IntAtLeast(1)),
+                    Int64("test_rows", &g->test_rows, IntAtLeast(1)),
+                    Uint64("seed", &g->seed),
+                    Double("zipf", &g->zipf, DoublePositive()),
+                    Double("weight_scale", &g->weight_scale, DoubleNonNegative()),
+                    Int64("max_vocab", &g->max_vocab, IntInRange(1, 200000)),
+                };
+              }),
       Int64("task_records", &data->task_records, IntAtLeast(1)),
       Int64("train_limit", &data->train_limit, IntAtLeast(0)),
   };
@@ -650,13 +686,31 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   if (data == marks_.end()) {
     return Error(root_mark, "missing required section 'data'");
   }
-  for (const char* key :
-       {"train_images", "train_labels", "test_images", "test_labels"}) {
+  const bool criteo = config->data.format == "criteo";
+  const std::vector<const char*> required =
+      criteo ? std::vector<const char*>{"train", "test"}
+             : std::vector<const char*>{"train_images", "train_labels", "test_images",
+                                        "test_labels"};
+  for (const char* key : required) {
     const std::string path = absl::StrCat("data.", key);
     if (marks_.count(path) == 0) {
       return Error(data->second,
-                   absl::StrCat("missing required key '", path, "'"));
+                   absl::StrCat("missing required key '", path, "'",
+                                criteo ? " (data.format criteo)" : ""));
     }
+  }
+  if (config->data.generate.enabled && marks_.count("data.generate.out_dir") == 0) {
+    return Error(marks_["data.generate"], "missing required key 'data.generate.out_dir'");
+  }
+  // The model reads what the data format gives: an MLP images (idx), a
+  // wide & deep model CTR rows (criteo).
+  const bool wide_deep = config->model.type == "wide_deep";
+  if (wide_deep != criteo) {
+    auto it = marks_.find("model.type");
+    return PathError(it != marks_.end() ? it->second : data->second, "model.type",
+                     absl::StrCat("model type '", config->model.type,
+                                  "' does not read data.format '", config->data.format,
+                                  "' (mlp reads idx, wide_deep reads criteo)"));
   }
   return CrossCheck(*config);
 }

@@ -27,9 +27,16 @@ struct JobSection {
 };
 
 struct ModelSection {
-  std::string type = "mlp";                  // "mlp" (YAML); "dense" (programs)
-  std::vector<int> layers{784, 256, 128, 10};  // >= 2 entries, each > 0
+  // "mlp" | "wide_deep" (YAML); "dense" (programs)
+  std::string type = "mlp";
+  std::vector<int> layers{784, 256, 128, 10};  // mlp: >= 2 entries, each > 0
   std::string activation = "relu";           // relu | tanh | sigmoid
+  // wide_deep (docs/sparse.md): the wide part is a sparse logistic
+  // regression over the categorical features plus a linear term over the
+  // dense ones; the deep part an MLP over [embeddings of every categorical
+  // feature, dense features] with these hidden widths and one output.
+  int embedding_dim = 8;          // > 0
+  std::vector<int> hidden{64, 32};  // each > 0 (may be empty: linear)
   // type "dense" only, set by programs (bench/), not by YAML: one
   // zero-initialised fp32 table "dense<i>" of dense_tables[i] elements each.
   std::vector<uint64_t> dense_tables;
@@ -96,12 +103,32 @@ struct SparseSection {
   RowCacheSection cache;
 };
 
+// What strata-gen-ctr writes when a criteo data set is missing
+// (docs/ctr-data.md): `strata-gen-ctr --config` and `launch.sh run` use it.
+struct CtrGenerateSection {
+  bool enabled = false;         // true when the section is present
+  std::string out_dir;          // required: where train.txt etc. go
+  int64_t train_rows = 200000;  // > 0
+  int64_t test_rows = 50000;    // > 0
+  uint64_t seed = 1;
+  double zipf = 1.1;            // > 0
+  double weight_scale = 0.24;   // >= 0
+  int64_t max_vocab = 200000;   // cap of each field's vocabulary, [1, 200000]
+};
+
 struct DataSection {
-  std::string format = "idx";  // only "idx" (gzip or plain IDX files)
-  std::string train_images;    // required
-  std::string train_labels;    // required
-  std::string test_images;     // required
-  std::string test_labels;     // required
+  std::string format = "idx";  // idx (gzip or plain IDX files) | criteo
+  std::string train_images;    // idx: required
+  std::string train_labels;    // idx: required
+  std::string test_images;     // idx: required
+  std::string test_labels;     // idx: required
+  std::string train;           // criteo: required (text, plain or gzip)
+  std::string test;            // criteo: required
+  // criteo: a planted.json of strata-gen-ctr; its planted_test_auc and
+  // planted_test_logloss go into the job's summary. Optional.
+  std::string planted;
+  std::string bad_lines = "fail";  // criteo: fail | skip (counted, logged)
+  CtrGenerateSection generate;
   int64_t task_records = 2000; // records per data task, > 0
   int64_t train_limit = 0;     // use only the first N training records; 0 = all
 };

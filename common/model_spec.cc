@@ -5,6 +5,7 @@
 namespace strata {
 
 uint64_t TableSpec::num_elements() const {
+  if (sparse) return 0;
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
   return n;
@@ -18,14 +19,47 @@ std::vector<TableSpec> ModelTables(const ModelSection& model) {
     }
     return tables;
   }
-  for (size_t i = 0; i + 1 < model.layers.size(); ++i) {
-    const uint64_t in = model.layers[i];
-    const uint64_t out = model.layers[i + 1];
-    tables.push_back({absl::StrCat("fc", i, ".weight"), {in, out},
+  std::vector<int> layers = model.layers;
+  std::string prefix;
+  if (model.type == "wide_deep") {
+    TableSpec wide{"wide", {}, "zeros", 0, 0};
+    wide.sparse = true;
+    wide.dim = 1;
+    TableSpec embedding{"embedding", {}, "", 0, 0};
+    embedding.sparse = true;
+    embedding.dim = model.embedding_dim;
+    tables.push_back(wide);
+    tables.push_back(embedding);
+    tables.push_back({"wide.dense", {kCtrDenseFeatures}, "zeros", kCtrDenseFeatures, 1});
+    layers = DeepLayers(model);
+    prefix = "deep.";
+  }
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    const uint64_t in = layers[i];
+    const uint64_t out = layers[i + 1];
+    tables.push_back({absl::StrCat(prefix, "fc", i, ".weight"), {in, out},
                       "glorot_uniform", in, out});
-    tables.push_back({absl::StrCat("fc", i, ".bias"), {out}, "zeros", in, out});
+    tables.push_back({absl::StrCat(prefix, "fc", i, ".bias"), {out}, "zeros", in, out});
   }
   return tables;
+}
+
+std::vector<int> DeepLayers(const ModelSection& model) {
+  std::vector<int> layers = {kCtrFields * model.embedding_dim + kCtrDenseFeatures};
+  layers.insert(layers.end(), model.hidden.begin(), model.hidden.end());
+  layers.push_back(1);
+  return layers;
+}
+
+uint32_t SparsePartitionOf(uint64_t key, uint32_t partitions) {
+  // splitmix64's finaliser over the key and a constant of its own, so the
+  // partition does not correlate with a partition's index hash.
+  uint64_t x = key ^ 0x51ed270b27f5a6c3ull;
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<uint32_t>(x % partitions);
 }
 
 }  // namespace strata

@@ -10,6 +10,8 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "master/placement.h"
+#include "google/protobuf/struct.pb.h"
+#include "storage/criteo_reader.h"
 #include "storage/idx_reader.h"
 
 namespace strata::master {
@@ -106,24 +108,51 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     return absl::InvalidArgumentError(
         "the cluster needs at least one pserver and one worker");
   }
-  // The training-set size comes from the labels file (small).
-  STRATA_ASSIGN_OR_RETURN(
-      storage::IdxArray labels,
-      storage::ReadIdxFile(options.fs, options.config.data.train_labels));
-  if (labels.dims.size() != 1 || labels.dims[0] == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.config.data.train_labels, ": expected a non-empty 1-d label file"));
+  const DataSection& data = options.config.data;
+  int64_t n = 0;
+  if (data.format == "criteo") {
+    // Records are lines: counted, not parsed (a worker's bad-line policy
+    // may skip some; their tasks are then a little shorter).
+    STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(options.fs, data.train));
+    if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
+  } else {
+    // The training-set size comes from the labels file (small).
+    STRATA_ASSIGN_OR_RETURN(storage::IdxArray labels,
+                            storage::ReadIdxFile(options.fs, data.train_labels));
+    if (labels.dims.size() != 1 || labels.dims[0] == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(data.train_labels, ": expected a non-empty 1-d label file"));
+    }
+    n = labels.dims[0];
   }
-  int64_t n = labels.dims[0];
-  if (options.config.data.train_limit > 0) {
-    n = std::min<int64_t>(n, options.config.data.train_limit);
+  if (data.train_limit > 0) n = std::min<int64_t>(n, data.train_limit);
+  Planted planted;
+  if (!data.planted.empty()) {
+    STRATA_ASSIGN_OR_RETURN(std::string text, options.fs->ReadFile(data.planted));
+    google::protobuf::Struct json;
+    auto parsed = google::protobuf::util::JsonStringToMessage(text, &json);
+    const auto& f = json.fields();
+    auto number = [&f](const char* key) -> const google::protobuf::Value* {
+      auto it = f.find(key);
+      return it != f.end() && it->second.has_number_value() ? &it->second : nullptr;
+    };
+    if (!parsed.ok() || number("planted_test_auc") == nullptr ||
+        number("planted_test_logloss") == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          data.planted, " (data.planted): expected a JSON object with numbers "
+          "planted_test_auc and planted_test_logloss (strata-gen-ctr writes it)",
+          parsed.ok() ? "" : absl::StrCat(": ", parsed.ToString())));
+    }
+    planted = {true, number("planted_test_auc")->number_value(),
+               number("planted_test_logloss")->number_value()};
   }
-  return std::unique_ptr<MasterServer>(new MasterServer(std::move(options), n));
+  return std::unique_ptr<MasterServer>(new MasterServer(std::move(options), n, planted));
 }
 
-MasterServer::MasterServer(MasterOptions options, int64_t num_records)
+MasterServer::MasterServer(MasterOptions options, int64_t num_records, Planted planted)
     : options_(std::move(options)),
       num_records_(num_records),
+      planted_(planted),
       clock_(options_.clock ? options_.clock : RealClock()),
       tasks_(num_records, options_.config.data.task_records,
              options_.config.job.epochs, options_.config.job.seed,
@@ -131,7 +160,8 @@ MasterServer::MasterServer(MasterOptions options, int64_t num_records)
   absl::MutexLock l(&mu_);
   view_.set_epoch(1);
   view_.set_seed(options_.config.job.seed);
-  for (auto& t : MakeTableInfos(ModelTables(options_.config.model))) {
+  for (auto& t : MakeTableInfos(ModelTables(options_.config.model),
+                                static_cast<uint32_t>(options_.config.sparse.partitions))) {
     *view_.add_tables() = std::move(t);
   }
   proto::NodeInfo* self = view_.add_members();
@@ -478,8 +508,19 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
     has_accuracy_ = true;
     test_accuracy_ = req.test_accuracy();
     test_loss_ = req.test_loss();
-    LOG(INFO) << absl::StrFormat("final test accuracy %.4f (loss %.4f)",
-                                 test_accuracy_, test_loss_);
+    has_auc_ = req.has_test_auc();
+    test_auc_ = req.test_auc();
+    if (has_auc_) {
+      LOG(INFO) << absl::StrFormat("final test AUC %.4f, log-loss %.4f, accuracy %.4f%s",
+                                   test_auc_, test_loss_, test_accuracy_,
+                                   planted_.present
+                                       ? absl::StrFormat(" (planted model: AUC %.4f, log-loss %.4f)",
+                                                         planted_.auc, planted_.logloss)
+                                       : "");
+    } else {
+      LOG(INFO) << absl::StrFormat("final test accuracy %.4f (loss %.4f)",
+                                   test_accuracy_, test_loss_);
+    }
     FinishJobLocked("succeeded", "");
   }
   return absl::OkStatus();
@@ -580,6 +621,9 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_comm_share(busy > 0 ? comm / busy : 0);
   js.set_has_test_accuracy(has_accuracy_);
   js.set_test_accuracy(test_accuracy_);
+  js.set_has_test_auc(has_auc_);
+  js.set_test_auc(test_auc_);
+  js.set_test_loss(test_loss_);
   return js;
 }
 
@@ -594,6 +638,16 @@ proto::GetStatusResponse MasterServer::GetStatus() {
 
 std::string MasterServer::SummaryJsonLocked() const {
   const proto::JobStatus js = JobStatusLocked();
+  // A CTR job: AUC and log-loss, beside the planted model's own.
+  std::string ctr;
+  if (has_auc_) {
+    ctr += absl::StrFormat("  \"final_test_auc\": %.6f,\n  \"final_test_logloss\": %.6f,\n",
+                           test_auc_, test_loss_);
+  }
+  if (planted_.present) {
+    ctr += absl::StrFormat("  \"planted_test_auc\": %.6f,\n  \"planted_test_logloss\": %.6f,\n",
+                           planted_.auc, planted_.logloss);
+  }
   std::string workers;
   for (const auto& w : js.workers()) {
     if (!workers.empty()) workers += ",\n";
@@ -608,12 +662,12 @@ std::string MasterServer::SummaryJsonLocked() const {
       "  \"final_test_accuracy\": %.6f,\n  \"final_test_loss\": %.6f,\n"
       "  \"steps\": %d,\n  \"samples\": %d,\n  \"samples_per_sec\": %.2f,\n"
       "  \"comm_share\": %.4f,\n  \"wall_seconds\": %.3f,\n  \"train_seconds\": %.3f,\n"
-      "  \"tasks_total\": %d,\n  \"tasks_done\": %d,\n"
+      "  \"tasks_total\": %d,\n  \"tasks_done\": %d,\n%s"
       "  \"workers\": [\n%s\n  ]\n}\n",
       JsonEscape(js.name()), js.state(), JsonEscape(js.message()), js.consistency(),
       js.epochs(), js.test_accuracy(), test_loss_, js.steps(), js.samples(),
       js.samples_per_sec(), js.comm_share(), js.wall_seconds(), js.train_seconds(), js.tasks_total(),
-      js.tasks_done(), workers);
+      js.tasks_done(), ctr, workers);
 }
 
 bool MasterServer::WaitForJobEnd(absl::Duration timeout) {

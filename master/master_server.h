@@ -78,7 +78,6 @@ class MasterServer {
     proto::ReportProgressRequest last;
   };
 
-  MasterServer(MasterOptions options, int64_t num_records);
   void BackgroundLoop();
   void Tick();
   void MaybePlacePartitions();
@@ -95,8 +94,17 @@ class MasterServer {
   std::string SummaryJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
 
+  // The planted model's own test figures (data.planted), for the summary.
+  struct Planted {
+    bool present = false;
+    double auc = 0;
+    double logloss = 0;
+  };
+  MasterServer(MasterOptions options, int64_t num_records, Planted planted);
+
   const MasterOptions options_;
   const int64_t num_records_;
+  const Planted planted_;
   Clock* const clock_;
 
   mutable absl::Mutex mu_;
@@ -114,6 +122,8 @@ class MasterServer {
   bool has_accuracy_ ABSL_GUARDED_BY(mu_) = false;
   double test_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
   double test_loss_ ABSL_GUARDED_BY(mu_) = 0;
+  bool has_auc_ ABSL_GUARDED_BY(mu_) = false;
+  double test_auc_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, WorkerStats> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<proto::PServerAdmin::Stub>> pserver_stubs_
       ABSL_GUARDED_BY(mu_);

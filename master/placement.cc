@@ -7,7 +7,8 @@
 
 namespace strata::master {
 
-std::vector<proto::TableInfo> MakeTableInfos(const std::vector<TableSpec>& specs) {
+std::vector<proto::TableInfo> MakeTableInfos(const std::vector<TableSpec>& specs,
+                                             uint32_t sparse_partitions) {
   std::vector<proto::TableInfo> tables;
   for (size_t i = 0; i < specs.size(); ++i) {
     proto::TableInfo t;
@@ -18,6 +19,11 @@ std::vector<proto::TableInfo> MakeTableInfos(const std::vector<TableSpec>& specs
     t.set_init(specs[i].init);
     t.set_fan_in(specs[i].fan_in);
     t.set_fan_out(specs[i].fan_out);
+    if (specs[i].sparse) {
+      t.set_sparse(true);
+      t.set_dim(static_cast<uint32_t>(specs[i].dim));
+      t.set_partitions(sparse_partitions);
+    }
     tables.push_back(std::move(t));
   }
   return tables;
@@ -35,7 +41,20 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
   }
   const uint64_t max_elems = static_cast<uint64_t>(slice_bytes) / 4;
   std::vector<proto::PartitionInfo> parts;
+  std::vector<size_t> sparse_parts;
   for (const proto::TableInfo& t : tables) {
+    if (t.sparse()) {
+      for (uint32_t v = 0; v < t.partitions(); ++v) {
+        proto::PartitionInfo p;
+        p.set_id(static_cast<uint32_t>(parts.size()));
+        p.set_table_id(t.id());
+        p.set_offset(v);
+        p.set_length(0);
+        sparse_parts.push_back(parts.size());
+        parts.push_back(std::move(p));
+      }
+      continue;
+    }
     for (uint64_t off = 0; off < t.num_elements(); off += max_elems) {
       proto::PartitionInfo p;
       p.set_id(static_cast<uint32_t>(parts.size()));
@@ -45,8 +64,15 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
       parts.push_back(std::move(p));
     }
   }
-  std::vector<size_t> order(parts.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<uint32_t> sorted_ids = pserver_ids;
+  std::sort(sorted_ids.begin(), sorted_ids.end());
+  for (size_t k = 0; k < sparse_parts.size(); ++k) {
+    parts[sparse_parts[k]].set_owner(sorted_ids[k % sorted_ids.size()]);
+  }
+  std::vector<size_t> order;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].length() > 0) order.push_back(i);
+  }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return parts[a].length() > parts[b].length();
   });

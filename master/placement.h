@@ -11,13 +11,19 @@
 
 namespace strata::master {
 
-// Table descriptors with ids 0..n-1 in the given order.
-std::vector<proto::TableInfo> MakeTableInfos(const std::vector<TableSpec>& specs);
+// Table descriptors with ids 0..n-1 in the given order; a sparse table is
+// hashed into `sparse_partitions` virtual partitions.
+std::vector<proto::TableInfo> MakeTableInfos(const std::vector<TableSpec>& specs,
+                                             uint32_t sparse_partitions = 16);
 
-// Cuts every table into partitions of at most `slice_bytes` (fp32 elements),
-// numbered 0.. in table order, and places them on `pserver_ids` balancing
-// bytes: largest partition first onto the least-loaded pserver (ties: the
-// lower id). InvalidArgument when there is no pserver or slice_bytes < 4.
+// Cuts every dense table into partitions of at most `slice_bytes` (fp32
+// elements) and every sparse table into its virtual partitions (offset =
+// the index, length 0), numbered 0.. in table order. Dense partitions are
+// placed on `pserver_ids` balancing bytes: largest partition first onto the
+// least-loaded pserver (ties: the lower id). A sparse table's rows are not
+// known in advance: its virtual partitions are dealt out in turn, so each
+// pserver gets the same share of every sparse table.
+// InvalidArgument when there is no pserver or slice_bytes < 4.
 absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
     const std::vector<proto::TableInfo>& tables, int64_t slice_bytes,
     const std::vector<uint32_t>& pserver_ids);

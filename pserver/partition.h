@@ -69,6 +69,7 @@ class Partition {
   // Dense: elements. Sparse: 0.
   uint64_t length() const { return length_; }
   bool sparse() const { return sparse_; }
+  int sparse_dim() const { return dim_; }
   PartitionStats stats() const;
   // Sparse partitions only (zeros for a dense one).
   SparseTableStats sparse_stats() const;

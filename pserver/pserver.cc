@@ -10,6 +10,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/initializer.h"
+#include "common/row_optimizer.h"
 #include "transport/transport_metrics.h"
 
 namespace strata::pserver {
@@ -170,6 +171,15 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view) {
             "partition ", p.id(), " names table ", p.table_id(), " not in the view"));
       }
       const proto::TableInfo& t = view.tables(p.table_id());
+      if (t.sparse()) {
+        STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> rows, MakeSparseTable(view, t, p));
+        partitions_[p.id()] = std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
+                                                          options_.config.job.consistency);
+        if (sparse_metrics_.insert(t.name()).second) AddSparseMetrics(t.name());
+        VLOG(1) << "serving partition " << p.id() << " (" << t.name() << ", virtual partition "
+                << p.offset() << " of " << t.partitions() << ")";
+        continue;
+      }
       std::vector<float> values(p.length());
       STRATA_RETURN_IF_ERROR(InitializeSlice(
           InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
@@ -186,6 +196,66 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view) {
   }
   for (Partition* p : all) p->SetStepWorkers(step_workers);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(
+    const proto::ClusterView& view, const proto::TableInfo& t,
+    const proto::PartitionInfo& p) const {
+  const SparseSection& c = options_.config.sparse;
+  if (t.dim() < 1 || t.partitions() < 1 || p.offset() >= t.partitions()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse table ", t.name(), " of dim ", t.dim(), " and ", t.partitions(),
+        " partitions cannot have virtual partition ", p.offset()));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<RowOptimizer> opt, RowOptimizer::Create(c.optimizer));
+  // A table may fix its initializer (the wide part's weights start at 0).
+  STRATA_ASSIGN_OR_RETURN(
+      RowInitializer init,
+      RowInitializer::Create(t.init().empty() ? c.init.type : t.init(), c.init.scale, t.id(),
+                             view.seed()));
+  SparseTableOptions o;
+  o.dim = static_cast<int>(t.dim());
+  o.optimizer = std::move(opt);
+  o.initializer = &init;
+  o.admit_min_count = static_cast<uint32_t>(c.admission.min_count);
+  o.admit_probability = c.admission.probability;
+  o.idle_updates = c.eviction.idle_updates;
+  // The table's capacity, shared out evenly (keys hash evenly).
+  o.capacity_rows = c.eviction.capacity_rows == 0
+                        ? 0
+                        : (c.eviction.capacity_rows + t.partitions() - 1) / t.partitions();
+  o.seed = view.seed() ^ (static_cast<uint64_t>(p.id()) << 32);
+  return SparseTable::Create(o);
+}
+
+void PServer::AddSparseMetrics(const std::string& table) {
+  auto sum = [this, table](uint64_t SparseTableStats::*field) {
+    return [this, table, field]() {
+      double total = 0;
+      absl::MutexLock l(&mu_);
+      for (const auto& [id, p] : partitions_) {
+        if (p->sparse() && p->table() == table) total += static_cast<double>(p->sparse_stats().*field);
+      }
+      return total;
+    };
+  };
+  const MetricLabels labels = {{"table", table}};
+  metrics_.AddCallbackGauge("strata_pserver_sparse_rows", "Rows held by sparse tables",
+                            sum(&SparseTableStats::rows), labels);
+  metrics_.AddCallbackGauge("strata_pserver_sparse_bytes",
+                            "Bytes allocated by sparse tables (rows, index, admission counts)",
+                            sum(&SparseTableStats::memory_bytes), labels);
+  metrics_.AddCallbackGauge("strata_pserver_sparse_keys_admitted", "Keys that became rows",
+                            sum(&SparseTableStats::admitted), labels);
+  metrics_.AddCallbackGauge("strata_pserver_sparse_keys_rejected",
+                            "Pushed keys not admitted (gradient dropped)",
+                            sum(&SparseTableStats::rejected), labels);
+  metrics_.AddCallbackGauge("strata_pserver_sparse_keys_evicted", "Rows evicted",
+                            sum(&SparseTableStats::evicted_idle),
+                            {{"table", table}, {"reason", "idle"}});
+  metrics_.AddCallbackGauge("strata_pserver_sparse_keys_evicted", "Rows evicted",
+                            sum(&SparseTableStats::evicted_capacity),
+                            {{"table", table}, {"reason", "capacity"}});
 }
 
 void PServer::HandleRequest(Message request,
@@ -245,7 +315,11 @@ void PServer::HandleRequest(Message request,
     return;
   }
   if (h.type == MessageType::kPullRequest) {
-    bytes_out_->Increment(static_cast<double>(part->length() * sizeof(float)));
+    // A sparse pull returns dim floats for each 8-byte key.
+    const double out = part->sparse() ? static_cast<double>(request.payload.size()) / 8.0 *
+                                            part->sparse_dim() * sizeof(float)
+                                      : static_cast<double>(part->length() * sizeof(float));
+    bytes_out_->Increment(out);
   }
   if (executor_ == nullptr) {
     if (h.type == MessageType::kPullRequest) {
@@ -330,6 +404,12 @@ proto::PServerStatusResponse PServer::Status() const {
     ps->set_version(st.version);
     ps->set_pushes_applied(st.pushes_applied);
     ps->set_duplicate_pushes(st.duplicate_pushes);
+    if (p->sparse()) {
+      const SparseTableStats ss = p->sparse_stats();
+      ps->set_sparse(true);
+      ps->set_rows(ss.rows);
+      ps->set_memory_bytes(ss.memory_bytes);
+    }
   }
   return resp;
 }

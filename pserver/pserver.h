@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -76,6 +77,13 @@ class PServer {
   void HeartbeatLoop();
   absl::Status RefreshView();
   void RegisterMetrics();
+  // The row store of sparse partition p of table t, from the config's
+  // sparse section.
+  absl::StatusOr<std::unique_ptr<SparseTable>> MakeSparseTable(
+      const proto::ClusterView& view, const proto::TableInfo& t,
+      const proto::PartitionInfo& p) const;
+  // /metrics gauges of one sparse table (rows, bytes, admission, eviction).
+  void AddSparseMetrics(const std::string& table);
 
   const PServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
@@ -97,6 +105,7 @@ class PServer {
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
   bool refresh_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> sparse_metrics_ ABSL_GUARDED_BY(mu_);  // tables with gauges
 
   std::atomic<bool> shutdown_{false};
   absl::Notification stop_;

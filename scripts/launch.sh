@@ -114,6 +114,12 @@ do_up() {
   [[ -x "$STRATA" ]] || die "$STRATA not found: build first (scripts/build.sh)"
   CONFIG="$(abspath "$CONFIG")"
   HOSTS="$(abspath "$HOSTS")"
+  # A CTR job generates its data set first when it is missing (the
+  # config's data.generate section; docs/ctr-data.md).
+  if grep -Eq '^[[:space:]]*format:[[:space:]]*criteo' "$CONFIG"; then
+    [[ -x "$BIN_DIR/strata-gen-ctr" ]] || die "$BIN_DIR/strata-gen-ctr not found: build first"
+    "$BIN_DIR/strata-gen-ctr" --config "$CONFIG" || exit 2
+  fi
   "$STRATA" validate --config "$CONFIG" --hosts "$HOSTS" > /dev/null || exit 2
   if [[ -z "$RUN_DIR" ]]; then
     RUN_DIR="$ROOT/runs/$(basename "$CONFIG" .yaml)-$(date +%Y%m%d-%H%M%S)"

@@ -197,9 +197,16 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
     return 2;
   }
   uint64_t params = 0;
-  for (const auto& t : ModelTables(cfg->model)) params += t.num_elements();
+  std::string sparse;
+  for (const auto& t : ModelTables(cfg->model)) {
+    params += t.num_elements();
+    if (t.sparse) absl::StrAppend(&sparse, sparse.empty() ? "" : ", ", t.name, " (dim ", t.dim, ")");
+  }
   out << f.at("config") << ": ok (job '" << cfg->job.name << "', "
-      << ConsistencyName(cfg->job.consistency) << ", " << params << " parameters)\n";
+      << ConsistencyName(cfg->job.consistency) << ", " << params << " dense parameters"
+      << (sparse.empty() ? "" : absl::StrCat("; sparse tables ", sparse, " in ",
+                                             cfg->sparse.partitions, " partitions each"))
+      << ")\n";
   if (f.count("hosts")) {
     auto hosts = LoadHostFile(f.at("hosts"));
     if (!hosts.ok()) {

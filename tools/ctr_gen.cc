@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/config.h"
 #include "common/eval_metrics.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -315,12 +316,40 @@ absl::Status GenerateCtrData(const CtrGenOptions& options,
   const std::string test_path = JoinPath(options.out_dir, "test.txt");
   const std::string probs_path = JoinPath(options.out_dir, "test.probs");
   const std::string json_path = JoinPath(options.out_dir, "planted.json");
+  // What planted.json records of the options: data generated with other
+  // options is not "already there".
+  const std::vector<std::string> recorded = {
+      absl::StrCat("\"train_rows\": ", options.train_rows, ","),
+      absl::StrCat("\"test_rows\": ", options.test_rows, ","),
+      absl::StrCat("\"seed\": ", options.seed, ","),
+      absl::StrCat("\"target_ctr\": ", JsonNumber(options.target_ctr), ","),
+      absl::StrCat("\"zipf_s\": ", JsonNumber(options.zipf_s), ","),
+      absl::StrCat("\"weight_scale\": ", JsonNumber(options.weight_scale), ","),
+      absl::StrCat("\"dense_weight_scale\": ", JsonNumber(options.dense_weight_scale), ","),
+      absl::StrCat("\"categorical_missing_rate\": ",
+                   JsonNumber(options.categorical_missing_rate), ","),
+      absl::StrCat("\"dense_missing_rate\": ", JsonNumber(options.dense_missing_rate), ","),
+      absl::StrCat("\"vocab_sizes\": [", absl::StrJoin(options.vocab_sizes, ", "), "],"),
+  };
   if (options.if_missing && fs->Exists(train_path) && fs->Exists(test_path) &&
       fs->Exists(json_path)) {
-    LOG(INFO) << "CTR data already in " << options.out_dir
-              << " (train.txt, test.txt, planted.json); not regenerating";
-    summary->already_existed = true;
-    return absl::OkStatus();
+    auto existing = fs->ReadFile(json_path);
+    std::string differs;
+    for (const std::string& line : recorded) {
+      if (existing.ok() && existing->find(line) == std::string::npos) {
+        differs = line.substr(0, line.find(':'));
+        break;
+      }
+    }
+    if (existing.ok() && differs.empty()) {
+      LOG(INFO) << "CTR data already in " << options.out_dir
+                << " (train.txt, test.txt, planted.json); not regenerating";
+      summary->already_existed = true;
+      return absl::OkStatus();
+    }
+    LOG(INFO) << "CTR data in " << options.out_dir << " was generated with other options ("
+              << (existing.ok() ? differs : existing.status().ToString())
+              << "); regenerating";
   }
 
   STRATA_ASSIGN_OR_RETURN(PlantedCtrModel model,
@@ -428,8 +457,12 @@ const char kCtrGenUsage[] =
     "  --categorical_missing_rate R  (default 0.02)\n"
     "  --dense_missing_rate R        (default 0.05)\n"
     "  --target_ctr C                mean click probability (default 0.25)\n"
+    "  --max_vocab N                 cap every field's vocabulary at N values\n"
+    "                                (default: round(10 * 1.5^f) up to 200000)\n"
     "  --if_missing                  do nothing when the data is already "
-    "there\n";
+    "there\n"
+    "   or: strata-gen-ctr --config JOB.yaml   (the job's data.generate "
+    "section, --if_missing)\n";
 
 absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
     const std::vector<std::string>& args) {
@@ -486,6 +519,13 @@ absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
       ok = absl::SimpleAtod(value, &o.dense_missing_rate);
     } else if (key == "target_ctr") {
       ok = absl::SimpleAtod(value, &o.target_ctr);
+    } else if (key == "max_vocab") {
+      int64_t cap = 0;
+      ok = absl::SimpleAtoi(value, &cap) && cap >= 1;
+      if (ok) {
+        o.vocab_sizes = DefaultCtrVocabSizes();
+        for (int64_t& v : o.vocab_sizes) v = std::min(v, cap);
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", key));
     }
@@ -496,6 +536,22 @@ absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
   }
   STRATA_RETURN_IF_ERROR(ValidateCtrGenOptions(o));
   return o;
+}
+
+absl::StatusOr<std::vector<std::string>> CtrGenFlagsFromConfig(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(path));
+  const CtrGenerateSection& g = config.data.generate;
+  if (!g.enabled) return std::vector<std::string>();
+  return std::vector<std::string>{
+      "--out_dir",      g.out_dir,
+      "--train_rows",   absl::StrCat(g.train_rows),
+      "--test_rows",    absl::StrCat(g.test_rows),
+      "--seed",         absl::StrCat(g.seed),
+      "--zipf",         absl::StrCat(g.zipf),
+      "--weight_scale", absl::StrCat(g.weight_scale),
+      "--max_vocab",    absl::StrCat(g.max_vocab),
+      "--if_missing",
+  };
 }
 
 }  // namespace strata::tools

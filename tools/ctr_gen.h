@@ -177,6 +177,12 @@ absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
     const std::vector<std::string>& args);
 extern const char kCtrGenUsage[];
 
+// `strata-gen-ctr --config JOB.yaml`: the flags equivalent to the job's
+// data.generate section (docs/config.md), with --if_missing: an empty list
+// when the config has no such section (nothing to generate). The config's
+// errors name its file, line and key.
+absl::StatusOr<std::vector<std::string>> CtrGenFlagsFromConfig(const std::string& path);
+
 }  // namespace strata::tools
 
 #endif  // STRATA_TOOLS_CTR_GEN_H_

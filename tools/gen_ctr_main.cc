@@ -14,12 +14,28 @@
 int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
-  const std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> args(argv + 1, argv + argc);
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::cout << strata::tools::kCtrGenUsage;
       return 0;
     }
+  }
+  if (args.size() == 1 && args[0].rfind("--config=", 0) == 0) {
+    args = {"--config", args[0].substr(9)};
+  }
+  if (args.size() == 2 && args[0] == "--config") {
+    auto flags = strata::tools::CtrGenFlagsFromConfig(args[1]);
+    if (!flags.ok()) {
+      std::cerr << "strata-gen-ctr: " << flags.status().message() << "\n";
+      return 2;
+    }
+    if (flags->empty()) {
+      std::printf("strata-gen-ctr: %s has no data.generate section: nothing to generate\n",
+                  args[1].c_str());
+      return 0;
+    }
+    args = *flags;
   }
   auto options = strata::tools::ParseCtrGenFlags(args);
   if (!options.ok()) {

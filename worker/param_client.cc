@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -30,15 +31,49 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   std::map<uint32_t, std::string> data_address;
   for (const auto& m : view.members()) data_address[m.id()] = m.data_address();
   routes_.clear();
+  sparse_routes_.clear();
+  sparse_dims_.clear();
+  sparse_partitions_ = 0;
+  view_error_ = absl::OkStatus();
+  for (const auto& t : view.tables()) {
+    if (!t.sparse()) continue;
+    sparse_dims_[t.id()] = static_cast<int>(t.dim());
+    sparse_routes_[t.id()].resize(t.partitions(), Route{0, 0, 0, 0, ""});
+    if (sparse_partitions_ != 0 && sparse_partitions_ != t.partitions()) {
+      view_error_ = absl::DataLossError(absl::StrCat(
+          "cluster view epoch ", view.epoch(), ": sparse tables with ", sparse_partitions_,
+          " and ", t.partitions(), " virtual partitions"));
+    }
+    sparse_partitions_ = t.partitions();
+  }
   for (const auto& p : view.partitions()) {
-    routes_.push_back(Route{p.id(), p.table_id(), p.offset(), p.length(),
-                            data_address[p.owner()]});
+    const Route r{p.id(), p.table_id(), p.offset(), p.length(), data_address[p.owner()]};
+    auto sparse = sparse_routes_.find(p.table_id());
+    if (sparse == sparse_routes_.end()) {
+      routes_.push_back(r);
+    } else if (p.offset() < sparse->second.size()) {
+      sparse->second[p.offset()] = r;
+    } else {
+      view_error_ = absl::DataLossError(absl::StrCat(
+          "cluster view epoch ", view.epoch(), ": partition ", p.id(),
+          " is virtual partition ", p.offset(), " of sparse table ", p.table_id(),
+          " which has ", sparse->second.size()));
+    }
   }
   table_sizes_.clear();
   for (const auto& t : view.tables()) table_sizes_.push_back(t.num_elements());
+  for (const auto& [table, routes] : sparse_routes_) {
+    for (const Route& r : routes) {
+      if (r.address.empty() && view_error_.ok()) {
+        view_error_ = absl::DataLossError(absl::StrCat(
+            "cluster view epoch ", view.epoch(), ": a virtual partition of sparse table ",
+            table, " has no owner"));
+      }
+    }
+  }
+  if (!view_error_.ok()) LOG(ERROR) << view_error_;
   // Pulls land straight in the tensors: a route outside its table would
   // write out of bounds, so such a view is refused.
-  view_error_ = absl::OkStatus();
   for (const Route& r : routes_) {
     if (r.table >= table_sizes_.size() || r.offset + r.length > table_sizes_[r.table]) {
       view_error_ = absl::DataLossError(absl::StrCat(
@@ -112,8 +147,13 @@ struct ParamClient::Round {
 };
 
 ParamClient::Exchange::Exchange(ParamClient* client, MakeRequest make_request,
-                                OnResponse on_response, Destination destination)
+                                OnResponse on_response, Destination destination,
+                                int sparse_table, const SparseKeys* sparse,
+                                bool every_partition)
     : client_(client),
+      sparse_table_(sparse_table),
+      sparse_(sparse),
+      every_partition_(every_partition),
       make_request_(std::move(make_request)),
       on_response_(std::move(on_response)),
       destination_(std::move(destination)),
@@ -137,11 +177,34 @@ void ParamClient::Exchange::LoadRoutes() {
   view_error_ = client_->view_error_;
   routes_.clear();
   total_bytes_ = 0;
-  for (const Route& r : client_->routes_) {
+  epoch_ = client_->epoch_;
+  if (sparse_table_ < 0) {
+    for (const Route& r : client_->routes_) {
+      routes_[r.partition] = r;
+      total_bytes_ += r.length * sizeof(float);
+    }
+    return;
+  }
+  auto it = client_->sparse_routes_.find(static_cast<uint32_t>(sparse_table_));
+  if (view_error_.ok() && it == client_->sparse_routes_.end()) {
+    view_error_ = absl::FailedPreconditionError(absl::StrCat(
+        "table ", sparse_table_, " is not a sparse table in the cluster view"));
+  }
+  if (view_error_.ok() && sparse_->begin.size() != it->second.size() + 1) {
+    view_error_ = absl::FailedPreconditionError(absl::StrCat(
+        "keys grouped for ", sparse_->begin.size() - 1, " virtual partitions, table ",
+        sparse_table_, " has ", it->second.size()));
+  }
+  if (!view_error_.ok()) return;
+  const int dim = client_->sparse_dims_.at(static_cast<uint32_t>(sparse_table_));
+  for (size_t v = 0; v < it->second.size(); ++v) {
+    const uint64_t n = sparse_->begin[v + 1] - sparse_->begin[v];
+    if (n == 0 && !every_partition_) continue;
+    Route r = it->second[v];
+    r.length = n * static_cast<uint64_t>(dim);
     routes_[r.partition] = r;
     total_bytes_ += r.length * sizeof(float);
   }
-  epoch_ = client_->epoch_;
 }
 
 void ParamClient::Exchange::Send(uint32_t partition) {
@@ -282,7 +345,11 @@ absl::Status ParamClient::Exchange::Finish() {
 
 absl::Status ParamClient::Exchange::FinishOnce() {
   STRATA_RETURN_IF_ERROR(view_error_);
-  if (routes_.empty()) return absl::FailedPreconditionError("no partitions in the cluster view");
+  if (routes_.empty()) {
+    // A sparse exchange of a batch whose keys are all cached has nothing to do.
+    if (sparse_table_ >= 0) return absl::OkStatus();
+    return absl::FailedPreconditionError("no partitions in the cluster view");
+  }
   IssueAll();
   for (int attempt = 0;; ++attempt) {
     std::shared_ptr<Round> round = round_;
@@ -418,6 +485,121 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
         return absl::OkStatus();
       },
       Destination());
+}
+
+int ParamClient::SparseDim(uint32_t table) const {
+  absl::MutexLock l(&mu_);
+  auto it = sparse_dims_.find(table);
+  return it == sparse_dims_.end() ? 0 : it->second;
+}
+
+absl::Status ParamClient::GroupKeys(const std::vector<uint64_t>& unique_keys, SparseKeys* out,
+                                    std::vector<uint32_t>* perm) const {
+  uint32_t partitions;
+  {
+    absl::MutexLock l(&mu_);
+    partitions = sparse_partitions_;
+  }
+  if (partitions == 0) return absl::FailedPreconditionError("the cluster view has no sparse table");
+  // A counting sort by partition.
+  std::vector<uint32_t> part(unique_keys.size());
+  out->begin.assign(partitions + 1, 0);
+  for (size_t i = 0; i < unique_keys.size(); ++i) {
+    part[i] = SparsePartitionOf(unique_keys[i], partitions);
+    ++out->begin[part[i] + 1];
+  }
+  for (uint32_t v = 0; v < partitions; ++v) out->begin[v + 1] += out->begin[v];
+  std::vector<uint32_t> next(out->begin.begin(), out->begin.end() - 1);
+  out->keys.resize(unique_keys.size());
+  perm->resize(unique_keys.size());
+  for (size_t i = 0; i < unique_keys.size(); ++i) {
+    const uint32_t at = next[part[i]]++;
+    out->keys[at] = unique_keys[i];
+    (*perm)[i] = at;
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t table,
+                                                                   const SparseKeys* keys,
+                                                                   float* rows,
+                                                                   uint64_t min_version) {
+  const int dim = SparseDim(table);
+  return std::make_unique<Exchange>(
+      this,
+      [keys, min_version](const Route& r) {
+        Message m;
+        m.header.type = MessageType::kPullRequest;
+        m.header.flags = transport::kFlagSparse;
+        m.header.version = min_version;
+        const uint32_t b = keys->begin[r.offset], e = keys->begin[r.offset + 1];
+        m.payload_ref = reinterpret_cast<const char*>(keys->keys.data() + b);
+        m.payload_ref_size = (e - b) * sizeof(uint64_t);
+        return m;
+      },
+      [](const Route& r, const Message& resp) -> absl::Status {
+        STRATA_RETURN_IF_ERROR(transport::ResponseStatus(resp));
+        if (!resp.payload_in_destination) {
+          return absl::DataLossError(absl::StrCat(
+              "sparse pull of partition ", r.partition, " from ", r.address, ": expected ",
+              r.length * sizeof(float), " bytes of rows, got ", resp.payload.size()));
+        }
+        return absl::OkStatus();
+      },
+      [keys, rows, dim](const Route& r) -> std::pair<char*, size_t> {
+        // The rows land in key order, straight in place.
+        return {reinterpret_cast<char*>(rows + static_cast<size_t>(keys->begin[r.offset]) * dim),
+                r.length * sizeof(float)};
+      },
+      static_cast<int>(table), keys, false);
+}
+
+std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
+    uint32_t table, const SparseKeys* keys, const float* grads, uint64_t step, uint64_t count,
+    bool every_partition, PushResult* result) {
+  const int dim = SparseDim(table);
+  uint64_t seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = next_seq_++;
+  }
+  *result = PushResult();
+  // The payloads are built now (keys, then their rows), so the caller's
+  // gradient may change once this returns; a retry resends the same bytes.
+  auto payloads = std::make_shared<std::vector<std::string>>(keys->begin.size() - 1);
+  for (size_t v = 0; v + 1 < keys->begin.size(); ++v) {
+    const uint32_t b = keys->begin[v], e = keys->begin[v + 1];
+    if (b == e && !every_partition) continue;
+    std::string& p = (*payloads)[v];
+    p.resize((e - b) * (sizeof(uint64_t) + sizeof(float) * dim));
+    std::memcpy(p.data(), keys->keys.data() + b, (e - b) * sizeof(uint64_t));
+    std::memcpy(p.data() + (e - b) * sizeof(uint64_t), grads + static_cast<size_t>(b) * dim,
+                (e - b) * sizeof(float) * dim);
+  }
+  return std::make_unique<Exchange>(
+      this,
+      [payloads, seq, step, count](const Route& r) {
+        Message m;
+        m.header.type = MessageType::kPushRequest;
+        m.header.flags = transport::kFlagSparse;
+        m.header.seq = seq;
+        m.header.version = step;
+        m.header.count = count;
+        m.payload = (*payloads)[r.offset];
+        return m;
+      },
+      [result](const Route& r, const Message& resp) -> absl::Status {
+        absl::Status s = transport::ResponseStatus(resp);
+        if (absl::IsFailedPrecondition(s)) {  // stale gradient: dropped by design
+          ++result->stale_partitions;
+          return absl::OkStatus();
+        }
+        if (!s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
+        }
+        return absl::OkStatus();
+      },
+      Destination(), static_cast<int>(table), keys, every_partition);
 }
 
 absl::StatusOr<uint64_t> ParamClient::PullAll(

@@ -69,10 +69,26 @@ class ParamClient {
   struct Route {
     uint32_t partition;
     uint32_t table;
-    uint64_t offset;
-    uint64_t length;
+    uint64_t offset;   // dense: first element; sparse: the virtual partition
+    uint64_t length;   // dense: elements; sparse (in an exchange): the keys' floats
     std::string address;
   };
+
+  // A batch's keys of the sparse tables (docs/sparse.md), deduplicated and
+  // grouped by virtual partition: the keys of partition v are
+  // keys[begin[v] .. begin[v + 1]). Every sparse table of a job has the same
+  // number of virtual partitions, so one grouping serves them all.
+  struct SparseKeys {
+    std::vector<uint64_t> keys;
+    std::vector<uint32_t> begin;  // partitions + 1 entries
+  };
+  // Groups `unique_keys` by virtual partition into *out, keeping their
+  // order within a partition; perm[i] is the new place of unique_keys[i].
+  // FailedPrecondition when the view has no sparse table.
+  absl::Status GroupKeys(const std::vector<uint64_t>& unique_keys, SparseKeys* out,
+                         std::vector<uint32_t>* perm) const;
+  // The row width of sparse table `table` (0 when it is not one).
+  int SparseDim(uint32_t table) const;
   using MakeRequest = std::function<transport::Message(const Route&)>;
   using OnResponse = std::function<absl::Status(const Route&, const transport::Message&)>;
   using Destination = std::function<std::pair<char*, size_t>(const Route&)>;
@@ -89,8 +105,12 @@ class ParamClient {
   // request timeout. Used by one thread; the ParamClient must outlive it.
   class Exchange {
    public:
+    // `sparse`: an exchange with the virtual partitions of one sparse table
+    // that have keys in *sparse (all of them when every_partition) rather
+    // than with every dense partition; *sparse must outlive the exchange.
     Exchange(ParamClient* client, MakeRequest make_request, OnResponse on_response,
-             Destination destination);
+             Destination destination, int sparse_table = -1,
+             const SparseKeys* sparse = nullptr, bool every_partition = false);
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;
     // With calls still unanswered that may still touch the caller's memory
@@ -124,6 +144,9 @@ class ParamClient {
     absl::Status FinishOnce();
 
     ParamClient* const client_;
+    const int sparse_table_;
+    const SparseKeys* const sparse_;
+    const bool every_partition_;
     const MakeRequest make_request_;
     const OnResponse on_response_;
     const Destination destination_;
@@ -156,6 +179,21 @@ class ParamClient {
   std::unique_ptr<Exchange> StartPush(const std::vector<std::vector<float>>* grads,
                                       uint64_t step, uint64_t count, PushResult* result);
 
+  // A pull of the rows of sparse table `table` for keys->keys into
+  // rows[0 .. keys->keys.size() * dim) (responses land in place), at
+  // version >= min_version (bsp). `keys` and `rows` must outlive it.
+  std::unique_ptr<Exchange> StartSparsePull(uint32_t table, const SparseKeys* keys,
+                                            float* rows, uint64_t min_version);
+  // A push of the gradient rows grads[i * dim ..] of keys->keys[i] for
+  // `step` over `count` samples. In bsp (every_partition) a request goes to
+  // every virtual partition, empty or not, so each partition's step can
+  // complete. The payloads are copied: the caller may reuse grads once
+  // this returns.
+  std::unique_ptr<Exchange> StartSparsePush(uint32_t table, const SparseKeys* keys,
+                                            const float* grads, uint64_t step,
+                                            uint64_t count, bool every_partition,
+                                            PushResult* result);
+
  private:
   // One Exchange over every partition, settled.
   absl::Status CallAll(const MakeRequest& make_request, const OnResponse& on_response,
@@ -173,8 +211,12 @@ class ParamClient {
 
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Route> routes_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> table_sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<Route> routes_ ABSL_GUARDED_BY(mu_);  // dense partitions
+  std::vector<uint64_t> table_sizes_ ABSL_GUARDED_BY(mu_);  // sparse: 0
+  // Sparse table id -> its routes by virtual partition; and row widths.
+  std::map<uint32_t, std::vector<Route>> sparse_routes_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, int> sparse_dims_ ABSL_GUARDED_BY(mu_);
+  uint32_t sparse_partitions_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status view_error_ ABSL_GUARDED_BY(mu_);  // a view we cannot use
   std::map<std::string, std::shared_ptr<transport::Connection>> conns_
       ABSL_GUARDED_BY(mu_);

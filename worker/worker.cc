@@ -70,6 +70,26 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   }
   STRATA_RETURN_IF_ERROR(ParseActivation(options.config.model.activation).status());
   const auto& d = options.config.data;
+  if (options.config.model.type == "wide_deep") {
+    if (options.local_only) {
+      return absl::UnimplementedError(
+          "training a wide_deep model alone (--local) is not supported: its sparse tables "
+          "live on pservers");
+    }
+    storage::CriteoReadOptions read;
+    read.bad_lines = d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip
+                                           : storage::BadLinePolicy::kFail;
+    read.limit = d.train_limit;
+    storage::CriteoReadStats stats;
+    STRATA_ASSIGN_OR_RETURN(storage::CtrDataset ctr,
+                            storage::LoadCriteoFile(options.fs, d.train, read, &stats));
+    if (stats.skipped > 0) {
+      LOG(WARNING) << d.train << ": skipped " << stats.skipped << " bad line(s); first: "
+                   << stats.first_error;
+    }
+    return std::unique_ptr<Worker>(
+        new Worker(std::move(options), storage::LabeledDataset(), std::move(ctr)));
+  }
   STRATA_ASSIGN_OR_RETURN(
       storage::LabeledDataset train,
       storage::LoadIdxDataset(options.fs, d.train_images, d.train_labels, d.train_limit));
@@ -79,16 +99,35 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
         " features but model.layers[0] is ", options.config.model.layers.front()));
   }
   STRATA_RETURN_IF_ERROR(CheckLabelsFor(train, d.train_labels, options.config.model));
-  return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(train)));
+  return std::unique_ptr<Worker>(
+      new Worker(std::move(options), std::move(train), storage::CtrDataset()));
 }
 
-Worker::Worker(WorkerOptions options, storage::LabeledDataset train)
-    : options_(std::move(options)), train_(std::move(train)) {
+Worker::Worker(WorkerOptions options, storage::LabeledDataset train,
+               storage::CtrDataset ctr_train)
+    : options_(std::move(options)), train_(std::move(train)), ctr_train_(std::move(ctr_train)) {
   device_ = NewCpuDevice(options_.cpu_threads);
-  model_ = std::make_unique<Mlp>(options_.config.model.layers,
-                                 *ParseActivation(options_.config.model.activation),
-                                 device_.get());
+  const ModelSection& model = options_.config.model;
+  const Activation act = *ParseActivation(model.activation);
+  if (model.type == "wide_deep") {
+    wide_deep_ = std::make_unique<WideDeep>(model, act, device_.get());
+    const RowCacheSection& cache = options_.config.sparse.cache;
+    if (cache.rows > 0) {
+      row_cache_ = std::make_unique<RowCache>(cache.rows, cache.staleness_steps,
+                                              std::vector<int>{1, model.embedding_dim});
+    }
+  } else {
+    model_ = std::make_unique<Mlp>(model.layers, act, device_.get());
+  }
   tasks_ = std::move(options_.task_source);
+}
+
+std::vector<std::vector<float>>& Worker::ModelParams() {
+  return wide_deep_ ? wide_deep_->params() : model_->params();
+}
+
+const std::vector<std::vector<float>>& Worker::ModelGrads() const {
+  return wide_deep_ ? wide_deep_->grads() : model_->grads();
 }
 
 Worker::~Worker() { Shutdown(); }
@@ -115,14 +154,16 @@ absl::Status Worker::Start() {
   // no-op on tcp).
   using Use = transport::Transport::MemoryUse;
   absl::Status registered;
-  for (const auto& table : model_->params()) {
+  for (const auto& table : ModelParams()) {
     if (!registered.ok()) break;
+    if (table.empty()) continue;  // a sparse table: its rows come per batch
     registered = transport_->RegisterMemory(const_cast<float*>(table.data()),
                                             table.size() * sizeof(float),
                                             Use::kReceiveDestination);
   }
-  for (const auto& table : model_->grads()) {
+  for (const auto& table : ModelGrads()) {
     if (!registered.ok()) break;
+    if (table.empty()) continue;
     // Registration pins the memory; kSendSource lets nothing write to it.
     registered = transport_->RegisterMemory(const_cast<float*>(table.data()),
                                             table.size() * sizeof(float), Use::kSendSource);
@@ -150,6 +191,14 @@ absl::Status Worker::Start() {
                               stat(&Stats::recent_loss));
     transport::AddTransportGauges(&metrics_, "strata_worker",
                                   [this] { return transport_.get(); });
+    if (row_cache_ != nullptr) {
+      // Read by the HTTP thread while the training thread updates them:
+      // plain counters, a torn read is at worst one step off.
+      metrics_.AddCallbackGauge("strata_worker_row_cache_hits", "Sparse keys served by the row cache",
+                                [this] { return static_cast<double>(row_cache_hits_.load()); });
+      metrics_.AddCallbackGauge("strata_worker_row_cache_misses", "Sparse keys pulled",
+                                [this] { return static_cast<double>(row_cache_misses_.load()); });
+    }
     http_.Handle("/metrics", [this](const HttpRequest&) {
       return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
     });
@@ -200,7 +249,8 @@ absl::Status Worker::Start() {
   if (tasks_ == nullptr) tasks_ = std::make_unique<MasterTaskSource>(this);
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   LOG(INFO) << "worker " << options_.index << " is node " << node_id_
-            << "; http port " << http_.port() << "; " << train_.num_examples
+            << "; http port " << http_.port() << "; "
+            << (wide_deep_ ? ctr_train_.num_examples : train_.num_examples)
             << " training examples loaded";
   return absl::OkStatus();
 }
@@ -279,8 +329,17 @@ absl::Status Worker::CheckViewMatchesModel(const proto::ClusterView& view) const
     mismatch = absl::StrCat(mine.size(), " tables here, ", view.tables_size(), " in the job");
   }
   for (size_t i = 0; mismatch.empty() && i < mine.size(); ++i) {
-    if (view.tables(i).name() != mine[i].name ||
-        view.tables(i).num_elements() != mine[i].num_elements()) {
+    if (view.tables(i).sparse() != mine[i].sparse ||
+        (mine[i].sparse && view.tables(i).dim() != static_cast<uint32_t>(mine[i].dim))) {
+      mismatch = absl::StrCat("table ", i, " (", mine[i].name, ") is ",
+                              mine[i].sparse ? absl::StrCat("sparse of dim ", mine[i].dim) : "dense",
+                              " here, ",
+                              view.tables(i).sparse()
+                                  ? absl::StrCat("sparse of dim ", view.tables(i).dim())
+                                  : "dense",
+                              " in the job");
+    } else if (view.tables(i).name() != mine[i].name ||
+               view.tables(i).num_elements() != mine[i].num_elements()) {
       mismatch = absl::StrCat("table ", i, " is ", mine[i].name, " of ",
                               mine[i].num_elements(), " elements here, ",
                               view.tables(i).name(), " of ",
@@ -290,12 +349,13 @@ absl::Status Worker::CheckViewMatchesModel(const proto::ClusterView& view) const
   if (!mismatch.empty()) {
     // FailedPrecondition: this worker is misconfigured, the job is not.
     return absl::FailedPreconditionError(absl::StrCat(
-        "model.layers of ",
+        options_.config.model.type == "mlp" ? "model.layers of " : "the model section of ",
         options_.config.source.empty() ? "the worker's config" : options_.config.source,
         " does not match the job at master ", options_.master_address, " (", mismatch,
         "): the worker and the master must use the same model config"));
   }
   for (const auto& p : view.partitions()) {
+    if (p.table_id() < mine.size() && mine[p.table_id()].sparse) continue;  // checked by ParamClient
     if (p.table_id() >= mine.size() || p.offset() + p.length() > mine[p.table_id()].num_elements()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cluster view from master ", options_.master_address, ": partition ", p.id(),
@@ -425,6 +485,7 @@ absl::Status Worker::Settle() {
 }
 
 absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
+  if (wide_deep_ != nullptr) return TrainCtrTask(task);
   if (task.begin() < 0 || task.end() > train_.num_examples || task.begin() >= task.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data task ", task.id(), " [", task.begin(), ", ", task.end(),
@@ -557,7 +618,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
 }
 
 void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
-                            const std::string& error) {
+                            const std::string& error, const double* auc) {
   const absl::Time now = absl::Now();
   const double secs = absl::ToDoubleSeconds(now - window_start_);
   Stats s;
@@ -593,6 +654,10 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   req.set_test_accuracy(accuracy);
   req.set_test_loss(test_loss);
   req.set_error(error);
+  if (auc != nullptr) {
+    req.set_has_test_auc(true);
+    req.set_test_auc(*auc);
+  }
   proto::ReportProgressResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -624,6 +689,14 @@ absl::StatusOr<std::pair<double, double>> Worker::TestAccuracy() {
 }
 
 absl::Status Worker::Evaluate(uint64_t min_version) {
+  if (wide_deep_ != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(CtrMetrics m, CtrTestMetrics(min_version));
+    LOG(INFO) << absl::StrFormat(
+        "evaluation: test AUC %.4f, log-loss %.4f, accuracy %.4f over %d examples", m.auc,
+        m.logloss, m.accuracy, m.examples);
+    ReportProgress(true, m.accuracy, m.logloss, "", &m.auc);
+    return absl::OkStatus();
+  }
   STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &model_->params()).status());
   STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());
   LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f",

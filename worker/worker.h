@@ -21,12 +21,15 @@
 #include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
+#include "storage/criteo_reader.h"
 #include "storage/file_system.h"
 #include "storage/idx_reader.h"
 #include "transport/transport.h"
 #include "worker/device.h"
 #include "worker/mlp.h"
 #include "worker/param_client.h"
+#include "worker/row_cache.h"
+#include "worker/wide_deep.h"
 
 namespace strata::worker {
 
@@ -102,7 +105,29 @@ class Worker {
 
  private:
   class MasterTaskSource;
-  explicit Worker(WorkerOptions options, storage::LabeledDataset train);
+  Worker(WorkerOptions options, storage::LabeledDataset train, storage::CtrDataset ctr_train);
+  // The model's tensors (one per table; a sparse table's are empty).
+  std::vector<std::vector<float>>& ModelParams();
+  const std::vector<std::vector<float>>& ModelGrads() const;
+  // A CTR (wide_deep) training step per batch of the task: pull the dense
+  // tables and the batch's sparse rows, compute, push, all partitions in
+  // parallel (docs/sparse.md).
+  absl::Status TrainCtrTask(const proto::DataTask& task);
+  // A CTR model on the test set: AUC, log-loss and accuracy at 0.5, with
+  // the sparse rows pulled at version >= min_version.
+  struct CtrMetrics {
+    double auc = 0, logloss = 0, accuracy = 0;
+    int64_t examples = 0;
+  };
+  absl::StatusOr<CtrMetrics> CtrTestMetrics(uint64_t min_version);
+  // The rows of both sparse tables for distinct `keys` (any order) into
+  // wide_rows[i] and emb_rows[i * dim], pulled at version >= min_version;
+  // with the row cache (training), fresh cached rows are not pulled and
+  // pulled ones are cached as of `step`. Adds the time spent waiting to
+  // *comm.
+  absl::Status PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
+                              bool use_cache, uint64_t step, float* wide_rows,
+                              float* emb_rows, absl::Duration* comm);
   absl::Status RunLoop();
   absl::Status RunLocal();
   // The training step: pull, compute, push (or, local, apply in place).
@@ -122,14 +147,17 @@ class Worker {
   // Logs a progress line and reports to the master; `error` non-empty
   // reports a fatal input error instead.
   void ReportProgress(bool has_eval, double accuracy, double test_loss,
-                      const std::string& error = "");
+                      const std::string& error = "", const double* auc = nullptr);
   void HeartbeatLoop();
   absl::StatusOr<proto::ClusterView> FetchView();
 
   WorkerOptions options_;
-  storage::LabeledDataset train_;
+  storage::LabeledDataset train_;      // mlp
+  storage::CtrDataset ctr_train_;      // wide_deep
   std::unique_ptr<Device> device_;
-  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Mlp> model_;         // mlp
+  std::unique_ptr<WideDeep> wide_deep_;  // wide_deep
+  std::unique_ptr<RowCache> row_cache_;  // wide_deep with sparse.cache.rows > 0
   std::unique_ptr<transport::Transport> transport_;
   std::shared_ptr<grpc::Channel> master_channel_;
   std::unique_ptr<proto::Master::Stub> master_;
@@ -159,6 +187,8 @@ class Worker {
   double window_loss_ = 0;
   uint64_t window_steps_ = 0;
   double recent_sps_ = 0;
+  std::atomic<uint64_t> row_cache_hits_{0};    // mirrors row_cache_ for /metrics
+  std::atomic<uint64_t> row_cache_misses_{0};
   double local_test_accuracy_ = 0;
 
   mutable absl::Mutex mu_;

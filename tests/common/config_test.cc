@@ -378,9 +378,45 @@ TEST(ParseJobConfigTest, SparseSectionAndItsChecks) {
               "sparse.init.type");
 }
 
+TEST(ParseJobConfigTest, WideDeepOnCriteoData) {
+  const std::string ctr =
+      "model:\n  type: wide_deep\n  embedding_dim: 4\n  hidden: [32, 16]\n"
+      "data:\n  format: criteo\n  train: /d/train.txt\n  test: /d/test.txt\n"
+      "  planted: /d/planted.json\n  bad_lines: skip\n"
+      "  generate:\n    out_dir: /d\n    train_rows: 1000\n    test_rows: 100\n    seed: 9\n";
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseJobConfig(ctr, "ctr.yaml"));
+  EXPECT_EQ(c.model.type, "wide_deep");
+  EXPECT_EQ(c.model.embedding_dim, 4);
+  EXPECT_EQ(c.model.hidden, (std::vector<int>{32, 16}));
+  EXPECT_EQ(c.data.format, "criteo");
+  EXPECT_EQ(c.data.train, "/d/train.txt");
+  EXPECT_EQ(c.data.planted, "/d/planted.json");
+  EXPECT_EQ(c.data.bad_lines, "skip");
+  EXPECT_TRUE(c.data.generate.enabled);
+  EXPECT_EQ(c.data.generate.out_dir, "/d");
+  EXPECT_EQ(c.data.generate.train_rows, 1000);
+  EXPECT_EQ(c.data.generate.seed, 9u);
+  EXPECT_THAT(ParseJobConfig("model:\n  type: wide_deep\ndata:\n  format: criteo\n"
+                             "  test: /d/test.txt\n", "ctr.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("missing required key 'data.train' (data.format criteo)")));
+  // A model must read the data's format.
+  EXPECT_THAT(ParseJobConfig("model:\n  type: mlp\ndata:\n  format: criteo\n"
+                             "  train: /t\n  test: /t\n", "ctr.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(StartsWith("ctr.yaml:2:9: model.type"),
+                             HasSubstr("mlp reads idx, wide_deep reads criteo"))));
+  EXPECT_THAT(ParseJobConfig("data:\n  format: criteo\n  train: /t\n  test: /t\n"
+                             "  generate:\n    seed: 3\n", "ctr.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("missing required key 'data.generate.out_dir'")));
+  EXPECT_THAT(ParseJobConfig(std::string("model:\n  type: wide_deep\n  hidden: [0]\n") + kData, "ctr.yaml"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.hidden[0]")));
+}
+
 TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {
   ExpectError(ParseWithData("model:\n  type: cnn\n"), "local.yaml:7:9: ",
-              "model.type: unknown value 'cnn' (allowed: mlp)");
+              "model.type: unknown value 'cnn' (allowed: mlp, wide_deep)");
   ExpectError(ParseWithData("model:\n  activation: gelu\n"),
               "local.yaml:7:15: ",
               "model.activation: unknown value 'gelu' (allowed: relu, tanh, "
@@ -396,7 +432,7 @@ TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {
               "local.yaml:8:15: ", "cluster.rdma.slot_kib");
   ExpectError(
       ParseJobConfig(absl::StrCat(kData, "  format: csv\n"), "f.yaml"),
-      "f.yaml:6:11: ", "data.format: unknown value 'csv' (allowed: idx)");
+      "f.yaml:6:11: ", "data.format: unknown value 'csv' (allowed: idx, criteo)");
 }
 
 TEST(ParseJobConfigTest, NonPositiveIntegers) {

@@ -197,5 +197,42 @@ TEST(PlacePartitionsTest, SliceBytesBelowFourIsInvalidArgument) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -8")));
 }
 
+TEST(PlacePartitionsTest, SparseTablesAreDealtOutInVirtualPartitions) {
+  ModelSection model;
+  model.type = "wide_deep";
+  model.embedding_dim = 4;
+  model.hidden = {8};
+  auto tables = MakeTableInfos(ModelTables(model), 5);
+  ASSERT_GE(tables.size(), 3u);
+  EXPECT_TRUE(tables[0].sparse());
+  EXPECT_EQ(tables[0].name(), "wide");
+  EXPECT_EQ(tables[0].dim(), 1u);
+  EXPECT_EQ(tables[1].name(), "embedding");
+  EXPECT_EQ(tables[1].dim(), 4u);
+  EXPECT_EQ(tables[1].partitions(), 5u);
+  EXPECT_EQ(tables[1].num_elements(), 0u);
+  EXPECT_FALSE(tables[2].sparse());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts, PlacePartitions(tables, 1 << 20, {7, 3}));
+  std::map<uint32_t, std::map<uint32_t, int>> per_table_owner;  // table -> owner -> count
+  std::map<uint32_t, std::set<uint64_t>> virtual_index;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].id(), i);
+    if (!tables[parts[i].table_id()].sparse()) continue;
+    EXPECT_EQ(parts[i].length(), 0u);
+    ++per_table_owner[parts[i].table_id()][parts[i].owner()];
+    virtual_index[parts[i].table_id()].insert(parts[i].offset());
+  }
+  for (uint32_t t : {0u, 1u}) {
+    EXPECT_EQ(virtual_index[t], (std::set<uint64_t>{0, 1, 2, 3, 4})) << t;
+    // Five partitions of each table over two pservers: 3 and 2.
+    int total = 0;
+    for (const auto& [owner, n] : per_table_owner[t]) {
+      EXPECT_GE(n, 2);
+      total += n;
+    }
+    EXPECT_EQ(total, 5);
+  }
+}
+
 }  // namespace
 }  // namespace strata::master

@@ -103,7 +103,7 @@ TEST(CliTest, ValidateReportsConfigAndHostFile) {
   const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts});
   EXPECT_EQ(r.code, 0) << r.err;
   // layers [4, 3, 2]: 4*3 + 3 + 3*2 + 2 = 23 parameters.
-  EXPECT_EQ(r.out, cfg + ": ok (job 'cli-test', asp, 23 parameters)\n" + hosts +
+  EXPECT_EQ(r.out, cfg + ": ok (job 'cli-test', asp, 23 dense parameters)\n" + hosts +
                        ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n");
   EXPECT_THAT(r.err, IsEmpty());
 }

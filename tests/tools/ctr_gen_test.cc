@@ -264,7 +264,6 @@ TEST(CtrGenIfMissingTest, LeavesExistingDataUntouched) {
   const std::string json = Read(fs.get(), "/d/planted.json");
 
   CtrGenOptions again = first;
-  again.seed = 9;
   again.if_missing = true;
   CtrGenSummary summary;
   ASSERT_THAT(GenerateCtrData(again, fs.get(), &summary), IsOk());
@@ -272,8 +271,18 @@ TEST(CtrGenIfMissingTest, LeavesExistingDataUntouched) {
   EXPECT_EQ(Read(fs.get(), "/d/train.txt"), train);
   EXPECT_EQ(Read(fs.get(), "/d/planted.json"), json);
 
+  // Data generated with other options is not "already there".
+  again.seed = 9;
+  ASSERT_THAT(GenerateCtrData(again, fs.get(), &summary), IsOk());
+  EXPECT_FALSE(summary.already_existed);
+  EXPECT_NE(Read(fs.get(), "/d/train.txt"), train);
+  EXPECT_NE(Read(fs.get(), "/d/planted.json").find("\"seed\": 9,"), std::string::npos);
+  ASSERT_THAT(GenerateCtrData(again, fs.get(), &summary), IsOk());
+  EXPECT_TRUE(summary.already_existed);
+
   // Without if_missing the data is replaced.
   again.if_missing = false;
+  again.seed = 2;
   ASSERT_THAT(GenerateCtrData(again, fs.get(), &summary), IsOk());
   EXPECT_FALSE(summary.already_existed);
   EXPECT_NE(Read(fs.get(), "/d/train.txt"), train);

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The CTR workload end to end on 127.0.0.1 through scripts/launch.sh: the
+# data set is generated from the config's data.generate section (a small
+# one), then 1 master, 2 pservers and 2 workers train a Wide & Deep model
+# whose embeddings live in sparse tables. Mode (argument 2):
+#   asp   admission at first touch, no eviction, no worker cache;
+#   bsp   admission after 2 pushes, a capacity that forces evictions, and
+#         the worker's row cache with a staleness bound.
+# Checks: launch.sh exits 0; summary.json carries final_test_auc,
+# final_test_logloss and the planted model's figures, with the AUC close
+# to the planted one; the pservers' /metrics count rows and keys; nothing
+# is left running.
+BUILD_DIR="$1"; MODE="$2"
+source "$(dirname "$0")/lib.sh"
+
+work="$(mktemp -d /tmp/strata-e2e-ctr-XXXXXX)"
+trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+base="$(pick_port_base)"
+if [[ $MODE == bsp ]]; then
+  sparse_extra='  admission:
+    min_count: 2
+  eviction:
+    capacity_rows: 4000
+  cache:
+    rows: 20000
+    staleness_steps: 2'
+  max_gap=0.10
+else
+  sparse_extra=''
+  max_gap=0.05
+fi
+cat > "$work/ctr.yaml" <<YAML
+job:
+  name: e2e-ctr-$MODE
+  consistency: $MODE
+  epochs: 1
+  batch_size: 256
+  progress_every_steps: 50
+  seed: 3
+model:
+  type: wide_deep
+  embedding_dim: 4
+  hidden: [16]
+optimizer:
+  type: adam
+  learning_rate: 0.002
+sparse:
+  partitions: 8
+  optimizer:
+    type: adagrad
+    learning_rate: 0.05
+    initial_accumulator: 0.1
+$sparse_extra
+data:
+  format: criteo
+  train: $work/data/train.txt
+  test: $work/data/test.txt
+  planted: $work/data/planted.json
+  task_records: 20000
+  generate:
+    out_dir: $work/data
+    train_rows: 200000
+    test_rows: 10000
+    seed: 5
+    max_vocab: 300
+cluster:
+  transport: tcp
+  heartbeat_interval_ms: 200
+  dead_timeout_ms: 2000
+  ports:
+    master: $base
+    master_http: $((base + 1))
+    pserver: $((base + 10))
+    pserver_data: $((base + 20))
+    pserver_http: $((base + 30))
+    worker_http: $((base + 40))
+YAML
+printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
+
+"$ROOT/scripts/launch.sh" run --config "$work/ctr.yaml" --hosts "$work/hosts" \
+  --run-dir "$work/run" --bin-dir "$BUILD_DIR/bin" --timeout 600 > "$work/out" 2>&1 &
+launcher=$!
+# The sparse tables' gauges on pserver 0, read while the job trains.
+metrics=""
+for _ in $(seq 1 600); do
+  m="$(curl -sf "http://127.0.0.1:$((base + 30))/metrics" 2>/dev/null || true)"
+  if grep -qE '^strata_pserver_sparse_rows\{table="embedding"\} [1-9]' <<< "$m"; then
+    metrics="$m"
+    [[ $MODE == asp ]] && break
+    # bsp: wait until the capacity has evicted something.
+    grep -qE '^strata_pserver_sparse_keys_evicted\{reason="capacity",table="embedding"\} [1-9]' <<< "$m" && break
+  fi
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.1
+done
+set +e; wait "$launcher"; rc=$?; set -e
+cat "$work/out"
+[[ $rc -eq 0 ]] || fail "launch.sh run exited $rc"
+grep -q "strata-gen-ctr: wrote 200000 train + 10000 test rows" "$work/out" ||
+  fail "launch.sh did not generate the data set"
+[[ -n $metrics ]] || fail "pserver 0's /metrics never showed sparse rows"
+grep '^strata_pserver_sparse' <<< "$metrics"
+for g in sparse_bytes sparse_keys_admitted sparse_keys_rejected; do
+  grep -qE "^strata_pserver_${g}\{table=\"embedding\"\} " <<< "$metrics" || fail "no strata_pserver_$g"
+done
+if [[ $MODE == bsp ]]; then
+  grep -qE '^strata_pserver_sparse_keys_rejected\{table="embedding"\} [1-9]' <<< "$metrics" ||
+    fail "admission after 2 pushes rejected nothing"
+fi
+
+s="$work/run/summary.json"
+cat "$s"
+[[ "$(json_field "$s" state)" == succeeded ]] || fail "state is not succeeded"
+for k in final_test_auc final_test_logloss planted_test_auc planted_test_logloss; do
+  [[ -n "$(json_field "$s" $k)" ]] || fail "summary.json lacks $k"
+done
+auc="$(json_field "$s" final_test_auc)"
+planted="$(json_field "$s" planted_test_auc)"
+python3 -c "import sys; sys.exit(0 if 0.6 < $auc and $planted - $auc < $max_gap else 1)" ||
+  fail "test AUC $auc is not within $max_gap of the planted model's $planted"
+grep -q 'progress: worker' "$work/out" || fail "no progress lines shown"
+assert_nothing_left "$work"
+echo "PASS: $MODE AUC $auc (planted $planted)"

@@ -78,6 +78,67 @@ struct MemoryResult {
 // set from /proc. REQUIRES: no thread has been started in this process.
 absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& optimizer);
 
+struct SparseCase {
+  uint64_t rows = 10'000'000;  // keys filled before measuring (every row exists)
+  int partitions = 16;         // sparse Partitions behind the one transport thread
+  int dim = 16;                // floats per row
+  uint64_t batch_keys = 8192;  // Zipf draws per batch, before de-duplication
+  double zipf_s = 1.05;        // Zipf exponent over the key ranks
+  double seconds = 3.0;        // measuring time per op (after a warm-up)
+  int in_flight = 4;           // batches in flight (each one request per partition)
+  int pool_batches = 512;      // batches drawn up front and cycled through
+  std::string transport = "tcp";
+  double learning_rate = 0.01;  // sgd
+  uint64_t seed = 1;
+};
+
+// The four ways over the same batches run in alternating rounds (each
+// c.seconds in all), so that a shared machine's drift hits them alike.
+struct SparseOpResult {
+  std::string op;  // pull | push
+  int rounds = 0;
+  double keys_per_sec = 0;           // through the transport to the partitions
+  double baseline_keys_per_sec = 0;  // the plain hash-map loop, same batches
+  // keys_per_sec / baseline_keys_per_sec within each round: the noise.
+  double ratio_min = 0, ratio_max = 0;
+  // Without the transport, on the bench's thread while nothing is in
+  // flight: the tables alone (SparseTable::Lookup / Update) and through
+  // their Partitions (Pull / Push; a responder that drops the answer).
+  double table_keys_per_sec = 0;
+  double partition_keys_per_sec = 0;
+  // The pserver thread's side: keys per second of its CPU time (user and
+  // system), the share of the wall time it was on a core, and the share of
+  // its CPU time spent in the request handler (the partition's work and
+  // sending the answer; the rest is epoll and reading the requests).
+  double keys_per_server_cpu_sec = 0;
+  double server_busy = 0;
+  double handler_share = 0;
+};
+
+struct SparseResult {
+  SparseCase c;
+  double unique_keys_per_batch = 0;  // mean over the pool
+  double fill_keys_per_sec = 0;      // the fill's pushes (every row created)
+  SparseOpResult pull, push;
+  // Memory: VmRSS growth during the fill / rows; the partitions'
+  // SparseTableStats::memory_bytes / rows; SparseTable::stated_bytes_per_row.
+  uint64_t rows = 0;
+  double bytes_per_row_rss = 0;
+  double bytes_per_row_allocated = 0;
+  double stated_bytes_per_row = 0;
+  double baseline_bytes_per_row_rss = 0;  // VmRSS growth building the baseline map
+};
+
+// One pserver's sparse table in this process: a transport listening (its
+// own thread does all the pserver work) in front of c.partitions sparse
+// Partitions (asp, sgd, init normal 0.01, admission at first touch, no
+// eviction), filled with c.rows keys by pushes through the transport; then
+// pull and push rates (unique keys/s) of Zipf batches, de-duplicated and
+// grouped by partition as a worker sends them, against a single-threaded
+// std::unordered_map loop over the same keys and batches. Needs about
+// 200 bytes of memory per row (table and baseline map).
+absl::StatusOr<SparseResult> RunSparse(const SparseCase& c);
+
 }  // namespace strata::bench
 
 #endif  // STRATA_BENCH_BENCH_H_

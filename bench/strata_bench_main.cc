@@ -1,6 +1,7 @@
-// strata-bench: push/pull throughput and latency and server-side apply
-// speed, each against a baseline measured in the same run. See bench/bench.h
-// and docs/performance.md.
+// strata-bench: push/pull throughput and latency, server-side apply speed
+// and a sparse table's pull/push rates, each against a baseline measured in
+// the same run. See bench/bench.h and docs/performance.md.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -15,14 +16,16 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 
-DEFINE_string(mode, "all", "all | push | pull | pushpull | apply | memory (comma list allowed)");
+DEFINE_string(mode, "all",
+              "all | push | pull | pushpull | apply | memory (comma list allowed); or sparse, "
+              "alone (not part of all: about 2 GB and a minute at the default 10M rows)");
 DEFINE_int64(memory_model_bytes, 1ll << 30, "model size for --mode memory");
 DEFINE_string(sizes, "4K,64K,1M,16M,64M", "value sizes (K, M suffixes)");
 DEFINE_int32(workers, 1, "workers (client threads, each with its own transport)");
 DEFINE_int32(servers, 1, "pservers (in this process)");
 DEFINE_string(transport, "tcp", "tcp | rdma | auto | inproc");
 DEFINE_int64(slice_bytes, 4 << 20, "partition size");
-DEFINE_double(seconds, 1.0, "measuring time per case");
+DEFINE_double(seconds, 1.0, "measuring time per case (sparse: per op and way, default 3)");
 DEFINE_int32(pserver_apply_threads, 1, "pserver apply threads (1 = transport thread, 0 = one per core)");
 DEFINE_int64(apply_floats, 64ll << 20, "parameters for --mode apply");
 DEFINE_int32(apply_threads, 0, "threads for apply (0 = hardware threads)");
@@ -32,6 +35,13 @@ DEFINE_bool(register_tensors, true,
             "register the client's tensors as a worker does (rdma: zero-copy pushes, pulls "
             "written in place; false: both copied through the slots)");
 DEFINE_bool(json, false, "print one JSON object instead of a table");
+DEFINE_int64(sparse_rows, 10000000, "sparse: rows filled (keys = a mix of ranks 0..rows-1)");
+DEFINE_int32(sparse_partitions, 16, "sparse: partitions behind the one transport thread");
+DEFINE_int32(sparse_dim, 16, "sparse: floats per row");
+DEFINE_int64(sparse_batch_keys, 8192, "sparse: Zipf draws per batch (before de-duplication)");
+DEFINE_double(sparse_zipf, 1.05, "sparse: Zipf exponent over the key ranks");
+DEFINE_int32(sparse_in_flight, 4, "sparse: batches in flight");
+DEFINE_int32(sparse_pool_batches, 512, "sparse: batches drawn up front and cycled through");
 
 namespace {
 
@@ -54,6 +64,87 @@ std::string Human(uint64_t b) {
   return absl::StrCat(b, " B");
 }
 
+// --mode sparse: runs it and prints a table or one JSON object.
+int RunSparseMode() {
+  strata::bench::SparseCase c;
+  c.rows = static_cast<uint64_t>(std::max<int64_t>(0, FLAGS_sparse_rows));
+  c.partitions = FLAGS_sparse_partitions;
+  c.dim = FLAGS_sparse_dim;
+  c.batch_keys = static_cast<uint64_t>(std::max<int64_t>(0, FLAGS_sparse_batch_keys));
+  c.zipf_s = FLAGS_sparse_zipf;
+  c.in_flight = FLAGS_sparse_in_flight;
+  c.pool_batches = FLAGS_sparse_pool_batches;
+  c.transport = FLAGS_transport;
+  if (!gflags::GetCommandLineFlagInfoOrDie("seconds").is_default) c.seconds = FLAGS_seconds;
+  auto r = strata::bench::RunSparse(c);
+  if (!r.ok()) {
+    std::cerr << "sparse failed: " << r.status() << "\n";
+    return 1;
+  }
+  const double mem_ratio = r->bytes_per_row_rss / r->stated_bytes_per_row;
+  if (FLAGS_json) {
+    std::string ops;
+    for (const auto* o : {&r->pull, &r->push}) {
+      if (!ops.empty()) ops += ", ";
+      ops += absl::StrFormat(
+          "{\"op\": \"%s\", \"keys_per_sec\": %.0f, \"baseline_keys_per_sec\": %.0f, "
+          "\"ratio\": %.4f, \"keys_per_server_cpu_sec\": %.0f, \"ratio_per_core\": %.4f, "
+          "\"server_busy\": %.3f, \"handler_share\": %.3f, \"ratio_min\": %.4f, "
+          "\"ratio_max\": %.4f, \"rounds\": %d, \"table_keys_per_sec\": %.0f, "
+          "\"partition_keys_per_sec\": %.0f}",
+          o->op, o->keys_per_sec, o->baseline_keys_per_sec,
+          o->keys_per_sec / o->baseline_keys_per_sec, o->keys_per_server_cpu_sec,
+          o->keys_per_server_cpu_sec / o->baseline_keys_per_sec, o->server_busy,
+          o->handler_share, o->ratio_min, o->ratio_max, o->rounds, o->table_keys_per_sec,
+          o->partition_keys_per_sec);
+    }
+    std::fputs(absl::StrFormat(
+        "{\"sparse\": [%s],\n  \"memory\": {\"rows\": %d, \"bytes_per_row_rss\": %.2f, "
+        "\"bytes_per_row_allocated\": %.2f, \"stated_bytes_per_row\": %.0f, \"ratio\": %.4f, "
+        "\"baseline_bytes_per_row_rss\": %.2f},\n  \"fill_keys_per_sec\": %.0f,\n"
+        "  \"rows\": %d, \"partitions\": %d, \"dim\": %d, \"optimizer\": \"sgd\", "
+        "\"batch_keys\": %d, \"unique_keys_per_batch\": %.1f, \"zipf_s\": %.3f, "
+        "\"in_flight_batches\": %d, \"pool_batches\": %d, \"seconds\": %.2f, "
+        "\"transport\": \"%s\"}\n",
+        ops, r->rows, r->bytes_per_row_rss, r->bytes_per_row_allocated,
+        r->stated_bytes_per_row, mem_ratio, r->baseline_bytes_per_row_rss, r->fill_keys_per_sec,
+        c.rows, c.partitions,
+        c.dim, c.batch_keys, r->unique_keys_per_batch, c.zipf_s, c.in_flight, c.pool_batches,
+        c.seconds, c.transport).c_str(), stdout);
+    return 0;
+  }
+  std::printf(
+      "sparse table: %llu rows, dim %d, sgd, %d partitions on one %s transport thread; batches "
+      "of %llu Zipf(%.2f) draws = %.0f unique keys, %d in flight\n",
+      static_cast<unsigned long long>(r->rows), c.dim, c.partitions, c.transport.c_str(),
+      static_cast<unsigned long long>(c.batch_keys), c.zipf_s, r->unique_keys_per_batch,
+      c.in_flight);
+  std::printf("fill (one push of every key through the transport): %.2f M keys/s\n\n",
+              r->fill_keys_per_sec / 1e6);
+  std::printf("M keys/s  %9s %9s %6s %11s  %9s %6s %8s  %9s %9s\n", "transport", "baseline",
+              "ratio", "(rounds)", "/srv CPU", "busy", "handler", "table", "partition");
+  for (const auto* o : {&r->pull, &r->push}) {
+    std::printf("%-5s     %9.3f %9.3f %6.3f %5.2f-%-5.2f  %9.3f %6.2f %8.2f  %9.3f %9.3f\n",
+                o->op.c_str(), o->keys_per_sec / 1e6, o->baseline_keys_per_sec / 1e6,
+                o->keys_per_sec / o->baseline_keys_per_sec, o->ratio_min, o->ratio_max,
+                o->keys_per_server_cpu_sec / 1e6, o->server_busy, o->handler_share,
+                o->table_keys_per_sec / 1e6, o->partition_keys_per_sec / 1e6);
+  }
+  std::printf(
+      "\ntransport: through the pserver's transport thread; baseline: a std::unordered_map loop\n"
+      "on one thread; ratio: transport / baseline (min-max over %d alternating rounds); /srv CPU:\n"
+      "keys per second of the pserver thread's CPU time, busy: that CPU time / wall time,\n"
+      "handler: its share in the request handler (the partition and sending the answer);\n"
+      "table, partition: SparseTable::Lookup/Update and Partition::Pull/Push called directly.\n",
+      r->pull.rounds);
+  std::printf(
+      "memory per row: resident growth during the fill %.1f B, allocated %.1f B, stated %.0f B; "
+      "ratio %.3f (baseline map: %.1f B resident)\n",
+      r->bytes_per_row_rss, r->bytes_per_row_allocated, r->stated_bytes_per_row, mem_ratio,
+      r->baseline_bytes_per_row_rss);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,11 +159,19 @@ int main(int argc, char** argv) {
       modes = {"memory", "push", "pull", "pushpull", "apply"};
       break;
     }
-    if (m != "push" && m != "pull" && m != "pushpull" && m != "apply" && m != "memory") {
+    if (m != "push" && m != "pull" && m != "pushpull" && m != "apply" && m != "memory" &&
+        m != "sparse") {
       std::cerr << "strata-bench: unknown mode '" << m << "'\n";
       return 2;
     }
     modes.emplace_back(m);
+  }
+  if (std::find(modes.begin(), modes.end(), "sparse") != modes.end()) {
+    if (modes.size() != 1) {
+      std::cerr << "strata-bench: --mode sparse runs alone\n";
+      return 2;
+    }
+    return RunSparseMode();
   }
   std::vector<uint64_t> sizes;
   for (auto s : absl::StrSplit(FLAGS_sizes, ',')) sizes.push_back(ParseSize(std::string(s)));

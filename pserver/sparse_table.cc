@@ -85,15 +85,46 @@ uint32_t SparseTable::UpdateCountForTesting(uint64_t key) const {
   return found ? Header(index_[slot] & 0xffffffffu)->updates : 0;
 }
 
+void SparseTable::Candidates(const uint64_t* keys, size_t m, size_t row_bytes,
+                             uint64_t* rows) const {
+  uint32_t tags[kGroup];
+  for (size_t i = 0; i < m; ++i) {
+    tags[i] = TagOf(keys[i]);
+    __builtin_prefetch(&index_[tags[i] & index_mask_]);
+  }
+  for (size_t i = 0; i < m; ++i) {
+    rows[i] = kNoRow;
+    for (size_t slot = tags[i] & index_mask_;; slot = (slot + 1) & index_mask_) {
+      const uint64_t e = index_[slot];
+      if (e == kEmpty) break;
+      if (static_cast<uint32_t>(e >> 32) == tags[i]) {
+        rows[i] = e & 0xffffffffu;
+        const char* p = RowPtr(rows[i]);
+        for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
+        __builtin_prefetch(p + row_bytes - 1);
+        break;
+      }
+    }
+  }
+}
+
 void SparseTable::Lookup(const uint64_t* keys, size_t n, float* out) const {
   const size_t row_bytes = sizeof(float) * dim_;
-  for (size_t i = 0; i < n; ++i, out += dim_) {
-    if (const float* v = Find(keys[i])) {
-      std::memcpy(out, v, row_bytes);
-    } else if (admit_on_first_touch_) {
-      initializer_.Fill(keys[i], dim_, out);
-    } else {
-      std::memset(out, 0, row_bytes);
+  uint64_t rows[kGroup];
+  for (size_t base = 0; base < n; base += kGroup) {
+    const size_t m = std::min(kGroup, n - base);
+    Candidates(keys + base, m, sizeof(RowHeader) + row_bytes, rows);
+    for (size_t i = 0; i < m; ++i, out += dim_) {
+      const uint64_t key = keys[base + i];
+      const float* v = rows[i] != kNoRow && Header(rows[i])->key == key ? Values(rows[i])
+                                                                        : Find(key);
+      if (v != nullptr) {
+        std::memcpy(out, v, row_bytes);
+      } else if (admit_on_first_touch_) {
+        initializer_.Fill(key, dim_, out);
+      } else {
+        std::memset(out, 0, row_bytes);
+      }
     }
   }
 }
@@ -184,25 +215,34 @@ bool SparseTable::Admit(uint64_t key) {
 void SparseTable::Update(const uint64_t* keys, size_t n, const float* grad, float grad_scale) {
   ++stats_.updates;
   const uint32_t now = static_cast<uint32_t>(stats_.updates);
-  for (size_t i = 0; i < n; ++i, grad += dim_) {
-    const uint64_t key = keys[i];
-    bool found;
-    const size_t slot = FindSlot(key, TagOf(key), &found);
-    uint64_t row;
-    if (found) {
-      row = index_[slot] & 0xffffffffu;
-    } else if (Admit(key)) {
-      row = AddRow(key);
-      ++stats_.admitted;
-    } else {
-      ++stats_.rejected;
-      continue;
+  uint64_t hints[kGroup];
+  for (size_t base = 0; base < n; base += kGroup) {
+    const size_t m = std::min(kGroup, n - base);
+    // Rows do not move within this loop (AddRow appends; nothing is
+    // removed before the evictions below), so the hints stay valid.
+    Candidates(keys + base, m, stride_, hints);
+    for (size_t i = 0; i < m; ++i, grad += dim_) {
+      const uint64_t key = keys[base + i];
+      uint64_t row = hints[i];
+      if (row == kNoRow || Header(row)->key != key) {
+        bool found;
+        const size_t slot = FindSlot(key, TagOf(key), &found);
+        if (found) {
+          row = index_[slot] & 0xffffffffu;
+        } else if (Admit(key)) {
+          row = AddRow(key);
+          ++stats_.admitted;
+        } else {
+          ++stats_.rejected;
+          continue;
+        }
+      }
+      RowHeader* h = Header(row);
+      if (h->updates != ~0u) ++h->updates;
+      h->last_update = now;
+      float* v = Values(row);
+      optimizer_->Apply(v, v + dim_, grad, grad_scale, dim_, h->updates);
     }
-    RowHeader* h = Header(row);
-    if (h->updates != ~0u) ++h->updates;
-    h->last_update = now;
-    float* v = Values(row);
-    optimizer_->Apply(v, v + dim_, grad, grad_scale, dim_, h->updates);
   }
   if (idle_updates_ > 0) EvictIdle(std::max<size_t>(64, 2 * n));
   if (capacity_rows_ > 0 && rows_ > capacity_rows_) EvictToCapacity();

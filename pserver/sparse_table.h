@@ -104,6 +104,14 @@ class SparseTable {
   }
   // The index slot holding `key`, or the empty slot where it would go.
   size_t FindSlot(uint64_t key, uint32_t tag, bool* found) const;
+  // For keys[0..m), m <= kGroup: the row each key's first tag match points
+  // to (kNoRow when none), with the index lines and those rows' first
+  // `row_bytes` prefetched. Hints only, to be confirmed by the row's key:
+  // a lookup waits on two dependent cache misses (index slot, then row),
+  // and this overlaps them across a group of keys.
+  static constexpr size_t kGroup = 16;
+  static constexpr uint64_t kNoRow = ~0ull;
+  void Candidates(const uint64_t* keys, size_t m, size_t row_bytes, uint64_t* rows) const;
   // Appends a row for `key` (initial values and state) and indexes it.
   uint64_t AddRow(uint64_t key);
   // Removes the row of `key` (which must exist).

@@ -231,11 +231,18 @@ absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(
 void PServer::AddSparseMetrics(const std::string& table) {
   auto sum = [this, table](uint64_t SparseTableStats::*field) {
     return [this, table, field]() {
-      double total = 0;
-      absl::MutexLock l(&mu_);
-      for (const auto& [id, p] : partitions_) {
-        if (p->sparse() && p->table() == table) total += static_cast<double>(p->sparse_stats().*field);
+      // Partitions live as long as the PServer: read their stats without
+      // holding mu_, so a scrape never stalls FindPartition behind a
+      // partition busy applying.
+      std::vector<const Partition*> parts;
+      {
+        absl::MutexLock l(&mu_);
+        for (const auto& [id, p] : partitions_) {
+          if (p->sparse() && p->table() == table) parts.push_back(p.get());
+        }
       }
+      double total = 0;
+      for (const Partition* p : parts) total += static_cast<double>(p->sparse_stats().*field);
       return total;
     };
   };

@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
 SparseTable::SparseTable(const SparseTableOptions& o, RowInitializer initializer)
     : dim_(o.dim),
       slots_(o.optimizer->slots()),
-      stride_(sizeof(RowHeader) + sizeof(float) * static_cast<size_t>(o.dim) * (1 + o.optimizer->slots())),
+      stride_(RowStride(o.dim, o.optimizer->slots())),
       optimizer_(o.optimizer),
       initializer_(initializer),
       admit_min_count_(o.admit_min_count),
@@ -53,8 +53,14 @@ SparseTable::SparseTable(const SparseTableOptions& o, RowInitializer initializer
       index_mask_(kMinIndexSlots - 1),
       rng_(Mix64(o.seed ^ 0xad315510ull)) {}
 
+size_t SparseTable::RowStride(int dim, int slots) {
+  // Rounded up to 8 bytes, so that every row's 8-byte key is aligned.
+  const size_t data = sizeof(float) * static_cast<size_t>(dim) * (1 + slots);
+  return sizeof(RowHeader) + (data + 7) / 8 * 8;
+}
+
 size_t SparseTable::stated_bytes_per_row() const {
-  return sizeof(float) * static_cast<size_t>(dim_) * (1 + slots_) + kRowOverheadBytes;
+  return stride_ - sizeof(RowHeader) + kRowOverheadBytes;
 }
 
 size_t SparseTable::FindSlot(uint64_t key, uint32_t tag, bool* found) const {
@@ -279,8 +285,11 @@ void SparseTable::EvictToCapacity() {
     const RowHeader* h = Header(r);
     all.push_back({h->updates, now - h->last_update, h->key});
   }
-  // Least frequently updated first; among equals, the longest idle.
+  // Least frequently updated first; among equals, the longest idle. Rows
+  // this very update touched go last: a key just admitted is not dropped
+  // before it had a chance to gather updates.
   auto before = [](const Candidate& a, const Candidate& b) {
+    if ((a.idle == 0) != (b.idle == 0)) return b.idle == 0;
     return a.updates != b.updates ? a.updates < b.updates : a.idle > b.idle;
   };
   std::nth_element(all.begin(), all.begin() + (victims - 1), all.end(), before);

@@ -6,9 +6,10 @@
 //   [key u64][updates u32][last_update u32][values f32 x dim][state f32 x slots*dim]
 // and an open-addressing index (linear probing) of 8-byte slots, each the
 // row's number and 32 bits of the key's hash, kept between 3/8 and 3/4
-// full. So a row costs 4 * dim * (1 + slots) bytes of data plus
-// kRowOverheadBytes (16 of header, about 16 of index), and the only slack
-// is the last chunk. Removing a row moves the last row into its place.
+// full. So a row costs 4 * dim * (1 + slots) bytes of data (rounded up to
+// 8, keeping every key aligned) plus kRowOverheadBytes (16 of header, about
+// 16 of index), and the only slack is the last chunk. Removing a row moves
+// the last row into its place.
 #ifndef STRATA_PSERVER_SPARSE_TABLE_H_
 #define STRATA_PSERVER_SPARSE_TABLE_H_
 
@@ -62,7 +63,8 @@ class SparseTable {
   SparseTable& operator=(const SparseTable&) = delete;
 
   int dim() const { return dim_; }
-  // Bytes of one row as stated in docs/sparse.md: data, state, overhead.
+  // Bytes of one row as stated in docs/sparse.md: data and state (rounded
+  // up to 8 bytes), plus kRowOverheadBytes.
   size_t stated_bytes_per_row() const;
 
   // out[i * dim ..] = the row of keys[i]: its values when it exists, else
@@ -95,6 +97,9 @@ class SparseTable {
   static constexpr uint64_t kEmpty = ~0ull;
 
   SparseTable(const SparseTableOptions& options, RowInitializer initializer);
+  // Bytes of a row in its chunk: header, then values and state rounded up
+  // to 8 bytes.
+  static size_t RowStride(int dim, int slots);
   char* RowPtr(uint64_t row) const {
     return chunks_[row / kChunkRows].get() + (row % kChunkRows) * stride_;
   }

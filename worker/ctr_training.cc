@@ -4,6 +4,7 @@
 // computes, and pushes the dense gradients and one summed gradient row per
 // distinct key.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -30,8 +31,8 @@ storage::CriteoReadOptions ReadOptions(const DataSection& d) {
 }  // namespace
 
 absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
-                                    bool use_cache, uint64_t step, float* wide_rows,
-                                    float* emb_rows, absl::Duration* comm) {
+                                    bool barrier, bool use_cache, uint64_t step,
+                                    float* wide_rows, float* emb_rows, absl::Duration* comm) {
   const int dim = wide_deep_->dim();
   std::vector<uint64_t> missing;
   std::vector<uint32_t> missing_at;  // where each missing key is in `keys`
@@ -50,13 +51,15 @@ absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t 
     missing_at.resize(keys.size());
     std::iota(missing_at.begin(), missing_at.end(), 0u);
   }
-  if (missing.empty()) return absl::OkStatus();
+  if (missing.empty() && !barrier) return absl::OkStatus();
   ParamClient::SparseKeys grouped;
   std::vector<uint32_t> perm;
   STRATA_RETURN_IF_ERROR(params_->GroupKeys(missing, &grouped, &perm));
   std::vector<float> w(missing.size()), e(missing.size() * dim);
-  auto wide = params_->StartSparsePull(WideDeep::kWideTable, &grouped, w.data(), min_version);
-  auto emb = params_->StartSparsePull(WideDeep::kEmbeddingTable, &grouped, e.data(), min_version);
+  auto wide = params_->StartSparsePull(WideDeep::kWideTable, &grouped, w.data(), min_version,
+                                       barrier);
+  auto emb = params_->StartSparsePull(WideDeep::kEmbeddingTable, &grouped, e.data(),
+                                      min_version, barrier);
   wide->IssueAll();
   emb->IssueAll();
   const absl::Time t0 = absl::Now();
@@ -78,11 +81,15 @@ absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t 
 
 absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
   // The master counts lines; lines skipped as bad (data.bad_lines: skip)
-  // make the last tasks a little shorter.
+  // make the last tasks a little shorter, and by no more than that.
   const int64_t n_records = ctr_train_.num_examples;
-  if (task.begin() < 0 || task.begin() >= task.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data task ", task.id(), " [", task.begin(), ", ", task.end(), ") is empty"));
+  if (task.begin() < 0 || task.begin() >= task.end() ||
+      task.end() > n_records + ctr_train_skipped_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data task ", task.id(), " [", task.begin(), ", ", task.end(), ") is outside ",
+        options_.config.data.train, ": ", n_records, " records",
+        ctr_train_skipped_ > 0 ? absl::StrCat(" and ", ctr_train_skipped_, " bad lines") : "",
+        " here (does every host have the same file?)"));
   }
   current_epoch_ = task.epoch();
   const int64_t end = std::min<int64_t>(task.end(), n_records);
@@ -126,8 +133,9 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     dense_pull->IssueAll();
     wide_rows.resize(unique.size());
     emb_rows.resize(unique.size() * dim);
-    absl::Status pulled = PullSparseRows(unique, bsp ? step : 0, /*use_cache=*/true, step,
-                                         wide_rows.data(), emb_rows.data(), &comm);
+    absl::Status pulled =
+        PullSparseRows(unique, bsp ? step : 0, /*barrier=*/bsp, /*use_cache=*/true, ctr_steps_,
+                       wide_rows.data(), emb_rows.data(), &comm);
     const absl::Time tw = absl::Now();
     pulled.Update(dense_pull->Finish());
     comm += absl::Now() - tw;
@@ -167,6 +175,7 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
 
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
+    ++ctr_steps_;
     {
       absl::MutexLock l(&mu_);
       stats_.steps++;
@@ -211,10 +220,18 @@ absl::StatusOr<Worker::CtrMetrics> Worker::CtrTestMetrics(uint64_t min_version) 
                 &unique, &slot);
     wide_rows.resize(unique.size());
     emb_rows.resize(unique.size() * dim);
-    STRATA_RETURN_IF_ERROR(PullSparseRows(unique, min_version, /*use_cache=*/false, 0,
-                                          wide_rows.data(), emb_rows.data(), &comm));
+    STRATA_RETURN_IF_ERROR(PullSparseRows(unique, min_version, /*barrier=*/false,
+                                          /*use_cache=*/false, 0, wide_rows.data(),
+                                          emb_rows.data(), &comm));
     wide_deep_->Predict(test.dense.data() + b * kCtrDenseFeatures, slot.data(), n,
                         wide_rows.data(), emb_rows.data(), probs.data() + b);
+  }
+  for (int64_t i = 0; i < test.num_examples; ++i) {
+    if (!std::isfinite(probs[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model diverged: its prediction for test example ", i, " of ", d.test,
+          " is not a number (lower the learning rates)"));
+    }
   }
   CtrMetrics m;
   m.examples = test.num_examples;

@@ -37,6 +37,12 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   view_error_ = absl::OkStatus();
   for (const auto& t : view.tables()) {
     if (!t.sparse()) continue;
+    if (t.dim() == 0 || t.partitions() == 0) {
+      view_error_ = absl::DataLossError(absl::StrCat(
+          "cluster view epoch ", view.epoch(), ": sparse table ", t.id(), " (", t.name(),
+          ") has dim ", t.dim(), " and ", t.partitions(), " virtual partitions"));
+      continue;
+    }
     sparse_dims_[t.id()] = static_cast<int>(t.dim());
     sparse_routes_[t.id()].resize(t.partitions(), Route{0, 0, 0, 0, ""});
     if (sparse_partitions_ != 0 && sparse_partitions_ != t.partitions()) {
@@ -523,7 +529,8 @@ absl::Status ParamClient::GroupKeys(const std::vector<uint64_t>& unique_keys, Sp
 std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t table,
                                                                    const SparseKeys* keys,
                                                                    float* rows,
-                                                                   uint64_t min_version) {
+                                                                   uint64_t min_version,
+                                                                   bool every_partition) {
   const int dim = SparseDim(table);
   return std::make_unique<Exchange>(
       this,
@@ -539,7 +546,9 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t tab
       },
       [](const Route& r, const Message& resp) -> absl::Status {
         STRATA_RETURN_IF_ERROR(transport::ResponseStatus(resp));
-        if (!resp.payload_in_destination) {
+        // A pull without keys (a bsp version barrier) has no rows to land.
+        const bool empty = r.length == 0 && resp.payload.empty();
+        if (!resp.payload_in_destination && !empty) {
           return absl::DataLossError(absl::StrCat(
               "sparse pull of partition ", r.partition, " from ", r.address, ": expected ",
               r.length * sizeof(float), " bytes of rows, got ", resp.payload.size()));
@@ -551,7 +560,7 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t tab
         return {reinterpret_cast<char*>(rows + static_cast<size_t>(keys->begin[r.offset]) * dim),
                 r.length * sizeof(float)};
       },
-      static_cast<int>(table), keys, false);
+      static_cast<int>(table), keys, every_partition);
 }
 
 std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
@@ -564,10 +573,12 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
     seq = next_seq_++;
   }
   *result = PushResult();
+  // (Keys not grouped by GroupKeys: the exchange refuses them in LoadRoutes.)
+  const size_t groups = keys->begin.empty() ? 0 : keys->begin.size() - 1;
   // The payloads are built now (keys, then their rows), so the caller's
   // gradient may change once this returns; a retry resends the same bytes.
-  auto payloads = std::make_shared<std::vector<std::string>>(keys->begin.size() - 1);
-  for (size_t v = 0; v + 1 < keys->begin.size(); ++v) {
+  auto payloads = std::make_shared<std::vector<std::string>>(groups);
+  for (size_t v = 0; v < groups; ++v) {
     const uint32_t b = keys->begin[v], e = keys->begin[v + 1];
     if (b == e && !every_partition) continue;
     std::string& p = (*payloads)[v];

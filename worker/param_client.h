@@ -181,9 +181,13 @@ class ParamClient {
 
   // A pull of the rows of sparse table `table` for keys->keys into
   // rows[0 .. keys->keys.size() * dim) (responses land in place), at
-  // version >= min_version (bsp). `keys` and `rows` must outlive it.
+  // version >= min_version (bsp). With every_partition (bsp) a request goes
+  // to every virtual partition, with keys or not: the wait for the version
+  // is what lets the next push to it be for that version. `keys` and
+  // `rows` must outlive it.
   std::unique_ptr<Exchange> StartSparsePull(uint32_t table, const SparseKeys* keys,
-                                            float* rows, uint64_t min_version);
+                                            float* rows, uint64_t min_version,
+                                            bool every_partition = false);
   // A push of the gradient rows grads[i * dim ..] of keys->keys[i] for
   // `step` over `count` samples. In bsp (every_partition) a request goes to
   // every virtual partition, empty or not, so each partition's step can

@@ -87,8 +87,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
       LOG(WARNING) << d.train << ": skipped " << stats.skipped << " bad line(s); first: "
                    << stats.first_error;
     }
-    return std::unique_ptr<Worker>(
-        new Worker(std::move(options), storage::LabeledDataset(), std::move(ctr)));
+    return std::unique_ptr<Worker>(new Worker(std::move(options), storage::LabeledDataset(),
+                                              std::move(ctr), stats.skipped));
   }
   STRATA_ASSIGN_OR_RETURN(
       storage::LabeledDataset train,
@@ -104,8 +104,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
 }
 
 Worker::Worker(WorkerOptions options, storage::LabeledDataset train,
-               storage::CtrDataset ctr_train)
-    : options_(std::move(options)), train_(std::move(train)), ctr_train_(std::move(ctr_train)) {
+               storage::CtrDataset ctr_train, int64_t ctr_skipped)
+    : options_(std::move(options)),
+      train_(std::move(train)),
+      ctr_train_(std::move(ctr_train)),
+      ctr_train_skipped_(ctr_skipped) {
   device_ = NewCpuDevice(options_.cpu_threads);
   const ModelSection& model = options_.config.model;
   const Activation act = *ParseActivation(model.activation);

@@ -105,7 +105,8 @@ class Worker {
 
  private:
   class MasterTaskSource;
-  Worker(WorkerOptions options, storage::LabeledDataset train, storage::CtrDataset ctr_train);
+  Worker(WorkerOptions options, storage::LabeledDataset train, storage::CtrDataset ctr_train,
+         int64_t ctr_skipped = 0);
   // The model's tensors (one per table; a sparse table's are empty).
   std::vector<std::vector<float>>& ModelParams();
   const std::vector<std::vector<float>>& ModelGrads() const;
@@ -125,8 +126,12 @@ class Worker {
   // with the row cache (training), fresh cached rows are not pulled and
   // pulled ones are cached as of `step`. Adds the time spent waiting to
   // *comm.
+  // With `barrier` (bsp) every virtual partition is asked, with keys or
+  // not, so that each has reached min_version before this worker pushes to
+  // it (also when every key came from the cache). The cache's clock is
+  // this worker's own step count (`step`).
   absl::Status PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
-                              bool use_cache, uint64_t step, float* wide_rows,
+                              bool barrier, bool use_cache, uint64_t step, float* wide_rows,
                               float* emb_rows, absl::Duration* comm);
   absl::Status RunLoop();
   absl::Status RunLocal();
@@ -154,6 +159,8 @@ class Worker {
   WorkerOptions options_;
   storage::LabeledDataset train_;      // mlp
   storage::CtrDataset ctr_train_;      // wide_deep
+  int64_t ctr_train_skipped_ = 0;      // its lines skipped as bad (data.bad_lines: skip)
+  uint64_t ctr_steps_ = 0;             // training thread: this worker's CTR steps (cache clock)
   std::unique_ptr<Device> device_;
   std::unique_ptr<Mlp> model_;         // mlp
   std::unique_ptr<WideDeep> wide_deep_;  // wide_deep

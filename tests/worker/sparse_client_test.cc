@@ -163,9 +163,14 @@ TEST_P(SparseClientTest, PushedRowsComeBackInKeyOrder) {
   EXPECT_EQ(pushed.size(), bsp ? kParts : 1u);
 
   std::vector<float> rows(keys.size() * 3, -7.f);
-  auto pull = client_->StartSparsePull(1, &grouped, rows.data(), bsp ? 1 : 0);
+  auto pull = client_->StartSparsePull(1, &grouped, rows.data(), bsp ? 1 : 0, bsp);
   pull->IssueAll();
   ASSERT_THAT(pull->Finish(), IsOk());
+  // bsp: the pull waits for the step on every virtual partition (a barrier
+  // before the next push to each), also those without keys.
+  std::set<uint32_t> pulled;
+  for (const auto& [type, partition] : server_.TakeRequests()) pulled.insert(partition);
+  EXPECT_EQ(pulled.size(), bsp ? kParts : 1u);
   for (size_t i = 0; i < keys.size(); ++i) {
     // SGD lr 1 from zeros over the mean of 2 samples: -(i + 1) / 2.
     const float want = -static_cast<float>(i + 1) / 2.f;

@@ -81,11 +81,15 @@ bench() {
       wait $srv
       # perftest's MB/sec is 2^20 bytes a second.
       b=$(awk -v s=$size '$1 == s && $2 > 0 && $4 > 0 {printf "%.4f", $4 * 1048576 / 1e9}' /tmp/bw.txt)
-      timeout 120 /share/bin/strata-bench --mode pushpull --transport rdma --sizes $size --seconds 3 \
+      timeout 600 /share/bin/strata-bench --mode pushpull --transport rdma --sizes $size --seconds 3 \
         --rdma_busy_poll_us 0 --json >/tmp/bench.json 2>/tmp/bench.err
+      bench_rc=$?
       g=$(sed -n 's/.*"gbps": \([0-9.]*\).*/\1/p' /tmp/bench.json | head -n 1)
       if [ -z "$b" ] || [ -z "$g" ]; then
-        cat /tmp/bw.txt /tmp/bench.err; return 1
+        cat /tmp/bw.txt /tmp/bench.err
+        [ -z "$b" ] && echo "no ib_write_bw figure for $size bytes (round $round)"
+        [ -z "$g" ] && echo "no strata-bench figure for $size bytes (round $round; exit status $bench_rc, 124 = timed out)"
+        return 1
       fi
       base=$(awk -v x=$base -v y=$b 'BEGIN {print (y > x ? y : x)}')
       gbps=$(awk -v x=$gbps -v y=$g 'BEGIN {print (y > x ? y : x)}')

@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/hash.h"
 #include "common/initializer.h"
 #include "common/model_spec.h"
 #include "common/row_optimizer.h"
@@ -515,13 +516,6 @@ namespace {
 
 using transport::Message;
 using transport::MessageType;
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // The key of a Zipf rank: a fixed mix, so that hot keys lie anywhere in
 // the key space (and in the partitions).

@@ -3,19 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 
 namespace strata {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n,
                              float* out) {
   if (spec.init == "zeros") {

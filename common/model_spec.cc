@@ -1,6 +1,7 @@
 #include "common/model_spec.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 
 namespace strata {
 
@@ -52,14 +53,9 @@ std::vector<int> DeepLayers(const ModelSection& model) {
 }
 
 uint32_t SparsePartitionOf(uint64_t key, uint32_t partitions) {
-  // splitmix64's finaliser over the key and a constant of its own, so the
-  // partition does not correlate with a partition's index hash.
-  uint64_t x = key ^ 0x51ed270b27f5a6c3ull;
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return static_cast<uint32_t>(x % partitions);
+  // splitmix64 over the key and a constant of its own, so the partition
+  // does not correlate with a partition's index hash.
+  return static_cast<uint32_t>(SplitMix64(key ^ 0x51ed270b27f5a6c3ull) % partitions);
 }
 
 }  // namespace strata

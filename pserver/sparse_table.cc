@@ -5,21 +5,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "glog/logging.h"
 
 namespace strata::pserver {
 namespace {
 
-uint64_t Mix64(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // The 32 hash bits an index slot keeps; the home slot is taken from them
 // too, so a slot's home is known without touching its row (removal).
-uint32_t TagOf(uint64_t key) { return static_cast<uint32_t>(Mix64(key) >> 32); }
+uint32_t TagOf(uint64_t key) { return static_cast<uint32_t>(SplitMix64(key) >> 32); }
 
 constexpr size_t kMinIndexSlots = 64;
 
@@ -51,7 +45,7 @@ SparseTable::SparseTable(const SparseTableOptions& o, RowInitializer initializer
       admit_on_first_touch_(o.admit_min_count <= 1 && o.admit_probability >= 1.0),
       index_(kMinIndexSlots, kEmpty),
       index_mask_(kMinIndexSlots - 1),
-      rng_(Mix64(o.seed ^ 0xad315510ull)) {}
+      rng_(SplitMix64(o.seed ^ 0xad315510ull)) {}
 
 size_t SparseTable::RowStride(int dim, int slots) {
   // Rounded up to 8 bytes, so that every row's 8-byte key is aligned.
@@ -211,7 +205,7 @@ bool SparseTable::Admit(uint64_t key) {
   }
   if (admit_probability_ < 1.0) {
     rng_ += 0x9e3779b97f4a7c15ull;
-    const double u = static_cast<double>(Mix64(rng_) >> 11) * 0x1.0p-53;
+    const double u = static_cast<double>(SplitMix64(rng_) >> 11) * 0x1.0p-53;
     if (u >= admit_probability_) return false;
   }
   if (admit_min_count_ > 1) pending_.erase(key);

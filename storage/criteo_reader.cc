@@ -8,6 +8,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "storage/idx_reader.h"
@@ -23,11 +24,7 @@ constexpr size_t kMaxQuotedBytes = 40;
 constexpr int kMaxHexDigits = 16;
 
 // The splitmix64 finalizer (see the header: part of the key formula).
-constexpr uint64_t Fmix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+constexpr uint64_t Fmix(uint64_t z) { return Fmix64(z); }
 
 bool StartsWithGzipMagic(const std::string& bytes) {
   return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/eval_metrics.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -35,11 +36,7 @@ constexpr double kTwoPi = 6.283185307179586476925;
 constexpr double kMaxDenseValue = 1e15;
 
 // The splitmix64 finalizer: a bijection on 64 bits.
-constexpr uint64_t Fmix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+constexpr uint64_t Fmix(uint64_t z) { return Fmix64(z); }
 constexpr uint64_t Combine(uint64_t h, uint64_t x) {
   return Fmix(h ^ Fmix(x + kGolden));
 }

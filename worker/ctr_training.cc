@@ -176,23 +176,10 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
     ++ctr_steps_;
-    {
-      absl::MutexLock l(&mu_);
-      stats_.steps++;
-      stats_.samples += n;
-      stats_.last_step = version;
-      stats_.stale_pushes += pushed_dense.stale_partitions + pushed_wide.stale_partitions +
-                                 pushed_emb.stale_partitions >
-                             0;
-      stats_.busy_seconds += absl::ToDoubleSeconds(t3 - t0);
-      stats_.comm_seconds += absl::ToDoubleSeconds(comm);
-    }
-    window_samples_ += n;
-    window_loss_ += loss;
-    ++window_steps_;
-    if (window_steps_ >= static_cast<uint64_t>(options_.config.job.progress_every_steps)) {
-      ReportProgress(false, 0, 0);
-    }
+    RecordStep(n, version, loss, t3 - t0, comm,
+               pushed_dense.stale_partitions + pushed_wide.stale_partitions +
+                       pushed_emb.stale_partitions >
+                   0);
   }
   return absl::OkStatus();
 }

@@ -602,22 +602,28 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     }
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
-    {
-      absl::MutexLock l(&mu_);
-      stats_.steps++;
-      stats_.samples += n;
-      stats_.last_step = version;
-      stats_.busy_seconds += absl::ToDoubleSeconds(t3 - t0);
-      stats_.comm_seconds += absl::ToDoubleSeconds(comm);
-    }
-    window_samples_ += n;
-    window_loss_ += loss;
-    ++window_steps_;
-    if (window_steps_ >= static_cast<uint64_t>(options_.config.job.progress_every_steps)) {
-      ReportProgress(false, 0, 0);
-    }
+    RecordStep(n, version, loss, t3 - t0, comm, /*stale=*/false);
   }
   return absl::OkStatus();
+}
+
+void Worker::RecordStep(int n, uint64_t version, double loss, absl::Duration busy,
+                        absl::Duration comm, bool stale) {
+  {
+    absl::MutexLock l(&mu_);
+    stats_.steps++;
+    stats_.samples += n;
+    stats_.last_step = version;
+    stats_.stale_pushes += stale;
+    stats_.busy_seconds += absl::ToDoubleSeconds(busy);
+    stats_.comm_seconds += absl::ToDoubleSeconds(comm);
+  }
+  window_samples_ += n;
+  window_loss_ += loss;
+  ++window_steps_;
+  if (window_steps_ >= static_cast<uint64_t>(options_.config.job.progress_every_steps)) {
+    ReportProgress(false, 0, 0);
+  }
 }
 
 void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,

@@ -114,6 +114,10 @@ class Worker {
   // tables and the batch's sparse rows, compute, push, all partitions in
   // parallel (docs/sparse.md).
   absl::Status TrainCtrTask(const proto::DataTask& task);
+  // Counts a finished training step of `n` samples (stats, the progress
+  // window) and reports progress every job.progress_every_steps.
+  void RecordStep(int n, uint64_t version, double loss, absl::Duration busy,
+                  absl::Duration comm, bool stale);
   // A CTR model on the test set: AUC, log-loss and accuracy at 0.5, with
   // the sparse rows pulled at version >= min_version.
   struct CtrMetrics {

@@ -81,6 +81,7 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   // Pulls land straight in the tensors: a route outside its table would
   // write out of bounds, so such a view is refused.
   for (const Route& r : routes_) {
+    if (!view_error_.ok()) break;  // the first problem found is the one reported
     if (r.table >= table_sizes_.size() || r.offset + r.length > table_sizes_[r.table]) {
       view_error_ = absl::DataLossError(absl::StrCat(
           "cluster view epoch ", view.epoch(), ": partition ", r.partition,

@@ -562,6 +562,58 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
   EXPECT_EQ(done.outcome(), proto::LeaseTaskResponse::DONE);
 }
 
+TEST_F(MasterServerTest, CtrJobCountsLinesAndReportsAucBesideThePlantedModel) {
+  JobConfig& c = options_.config;
+  c.model.type = "wide_deep";
+  c.data.format = "criteo";
+  c.data.train = "/ctr/train.txt";
+  c.data.test = "/ctr/test.txt";
+  c.data.planted = "/ctr/planted.json";
+  c.data.task_records = 2;
+  // 5 records (lines; their fields are the workers' business): 3 tasks.
+  ASSERT_THAT(fs_->WriteFileAtomic("/ctr/train.txt", "a\nb\n\nc\nd\ne\n"), IsOk());
+  // planted.json must carry both figures.
+  ASSERT_THAT(fs_->WriteFileAtomic("/ctr/planted.json", "{\"planted_test_auc\": 0.7}"), IsOk());
+  EXPECT_THAT(MasterServer::Create(options_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/ctr/planted.json (data.planted)"),
+                             HasSubstr("planted_test_logloss"))));
+  ASSERT_THAT(fs_->WriteFileAtomic("/ctr/planted.json", "not json"), IsOk());
+  EXPECT_THAT(MasterServer::Create(options_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/ctr/planted.json")));
+  ASSERT_THAT(fs_->WriteFileAtomic(
+                  "/ctr/planted.json",
+                  "{\"planted_test_auc\": 0.78, \"planted_test_logloss\": 0.46, \"seed\": 1}"),
+              IsOk());
+  CreateMaster();
+  EXPECT_EQ(master_->GetStatus().job().tasks_total(), 3u);  // ceil(5 / 2)
+
+  uint32_t ps, a;
+  StartRunningJob(&ps, &a);
+  for (int i = 0; i < 3; ++i) {
+    STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(a));
+    ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK) << i;
+    ASSERT_THAT(Complete(a, lease.task().id(), i), IsOk());
+  }
+  STRATA_ASSERT_OK_AND_ASSIGN(auto eval, Lease(a));
+  ASSERT_EQ(eval.outcome(), proto::LeaseTaskResponse::EVALUATE);
+  proto::ReportProgressRequest r;
+  r.set_node_id(a);
+  r.set_has_test_accuracy(true);
+  r.set_test_accuracy(0.77);
+  r.set_test_loss(0.47);
+  r.set_has_test_auc(true);
+  r.set_test_auc(0.75);
+  ASSERT_THAT(master_->ReportProgress(r), IsOk());
+  EXPECT_EQ(JobState(), "succeeded");
+  EXPECT_TRUE(master_->GetStatus().job().has_test_auc());
+  STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
+  EXPECT_THAT(summary, AllOf(HasSubstr("\"final_test_auc\": 0.750000"),
+                             HasSubstr("\"final_test_logloss\": 0.470000"),
+                             HasSubstr("\"planted_test_auc\": 0.780000"),
+                             HasSubstr("\"planted_test_logloss\": 0.460000")));
+}
+
 TEST_F(MasterServerTest, AspEvaluatorNeedsNoMinimumVersion) {
   options_.config.job.consistency = Consistency::kAsp;
   options_.config.data.task_records = 10;  // one task

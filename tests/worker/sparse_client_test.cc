@@ -180,6 +180,22 @@ TEST_P(SparseClientTest, PushedRowsComeBackInKeyOrder) {
   }
 }
 
+TEST_P(SparseClientTest, AViewWithAnEmptySparseTableIsRefusedNamingIt) {
+  proto::ClusterView view = server_.View();
+  view.set_epoch(2);
+  view.mutable_tables(1)->set_dim(0);
+  client_->SetView(view);
+  ParamClient::SparseKeys grouped;
+  std::vector<uint32_t> perm;
+  ASSERT_THAT(client_->GroupKeys({1, 2, 3}, &grouped, &perm), IsOk());
+  std::vector<float> rows(3);
+  auto pull = client_->StartSparsePull(0, &grouped, rows.data(), 0);
+  const absl::Status s = pull->Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("sparse table 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("dim 0"), std::string::npos) << s;
+}
+
 INSTANTIATE_TEST_SUITE_P(Consistency, SparseClientTest,
                          ::testing::Values(Consistency::kAsp, Consistency::kBsp));
 

@@ -1,7 +1,5 @@
 #include "storage/idx_reader.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -11,11 +9,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/file_system.h"
+#include "tests/testing/gzip.h"
 #include "tests/testing/status_matchers.h"
 
 namespace strata::storage {
 namespace {
 
+using ::strata::testing::Gzip;
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
 using ::testing::AllOf;
@@ -36,24 +36,6 @@ std::string MakeIdx(const std::vector<uint32_t>& dims,
     out.push_back(static_cast<char>(d));
   }
   out.append(data.begin(), data.end());
-  return out;
-}
-
-// Gzip (RFC 1952) via zlib's deflate with the gzip wrapper.
-std::string Gzip(const std::string& raw) {
-  z_stream zs;
-  std::memset(&zs, 0, sizeof(zs));
-  EXPECT_EQ(deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8,
-                         Z_DEFAULT_STRATEGY),
-            Z_OK);
-  std::string out(deflateBound(&zs, raw.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
-  zs.avail_in = raw.size();
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = out.size();
-  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
   return out;
 }
 

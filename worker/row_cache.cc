@@ -63,14 +63,12 @@ void RowCache::Insert(const uint64_t* keys, size_t n, const std::vector<const fl
         s = free_.back();
         free_.pop_back();
       } else {
-        s = static_cast<uint32_t>(slot_keys_.size());
-        slot_keys_.push_back(0);
+        s = static_cast<uint32_t>(slot_step_.size());
         slot_step_.push_back(0);
         for (size_t t = 0; t < dims_.size(); ++t) slot_rows_[t].resize(slot_rows_[t].size() + dims_[t]);
       }
       index_.emplace(keys[i], s);
     }
-    slot_keys_[s] = keys[i];
     slot_step_[s] = now;
     for (size_t t = 0; t < dims_.size(); ++t) {
       std::memcpy(slot_rows_[t].data() + static_cast<size_t>(s) * dims_[t], rows[t] + i * dims_[t],

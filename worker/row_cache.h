@@ -45,7 +45,6 @@ class RowCache {
   const uint64_t staleness_;
   const std::vector<int> dims_;
   absl::flat_hash_map<uint64_t, uint32_t> index_;  // key -> slot
-  std::vector<uint64_t> slot_keys_;
   std::vector<uint64_t> slot_step_;
   std::vector<std::vector<float>> slot_rows_;  // per table, slot-major
   std::vector<uint32_t> free_;

@@ -63,17 +63,7 @@ data:
     test_rows: 10000
     seed: 5
     max_vocab: 300
-cluster:
-  transport: tcp
-  heartbeat_interval_ms: 200
-  dead_timeout_ms: 2000
-  ports:
-    master: $base
-    master_http: $((base + 1))
-    pserver: $((base + 10))
-    pserver_data: $((base + 20))
-    pserver_http: $((base + 30))
-    worker_http: $((base + 40))
+$(cluster_yaml "$base")
 YAML
 printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
 

@@ -43,6 +43,15 @@ data:
   test_labels: $FMNIST/t10k-labels-idx1-ubyte.gz
   task_records: 2000
   train_limit: $limit
+$(cluster_yaml "$base")
+YAML
+}
+
+# cluster_yaml PORT_BASE: the cluster section of the tests' configs: tcp,
+# fast failure detection, ports PORT_BASE + {0, 1, 10, 20, 30, 40}.
+cluster_yaml() {
+  local base="$1"
+  cat <<YAML
 cluster:
   transport: tcp
   slice_bytes: 131072

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
-  libibverbs-dev libopenblas-dev libyaml-cpp-dev zlib1g-dev
+  libibverbs-dev libopenblas-dev libyaml-cpp-dev zlib1g-dev libzstd-dev
   dataset-fashion-mnist
   iproute2 procps curl python3
 )

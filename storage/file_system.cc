@@ -1,12 +1,15 @@
 #include "storage/file_system.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -16,24 +19,59 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 
 namespace strata::storage {
-namespace {
 
-// "<op> <path>: <strerror>" with the code errno maps to (ENOENT ->
-// NotFound, EACCES -> PermissionDenied, ...).
-absl::Status PosixError(absl::string_view op, const std::string& path,
-                        int err) {
-  return absl::ErrnoToStatus(err, absl::StrCat(op, " ", path));
-}
-
-// Parent directory of `path` for fsync after rename: "a/b" -> "a",
-// "b" -> ".", "/b" -> "/".
 std::string ParentDir(const std::string& path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+std::string JoinPath(absl::string_view dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::Status FileSystem::WriteFileAtomic(const std::string& path, absl::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  absl::Status status = [&]() -> absl::Status {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, NewWritableFile(tmp));
+    STRATA_RETURN_IF_ERROR(f->Append(contents));
+    STRATA_RETURN_IF_ERROR(f->Sync());
+    STRATA_RETURN_IF_ERROR(f->Close());
+    return RenameFile(tmp, path);
+  }();
+  if (!status.ok()) {
+    DeleteFile(tmp).IgnoreError();
+    return status;
+  }
+  // Make the rename itself durable.
+  return SyncDir(ParentDir(path));
+}
+
+absl::Status FileSystem::DeleteRecursively(const std::string& path) {
+  if (!Exists(path)) return absl::OkStatus();
+  if (!IsDirectory(path)) return DeleteFile(path);
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(path));
+  for (const std::string& name : names) {
+    STRATA_RETURN_IF_ERROR(DeleteRecursively(JoinPath(path, name)));
+  }
+  absl::Status s = DeleteDir(path);
+  // An implicit directory (memory file system) goes with its last entry.
+  if (absl::IsNotFound(s) && !Exists(path)) return absl::OkStatus();
+  return s;
+}
+
+namespace {
+
+// "<op> <path>: <strerror>" with the code errno maps to (ENOENT ->
+// NotFound, EACCES -> PermissionDenied, ENOSPC -> ResourceExhausted, ...).
+absl::Status PosixError(absl::string_view op, const std::string& path, int err) {
+  return absl::ErrnoToStatus(err, absl::StrCat(op, " ", path));
 }
 
 int CloseRetryingIntr(int fd) {
@@ -44,8 +82,49 @@ int CloseRetryingIntr(int fd) {
   return rc;
 }
 
-// POSIX file system. Thread-safe: holds no state; concurrent writers of the
-// same path race on "path.tmp" like any two processes would.
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  absl::Status Append(absl::string_view data) override {
+    if (fd_ < 0) return Closed();
+    while (!data.empty()) {
+      ssize_t n = write(fd_, data.data(), data.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return PosixError("write", path_, errno);
+      }
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (fd_ < 0) return Closed();
+    if (fdatasync(fd_) != 0) return PosixError("fsync", path_, errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    if (fd_ < 0) return absl::OkStatus();
+    const int rc = CloseRetryingIntr(fd_);
+    fd_ = -1;
+    if (rc != 0) return PosixError("close", path_, errno);
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Closed() const {
+    return absl::FailedPreconditionError(absl::StrCat("write ", path_, ": file is closed"));
+  }
+  const std::string path_;
+  int fd_;
+};
+
+// POSIX file system. Thread-safe: holds no state.
 class PosixFileSystem : public FileSystem {
  public:
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
@@ -76,32 +155,6 @@ class PosixFileSystem : public FileSystem {
     return contents;
   }
 
-  absl::Status WriteFileAtomic(const std::string& path,
-                               const std::string& contents) override {
-    const std::string tmp = path + ".tmp";
-    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return PosixError("open", tmp, errno);
-    absl::Status status = WriteAll(fd, tmp, contents);
-    if (status.ok() && fsync(fd) != 0) status = PosixError("fsync", tmp, errno);
-    if (CloseRetryingIntr(fd) != 0 && status.ok()) {
-      status = PosixError("close", tmp, errno);
-    }
-    if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-      status = PosixError(absl::StrCat("rename ", tmp, " to"), path, errno);
-    }
-    if (!status.ok()) {
-      unlink(tmp.c_str());
-      return status;
-    }
-    // Make the rename itself durable.
-    const std::string dir = ParentDir(path);
-    int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd < 0) return PosixError("open", dir, errno);
-    if (fsync(dir_fd) != 0) status = PosixError("fsync", dir, errno);
-    close(dir_fd);
-    return status;
-  }
-
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
     struct stat st;
     if (stat(path.c_str(), &st) != 0) return PosixError("stat", path, errno);
@@ -112,6 +165,11 @@ class PosixFileSystem : public FileSystem {
   bool Exists(const std::string& path) override {
     struct stat st;
     return stat(path.c_str(), &st) == 0;
+  }
+
+  bool IsDirectory(const std::string& path) override {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   }
 
   absl::Status CreateDirs(const std::string& path) override {
@@ -137,58 +195,82 @@ class PosixFileSystem : public FileSystem {
     return absl::OkStatus();
   }
 
- private:
-  static absl::Status WriteAll(int fd, const std::string& path,
-                               absl::string_view data) {
-    while (!data.empty()) {
-      ssize_t n = write(fd, data.data(), data.size());
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return PosixError("write", path, errno);
-      }
-      data.remove_prefix(static_cast<size_t>(n));
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override {
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError("open", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    if (rename(from.c_str(), to.c_str()) != 0) {
+      return PosixError(absl::StrCat("rename ", from, " to"), to, errno);
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& dir) override {
+    int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return PosixError("open", dir, errno);
+    absl::Status s;
+    if (fsync(fd) != 0) s = PosixError("fsync", dir, errno);
+    close(fd);
+    return s;
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return PosixError("opendir", dir, errno);
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    const int err = errno;
+    closedir(d);
+    if (err != 0) return PosixError("readdir", dir, err);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  absl::Status DeleteFile(const std::string& path) override {
+    if (unlink(path.c_str()) != 0) return PosixError("unlink", path, errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteDir(const std::string& path) override {
+    if (rmdir(path.c_str()) != 0) return PosixError("rmdir", path, errno);
     return absl::OkStatus();
   }
 };
 
+std::string StripTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+absl::Status NoSuchFile(absl::string_view op, const std::string& path) {
+  return absl::NotFoundError(absl::StrCat(op, " ", path, ": No such file or directory"));
+}
+
 // In-memory file system. Thread-safe: one mutex guards all state. Paths are
 // compared as given (no normalization beyond dropping trailing slashes);
 // directories are implicit: a file's parents exist once it is written.
+// Everything is durable at once (Sync and SyncDir do nothing).
 class MemoryFileSystem : public FileSystem {
  public:
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
     absl::MutexLock lock(&mu_);
     auto it = files_.find(path);
-    if (it == files_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("open ", path, ": No such file or directory"));
-    }
+    if (it == files_.end()) return NoSuchFile("open", path);
     return it->second;
-  }
-
-  absl::Status WriteFileAtomic(const std::string& path,
-                               const std::string& contents) override {
-    if (path.empty() || path.back() == '/') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("open ", path, ": Is a directory"));
-    }
-    absl::MutexLock lock(&mu_);
-    if (IsDirLocked(path)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rename ", path, ".tmp to ", path, ": Is a directory"));
-    }
-    files_[path] = contents;
-    return absl::OkStatus();
   }
 
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
     absl::MutexLock lock(&mu_);
     auto it = files_.find(path);
-    if (it == files_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("stat ", path, ": No such file or directory"));
-    }
+    if (it == files_.end()) return NoSuchFile("stat", path);
     return static_cast<uint64_t>(it->second.size());
   }
 
@@ -196,6 +278,12 @@ class MemoryFileSystem : public FileSystem {
     const std::string p = StripTrailingSlashes(path);
     absl::MutexLock lock(&mu_);
     return files_.count(p) > 0 || IsDirLocked(p);
+  }
+
+  bool IsDirectory(const std::string& path) override {
+    const std::string p = StripTrailingSlashes(path);
+    absl::MutexLock lock(&mu_);
+    return IsDirLocked(p);
   }
 
   absl::Status CreateDirs(const std::string& path) override {
@@ -218,11 +306,105 @@ class MemoryFileSystem : public FileSystem {
     return absl::OkStatus();
   }
 
- private:
-  static std::string StripTrailingSlashes(std::string path) {
-    while (path.size() > 1 && path.back() == '/') path.pop_back();
-    return path;
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override {
+    if (path.empty() || path.back() == '/') {
+      return absl::InvalidArgumentError(absl::StrCat("open ", path, ": Is a directory"));
+    }
+    absl::MutexLock lock(&mu_);
+    if (IsDirLocked(path)) {
+      return absl::FailedPreconditionError(absl::StrCat("open ", path, ": Is a directory"));
+    }
+    files_[path].clear();
+    return std::unique_ptr<WritableFile>(new File(this, path));
   }
+
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(from);
+    if (it == files_.end()) return NoSuchFile(absl::StrCat("rename ", from, " to"), to);
+    if (IsDirLocked(to)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rename ", from, " to ", to, ": Is a directory"));
+    }
+    std::string data = std::move(it->second);
+    files_.erase(it);
+    files_[to] = std::move(data);
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& dir) override {
+    absl::MutexLock lock(&mu_);
+    if (!IsDirLocked(StripTrailingSlashes(dir))) return NoSuchFile("open", dir);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    const std::string d = StripTrailingSlashes(dir);
+    absl::MutexLock lock(&mu_);
+    if (!IsDirLocked(d)) return NoSuchFile("opendir", dir);
+    const std::string prefix = d == "/" ? d : d + "/";
+    std::set<std::string> names;
+    auto collect = [&](const std::string& entry) {
+      if (entry.compare(0, prefix.size(), prefix) != 0 || entry.size() == prefix.size()) return;
+      names.insert(entry.substr(prefix.size(), entry.find('/', prefix.size()) - prefix.size()));
+    };
+    for (auto it = files_.lower_bound(prefix); it != files_.end(); ++it) {
+      if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+      collect(it->first);
+    }
+    for (auto it = dirs_.lower_bound(prefix); it != dirs_.end(); ++it) {
+      if (it->compare(0, prefix.size(), prefix) != 0) break;
+      collect(*it);
+    }
+    return std::vector<std::string>(names.begin(), names.end());
+  }
+
+  absl::Status DeleteFile(const std::string& path) override {
+    absl::MutexLock lock(&mu_);
+    if (files_.erase(path) == 0) return NoSuchFile("unlink", path);
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteDir(const std::string& path) override {
+    const std::string p = StripTrailingSlashes(path);
+    absl::MutexLock lock(&mu_);
+    if (!IsDirLocked(p)) return NoSuchFile("rmdir", path);
+    const std::string prefix = p + "/";
+    auto f = files_.lower_bound(prefix);
+    auto d = dirs_.lower_bound(prefix);
+    if ((f != files_.end() && f->first.compare(0, prefix.size(), prefix) == 0) ||
+        (d != dirs_.end() && d->compare(0, prefix.size(), prefix) == 0)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rmdir ", path, ": Directory not empty"));
+    }
+    dirs_.erase(p);
+    return absl::OkStatus();
+  }
+
+ private:
+  class File : public WritableFile {
+   public:
+    File(MemoryFileSystem* fs, std::string path) : fs_(fs), path_(std::move(path)) {}
+    absl::Status Append(absl::string_view data) override {
+      if (closed_) {
+        return absl::FailedPreconditionError(absl::StrCat("write ", path_, ": file is closed"));
+      }
+      absl::MutexLock lock(&fs_->mu_);
+      fs_->files_[path_].append(data.data(), data.size());
+      return absl::OkStatus();
+    }
+    absl::Status Sync() override { return absl::OkStatus(); }
+    absl::Status Close() override {
+      closed_ = true;
+      return absl::OkStatus();
+    }
+
+   private:
+    MemoryFileSystem* const fs_;  // outlives its files
+    const std::string path_;
+    bool closed_ = false;
+  };
 
   // True when `path` was created by CreateDirs, is a parent of one that
   // was, or is a parent of a file.

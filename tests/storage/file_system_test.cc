@@ -21,6 +21,7 @@ namespace {
 
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Runs every test against both implementations. The POSIX one works in a
@@ -146,6 +147,207 @@ TEST_P(FileSystemTest, ConcurrentWritersOfDifferentFiles) {
   }
 }
 
+TEST_P(FileSystemTest, NewWritableFileCreatesAnEmptyFile) {
+  const std::string path = Path("w");
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_->NewWritableFile(path));
+  EXPECT_TRUE(fs_->Exists(path));
+  EXPECT_FALSE(fs_->IsDirectory(path));
+  ASSERT_THAT(f->Close(), IsOk());
+  auto read = fs_->ReadFile(path);
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(*read, "");
+}
+
+TEST_P(FileSystemTest, NewWritableFileTruncatesAnExistingFile) {
+  const std::string path = Path("w");
+  ASSERT_THAT(fs_->WriteFileAtomic(path, "old contents, longer than the new"), IsOk());
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_->NewWritableFile(path));
+  auto empty = fs_->ReadFile(path);
+  ASSERT_THAT(empty, IsOk());
+  EXPECT_EQ(*empty, "");
+  ASSERT_THAT(f->Append("new"), IsOk());
+  ASSERT_THAT(f->Close(), IsOk());
+  auto read = fs_->ReadFile(path);
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(*read, "new");
+}
+
+TEST_P(FileSystemTest, AppendsConcatenate) {
+  const std::string path = Path("w");
+  const std::string binary("c\0d", 3);
+  std::string big(100000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_->NewWritableFile(path));
+  ASSERT_THAT(f->Append("ab"), IsOk());
+  ASSERT_THAT(f->Append(""), IsOk());
+  ASSERT_THAT(f->Append(binary), IsOk());
+  ASSERT_THAT(f->Append(big), IsOk());
+  ASSERT_THAT(f->Sync(), IsOk());
+  ASSERT_THAT(f->Append("tail"), IsOk());
+  ASSERT_THAT(f->Close(), IsOk());
+  const std::string expected = absl::StrCat("ab", binary, big, "tail");
+  auto read = fs_->ReadFile(path);
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(read->size(), expected.size());
+  EXPECT_TRUE(*read == expected);
+  auto size = fs_->FileSize(path);
+  ASSERT_THAT(size, IsOk());
+  EXPECT_EQ(*size, expected.size());
+}
+
+TEST_P(FileSystemTest, AppendAfterCloseIsFailedPreconditionAndCloseIsIdempotent) {
+  const std::string path = Path("w");
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_->NewWritableFile(path));
+  ASSERT_THAT(f->Append("a"), IsOk());
+  EXPECT_THAT(f->Close(), IsOk());
+  EXPECT_THAT(f->Close(), IsOk());
+  EXPECT_THAT(f->Append("b"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(path)));
+  auto read = fs_->ReadFile(path);
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(*read, "a");
+}
+
+TEST_P(FileSystemTest, RenameReplacesTheTarget) {
+  const std::string from = Path("from");
+  const std::string to = Path("to");
+  ASSERT_THAT(fs_->WriteFileAtomic(from, "new"), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(to, "old contents"), IsOk());
+  ASSERT_THAT(fs_->RenameFile(from, to), IsOk());
+  EXPECT_FALSE(fs_->Exists(from));
+  auto read = fs_->ReadFile(to);
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(*read, "new");
+}
+
+TEST_P(FileSystemTest, RenameToANewNameMovesTheFile) {
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("a"), "data"), IsOk());
+  ASSERT_THAT(fs_->RenameFile(Path("a"), Path("b")), IsOk());
+  EXPECT_FALSE(fs_->Exists(Path("a")));
+  auto read = fs_->ReadFile(Path("b"));
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(*read, "data");
+}
+
+TEST_P(FileSystemTest, RenameOfAMissingFileIsNotFoundNamingIt) {
+  const std::string from = Path("missing");
+  const std::string to = Path("to");
+  ASSERT_THAT(fs_->WriteFileAtomic(to, "untouched"), IsOk());
+  EXPECT_THAT(fs_->RenameFile(from, to),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(from)));
+  auto read = fs_->ReadFile(to);
+  ASSERT_THAT(read, IsOk());
+  EXPECT_EQ(*read, "untouched");
+}
+
+TEST_P(FileSystemTest, SyncDirOfAnExistingDirectoryIsOk) {
+  ASSERT_THAT(fs_->CreateDirs(Path("d")), IsOk());
+  EXPECT_THAT(fs_->SyncDir(Path("d")), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d/f"), "x"), IsOk());
+  EXPECT_THAT(fs_->SyncDir(Path("d")), IsOk());
+  EXPECT_THAT(fs_->SyncDir(root_), IsOk());
+}
+
+TEST_P(FileSystemTest, SyncDirOfAMissingDirectoryFails) {
+  const std::string dir = Path("missing");
+  EXPECT_THAT(fs_->SyncDir(dir), StatusIs(absl::StatusCode::kNotFound, HasSubstr(dir)));
+}
+
+TEST_P(FileSystemTest, ListDirGivesSortedNamesOfFilesAndDirectories) {
+  ASSERT_THAT(fs_->CreateDirs(Path("d/sub")), IsOk());
+  ASSERT_THAT(fs_->CreateDirs(Path("d/empty")), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d/b"), "b"), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d/a"), "a"), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d/sub/inner"), "i"), IsOk());
+  // Siblings whose names start with "d" are not in it.
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d.txt"), "s"), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d0"), "s"), IsOk());
+
+  auto names = fs_->ListDir(Path("d"));
+  ASSERT_THAT(names, IsOk());
+  EXPECT_THAT(*names, ElementsAre("a", "b", "empty", "sub"));
+  auto inner = fs_->ListDir(Path("d/sub"));
+  ASSERT_THAT(inner, IsOk());
+  EXPECT_THAT(*inner, ElementsAre("inner"));
+  auto empty = fs_->ListDir(Path("d/empty"));
+  ASSERT_THAT(empty, IsOk());
+  EXPECT_THAT(*empty, ::testing::IsEmpty());
+}
+
+TEST_P(FileSystemTest, ListDirOfAMissingDirectoryIsNotFound) {
+  const std::string dir = Path("missing");
+  EXPECT_THAT(fs_->ListDir(dir), StatusIs(absl::StatusCode::kNotFound, HasSubstr(dir)));
+}
+
+TEST_P(FileSystemTest, DeleteFileRemovesItAndAMissingOneIsNotFound) {
+  const std::string path = Path("f");
+  ASSERT_THAT(fs_->WriteFileAtomic(path, "x"), IsOk());
+  ASSERT_THAT(fs_->DeleteFile(path), IsOk());
+  EXPECT_FALSE(fs_->Exists(path));
+  EXPECT_THAT(fs_->DeleteFile(path), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+}
+
+TEST_P(FileSystemTest, DeleteDirRemovesOnlyAnEmptyDirectory) {
+  const std::string dir = Path("d");
+  ASSERT_THAT(fs_->CreateDirs(dir), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(dir + "/f", "x"), IsOk());
+
+  const absl::Status not_empty = fs_->DeleteDir(dir);
+  EXPECT_FALSE(not_empty.ok());
+  EXPECT_THAT(not_empty.message(), HasSubstr(dir));
+  EXPECT_TRUE(fs_->IsDirectory(dir));
+  EXPECT_TRUE(fs_->Exists(dir + "/f"));
+
+  ASSERT_THAT(fs_->DeleteFile(dir + "/f"), IsOk());
+  EXPECT_THAT(fs_->DeleteDir(dir), IsOk());
+  EXPECT_FALSE(fs_->Exists(dir));
+  EXPECT_THAT(fs_->DeleteDir(dir), StatusIs(absl::StatusCode::kNotFound, HasSubstr(dir)));
+}
+
+TEST_P(FileSystemTest, IsDirectoryTellsDirectoriesFromFiles) {
+  ASSERT_THAT(fs_->CreateDirs(Path("d")), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d/f"), "x"), IsOk());
+  EXPECT_TRUE(fs_->IsDirectory(Path("d")));
+  EXPECT_TRUE(fs_->IsDirectory(Path("d/")));
+  EXPECT_FALSE(fs_->IsDirectory(Path("d/f")));
+  EXPECT_FALSE(fs_->IsDirectory(Path("missing")));
+}
+
+TEST_P(FileSystemTest, DeleteRecursivelyRemovesANestedTree) {
+  ASSERT_THAT(fs_->CreateDirs(Path("t/a/b")), IsOk());
+  ASSERT_THAT(fs_->CreateDirs(Path("t/c")), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("t/f1"), "1"), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("t/a/f2"), "2"), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("t/a/b/f3"), "3"), IsOk());
+  // A sibling sharing the name's prefix stays.
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("t2"), "keep"), IsOk());
+
+  ASSERT_THAT(fs_->DeleteRecursively(Path("t")), IsOk());
+  EXPECT_FALSE(fs_->Exists(Path("t")));
+  EXPECT_FALSE(fs_->Exists(Path("t/a/b/f3")));
+  EXPECT_FALSE(fs_->Exists(Path("t/c")));
+  auto kept = fs_->ReadFile(Path("t2"));
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_EQ(*kept, "keep");
+}
+
+TEST_P(FileSystemTest, DeleteRecursivelyOfAFileOrAMissingPath) {
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("f"), "x"), IsOk());
+  ASSERT_THAT(fs_->DeleteRecursively(Path("f")), IsOk());
+  EXPECT_FALSE(fs_->Exists(Path("f")));
+  EXPECT_THAT(fs_->DeleteRecursively(Path("missing")), IsOk());
+  EXPECT_THAT(fs_->DeleteRecursively(Path("missing/deeper")), IsOk());
+}
+
+TEST_P(FileSystemTest, WriteFileAtomicLeavesNoTempFileInTheDirectory) {
+  ASSERT_THAT(fs_->CreateDirs(Path("d")), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d/x"), "first"), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(Path("d/x"), "second"), IsOk());
+  auto names = fs_->ListDir(Path("d"));
+  ASSERT_THAT(names, IsOk());
+  EXPECT_THAT(*names, ElementsAre("x"));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     AllFileSystems, FileSystemTest,
     ::testing::Values(FsFactory{"Posix", NewPosixFileSystem, true},
@@ -215,6 +417,19 @@ TEST(MemoryFileSystemTest, ParentsOfFilesExistImplicitly) {
   EXPECT_TRUE(fs->Exists("/d/e"));
   EXPECT_FALSE(fs->Exists("/d/e/f/g"));
   EXPECT_FALSE(fs->Exists("/d/ee"));
+}
+
+TEST(PathTest, ParentDirAndJoinPath) {
+  EXPECT_EQ(ParentDir("a/b"), "a");
+  EXPECT_EQ(ParentDir("/a/b/c"), "/a/b");
+  EXPECT_EQ(ParentDir("b"), ".");
+  EXPECT_EQ(ParentDir("/b"), "/");
+
+  EXPECT_EQ(JoinPath("a", "b"), "a/b");
+  EXPECT_EQ(JoinPath("a/", "b"), "a/b");
+  EXPECT_EQ(JoinPath("/", "b"), "/b");
+  EXPECT_EQ(JoinPath("", "b"), "b");
+  EXPECT_EQ(ParentDir(JoinPath("/x/y", "z")), "/x/y");
 }
 
 }  // namespace

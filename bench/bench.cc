@@ -285,6 +285,8 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
     po.config = config;
     po.master_address = addr;
     po.http_port = -1;
+    auto child_fs = storage::NewMemoryFileSystem();
+    po.fs = child_fs.get();
     auto ps = pserver::PServer::Create(po);
     if (!ps.ok() || !(*ps)->Start().ok()) _exit(2);
     const char ok = 1;
@@ -362,6 +364,7 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
     po.http_port = -1;
     po.transport = topts;
     po.apply_threads = c.apply_threads;
+    po.fs = fs.get();
     STRATA_ASSIGN_OR_RETURN(auto ps, pserver::PServer::Create(po));
     STRATA_RETURN_IF_ERROR(ps->Start());
     servers.push_back(std::move(ps));

@@ -169,6 +169,7 @@ class ConfigReader {
                Check<std::string> check);
   Field Enum(const std::string& key, std::string* out,
              std::vector<std::string> allowed);
+  Field Bool(const std::string& key, bool* out);
   Field Section(const std::string& key,
                 std::function<std::vector<Field>()> fields);
 
@@ -187,6 +188,7 @@ class ConfigReader {
   std::vector<Field> ClusterFields(ClusterSection* cluster);
   std::vector<Field> PortsFields(PortsSection* ports);
   std::vector<Field> RdmaFields(RdmaSection* rdma);
+  std::vector<Field> CheckpointFields(CheckpointSection* checkpoint);
 
   // Checks that involve more than one key, once everything is read.
   absl::Status CrossCheck(const JobConfig& config) const;
@@ -414,6 +416,19 @@ ConfigReader::Field ConfigReader::Enum(const std::string& key, std::string* out,
           }};
 }
 
+ConfigReader::Field ConfigReader::Bool(const std::string& key, bool* out) {
+  return {key,
+          [this, out](const YAML::Node& k, const YAML::Node& v,
+                      const std::string& path) -> absl::Status {
+            if (v.IsScalar() && (v.Scalar() == "true" || v.Scalar() == "false")) {
+              *out = v.Scalar() == "true";
+              return absl::OkStatus();
+            }
+            return PathError(ValueMark(k, v), path,
+                             absl::StrCat("expected true or false, got ", Describe(v)));
+          }};
+}
+
 ConfigReader::Field ConfigReader::Section(
     const std::string& key, std::function<std::vector<Field>()> fields) {
   return {key,
@@ -629,6 +644,22 @@ std::vector<ConfigReader::Field> ConfigReader::RdmaFields(RdmaSection* rdma) {
   };
 }
 
+std::vector<ConfigReader::Field> ConfigReader::CheckpointFields(CheckpointSection* c) {
+  c->enabled = true;
+  return {
+      String("dir", &c->dir, NonEmpty()),
+      Int64("every_steps", &c->every_steps, IntAtLeast(0)),
+      Int("every_seconds", &c->every_seconds, IntAtLeast(0)),
+      Int("keep_last", &c->keep_last, IntAtLeast(1)),
+      Bool("incremental", &c->incremental),
+      Int("full_every", &c->full_every, IntAtLeast(1)),
+      Int("compression_level", &c->compression_level, IntInRange(0, 19)),
+      Int("grace_seconds", &c->grace_seconds, IntAtLeast(1)),
+      Int("timeout_seconds", &c->timeout_seconds, IntAtLeast(1)),
+      Bool("on_finish", &c->on_finish),
+  };
+}
+
 std::vector<ConfigReader::Field> ConfigReader::PortsFields(
     PortsSection* ports) {
   const auto port = [] { return IntInRange(0, 65535); };
@@ -679,6 +710,8 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
       Section("data", [this, config] { return DataFields(&config->data); }),
       Section("cluster",
               [this, config] { return ClusterFields(&config->cluster); }),
+      Section("checkpoint",
+              [this, config] { return CheckpointFields(&config->checkpoint); }),
   };
   STRATA_RETURN_IF_ERROR(ReadMap(root, root_mark, "", sections));
 
@@ -701,6 +734,9 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   }
   if (config->data.generate.enabled && marks_.count("data.generate.out_dir") == 0) {
     return Error(marks_["data.generate"], "missing required key 'data.generate.out_dir'");
+  }
+  if (config->checkpoint.enabled && marks_.count("checkpoint.dir") == 0) {
+    return Error(marks_["checkpoint"], "missing required key 'checkpoint.dir'");
   }
   // The model reads what the data format gives: an MLP images (idx), a
   // wide & deep model CTR rows (criteo).

@@ -164,6 +164,21 @@ struct ClusterSection {
   RdmaSection rdma;
 };
 
+// Checkpoints (docs/checkpoint-format.md): on when the section is present.
+struct CheckpointSection {
+  bool enabled = false;
+  std::string dir;              // required: the checkpoint root, seen by every node
+  int64_t every_steps = 0;      // >= 0; 0 = not by steps
+  int every_seconds = 900;      // >= 0; 0 = not by time
+  int keep_last = 3;            // complete checkpoints kept, >= 1
+  bool incremental = true;      // write only what changed since the last one
+  int full_every = 8;           // a full checkpoint after this many increments, >= 1
+  int compression_level = 1;    // zstd level, [0, 19]; 0 = uncompressed
+  int grace_seconds = 60;       // SIGTERM: time for the last checkpoint, >= 1
+  int timeout_seconds = 600;    // one checkpoint gives up after this, >= 1
+  bool on_finish = true;        // a last checkpoint when training ends
+};
+
 struct JobConfig {
   std::string source;  // file the config came from ("" if from a string)
   JobSection job;
@@ -172,6 +187,7 @@ struct JobConfig {
   SparseSection sparse;
   DataSection data;
   ClusterSection cluster;
+  CheckpointSection checkpoint;
 };
 
 // Parses YAML text. `filename` is used in error messages only.

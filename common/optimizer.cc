@@ -1,6 +1,8 @@
 #include "common/optimizer.h"
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +40,36 @@ STRATA_VECTOR_KERNEL void AdamKernel(float* __restrict p, const float* __restric
   }
 }
 
+// State layout: [u64 step count (adam only)][vector 0][vector 1]..., each
+// vector n floats in memory order.
+std::string SaveVectors(uint64_t t, bool with_t, const std::vector<const std::vector<float>*>& vs) {
+  std::string out;
+  if (with_t) out.append(reinterpret_cast<const char*>(&t), sizeof(t));
+  for (const auto* v : vs) out.append(reinterpret_cast<const char*>(v->data()), v->size() * 4);
+  return out;
+}
+
+absl::Status RestoreVectors(absl::string_view in, const char* name, uint64_t* t,
+                            const std::vector<std::vector<float>*>& vs) {
+  size_t want = t != nullptr ? sizeof(uint64_t) : 0;
+  for (const auto* v : vs) want += v->size() * 4;
+  if (in.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " optimizer state of ", in.size(), " bytes; this partition's is ", want,
+        " bytes (another optimizer or partition size?)"));
+  }
+  const char* p = in.data();
+  if (t != nullptr) {
+    std::memcpy(t, p, sizeof(*t));
+    p += sizeof(*t);
+  }
+  for (auto* v : vs) {
+    std::memcpy(v->data(), p, v->size() * 4);
+    p += v->size() * 4;
+  }
+  return absl::OkStatus();
+}
+
 // p -= lr * (g + wd * p)
 class Sgd : public Optimizer {
  public:
@@ -47,6 +79,10 @@ class Sgd : public Optimizer {
   }
   const char* name() const override { return "sgd"; }
   size_t state_bytes_per_param() const override { return 0; }
+  std::string SaveState() const override { return ""; }
+  absl::Status RestoreState(absl::string_view s) override {
+    return RestoreVectors(s, "sgd", nullptr, {});
+  }
 
  private:
   const float lr_, wd_;
@@ -62,6 +98,10 @@ class Momentum : public Optimizer {
   }
   const char* name() const override { return "momentum"; }
   size_t state_bytes_per_param() const override { return 4; }
+  std::string SaveState() const override { return SaveVectors(0, false, {&v_}); }
+  absl::Status RestoreState(absl::string_view s) override {
+    return RestoreVectors(s, "momentum", nullptr, {&v_});
+  }
 
  private:
   const float lr_, mu_, wd_;
@@ -86,6 +126,10 @@ class Adam : public Optimizer {
   }
   const char* name() const override { return "adam"; }
   size_t state_bytes_per_param() const override { return 8; }
+  std::string SaveState() const override { return SaveVectors(t_, true, {&m_, &v_}); }
+  absl::Status RestoreState(absl::string_view s) override {
+    return RestoreVectors(s, "adam", &t_, {&m_, &v_});
+  }
 
  private:
   const double lr_, b1_, b2_, eps_, wd_;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/config.h"
 
 namespace strata {
@@ -29,6 +30,13 @@ class Optimizer {
   virtual const char* name() const = 0;
   // Bytes of optimizer state per parameter.
   virtual size_t state_bytes_per_param() const = 0;
+  // The state carried between updates (momentum's velocity; Adam's step
+  // count and moments), for checkpoints: RestoreState(SaveState()) makes
+  // the next updates bit-identical to those of the saved optimizer.
+  virtual std::string SaveState() const = 0;
+  // InvalidArgument when `state` is not a SaveState of this optimizer for
+  // this many parameters.
+  virtual absl::Status RestoreState(absl::string_view state) = 0;
 
   // sgd | momentum | adam for `n` parameters. InvalidArgument for others.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(

@@ -11,6 +11,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "master/placement.h"
 #include "google/protobuf/struct.pb.h"
+#include "storage/checkpoint_format.h"
 #include "storage/criteo_reader.h"
 #include "storage/idx_reader.h"
 
@@ -44,7 +45,7 @@ std::string JsonEscape(const std::string& in) {
 }
 
 bool IsTerminal(const std::string& state) {
-  return state == "succeeded" || state == "failed";
+  return state == "succeeded" || state == "failed" || state == "stopped";
 }
 
 }  // namespace
@@ -92,6 +93,13 @@ class MasterServer::Service final : public proto::Master::Service {
   grpc::Status GetStatus(grpc::ServerContext*, const proto::GetStatusRequest*,
                          proto::GetStatusResponse* resp) override {
     *resp = m_->GetStatus();
+    return grpc::Status::OK;
+  }
+  grpc::Status Checkpoint(grpc::ServerContext*, const proto::CheckpointRequest* req,
+                          proto::CheckpointResponse* resp) override {
+    auto r = m_->Checkpoint(req->reason().empty() ? "request" : req->reason(), req->stop_after());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
     return grpc::Status::OK;
   }
 
@@ -146,7 +154,21 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     planted = {true, number("planted_test_auc")->number_value(),
                number("planted_test_logloss")->number_value()};
   }
-  return std::unique_ptr<MasterServer>(new MasterServer(std::move(options), n, planted));
+  STRATA_ASSIGN_OR_RETURN(std::optional<Resumed> resumed, FindResumeCheckpoint(options));
+  uint64_t next_seq = 1;
+  if (options.config.checkpoint.enabled) {
+    // New checkpoints go after every directory there, complete or not.
+    STRATA_ASSIGN_OR_RETURN(auto existing,
+                            storage::ListCheckpoints(options.fs, options.config.checkpoint.dir));
+    if (!existing.empty()) next_seq = existing.back().seq + 1;
+  }
+  std::unique_ptr<MasterServer> m(new MasterServer(std::move(options), n, planted));
+  {
+    absl::MutexLock l(&m->mu_);
+    m->next_checkpoint_seq_ = next_seq;
+  }
+  if (resumed.has_value()) STRATA_RETURN_IF_ERROR(m->ApplyResume(*resumed));
+  return m;
 }
 
 MasterServer::MasterServer(MasterOptions options, int64_t num_records, Planted planted)
@@ -212,6 +234,9 @@ absl::Status MasterServer::Start() {
     view_.mutable_members(0)->set_http_port(http_.port());
   }
   background_ = std::thread([this] { BackgroundLoop(); });
+  if (options_.config.checkpoint.enabled) {
+    checkpoint_thread_ = std::thread([this] { CheckpointLoop(); });
+  }
   started_ = true;
   LOG(INFO) << "master listening on " << address() << ", http port "
             << http_port() << "; waiting for " << options_.expected_pservers
@@ -226,6 +251,7 @@ void MasterServer::Shutdown() {
   started_ = false;
   stop_.Notify();
   if (background_.joinable()) background_.join();
+  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   http_.Shutdown();
   if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
 }
@@ -266,11 +292,14 @@ void MasterServer::Tick() {
           int owned = 0;
           for (const auto& p : view_.partitions()) owned += p.owner() == n.id();
           if (owned > 0) {
-            // Partitions are not recovered yet (replication and checkpoints
-            // come later): the job cannot go on without them.
+            // Partitions are not recovered in a running job yet (no
+            // replication): the job cannot go on without them.
             FinishJobLocked("failed", absl::StrCat(
                 "pserver ", n.index(), " (node ", n.id(), ", ", n.host(),
-                ") died with ", owned, " partition(s) and no replica"));
+                ") died with ", owned, " partition(s) and no replica",
+                options_.config.checkpoint.enabled
+                    ? "; restart the job with --resume latest to go on from its last checkpoint"
+                    : ""));
           }
         }
         changed = true;
@@ -287,9 +316,11 @@ void MasterServer::Tick() {
 void MasterServer::MaybePlacePartitions() {
   proto::ClusterView view;
   std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>> targets;
+  std::optional<proto::CheckpointManifest> restore;
+  std::string restore_root;
   {
     absl::MutexLock l(&mu_);
-    if (placed_) return;
+    if (placed_ || IsTerminal(job_state_)) return;
     std::vector<uint32_t> ids;
     for (const auto& n : view_.members()) {
       if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) ids.push_back(n.id());
@@ -309,16 +340,32 @@ void MasterServer::MaybePlacePartitions() {
     for (auto& p : *parts) *view.add_partitions() = std::move(p);
     view.set_epoch(view_.epoch() + 1);
     for (uint32_t id : ids) targets.emplace_back(id, pserver_stubs_[id].get());
+    if (restore_.has_value()) {
+      restore = restore_->manifest;
+      restore_root = restore_->root;
+    }
   }
   // Outgoing RPCs without the lock. Stubs live as long as the server.
   for (auto& [id, stub] : targets) {
     proto::AssignPartitionsRequest req;
     *req.mutable_view() = view;
     req.set_node_id(id);
+    if (restore.has_value()) {
+      *req.mutable_restore() = *restore;
+      req.set_checkpoint_root(restore_root);
+    }
     proto::AssignPartitionsResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    // Loading a checkpoint takes as long as reading it.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(restore ? 600 : 10)));
     grpc::Status s = stub->AssignPartitions(&ctx, req, &resp);
+    if (!s.ok() && restore.has_value() && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      absl::MutexLock l(&mu_);
+      FinishJobLocked("failed", absl::StrCat("pserver node ", id, " cannot restore checkpoint ",
+                                             restore->seq(), ": ", s.error_message()));
+      return;
+    }
     if (!s.ok()) {
       LOG(WARNING) << "AssignPartitions to pserver node " << id
                    << " failed: " << s.error_message() << "; will retry";
@@ -329,6 +376,7 @@ void MasterServer::MaybePlacePartitions() {
   *view_.mutable_partitions() = view.partitions();
   BumpEpochLocked();
   placed_ = true;
+  restore_.reset();
   LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of "
             << view.tables_size() << " table(s) on " << targets.size()
             << " pserver(s)";
@@ -450,7 +498,11 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     resp.set_outcome(proto::LeaseTaskResponse::DONE);
     return resp;
   }
-  if (auto task = tasks_.Lease(n->id(), clock_->Now())) {
+  // Where the task's batches start (bsp), unless the worker is coming back
+  // from the finished ones (the steps went on without it).
+  std::optional<uint64_t> first_step;
+  if (req.has_next_step() && n->state() == proto::ALIVE) first_step = req.next_step();
+  if (auto task = tasks_.Lease(n->id(), clock_->Now(), first_step)) {
     if (n->state() == proto::FINISHED) {
       n->set_state(proto::ALIVE);  // back in the step set
       BumpEpochLocked();
@@ -467,7 +519,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     BumpEpochLocked();
   }
   UpdateJobStateLocked();
-  if (job_state_ == "evaluating") {
+  if (job_state_ == "evaluating" && !final_checkpoint_pending_) {
     proto::NodeInfo* ev = evaluator_ ? FindNodeLocked(evaluator_) : nullptr;
     if (ev == nullptr || ev->state() == proto::DEAD) evaluator_ = n->id();
     if (evaluator_ == n->id()) {
@@ -485,7 +537,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
 absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
   absl::MutexLock l(&mu_);
   STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
-  STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id()));
+  STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id(), req.last_step()));
   max_last_step_ = std::max(max_last_step_, req.last_step());
   UpdateJobStateLocked();
   return absl::OkStatus();
@@ -541,6 +593,13 @@ void MasterServer::UpdateJobStateLocked() {
     job_state_ = "evaluating";
     train_end_time_ = clock_->Now();
     LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
+    const CheckpointSection& c = options_.config.checkpoint;
+    if (c.enabled && c.on_finish && !final_checkpoint_done_) {
+      // The trained model is saved before it is evaluated.
+      final_checkpoint_pending_ = true;
+    }
+    absl::MutexLock il(&inflight_mu_);
+    for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
   }
   if (job_state_ == "running" || job_state_ == "evaluating") {
     if (CountLocked(proto::WORKER, true) == 0) {
@@ -602,7 +661,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_steps(options_.config.job.consistency == Consistency::kBsp
                    ? (steps > 0 ? max_last_step_ + 1 : 0)
                    : steps);
-  js.set_samples(samples);
+  js.set_samples(samples + samples_base_);
   js.set_loss(n_loss ? loss_sum / n_loss : 0);
   const absl::Time end = IsTerminal(job_state_) ? end_time_ : clock_->Now();
   const double wall = start_time_ == absl::InfinitePast()
@@ -624,6 +683,15 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_has_test_auc(has_auc_);
   js.set_test_auc(test_auc_);
   js.set_test_loss(test_loss_);
+  js.set_checkpoints(checkpoints_done_);
+  js.set_checkpoint_failures(checkpoint_failures_);
+  if (last_manifest_.has_value()) {
+    js.set_last_checkpoint_seq(last_manifest_->seq());
+    js.set_last_checkpoint_step(last_manifest_->step());
+    js.set_last_checkpoint_dir(storage::JoinPath(options_.config.checkpoint.dir,
+                                                 storage::CheckpointDirName(last_manifest_->seq())));
+  }
+  js.set_resumed_from_seq(resumed_from_seq_);
   return js;
 }
 
@@ -643,6 +711,20 @@ std::string MasterServer::SummaryJsonLocked() const {
   if (has_auc_) {
     ctr += absl::StrFormat("  \"final_test_auc\": %.6f,\n  \"final_test_logloss\": %.6f,\n",
                            test_auc_, test_loss_);
+  }
+  if (options_.config.checkpoint.enabled) {
+    // checkpoint_bytes: mean bytes written per checkpoint of this run;
+    // checkpoint_raw_bytes: a full uncompressed dump of the same state.
+    ctr += absl::StrFormat(
+        "  \"checkpoints\": %d,\n  \"checkpoint_failures\": %d,\n"
+        "  \"checkpoint_bytes\": %d,\n  \"checkpoint_raw_bytes\": %d,\n"
+        "  \"checkpoint_seconds_mean\": %.3f,\n  \"checkpoint_max_stall_seconds\": %.6f,\n"
+        "  \"last_checkpoint\": %d,\n  \"resumed_from\": %d,\n",
+        checkpoints_done_, checkpoint_failures_,
+        checkpoints_done_ ? checkpoint_bytes_total_ / checkpoints_done_ : 0,
+        checkpoint_raw_bytes_,
+        checkpoints_done_ ? checkpoint_seconds_total_ / checkpoints_done_ : 0.0,
+        checkpoint_max_stall_, last_manifest_ ? last_manifest_->seq() : 0, resumed_from_seq_);
   }
   if (planted_.present) {
     ctr += absl::StrFormat("  \"planted_test_auc\": %.6f,\n  \"planted_test_logloss\": %.6f,\n",
@@ -710,6 +792,22 @@ void MasterServer::RegisterMetrics() {
                             locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().comm_share(); }));
   metrics_.AddCallbackGauge("strata_job_samples", "Samples trained",
                             locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().samples(); }));
+  metrics_.AddCallbackGauge("strata_master_checkpoints", "Checkpoints completed by this run",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoints_done_; }));
+  metrics_.AddCallbackGauge("strata_master_checkpoint_failures", "Checkpoints that failed",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_failures_; }));
+  metrics_.AddCallbackGauge("strata_master_checkpoint_bytes_written", "Bytes written by this run's checkpoints",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_bytes_total_; }));
+  metrics_.AddCallbackGauge("strata_master_checkpoint_raw_bytes", "Bytes of a full uncompressed dump of the last checkpoint's state",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_raw_bytes_; }));
+  metrics_.AddCallbackGauge("strata_master_checkpoint_last_seconds", "Time the last checkpoint took",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                              return last_manifest_ ? last_manifest_->write_seconds() : 0.0;
+                            }));
+  metrics_.AddCallbackGauge("strata_master_checkpoint_last_step", "BSP step of the last checkpoint's cut",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                              return last_manifest_ ? last_manifest_->step() : 0;
+                            }));
 }
 
 }  // namespace strata::master

@@ -5,6 +5,8 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -33,13 +35,19 @@ struct MasterOptions {
   std::string summary_path;         // summary.json written at the end; "" = none
   Clock* clock = nullptr;           // borrowed; nullptr = RealClock()
   storage::FileSystem* fs = nullptr;  // borrowed, required; outlives the server
+  // Resume the job from a checkpoint: "latest" (the newest good one under
+  // checkpoint.dir; a fresh start when there is none) or a checkpoint
+  // directory. "" = a fresh start.
+  std::string resume;
 };
 
 // Thread-safe. All state is guarded by one mutex; RPC handlers hold it only
 // briefly and never across outgoing RPCs.
 class MasterServer {
  public:
-  // Validates options and reads the training-set size from the labels file.
+  // Validates options and reads the training-set size from the labels
+  // file. With options.resume, finds and checks the checkpoint to resume
+  // from: errors name the checkpoint file and what is wrong with it.
   static absl::StatusOr<std::unique_ptr<MasterServer>> Create(
       MasterOptions options);
   ~MasterServer();
@@ -71,6 +79,14 @@ class MasterServer {
       const proto::LeaseTaskRequest& req);
   absl::Status CompleteTask(const proto::CompleteTaskRequest& req);
   absl::Status ReportProgress(const proto::ReportProgressRequest& req);
+  // Takes a checkpoint now (docs/checkpoint-format.md) and answers when it
+  // is complete: every pserver's files synced, then the manifest. With
+  // `stop_after`, the job then stops (state "stopped"). FailedPrecondition
+  // when checkpoints are off or the job is not running; the failure of any
+  // pserver or of the disk otherwise (the previous checkpoint stays the
+  // latest).
+  absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason,
+                                                       bool stop_after);
 
  private:
   class Service;
@@ -93,6 +109,24 @@ class MasterServer {
   proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SummaryJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
+  // Checkpoints (master/checkpoints.cc).
+  void CheckpointLoop();
+  // The checkpoint to resume from, checked; nullopt when `latest` finds none.
+  struct Resumed {
+    std::string root;
+    proto::CheckpointManifest manifest;
+  };
+  static absl::StatusOr<std::optional<Resumed>> FindResumeCheckpoint(const MasterOptions& o);
+  // Why `m` (read from `dir`) cannot resume this job, or OK.
+  static absl::Status CheckCheckpointFits(const MasterOptions& o, const std::string& root,
+                                          const std::string& dir,
+                                          const proto::CheckpointManifest& m);
+  absl::Status ApplyResume(const Resumed& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // The bsp cut: a version every partition will reach, `margin` steps
+  // after the newest now (training over: the version they all have).
+  absl::StatusOr<uint64_t> ChooseCut(
+      const std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>>& targets,
+      uint64_t margin, bool training_over);
 
   // The planted model's own test figures (data.planted), for the summary.
   struct Planted {
@@ -127,6 +161,35 @@ class MasterServer {
   std::map<uint32_t, WorkerStats> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<proto::PServerAdmin::Stub>> pserver_stubs_
       ABSL_GUARDED_BY(mu_);
+
+  // Checkpoints. checkpoint_mu_ is held across a whole checkpoint (one at
+  // a time) and taken before mu_.
+  absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  uint64_t next_checkpoint_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // The last complete checkpoint (of this run or resumed from): the base
+  // of the next incremental one.
+  std::optional<proto::CheckpointManifest> last_manifest_ ABSL_GUARDED_BY(mu_);
+  int increments_since_full_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checkpoints_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checkpoint_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checkpoint_bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checkpoint_raw_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of the last one
+  double checkpoint_max_stall_ ABSL_GUARDED_BY(mu_) = 0;
+  double checkpoint_seconds_total_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_checkpoint_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t next_step_trigger_ ABSL_GUARDED_BY(mu_) = 0;
+  bool final_checkpoint_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_checkpoint_done_ ABSL_GUARDED_BY(mu_) = false;
+  // Resume: the checkpoint the partitions are placed from (until placed).
+  std::optional<Resumed> restore_ ABSL_GUARDED_BY(mu_);
+  uint64_t resumed_from_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t samples_base_ ABSL_GUARDED_BY(mu_) = 0;  // trained before the resume
+  std::thread checkpoint_thread_;
+  // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
+  // when training ends first (the cut is then set again, where training
+  // stopped). A leaf lock.
+  absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::set<grpc::ClientContext*> inflight_ ABSL_GUARDED_BY(inflight_mu_);
 
   MetricsRegistry metrics_;
   std::unique_ptr<Service> service_;

@@ -25,16 +25,21 @@ TaskScheduler::TaskScheduler(int64_t num_records, int64_t task_records,
   completed_.assign(tasks_.size(), false);
 }
 
-std::optional<proto::DataTask> TaskScheduler::Lease(uint32_t node,
-                                                    absl::Time now) {
+std::optional<proto::DataTask> TaskScheduler::Lease(uint32_t node, absl::Time now,
+                                                    std::optional<uint64_t> first_step) {
   if (queue_.empty()) return std::nullopt;
   uint64_t id = queue_.front();
   queue_.pop_front();
   leases_[id] = LeaseInfo{node, now + lease_timeout_};
+  if (first_step.has_value()) {
+    first_step_[id] = *first_step;
+  } else {
+    first_step_.erase(id);
+  }
   return tasks_[id];
 }
 
-absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id) {
+absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t last_step) {
   if (task_id >= tasks_.size()) {
     return absl::NotFoundError(absl::StrCat("unknown data task ", task_id));
   }
@@ -47,7 +52,71 @@ absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id) {
   }
   leases_.erase(it);
   completed_[task_id] = true;
+  last_step_[task_id] = last_step;
   ++done_;
+  return absl::OkStatus();
+}
+
+TaskScheduler::Cut TaskScheduler::CutAt(std::optional<uint64_t> step, int batch_size) const {
+  Cut cut;
+  for (size_t id = 0; id < tasks_.size(); ++id) {
+    const bool completed = completed_[id];
+    if (!step.has_value()) {
+      if (completed) cut.done.push_back(id);
+      continue;
+    }
+    auto last = last_step_.find(id);
+    if (completed && (last == last_step_.end() || last->second < *step)) {
+      cut.done.push_back(id);
+      continue;
+    }
+    // Leased now, or completed after the cut: its batches before the cut
+    // are in the parameters.
+    auto first = first_step_.find(id);
+    if ((completed || leases_.count(id) > 0) && first != first_step_.end() &&
+        first->second < *step) {
+      const proto::DataTask& t = tasks_[id];
+      const int64_t trained =
+          t.skip_records() + static_cast<int64_t>(*step - first->second) * batch_size;
+      if (trained >= t.end() - t.begin()) {
+        cut.done.push_back(id);
+      } else {
+        cut.partial.emplace_back(id, trained);
+      }
+    }
+  }
+  return cut;
+}
+
+absl::Status TaskScheduler::Resume(const std::vector<uint64_t>& done,
+                                   const std::vector<std::pair<uint64_t, int64_t>>& partial) {
+  for (uint64_t id : done) {
+    if (id >= tasks_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("data task ", id, " is not one of the ",
+                                                     tasks_.size(), " tasks of this job"));
+    }
+    if (!completed_[id]) {
+      completed_[id] = true;
+      ++done_;
+    }
+  }
+  for (const auto& [id, records] : partial) {
+    if (id >= tasks_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("data task ", id, " is not one of the ",
+                                                     tasks_.size(), " tasks of this job"));
+    }
+    proto::DataTask& t = tasks_[id];
+    if (records >= t.end() - t.begin() && !completed_[id]) {
+      completed_[id] = true;
+      ++done_;
+    }
+    t.set_skip_records(std::clamp<int64_t>(records, 0, t.end() - t.begin()));
+  }
+  std::deque<uint64_t> queue;
+  for (uint64_t id : queue_) {
+    if (!completed_[id]) queue.push_back(id);
+  }
+  queue_.swap(queue);
   return absl::OkStatus();
 }
 

@@ -24,12 +24,15 @@ class TaskScheduler {
                 uint64_t seed, absl::Duration lease_timeout);
 
   // The next pending task, leased to `node` until now + lease_timeout;
-  // nullopt when none is pending (some may still be leased).
-  std::optional<proto::DataTask> Lease(uint32_t node, absl::Time now);
+  // nullopt when none is pending (some may still be leased). `first_step`:
+  // the step (bsp version) of the task's first batch, when known.
+  std::optional<proto::DataTask> Lease(uint32_t node, absl::Time now,
+                                       std::optional<uint64_t> first_step = std::nullopt);
   // NotFound for an unknown task; FailedPrecondition when the task is not
   // leased to `node` (its lease expired and went elsewhere). Completing a
-  // completed task again is OK (idempotent).
-  absl::Status Complete(uint32_t node, uint64_t task_id);
+  // completed task again is OK (idempotent). `last_step`: the step of its
+  // last batch.
+  absl::Status Complete(uint32_t node, uint64_t task_id, uint64_t last_step = 0);
   // Extends all of `node`'s leases to now + lease_timeout (the node is alive).
   void RenewLeases(uint32_t node, absl::Time now);
   // Returns all of `node`'s leases to the front of the queue; their count.
@@ -45,6 +48,21 @@ class TaskScheduler {
   // Lowest epoch that still has unfinished tasks (epochs when all done).
   int current_epoch() const;
 
+  // Checkpoints. The tasks whose records are all in the parameters at the
+  // bsp cut `step` (every step < `step` applied), and those partly in
+  // them with how many of their records (`batch_size` per step from their
+  // first step). With no cut (asp), the tasks completed now.
+  struct Cut {
+    std::vector<uint64_t> done;
+    std::vector<std::pair<uint64_t, int64_t>> partial;  // (task, records trained)
+  };
+  Cut CutAt(std::optional<uint64_t> step, int batch_size) const;
+  // Resumes from a checkpoint's cut: `done` tasks are finished, `partial`
+  // ones skip their first records when leased. InvalidArgument for a task
+  // id this job does not have.
+  absl::Status Resume(const std::vector<uint64_t>& done,
+                      const std::vector<std::pair<uint64_t, int64_t>>& partial);
+
  private:
   struct LeaseInfo {
     uint32_t node;
@@ -54,6 +72,9 @@ class TaskScheduler {
   int epochs_;
   std::vector<proto::DataTask> tasks_;  // index == task id
   std::vector<bool> completed_;
+  // Steps of each task's first and last batch, when known (for cuts).
+  std::map<uint64_t, uint64_t> first_step_;
+  std::map<uint64_t, uint64_t> last_step_;
   std::deque<uint64_t> queue_;          // pending task ids
   std::map<uint64_t, LeaseInfo> leases_;
   uint64_t done_ = 0;

@@ -226,6 +226,7 @@ void Partition::ApplyStepLocked() {
   }
   ++stats_.updates_applied;
   ++stats_.version;
+  if (!waiting_snapshots_.empty()) TakeDueSnapshotsLocked();
 }
 
 void Partition::MaybeCompleteStepLocked(std::vector<Reply>* replies) {
@@ -268,6 +269,168 @@ SparseTableStats Partition::sparse_stats() const {
 std::vector<float> Partition::ValuesForTesting() const {
   absl::MutexLock l(&mu_);
   return values_;
+}
+
+uint64_t Partition::RawBytesLocked() const {
+  if (sparse_) {
+    // Keys and values and state, as a plain dump would hold them.
+    return rows_->rows() * (sizeof(uint64_t) + rows_->row_bytes() - 16);
+  }
+  return length_ * sizeof(float) * 1 + length_ * optimizer_->state_bytes_per_param();
+}
+
+PartitionSnapshot Partition::SnapshotLocked(const SnapshotRequest& req) {
+  const absl::Time start = absl::Now();
+  PartitionSnapshot snap;
+  const bool incremental = req.base_seq != 0 && req.base_seq == baseline_seq_;
+  proto::CheckpointPartitionHeader& h = snap.header;
+  h.set_format_version(storage::kCheckpointFormatVersion);
+  h.set_job(req.job);
+  h.set_seq(req.seq);
+  h.set_id(id_);
+  h.set_table(table_);
+  h.set_length(length_);
+  h.set_sparse(sparse_);
+  h.set_dim(static_cast<uint32_t>(dim_));
+  h.set_version(stats_.version);
+  h.set_full(!incremental || !sparse_);
+  for (const auto& [sender, seq] : last_seq_) (*h.mutable_last_seq())[sender] = seq;
+  snap.raw_bytes = RawBytesLocked();
+  if (sparse_) {
+    h.set_optimizer(rows_->optimizer_name());
+    h.set_row_bytes(static_cast<uint32_t>(rows_->row_bytes()));
+    const SparseTable::Clock c = rows_->clock();
+    h.set_table_updates(c.updates);
+    h.set_table_rng(c.rng);
+    h.set_table_sweep(c.sweep);
+    h.set_rows(rows_->rows());
+    rows_->ExportRows(/*all=*/!incremental, &snap.rows);
+    if (incremental) rows_->ExportRemoved(&snap.removed);
+    rows_->ExportPending(&snap.pending);
+    rows_->MarkClean();
+  } else {
+    h.set_optimizer(optimizer_->name());
+    if (incremental && stats_.version == baseline_version_) {
+      snap.unchanged = true;
+    } else {
+      snap.values.assign(reinterpret_cast<const char*>(values_.data()),
+                         values_.size() * sizeof(float));
+      snap.optimizer_state = optimizer_->SaveState();
+    }
+  }
+  baseline_seq_ = req.seq;
+  baseline_version_ = stats_.version;
+  snap.stall = absl::Now() - start;
+  return snap;
+}
+
+void Partition::TakeDueSnapshotsLocked() {
+  for (auto it = waiting_snapshots_.begin(); it != waiting_snapshots_.end();) {
+    if (it->first.version == stats_.version) {
+      it->second(SnapshotLocked(it->first));
+      it = waiting_snapshots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Partition::RequestSnapshot(const SnapshotRequest& req, SnapshotDone done) {
+  absl::MutexLock l(&mu_);
+  if (!req.at_version || req.version == stats_.version) {
+    done(SnapshotLocked(req));
+    return;
+  }
+  if (req.version < stats_.version) {
+    done(absl::FailedPreconditionError(absl::StrCat(
+        "partition ", id_, " (", table_, ") is at version ", stats_.version,
+        ", past the checkpoint's cut at version ", req.version)));
+    return;
+  }
+  waiting_snapshots_.emplace_back(req, std::move(done));
+}
+
+void Partition::CancelSnapshot(uint64_t seq) {
+  absl::MutexLock l(&mu_);
+  for (auto it = waiting_snapshots_.begin(); it != waiting_snapshots_.end();) {
+    if (it->first.seq == seq) {
+      it->second(absl::CancelledError(absl::StrCat(
+          "checkpoint ", seq, " cancelled before partition ", id_, " reached version ",
+          it->first.version, " (at ", stats_.version, ")")));
+      it = waiting_snapshots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status Partition::ApplyCheckpointFile(
+    const std::map<storage::BlockType, std::string>& streams, const std::string& path) {
+  using storage::BlockType;
+  auto stream = [&streams](BlockType t) -> const std::string& {
+    static const std::string* const kEmpty = new std::string();
+    auto it = streams.find(t);
+    return it == streams.end() ? *kEmpty : it->second;
+  };
+  proto::CheckpointPartitionHeader h;
+  if (!h.ParseFromString(stream(BlockType::kHeader))) {
+    return absl::DataLossError(absl::StrCat(path, ": partition header does not parse"));
+  }
+  auto mismatch = [&](absl::string_view what, const auto& file, const auto& here) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " ", file,
+                                                   " in the checkpoint, ", here,
+                                                   " in this job's partition ", id_));
+  };
+  if (h.id() != id_) return mismatch("partition", h.id(), id_);
+  if (h.table() != table_) return mismatch("table", h.table(), table_);
+  if (h.sparse() != sparse_) return mismatch("sparse", h.sparse(), sparse_);
+  absl::MutexLock l(&mu_);
+  if (sparse_) {
+    if (h.dim() != static_cast<uint32_t>(dim_)) return mismatch("dim", h.dim(), dim_);
+    if (h.optimizer() != rows_->optimizer_name()) {
+      return mismatch("sparse optimizer", h.optimizer(), rows_->optimizer_name());
+    }
+    if (h.row_bytes() != rows_->row_bytes()) return mismatch("row bytes", h.row_bytes(), rows_->row_bytes());
+    if (h.full() && rows_->rows() > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": a full image applied over restored rows"));
+    }
+    absl::Status s = rows_->RemoveKeys(stream(BlockType::kSparseDeletes));
+    if (s.ok()) s = rows_->ImportRows(stream(BlockType::kSparseRows));
+    if (s.ok()) s = rows_->ImportPending(stream(BlockType::kSparsePending));
+    if (!s.ok()) return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
+    if (rows_->rows() != h.rows()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", rows_->rows(),
+                                              " rows after applying it, its header says ",
+                                              h.rows()));
+    }
+    rows_->SetClock({h.table_updates(), h.table_rng(), h.table_sweep()});
+  } else {
+    if (h.length() != length_) return mismatch("length", h.length(), length_);
+    if (h.optimizer() != optimizer_->name()) {
+      return mismatch("optimizer", h.optimizer(), optimizer_->name());
+    }
+    const std::string& values = stream(BlockType::kDenseValues);
+    if (values.size() != length_ * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat(path, ": ", values.size(),
+                                              " bytes of values for ", length_, " parameters"));
+    }
+    if (absl::Status s = optimizer_->RestoreState(stream(BlockType::kOptimizerState)); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
+    }
+    std::memcpy(values_.data(), values.data(), values.size());
+  }
+  stats_.version = h.version();
+  last_seq_.clear();
+  for (const auto& [sender, seq] : h.last_seq()) last_seq_[sender] = seq;
+  return absl::OkStatus();
+}
+
+void Partition::FinishRestore(uint64_t seq) {
+  absl::MutexLock l(&mu_);
+  baseline_seq_ = seq;
+  baseline_version_ = stats_.version;
+  if (sparse_) rows_->MarkClean();
 }
 
 }  // namespace strata::pserver

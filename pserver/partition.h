@@ -6,6 +6,7 @@
 #define STRATA_PSERVER_PARTITION_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -14,11 +15,15 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "common/config.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/config.h"
 #include "common/optimizer.h"
+#include "proto/checkpoint.pb.h"
 #include "pserver/sparse_table.h"
+#include "storage/checkpoint_format.h"
 #include "transport/transport.h"
 
 namespace strata::pserver {
@@ -30,6 +35,33 @@ struct PartitionStats {
   uint64_t duplicate_pushes = 0;  // (worker, seq) seen before: acked, not applied
   uint64_t rejected_pushes = 0;   // stale step, bad size, ...
   uint64_t pulls_served = 0;
+};
+
+// A partition's state copied for a checkpoint (docs/checkpoint-format.md),
+// written out by the pserver's checkpoint thread while training goes on.
+struct PartitionSnapshot {
+  proto::CheckpointPartitionHeader header;
+  // Nothing changed since the baseline (a dense partition at the same
+  // version): no file, the previous ones stand.
+  bool unchanged = false;
+  std::string values;           // dense: fp32 values
+  std::string optimizer_state;  // dense: Optimizer::SaveState
+  std::string rows;             // sparse: row records
+  std::string removed;          // sparse: keys removed since the baseline
+  std::string pending;          // sparse: admission counts
+  uint64_t raw_bytes = 0;       // a full uncompressed dump of the state now
+  absl::Duration stall;         // how long the copy held the partition
+};
+
+struct SnapshotRequest {
+  std::string job;
+  uint64_t seq = 0;       // the checkpoint
+  uint64_t base_seq = 0;  // incremental over this checkpoint; 0 = full
+  // bsp: the cut. The snapshot is taken when the partition reaches this
+  // version (at once when it is there); FailedPrecondition when it is
+  // past it. Otherwise taken at once, at whatever version.
+  bool at_version = false;
+  uint64_t version = 0;
 };
 
 // Thread-safe: any transport thread may call Pull/Push concurrently.
@@ -76,6 +108,27 @@ class Partition {
   // A copy of the current values.
   std::vector<float> ValuesForTesting() const;
 
+  // Checkpoints. Takes a snapshot as `req` says and hands it to `done`,
+  // which is called with the partition lock held (possibly before this
+  // returns) and must only hand it over. The snapshot is incremental when
+  // req.base_seq is the checkpoint of this partition's last snapshot or
+  // restore, else full; it becomes the baseline of the next one.
+  using SnapshotDone = std::function<void(absl::StatusOr<PartitionSnapshot>)>;
+  void RequestSnapshot(const SnapshotRequest& req, SnapshotDone done);
+  // Drops a snapshot still waiting for its version (done is called with
+  // Cancelled).
+  void CancelSnapshot(uint64_t seq);
+  // Applies one file of a checkpoint (its streams, from ReadBlockFile): a
+  // full image, then the deltas written after it, in order. `path` is for
+  // errors. InvalidArgument naming the file when it does not fit this
+  // partition (table, range, dim, optimizer). REQUIRES: the partition
+  // serves nothing yet.
+  absl::Status ApplyCheckpointFile(const std::map<storage::BlockType, std::string>& streams,
+                                   const std::string& path);
+  // After the last file: the restored state is the baseline of checkpoint
+  // `seq`'s successors.
+  void FinishRestore(uint64_t seq);
+
  private:
   using Reply = std::pair<std::shared_ptr<transport::Responder>, transport::Message>;
   void MaybeCompleteStepLocked(std::vector<Reply>* replies)
@@ -91,6 +144,10 @@ class Partition {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Called with mu_ held (pull responses borrow values_).
   static void Send(std::vector<Reply>* replies);
+  PartitionSnapshot SnapshotLocked(const SnapshotRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the bsp snapshots waiting for the version now reached.
+  void TakeDueSnapshotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t RawBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t id_;
   const std::string table_;
@@ -116,6 +173,11 @@ class Partition {
   std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>>
       waiting_pulls_ ABSL_GUARDED_BY(mu_);
   PartitionStats stats_ ABSL_GUARDED_BY(mu_);
+  // Checkpoint baseline: the checkpoint of the last snapshot or restore,
+  // and the version then.
+  uint64_t baseline_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t baseline_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<SnapshotRequest, SnapshotDone>> waiting_snapshots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::pserver

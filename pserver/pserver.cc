@@ -11,6 +11,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "common/initializer.h"
 #include "common/row_optimizer.h"
+#include "pserver/partition_files.h"
+#include "storage/checkpoint_format.h"
 #include "transport/transport_metrics.h"
 
 namespace strata::pserver {
@@ -28,7 +30,8 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
       return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "AssignPartitions for node ", req->node_id(), " sent to node ", p_->node_id())));
     }
-    absl::Status s = p_->ApplyView(req->view());
+    absl::Status s = p_->ApplyView(req->view(), req->has_restore() ? &req->restore() : nullptr,
+                                   req->checkpoint_root());
     if (!s.ok()) return ToGrpcStatus(s);
     for (const auto& part : req->view().partitions()) {
       if (part.owner() == p_->node_id()) resp->add_partitions(part.id());
@@ -40,6 +43,14 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
     *resp = p_->Status();
     return grpc::Status::OK;
   }
+  grpc::Status CheckpointPartitions(grpc::ServerContext* ctx,
+                                    const proto::CheckpointPartitionsRequest* req,
+                                    proto::CheckpointPartitionsResponse* resp) override {
+    auto r = p_->Checkpoint(*req, [ctx] { return ctx->IsCancelled(); });
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
 
  private:
   PServer* const p_;  // owns this service
@@ -49,6 +60,7 @@ absl::StatusOr<std::unique_ptr<PServer>> PServer::Create(PServerOptions options)
   if (options.master_address.empty()) {
     return absl::InvalidArgumentError("pserver: master address is required");
   }
+  if (options.fs == nullptr) return absl::InvalidArgumentError("PServerOptions.fs is required");
   STRATA_RETURN_IF_ERROR(Optimizer::Create(options.config.optimizer, 1).status());
   return std::unique_ptr<PServer>(new PServer(std::move(options)));
 }
@@ -155,15 +167,23 @@ Partition* PServer::FindPartition(uint32_t id) const {
   return it == partitions_.end() ? nullptr : it->second.get();
 }
 
-absl::Status PServer::ApplyView(const proto::ClusterView& view) {
+absl::Status PServer::ApplyView(const proto::ClusterView& view,
+                               const proto::CheckpointManifest* restore,
+                               const std::string& checkpoint_root) {
   std::set<uint32_t> step_workers;
   for (const auto& m : view.members()) {
     if (m.role() == proto::WORKER && m.state() == proto::ALIVE) step_workers.insert(m.id());
+  }
+  std::map<uint32_t, const proto::CheckpointPartition*> saved;
+  if (restore != nullptr) {
+    for (const auto& p : restore->partitions()) saved[p.id()] = &p;
   }
   std::vector<Partition*> all;
   {
     absl::MutexLock l(&mu_);
     if (view.epoch() < epoch_.load() && !partitions_.empty()) return absl::OkStatus();
+    // New partitions are built (and restored) aside, then installed together.
+    std::map<uint32_t, std::unique_ptr<Partition>> created;
     for (const auto& p : view.partitions()) {
       if (p.owner() != node_id_ || partitions_.count(p.id())) continue;
       if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
@@ -171,31 +191,171 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view) {
             "partition ", p.id(), " names table ", p.table_id(), " not in the view"));
       }
       const proto::TableInfo& t = view.tables(p.table_id());
+      std::unique_ptr<Partition> part;
       if (t.sparse()) {
         STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> rows, MakeSparseTable(view, t, p));
-        partitions_[p.id()] = std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
-                                                          options_.config.job.consistency);
-        if (sparse_metrics_.insert(t.name()).second) AddSparseMetrics(t.name());
+        part = std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
+                                           options_.config.job.consistency);
         VLOG(1) << "serving partition " << p.id() << " (" << t.name() << ", virtual partition "
                 << p.offset() << " of " << t.partitions() << ")";
-        continue;
+      } else {
+        std::vector<float> values(p.length());
+        STRATA_RETURN_IF_ERROR(InitializeSlice(
+            InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
+            p.offset(), p.length(), values.data()));
+        STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
+        part = std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
+                                           options_.config.job.consistency);
+        VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " ["
+                << p.offset() << ", " << p.offset() + p.length() << "))";
       }
-      std::vector<float> values(p.length());
-      STRATA_RETURN_IF_ERROR(InitializeSlice(
-          InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
-          p.offset(), p.length(), values.data()));
-      STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
-      partitions_[p.id()] = std::make_unique<Partition>(
-          p.id(), t.name(), std::move(values), std::move(opt),
-          options_.config.job.consistency);
-      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " ["
-              << p.offset() << ", " << p.offset() + p.length() << "))";
+      if (restore != nullptr) {
+        auto it = saved.find(p.id());
+        if (it == saved.end() || it->second->table() != t.name() ||
+            it->second->offset() != p.offset() || it->second->length() != p.length()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "checkpoint ", restore->seq(), " under ", checkpoint_root, " has no partition ",
+              p.id(), " of table ", t.name(), " at [", p.offset(), ", +", p.length(), ")"));
+        }
+        STRATA_RETURN_IF_ERROR(LoadPartition(options_.fs, checkpoint_root, *it->second,
+                                             restore->seq(), part.get()));
+      }
+      created[p.id()] = std::move(part);
+    }
+    for (auto& [id, part] : created) {
+      if (part->sparse() && sparse_metrics_.insert(part->table()).second) {
+        AddSparseMetrics(part->table());
+      }
+      partitions_[id] = std::move(part);
+    }
+    if (restore != nullptr && !created.empty()) {
+      LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint "
+                << restore->seq() << " under " << checkpoint_root;
     }
     for (auto& [id, part] : partitions_) all.push_back(part.get());
     epoch_ = std::max(epoch_.load(), view.epoch());
   }
   for (Partition* p : all) p->SetStepWorkers(step_workers);
   return absl::OkStatus();
+}
+
+absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
+    const proto::CheckpointPartitionsRequest& req, const std::function<bool()>& cancelled) {
+  std::vector<Partition*> parts;
+  {
+    absl::MutexLock l(&mu_);
+    if (checkpointing_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pserver node ", node_id_.load(), " is already writing a checkpoint"));
+    }
+    checkpointing_ = true;
+    for (auto& [id, p] : partitions_) parts.push_back(p.get());
+  }
+  struct Done {
+    absl::Mutex mu;
+    std::vector<std::pair<Partition*, absl::StatusOr<PartitionSnapshot>>> ready
+        ABSL_GUARDED_BY(mu);
+  };
+  auto done = std::make_shared<Done>();
+  SnapshotRequest sreq;
+  sreq.job = req.job();
+  sreq.seq = req.seq();
+  sreq.base_seq = req.base_seq();
+  sreq.at_version = req.at_version();
+  sreq.version = req.version();
+  const std::string dir = storage::JoinPath(req.root(), storage::CheckpointDirName(req.seq()));
+  absl::Status status = options_.fs->CreateDirs(dir);
+  size_t requested = 0;
+  if (status.ok()) {
+    for (Partition* p : parts) {
+      ++requested;
+      p->RequestSnapshot(sreq, [done, p](absl::StatusOr<PartitionSnapshot> snap) {
+        absl::MutexLock l(&done->mu);
+        done->ready.emplace_back(p, std::move(snap));
+      });
+    }
+  }
+  proto::CheckpointPartitionsResponse resp;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 600000);
+  size_t handled = 0;
+  while (status.ok() && handled < requested) {
+    std::vector<std::pair<Partition*, absl::StatusOr<PartitionSnapshot>>> batch;
+    {
+      absl::MutexLock l(&done->mu);
+      auto any = [&done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done->mu) {
+        return !done->ready.empty();
+      };
+      const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(100));
+      if (!done->mu.AwaitWithDeadline(absl::Condition(&any), slice) && done->ready.empty()) {
+        if (cancelled && cancelled()) {
+          status = absl::CancelledError(absl::StrCat(
+              "checkpoint ", req.seq(), " cancelled while waiting for version ", req.version()));
+          break;
+        }
+        if (absl::Now() < deadline) continue;
+        status = absl::DeadlineExceededError(absl::StrCat(
+            "checkpoint ", req.seq(), ": ", requested - handled, " partition(s) of pserver node ",
+            node_id_.load(), " did not reach version ", req.version(), " in time"));
+        break;
+      }
+      batch.swap(done->ready);
+    }
+    for (auto& [p, snap] : batch) {
+      ++handled;
+      if (!status.ok()) continue;
+      if (!snap.ok()) {
+        status = snap.status();
+        continue;
+      }
+      proto::CheckpointPartition* e = resp.add_partitions();
+      e->set_id(p->id());
+      e->set_table(p->table());
+      e->set_length(p->length());
+      e->set_sparse(p->sparse());
+      e->set_dim(static_cast<uint32_t>(p->sparse_dim()));
+      e->set_version(snap->header.version());
+      e->set_rows(snap->header.rows());
+      e->set_raw_bytes(snap->raw_bytes);
+      resp.set_max_stall_seconds(
+          std::max(resp.max_stall_seconds(), absl::ToDoubleSeconds(snap->stall)));
+      if (snap->unchanged) continue;
+      auto file = WritePartitionFile(options_.fs, req.root(), *snap, req.zstd_level());
+      if (!file.ok()) {
+        status = file.status();
+        continue;
+      }
+      resp.set_bytes_written(resp.bytes_written() + file->size());
+      *e->add_files() = std::move(*file);
+    }
+  }
+  if (!status.ok()) {
+    // Snapshots still waiting for the cut are dropped; the partitions'
+    // next checkpoint is a full one (their baseline moved on).
+    for (Partition* p : parts) p->CancelSnapshot(req.seq());
+  } else {
+    status = options_.fs->SyncDir(dir);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    checkpointing_ = false;
+  }
+  if (!status.ok()) {
+    LOG(WARNING) << "checkpoint " << req.seq() << " failed on this pserver: " << status;
+    return status;
+  }
+  VLOG(1) << "checkpoint " << req.seq() << ": wrote " << resp.bytes_written() << " bytes for "
+          << resp.partitions_size() << " partition(s)";
+  return resp;
+}
+
+absl::Status PServer::RequestCheckpointAndStop(absl::Duration grace) {
+  proto::CheckpointRequest req;
+  req.set_reason(absl::StrCat("sigterm on pserver ", options_.index));
+  req.set_stop_after(true);
+  proto::CheckpointResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
+  return FromGrpcStatus(master_->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
 }
 
 absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(

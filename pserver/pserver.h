@@ -5,6 +5,7 @@
 #define STRATA_PSERVER_PSERVER_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -22,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
 #include "pserver/partition.h"
+#include "storage/file_system.h"
 #include "transport/transport.h"
 
 namespace strata::pserver {
@@ -41,6 +43,9 @@ struct PServerOptions {
   // 0 = one per core.
   int apply_threads = 1;
   absl::Duration register_timeout = absl::Seconds(60);
+  // Checkpoint files are written and read through this (borrowed; must
+  // outlive the PServer). Required.
+  storage::FileSystem* fs = nullptr;
 };
 
 // Thread-safe. Start() once, Shutdown() once (idempotent).
@@ -63,8 +68,26 @@ class PServer {
   uint64_t epoch() const { return epoch_.load(); }
 
   // Installs a cluster view: creates newly owned partitions, updates the
-  // epoch and the BSP step set. Errors: bad initializer / optimizer config.
-  absl::Status ApplyView(const proto::ClusterView& view);
+  // epoch and the BSP step set. With `restore`, new partitions load their
+  // state from its files under `checkpoint_root`; either every new
+  // partition is created or none. Errors: bad initializer / optimizer
+  // config; a checkpoint file missing, corrupt or not fitting (naming it).
+  absl::Status ApplyView(const proto::ClusterView& view,
+                         const proto::CheckpointManifest* restore = nullptr,
+                         const std::string& checkpoint_root = "");
+  // Writes this pserver's partitions into checkpoint req.seq: snapshots
+  // each (at req.version in bsp), writes and syncs the files on the
+  // calling thread while training goes on. One checkpoint at a time
+  // (FailedPrecondition otherwise); DeadlineExceeded when a partition
+  // does not reach the cut in time; disk errors name the file.
+  // `cancelled` (optional) is polled while waiting for the cut: true
+  // gives up with Cancelled.
+  absl::StatusOr<proto::CheckpointPartitionsResponse> Checkpoint(
+      const proto::CheckpointPartitionsRequest& req,
+      const std::function<bool()>& cancelled = {});
+  // A preemption notice (SIGTERM): asks the master for a checkpoint and a
+  // clean stop, waiting at most `grace`.
+  absl::Status RequestCheckpointAndStop(absl::Duration grace);
   proto::PServerStatusResponse Status() const;
   // A partition by id, or nullptr. The pointer lives as long as the PServer.
   Partition* FindPartition(uint32_t id) const;
@@ -105,6 +128,7 @@ class PServer {
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
   bool refresh_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool checkpointing_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> sparse_metrics_ ABSL_GUARDED_BY(mu_);  // tables with gauges
 
   std::atomic<bool> shutdown_{false};

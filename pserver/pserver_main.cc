@@ -1,4 +1,5 @@
 // strata-pserver: holds parameter partitions, aggregates and applies updates.
+#include <csignal>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "pserver/pserver.h"
+#include "storage/file_system.h"
 #include "transport/transport_config.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
@@ -41,6 +43,8 @@ int main(int argc, char** argv) {
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : ports.pserver_http + FLAGS_index;
   opts.transport = strata::transport::TransportOptionsFor(config->cluster);
   opts.apply_threads = FLAGS_apply_threads;
+  auto fs = strata::storage::NewPosixFileSystem();
+  opts.fs = fs.get();
 
   auto server = strata::pserver::PServer::Create(std::move(opts));
   if (!server.ok()) {
@@ -51,7 +55,19 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot start pserver: " << s.message();
     return 1;
   }
-  strata::WaitForTerminationSignal();
+  const int sig = strata::WaitForTerminationSignal();
+  if (sig == SIGTERM && config->checkpoint.enabled) {
+    // A preemption notice: the job is checkpointed and stopped first.
+    LOG(INFO) << "SIGTERM: asking the master for a checkpoint and a clean stop (grace "
+              << config->checkpoint.grace_seconds << " s)";
+    absl::Status s =
+        (*server)->RequestCheckpointAndStop(absl::Seconds(config->checkpoint.grace_seconds));
+    if (absl::IsFailedPrecondition(s)) {
+      LOG(INFO) << "no checkpoint before stopping: " << s.message();  // the job is over
+    } else if (!s.ok()) {
+      LOG(WARNING) << "no checkpoint before stopping: " << s;
+    }
+  }
   LOG(INFO) << "signal received; shutting down";
   (*server)->Shutdown();
   return 0;

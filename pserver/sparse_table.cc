@@ -181,6 +181,7 @@ void SparseTable::RemoveRow(uint64_t key) {
       hole = j;
     }
   }
+  if (marked_) removed_.push_back(key);
   // The last row moves into the freed place.
   const uint64_t last = rows_ - 1;
   if (row != last) {
@@ -290,6 +291,87 @@ void SparseTable::EvictToCapacity() {
   for (uint64_t i = 0; i < victims; ++i) RemoveRow(all[i].key);
   stats_.evicted_capacity += victims;
   sweep_ = 0;
+}
+
+void SparseTable::SetClock(const Clock& c) {
+  stats_.updates = c.updates;
+  rng_ = c.rng;
+  sweep_ = c.sweep;
+}
+
+void SparseTable::ExportRows(bool all, std::string* out) const {
+  const uint32_t now = static_cast<uint32_t>(stats_.updates);
+  all = all || !marked_;
+  for (uint64_t r = 0; r < rows_; ++r) {
+    // Updated after the mark: fewer updates ago than the mark was.
+    if (all || static_cast<uint32_t>(now - Header(r)->last_update) <
+                   static_cast<uint32_t>(now - clean_mark_)) {
+      out->append(RowPtr(r), stride_);
+    }
+  }
+}
+
+void SparseTable::ExportRemoved(std::string* out) const {
+  out->append(reinterpret_cast<const char*>(removed_.data()), removed_.size() * sizeof(uint64_t));
+}
+
+void SparseTable::ExportPending(std::string* out) const {
+  for (const auto& [key, count] : pending_) {
+    out->append(reinterpret_cast<const char*>(&key), sizeof(key));
+    out->append(reinterpret_cast<const char*>(&count), sizeof(count));
+  }
+}
+
+void SparseTable::MarkClean() {
+  marked_ = true;
+  clean_mark_ = static_cast<uint32_t>(stats_.updates);
+  removed_.clear();
+}
+
+absl::Status SparseTable::ImportRows(absl::string_view records) {
+  if (records.size() % stride_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        records.size(), " bytes of rows is not a whole number of ", stride_, "-byte rows"));
+  }
+  for (size_t off = 0; off < records.size(); off += stride_) {
+    uint64_t key;
+    std::memcpy(&key, records.data() + off, sizeof(key));
+    bool found;
+    const size_t slot = FindSlot(key, TagOf(key), &found);
+    const uint64_t row = found ? (index_[slot] & 0xffffffffu) : AddRow(key);
+    std::memcpy(RowPtr(row), records.data() + off, stride_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::RemoveKeys(absl::string_view keys) {
+  if (keys.size() % sizeof(uint64_t) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys.size(), " bytes of removed keys is not a whole number of 8-byte keys"));
+  }
+  for (size_t off = 0; off < keys.size(); off += sizeof(uint64_t)) {
+    uint64_t key;
+    std::memcpy(&key, keys.data() + off, sizeof(key));
+    if (Find(key) != nullptr) RemoveRow(key);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::ImportPending(absl::string_view pairs) {
+  constexpr size_t kPair = sizeof(uint64_t) + sizeof(uint32_t);
+  if (pairs.size() % kPair != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        pairs.size(), " bytes of admission counts is not a whole number of 12-byte pairs"));
+  }
+  pending_.clear();
+  for (size_t off = 0; off < pairs.size(); off += kPair) {
+    uint64_t key;
+    uint32_t count;
+    std::memcpy(&key, pairs.data() + off, sizeof(key));
+    std::memcpy(&count, pairs.data() + off + sizeof(key), sizeof(count));
+    pending_[key] = count;
+  }
+  return absl::OkStatus();
 }
 
 SparseTableStats SparseTable::stats() const {

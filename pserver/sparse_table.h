@@ -16,10 +16,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/initializer.h"
 #include "common/row_optimizer.h"
 
@@ -63,6 +65,7 @@ class SparseTable {
   SparseTable& operator=(const SparseTable&) = delete;
 
   int dim() const { return dim_; }
+  const char* optimizer_name() const { return optimizer_->name(); }
   // Bytes of one row as stated in docs/sparse.md: data and state (rounded
   // up to 8 bytes), plus kRowOverheadBytes.
   size_t stated_bytes_per_row() const;
@@ -87,6 +90,35 @@ class SparseTable {
   const float* Find(uint64_t key) const;
   // The row's update count (0 when it has none).
   uint32_t UpdateCountForTesting(uint64_t key) const;
+
+  // Checkpoints (docs/checkpoint-format.md). A row record is row_bytes()
+  // bytes: [key u64][updates u32][last_update u32][values][state][padding],
+  // the row as it is in memory.
+  size_t row_bytes() const { return stride_; }
+  // The counters that decide future admissions and evictions.
+  struct Clock {
+    uint64_t updates = 0;  // Update calls (the idle clock)
+    uint64_t rng = 0;      // the admission probability's random state
+    uint64_t sweep = 0;    // where the idle sweep goes on
+  };
+  Clock clock() const { return {stats_.updates, rng_, sweep_}; }
+  void SetClock(const Clock& c);
+  // Appends the records of every row (`all`), or of the rows updated since
+  // the last MarkClean (all of them before the first).
+  void ExportRows(bool all, std::string* out) const;
+  // Appends the keys (u64) of rows removed since the last MarkClean.
+  void ExportRemoved(std::string* out) const;
+  // Appends the keys counted towards admission: (u64 key, u32 count).
+  void ExportPending(std::string* out) const;
+  // The state now is the baseline of ExportRows(false) and ExportRemoved.
+  void MarkClean();
+  // Inserts or overwrites rows from records. InvalidArgument when the size
+  // is not a whole number of records.
+  absl::Status ImportRows(absl::string_view records);
+  // Removes the rows of these u64 keys (keys with no row are skipped).
+  absl::Status RemoveKeys(absl::string_view keys);
+  // Replaces the admission counts with ExportPending's pairs.
+  absl::Status ImportPending(absl::string_view pairs);
 
  private:
   struct RowHeader {
@@ -145,6 +177,11 @@ class SparseTable {
   absl::flat_hash_map<uint64_t, uint32_t> pending_;  // key -> times pushed
   uint64_t rng_;       // splitmix state for the admission probability
   uint64_t sweep_ = 0; // next row the idle sweep looks at
+  // Checkpoint baseline: rows whose last_update is after clean_mark_ have
+  // changed; keys removed since are in removed_ (tracked once marked).
+  bool marked_ = false;
+  uint32_t clean_mark_ = 0;
+  std::vector<uint64_t> removed_;
   SparseTableStats stats_;
 };
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Brings a Strata cluster up or down from a job config and a host file.
 #
-#   scripts/launch.sh run    --config C --hosts H [--run-dir D] [--timeout S]
-#   scripts/launch.sh up     --config C --hosts H [--run-dir D]
+#   scripts/launch.sh run    --config C --hosts H [--run-dir D] [--timeout S] [--resume R]
+#   scripts/launch.sh up     --config C --hosts H [--run-dir D] [--resume R]
 #   scripts/launch.sh status [--run-dir D]
 #   scripts/launch.sh down   [--run-dir D]
 #
 # run = up, wait for the job to end (showing the workers' progress), down.
-# It exits 0 only if the job succeeded, and leaves D/summary.json and each
+# It exits 0 only if the job succeeded (3 when it was stopped after a
+# checkpoint: SIGTERM, `strata checkpoint --stop`), and leaves D/summary.json and each
 # daemon's log (D/logs/<role>-<index>.log). Nothing is left running when it
 # ends, also when it is interrupted or a daemon fails.
 #
@@ -25,13 +26,18 @@
 #   --remote-cmd C  command to run things on remote hosts
 #   --remote-all    use the remote command for local hosts too
 #   --quiet         do not stream the workers' progress lines
+#   --resume R      resume from a checkpoint: 'latest' (the newest good one
+#                   under the config's checkpoint.dir) or a checkpoint directory
+#
+# down sends SIGTERM: with checkpoints on, the job is checkpointed and
+# stopped first (within checkpoint.grace_seconds), then SIGKILL.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
-CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0
+CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME=""
 STARTED=0  # set once this invocation has started a daemon
 BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
 REMOTE_CMD="${STRATA_REMOTE_CMD:-ssh -o BatchMode=yes}"
@@ -49,6 +55,7 @@ while [[ $# -gt 0 ]]; do
     --remote-cmd) REMOTE_CMD="$2"; shift 2 ;;
     --remote-all) REMOTE_ALL=1; shift ;;
     --quiet) QUIET=1; shift ;;
+    --resume) RESUME="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -139,9 +146,13 @@ do_up() {
   read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
   echo "$host:$port" > "$RUN_DIR/master.address"
   echo "$host:$http_port" > "$RUN_DIR/master.http"
+  local resume_args=()
+  if [[ -n "$RESUME" ]]; then
+    [[ "$RESUME" == latest ]] && resume_args=(--resume latest) || resume_args=(--resume "$(abspath "$RESUME")")
+  fi
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
-    --summary "$RUN_DIR/summary.json"
+    --summary "$RUN_DIR/summary.json" "${resume_args[@]}"
   if ! wait_for_master; then
     do_down
     return 1
@@ -164,7 +175,14 @@ do_up() {
 
 do_down() {
   [[ -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]] || die "down needs --run-dir of a cluster"
-  local f host pid
+  local f host pid wait_steps=100
+  # With checkpoints on, SIGTERM first checkpoints and stops the job: give
+  # it the grace period (plus a little) before SIGKILL.
+  if [[ -f "$RUN_DIR/config.yaml" ]] && grep -q '^checkpoint:' "$RUN_DIR/config.yaml"; then
+    local grace
+    grace="$(sed -n 's/^[[:space:]]*grace_seconds:[[:space:]]*\([0-9]*\).*/\1/p' "$RUN_DIR/config.yaml" | head -n 1)"
+    wait_steps=$(( (${grace:-60} + 15) * 10 ))
+  fi
   # Workers first, then pservers, then the master.
   for pat in 'worker-*' 'pserver-*' 'master-*'; do
     for f in "$RUN_DIR"/pids/$pat; do
@@ -176,7 +194,7 @@ do_down() {
   for f in "$RUN_DIR"/pids/*; do
     [[ -f "$f" ]] || continue
     read -r host pid < "$f"
-    on_host "$host" "for i in \$(seq 1 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL $pid 2>/dev/null; true" || true
+    on_host "$host" "for i in \$(seq 1 $wait_steps); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL $pid 2>/dev/null; true" || true
     rm -f "$f"
   done
 }
@@ -230,7 +248,13 @@ do_run() {
   local state="" f name dead=""
   while true; do
     if ! kill -0 "$wait_pid" 2>/dev/null; then
-      if wait "$wait_pid"; then rc=0; else rc=1; sed 's/^/launch.sh: /' "$RUN_DIR/wait.txt" >&2; fi
+      if wait "$wait_pid"; then
+        rc=0
+      else
+        rc=1
+        grep -q ' stopped' "$RUN_DIR/wait.txt" && rc=3
+        sed 's/^/launch.sh: /' "$RUN_DIR/wait.txt" >&2
+      fi
       wait_pid=""
       break
     fi
@@ -244,7 +268,7 @@ do_run() {
       state="$("$STRATA" status --master "$master" --json 2>/dev/null |
                sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
     fi
-    # Partitions are not recovered yet (no replication or checkpoints), so
+    # Partitions are not recovered in a running job (no replication yet), so
     # the job cannot go on without any of its pservers; and a daemon that
     # exits before the job runs (bad port, bad data) would stall bring-up.
     dead=""
@@ -278,13 +302,19 @@ do_run() {
   cleanup
   if [[ -f "$RUN_DIR/summary.json" ]]; then
     echo "launch.sh: summary ($RUN_DIR/summary.json):"
-    grep -E '"(state|message|final_test_accuracy|steps|samples_per_sec|comm_share|wall_seconds|train_seconds)"' \
+    grep -E '"(state|message|final_test_accuracy|final_test_auc|steps|samples_per_sec|comm_share|wall_seconds|train_seconds|checkpoints|checkpoint_bytes|last_checkpoint|resumed_from)"' \
       "$RUN_DIR/summary.json" | sed 's/^ */  /'
   else
     echo "launch.sh: no summary written; logs in $RUN_DIR/logs" >&2
     rc=1
   fi
-  [[ $rc -eq 0 ]] && echo "launch.sh: job succeeded" || echo "launch.sh: job FAILED" >&2
+  if [[ $rc -eq 0 ]]; then
+    echo "launch.sh: job succeeded"
+  elif [[ $rc -eq 3 ]]; then
+    echo "launch.sh: job stopped after a checkpoint; go on with: launch.sh run --resume latest ..." >&2
+  else
+    echo "launch.sh: job FAILED" >&2
+  fi
   exit $rc
 }
 

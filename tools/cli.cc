@@ -1,20 +1,25 @@
 #include "tools/cli.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/crc32c.h"
 #include "common/grpc_status.h"
 #include "common/host_file.h"
 #include "common/model_spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
+#include "storage/checkpoint_format.h"
+#include "storage/file_system.h"
 #include "transport/rdma/rdma_device.h"
 
 namespace strata::tools {
@@ -31,7 +36,13 @@ constexpr char kUsage[] =
     "           role index host port data_port http_port  (- where unused)\n"
     "  doctor   [--config FILE] [--hosts FILE] RDMA preflight of this host: devices,\n"
     "           ports, GIDs, MTU, locked-memory limit against what the job\n"
-    "           registers; exit 0 when ready\n";
+    "           registers; exit 0 when ready\n"
+    "  checkpoint --master HOST:PORT [--stop] [--timeout SECONDS] [--json]\n"
+    "           take a checkpoint now and wait for it (--stop: then stop the job)\n"
+    "  checkpoint list --dir DIR [--json]     the checkpoints under a checkpoint root\n"
+    "  checkpoint verify --dir DIR [--json]   read a checkpoint whole and check every\n"
+    "           checksum; exit 0 when it is complete and intact; prints a digest\n"
+    "           of the state it restores (equal for equal models)\n";
 
 // --key value / --key=value / --flag
 absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
@@ -46,7 +57,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
     if (auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else if (key != "json") {
+    } else if (key != "json" && key != "stop") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -171,7 +182,7 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     auto st = FetchStatus(it->second);
     if (st.ok()) {
       const std::string& state = st->job().state();
-      if (state == "succeeded" || state == "failed") {
+      if (state == "succeeded" || state == "failed" || state == "stopped") {
         out << "job " << st->job().name() << " " << state
             << (st->job().message().empty() ? "" : ": " + st->job().message()) << "\n";
         return state == "succeeded" ? 0 : 1;
@@ -301,6 +312,175 @@ int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::os
   return 0;
 }
 
+std::string JsonOf(const google::protobuf::Message& m) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions o;
+  o.always_print_primitive_fields = true;
+  o.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &json, o);
+  return json;
+}
+
+int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& out,
+                   std::ostream& err) {
+  auto it = f.find("master");
+  if (it == f.end()) {
+    err << "strata checkpoint: --master HOST:PORT is required\n";
+    return 2;
+  }
+  double timeout = 900;
+  if (f.count("timeout") && !absl::SimpleAtod(f.at("timeout"), &timeout)) {
+    err << "strata checkpoint: --timeout must be a number of seconds\n";
+    return 2;
+  }
+  auto stub = proto::Master::NewStub(
+      grpc::CreateChannel(it->second, grpc::InsecureChannelCredentials()));
+  proto::CheckpointRequest req;
+  req.set_reason("request");
+  req.set_stop_after(f.count("stop") > 0);
+  proto::CheckpointResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(timeout)));
+  if (!f.count("json")) out << "checkpointing..." << std::flush;
+  absl::Status s = FromGrpcStatus(stub->Checkpoint(&ctx, req, &resp), "master " + it->second);
+  if (!s.ok()) {
+    if (!f.count("json")) out << "\n";
+    err << "strata checkpoint: " << s.message() << "\n";
+    return 1;
+  }
+  if (f.count("json")) {
+    out << JsonOf(resp);
+  } else {
+    out << absl::StrFormat(" checkpoint %d (%s)%s: %.2f MB written in %.2f s: %s\n", resp.seq(),
+                           resp.incremental() ? "incremental" : "full",
+                           resp.step() ? absl::StrCat(" at step ", resp.step()) : "",
+                           resp.bytes_written() / 1e6, resp.write_seconds(), resp.dir());
+  }
+  return 0;
+}
+
+int ListCheckpoints(const std::map<std::string, std::string>& f, std::ostream& out,
+                    std::ostream& err) {
+  if (!f.count("dir")) {
+    err << "strata checkpoint list: --dir DIR (the checkpoint root) is required\n";
+    return 2;
+  }
+  auto fs = storage::NewPosixFileSystem();
+  auto all = storage::ListCheckpoints(fs.get(), f.at("dir"));
+  if (!all.ok()) {
+    err << "strata checkpoint list: " << all.status().message() << "\n";
+    return 1;
+  }
+  if (!f.count("json")) {
+    out << absl::StrFormat("%-8s %-11s %-8s %-12s %-10s %-12s %s\n", "SEQ", "KIND", "STEP",
+                           "WRITTEN_MB", "RAW_MB", "CREATED", "REASON");
+  }
+  std::string json = "[";
+  for (const auto& e : *all) {
+    auto m = storage::ReadManifest(fs.get(), e.dir);
+    if (f.count("json")) {
+      if (json.size() > 1) json += ",\n";
+      json += m.ok() ? JsonOf(*m)
+                     : absl::StrFormat("{\"seq\": %d, \"error\": \"%s\"}", e.seq,
+                                       absl::StrReplaceAll(m.status().message(), {{"\"", "'"}}));
+      continue;
+    }
+    if (!m.ok()) {
+      out << absl::StrFormat("%-8d %-11s %s\n", e.seq, e.complete ? "BAD" : "unfinished",
+                             e.complete ? m.status().message() : "no MANIFEST");
+      continue;
+    }
+    out << absl::StrFormat("%-8d %-11s %-8d %-12.2f %-10.2f %-12s %s\n", m->seq(),
+                           m->incremental() ? "incremental" : "full", m->step(),
+                           m->bytes_written() / 1e6, m->raw_bytes() / 1e6,
+                           absl::FormatTime("%m-%d %H:%M:%S",
+                                            absl::FromUnixMillis(m->created_unix_ms()),
+                                            absl::LocalTimeZone()),
+                           m->reason());
+  }
+  if (f.count("json")) out << json << "]\n";
+  return 0;
+}
+
+int VerifyCheckpoint(const std::map<std::string, std::string>& f, std::ostream& out,
+                     std::ostream& err) {
+  if (!f.count("dir")) {
+    err << "strata checkpoint verify: --dir DIR (a checkpoint directory) is required\n";
+    return 2;
+  }
+  auto fs = storage::NewPosixFileSystem();
+  std::string dir = f.at("dir");
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  auto m = storage::ReadManifest(fs.get(), dir);
+  if (!m.ok()) {
+    err << "strata checkpoint verify: " << m.status().message() << "\n";
+    return 1;
+  }
+  const std::string root = storage::ParentDir(dir);
+  absl::Status s = storage::CheckManifestFiles(fs.get(), root, *m);
+  int files = 0;
+  // The digest of the state the checkpoint restores (the chains applied),
+  // independent of how it was written: two checkpoints of the same model
+  // and optimizer state have the same one.
+  uint32_t digest = 0;
+  for (const auto& p : m->partitions()) {
+    std::string dense;
+    std::map<uint64_t, std::string> rows;
+    std::string pending;
+    uint64_t version = 0;
+    for (const auto& file : p.files()) {
+      if (!s.ok()) break;
+      auto streams =
+          storage::ReadBlockFile(fs.get(), storage::JoinPath(root, file.path()), &file);
+      ++files;
+      if (!streams.ok()) {
+        s = streams.status();
+        break;
+      }
+      proto::CheckpointPartitionHeader h;
+      h.ParseFromString((*streams)[storage::BlockType::kHeader]);
+      version = h.version();
+      if (!h.sparse()) {
+        dense = (*streams)[storage::BlockType::kDenseValues] +
+                (*streams)[storage::BlockType::kOptimizerState];
+        continue;
+      }
+      const std::string& del = (*streams)[storage::BlockType::kSparseDeletes];
+      for (size_t i = 0; i + 8 <= del.size(); i += 8) {
+        uint64_t key;
+        std::memcpy(&key, del.data() + i, 8);
+        rows.erase(key);
+      }
+      const std::string& recs = (*streams)[storage::BlockType::kSparseRows];
+      for (size_t i = 0; h.row_bytes() >= 8 && i + h.row_bytes() <= recs.size(); i += h.row_bytes()) {
+        uint64_t key;
+        std::memcpy(&key, recs.data() + i, 8);
+        rows[key] = recs.substr(i, h.row_bytes());
+      }
+      pending = (*streams)[storage::BlockType::kSparsePending];
+    }
+    uint32_t c = Crc32cExtend(digest, reinterpret_cast<const char*>(&version), sizeof(version));
+    c = Crc32cExtend(c, dense.data(), dense.size());
+    for (const auto& [key, rec] : rows) c = Crc32cExtend(c, rec.data(), rec.size());
+    digest = Crc32cExtend(c, pending.data(), pending.size());
+  }
+  if (!s.ok()) {
+    err << "strata checkpoint verify: " << s.message() << "\n";
+    return 1;
+  }
+  if (f.count("json")) {
+    out << absl::StrFormat("{\"dir\": \"%s\", \"ok\": true, \"seq\": %d, \"step\": %d, "
+                           "\"files\": %d, \"state_digest\": \"%08x\"}\n",
+                           dir, m->seq(), m->step(), files, digest);
+    return 0;
+  }
+  out << absl::StrFormat("%s: ok (%s, job '%s', step %d, %d partitions, %d files checked; "
+                         "state digest %08x)\n",
+                         dir, m->incremental() ? "incremental" : "full", m->job(), m->step(),
+                         m->partitions_size(), files, digest);
+  return 0;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -308,7 +488,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     (args.empty() ? err : out) << kUsage;
     return args.empty() ? 2 : 0;
   }
-  auto flags = ParseFlags(args, 1);
+  // "checkpoint list|verify": a sub-command before the flags.
+  const bool sub = args[0] == "checkpoint" && args.size() > 1 &&
+                   (args[1] == "list" || args[1] == "verify");
+  auto flags = ParseFlags(args, sub ? 2 : 1);
   if (!flags.ok()) {
     err << "strata " << args[0] << ": " << flags.status().message() << "\n" << kUsage;
     return 2;
@@ -319,6 +502,11 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "validate") return Validate(*flags, out, err);
   if (cmd == "plan") return Plan(*flags, out, err);
   if (cmd == "doctor") return Doctor(*flags, out, err);
+  if (cmd == "checkpoint") {
+    if (sub && args[1] == "list") return ListCheckpoints(*flags, out, err);
+    if (sub && args[1] == "verify") return VerifyCheckpoint(*flags, out, err);
+    return TakeCheckpoint(*flags, out, err);
+  }
   err << "strata: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

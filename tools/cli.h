@@ -1,4 +1,4 @@
-// The operator CLI `strata`: status, wait, validate, plan, doctor.
+// The operator CLI `strata`: status, wait, validate, plan, doctor, checkpoint.
 #ifndef STRATA_TOOLS_CLI_H_
 #define STRATA_TOOLS_CLI_H_
 

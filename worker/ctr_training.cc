@@ -94,12 +94,7 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
   current_epoch_ = task.epoch();
   const int64_t end = std::min<int64_t>(task.end(), n_records);
   if (task.begin() >= end) return absl::OkStatus();
-  std::vector<int64_t> order(end - task.begin());
-  std::iota(order.begin(), order.end(), task.begin());
-  if (options_.shuffle_within_task) {
-    std::mt19937_64 rng(options_.config.job.seed * 7919 + task.id());
-    std::shuffle(order.begin(), order.end(), rng);
-  }
+  const std::vector<int64_t> order = TaskRecordOrder(task, end);
   const int dim = wide_deep_->dim();
   const int batch_size = options_.config.job.batch_size;
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;

@@ -23,6 +23,11 @@ class Worker::MasterTaskSource : public TaskSource {
   absl::StatusOr<Lease> Next() override {
     proto::LeaseTaskRequest req;
     req.set_node_id(w_->node_id_);
+    if (w_->options_.config.job.consistency == Consistency::kBsp && w_->stats().steps > 0) {
+      // Where this task's batches start: a checkpoint's cut needs it.
+      req.set_has_next_step(true);
+      req.set_next_step(w_->next_step_);
+    }
     proto::LeaseTaskResponse resp;
     STRATA_RETURN_IF_ERROR(w_->CallMaster([&](grpc::ClientContext* ctx) {
       return w_->master_->LeaseTask(ctx, req, &resp);
@@ -275,6 +280,16 @@ absl::Status Worker::CallMaster(
   }
 }
 
+absl::Status Worker::RequestCheckpointAndStop(absl::Duration grace) {
+  proto::CheckpointRequest req;
+  req.set_reason(absl::StrCat("sigterm on worker ", options_.index));
+  req.set_stop_after(true);
+  proto::CheckpointResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
+  return FromGrpcStatus(master_->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
+}
+
 absl::StatusOr<proto::ClusterView> Worker::FetchView() {
   proto::ClusterView view;
   STRATA_RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
@@ -487,6 +502,19 @@ absl::Status Worker::Settle() {
   return s;
 }
 
+std::vector<int64_t> Worker::TaskRecordOrder(const proto::DataTask& task, int64_t end) const {
+  std::vector<int64_t> order(end - task.begin());
+  std::iota(order.begin(), order.end(), task.begin());
+  if (options_.shuffle_within_task) {
+    std::mt19937_64 rng(options_.config.job.seed * 7919 + task.id());
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  // Records already trained before a resumed checkpoint's cut.
+  const auto skip = static_cast<size_t>(std::clamp<int64_t>(task.skip_records(), 0, order.size()));
+  order.erase(order.begin(), order.begin() + skip);
+  return order;
+}
+
 absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
   if (wide_deep_ != nullptr) return TrainCtrTask(task);
   if (task.begin() < 0 || task.end() > train_.num_examples || task.begin() >= task.end()) {
@@ -495,12 +523,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         ") is outside the training set of ", train_.num_examples, " records"));
   }
   current_epoch_ = task.epoch();
-  std::vector<int64_t> order(task.end() - task.begin());
-  std::iota(order.begin(), order.end(), task.begin());
-  if (options_.shuffle_within_task) {
-    std::mt19937_64 rng(options_.config.job.seed * 7919 + task.id());
-    std::shuffle(order.begin(), order.end(), rng);
-  }
+  const std::vector<int64_t> order = TaskRecordOrder(task, task.end());
   const int dim = train_.feature_dim;
   const int batch_size = options_.config.job.batch_size;
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;

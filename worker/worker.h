@@ -84,6 +84,10 @@ class Worker {
   absl::Status Run();
   // Stops Run() at the next step and the background threads.
   void Shutdown();
+  // A preemption notice (SIGTERM): asks the master for a checkpoint and a
+  // clean stop of the job, waiting at most `grace`; training goes on
+  // meanwhile (a bsp cut needs this worker's steps).
+  absl::Status RequestCheckpointAndStop(absl::Duration grace);
 
   uint32_t node_id() const { return node_id_; }
   // Test accuracy measured at the end of a local_only run.
@@ -141,6 +145,9 @@ class Worker {
   absl::Status RunLocal();
   // The training step: pull, compute, push (or, local, apply in place).
   absl::Status TrainTask(const proto::DataTask& task, bool local);
+  // The records of `task` below `end` in training order (shuffled by the
+  // job seed when shuffle_within_task), less its first skip_records.
+  std::vector<int64_t> TaskRecordOrder(const proto::DataTask& task, int64_t end) const;
   // Settles the last step's push (acks, retries), if any.
   absl::Status SettlePush();
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.

@@ -1,5 +1,6 @@
 // strata-worker: trains on leased data tasks, pulling parameters and pushing
 // gradients; evaluates the final model when the master asks.
+#include <csignal>
 #include <memory>
 #include <thread>
 
@@ -63,7 +64,20 @@ int main(int argc, char** argv) {
     finished.Notify();
   });
   const int sig = strata::WaitForTerminationSignal([&] { return finished.HasBeenNotified(); });
-  if (sig != 0) LOG(INFO) << "signal received; stopping";
+  if (sig == SIGTERM && config->checkpoint.enabled && !FLAGS_local) {
+    // A preemption notice: the job is checkpointed and stopped first.
+    LOG(INFO) << "SIGTERM: asking the master for a checkpoint and a clean stop (grace "
+              << config->checkpoint.grace_seconds << " s)";
+    absl::Status s = (*worker)->RequestCheckpointAndStop(
+        absl::Seconds(config->checkpoint.grace_seconds));
+    if (absl::IsFailedPrecondition(s)) {
+      LOG(INFO) << "no checkpoint before stopping: " << s.message();  // the job is over
+    } else if (!s.ok()) {
+      LOG(WARNING) << "no checkpoint before stopping: " << s;
+    }
+  } else if (sig != 0) {
+    LOG(INFO) << "signal received; stopping";
+  }
   (*worker)->Shutdown();
   trainer.join();
   (*worker)->Shutdown();

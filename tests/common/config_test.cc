@@ -218,7 +218,41 @@ TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
 TEST(ParseJobConfigTest, UnknownTopLevelKeyNamesKeyAndChoices) {
   ExpectError(ParseWithData("\noptimzer:\n  type: sgd\n"), "local.yaml:7:1: ",
               "unknown key 'optimzer' (expected one of: job, model, "
-              "optimizer, sparse, data, cluster)");
+              "optimizer, sparse, data, cluster, checkpoint)");
+}
+
+TEST(ParseJobConfigTest, CheckpointSectionIsOffUnlessPresentAndReadsEveryKey) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig off, ParseWithData(""));
+  EXPECT_FALSE(off.checkpoint.enabled);
+  EXPECT_EQ(off.checkpoint.every_seconds, 900);
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c, ParseWithData("checkpoint:\n  dir: /ck\n  every_steps: 200\n"
+                                 "  every_seconds: 30\n  keep_last: 2\n  incremental: false\n"
+                                 "  full_every: 4\n  compression_level: 3\n"
+                                 "  grace_seconds: 20\n  timeout_seconds: 100\n"
+                                 "  on_finish: false\n"));
+  EXPECT_TRUE(c.checkpoint.enabled);
+  EXPECT_EQ(c.checkpoint.dir, "/ck");
+  EXPECT_EQ(c.checkpoint.every_steps, 200);
+  EXPECT_EQ(c.checkpoint.every_seconds, 30);
+  EXPECT_EQ(c.checkpoint.keep_last, 2);
+  EXPECT_FALSE(c.checkpoint.incremental);
+  EXPECT_EQ(c.checkpoint.full_every, 4);
+  EXPECT_EQ(c.checkpoint.compression_level, 3);
+  EXPECT_EQ(c.checkpoint.grace_seconds, 20);
+  EXPECT_EQ(c.checkpoint.timeout_seconds, 100);
+  EXPECT_FALSE(c.checkpoint.on_finish);
+}
+
+TEST(ParseJobConfigTest, CheckpointSectionErrorsNameTheKey) {
+  ExpectError(ParseWithData("checkpoint:\n  every_steps: 10\n"), "local.yaml:",
+              "missing required key 'checkpoint.dir'");
+  ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  incremental: maybe\n"), "local.yaml:",
+              "checkpoint.incremental", "expected true or false");
+  ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  keep_last: 0\n"), "local.yaml:",
+              "checkpoint.keep_last");
+  ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  compression_level: 30\n"),
+              "local.yaml:", "checkpoint.compression_level");
 }
 
 TEST(ParseJobConfigTest, UnknownNestedKeyNamesFullPath) {

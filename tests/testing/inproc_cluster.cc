@@ -48,7 +48,8 @@ absl::StatusOr<worker::TaskSource::Lease> FixedTaskSource::Next() {
 absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
     InProcClusterOptions options) {
   std::unique_ptr<InProcCluster> c(new InProcCluster());
-  c->fs_ = storage::NewPosixFileSystem();
+  if (options.fs == nullptr) c->own_fs_ = storage::NewPosixFileSystem();
+  c->fs_ = options.fs != nullptr ? options.fs : c->own_fs_.get();
   c->network_ = transport::NewInProcNetwork();
   transport::TransportOptions topts;
   topts.kind = options.transport;
@@ -60,7 +61,8 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
   mopts.expected_workers = options.workers;
   mopts.port = 0;
   mopts.http_port = 0;
-  mopts.fs = c->fs_.get();
+  mopts.fs = c->fs_;
+  mopts.resume = options.resume;
   STRATA_ASSIGN_OR_RETURN(c->master_, master::MasterServer::Create(std::move(mopts)));
   STRATA_RETURN_IF_ERROR(c->master_->Start());
 
@@ -74,6 +76,7 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
     p.http_port = 0;
     p.transport = topts;
     p.apply_threads = options.pserver_apply_threads;
+    p.fs = c->fs_;
     STRATA_ASSIGN_OR_RETURN(auto ps, pserver::PServer::Create(std::move(p)));
     STRATA_RETURN_IF_ERROR(ps->Start());
     c->pservers_.push_back(std::move(ps));
@@ -85,7 +88,7 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
     w.index = i;
     w.http_port = 0;
     w.transport = topts;
-    w.fs = c->fs_.get();
+    w.fs = c->fs_;
     w.shuffle_within_task = options.shuffle_within_task;
     if (i < static_cast<int>(options.task_sources.size())) {
       w.task_source = std::move(options.task_sources[i]);

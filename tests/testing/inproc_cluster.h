@@ -28,6 +28,10 @@ struct InProcClusterOptions {
   std::vector<std::unique_ptr<worker::TaskSource>> task_sources;
   bool shuffle_within_task = true;
   int pserver_apply_threads = 1;
+  // Borrowed; every daemon's file system (data, checkpoints). nullptr = a
+  // POSIX one of the cluster's own.
+  storage::FileSystem* fs = nullptr;
+  std::string resume;  // MasterOptions::resume
 };
 
 // Not thread-safe; owned by one test.
@@ -47,13 +51,14 @@ class InProcCluster {
   pserver::PServer* pserver(int i) { return pservers_[i].get(); }
   worker::Worker* worker(int i) { return workers_[i].get(); }
   int num_workers() const { return static_cast<int>(workers_.size()); }
-  storage::FileSystem* fs() { return fs_.get(); }
+  storage::FileSystem* fs() { return fs_; }
 
   void Shutdown();
 
  private:
   InProcCluster() = default;
-  std::unique_ptr<storage::FileSystem> fs_;
+  std::unique_ptr<storage::FileSystem> own_fs_;
+  storage::FileSystem* fs_ = nullptr;  // own_fs_ or the options'
   std::shared_ptr<transport::InProcNetwork> network_;
   std::unique_ptr<master::MasterServer> master_;
   std::vector<std::unique_ptr<pserver::PServer>> pservers_;

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Stop and resume through scripts/launch.sh with real daemons: a bsp job
+# checkpointed on request (`strata checkpoint`) and on a preemption notice
+# (SIGTERM to a worker: checkpoint, then a clean stop), resumed with
+# `--resume latest`, ends with exactly the model of the same job never
+# stopped (equal checkpoint state digests: parameters and optimizer state
+# bit for bit). Then a corrupt newest checkpoint is refused, naming its file,
+# and the previous one is used.
+BUILD_DIR="$1"
+source "$(dirname "$0")/lib.sh"
+[[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
+work="$(mktemp -d /tmp/strata-e2e-ckpt-XXXXXX)"
+trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; [[ -n "${KEEP:-}" ]] || rm -rf "$work"' EXIT
+# One worker: a bsp step is then one batch, and the run is deterministic.
+printf '127.0.0.1 master pserver=2 worker=1\n' > "$work/hosts"
+
+# ckpt_config FILE CHECKPOINT_DIR PORT_BASE
+ckpt_config() {
+  write_config "$1" bsp 8 "$3" 24000
+  cat >> "$1" <<YAML
+checkpoint:
+  dir: $2
+  every_steps: 0
+  every_seconds: 0
+  keep_last: 3
+  grace_seconds: 30
+YAML
+}
+launch() { "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 300 "$@"; }
+# The state digest of the newest checkpoint under a root.
+final_digest() {
+  local last; last="$(ls -d "$1"/ckpt-* | sort | tail -n 1)"
+  "$STRATA" checkpoint verify --dir "$last" --json | sed -n 's/.*"state_digest": "\([0-9a-f]*\)".*/\1/p'
+}
+steps_of() {
+  { "$STRATA" status --master "$1" --json 2>/dev/null || true; } |
+    sed -n 's/.*"steps": "\([0-9]*\)".*/\1/p' | head -n 1
+}
+wait_steps() {  # wait_steps ADDR N: until the job has done N steps (bounded)
+  for _ in $(seq 1 600); do
+    local s; s="$(steps_of "$1")"
+    [[ -n "$s" && "$s" -ge "$2" ]] && return 0
+    sleep 0.05
+  done
+  fail "job at $1 did not reach step $2"
+}
+
+# 1. The job never stopped: its final checkpoint is the reference.
+ckpt_config "$work/a.yaml" "$work/ck-a" "$(pick_port_base)"
+launch --config "$work/a.yaml" --run-dir "$work/a" || fail "uninterrupted run failed"
+[[ "$(json_field "$work/a/summary.json" checkpoints)" == 1 ]] || fail "expected the final checkpoint only"
+want="$(final_digest "$work/ck-a")"
+[[ -n "$want" ]] || fail "no digest of the reference checkpoint"
+echo "ok: uninterrupted run, final state digest $want"
+
+# 2. The same job, checkpointed on request, then preempted by SIGTERM to its
+#    worker: checkpoint 2 and a clean stop (launch.sh exits 3).
+base="$(pick_port_base)"
+ckpt_config "$work/b.yaml" "$work/ck-b" "$base"
+launch --config "$work/b.yaml" --run-dir "$work/b" > "$work/b.out" 2>&1 &
+launcher=$!
+wait_steps "127.0.0.1:$base" 60
+"$STRATA" checkpoint --master "127.0.0.1:$base" > "$work/ck1.out" || { cat "$work/ck1.out"; fail "strata checkpoint failed"; }
+grep -q "checkpoint 1 (full) at step" "$work/ck1.out" || { cat "$work/ck1.out"; fail "unexpected strata checkpoint output"; }
+wait_steps "127.0.0.1:$base" 150
+read -r _ wpid < "$work/b/pids/worker-0"
+kill -TERM "$wpid"
+for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+set +e; wait "$launcher"; rc=$?; set -e
+(( rc == 3 )) || { cat "$work/b.out"; fail "preempted run exited $rc, expected 3 (stopped)"; }
+[[ "$(json_field "$work/b/summary.json" state)" == stopped ]] || fail "preempted job not 'stopped'"
+[[ "$(json_field "$work/b/summary.json" checkpoints)" == 2 ]] || fail "expected 2 checkpoints before the stop"
+grep -q "sigterm on worker 0" "$work/b/logs/master-0.log" || fail "the preemption checkpoint is not logged"
+assert_nothing_left "$work/b"
+"$STRATA" checkpoint list --dir "$work/ck-b"
+echo "ok: checkpoint on request, then SIGTERM: checkpointed and stopped"
+
+# 3. Resumed: the final model is the uninterrupted run's, bit for bit.
+launch --config "$work/b.yaml" --run-dir "$work/b2" --resume latest || fail "resumed run failed"
+[[ "$(json_field "$work/b2/summary.json" resumed_from)" == 2 ]] || fail "did not resume from checkpoint 2"
+got="$(final_digest "$work/ck-b")"
+[[ "$got" == "$want" ]] || fail "resumed final state $got differs from the uninterrupted run's $want"
+acc_a="$(json_field "$work/a/summary.json" final_test_accuracy)"
+acc_b="$(json_field "$work/b2/summary.json" final_test_accuracy)"
+[[ "$acc_a" == "$acc_b" ]] || fail "test accuracy $acc_b after resuming, $acc_a uninterrupted"
+echo "ok: resumed from checkpoint 2; final state and test accuracy ($acc_b) match"
+
+# 4. The newest checkpoint corrupted: refused, naming the file; the one
+#    before it is used, and the job again ends with the same model.
+newest="$(ls -d "$work/ck-b"/ckpt-* | sort | tail -n 1)"
+victim="$(ls "$newest"/p*.blk | head -n 1)"
+printf '\xff' | dd of="$victim" bs=1 seek=100 conv=notrunc status=none
+launch --config "$work/b.yaml" --run-dir "$work/b3" --resume latest || fail "run after corruption failed"
+grep -q "checkpoint refused: $victim" "$work/b3/logs/master-0.log" ||
+  { grep -i checkpoint "$work/b3/logs/master-0.log"; fail "the corrupt file is not named"; }
+[[ "$(json_field "$work/b3/summary.json" resumed_from)" == 2 ]] || fail "did not fall back to checkpoint 2"
+got="$(final_digest "$work/ck-b")"
+[[ "$got" == "$want" ]] || fail "final state $got after the fallback differs from $want"
+echo "ok: corrupt checkpoint refused, fell back to checkpoint 2"
+
+# 5. A named checkpoint of another job is refused with the reason.
+sed 's/name: e2e-bsp/name: another-job/' "$work/b.yaml" > "$work/other.yaml"
+set +e
+launch --config "$work/other.yaml" --run-dir "$work/other" --resume "$work/ck-b/ckpt-00000002" > "$work/other.out" 2>&1
+rc=$?
+set -e
+(( rc != 0 )) || fail "a foreign job's checkpoint was accepted"
+grep -q "a checkpoint of job 'e2e-bsp', not of this job 'another-job'" "$work/other/logs/master-0.log" ||
+  { cat "$work/other.out"; fail "the foreign checkpoint's refusal does not say why"; }
+assert_nothing_left "$work"
+echo "ok: another job's checkpoint refused"

@@ -176,25 +176,25 @@ absl::Status MasterServer::ApplyResume(const Resumed& r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> MasterServer::ChooseCut(
-    const std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>>& targets, uint64_t margin,
-    bool training_over) {
-  uint64_t newest = 0, oldest = ~0ull;
+absl::StatusOr<uint64_t> MasterServer::NewestVersion(const std::vector<PServerTarget>& targets) {
+  uint64_t newest = 0;
   for (const auto& [id, stub] : targets) {
     proto::PServerStatusResponse st;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     STRATA_RETURN_IF_ERROR(FromGrpcStatus(stub->GetStatus(&ctx, proto::PServerStatusRequest(), &st),
                                           absl::StrCat("pserver node ", id)));
-    for (const auto& p : st.partitions()) {
-      newest = std::max(newest, p.version());
-      oldest = std::min(oldest, p.version());
-    }
+    for (const auto& p : st.partitions()) newest = std::max(newest, p.version());
   }
-  // Training over: no step starts any more; a partition still applying
-  // the last one reaches the newest version by itself.
-  (void)oldest;
-  return training_over ? newest : newest + margin;
+  return newest;
+}
+
+std::vector<MasterServer::PServerTarget> MasterServer::OwnersLocked() {
+  std::set<uint32_t> owners;
+  for (const auto& p : view_.partitions()) owners.insert(p.owner());
+  std::vector<PServerTarget> targets;
+  for (uint32_t id : owners) targets.emplace_back(id, pserver_stubs_[id].get());
+  return targets;
 }
 
 absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::string& reason,
@@ -202,7 +202,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   absl::MutexLock cl(&checkpoint_mu_);
   const CheckpointSection& cfg = options_.config.checkpoint;
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
-  std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>> targets;
+  std::vector<PServerTarget> targets;
   proto::ClusterView view;
   uint64_t seq = 0, base_seq = 0;
   bool training_over = false;
@@ -217,9 +217,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
           "no checkpoint: the job is ", job_state_, placed_ ? "" : " (partitions not placed)"));
     }
     view = view_;
-    std::set<uint32_t> owners;
-    for (const auto& p : view.partitions()) owners.insert(p.owner());
-    for (uint32_t id : owners) targets.emplace_back(id, pserver_stubs_[id].get());
+    targets = OwnersLocked();
     seq = next_checkpoint_seq_++;
     if (cfg.incremental && last_manifest_.has_value() &&
         increments_since_full_ + 1 < cfg.full_every) {
@@ -250,13 +248,19 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   req.set_zstd_level(cfg.compression_level);
   req.set_timeout_ms(static_cast<int64_t>(cfg.timeout_seconds) * 1000);
   std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results;
-  uint64_t margin = 2;
+  // Steps ahead of the newest version for the bsp cut: training goes on
+  // while partitions wait for it, so a wide margin costs nothing, and one
+  // too narrow (a fast job passing the cut before it is set) a retry.
+  uint64_t margin = 16;
   for (int attempt = 0;; ++attempt) {
     if (bsp) {
-      absl::StatusOr<uint64_t> cut = ChooseCut(targets, margin, training_over);
-      if (!cut.ok()) return fail(cut.status());
+      // The cut: `margin` steps after the newest version now; once training
+      // is over, the newest (a partition still applying the last step
+      // reaches it by itself).
+      absl::StatusOr<uint64_t> newest = NewestVersion(targets);
+      if (!newest.ok()) return fail(newest.status());
       req.set_at_version(true);
-      req.set_version(*cut);
+      req.set_version(training_over ? *newest : *newest + margin);
     }
     results.assign(targets.size(), absl::UnknownError("no answer"));
     std::vector<std::thread> calls;
@@ -382,7 +386,9 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   m.set_bytes_written(written);
   m.set_max_stall_seconds(stall);
   m.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  HitFailpoint(options_.failpoints, "master.checkpoint.before_manifest");
   if (absl::Status s = storage::WriteManifest(options_.fs, dir, m); !s.ok()) return fail(s);
+  HitFailpoint(options_.failpoints, "master.checkpoint.after_manifest");
 
   auto deleted = storage::ApplyRetention(options_.fs, cfg.dir, cfg.keep_last);
   if (!deleted.ok()) {
@@ -390,6 +396,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   } else {
     for (const auto& d : *deleted) VLOG(1) << "retention: removed " << d;
   }
+  HitFailpoint(options_.failpoints, "master.checkpoint.after_retention");
   proto::CheckpointResponse resp;
   resp.set_seq(seq);
   resp.set_dir(dir);
@@ -402,6 +409,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   ++checkpoints_done_;
   checkpoint_bytes_total_ += written;
   checkpoint_raw_bytes_ = m.raw_bytes();
+  checkpoint_raw_total_ += m.raw_bytes();
   checkpoint_max_stall_ = std::max(checkpoint_max_stall_, stall);
   checkpoint_seconds_total_ += m.write_seconds();
   last_checkpoint_time_ = clock_->Now();
@@ -420,15 +428,30 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
 
 void MasterServer::CheckpointLoop() {
   const CheckpointSection& cfg = options_.config.checkpoint;
-  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+  // By steps, the pservers are asked often: a fast job does hundreds of
+  // steps a second.
+  const absl::Duration tick = absl::Milliseconds(cfg.every_steps > 0 ? 20 : 200);
+  while (!stop_.WaitForNotificationWithTimeout(tick)) {
     std::string reason;
+    // The step now: the newest partition version (bsp: the step; asp: the
+    // updates of the busiest partition), asked of the pservers.
+    uint64_t step = 0;
+    if (cfg.every_steps > 0) {
+      std::vector<PServerTarget> targets;
+      {
+        absl::MutexLock l(&mu_);
+        if (placed_ && job_state_ == "running") targets = OwnersLocked();
+      }
+      if (!targets.empty()) {
+        absl::StatusOr<uint64_t> newest = NewestVersion(targets);
+        if (newest.ok()) step = *newest;
+      }
+    }
     {
       absl::MutexLock l(&mu_);
       if (!placed_ || !view_.ready() || IsTerminalState(job_state_)) continue;
       const absl::Time now = clock_->Now();
       if (last_checkpoint_time_ == absl::InfinitePast()) last_checkpoint_time_ = now;
-      uint64_t step = 0;
-      for (const auto& [id, w] : workers_) step = std::max(step, w.last.step());
       if (next_step_trigger_ == 0 && cfg.every_steps > 0) {
         next_step_trigger_ = (step / cfg.every_steps + 1) * cfg.every_steps;
       }

@@ -21,6 +21,7 @@ DEFINE_int32(port, -1, "gRPC port (default: cluster.ports.master; 0 = any)");
 DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.master_http; 0 = any, -1 = off)");
 DEFINE_string(summary, "", "write the job summary JSON here when the job ends");
 DEFINE_bool(exit_when_done, false, "exit once the job has succeeded, failed or stopped");
+DEFINE_string(failpoint, "", "tests: NAME[@N],... kills this process there (common/failpoint.h)");
 DEFINE_string(resume, "",
               "resume from a checkpoint: 'latest' (the newest good one under checkpoint.dir; "
               "a fresh start when there is none) or a checkpoint directory");
@@ -40,6 +41,11 @@ int main(int argc, char** argv) {
     LOG(ERROR) << hosts.status().message();
     return 2;
   }
+  auto failpoints = strata::Failpoints::Parse(FLAGS_failpoint);
+  if (!failpoints.ok()) {
+    LOG(ERROR) << failpoints.status().message();
+    return 2;
+  }
   auto fs = strata::storage::NewPosixFileSystem();
   strata::master::MasterOptions opts;
   opts.config = *config;
@@ -51,6 +57,7 @@ int main(int argc, char** argv) {
   opts.summary_path = FLAGS_summary;
   opts.fs = fs.get();
   opts.resume = FLAGS_resume;
+  opts.failpoints = failpoints->get();
 
   auto master = strata::master::MasterServer::Create(std::move(opts));
   if (!master.ok()) {

@@ -251,6 +251,11 @@ void MasterServer::Shutdown() {
   started_ = false;
   stop_.Notify();
   if (background_.joinable()) background_.join();
+  {
+    // A checkpoint waiting on pservers gives up now.
+    absl::MutexLock il(&inflight_mu_);
+    for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
+  }
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   http_.Shutdown();
   if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -714,15 +719,18 @@ std::string MasterServer::SummaryJsonLocked() const {
   }
   if (options_.config.checkpoint.enabled) {
     // checkpoint_bytes: mean bytes written per checkpoint of this run;
-    // checkpoint_raw_bytes: a full uncompressed dump of the same state.
+    // checkpoint_raw_bytes: mean size of a full uncompressed dump of the
+    // same states (parameters and optimizer state); their ratio.
+    const uint64_t n = checkpoints_done_;
     ctr += absl::StrFormat(
         "  \"checkpoints\": %d,\n  \"checkpoint_failures\": %d,\n"
         "  \"checkpoint_bytes\": %d,\n  \"checkpoint_raw_bytes\": %d,\n"
+        "  \"checkpoint_bytes_ratio\": %.4f,\n"
         "  \"checkpoint_seconds_mean\": %.3f,\n  \"checkpoint_max_stall_seconds\": %.6f,\n"
         "  \"last_checkpoint\": %d,\n  \"resumed_from\": %d,\n",
-        checkpoints_done_, checkpoint_failures_,
-        checkpoints_done_ ? checkpoint_bytes_total_ / checkpoints_done_ : 0,
-        checkpoint_raw_bytes_,
+        n, checkpoint_failures_, n ? checkpoint_bytes_total_ / n : 0,
+        n ? checkpoint_raw_total_ / n : 0,
+        checkpoint_raw_total_ ? static_cast<double>(checkpoint_bytes_total_) / checkpoint_raw_total_ : 0.0,
         checkpoints_done_ ? checkpoint_seconds_total_ / checkpoints_done_ : 0.0,
         checkpoint_max_stall_, last_manifest_ ? last_manifest_->seq() : 0, resumed_from_seq_);
   }

@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/failpoint.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
@@ -39,6 +40,8 @@ struct MasterOptions {
   // checkpoint.dir; a fresh start when there is none) or a checkpoint
   // directory. "" = a fresh start.
   std::string resume;
+  // Crash points for tests (common/failpoint.h); borrowed, may be null.
+  const Failpoints* failpoints = nullptr;
 };
 
 // Thread-safe. All state is guarded by one mutex; RPC handlers hold it only
@@ -122,11 +125,12 @@ class MasterServer {
                                           const std::string& dir,
                                           const proto::CheckpointManifest& m);
   absl::Status ApplyResume(const Resumed& r) ABSL_LOCKS_EXCLUDED(mu_);
-  // The bsp cut: a version every partition will reach, `margin` steps
-  // after the newest now (training over: the version they all have).
-  absl::StatusOr<uint64_t> ChooseCut(
-      const std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>>& targets,
-      uint64_t margin, bool training_over);
+  // The pservers owning partitions, with their stubs (which live as long
+  // as the server).
+  using PServerTarget = std::pair<uint32_t, proto::PServerAdmin::Stub*>;
+  std::vector<PServerTarget> OwnersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The newest partition version of those pservers now.
+  static absl::StatusOr<uint64_t> NewestVersion(const std::vector<PServerTarget>& targets);
 
   // The planted model's own test figures (data.planted), for the summary.
   struct Planted {
@@ -174,6 +178,7 @@ class MasterServer {
   uint64_t checkpoint_failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t checkpoint_bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t checkpoint_raw_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of the last one
+  uint64_t checkpoint_raw_total_ ABSL_GUARDED_BY(mu_) = 0;  // over this run's
   double checkpoint_max_stall_ ABSL_GUARDED_BY(mu_) = 0;
   double checkpoint_seconds_total_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_checkpoint_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -264,7 +264,21 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   sreq.at_version = req.at_version();
   sreq.version = req.version();
   const std::string dir = storage::JoinPath(req.root(), storage::CheckpointDirName(req.seq()));
-  absl::Status status = options_.fs->CreateDirs(dir);
+  absl::Status status;
+  if (req.at_version()) {
+    // A cut some partition has passed already fails at once, before any
+    // partition copies itself for nothing.
+    for (Partition* p : parts) {
+      const uint64_t v = p->stats().version;
+      if (v > req.version()) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "partition ", p->id(), " (", p->table(), ") is at version ", v,
+            ", past the checkpoint's cut at version ", req.version()));
+        break;
+      }
+    }
+  }
+  if (status.ok()) status = options_.fs->CreateDirs(dir);
   size_t requested = 0;
   if (status.ok()) {
     for (Partition* p : parts) {
@@ -319,11 +333,13 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
       resp.set_max_stall_seconds(
           std::max(resp.max_stall_seconds(), absl::ToDoubleSeconds(snap->stall)));
       if (snap->unchanged) continue;
+      HitFailpoint(options_.failpoints, "pserver.checkpoint.before_file");
       auto file = WritePartitionFile(options_.fs, req.root(), *snap, req.zstd_level());
       if (!file.ok()) {
         status = file.status();
         continue;
       }
+      HitFailpoint(options_.failpoints, "pserver.checkpoint.after_file");
       resp.set_bytes_written(resp.bytes_written() + file->size());
       *e->add_files() = std::move(*file);
     }
@@ -334,6 +350,7 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     for (Partition* p : parts) p->CancelSnapshot(req.seq());
   } else {
     status = options_.fs->SyncDir(dir);
+    HitFailpoint(options_.failpoints, "pserver.checkpoint.before_reply");
   }
   {
     absl::MutexLock l(&mu_);

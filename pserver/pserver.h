@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
+#include "common/failpoint.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
 #include "common/sharded_executor.h"
@@ -46,6 +47,8 @@ struct PServerOptions {
   // Checkpoint files are written and read through this (borrowed; must
   // outlive the PServer). Required.
   storage::FileSystem* fs = nullptr;
+  // Crash points for tests (common/failpoint.h); borrowed, may be null.
+  const Failpoints* failpoints = nullptr;
 };
 
 // Thread-safe. Start() once, Shutdown() once (idempotent).

@@ -20,6 +20,7 @@ DEFINE_int32(data_port, -1, "data-plane port (default: cluster.ports.pserver_dat
 DEFINE_int32(apply_threads, 1,
              "threads applying updates, partitions spread over them (1 = the transport "
              "thread, 0 = one per core)");
+DEFINE_string(failpoint, "", "tests: NAME[@N],... kills this process there (common/failpoint.h)");
 DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.pserver_http + index; -1 = off)");
 
 int main(int argc, char** argv) {
@@ -45,6 +46,12 @@ int main(int argc, char** argv) {
   opts.apply_threads = FLAGS_apply_threads;
   auto fs = strata::storage::NewPosixFileSystem();
   opts.fs = fs.get();
+  auto failpoints = strata::Failpoints::Parse(FLAGS_failpoint);
+  if (!failpoints.ok()) {
+    LOG(ERROR) << failpoints.status().message();
+    return 2;
+  }
+  opts.failpoints = failpoints->get();
 
   auto server = strata::pserver::PServer::Create(std::move(opts));
   if (!server.ok()) {

@@ -31,6 +31,9 @@
 #
 # down sends SIGTERM: with checkpoints on, the job is checkpointed and
 # stopped first (within checkpoint.grace_seconds), then SIGKILL.
+#
+# STRATA_MASTER_FLAGS, STRATA_PSERVER_FLAGS, STRATA_WORKER_FLAGS: extra
+# flags for those daemons (tests and debugging: --v=1, --failpoint=...).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -152,7 +155,7 @@ do_up() {
   fi
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
-    --summary "$RUN_DIR/summary.json" "${resume_args[@]}"
+    --summary "$RUN_DIR/summary.json" "${resume_args[@]}" ${STRATA_MASTER_FLAGS:-}
   if ! wait_for_master; then
     do_down
     return 1
@@ -163,11 +166,11 @@ do_up() {
       pserver)
         start_daemon pserver "$index" "$host" "$BIN_DIR/strata-pserver" \
           --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
-          --port "$port" --data_port "$data_port" --http_port "$http_port" ;;
+          --port "$port" --data_port "$data_port" --http_port "$http_port" ${STRATA_PSERVER_FLAGS:-} ;;
       worker)
         start_daemon worker "$index" "$host" "$BIN_DIR/strata-worker" \
           --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
-          --http_port "$http_port" ;;
+          --http_port "$http_port" ${STRATA_WORKER_FLAGS:-} ;;
     esac
   done <<< "$plan"
   echo "launch.sh: cluster up: master $master (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "storage/checkpoint_format.h"
+#include "storage/file_system.h"
 #include "gtest/gtest.h"
 
 namespace strata::tools {
@@ -218,6 +220,91 @@ TEST(CliTest, WaitRejectsNonNumericTimeout) {
       RunStrata({"wait", "--master", "127.0.0.1:1", "--timeout", "soon"});
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--timeout must be a number"));
+}
+
+// A checkpoint root with one complete checkpoint (one partition file of
+// one block), one unfinished: what `strata checkpoint list|verify` read.
+std::string MakeCheckpointRoot(const std::string& name) {
+  auto fs = storage::NewPosixFileSystem();
+  const std::string root = ::testing::TempDir() + "/cli_test_" + name;
+  EXPECT_TRUE(fs->DeleteRecursively(root).ok());
+  const std::string dir = storage::JoinPath(root, storage::CheckpointDirName(1));
+  EXPECT_TRUE(fs->CreateDirs(dir).ok());
+  EXPECT_TRUE(fs->CreateDirs(storage::JoinPath(root, storage::CheckpointDirName(2))).ok());
+  proto::CheckpointPartitionHeader h;
+  h.set_id(0);
+  h.set_table("fc0.weight");
+  h.set_length(2);
+  h.set_version(5);
+  auto w = storage::BlockFileWriter::Create(fs.get(), dir + "/p00000.blk", 1);
+  EXPECT_TRUE(w.ok());
+  EXPECT_TRUE((*w)->Add(storage::BlockType::kHeader, h.SerializeAsString()).ok());
+  const float values[2] = {1.5f, -2.f};
+  EXPECT_TRUE((*w)->Add(storage::BlockType::kDenseValues,
+                        std::string(reinterpret_cast<const char*>(values), 8)).ok());
+  auto info = (*w)->Finish();
+  EXPECT_TRUE(info.ok());
+  proto::CheckpointManifest m;
+  m.set_format_version(storage::kCheckpointFormatVersion);
+  m.set_job("cli-test");
+  m.set_seq(1);
+  m.set_step(5);
+  m.set_reason("request");
+  m.set_raw_bytes(8);
+  m.set_bytes_written(info->size);
+  proto::CheckpointPartition* p = m.add_partitions();
+  p->set_id(0);
+  proto::CheckpointFile* f = p->add_files();
+  f->set_path(storage::CheckpointDirName(1) + "/p00000.blk");
+  f->set_size(info->size);
+  f->set_crc32c(info->crc32c);
+  f->set_seq(1);
+  f->set_full(true);
+  EXPECT_TRUE(storage::WriteManifest(fs.get(), dir, m).ok());
+  return root;
+}
+
+TEST(CliTest, CheckpointListShowsCompleteAndUnfinishedOnes) {
+  const std::string root = MakeCheckpointRoot("list");
+  Result r = RunStrata({"checkpoint", "list", "--dir", root});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("1        full"));
+  EXPECT_THAT(r.out, HasSubstr("request"));
+  EXPECT_THAT(r.out, HasSubstr("2        unfinished  no MANIFEST"));
+  r = RunStrata({"checkpoint", "list", "--dir", root, "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"job\": \"cli-test\""), HasSubstr("\"seq\": 2")));
+  EXPECT_EQ(RunStrata({"checkpoint", "list"}).code, 2);
+}
+
+TEST(CliTest, CheckpointVerifyChecksEveryBlockAndNamesABadFile) {
+  const std::string root = MakeCheckpointRoot("verify");
+  const std::string dir = root + "/ckpt-00000001";
+  Result r = RunStrata({"checkpoint", "verify", "--dir", dir});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("ok (full, job 'cli-test', step 5, 1 partitions, 1 files"),
+                           HasSubstr("state digest")));
+  // The same state verifies to the same digest; a flipped byte is named.
+  Result again = RunStrata({"checkpoint", "verify", "--dir", dir, "--json"});
+  EXPECT_THAT(again.out, HasSubstr("\"state_digest\""));
+  {
+    std::fstream f(dir + "/p00000.blk", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x7f');
+  }
+  r = RunStrata({"checkpoint", "verify", "--dir", dir});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr(dir + "/p00000.blk"), HasSubstr("corrupt")));
+  r = RunStrata({"checkpoint", "verify", "--dir", root + "/ckpt-00000002"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("MANIFEST"));
+}
+
+TEST(CliTest, CheckpointOfUnreachableMasterExitsOneNamingIt) {
+  Result r = RunStrata({"checkpoint", "--master", "127.0.0.1:1", "--timeout", "2"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
+  EXPECT_EQ(RunStrata({"checkpoint"}).code, 2);
 }
 
 }  // namespace

@@ -35,8 +35,10 @@ echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
 
 # config NAME EVERY_SECONDS (0 = no checkpoint section)
 config() {
+  # conf/local.yaml without its own checkpoint section.
   sed -e "s/epochs: 15/epochs: $EPOCHS/" -e "s/progress_every_steps: 100/progress_every_steps: 1000/" \
-    "$ROOT/conf/local.yaml" > "$work/$1.yaml"
+    "$ROOT/conf/local.yaml" | awk '/^checkpoint:/ {skip = 1; next} /^[a-z]/ {skip = 0} !skip' \
+    > "$work/$1.yaml"
   if [[ "$2" != 0 ]]; then
     printf 'checkpoint:\n  dir: %s/ck-%s\n  every_seconds: %s\n  on_finish: false\n' \
       "$work" "$1" "$2" >> "$work/$1.yaml"

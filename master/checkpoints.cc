@@ -165,7 +165,13 @@ absl::Status MasterServer::ApplyResume(const Resumed& r) {
   for (const auto& t : m.tasks_partial()) partial.emplace_back(t.id(), t.trained_records());
   STRATA_RETURN_IF_ERROR(tasks_.Resume(done, partial));
   restore_ = r;
-  last_manifest_ = m;
+  if (r.root == options_.config.checkpoint.dir) {
+    // The next checkpoints build on it (their chains name its files).
+    last_manifest_ = m;
+    int chain = 0;
+    for (const auto& p : m.partitions()) chain = std::max(chain, p.files_size() - 1);
+    increments_since_full_ = chain;
+  }
   resumed_from_seq_ = m.seq();
   samples_base_ = m.samples();
   next_node_id_ = std::max(next_node_id_, m.next_node_id());
@@ -253,6 +259,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   // too narrow (a fast job passing the cut before it is set) a retry.
   uint64_t margin = 16;
   for (int attempt = 0;; ++attempt) {
+    if (stop_.HasBeenNotified()) return fail(absl::CancelledError("the master is shutting down"));
     if (bsp) {
       // The cut: `margin` steps after the newest version now; once training
       // is over, the newest (a partition still applying the last step
@@ -271,6 +278,10 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
         ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(cfg.timeout_seconds + 5)));
         {
           absl::MutexLock il(&inflight_mu_);
+          if (stopping_) {
+            results[i] = absl::CancelledError("the master is shutting down");
+            return;
+          }
           inflight_.insert(&ctx);
         }
         absl::Status s = FromGrpcStatus(targets[i].second->CheckpointPartitions(&ctx, req, &resp),
@@ -287,15 +298,21 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       });
     }
     for (auto& t : calls) t.join();
-    bool past_cut = false, cancelled = false;
+    bool past_cut = false, cancelled = false, busy = false;
     absl::Status first_error;
     for (const auto& r : results) {
       if (r.ok()) continue;
       past_cut |= absl::StrContains(r.status().message(), "past the checkpoint's cut");
+      // A pserver still finishing an earlier attempt: try again shortly.
+      busy |= absl::StrContains(r.status().message(), "already writing");
       cancelled |= absl::IsCancelled(r.status());
       if (first_error.ok()) first_error = r.status();
     }
     if (first_error.ok()) break;
+    if (busy && attempt < 3) {
+      stop_.WaitForNotificationWithTimeout(absl::Seconds(1));
+      continue;
+    }
     if (cancelled && bsp && !training_over && attempt < 3) {
       // Training ended before reaching the cut: set it where it stopped.
       absl::MutexLock l(&mu_);
@@ -332,6 +349,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     for (auto& p : *r->mutable_partitions()) got[p.id()] = std::move(p);
   }
   std::map<uint32_t, const proto::CheckpointPartition*> previous;
+  absl::Status merged;
   {
     absl::MutexLock l(&mu_);
     if (last_manifest_.has_value()) {
@@ -341,7 +359,8 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     for (const proto::PartitionInfo& info : view.partitions()) {
       auto it = got.find(info.id());
       if (it == got.end()) {
-        return fail(absl::InternalError(absl::StrCat("no pserver wrote partition ", info.id())));
+        merged = absl::InternalError(absl::StrCat("no pserver wrote partition ", info.id()));
+        break;
       }
       proto::CheckpointPartition entry = it->second;
       entry.set_table_id(info.table_id());
@@ -351,9 +370,10 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       const bool has_new = entry.files_size() > 0;
       if (!has_new || !entry.files(0).full()) {
         if (prev == previous.end() || base_seq == 0) {
-          return fail(absl::InternalError(absl::StrCat(
+          merged = absl::InternalError(absl::StrCat(
               "partition ", info.id(), " wrote ", has_new ? "a delta" : "nothing",
-              " with no previous checkpoint to build on")));
+              " with no previous checkpoint to build on"));
+          break;
         }
         incremental = true;
         proto::CheckpointPartition chained = *prev->second;
@@ -380,9 +400,15 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       t->set_id(id);
       t->set_trained_records(records);
     }
-    m.set_samples(JobStatusLocked().samples());
+    // The samples in the parameters at the cut: the records of the tasks
+    // done and of the parts trained.
+    uint64_t samples = 0;
+    for (uint64_t id : cut.done) samples += tasks_.RecordsOf(id);
+    for (const auto& [id, records] : cut.partial) samples += records;
+    m.set_samples(samples);
     m.set_next_node_id(next_node_id_);
   }
+  if (!merged.ok()) return fail(merged);
   m.set_bytes_written(written);
   m.set_max_stall_seconds(stall);
   m.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - start));

@@ -254,6 +254,7 @@ void MasterServer::Shutdown() {
   {
     // A checkpoint waiting on pservers gives up now.
     absl::MutexLock il(&inflight_mu_);
+    stopping_ = true;
     for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
   }
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
@@ -346,7 +347,10 @@ void MasterServer::MaybePlacePartitions() {
     view.set_epoch(view_.epoch() + 1);
     for (uint32_t id : ids) targets.emplace_back(id, pserver_stubs_[id].get());
     if (restore_.has_value()) {
-      restore = restore_->manifest;
+      // The pservers need the partitions' chains only.
+      restore.emplace();
+      restore->set_seq(restore_->manifest.seq());
+      *restore->mutable_partitions() = restore_->manifest.partitions();
       restore_root = restore_->root;
     }
   }
@@ -556,6 +560,7 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
         "node ", n->id(), " reported a test accuracy but is not the evaluator"));
   }
   workers_[n->id()].last = req;
+  if (req.has_task_start()) tasks_.SetFirstStep(n->id(), req.task_id(), req.task_first_step());
   if (!req.error().empty() && !IsTerminal(job_state_)) {
     FinishJobLocked("failed", absl::StrCat("worker ", n->index(), " (node ", n->id(),
                                            "): ", req.error()));

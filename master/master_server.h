@@ -195,6 +195,7 @@ class MasterServer {
   // stopped). A leaf lock.
   absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::set<grpc::ClientContext*> inflight_ ABSL_GUARDED_BY(inflight_mu_);
+  bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
 
   MetricsRegistry metrics_;
   std::unique_ptr<Service> service_;

@@ -57,6 +57,11 @@ absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t l
   return absl::OkStatus();
 }
 
+void TaskScheduler::SetFirstStep(uint32_t node, uint64_t task_id, uint64_t first_step) {
+  auto it = leases_.find(task_id);
+  if (it != leases_.end() && it->second.node == node) first_step_[task_id] = first_step;
+}
+
 TaskScheduler::Cut TaskScheduler::CutAt(std::optional<uint64_t> step, int batch_size) const {
   Cut cut;
   for (size_t id = 0; id < tasks_.size(); ++id) {
@@ -71,7 +76,8 @@ TaskScheduler::Cut TaskScheduler::CutAt(std::optional<uint64_t> step, int batch_
       continue;
     }
     // Leased now, or completed after the cut: its batches before the cut
-    // are in the parameters.
+    // are in the parameters. (A task released since, by a worker that
+    // died, is trained again whole: how far it got is not known.)
     auto first = first_step_.find(id);
     if ((completed || leases_.count(id) > 0) && first != first_step_.end() &&
         first->second < *step) {

@@ -45,6 +45,14 @@ class TaskScheduler {
   uint64_t done() const { return done_; }
   uint64_t pending() const { return queue_.size(); }
   uint64_t leased() const { return leases_.size(); }
+  // Records of task `id` (0 for an unknown one).
+  int64_t RecordsOf(uint64_t id) const {
+    return id < tasks_.size() ? tasks_[id].end() - tasks_[id].begin() : 0;
+  }
+  // A worker says where a task it holds started (its first batch's step),
+  // when its lease could not (the worker's first task). Ignored for a task
+  // not leased to `node`.
+  void SetFirstStep(uint32_t node, uint64_t task_id, uint64_t first_step);
   // Lowest epoch that still has unfinished tasks (epochs when all done).
   int current_epoch() const;
 

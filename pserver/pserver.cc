@@ -170,6 +170,13 @@ Partition* PServer::FindPartition(uint32_t id) const {
 absl::Status PServer::ApplyView(const proto::ClusterView& view,
                                const proto::CheckpointManifest* restore,
                                const std::string& checkpoint_root) {
+  absl::MutexLock al(&apply_mu_);
+  return ApplyViewLocked(view, restore, checkpoint_root);
+}
+
+absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
+                                      const proto::CheckpointManifest* restore,
+                                      const std::string& checkpoint_root) {
   std::set<uint32_t> step_workers;
   for (const auto& m : view.members()) {
     if (m.role() == proto::WORKER && m.state() == proto::ALIVE) step_workers.insert(m.id());
@@ -178,50 +185,61 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view,
   if (restore != nullptr) {
     for (const auto& p : restore->partitions()) saved[p.id()] = &p;
   }
-  std::vector<Partition*> all;
+  std::set<uint32_t> owned;
+  std::vector<const proto::PartitionInfo*> to_create;
   {
     absl::MutexLock l(&mu_);
     if (view.epoch() < epoch_.load() && !partitions_.empty()) return absl::OkStatus();
-    // New partitions are built (and restored) aside, then installed together.
-    std::map<uint32_t, std::unique_ptr<Partition>> created;
     for (const auto& p : view.partitions()) {
-      if (p.owner() != node_id_ || partitions_.count(p.id())) continue;
-      if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "partition ", p.id(), " names table ", p.table_id(), " not in the view"));
-      }
-      const proto::TableInfo& t = view.tables(p.table_id());
-      std::unique_ptr<Partition> part;
-      if (t.sparse()) {
-        STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> rows, MakeSparseTable(view, t, p));
-        part = std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
-                                           options_.config.job.consistency);
-        VLOG(1) << "serving partition " << p.id() << " (" << t.name() << ", virtual partition "
-                << p.offset() << " of " << t.partitions() << ")";
-      } else {
-        std::vector<float> values(p.length());
-        STRATA_RETURN_IF_ERROR(InitializeSlice(
-            InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
-            p.offset(), p.length(), values.data()));
-        STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
-        part = std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
-                                           options_.config.job.consistency);
-        VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " ["
-                << p.offset() << ", " << p.offset() + p.length() << "))";
-      }
-      if (restore != nullptr) {
-        auto it = saved.find(p.id());
-        if (it == saved.end() || it->second->table() != t.name() ||
-            it->second->offset() != p.offset() || it->second->length() != p.length()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "checkpoint ", restore->seq(), " under ", checkpoint_root, " has no partition ",
-              p.id(), " of table ", t.name(), " at [", p.offset(), ", +", p.length(), ")"));
-        }
-        STRATA_RETURN_IF_ERROR(LoadPartition(options_.fs, checkpoint_root, *it->second,
-                                             restore->seq(), part.get()));
-      }
-      created[p.id()] = std::move(part);
+      if (p.owner() != node_id_) continue;
+      owned.insert(p.id());
+      if (partitions_.count(p.id()) == 0) to_create.push_back(&p);
     }
+  }
+  // New partitions are built (and restored) without mu_, so serving and
+  // heartbeats go on, then installed together: all or none.
+  std::map<uint32_t, std::unique_ptr<Partition>> created;
+  for (const proto::PartitionInfo* pi : to_create) {
+    const proto::PartitionInfo& p = *pi;
+    if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition ", p.id(), " names table ", p.table_id(), " not in the view"));
+    }
+    const proto::TableInfo& t = view.tables(p.table_id());
+    std::unique_ptr<Partition> part;
+    if (t.sparse()) {
+      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> rows, MakeSparseTable(view, t, p));
+      part = std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
+                                         options_.config.job.consistency);
+      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << ", virtual partition "
+              << p.offset() << " of " << t.partitions() << ")";
+    } else {
+      std::vector<float> values(p.length());
+      STRATA_RETURN_IF_ERROR(InitializeSlice(
+          InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
+          p.offset(), p.length(), values.data()));
+      STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
+      part = std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
+                                         options_.config.job.consistency);
+      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " ["
+              << p.offset() << ", " << p.offset() + p.length() << "))";
+    }
+    if (restore != nullptr) {
+      auto it = saved.find(p.id());
+      if (it == saved.end() || it->second->table() != t.name() ||
+          it->second->offset() != p.offset() || it->second->length() != p.length()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint ", restore->seq(), " under ", checkpoint_root, " has no partition ",
+            p.id(), " of table ", t.name(), " at [", p.offset(), ", +", p.length(), ")"));
+      }
+      STRATA_RETURN_IF_ERROR(LoadPartition(options_.fs, checkpoint_root, *it->second,
+                                           restore->seq(), part.get()));
+    }
+    created[p.id()] = std::move(part);
+  }
+  std::vector<Partition*> all;
+  {
+    absl::MutexLock l(&mu_);
     for (auto& [id, part] : created) {
       if (part->sparse() && sparse_metrics_.insert(part->table()).second) {
         AddSparseMetrics(part->table());
@@ -232,6 +250,7 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view,
       LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint "
                 << restore->seq() << " under " << checkpoint_root;
     }
+    owned_ = std::move(owned);
     for (auto& [id, part] : partitions_) all.push_back(part.get());
     epoch_ = std::max(epoch_.load(), view.epoch());
   }
@@ -244,12 +263,17 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   std::vector<Partition*> parts;
   {
     absl::MutexLock l(&mu_);
-    if (checkpointing_) {
+    // An earlier attempt given up by the master may still be finishing.
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !checkpointing_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(30))) {
       return absl::FailedPreconditionError(absl::StrCat(
           "pserver node ", node_id_.load(), " is already writing a checkpoint"));
     }
     checkpointing_ = true;
-    for (auto& [id, p] : partitions_) parts.push_back(p.get());
+    for (uint32_t id : owned_) {
+      auto it = partitions_.find(id);
+      if (it != partitions_.end()) parts.push_back(it->second.get());
+    }
   }
   struct Done {
     absl::Mutex mu;
@@ -279,6 +303,8 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     }
   }
   if (status.ok()) status = options_.fs->CreateDirs(dir);
+  // The new directory's entry must survive a crash too.
+  if (status.ok()) status = options_.fs->SyncDir(req.root());
   size_t requested = 0;
   if (status.ok()) {
     for (Partition* p : parts) {
@@ -532,7 +558,16 @@ absl::Status PServer::RefreshView() {
   STRATA_RETURN_IF_ERROR(FromGrpcStatus(
       master_->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
       "master " + options_.master_address));
-  return ApplyView(view);
+  // The heartbeat thread never waits behind a view being applied (a
+  // restore reads a whole checkpoint): it tries again next round.
+  if (!apply_mu_.TryLock()) {
+    absl::MutexLock l(&mu_);
+    refresh_wanted_ = true;
+    return absl::OkStatus();
+  }
+  absl::Status s = ApplyViewLocked(view, nullptr, "");
+  apply_mu_.Unlock();
+  return s;
 }
 
 void PServer::HeartbeatLoop() {
@@ -578,8 +613,14 @@ proto::PServerStatusResponse PServer::Status() const {
   proto::PServerStatusResponse resp;
   resp.set_node_id(node_id_);
   resp.set_epoch(epoch_);
-  absl::MutexLock l(&mu_);
-  for (const auto& [id, p] : partitions_) {
+  // Partitions live as long as the PServer: their stats are read without
+  // mu_, so a partition busy (a snapshot's copy) never holds up lookups.
+  std::vector<std::pair<uint32_t, const Partition*>> parts;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, p] : partitions_) parts.emplace_back(id, p.get());
+  }
+  for (const auto& [id, p] : parts) {
     PartitionStats st = p->stats();
     proto::PartitionStatus* ps = resp.add_partitions();
     ps->set_id(id);

@@ -102,6 +102,10 @@ class PServer {
                      std::shared_ptr<transport::Responder> responder);
   void HeartbeatLoop();
   absl::Status RefreshView();
+  absl::Status ApplyViewLocked(const proto::ClusterView& view,
+                               const proto::CheckpointManifest* restore,
+                               const std::string& checkpoint_root)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
   void RegisterMetrics();
   // The row store of sparse partition p of table t, from the config's
   // sparse section.
@@ -128,8 +132,12 @@ class PServer {
 
   std::atomic<uint32_t> node_id_{0};
   std::atomic<uint64_t> epoch_{0};
+  // Held across ApplyView (which may read a checkpoint for minutes) so
+  // views apply one at a time; mu_ only briefly inside it. Taken before mu_.
+  absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> owned_ ABSL_GUARDED_BY(mu_);  // of the view applied last
   bool refresh_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool checkpointing_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> sparse_metrics_ ABSL_GUARDED_BY(mu_);  // tables with gauges

@@ -283,9 +283,12 @@ void SparseTable::EvictToCapacity() {
   // Least frequently updated first; among equals, the longest idle. Rows
   // this very update touched go last: a key just admitted is not dropped
   // before it had a chance to gather updates.
+  // Ties go by key, so the victims do not depend on the rows' order in
+  // memory (which a restore from checkpoint does not reproduce).
   auto before = [](const Candidate& a, const Candidate& b) {
     if ((a.idle == 0) != (b.idle == 0)) return b.idle == 0;
-    return a.updates != b.updates ? a.updates < b.updates : a.idle > b.idle;
+    if (a.updates != b.updates) return a.updates < b.updates;
+    return a.idle != b.idle ? a.idle > b.idle : a.key < b.key;
   };
   std::nth_element(all.begin(), all.begin() + (victims - 1), all.end(), before);
   for (uint64_t i = 0; i < victims; ++i) RemoveRow(all[i].key);

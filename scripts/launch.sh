@@ -155,7 +155,7 @@ do_up() {
   fi
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
-    --summary "$RUN_DIR/summary.json" "${resume_args[@]}" ${STRATA_MASTER_FLAGS:-}
+    --summary "$RUN_DIR/summary.json" ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
   if ! wait_for_master; then
     do_down
     return 1
@@ -178,14 +178,17 @@ do_up() {
 
 do_down() {
   [[ -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]] || die "down needs --run-dir of a cluster"
-  local f host pid wait_steps=100
+  local f host pid wait_s=10 alive
   # With checkpoints on, SIGTERM first checkpoints and stops the job: give
   # it the grace period (plus a little) before SIGKILL.
   if [[ -f "$RUN_DIR/config.yaml" ]] && grep -q '^checkpoint:' "$RUN_DIR/config.yaml"; then
     local grace
     grace="$(sed -n 's/^[[:space:]]*grace_seconds:[[:space:]]*\([0-9]*\).*/\1/p' "$RUN_DIR/config.yaml" | head -n 1)"
-    wait_steps=$(( (${grace:-60} + 15) * 10 ))
+    wait_s=$(( ${grace:-60} + 15 ))
   fi
+  # Another Ctrl-C (or SIGTERM) while waiting: SIGKILL at once.
+  local now=0
+  trap 'now=1' INT TERM
   # Workers first, then pservers, then the master.
   for pat in 'worker-*' 'pserver-*' 'master-*'; do
     for f in "$RUN_DIR"/pids/$pat; do
@@ -194,12 +197,24 @@ do_down() {
       on_host "$host" "kill -TERM $pid 2>/dev/null; kill -CONT $pid 2>/dev/null" || true
     done
   done
+  # One deadline for all of them, then SIGKILL whatever is left.
+  local deadline=$(( SECONDS + wait_s ))
+  while (( SECONDS < deadline && now == 0 )); do
+    alive=0
+    for f in "$RUN_DIR"/pids/*; do
+      [[ -f "$f" ]] || continue
+      if daemon_alive "$f"; then alive=1; break; fi
+    done
+    (( alive )) || break
+    sleep 0.1
+  done
   for f in "$RUN_DIR"/pids/*; do
     [[ -f "$f" ]] || continue
     read -r host pid < "$f"
-    on_host "$host" "for i in \$(seq 1 $wait_steps); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL $pid 2>/dev/null; true" || true
+    on_host "$host" "kill -KILL $pid 2>/dev/null; true" || true
     rm -f "$f"
   done
+  trap - INT TERM
 }
 
 do_status() {

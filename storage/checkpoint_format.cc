@@ -334,7 +334,16 @@ absl::StatusOr<std::vector<std::string>> ApplyRetention(FileSystem* fs, const st
   for (auto it = all.rbegin(); it != all.rend() && kept < std::max(keep_last, 1); ++it) {
     if (!it->complete) continue;
     auto m = ReadManifest(fs, it->dir);
-    if (!m.ok()) continue;  // not a checkpoint: it neither counts nor protects
+    if (!m.ok()) {
+      // A torn, corrupt or foreign-version manifest makes no checkpoint: it
+      // neither counts nor protects. Any other error (I/O, permissions)
+      // stops retention: nothing is deleted on a guess.
+      if (absl::IsDataLoss(m.status()) || absl::IsFailedPrecondition(m.status()) ||
+          absl::IsNotFound(m.status())) {
+        continue;
+      }
+      return m.status();
+    }
     if (newest_complete == 0) newest_complete = it->seq;
     ++kept;
     needed.insert(it->seq);

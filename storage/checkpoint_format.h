@@ -114,7 +114,9 @@ absl::Status CheckManifestFiles(FileSystem* fs, const std::string& root,
 // back, and every checkpoint their files come from; deletes the other
 // checkpoint directories older than the newest complete one (incomplete
 // ones included). Never deletes anything newer than the newest complete
-// checkpoint (one may be being written). Returns the directories deleted.
+// checkpoint (one may be being written). A manifest that cannot be read
+// for another reason than being torn, corrupt or of another version stops
+// it with that error, deleting nothing. Returns the directories deleted.
 absl::StatusOr<std::vector<std::string>> ApplyRetention(FileSystem* fs, const std::string& root,
                                                         int keep_last);
 

@@ -7,7 +7,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
@@ -312,6 +311,23 @@ int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::os
   return 0;
 }
 
+// A JSON string's contents: quotes, backslashes and control characters
+// escaped.
+std::string JsonEscaped(absl::string_view in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string JsonOf(const google::protobuf::Message& m) {
   std::string json;
   google::protobuf::util::JsonPrintOptions o;
@@ -382,7 +398,7 @@ int ListCheckpoints(const std::map<std::string, std::string>& f, std::ostream& o
       if (json.size() > 1) json += ",\n";
       json += m.ok() ? JsonOf(*m)
                      : absl::StrFormat("{\"seq\": %d, \"error\": \"%s\"}", e.seq,
-                                       absl::StrReplaceAll(m.status().message(), {{"\"", "'"}}));
+                                       JsonEscaped(m.status().message()));
       continue;
     }
     if (!m.ok()) {
@@ -438,7 +454,11 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, std::ostream& 
         break;
       }
       proto::CheckpointPartitionHeader h;
-      h.ParseFromString((*streams)[storage::BlockType::kHeader]);
+      if (!h.ParseFromString((*streams)[storage::BlockType::kHeader])) {
+        s = absl::DataLossError(absl::StrCat(storage::JoinPath(root, file.path()),
+                                             ": partition header does not parse"));
+        break;
+      }
       version = h.version();
       if (!h.sparse()) {
         dense = (*streams)[storage::BlockType::kDenseValues] +

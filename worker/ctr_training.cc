@@ -135,7 +135,9 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     pulled.Update(dense_pull->Finish());
     comm += absl::Now() - tw;
     STRATA_RETURN_IF_ERROR(pulled);
-    const uint64_t version = bsp ? step : pulled_version;
+    // bsp: the step the partitions are at, which is ahead of ours when
+    // this worker (re)joins a running or resumed job.
+    const uint64_t version = bsp ? std::max(step, pulled_version) : pulled_version;
 
     const double loss =
         wide_deep_->TrainStep(dense.data(), slot.data(), labels.data(), n, wide_rows.data(),

@@ -28,6 +28,7 @@ class Worker::MasterTaskSource : public TaskSource {
       req.set_has_next_step(true);
       req.set_next_step(w_->next_step_);
     }
+    w_->lease_had_next_step_ = req.has_next_step();
     proto::LeaseTaskResponse resp;
     STRATA_RETURN_IF_ERROR(w_->CallMaster([&](grpc::ClientContext* ctx) {
       return w_->master_->LeaseTask(ctx, req, &resp);
@@ -411,7 +412,11 @@ absl::Status Worker::RunLoop() {
     STRATA_ASSIGN_OR_RETURN(TaskSource::Lease lease, tasks_->Next());
     switch (lease.outcome) {
       case proto::LeaseTaskResponse::TASK:
+        if (!lease_had_next_step_ && options_.config.job.consistency == Consistency::kBsp) {
+          task_start_unknown_ = lease.task.id();
+        }
         STRATA_RETURN_IF_ERROR(TrainTask(lease.task, /*local=*/false));
+        task_start_unknown_.reset();
         // The task is done when its last gradient is acknowledged: before
         // telling the master (which may then end our part in the step set).
         STRATA_RETURN_IF_ERROR(SettlePush());
@@ -644,7 +649,13 @@ void Worker::RecordStep(int n, uint64_t version, double loss, absl::Duration bus
   window_samples_ += n;
   window_loss_ += loss;
   ++window_steps_;
-  if (window_steps_ >= static_cast<uint64_t>(options_.config.job.progress_every_steps)) {
+  if (task_start_unknown_.has_value()) {
+    // The first batch of a task whose start the master does not know.
+    task_start_ = std::make_pair(*task_start_unknown_, version);
+    task_start_unknown_.reset();
+  }
+  if (task_start_.has_value() ||
+      window_steps_ >= static_cast<uint64_t>(options_.config.job.progress_every_steps)) {
     ReportProgress(false, 0, 0);
   }
 }
@@ -674,6 +685,12 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   if (master_ == nullptr || options_.local_only) return;
   proto::ReportProgressRequest req;
   req.set_node_id(node_id_);
+  if (task_start_.has_value()) {
+    req.set_has_task_start(true);
+    req.set_task_id(task_start_->first);
+    req.set_task_first_step(task_start_->second);
+    task_start_.reset();
+  }
   req.set_epoch(current_epoch_);
   req.set_step(s.last_step);
   req.set_steps_done(s.steps);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -188,6 +189,12 @@ class Worker {
   std::atomic<uint32_t> node_id_{0};
   std::atomic<bool> declared_dead_{false};
   uint64_t next_step_ = 0;   // training thread only
+  // bsp: a task leased without the step it starts at (the first one): its
+  // first step goes to the master with the next progress report, sent at
+  // once. Training thread only.
+  bool lease_had_next_step_ = false;
+  std::optional<uint64_t> task_start_unknown_;
+  std::optional<std::pair<uint64_t, uint64_t>> task_start_;  // (task, first step)
   // The pull of the next step's parameters, sent ahead during the backward
   // pass, and the last step's push, settled during the next step or before
   // its task is reported done (training thread). The pull carries over to

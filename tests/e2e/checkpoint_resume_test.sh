@@ -5,7 +5,9 @@
 # `--resume latest`, ends with exactly the model of the same job never
 # stopped (equal checkpoint state digests: parameters and optimizer state
 # bit for bit). Then a corrupt newest checkpoint is refused, naming its file,
-# and the previous one is used.
+# and the previous one is used; a checkpoint of another job is refused; and
+# a Wide & Deep job on sparse tables, stopped at an incremental checkpoint,
+# resumes to the same model too.
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 [[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
@@ -109,3 +111,70 @@ grep -q "a checkpoint of job 'e2e-bsp', not of this job 'another-job'" "$work/ot
   { cat "$work/other.out"; fail "the foreign checkpoint's refusal does not say why"; }
 assert_nothing_left "$work"
 echo "ok: another job's checkpoint refused"
+
+# 6. Sparse tables: a bsp Wide & Deep job (admission after 2 pushes, so the
+#    admission counts are state too) with incremental checkpoints, stopped
+#    and resumed, ends with the uninterrupted run's model.
+ctr_config() {  # ctr_config FILE CHECKPOINT_DIR PORT_BASE
+  cat > "$1" <<YAML
+job:
+  name: e2e-ctr-resume
+  consistency: bsp
+  epochs: 2
+  batch_size: 128
+  progress_every_steps: 50
+  seed: 3
+model:
+  type: wide_deep
+  embedding_dim: 4
+  hidden: [16]
+optimizer:
+  type: adam
+  learning_rate: 0.002
+sparse:
+  partitions: 4
+  admission:
+    min_count: 2
+data:
+  format: criteo
+  train: $work/ctr-data/train.txt
+  test: $work/ctr-data/test.txt
+  task_records: 5000
+  generate:
+    out_dir: $work/ctr-data
+    train_rows: 60000
+    test_rows: 5000
+    seed: 9
+    zipf: 1.3
+    max_vocab: 20000
+$(cluster_yaml "$3")
+checkpoint:
+  dir: $2
+  every_steps: 40
+  every_seconds: 0
+  full_every: 1000          # every checkpoint after the first incremental
+  keep_last: 2
+YAML
+}
+ctr_config "$work/ca.yaml" "$work/ck-ca" "$(pick_port_base)"
+launch --config "$work/ca.yaml" --run-dir "$work/ca" || fail "uninterrupted CTR run failed"
+want="$(final_digest "$work/ck-ca")"
+base="$(pick_port_base)"
+ctr_config "$work/cb.yaml" "$work/ck-cb" "$base"
+launch --config "$work/cb.yaml" --run-dir "$work/cb" > "$work/cb.out" 2>&1 &
+launcher=$!
+wait_steps "127.0.0.1:$base" 300
+"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/cstop.out" ||
+  { cat "$work/cstop.out"; fail "strata checkpoint --stop failed"; }
+grep -q "(incremental)" "$work/cstop.out" || { cat "$work/cstop.out"; fail "the stop checkpoint is not incremental"; }
+for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+set +e; wait "$launcher"; rc=$?; set -e
+(( rc == 3 )) || { cat "$work/cb.out"; fail "stopped CTR run exited $rc, expected 3"; }
+launch --config "$work/cb.yaml" --run-dir "$work/cb2" --resume latest || fail "resumed CTR run failed"
+got="$(final_digest "$work/ck-cb")"
+[[ "$got" == "$want" ]] || fail "resumed CTR final state $got differs from the uninterrupted run's $want"
+auc_a="$(json_field "$work/ca/summary.json" final_test_auc)"
+auc_b="$(json_field "$work/cb2/summary.json" final_test_auc)"
+[[ "$auc_a" == "$auc_b" ]] || fail "test AUC $auc_b after resuming, $auc_a uninterrupted"
+assert_nothing_left "$work"
+echo "ok: sparse tables: stopped at an incremental checkpoint, resumed, same model (AUC $auc_b)"

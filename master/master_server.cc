@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/json.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -27,21 +28,6 @@ const char* RoleName(proto::Role r) {
     case proto::WORKER: return "worker";
     default: return "unknown";
   }
-}
-
-std::string JsonEscape(const std::string& in) {
-  std::string out;
-  for (char c : in) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 bool IsTerminal(const std::string& state) {

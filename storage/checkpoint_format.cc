@@ -64,6 +64,14 @@ std::string Unshuffle4(absl::string_view in) {
   return out;
 }
 
+// FailedPrecondition naming `path` unless `version` is the one this build reads.
+absl::Status CheckVersion(const std::string& path, uint32_t version) {
+  if (version == kCheckpointFormatVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint format version ",
+                                                    version, "; this build reads version ",
+                                                    kCheckpointFormatVersion));
+}
+
 absl::Status Corrupt(const std::string& path, uint64_t offset, absl::string_view what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what, " (at byte ", offset, ")"));
 }
@@ -162,12 +170,7 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
   if (data.size() < kFileHeaderBytes || std::memcmp(data.data(), kFileMagic, 8) != 0) {
     return Corrupt(path, 0, "not a Strata checkpoint partition file (bad magic)");
   }
-  const uint32_t version = GetU32(data.data() + 8);
-  if (version != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, ": checkpoint format version ", version, "; this build reads version ",
-        kCheckpointFormatVersion));
-  }
+  STRATA_RETURN_IF_ERROR(CheckVersion(path, GetU32(data.data() + 8)));
   std::map<BlockType, std::string> streams;
   std::string scratch;
   size_t pos = kFileHeaderBytes;
@@ -254,12 +257,7 @@ absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std
   if (data.size() < kManifestHeaderBytes || std::memcmp(data.data(), kManifestMagic, 8) != 0) {
     return Corrupt(path, 0, "not a Strata checkpoint manifest (bad magic or cut short)");
   }
-  const uint32_t version = GetU32(data.data() + 8);
-  if (version != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, ": checkpoint format version ", version, "; this build reads version ",
-        kCheckpointFormatVersion));
-  }
+  STRATA_RETURN_IF_ERROR(CheckVersion(path, GetU32(data.data() + 8)));
   const uint64_t length = GetU64(data.data() + 16);
   if (data.size() - kManifestHeaderBytes != length) {
     return Corrupt(path, kManifestHeaderBytes,
@@ -277,11 +275,7 @@ absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std
   if (!m.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
     return Corrupt(path, kManifestHeaderBytes, "body does not parse");
   }
-  if (m.format_version() != kCheckpointFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, ": checkpoint format version ", m.format_version(), "; this build reads version ",
-        kCheckpointFormatVersion));
-  }
+  STRATA_RETURN_IF_ERROR(CheckVersion(path, m.format_version()));
   return m;
 }
 

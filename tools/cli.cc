@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/crc32c.h"
+#include "common/json.h"
 #include "common/grpc_status.h"
 #include "common/host_file.h"
 #include "common/model_spec.h"
@@ -311,23 +312,6 @@ int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::os
   return 0;
 }
 
-// A JSON string's contents: quotes, backslashes and control characters
-// escaped.
-std::string JsonEscaped(absl::string_view in) {
-  std::string out;
-  for (char c : in) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 std::string JsonOf(const google::protobuf::Message& m) {
   std::string json;
   google::protobuf::util::JsonPrintOptions o;
@@ -398,7 +382,7 @@ int ListCheckpoints(const std::map<std::string, std::string>& f, std::ostream& o
       if (json.size() > 1) json += ",\n";
       json += m.ok() ? JsonOf(*m)
                      : absl::StrFormat("{\"seq\": %d, \"error\": \"%s\"}", e.seq,
-                                       JsonEscaped(m.status().message()));
+                                       JsonEscape(m.status().message()));
       continue;
     }
     if (!m.ok()) {

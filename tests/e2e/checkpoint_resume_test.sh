@@ -47,6 +47,14 @@ wait_steps() {  # wait_steps ADDR N: until the job has done N steps (bounded)
   fail "job at $1 did not reach step $2"
 }
 
+# expect_stopped OUT WHAT: the background launcher ends (bounded) with 3,
+# the exit status of a job stopped after a checkpoint.
+expect_stopped() {
+  for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+  set +e; wait "$launcher"; rc=$?; set -e
+  (( rc == 3 )) || { cat "$1"; fail "$2 exited $rc, expected 3 (stopped)"; }
+}
+
 # 1. The job never stopped: its final checkpoint is the reference.
 ckpt_config "$work/a.yaml" "$work/ck-a" "$(pick_port_base)"
 launch --config "$work/a.yaml" --run-dir "$work/a" || fail "uninterrupted run failed"
@@ -67,9 +75,7 @@ grep -q "checkpoint 1 (full) at step" "$work/ck1.out" || { cat "$work/ck1.out"; 
 wait_steps "127.0.0.1:$base" 150
 read -r _ wpid < "$work/b/pids/worker-0"
 kill -TERM "$wpid"
-for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-set +e; wait "$launcher"; rc=$?; set -e
-(( rc == 3 )) || { cat "$work/b.out"; fail "preempted run exited $rc, expected 3 (stopped)"; }
+expect_stopped "$work/b.out" "preempted run"
 [[ "$(json_field "$work/b/summary.json" state)" == stopped ]] || fail "preempted job not 'stopped'"
 [[ "$(json_field "$work/b/summary.json" checkpoints)" == 2 ]] || fail "expected 2 checkpoints before the stop"
 grep -q "sigterm on worker 0" "$work/b/logs/master-0.log" || fail "the preemption checkpoint is not logged"
@@ -167,9 +173,7 @@ wait_steps "127.0.0.1:$base" 300
 "$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/cstop.out" ||
   { cat "$work/cstop.out"; fail "strata checkpoint --stop failed"; }
 grep -q "(incremental)" "$work/cstop.out" || { cat "$work/cstop.out"; fail "the stop checkpoint is not incremental"; }
-for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-set +e; wait "$launcher"; rc=$?; set -e
-(( rc == 3 )) || { cat "$work/cb.out"; fail "stopped CTR run exited $rc, expected 3"; }
+expect_stopped "$work/cb.out" "stopped CTR run"
 launch --config "$work/cb.yaml" --run-dir "$work/cb2" --resume latest || fail "resumed CTR run failed"
 got="$(final_digest "$work/ck-cb")"
 [[ "$got" == "$want" ]] || fail "resumed CTR final state $got differs from the uninterrupted run's $want"

@@ -73,6 +73,11 @@ absl::Status MasterServer::CheckCheckpointFits(const MasterOptions& o, const std
                                                const proto::CheckpointManifest& m) {
   const std::string manifest = storage::JoinPath(dir, storage::kManifestName);
   const JobConfig& c = o.config;
+  if (!m.precision().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        manifest, ": an inference export in ", m.precision(),
+        " (parameters only, no optimizer state): a job cannot resume from it"));
+  }
   if (m.job() != c.job.name) {
     return absl::FailedPreconditionError(absl::StrCat(
         manifest, ": a checkpoint of job '", m.job(), "', not of this job '", c.job.name, "'"));

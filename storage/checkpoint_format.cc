@@ -196,7 +196,7 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     const auto type = static_cast<BlockType>(h[4]);
     const uint8_t codec = static_cast<uint8_t>(h[5]);
     const uint8_t filter = static_cast<uint8_t>(h[6]);
-    if (h[4] < 1 || h[4] > 6 || codec > kCodecZstd || filter > kFilterShuffle4 ||
+    if (h[4] < 1 || h[4] > kMaxBlockType || codec > kCodecZstd || filter > kFilterShuffle4 ||
         raw_size > kMaxBlockBytes) {
       return Corrupt(path, pos, absl::StrCat("block ", block, ": unknown type, codec or size"));
     }

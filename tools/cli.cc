@@ -18,6 +18,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
+#include "storage/checkpoint_export.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
 #include "transport/rdma/rdma_device.h"
@@ -40,6 +41,8 @@ constexpr char kUsage[] =
     "  checkpoint --master HOST:PORT [--stop] [--timeout SECONDS] [--json]\n"
     "           take a checkpoint now and wait for it (--stop: then stop the job)\n"
     "  checkpoint list --dir DIR [--json]     the checkpoints under a checkpoint root\n"
+    "  checkpoint export --dir DIR --out DIR2 --precision bf16|fp16\n"
+    "           an inference export: the parameters only, 16 bits each\n"
     "  checkpoint verify --dir DIR [--json]   read a checkpoint whole and check every\n"
     "           checksum; exit 0 when it is complete and intact; prints a digest\n"
     "           of the state it restores (equal for equal models)\n";
@@ -485,6 +488,32 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, std::ostream& 
   return 0;
 }
 
+int ExportCheckpoint(const std::map<std::string, std::string>& f, std::ostream& out,
+                     std::ostream& err) {
+  if (!f.count("dir") || !f.count("out") || !f.count("precision")) {
+    err << "strata checkpoint export: --dir DIR --out DIR2 --precision bf16|fp16 are required\n";
+    return 2;
+  }
+  auto precision = storage::ParsePrecision(f.at("precision"));
+  if (!precision.ok()) {
+    err << "strata checkpoint export: " << precision.status().message() << "\n";
+    return 2;
+  }
+  auto fs = storage::NewPosixFileSystem();
+  std::string dir = f.at("dir"), dst = f.at("out");
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
+  auto m = storage::ExportCheckpoint(fs.get(), dir, dst, *precision);
+  if (!m.ok()) {
+    err << "strata checkpoint export: " << m.status().message() << "\n";
+    return 1;
+  }
+  out << absl::StrFormat("%s: %s export of %s (job '%s', step %d, %d partitions): %.2f MB\n", dst,
+                         m->precision(), dir, m->job(), m->step(), m->partitions_size(),
+                         m->bytes_written() / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -494,7 +523,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   }
   // "checkpoint list|verify": a sub-command before the flags.
   const bool sub = args[0] == "checkpoint" && args.size() > 1 &&
-                   (args[1] == "list" || args[1] == "verify");
+                   (args[1] == "list" || args[1] == "verify" || args[1] == "export");
   auto flags = ParseFlags(args, sub ? 2 : 1);
   if (!flags.ok()) {
     err << "strata " << args[0] << ": " << flags.status().message() << "\n" << kUsage;
@@ -509,6 +538,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "checkpoint") {
     if (sub && args[1] == "list") return ListCheckpoints(*flags, out, err);
     if (sub && args[1] == "verify") return VerifyCheckpoint(*flags, out, err);
+    if (sub && args[1] == "export") return ExportCheckpoint(*flags, out, err);
     return TakeCheckpoint(*flags, out, err);
   }
   err << "strata: unknown command '" << cmd << "'\n" << kUsage;

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint_export.h"
 #include "storage/checkpoint_format.h"
 #include "storage/faulty_file_system.h"
 #include "tests/testing/inproc_cluster.h"
@@ -157,6 +158,13 @@ TEST_F(CheckpointClusterTest, BadCheckpointsAreRefusedNamingTheFile) {
   EXPECT_EQ(resumed, 2u);
   STRATA_ASSERT_OK_AND_ASSIGN(resumed, ResumeFrom(config, ck1));
   EXPECT_EQ(resumed, 1u);
+  // An inference export (bf16, no optimizer state) is no checkpoint to
+  // resume from.
+  const std::string exported = dir_ + "/export/ckpt-00000001";
+  STRATA_ASSERT_OK(storage::ExportCheckpoint(fs_.get(), ck1, exported, storage::Precision::kBf16)
+                       .status());
+  EXPECT_THAT(ResumeFrom(config, exported),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("an inference export")));
 
   // Another job, another model, another optimizer: refused, saying so.
   JobConfig other = config;

@@ -300,6 +300,21 @@ TEST(CliTest, CheckpointVerifyChecksEveryBlockAndNamesABadFile) {
   EXPECT_THAT(r.err, HasSubstr("MANIFEST"));
 }
 
+TEST(CliTest, CheckpointExportWritesA16BitCopyThatVerifies) {
+  const std::string root = MakeCheckpointRoot("export");
+  const std::string out_dir = ::testing::TempDir() + "/cli_test_export_out/fp16";
+  Result r = RunStrata({"checkpoint", "export", "--dir", root + "/ckpt-00000001", "--out",
+                        out_dir, "--precision", "fp16"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("fp16 export of"));
+  r = RunStrata({"checkpoint", "verify", "--dir", out_dir});
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = RunStrata({"checkpoint", "export", "--dir", root + "/ckpt-00000001", "--out", out_dir,
+                 "--precision", "int8"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("expected bf16 or fp16"));
+}
+
 TEST(CliTest, CheckpointOfUnreachableMasterExitsOneNamingIt) {
   Result r = RunStrata({"checkpoint", "--master", "127.0.0.1:1", "--timeout", "2"});
   EXPECT_EQ(r.code, 1);

@@ -276,7 +276,7 @@ uint64_t Partition::RawBytesLocked() const {
     // Keys and values and state, as a plain dump would hold them.
     return rows_->rows() * (sizeof(uint64_t) + rows_->row_bytes() - 16);
   }
-  return length_ * sizeof(float) * 1 + length_ * optimizer_->state_bytes_per_param();
+  return length_ * (sizeof(float) + optimizer_->state_bytes_per_param());
 }
 
 PartitionSnapshot Partition::SnapshotLocked(const SnapshotRequest& req) {

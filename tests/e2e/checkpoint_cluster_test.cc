@@ -141,6 +141,23 @@ TEST_F(CheckpointClusterTest, AFullDiskFailsTheCheckpointButNotTrainingOrThePrev
   cluster->Shutdown();
 }
 
+TEST_F(CheckpointClusterTest, TheMasterCheckpointsEveryIntervalWhileTrainingGoesOn) {
+  JobConfig config = Config(Consistency::kAsp);
+  config.job.epochs = 200;  // longer than the test waits
+  config.checkpoint.every_seconds = 1;
+  STRATA_ASSERT_OK_AND_ASSIGN(auto cluster, StartCluster(config));
+  cluster->RunWorkers();
+  for (int i = 0; i < 300 && cluster->master()->GetStatus().job().checkpoints() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(cluster->master()->GetStatus().job().checkpoints(), 2u);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto all, storage::ListCheckpoints(fs_.get(), root_));
+  ASSERT_FALSE(all.empty());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto m, storage::ReadManifest(fs_.get(), all.back().dir));
+  EXPECT_EQ(m.reason(), "interval");
+  cluster->Shutdown();
+}
+
 TEST_F(CheckpointClusterTest, BadCheckpointsAreRefusedNamingTheFile) {
   const JobConfig config = Config(Consistency::kBsp);
   {

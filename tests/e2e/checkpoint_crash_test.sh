@@ -85,6 +85,23 @@ for point in pserver.checkpoint.before_file pserver.checkpoint.after_file \
   echo "ok: crash at $point: newest complete checkpoint $after (was $before)"
 done
 
+# SIGTERM to a pserver, then to the master (a preemption notice): each time
+# a checkpoint, then the job stops ('stopped'), with nothing SIGKILLed.
+for role in pserver master; do
+  before="$(newest_complete)"
+  up "term-$role" --resume latest
+  read -r _ pid < "$work/term-$role/pids/$role-0"
+  kill -TERM "$pid"
+  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && fail "$role did not stop after SIGTERM"
+  grep -q "sigterm on $role" "$work/term-$role/logs/master-0.log" ||
+    fail "no checkpoint on SIGTERM to the $role"
+  (( $(newest_complete) > before )) || fail "SIGTERM to the $role: no new complete checkpoint"
+  grep -q '"state": "stopped"' "$work/term-$role/summary.json" || fail "SIGTERM to the $role: job not stopped"
+  kill_all "term-$role"
+  echo "ok: SIGTERM to the $role: checkpoint $(newest_complete), job stopped"
+done
+
 # Last: a clean restart resumes from the newest, and checkpoints again.
 before="$(newest_complete)"
 up last --resume latest

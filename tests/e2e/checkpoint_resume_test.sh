@@ -174,6 +174,8 @@ wait_steps "127.0.0.1:$base" 300
   { cat "$work/cstop.out"; fail "strata checkpoint --stop failed"; }
 grep -q "(incremental)" "$work/cstop.out" || { cat "$work/cstop.out"; fail "the stop checkpoint is not incremental"; }
 expect_stopped "$work/cb.out" "stopped CTR run"
+"$STRATA" checkpoint list --dir "$work/ck-cb" | grep -qE ' incremental .* steps$' ||
+  fail "no incremental checkpoint taken every 40 steps"
 launch --config "$work/cb.yaml" --run-dir "$work/cb2" --resume latest || fail "resumed CTR run failed"
 got="$(final_digest "$work/ck-cb")"
 [[ "$got" == "$want" ]] || fail "resumed CTR final state $got differs from the uninterrupted run's $want"

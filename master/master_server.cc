@@ -81,6 +81,13 @@ class MasterServer::Service final : public proto::Master::Service {
     *resp = m_->GetStatus();
     return grpc::Status::OK;
   }
+  grpc::Status ReportSuspect(grpc::ServerContext*, const proto::ReportSuspectRequest* req,
+                             proto::ReportSuspectResponse* resp) override {
+    auto r = m_->ReportSuspect(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
   grpc::Status Checkpoint(grpc::ServerContext*, const proto::CheckpointRequest* req,
                           proto::CheckpointResponse* resp) override {
     auto r = m_->Checkpoint(req->reason().empty() ? "request" : req->reason(), req->stop_after());
@@ -101,6 +108,13 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   if (options.expected_pservers < 1 || options.expected_workers < 1) {
     return absl::InvalidArgumentError(
         "the cluster needs at least one pserver and one worker");
+  }
+  if (options.config.cluster.replication >= options.expected_pservers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.config.source.empty() ? "config" : options.config.source,
+        ": cluster.replication ", options.config.cluster.replication, " needs at least ",
+        options.config.cluster.replication + 1, " pservers; the cluster has ",
+        options.expected_pservers));
   }
   const DataSection& data = options.config.data;
   int64_t n = 0;
@@ -265,44 +279,300 @@ void MasterServer::Tick() {
     absl::MutexLock l(&mu_);
     const absl::Time now = clock_->Now();
     const int64_t dead_ms = options_.config.cluster.dead_timeout_ms;
-    bool changed = false;
+    std::vector<proto::NodeInfo*> dead;
     for (proto::NodeInfo& n : *view_.mutable_members()) {
       if (n.role() == proto::MASTER || n.state() == proto::DEAD) continue;
-      if (ToUnixMs(now) - n.last_heartbeat_unix_ms() > dead_ms) {
-        LOG(WARNING) << RoleName(n.role()) << " " << n.index() << " (node "
-                     << n.id() << ", " << n.host() << ") missed heartbeats for "
-                     << dead_ms << " ms: marked dead";
-        n.set_state(proto::DEAD);
-        if (n.role() == proto::WORKER) {
-          int released = tasks_.ReleaseNode(n.id());
-          if (released > 0) {
-            LOG(WARNING) << released << " data task(s) of node " << n.id()
-                         << " returned to the queue";
-          }
-        }
-        if (n.role() == proto::PSERVER && placed_ && !IsTerminal(job_state_)) {
-          int owned = 0;
-          for (const auto& p : view_.partitions()) owned += p.owner() == n.id();
-          if (owned > 0) {
-            // Partitions are not recovered in a running job yet (no
-            // replication): the job cannot go on without them.
-            FinishJobLocked("failed", absl::StrCat(
-                "pserver ", n.index(), " (node ", n.id(), ", ", n.host(),
-                ") died with ", owned, " partition(s) and no replica",
-                options_.config.checkpoint.enabled
-                    ? "; restart the job with --resume latest to go on from its last checkpoint"
-                    : ""));
-          }
-        }
-        changed = true;
+      if (ToUnixMs(now) - n.last_heartbeat_unix_ms() > dead_ms) dead.push_back(&n);
+    }
+    for (proto::NodeInfo* n : dead) {
+      DeclareDeadLocked(n, absl::StrCat("missed heartbeats for ", dead_ms, " ms"));
+    }
+    // A pserver the workers keep reporting unreachable (though the master
+    // hears it) is as good as dead to the job.
+    std::vector<std::pair<proto::NodeInfo*, std::string>> unreachable;
+    for (auto it = suspects_.begin(); it != suspects_.end();) {
+      proto::NodeInfo* n = FindNodeLocked(it->first);
+      if (n == nullptr || n->state() == proto::DEAD || now - it->second.last > absl::Seconds(2)) {
+        it = suspects_.erase(it);
+        continue;
       }
+      if (now - it->second.first > absl::Milliseconds(dead_ms)) {
+        unreachable.emplace_back(n, it->second.reason);
+      }
+      ++it;
+    }
+    for (auto& [n, reason] : unreachable) {  // (this erases their suspicions)
+      DeclareDeadLocked(n, absl::StrCat("unreachable from workers for ", dead_ms, " ms (",
+                                        reason, ")"));
     }
     int expired = tasks_.ExpireLeases(now);
     if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
-    if (changed) BumpEpochLocked();
+    if (placed_ && !IsTerminal(job_state_) && options_.config.cluster.replication > 0) {
+      TopUpBackupsLocked();
+    }
     UpdateJobStateLocked();
   }
+  ProbeSuspects();
+  RecoverLostPartitions();
   MaybePlacePartitions();
+  TakeLedger();
+}
+
+void MasterServer::EventLocked(const std::string& what) {
+  const double t = start_time_ == absl::InfinitePast()
+                       ? 0
+                       : absl::ToDoubleSeconds(clock_->Now() - start_time_);
+  events_.push_back(absl::StrFormat("%.1fs %s", t, what));
+  LOG(WARNING) << what;
+}
+
+void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why) {
+  if (n->state() == proto::DEAD) return;
+  n->set_state(proto::DEAD);
+  EventLocked(absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
+                           n->host(), ") declared dead: ", why));
+  if (n->role() == proto::WORKER) {
+    std::vector<uint64_t> ids;
+    const int released = tasks_.ReleaseNode(n->id(), &ids);
+    for (uint64_t id : ids) records_requeued_ += tasks_.RecordsOf(id);
+    if (released > 0) {
+      tasks_requeued_ += static_cast<uint64_t>(released);
+      EventLocked(absl::StrCat(released, " data task(s) of worker ", n->index(),
+                               " returned to the queue"));
+    }
+  }
+  if (n->role() == proto::PSERVER) {
+    synced_replicas_.erase(n->id());
+    suspects_.erase(n->id());
+    if (placed_ && !IsTerminal(job_state_)) FailoverLocked(n->id());
+  }
+  BumpEpochLocked();
+}
+
+void MasterServer::FailoverLocked(uint32_t dead) {
+  int promoted = 0;
+  std::set<uint32_t> lost;
+  std::map<uint32_t, int> to;  // new owner -> partitions
+  for (proto::PartitionInfo& p : *view_.mutable_partitions()) {
+    auto* b = p.mutable_backups();
+    for (int i = b->size() - 1; i >= 0; --i) {
+      if (b->Get(i) == dead) b->erase(b->begin() + i);
+    }
+    if (p.owner() != dead) continue;
+    // The first live backup holding the primary's copy takes over.
+    int chosen = -1;
+    for (int i = 0; i < b->size() && chosen < 0; ++i) {
+      const proto::NodeInfo* n = FindNodeLocked(b->Get(i));
+      auto held = synced_replicas_.find(b->Get(i));
+      if (n != nullptr && n->state() == proto::ALIVE && held != synced_replicas_.end() &&
+          held->second.count(p.id())) {
+        chosen = i;
+      }
+    }
+    if (chosen >= 0) {
+      p.set_owner(b->Get(chosen));
+      p.set_restore_seq(0);
+      p.set_restore_version(0);
+      b->erase(b->begin() + chosen);
+      ++promoted;
+      ++to[p.owner()];
+    } else {
+      lost.insert(p.id());
+    }
+  }
+  failovers_ += static_cast<uint64_t>(promoted);
+  if (promoted > 0) {
+    std::string where;
+    for (const auto& [node, n] : to) absl::StrAppend(&where, where.empty() ? "" : ", ", n, " to node ", node);
+    EventLocked(absl::StrCat(promoted, " partition(s) of node ", dead,
+                             " failed over to their backups (", where, ")"));
+  }
+  if (!lost.empty()) {
+    lost_.insert(lost.begin(), lost.end());
+    EventLocked(absl::StrCat(lost.size(), " partition(s) of node ", dead,
+                             " lost with it (no synced backup)",
+                             last_manifest_.has_value()
+                                 ? absl::StrCat("; restoring them from checkpoint ",
+                                                last_manifest_->seq())
+                                 : ""));
+    if (!last_manifest_.has_value()) {
+      const proto::NodeInfo* n = FindNodeLocked(dead);
+      FinishJobLocked("failed", absl::StrCat(
+          "pserver ", n ? n->index() : -1, " (node ", dead, ", ", n ? n->host() : "?",
+          ") died with ", lost.size(), " partition(s) and no replica to take over",
+          options_.config.checkpoint.enabled
+              ? " and no checkpoint yet to restore them from; restart the job"
+              : "; set cluster.replication or a checkpoint section so that the job can go on"));
+    }
+  }
+  TopUpBackupsLocked();
+}
+
+void MasterServer::TopUpBackupsLocked() {
+  const int k = options_.config.cluster.replication;
+  if (k == 0 || !placed_) return;
+  std::vector<uint32_t> live;
+  for (const auto& n : view_.members()) {
+    if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) live.push_back(n.id());
+  }
+  if (TopUpBackups(view_.mutable_partitions(), live, k) > 0) BumpEpochLocked();
+}
+
+void MasterServer::RecoverLostPartitions() {
+  std::vector<PServerTarget> targets;
+  {
+    absl::MutexLock l(&mu_);
+    if (lost_.empty() || IsTerminal(job_state_) || !last_manifest_.has_value()) return;
+    for (const PServerTarget& t : OwnersLocked()) {
+      const proto::NodeInfo* n = FindNodeLocked(t.first);
+      if (n != nullptr && n->state() == proto::ALIVE) targets.push_back(t);
+    }
+  }
+  // A restored partition rejoins at the step the others reached (bsp: the
+  // workers push that step next); what it trained since the checkpoint
+  // is lost, and counted.
+  uint64_t newest = 0;
+  if (options_.config.job.consistency == Consistency::kBsp) {
+    auto v = NewestVersion(targets);
+    if (!v.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "cannot read the partitions' versions to restore lost ones: "
+                               << v.status();
+      return;
+    }
+    newest = *v;
+  }
+  absl::MutexLock l(&mu_);
+  if (lost_.empty() || IsTerminal(job_state_) || !last_manifest_.has_value()) return;
+  std::map<uint32_t, uint64_t> saved;  // partition -> version in the checkpoint
+  for (const auto& e : last_manifest_->partitions()) saved[e.id()] = e.version();
+  std::map<uint32_t, uint64_t> load;
+  for (const auto& n : view_.members()) {
+    if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) load[n.id()] = 0;
+  }
+  if (load.empty()) return;  // none to put them on yet
+  for (const auto& p : view_.partitions()) {
+    if (load.count(p.owner())) load[p.owner()] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+  }
+  uint64_t lost_steps = 0;
+  for (proto::PartitionInfo& p : *view_.mutable_partitions()) {
+    if (lost_.count(p.id()) == 0) continue;
+    auto it = saved.find(p.id());
+    if (it == saved.end()) {
+      FinishJobLocked("failed", absl::StrCat("partition ", p.id(), " was lost and checkpoint ",
+                                             last_manifest_->seq(), " does not hold it"));
+      return;
+    }
+    uint32_t best = load.begin()->first;
+    for (const auto& [id, bytes] : load) {
+      if (bytes < load[best]) best = id;
+    }
+    load[best] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+    p.set_owner(best);
+    p.set_restore_seq(last_manifest_->seq());
+    const uint64_t version = std::max(newest, it->second);
+    p.set_restore_version(version);
+    lost_steps += version - it->second;
+    p.clear_backups();
+  }
+  partitions_restored_ += lost_.size();
+  steps_lost_ += lost_steps;
+  EventLocked(absl::StrCat(lost_.size(), " lost partition(s) restored from checkpoint ",
+                           last_manifest_->seq(), " (step ", last_manifest_->step(), "): ",
+                           lost_steps, " partition-step(s) of updates lost"));
+  lost_.clear();
+  TopUpBackupsLocked();
+  BumpEpochLocked();
+}
+
+void MasterServer::ProbeSuspects() {
+  std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>> probes;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, s] : suspects_) {
+      if (!s.probe_due) continue;
+      s.probe_due = false;
+      auto stub = pserver_stubs_.find(id);
+      if (stub != pserver_stubs_.end()) probes.emplace_back(id, stub->second.get());
+    }
+  }
+  for (auto& [id, stub] : probes) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(
+        std::max(200, options_.config.cluster.heartbeat_interval_ms))));
+    proto::PServerStatusResponse resp;
+    grpc::Status s = stub->GetStatus(&ctx, proto::PServerStatusRequest(), &resp);
+    if (s.ok()) continue;
+    absl::MutexLock l(&mu_);
+    proto::NodeInfo* n = FindNodeLocked(id);
+    auto it = suspects_.find(id);
+    if (n == nullptr || n->state() == proto::DEAD || it == suspects_.end()) continue;
+    DeclareDeadLocked(n, absl::StrCat("reported unreachable (", it->second.reason,
+                                      ") and the master's probe failed too: ",
+                                      s.error_message()));
+  }
+}
+
+absl::StatusOr<proto::ReportSuspectResponse> MasterServer::ReportSuspect(
+    const proto::ReportSuspectRequest& req) {
+  absl::MutexLock l(&mu_);
+  proto::ReportSuspectResponse resp;
+  const proto::NodeInfo* reporter = FindNodeLocked(req.node_id());
+  if (reporter == nullptr || reporter->state() == proto::DEAD) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("suspicion report from node ", req.node_id(), ", which is not a live member"));
+  }
+  proto::NodeInfo* n = FindNodeLocked(req.suspect());
+  if (n == nullptr || n->role() != proto::PSERVER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("suspicion report about node ", req.suspect(), ", which is not a pserver"));
+  }
+  if (n->state() == proto::DEAD) {
+    resp.set_declared_dead(true);
+    return resp;
+  }
+  const absl::Time now = clock_->Now();
+  auto [it, added] = suspects_.try_emplace(req.suspect(), Suspicion{now, now, req.reason()});
+  if (added) {
+    LOG(WARNING) << "node " << req.node_id() << " cannot reach pserver node " << req.suspect()
+                 << ": " << req.reason() << "; probing it";
+  } else {
+    it->second.last = now;
+    // One probe per heartbeat interval at most.
+    if (now - it->second.first > absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) {
+      it->second.probe_due = true;
+    }
+  }
+  return resp;
+}
+
+void MasterServer::TakeLedger() {
+  std::vector<PServerTarget> targets;
+  {
+    absl::MutexLock l(&mu_);
+    // Once every data task is done no push is left: the counts are final.
+    if (ledger_taken_ || job_state_ != "evaluating") return;
+    targets = OwnersLocked();
+  }
+  std::map<uint32_t, std::map<uint32_t, uint64_t>> applied;
+  std::map<uint32_t, uint32_t> owner;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& p : view_.partitions()) owner[p.id()] = p.owner();
+  }
+  for (const auto& [id, stub] : targets) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    proto::PServerStatusResponse resp;
+    grpc::Status s = stub->GetStatus(&ctx, proto::PServerStatusRequest(), &resp);
+    if (!s.ok()) return;  // next tick
+    for (const auto& ps : resp.partitions()) {
+      if (owner[ps.id()] != id) continue;  // a backup's copy
+      for (const auto& [sender, n] : ps.applied_by_sender()) applied[ps.id()][sender] = n;
+    }
+  }
+  absl::MutexLock l(&mu_);
+  ledger_applied_ = std::move(applied);
+  ledger_taken_ = true;
 }
 
 void MasterServer::MaybePlacePartitions() {
@@ -330,6 +600,7 @@ void MasterServer::MaybePlacePartitions() {
     view = view_;
     view.clear_partitions();
     for (auto& p : *parts) *view.add_partitions() = std::move(p);
+    TopUpBackups(view.mutable_partitions(), ids, options_.config.cluster.replication);
     view.set_epoch(view_.epoch() + 1);
     for (uint32_t id : ids) targets.emplace_back(id, pserver_stubs_[id].get());
     if (restore_.has_value()) {
@@ -424,10 +695,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   for (proto::NodeInfo& n : *view_.mutable_members()) {
     if (n.role() == req.role() && n.index() == req.index() &&
         n.state() != proto::DEAD) {
-      LOG(WARNING) << RoleName(req.role()) << " " << req.index()
-                   << " registered again: node " << n.id() << " marked dead";
-      n.set_state(proto::DEAD);
-      if (req.role() == proto::WORKER) tasks_.ReleaseNode(n.id());
+      DeclareDeadLocked(&n, "a new instance registered");
     }
   }
   proto::NodeInfo* n = view_.add_members();
@@ -447,6 +715,10 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   }
   LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
             << n->id() << " from " << peer;
+  if (view_.ready()) {
+    EventLocked(absl::StrCat(RoleName(req.role()), " ", req.index(), " joined as node ",
+                             n->id()));
+  }
   BumpEpochLocked();
   UpdateJobStateLocked();
   proto::RegisterResponse resp;
@@ -467,6 +739,9 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
         "node ", req.node_id(), " was declared dead; it must register again"));
   }
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
+  if (n->role() == proto::PSERVER) {
+    synced_replicas_[n->id()] = std::set<uint32_t>(req.replicas().begin(), req.replicas().end());
+  }
   // A live worker keeps its data-task leases.
   if (n->role() == proto::WORKER) tasks_.RenewLeases(n->id(), clock_->Now());
   proto::HeartbeatResponse resp;
@@ -688,6 +963,11 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
                                                  storage::CheckpointDirName(last_manifest_->seq())));
   }
   js.set_resumed_from_seq(resumed_from_seq_);
+  js.set_failovers(failovers_);
+  js.set_partitions_restored(partitions_restored_);
+  js.set_steps_lost(steps_lost_);
+  js.set_tasks_requeued(tasks_requeued_);
+  for (const std::string& e : events_) js.add_events(e);
   return js;
 }
 
@@ -728,6 +1008,42 @@ std::string MasterServer::SummaryJsonLocked() const {
   if (planted_.present) {
     ctr += absl::StrFormat("  \"planted_test_auc\": %.6f,\n  \"planted_test_logloss\": %.6f,\n",
                            planted_.auc, planted_.logloss);
+  }
+  // Recovery: what failed and what it cost; the update ledger compares
+  // what each finished worker had acknowledged with what the partitions
+  // hold (docs/reliability.md).
+  std::string events;
+  for (const std::string& e : events_) {
+    absl::StrAppend(&events, events.empty() ? "" : ", ", "\"", JsonEscape(e), "\"");
+  }
+  ctr += absl::StrFormat(
+      "  \"replication\": %d,\n  \"failovers\": %d,\n  \"partitions_restored\": %d,\n"
+      "  \"steps_lost\": %d,\n  \"tasks_requeued\": %d,\n  \"records_requeued\": %d,\n"
+      "  \"records_done\": %d,\n  \"events\": [%s],\n",
+      options_.config.cluster.replication, failovers_, partitions_restored_, steps_lost_,
+      tasks_requeued_, records_requeued_, tasks_.RecordsDone(), events);
+  if (ledger_taken_) {
+    uint64_t acked = 0, held = 0, lost = 0, extra = 0;
+    for (const auto& [id, w] : workers_) {
+      bool live = false;
+      for (const auto& m : view_.members()) live = live || (m.id() == id && m.state() != proto::DEAD);
+      if (!live) continue;  // its last counts may be old
+      for (const auto& [partition, count] : w.last.acked_pushes()) {
+        auto p = ledger_applied_.find(partition);
+        uint64_t have = 0;
+        if (p != ledger_applied_.end()) {
+          auto it = p->second.find(id);
+          if (it != p->second.end()) have = it->second;
+        }
+        acked += count;
+        held += std::min(have, count);
+        if (count > have) lost += count - have;
+        if (have > count) extra += have - count;
+      }
+    }
+    ctr += absl::StrFormat(
+        "  \"ledger\": {\"acked\": %d, \"held\": %d, \"lost\": %d, \"unacked_applied\": %d},\n",
+        acked, held, lost, extra);
   }
   std::string workers;
   for (const auto& w : js.workers()) {

@@ -90,6 +90,11 @@ class MasterServer {
   // latest).
   absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason,
                                                        bool stop_after);
+  // A node cannot reach pserver req.suspect (docs/reliability.md): the
+  // suspect is probed at once and declared dead when the probe fails, or
+  // when such reports go on for longer than dead_timeout_ms.
+  absl::StatusOr<proto::ReportSuspectResponse> ReportSuspect(
+      const proto::ReportSuspectRequest& req);
 
  private:
   class Service;
@@ -101,6 +106,20 @@ class MasterServer {
   void Tick();
   void MaybePlacePartitions();
   void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovery (docs/reliability.md). Marks `n` dead: a worker's data tasks
+  // go back to the queue; a pserver's partitions fail over to their backups
+  // (FailoverLocked). Bumps the epoch.
+  void DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Promotes a synced backup of each partition pserver `dead` owned; the
+  // ones without go to lost_ (restored from the last checkpoint by
+  // RecoverLostPartitions, or the job fails). Then tops up the backups.
+  void FailoverLocked(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TopUpBackupsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecoverLostPartitions() ABSL_LOCKS_EXCLUDED(mu_);
+  void ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
+  // A line for the job's event list (status, summary) and the log.
+  void EventLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::NodeInfo* FindNodeLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<proto::NodeInfo*> LiveWorkerLocked(uint32_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -165,6 +184,29 @@ class MasterServer {
   std::map<uint32_t, WorkerStats> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<proto::PServerAdmin::Stub>> pserver_stubs_
       ABSL_GUARDED_BY(mu_);
+
+  // Recovery.
+  // Partitions each pserver holds as a synced backup (its last heartbeat).
+  std::map<uint32_t, std::set<uint32_t>> synced_replicas_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> lost_ ABSL_GUARDED_BY(mu_);  // partitions with no live copy
+  struct Suspicion {
+    absl::Time first;
+    absl::Time last;
+    std::string reason;
+    bool probe_due = true;
+  };
+  std::map<uint32_t, Suspicion> suspects_ ABSL_GUARDED_BY(mu_);
+  uint64_t failovers_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t partitions_restored_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t steps_lost_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tasks_requeued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t records_requeued_ ABSL_GUARDED_BY(mu_) = 0;  // of those tasks
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+  // The update ledger: each partition's applied pushes by sender, read
+  // from the primaries once training is over.
+  bool ledger_taken_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint32_t, std::map<uint32_t, uint64_t>> ledger_applied_ ABSL_GUARDED_BY(mu_);
+  void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checkpoints. checkpoint_mu_ is held across a whole checkpoint (one at
   // a time) and taken before mu_.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -87,6 +88,49 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
     load[best] += parts[i].length() * 4;
   }
   return parts;
+}
+
+int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts,
+                 const std::vector<uint32_t>& live, int k) {
+  const std::set<uint32_t> alive(live.begin(), live.end());
+  auto weight = [](const proto::PartitionInfo& p) {
+    return p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+  };
+  std::map<uint32_t, uint64_t> load;
+  for (uint32_t id : live) load[id] = 0;
+  int changed = 0;
+  for (proto::PartitionInfo& p : *parts) {
+    auto* b = p.mutable_backups();
+    for (int i = b->size() - 1; i >= 0; --i) {
+      if (alive.count(b->Get(i)) == 0 || b->Get(i) == p.owner()) {
+        b->erase(b->begin() + i);
+        ++changed;
+      }
+    }
+    if (alive.count(p.owner())) load[p.owner()] += weight(p);
+    for (uint32_t id : *b) load[id] += weight(p);
+  }
+  for (proto::PartitionInfo& p : *parts) {
+    while (p.backups_size() < k) {
+      uint32_t best = 0;
+      bool found = false;
+      for (const auto& [id, bytes] : load) {
+        if (id == p.owner() ||
+            std::find(p.backups().begin(), p.backups().end(), id) != p.backups().end()) {
+          continue;
+        }
+        if (!found || bytes < load[best]) {
+          best = id;
+          found = true;
+        }
+      }
+      if (!found) break;
+      p.add_backups(best);
+      load[best] += weight(p);
+      ++changed;
+    }
+  }
+  return changed;
 }
 
 }  // namespace strata::master

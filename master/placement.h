@@ -28,6 +28,16 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
     const std::vector<proto::TableInfo>& tables, int64_t slice_bytes,
     const std::vector<uint32_t>& pserver_ids);
 
+// Gives every partition up to `k` backups among the pservers `live`: keeps
+// the live ones it has, drops the others, and adds for each missing one the
+// least-loaded live pserver (bytes held as primary or backup; a sparse
+// virtual partition counts as kSparsePartitionWeight) that is neither its
+// owner nor already a backup. Fewer when there are not enough pservers.
+// Returns how many backups were added or dropped.
+inline constexpr uint64_t kSparsePartitionWeight = 1 << 16;
+int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts,
+                 const std::vector<uint32_t>& live, int k);
+
 }  // namespace strata::master
 
 #endif  // STRATA_MASTER_PLACEMENT_H_

@@ -132,10 +132,19 @@ void TaskScheduler::RenewLeases(uint32_t node, absl::Time now) {
   }
 }
 
-int TaskScheduler::ReleaseNode(uint32_t node) {
+int64_t TaskScheduler::RecordsDone() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < tasks_.size(); ++i) {
+    if (completed_[i]) n += tasks_[i].end() - tasks_[i].begin();
+  }
+  return n;
+}
+
+int TaskScheduler::ReleaseNode(uint32_t node, std::vector<uint64_t>* ids) {
   int n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.node == node) {
+      if (ids != nullptr) ids->push_back(it->first);
       queue_.push_front(it->first);
       it = leases_.erase(it);
       ++n;

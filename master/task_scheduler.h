@@ -36,7 +36,10 @@ class TaskScheduler {
   // Extends all of `node`'s leases to now + lease_timeout (the node is alive).
   void RenewLeases(uint32_t node, absl::Time now);
   // Returns all of `node`'s leases to the front of the queue; their count.
-  int ReleaseNode(uint32_t node);
+  // Their ids are appended to *ids when given.
+  int ReleaseNode(uint32_t node, std::vector<uint64_t>* ids = nullptr);
+  // Records of all the completed tasks.
+  int64_t RecordsDone() const;
   // Returns expired leases to the queue; their count.
   int ExpireLeases(absl::Time now);
 

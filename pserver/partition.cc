@@ -105,7 +105,13 @@ void Partition::Pull(const Message& request,
     return;
   }
   absl::MutexLock l(&mu_);
-  if (consistency_ == Consistency::kBsp && request.header.version > stats_.version) {
+  if (role_ != PartitionRole::kPrimary) {
+    responder->Respond(transport::MakeErrorResponse(
+        request.header, MessageType::kPullResponse,
+        absl::UnavailableError(absl::StrCat("partition ", id_, " is a backup on this pserver"))));
+    return;
+  }
+  if (consistency_ == Consistency::kBsp && request.header.version > ServedVersionLocked()) {
     Message waiting;
     waiting.header = request.header;
     waiting.payload.assign(request.payload_data(), request.payload_size());
@@ -151,16 +157,29 @@ void Partition::Push(const Message& request,
         sparse_ ? request.payload_size() / (sizeof(uint64_t) + sizeof(float) * dim_) : 0;
     const auto* keys = reinterpret_cast<const uint64_t*>(payload);
     const auto* rows = reinterpret_cast<const float*>(payload + sparse_n * sizeof(uint64_t));
-    if (!fit.ok()) {
+    const bool replicating = !backup_acked_.empty();
+    if (role_ != PartitionRole::kPrimary) {
+      reply(absl::UnavailableError(
+          absl::StrCat("partition ", id_, " is a backup on this pserver")));
+    } else if (!fit.ok()) {
       ++stats_.rejected_pushes;
       reply(fit);
     } else if (auto it = last_seq_.find(h.sender_id);
                it != last_seq_.end() && h.seq <= it->second) {
       ++stats_.duplicate_pushes;
       reply(absl::OkStatus());
+      // Acknowledged only once what it was part of is replicated.
+      if (replicating && contributors_.count(h.sender_id) != 0) {
+        step_acks_.push_back(std::move(replies.back()));
+        replies.pop_back();
+      } else if (replicating && !held_.empty()) {
+        held_.back().replies.push_back(std::move(replies.back()));
+        replies.pop_back();
+      }
     } else if (consistency_ == Consistency::kAsp) {
       last_seq_[h.sender_id] = h.seq;
       ++stats_.pushes_applied;
+      ++applied_by_sender_[h.sender_id];
       const float scale = static_cast<float>(1.0 / static_cast<double>(h.count));
       if (sparse_) {
         rows_->Update(keys, sparse_n, rows, scale);
@@ -170,6 +189,19 @@ void Partition::Push(const Message& request,
       ++stats_.updates_applied;
       ++stats_.version;
       reply(absl::OkStatus());
+      if (replicating) {
+        ReplicaUpdate u;
+        u.scale = scale;
+        u.pushes.emplace_back(h.sender_id, h.seq);
+        if (sparse_) {
+          u.keys.assign(keys, keys + sparse_n);
+          u.grads.assign(rows, rows + sparse_n * dim_);
+        } else {
+          const auto* g = reinterpret_cast<const float*>(payload);
+          u.grads.assign(g, g + length_);
+        }
+        ReplicateLocked(u, &replies);
+      }
     } else if (h.version < stats_.version) {
       ++stats_.rejected_pushes;
       last_seq_[h.sender_id] = h.seq;
@@ -190,6 +222,8 @@ void Partition::Push(const Message& request,
       last_seq_[h.sender_id] = h.seq;
       if (contributors_.insert(h.sender_id).second) {
         ++stats_.pushes_applied;
+        ++applied_by_sender_[h.sender_id];
+        step_pushes_.emplace_back(h.sender_id, h.seq);
         const float* g = reinterpret_cast<const float*>(payload);
         // The step's first gradient is copied, later ones added: the sum
         // needs no clearing between steps.
@@ -205,8 +239,13 @@ void Partition::Push(const Message& request,
         ++stats_.duplicate_pushes;
       }
       // The ack goes out before the step's update is applied: the pusher
-      // need not wait for the optimizer, only for the next pull.
+      // need not wait for the optimizer, only for the next pull. With
+      // backups it waits until they hold the step's update.
       reply(absl::OkStatus());
+      if (replicating) {
+        step_acks_.push_back(std::move(replies.back()));
+        replies.pop_back();
+      }
       Send(&replies);
       MaybeCompleteStepLocked(&replies);
     }
@@ -214,8 +253,19 @@ void Partition::Push(const Message& request,
   }
 }
 
-void Partition::ApplyStepLocked() {
+void Partition::ApplyStepLocked(ReplicaUpdate* record) {
   const float scale = static_cast<float>(1.0 / count_sum_);
+  if (record != nullptr) {
+    record->scale = scale;
+    record->pushes = step_pushes_;
+    if (sparse_) {
+      record->keys = step_keys_;
+      record->grads = step_grads_;
+    } else {
+      record->grads = grad_sum_;
+    }
+  }
+  step_pushes_.clear();
   if (sparse_) {
     rows_->Update(step_keys_.data(), step_keys_.size(), step_grads_.data(), scale);
     step_slot_.clear();
@@ -234,11 +284,30 @@ void Partition::MaybeCompleteStepLocked(std::vector<Reply>* replies) {
   for (uint32_t w : step_workers_) {
     if (contributors_.count(w) == 0) return;
   }
-  ApplyStepLocked();
+  const bool replicating = !backup_acked_.empty();
+  ReplicaUpdate record;
+  ApplyStepLocked(replicating ? &record : nullptr);
   count_sum_ = 0;
   contributors_.clear();
+  std::vector<Reply> acks;
+  acks.swap(step_acks_);
+  if (replicating) {
+    ReplicateLocked(record, &acks);
+  } else {
+    for (Reply& r : acks) replies->push_back(std::move(r));
+  }
+  ServeWaitingPullsLocked(replies);
+}
+
+uint64_t Partition::ServedVersionLocked() const {
+  // Every record moves the version on by one.
+  return held_.empty() ? stats_.version : held_.front().version - 1;
+}
+
+void Partition::ServeWaitingPullsLocked(std::vector<Reply>* replies) {
+  const uint64_t served = ServedVersionLocked();
   for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
-    if (it->first.header.version <= stats_.version) {
+    if (it->first.header.version <= served) {
       ++stats_.pulls_served;
       replies->emplace_back(std::move(it->second), PullResponseLocked(it->first));
       it = waiting_pulls_.erase(it);
@@ -295,6 +364,7 @@ PartitionSnapshot Partition::SnapshotLocked(const SnapshotRequest& req) {
   h.set_version(stats_.version);
   h.set_full(!incremental || !sparse_);
   for (const auto& [sender, seq] : last_seq_) (*h.mutable_last_seq())[sender] = seq;
+  for (const auto& [sender, n] : applied_by_sender_) (*h.mutable_applied_by_sender())[sender] = n;
   snap.raw_bytes = RawBytesLocked();
   if (sparse_) {
     h.set_optimizer(rows_->optimizer_name());
@@ -366,6 +436,12 @@ void Partition::CancelSnapshot(uint64_t seq) {
 
 absl::Status Partition::ApplyCheckpointFile(
     const std::map<storage::BlockType, std::string>& streams, const std::string& path) {
+  absl::MutexLock l(&mu_);
+  return ApplyStreamsLocked(streams, path);
+}
+
+absl::Status Partition::ApplyStreamsLocked(
+    const std::map<storage::BlockType, std::string>& streams, const std::string& path) {
   using storage::BlockType;
   auto stream = [&streams](BlockType t) -> const std::string& {
     static const std::string* const kEmpty = new std::string();
@@ -384,7 +460,6 @@ absl::Status Partition::ApplyCheckpointFile(
   if (h.id() != id_) return mismatch("partition", h.id(), id_);
   if (h.table() != table_) return mismatch("table", h.table(), table_);
   if (h.sparse() != sparse_) return mismatch("sparse", h.sparse(), sparse_);
-  absl::MutexLock l(&mu_);
   if (sparse_) {
     if (h.dim() != static_cast<uint32_t>(dim_)) return mismatch("dim", h.dim(), dim_);
     if (h.optimizer() != rows_->optimizer_name()) {
@@ -423,6 +498,8 @@ absl::Status Partition::ApplyCheckpointFile(
   stats_.version = h.version();
   last_seq_.clear();
   for (const auto& [sender, seq] : h.last_seq()) last_seq_[sender] = seq;
+  applied_by_sender_.clear();
+  for (const auto& [sender, n] : h.applied_by_sender()) applied_by_sender_[sender] = n;
   return absl::OkStatus();
 }
 
@@ -431,6 +508,256 @@ void Partition::FinishRestore(uint64_t seq) {
   baseline_seq_ = seq;
   baseline_version_ = stats_.version;
   if (sparse_) rows_->MarkClean();
+}
+
+}  // namespace strata::pserver
+
+namespace strata::pserver {
+
+void Partition::MakeBackup() {
+  absl::MutexLock l(&mu_);
+  role_ = PartitionRole::kBackup;
+  synced_ = false;
+}
+
+PartitionRole Partition::role() const {
+  absl::MutexLock l(&mu_);
+  return role_;
+}
+
+bool Partition::synced() const {
+  absl::MutexLock l(&mu_);
+  return role_ == PartitionRole::kBackup && synced_;
+}
+
+std::map<uint32_t, uint64_t> Partition::applied_by_sender() const {
+  absl::MutexLock l(&mu_);
+  return applied_by_sender_;
+}
+
+void Partition::FastForward(uint64_t version) {
+  absl::MutexLock l(&mu_);
+  if (version > stats_.version) stats_.version = version;
+}
+
+void Partition::Promote() {
+  absl::MutexLock l(&mu_);
+  if (role_ == PartitionRole::kPrimary) return;
+  if (!synced_) {
+    LOG(ERROR) << "partition " << id_ << " (" << table_
+               << ") promoted without the primary's copy: it starts from its initial values";
+  }
+  role_ = PartitionRole::kPrimary;
+  synced_ = true;
+  LOG(INFO) << "partition " << id_ << " (" << table_ << ") promoted to primary at version "
+            << stats_.version << " (replication record " << record_index_ << ")";
+}
+
+std::map<storage::BlockType, std::string> Partition::CopyStreamsLocked() const {
+  using storage::BlockType;
+  std::map<BlockType, std::string> streams;
+  proto::CheckpointPartitionHeader h;
+  h.set_format_version(storage::kCheckpointFormatVersion);
+  h.set_id(id_);
+  h.set_table(table_);
+  h.set_length(length_);
+  h.set_sparse(sparse_);
+  h.set_dim(static_cast<uint32_t>(dim_));
+  h.set_version(stats_.version);
+  h.set_full(true);
+  for (const auto& [sender, seq] : last_seq_) (*h.mutable_last_seq())[sender] = seq;
+  for (const auto& [sender, n] : applied_by_sender_) (*h.mutable_applied_by_sender())[sender] = n;
+  if (sparse_) {
+    h.set_optimizer(rows_->optimizer_name());
+    h.set_row_bytes(static_cast<uint32_t>(rows_->row_bytes()));
+    const SparseTable::Clock c = rows_->clock();
+    h.set_table_updates(c.updates);
+    h.set_table_rng(c.rng);
+    h.set_table_sweep(c.sweep);
+    h.set_rows(rows_->rows());
+    rows_->ExportRows(/*all=*/true, &streams[BlockType::kSparseRows]);
+    rows_->ExportPending(&streams[BlockType::kSparsePending]);
+  } else {
+    h.set_optimizer(optimizer_->name());
+    streams[BlockType::kDenseValues].assign(reinterpret_cast<const char*>(values_.data()),
+                                            values_.size() * sizeof(float));
+    streams[BlockType::kOptimizerState] = optimizer_->SaveState();
+  }
+  streams[BlockType::kHeader] = h.SerializeAsString();
+  return streams;
+}
+
+void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink) {
+  std::vector<Reply> replies;
+  absl::MutexLock l(&mu_);
+  if (role_ != PartitionRole::kPrimary) return;
+  sink_ = sink;
+  const std::set<uint32_t> want(backups.begin(), backups.end());
+  for (auto it = backup_acked_.begin(); it != backup_acked_.end();) {
+    it = want.count(it->first) ? std::next(it) : backup_acked_.erase(it);
+  }
+  std::string copy;  // made once, for every new backup
+  for (uint32_t b : want) {
+    if (backup_acked_.count(b)) continue;
+    backup_acked_[b] = 0;
+    if (copy.empty()) copy = EncodeReplicaCopy(CopyStreamsLocked());
+    transport::Message m;
+    m.header.type = MessageType::kReplicate;
+    m.header.partition = id_;
+    m.header.seq = record_index_;
+    m.header.version = stats_.version;
+    m.header.flags = transport::kFlagReplicaCopy | (sparse_ ? transport::kFlagSparse : 0);
+    m.header.count = b;
+    m.payload = copy;
+    VLOG(1) << "partition " << id_ << ": copy of " << copy.size() << " bytes at version "
+            << stats_.version << " to new backup node " << b;
+    sink_->Send(this, b, std::move(m));
+  }
+  ReleaseLocked(&replies);
+  Send(&replies);
+}
+
+void Partition::ReplicateLocked(const ReplicaUpdate& update, std::vector<Reply>* replies) {
+  ++record_index_;
+  transport::Message m;
+  m.header.type = MessageType::kReplicate;
+  m.header.partition = id_;
+  m.header.seq = record_index_;
+  m.header.version = stats_.version;
+  m.header.flags = sparse_ ? transport::kFlagSparse : 0;
+  m.payload = EncodeReplicaUpdate(update);
+  size_t left = backup_acked_.size();
+  for (const auto& [b, acked] : backup_acked_) {
+    transport::Message copy;
+    copy.header = m.header;
+    copy.header.count = b;
+    copy.payload = --left == 0 ? std::move(m.payload) : m.payload;
+    sink_->Send(this, b, std::move(copy));
+  }
+  held_.push_back(Held{record_index_, stats_.version, std::move(*replies)});
+  replies->clear();
+}
+
+void Partition::ReleaseLocked(std::vector<Reply>* replies) {
+  uint64_t all = UINT64_MAX;
+  for (const auto& [b, acked] : backup_acked_) all = std::min(all, acked);
+  size_t n = 0;
+  while (n < held_.size() && held_[n].index <= all) {
+    for (Reply& r : held_[n].replies) replies->push_back(std::move(r));
+    ++n;
+  }
+  if (n == 0) return;
+  held_.erase(held_.begin(), held_.begin() + static_cast<std::ptrdiff_t>(n));
+  if (backup_acked_.empty()) {
+    // No backup left: the step in progress need not wait for one.
+    for (Reply& r : step_acks_) replies->push_back(std::move(r));
+    step_acks_.clear();
+  }
+  ServeWaitingPullsLocked(replies);
+}
+
+void Partition::OnReplicaAck(uint32_t backup, uint64_t index) {
+  std::vector<Reply> replies;
+  absl::MutexLock l(&mu_);
+  auto it = backup_acked_.find(backup);
+  if (it == backup_acked_.end() || index <= it->second) return;
+  it->second = index;
+  ReleaseLocked(&replies);
+  Send(&replies);
+}
+
+absl::Status Partition::ApplyUpdateLocked(const ReplicaUpdate& u) {
+  if (sparse_) {
+    if (u.grads.size() != u.keys.size() * static_cast<size_t>(dim_)) {
+      return absl::DataLossError(absl::StrCat("replication record for sparse partition ", id_,
+                                              ": ", u.keys.size(), " keys of dim ", dim_,
+                                              " but ", u.grads.size(), " floats"));
+    }
+    rows_->Update(u.keys.data(), u.keys.size(), u.grads.data(), u.scale);
+  } else {
+    if (u.grads.size() != length_) {
+      return absl::DataLossError(absl::StrCat("replication record for partition ", id_, ": ",
+                                              u.grads.size(), " floats for ", length_,
+                                              " parameters"));
+    }
+    optimizer_->Apply(values_.data(), u.grads.data(), u.scale, length_);
+  }
+  for (const auto& [sender, seq] : u.pushes) {
+    uint64_t& last = last_seq_[sender];
+    last = std::max(last, seq);
+    ++applied_by_sender_[sender];
+  }
+  stats_.pushes_applied += u.pushes.size();
+  ++stats_.updates_applied;
+  ++stats_.version;
+  return absl::OkStatus();
+}
+
+void Partition::ApplyReplica(const Message& record,
+                             std::shared_ptr<transport::Responder> responder) {
+  const auto& h = record.header;
+  auto answer = [&](const absl::Status& s) {
+    Message resp;
+    if (s.ok()) {
+      resp.header = h;
+      resp.header.type = MessageType::kReplicateResponse;
+      resp.header.status = 0;
+    } else {
+      resp = transport::MakeErrorResponse(h, MessageType::kReplicateResponse, s);
+    }
+    responder->Respond(std::move(resp));
+  };
+  const bool copy = (h.flags & transport::kFlagReplicaCopy) != 0;
+  absl::MutexLock l(&mu_);
+  if (role_ != PartitionRole::kBackup) {
+    return answer(absl::FailedPreconditionError(absl::StrCat(
+        "replication record for partition ", id_, " from node ", h.sender_id,
+        ": this pserver is its primary")));
+  }
+  if (synced_ && h.seq <= record_index_) return answer(absl::OkStatus());  // held already
+  if (copy) {
+    if (synced_) {
+      return answer(absl::FailedPreconditionError(absl::StrCat(
+          "copy of partition ", id_, " at record ", h.seq, " over a synced backup at record ",
+          record_index_)));
+    }
+    auto streams =
+        DecodeReplicaCopy(absl::string_view(record.payload_data(), record.payload_size()));
+    absl::Status s =
+        streams.ok()
+            ? ApplyStreamsLocked(*streams, absl::StrCat("copy of partition ", id_,
+                                                        " from node ", h.sender_id))
+            : streams.status();
+    if (!s.ok()) {
+      LOG(ERROR) << s;
+      return answer(s);
+    }
+    record_index_ = h.seq;
+    synced_ = true;
+    VLOG(1) << "partition " << id_ << ": backup holds the primary's copy at version "
+            << stats_.version;
+    return answer(absl::OkStatus());
+  }
+  if (!synced_) {
+    return answer(absl::UnavailableError(absl::StrCat(
+        "backup of partition ", id_, " has no copy yet (record ", h.seq, ")")));
+  }
+  if (h.seq != record_index_ + 1) {
+    return answer(absl::DataLossError(absl::StrCat(
+        "replication record ", h.seq, " for partition ", id_, " after record ", record_index_)));
+  }
+  auto u = DecodeReplicaUpdate(absl::string_view(record.payload_data(), record.payload_size()));
+  absl::Status s = u.ok() ? ApplyUpdateLocked(*u) : u.status();
+  if (!s.ok()) {
+    LOG(ERROR) << s;
+    return answer(s);
+  }
+  record_index_ = h.seq;
+  if (stats_.version != h.version) {
+    LOG(ERROR) << "partition " << id_ << ": backup at version " << stats_.version
+               << " after record " << h.seq << ", the primary at " << h.version;
+  }
+  answer(absl::OkStatus());
 }
 
 }  // namespace strata::pserver

@@ -22,6 +22,7 @@
 #include "common/config.h"
 #include "common/optimizer.h"
 #include "proto/checkpoint.pb.h"
+#include "pserver/replica_record.h"
 #include "pserver/sparse_table.h"
 #include "storage/checkpoint_format.h"
 #include "transport/transport.h"
@@ -64,6 +65,24 @@ struct SnapshotRequest {
   uint64_t version = 0;
 };
 
+// Where a primary's replication records go (docs/reliability.md). The
+// PServer's implementation keeps one ordered stream per backup node.
+class ReplicaSink {
+ public:
+  virtual ~ReplicaSink() = default;
+  // Queues `record` (a kReplicate message for `backup`) behind every record
+  // queued for that backup before; resends until the backup holds it or the
+  // backup leaves the view. When it holds it, the sink calls
+  // partition->OnReplicaAck(backup, record.header.seq). Never blocks; called
+  // with the partition's lock held.
+  virtual void Send(class Partition* partition, uint32_t backup, transport::Message record) = 0;
+};
+
+enum class PartitionRole {
+  kPrimary,  // serves pulls and pushes, forwards updates to its backups
+  kBackup,   // holds a copy kept up to date by the primary's records
+};
+
 // Thread-safe: any transport thread may call Pull/Push concurrently.
 // Responses are sent while the partition lock is held: pull responses go
 // out straight from the values (no copy), which must not change meanwhile.
@@ -75,6 +94,9 @@ class Partition {
   // A sparse partition over `rows` (owned).
   Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable> rows,
             Consistency consistency);
+  // A backup starts without state of its own: it is useless until the
+  // primary's copy arrives (ApplyReplica).
+  void MakeBackup();
   Partition(const Partition&) = delete;
   Partition& operator=(const Partition&) = delete;
 
@@ -95,6 +117,30 @@ class Partition {
   // The workers a BSP step waits for (live, training workers of the current
   // view). Completes the pending step if everyone left in it has pushed.
   void SetStepWorkers(const std::set<uint32_t>& workers);
+
+  // Replication (docs/reliability.md).
+  // Primary: the backups of the current view. A new one is sent a copy of
+  // the partition, then every update after it; updates (push acks, the
+  // versions pulls see) are released once every backup holds them. A
+  // backup no longer in the list stops holding anything back. `sink` is
+  // borrowed and outlives the partition.
+  void SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink);
+  // The sink's report that `backup` holds the records up to `index`.
+  void OnReplicaAck(uint32_t backup, uint64_t index);
+  // Backup: applies a kReplicate record (in stream order) and answers it.
+  void ApplyReplica(const transport::Message& record,
+                    std::shared_ptr<transport::Responder> responder);
+  // Backup -> primary (its primary died). In bsp it serves from the last
+  // update it holds; pushes of the step in progress come again.
+  void Promote();
+  PartitionRole role() const;
+  // A backup that holds the primary's copy (can be promoted).
+  bool synced() const;
+  // A partition restored from a checkpoint while the job runs: its version
+  // becomes `version` (the step the others have reached).
+  void FastForward(uint64_t version);
+  // Gradients accepted from each sender: the update ledger.
+  std::map<uint32_t, uint64_t> applied_by_sender() const;
 
   uint32_t id() const { return id_; }
   const std::string& table() const { return table_; }
@@ -133,8 +179,9 @@ class Partition {
   using Reply = std::pair<std::shared_ptr<transport::Responder>, transport::Message>;
   void MaybeCompleteStepLocked(std::vector<Reply>* replies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies the BSP step's summed gradient (dense or sparse).
-  void ApplyStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the BSP step's summed gradient (dense or sparse); fills
+  // *record (may be null) with it for the backups.
+  void ApplyStepLocked(ReplicaUpdate* record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a sparse push's rows to the BSP step's sums.
   void AccumulateSparseLocked(const uint64_t* keys, const float* grads, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -148,6 +195,24 @@ class Partition {
   // Takes the bsp snapshots waiting for the version now reached.
   void TakeDueSnapshotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RawBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replication: sends `update` (just applied, bringing the partition to
+  // its version now) to every backup, and holds `replies` back until they
+  // all have it. Without backups the replies go out at once.
+  void ReplicateLocked(const ReplicaUpdate& update, std::vector<Reply>* replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the held updates every backup has acknowledged.
+  void ReleaseLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers the bsp pulls waiting for a version now released.
+  void ServeWaitingPullsLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The whole state as a full checkpoint file's streams.
+  std::map<storage::BlockType, std::string> CopyStreamsLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a decoded update record as the primary applied it.
+  absl::Status ApplyUpdateLocked(const ReplicaUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyStreamsLocked(const std::map<storage::BlockType, std::string>& streams,
+                                  const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The version pulls may see: the last one every backup holds.
+  uint64_t ServedVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t id_;
   const std::string table_;
@@ -178,6 +243,30 @@ class Partition {
   uint64_t baseline_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t baseline_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<SnapshotRequest, SnapshotDone>> waiting_snapshots_ ABSL_GUARDED_BY(mu_);
+
+  // Replication.
+  PartitionRole role_ ABSL_GUARDED_BY(mu_) = PartitionRole::kPrimary;
+  bool synced_ ABSL_GUARDED_BY(mu_) = true;  // a backup holds the primary's copy
+  ReplicaSink* sink_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Primary: the index of the last record sent; backup: of the last applied.
+  uint64_t record_index_ ABSL_GUARDED_BY(mu_) = 0;
+  // Primary: each backup's highest acknowledged record.
+  std::map<uint32_t, uint64_t> backup_acked_ ABSL_GUARDED_BY(mu_);
+  // Updates sent but not yet held by every backup: record index, version
+  // after it, and the replies held back until then.
+  struct Held {
+    uint64_t index;
+    uint64_t version;
+    std::vector<Reply> replies;
+  };
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  // Bsp: acks of the pushes of the step in progress, held until the step's
+  // update is replicated (a primary dying before then loses nothing
+  // acknowledged: the pushes come again).
+  std::vector<Reply> step_acks_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, uint64_t> applied_by_sender_ ABSL_GUARDED_BY(mu_);
+  // Bsp step in progress: the (sender, seq) of its pushes, for the record.
+  std::vector<std::pair<uint32_t, uint64_t>> step_pushes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::pserver

@@ -113,6 +113,18 @@ absl::Status PServer::Start() {
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
 
+  // Before registering: the master may place partitions (with backups)
+  // as soon as this node is registered.
+  replicas_ = std::make_unique<ReplicaStreams>(
+      transport_.get(), [this] { return node_id_.load(); }, [this] { return epoch_.load(); },
+      [this] {
+        absl::MutexLock l(&mu_);
+        refresh_wanted_ = true;
+      },
+      [this](uint32_t backup, const std::string& why) {
+        absl::MutexLock l(&mu_);
+        suspects_.emplace(backup, why);
+      });
   master_channel_ = grpc::CreateChannel(options_.master_address,
                                         grpc::InsecureChannelCredentials());
   master_ = proto::Master::NewStub(master_channel_);
@@ -134,6 +146,7 @@ absl::Status PServer::Start() {
     if (last.ok()) {
       node_id_ = resp.node_id();
       epoch_ = resp.view().epoch();
+      RenewLease(absl::Now());
       break;
     }
     if (absl::Now() > deadline || stop_.HasBeenNotified()) {
@@ -154,6 +167,7 @@ void PServer::Shutdown() {
   if (shutdown_.exchange(true)) return;
   stop_.Notify();
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (replicas_) replicas_->Shutdown();
   if (admin_server_) admin_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (transport_) transport_->Shutdown();
   if (executor_) executor_->Shutdown();  // runs what is queued; replies are dropped
@@ -185,14 +199,17 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   if (restore != nullptr) {
     for (const auto& p : restore->partitions()) saved[p.id()] = &p;
   }
-  std::set<uint32_t> owned;
+  const uint32_t self = node_id_;
+  std::set<uint32_t> owned, backing;
   std::vector<const proto::PartitionInfo*> to_create;
   {
     absl::MutexLock l(&mu_);
     if (view.epoch() < epoch_.load() && !partitions_.empty()) return absl::OkStatus();
     for (const auto& p : view.partitions()) {
-      if (p.owner() != node_id_) continue;
-      owned.insert(p.id());
+      const bool backup =
+          std::find(p.backups().begin(), p.backups().end(), self) != p.backups().end();
+      if (p.owner() != self && !backup) continue;
+      (p.owner() == self ? owned : backing).insert(p.id());
       if (partitions_.count(p.id()) == 0) to_create.push_back(&p);
     }
   }
@@ -224,7 +241,11 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " ["
               << p.offset() << ", " << p.offset() + p.length() << "))";
     }
-    if (restore != nullptr) {
+    if (p.owner() != self) {
+      part->MakeBackup();  // its state comes from the primary
+    } else if (p.restore_seq() != 0) {
+      STRATA_RETURN_IF_ERROR(RestoreLostPartition(p, part.get()));
+    } else if (restore != nullptr) {
       auto it = saved.find(p.id());
       if (it == saved.end() || it->second->table() != t.name() ||
           it->second->offset() != p.offset() || it->second->length() != p.length()) {
@@ -238,6 +259,8 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     created[p.id()] = std::move(part);
   }
   std::vector<Partition*> all;
+  std::vector<std::pair<Partition*, std::vector<uint32_t>>> primaries;
+  std::map<uint32_t, std::string> backup_addresses;
   {
     absl::MutexLock l(&mu_);
     for (auto& [id, part] : created) {
@@ -250,9 +273,37 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint "
                 << restore->seq() << " under " << checkpoint_root;
     }
+    // Partitions this node neither owns nor backs any more stop serving.
+    for (auto it = partitions_.begin(); it != partitions_.end();) {
+      if (owned.count(it->first) == 0 && backing.count(it->first) == 0) {
+        LOG(INFO) << "partition " << it->first << " (" << it->second->table()
+                  << ") left this pserver in view epoch " << view.epoch();
+        retired_.push_back(std::move(it->second));
+        it = partitions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::map<uint32_t, std::string> data_address;
+    for (const auto& m : view.members()) data_address[m.id()] = m.data_address();
+    owner_of_.clear();
+    for (const auto& p : view.partitions()) {
+      owner_of_[p.id()] = p.owner();
+      if (p.owner() != self) continue;
+      auto it = partitions_.find(p.id());
+      if (it == partitions_.end()) continue;
+      std::vector<uint32_t> backups(p.backups().begin(), p.backups().end());
+      for (uint32_t b : backups) backup_addresses[b] = data_address[b];
+      primaries.emplace_back(it->second.get(), std::move(backups));
+    }
     owned_ = std::move(owned);
     for (auto& [id, part] : partitions_) all.push_back(part.get());
     epoch_ = std::max(epoch_.load(), view.epoch());
+  }
+  if (replicas_) replicas_->SetBackups(backup_addresses);
+  for (auto& [part, backups] : primaries) {
+    part->Promote();  // a backup whose primary died
+    if (replicas_) part->SetBackups(backups, replicas_.get());
   }
   for (Partition* p : all) p->SetStepWorkers(step_workers);
   return absl::OkStatus();
@@ -391,6 +442,55 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   return resp;
 }
 
+absl::Status PServer::RestoreLostPartition(const proto::PartitionInfo& p,
+                                           Partition* part) const {
+  const CheckpointSection& c = options_.config.checkpoint;
+  if (!c.enabled) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "partition ", p.id(), " is to be restored from checkpoint ", p.restore_seq(),
+        " but this pserver's config has no checkpoint section"));
+  }
+  const std::string dir = storage::JoinPath(c.dir, storage::CheckpointDirName(p.restore_seq()));
+  STRATA_ASSIGN_OR_RETURN(proto::CheckpointManifest m, storage::ReadManifest(options_.fs, dir));
+  for (const auto& e : m.partitions()) {
+    if (e.id() != p.id()) continue;
+    STRATA_RETURN_IF_ERROR(LoadPartition(options_.fs, c.dir, e, m.seq(), part));
+    const uint64_t saved = part->stats().version;
+    part->FastForward(p.restore_version());
+    LOG(WARNING) << "partition " << p.id() << " (" << part->table()
+                 << ") restored from checkpoint " << m.seq() << " at version " << saved
+                 << ", moved on to version " << p.restore_version() << ": "
+                 << (p.restore_version() > saved ? p.restore_version() - saved : 0)
+                 << " step(s) of it lost";
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat(dir, ": the manifest has no partition ", p.id()));
+}
+
+void PServer::RenewLease(absl::Time granted_at) {
+  const ClusterSection& c = options_.config.cluster;
+  // Shorter than the master's dead timeout: by the time the master gives
+  // this node's partitions to others, it has stopped serving them.
+  const int64_t lease_ms = std::max<int64_t>(c.dead_timeout_ms - c.heartbeat_interval_ms,
+                                             c.dead_timeout_ms / 2);
+  lease_until_ns_ = absl::ToUnixNanos(granted_at + absl::Milliseconds(lease_ms));
+}
+
+absl::Status PServer::ServingStatus() const {
+  if (fenced_.load()) {
+    return absl::UnavailableError(absl::StrCat(
+        "pserver node ", node_id_.load(),
+        " was declared dead by the master and serves nothing (fenced)"));
+  }
+  if (absl::GetCurrentTimeNanos() > lease_until_ns_.load()) {
+    return absl::UnavailableError(absl::StrCat(
+        "pserver node ", node_id_.load(),
+        ": its lease from the master expired (no heartbeat answered); serving nothing until "
+        "renewed"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PServer::RequestCheckpointAndStop(absl::Duration grace) {
   proto::CheckpointRequest req;
   req.set_reason(absl::StrCat("sigterm on pserver ", options_.index));
@@ -484,12 +584,22 @@ void PServer::HandleRequest(Message request,
     responder->Respond(std::move(pong));
     return;
   }
-  if (h.type != MessageType::kPullRequest && h.type != MessageType::kPushRequest) {
+  const bool replicate = h.type == MessageType::kReplicate;
+  if (h.type != MessageType::kPullRequest && h.type != MessageType::kPushRequest &&
+      !replicate) {
     responder->Respond(transport::MakeErrorResponse(
         h, MessageType::kPushResponse,
         absl::InvalidArgumentError(absl::StrCat(
             "unexpected message type ", static_cast<int>(h.type), " from ",
             responder->peer()))));
+    return;
+  }
+  const MessageType answer_type = replicate ? MessageType::kReplicateResponse : resp_type;
+  if (absl::Status serving = ServingStatus(); !serving.ok()) {
+    refused_total_->Increment();
+    Message err = transport::MakeErrorResponse(h, answer_type, serving);
+    err.header.epoch = epoch_.load();
+    responder->Respond(std::move(err));
     return;
   }
   const uint64_t epoch = epoch_.load();
@@ -498,7 +608,7 @@ void PServer::HandleRequest(Message request,
     Message err;
     if (h.epoch < epoch) {
       err = transport::MakeErrorResponse(
-          h, resp_type,
+          h, answer_type,
           absl::FailedPreconditionError(absl::StrCat(
               "STALE_EPOCH: request epoch ", h.epoch, " < pserver epoch ", epoch)));
     } else {
@@ -507,7 +617,7 @@ void PServer::HandleRequest(Message request,
         refresh_wanted_ = true;
       }
       err = transport::MakeErrorResponse(
-          h, resp_type,
+          h, answer_type,
           absl::UnavailableError(absl::StrCat("pserver epoch ", epoch,
                                               " behind request epoch ", h.epoch,
                                               "; retry")));
@@ -517,11 +627,43 @@ void PServer::HandleRequest(Message request,
     return;
   }
   Partition* part = FindPartition(h.partition);
+  if (replicate) {
+    absl::Status fit;
+    {
+      absl::MutexLock l(&mu_);
+      auto owner = owner_of_.find(h.partition);
+      if (h.count != node_id_.load()) {
+        fit = absl::FailedPreconditionError(absl::StrCat(
+            "replication record for node ", h.count, " reached node ", node_id_.load()));
+      } else if (part == nullptr || owner == owner_of_.end() || owner->second != h.sender_id) {
+        fit = absl::FailedPreconditionError(absl::StrCat(
+            "replication record for partition ", h.partition, " from node ", h.sender_id,
+            ", which is not its primary here (view epoch ", epoch, ")"));
+      }
+    }
+    if (!fit.ok()) {
+      responder->Respond(transport::MakeErrorResponse(h, answer_type, fit));
+      return;
+    }
+    if (executor_ == nullptr) {
+      part->ApplyReplica(request, std::move(responder));
+      return;
+    }
+    auto req = std::make_shared<Message>(std::move(request));
+    executor_->Post(h.partition, [part, req, responder = std::move(responder)]() {
+      part->ApplyReplica(*req, responder);
+    });
+    return;
+  }
   if (part == nullptr) {
-    responder->Respond(transport::MakeErrorResponse(
+    // A sender whose view is behind (a restarted pserver took over an
+    // address): it refreshes its view and retries.
+    Message err = transport::MakeErrorResponse(
         h, resp_type,
-        absl::NotFoundError(absl::StrCat("partition ", h.partition,
-                                         " is not served by pserver node ", node_id_.load()))));
+        absl::UnavailableError(absl::StrCat("partition ", h.partition,
+                                            " is not served by pserver node ", node_id_.load())));
+    err.header.epoch = epoch;
+    responder->Respond(std::move(err));
     return;
   }
   if (h.type == MessageType::kPullRequest) {
@@ -574,32 +716,71 @@ void PServer::HeartbeatLoop() {
   const absl::Duration interval =
       absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
   absl::Time next = absl::Now();
+  std::map<uint32_t, std::string> suspects;
+  std::map<uint32_t, absl::Time> reported;
   while (!stop_.HasBeenNotified()) {
     bool refresh = false;
     {
       absl::MutexLock l(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return refresh_wanted_ || stop_.HasBeenNotified();
+        return refresh_wanted_ || !suspects_.empty() || stop_.HasBeenNotified();
       };
       mu_.AwaitWithDeadline(absl::Condition(&wake), std::min(next, absl::Now() + absl::Milliseconds(100)));
       refresh = refresh_wanted_;
       refresh_wanted_ = false;
+      suspects.swap(suspects_);
     }
     if (stop_.HasBeenNotified()) break;
+    // A backup we cannot reach: the master hears of it now, not after its
+    // heartbeats time out (replication to it holds every update back).
+    for (const auto& [node, why] : suspects) {
+      absl::Time& last = reported[node];
+      if (absl::Now() - last < interval) continue;
+      last = absl::Now();
+      proto::ReportSuspectRequest req;
+      req.set_node_id(node_id_);
+      req.set_suspect(node);
+      req.set_reason(absl::StrCat("replication: ", why));
+      proto::ReportSuspectResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
+      absl::Status s = FromGrpcStatus(master_->ReportSuspect(&ctx, req, &resp),
+                                      "master " + options_.master_address);
+      if (!s.ok()) LOG(WARNING) << "cannot report node " << node << ": " << s;
+    }
+    suspects.clear();
     if (absl::Now() >= next) {
       next = absl::Now() + interval;
       proto::HeartbeatRequest req;
       req.set_node_id(node_id_);
       req.set_epoch(epoch_);
+      {
+        absl::MutexLock l(&mu_);
+        for (const auto& [id, p] : partitions_) {
+          if (p->synced()) req.add_replicas(id);
+        }
+      }
       proto::HeartbeatResponse resp;
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
+      const absl::Time sent = absl::Now();
+      ctx.set_deadline(absl::ToChronoTime(sent + interval));
       absl::Status s = FromGrpcStatus(master_->Heartbeat(&ctx, req, &resp),
                                       "master " + options_.master_address);
+      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) {
+        // Declared dead while alive (paused, or cut off): others own our
+        // partitions now. Serve nothing more; the process exits.
+        if (!fenced_.exchange(true)) {
+          LOG(ERROR) << "fenced: " << s.message()
+                     << "; this pserver serves and applies nothing more and exits so that a "
+                        "fresh one can join";
+        }
+        break;
+      }
       if (!s.ok()) {
         LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
-      } else if (resp.epoch() != epoch_) {
-        refresh = true;
+      } else {
+        RenewLease(sent);
+        if (resp.epoch() != epoch_) refresh = true;
       }
     }
     if (refresh) {
@@ -629,6 +810,12 @@ proto::PServerStatusResponse PServer::Status() const {
     ps->set_version(st.version);
     ps->set_pushes_applied(st.pushes_applied);
     ps->set_duplicate_pushes(st.duplicate_pushes);
+    ps->set_role(p->role() == PartitionRole::kPrimary ? "primary"
+                 : p->synced()                       ? "backup"
+                                                     : "syncing");
+    for (const auto& [sender, n] : p->applied_by_sender()) {
+      (*ps->mutable_applied_by_sender())[sender] = n;
+    }
     if (p->sparse()) {
       const SparseTableStats ss = p->sparse_stats();
       ps->set_sparse(true);
@@ -642,6 +829,26 @@ proto::PServerStatusResponse PServer::Status() const {
 void PServer::RegisterMetrics() {
   requests_total_ = metrics_.GetCounter("strata_pserver_requests_total", "Data-plane requests received");
   stale_epoch_total_ = metrics_.GetCounter("strata_pserver_stale_epoch_total", "Requests refused for an epoch mismatch");
+  refused_total_ = metrics_.GetCounter(
+      "strata_pserver_fenced_requests_total",
+      "Requests refused because this node's lease expired or it was fenced");
+  auto replication = [this](uint64_t ReplicaStreams::Stats::*field) {
+    return [this, field]() {
+      return replicas_ ? static_cast<double>(replicas_->stats().*field) : 0.0;
+    };
+  };
+  metrics_.AddCallbackGauge("strata_pserver_replication_records_sent",
+                            "Replication records sent to backups (first sends)",
+                            replication(&ReplicaStreams::Stats::records_sent));
+  metrics_.AddCallbackGauge("strata_pserver_replication_bytes_sent",
+                            "Replication record bytes sent to backups",
+                            replication(&ReplicaStreams::Stats::bytes_sent));
+  metrics_.AddCallbackGauge("strata_pserver_replication_resends",
+                            "Replication records sent again after a failure",
+                            replication(&ReplicaStreams::Stats::resends));
+  metrics_.AddCallbackGauge("strata_pserver_replication_queued",
+                            "Replication records not yet acknowledged by a backup",
+                            replication(&ReplicaStreams::Stats::queued));
   bytes_in_ = metrics_.GetCounter("strata_pserver_bytes_received_total", "Payload bytes received");
   bytes_out_ = metrics_.GetCounter("strata_pserver_bytes_sent_total", "Payload bytes sent in pull responses");
   auto sum = [this](uint64_t PartitionStats::*field) {

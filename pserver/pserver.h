@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
 #include "pserver/partition.h"
+#include "pserver/replica_streams.h"
 #include "storage/file_system.h"
 #include "transport/transport.h"
 
@@ -69,6 +70,11 @@ class PServer {
   std::string admin_address() const;
   int http_port() const { return http_.port(); }
   uint64_t epoch() const { return epoch_.load(); }
+  // True once the master declared this node dead while it lived (it was
+  // paused or cut off): it serves and applies nothing more, and its process
+  // should exit so that its supervisor starts a fresh one
+  // (docs/reliability.md).
+  bool fenced() const { return fenced_.load(); }
 
   // Installs a cluster view: creates newly owned partitions, updates the
   // epoch and the BSP step set. With `restore`, new partitions load their
@@ -107,6 +113,13 @@ class PServer {
                                const std::string& checkpoint_root)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
   void RegisterMetrics();
+  // Why this node may not serve now (its lease expired, or it was fenced),
+  // or OK.
+  absl::Status ServingStatus() const;
+  void RenewLease(absl::Time granted_at);
+  // Loads partition `p` (new, owned) from checkpoint p.restore_seq() under
+  // the config's checkpoint.dir, then moves it on to p.restore_version().
+  absl::Status RestoreLostPartition(const proto::PartitionInfo& p, Partition* part) const;
   // The row store of sparse partition p of table t, from the config's
   // sparse section.
   absl::StatusOr<std::unique_ptr<SparseTable>> MakeSparseTable(
@@ -118,6 +131,8 @@ class PServer {
   const PServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<ShardedExecutor> executor_;  // null: apply on the transport thread
+  // Outgoing replication (created once registered: it needs the node id).
+  std::unique_ptr<ReplicaStreams> replicas_;
   std::shared_ptr<grpc::Channel> master_channel_;
   std::unique_ptr<proto::Master::Stub> master_;
   std::unique_ptr<AdminService> admin_service_;
@@ -138,10 +153,23 @@ class PServer {
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> owned_ ABSL_GUARDED_BY(mu_);  // of the view applied last
+  // Partitions this node no longer holds, kept alive: requests already
+  // queued may still point at them.
+  std::vector<std::unique_ptr<Partition>> retired_ ABSL_GUARDED_BY(mu_);
+  // Replication: the owner of every partition in the view applied last
+  // (a record is taken only from the partition's primary).
+  std::map<uint32_t, uint32_t> owner_of_ ABSL_GUARDED_BY(mu_);
   bool refresh_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  // Backups found unreachable, to report to the master (heartbeat thread).
+  std::map<uint32_t, std::string> suspects_ ABSL_GUARDED_BY(mu_);
   bool checkpointing_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> sparse_metrics_ ABSL_GUARDED_BY(mu_);  // tables with gauges
 
+  // The lease: serving is allowed until then (unix ns); renewed by each
+  // answered heartbeat, for less than the master's dead timeout.
+  std::atomic<int64_t> lease_until_ns_{0};
+  std::atomic<bool> fenced_{false};
+  Counter* refused_total_ = nullptr;
   std::atomic<bool> shutdown_{false};
   absl::Notification stop_;
   std::thread heartbeat_;

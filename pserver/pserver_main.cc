@@ -62,7 +62,14 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot start pserver: " << s.message();
     return 1;
   }
-  const int sig = strata::WaitForTerminationSignal();
+  const int sig =
+      strata::WaitForTerminationSignal([&server] { return (*server)->fenced(); });
+  if (sig == 0) {
+    // Fenced: declared dead while alive. A fresh process joins as a new
+    // node (launch.sh's supervision or systemd's Restart=on-failure).
+    (*server)->Shutdown();
+    return 75;
+  }
   if (sig == SIGTERM && config->checkpoint.enabled) {
     // A preemption notice: the job is checkpointed and stopped first.
     LOG(INFO) << "SIGTERM: asking the master for a checkpoint and a clean stop (grace "

@@ -28,6 +28,11 @@
 #   --quiet         do not stream the workers' progress lines
 #   --resume R      resume from a checkpoint: 'latest' (the newest good one
 #                   under the config's checkpoint.dir) or a checkpoint directory
+#   --restart-budget N  restarts of one daemon allowed per minute (default 3)
+#
+# run supervises the daemons like systemd's Restart=on-failure: a pserver or
+# worker that fails while the job runs is restarted after 1 s (doubling),
+# at most N times a minute, then the run fails (docs/reliability.md).
 #
 # down sends SIGTERM: with checkpoints on, the job is checkpointed and
 # stopped first (within checkpoint.grace_seconds), then SIGKILL.
@@ -41,12 +46,18 @@ cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
 CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME=""
+# Supervision (run): a failed pserver or worker is restarted after
+# RESTART_DELAY s (doubling with each restart), at most RESTART_BURST times
+# within RESTART_INTERVAL s; like systemd's RestartSec, StartLimitBurst and
+# StartLimitIntervalSec.
+RESTART_DELAY="${STRATA_RESTART_DELAY:-1}" RESTART_BURST="${STRATA_RESTART_BURST:-3}"
+RESTART_INTERVAL="${STRATA_RESTART_INTERVAL:-60}"
 STARTED=0  # set once this invocation has started a daemon
 BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
 REMOTE_CMD="${STRATA_REMOTE_CMD:-ssh -o BatchMode=yes}"
 
 die() { echo "launch.sh: $*" >&2; exit 2; }
-usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,40p' "${BASH_SOURCE[0]}" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -59,6 +70,7 @@ while [[ $# -gt 0 ]]; do
     --remote-all) REMOTE_ALL=1; shift ;;
     --quiet) QUIET=1; shift ;;
     --resume) RESUME="$2"; shift 2 ;;
+    --restart-budget) RESTART_BURST="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -84,15 +96,42 @@ on_host() {
 master_address() { cat "$RUN_DIR/master.address"; }
 
 # start_daemon ROLE INDEX HOST COMMAND...: starts it in the background on
-# HOST, logging to RUN_DIR/logs/ROLE-INDEX.log, pid in RUN_DIR/pids/.
+# HOST under scripts/run-daemon.sh, logging to RUN_DIR/logs/ROLE-INDEX.log
+# (appended: a restart keeps the earlier log), pid in RUN_DIR/pids/, exit
+# status (once it ends) in RUN_DIR/exit/ROLE-INDEX. The command is kept in
+# RUN_DIR/cmd/ for restarts.
 start_daemon() {
   local role="$1" index="$2" host="$3"; shift 3
-  local log="$RUN_DIR/logs/$role-$index.log"
+  local name="$role-$index"
+  local log="$RUN_DIR/logs/$name.log"
   local quoted; quoted="$(printf '%q ' "$@")"
   local pid
   STARTED=1
-  pid="$(on_host "$host" "mkdir -p '$RUN_DIR/logs' && { OPENBLAS_NUM_THREADS=1 nohup $quoted > '$log' 2>&1 < /dev/null & echo \$!; }")"
-  echo "$host $pid" > "$RUN_DIR/pids/$role-$index"
+  mkdir -p "$RUN_DIR/cmd"
+  printf '%s\n%s\n' "$host" "$quoted" > "$RUN_DIR/cmd/$name"
+  pid="$(on_host "$host" "mkdir -p '$RUN_DIR/logs' '$RUN_DIR/exit' && rm -f '$RUN_DIR/exit/$name.pid' &&
+    { OPENBLAS_NUM_THREADS=1 nohup '$ROOT/scripts/run-daemon.sh' '$RUN_DIR/exit/$name.pid' \
+        '$RUN_DIR/exit/$name' '$log' $quoted > /dev/null 2>&1 < /dev/null & } &&
+    for i in \$(seq 1 500); do [ -s '$RUN_DIR/exit/$name.pid' ] && break; sleep 0.01; done &&
+    cat '$RUN_DIR/exit/$name.pid'")"
+  [[ -n "$pid" ]] || die "cannot start $name on $host"
+  echo "$host $pid" > "$RUN_DIR/pids/$name"
+}
+
+# The exit status of a daemon that ended (empty while unknown).
+exit_status() {
+  local name="$1" host
+  read -r host _ < "$RUN_DIR/pids/$name"
+  on_host "$host" "cat '$RUN_DIR/exit/$name' 2>/dev/null || true"
+}
+
+# restart_daemon NAME: starts it again with the command it was started with.
+restart_daemon() {
+  local name="$1" host quoted
+  { read -r host; read -r quoted; } < "$RUN_DIR/cmd/$name"
+  local role="${name%-*}" index="${name##*-}"
+  on_host "$host" "echo '=== launch.sh: restarting $name ===' >> '$RUN_DIR/logs/$name.log'"
+  eval "start_daemon '$role' '$index' '$host' $quoted"
 }
 
 # Polls the master until it answers (bounded).
@@ -263,7 +302,8 @@ do_run() {
   # takes next to no CPU from the job it runs.
   "$STRATA" wait --master "$master" --timeout "$TIMEOUT" > "$RUN_DIR/wait.txt" 2>&1 &
   wait_pid=$!
-  local state="" f name dead=""
+  local state="" f name dead="" restarts_total=0
+  local -A restarts=() finished=()
   while true; do
     if ! kill -0 "$wait_pid" 2>/dev/null; then
       if wait "$wait_pid"; then
@@ -286,34 +326,69 @@ do_run() {
       state="$("$STRATA" status --master "$master" --json 2>/dev/null |
                sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
     fi
-    # Partitions are not recovered in a running job (no replication yet), so
-    # the job cannot go on without any of its pservers; and a daemon that
-    # exits before the job runs (bad port, bad data) would stall bring-up.
+    # A daemon that exits before the job runs (bad port, bad data) would
+    # stall bring-up: that fails the run. Once it runs, a pserver or worker
+    # that fails is restarted the way systemd's Restart=on-failure would
+    # (docs/reliability.md): after a backoff, within a restart budget; a
+    # worker that exits 0 has finished its part.
     dead=""
     for f in "$RUN_DIR"/pids/*; do
       [[ -f "$f" ]] || continue
       name="${f##*/}"
-      [[ "$name" == worker-* && "$state" != waiting && -n "$state" ]] && continue
+      [[ -n "${finished[$name]:-}" ]] && continue
       daemon_alive "$f" || { dead="$name"; break; }
     done
     if [[ -n "$dead" ]]; then
-      # A worker leaves as soon as the job is done, which `strata wait`
-      # (polling every 250 ms) may not have seen yet: give it a moment.
-      for _ in 1 2 3 4 5 6; do kill -0 "$wait_pid" 2>/dev/null && sleep 0.25; done
+      local code="" _i
+      for _i in $(seq 1 20); do  # the wrapper writes it right after the exit
+        code="$(exit_status "$dead")"
+        [[ -n "$code" ]] && break
+        sleep 0.05
+      done
+      if [[ "$code" == 0 || "$dead" == master-0 ]]; then
+        # A daemon leaves as soon as the job is done, which `strata wait`
+        # (polling every 250 ms) may not have seen yet: give it a moment.
+        for _ in 1 2 3 4 5 6; do kill -0 "$wait_pid" 2>/dev/null && sleep 0.25; done
+      fi
       if ! kill -0 "$wait_pid" 2>/dev/null; then continue; fi
       if [[ "$dead" == master-0 ]]; then
         echo "launch.sh: the master died; see $RUN_DIR/logs/master-0.log" >&2
         rc=1; break
       fi
-      echo "launch.sh: $dead exited (job state: ${state:-unknown}); its log ends:" >&2
-      tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
-      rc=1; break
+      if [[ -z "$state" || "$state" == waiting ]]; then
+        echo "launch.sh: $dead exited (code ${code:-?}) before the job ran; its log ends:" >&2
+        tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
+        rc=1; break
+      fi
+      if [[ "$code" == 0 ]]; then
+        finished[$dead]=1
+        continue
+      fi
+      # The restart budget: RESTART_BURST restarts per RESTART_INTERVAL s.
+      local now_s=$SECONDS kept="" t n=0
+      for t in ${restarts[$dead]:-}; do
+        if (( now_s - t < RESTART_INTERVAL )); then kept+=" $t"; n=$((n + 1)); fi
+      done
+      if (( n >= RESTART_BURST )); then
+        echo "launch.sh: $dead failed again (code ${code:-?}) after $n restart(s) in" \
+          "$RESTART_INTERVAL s: restart budget spent, giving up; its log ends:" >&2
+        tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
+        rc=1; break
+      fi
+      local delay=$(( RESTART_DELAY << n ))
+      echo "launch.sh: $dead failed (code ${code:-?}); restarting it in ${delay}s" \
+        "(restart $((n + 1)) of $RESTART_BURST within ${RESTART_INTERVAL}s)" >&2
+      sleep "$delay"
+      kill -0 "$wait_pid" 2>/dev/null || continue
+      restart_daemon "$dead"
+      restarts[$dead]="$kept $SECONDS"
+      restarts_total=$((restarts_total + 1))
     fi
     if (( SECONDS - start > TIMEOUT )); then
       echo "launch.sh: job did not finish within $TIMEOUT s" >&2
       rc=1; break
     fi
-    sleep 0.5
+    sleep 0.25
   done
   sleep 0.3  # let the last progress lines through
   "$STRATA" status --master "$master" > "$RUN_DIR/status.txt" 2>&1 || true

@@ -41,6 +41,10 @@ const char* MessageTypeName(MessageType t) {
       return "RDMA_HELLO";
     case MessageType::kRdmaHelloReply:
       return "RDMA_HELLO_REPLY";
+    case MessageType::kReplicate:
+      return "REPLICATE";
+    case MessageType::kReplicateResponse:
+      return "REPLICATE_RESPONSE";
   }
   return "UNKNOWN";
 }
@@ -48,7 +52,7 @@ const char* MessageTypeName(MessageType t) {
 bool IsValidMessageType(MessageType t) {
   const auto v = static_cast<uint16_t>(t);
   return v >= static_cast<uint16_t>(MessageType::kPullRequest) &&
-         v <= static_cast<uint16_t>(MessageType::kRdmaHelloReply);
+         v <= static_cast<uint16_t>(MessageType::kReplicateResponse);
 }
 
 MessageType ResponseTypeFor(MessageType request_type) {
@@ -61,6 +65,8 @@ MessageType ResponseTypeFor(MessageType request_type) {
       return MessageType::kPong;
     case MessageType::kRdmaHello:
       return MessageType::kRdmaHelloReply;
+    case MessageType::kReplicate:
+      return MessageType::kReplicateResponse;
     default:
       return request_type;
   }

@@ -30,6 +30,11 @@ enum class MessageType : uint16_t {
   // transport, never given to a RequestHandler.
   kRdmaHello = 7,
   kRdmaHelloReply = 8,
+  // pserver (primary) -> pserver (backup): one replication record of a
+  // partition (docs/reliability.md); header.seq is the record's index in the
+  // partition's stream, header.count the receiving node's id.
+  kReplicate = 9,
+  kReplicateResponse = 10,
 };
 const char* MessageTypeName(MessageType t);
 // True for the message types above other than kInvalid: the only types a
@@ -63,6 +68,9 @@ struct MessageHeader {
 // response n rows of `dim` fp32 values in the same order. Push: n keys, then
 // n rows of gradient (n * dim fp32).
 inline constexpr uint32_t kFlagSparse = 1;
+// MessageHeader::flags bit 1, kReplicate only: the record is a full copy of
+// the partition (a new backup's catch-up), not an update.
+inline constexpr uint32_t kFlagReplicaCopy = 2;
 
 struct Message {
   MessageHeader header;

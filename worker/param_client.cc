@@ -44,7 +44,7 @@ void ParamClient::SetView(const proto::ClusterView& view) {
       continue;
     }
     sparse_dims_[t.id()] = static_cast<int>(t.dim());
-    sparse_routes_[t.id()].resize(t.partitions(), Route{0, 0, 0, 0, ""});
+    sparse_routes_[t.id()].resize(t.partitions(), Route{0, 0, 0, 0, "", 0});
     if (sparse_partitions_ != 0 && sparse_partitions_ != t.partitions()) {
       view_error_ = absl::DataLossError(absl::StrCat(
           "cluster view epoch ", view.epoch(), ": sparse tables with ", sparse_partitions_,
@@ -53,7 +53,8 @@ void ParamClient::SetView(const proto::ClusterView& view) {
     sparse_partitions_ = t.partitions();
   }
   for (const auto& p : view.partitions()) {
-    const Route r{p.id(), p.table_id(), p.offset(), p.length(), data_address[p.owner()]};
+    const Route r{p.id(), p.table_id(), p.offset(), p.length(), data_address[p.owner()],
+                  p.owner()};
     auto sparse = sparse_routes_.find(p.table_id());
     if (sparse == sparse_routes_.end()) {
       routes_.push_back(r);
@@ -90,6 +91,11 @@ void ParamClient::SetView(const proto::ClusterView& view) {
       break;
     }
   }
+}
+
+std::map<uint32_t, uint64_t> ParamClient::AckedPushes() const {
+  absl::MutexLock l(&mu_);
+  return acked_pushes_;
 }
 
 uint64_t ParamClient::epoch() const {
@@ -149,6 +155,10 @@ struct ParamClient::Round {
   absl::Mutex mu;
   std::map<uint32_t, absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
   int outstanding ABSL_GUARDED_BY(mu) = 0;
+  // Per partition: the attempt whose answer counts (an abandoned one's
+  // late answer is dropped), and those awaiting an answer.
+  std::map<uint32_t, uint64_t> attempt ABSL_GUARDED_BY(mu);
+  std::set<uint32_t> pending ABSL_GUARDED_BY(mu);
   // Answers so far, readable without the lock (for a short spin).
   std::atomic<uint64_t> answered{0};
 };
@@ -221,13 +231,18 @@ void ParamClient::Exchange::Send(uint32_t partition) {
   req.header.epoch = epoch_;
   req.header.partition = r.partition;
   std::shared_ptr<Round> round = round_;
+  uint64_t attempt;
   {
     absl::MutexLock l(&round->mu);
     ++round->outstanding;
+    attempt = ++round->attempt[partition];
+    round->pending.insert(partition);
   }
-  auto finish = [round, partition](absl::StatusOr<Message> resp) {
+  auto finish = [round, partition, attempt](absl::StatusOr<Message> resp) {
     absl::MutexLock l(&round->mu);
+    if (round->attempt[partition] != attempt) return;  // abandoned
     round->results.insert_or_assign(partition, std::move(resp));
+    round->pending.erase(partition);
     --round->outstanding;
     round->answered.fetch_add(1, std::memory_order_release);
   };
@@ -285,19 +300,84 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
       __builtin_ia32_pause();
     }
   }
-  absl::MutexLock l(&round_->mu);
   auto cond = [&done]() { return done(); };
-  // Wake up now and then to notice Cancel().
-  while (!round_->mu.AwaitWithDeadline(
-      absl::Condition(&cond), std::min(deadline_, absl::Now() + absl::Milliseconds(200)))) {
+  // Wake up now and then to notice Cancel() and view changes.
+  while (true) {
+    {
+      absl::MutexLock l(&round_->mu);
+      if (round_->mu.AwaitWithDeadline(
+              absl::Condition(&cond), std::min(deadline_, absl::Now() + absl::Milliseconds(200)))) {
+        return absl::OkStatus();
+      }
+      if (absl::Now() > deadline_) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            round_->outstanding, " partition request(s) unanswered after ",
+            absl::FormatDuration(client_->request_timeout_)));
+      }
+    }
     if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
-    if (absl::Now() > deadline_) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          round_->outstanding, " partition request(s) unanswered after ",
-          absl::FormatDuration(client_->request_timeout_)));
+    ReportFailures();
+    AbandonMoved();
+  }
+}
+
+void ParamClient::Exchange::ReportFailures() {
+  if (!client_->report_suspect_) return;
+  std::vector<std::pair<uint32_t, std::string>> failed;
+  {
+    absl::MutexLock l(&round_->mu);
+    for (const auto& [id, o] : round_->results) {
+      if (o.ok()) continue;
+      const Route& r = routes_.at(id);
+      if (reported_.insert(r.owner).second) {
+        failed.emplace_back(r.owner, std::string(o.status().message()));
+      }
     }
   }
-  return absl::OkStatus();
+  for (const auto& [owner, why] : failed) client_->report_suspect_(owner, why);
+}
+
+std::string ParamClient::CurrentAddressLocked(const Route& r, int sparse_table) const {
+  if (sparse_table < 0) {
+    for (const Route& x : routes_) {
+      if (x.partition == r.partition) return x.address;
+    }
+    return "";
+  }
+  auto it = sparse_routes_.find(static_cast<uint32_t>(sparse_table));
+  if (it == sparse_routes_.end() || r.offset >= it->second.size()) return "";
+  return it->second[r.offset].address;
+}
+
+void ParamClient::Exchange::AbandonMoved() {
+  std::map<uint32_t, std::string> now_at;
+  {
+    absl::MutexLock l(&client_->mu_);
+    if (client_->epoch_ == epoch_) return;
+    for (const auto& [id, r] : routes_) now_at[id] = client_->CurrentAddressLocked(r, sparse_table_);
+  }
+  std::set<std::string> left;
+  {
+    absl::MutexLock l(&round_->mu);
+    for (auto it = round_->pending.begin(); it != round_->pending.end();) {
+      const Route& r = routes_.at(*it);
+      if (now_at[*it] == r.address) {
+        ++it;
+        continue;
+      }
+      ++round_->attempt[*it];  // its answer, if one ever comes, is dropped
+      round_->results.insert_or_assign(
+          *it, absl::UnavailableError(absl::StrCat("partition ", *it, " moved from ", r.address,
+                                                   " in a newer view")));
+      --round_->outstanding;
+      round_->answered.fetch_add(1, std::memory_order_release);
+      left.insert(r.address);
+      it = round_->pending.erase(it);
+    }
+  }
+  // A request given up may still be writing into its destination: its
+  // connection goes (a later request reconnects).
+  if (!left.empty()) client_->DropConnections(left);
 }
 
 absl::Status ParamClient::Exchange::WaitRange(uint32_t table, uint64_t end) {
@@ -369,12 +449,20 @@ absl::Status ParamClient::Exchange::FinishOnce() {
     }
     std::vector<uint32_t> retry;
     bool refresh = false;
+    std::set<uint32_t> suspected;
     for (auto& [id, o] : results) {
       const Route& r = routes_.at(id);
       if (!o.ok()) {  // connection-level failure: reconnect and retry
         LOG_EVERY_N(WARNING, 20) << "partition " << r.partition << " at " << r.address
                                  << ": " << o.status() << "; retrying";
         retry.push_back(id);
+        // The owner may be gone: the master hears of it, and the next try
+        // goes wherever the view then says.
+        if (client_->report_suspect_ && suspected.insert(r.owner).second &&
+            reported_.count(r.owner) == 0) {
+          client_->report_suspect_(r.owner, std::string(o.status().message()));
+        }
+        refresh = true;
         continue;
       }
       absl::Status s = transport::ResponseStatus(*o);
@@ -382,7 +470,8 @@ absl::Status ParamClient::Exchange::FinishOnce() {
         refresh = true;  // our view is stale
         retry.push_back(id);
       } else if (absl::IsUnavailable(s)) {
-        retry.push_back(id);  // pserver behind on the view, or not ready
+        retry.push_back(id);  // pserver behind on the view, or not ready,
+        if (attempt >= 2) refresh = true;  // or no longer serving it
       } else {
         STRATA_RETURN_IF_ERROR(on_response_(r, *o));
       }
@@ -397,6 +486,8 @@ absl::Status ParamClient::Exchange::FinishOnce() {
           r.partition, " at ", r.address));
     }
     if (refresh) {
+      // Not at full speed while the master is still finding out.
+      if (attempt > 0) absl::SleepFor(absl::Milliseconds(std::min(200, 20 * attempt)));
       STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, client_->refresh_view_());
       client_->SetView(view);
       LoadRoutes();  // owners may have moved
@@ -479,7 +570,7 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
         m.payload_ref_until_response = true;
         return m;
       },
-      [result](const Route& r, const Message& resp) -> absl::Status {
+      [this, result](const Route& r, const Message& resp) -> absl::Status {
         absl::Status s = transport::ResponseStatus(resp);
         if (absl::IsFailedPrecondition(s)) {  // stale gradient: dropped by design
           ++result->stale_partitions;
@@ -489,6 +580,8 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
         if (!s.ok()) {
           return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
         }
+        absl::MutexLock l(&mu_);
+        ++acked_pushes_[r.partition];
         return absl::OkStatus();
       },
       Destination());
@@ -600,7 +693,7 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
         m.payload = (*payloads)[r.offset];
         return m;
       },
-      [result](const Route& r, const Message& resp) -> absl::Status {
+      [this, result](const Route& r, const Message& resp) -> absl::Status {
         absl::Status s = transport::ResponseStatus(resp);
         if (absl::IsFailedPrecondition(s)) {  // stale gradient: dropped by design
           ++result->stale_partitions;
@@ -609,6 +702,8 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
         if (!s.ok()) {
           return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
         }
+        absl::MutexLock l(&mu_);
+        ++acked_pushes_[r.partition];
         return absl::OkStatus();
       },
       Destination(), static_cast<int>(table), keys, every_partition);

@@ -46,6 +46,14 @@ class ParamClient {
   // Makes every current and later PullAll/PushAll return Cancelled at its
   // next retry. Thread-safe.
   void Cancel() { cancelled_ = true; }
+  // Called (on the training thread) with a pserver's node id and what
+  // failed when a request to it fails at the connection level, so that the
+  // master hears of it at once (docs/reliability.md). Set before training.
+  void SetSuspectReporter(std::function<void(uint32_t node, const std::string& why)> report) {
+    report_suspect_ = std::move(report);
+  }
+  // The update ledger: pushes acknowledged as applied, by partition id.
+  std::map<uint32_t, uint64_t> AckedPushes() const;
 
   // Pulls every partition at version >= min_version into (*tables)[t],
   // resized to the table sizes. Returns the lowest version received.
@@ -72,6 +80,7 @@ class ParamClient {
     uint64_t offset;   // dense: first element; sparse: the virtual partition
     uint64_t length;   // dense: elements; sparse (in an exchange): the keys' floats
     std::string address;
+    uint32_t owner = 0;  // the primary's node id
   };
 
   // A batch's keys of the sparse tables (docs/sparse.md), deduplicated and
@@ -140,6 +149,14 @@ class ParamClient {
    private:
     void LoadRoutes();
     void Send(uint32_t partition);
+    // After a view change: gives up waiting on requests to partitions that
+    // moved to another pserver (their old owner may never answer: paused),
+    // so that they are sent again to the new one.
+    void AbandonMoved();
+    // Tells the master (report_suspect_) of pservers whose requests failed
+    // at the connection level, without waiting for the other answers.
+    void ReportFailures();
+    std::set<uint32_t> reported_;  // owners reported by this exchange
     absl::Status Await(const std::function<bool()>& done);
     absl::Status FinishOnce();
 
@@ -212,6 +229,10 @@ class ParamClient {
   const std::function<absl::StatusOr<proto::ClusterView>()> refresh_view_;
   const absl::Duration request_timeout_;
   std::atomic<bool> cancelled_{false};
+  std::function<void(uint32_t, const std::string&)> report_suspect_;
+  // The address partition `r` lives at in the view held now.
+  std::string CurrentAddressLocked(const Route& r, int sparse_table) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
@@ -225,6 +246,7 @@ class ParamClient {
   std::map<std::string, std::shared_ptr<transport::Connection>> conns_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint32_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::worker

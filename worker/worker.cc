@@ -255,6 +255,25 @@ absl::Status Worker::Start() {
       transport_.get(), node_id_, [this] { return FetchView(); },
       absl::Milliseconds(options_.config.cluster.request_timeout_ms));
   params_->SetView(resp.view());
+  params_->SetSuspectReporter([this](uint32_t node, const std::string& why) {
+    // One report per pserver per heartbeat interval is plenty.
+    const absl::Time now = absl::Now();
+    absl::Time& last = suspect_reported_[node];
+    if (now - last < absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) return;
+    last = now;
+    proto::ReportSuspectRequest req;
+    req.set_node_id(node_id_);
+    req.set_suspect(node);
+    req.set_reason(why);
+    proto::ReportSuspectResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(now + absl::Seconds(1)));
+    absl::Status s = FromGrpcStatus(master_->ReportSuspect(&ctx, req, &resp),
+                                    "master " + options_.master_address);
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "cannot report pserver node " << node << ": " << s;
+    }
+  });
   if (tasks_ == nullptr) tasks_ = std::make_unique<MasterTaskSource>(this);
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   LOG(INFO) << "worker " << options_.index << " is node " << node_id_
@@ -699,6 +718,9 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   req.set_samples_per_sec(recent_sps_);
   req.set_busy_seconds(s.busy_seconds);
   req.set_comm_seconds(s.comm_seconds);
+  for (const auto& [partition, n] : params_->AckedPushes()) {
+    (*req.mutable_acked_pushes())[partition] = n;
+  }
   req.set_has_test_accuracy(has_eval);
   req.set_test_accuracy(accuracy);
   req.set_test_loss(test_loss);

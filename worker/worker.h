@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -188,6 +189,8 @@ class Worker {
 
   std::atomic<uint32_t> node_id_{0};
   std::atomic<bool> declared_dead_{false};
+  // Training thread only: when each pserver was last reported unreachable.
+  std::map<uint32_t, absl::Time> suspect_reported_;
   uint64_t next_step_ = 0;   // training thread only
   // bsp: a task leased without the step it starts at (the first one): its
   // first step goes to the master with the next progress report, sent at

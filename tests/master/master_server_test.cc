@@ -1,5 +1,6 @@
 #include "master/master_server.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ namespace {
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
@@ -40,10 +42,17 @@ std::string IdxLabels(uint32_t n) {
   return s;
 }
 
-// A pserver admin service that accepts every assignment and records it.
-// Thread-safe (gRPC threads call it).
+// A pserver admin service that accepts every assignment and records it,
+// and answers status probes (unless told not to). Thread-safe (gRPC
+// threads call it).
 class FakePServerAdmin final : public proto::PServerAdmin::Service {
  public:
+  grpc::Status GetStatus(grpc::ServerContext*, const proto::PServerStatusRequest*,
+                         proto::PServerStatusResponse*) override {
+    if (unreachable_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "unreachable");
+    return grpc::Status::OK;
+  }
+  std::atomic<bool> unreachable_{false};
   grpc::Status AssignPartitions(
       grpc::ServerContext*, const proto::AssignPartitionsRequest* req,
       proto::AssignPartitionsResponse* resp) override {
@@ -446,6 +455,141 @@ TEST_F(MasterServerTest, DeadPserverWithPartitionsFailsTheJob) {
   EXPECT_EQ(job.state(), "failed");
   EXPECT_THAT(job.message(), HasSubstr("pserver 0"));
   EXPECT_THAT(job.message(), HasSubstr("no replica"));
+}
+
+TEST_F(MasterServerTest, ReplicationNeedsMorePserversThanBackups) {
+  options_.config.cluster.replication = 1;
+  auto m = MasterServer::Create(options_);
+  EXPECT_THAT(m.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("cluster.replication 1 needs at least 2 pservers")));
+}
+
+// Two pservers (both the fake admin service), replication 1: the dead
+// one's partitions go to the backup that holds their copy, in a new epoch;
+// one it does not hold (yet) is lost, and with no checkpoint the job fails.
+class ReplicatedMasterTest : public MasterServerTest {
+ protected:
+  void Start() {
+    options_.config.cluster.replication = 1;
+    options_.expected_pservers = 2;
+    CreateMaster();
+    ps0_ = RegisterPserver(0, admin_address_);
+    ps1_ = RegisterPserver(1, admin_address_);
+    w_ = RegisterWorker(0);
+    master_->TickForTesting();
+    ASSERT_EQ(JobState(), "running");
+    const proto::ClusterView view = master_->View();
+    for (const auto& p : view.partitions()) {
+      ASSERT_EQ(p.backups_size(), 1) << "partition " << p.id();
+      EXPECT_NE(p.backups(0), p.owner());
+      (p.owner() == ps1_ ? of_ps1_ : of_ps0_).push_back(p.id());
+    }
+    ASSERT_FALSE(of_ps1_.empty());
+    ASSERT_FALSE(of_ps0_.empty());
+  }
+  // Heartbeat of pserver 0 holding `replicas` as synced backups.
+  void HeartbeatPs0(const std::vector<uint32_t>& replicas) {
+    proto::HeartbeatRequest req;
+    req.set_node_id(ps0_);
+    for (uint32_t id : replicas) req.add_replicas(id);
+    ASSERT_THAT(master_->Heartbeat(req).status(), IsOk());
+  }
+  // Pserver 1 stops heartbeating; pserver 0 holds `replicas`.
+  void KillPs1(const std::vector<uint32_t>& replicas) {
+    clock_.Advance(absl::Milliseconds(5001));
+    ASSERT_THAT(Heartbeat(w_), IsOk());
+    HeartbeatPs0(replicas);
+    master_->TickForTesting();
+  }
+  uint32_t ps0_ = 0, ps1_ = 0, w_ = 0;
+  std::vector<uint32_t> of_ps0_, of_ps1_;
+};
+
+TEST_F(ReplicatedMasterTest, SyncedBackupsArePromotedInANewEpoch) {
+  Start();
+  const uint64_t epoch = master_->View().epoch();
+  KillPs1(of_ps1_);
+  EXPECT_EQ(StateOf(ps1_), proto::DEAD);
+  EXPECT_EQ(JobState(), "running");
+  const proto::ClusterView view = master_->View();
+  EXPECT_GT(view.epoch(), epoch);
+  for (const auto& p : view.partitions()) {
+    EXPECT_EQ(p.owner(), ps0_) << "partition " << p.id();
+    EXPECT_EQ(p.backups_size(), 0) << "no other pserver to back it up";
+    EXPECT_EQ(p.restore_seq(), 0u);
+  }
+  const proto::JobStatus job = master_->GetStatus().job();
+  EXPECT_EQ(job.failovers(), of_ps1_.size());
+  EXPECT_THAT(job.events(), Contains(HasSubstr("failed over to their backups")));
+  // A fresh pserver becomes the backups' home.
+  const uint32_t ps2 = RegisterPserver(1, admin_address_);
+  master_->TickForTesting();
+  const proto::ClusterView after = master_->View();
+  for (const auto& p : after.partitions()) {
+    ASSERT_EQ(p.backups_size(), 1);
+    EXPECT_EQ(p.backups(0), ps2);
+  }
+}
+
+TEST_F(ReplicatedMasterTest, APartitionWithoutASyncedBackupIsLost) {
+  Start();
+  // Pserver 0 holds the copy of all but one of pserver 1's partitions.
+  std::vector<uint32_t> held(of_ps1_.begin() + 1, of_ps1_.end());
+  KillPs1(held);
+  const proto::JobStatus job = master_->GetStatus().job();
+  EXPECT_EQ(job.state(), "failed");
+  EXPECT_THAT(job.message(), HasSubstr("1 partition(s) and no replica to take over"));
+  EXPECT_EQ(job.failovers(), held.size());
+}
+
+TEST_F(ReplicatedMasterTest, SuspicionReportsAreCheckedByProbing) {
+  Start();
+  proto::ReportSuspectRequest req;
+  req.set_node_id(w_);
+  req.set_suspect(ps1_);
+  req.set_reason("connection reset");
+  // The fake admin service answers the probe: not dead.
+  auto r = master_->ReportSuspect(req);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_FALSE(r->declared_dead());
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(ps1_), proto::ALIVE);
+  // Reports about a node that is not a pserver are refused.
+  req.set_suspect(w_);
+  EXPECT_THAT(master_->ReportSuspect(req).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Kept up for longer than the dead timeout (heard by the master or not):
+  // dead.
+  req.set_suspect(ps1_);
+  int rounds = 0;
+  for (; rounds < 20 && StateOf(ps1_) == proto::ALIVE; ++rounds) {
+    clock_.Advance(absl::Milliseconds(500));
+    ASSERT_THAT(Heartbeat(w_), IsOk());
+    ASSERT_THAT(Heartbeat(ps1_), IsOk());
+    HeartbeatPs0(of_ps1_);
+    ASSERT_THAT(master_->ReportSuspect(req), IsOk());
+    master_->TickForTesting();
+  }
+  EXPECT_EQ(StateOf(ps1_), proto::DEAD);
+  EXPECT_GE(rounds, 10);  // not before the dead timeout (5 s)
+  EXPECT_LE(rounds, 12);
+  EXPECT_THAT(master_->GetStatus().job().events(), Contains(HasSubstr("unreachable from workers")));
+}
+
+TEST_F(ReplicatedMasterTest, ASuspectTheMasterCannotReachEitherIsDeadAtOnce) {
+  Start();
+  HeartbeatPs0(of_ps1_);
+  admin_.unreachable_ = true;  // both pservers' probes fail (one fake)
+  proto::ReportSuspectRequest req;
+  req.set_node_id(w_);
+  req.set_suspect(ps1_);
+  req.set_reason("connection reset");
+  ASSERT_THAT(master_->ReportSuspect(req), IsOk());
+  master_->TickForTesting();  // no time passes: the probe decides
+  EXPECT_EQ(StateOf(ps1_), proto::DEAD);
+  EXPECT_EQ(StateOf(ps0_), proto::ALIVE);
+  EXPECT_THAT(master_->GetStatus().job().events(),
+              Contains(HasSubstr("the master's probe failed too")));
+  EXPECT_EQ(JobState(), "running");
 }
 
 TEST_F(MasterServerTest, WorkerInputErrorFailsTheJobWithItsMessage) {

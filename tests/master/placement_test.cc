@@ -18,6 +18,7 @@ namespace {
 using ::strata::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
 
 proto::TableInfo Table(uint32_t id, uint64_t elements) {
   proto::TableInfo t;
@@ -232,6 +233,37 @@ TEST(PlacePartitionsTest, SparseTablesAreDealtOutInVirtualPartitions) {
     }
     EXPECT_EQ(total, 5);
   }
+}
+
+TEST(TopUpBackupsTest, BalancesBackupsAndReplacesDeadOnes) {
+  google::protobuf::RepeatedPtrField<proto::PartitionInfo> parts;
+  for (uint32_t i = 0; i < 6; ++i) {
+    proto::PartitionInfo* p = parts.Add();
+    p->set_id(i);
+    p->set_length(100);
+    p->set_owner(1 + i % 3);  // owners 1, 2, 3
+  }
+  EXPECT_EQ(TopUpBackups(&parts, {1, 2, 3}, 1), 6);
+  std::map<uint32_t, int> held;
+  for (const auto& p : parts) {
+    ASSERT_EQ(p.backups_size(), 1);
+    EXPECT_NE(p.backups(0), p.owner());
+    ++held[p.backups(0)];
+  }
+  EXPECT_THAT(held, ElementsAre(Pair(1, 2), Pair(2, 2), Pair(3, 2)));
+  // Node 3 dies: its backups go to the others, never onto the owner.
+  for (auto& p : parts) {
+    if (p.owner() == 3) p.set_owner(p.backups(0));
+  }
+  EXPECT_GT(TopUpBackups(&parts, {1, 2}, 1), 0);
+  for (const auto& p : parts) {
+    ASSERT_EQ(p.backups_size(), 1);
+    EXPECT_NE(p.backups(0), p.owner());
+    EXPECT_NE(p.backups(0), 3u);
+  }
+  // More backups than pservers allow: as many as there are.
+  EXPECT_EQ(TopUpBackups(&parts, {1, 2}, 3), 0);
+  for (const auto& p : parts) EXPECT_EQ(p.backups_size(), 1);
 }
 
 }  // namespace

@@ -500,5 +500,206 @@ TEST(SparsePartitionTest, MalformedSparseRequestsAreRefusedNamingWhatIsWrong) {
   EXPECT_EQ(sparse->sparse_stats().rows, 0u);
 }
 
+// Replication (docs/reliability.md): records a primary sends its backups
+// are kept here and handed to a backup partition by the test.
+class QueueSink : public ReplicaSink {
+ public:
+  void Send(Partition* partition, uint32_t backup, Message record) override {
+    record.header.sender_id = 1;  // the primary's node id, as the pserver stamps it
+    absl::MutexLock l(&mu_);
+    records_.emplace_back(backup, std::move(record));
+  }
+  std::vector<std::pair<uint32_t, Message>> Take() {
+    absl::MutexLock l(&mu_);
+    std::vector<std::pair<uint32_t, Message>> r;
+    r.swap(records_);
+    return r;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<uint32_t, Message>> records_ ABSL_GUARDED_BY(mu_);
+};
+
+// Hands each queued record to `backup` and returns its answers.
+std::vector<Message> Deliver(QueueSink& sink, Partition& backup) {
+  std::vector<Message> answers;
+  for (auto& [node, record] : sink.Take()) {
+    auto r = std::make_shared<RecordingResponder>();
+    backup.ApplyReplica(record, r);
+    auto got = r->responses();
+    EXPECT_THAT(got, SizeIs(1));
+    if (!got.empty()) answers.push_back(got[0]);
+  }
+  return answers;
+}
+
+// Delivers and acknowledges every queued record from `backup` (node 5).
+void Replicate(QueueSink& sink, Partition& primary, Partition& backup) {
+  for (auto& [node, record] : sink.Take()) {
+    auto r = std::make_shared<RecordingResponder>();
+    backup.ApplyReplica(record, r);
+    auto got = r->responses();
+    ASSERT_THAT(got, SizeIs(1));
+    ASSERT_THAT(transport::ResponseStatus(got[0]), IsOk());
+    primary.OnReplicaAck(node, record.header.seq);
+  }
+}
+
+TEST(ReplicationTest, BspStepIsAcknowledgedAndServedOnlyOnceTheBackupHoldsIt) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kBsp);
+  auto backup = MakePartition(Consistency::kBsp);
+  backup->MakeBackup();
+  EXPECT_FALSE(backup->synced());
+  primary->SetStepWorkers({1, 2});
+  primary->SetBackups({5}, &sink);
+  Replicate(sink, *primary, *backup);  // the copy
+  EXPECT_TRUE(backup->synced());
+  EXPECT_EQ(backup->role(), PartitionRole::kBackup);
+
+  auto r1 = std::make_shared<RecordingResponder>();
+  auto r2 = std::make_shared<RecordingResponder>();
+  auto pull = std::make_shared<RecordingResponder>();
+  primary->Push(PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f}), r1);
+  primary->Push(PushMsg(2, 1, 0, 1, {0.f, 2.f, 4.f}), r2);
+  primary->Pull(PullMsg(1, 1, 9), pull);
+  // Applied on the primary, but neither acknowledged nor served yet.
+  EXPECT_EQ(primary->stats().version, 1u);
+  EXPECT_THAT(r1->responses(), IsEmpty());
+  EXPECT_THAT(r2->responses(), IsEmpty());
+  EXPECT_THAT(pull->responses(), IsEmpty());
+  auto answers = Deliver(sink, *backup);
+  ASSERT_THAT(answers, SizeIs(1));
+  EXPECT_THAT(transport::ResponseStatus(answers[0]), IsOk());
+  EXPECT_THAT(r1->responses(), IsEmpty());  // until the ack reaches the primary
+  primary->OnReplicaAck(5, 1);
+  ASSERT_THAT(r1->responses(), SizeIs(1));
+  ExpectPushAck(r1->responses()[0], 1, 1);
+  ASSERT_THAT(r2->responses(), SizeIs(1));
+  ASSERT_THAT(pull->responses(), SizeIs(1));
+  EXPECT_EQ(pull->responses()[0].header.version, 1u);
+  // The backup holds exactly the primary's state: mean {1, 2, 3} * 0.5.
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+  EXPECT_THAT(backup->ValuesForTesting(),
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.f, kTol), FloatNear(1.5f, kTol)));
+  EXPECT_EQ(backup->stats().version, 1u);
+  EXPECT_EQ(backup->applied_by_sender(), primary->applied_by_sender());
+}
+
+TEST(ReplicationTest, PromotedBackupServesAndKnowsThePushesItHolds) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kAsp);
+  auto backup = MakePartition(Consistency::kAsp);
+  backup->MakeBackup();
+  // Updates before the backup joined reach it in the copy.
+  ExpectPushAck(PushAndGetResponse(*primary, PushMsg(3, 1, 0, 2, {2.f, 4.f, -2.f})), 3, 1);
+  primary->SetBackups({5}, &sink);
+  Replicate(sink, *primary, *backup);
+  for (uint64_t seq = 2; seq <= 4; ++seq) {
+    auto r = std::make_shared<RecordingResponder>();
+    primary->Push(PushMsg(3, seq, 0, 1, {1.f, -1.f, 0.5f}), r);
+    EXPECT_THAT(r->responses(), IsEmpty());
+    Replicate(sink, *primary, *backup);
+    ASSERT_THAT(r->responses(), SizeIs(1));
+  }
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+  EXPECT_EQ(backup->stats().version, 4u);
+  EXPECT_EQ(backup->applied_by_sender(), (std::map<uint32_t, uint64_t>{{3, 4}}));
+  // A backup serves nothing; promoted, it does, and a push it holds
+  // already (the worker retrying after the primary died) is not applied
+  // again.
+  auto refused = std::make_shared<RecordingResponder>();
+  backup->Pull(PullMsg(3, 0, 1), refused);
+  ASSERT_THAT(refused->responses(), SizeIs(1));
+  EXPECT_THAT(transport::ResponseStatus(refused->responses()[0]),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("backup")));
+  backup->Promote();
+  EXPECT_EQ(backup->role(), PartitionRole::kPrimary);
+  ExpectPushAck(PushAndGetResponse(*backup, PushMsg(3, 4, 0, 1, {1.f, -1.f, 0.5f})), 3, 4);
+  EXPECT_EQ(backup->stats().duplicate_pushes, 1u);
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+}
+
+TEST(ReplicationTest, ABackupLeavingTheViewReleasesWhatWaitedForIt) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kBsp);
+  primary->SetStepWorkers({1});
+  primary->SetBackups({5}, &sink);
+  auto r = std::make_shared<RecordingResponder>();
+  primary->Push(PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f}), r);
+  EXPECT_THAT(r->responses(), IsEmpty());
+  primary->SetBackups({}, &sink);  // the backup died
+  ASSERT_THAT(r->responses(), SizeIs(1));
+  ExpectPushAck(r->responses()[0], 1, 1);
+}
+
+TEST(ReplicationTest, RecordsOutOfOrderCorruptOrMisdirectedAreRefused) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kAsp);
+  auto backup = MakePartition(Consistency::kAsp);
+  backup->MakeBackup();
+  primary->SetBackups({5}, &sink);
+  auto copy = sink.Take();
+  ASSERT_THAT(copy, SizeIs(1));
+  // (Their acks wait for the backup.)
+  primary->Push(PushMsg(3, 1, 0, 1, {1.f, 1.f, 1.f}), std::make_shared<RecordingResponder>());
+  primary->Push(PushMsg(3, 2, 0, 1, {1.f, 1.f, 1.f}), std::make_shared<RecordingResponder>());
+  auto updates = sink.Take();
+  ASSERT_THAT(updates, SizeIs(2));
+  auto apply = [&](const Message& m) {
+    auto r = std::make_shared<RecordingResponder>();
+    backup->ApplyReplica(m, r);
+    auto got = r->responses();
+    return got.empty() ? absl::InternalError("no answer") : transport::ResponseStatus(got[0]);
+  };
+  // No copy yet: the primary must send it first.
+  EXPECT_THAT(apply(updates[0].second), StatusIs(absl::StatusCode::kUnavailable));
+  // A truncated copy names what is wrong and changes nothing.
+  Message bad = copy[0].second;
+  bad.payload.resize(bad.payload.size() / 2);
+  EXPECT_THAT(apply(bad), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+  EXPECT_FALSE(backup->synced());
+  EXPECT_THAT(apply(copy[0].second), IsOk());
+  EXPECT_THAT(apply(copy[0].second), IsOk());  // a resend is held already
+  // A gap in the stream.
+  EXPECT_THAT(apply(updates[1].second),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("after record 0")));
+  Message garbled = updates[0].second;
+  garbled.payload.resize(7);
+  EXPECT_THAT(apply(garbled), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(apply(updates[0].second), IsOk());
+  EXPECT_THAT(apply(updates[1].second), IsOk());
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+  // The primary takes no records.
+  auto r = std::make_shared<RecordingResponder>();
+  primary->ApplyReplica(updates[0].second, r);
+  ASSERT_THAT(r->responses(), SizeIs(1));
+  EXPECT_THAT(transport::ResponseStatus(r->responses()[0]),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("primary")));
+}
+
+TEST(ReplicationTest, SparseBackupHoldsTheSameRows) {
+  QueueSink sink;
+  auto primary = MakeSparsePartition(Consistency::kBsp);
+  auto backup = MakeSparsePartition(Consistency::kBsp);
+  backup->MakeBackup();
+  primary->SetStepWorkers({1, 2});
+  primary->Push(SparsePushMsg(1, 1, 0, 1, {11, 12}, {1, 1, 2, 2}),
+                std::make_shared<RecordingResponder>());
+  primary->Push(SparsePushMsg(2, 1, 0, 1, {12, 13}, {4, 4, 6, 6}),
+                std::make_shared<RecordingResponder>());
+  primary->SetBackups({5}, &sink);
+  Replicate(sink, *primary, *backup);
+  primary->Push(SparsePushMsg(1, 2, 1, 1, {13, 14}, {1, 2, 3, 4}),
+                std::make_shared<RecordingResponder>());
+  primary->Push(SparsePushMsg(2, 2, 1, 1, {11}, {5, 5}), std::make_shared<RecordingResponder>());
+  Replicate(sink, *primary, *backup);
+  EXPECT_EQ(backup->stats().version, 2u);
+  EXPECT_EQ(backup->sparse_stats().rows, primary->sparse_stats().rows);
+  backup->Promote();
+  EXPECT_EQ(PullRows(*backup, {11, 12, 13, 14, 15}), PullRows(*primary, {11, 12, 13, 14, 15}));
+}
+
 }  // namespace
 }  // namespace strata::pserver

@@ -1,0 +1,123 @@
+#include "pserver/replica_record.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::pserver {
+namespace {
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// Reads from a byte range, refusing to run past its end.
+class Reader {
+ public:
+  explicit Reader(absl::string_view b) : b_(b) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (b_.size() < sizeof(T)) return false;
+    std::memcpy(v, b_.data(), sizeof(T));
+    b_.remove_prefix(sizeof(T));
+    return true;
+  }
+  bool Bytes(size_t n, absl::string_view* out) {
+    if (b_.size() < n) return false;
+    *out = b_.substr(0, n);
+    b_.remove_prefix(n);
+    return true;
+  }
+  size_t left() const { return b_.size(); }
+
+ private:
+  absl::string_view b_;
+};
+
+}  // namespace
+
+std::string EncodeReplicaUpdate(const ReplicaUpdate& u) {
+  std::string out;
+  out.reserve(16 + u.pushes.size() * 12 + u.keys.size() * 8 + u.grads.size() * 4);
+  Put<uint32_t>(&out, static_cast<uint32_t>(u.pushes.size()));
+  Put<uint32_t>(&out, static_cast<uint32_t>(u.keys.size()));
+  Put<float>(&out, u.scale);
+  Put<uint32_t>(&out, static_cast<uint32_t>(u.grads.size()));
+  for (const auto& [sender, seq] : u.pushes) {
+    Put<uint32_t>(&out, sender);
+    Put<uint64_t>(&out, seq);
+  }
+  out.append(reinterpret_cast<const char*>(u.keys.data()), u.keys.size() * sizeof(uint64_t));
+  out.append(reinterpret_cast<const char*>(u.grads.data()), u.grads.size() * sizeof(float));
+  return out;
+}
+
+absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes) {
+  Reader r(bytes);
+  uint32_t pushes = 0, keys = 0, grads = 0;
+  ReplicaUpdate u;
+  if (!r.Get(&pushes) || !r.Get(&keys) || !r.Get(&u.scale) || !r.Get(&grads)) {
+    return absl::DataLossError(
+        absl::StrCat("replication record of ", bytes.size(), " bytes: truncated header"));
+  }
+  const uint64_t want = uint64_t{pushes} * 12 + uint64_t{keys} * 8 + uint64_t{grads} * 4;
+  if (want != r.left()) {
+    return absl::DataLossError(absl::StrCat("replication record: ", pushes, " pushes, ", keys,
+                                            " keys and ", grads, " floats need ", want,
+                                            " bytes, ", r.left(), " follow"));
+  }
+  u.pushes.resize(pushes);
+  for (auto& [sender, seq] : u.pushes) {
+    r.Get(&sender);
+    r.Get(&seq);
+  }
+  absl::string_view k, g;
+  r.Bytes(uint64_t{keys} * 8, &k);
+  r.Bytes(uint64_t{grads} * 4, &g);
+  u.keys.resize(keys);
+  std::memcpy(u.keys.data(), k.data(), k.size());
+  u.grads.resize(grads);
+  std::memcpy(u.grads.data(), g.data(), g.size());
+  return u;
+}
+
+std::string EncodeReplicaCopy(const std::map<storage::BlockType, std::string>& streams) {
+  std::string out;
+  size_t total = 4;
+  for (const auto& [type, s] : streams) total += 12 + s.size();
+  out.reserve(total);
+  Put<uint32_t>(&out, static_cast<uint32_t>(streams.size()));
+  for (const auto& [type, s] : streams) {
+    Put<uint32_t>(&out, static_cast<uint32_t>(type));
+    Put<uint64_t>(&out, s.size());
+    out.append(s);
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<storage::BlockType, std::string>> DecodeReplicaCopy(
+    absl::string_view bytes) {
+  Reader r(bytes);
+  uint32_t n = 0;
+  if (!r.Get(&n)) return absl::DataLossError("replica copy: truncated");
+  std::map<storage::BlockType, std::string> streams;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t type = 0;
+    uint64_t size = 0;
+    absl::string_view s;
+    if (!r.Get(&type) || !r.Get(&size) || !r.Bytes(size, &s)) {
+      return absl::DataLossError(absl::StrCat("replica copy of ", bytes.size(),
+                                              " bytes: stream ", i, " of ", n, " truncated"));
+    }
+    if (!streams.emplace(static_cast<storage::BlockType>(type), std::string(s)).second) {
+      return absl::DataLossError(absl::StrCat("replica copy: block type ", type, " twice"));
+    }
+  }
+  if (r.left() != 0) {
+    return absl::DataLossError(absl::StrCat("replica copy: ", r.left(), " bytes after the last stream"));
+  }
+  return streams;
+}
+
+}  // namespace strata::pserver

@@ -1,0 +1,195 @@
+#include "pserver/replica_streams.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace strata::pserver {
+
+using transport::Message;
+
+ReplicaStreams::ReplicaStreams(transport::Transport* transport, std::function<uint32_t()> self,
+                               std::function<uint64_t()> epoch, std::function<void()> on_stale,
+                               std::function<void(uint32_t, const std::string&)> on_unreachable)
+    : transport_(transport),
+      self_(std::move(self)),
+      epoch_(std::move(epoch)),
+      on_stale_(std::move(on_stale)),
+      on_unreachable_(std::move(on_unreachable)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ReplicaStreams::~ReplicaStreams() { Shutdown(); }
+
+void ReplicaStreams::Shutdown() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock l(&mu_);
+  streams_.clear();
+}
+
+void ReplicaStreams::SetBackups(const std::map<uint32_t, std::string>& addresses) {
+  std::vector<std::shared_ptr<transport::Connection>> dropped;
+  absl::MutexLock l(&mu_);
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    if (addresses.count(it->first) == 0) {
+      if (!it->second.queue.empty()) {
+        LOG(INFO) << "replication to node " << it->first << " ends with "
+                  << it->second.queue.size() << " record(s) unacknowledged (it left the view)";
+      }
+      dropped.push_back(std::move(it->second.conn));
+      it = streams_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [id, address] : addresses) {
+    Stream& s = streams_[id];
+    if (s.address != address) {
+      s.address = address;
+      s.conn.reset();
+      s.retry_at = absl::InfinitePast();
+    }
+  }
+  wake_ = true;
+}
+
+void ReplicaStreams::Send(Partition* partition, uint32_t backup, Message record) {
+  absl::MutexLock l(&mu_);
+  if (stop_) return;
+  Stream& s = streams_[backup];
+  stats_.queued_bytes += record.payload.size();
+  s.queue.push_back(Entry{partition, std::move(record)});
+  wake_ = true;
+}
+
+ReplicaStreams::Stats ReplicaStreams::stats() const {
+  absl::MutexLock l(&mu_);
+  Stats st = stats_;
+  st.queued = 0;
+  for (const auto& [id, s] : streams_) st.queued += s.queue.size();
+  return st;
+}
+
+void ReplicaStreams::Loop() {
+  while (true) {
+    // What to send now: (backup, address, connection, generation, records).
+    struct Batch {
+      uint32_t backup;
+      std::string address;
+      std::shared_ptr<transport::Connection> conn;
+      uint64_t generation;
+      std::vector<Message> records;
+    };
+    std::vector<Batch> batches;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+      if (stop_) return;
+      wake_ = false;
+      const absl::Time now = absl::Now();
+      for (auto& [id, s] : streams_) {
+        if (s.address.empty() || now < s.retry_at) continue;
+        Batch b{id, s.address, s.conn, s.generation, {}};
+        for (Entry& e : s.queue) {
+          if (e.sent) continue;
+          e.sent = true;
+          Message m;
+          m.header = e.record.header;
+          m.payload = e.record.payload;
+          m.header.sender_id = self_();
+          m.header.epoch = epoch_();
+          if (e.resend) {
+            ++stats_.resends;
+          } else {
+            ++stats_.records_sent;
+            stats_.bytes_sent += m.payload.size();
+            e.resend = true;
+          }
+          b.records.push_back(std::move(m));
+        }
+        if (!b.records.empty()) batches.push_back(std::move(b));
+      }
+    }
+    for (Batch& b : batches) {
+      if (b.conn == nullptr || !b.conn->healthy()) {
+        auto conn = transport_->Connect(b.address);
+        if (!conn.ok()) {
+          for (Message& m : b.records) {
+            OnAnswer(b.backup, b.generation, m.header.partition, m.header.seq, conn.status());
+          }
+          continue;
+        }
+        b.conn = std::move(*conn);
+        absl::MutexLock l(&mu_);
+        auto it = streams_.find(b.backup);
+        if (it != streams_.end() && it->second.generation == b.generation) {
+          it->second.conn = b.conn;
+        }
+      }
+      for (Message& m : b.records) {
+        const uint32_t partition = m.header.partition;
+        const uint64_t seq = m.header.seq;
+        b.conn->Call(std::move(m), [this, backup = b.backup, gen = b.generation, partition,
+                                    seq](absl::StatusOr<Message> answer) {
+          OnAnswer(backup, gen, partition, seq, std::move(answer));
+        });
+      }
+    }
+  }
+}
+
+void ReplicaStreams::OnAnswer(uint32_t backup, uint64_t generation, uint32_t partition,
+                              uint64_t seq, absl::StatusOr<Message> answer) {
+  absl::Status status = answer.ok() ? transport::ResponseStatus(*answer) : answer.status();
+  std::vector<std::pair<Partition*, uint64_t>> acked;
+  bool stale = false;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = streams_.find(backup);
+    if (it == streams_.end() || it->second.generation != generation) return;
+    Stream& s = it->second;
+    if (status.ok()) {
+      s.failures = 0;
+      for (Entry& e : s.queue) {
+        if (e.record.header.partition == partition && e.record.header.seq == seq) {
+          e.acked = true;
+          break;
+        }
+      }
+      while (!s.queue.empty() && s.queue.front().acked) {
+        Entry& e = s.queue.front();
+        acked.emplace_back(e.partition, e.record.header.seq);
+        stats_.queued_bytes -= std::min<uint64_t>(stats_.queued_bytes, e.record.payload.size());
+        s.queue.pop_front();
+      }
+    } else {
+      // Everything unacknowledged goes again, in order, after a backoff.
+      ++s.generation;
+      ++s.failures;
+      for (Entry& e : s.queue) e.sent = e.acked;
+      if (!answer.ok()) s.conn.reset();
+      s.retry_at = absl::Now() + std::min(absl::Milliseconds(10) * (1 << std::min(s.failures, 7)),
+                                          absl::Seconds(1));
+      stale = absl::IsFailedPrecondition(status) &&
+              absl::StrContains(status.message(), "STALE_EPOCH");
+      LOG_EVERY_N(WARNING, 20) << "replication to node " << backup << " at " << s.address
+                               << " (partition " << partition << ", record " << seq
+                               << "): " << status << "; resending";
+    }
+    wake_ = true;
+  }
+  if (stale && on_stale_) on_stale_();
+  if (!answer.ok() && on_unreachable_) on_unreachable_(backup, std::string(status.message()));
+  for (auto& [p, index] : acked) p->OnReplicaAck(backup, index);
+}
+
+}  // namespace strata::pserver

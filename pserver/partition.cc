@@ -353,33 +353,17 @@ PartitionSnapshot Partition::SnapshotLocked(const SnapshotRequest& req) {
   PartitionSnapshot snap;
   const bool incremental = req.base_seq != 0 && req.base_seq == baseline_seq_;
   proto::CheckpointPartitionHeader& h = snap.header;
-  h.set_format_version(storage::kCheckpointFormatVersion);
+  FillHeaderLocked(&h);
   h.set_job(req.job);
   h.set_seq(req.seq);
-  h.set_id(id_);
-  h.set_table(table_);
-  h.set_length(length_);
-  h.set_sparse(sparse_);
-  h.set_dim(static_cast<uint32_t>(dim_));
-  h.set_version(stats_.version);
   h.set_full(!incremental || !sparse_);
-  for (const auto& [sender, seq] : last_seq_) (*h.mutable_last_seq())[sender] = seq;
-  for (const auto& [sender, n] : applied_by_sender_) (*h.mutable_applied_by_sender())[sender] = n;
   snap.raw_bytes = RawBytesLocked();
   if (sparse_) {
-    h.set_optimizer(rows_->optimizer_name());
-    h.set_row_bytes(static_cast<uint32_t>(rows_->row_bytes()));
-    const SparseTable::Clock c = rows_->clock();
-    h.set_table_updates(c.updates);
-    h.set_table_rng(c.rng);
-    h.set_table_sweep(c.sweep);
-    h.set_rows(rows_->rows());
     rows_->ExportRows(/*all=*/!incremental, &snap.rows);
     if (incremental) rows_->ExportRemoved(&snap.removed);
     rows_->ExportPending(&snap.pending);
     rows_->MarkClean();
   } else {
-    h.set_optimizer(optimizer_->name());
     if (incremental && stats_.version == baseline_version_) {
       snap.unchanged = true;
     } else {
@@ -553,32 +537,39 @@ void Partition::Promote() {
             << stats_.version << " (replication record " << record_index_ << ")";
 }
 
+void Partition::FillHeaderLocked(proto::CheckpointPartitionHeader* h) const {
+  h->set_format_version(storage::kCheckpointFormatVersion);
+  h->set_id(id_);
+  h->set_table(table_);
+  h->set_length(length_);
+  h->set_sparse(sparse_);
+  h->set_dim(static_cast<uint32_t>(dim_));
+  h->set_version(stats_.version);
+  for (const auto& [sender, seq] : last_seq_) (*h->mutable_last_seq())[sender] = seq;
+  for (const auto& [sender, n] : applied_by_sender_) (*h->mutable_applied_by_sender())[sender] = n;
+  if (sparse_) {
+    h->set_optimizer(rows_->optimizer_name());
+    h->set_row_bytes(static_cast<uint32_t>(rows_->row_bytes()));
+    const SparseTable::Clock c = rows_->clock();
+    h->set_table_updates(c.updates);
+    h->set_table_rng(c.rng);
+    h->set_table_sweep(c.sweep);
+    h->set_rows(rows_->rows());
+  } else {
+    h->set_optimizer(optimizer_->name());
+  }
+}
+
 std::map<storage::BlockType, std::string> Partition::CopyStreamsLocked() const {
   using storage::BlockType;
   std::map<BlockType, std::string> streams;
   proto::CheckpointPartitionHeader h;
-  h.set_format_version(storage::kCheckpointFormatVersion);
-  h.set_id(id_);
-  h.set_table(table_);
-  h.set_length(length_);
-  h.set_sparse(sparse_);
-  h.set_dim(static_cast<uint32_t>(dim_));
-  h.set_version(stats_.version);
+  FillHeaderLocked(&h);
   h.set_full(true);
-  for (const auto& [sender, seq] : last_seq_) (*h.mutable_last_seq())[sender] = seq;
-  for (const auto& [sender, n] : applied_by_sender_) (*h.mutable_applied_by_sender())[sender] = n;
   if (sparse_) {
-    h.set_optimizer(rows_->optimizer_name());
-    h.set_row_bytes(static_cast<uint32_t>(rows_->row_bytes()));
-    const SparseTable::Clock c = rows_->clock();
-    h.set_table_updates(c.updates);
-    h.set_table_rng(c.rng);
-    h.set_table_sweep(c.sweep);
-    h.set_rows(rows_->rows());
     rows_->ExportRows(/*all=*/true, &streams[BlockType::kSparseRows]);
     rows_->ExportPending(&streams[BlockType::kSparsePending]);
   } else {
-    h.set_optimizer(optimizer_->name());
     streams[BlockType::kDenseValues].assign(reinterpret_cast<const char*>(values_.data()),
                                             values_.size() * sizeof(float));
     streams[BlockType::kOptimizerState] = optimizer_->SaveState();

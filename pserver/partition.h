@@ -204,6 +204,9 @@ class Partition {
   void ReleaseLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers the bsp pulls waiting for a version now released.
   void ServeWaitingPullsLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The header fields every snapshot and copy shares (not job, seq, full).
+  void FillHeaderLocked(proto::CheckpointPartitionHeader* h) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The whole state as a full checkpoint file's streams.
   std::map<storage::BlockType, std::string> CopyStreamsLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -31,7 +31,7 @@
 #   --restart-budget N  restarts of one daemon allowed per minute (default 3)
 #
 # run supervises the daemons like systemd's Restart=on-failure: a pserver or
-# worker that fails while the job runs is restarted after 1 s (doubling),
+# worker that fails while the job runs is restarted after 0.1 s (doubling),
 # at most N times a minute, then the run fails (docs/reliability.md).
 #
 # down sends SIGTERM: with checkpoints on, the job is checkpointed and
@@ -47,10 +47,10 @@ cmd="${1:-}"
 
 CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME=""
 # Supervision (run): a failed pserver or worker is restarted after
-# RESTART_DELAY s (doubling with each restart), at most RESTART_BURST times
-# within RESTART_INTERVAL s; like systemd's RestartSec, StartLimitBurst and
-# StartLimitIntervalSec.
-RESTART_DELAY="${STRATA_RESTART_DELAY:-1}" RESTART_BURST="${STRATA_RESTART_BURST:-3}"
+# RESTART_DELAY_MS (doubling with each restart), at most RESTART_BURST times
+# within RESTART_INTERVAL s; like systemd's RestartSec (100 ms by default
+# there too), StartLimitBurst and StartLimitIntervalSec.
+RESTART_DELAY_MS="${STRATA_RESTART_DELAY_MS:-100}" RESTART_BURST="${STRATA_RESTART_BURST:-3}"
 RESTART_INTERVAL="${STRATA_RESTART_INTERVAL:-60}"
 STARTED=0  # set once this invocation has started a daemon
 BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
@@ -375,7 +375,8 @@ do_run() {
         tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
         rc=1; break
       fi
-      local delay=$(( RESTART_DELAY << n ))
+      local delay_ms=$(( RESTART_DELAY_MS << n ))
+      local delay; delay="$(printf '%d.%03d' $((delay_ms / 1000)) $((delay_ms % 1000)))"
       echo "launch.sh: $dead failed (code ${code:-?}); restarting it in ${delay}s" \
         "(restart $((n + 1)) of $RESTART_BURST within ${RESTART_INTERVAL}s)" >&2
       sleep "$delay"

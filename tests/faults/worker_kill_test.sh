@@ -35,9 +35,10 @@ again="$(summary_field kill records_requeued)"
 expected=$((60000 * 6))
 (( records == expected )) || fail "$records records in completed tasks, expected $expected"
 (( again <= 2000 )) || fail "$again records requeued (trained twice at most), more than one task's"
-# KNOWN GAP (docs/reliability.md): with the worker restarted and rejoining,
-# the final accuracy lands 1-2 points below the fault-free run's (without
-# the rejoin it is within 0.01); until that is found, 0.03 is checked here.
+# KNOWN GAP (docs/reliability.md): with Adam, when the worker is back within
+# about two seconds, the final accuracy sometimes lands ~2 points below the
+# fault-free run's (with SGD, or with a quicker or a much later rejoin, it
+# is within 0.01); until that is understood, 0.03 is checked here.
 ACCURACY_TOLERANCE=0.03 assert_accuracy_close kill base
 echo "tasks requeued: $requeued ($again records trained twice at most); records done: $records of $expected"
 assert_nothing_left "$WORK"

@@ -1,7 +1,15 @@
 // strata-master: membership, cluster view, placement, data tasks, job status.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -26,6 +34,42 @@ DEFINE_string(resume, "",
               "resume from a checkpoint: 'latest' (the newest good one under checkpoint.dir; "
               "a fresh start when there is none) or a checkpoint directory");
 
+DEFINE_string(state_dir, "",
+              "the master's state directory: state changes are logged there and a master "
+              "restarted on it carries on the job (docs/reliability.md); one master at a time");
+
+namespace {
+
+// Holds DIR/LOCK (flock) for the life of the process, so that two masters
+// never act on one state directory; false (with the reason) when another
+// holds it.
+bool LockStateDir(const std::string& dir, std::string* why) {
+  if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
+    *why = dir + ": " + std::strerror(errno);
+    return false;
+  }
+  const std::string path = dir + "/LOCK";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    *why = path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    (void)!::pread(fd, holder, sizeof(holder) - 1, 0);
+    *why = path + ": held by another strata-master (pid " + std::string(holder) +
+           "); two masters never act on one state directory";
+    ::close(fd);
+    return false;
+  }
+  const std::string pid = std::to_string(::getpid());
+  (void)!::ftruncate(fd, 0);
+  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return true;  // the descriptor stays open: the lock lasts as long as we do
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-master --config C --hosts H [--summary F]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
@@ -46,6 +90,13 @@ int main(int argc, char** argv) {
     LOG(ERROR) << failpoints.status().message();
     return 2;
   }
+  if (!FLAGS_state_dir.empty()) {
+    std::string why;
+    if (!LockStateDir(FLAGS_state_dir, &why)) {
+      LOG(ERROR) << "cannot start the master: " << why;
+      return 1;
+    }
+  }
   auto fs = strata::storage::NewPosixFileSystem();
   strata::master::MasterOptions opts;
   opts.config = *config;
@@ -58,6 +109,7 @@ int main(int argc, char** argv) {
   opts.fs = fs.get();
   opts.resume = FLAGS_resume;
   opts.failpoints = failpoints->get();
+  opts.state_dir = FLAGS_state_dir;
 
   auto master = strata::master::MasterServer::Create(std::move(opts));
   if (!master.ok()) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/json.h"
 #include "common/model_spec.h"
@@ -154,7 +155,22 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     planted = {true, number("planted_test_auc")->number_value(),
                number("planted_test_logloss")->number_value()};
   }
-  STRATA_ASSIGN_OR_RETURN(std::optional<Resumed> resumed, FindResumeCheckpoint(options));
+  // A restarted master: its state directory says where the job is.
+  std::optional<proto::MasterState> saved;
+  std::unique_ptr<StateLog> state_log;
+  if (!options.state_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(state_log, StateLog::Open(options.fs, options.state_dir, &saved));
+  }
+  std::optional<Resumed> resumed;
+  if (saved.has_value() && options.config.checkpoint.enabled) {
+    // Its last checkpoint is the base of the next (and what a lost
+    // partition is restored from).
+    MasterOptions latest = options;
+    latest.resume = "latest";
+    STRATA_ASSIGN_OR_RETURN(resumed, FindResumeCheckpoint(latest));
+  } else if (!saved.has_value()) {
+    STRATA_ASSIGN_OR_RETURN(resumed, FindResumeCheckpoint(options));
+  }
   uint64_t next_seq = 1;
   if (options.config.checkpoint.enabled) {
     // New checkpoints go after every directory there, complete or not.
@@ -166,6 +182,13 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   {
     absl::MutexLock l(&m->mu_);
     m->next_checkpoint_seq_ = next_seq;
+    m->state_log_ = std::move(state_log);
+    if (saved.has_value()) {
+      m->RestoreLocked(*saved);
+      if (resumed.has_value()) m->last_manifest_ = resumed->manifest;
+      m->next_checkpoint_seq_ = std::max(next_seq, saved->next_checkpoint_seq());
+      return m;
+    }
   }
   if (resumed.has_value()) STRATA_RETURN_IF_ERROR(m->ApplyResume(*resumed));
   return m;
@@ -311,11 +334,98 @@ void MasterServer::Tick() {
       TopUpBackupsLocked();
     }
     UpdateJobStateLocked();
+    PersistLocked();
   }
   ProbeSuspects();
   RecoverLostPartitions();
   MaybePlacePartitions();
   TakeLedger();
+}
+
+proto::MasterState MasterServer::StateLocked() const {
+  proto::MasterState st;
+  *st.mutable_view() = view_;
+  st.set_next_node_id(next_node_id_);
+  st.set_placed(placed_);
+  st.set_job_state(job_state_);
+  st.set_job_message(job_message_);
+  for (uint64_t id : tasks_.DoneIds()) st.add_tasks_done(id);
+  for (const auto& [id, node] : tasks_.Leases()) (*st.mutable_task_leases())[id] = node;
+  st.set_max_last_step(max_last_step_);
+  st.set_next_checkpoint_seq(next_checkpoint_seq_);
+  st.set_checkpoints_done(checkpoints_done_);
+  st.set_failovers(failovers_);
+  st.set_partitions_restored(partitions_restored_);
+  st.set_steps_lost(steps_lost_);
+  st.set_tasks_requeued(tasks_requeued_);
+  st.set_records_requeued(records_requeued_);
+  for (const std::string& e : events_) st.add_events(e);
+  st.set_resumed_from_seq(resumed_from_seq_);
+  st.set_samples_base(samples_base_);
+  if (start_time_ != absl::InfinitePast()) st.set_start_unix_ms(ToUnixMs(start_time_));
+  st.set_restarts(restarts_);
+  // Heartbeat times change all the time and mean nothing to a successor.
+  for (auto& n : *st.mutable_view()->mutable_members()) n.clear_last_heartbeat_unix_ms();
+  return st;
+}
+
+void MasterServer::PersistLocked() {
+  if (state_log_ == nullptr) return;
+  proto::MasterState st = StateLocked();
+  std::string bytes = st.SerializeAsString();
+  if (bytes == last_state_) return;
+  if (absl::Status s = state_log_->Append(std::move(st)); !s.ok()) {
+    LOG_EVERY_N(ERROR, 20) << "cannot record the master's state (a restart would lose it): " << s;
+    return;
+  }
+  last_state_ = std::move(bytes);
+}
+
+void MasterServer::RestoreLocked(const proto::MasterState& st) {
+  view_ = st.view();
+  // Everyone gets twice the dead timeout from now to reconnect, and a new
+  // epoch to fetch.
+  const int64_t now = ToUnixMs(clock_->Now()) + options_.config.cluster.dead_timeout_ms;
+  for (proto::NodeInfo& n : *view_.mutable_members()) {
+    n.set_last_heartbeat_unix_ms(now);
+    if (n.role() == proto::PSERVER && n.state() != proto::DEAD) {
+      pserver_stubs_[n.id()] = proto::PServerAdmin::NewStub(
+          NewControlChannel(n.grpc_address()));
+    }
+  }
+  view_.mutable_members(0)->set_state(proto::ALIVE);
+  BumpEpochLocked();
+  next_node_id_ = std::max(next_node_id_, st.next_node_id());
+  placed_ = st.placed();
+  job_state_ = st.job_state().empty() ? job_state_ : st.job_state();
+  job_message_ = st.job_message();
+  absl::Status s = tasks_.Resume(std::vector<uint64_t>(st.tasks_done().begin(),
+                                                       st.tasks_done().end()), {});
+  if (!s.ok()) LOG(ERROR) << "the recorded state's data tasks: " << s;
+  // Live workers keep the tasks they hold; a dead one's go back.
+  std::map<uint64_t, uint32_t> leases;
+  for (const auto& [id, node] : st.task_leases()) {
+    const proto::NodeInfo* n = FindNodeLocked(node);
+    if (n != nullptr && n->state() != proto::DEAD) leases[id] = node;
+  }
+  tasks_.RestoreLeases(leases, clock_->Now());
+  max_last_step_ = st.max_last_step();
+  checkpoints_done_ = st.checkpoints_done();
+  failovers_ = st.failovers();
+  partitions_restored_ = st.partitions_restored();
+  steps_lost_ = st.steps_lost();
+  tasks_requeued_ = st.tasks_requeued();
+  records_requeued_ = st.records_requeued();
+  events_.assign(st.events().begin(), st.events().end());
+  resumed_from_seq_ = st.resumed_from_seq();
+  samples_base_ = st.samples_base();
+  if (st.start_unix_ms() != 0) start_time_ = absl::FromUnixMillis(st.start_unix_ms());
+  if (IsTerminal(job_state_)) end_time_ = clock_->Now();
+  restarts_ = st.restarts() + 1;
+  EventLocked(absl::StrCat("master restarted (restart ", restarts_, "): state of epoch ",
+                           st.view().epoch(), " replayed from ", options_.state_dir, "; ",
+                           tasks_.done(), " of ", tasks_.total(), " data tasks done, job ",
+                           job_state_));
 }
 
 void MasterServer::EventLocked(const std::string& what) {
@@ -643,6 +753,7 @@ void MasterServer::MaybePlacePartitions() {
   BumpEpochLocked();
   placed_ = true;
   restore_.reset();
+  PersistLocked();
   LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of "
             << view.tables_size() << " table(s) on " << targets.size()
             << " pserver(s)";
@@ -710,8 +821,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   n->set_registered_unix_ms(ToUnixMs(clock_->Now()));
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (req.role() == proto::PSERVER) {
-    pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(grpc::CreateChannel(
-        req.grpc_address(), grpc::InsecureChannelCredentials()));
+    pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(NewControlChannel(req.grpc_address()));
   }
   LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
             << n->id() << " from " << peer;
@@ -721,6 +831,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   }
   BumpEpochLocked();
   UpdateJobStateLocked();
+  PersistLocked();  // before the node learns its id
   proto::RegisterResponse resp;
   resp.set_node_id(n->id());
   *resp.mutable_view() = view_;
@@ -777,6 +888,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
       n->set_state(proto::ALIVE);  // back in the step set
       BumpEpochLocked();
     }
+    PersistLocked();
     resp.set_outcome(proto::LeaseTaskResponse::TASK);
     *resp.mutable_task() = *task;
     return resp;
@@ -810,6 +922,7 @@ absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
   STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id(), req.last_step()));
   max_last_step_ = std::max(max_last_step_, req.last_step());
   UpdateJobStateLocked();
+  PersistLocked();  // before the worker hears that its task is done
   return absl::OkStatus();
 }
 
@@ -887,6 +1000,7 @@ void MasterServer::FinishJobLocked(const std::string& state,
   job_message_ = message;
   end_time_ = clock_->Now();
   if (state == "failed") LOG(ERROR) << "job failed: " << message;
+  PersistLocked();
   if (!options_.summary_path.empty()) {
     absl::Status s = options_.fs->WriteFileAtomic(options_.summary_path, SummaryJsonLocked());
     if (!s.ok()) LOG(ERROR) << "cannot write summary: " << s;

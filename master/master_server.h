@@ -20,6 +20,7 @@
 #include "common/http_server.h"
 #include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
+#include "master/state_log.h"
 #include "master/task_scheduler.h"
 #include "proto/strata.grpc.pb.h"
 #include "storage/file_system.h"
@@ -42,6 +43,11 @@ struct MasterOptions {
   std::string resume;
   // Crash points for tests (common/failpoint.h); borrowed, may be null.
   const Failpoints* failpoints = nullptr;
+  // The state directory (docs/reliability.md): every state change is logged
+  // there, and a master started on a directory that holds a state carries
+  // on from it (resume is then ignored). "" = nothing kept. The caller
+  // makes sure only one master uses it (master_main.cc locks it).
+  std::string state_dir;
 };
 
 // Thread-safe. All state is guarded by one mutex; RPC handlers hold it only
@@ -120,6 +126,11 @@ class MasterServer {
   void ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
   // A line for the job's event list (status, summary) and the log.
   void EventLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The state log: records the state when it changed since the last record.
+  void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  proto::MasterState StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A restarted master takes up `state` (replayed from its state directory).
+  void RestoreLocked(const proto::MasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::NodeInfo* FindNodeLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<proto::NodeInfo*> LiveWorkerLocked(uint32_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,6 +218,9 @@ class MasterServer {
   bool ledger_taken_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint32_t, std::map<uint32_t, uint64_t>> ledger_applied_ ABSL_GUARDED_BY(mu_);
   void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);
+  std::unique_ptr<StateLog> state_log_ ABSL_GUARDED_BY(mu_);
+  std::string last_state_ ABSL_GUARDED_BY(mu_);  // serialized, the last recorded
+  uint32_t restarts_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Checkpoints. checkpoint_mu_ is held across a whole checkpoint (one at
   // a time) and taken before mu_.

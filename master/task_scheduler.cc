@@ -132,6 +132,29 @@ void TaskScheduler::RenewLeases(uint32_t node, absl::Time now) {
   }
 }
 
+std::map<uint64_t, uint32_t> TaskScheduler::Leases() const {
+  std::map<uint64_t, uint32_t> out;
+  for (const auto& [id, lease] : leases_) out[id] = lease.node;
+  return out;
+}
+
+void TaskScheduler::RestoreLeases(const std::map<uint64_t, uint32_t>& leases, absl::Time now) {
+  for (const auto& [id, node] : leases) {
+    if (id >= tasks_.size() || completed_[id]) continue;
+    auto it = std::find(queue_.begin(), queue_.end(), id);
+    if (it != queue_.end()) queue_.erase(it);
+    leases_[id] = LeaseInfo{node, now + lease_timeout_};
+  }
+}
+
+std::vector<uint64_t> TaskScheduler::DoneIds() const {
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < tasks_.size(); ++i) {
+    if (completed_[i]) ids.push_back(i);
+  }
+  return ids;
+}
+
 int64_t TaskScheduler::RecordsDone() const {
   int64_t n = 0;
   for (size_t i = 0; i < tasks_.size(); ++i) {

@@ -40,6 +40,13 @@ class TaskScheduler {
   int ReleaseNode(uint32_t node, std::vector<uint64_t>* ids = nullptr);
   // Records of all the completed tasks.
   int64_t RecordsDone() const;
+  // Ids of the completed tasks, ascending.
+  std::vector<uint64_t> DoneIds() const;
+  // Leased tasks and their holders; and taking them up again (a restarted
+  // master), each until now + lease_timeout. Unknown or completed tasks
+  // are skipped.
+  std::map<uint64_t, uint32_t> Leases() const;
+  void RestoreLeases(const std::map<uint64_t, uint32_t>& leases, absl::Time now);
   // Returns expired leases to the queue; their count.
   int ExpireLeases(absl::Time now);
 

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -125,9 +126,7 @@ absl::Status PServer::Start() {
         absl::MutexLock l(&mu_);
         suspects_.emplace(backup, why);
       });
-  master_channel_ = grpc::CreateChannel(options_.master_address,
-                                        grpc::InsecureChannelCredentials());
-  master_ = proto::Master::NewStub(master_channel_);
+  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address);
   proto::RegisterRequest req;
   req.set_role(proto::PSERVER);
   req.set_index(options_.index);
@@ -141,7 +140,7 @@ absl::Status PServer::Start() {
     proto::RegisterResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    last = FromGrpcStatus(master_->Register(&ctx, req, &resp),
+    last = FromGrpcStatus(master()->Register(&ctx, req, &resp),
                           "master " + options_.master_address);
     if (last.ok()) {
       node_id_ = resp.node_id();
@@ -498,7 +497,7 @@ absl::Status PServer::RequestCheckpointAndStop(absl::Duration grace) {
   proto::CheckpointResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
-  return FromGrpcStatus(master_->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
+  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
 }
 
 absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(
@@ -698,7 +697,7 @@ absl::Status PServer::RefreshView() {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   STRATA_RETURN_IF_ERROR(FromGrpcStatus(
-      master_->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
+      master()->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
       "master " + options_.master_address));
   // The heartbeat thread never waits behind a view being applied (a
   // restore reads a whole checkpoint): it tries again next round.
@@ -744,7 +743,7 @@ void PServer::HeartbeatLoop() {
       proto::ReportSuspectResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
-      absl::Status s = FromGrpcStatus(master_->ReportSuspect(&ctx, req, &resp),
+      absl::Status s = FromGrpcStatus(master()->ReportSuspect(&ctx, req, &resp),
                                       "master " + options_.master_address);
       if (!s.ok()) LOG(WARNING) << "cannot report node " << node << ": " << s;
     }
@@ -764,8 +763,9 @@ void PServer::HeartbeatLoop() {
       grpc::ClientContext ctx;
       const absl::Time sent = absl::Now();
       ctx.set_deadline(absl::ToChronoTime(sent + interval));
-      absl::Status s = FromGrpcStatus(master_->Heartbeat(&ctx, req, &resp),
+      absl::Status s = FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp),
                                       "master " + options_.master_address);
+      master_conn_->Report(s);
       if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) {
         // Declared dead while alive (paused, or cut off): others own our
         // partitions now. Serve nothing more; the process exits.

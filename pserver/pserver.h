@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
+#include "common/grpc_channel.h"
 #include "common/failpoint.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
@@ -133,8 +134,13 @@ class PServer {
   std::unique_ptr<ShardedExecutor> executor_;  // null: apply on the transport thread
   // Outgoing replication (created once registered: it needs the node id).
   std::unique_ptr<ReplicaStreams> replicas_;
-  std::shared_ptr<grpc::Channel> master_channel_;
-  std::unique_ptr<proto::Master::Stub> master_;
+  // The master's control channel (made anew after failures in a row);
+  // null until Start registers.
+  std::unique_ptr<ReconnectingChannel> master_conn_;
+  // A stub on the channel now (cheap to make).
+  std::unique_ptr<proto::Master::Stub> master() const {
+    return proto::Master::NewStub(master_conn_->Get());
+  }
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> admin_server_;
   int admin_port_ = 0;

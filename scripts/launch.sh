@@ -30,8 +30,9 @@
 #                   under the config's checkpoint.dir) or a checkpoint directory
 #   --restart-budget N  restarts of one daemon allowed per minute (default 3)
 #
-# run supervises the daemons like systemd's Restart=on-failure: a pserver or
-# worker that fails while the job runs is restarted after 0.1 s (doubling),
+# run supervises the daemons like systemd's Restart=on-failure: the master,
+# a pserver or a worker that fails while the job runs is restarted after
+# 0.1 s (doubling; the master carries on from RUN_DIR/master-state),
 # at most N times a minute, then the run fails (docs/reliability.md).
 #
 # down sends SIGTERM: with checkpoints on, the job is checkpointed and
@@ -178,7 +179,9 @@ do_up() {
   if compgen -G "$RUN_DIR/pids/*" > /dev/null; then
     die "$RUN_DIR already has a running cluster (launch.sh down --run-dir $RUN_DIR)"
   fi
-  rm -f "$RUN_DIR/summary.json"
+  # A new job: no state of an earlier master here (a restart within this
+  # run carries on from it; see supervision below).
+  rm -rf "$RUN_DIR/summary.json" "$RUN_DIR/master-state"
   local plan; plan="$("$STRATA" plan --config "$CONFIG" --hosts "$HOSTS")" || exit 2
   echo "$plan" > "$RUN_DIR/plan"
   cp "$CONFIG" "$RUN_DIR/config.yaml"
@@ -194,7 +197,8 @@ do_up() {
   fi
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
-    --summary "$RUN_DIR/summary.json" ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
+    --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state" \
+    ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
   if ! wait_for_master; then
     do_down
     return 1
@@ -316,15 +320,14 @@ do_run() {
       wait_pid=""
       break
     fi
-    if ! daemon_alive "$RUN_DIR/pids/master-0"; then
-      echo "launch.sh: the master died; see $RUN_DIR/logs/master-0.log" >&2
-      rc=1; break
-    fi
     # Workers may exit once the job runs (they leave when it is done, and
     # the master handles a dead one); before that, any exit is fatal.
     if [[ -z "$state" || "$state" == waiting ]]; then
-      state="$("$STRATA" status --master "$master" --json 2>/dev/null |
-               sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
+      local now_state
+      now_state="$("$STRATA" status --master "$master" --json 2>/dev/null |
+                   sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)" || true
+      # (Nothing while the master restarts: keep what we knew.)
+      [[ -n "$now_state" ]] && state="$now_state"
     fi
     # A daemon that exits before the job runs (bad port, bad data) would
     # stall bring-up: that fails the run. Once it runs, a pserver or worker
@@ -345,22 +348,34 @@ do_run() {
         [[ -n "$code" ]] && break
         sleep 0.05
       done
-      if [[ "$code" == 0 || "$dead" == master-0 ]]; then
+      if [[ "$code" == 0 ]]; then
         # A daemon leaves as soon as the job is done, which `strata wait`
         # (polling every 250 ms) may not have seen yet: give it a moment.
         for _ in 1 2 3 4 5 6; do kill -0 "$wait_pid" 2>/dev/null && sleep 0.25; done
       fi
       if ! kill -0 "$wait_pid" 2>/dev/null; then continue; fi
-      if [[ "$dead" == master-0 ]]; then
-        echo "launch.sh: the master died; see $RUN_DIR/logs/master-0.log" >&2
-        rc=1; break
+      if [[ -z "$state" || "$state" == waiting ]] && [[ "$dead" != master-0 ]]; then
+        # (The job may have begun since the last look.)
+        local fresh
+        fresh="$({ "$STRATA" status --master "$master" --json 2>/dev/null || true; } |
+                 sed -n 's/.*"state": "\([a-z]*\)".*/\1/p' | head -n 1)"
+        [[ -n "$fresh" ]] && state="$fresh"
       fi
-      if [[ -z "$state" || "$state" == waiting ]]; then
+      # A master that recorded a state (nodes registered) is restartable:
+      # it carries on from it.
+      local restartable=0
+      if [[ -n "$state" && "$state" != waiting ]]; then
+        restartable=1
+      elif [[ "$dead" == master-0 && ( -s "$RUN_DIR/master-state/snapshot" ||
+                                        -s "$RUN_DIR/master-state/log" ) ]]; then
+        restartable=1
+      fi
+      if (( ! restartable )); then
         echo "launch.sh: $dead exited (code ${code:-?}) before the job ran; its log ends:" >&2
         tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
         rc=1; break
       fi
-      if [[ "$code" == 0 ]]; then
+      if [[ "$code" == 0 && "$dead" != master-0 ]]; then
         finished[$dead]=1
         continue
       fi

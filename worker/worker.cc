@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/data_tasks.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/model_spec.h"
@@ -31,7 +32,7 @@ class Worker::MasterTaskSource : public TaskSource {
     w_->lease_had_next_step_ = req.has_next_step();
     proto::LeaseTaskResponse resp;
     STRATA_RETURN_IF_ERROR(w_->CallMaster([&](grpc::ClientContext* ctx) {
-      return w_->master_->LeaseTask(ctx, req, &resp);
+      return w_->master()->LeaseTask(ctx, req, &resp);
     }));
     return Lease{resp.outcome(), resp.task(), resp.min_version()};
   }
@@ -44,7 +45,7 @@ class Worker::MasterTaskSource : public TaskSource {
     req.set_last_step(last_step);
     proto::CompleteTaskResponse resp;
     return w_->CallMaster([&](grpc::ClientContext* ctx) {
-      return w_->master_->CompleteTask(ctx, req, &resp);
+      return w_->master()->CompleteTask(ctx, req, &resp);
     });
   }
 
@@ -228,9 +229,7 @@ absl::Status Worker::Start() {
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
   if (options_.local_only) return absl::OkStatus();
-  master_channel_ = grpc::CreateChannel(options_.master_address,
-                                        grpc::InsecureChannelCredentials());
-  master_ = proto::Master::NewStub(master_channel_);
+  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address);
   proto::RegisterRequest req;
   req.set_role(proto::WORKER);
   req.set_index(options_.index);
@@ -241,7 +240,7 @@ absl::Status Worker::Start() {
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    absl::Status s = FromGrpcStatus(master_->Register(&ctx, req, &resp),
+    absl::Status s = FromGrpcStatus(master()->Register(&ctx, req, &resp),
                                     "master " + options_.master_address);
     if (s.ok()) break;
     if (absl::Now() > deadline || stop_.HasBeenNotified()) {
@@ -268,7 +267,7 @@ absl::Status Worker::Start() {
     proto::ReportSuspectResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(now + absl::Seconds(1)));
-    absl::Status s = FromGrpcStatus(master_->ReportSuspect(&ctx, req, &resp),
+    absl::Status s = FromGrpcStatus(master()->ReportSuspect(&ctx, req, &resp),
                                     "master " + options_.master_address);
     if (!s.ok()) {
       LOG_EVERY_N(WARNING, 10) << "cannot report pserver node " << node << ": " << s;
@@ -292,6 +291,7 @@ absl::Status Worker::CallMaster(
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     absl::Status s = FromGrpcStatus(call(&ctx), "master " + options_.master_address);
+    master_conn_->Report(s);
     const bool transient = absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
     if (!transient || absl::Now() + backoff > deadline || stop_.HasBeenNotified()) return s;
     LOG_EVERY_N(WARNING, 5) << s << "; retrying";
@@ -307,13 +307,13 @@ absl::Status Worker::RequestCheckpointAndStop(absl::Duration grace) {
   proto::CheckpointResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
-  return FromGrpcStatus(master_->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
+  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
 }
 
 absl::StatusOr<proto::ClusterView> Worker::FetchView() {
   proto::ClusterView view;
   STRATA_RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
-    return master_->GetClusterView(ctx, proto::GetClusterViewRequest(), &view);
+    return master()->GetClusterView(ctx, proto::GetClusterViewRequest(), &view);
   }));
   return view;
 }
@@ -328,8 +328,9 @@ void Worker::HeartbeatLoop() {
     proto::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
-    absl::Status s = FromGrpcStatus(master_->Heartbeat(&ctx, req, &resp),
+    absl::Status s = FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp),
                                     "master " + options_.master_address);
+    master_conn_->Report(s);
     if (absl::IsFailedPrecondition(s)) {
       LOG(ERROR) << s;
       declared_dead_ = true;
@@ -340,14 +341,21 @@ void Worker::HeartbeatLoop() {
       continue;
     }
     if (resp.epoch() != params_->epoch()) {
-      auto view = FetchView();
-      if (view.ok()) params_->SetView(*view);
+      // One try: this thread must go on heartbeating.
+      proto::ClusterView view;
+      grpc::ClientContext vctx;
+      vctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
+      absl::Status vs = FromGrpcStatus(
+          master()->GetClusterView(&vctx, proto::GetClusterViewRequest(), &view),
+          "master " + options_.master_address);
+      master_conn_->Report(vs);
+      if (vs.ok()) params_->SetView(view);
     }
   }
 }
 
 absl::Status Worker::WaitForReadyView() {
-  if (master_ == nullptr) return absl::OkStatus();
+  if (master_conn_ == nullptr) return absl::OkStatus();
   while (!stop_.HasBeenNotified()) {
     STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, FetchView());
     if (view.ready()) {
@@ -701,7 +709,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   window_samples_ = 0;
   window_loss_ = 0;
   window_steps_ = 0;
-  if (master_ == nullptr || options_.local_only) return;
+  if (master_conn_ == nullptr || options_.local_only) return;
   proto::ReportProgressRequest req;
   req.set_node_id(node_id_);
   if (task_start_.has_value()) {
@@ -732,7 +740,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   proto::ReportProgressResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  absl::Status st = FromGrpcStatus(master_->ReportProgress(&ctx, req, &resp),
+  absl::Status st = FromGrpcStatus(master()->ReportProgress(&ctx, req, &resp),
                                    "master " + options_.master_address);
   if (!st.ok()) LOG(WARNING) << "progress report failed: " << st;
 }

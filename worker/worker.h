@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
+#include "common/grpc_channel.h"
 #include "common/optimizer.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
@@ -179,8 +180,13 @@ class Worker {
   std::unique_ptr<WideDeep> wide_deep_;  // wide_deep
   std::unique_ptr<RowCache> row_cache_;  // wide_deep with sparse.cache.rows > 0
   std::unique_ptr<transport::Transport> transport_;
-  std::shared_ptr<grpc::Channel> master_channel_;
-  std::unique_ptr<proto::Master::Stub> master_;
+  // The master's control channel (made anew after failures in a row);
+  // null until Start registers.
+  std::unique_ptr<ReconnectingChannel> master_conn_;
+  // A stub on the channel now (cheap to make).
+  std::unique_ptr<proto::Master::Stub> master() const {
+    return proto::Master::NewStub(master_conn_->Get());
+  }
   std::unique_ptr<ParamClient> params_;
   std::unique_ptr<TaskSource> tasks_;
   std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only

@@ -110,3 +110,12 @@ ledger_field() {
 summary_field() {
   python3 -c "import json,sys; print(json.load(open('$(summary "$1")'))['$2'])"
 }
+
+# baseline_then_start NAME SAMPLES [flags]: the fault-free run (same seed),
+# then run NAME in the background until it has trained SAMPLES samples.
+baseline_then_start() {
+  local name="$1" samples="$2"; shift 2
+  run_job base || fail "the fault-free run failed: $(tail -5 "$WORK/base.out")"
+  start_job "$name" "$@"
+  wait_for_samples "$name" "$samples"
+}

@@ -7,10 +7,7 @@
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 fault_config 1 6
-run_job base || fail "the fault-free run failed: $(tail -5 "$WORK/base.out")"
-
-start_job kill
-wait_for_samples kill 60000
+baseline_then_start kill 60000
 v0="$(pserver_version 0)"
 t0="$(now)"
 kill -KILL "$(pid_of kill pserver-1)"

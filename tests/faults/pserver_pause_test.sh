@@ -7,10 +7,7 @@
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 fault_config 1 6
-run_job base || fail "the fault-free run failed: $(tail -5 "$WORK/base.out")"
-
-start_job pause
-wait_for_samples pause 60000
+baseline_then_start pause 60000
 pid="$(pid_of pause pserver-1)"
 t0="$(now)"
 kill -STOP "$pid"

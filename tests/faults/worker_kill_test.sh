@@ -7,10 +7,7 @@
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 fault_config 0 6
-run_job base || fail "the fault-free run failed: $(tail -5 "$WORK/base.out")"
-
-start_job kill
-wait_for_samples kill 60000
+baseline_then_start kill 60000
 kill -KILL "$(pid_of kill worker-1)"
 # The live worker trains on while worker 1 is down (no hang on the step).
 a="$(job_samples)"

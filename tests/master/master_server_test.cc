@@ -592,6 +592,39 @@ TEST_F(ReplicatedMasterTest, ASuspectTheMasterCannotReachEitherIsDeadAtOnce) {
   EXPECT_EQ(JobState(), "running");
 }
 
+TEST_F(MasterServerTest, ARestartedMasterCarriesOnFromItsStateDirectory) {
+  options_.state_dir = "/master-state";
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  auto first = Lease(w);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(Complete(w, first->task().id(), 3), IsOk());
+  auto held = Lease(w);  // in flight when the master dies
+  ASSERT_THAT(held, IsOk());
+  const uint64_t epoch = master_->View().epoch();
+  master_.reset();  // killed: nothing is written on the way out
+
+  CreateMaster();
+  const proto::GetStatusResponse st = master_->GetStatus();
+  EXPECT_EQ(st.job().state(), "running");
+  EXPECT_EQ(st.job().tasks_done(), 1u);
+  EXPECT_GT(st.view().epoch(), epoch);  // everyone fetches the view again
+  EXPECT_THAT(st.job().events(), Contains(HasSubstr("master restarted (restart 1)")));
+  // The nodes get twice the dead timeout to reconnect.
+  clock_.Advance(absl::Milliseconds(9000));
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(ps), proto::ALIVE);
+  EXPECT_EQ(StateOf(w), proto::ALIVE);
+  // The nodes carry on under their ids, the worker with the task it holds.
+  EXPECT_THAT(Heartbeat(ps), IsOk());
+  EXPECT_THAT(Heartbeat(w), IsOk());
+  EXPECT_THAT(Complete(w, held->task().id(), 7), IsOk());
+  EXPECT_EQ(master_->GetStatus().job().tasks_done(), 2u);
+  // New nodes get ids after the old ones.
+  EXPECT_GT(RegisterWorker(1), w);
+}
+
 TEST_F(MasterServerTest, WorkerInputErrorFailsTheJobWithItsMessage) {
   CreateMaster();
   uint32_t ps, w;

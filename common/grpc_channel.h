@@ -1,0 +1,63 @@
+// Control-plane channels to the master and between daemons.
+#ifndef STRATA_COMMON_GRPC_CHANNEL_H_
+#define STRATA_COMMON_GRPC_CHANNEL_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+
+#include "grpcpp/grpcpp.h"
+
+namespace strata {
+
+// A channel that reconnects within a second after its peer comes back
+// (gRPC's default backoff grows to minutes): a restarted master must hear
+// the nodes' heartbeats again before it takes them for dead
+// (docs/reliability.md).
+inline std::shared_ptr<grpc::Channel> NewControlChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  // (Also the shortest time a connection attempt is given.)
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Its own connections: a new channel is a new connection attempt.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+// A control channel made anew after a few failures in a row (Unavailable,
+// DeadlineExceeded): a restarted peer must hear from us within its grace
+// period, whatever state an old channel's connection attempts are in.
+// Thread-safe.
+class ReconnectingChannel {
+ public:
+  explicit ReconnectingChannel(std::string address)
+      : address_(std::move(address)), channel_(NewControlChannel(address_)) {}
+  const std::string& address() const { return address_; }
+  // The channel to use now.
+  std::shared_ptr<grpc::Channel> Get() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (failures_ >= 3) {
+      channel_ = NewControlChannel(address_);
+      failures_ = 0;
+    }
+    return channel_;
+  }
+  // The outcome of a call on it.
+  void Report(const absl::Status& s) {
+    std::lock_guard<std::mutex> l(mu_);
+    failures_ = absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ? failures_ + 1 : 0;
+  }
+
+ private:
+  const std::string address_;
+  std::mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_;  // guarded by mu_
+  int failures_ = 0;                         // guarded by mu_
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_GRPC_CHANNEL_H_

@@ -159,6 +159,7 @@ struct ParamClient::Round {
   // late answer is dropped), and those awaiting an answer.
   std::map<uint32_t, uint64_t> attempt ABSL_GUARDED_BY(mu);
   std::set<uint32_t> pending ABSL_GUARDED_BY(mu);
+  std::map<uint32_t, absl::Time> sent_at ABSL_GUARDED_BY(mu);  // of the pending attempt
   // Answers so far, readable without the lock (for a short spin).
   std::atomic<uint64_t> answered{0};
 };
@@ -237,6 +238,7 @@ void ParamClient::Exchange::Send(uint32_t partition) {
     ++round->outstanding;
     attempt = ++round->attempt[partition];
     round->pending.insert(partition);
+    round->sent_at[partition] = absl::Now();
   }
   auto finish = [round, partition, attempt](absl::StatusOr<Message> resp) {
     absl::MutexLock l(&round->mu);
@@ -317,7 +319,43 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
     }
     if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
     ReportFailures();
+    ProbeSlowOwners();
     AbandonMoved();
+  }
+}
+
+void ParamClient::Exchange::ProbeSlowOwners() {
+  if (!client_->report_suspect_ || client_->suspect_after_ == absl::InfiniteDuration()) return;
+  const absl::Time now = absl::Now();
+  std::map<uint32_t, std::string> slow;  // owner -> address
+  {
+    absl::MutexLock l(&round_->mu);
+    for (uint32_t id : round_->pending) {
+      auto at = round_->sent_at.find(id);
+      if (at == round_->sent_at.end() || now - at->second < client_->suspect_after_) continue;
+      const Route& r = routes_.at(id);
+      slow.emplace(r.owner, r.address);
+    }
+  }
+  for (const auto& [owner, address] : slow) {
+    absl::Time& last = pinged_[owner];
+    if (now - last < client_->ping_timeout_ * 2) continue;
+    last = now;
+    // A new connection: the old one may be stuck behind what it waits for.
+    absl::Status s;
+    auto conn = client_->transport_->Connect(address);
+    if (!conn.ok()) {
+      s = conn.status();
+    } else {
+      Message ping;
+      ping.header.type = MessageType::kPing;
+      ping.header.sender_id = client_->node_id_;
+      s = (*conn)->CallSync(std::move(ping), client_->ping_timeout_).status();
+    }
+    if (s.ok()) continue;  // alive: only slow (a bsp pull waiting for its step)
+    client_->report_suspect_(
+        owner, absl::StrCat("no answer for ", absl::FormatDuration(client_->suspect_after_),
+                            " and a ping on a new connection failed: ", s.message()));
   }
 }
 

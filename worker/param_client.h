@@ -49,8 +49,16 @@ class ParamClient {
   // Called (on the training thread) with a pserver's node id and what
   // failed when a request to it fails at the connection level, so that the
   // master hears of it at once (docs/reliability.md). Set before training.
-  void SetSuspectReporter(std::function<void(uint32_t node, const std::string& why)> report) {
+  // A request unanswered for longer than `suspect_after` makes the client
+  // ping its pserver on a new connection (waiting up to `ping_timeout`): a
+  // pserver that is merely holding a bsp pull answers, one that is paused
+  // or cut off does not, and is reported.
+  void SetSuspectReporter(std::function<void(uint32_t node, const std::string& why)> report,
+                          absl::Duration suspect_after = absl::InfiniteDuration(),
+                          absl::Duration ping_timeout = absl::Milliseconds(500)) {
     report_suspect_ = std::move(report);
+    suspect_after_ = suspect_after;
+    ping_timeout_ = ping_timeout;
   }
   // The update ledger: pushes acknowledged as applied, by partition id.
   std::map<uint32_t, uint64_t> AckedPushes() const;
@@ -156,7 +164,11 @@ class ParamClient {
     // Tells the master (report_suspect_) of pservers whose requests failed
     // at the connection level, without waiting for the other answers.
     void ReportFailures();
+    // Pings the owners of requests unanswered for longer than
+    // suspect_after_ and reports those that do not answer.
+    void ProbeSlowOwners();
     std::set<uint32_t> reported_;  // owners reported by this exchange
+    std::map<uint32_t, absl::Time> pinged_;  // owner -> last ping
     absl::Status Await(const std::function<bool()>& done);
     absl::Status FinishOnce();
 
@@ -230,6 +242,8 @@ class ParamClient {
   const absl::Duration request_timeout_;
   std::atomic<bool> cancelled_{false};
   std::function<void(uint32_t, const std::string&)> report_suspect_;
+  absl::Duration suspect_after_ = absl::InfiniteDuration();
+  absl::Duration ping_timeout_ = absl::Milliseconds(500);
   // The address partition `r` lives at in the view held now.
   std::string CurrentAddressLocked(const Route& r, int sparse_table) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -272,7 +272,11 @@ absl::Status Worker::Start() {
     if (!s.ok()) {
       LOG_EVERY_N(WARNING, 10) << "cannot report pserver node " << node << ": " << s;
     }
-  });
+  },
+  // Half the dead timeout: a paused or cut-off pserver is reported well
+  // before its heartbeats (if they stop at all) would tell.
+  absl::Milliseconds(options_.config.cluster.dead_timeout_ms / 2),
+  absl::Milliseconds(std::max(100, options_.config.cluster.heartbeat_interval_ms)));
   if (tasks_ == nullptr) tasks_ = std::make_unique<MasterTaskSource>(this);
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   LOG(INFO) << "worker " << options_.index << " is node " << node_id_

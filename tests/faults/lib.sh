@@ -7,8 +7,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../e2e/lib.sh"
 
 WORK="$(mktemp -d /tmp/strata-fault-XXXXXX)"
 RUN_PID=""
-cleanup_fault() {
-  local rc=$?
+cleanup_fault() {  # [EXIT_STATUS]
+  local rc="${1:-$?}"
   set +e
   [[ -n "$RUN_PID" ]] && kill "$RUN_PID" 2>/dev/null
   for d in "$WORK"/run-*; do

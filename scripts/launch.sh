@@ -43,6 +43,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The daemon wrapper sits beside this script (also where only the two are
+# copied, as in the Soft-RoCE guests).
+RUN_DAEMON="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/run-daemon.sh"
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
@@ -111,7 +114,7 @@ start_daemon() {
   mkdir -p "$RUN_DIR/cmd"
   printf '%s\n%s\n' "$host" "$quoted" > "$RUN_DIR/cmd/$name"
   pid="$(on_host "$host" "mkdir -p '$RUN_DIR/logs' '$RUN_DIR/exit' && rm -f '$RUN_DIR/exit/$name.pid' &&
-    { OPENBLAS_NUM_THREADS=1 nohup '$ROOT/scripts/run-daemon.sh' '$RUN_DIR/exit/$name.pid' \
+    { OPENBLAS_NUM_THREADS=1 nohup bash '$RUN_DAEMON' '$RUN_DIR/exit/$name.pid' \
         '$RUN_DIR/exit/$name' '$log' $quoted > /dev/null 2>&1 < /dev/null & } &&
     for i in \$(seq 1 500); do [ -s '$RUN_DIR/exit/$name.pid' ] && break; sleep 0.01; done &&
     cat '$RUN_DIR/exit/$name.pid'")"

@@ -51,7 +51,7 @@ trap 'exit 130' INT TERM
 mkdir -p "$SHARE/bin" "$SHARE/lib" "$SHARE/tests" "$SHARE/data"
 cp "$BUILD/bin/strata" "$BUILD/bin/strata-master" "$BUILD/bin/strata-pserver" \
   "$BUILD/bin/strata-worker" "$BUILD/bin/strata-bench" "$SHARE/bin/"
-cp "$ROOT/scripts/launch.sh" "$ROOT/tests/rdma/job-rdma.yaml" "$SHARE/"
+cp "$ROOT/scripts/launch.sh" "$ROOT/scripts/run-daemon.sh" "$ROOT/tests/rdma/job-rdma.yaml" "$SHARE/"
 cp "$BUILD/tests/rdma_device_test" "$BUILD/tests/rdma_verbs_test" "$BUILD/tests/rdma_transport_test" \
   "$SHARE/tests/"
 cp "$ROOT/conf/local.yaml" "$SHARE/job.yaml"

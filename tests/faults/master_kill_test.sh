@@ -26,7 +26,7 @@ for _ in $(seq 1 300); do  # 15 s at most
   sleep 0.05
 done
 [[ -n "$back" ]] || fail "the master did not come back within 15 s"
-wait_job || fail "the job failed after the master was killed: $(tail -5 "$WORK/kill.out")"
+wait_job || fail "the job failed after the master was killed: $(why kill)"
 s="$(summary kill)"
 grep -q 'master-0 failed (code 137); restarting' "$WORK/kill.out" || fail "the master was not restarted"
 grep -q 'master restarted (restart 1): state of epoch' "$s" || fail "no replay event: $(cat "$s")"

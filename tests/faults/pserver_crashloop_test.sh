@@ -16,7 +16,7 @@ for _ in $(seq 1 600); do  # 60 s at most
 done
 rc=0
 wait_job || rc=$?
-(( rc == 1 )) || fail "launch.sh exited $rc, expected 1 (a failed run): $(tail -5 "$WORK/loop.out")"
+(( rc == 1 )) || fail "launch.sh exited $rc, expected 1 (a failed run): $(why loop)"
 grep -q 'pserver-1 failed again (code 137) after 2 restart(s) in 60 s: restart budget spent' "$WORK/loop.out" ||
   fail "no restart-budget message: $(cat "$WORK/loop.out")"
 (( $(grep -c 'pserver-1 failed (code 137); restarting' "$WORK/loop.out") == 2 )) ||

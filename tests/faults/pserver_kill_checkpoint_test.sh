@@ -10,7 +10,7 @@ fault_config 0 6 "checkpoint:
   every_steps: 150
   every_seconds: 0
   on_finish: false"
-run_job base || fail "the fault-free run failed: $(tail -5 "$WORK/base.out")"
+run_job base || fail "the fault-free run failed: $(why base)"
 rm -rf "$WORK/ckpt"
 
 start_job kill
@@ -23,7 +23,7 @@ compgen -G "$WORK/ckpt/ckpt-*/MANIFEST" > /dev/null || fail "no checkpoint was w
 wait_for_samples kill 100000
 t0="$(now)"
 kill -KILL "$(pid_of kill pserver-1)"
-wait_job || fail "the job failed after the kill: $(tail -5 "$WORK/kill.out")"
+wait_job || fail "the job failed after the kill: $(why kill)"
 
 restored="$(summary_field kill partitions_restored)"
 lost="$(summary_field kill steps_lost)"

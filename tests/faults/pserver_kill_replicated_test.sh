@@ -23,7 +23,7 @@ for _ in $(seq 1 400); do  # 20 s at most
 done
 [[ -n "$detected" ]] || fail "pserver 1 was not declared dead within 20 s"
 [[ -n "$recovered" ]] || fail "training did not go on after the failover"
-wait_job || fail "the job failed after the kill: $(tail -5 "$WORK/kill.out")"
+wait_job || fail "the job failed after the kill: $(why kill)"
 
 (( $(summary_field kill failovers) >= 1 )) || fail "no failover recorded"
 [[ "$(ledger_field kill lost)" == 0 ]] || fail "acknowledged updates lost: $(cat "$(summary kill)")"

@@ -59,7 +59,7 @@ for _ in $(seq 1 300); do  # 15 s at most
   sleep 0.05
 done
 [[ -n "$detected" ]] || fail "pserver 1, cut off from the workers, was not declared dead within 15 s"
-wait_job || fail "the job failed: $(tail -5 "$WORK/cut.out")"
+wait_job || fail "the job failed: $(why cut)"
 s="$(summary cut)"
 grep -q 'pserver 1 (node [0-9]*, 10\.[0-9.]*) declared dead: unreachable from workers' "$s" ||
   fail "pserver 1 was not declared dead for being unreachable from the workers: $(cat "$s")"

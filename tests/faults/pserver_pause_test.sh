@@ -33,7 +33,7 @@ done
 kill -0 "$pid" 2>/dev/null && fail "the woken pserver did not exit"
 log="$WORK/run-pause/logs/pserver-1.log"
 grep -q 'fenced: ' "$log" || fail "the woken pserver does not say it was fenced: $(tail -5 "$log")"
-wait_job || fail "the job failed: $(tail -5 "$WORK/pause.out")"
+wait_job || fail "the job failed: $(why pause)"
 grep -q 'pserver-1 failed (code 75); restarting' "$WORK/pause.out" ||
   fail "the fenced pserver did not exit with 75, or was not restarted: $(cat "$WORK/pause.out")"
 [[ "$(ledger_field pause lost)" == 0 ]] || fail "acknowledged updates lost: $(cat "$(summary pause)")"

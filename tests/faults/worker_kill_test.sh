@@ -16,7 +16,7 @@ for _ in $(seq 1 200); do
   sleep 0.05
 done
 (( $(job_samples) > a + 5000 )) || fail "training stalled after the worker died"
-wait_job || fail "the job failed after the kill: $(tail -5 "$WORK/kill.out")"
+wait_job || fail "the job failed after the kill: $(why kill)"
 
 s="$(summary kill)"
 grep -q 'worker-1 failed (code 137); restarting' "$WORK/kill.out" || fail "worker 1 was not restarted"

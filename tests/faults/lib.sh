@@ -136,3 +136,13 @@ print('message:', s.get('message')); print('events:', *s.get('events', []), sep=
     grep -E '^[EW][0-9]{4}' "$f" | tail -n 4
   done
 }
+
+# wait_declared_dead ROLE INDEX: until the master no longer has that node
+# ALIVE (15 s at most); sets $detected to the time, "" when it never was.
+wait_declared_dead() {
+  detected=""
+  for _ in $(seq 1 300); do
+    [[ "$(node_state "$1" "$2")" != ALIVE ]] && { detected="$(now)"; return 0; }
+    sleep 0.05
+  done
+}

@@ -53,11 +53,7 @@ master_status() { curl -sf "http://10.$net.0.10:$((BASE + 1))/status"; }
 baseline_then_start cut 60000
 t0="$(now)"
 for w in w0 w1; do ip netns exec "$tag-$w" ip route add unreachable "10.$net.0.21"; done
-detected=""
-for _ in $(seq 1 300); do  # 15 s at most
-  [[ "$(node_state PSERVER 1)" != ALIVE ]] && { detected="$(now)"; break; }
-  sleep 0.05
-done
+wait_declared_dead PSERVER 1
 [[ -n "$detected" ]] || fail "pserver 1, cut off from the workers, was not declared dead within 15 s"
 wait_job || fail "the job failed: $(why cut)"
 s="$(summary cut)"

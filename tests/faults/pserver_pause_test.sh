@@ -11,11 +11,7 @@ baseline_then_start pause 60000
 pid="$(pid_of pause pserver-1)"
 t0="$(now)"
 kill -STOP "$pid"
-detected=""
-for _ in $(seq 1 300); do  # 15 s at most
-  [[ "$(node_state PSERVER 1)" != ALIVE ]] && { detected="$(now)"; break; }
-  sleep 0.05
-done
+wait_declared_dead PSERVER 1
 [[ -n "$detected" ]] || fail "the paused pserver was not declared dead within 15 s"
 # Training goes on without it.
 a="$(job_samples)"

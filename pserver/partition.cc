@@ -34,6 +34,16 @@ Partition::Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable
       consistency_(consistency),
       rows_(std::move(rows)) {}
 
+Message Partition::Answer(const transport::MessageHeader& request, MessageType type,
+                          const absl::Status& s) {
+  if (!s.ok()) return transport::MakeErrorResponse(request, type, s);
+  Message resp;
+  resp.header = request;
+  resp.header.type = type;
+  resp.header.status = 0;
+  return resp;
+}
+
 void Partition::Send(std::vector<Reply>* replies) {
   for (auto& [responder, msg] : *replies) responder->Respond(std::move(msg));
   replies->clear();
@@ -139,15 +149,7 @@ void Partition::Push(const Message& request,
   const auto& h = request.header;
   std::vector<Reply> replies;
   auto reply = [&](const absl::Status& s) {
-    Message resp;
-    if (s.ok()) {
-      resp.header = h;
-      resp.header.type = MessageType::kPushResponse;
-      resp.header.status = 0;
-    } else {
-      resp = transport::MakeErrorResponse(h, MessageType::kPushResponse, s);
-    }
-    replies.emplace_back(responder, std::move(resp));
+    replies.emplace_back(responder, Answer(h, MessageType::kPushResponse, s));
   };
   {
     absl::MutexLock l(&mu_);
@@ -688,15 +690,7 @@ void Partition::ApplyReplica(const Message& record,
                              std::shared_ptr<transport::Responder> responder) {
   const auto& h = record.header;
   auto answer = [&](const absl::Status& s) {
-    Message resp;
-    if (s.ok()) {
-      resp.header = h;
-      resp.header.type = MessageType::kReplicateResponse;
-      resp.header.status = 0;
-    } else {
-      resp = transport::MakeErrorResponse(h, MessageType::kReplicateResponse, s);
-    }
-    responder->Respond(std::move(resp));
+    responder->Respond(Answer(h, MessageType::kReplicateResponse, s));
   };
   const bool copy = (h.flags & transport::kFlagReplicaCopy) != 0;
   absl::MutexLock l(&mu_);

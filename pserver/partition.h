@@ -191,6 +191,9 @@ class Partition {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Called with mu_ held (pull responses borrow values_).
   static void Send(std::vector<Reply>* replies);
+  // An empty acknowledgement of `request` (s OK) or its error response.
+  static transport::Message Answer(const transport::MessageHeader& request,
+                                   transport::MessageType type, const absl::Status& s);
   PartitionSnapshot SnapshotLocked(const SnapshotRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the bsp snapshots waiting for the version now reached.
   void TakeDueSnapshotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -160,6 +160,7 @@ struct ParamClient::Round {
   std::map<uint32_t, uint64_t> attempt ABSL_GUARDED_BY(mu);
   std::set<uint32_t> pending ABSL_GUARDED_BY(mu);
   std::map<uint32_t, absl::Time> sent_at ABSL_GUARDED_BY(mu);  // of the pending attempt
+  std::map<uint32_t, uint64_t> sent_epoch ABSL_GUARDED_BY(mu);  // the view epoch it carried
   // Answers so far, readable without the lock (for a short spin).
   std::atomic<uint64_t> answered{0};
 };
@@ -239,6 +240,7 @@ void ParamClient::Exchange::Send(uint32_t partition) {
     attempt = ++round->attempt[partition];
     round->pending.insert(partition);
     round->sent_at[partition] = absl::Now();
+    round->sent_epoch[partition] = epoch_;
   }
   auto finish = [round, partition, attempt](absl::StatusOr<Message> resp) {
     absl::MutexLock l(&round->mu);
@@ -312,9 +314,15 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
         return absl::OkStatus();
       }
       if (absl::Now() > deadline_) {
+        std::string which;
+        for (uint32_t id : round_->pending) {
+          const Route& r = routes_.at(id);
+          absl::StrAppend(&which, which.empty() ? "" : ", ", "partition ", r.partition, " at ",
+                          r.address, " (node ", r.owner, ")");
+        }
         return absl::DeadlineExceededError(absl::StrCat(
             round_->outstanding, " partition request(s) unanswered after ",
-            absl::FormatDuration(client_->request_timeout_)));
+            absl::FormatDuration(client_->request_timeout_), ": ", which));
       }
     }
     if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
@@ -477,13 +485,26 @@ absl::Status ParamClient::Exchange::FinishOnce() {
   }
   IssueAll();
   for (int attempt = 0;; ++attempt) {
+    // A request that failed is sent again at once, not after the others are
+    // answered: in bsp a push is acknowledged (with backups) and a pull
+    // served only once the step is complete, which may wait for this very
+    // retry, or for another worker that waits for us.
     std::shared_ptr<Round> round = round_;
-    STRATA_RETURN_IF_ERROR(
-        Await([round]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return round->outstanding == 0; }));
+    STRATA_RETURN_IF_ERROR(Await([round]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (round->outstanding == 0) return true;
+      for (const auto& [id, o] : round->results) {
+        if (!o.ok() || o->header.status != 0) return true;
+      }
+      return false;
+    }));
     std::map<uint32_t, absl::StatusOr<Message>> results;
+    std::map<uint32_t, uint64_t> sent_epoch;
+    bool all_answered;
     {
       absl::MutexLock l(&round_->mu);
       results.swap(round_->results);
+      sent_epoch = round_->sent_epoch;
+      all_answered = round_->outstanding == 0;
     }
     std::vector<uint32_t> retry;
     bool refresh = false;
@@ -504,8 +525,11 @@ absl::Status ParamClient::Exchange::FinishOnce() {
         continue;
       }
       absl::Status s = transport::ResponseStatus(*o);
-      if (absl::IsFailedPrecondition(s) && o->header.epoch > epoch_) {
-        refresh = true;  // our view is stale
+      // Refused for the view epoch it was sent with (a newer view may have
+      // come since, for the rest of the exchange): sent again, never taken
+      // for a stale gradient.
+      if (absl::IsFailedPrecondition(s) && o->header.epoch > sent_epoch[id]) {
+        if (o->header.epoch > epoch_) refresh = true;  // our view is stale
         retry.push_back(id);
       } else if (absl::IsUnavailable(s)) {
         retry.push_back(id);  // pserver behind on the view, or not ready,
@@ -514,7 +538,10 @@ absl::Status ParamClient::Exchange::FinishOnce() {
         STRATA_RETURN_IF_ERROR(on_response_(r, *o));
       }
     }
-    if (retry.empty()) return absl::OkStatus();
+    if (retry.empty()) {
+      if (all_answered) return absl::OkStatus();
+      continue;  // the rest are still on their way
+    }
     if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
     if (absl::Now() > deadline_) {
       const Route& r = routes_.at(retry[0]);
@@ -528,6 +555,9 @@ absl::Status ParamClient::Exchange::FinishOnce() {
       if (attempt > 0) absl::SleepFor(absl::Milliseconds(std::min(200, 20 * attempt)));
       STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, client_->refresh_view_());
       client_->SetView(view);
+      // Requests still on their way to an owner that moved are given up
+      // (and sent again below or in the next round) before the routes change.
+      AbandonMoved();
       LoadRoutes();  // owners may have moved
       STRATA_RETURN_IF_ERROR(view_error_);
       for (uint32_t id : retry) {

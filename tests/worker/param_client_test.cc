@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,20 @@ class FakePServer {
   void HoldPushes() {
     absl::MutexLock l(&mu_);
     hold_pushes_ = true;
+  }
+  // The first push to `partition` is refused ("retry"), and pushes to the
+  // others are held until one to `partition` is accepted: a bsp step whose
+  // acknowledgements wait for the step to complete, which needs the retry.
+  void RefuseFirstPushAndHoldTheRest(uint32_t partition) {
+    absl::MutexLock l(&mu_);
+    refuse_first_ = partition;
+  }
+  // The first pushes to partitions 0 and 2 are refused as sent with a stale
+  // view epoch (the pserver is at 4); partition 2's refusal arrives only
+  // after partition 0's push came again (with the refreshed view).
+  void RefuseStaleEpochOnce() {
+    absl::MutexLock l(&mu_);
+    stale_epoch_ = true;
   }
   // The client address (ip:port) each request came from, in arrival order.
   std::vector<std::string> peers() const {
@@ -102,6 +117,49 @@ class FakePServer {
       held_pushes_.push_back(std::move(r));
       return;
     }
+    if (m.header.type == MessageType::kPushRequest && stale_epoch_) {
+      auto refuse = [](const Message& req) {
+        Message err = transport::MakeErrorResponse(
+            req.header, MessageType::kPushResponse,
+            absl::FailedPreconditionError("STALE_EPOCH: request epoch 3 < pserver epoch 4"));
+        err.header.epoch = 4;
+        return err;
+      };
+      const uint32_t p = m.header.partition;
+      if (p == 0 && pushes_to_0_++ == 0) {
+        r->Respond(refuse(m));
+        return;
+      }
+      if (p == 2 && !held_stale_.has_value() && !stale_2_answered_) {
+        held_stale_.emplace(std::move(r), std::move(m));
+        return;
+      }
+      if (p == 0 && held_stale_.has_value()) {  // partition 0 again: now refuse 2
+        held_stale_->first->Respond(refuse(held_stale_->second));
+        held_stale_.reset();
+        stale_2_answered_ = true;
+      }
+    }
+    if (m.header.type == MessageType::kPushRequest && refuse_first_.has_value()) {
+      if (m.header.partition != *refuse_first_) {
+        held_pushes_.push_back(std::move(r));  // answered once the step completes
+        return;
+      }
+      if (!refused_) {
+        refused_ = true;
+        r->Respond(transport::MakeErrorResponse(
+            m.header, MessageType::kPushResponse,
+            absl::UnavailableError("pserver epoch 3 behind request epoch 4; retry")));
+        return;
+      }
+      refuse_first_.reset();
+      for (auto& held : held_pushes_) {
+        Message ack;
+        ack.header.type = MessageType::kPushResponse;
+        held->Respond(std::move(ack));
+      }
+      held_pushes_.clear();
+    }
     if (m.header.type == MessageType::kPushRequest) {
       const float* g = reinterpret_cast<const float*>(m.payload.data());
       pushed_[m.header.partition].assign(g,
@@ -126,6 +184,13 @@ class FakePServer {
   std::map<uint32_t, std::vector<float>> pushed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> peers_ ABSL_GUARDED_BY(mu_);
   bool hold_pushes_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<uint32_t> refuse_first_ ABSL_GUARDED_BY(mu_);
+  bool stale_epoch_ ABSL_GUARDED_BY(mu_) = false;
+  int pushes_to_0_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stale_2_answered_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<std::pair<std::shared_ptr<transport::Responder>, Message>> held_stale_
+      ABSL_GUARDED_BY(mu_);
+  bool refused_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<transport::Responder>> held_pushes_ ABSL_GUARDED_BY(mu_);
   std::map<
       uint32_t,
@@ -166,12 +231,14 @@ class ParamClientTest : public ::testing::Test {
     view.add_tables()->set_num_elements(30);
     view.add_tables()->set_num_elements(10);
     client_->SetView(view);
+    view_ = view;
   }
   void TearDown() override { client_transport_->Shutdown(); }
 
   FakePServer server_;
   std::unique_ptr<transport::Transport> client_transport_;
   std::unique_ptr<ParamClient> client_;
+  proto::ClusterView view_;
 };
 
 // A push exchange given up with answers outstanding drops its connections:
@@ -232,6 +299,50 @@ TEST_F(ParamClientTest, SettledPushKeepsItsConnection) {
   const std::vector<std::string> peers = server_.peers();
   ASSERT_EQ(peers.size(), 8u);
   EXPECT_EQ(peers.front(), peers.back());
+}
+
+// A refused request is sent again at once, not after the rest of the
+// exchange is answered: in bsp with backups the other partitions'
+// acknowledgements wait for the step to complete, which needs the retry
+// (waiting for them first deadlocked two workers once).
+TEST_F(ParamClientTest, RefusedPushIsRetriedWhileOthersAreStillUnanswered) {
+  server_.RefuseFirstPushAndHoldTheRest(2);
+  std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
+                                           std::vector<float>(10, 1.f)};
+  PushResult pushed;
+  auto push = client_->StartPush(&grads, 1, 1, &pushed);
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(push->Finish().ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the retry waited for the held answers";
+  // Partition 2 twice (refused, then accepted), the others once.
+  int to_2 = 0;
+  for (const auto& [type, partition] : server_.requests()) to_2 += partition == 2;
+  EXPECT_EQ(to_2, 2);
+  EXPECT_EQ(server_.requests().size(), 5u);
+}
+
+// A push refused for the view epoch it was sent with is sent again even
+// when the answer comes after the exchange took the newer view for another
+// partition's retry: taken for a stale gradient, it was dropped, and its
+// bsp step never completed.
+TEST_F(ParamClientTest, PushRefusedForItsSentEpochIsRetriedAfterTheViewMovedOn) {
+  proto::ClusterView newer = view_;
+  newer.set_epoch(4);
+  auto client = std::make_unique<ParamClient>(
+      client_transport_.get(), /*node_id=*/5,
+      [newer]() -> absl::StatusOr<proto::ClusterView> { return newer; }, absl::Seconds(10));
+  client->SetView(view_);
+  server_.RefuseStaleEpochOnce();
+  std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
+                                           std::vector<float>(10, 1.f)};
+  PushResult pushed;
+  auto push = client->StartPush(&grads, 1, 1, &pushed);
+  EXPECT_TRUE(push->Finish().ok());
+  EXPECT_EQ(pushed.stale_partitions, 0);
+  int to_2 = 0;
+  for (const auto& [type, partition] : server_.requests()) to_2 += partition == 2;
+  EXPECT_EQ(to_2, 2) << "partition 2's refused push was not sent again";
+  EXPECT_THAT(server_.pushed(), ::testing::SizeIs(4));
 }
 
 TEST_F(ParamClientTest, PartitionStartsFollowTheView) {

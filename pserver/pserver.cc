@@ -125,7 +125,8 @@ absl::Status PServer::Start() {
       [this](uint32_t backup, const std::string& why) {
         absl::MutexLock l(&mu_);
         suspects_.emplace(backup, why);
-      });
+      },
+      absl::Milliseconds(std::max(500, options_.config.cluster.dead_timeout_ms / 2)));
   master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address);
   proto::RegisterRequest req;
   req.set_role(proto::PSERVER);
@@ -846,6 +847,9 @@ void PServer::RegisterMetrics() {
   metrics_.AddCallbackGauge("strata_pserver_replication_resends",
                             "Replication records sent again after a failure",
                             replication(&ReplicaStreams::Stats::resends));
+  metrics_.AddCallbackGauge("strata_pserver_replication_ack_timeouts",
+                            "Replication records left unanswered by a backup and sent again",
+                            replication(&ReplicaStreams::Stats::ack_timeouts));
   metrics_.AddCallbackGauge("strata_pserver_replication_queued",
                             "Replication records not yet acknowledged by a backup",
                             replication(&ReplicaStreams::Stats::queued));

@@ -1,5 +1,6 @@
 #include "pserver/replica_streams.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -13,12 +14,14 @@ using transport::Message;
 
 ReplicaStreams::ReplicaStreams(transport::Transport* transport, std::function<uint32_t()> self,
                                std::function<uint64_t()> epoch, std::function<void()> on_stale,
-                               std::function<void(uint32_t, const std::string&)> on_unreachable)
+                               std::function<void(uint32_t, const std::string&)> on_unreachable,
+                               absl::Duration ack_timeout)
     : transport_(transport),
       self_(std::move(self)),
       epoch_(std::move(epoch)),
       on_stale_(std::move(on_stale)),
-      on_unreachable_(std::move(on_unreachable)) {
+      on_unreachable_(std::move(on_unreachable)),
+      ack_timeout_(ack_timeout) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -89,6 +92,7 @@ void ReplicaStreams::Loop() {
       std::vector<Message> records;
     };
     std::vector<Batch> batches;
+    std::vector<std::pair<uint32_t, std::string>> silent;  // backups that did not answer
     {
       absl::MutexLock l(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stop_; };
@@ -97,11 +101,36 @@ void ReplicaStreams::Loop() {
       wake_ = false;
       const absl::Time now = absl::Now();
       for (auto& [id, s] : streams_) {
+        // The oldest record sent and not answered: is it overdue?
+        for (const Entry& e : s.queue) {
+          if (e.acked) continue;
+          // Longer after each failure in a row, and for big records (a
+          // full copy): a slow backup is not resent to forever.
+          const absl::Duration overdue =
+              ack_timeout_ * (1 << std::min(s.failures, 5)) +
+              absl::Seconds(static_cast<double>(e.record.payload.size()) / (64 << 20));
+          if (e.sent && now - e.sent_at > overdue) {
+            const std::string why = absl::StrCat(
+                "replication record ", e.record.header.seq, " of partition ",
+                e.record.header.partition, " unanswered for ", absl::FormatDuration(now - e.sent_at));
+            LOG(WARNING) << "replication to node " << id << " at " << s.address << ": " << why
+                         << "; sending everything unacknowledged again on a new connection";
+            ++stats_.ack_timeouts;
+            ++s.generation;
+            ++s.failures;
+            for (Entry& x : s.queue) x.sent = x.acked;
+            s.conn.reset();
+            s.retry_at = now;
+            silent.emplace_back(id, why);
+          }
+          break;
+        }
         if (s.address.empty() || now < s.retry_at) continue;
         Batch b{id, s.address, s.conn, s.generation, {}};
         for (Entry& e : s.queue) {
           if (e.sent) continue;
           e.sent = true;
+          e.sent_at = now;
           Message m;
           m.header = e.record.header;
           m.payload = e.record.payload;
@@ -118,6 +147,9 @@ void ReplicaStreams::Loop() {
         }
         if (!b.records.empty()) batches.push_back(std::move(b));
       }
+    }
+    if (on_unreachable_) {
+      for (const auto& [backup, why] : silent) on_unreachable_(backup, why);
     }
     for (Batch& b : batches) {
       if (b.conn == nullptr || !b.conn->healthy()) {

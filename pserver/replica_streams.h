@@ -32,10 +32,15 @@ class ReplicaStreams final : public ReplicaSink {
  public:
   // `transport` is borrowed and outlives this. `self` and `epoch` give this
   // node's id and view epoch when a record is sent; `on_stale` is called
-  // when a backup says that epoch is old.
+  // when a backup says that epoch is old. A record left unanswered for
+  // `ack_timeout` is treated like a failed one: everything unacknowledged
+  // goes again on a new connection, and the backup is reported unreachable
+  // (the master probes it). An answer lost on the way must not hold a
+  // partition's acknowledgements for good.
   ReplicaStreams(transport::Transport* transport, std::function<uint32_t()> self,
                  std::function<uint64_t()> epoch, std::function<void()> on_stale,
-                 std::function<void(uint32_t backup, const std::string& why)> on_unreachable);
+                 std::function<void(uint32_t backup, const std::string& why)> on_unreachable,
+                 absl::Duration ack_timeout = absl::Seconds(1));
   ~ReplicaStreams() override;
   ReplicaStreams(const ReplicaStreams&) = delete;
   ReplicaStreams& operator=(const ReplicaStreams&) = delete;
@@ -54,6 +59,7 @@ class ReplicaStreams final : public ReplicaSink {
     uint64_t resends = 0;       // records sent again after a failure
     uint64_t queued = 0;        // records not yet acknowledged, now
     uint64_t queued_bytes = 0;
+    uint64_t ack_timeouts = 0;  // records unanswered for ack_timeout, sent again
   };
   Stats stats() const;
 
@@ -64,6 +70,7 @@ class ReplicaStreams final : public ReplicaSink {
     bool sent = false;
     bool acked = false;
     bool resend = false;
+    absl::Time sent_at = absl::InfinitePast();
   };
   struct Stream {
     std::string address;
@@ -84,6 +91,7 @@ class ReplicaStreams final : public ReplicaSink {
   // Called (from a transport thread; must not block) when a backup cannot
   // be reached at all.
   const std::function<void(uint32_t, const std::string&)> on_unreachable_;
+  const absl::Duration ack_timeout_;
 
   mutable absl::Mutex mu_;
   std::map<uint32_t, Stream> streams_ ABSL_GUARDED_BY(mu_);

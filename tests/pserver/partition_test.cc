@@ -7,11 +7,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "pserver/replica_streams.h"
+#include "transport/inproc/inproc_transport.h"
 #include "transport/transport.h"
 
 namespace strata::pserver {
@@ -699,6 +702,80 @@ TEST(ReplicationTest, SparseBackupHoldsTheSameRows) {
   EXPECT_EQ(backup->sparse_stats().rows, primary->sparse_stats().rows);
   backup->Promote();
   EXPECT_EQ(PullRows(*backup, {11, 12, 13, 14, 15}), PullRows(*primary, {11, 12, 13, 14, 15}));
+}
+
+
+// A backup that takes a record and never answers it (an answer lost on the
+// way) must not hold the primary's acknowledgements for good: after the
+// ack timeout the stream sends everything unacknowledged again, on a new
+// connection, and reports the backup (the master then probes it).
+TEST(ReplicaStreamsTest, RecordLeftUnansweredIsSentAgainAfterTheAckTimeout) {
+  auto network = std::make_shared<transport::InProcNetwork>();
+  auto make = [&]() {
+    transport::TransportOptions options;
+    options.kind = "inproc";
+    options.inproc_network = network;
+    auto t = transport::CreateTransport(options);
+    EXPECT_THAT(t, IsOk());
+    return std::move(t).value();
+  };
+  auto backup_transport = make();
+  auto primary_transport = make();
+  auto primary = MakePartition(Consistency::kBsp);
+  auto backup = MakePartition(Consistency::kBsp);
+  backup->MakeBackup();
+
+  absl::Mutex mu;
+  int swallowed = 0;
+  std::vector<std::shared_ptr<transport::Responder>> held;  // never answered
+  ASSERT_THAT(backup_transport->Listen(
+                  "backup", 0,
+                  [&](Message request, std::shared_ptr<transport::Responder> responder) {
+                    {
+                      absl::MutexLock l(&mu);
+                      // The first record that follows the copy is taken and
+                      // left unanswered.
+                      if (request.header.seq == 1 && swallowed == 0) {
+                        ++swallowed;
+                        held.push_back(std::move(responder));
+                        return;
+                      }
+                    }
+                    backup->ApplyReplica(request, std::move(responder));
+                  }),
+              IsOk());
+
+  absl::Mutex report_mu;
+  std::vector<std::string> reports;
+  ReplicaStreams streams(
+      primary_transport.get(), [] { return 1u; }, [] { return uint64_t{1}; }, [] {},
+      [&](uint32_t node, const std::string& why) {
+        absl::MutexLock l(&report_mu);
+        reports.push_back(absl::StrCat(node, ": ", why));
+      },
+      absl::Milliseconds(100));
+  streams.SetBackups({{5, backup_transport->listen_address()}});
+  primary->SetStepWorkers({2});
+  primary->SetBackups({5}, &streams);
+
+  auto ack = std::make_shared<RecordingResponder>();
+  primary->Push(PushMsg(2, 1, 0, 1, {2.f, 2.f, 2.f}), ack);
+  // Acknowledged once the backup holds the step: after the resend.
+  for (int i = 0; i < 500 && ack->responses().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_THAT(ack->responses(), SizeIs(1));
+  ExpectPushAck(ack->responses()[0], 2, 1);
+  EXPECT_EQ(backup->stats().version, 1u);
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+  EXPECT_GE(streams.stats().ack_timeouts, 1u);
+  {
+    absl::MutexLock l(&report_mu);
+    ASSERT_THAT(reports, SizeIs(1));
+    EXPECT_THAT(reports[0], AllOf(HasSubstr("5: replication record 1 of partition 7"),
+                                  HasSubstr("unanswered for")));
+  }
+  streams.Shutdown();
+  primary_transport->Shutdown();
+  backup_transport->Shutdown();
 }
 
 }  // namespace

@@ -21,15 +21,29 @@ cleanup_fault() {  # [EXIT_STATUS]
 }
 trap cleanup_fault EXIT
 
+TASK_RECORDS="${FAULT_TASK_RECORDS:-500}"
 # fault_config REPLICATION EPOCHS [EXTRA_YAML]: a bsp MLP job on
 # Fashion-MNIST, 3 pservers and 2 workers, fast failure detection.
 fault_config() {
   local replication="$1" epochs="$2" extra="${3:-}"
   BASE="$(pick_port_base)"
   write_config "$WORK/job.yaml" bsp "$epochs" "$BASE"
+  # Small data tasks (docs/reliability.md, "Accuracy after a worker
+  # restart"): a requeued task retrains less, and when the workers' task
+  # boundaries fall apart (a worker restarted), the last worker alone at
+  # the end of the job trains at most one task's batches at half the batch.
+  sed -i "s/^  task_records: 2000\$/  task_records: $TASK_RECORDS/" "$WORK/job.yaml"
   sed -i "s/^  dead_timeout_ms: 2000\$/  dead_timeout_ms: 2000\n  replication: $replication/" "$WORK/job.yaml"
   [[ -n "$extra" ]] && printf '%s\n' "$extra" >> "$WORK/job.yaml"
   printf '127.0.0.1 master pserver=3 worker=2\n' > "$WORK/hosts"
+}
+
+# use_sgd: plain SGD (lr 0.05) instead of the tests' Adam, for a fault that
+# moves the workers' task boundaries (docs/reliability.md, "Accuracy after
+# a worker restart").
+use_sgd() {
+  sed -i 's/^  type: adam$/  type: sgd/; s/^  learning_rate: 0.001$/  learning_rate: 0.05/' "$WORK/job.yaml"
+  grep -q '^  type: sgd$' "$WORK/job.yaml" || fail "use_sgd: no optimizer section to change"
 }
 
 # run_job NAME [launch.sh flags]: runs the job to its end in the
@@ -118,6 +132,39 @@ baseline_then_start() {
   run_job base || fail "the fault-free run failed: $(tail -5 "$WORK/base.out")"
   start_job "$name" "$@"
   wait_for_samples "$name" "$samples"
+}
+
+# throughput NAME T_FROM: a line with the job's samples/s in the 3 s from
+# T_FROM (recovery, new backups catching up; docs/reliability.md,
+# "Measured") against the fault-free run's over its whole training, both
+# from the workers' progress lines (their window rates, summed over the
+# workers; the tests' own polling is not running in the fault-free run).
+throughput() {
+  python3 - "$2" "$WORK/run-$1" "$WORK/run-base" <<'PY'
+import datetime, glob, re, sys
+start = float(sys.argv[1])
+def workers(run):
+    out = []
+    for path in sorted(glob.glob(run + "/logs/worker-*.log")):
+        rows = []
+        for line in open(path, errors="replace"):
+            m = re.match(r"I(\d{8}) (\d\d:\d\d:\d\d\.\d+) .*progress: .* samples/s (\d+)", line)
+            if m:
+                t = datetime.datetime.strptime(m.group(1) + " " + m.group(2), "%Y%m%d %H:%M:%S.%f")
+                rows.append((t.timestamp(), float(m.group(3))))
+        out.append(rows)
+    return out
+def rate(ws, a, b):
+    seen = [[r for t, r in w if a <= t <= b] for w in ws]
+    return sum(sum(x) / len(x) for x in seen if x) if any(seen) else None
+after = rate(workers(sys.argv[2]), start, start + 3)
+base = rate(workers(sys.argv[3]), 0, float("inf"))
+if after is not None and base:
+    print(f"throughput: {after:.0f} samples/s in the 3 s after recovery, fault-free "
+          f"{base:.0f} ({after / base:.2f} of it)")
+else:
+    print("throughput: too few progress lines to tell")
+PY
 }
 
 # why NAME: what the run NAME says about its end, for a failure message:

@@ -36,4 +36,5 @@ grep -q 'master restarted (restart 1): state of epoch' "$s" || fail "no replay e
 grep -q 'declared dead' "$s" && fail "nodes were declared dead across the restart: $(cat "$s")"
 assert_accuracy_close kill base
 echo "master back (answering) $(secs "$t0" "$back") s after the kill; ledger: $(ledger_field kill acked) acknowledged, 0 lost"
+throughput kill "$back"
 assert_nothing_left "$WORK"

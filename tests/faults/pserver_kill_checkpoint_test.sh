@@ -36,4 +36,5 @@ logged="$(grep -ho 'moved on to version [0-9]*: [0-9]* step(s) of it lost' "$WOR
 [[ "$logged" == "$lost" ]] || fail "summary says $lost steps lost, the pservers logged ${logged:-none}"
 assert_accuracy_close kill base
 echo "$restored partition(s) restored from a checkpoint, $lost partition-step(s) of updates lost"
+throughput kill "$t0"
 assert_nothing_left "$WORK"

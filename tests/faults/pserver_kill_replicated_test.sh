@@ -34,4 +34,5 @@ grep -q 'pserver-1 failed (code 137); restarting' "$WORK/kill.out" ||
 assert_accuracy_close kill base
 echo "detection $(secs "$t0" "$detected") s, recovery (kill to the next step) $(secs "$t0" "$recovered") s," \
   "ledger: $(ledger_field kill acked) pushes acknowledged, $(ledger_field kill lost) lost"
+throughput kill "$recovered"
 assert_nothing_left "$WORK"

@@ -65,3 +65,4 @@ grep -q 'fenced: ' "$WORK/run-cut/logs/pserver-1.log" || fail "pserver 1 was not
 assert_accuracy_close cut base
 echo "pserver 1 cut off from the workers: declared dead after $(secs "$t0" "$detected") s" \
   "(its heartbeats went on); ledger: $(ledger_field cut acked) acknowledged, 0 lost"
+throughput cut "$detected"

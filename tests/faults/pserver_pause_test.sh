@@ -30,6 +30,10 @@ kill -0 "$pid" 2>/dev/null && fail "the woken pserver did not exit"
 log="$WORK/run-pause/logs/pserver-1.log"
 grep -q 'fenced: ' "$log" || fail "the woken pserver does not say it was fenced: $(tail -5 "$log")"
 wait_job || fail "the job failed: $(why pause)"
+# No worker may have given up on a request meanwhile (a partition that
+# stopped answering: its requests time out and the worker restarts).
+! grep -q 'worker-[0-9]* failed' "$WORK/pause.out" ||
+  fail "a worker failed and was restarted during the fault: $(why pause)"
 grep -q 'pserver-1 failed (code 75); restarting' "$WORK/pause.out" ||
   fail "the fenced pserver did not exit with 75, or was not restarted: $(cat "$WORK/pause.out")"
 [[ "$(ledger_field pause lost)" == 0 ]] || fail "acknowledged updates lost: $(cat "$(summary pause)")"
@@ -37,4 +41,5 @@ grep -q 'pserver-1 failed (code 75); restarting' "$WORK/pause.out" ||
 assert_accuracy_close pause base
 echo "paused pserver declared dead after $(secs "$t0" "$detected") s; fenced on waking;" \
   "ledger: $(ledger_field pause acked) acknowledged, $(ledger_field pause lost) lost"
+throughput pause "$detected"
 assert_nothing_left "$WORK"

@@ -7,7 +7,14 @@
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 fault_config 0 6
+# The restarted worker's tasks start at other steps than the other
+# worker's, so one of them trains its last task alone at the end of the
+# job: with Adam that tail alone costs up to 2 points of final accuracy
+# (docs/reliability.md, "Accuracy after a worker restart"); SGD is hardly
+# moved by it, so the 1% check is about what the fault did.
+use_sgd
 baseline_then_start kill 60000
+t0="$(now)"
 kill -KILL "$(pid_of kill worker-1)"
 # The live worker trains on while worker 1 is down (no hang on the step).
 a="$(job_samples)"
@@ -26,16 +33,13 @@ grep -q 'worker 1 joined as node' "$s" || fail "the restarted worker did not joi
 requeued="$(summary_field kill tasks_requeued)"
 (( requeued <= 1 )) || fail "$requeued tasks requeued for one dead worker (one at most was in flight)"
 # Every record of every epoch in a completed task, once; trained again at
-# most the records of the task in flight when the worker died (2000).
+# most the records of the task in flight when the worker died.
 records="$(summary_field kill records_done)"
 again="$(summary_field kill records_requeued)"
 expected=$((60000 * 6))
 (( records == expected )) || fail "$records records in completed tasks, expected $expected"
-(( again <= 2000 )) || fail "$again records requeued (trained twice at most), more than one task's"
-# KNOWN GAP (docs/reliability.md): with Adam, when the worker is back within
-# about two seconds, the final accuracy sometimes lands ~2 points below the
-# fault-free run's (with SGD, or with a quicker or a much later rejoin, it
-# is within 0.01); until that is understood, 0.03 is checked here.
-ACCURACY_TOLERANCE=0.03 assert_accuracy_close kill base
+(( again <= TASK_RECORDS )) || fail "$again records requeued (trained twice at most), more than one task's"
+assert_accuracy_close kill base
 echo "tasks requeued: $requeued ($again records trained twice at most); records done: $records of $expected"
+throughput kill "$t0"
 assert_nothing_left "$WORK"

@@ -12,6 +12,12 @@ namespace strata::pserver {
 
 using transport::Message;
 
+namespace {
+// The slowest transfer rate a backup is given before a big record (a full
+// copy) counts as unanswered: each such byte adds to the ack timeout.
+constexpr double kSlowestCopyBytesPerSecond = 64 << 20;
+}  // namespace
+
 ReplicaStreams::ReplicaStreams(transport::Transport* transport, std::function<uint32_t()> self,
                                std::function<uint64_t()> epoch, std::function<void()> on_stale,
                                std::function<void(uint32_t, const std::string&)> on_unreachable,
@@ -108,7 +114,8 @@ void ReplicaStreams::Loop() {
           // full copy): a slow backup is not resent to forever.
           const absl::Duration overdue =
               ack_timeout_ * (1 << std::min(s.failures, 5)) +
-              absl::Seconds(static_cast<double>(e.record.payload.size()) / (64 << 20));
+              absl::Seconds(static_cast<double>(e.record.payload.size()) /
+                            kSlowestCopyBytesPerSecond);
           if (e.sent && now - e.sent_at > overdue) {
             const std::string why = absl::StrCat(
                 "replication record ", e.record.header.seq, " of partition ",

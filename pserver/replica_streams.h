@@ -40,7 +40,7 @@ class ReplicaStreams final : public ReplicaSink {
   ReplicaStreams(transport::Transport* transport, std::function<uint32_t()> self,
                  std::function<uint64_t()> epoch, std::function<void()> on_stale,
                  std::function<void(uint32_t backup, const std::string& why)> on_unreachable,
-                 absl::Duration ack_timeout = absl::Seconds(1));
+                 absl::Duration ack_timeout);
   ~ReplicaStreams() override;
   ReplicaStreams(const ReplicaStreams&) = delete;
   ReplicaStreams& operator=(const ReplicaStreams&) = delete;

@@ -151,6 +151,15 @@ constexpr uint64_t kSpinMaxBytes = 256 << 10;
 // State shared with the transport callbacks of one round of requests, so a
 // callback arriving after the caller gave up writes here, not into a dead
 // stack frame.
+namespace {
+
+// An answer that needs no retry: the call went through and was not refused.
+bool AnsweredOk(const absl::StatusOr<Message>& answer) {
+  return answer.ok() && answer->header.status == 0;
+}
+
+}  // namespace
+
 struct ParamClient::Round {
   absl::Mutex mu;
   std::map<uint32_t, absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
@@ -460,8 +469,7 @@ absl::StatusOr<bool> ParamClient::Exchange::AwaitRange(uint32_t table, uint64_t 
     absl::MutexLock l(&round_->mu);
     for (uint32_t id : needed) {
       auto it = round_->results.find(id);
-      all_good = all_good && it != round_->results.end() && it->second.ok() &&
-                 it->second->header.status == 0 &&
+      all_good = all_good && it != round_->results.end() && AnsweredOk(it->second) &&
                  (!destination_ || it->second->payload_in_destination);
     }
   }
@@ -493,7 +501,7 @@ absl::Status ParamClient::Exchange::FinishOnce() {
     STRATA_RETURN_IF_ERROR(Await([round]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       if (round->outstanding == 0) return true;
       for (const auto& [id, o] : round->results) {
-        if (!o.ok() || o->header.status != 0) return true;
+        if (!AnsweredOk(o)) return true;
       }
       return false;
     }));

@@ -59,6 +59,13 @@ class FakePServer {
     absl::MutexLock l(&mu_);
     stale_epoch_ = true;
   }
+  // The first push to `refused` is refused as sent with a stale view epoch;
+  // pushes to `silent` are never answered (an owner that stopped).
+  void RefuseOnceAndLeaveSilent(uint32_t refused, uint32_t silent) {
+    absl::MutexLock l(&mu_);
+    stale_once_ = refused;
+    silent_ = silent;
+  }
   // The client address (ip:port) each request came from, in arrival order.
   std::vector<std::string> peers() const {
     absl::MutexLock l(&mu_);
@@ -96,6 +103,15 @@ class FakePServer {
   static constexpr uint32_t kLength = 10;
 
  private:
+  // A push refused as sent with view epoch 3, the pserver being at 4.
+  static Message StaleEpochRefusal(const Message& req) {
+    Message err = transport::MakeErrorResponse(
+        req.header, MessageType::kPushResponse,
+        absl::FailedPreconditionError("STALE_EPOCH: request epoch 3 < pserver epoch 4"));
+    err.header.epoch = 4;
+    return err;
+  }
+
   static Message PullAnswer(const Message& req) {
     std::vector<float> v(kLength);
     for (uint32_t i = 0; i < kLength; ++i)
@@ -117,14 +133,17 @@ class FakePServer {
       held_pushes_.push_back(std::move(r));
       return;
     }
+    if (m.header.type == MessageType::kPushRequest && silent_ == m.header.partition) {
+      held_pushes_.push_back(std::move(r));  // never answered
+      return;
+    }
+    if (m.header.type == MessageType::kPushRequest && stale_once_ == m.header.partition) {
+      stale_once_.reset();
+      r->Respond(StaleEpochRefusal(m));
+      return;
+    }
     if (m.header.type == MessageType::kPushRequest && stale_epoch_) {
-      auto refuse = [](const Message& req) {
-        Message err = transport::MakeErrorResponse(
-            req.header, MessageType::kPushResponse,
-            absl::FailedPreconditionError("STALE_EPOCH: request epoch 3 < pserver epoch 4"));
-        err.header.epoch = 4;
-        return err;
-      };
+      auto refuse = StaleEpochRefusal;
       const uint32_t p = m.header.partition;
       if (p == 0 && pushes_to_0_++ == 0) {
         r->Respond(refuse(m));
@@ -186,6 +205,8 @@ class FakePServer {
   bool hold_pushes_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<uint32_t> refuse_first_ ABSL_GUARDED_BY(mu_);
   bool stale_epoch_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<uint32_t> stale_once_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint32_t> silent_ ABSL_GUARDED_BY(mu_);
   int pushes_to_0_ ABSL_GUARDED_BY(mu_) = 0;
   bool stale_2_answered_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<std::pair<std::shared_ptr<transport::Responder>, Message>> held_stale_
@@ -343,6 +364,34 @@ TEST_F(ParamClientTest, PushRefusedForItsSentEpochIsRetriedAfterTheViewMovedOn) 
   for (const auto& [type, partition] : server_.requests()) to_2 += partition == 2;
   EXPECT_EQ(to_2, 2) << "partition 2's refused push was not sent again";
   EXPECT_THAT(server_.pushed(), ::testing::SizeIs(4));
+}
+
+// When a retry brings a newer view, a request still waiting on an owner
+// that the view moves its partition away from is given up and sent to the
+// new owner: the exchange takes the new routes (and epoch) at once, so later
+// checks for moved partitions no longer see it as moved.
+TEST_F(ParamClientTest, RequestToAMovedOwnerIsSentToTheNewOneWhenARetryRefreshesTheView) {
+  FakePServer other;
+  proto::ClusterView newer = view_;
+  newer.set_epoch(4);
+  auto* m = newer.add_members();
+  m->set_id(2);
+  m->set_role(proto::PSERVER);
+  m->set_data_address(other.address());
+  newer.mutable_partitions(1)->set_owner(2);
+  auto client = std::make_unique<ParamClient>(
+      client_transport_.get(), /*node_id=*/5,
+      [newer]() -> absl::StatusOr<proto::ClusterView> { return newer; }, absl::Seconds(10));
+  client->SetView(view_);
+  server_.RefuseOnceAndLeaveSilent(/*refused=*/0, /*silent=*/1);
+  std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
+                                           std::vector<float>(10, 1.f)};
+  PushResult pushed;
+  auto push = client->StartPush(&grads, 1, 1, &pushed);
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(push->Finish().ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "waited on the old owner";
+  EXPECT_THAT(other.pushed(), ::testing::ElementsAre(::testing::Key(1)));
 }
 
 TEST_F(ParamClientTest, PartitionStartsFollowTheView) {

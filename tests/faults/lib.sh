@@ -21,6 +21,8 @@ cleanup_fault() {  # [EXIT_STATUS]
 }
 trap cleanup_fault EXIT
 
+# Records per data task (FAULT_TASK_RECORDS overrides it, e.g. 2000 to run
+# a fault against the e2e tests' task size).
 TASK_RECORDS="${FAULT_TASK_RECORDS:-500}"
 # fault_config REPLICATION EPOCHS [EXTRA_YAML]: a bsp MLP job on
 # Fashion-MNIST, 3 pservers and 2 workers, fast failure detection.

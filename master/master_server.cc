@@ -883,7 +883,21 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
   // from the finished ones (the steps went on without it).
   std::optional<uint64_t> first_step;
   if (req.has_next_step() && n->state() == proto::ALIVE) first_step = req.next_step();
-  if (auto task = tasks_.Lease(n->id(), clock_->Now(), first_step)) {
+  // A worker holds one data task at a time and asks for the next once it
+  // has completed it. One that asks while it still holds a task never got
+  // the answer that leased it (this master went down between recording the
+  // lease and answering): it gets that task again, else the task would
+  // stay leased to a live worker that does not know it, and the job would
+  // never finish.
+  std::optional<proto::DataTask> task = tasks_.Held(n->id(), clock_->Now(), first_step);
+  if (task.has_value()) {
+    LOG(WARNING) << "worker " << n->index() << " (node " << n->id() << ") asks for a task "
+                 << "but holds data task " << task->id() << ": its lease answer was lost; "
+                 << "the same task again";
+  } else {
+    task = tasks_.Lease(n->id(), clock_->Now(), first_step);
+  }
+  if (task.has_value()) {
     if (n->state() == proto::FINISHED) {
       n->set_state(proto::ALIVE);  // back in the step set
       BumpEpochLocked();

@@ -39,6 +39,21 @@ std::optional<proto::DataTask> TaskScheduler::Lease(uint32_t node, absl::Time no
   return tasks_[id];
 }
 
+std::optional<proto::DataTask> TaskScheduler::Held(uint32_t node, absl::Time now,
+                                                   std::optional<uint64_t> first_step) {
+  for (auto& [id, lease] : leases_) {
+    if (lease.node != node) continue;
+    lease.expires = now + lease_timeout_;
+    if (first_step.has_value()) {
+      first_step_[id] = *first_step;
+    } else {
+      first_step_.erase(id);
+    }
+    return tasks_[id];
+  }
+  return std::nullopt;
+}
+
 absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t last_step) {
   if (task_id >= tasks_.size()) {
     return absl::NotFoundError(absl::StrCat("unknown data task ", task_id));

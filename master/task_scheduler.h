@@ -28,6 +28,11 @@ class TaskScheduler {
   // the step (bsp version) of the task's first batch, when known.
   std::optional<proto::DataTask> Lease(uint32_t node, absl::Time now,
                                        std::optional<uint64_t> first_step = std::nullopt);
+  // The task leased to `node` (the first, should it hold several), its
+  // lease renewed to now + lease_timeout and its first step set as Lease
+  // does; nullopt when it holds none.
+  std::optional<proto::DataTask> Held(uint32_t node, absl::Time now,
+                                      std::optional<uint64_t> first_step = std::nullopt);
   // NotFound for an unknown task; FailedPrecondition when the task is not
   // leased to `node` (its lease expired and went elsewhere). Completing a
   // completed task again is OK (idempotent). `last_step`: the step of its

@@ -4,7 +4,15 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STRATA="$BUILD_DIR/bin/strata"
 FMNIST=/usr/share/datasets/fashion-mnist
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# fail MESSAGE: the message, and when it runs long (logs appended), its
+# first line again at the end: CI shows the head and the tail of a long
+# output, not the middle.
+fail() {
+  echo "FAIL: $*" >&2
+  local first="${*%%$'\n'*}"
+  [[ "$first" == "$*" ]] || echo "FAIL (the reason above, again): $first" >&2
+  exit 1
+}
 skip() { echo "SKIP: $*"; exit 77; }
 
 # A port base unlikely to collide with another test running at the same time.

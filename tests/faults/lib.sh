@@ -172,18 +172,21 @@ PY
 # why NAME: what the run NAME says about its end, for a failure message:
 # launch.sh's last lines, the summary's message and events, and each
 # daemon's last warnings and errors.
+# (The daemons' warnings first, launch.sh's own last lines last: CI shows
+# the head and the tail of a long output.)
 why() {
   local name="$1" f
-  tail -n 5 "$WORK/$name.out" 2>/dev/null
-  python3 -c "import json,sys
-s = json.load(open(sys.argv[1]))
-print('message:', s.get('message')); print('events:', *s.get('events', []), sep='\n  ')" \
-    "$(summary "$name")" 2>/dev/null
   for f in "$WORK/run-$name"/logs/*.log; do
     [[ -f "$f" ]] || continue
     echo "--- ${f##*/}:"
     grep -E '^[EW][0-9]{4}' "$f" | tail -n 4
   done
+  python3 -c "import json,sys
+s = json.load(open(sys.argv[1]))
+print('events:', *s.get('events', []), sep='\n  '); print('message:', s.get('message'))" \
+    "$(summary "$name")" 2>/dev/null
+  echo "--- $name.out (launch.sh):"
+  tail -n 8 "$WORK/$name.out" 2>/dev/null
 }
 
 # wait_declared_dead ROLE INDEX: until the master no longer has that node

@@ -625,6 +625,37 @@ TEST_F(MasterServerTest, ARestartedMasterCarriesOnFromItsStateDirectory) {
   EXPECT_GT(RegisterWorker(1), w);
 }
 
+// Found by the master-kill fault test: the master recorded a lease and was
+// killed before its answer left. The worker asks again after the restart
+// and must get that same task; a new one would leave the first leased to a
+// live worker that does not know it, and the job one task short for good.
+TEST_F(MasterServerTest, AWorkerWhoseLeaseAnswerWasLostGetsTheSameTaskAgain) {
+  options_.state_dir = "/master-state";
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  auto lost = Lease(w);  // recorded, but the answer never arrives
+  ASSERT_THAT(lost, IsOk());
+  ASSERT_EQ(lost->outcome(), proto::LeaseTaskResponse::TASK);
+  master_.reset();
+  CreateMaster();
+
+  auto again = Lease(w);
+  ASSERT_THAT(again, IsOk());
+  ASSERT_EQ(again->outcome(), proto::LeaseTaskResponse::TASK);
+  EXPECT_EQ(again->task().id(), lost->task().id());
+  // Without a restart too: asking twice gives the task held.
+  auto twice = Lease(w);
+  ASSERT_THAT(twice, IsOk());
+  EXPECT_EQ(twice->task().id(), lost->task().id());
+  // Once it is completed, the next one is a new task.
+  ASSERT_THAT(Complete(w, again->task().id(), 3), IsOk());
+  auto next = Lease(w);
+  ASSERT_THAT(next, IsOk());
+  ASSERT_EQ(next->outcome(), proto::LeaseTaskResponse::TASK);
+  EXPECT_NE(next->task().id(), lost->task().id());
+}
+
 TEST_F(MasterServerTest, WorkerInputErrorFailsTheJobWithItsMessage) {
   CreateMaster();
   uint32_t ps, w;

@@ -96,6 +96,23 @@ TEST(TaskSchedulerTest, LeaseAndComplete) {
   EXPECT_FALSE(s.AllDone());
 }
 
+TEST(TaskSchedulerTest, HeldGivesANodesLeaseRenewedAndNothingForOthers) {
+  TaskScheduler s(10, 4, 1, 1, kLease);
+  EXPECT_FALSE(s.Held(1, kT0).has_value());
+  auto t = s.Lease(1, kT0);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_FALSE(s.Held(2, kT0).has_value());
+  // Asked again just before it would expire: renewed from then.
+  auto held = s.Held(1, kT0 + kLease - absl::Seconds(1), /*first_step=*/5);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->id(), t->id());
+  EXPECT_EQ(s.ExpireLeases(kT0 + kLease + absl::Seconds(1)), 0);
+  EXPECT_EQ(s.leased(), 1u);
+  EXPECT_EQ(s.pending(), 2u);  // nothing new was leased
+  EXPECT_THAT(s.Complete(1, t->id()), IsOk());
+  EXPECT_FALSE(s.Held(1, kT0).has_value());
+}
+
 TEST(TaskSchedulerTest, LeaseReturnsNulloptWhenNothingPending) {
   TaskScheduler s(4, 4, 1, 1, kLease);
   ASSERT_TRUE(s.Lease(1, kT0).has_value());

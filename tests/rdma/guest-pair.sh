@@ -13,12 +13,20 @@ case "$role" in a) me=10.0.0.1; peer=10.0.0.2 ;; b) me=10.0.0.2; peer=10.0.0.1 ;
   *) echo "guest-pair: no role= on the kernel command line"; exit 100 ;; esac
 fails=0
 failed_names=""
+# check NAME COMMAND...: as in guest-tests.sh, a failure's verdict line is
+# followed by "=== why: " and the output's last lines.
 check() {
   name="$1"; shift
   echo "=== [$role] $name"
   t0=$(date +%s)
-  if "$@"; then verdict=PASS; else verdict=FAIL; fails=$((fails + 1)); failed_names="$failed_names '$name'"; fi
-  echo "=== [$role] $name: $verdict ($(( $(date +%s) - t0 )) s)"
+  { "$@" 2>&1; echo $? >/tmp/check.rc; } | tee /tmp/check.out
+  if [ "$(cat /tmp/check.rc)" = 0 ]; then
+    echo "=== [$role] $name: PASS ($(( $(date +%s) - t0 )) s)"
+    return 0
+  fi
+  fails=$((fails + 1)); failed_names="$failed_names '$name'"
+  echo "=== [$role] $name: FAIL ($(( $(date +%s) - t0 )) s)"
+  echo "=== why: $(grep -v '^[[:space:]]*$' /tmp/check.out | tail -n 3 | tr '\n' ' ' | cut -c1-400)"
 }
 modprobe virtio_net && ip link set lo up && ip link set eth0 up &&
   ip addr add "$me/24" dev eth0 && modprobe rdma_rxe &&
@@ -63,7 +71,12 @@ if [ "$role" = a ]; then
     /share/bin/strata wait --master 10.0.0.1:7070 --timeout 600 >/tmp/wait.txt 2>&1
     rc=$?
     kill $p $m 2>/dev/null; wait $p $m 2>/dev/null
-    tail -n 3 /tmp/wait.txt; cat /tmp/summary.json 2>/dev/null
+    cat /tmp/summary.json 2>/dev/null
+    if [ $rc != 0 ]; then  # the last lines are the reason the harness shows
+      grep -hE '^[EW][0-9]{4}' /tmp/master.log /tmp/pserver.log | tail -n 3
+      grep -h '"message"' /tmp/summary.json 2>/dev/null
+    fi
+    tail -n 3 /tmp/wait.txt
     [ $rc = 0 ] && grep -q '"state": "succeeded"' /tmp/summary.json &&
       awk -F': ' '/final_test_accuracy/ {a = $2 + 0} END {print "test accuracy " a; exit !(a > 0.5)}' \
         /tmp/summary.json
@@ -75,6 +88,7 @@ else
       --index 0 --host 10.0.0.2 >/tmp/worker.log 2>&1
     rc=$?
     grep -E "data connection to pserver|cannot|failed" /tmp/worker.log | head -n 5
+    [ $rc = 0 ] || grep -E '^[EF][0-9]{4}' /tmp/worker.log | tail -n 2
     tail -n 2 /tmp/worker.log
     [ $rc = 0 ] && grep -q "data connection to pserver 10.0.0.1:[0-9]*: rdma$" /tmp/worker.log
   }

@@ -189,6 +189,7 @@ class ConfigReader {
   std::vector<Field> PortsFields(PortsSection* ports);
   std::vector<Field> RdmaFields(RdmaSection* rdma);
   std::vector<Field> CheckpointFields(CheckpointSection* checkpoint);
+  std::vector<Field> WorkerFields(WorkerSection* worker);
 
   // Checks that involve more than one key, once everything is read.
   absl::Status CrossCheck(const JobConfig& config) const;
@@ -661,6 +662,15 @@ std::vector<ConfigReader::Field> ConfigReader::CheckpointFields(CheckpointSectio
   };
 }
 
+std::vector<ConfigReader::Field> ConfigReader::WorkerFields(WorkerSection* w) {
+  return {
+      Enum("device", &w->device, {"auto", "cpu", "cuda"}),
+      Int("gpu", &w->gpu, IntAtLeast(0)),
+      Enum("precision", &w->precision, {"fp32", "tf32", "bf16"}),
+      Int("recompute_every", &w->recompute_every, IntAtLeast(0)),
+  };
+}
+
 std::vector<ConfigReader::Field> ConfigReader::PortsFields(
     PortsSection* ports) {
   const auto port = [] { return IntInRange(0, 65535); };
@@ -713,6 +723,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
               [this, config] { return ClusterFields(&config->cluster); }),
       Section("checkpoint",
               [this, config] { return CheckpointFields(&config->checkpoint); }),
+      Section("worker", [this, config] { return WorkerFields(&config->worker); }),
   };
   STRATA_RETURN_IF_ERROR(ReadMap(root, root_mark, "", sections));
 

@@ -183,10 +183,22 @@ struct CheckpointSection {
   bool on_finish = true;        // a last checkpoint when training ends
 };
 
+// Where the workers compute (docs/gpu.md).
+struct WorkerSection {
+  std::string device = "auto";     // auto (the GPU when there is one) | cpu | cuda
+  int gpu = 0;                     // which GPU, >= 0
+  std::string precision = "fp32";  // GPU matrix products: fp32 | tf32 | bf16
+  // Activation recomputation (MLP): keep every recompute_every-th layer's
+  // output in the forward pass and recompute the others in the backward
+  // pass; 0 = off, 1 = every layer kept (the same as off).
+  int recompute_every = 0;         // >= 0
+};
+
 struct JobConfig {
   std::string source;  // file the config came from ("" if from a string)
   JobSection job;
   ModelSection model;
+  WorkerSection worker;
   OptimizerSection optimizer;
   SparseSection sparse;
   DataSection data;

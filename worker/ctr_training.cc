@@ -139,9 +139,10 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     // this worker (re)joins a running or resumed job.
     const uint64_t version = bsp ? std::max(step, pulled_version) : pulled_version;
 
-    const double loss =
+    STRATA_ASSIGN_OR_RETURN(
+        const double loss,
         wide_deep_->TrainStep(dense.data(), slot.data(), labels.data(), n, wide_rows.data(),
-                              emb_rows.data(), unique.size(), &wide_grad, &emb_grad);
+                              emb_rows.data(), unique.size(), &wide_grad, &emb_grad));
 
     // Push: the dense gradients and one summed row per distinct key, in
     // the grouping by partition.
@@ -207,8 +208,9 @@ absl::StatusOr<Worker::CtrMetrics> Worker::CtrTestMetrics(uint64_t min_version) 
     STRATA_RETURN_IF_ERROR(PullSparseRows(unique, min_version, /*barrier=*/false,
                                           /*use_cache=*/false, 0, wide_rows.data(),
                                           emb_rows.data(), &comm));
-    wide_deep_->Predict(test.dense.data() + b * kCtrDenseFeatures, slot.data(), n,
-                        wide_rows.data(), emb_rows.data(), probs.data() + b);
+    STRATA_RETURN_IF_ERROR(wide_deep_->Predict(test.dense.data() + b * kCtrDenseFeatures,
+                                               slot.data(), n, wide_rows.data(),
+                                               emb_rows.data(), probs.data() + b));
   }
   for (int64_t i = 0; i < test.num_examples; ++i) {
     if (!std::isfinite(probs[i])) {

@@ -1,8 +1,10 @@
 #include "worker/mlp.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace strata::worker {
 
@@ -17,14 +19,43 @@ absl::Status CallHook(const Fn& hook, Args... args) {
 }  // namespace
 
 Mlp::Mlp(std::vector<int> layers, Activation activation, Device* device)
-    : layers_(std::move(layers)), activation_(activation), device_(device) {
+    : layers_(std::move(layers)),
+      activation_(activation),
+      device_(device),
+      host_(device->host_memory()) {
   for (size_t i = 0; i + 1 < layers_.size(); ++i) {
     params_.emplace_back(static_cast<size_t>(layers_[i]) * layers_[i + 1], 0.f);
     params_.emplace_back(layers_[i + 1], 0.f);
     row_blocks_.push_back({0, layers_[i]});
   }
   for (const auto& p : params_) grads_.emplace_back(p.size(), 0.f);
-  acts_.resize(layers_.size() - 1);
+  param_fence_.assign(params_.size(), 0);
+  for (size_t i = 0; i + 1 < layers_.size(); ++i) acts_.emplace_back(device_);
+  delta_ = DeviceArray<float>(device_);
+  delta_prev_ = DeviceArray<float>(device_);
+  d_x_ = DeviceArray<float>(device_);
+  d_y_ = DeviceArray<int32_t>(device_);
+  if (!host_) {
+    // Pulls land in params_ and pushes leave from grads_: pinned, their
+    // copies to and from the GPU run beside the compute. (Unpinned they
+    // still work, only slower.)
+    for (auto* tables : {&params_, &grads_}) {
+      for (auto& t : *tables) {
+        absl::Status s = device_->PinHost(t.data(), t.size() * sizeof(float));
+        if (!s.ok()) LOG(WARNING) << "parameters stay unpinned: " << s;
+      }
+    }
+  }
+}
+
+Mlp::~Mlp() {
+  if (host_) return;
+  (void)device_->Synchronize();
+  for (auto* tables : {&params_, &grads_}) {
+    for (auto& t : *tables) device_->UnpinHost(t.data());
+  }
+  if (!stage_x_.empty()) device_->UnpinHost(stage_x_.data());
+  if (!stage_y_.empty()) device_->UnpinHost(stage_y_.data());
 }
 
 void Mlp::SetPartitionStarts(int table, const std::vector<uint64_t>& starts) {
@@ -47,85 +78,248 @@ void Mlp::SetPartitionStarts(int table, const std::vector<uint64_t>& starts) {
   row_blocks_[layer] = std::move(blocks);
 }
 
-absl::Status Mlp::Forward(const float* x, int batch, const Hooks& hooks) {
+void Mlp::SetRecompute(int every) {
+  recompute_every_ = every >= 2 ? every : 0;
+  slots_.clear();
+  for (int s = 0; s < recompute_every_; ++s) slots_.emplace_back(device_);
+  // Layers no longer kept give their buffers back.
+  for (size_t i = 0; i < acts_.size(); ++i) {
+    if (!Kept(i)) acts_[i] = DeviceArray<float>(device_);
+  }
+  valid_segment_ = -1;
+}
+
+bool Mlp::Kept(size_t i) const {
+  return recompute_every_ < 2 || (i + 1) % recompute_every_ == 0 || i + 2 == layers_.size();
+}
+
+float* Mlp::Act(size_t i) {
+  return Kept(i) ? acts_[i].data() : slots_[i % recompute_every_].data();
+}
+
+Mlp::ActivationMemory Mlp::activation_memory() const {
+  ActivationMemory m;
+  for (size_t i = 0; i < acts_.size(); ++i) {
+    if (Kept(i)) m.held += acts_[i].bytes();
+    m.without_recompute += static_cast<uint64_t>(batch_) * layers_[i + 1] * sizeof(float);
+  }
+  for (const auto& s : slots_) m.held += s.bytes();
+  return m;
+}
+
+absl::Status Mlp::Prepare(const float* x, const int32_t* y, int batch) {
+  batch_ = batch;
+  valid_segment_ = -1;
   const size_t n_layers = layers_.size() - 1;
-  const float* in = x;
+  const size_t b = static_cast<size_t>(batch);
   for (size_t i = 0; i < n_layers; ++i) {
-    const int din = layers_[i], dout = layers_[i + 1];
-    const int wt = static_cast<int>(2 * i);
-    acts_[i].resize(static_cast<size_t>(batch) * dout);
-    float* out = acts_[i].data();
-    // out = x W, summed over the weight's row blocks as they become ready.
-    const std::vector<int>& blocks = row_blocks_[i];
-    for (size_t k = 0; k + 1 < blocks.size(); ++k) {
-      const int r0 = blocks[k], r1 = blocks[k + 1];
-      STRATA_RETURN_IF_ERROR(CallHook(hooks.need_params, wt, static_cast<uint64_t>(r1) * dout));
-      device_->GemmStrided(false, false, batch, dout, r1 - r0, 1.f, in + r0, din,
-                           params_[wt].data() + static_cast<size_t>(r0) * dout, dout,
-                           k == 0 ? 0.f : 1.f, out, dout);
+    DeviceArray<float>& a = Kept(i) ? acts_[i] : slots_[i % recompute_every_];
+    STRATA_RETURN_IF_ERROR(a.Reserve(b * layers_[i + 1]));
+  }
+  const int widest = *std::max_element(layers_.begin(), layers_.end());
+  STRATA_RETURN_IF_ERROR(delta_.Reserve(b * widest));
+  STRATA_RETURN_IF_ERROR(delta_prev_.Reserve(b * widest));
+  if (host_) {
+    x_ = x;
+    y_ = y;
+    return absl::OkStatus();
+  }
+  // A problem left by the last step (a hook's error) is settled first.
+  STRATA_RETURN_IF_ERROR(device_->Synchronize());
+  pending_grads_.clear();
+  if (d_params_.empty()) {
+    for (size_t t = 0; t < params_.size(); ++t) {
+      d_params_.emplace_back(device_);
+      d_grads_.emplace_back(device_);
+      STRATA_RETURN_IF_ERROR(d_params_.back().Reserve(params_[t].size()));
+      STRATA_RETURN_IF_ERROR(d_grads_.back().Reserve(grads_[t].size()));
     }
-    STRATA_RETURN_IF_ERROR(CallHook(hooks.need_params, wt + 1, static_cast<uint64_t>(dout)));
-    device_->AddBias(batch, dout, params_[wt + 1].data(), out);
-    if (i + 1 < n_layers) {
-      device_->ActivationForward(activation_, static_cast<int64_t>(batch) * dout, out);
+  }
+  // The batch through pinned staging, so that its copy is asynchronous.
+  const size_t nx = b * layers_[0];
+  if (stage_x_.size() < nx) {
+    if (!stage_x_.empty()) device_->UnpinHost(stage_x_.data());
+    if (!stage_y_.empty()) device_->UnpinHost(stage_y_.data());
+    stage_x_.assign(nx, 0.f);
+    stage_y_.assign(b, 0);
+    (void)device_->PinHost(stage_x_.data(), nx * sizeof(float));
+    (void)device_->PinHost(stage_y_.data(), b * sizeof(int32_t));
+  }
+  std::memcpy(stage_x_.data(), x, nx * sizeof(float));
+  if (y != nullptr) std::memcpy(stage_y_.data(), y, b * sizeof(int32_t));
+  STRATA_RETURN_IF_ERROR(d_x_.Reserve(nx));
+  STRATA_RETURN_IF_ERROR(d_y_.Reserve(b));
+  device_->ComputeAfter(device_->Upload(d_x_.data(), stage_x_.data(), nx * sizeof(float)));
+  device_->ComputeAfter(device_->Upload(d_y_.data(), stage_y_.data(), b * sizeof(int32_t)));
+  x_ = d_x_.data();
+  y_ = d_y_.data();
+  return absl::OkStatus();
+}
+
+void Mlp::UploadParams(int t, uint64_t begin, uint64_t end) {
+  const Device::Fence f =
+      device_->Upload(d_params_[t].data() + begin, params_[t].data() + begin,
+                      (end - begin) * sizeof(float));
+  device_->ComputeAfter(f);
+  param_fence_[t] = f;
+}
+
+absl::Status Mlp::LayerForward(size_t i, const float* in, int batch, float* out,
+                               const Hooks* hooks) {
+  const int din = layers_[i], dout = layers_[i + 1];
+  const int wt = static_cast<int>(2 * i);
+  // out = in W, summed over the weight's row blocks as they become ready.
+  const std::vector<int>& blocks = row_blocks_[i];
+  for (size_t k = 0; k + 1 < blocks.size(); ++k) {
+    const int r0 = blocks[k], r1 = blocks[k + 1];
+    if (hooks != nullptr) {
+      const uint64_t end = static_cast<uint64_t>(r1) * dout;
+      STRATA_RETURN_IF_ERROR(CallHook(hooks->need_params, wt, end));
+      if (!host_) UploadParams(wt, static_cast<uint64_t>(r0) * dout, end);
     }
-    in = out;
+    device_->GemmStrided(false, false, batch, dout, r1 - r0, 1.f, in + r0, din,
+                         DParam(wt) + static_cast<size_t>(r0) * dout, dout,
+                         k == 0 ? 0.f : 1.f, out, dout);
+  }
+  if (hooks != nullptr) {
+    STRATA_RETURN_IF_ERROR(CallHook(hooks->need_params, wt + 1, static_cast<uint64_t>(dout)));
+    if (!host_) UploadParams(wt + 1, 0, static_cast<uint64_t>(dout));
+  }
+  device_->AddBias(batch, dout, DParam(wt + 1), out);
+  if (i + 2 < layers_.size()) {
+    device_->ActivationForward(activation_, static_cast<int64_t>(batch) * dout, out);
   }
   return absl::OkStatus();
 }
 
+absl::Status Mlp::Forward(int batch, const Hooks& hooks) {
+  const size_t n_layers = layers_.size() - 1;
+  const float* in = x_;
+  for (size_t i = 0; i < n_layers; ++i) {
+    STRATA_RETURN_IF_ERROR(LayerForward(i, in, batch, Act(i), &hooks));
+    in = Act(i);
+    if (!Kept(i)) valid_segment_ = static_cast<int>(i) / recompute_every_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::Recompute(size_t layer, int batch) {
+  const size_t start = layer - layer % recompute_every_;
+  const float* in = start == 0 ? x_ : Act(start - 1);  // a kept layer's
+  for (size_t i = start; i <= layer; ++i) {
+    STRATA_RETURN_IF_ERROR(LayerForward(i, in, batch, Act(i), nullptr));
+    in = Act(i);
+  }
+  valid_segment_ = static_cast<int>(layer) / recompute_every_;
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::DownloadGrads(int t, uint64_t begin, uint64_t end, const Hooks& hooks) {
+  if (host_) return CallHook(hooks.grads_ready, t, end);
+  const Device::Fence f = device_->Download(grads_[t].data() + begin, d_grads_[t].data() + begin,
+                                            (end - begin) * sizeof(float));
+  pending_grads_.push_back({t, end, f});
+  return Drain(/*wait=*/false, hooks);
+}
+
+absl::Status Mlp::Drain(bool wait, const Hooks& hooks) {
+  size_t done = 0;
+  absl::Status s;
+  for (; done < pending_grads_.size(); ++done) {
+    const PendingGrad& p = pending_grads_[done];
+    if (wait) {
+      s = device_->Wait(p.fence);
+      if (!s.ok()) break;
+    } else if (!device_->Done(p.fence)) {
+      break;
+    }
+    s = CallHook(hooks.grads_ready, p.table, p.end);
+    if (!s.ok()) {
+      ++done;
+      break;
+    }
+  }
+  pending_grads_.erase(pending_grads_.begin(), pending_grads_.begin() + done);
+  return s;
+}
+
+absl::Status Mlp::ReleaseParams(int t, const Hooks& hooks) {
+  // The copy engine may read the host parameters until their upload is done.
+  if (!host_) STRATA_RETURN_IF_ERROR(device_->Wait(param_fence_[t]));
+  return CallHook(hooks.params_released, t);
+}
+
 double Mlp::TrainStep(const float* x, const int32_t* y, int batch) {
-  return *TrainStep(x, y, batch, Hooks());  // no hooks: cannot fail
+  absl::StatusOr<double> loss = TrainStep(x, y, batch, Hooks());
+  CHECK(loss.ok()) << loss.status();  // no hooks: only the device can fail
+  return *loss;
 }
 
 absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batch,
                                       const Hooks& hooks) {
-  STRATA_RETURN_IF_ERROR(Forward(x, batch, hooks));
+  STRATA_RETURN_IF_ERROR(Prepare(x, y, batch));
+  STRATA_RETURN_IF_ERROR(Forward(batch, hooks));
   STRATA_RETURN_IF_ERROR(CallHook(hooks.after_forward));
   const size_t n_layers = layers_.size() - 1;
   const int classes = layers_.back();
-  delta_.resize(static_cast<size_t>(batch) * classes);
-  const double loss = device_->SoftmaxCrossEntropy(
-      batch, classes, acts_.back().data(), y, delta_.data(), nullptr);
+  const double loss = device_->SoftmaxCrossEntropy(batch, classes, Act(n_layers - 1), y_,
+                                                   delta_.data(), nullptr);
   for (size_t li = n_layers; li-- > 0;) {
     const int din = layers_[li], dout = layers_[li + 1];
     const int wt = static_cast<int>(2 * li);
-    const float* in = li == 0 ? x : acts_[li - 1].data();
+    if (li > 0 && !Kept(li - 1) &&
+        valid_segment_ != static_cast<int>(li - 1) / recompute_every_) {
+      STRATA_RETURN_IF_ERROR(Recompute(li - 1, batch));
+    }
+    const float* in = li == 0 ? x_ : Act(li - 1);
     // db = colsum(delta); the bias is not read in the backward pass.
-    device_->ColumnSum(batch, dout, delta_.data(), grads_[wt + 1].data());
-    STRATA_RETURN_IF_ERROR(CallHook(hooks.grads_ready, wt + 1, static_cast<uint64_t>(dout)));
-    STRATA_RETURN_IF_ERROR(CallHook(hooks.params_released, wt + 1));
+    device_->ColumnSum(batch, dout, delta_.data(), DGrad(wt + 1));
+    STRATA_RETURN_IF_ERROR(DownloadGrads(wt + 1, 0, static_cast<uint64_t>(dout), hooks));
+    STRATA_RETURN_IF_ERROR(ReleaseParams(wt + 1, hooks));
     // dW = in^T delta, block of rows by block of rows.
     const std::vector<int>& blocks = row_blocks_[li];
     for (size_t k = 0; k + 1 < blocks.size(); ++k) {
       const int r0 = blocks[k], r1 = blocks[k + 1];
       device_->GemmStrided(true, false, r1 - r0, dout, batch, 1.f, in + r0, din,
                            delta_.data(), dout, 0.f,
-                           grads_[wt].data() + static_cast<size_t>(r0) * dout, dout);
-      STRATA_RETURN_IF_ERROR(CallHook(hooks.grads_ready, wt, static_cast<uint64_t>(r1) * dout));
+                           DGrad(wt) + static_cast<size_t>(r0) * dout, dout);
+      STRATA_RETURN_IF_ERROR(DownloadGrads(wt, static_cast<uint64_t>(r0) * dout,
+                                           static_cast<uint64_t>(r1) * dout, hooks));
     }
     if (li == 0) {
-      STRATA_RETURN_IF_ERROR(CallHook(hooks.params_released, wt));
+      STRATA_RETURN_IF_ERROR(ReleaseParams(wt, hooks));
       break;
     }
     // delta_prev = delta W^T (the last read of W), then through the
     // activation of layer li-1.
-    delta_prev_.resize(static_cast<size_t>(batch) * din);
-    device_->Gemm(false, true, batch, din, dout, 1.f, delta_.data(),
-                  params_[wt].data(), 0.f, delta_prev_.data());
-    STRATA_RETURN_IF_ERROR(CallHook(hooks.params_released, wt));
-    device_->ActivationBackward(activation_, static_cast<int64_t>(batch) * din,
-                                acts_[li - 1].data(), delta_prev_.data());
-    delta_.swap(delta_prev_);
+    device_->Gemm(false, true, batch, din, dout, 1.f, delta_.data(), DParam(wt), 0.f,
+                  delta_prev_.data());
+    STRATA_RETURN_IF_ERROR(ReleaseParams(wt, hooks));
+    device_->ActivationBackward(activation_, static_cast<int64_t>(batch) * din, Act(li - 1),
+                                delta_prev_.data());
+    std::swap(delta_, delta_prev_);
   }
+  STRATA_RETURN_IF_ERROR(Drain(/*wait=*/true, hooks));
+  if (!host_) STRATA_RETURN_IF_ERROR(device_->Synchronize());
   return loss;
 }
 
-void Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
-                   int64_t* correct) {
-  (void)Forward(x, batch, Hooks());  // no hook: cannot fail
-  *loss_sum += device_->SoftmaxCrossEntropy(batch, layers_.back(),
-                                            acts_.back().data(), y, nullptr, correct);
+absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
+                           int64_t* correct) {
+  STRATA_RETURN_IF_ERROR(Prepare(x, y, batch));
+  if (!host_) {
+    // The parameters as they are in params() now.
+    for (size_t t = 0; t < params_.size(); ++t) UploadParams(static_cast<int>(t), 0, params_[t].size());
+  }
+  const size_t n_layers = layers_.size() - 1;
+  const float* in = x_;
+  for (size_t i = 0; i < n_layers; ++i) {
+    STRATA_RETURN_IF_ERROR(LayerForward(i, in, batch, Act(i), nullptr));
+    in = Act(i);
+  }
+  *loss_sum += device_->SoftmaxCrossEntropy(batch, layers_.back(), Act(n_layers - 1), y_,
+                                            nullptr, correct);
+  return device_->Synchronize();
 }
 
 }  // namespace strata::worker

@@ -15,9 +15,17 @@
 namespace strata::worker {
 
 // Not thread-safe. The Device is borrowed and must outlive the Mlp.
+//
+// On a GPU (a device without host memory) params() and grads() stay in host
+// memory, pinned, and are what pulls fill and pushes send: a block of
+// parameters is copied to the GPU as soon as need_params has it, on the copy
+// stream while earlier layers compute, and a block of gradients is copied
+// back while later layers compute; grads_ready is called once its copy is
+// done. On the CPU the models compute on those arrays directly.
 class Mlp {
  public:
   Mlp(std::vector<int> layers, Activation activation, Device* device);
+  ~Mlp();
 
   // One tensor per table, in ModelTables() order. Callers fill params()
   // (from a pull) before TrainStep/Evaluate.
@@ -60,21 +68,76 @@ class Mlp {
   int num_layers() const { return static_cast<int>(layers_.size()) - 1; }
 
   // Forward only: adds the summed loss to *loss_sum and the number of
-  // correct predictions to *correct.
-  void Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
+  // correct predictions to *correct. Fails only when the device does.
+  absl::Status Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
                 int64_t* correct);
 
+  // Activation recomputation (gradient checkpointing): with every >= 2 the
+  // forward pass keeps the output of every `every`-th layer (and the
+  // logits) and the backward pass recomputes the others, one segment at a
+  // time: activation memory of about L/every + every layers instead of L,
+  // for up to one more forward pass. 0 or 1: everything kept.
+  void SetRecompute(int every);
+  // Bytes of activation buffers held for the last batch, and what keeping
+  // every layer's output would take.
+  struct ActivationMemory {
+    uint64_t held = 0;
+    uint64_t without_recompute = 0;
+  };
+  ActivationMemory activation_memory() const;
+
  private:
-  absl::Status Forward(const float* x, int batch, const Hooks& hooks);
+  absl::Status Prepare(const float* x, const int32_t* y, int batch);
+  absl::Status Forward(int batch, const Hooks& hooks);
+  // One layer's forward pass, out = f(in W + b) (no f on the last layer);
+  // with `hooks`, need_params is called per row block and the block is
+  // copied to the GPU (without, the parameters are there already).
+  absl::Status LayerForward(size_t i, const float* in, int batch, float* out,
+                            const Hooks* hooks);
+  // Recomputes the outputs of the layers of `layer`'s segment up to `layer`.
+  absl::Status Recompute(size_t layer, int batch);
+  // Where layer i's output is (a kept layer's own buffer or a segment slot).
+  float* Act(size_t i);
+  bool Kept(size_t i) const;
+  // The parameters and gradients as the device reads and writes them.
+  float* DParam(int t) { return host_ ? params_[t].data() : d_params_[t].data(); }
+  float* DGrad(int t) { return host_ ? grads_[t].data() : d_grads_[t].data(); }
+  // A block of table t's parameters to the device (GPU only).
+  void UploadParams(int t, uint64_t begin, uint64_t end);
+  // A block of table t's gradient to the host, then grads_ready(t, end)
+  // once it is there; Drain calls the hooks of those done (all: wait).
+  absl::Status DownloadGrads(int t, uint64_t begin, uint64_t end, const Hooks& hooks);
+  absl::Status Drain(bool wait, const Hooks& hooks);
+  absl::Status ReleaseParams(int t, const Hooks& hooks);
 
   const std::vector<int> layers_;
   const Activation activation_;
   Device* const device_;
+  const bool host_;  // the device computes on host memory
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
-  std::vector<std::vector<float>> acts_;  // per layer output, batch-sized
+  std::vector<DeviceArray<float>> d_params_, d_grads_;  // GPU only
+  std::vector<Device::Fence> param_fence_;             // last upload per table
+  struct PendingGrad {
+    int table;
+    uint64_t end;
+    Device::Fence fence;
+  };
+  std::vector<PendingGrad> pending_grads_;
+  std::vector<DeviceArray<float>> acts_;  // per layer output (kept layers)
+  std::vector<DeviceArray<float>> slots_;  // recomputed layers' outputs
+  int recompute_every_ = 0;
+  int valid_segment_ = -1;  // whose outputs the slots hold
+  int batch_ = 0;
   std::vector<std::vector<int>> row_blocks_;  // per layer
-  std::vector<float> delta_, delta_prev_;
+  DeviceArray<float> delta_, delta_prev_;
+  // The batch on the device (GPU), from pinned host staging.
+  const float* x_ = nullptr;
+  const int32_t* y_ = nullptr;
+  DeviceArray<float> d_x_;
+  DeviceArray<int32_t> d_y_;
+  std::vector<float> stage_x_;
+  std::vector<int32_t> stage_y_;
 };
 
 }  // namespace strata::worker

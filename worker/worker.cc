@@ -68,6 +68,20 @@ absl::Status CheckLabelsFor(const storage::LabeledDataset& data, const std::stri
   return absl::OkStatus();
 }
 
+// The worker's device from worker.* in the config (docs/gpu.md).
+absl::StatusOr<std::unique_ptr<Device>> ChooseDevice(const WorkerOptions& options) {
+  const WorkerSection& w = options.config.worker;
+  DeviceChoice choice;
+  choice.device = w.device;
+  choice.gpu = w.gpu;
+  STRATA_ASSIGN_OR_RETURN(choice.precision, ParsePrecision(w.precision));
+  choice.cpu_threads = options.cpu_threads;
+  std::string note;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, NewDevice(choice, &note));
+  LOG(INFO) << (note.empty() ? absl::StrCat("device: ", device->Describe()) : note);
+  return device;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
@@ -76,6 +90,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
     return absl::InvalidArgumentError("worker: master address is required");
   }
   STRATA_RETURN_IF_ERROR(ParseActivation(options.config.model.activation).status());
+  // The device first: a worker told to use a GPU it does not have fails
+  // here, saying why, before it loads anything.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, ChooseDevice(options));
   const auto& d = options.config.data;
   if (options.config.model.type == "wide_deep") {
     if (options.local_only) {
@@ -94,8 +111,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
       LOG(WARNING) << d.train << ": skipped " << stats.skipped << " bad line(s); first: "
                    << stats.first_error;
     }
-    return std::unique_ptr<Worker>(new Worker(std::move(options), storage::LabeledDataset(),
-                                              std::move(ctr), stats.skipped));
+    return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(device),
+                                              storage::LabeledDataset(), std::move(ctr),
+                                              stats.skipped));
   }
   STRATA_ASSIGN_OR_RETURN(
       storage::LabeledDataset train,
@@ -106,17 +124,18 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
         " features but model.layers[0] is ", options.config.model.layers.front()));
   }
   STRATA_RETURN_IF_ERROR(CheckLabelsFor(train, d.train_labels, options.config.model));
-  return std::unique_ptr<Worker>(
-      new Worker(std::move(options), std::move(train), storage::CtrDataset()));
+  return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(device),
+                                            std::move(train), storage::CtrDataset()));
 }
 
-Worker::Worker(WorkerOptions options, storage::LabeledDataset train,
-               storage::CtrDataset ctr_train, int64_t ctr_skipped)
+Worker::Worker(WorkerOptions options, std::unique_ptr<Device> device,
+               storage::LabeledDataset train, storage::CtrDataset ctr_train,
+               int64_t ctr_skipped)
     : options_(std::move(options)),
       train_(std::move(train)),
       ctr_train_(std::move(ctr_train)),
-      ctr_train_skipped_(ctr_skipped) {
-  device_ = NewCpuDevice(options_.cpu_threads);
+      ctr_train_skipped_(ctr_skipped),
+      device_(std::move(device)) {
   const ModelSection& model = options_.config.model;
   const Activation act = *ParseActivation(model.activation);
   if (model.type == "wide_deep") {
@@ -128,6 +147,7 @@ Worker::Worker(WorkerOptions options, storage::LabeledDataset train,
     }
   } else {
     model_ = std::make_unique<Mlp>(model.layers, act, device_.get());
+    model_->SetRecompute(options_.config.worker.recompute_every);
   }
   tasks_ = std::move(options_.task_source);
 }
@@ -656,6 +676,16 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         return l.status();
       }
       loss = *l;
+      if (!activation_memory_logged_ && options_.config.worker.recompute_every >= 2) {
+        activation_memory_logged_ = true;
+        const Mlp::ActivationMemory m = model_->activation_memory();
+        LOG(INFO) << absl::StrFormat(
+            "activation recomputation (every %d layers): %.2f MiB of activations held instead "
+            "of %.2f MiB (%.0f%% saved)",
+            options_.config.worker.recompute_every, m.held / 1048576.0,
+            m.without_recompute / 1048576.0,
+            m.without_recompute == 0 ? 0.0 : 100.0 * (1.0 - double(m.held) / m.without_recompute));
+      }
       // pull_ carries over to the next data task (see Settle).
       pull_ = std::move(next_pull);
     }
@@ -764,8 +794,8 @@ absl::StatusOr<std::pair<double, double>> Worker::TestAccuracy() {
   const int chunk = 1000;
   for (int64_t b = 0; b < test.num_examples; b += chunk) {
     const int n = static_cast<int>(std::min<int64_t>(chunk, test.num_examples - b));
-    model_->Evaluate(test.features.data() + b * test.feature_dim,
-                     test.labels.data() + b, n, &loss, &correct);
+    STRATA_RETURN_IF_ERROR(model_->Evaluate(test.features.data() + b * test.feature_dim,
+                                            test.labels.data() + b, n, &loss, &correct));
   }
   return std::make_pair(static_cast<double>(correct) / test.num_examples,
                         loss / test.num_examples);

@@ -112,8 +112,8 @@ class Worker {
 
  private:
   class MasterTaskSource;
-  Worker(WorkerOptions options, storage::LabeledDataset train, storage::CtrDataset ctr_train,
-         int64_t ctr_skipped = 0);
+  Worker(WorkerOptions options, std::unique_ptr<Device> device, storage::LabeledDataset train,
+         storage::CtrDataset ctr_train, int64_t ctr_skipped = 0);
   // The model's tensors (one per table; a sparse table's are empty).
   std::vector<std::vector<float>>& ModelParams();
   const std::vector<std::vector<float>>& ModelGrads() const;
@@ -177,6 +177,7 @@ class Worker {
   uint64_t ctr_steps_ = 0;             // training thread: this worker's CTR steps (cache clock)
   std::unique_ptr<Device> device_;
   std::unique_ptr<Mlp> model_;         // mlp
+  bool activation_memory_logged_ = false;  // training thread
   std::unique_ptr<WideDeep> wide_deep_;  // wide_deep
   std::unique_ptr<RowCache> row_cache_;  // wide_deep with sparse.cache.rows > 0
   std::unique_ptr<transport::Transport> transport_;

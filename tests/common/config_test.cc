@@ -218,7 +218,29 @@ TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
 TEST(ParseJobConfigTest, UnknownTopLevelKeyNamesKeyAndChoices) {
   ExpectError(ParseWithData("\noptimzer:\n  type: sgd\n"), "local.yaml:7:1: ",
               "unknown key 'optimzer' (expected one of: job, model, "
-              "optimizer, sparse, data, cluster, checkpoint)");
+              "optimizer, sparse, data, cluster, checkpoint, worker)");
+}
+
+TEST(ParseJobConfigTest, WorkerSectionChoosesTheDeviceAndIsCheckedByField) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig defaults, ParseWithData(""));
+  EXPECT_EQ(defaults.worker.device, "auto");
+  EXPECT_EQ(defaults.worker.gpu, 0);
+  EXPECT_EQ(defaults.worker.precision, "fp32");
+  EXPECT_EQ(defaults.worker.recompute_every, 0);
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig set, ParseWithData("worker:\n  device: cuda\n  gpu: 1\n  precision: bf16\n"
+                                   "  recompute_every: 3\n"));
+  EXPECT_EQ(set.worker.device, "cuda");
+  EXPECT_EQ(set.worker.gpu, 1);
+  EXPECT_EQ(set.worker.precision, "bf16");
+  EXPECT_EQ(set.worker.recompute_every, 3);
+  ExpectError(ParseWithData("worker:\n  device: gpu\n"), "local.yaml:7:11: ",
+              "worker.device", "unknown value 'gpu' (allowed: auto, cpu, cuda)");
+  ExpectError(ParseWithData("worker:\n  precision: fp16\n"), "local.yaml:7:14: ",
+              "worker.precision", "allowed: fp32, tf32, bf16");
+  ExpectError(ParseWithData("worker:\n  gpu: -1\n"), "local.yaml:7:8: ", "worker.gpu");
+  ExpectError(ParseWithData("worker:\n  recompute_every: -2\n"), "local.yaml:7:20: ",
+              "worker.recompute_every");
 }
 
 TEST(ParseJobConfigTest, CheckpointSectionIsOffUnlessPresentAndReadsEveryKey) {

@@ -10,11 +10,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 #include "worker/device.h"
 
 namespace strata::worker {
 namespace {
 
+using ::strata::testing::IsOk;
 using Params = std::vector<std::vector<float>>;
 
 std::string ActName(Activation a) {
@@ -155,7 +157,7 @@ TEST(MlpTest, SingleLayerLossAndGradsMatchHandComputation) {
 
   double loss = 0;
   int64_t correct = 0;
-  mlp.Evaluate(x.data(), y.data(), 1, &loss, &correct);
+  ASSERT_THAT(mlp.Evaluate(x.data(), y.data(), 1, &loss, &correct), IsOk());
   EXPECT_NEAR(loss, want_loss, 1e-6);
   EXPECT_EQ(correct, 1);  // argmax of [-2.5, -4, -3] is 0
 }
@@ -302,7 +304,7 @@ TEST_P(MlpEvaluateTest, LossEqualsTrainStepLossAndCorrectCountsArgmax) {
   const Params grads_before = mlp.grads();
   double loss = 1.5;      // Evaluate adds to these
   int64_t correct = 3;
-  mlp.Evaluate(x.data(), y.data(), batch, &loss, &correct);
+  ASSERT_THAT(mlp.Evaluate(x.data(), y.data(), batch, &loss, &correct), IsOk());
   EXPECT_NEAR(loss - 1.5, train_loss, 1e-9 * (1 + train_loss));
 
   const RefResult ref = RefForward(layers, act, mlp.params(), x, y, batch);
@@ -322,7 +324,7 @@ TEST_P(MlpEvaluateTest, LossEqualsTrainStepLossAndCorrectCountsArgmax) {
       for (int32_t c = 0; c < layers.back(); ++c) {
         double l = 0;
         int64_t k = 0;
-        mlp.Evaluate(&x[r * layers[0]], &c, 1, &l, &k);
+        ASSERT_THAT(mlp.Evaluate(&x[r * layers[0]], &c, 1, &l, &k), IsOk());
         if (k == 1) {
           predicted[r] = c;
           ++hits;
@@ -334,8 +336,8 @@ TEST_P(MlpEvaluateTest, LossEqualsTrainStepLossAndCorrectCountsArgmax) {
   }
   double l = 0;
   int64_t all = 0, none = 0;
-  mlp.Evaluate(x.data(), predicted.data(), batch, &l, &all);
-  mlp.Evaluate(x.data(), wrong.data(), batch, &l, &none);
+  ASSERT_THAT(mlp.Evaluate(x.data(), predicted.data(), batch, &l, &all), IsOk());
+  ASSERT_THAT(mlp.Evaluate(x.data(), wrong.data(), batch, &l, &none), IsOk());
   EXPECT_EQ(all, batch);
   EXPECT_EQ(none, 0);
 }
@@ -373,7 +375,7 @@ TEST_P(MlpTrainingTest, SgdOnSeparableDataDrivesLossDown) {
 
   double initial_loss = 0;
   int64_t initial_correct = 0;
-  mlp.Evaluate(x.data(), y.data(), batch, &initial_loss, &initial_correct);
+  ASSERT_THAT(mlp.Evaluate(x.data(), y.data(), batch, &initial_loss, &initial_correct), IsOk());
 
   const float lr = 0.5f;
   double prev = 0;
@@ -389,7 +391,7 @@ TEST_P(MlpTrainingTest, SgdOnSeparableDataDrivesLossDown) {
 
   double final_loss = 0;
   int64_t final_correct = 0;
-  mlp.Evaluate(x.data(), y.data(), batch, &final_loss, &final_correct);
+  ASSERT_THAT(mlp.Evaluate(x.data(), y.data(), batch, &final_loss, &final_correct), IsOk());
   EXPECT_LE(final_loss, prev + 1e-6);  // last step did not increase it
   EXPECT_LT(final_loss, initial_loss / 5) << "initial " << initial_loss;
   EXPECT_LT(final_loss / batch, 0.1);
@@ -520,6 +522,64 @@ TEST(MlpTest, HooksFollowTheDataThatEachBlockNeedsAndProduces) {
   hooks.need_params = [](int, uint64_t) { return absl::UnavailableError("no pserver"); };
   EXPECT_EQ(mlp.TrainStep(x.data(), y.data(), batch, hooks).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST(MlpTest, RecomputationGivesTheSameStepWithLessActivationMemory) {
+  // Seven layers; a segment's outputs are recomputed in the backward pass
+  // from the last kept one. Released parameters are scribbled over (as an
+  // early pull would): recomputation must read them before their release.
+  const std::vector<int> layers = {20, 16, 16, 16, 16, 16, 16, 5};
+  auto dev = NewCpuDevice(1);
+  std::mt19937 rng(9);
+  Params params;
+  {
+    Mlp init(layers, Activation::kTanh, dev.get());
+    RandomizeParams(layers, &init.params(), &rng);
+    params = init.params();
+  }
+  const int batch = 12;
+  const std::vector<float> x = RandomInput(batch * layers[0], &rng);
+  std::vector<int32_t> y(batch);
+  for (int32_t& v : y) v = static_cast<int32_t>(rng() % 5);
+  Mlp reference(layers, Activation::kTanh, dev.get());
+  reference.params() = params;
+  const double want = reference.TrainStep(x.data(), y.data(), batch);
+  const Mlp::ActivationMemory full = reference.activation_memory();
+  EXPECT_EQ(full.held, full.without_recompute);
+  EXPECT_EQ(full.without_recompute, uint64_t{batch} * (16 * 6 + 5) * sizeof(float));
+  for (int every : {2, 3, 4}) {
+    SCOPED_TRACE(every);
+    Mlp mlp(layers, Activation::kTanh, dev.get());
+    mlp.SetRecompute(every);
+    mlp.params() = params;
+    Mlp::Hooks hooks;
+    hooks.params_released = [&](int t) {
+      std::fill(mlp.params()[t].begin(), mlp.params()[t].end(), 1e6f);
+      return absl::OkStatus();
+    };
+    auto loss = mlp.TrainStep(x.data(), y.data(), batch, hooks);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, want, 1e-9 * std::abs(want));
+    for (size_t t = 0; t < params.size(); ++t) {
+      for (size_t i = 0; i < params[t].size(); ++i) {
+        ASSERT_EQ(mlp.grads()[t][i], reference.grads()[t][i]) << t << " " << i;
+      }
+    }
+    const Mlp::ActivationMemory m = mlp.activation_memory();
+    EXPECT_EQ(m.without_recompute, full.without_recompute);
+    EXPECT_LT(m.held, full.held);
+  }
+  // Every other layer kept: 3 of the 6 hidden outputs and the logits, plus
+  // one slot for the layer being recomputed.
+  Mlp half(layers, Activation::kTanh, dev.get());
+  half.SetRecompute(2);
+  half.params() = params;
+  half.TrainStep(x.data(), y.data(), batch);
+  EXPECT_EQ(half.activation_memory().held, uint64_t{batch} * (16 * 4 + 5) * sizeof(float));
+  // Off again: everything kept.
+  half.SetRecompute(0);
+  half.TrainStep(x.data(), y.data(), batch);
+  EXPECT_EQ(half.activation_memory().held, full.held);
 }
 
 }  // namespace

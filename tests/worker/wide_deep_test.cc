@@ -47,8 +47,9 @@ struct Fixture {
   // The summed loss, recomputed from scratch.
   double Loss() {
     std::vector<float> probs(batch);
-    net->Predict(dense.data(), slot.data(), batch, wide_rows.data(), emb_rows.data(),
-                 probs.data());
+    EXPECT_TRUE(net->Predict(dense.data(), slot.data(), batch, wide_rows.data(), emb_rows.data(),
+                             probs.data())
+                    .ok());
     double loss = 0;
     for (int b = 0; b < batch; ++b) {
       loss -= labels[b] * std::log(probs[b]) + (1 - labels[b]) * std::log(1 - probs[b]);
@@ -73,9 +74,11 @@ void ExpectGradient(Fixture& fx, float* param, float analytic, const std::string
 TEST(WideDeepTest, GradientsMatchFiniteDifferences) {
   Fixture fx;
   std::vector<float> wide_grad, emb_grad;
-  const double loss = fx.net->TrainStep(fx.dense.data(), fx.slot.data(), fx.labels.data(),
-                                        fx.batch, fx.wide_rows.data(), fx.emb_rows.data(),
-                                        fx.unique, &wide_grad, &emb_grad);
+  const absl::StatusOr<double> step = fx.net->TrainStep(
+      fx.dense.data(), fx.slot.data(), fx.labels.data(), fx.batch, fx.wide_rows.data(),
+      fx.emb_rows.data(), fx.unique, &wide_grad, &emb_grad);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const double loss = *step;
   EXPECT_NEAR(loss, fx.Loss(), 1e-4);
   ASSERT_EQ(wide_grad.size(), fx.unique);
   ASSERT_EQ(emb_grad.size(), fx.unique * fx.model.embedding_dim);
@@ -106,10 +109,13 @@ TEST(WideDeepTest, ARepeatedKeysGradientIsTheSumOverItsOccurrences) {
   // over all 5 x 26 occurrences of (p - y).
   std::fill(fx.slot.begin(), fx.slot.end(), 0);
   std::vector<float> wide_grad, emb_grad, probs(fx.batch);
-  fx.net->Predict(fx.dense.data(), fx.slot.data(), fx.batch, fx.wide_rows.data(),
-                  fx.emb_rows.data(), probs.data());
-  fx.net->TrainStep(fx.dense.data(), fx.slot.data(), fx.labels.data(), fx.batch,
-                    fx.wide_rows.data(), fx.emb_rows.data(), fx.unique, &wide_grad, &emb_grad);
+  ASSERT_TRUE(fx.net->Predict(fx.dense.data(), fx.slot.data(), fx.batch, fx.wide_rows.data(),
+                              fx.emb_rows.data(), probs.data())
+                  .ok());
+  ASSERT_TRUE(fx.net->TrainStep(fx.dense.data(), fx.slot.data(), fx.labels.data(), fx.batch,
+                                fx.wide_rows.data(), fx.emb_rows.data(), fx.unique, &wide_grad,
+                                &emb_grad)
+                  .ok());
   double expected = 0;
   for (int b = 0; b < fx.batch; ++b) expected += kCtrFields * (probs[b] - fx.labels[b]);
   EXPECT_NEAR(wide_grad[0], expected, 1e-4);

@@ -1,0 +1,76 @@
+// Choosing the worker's device (worker.device in the config): the CPU, the
+// GPU, or the GPU when there is one.
+#include "absl/strings/str_cat.h"
+#include "worker/device.h"
+
+#ifdef STRATA_WITH_CUDA
+namespace strata::worker::cuda {
+int VisibleGpuCount(std::string* why);
+absl::StatusOr<std::unique_ptr<Device>> NewDevice(int gpu, Precision precision);
+}  // namespace strata::worker::cuda
+#endif
+
+namespace strata::worker {
+
+bool CudaCompiledIn() {
+#ifdef STRATA_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int VisibleGpus(std::string* why) {
+#ifdef STRATA_WITH_CUDA
+  return cuda::VisibleGpuCount(why);
+#else
+  if (why != nullptr) {
+    *why = "this build has no CUDA (STRATA_WITH_CUDA off: nvcc was not found at configure time)";
+  }
+  return 0;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int gpu, Precision precision) {
+#ifdef STRATA_WITH_CUDA
+  return cuda::NewDevice(gpu, precision);
+#else
+  (void)gpu;
+  (void)precision;
+  std::string why;
+  VisibleGpus(&why);
+  return absl::FailedPreconditionError(why);
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Device>> NewDevice(const DeviceChoice& choice,
+                                                  std::string* note) {
+  if (choice.device == "cpu") return NewCpuDevice(choice.cpu_threads);
+  if (choice.device == "cuda") {
+    absl::StatusOr<std::unique_ptr<Device>> d = NewCudaDevice(choice.gpu, choice.precision);
+    if (!d.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker.device is cuda but ", d.status().message(),
+          " (set worker.device: cpu or auto to train on the CPU)"));
+    }
+    return d;
+  }
+  if (choice.device != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown worker.device '", choice.device, "' (auto, cpu or cuda)"));
+  }
+  std::string why;
+  if (VisibleGpus(&why) > 0) {
+    absl::StatusOr<std::unique_ptr<Device>> d = NewCudaDevice(choice.gpu, choice.precision);
+    if (d.ok()) {
+      if (note != nullptr) *note = absl::StrCat("device auto: ", (*d)->Describe());
+      return d;
+    }
+    why = std::string(d.status().message());
+  }
+  std::unique_ptr<Device> cpu = NewCpuDevice(choice.cpu_threads);
+  if (note != nullptr) *note = absl::StrCat("device auto: ", cpu->Describe(), " (", why, ")");
+  return cpu;
+}
+
+}  // namespace strata::worker

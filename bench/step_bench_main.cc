@@ -1,9 +1,10 @@
-// strata-step-bench: the time of one MLP training step (forward and
-// backward, no network) on a Strata device, as the worker computes it
+// strata-step-bench: the time of one training step (forward and backward,
+// no network) on a Strata device, as the worker computes it: the MLP
 // (worker/mlp.cc: row blocks, gradients copied back to the host as they are
-// ready). bench/step_bench.sh runs it beside the same model in PyTorch on
-// the same device (bench/torch_step.py) and reports the ratio
-// (docs/gpu.md).
+// ready) or the Wide & Deep CTR model (worker/wide_deep.cc: a batch's rows
+// in, their gradients out). bench/step_bench.sh runs it beside the same
+// model in PyTorch on the same device (bench/torch_step.py) and reports the
+// ratio (docs/gpu.md).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,16 +18,89 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "worker/device.h"
+#include "common/config.h"
+#include "common/model_spec.h"
 #include "worker/mlp.h"
+#include "worker/wide_deep.h"
 
+DEFINE_string(model, "mlp", "mlp | wide_deep");
 DEFINE_string(device, "cpu", "cpu | cuda | auto");
 DEFINE_string(precision, "fp32", "fp32 | tf32 | bf16 (GPU matrix products)");
-DEFINE_string(layers, "784,1024,1024,10", "MLP widths, input first");
+DEFINE_string(layers, "784,1024,1024,10",
+              "mlp: widths, input first; wide_deep: the deep part's hidden widths");
+DEFINE_int32(embedding_dim, 16, "wide_deep: embedding width");
+DEFINE_int32(unique_keys, 0, "wide_deep: distinct keys a batch (0: half its 26 * batch)");
 DEFINE_int32(batch, 256, "examples per step");
 DEFINE_int32(steps, 50, "timed steps (after 5 to warm up)");
 DEFINE_int32(cpu_threads, 1, "OpenBLAS threads");
 DEFINE_int32(recompute_every, 0, "activation recomputation (worker.recompute_every)");
 DEFINE_int32(row_blocks, 4, "blocks per weight (as partitions cut them), 1 = whole");
+
+namespace {
+
+// *ms: milliseconds per call of `step` over --steps calls, after 5 to warm
+// up; false when a step failed (it said why).
+template <typename Fn>
+bool TimeSteps(const Fn& step, double* ms) {
+  for (int i = 0; i < 5; ++i) {
+    if (!step()) return false;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < FLAGS_steps; ++i) {
+    if (!step()) return false;
+  }
+  *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+        FLAGS_steps;
+  return true;
+}
+
+int RunWideDeep(const std::vector<int>& hidden, strata::worker::Device* device) {
+  using namespace strata;
+  using namespace strata::worker;
+  ModelSection model;
+  model.type = "wide_deep";
+  model.embedding_dim = FLAGS_embedding_dim;
+  model.hidden = hidden;
+  WideDeep net(model, Activation::kRelu, device);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.f, 0.05f);
+  for (auto& t : net.params()) {
+    for (float& v : t) v = normal(rng);
+  }
+  const int batch = FLAGS_batch;
+  const size_t occurrences = static_cast<size_t>(batch) * kCtrFields;
+  const size_t unique = FLAGS_unique_keys > 0 ? FLAGS_unique_keys : std::max<size_t>(1, occurrences / 2);
+  std::vector<float> dense(static_cast<size_t>(batch) * kCtrDenseFeatures), labels(batch);
+  for (float& v : dense) v = normal(rng) * 20;
+  for (float& v : labels) v = static_cast<float>(rng() % 2);
+  std::vector<uint32_t> slot(occurrences);
+  for (uint32_t& s : slot) s = static_cast<uint32_t>(rng() % unique);
+  std::vector<float> wide_rows(unique), emb_rows(unique * model.embedding_dim);
+  for (float& v : wide_rows) v = normal(rng);
+  for (float& v : emb_rows) v = normal(rng);
+  std::vector<float> wide_grad, emb_grad;
+  double loss = 0, ms = 0;
+  auto step = [&] {
+    auto l = net.TrainStep(dense.data(), slot.data(), labels.data(), batch, wide_rows.data(),
+                           emb_rows.data(), unique, &wide_grad, &emb_grad);
+    if (!l.ok()) {
+      std::cerr << "strata-step-bench: " << l.status() << "\n";
+      return false;
+    }
+    loss = *l;
+    return true;
+  };
+  if (!TimeSteps(step, &ms)) return 1;
+  std::printf(
+      "{\"model\": \"wide_deep\", \"device\": \"%s\", \"precision\": \"%s\", "
+      "\"hidden\": \"%s\", \"embedding_dim\": %d, \"batch\": %d, \"unique_keys\": %zu, "
+      "\"ms_per_step\": %.4f, \"loss\": %.4f}\n",
+      device->Describe().c_str(), FLAGS_precision.c_str(), FLAGS_layers.c_str(),
+      FLAGS_embedding_dim, batch, unique, ms, loss / batch);
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-step-bench [flags]: ms per MLP training step on a device");
@@ -42,8 +116,12 @@ int main(int argc, char** argv) {
     }
     layers.push_back(v);
   }
-  if (layers.size() < 2 || FLAGS_batch <= 0 || FLAGS_steps <= 0) {
-    std::cerr << "strata-step-bench: need two or more --layers, --batch > 0, --steps > 0\n";
+  if ((FLAGS_model == "mlp" && layers.size() < 2) || FLAGS_batch <= 0 || FLAGS_steps <= 0) {
+    std::cerr << "strata-step-bench: need two or more --layers (mlp), --batch > 0, --steps > 0\n";
+    return 2;
+  }
+  if (FLAGS_model != "mlp" && FLAGS_model != "wide_deep") {
+    std::cerr << "strata-step-bench: --model is mlp or wide_deep\n";
     return 2;
   }
   DeviceChoice choice;
@@ -60,6 +138,7 @@ int main(int argc, char** argv) {
     std::cerr << "strata-step-bench: " << device.status().message() << "\n";
     return 1;
   }
+  if (FLAGS_model == "wide_deep") return RunWideDeep(layers, device->get());
   Mlp mlp(layers, Activation::kRelu, device->get());
   mlp.SetRecompute(FLAGS_recompute_every);
   std::mt19937 rng(1);
@@ -87,29 +166,21 @@ int main(int argc, char** argv) {
     ++announced;
     return absl::OkStatus();
   };
-  double loss = 0;
-  for (int i = 0; i < 5; ++i) {
+  double loss = 0, ms = 0;
+  auto step = [&] {
     auto l = mlp.TrainStep(x.data(), y.data(), FLAGS_batch, hooks);
     if (!l.ok()) {
       std::cerr << "strata-step-bench: " << l.status() << "\n";
-      return 1;
-    }
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < FLAGS_steps; ++i) {
-    auto l = mlp.TrainStep(x.data(), y.data(), FLAGS_batch, hooks);
-    if (!l.ok()) {
-      std::cerr << "strata-step-bench: " << l.status() << "\n";
-      return 1;
+      return false;
     }
     loss = *l;
-  }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-      FLAGS_steps;
+    return true;
+  };
+  if (!TimeSteps(step, &ms)) return 1;
   const Mlp::ActivationMemory m = mlp.activation_memory();
   std::printf(
-      "{\"device\": \"%s\", \"precision\": \"%s\", \"layers\": \"%s\", \"batch\": %d, "
+      "{\"model\": \"mlp\", \"device\": \"%s\", \"precision\": \"%s\", \"layers\": \"%s\", "
+      "\"batch\": %d, "
       "\"ms_per_step\": %.4f, \"loss\": %.4f, \"activation_bytes\": %llu, "
       "\"activation_bytes_without_recompute\": %llu}\n",
       (*device)->Describe().c_str(), FLAGS_precision.c_str(), FLAGS_layers.c_str(), FLAGS_batch,

@@ -227,12 +227,11 @@ absl::Status Mlp::Drain(bool wait, const Hooks& hooks) {
   absl::Status s;
   for (; done < pending_grads_.size(); ++done) {
     const PendingGrad& p = pending_grads_[done];
-    if (wait) {
-      s = device_->Wait(p.fence);
-      if (!s.ok()) break;
-    } else if (!device_->Done(p.fence)) {
-      break;
-    }
+    if (!wait && !device_->Done(p.fence)) break;
+    // (Done, or waited for: Wait then says whether the device is healthy,
+    // so that a gradient is never announced after a failed kernel.)
+    s = device_->Wait(p.fence);
+    if (!s.ok()) break;
     s = CallHook(hooks.grads_ready, p.table, p.end);
     if (!s.ok()) {
       ++done;

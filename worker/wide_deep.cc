@@ -156,7 +156,8 @@ absl::Status WideDeep::Predict(const float* dense, const uint32_t* slot, int bat
   }
   STRATA_RETURN_IF_ERROR(d_probs_.Reserve(batch));
   device_->Sigmoid(batch, acts_.back().data(), d_probs_.data());
-  return device_->Wait(device_->Download(probs, d_probs_.data(), batch * sizeof(float)));
+  device_->Download(probs, d_probs_.data(), batch * sizeof(float));
+  return device_->Synchronize();  // (and every fence of the batch forgotten)
 }
 
 absl::StatusOr<double> WideDeep::TrainStep(const float* dense, const uint32_t* slot,

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -161,10 +162,13 @@ class CudaDevice : public Device {
     RETURN_IF_CUDA(cudaSetDevice(gpu_), "cudaSetDevice");
     cudaDeviceProp prop;
     RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, gpu_), "cudaGetDeviceProperties");
-    if (precision_ == Precision::kBf16 && prop.major < 8) {
+    // The kernels are built for compute capability 8.0 and newer
+    // (CMAKE_CUDA_ARCHITECTURES): an older GPU is refused here (auto then
+    // takes the CPU) rather than failing at its first kernel.
+    if (prop.major < 8) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "worker.precision bf16 needs a GPU of compute capability 8.0 or newer; ", prop.name,
-          " is ", prop.major, ".", prop.minor, " (use fp32)"));
+          "GPU ", gpu_, " (", prop.name, ") is compute capability ", prop.major, ".", prop.minor,
+          "; this build's kernels need 8.0 or newer (Ampere, Hopper and later)"));
     }
     describe_ = absl::StrFormat("cuda:%d (%s, %.1f GiB, sm_%d%d, %s)", gpu_, prop.name,
                                 prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor,
@@ -193,12 +197,13 @@ class CudaDevice : public Device {
   bool host_memory() const override { return false; }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
+    Use();
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
     if (e != cudaSuccess) {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
+      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrFormat(
           "%s: cannot allocate %d bytes of GPU memory (%s; %.2f GiB of %.2f GiB free)",
           describe_, bytes, cudaGetErrorString(e), free_b / 1073741824.0,
@@ -207,22 +212,29 @@ class CudaDevice : public Device {
     return p;
   }
   void Release(void* p) override {
-    if (p != nullptr) cudaFree(p);
+    if (p == nullptr) return;
+    Use();
+    cudaFree(p);
   }
   absl::Status PinHost(void* p, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
+    Use();
     const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
     if (e == cudaErrorHostMemoryAlreadyRegistered) {
       cudaGetLastError();
-      return absl::OkStatus();
+      return absl::OkStatus();  // someone else's pin: theirs to undo
     }
+    if (e == cudaSuccess) pinned_.insert(p);
     return Check(e, "cudaHostRegister");
   }
   void UnpinHost(void* p) override {
+    if (pinned_.erase(p) == 0) return;
+    Use();
     if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
   }
 
   Fence Upload(void* dst, const void* src, size_t bytes) override {
+    Use();
     Note(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_), "upload");
     return Record(copy_);
   }
@@ -232,8 +244,11 @@ class CudaDevice : public Device {
     Note(cudaStreamWaitEvent(compute_, it->second, 0), "cudaStreamWaitEvent");
   }
   Fence Download(void* dst, const void* src, size_t bytes) override {
+    Use();
     const Fence computed = Record(compute_);
-    Note(cudaStreamWaitEvent(copy_, events_.at(computed), 0), "cudaStreamWaitEvent");
+    if (auto it = events_.find(computed); it != events_.end()) {  // (else: an error noted)
+      Note(cudaStreamWaitEvent(copy_, it->second, 0), "cudaStreamWaitEvent");
+    }
     Note(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_), "download");
     return Record(copy_);
   }
@@ -241,7 +256,12 @@ class CudaDevice : public Device {
     auto it = events_.find(f);
     if (it == events_.end()) return true;
     const cudaError_t e = cudaEventQuery(it->second);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // Kept as the thread's last error otherwise, and the next launch's
+      // check would take it for its own.
+      cudaGetLastError();
+      return false;
+    }
     Note(e, "cudaEventQuery");
     Forget(it);
     return true;
@@ -261,11 +281,13 @@ class CudaDevice : public Device {
     return status_;
   }
   void Copy(void* dst, const void* src, size_t bytes) override {
+    Use();
     if (bytes > 0 && dst != src) {
       Note(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_), "copy");
     }
   }
   void Zero(void* dst, size_t bytes) override {
+    Use();
     if (bytes > 0) Note(cudaMemsetAsync(dst, 0, bytes, compute_), "cudaMemsetAsync");
   }
 
@@ -274,6 +296,7 @@ class CudaDevice : public Device {
   void GemmStrided(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                    const float* b, int ldb, float beta, float* c, int ldc) override {
     if (m == 0 || n == 0) return;
+    Use();
     const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasStatus_t s;
@@ -282,10 +305,12 @@ class CudaDevice : public Device {
       // dense bf16 copies, then multiplied with fp32 accumulation.
       const int ar = ta ? k : m, ac = ta ? m : k;
       const int br = tb ? n : k, bc = tb ? k : n;
-      const size_t need = static_cast<size_t>(ar) * ac + static_cast<size_t>(br) * bc;
+      // B's copy starts 16-byte aligned, as tensor-core kernels want.
+      const size_t b_at = (static_cast<size_t>(ar) * ac + 7) / 8 * 8;
+      const size_t need = b_at + static_cast<size_t>(br) * bc;
       if (!GrowBf16(need)) return;
       uint16_t* a16 = bf16_;
-      uint16_t* b16 = bf16_ + static_cast<size_t>(ar) * ac;
+      uint16_t* b16 = bf16_ + b_at;
       Note(ToBf16(compute_, ar, ac, a, lda, a16), "ToBf16");
       Note(ToBf16(compute_, br, bc, b, ldb, b16), "ToBf16");
       s = cublas_->gemm_ex(blas_, opb, opa, n, m, k, &alpha, b16, CUDA_R_16BF, bc, a16,
@@ -349,6 +374,18 @@ class CudaDevice : public Device {
   }
 
  private:
+  // Makes this GPU the calling thread's current one (the worker makes the
+  // device on one thread and trains on another).
+  void Use() {
+    thread_local int current = -1;
+    if (current == gpu_) return;
+    if (cudaSetDevice(gpu_) == cudaSuccess) {
+      current = gpu_;
+    } else {
+      cudaGetLastError();
+    }
+  }
+
   absl::Status Check(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return absl::OkStatus();
     cudaGetLastError();
@@ -433,6 +470,7 @@ class CudaDevice : public Device {
   uint16_t* bf16_ = nullptr;
   size_t bf16_capacity_ = 0;
   std::map<Fence, cudaEvent_t> events_;
+  std::set<void*> pinned_;  // host memory this device registered
   std::vector<cudaEvent_t> spare_events_;
   Fence next_fence_ = 0;
   absl::Status status_;

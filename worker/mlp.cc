@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -33,8 +34,10 @@ Mlp::Mlp(std::vector<int> layers, Activation activation, Device* device)
   for (size_t i = 0; i + 1 < layers_.size(); ++i) acts_.emplace_back(device_);
   delta_ = DeviceArray<float>(device_);
   delta_prev_ = DeviceArray<float>(device_);
-  d_x_ = DeviceArray<float>(device_);
-  d_y_ = DeviceArray<int32_t>(device_);
+  for (InputSlot& in : inputs_) {
+    in.x = DeviceArray<float>(device_);
+    in.y = DeviceArray<int32_t>(device_);
+  }
   if (!host_) {
     // Pulls land in params_ and pushes leave from grads_: pinned, their
     // copies to and from the GPU run beside the compute. (Unpinned they
@@ -54,8 +57,10 @@ Mlp::~Mlp() {
   for (auto* tables : {&params_, &grads_}) {
     for (auto& t : *tables) device_->UnpinHost(t.data());
   }
-  if (!stage_x_.empty()) device_->UnpinHost(stage_x_.data());
-  if (!stage_y_.empty()) device_->UnpinHost(stage_y_.data());
+  for (InputSlot& in : inputs_) {
+    if (!in.stage_x.empty()) device_->UnpinHost(in.stage_x.data());
+    if (!in.stage_y.empty()) device_->UnpinHost(in.stage_y.data());
+  }
 }
 
 void Mlp::SetPartitionStarts(int table, const std::vector<uint64_t>& starts) {
@@ -124,9 +129,13 @@ absl::Status Mlp::Prepare(const float* x, const int32_t* y, int batch) {
     y_ = y;
     return absl::OkStatus();
   }
-  // A problem left by the last step (a hook's error) is settled first.
-  STRATA_RETURN_IF_ERROR(device_->Synchronize());
-  pending_grads_.clear();
+  // Gradients left by a step a hook's error stopped are settled first.
+  // (A step that ended well ended synchronized; a prefetch's copy may be
+  // on its way, and is not waited for.)
+  if (!pending_grads_.empty()) {
+    STRATA_RETURN_IF_ERROR(device_->Synchronize());
+    pending_grads_.clear();
+  }
   if (d_params_.empty()) {
     for (size_t t = 0; t < params_.size(); ++t) {
       d_params_.emplace_back(device_);
@@ -135,24 +144,65 @@ absl::Status Mlp::Prepare(const float* x, const int32_t* y, int batch) {
       STRATA_RETURN_IF_ERROR(d_grads_.back().Reserve(grads_[t].size()));
     }
   }
-  // The batch through pinned staging, so that its copy is asynchronous.
-  const size_t nx = b * layers_[0];
-  if (stage_x_.size() < nx) {
-    if (!stage_x_.empty()) device_->UnpinHost(stage_x_.data());
-    if (!stage_y_.empty()) device_->UnpinHost(stage_y_.data());
-    stage_x_.assign(nx, 0.f);
-    stage_y_.assign(b, 0);
-    (void)device_->PinHost(stage_x_.data(), nx * sizeof(float));
-    (void)device_->PinHost(stage_y_.data(), b * sizeof(int32_t));
+  // The batch: prefetched, or copied up now.
+  int slot;
+  if (!prefetched_.empty()) {
+    slot = prefetched_.front();
+    prefetched_.erase(prefetched_.begin());
+    if (inputs_[slot].batch != batch) {
+      return absl::InvalidArgumentError(absl::StrCat("a batch of ", batch,
+                                                     " examples after one of ",
+                                                     inputs_[slot].batch, " was prefetched"));
+    }
+  } else {
+    slot = next_slot_;
+    next_slot_ ^= 1;
+    STRATA_RETURN_IF_ERROR(Stage(&inputs_[slot], x, y, batch));
   }
-  std::memcpy(stage_x_.data(), x, nx * sizeof(float));
-  if (y != nullptr) std::memcpy(stage_y_.data(), y, b * sizeof(int32_t));
-  STRATA_RETURN_IF_ERROR(d_x_.Reserve(nx));
-  STRATA_RETURN_IF_ERROR(d_y_.Reserve(b));
-  device_->ComputeAfter(device_->Upload(d_x_.data(), stage_x_.data(), nx * sizeof(float)));
-  device_->ComputeAfter(device_->Upload(d_y_.data(), stage_y_.data(), b * sizeof(int32_t)));
-  x_ = d_x_.data();
-  y_ = d_y_.data();
+  device_->ComputeAfter(inputs_[slot].fx);
+  device_->ComputeAfter(inputs_[slot].fy);
+  x_ = inputs_[slot].x.data();
+  y_ = inputs_[slot].y.data();
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::Stage(InputSlot* in, const float* x, const int32_t* y, int batch) {
+  // Through pinned staging, so that the copy is asynchronous; the slot's
+  // last copies out of it are done first. (Its device arrays are free: the
+  // step that read them ended synchronized.)
+  STRATA_RETURN_IF_ERROR(device_->Wait(in->fx));
+  STRATA_RETURN_IF_ERROR(device_->Wait(in->fy));
+  const size_t b = static_cast<size_t>(batch);
+  const size_t nx = b * layers_[0];
+  if (in->stage_x.size() < nx) {
+    if (!in->stage_x.empty()) device_->UnpinHost(in->stage_x.data());
+    if (!in->stage_y.empty()) device_->UnpinHost(in->stage_y.data());
+    in->stage_x.assign(nx, 0.f);
+    in->stage_y.assign(b, 0);
+    (void)device_->PinHost(in->stage_x.data(), nx * sizeof(float));
+    (void)device_->PinHost(in->stage_y.data(), b * sizeof(int32_t));
+  }
+  std::memcpy(in->stage_x.data(), x, nx * sizeof(float));
+  if (y != nullptr) std::memcpy(in->stage_y.data(), y, b * sizeof(int32_t));
+  STRATA_RETURN_IF_ERROR(in->x.Reserve(nx));
+  STRATA_RETURN_IF_ERROR(in->y.Reserve(b));
+  // (The step that takes the batch waits for these, not the compute issued
+  // before it.)
+  in->fx = device_->Upload(in->x.data(), in->stage_x.data(), nx * sizeof(float));
+  in->fy = device_->Upload(in->y.data(), in->stage_y.data(), b * sizeof(int32_t));
+  in->batch = batch;
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::Prefetch(const float* x, const int32_t* y, int batch) {
+  if (host_) return absl::OkStatus();
+  if (prefetched_.size() >= 2) {
+    return absl::FailedPreconditionError("two batches are prefetched already");
+  }
+  const int slot = next_slot_;
+  next_slot_ ^= 1;
+  STRATA_RETURN_IF_ERROR(Stage(&inputs_[slot], x, y, batch));
+  prefetched_.push_back(slot);
   return absl::OkStatus();
 }
 
@@ -305,6 +355,7 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
 
 absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
                            int64_t* correct) {
+  DropPrefetched();  // (a step after it copies its own batch up)
   STRATA_RETURN_IF_ERROR(Prepare(x, y, batch));
   if (!host_) {
     // The parameters as they are in params() now.

@@ -72,6 +72,15 @@ class Mlp {
   absl::Status Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
                 int64_t* correct);
 
+  // Input prefetch: the batch of a coming TrainStep (or Evaluate), copied
+  // to the device now, on the copy stream, while the current step computes.
+  // Steps take prefetched batches in order; a step's x and y must then hold
+  // the same data (the CPU reads them directly). At most two are prefetched
+  // ahead. Nothing on the CPU.
+  absl::Status Prefetch(const float* x, const int32_t* y, int batch);
+  // Forgets the prefetched batches (their steps will not come).
+  void DropPrefetched() { prefetched_.clear(); }
+
   // Activation recomputation (gradient checkpointing): with every >= 2 the
   // forward pass keeps the output of every `every`-th layer (and the
   // logits) and the backward pass recomputes the others, one segment at a
@@ -131,13 +140,23 @@ class Mlp {
   int batch_ = 0;
   std::vector<std::vector<int>> row_blocks_;  // per layer
   DeviceArray<float> delta_, delta_prev_;
-  // The batch on the device (GPU), from pinned host staging.
+  // The batch as the device reads it.
   const float* x_ = nullptr;
   const int32_t* y_ = nullptr;
-  DeviceArray<float> d_x_;
-  DeviceArray<int32_t> d_y_;
-  std::vector<float> stage_x_;
-  std::vector<int32_t> stage_y_;
+  // GPU: batches go up through pinned host staging, in two slots used in
+  // turn; `prefetched_` holds the slots of batches copied ahead, in order.
+  struct InputSlot {
+    DeviceArray<float> x;
+    DeviceArray<int32_t> y;
+    std::vector<float> stage_x;
+    std::vector<int32_t> stage_y;
+    int batch = 0;
+    Device::Fence fx = 0, fy = 0;  // its uploads
+  };
+  absl::Status Stage(InputSlot* slot, const float* x, const int32_t* y, int batch);
+  InputSlot inputs_[2];
+  int next_slot_ = 0;
+  std::vector<int> prefetched_;
 };
 
 }  // namespace strata::worker

@@ -583,18 +583,31 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
   const int dim = train_.feature_dim;
   const int batch_size = options_.config.job.batch_size;
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
-  std::vector<float> x;
-  std::vector<int32_t> y;
-  for (size_t b = 0; b < order.size(); b += batch_size) {
-    if (stop_.HasBeenNotified()) return absl::CancelledError("worker shut down");
+  // Batches in two buffers used in turn: the next one is put together, and
+  // on a GPU copied up (Mlp::Prefetch), while this one computes.
+  std::vector<float> xs[2];
+  std::vector<int32_t> ys[2];
+  auto assemble = [&](size_t b, int k) {
     const int n = static_cast<int>(std::min<size_t>(batch_size, order.size() - b));
-    x.resize(static_cast<size_t>(n) * dim);
-    y.resize(n);
+    xs[k].resize(static_cast<size_t>(n) * dim);
+    ys[k].resize(n);
     for (int i = 0; i < n; ++i) {
       const int64_t r = order[b + i];
-      std::copy_n(train_.features.data() + r * dim, dim, x.data() + static_cast<size_t>(i) * dim);
-      y[i] = train_.labels[r];
+      std::copy_n(train_.features.data() + r * dim, dim,
+                  xs[k].data() + static_cast<size_t>(i) * dim);
+      ys[k][i] = train_.labels[r];
     }
+    return model_->Prefetch(xs[k].data(), ys[k].data(), n);
+  };
+  model_->DropPrefetched();  // (any left by a task that stopped early)
+  if (!order.empty()) STRATA_RETURN_IF_ERROR(assemble(0, 0));
+  int cur = 0;
+  for (size_t b = 0; b < order.size(); b += batch_size, cur ^= 1) {
+    if (stop_.HasBeenNotified()) return absl::CancelledError("worker shut down");
+    if (b + batch_size < order.size()) STRATA_RETURN_IF_ERROR(assemble(b + batch_size, cur ^ 1));
+    const std::vector<float>& x = xs[cur];
+    const std::vector<int32_t>& y = ys[cur];
+    const int n = static_cast<int>(y.size());
     const absl::Time t0 = absl::Now();
     uint64_t version = next_step_;
     double loss = 0;

@@ -384,6 +384,44 @@ TEST_P(DeviceTest, OneMlpStepMatchesTheCpu) {
   EXPECT_NEAR(l, wl, 1e-3 * std::abs(wl) + 1e-4);
 }
 
+// Batches prefetched while another step computes give the steps they would
+// have given copied up at their turn (on the CPU Prefetch does nothing).
+TEST_P(DeviceTest, PrefetchedBatchesGiveTheSameSteps) {
+  const std::vector<int> layers = {21, 16, 4};
+  Mlp plain(layers, StepActivation(), device_.get());
+  Mlp ahead(layers, StepActivation(), device_.get());
+  std::mt19937 rng(37);
+  for (size_t t = 0; t < plain.params().size(); ++t) {
+    plain.params()[t] = Random(plain.params()[t].size(), &rng, -0.3f, 0.3f);
+    ahead.params()[t] = plain.params()[t];
+  }
+  std::vector<std::vector<float>> xs;
+  std::vector<std::vector<int32_t>> ys;
+  for (int k = 0; k < 3; ++k) {
+    xs.push_back(Random(9 * 21, &rng));
+    ys.emplace_back(9);
+    for (int32_t& v : ys.back()) v = static_cast<int32_t>(rng() % 4);
+  }
+  ASSERT_THAT(ahead.Prefetch(xs[0].data(), ys[0].data(), 9), IsOk());
+  for (int k = 0; k < 3; ++k) {
+    if (k + 1 < 3) ASSERT_THAT(ahead.Prefetch(xs[k + 1].data(), ys[k + 1].data(), 9), IsOk());
+    auto a = ahead.TrainStep(xs[k].data(), ys[k].data(), 9, Mlp::Hooks());
+    auto p = plain.TrainStep(xs[k].data(), ys[k].data(), 9, Mlp::Hooks());
+    ASSERT_THAT(a.status(), IsOk());
+    ASSERT_THAT(p.status(), IsOk());
+    EXPECT_EQ(*a, *p) << "step " << k;
+    for (size_t t = 0; t < plain.grads().size(); ++t) EXPECT_EQ(ahead.grads()[t], plain.grads()[t]);
+  }
+  // A prefetched batch that never gets its step is dropped; the next step
+  // copies its own.
+  ASSERT_THAT(ahead.Prefetch(xs[2].data(), ys[2].data(), 9), IsOk());
+  ahead.DropPrefetched();
+  auto a = ahead.TrainStep(xs[0].data(), ys[0].data(), 9, Mlp::Hooks());
+  auto p = plain.TrainStep(xs[0].data(), ys[0].data(), 9, Mlp::Hooks());
+  ASSERT_THAT(a.status(), IsOk());
+  EXPECT_EQ(*a, *p);
+}
+
 // One Wide & Deep step (embeddings gathered and scatter-added, the wide
 // part, sigmoid cross-entropy) on this device against the CPU's.
 TEST_P(DeviceTest, OneWideDeepStepMatchesTheCpu) {

@@ -154,6 +154,16 @@ class CpuDevice : public Device {
     return loss;
   }
 
+  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
+                                  const int32_t* labels, float* grad) override {
+    pending_loss_ += SoftmaxCrossEntropy(rows, classes, logits, labels, grad, nullptr);
+  }
+  double TakePendingLoss() override {
+    const double loss = pending_loss_;
+    pending_loss_ = 0;
+    return loss;
+  }
+
   double SigmoidCrossEntropy(int rows, const float* logits, const float* labels, float* grad,
                              int64_t* correct) override {
     double loss = 0;
@@ -195,6 +205,9 @@ class CpuDevice : public Device {
       }
     }
   }
+
+ private:
+  double pending_loss_ = 0;
 };
 
 }  // namespace

@@ -114,6 +114,10 @@ Mlp::ActivationMemory Mlp::activation_memory() const {
 
 absl::Status Mlp::Prepare(const float* x, const int32_t* y, int batch) {
   batch_ = batch;
+  if (loss_pending_) {  // left by a step that stopped: not this step's
+    (void)device_->TakePendingLoss();
+    loss_pending_ = false;
+  }
   valid_segment_ = -1;
   const size_t n_layers = layers_.size() - 1;
   const size_t b = static_cast<size_t>(batch);
@@ -311,8 +315,10 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
   STRATA_RETURN_IF_ERROR(CallHook(hooks.after_forward));
   const size_t n_layers = layers_.size() - 1;
   const int classes = layers_.back();
-  const double loss = device_->SoftmaxCrossEntropy(batch, classes, Act(n_layers - 1), y_,
-                                                   delta_.data(), nullptr);
+  // The loss stays on the device until the step's end: nothing waits for
+  // the forward pass before the backward one is queued.
+  device_->SoftmaxCrossEntropyPending(batch, classes, Act(n_layers - 1), y_, delta_.data());
+  loss_pending_ = true;
   for (size_t li = n_layers; li-- > 0;) {
     const int din = layers_[li], dout = layers_[li + 1];
     const int wt = static_cast<int>(2 * li);
@@ -349,6 +355,8 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
     std::swap(delta_, delta_prev_);
   }
   STRATA_RETURN_IF_ERROR(Drain(/*wait=*/true, hooks));
+  const double loss = device_->TakePendingLoss();
+  loss_pending_ = false;
   if (!host_) STRATA_RETURN_IF_ERROR(device_->Synchronize());
   return loss;
 }

@@ -135,6 +135,7 @@ class Mlp {
   std::vector<PendingGrad> pending_grads_;
   std::vector<DeviceArray<float>> acts_;  // per layer output (kept layers)
   std::vector<DeviceArray<float>> slots_;  // recomputed layers' outputs
+  bool loss_pending_ = false;  // a step's loss is on the device, not taken
   int recompute_every_ = 0;
   int valid_segment_ = -1;  // whose outputs the slots hold
   int batch_ = 0;

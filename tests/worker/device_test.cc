@@ -224,6 +224,27 @@ TEST_P(DeviceTest, SoftmaxCrossEntropyMatchesTheLoopForManyClassCounts) {
   }
 }
 
+TEST_P(DeviceTest, APendingLossIsTheSumOfItsCrossEntropiesTakenOnce) {
+  std::mt19937 rng(41);
+  const int rows = 33, classes = 7;
+  const auto z1 = Random(static_cast<size_t>(rows) * classes, &rng, -4.f, 4.f);
+  const auto z2 = Random(static_cast<size_t>(rows) * classes, &rng, -4.f, 4.f);
+  std::vector<int32_t> labels(rows);
+  for (int32_t& l : labels) l = static_cast<int32_t>(rng() % classes);
+  const int32_t* dl = In(labels);
+  const float* d1 = In(z1);
+  const float* d2 = In(z2);
+  float* g = In(std::vector<float>(z1.size(), 0.f));
+  const double want = device_->SoftmaxCrossEntropy(rows, classes, d1, dl, nullptr, nullptr) +
+                      device_->SoftmaxCrossEntropy(rows, classes, d2, dl, nullptr, nullptr);
+  device_->SoftmaxCrossEntropyPending(rows, classes, d1, dl, g);
+  device_->SoftmaxCrossEntropyPending(rows, classes, d2, dl, g);
+  // An immediate one in between does not disturb the pending sum.
+  (void)device_->SoftmaxCrossEntropy(rows, classes, d1, dl, nullptr, nullptr);
+  EXPECT_NEAR(device_->TakePendingLoss(), want, 1e-9 * std::abs(want));
+  EXPECT_EQ(device_->TakePendingLoss(), 0.0);
+}
+
 TEST_P(DeviceTest, SigmoidCrossEntropyAndSigmoidMatchTheLoop) {
   std::mt19937 rng(17);
   for (int rows : {1, 31, 32, 33, 1000}) {

@@ -187,7 +187,9 @@ class CudaDevice : public Device {
                                                                  : CUBLAS_DEFAULT_MATH);
     // The loss accumulator (double) and the correct count, on the GPU and
     // pinned on the host to read them back.
-    RETURN_IF_CUDA(cudaMalloc(&scalars_, 16), "cudaMalloc");
+    // [0, 16) for a loss read at once, [16, 32) for the pending sum.
+    RETURN_IF_CUDA(cudaMalloc(&scalars_, 32), "cudaMalloc");
+    RETURN_IF_CUDA(cudaMemset(scalars_, 0, 32), "cudaMemset");
     RETURN_IF_CUDA(cudaMallocHost(&host_scalars_, 16), "cudaMallocHost");
     return absl::OkStatus();
   }
@@ -351,6 +353,22 @@ class CudaDevice : public Device {
          "SoftmaxCrossEntropy");
     return ReadScalars(correct);
   }
+  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
+                                  const int32_t* labels, float* grad) override {
+    Note(cuda::SoftmaxCrossEntropy(compute_, rows, classes, logits, labels, grad,
+                                   LossAcc() + 2, CorrectAcc() + 2),
+         "SoftmaxCrossEntropy");
+  }
+  double TakePendingLoss() override {
+    Note(cudaMemcpyAsync(host_scalars_, LossAcc() + 2, 8, cudaMemcpyDeviceToHost, compute_),
+         "cudaMemcpyAsync");
+    Note(cudaMemsetAsync(LossAcc() + 2, 0, 16, compute_), "cudaMemsetAsync");
+    Note(cudaStreamSynchronize(compute_), "cudaStreamSynchronize");
+    double loss;
+    std::memcpy(&loss, host_scalars_, 8);
+    return loss;
+  }
+
   double SigmoidCrossEntropy(int rows, const float* logits, const float* labels, float* grad,
                              int64_t* correct) override {
     ZeroScalars();

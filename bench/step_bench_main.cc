@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <string>
@@ -38,19 +39,24 @@ DEFINE_int32(row_blocks, 4, "blocks per weight (as partitions cut them), 1 = who
 
 namespace {
 
-// *ms: milliseconds per call of `step` over --steps calls, after 5 to warm
-// up; false when a step failed (it said why).
-template <typename Fn>
-bool TimeSteps(const Fn& step, double* ms) {
-  for (int i = 0; i < 5; ++i) {
-    if (!step()) return false;
+// *ms: milliseconds per step over --steps steps, after 5 to warm up, and
+// *loss the last one's; false when a step failed (said on stderr).
+bool TimeSteps(const std::function<absl::StatusOr<double>()>& step, double* ms, double* loss) {
+  std::chrono::steady_clock::time_point t0;
+  for (int i = 0; i < 5 + FLAGS_steps; ++i) {
+    if (i == 5) t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<double> l = step();
+    if (!l.ok()) {
+      std::cerr << "strata-step-bench: " << l.status() << "\n";
+      return false;
+    }
+    *loss = *l;
+    if (i + 1 == 5 + FLAGS_steps) {
+      *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count() /
+            FLAGS_steps;
+    }
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < FLAGS_steps; ++i) {
-    if (!step()) return false;
-  }
-  *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-        FLAGS_steps;
   return true;
 }
 
@@ -80,17 +86,15 @@ int RunWideDeep(const std::vector<int>& hidden, strata::worker::Device* device) 
   for (float& v : emb_rows) v = normal(rng);
   std::vector<float> wide_grad, emb_grad;
   double loss = 0, ms = 0;
-  auto step = [&] {
-    auto l = net.TrainStep(dense.data(), slot.data(), labels.data(), batch, wide_rows.data(),
-                           emb_rows.data(), unique, &wide_grad, &emb_grad);
-    if (!l.ok()) {
-      std::cerr << "strata-step-bench: " << l.status() << "\n";
-      return false;
-    }
-    loss = *l;
-    return true;
-  };
-  if (!TimeSteps(step, &ms)) return 1;
+  if (!TimeSteps(
+          [&] {
+            return net.TrainStep(dense.data(), slot.data(), labels.data(), batch,
+                                 wide_rows.data(), emb_rows.data(), unique, &wide_grad,
+                                 &emb_grad);
+          },
+          &ms, &loss)) {
+    return 1;
+  }
   std::printf(
       "{\"model\": \"wide_deep\", \"device\": \"%s\", \"precision\": \"%s\", "
       "\"hidden\": \"%s\", \"embedding_dim\": %d, \"batch\": %d, \"unique_keys\": %zu, "
@@ -167,16 +171,10 @@ int main(int argc, char** argv) {
     return absl::OkStatus();
   };
   double loss = 0, ms = 0;
-  auto step = [&] {
-    auto l = mlp.TrainStep(x.data(), y.data(), FLAGS_batch, hooks);
-    if (!l.ok()) {
-      std::cerr << "strata-step-bench: " << l.status() << "\n";
-      return false;
-    }
-    loss = *l;
-    return true;
-  };
-  if (!TimeSteps(step, &ms)) return 1;
+  if (!TimeSteps([&] { return mlp.TrainStep(x.data(), y.data(), FLAGS_batch, hooks); }, &ms,
+                 &loss)) {
+    return 1;
+  }
   const Mlp::ActivationMemory m = mlp.activation_memory();
   std::printf(
       "{\"model\": \"mlp\", \"device\": \"%s\", \"precision\": \"%s\", \"layers\": \"%s\", "

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -155,6 +156,12 @@ struct DeviceChoice {
 };
 absl::StatusOr<std::unique_ptr<Device>> NewDevice(const DeviceChoice& choice,
                                                   std::string* note = nullptr);
+
+// Pins every non-empty tensor of a model's parameters or gradients for the
+// device's copies (nothing on the CPU). A failure is logged: unpinned, the
+// copies still work, only slower. UnpinTensors undoes it.
+void PinTensors(Device* device, std::vector<std::vector<float>>* tensors);
+void UnpinTensors(Device* device, std::vector<std::vector<float>>* tensors);
 
 // A typed array of device memory, released with its owner.
 template <typename T>

@@ -1,6 +1,7 @@
 // Choosing the worker's device (worker.device in the config): the CPU, the
 // GPU, or the GPU when there is one.
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "worker/device.h"
 
 #ifdef STRATA_WITH_CUDA
@@ -71,6 +72,22 @@ absl::StatusOr<std::unique_ptr<Device>> NewDevice(const DeviceChoice& choice,
   std::unique_ptr<Device> cpu = NewCpuDevice(choice.cpu_threads);
   if (note != nullptr) *note = absl::StrCat("device auto: ", cpu->Describe(), " (", why, ")");
   return cpu;
+}
+
+void PinTensors(Device* device, std::vector<std::vector<float>>* tensors) {
+  if (device->host_memory()) return;
+  for (auto& t : *tensors) {
+    if (t.empty()) continue;  // a sparse table's: rows come per batch
+    absl::Status s = device->PinHost(t.data(), t.size() * sizeof(float));
+    if (!s.ok()) LOG(WARNING) << "a model tensor stays unpinned: " << s;
+  }
+}
+
+void UnpinTensors(Device* device, std::vector<std::vector<float>>* tensors) {
+  if (device->host_memory()) return;
+  for (auto& t : *tensors) {
+    if (!t.empty()) device->UnpinHost(t.data());
+  }
 }
 
 }  // namespace strata::worker

@@ -38,25 +38,17 @@ Mlp::Mlp(std::vector<int> layers, Activation activation, Device* device)
     in.x = DeviceArray<float>(device_);
     in.y = DeviceArray<int32_t>(device_);
   }
-  if (!host_) {
-    // Pulls land in params_ and pushes leave from grads_: pinned, their
-    // copies to and from the GPU run beside the compute. (Unpinned they
-    // still work, only slower.)
-    for (auto* tables : {&params_, &grads_}) {
-      for (auto& t : *tables) {
-        absl::Status s = device_->PinHost(t.data(), t.size() * sizeof(float));
-        if (!s.ok()) LOG(WARNING) << "parameters stay unpinned: " << s;
-      }
-    }
-  }
+  // Pulls land in params_ and pushes leave from grads_: pinned, their
+  // copies to and from the GPU run beside the compute.
+  PinTensors(device_, &params_);
+  PinTensors(device_, &grads_);
 }
 
 Mlp::~Mlp() {
   if (host_) return;
   (void)device_->Synchronize();
-  for (auto* tables : {&params_, &grads_}) {
-    for (auto& t : *tables) device_->UnpinHost(t.data());
-  }
+  UnpinTensors(device_, &params_);
+  UnpinTensors(device_, &grads_);
   for (InputSlot& in : inputs_) {
     if (!in.stage_x.empty()) device_->UnpinHost(in.stage_x.data());
     if (!in.stage_y.empty()) device_->UnpinHost(in.stage_y.data());

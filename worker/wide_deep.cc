@@ -41,25 +41,15 @@ WideDeep::WideDeep(const ModelSection& model, Activation activation, Device* dev
     *a = DeviceArray<float>(device_);
   }
   d_slot_ = DeviceArray<uint32_t>(device_);
-  if (!host_) {
-    for (auto* tables : {&params_, &grads_}) {
-      for (auto& t : *tables) {
-        if (t.empty()) continue;
-        absl::Status s = device_->PinHost(t.data(), t.size() * sizeof(float));
-        if (!s.ok()) LOG(WARNING) << "parameters stay unpinned: " << s;
-      }
-    }
-  }
+  PinTensors(device_, &params_);
+  PinTensors(device_, &grads_);
 }
 
 WideDeep::~WideDeep() {
   if (host_) return;
   (void)device_->Synchronize();
-  for (auto* tables : {&params_, &grads_}) {
-    for (auto& t : *tables) {
-      if (!t.empty()) device_->UnpinHost(t.data());
-    }
-  }
+  UnpinTensors(device_, &params_);
+  UnpinTensors(device_, &grads_);
 }
 
 template <typename T>

@@ -37,6 +37,20 @@ must_fail "missing data file" "$work/nodata.yaml" "$work/hosts" "$work/run3" --t
 grep -q "no-such-file.gz" "$work/run3/logs/master-0.log" || fail "master log does not name the missing file"
 assert_nothing_left "$work"
 
+# A worker told to use a GPU on a machine without one does not start, and
+# its log says why (where there is a GPU, nothing to check here).
+if ! "$BUILD_DIR/bin/strata-step-bench" --device cuda --layers 4,2 --batch 1 --steps 1 \
+     > /dev/null 2>&1; then
+  cp "$work/job.yaml" "$work/gpu.yaml"
+  printf 'worker:\n  device: cuda\n' >> "$work/gpu.yaml"
+  must_fail "worker.device cuda without a GPU" "$work/gpu.yaml" "$work/hosts" "$work/run4" \
+    --timeout 60
+  grep -q "worker.device is cuda but .*(set worker.device: cpu or auto" \
+    "$work/run4/logs/worker-0.log" ||
+    fail "the worker's log does not say why it has no GPU: $(tail -n 3 "$work/run4/logs/worker-0.log")"
+  assert_nothing_left "$work"
+fi
+
 # `run` into the run dir of a live cluster refuses, and leaves that cluster
 # alone.
 write_config "$work/live.yaml" bsp 50 "$(pick_port_base)"

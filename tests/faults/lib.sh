@@ -40,11 +40,13 @@ fault_config() {
   printf '127.0.0.1 master pserver=3 worker=2\n' > "$WORK/hosts"
 }
 
-# use_sgd: plain SGD (lr 0.05) instead of the tests' Adam, for a fault that
+# use_sgd: plain SGD (lr 0.02) instead of the tests' Adam, for a fault that
 # moves the workers' task boundaries (docs/reliability.md, "Accuracy after
-# a worker restart").
+# a worker restart"). (At lr 0.05 the final accuracy of a moved schedule
+# jittered by up to 1.7 points in CI; at 0.02 by 0.07 to 0.3 here, loaded
+# or not.)
 use_sgd() {
-  sed -i 's/^  type: adam$/  type: sgd/; s/^  learning_rate: 0.001$/  learning_rate: 0.05/' "$WORK/job.yaml"
+  sed -i 's/^  type: adam$/  type: sgd/; s/^  learning_rate: 0.001$/  learning_rate: 0.02/' "$WORK/job.yaml"
   grep -q '^  type: sgd$' "$WORK/job.yaml" || fail "use_sgd: no optimizer section to change"
 }
 
@@ -116,7 +118,11 @@ accuracy() { json_field "$(summary "$1")" final_test_accuracy; }
 assert_accuracy_close() {
   local a b tol="${ACCURACY_TOLERANCE:-0.01}"; a="$(accuracy "$1")"; b="$(accuracy "$2")"
   python3 -c "import sys; sys.exit(0 if abs($a - $b) <= $tol else 1)" ||
-    fail "$1: final accuracy $a is not within $tol of the fault-free run's $b"
+    fail "$1: final accuracy $a is not within $tol of the fault-free run's $b
+$(python3 -c "import json,sys
+s = json.load(open(sys.argv[1]))
+print('events:', *s.get('events', []), sep='\n  ')
+print('workers:', *s.get('workers', []), sep='\n  ')" "$(summary "$1")" 2>/dev/null)"
   echo "$1: final accuracy $a (fault-free: $b)"
 }
 # ledger_field NAME KEY: a field of the summary's update ledger.

@@ -20,8 +20,8 @@ namespace strata::worker {
 // memory, pinned, and are what pulls fill and pushes send: a block of
 // parameters is copied to the GPU as soon as need_params has it, on the copy
 // stream while earlier layers compute, and a block of gradients is copied
-// back while later layers compute; grads_ready is called once its copy is
-// done. On the CPU the models compute on those arrays directly.
+// back while the layers below it compute; grads_ready is called once its
+// copy is done. On the CPU the models compute on those arrays directly.
 class Mlp {
  public:
   Mlp(std::vector<int> layers, Activation activation, Device* device);
@@ -72,8 +72,9 @@ class Mlp {
   absl::Status Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
                 int64_t* correct);
 
-  // Input prefetch: the batch of a coming TrainStep (or Evaluate), copied
-  // to the device now, on the copy stream, while the current step computes.
+  // Input prefetch: the batch of a coming TrainStep, copied to the device
+  // now, on the copy stream, while the current step computes. (Evaluate
+  // drops what is prefetched; a step after it copies its own batch.)
   // Steps take prefetched batches in order; a step's x and y must then hold
   // the same data (the CPU reads them directly). At most two are prefetched
   // ahead. Nothing on the CPU.

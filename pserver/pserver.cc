@@ -205,6 +205,15 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   {
     absl::MutexLock l(&mu_);
     if (view.epoch() < epoch_.load() && !partitions_.empty()) return absl::OkStatus();
+    // A view without partitions is one from before placement (the master
+    // makes its placed view its own only once every pserver has taken its
+    // partitions, and a node joining meanwhile bumps the epoch of the old
+    // one). It cannot take partitions away: were it applied after a slow
+    // restore, the restored partitions would go and come back empty.
+    if (view.partitions_size() == 0 && !partitions_.empty()) {
+      VLOG(1) << "view epoch " << view.epoch() << " has no partitions yet; keeping ours";
+      return absl::OkStatus();
+    }
     for (const auto& p : view.partitions()) {
       const bool backup =
           std::find(p.backups().begin(), p.backups().end(), self) != p.backups().end();

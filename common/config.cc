@@ -190,6 +190,7 @@ class ConfigReader {
   std::vector<Field> RdmaFields(RdmaSection* rdma);
   std::vector<Field> CheckpointFields(CheckpointSection* checkpoint);
   std::vector<Field> WorkerFields(WorkerSection* worker);
+  std::vector<Field> S3Fields(S3Section* s3);
 
   // Checks that involve more than one key, once everything is read.
   absl::Status CrossCheck(const JobConfig& config) const;
@@ -662,6 +663,25 @@ std::vector<ConfigReader::Field> ConfigReader::CheckpointFields(CheckpointSectio
   };
 }
 
+std::vector<ConfigReader::Field> ConfigReader::S3Fields(S3Section* s) {
+  s->enabled = true;
+  return {
+      String("endpoint", &s->endpoint,
+             [](const std::string& v) -> std::optional<std::string> {
+               if (v.rfind("http://", 0) == 0 || v.rfind("https://", 0) == 0) return std::nullopt;
+               return std::string("must start with http:// or https://");
+             }),
+      String("region", &s->region, NonEmpty()),
+      Enum("addressing", &s->addressing, {"path", "virtual"}),
+      String("credentials_file", &s->credentials_file, NonEmpty()),
+      Int("part_size_mb", &s->part_size_mb, IntInRange(5, 5120)),
+      Int("parallel_parts", &s->parallel_parts, IntInRange(1, 64)),
+      Int("connect_timeout_ms", &s->connect_timeout_ms, IntAtLeast(1)),
+      Int("timeout_seconds", &s->timeout_seconds, IntAtLeast(1)),
+      Int("retries", &s->retries, IntInRange(0, 20)),
+  };
+}
+
 std::vector<ConfigReader::Field> ConfigReader::WorkerFields(WorkerSection* w) {
   return {
       Enum("device", &w->device, {"auto", "cpu", "cuda"}),
@@ -724,6 +744,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
       Section("checkpoint",
               [this, config] { return CheckpointFields(&config->checkpoint); }),
       Section("worker", [this, config] { return WorkerFields(&config->worker); }),
+      Section("s3", [this, config] { return S3Fields(&config->s3); }),
   };
   STRATA_RETURN_IF_ERROR(ReadMap(root, root_mark, "", sections));
 
@@ -749,6 +770,32 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   }
   if (config->checkpoint.enabled && marks_.count("checkpoint.dir") == 0) {
     return Error(marks_["checkpoint"], "missing required key 'checkpoint.dir'");
+  }
+  if (config->s3.enabled && marks_.count("s3.endpoint") == 0) {
+    return Error(marks_["s3"], "missing required key 's3.endpoint'");
+  }
+  // An s3:// path without the s3 section would fail at the first read or
+  // checkpoint; say so now, at the key.
+  if (!config->s3.enabled) {
+    for (const char* key : {"checkpoint.dir", "data.train_images", "data.train_labels",
+                            "data.test_images", "data.test_labels", "data.train", "data.test"}) {
+      auto it = marks_.find(key);
+      if (it == marks_.end()) continue;
+      const std::string& value =
+          std::string(key) == "checkpoint.dir" ? config->checkpoint.dir
+          : std::string(key) == "data.train_images" ? config->data.train_images
+          : std::string(key) == "data.train_labels" ? config->data.train_labels
+          : std::string(key) == "data.test_images" ? config->data.test_images
+          : std::string(key) == "data.test_labels" ? config->data.test_labels
+          : std::string(key) == "data.train" ? config->data.train
+                                             : config->data.test;
+      if (value.rfind("s3://", 0) == 0) {
+        return PathError(it->second, key,
+                         absl::StrCat("'", value,
+                                      "' is in an object store: add an s3 section (endpoint, "
+                                      "credentials_file) to the config"));
+      }
+    }
   }
   // The model reads what the data format gives: an MLP images (idx), a
   // wide & deep model CTR rows (criteo).

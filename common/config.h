@@ -183,6 +183,24 @@ struct CheckpointSection {
   bool on_finish = true;        // a last checkpoint when training ends
 };
 
+// The S3-compatible object store (AWS S3, MinIO, Ceph's radosgw) that
+// s3://bucket/prefix paths in checkpoint.dir and data.* name
+// (docs/storage.md). The keys come from credentials_file or from
+// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in each daemon's environment,
+// never from this file.
+struct S3Section {
+  bool enabled = false;            // true when the section is present
+  std::string endpoint;            // required: http(s)://host[:port]
+  std::string region = "us-east-1";
+  std::string addressing = "path";  // path | virtual (bucket.host)
+  std::string credentials_file;     // AWS shared-credentials format; "" = environment
+  int part_size_mb = 16;            // multipart part size, [5, 5120]
+  int parallel_parts = 4;           // parts or ranged reads in flight per file, [1, 64]
+  int connect_timeout_ms = 5000;    // > 0
+  int timeout_seconds = 30;         // a request that moves nothing for this long fails, >= 1
+  int retries = 4;                  // attempts after the first, [0, 20]
+};
+
 // Where the workers compute (docs/gpu.md).
 struct WorkerSection {
   std::string device = "auto";     // auto (the GPU when there is one) | cpu | cuda
@@ -204,6 +222,7 @@ struct JobConfig {
   DataSection data;
   ClusterSection cluster;
   CheckpointSection checkpoint;
+  S3Section s3;
 };
 
 // Parses YAML text. `filename` is used in error messages only.

@@ -21,6 +21,7 @@
 #include "glog/logging.h"
 #include "master/master_server.h"
 #include "storage/file_system.h"
+#include "storage/s3_file_system.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
 DEFINE_string(hosts, "", "host file, required: gives the pserver and worker counts");
@@ -97,7 +98,22 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  auto fs = strata::storage::NewPosixFileSystem();
+  std::string fs_note;
+  auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
+  if (!fs.ok()) {
+    LOG(ERROR) << "cannot start master: " << fs.status().message();
+    return 2;
+  }
+  if (!fs_note.empty()) LOG(INFO) << fs_note;
+  if (config->checkpoint.enabled) {
+    // A wrong key, a missing bucket or an unwritable directory shows now,
+    // not at the first checkpoint.
+    if (auto s = (*fs)->CreateDirs(config->checkpoint.dir); !s.ok()) {
+      LOG(ERROR) << "cannot start master: checkpoint.dir " << config->checkpoint.dir << ": "
+                 << s.message();
+      return 1;
+    }
+  }
   strata::master::MasterOptions opts;
   opts.config = *config;
   opts.expected_pservers = hosts->total_pservers();
@@ -106,7 +122,7 @@ int main(int argc, char** argv) {
   opts.port = FLAGS_port >= 0 ? FLAGS_port : config->cluster.ports.master;
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : config->cluster.ports.master_http;
   opts.summary_path = FLAGS_summary;
-  opts.fs = fs.get();
+  opts.fs = fs->get();
   opts.resume = FLAGS_resume;
   opts.failpoints = failpoints->get();
   opts.state_dir = FLAGS_state_dir;

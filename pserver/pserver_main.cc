@@ -9,6 +9,7 @@
 #include "glog/logging.h"
 #include "pserver/pserver.h"
 #include "storage/file_system.h"
+#include "storage/s3_file_system.h"
 #include "transport/transport_config.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
@@ -44,8 +45,21 @@ int main(int argc, char** argv) {
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : ports.pserver_http + FLAGS_index;
   opts.transport = strata::transport::TransportOptionsFor(config->cluster);
   opts.apply_threads = FLAGS_apply_threads;
-  auto fs = strata::storage::NewPosixFileSystem();
-  opts.fs = fs.get();
+  std::string fs_note;
+  auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
+  if (!fs.ok()) {
+    LOG(ERROR) << "cannot start pserver: " << fs.status().message();
+    return 2;
+  }
+  if (!fs_note.empty()) LOG(INFO) << fs_note;
+  if (config->checkpoint.enabled) {
+    if (auto s = (*fs)->CreateDirs(config->checkpoint.dir); !s.ok()) {
+      LOG(ERROR) << "cannot start pserver: checkpoint.dir " << config->checkpoint.dir << ": "
+                 << s.message();
+      return 1;
+    }
+  }
+  opts.fs = fs->get();
   auto failpoints = strata::Failpoints::Parse(FLAGS_failpoint);
   if (!failpoints.ok()) {
     LOG(ERROR) << failpoints.status().message();

@@ -8,12 +8,16 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
   libibverbs-dev libopenblas-dev libyaml-cpp-dev zlib1g-dev libzstd-dev
+  libcurl4-openssl-dev libssl-dev
   dataset-fashion-mnist
   iproute2 procps curl python3
 )
 # For the Soft-RoCE guest of tests/rdma (a real verbs device under QEMU).
 # Best effort: without them that one test is skipped, saying why.
 VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)
+# For tests/storage's real single-node Ceph (radosgw for S3, CephFS through
+# ceph-fuse) and the s3cmd baseline of bench/s3_bench.sh. Best effort too.
+VM_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common ceph-mds ceph-fuse s3cmd uuid-runtime)
 
 missing_of() {
   local p
@@ -42,8 +46,8 @@ fi
 if [[ ${#vm_missing[@]} -gt 0 ]]; then
   # Best effort, and never fatal: a machine without them (or offline, or
   # without sudo) still builds and runs everything else.
-  echo "install-deps: installing ${vm_missing[*]} (for the Soft-RoCE test guest)"
+  echo "install-deps: installing ${vm_missing[*]} (for the Soft-RoCE guest and the Ceph tests)"
   { [[ ${#missing[@]} -gt 0 ]] || $SUDO apt-get update -qq; } &&
     $SUDO apt-get install -y -qq --no-install-recommends "${vm_missing[@]}" ||
-    echo "install-deps: could not install ${vm_missing[*]}; tests/rdma will be skipped" >&2
+    echo "install-deps: could not install ${vm_missing[*]}; tests/rdma or the Ceph tests will be skipped" >&2
 fi

@@ -36,6 +36,13 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
   return absl::StrCat(dir, "/", name);
 }
 
+absl::StatusOr<std::string> FileSystem::ReadFileRange(const std::string& path,
+                                                      uint64_t offset, uint64_t n) {
+  STRATA_ASSIGN_OR_RETURN(std::string all, ReadFile(path));
+  if (offset >= all.size()) return std::string();
+  return all.substr(offset, n);
+}
+
 absl::Status FileSystem::WriteFileAtomic(const std::string& path, absl::string_view contents) {
   const std::string tmp = path + ".tmp";
   absl::Status status = [&]() -> absl::Status {
@@ -153,6 +160,28 @@ class PosixFileSystem : public FileSystem {
     }
     close(fd);
     return contents;
+  }
+
+  absl::StatusOr<std::string> ReadFileRange(const std::string& path, uint64_t offset,
+                                            uint64_t n) override {
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PosixError("open", path, errno);
+    std::string out(n, '\0');
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = pread(fd, out.data() + got, n - got, static_cast<off_t>(offset + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        close(fd);
+        return PosixError("read", path, err);
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    close(fd);
+    out.resize(got);
+    return out;
   }
 
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override {

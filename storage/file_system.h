@@ -38,6 +38,11 @@ class FileSystem {
   // Whole file contents. NotFound when it does not exist.
   virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
   virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
+  // Up to `n` bytes at `offset` (fewer at the end of the file; none past
+  // it). The default reads the whole file; the POSIX and object-store
+  // versions read only the range.
+  virtual absl::StatusOr<std::string> ReadFileRange(const std::string& path, uint64_t offset,
+                                                    uint64_t n);
   virtual bool Exists(const std::string& path) = 0;
   virtual bool IsDirectory(const std::string& path) = 0;
   // mkdir -p.
@@ -60,8 +65,9 @@ class FileSystem {
   // Publishes `contents` at `path` atomically: write "path.tmp", fsync,
   // rename over `path`, fsync the directory. Readers see the old file or
   // the whole new one, never a torn one. On failure the temp file is
-  // removed (best effort) and `path` is untouched.
-  absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
+  // removed (best effort) and `path` is untouched. An object store
+  // overrides it with one PUT, which is atomic there.
+  virtual absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
   // Removes `path` and everything under it; OK when it does not exist.
   absl::Status DeleteRecursively(const std::string& path);
 };

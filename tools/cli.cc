@@ -21,10 +21,13 @@
 #include "storage/checkpoint_export.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
+#include "storage/s3_file_system.h"
 #include "transport/rdma/rdma_device.h"
 
 namespace strata::tools {
 namespace {
+
+using Getenv = std::function<const char*(const char*)>;
 
 constexpr char kUsage[] =
     "usage: strata <command> [flags]\n"
@@ -41,6 +44,8 @@ constexpr char kUsage[] =
     "  checkpoint --master HOST:PORT [--stop] [--timeout SECONDS] [--json]\n"
     "           take a checkpoint now and wait for it (--stop: then stop the job)\n"
     "  checkpoint list --dir DIR [--json]     the checkpoints under a checkpoint root\n"
+    "           (list, export and verify take --config FILE for an s3:// DIR: its\n"
+    "           s3 section names the store; keys from its credentials_file or AWS_*)\n"
     "  checkpoint export --dir DIR --out DIR2 --precision bf16|fp16\n"
     "           an inference export: the parameters only, 16 bits each\n"
     "  checkpoint verify --dir DIR [--json]   read a checkpoint whole and check every\n"
@@ -362,13 +367,38 @@ int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& ou
   return 0;
 }
 
-int ListCheckpoints(const std::map<std::string, std::string>& f, std::ostream& out,
+// Local paths, and s3:// ones through the s3 section of --config. Null
+// (after saying why on `err`) when the config or the keys are bad.
+std::unique_ptr<storage::FileSystem> CheckpointFileSystem(const std::map<std::string, std::string>& f,
+                                                          const Getenv& getenv,
+                                                          const std::string& who,
+                                                          std::ostream& err) {
+  S3Section s3;
+  if (f.count("config")) {
+    auto config = LoadJobConfig(f.at("config"));
+    if (!config.ok()) {
+      err << who << ": " << config.status().message() << "\n";
+      return nullptr;
+    }
+    s3 = config->s3;
+  }
+  auto fs = storage::NewFileSystemForConfig(s3, getenv);
+  if (!fs.ok()) {
+    err << who << ": " << fs.status().message() << "\n";
+    return nullptr;
+  }
+  return std::move(*fs);
+}
+
+int ListCheckpoints(const std::map<std::string, std::string>& f, const Getenv& getenv,
+                    std::ostream& out,
                     std::ostream& err) {
   if (!f.count("dir")) {
     err << "strata checkpoint list: --dir DIR (the checkpoint root) is required\n";
     return 2;
   }
-  auto fs = storage::NewPosixFileSystem();
+  auto fs = CheckpointFileSystem(f, getenv, "strata checkpoint list", err);
+  if (fs == nullptr) return 2;
   auto all = storage::ListCheckpoints(fs.get(), f.at("dir"));
   if (!all.ok()) {
     err << "strata checkpoint list: " << all.status().message() << "\n";
@@ -405,13 +435,15 @@ int ListCheckpoints(const std::map<std::string, std::string>& f, std::ostream& o
   return 0;
 }
 
-int VerifyCheckpoint(const std::map<std::string, std::string>& f, std::ostream& out,
+int VerifyCheckpoint(const std::map<std::string, std::string>& f, const Getenv& getenv,
+                    std::ostream& out,
                      std::ostream& err) {
   if (!f.count("dir")) {
     err << "strata checkpoint verify: --dir DIR (a checkpoint directory) is required\n";
     return 2;
   }
-  auto fs = storage::NewPosixFileSystem();
+  auto fs = CheckpointFileSystem(f, getenv, "strata checkpoint verify", err);
+  if (fs == nullptr) return 2;
   std::string dir = f.at("dir");
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto m = storage::ReadManifest(fs.get(), dir);
@@ -488,7 +520,8 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, std::ostream& 
   return 0;
 }
 
-int ExportCheckpoint(const std::map<std::string, std::string>& f, std::ostream& out,
+int ExportCheckpoint(const std::map<std::string, std::string>& f, const Getenv& getenv,
+                    std::ostream& out,
                      std::ostream& err) {
   if (!f.count("dir") || !f.count("out") || !f.count("precision")) {
     err << "strata checkpoint export: --dir DIR --out DIR2 --precision bf16|fp16 are required\n";
@@ -499,7 +532,8 @@ int ExportCheckpoint(const std::map<std::string, std::string>& f, std::ostream& 
     err << "strata checkpoint export: " << precision.status().message() << "\n";
     return 2;
   }
-  auto fs = storage::NewPosixFileSystem();
+  auto fs = CheckpointFileSystem(f, getenv, "strata checkpoint export", err);
+  if (fs == nullptr) return 2;
   std::string dir = f.at("dir"), dst = f.at("out");
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
@@ -516,7 +550,8 @@ int ExportCheckpoint(const std::map<std::string, std::string>& f, std::ostream& 
 
 }  // namespace
 
-int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           const std::function<const char*(const char*)>& getenv) {
   if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
     (args.empty() ? err : out) << kUsage;
     return args.empty() ? 2 : 0;
@@ -536,9 +571,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "plan") return Plan(*flags, out, err);
   if (cmd == "doctor") return Doctor(*flags, out, err);
   if (cmd == "checkpoint") {
-    if (sub && args[1] == "list") return ListCheckpoints(*flags, out, err);
-    if (sub && args[1] == "verify") return VerifyCheckpoint(*flags, out, err);
-    if (sub && args[1] == "export") return ExportCheckpoint(*flags, out, err);
+    const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };
+    if (sub && args[1] == "list") return ListCheckpoints(*flags, env, out, err);
+    if (sub && args[1] == "verify") return VerifyCheckpoint(*flags, env, out, err);
+    if (sub && args[1] == "export") return ExportCheckpoint(*flags, env, out, err);
     return TakeCheckpoint(*flags, out, err);
   }
   err << "strata: unknown command '" << cmd << "'\n" << kUsage;

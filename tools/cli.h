@@ -2,6 +2,7 @@
 #ifndef STRATA_TOOLS_CLI_H_
 #define STRATA_TOOLS_CLI_H_
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -10,8 +11,11 @@ namespace strata::tools {
 
 // Runs `strata <args...>` (args excludes the program name), writing to
 // out/err. Returns the process exit code: 0 ok, 1 failure (job failed,
-// unreachable master), 2 usage or invalid input.
-int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+// unreachable master), 2 usage or invalid input. `getenv` (main passes
+// ::getenv) gives the object store's AWS_* keys when a config names no
+// credentials file; null means none.
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           const std::function<const char*(const char*)>& getenv = nullptr);
 
 }  // namespace strata::tools
 

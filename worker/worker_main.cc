@@ -11,6 +11,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "storage/file_system.h"
+#include "storage/s3_file_system.h"
 #include "transport/transport_config.h"
 #include "worker/worker.h"
 
@@ -34,7 +35,13 @@ int main(int argc, char** argv) {
     LOG(ERROR) << config.status().message();
     return 2;
   }
-  auto fs = strata::storage::NewPosixFileSystem();
+  std::string fs_note;
+  auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
+  if (!fs.ok()) {
+    LOG(ERROR) << "cannot start worker: " << fs.status().message();
+    return 2;
+  }
+  if (!fs_note.empty()) LOG(INFO) << fs_note;
   strata::worker::WorkerOptions opts;
   opts.config = *config;
   opts.master_address = FLAGS_master;
@@ -43,7 +50,7 @@ int main(int argc, char** argv) {
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port
                                          : config->cluster.ports.worker_http + FLAGS_index;
   opts.transport = strata::transport::TransportOptionsFor(config->cluster);
-  opts.fs = fs.get();
+  opts.fs = fs->get();
   opts.local_only = FLAGS_local;
   opts.cpu_threads = FLAGS_cpu_threads;
 

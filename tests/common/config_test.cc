@@ -218,7 +218,41 @@ TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
 TEST(ParseJobConfigTest, UnknownTopLevelKeyNamesKeyAndChoices) {
   ExpectError(ParseWithData("\noptimzer:\n  type: sgd\n"), "local.yaml:7:1: ",
               "unknown key 'optimzer' (expected one of: job, model, "
-              "optimizer, sparse, data, cluster, checkpoint, worker)");
+              "optimizer, sparse, data, cluster, checkpoint, worker, s3)");
+}
+
+TEST(ParseJobConfigTest, S3SectionNamesTheStoreAndIsCheckedByField) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig off, ParseWithData(""));
+  EXPECT_FALSE(off.s3.enabled);
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c, ParseWithData("checkpoint:\n  dir: s3://ckpt-bucket/job\n"
+                                 "s3:\n  endpoint: http://127.0.0.1:7480\n"
+                                 "  addressing: virtual\n  credentials_file: /etc/strata/s3.cred\n"
+                                 "  part_size_mb: 8\n  parallel_parts: 6\n  retries: 2\n"));
+  EXPECT_TRUE(c.s3.enabled);
+  EXPECT_EQ(c.s3.endpoint, "http://127.0.0.1:7480");
+  EXPECT_EQ(c.s3.addressing, "virtual");
+  EXPECT_EQ(c.s3.region, "us-east-1");
+  EXPECT_EQ(c.s3.credentials_file, "/etc/strata/s3.cred");
+  EXPECT_EQ(c.s3.part_size_mb, 8);
+  EXPECT_EQ(c.s3.parallel_parts, 6);
+  EXPECT_EQ(c.s3.retries, 2);
+  ExpectError(ParseWithData("s3:\n  endpoint: 127.0.0.1:7480\n"), "local.yaml:7:",
+              "s3.endpoint", "must start with http:// or https://");
+  ExpectError(ParseWithData("s3:\n  endpoint: http://h\n  part_size_mb: 4\n"), "local.yaml:8:",
+              "s3.part_size_mb");
+  ExpectError(ParseWithData("s3:\n  region: eu\n"), "local.yaml:6:",
+              "missing required key 's3.endpoint'");
+}
+
+TEST(ParseJobConfigTest, AnObjectStorePathWithoutTheS3SectionNamesTheKey) {
+  ExpectError(ParseWithData("checkpoint:\n  dir: s3://ckpt-bucket/job\n"), "local.yaml:7:",
+              "checkpoint.dir", "'s3://ckpt-bucket/job' is in an object store",
+              "add an s3 section");
+  ExpectError(ParseJobConfig("data:\n  train_images: s3://data-bucket/train.gz\n"
+                             "  train_labels: /d/l\n  test_images: /d/ti\n  test_labels: /d/tl\n",
+                             "x.yaml"),
+              "x.yaml:2:", "data.train_images");
 }
 
 TEST(ParseJobConfigTest, WorkerSectionChoosesTheDeviceAndIsCheckedByField) {

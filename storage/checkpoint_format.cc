@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 #include <set>
 #include <utility>
 
@@ -53,15 +54,20 @@ std::string Shuffle4(absl::string_view in) {
   return out;
 }
 
-std::string Unshuffle4(absl::string_view in) {
+// Undoes Shuffle4 into `out` (in.size() bytes).
+void Unshuffle4Into(absl::string_view in, char* out) {
   const size_t words = in.size() / 4;
-  std::string out(in.size(), '\0');
-  for (size_t k = 0; k < 4; ++k) {
-    const char* src = in.data() + k * words;
-    for (size_t i = 0; i < words; ++i) out[i * 4 + k] = src[i];
+  const char* s0 = in.data();
+  const char* s1 = s0 + words;
+  const char* s2 = s1 + words;
+  const char* s3 = s2 + words;
+  for (size_t i = 0; i < words; ++i) {
+    out[i * 4] = s0[i];
+    out[i * 4 + 1] = s1[i];
+    out[i * 4 + 2] = s2[i];
+    out[i * 4 + 3] = s3[i];
   }
-  std::memcpy(out.data() + words * 4, in.data() + words * 4, in.size() - words * 4);
-  return out;
+  std::memcpy(out + words * 4, in.data() + words * 4, in.size() - words * 4);
 }
 
 // FailedPrecondition naming `path` unless `version` is the one this build reads.
@@ -171,8 +177,18 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     return Corrupt(path, 0, "not a Strata checkpoint partition file (bad magic)");
   }
   STRATA_RETURN_IF_ERROR(CheckVersion(path, GetU32(data.data() + 8)));
-  std::map<BlockType, std::string> streams;
-  std::string scratch;
+  // Two passes: the blocks are checked and each stream's size summed, then
+  // every block is decoded straight into its stream, sized once (a growing
+  // string would copy a large stream several times over, and page-fault
+  // on each new buffer).
+  struct Block {
+    size_t pos;
+    BlockType type;
+    uint8_t codec, filter;
+    uint32_t raw_size, stored_size;
+  };
+  std::vector<Block> blocks;
+  std::map<BlockType, size_t> sizes;
   size_t pos = kFileHeaderBytes;
   for (int block = 0; pos < data.size(); ++block) {
     if (data.size() - pos < kBlockHeaderBytes) {
@@ -186,38 +202,53 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
       return Corrupt(path, pos, absl::StrCat("block ", block, ": ", stored_size,
                                              " bytes of payload, the file ends first (torn write)"));
     }
-    const absl::string_view stored(h + kBlockHeaderBytes, stored_size);
-    uint32_t crc = Crc32cExtend(0, h, 16);
-    crc = Crc32cExtend(crc, stored.data(), stored.size());
+    // With `expected`, the whole file's checksum matched already: a block's
+    // own would only read the same bytes again.
+    uint32_t crc = GetU32(h + 16);
+    if (expected == nullptr) {
+      crc = Crc32cExtend(0, h, 16);
+      crc = Crc32cExtend(crc, h + kBlockHeaderBytes, stored_size);
+    }
     if (crc != GetU32(h + 16)) {
       return Corrupt(path, pos, absl::StrFormat("block %d: checksum mismatch (stored 0x%08x, "
                                                 "computed 0x%08x)", block, GetU32(h + 16), crc));
     }
-    const auto type = static_cast<BlockType>(h[4]);
     const uint8_t codec = static_cast<uint8_t>(h[5]);
     const uint8_t filter = static_cast<uint8_t>(h[6]);
     if (h[4] < 1 || h[4] > kMaxBlockType || codec > kCodecZstd || filter > kFilterShuffle4 ||
         raw_size > kMaxBlockBytes) {
       return Corrupt(path, pos, absl::StrCat("block ", block, ": unknown type, codec or size"));
     }
-    std::string raw;
-    if (codec == kCodecZstd) {
-      raw.resize(raw_size);
-      const size_t n = ZSTD_decompress(raw.data(), raw.size(), stored.data(), stored.size());
-      if (ZSTD_isError(n) || n != raw_size) {
-        return Corrupt(path, pos, absl::StrCat("block ", block, ": zstd: ",
-                                               ZSTD_isError(n) ? ZSTD_getErrorName(n)
-                                                               : "wrong decompressed size"));
+    if (codec != kCodecZstd && stored_size != raw_size) {
+      return Corrupt(path, pos, absl::StrCat("block ", block, ": stored size differs"));
+    }
+    const auto type = static_cast<BlockType>(h[4]);
+    blocks.push_back(Block{pos, type, codec, filter, raw_size, stored_size});
+    sizes[type] += raw_size;
+    pos += kBlockHeaderBytes + stored_size;
+  }
+  std::map<BlockType, std::string> streams;
+  std::map<BlockType, size_t> filled;
+  for (const auto& [type, size] : sizes) streams[type].resize(size);
+  std::string scratch;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Block& b = blocks[i];
+    const char* stored = data.data() + b.pos + kBlockHeaderBytes;
+    char* dst = streams[b.type].data() + filled[b.type];
+    filled[b.type] += b.raw_size;
+    // A shuffled block is decoded into scratch, then unshuffled into place.
+    char* out = b.filter == kFilterShuffle4 ? (scratch.resize(b.raw_size), scratch.data()) : dst;
+    if (b.codec == kCodecZstd) {
+      const size_t n = ZSTD_decompress(out, b.raw_size, stored, b.stored_size);
+      if (ZSTD_isError(n) || n != b.raw_size) {
+        return Corrupt(path, b.pos, absl::StrCat("block ", i, ": zstd: ",
+                                                 ZSTD_isError(n) ? ZSTD_getErrorName(n)
+                                                                 : "wrong decompressed size"));
       }
     } else {
-      if (stored_size != raw_size) {
-        return Corrupt(path, pos, absl::StrCat("block ", block, ": stored size differs"));
-      }
-      raw.assign(stored.data(), stored.size());
+      std::memcpy(out, stored, b.raw_size);
     }
-    if (filter == kFilterShuffle4) raw = Unshuffle4(raw);
-    streams[type].append(raw);
-    pos += kBlockHeaderBytes + stored_size;
+    if (b.filter == kFilterShuffle4) Unshuffle4Into(absl::string_view(out, b.raw_size), dst);
   }
   if (streams.count(BlockType::kHeader) == 0) {
     return Corrupt(path, kFileHeaderBytes, "no partition header block");

@@ -31,6 +31,10 @@ struct S3Client::Request {
   std::vector<std::pair<std::string, std::string>> headers;  // besides the signed basics
   absl::string_view body;
   bool content_md5 = false;  // send Content-MD5 of the body
+  // A successful answer's body goes here (exactly `into_size` bytes
+  // expected) instead of into Response::body.
+  char* into = nullptr;
+  size_t into_size = 0;
 };
 
 struct S3Client::Response {
@@ -119,9 +123,31 @@ std::string XmlEscape(absl::string_view s) {
   return out;
 }
 
+// Where a response body goes: a 2xx body into the caller's buffer when it
+// gave one, anything else (an error's XML) into the string.
+struct BodySink {
+  CURL* curl = nullptr;
+  std::string* body = nullptr;
+  char* into = nullptr;
+  size_t cap = 0;
+  size_t got = 0;
+};
+
 size_t OnBody(char* data, size_t size, size_t n, void* user) {
-  static_cast<std::string*>(user)->append(data, size * n);
-  return size * n;
+  auto* sink = static_cast<BodySink*>(user);
+  const size_t bytes = size * n;
+  if (sink->into != nullptr) {
+    long code = 0;
+    curl_easy_getinfo(sink->curl, CURLINFO_RESPONSE_CODE, &code);
+    if (code >= 200 && code < 300) {
+      if (sink->got + bytes > sink->cap) return 0;  // more than asked for: abort
+      std::memcpy(sink->into + sink->got, data, bytes);
+      sink->got += bytes;
+      return bytes;
+    }
+  }
+  sink->body->append(data, bytes);
+  return bytes;
 }
 
 size_t OnHeader(char* data, size_t size, size_t n, void* user) {
@@ -359,8 +385,13 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                    static_cast<long>(std::max(1, options_.stall_timeout_ms / 1000)));
+  BodySink sink;
+  sink.curl = curl;
+  sink.body = &resp.body;
+  sink.into = r.into;
+  sink.cap = r.into_size;
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &resp.body);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &resp.etag);
   if (r.method == "HEAD") {
@@ -389,6 +420,10 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
   }
   if (rc != CURLE_OK) {
     return absl::UnavailableError(absl::StrCat(curl_easy_strerror(rc)));
+  }
+  if (r.into != nullptr && resp.status >= 200 && resp.status < 300 && sink.got != r.into_size) {
+    return absl::UnavailableError(
+        absl::StrCat("the body ended after ", sink.got, " of ", r.into_size, " bytes"));
   }
   return resp;
 }
@@ -475,6 +510,18 @@ absl::StatusOr<std::string> S3Client::GetObject(const std::string& bucket,
     }
   }
   return std::move(resp->body);
+}
+
+absl::Status S3Client::GetObjectInto(const std::string& bucket, const std::string& key,
+                                     uint64_t offset, uint64_t length, char* dst) {
+  if (length == 0) return absl::OkStatus();
+  Request r;
+  r.bucket = bucket;
+  r.key = key;
+  r.headers.emplace_back("range", absl::StrCat("bytes=", offset, "-", offset + length - 1));
+  r.into = dst;
+  r.into_size = length;
+  return Call("GetObject", r).status();
 }
 
 absl::StatusOr<uint64_t> S3Client::HeadObject(const std::string& bucket, const std::string& key) {

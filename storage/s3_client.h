@@ -96,6 +96,11 @@ class S3Client {
   // `length` < 0 reads to the end. A range past the end is OutOfRange.
   absl::StatusOr<std::string> GetObject(const std::string& bucket, const std::string& key,
                                         uint64_t offset = 0, int64_t length = -1);
+  // Exactly `length` bytes at `offset` into `dst`, with no copy in between
+  // (a large read's ranges land in place). A short object is Unavailable
+  // (retried), a range past the end OutOfRange.
+  absl::Status GetObjectInto(const std::string& bucket, const std::string& key,
+                             uint64_t offset, uint64_t length, char* dst);
   // The object's size.
   absl::StatusOr<uint64_t> HeadObject(const std::string& bucket, const std::string& key);
   // All keys under `prefix` (every page); with a delimiter, keys past the

@@ -152,13 +152,12 @@ class S3FileSystem : public FileSystem {
     std::string bucket, key;
     STRATA_RETURN_IF_ERROR(ParseObject(path, &bucket, &key));
     STRATA_ASSIGN_OR_RETURN(uint64_t size, client_->HeadObject(bucket, key));
+    std::string out(size, '\0');
     if (size <= part_bytes_) {
-      STRATA_ASSIGN_OR_RETURN(std::string bytes, client_->GetObject(bucket, key));
-      if (bytes.size() != size) return Changed(path, size, bytes.size());
-      return bytes;
+      STRATA_RETURN_IF_ERROR(client_->GetObjectInto(bucket, key, 0, size, out.data()));
+      return out;
     }
     // Ranged GETs, `parallel_` at a time, straight into the result.
-    std::string out(size, '\0');
     const uint64_t ranges = (size + part_bytes_ - 1) / part_bytes_;
     std::atomic<uint64_t> next{0};
     std::vector<absl::Status> errors(ranges);
@@ -166,15 +165,7 @@ class S3FileSystem : public FileSystem {
       for (uint64_t i = next++; i < ranges; i = next++) {
         const uint64_t off = i * part_bytes_;
         const uint64_t n = std::min(part_bytes_, size - off);
-        absl::StatusOr<std::string> bytes =
-            client_->GetObject(bucket, key, off, static_cast<int64_t>(n));
-        if (!bytes.ok()) {
-          errors[i] = bytes.status();
-        } else if (bytes->size() != n) {
-          errors[i] = Changed(path, size, off + bytes->size());
-        } else {
-          std::memcpy(out.data() + off, bytes->data(), n);
-        }
+        errors[i] = client_->GetObjectInto(bucket, key, off, n, out.data() + off);
       }
     };
     std::vector<std::thread> threads;
@@ -306,11 +297,6 @@ class S3FileSystem : public FileSystem {
       return absl::InvalidArgumentError(absl::StrCat(path, ": names a bucket, not an object"));
     }
     return absl::OkStatus();
-  }
-
-  static absl::Status Changed(const std::string& path, uint64_t size, uint64_t got) {
-    return absl::DataLossError(absl::StrCat("read ", path, ": the object changed while read (",
-                                            size, " bytes, then ", got, ")"));
   }
 
   const std::unique_ptr<S3Client> client_;

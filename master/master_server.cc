@@ -125,14 +125,23 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(options.fs, data.train));
     if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
   } else {
-    // The training-set size comes from the labels file (small).
-    STRATA_ASSIGN_OR_RETURN(storage::IdxArray labels,
-                            storage::ReadIdxFile(options.fs, data.train_labels));
-    if (labels.dims.size() != 1 || labels.dims[0] == 0) {
+    // The training-set size from the files' headers and sizes: nothing is
+    // read whole here (the data may be on a shared file system or in an
+    // object store; the workers read it).
+    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> labels,
+                            storage::ReadIdxShape(options.fs, data.train_labels));
+    if (labels.size() != 1 || labels[0] == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(data.train_labels, ": expected a non-empty 1-d label file"));
     }
-    n = labels.dims[0];
+    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> images,
+                            storage::ReadIdxShape(options.fs, data.train_images));
+    if (images.empty() || images[0] != labels[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          data.train_images, " has ", images.empty() ? 0 : images[0], " examples but ",
+          data.train_labels, " has ", labels[0], " labels"));
+    }
+    n = labels[0];
   }
   if (data.train_limit > 0) n = std::min<int64_t>(n, data.train_limit);
   Planted planted;

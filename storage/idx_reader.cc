@@ -234,4 +234,77 @@ absl::StatusOr<LabeledDataset> LoadIdxDataset(FileSystem* fs,
   return dataset;
 }
 
+absl::StatusOr<std::vector<uint32_t>> ReadIdxShape(FileSystem* fs, const std::string& path) {
+  constexpr size_t kHead = 64 << 10;
+  STRATA_ASSIGN_OR_RETURN(const uint64_t size, fs->FileSize(path));
+  STRATA_ASSIGN_OR_RETURN(std::string head, fs->ReadFileRange(path, 0, kHead));
+  const bool gzipped = StartsWithGzipMagic(head);
+  std::string raw_head = head;
+  if (gzipped) {
+    // Inflate only as far as the header (4 + 4 * kMaxDims bytes).
+    GzipInflater inflater;
+    if (int rc = inflater.Init(); rc != Z_OK) {
+      return absl::InternalError(absl::StrCat("gunzip ", path, ": inflateInit2 failed (", rc, ")"));
+    }
+    z_stream* zs = inflater.stream();
+    char buf[4 + 4 * kMaxDims];
+    zs->next_in = reinterpret_cast<Bytef*>(head.data());
+    zs->avail_in = static_cast<uInt>(head.size());
+    zs->next_out = reinterpret_cast<Bytef*>(buf);
+    zs->avail_out = sizeof(buf);
+    while (zs->avail_out > 0) {
+      const int rc = inflate(zs, Z_NO_FLUSH);
+      if (rc == Z_STREAM_END) break;
+      if (rc != Z_OK) {
+        return absl::DataLossError(absl::StrCat("gunzip ", path, ": corrupt (",
+                                                zs->msg ? zs->msg : "inflate failed", ")"));
+      }
+      if (zs->avail_in == 0) break;
+    }
+    raw_head.assign(buf, sizeof(buf) - zs->avail_out);
+  }
+  // The header alone, as a file of no data: ParseIdx checks it, and the
+  // size is checked here against the real file's.
+  if (raw_head.size() < 4) {
+    return absl::DataLossError(absl::StrCat("idx ", path, ": too short for the header"));
+  }
+  const size_t header = 4 + 4 * static_cast<size_t>(static_cast<unsigned char>(raw_head[3]));
+  std::vector<uint32_t> dims;
+  uint64_t data = 1;
+  if (raw_head.size() >= header && static_cast<unsigned char>(raw_head[3]) <= kMaxDims) {
+    for (size_t i = 4; i + 4 <= header; i += 4) {
+      const uint32_t d = ReadBigEndian32(raw_head, i);
+      dims.push_back(d);
+      data *= d;
+    }
+  }
+  // Let ParseIdx judge the header (magic, type, dimensions) and name what
+  // is wrong: it sees the header with its data replaced by nothing.
+  std::string probe = raw_head.substr(0, std::min(raw_head.size(), header));
+  if (absl::StatusOr<IdxArray> a = ParseIdx(probe, path); !a.ok() && !absl::IsDataLoss(a.status())) {
+    return a.status();
+  }
+  if (dims.empty()) {
+    return absl::DataLossError(absl::StrCat("idx ", path, ": too short for its header"));
+  }
+  const uint64_t want = header + data;
+  if (!gzipped) {
+    if (size != want) {
+      return absl::DataLossError(absl::StrCat("idx ", path, ": ", size, " bytes, its header (",
+                                              header, " bytes) says ", want, " (truncated?)"));
+    }
+    return dims;
+  }
+  // gzip's trailer: the uncompressed size mod 2^32, of the last member.
+  if (size < 18) return absl::DataLossError(absl::StrCat("gunzip ", path, ": truncated"));
+  STRATA_ASSIGN_OR_RETURN(std::string tail, fs->ReadFileRange(path, size - 4, 4));
+  if (tail.size() != 4) return absl::DataLossError(absl::StrCat("gunzip ", path, ": truncated"));
+  uint32_t isize = 0;
+  for (int i = 3; i >= 0; --i) isize = (isize << 8) | static_cast<unsigned char>(tail[i]);
+  if (isize == static_cast<uint32_t>(want)) return dims;
+  // Several members, or truncated: only the whole file can tell.
+  STRATA_ASSIGN_OR_RETURN(IdxArray all, ReadIdxFile(fs, path));
+  return all.dims;
+}
+
 }  // namespace strata::storage

@@ -31,6 +31,14 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes,
                                   const std::string& name);
 absl::StatusOr<IdxArray> ReadIdxFile(FileSystem* fs, const std::string& path);
 
+// The dimensions of an IDX file from its header and its size, without
+// reading it whole (the master sizes the data tasks with it, also on a
+// shared file system or an object store): the first bytes (inflated when
+// gzipped) and, for gzip, the trailer's uncompressed size. DataLoss naming
+// the file when its size does not fit its header (truncated); the errors
+// of ParseIdx otherwise. A gzip file of several members is read whole.
+absl::StatusOr<std::vector<uint32_t>> ReadIdxShape(FileSystem* fs, const std::string& path);
+
 // Images as float features scaled to [0, 1], labels as int32.
 struct LabeledDataset {
   int64_t num_examples = 0;

@@ -42,6 +42,16 @@ std::string IdxLabels(uint32_t n) {
   return s;
 }
 
+// IDX image file of n 2x2 images.
+std::string IdxImages(uint32_t n) {
+  std::string s = {0, 0, 8, 3};
+  for (uint32_t d : {n, 2u, 2u}) {
+    for (int shift = 24; shift >= 0; shift -= 8) s += static_cast<char>(d >> shift);
+  }
+  s += std::string(n * 4, '\1');
+  return s;
+}
+
 // A pserver admin service that accepts every assignment and records it,
 // and answers status probes (unless told not to). Thread-safe (gRPC
 // threads call it).
@@ -79,6 +89,7 @@ class MasterServerTest : public ::testing::Test {
     fs_ = storage::NewMemoryFileSystem();
     // 10 training records, tasks of 4: [0,4) [4,8) [8,10) -> 3 tasks.
     ASSERT_THAT(fs_->WriteFileAtomic(kLabels, IdxLabels(10)), IsOk());
+    ASSERT_THAT(fs_->WriteFileAtomic("/data/train-images", IdxImages(10)), IsOk());
 
     grpc::ServerBuilder builder;
     int port = 0;
@@ -203,6 +214,20 @@ TEST_F(MasterServerTest, CreateRequiresFileSystemAndLabels) {
   no_workers.expected_workers = 0;
   EXPECT_THAT(MasterServer::Create(no_workers),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(MasterServerTest, ImagesAndLabelsOfDifferentCountsAreNamedAtStart) {
+  ASSERT_THAT(fs_->WriteFileAtomic("/data/train-images", IdxImages(9)), IsOk());
+  EXPECT_THAT(MasterServer::Create(options_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/data/train-images has 9 examples"),
+                             HasSubstr("has 10 labels"))));
+  // Truncated: its size does not fit its header.
+  std::string cut = IdxImages(10);
+  cut.pop_back();
+  ASSERT_THAT(fs_->WriteFileAtomic("/data/train-images", cut), IsOk());
+  EXPECT_THAT(MasterServer::Create(options_),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("/data/train-images")));
 }
 
 TEST_F(MasterServerTest, TasksComeFromTheLabelCountAndTrainLimit) {

@@ -293,3 +293,47 @@ TEST(FashionMnistTest, LoadsTheRealTestSet) {
 
 }  // namespace
 }  // namespace strata::storage
+
+namespace strata::storage {
+namespace {
+
+// An IDX file of `n` 2x3 images, gzipped when asked.
+std::string IdxImages(uint32_t n, bool gz) {
+  std::string b = {0, 0, 8, 3};
+  for (uint32_t d : {n, 2u, 3u}) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<char>((d >> s) & 0xff));
+  }
+  for (uint32_t i = 0; i < n * 6; ++i) b.push_back(static_cast<char>(i));
+  return gz ? ::strata::testing::Gzip(b) : b;
+}
+
+TEST(ReadIdxShapeTest, HeaderAndSizeWithoutReadingTheWholeFile) {
+  auto fs = NewMemoryFileSystem();
+  ASSERT_TRUE(fs->WriteFileAtomic("/d/plain", IdxImages(1000, false)).ok());
+  ASSERT_TRUE(fs->WriteFileAtomic("/d/gz", IdxImages(1000, true)).ok());
+  for (const char* path : {"/d/plain", "/d/gz"}) {
+    auto dims = ReadIdxShape(fs.get(), path);
+    ASSERT_TRUE(dims.ok()) << dims.status();
+    EXPECT_EQ(*dims, (std::vector<uint32_t>{1000, 2, 3})) << path;
+  }
+}
+
+TEST(ReadIdxShapeTest, TruncatedOrMissingFilesAreNamed) {
+  auto fs = NewMemoryFileSystem();
+  std::string plain = IdxImages(10, false);
+  ASSERT_TRUE(fs->WriteFileAtomic("/d/cut", plain.substr(0, plain.size() - 1)).ok());
+  auto cut = ReadIdxShape(fs.get(), "/d/cut");
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(cut.status().message().find("/d/cut"), std::string::npos) << cut.status();
+  std::string gz = IdxImages(10, true);
+  ASSERT_TRUE(fs->WriteFileAtomic("/d/cutgz", gz.substr(0, gz.size() - 6)).ok());
+  EXPECT_FALSE(ReadIdxShape(fs.get(), "/d/cutgz").ok());
+  auto missing = ReadIdxShape(fs.get(), "/d/none");
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/d/none"), std::string::npos) << missing.status();
+  ASSERT_TRUE(fs->WriteFileAtomic("/d/bad", "\x01\x02\x08\x01xxxx").ok());
+  EXPECT_EQ(ReadIdxShape(fs.get(), "/d/bad").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::storage

@@ -4,7 +4,9 @@
 // JSON object; bench/s3_bench.sh runs it beside s3cmd on the same bytes.
 //
 //   strata-s3-bench --config C --root s3://bucket/prefix --files 4 --mb 64
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -22,6 +24,8 @@ DEFINE_string(config, "", "a job config whose s3 section names the store");
 DEFINE_string(root, "", "where the files go: s3://bucket/prefix (or a local directory)");
 DEFINE_int32(files, 4, "partition files, written one after another (as one pserver does)");
 DEFINE_int32(mb, 64, "MB of float values per file");
+DEFINE_int32(read_files, 4,
+             "files read at once, as a pserver restores its partitions (pserver.cc: 4)");
 DEFINE_int32(zstd, 0, "zstd level of the blocks (0: stored; random floats do not compress)");
 
 namespace {
@@ -86,11 +90,21 @@ int main(int argc, char** argv) {
   }
   const double write_s = Seconds(start);
   start = std::chrono::steady_clock::now();
-  for (const auto& f : files) {
-    auto streams = strata::storage::ReadBlockFile(fs->get(), f.path(), &f);
-    if (!streams.ok()) {
-      std::fprintf(stderr, "strata-s3-bench: read %s: %s\n", f.path().c_str(),
-                   std::string(streams.status().message()).c_str());
+  std::vector<absl::Status> read(files.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < files.size(); i = next++) {
+      read[i] = strata::storage::ReadBlockFile(fs->get(), files[i].path(), &files[i]).status();
+    }
+  };
+  std::vector<std::thread> readers;
+  for (int t = 1; t < FLAGS_read_files; ++t) readers.emplace_back(work);
+  work();
+  for (std::thread& t : readers) t.join();
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!read[i].ok()) {
+      std::fprintf(stderr, "strata-s3-bench: read %s: %s\n", files[i].path().c_str(),
+                   std::string(read[i].message()).c_str());
       return 1;
     }
   }
@@ -98,8 +112,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"files\": %d, \"bytes\": %llu, \"write_seconds\": %.3f, \"read_seconds\": %.3f, "
       "\"write_mb_per_s\": %.1f, \"read_mb_per_s\": %.1f, \"part_size_mb\": %d, "
-      "\"parallel_parts\": %d}\n",
+      "\"parallel_parts\": %d, \"read_files\": %d}\n",
       FLAGS_files, static_cast<unsigned long long>(bytes), write_s, read_s, bytes / 1e6 / write_s,
-      bytes / 1e6 / read_s, config->s3.part_size_mb, config->s3.parallel_parts);
+      bytes / 1e6 / read_s, config->s3.part_size_mb, config->s3.parallel_parts, FLAGS_read_files);
   return 0;
 }

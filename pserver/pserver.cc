@@ -1,6 +1,7 @@
 #include "pserver/pserver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <set>
 #include <thread>
 
@@ -225,6 +226,10 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   // New partitions are built (and restored) without mu_, so serving and
   // heartbeats go on, then installed together: all or none.
   std::map<uint32_t, std::unique_ptr<Partition>> created;
+  // Partitions to load from the checkpoint, loaded after the loop a few at
+  // a time: one partition's file arrives while another's is decoded (an
+  // object store answers several requests at once).
+  std::vector<std::pair<const proto::CheckpointPartition*, Partition*>> to_load;
   for (const proto::PartitionInfo* pi : to_create) {
     const proto::PartitionInfo& p = *pi;
     if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
@@ -262,10 +267,25 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
             "checkpoint ", restore->seq(), " under ", checkpoint_root, " has no partition ",
             p.id(), " of table ", t.name(), " at [", p.offset(), ", +", p.length(), ")"));
       }
-      STRATA_RETURN_IF_ERROR(LoadPartition(options_.fs, checkpoint_root, *it->second,
-                                           restore->seq(), part.get()));
+      to_load.emplace_back(it->second, part.get());
     }
     created[p.id()] = std::move(part);
+  }
+  if (!to_load.empty()) {
+    constexpr size_t kParallelLoads = 4;
+    std::vector<absl::Status> loaded(to_load.size());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i = next++; i < to_load.size(); i = next++) {
+        loaded[i] = LoadPartition(options_.fs, checkpoint_root, *to_load[i].first,
+                                  restore->seq(), to_load[i].second);
+      }
+    };
+    std::vector<std::thread> loaders;
+    for (size_t t = 1; t < std::min(kParallelLoads, to_load.size()); ++t) loaders.emplace_back(work);
+    work();
+    for (std::thread& t : loaders) t.join();
+    for (const absl::Status& s : loaded) STRATA_RETURN_IF_ERROR(s);
   }
   std::vector<Partition*> all;
   std::vector<std::pair<Partition*, std::vector<uint32_t>>> primaries;

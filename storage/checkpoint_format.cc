@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "common/crc32c.h"
+#include "common/huge_pages.h"
 #include "common/status_macros.h"
 
 namespace strata::storage {
@@ -229,7 +230,7 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
   }
   std::map<BlockType, std::string> streams;
   std::map<BlockType, size_t> filled;
-  for (const auto& [type, size] : sizes) streams[type].resize(size);
+  for (const auto& [type, size] : sizes) ResizeLargeString(&streams[type], size);
   std::string scratch;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Block& b = blocks[i];

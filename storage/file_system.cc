@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/huge_pages.h"
 #include "common/status_macros.h"
 
 namespace strata::storage {
@@ -144,7 +145,10 @@ class PosixFileSystem : public FileSystem {
         close(fd);
         return PosixError("read", path, EISDIR);
       }
-      if (st.st_size > 0) contents.reserve(static_cast<size_t>(st.st_size));
+      if (st.st_size > 0) {
+        contents.reserve(static_cast<size_t>(st.st_size));
+        AdviseHugePages(contents.data(), contents.capacity());
+      }
     }
     char buf[1 << 16];
     while (true) {

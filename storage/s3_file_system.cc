@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/huge_pages.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -152,7 +153,8 @@ class S3FileSystem : public FileSystem {
     std::string bucket, key;
     STRATA_RETURN_IF_ERROR(ParseObject(path, &bucket, &key));
     STRATA_ASSIGN_OR_RETURN(uint64_t size, client_->HeadObject(bucket, key));
-    std::string out(size, '\0');
+    std::string out;
+    ResizeLargeString(&out, size);
     if (size <= part_bytes_) {
       STRATA_RETURN_IF_ERROR(client_->GetObjectInto(bucket, key, 0, size, out.data()));
       return out;

@@ -186,6 +186,7 @@ JobConfig BenchConfig(uint64_t bytes, const std::string& optimizer, int64_t slic
   config.optimizer.type = optimizer;
   config.optimizer.learning_rate = 1e-12;
   config.data.train_labels = "/labels";
+  config.data.train_images = "/images";
   config.cluster.slice_bytes = slice_bytes;
   config.cluster.heartbeat_interval_ms = 1000;
   config.cluster.dead_timeout_ms = 3600 * 1000;
@@ -204,9 +205,13 @@ std::function<absl::StatusOr<proto::ClusterView>()> ViewFetcher(proto::Master::S
   };
 }
 
-// The master reads the training-set size from a labels file: one record.
+// The master reads the training-set size from the labels and images files'
+// headers: one record (a 1x1 image).
 absl::Status WriteBenchLabels(storage::FileSystem* fs) {
-  return fs->WriteFileAtomic("/labels", std::string("\0\0\x08\x01\0\0\0\x01\x00", 9));
+  STRATA_RETURN_IF_ERROR(
+      fs->WriteFileAtomic("/labels", std::string("\0\0\x08\x01\0\0\0\x01\x00", 9)));
+  return fs->WriteFileAtomic(
+      "/images", std::string("\0\0\x08\x03\0\0\0\x01\0\0\0\x01\0\0\0\x01\x00", 17));
 }
 
 // Clients registered with the master as workers (so the view becomes

@@ -676,8 +676,8 @@ std::vector<ConfigReader::Field> ConfigReader::S3Fields(S3Section* s) {
       String("credentials_file", &s->credentials_file, NonEmpty()),
       Int("part_size_mb", &s->part_size_mb, IntInRange(5, 5120)),
       Int("parallel_parts", &s->parallel_parts, IntInRange(1, 64)),
-      Int("connect_timeout_ms", &s->connect_timeout_ms, IntAtLeast(1)),
-      Int("timeout_seconds", &s->timeout_seconds, IntAtLeast(1)),
+      Int("connect_timeout_ms", &s->connect_timeout_ms, IntInRange(1, 3600000)),
+      Int("timeout_seconds", &s->timeout_seconds, IntInRange(1, 86400)),
       Int("retries", &s->retries, IntInRange(0, 20)),
   };
 }

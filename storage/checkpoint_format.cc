@@ -314,13 +314,25 @@ absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std
 absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(FileSystem* fs,
                                                              const std::string& root) {
   std::vector<CheckpointEntry> out;
-  if (!fs->Exists(root)) return out;
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> names, fs->ListDir(root));
-  for (const std::string& name : names) {
+  // Only "not there" means no checkpoints: any other error (an object
+  // store answering 503, a key refused) is returned, never taken for an
+  // empty root, or a resumed job would start afresh and write over the
+  // checkpoints it could not see.
+  absl::StatusOr<std::vector<std::string>> names = fs->ListDir(root);
+  if (absl::IsNotFound(names.status())) return out;
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
     const uint64_t seq = CheckpointSeqOfName(name);
+    if (seq == 0) continue;
     const std::string dir = JoinPath(root, name);
-    if (seq == 0 || !fs->IsDirectory(dir)) continue;
-    out.push_back({seq, dir, fs->Exists(JoinPath(dir, kManifestName))});
+    absl::StatusOr<uint64_t> manifest = fs->FileSize(JoinPath(dir, kManifestName));
+    if (manifest.ok()) {
+      out.push_back({seq, dir, true});
+      continue;
+    }
+    if (!fs->IsDirectory(dir)) continue;  // a stray file of that name
+    if (!absl::IsNotFound(manifest.status())) return manifest.status();
+    out.push_back({seq, dir, false});
   }
   std::sort(out.begin(), out.end(),
             [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.seq < b.seq; });

@@ -7,6 +7,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -237,8 +238,10 @@ absl::StatusOr<LabeledDataset> LoadIdxDataset(FileSystem* fs,
 absl::StatusOr<std::vector<uint32_t>> ReadIdxShape(FileSystem* fs, const std::string& path) {
   constexpr size_t kHead = 64 << 10;
   STRATA_ASSIGN_OR_RETURN(const uint64_t size, fs->FileSize(path));
-  STRATA_ASSIGN_OR_RETURN(std::string head, fs->ReadFileRange(path, 0, kHead));
-  const bool gzipped = StartsWithGzipMagic(head);
+  absl::StatusOr<std::string> first = fs->ReadFileRange(path, 0, kHead);
+  if (!first.ok()) return first.status();
+  const std::string& head = *first;
+  const bool gzipped = absl::StartsWith(head, "\x1f\x8b");
   std::string raw_head = head;
   if (gzipped) {
     // Inflate only as far as the header (4 + 4 * kMaxDims bytes).
@@ -248,7 +251,7 @@ absl::StatusOr<std::vector<uint32_t>> ReadIdxShape(FileSystem* fs, const std::st
     }
     z_stream* zs = inflater.stream();
     char buf[4 + 4 * kMaxDims];
-    zs->next_in = reinterpret_cast<Bytef*>(head.data());
+    zs->next_in = reinterpret_cast<Bytef*>(const_cast<char*>(head.data()));
     zs->avail_in = static_cast<uInt>(head.size());
     zs->next_out = reinterpret_cast<Bytef*>(buf);
     zs->avail_out = sizeof(buf);
@@ -262,6 +265,15 @@ absl::StatusOr<std::vector<uint32_t>> ReadIdxShape(FileSystem* fs, const std::st
       if (zs->avail_in == 0) break;
     }
     raw_head.assign(buf, sizeof(buf) - zs->avail_out);
+    const size_t need = raw_head.size() >= 4
+                            ? 4 + 4 * static_cast<size_t>(static_cast<unsigned char>(raw_head[3]))
+                            : 4;
+    if (raw_head.size() < need && raw_head.size() < sizeof(buf)) {
+      // The first gzip member ends before the header does (several
+      // members), or its header fills the bytes read: read it whole.
+      STRATA_ASSIGN_OR_RETURN(IdxArray all, ReadIdxFile(fs, path));
+      return all.dims;
+    }
   }
   // The header alone, as a file of no data: ParseIdx checks it, and the
   // size is checked here against the real file's.

@@ -35,6 +35,7 @@ struct S3Client::Request {
   // expected) instead of into Response::body.
   char* into = nullptr;
   size_t into_size = 0;
+  uint64_t into_offset = 0;  // the range's first byte
 };
 
 struct S3Client::Response {
@@ -164,8 +165,9 @@ std::string AmzDate(absl::Time now) {
 }
 
 bool Retryable(long http, const std::string& code) {
+  // BadDigest: the body was damaged on the way (its Content-MD5 differs).
   return http == 500 || http == 502 || http == 503 || http == 504 || http == 429 ||
-         (http == 400 && code == "RequestTimeout");
+         (http == 400 && (code == "RequestTimeout" || code == "BadDigest"));
 }
 
 absl::Status HttpError(long http, const std::string& what, const std::string& body) {
@@ -381,6 +383,8 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  // The path is sent as signed: "/./" or "/../" in a key must not be folded.
+  curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout_ms));
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
@@ -399,7 +403,7 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
   } else if (r.method != "GET") {
     curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, r.method.c_str());
     if (r.method == "PUT" || r.method == "POST") {
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDS, r.body.data());
+      curl_easy_setopt(curl, CURLOPT_POSTFIELDS, r.body.empty() ? "" : r.body.data());
       curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
     }
   }
@@ -416,10 +420,14 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
     absl::MutexLock lock(&mu_);
     ++counters_.requests;
     counters_.bytes_sent += r.body.size();
-    counters_.bytes_received += resp.body.size();
+    counters_.bytes_received += resp.body.size() + sink.got;
   }
   if (rc != CURLE_OK) {
     return absl::UnavailableError(absl::StrCat(curl_easy_strerror(rc)));
+  }
+  if (r.into != nullptr && resp.status == 200 && r.into_offset > 0) {
+    // A ranged GET answered with the whole object: the range was ignored.
+    return absl::DataLossError("the store ignored the Range header (200, not 206)");
   }
   if (r.into != nullptr && resp.status >= 200 && resp.status < 300 && sink.got != r.into_size) {
     return absl::UnavailableError(
@@ -450,6 +458,10 @@ absl::StatusOr<S3Client::Response> S3Client::Call(absl::string_view op, Request&
     absl::Status injected =
         options_.fault_for_testing ? options_.fault_for_testing(op, attempt) : absl::OkStatus();
     absl::StatusOr<Response> resp = injected.ok() ? Once(r) : absl::StatusOr<Response>(injected);
+    if (resp.ok() && options_.lose_answer_for_testing &&
+        options_.lose_answer_for_testing(op, attempt)) {
+      resp = absl::UnavailableError("injected: the answer was lost");
+    }
     if (!resp.ok()) {
       last = absl::UnavailableError(absl::StrCat(what, ": ", resp.status().message()));
       continue;
@@ -521,6 +533,7 @@ absl::Status S3Client::GetObjectInto(const std::string& bucket, const std::strin
   r.headers.emplace_back("range", absl::StrCat("bytes=", offset, "-", offset + length - 1));
   r.into = dst;
   r.into_size = length;
+  r.into_offset = offset;
   return Call("GetObject", r).status();
 }
 

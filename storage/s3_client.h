@@ -58,6 +58,9 @@ struct S3ClientOptions {
   // "UploadPart", ...) and the attempt number (0 first); a non-OK status
   // makes that attempt fail as a connection error would.
   std::function<absl::Status(absl::string_view op, int attempt)> fault_for_testing;
+  // Tests only: true makes that attempt's request go through but its
+  // answer be lost (a connection dropped after the store acted).
+  std::function<bool(absl::string_view op, int attempt)> lose_answer_for_testing;
 };
 
 struct S3ObjectInfo {

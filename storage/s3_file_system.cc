@@ -38,11 +38,17 @@ class S3WritableFile : public WritableFile {
   absl::Status Append(absl::string_view data) override {
     if (closed_) return absl::FailedPreconditionError(absl::StrCat("write ", Url(), ": file is closed"));
     if (!error_.ok()) return error_;
-    buffer_.append(data.data(), data.size());
-    while (buffer_.size() >= part_bytes_ && error_.ok()) {
-      std::string part = buffer_.substr(0, part_bytes_);
-      buffer_.erase(0, part_bytes_);
-      StartPart(std::move(part));
+    bytes_ += data.size();
+    // Parts are cut from `data` as it comes: a large append is copied once.
+    while (!data.empty() && error_.ok()) {
+      const size_t take = std::min<size_t>(part_bytes_ - buffer_.size(), data.size());
+      buffer_.append(data.data(), take);
+      data.remove_prefix(take);
+      if (buffer_.size() == part_bytes_) {
+        std::string part;
+        part.swap(buffer_);
+        StartPart(std::move(part));
+      }
     }
     return error_;
   }
@@ -64,6 +70,15 @@ class S3WritableFile : public WritableFile {
     JoinAll();
     if (error_.ok()) {
       error_ = client_->CompleteMultipartUpload(bucket_, key_, upload_id_, etags_);
+      if (absl::IsNotFound(error_)) {
+        // NoSuchUpload after a retry: the first attempt completed and its
+        // answer was lost. The object says whether it is there, whole.
+        absl::StatusOr<uint64_t> size = client_->HeadObject(bucket_, key_);
+        if (size.ok() && *size == bytes_) {
+          error_ = absl::OkStatus();
+          upload_id_.clear();
+        }
+      }
     }
     if (!error_.ok()) AbortUpload();
     return error_;
@@ -136,6 +151,7 @@ class S3WritableFile : public WritableFile {
   const uint64_t part_bytes_;
   const int parallel_;
   std::string buffer_;
+  uint64_t bytes_ = 0;  // appended so far
   std::string upload_id_;
   std::vector<std::string> etags_;  // by part number - 1
   std::deque<std::unique_ptr<Part>> in_flight_;

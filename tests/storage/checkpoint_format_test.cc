@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint.pb.h"
+#include "storage/faulty_file_system.h"
 #include "storage/file_system.h"
 #include "tests/testing/status_matchers.h"
 
@@ -579,6 +580,25 @@ TEST(ListCheckpointsTest, EmptyWhenTheRootIsMissing) {
   STRATA_ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> list,
                               ListCheckpoints(fs.get(), "/nothing/here"));
   EXPECT_THAT(list, IsEmpty());
+}
+
+// An object store answering 503 (or any error but "not there") is an
+// error, never an empty root: a resumed job would otherwise start afresh and
+// write its checkpoint 1 over the ones it could not see.
+TEST(ListCheckpointsTest, AnErrorReadingTheRootOrAManifestIsNotAnEmptyRoot) {
+  std::unique_ptr<FileSystem> base = NewMemoryFileSystem();
+  ASSERT_THAT(base->WriteFileAtomic(JoinPath("/r", JoinPath(CheckpointDirName(1), kManifestName)), "m"),
+              IsOk());
+  FaultyFileSystem fs(base.get());
+  fs.FailOp(FsOp::kRead, "", absl::UnavailableError("503 SlowDown"), 1);
+  EXPECT_THAT(ListCheckpoints(&fs, "/r"), StatusIs(absl::StatusCode::kUnavailable));
+  fs.ClearFaults();
+  fs.FailOp(FsOp::kRead, kManifestName, absl::UnavailableError("503 SlowDown"), 1);
+  EXPECT_THAT(ListCheckpoints(&fs, "/r"), StatusIs(absl::StatusCode::kUnavailable));
+  fs.ClearFaults();
+  STRATA_ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> list, ListCheckpoints(&fs, "/r"));
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_TRUE(list[0].complete);
 }
 
 // A one-partition checkpoint `seq` whose partition is made of the files of

@@ -199,6 +199,20 @@ TEST_F(S3StoreTest, AFailedPartIsRetriedAndTheUploadCompletes) {
   EXPECT_TRUE(*back == body);
 }
 
+TEST_F(S3StoreTest, ACompletedUploadWhoseAnswerWasLostIsNotReportedAsFailed) {
+  S3ClientOptions lossy = options_;
+  lossy.lose_answer_for_testing = [](absl::string_view op, int attempt) {
+    return op == "CompleteMultipartUpload" && attempt == 0;
+  };
+  auto fs = NewFs(5 << 20, 2, lossy);
+  const std::string body = RandomBytes((11 << 20) + 5, 6);  // 3 parts
+  // The retry of Complete gets NoSuchUpload: the object is there, whole.
+  ASSERT_THAT(fs->WriteFileAtomic(Url("completed"), body), IsOk());
+  auto back = fs->ReadFile(Url("completed"));
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_TRUE(*back == body);
+}
+
 TEST_F(S3StoreTest, APartFailingEveryRetryFailsCloseAndLeavesNoObject) {
   S3ClientOptions broken = options_;
   broken.retries = 2;

@@ -105,14 +105,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!fs_note.empty()) LOG(INFO) << fs_note;
-  if (config->checkpoint.enabled) {
-    // A wrong key, a missing bucket or an unwritable directory shows now,
-    // not at the first checkpoint.
-    if (auto s = (*fs)->CreateDirs(config->checkpoint.dir); !s.ok()) {
-      LOG(ERROR) << "cannot start master: checkpoint.dir " << config->checkpoint.dir << ": "
-                 << s.message();
-      return 1;
-    }
+  // A wrong key, a missing bucket or an unwritable directory shows now,
+  // not at the first checkpoint.
+  if (auto s = strata::storage::CheckCheckpointRoot(fs->get(), config->checkpoint); !s.ok()) {
+    LOG(ERROR) << "cannot start master: " << s.message();
+    return 1;
   }
   strata::master::MasterOptions opts;
   opts.config = *config;

@@ -272,7 +272,16 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     created[p.id()] = std::move(part);
   }
   if (!to_load.empty()) {
-    constexpr size_t kParallelLoads = 4;
+    // Each load holds its files and their decoded streams (about twice the
+    // files' bytes): as many at once as keep that under 1 GiB, 1 to 4.
+    uint64_t largest = 1;
+    for (const auto& [entry, part] : to_load) {
+      uint64_t bytes = 0;
+      for (const auto& f : entry->files()) bytes += f.size();
+      largest = std::max(largest, bytes);
+    }
+    const size_t kParallelLoads =
+        static_cast<size_t>(std::clamp<uint64_t>((uint64_t{1} << 30) / (2 * largest), 1, 4));
     std::vector<absl::Status> loaded(to_load.size());
     std::atomic<size_t> next{0};
     auto work = [&] {

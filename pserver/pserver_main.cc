@@ -52,12 +52,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!fs_note.empty()) LOG(INFO) << fs_note;
-  if (config->checkpoint.enabled) {
-    if (auto s = (*fs)->CreateDirs(config->checkpoint.dir); !s.ok()) {
-      LOG(ERROR) << "cannot start pserver: checkpoint.dir " << config->checkpoint.dir << ": "
-                 << s.message();
-      return 1;
-    }
+  if (auto s = strata::storage::CheckCheckpointRoot(fs->get(), config->checkpoint); !s.ok()) {
+    LOG(ERROR) << "cannot start pserver: " << s.message();
+    return 1;
   }
   opts.fs = fs->get();
   auto failpoints = strata::Failpoints::Parse(FLAGS_failpoint);

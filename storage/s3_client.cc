@@ -184,6 +184,10 @@ absl::Status HttpError(long http, const std::string& what, const std::string& bo
     return absl::PermissionDeniedError(text);
   }
   if (http == 416) return absl::OutOfRangeError(text);
+  if (http == 412) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(text, " (the object was replaced while it was read)"));
+  }
   if (http >= 500 || http == 429 || http == 408) return absl::UnavailableError(text);
   return absl::InvalidArgumentError(text);
 }
@@ -525,19 +529,22 @@ absl::StatusOr<std::string> S3Client::GetObject(const std::string& bucket,
 }
 
 absl::Status S3Client::GetObjectInto(const std::string& bucket, const std::string& key,
-                                     uint64_t offset, uint64_t length, char* dst) {
+                                     uint64_t offset, uint64_t length, char* dst,
+                                     const std::string& if_match) {
   if (length == 0) return absl::OkStatus();
   Request r;
   r.bucket = bucket;
   r.key = key;
   r.headers.emplace_back("range", absl::StrCat("bytes=", offset, "-", offset + length - 1));
+  if (!if_match.empty()) r.headers.emplace_back("if-match", if_match);
   r.into = dst;
   r.into_size = length;
   r.into_offset = offset;
   return Call("GetObject", r).status();
 }
 
-absl::StatusOr<uint64_t> S3Client::HeadObject(const std::string& bucket, const std::string& key) {
+absl::StatusOr<uint64_t> S3Client::HeadObject(const std::string& bucket, const std::string& key,
+                                              std::string* etag) {
   Request r;
   r.method = "HEAD";
   r.bucket = bucket;
@@ -548,6 +555,7 @@ absl::StatusOr<uint64_t> S3Client::HeadObject(const std::string& bucket, const s
     return absl::DataLossError(
         absl::StrCat("s3 HeadObject ", Url(bucket, key), ": the answer has no Content-Length"));
   }
+  if (etag != nullptr) *etag = resp->etag;
   return static_cast<uint64_t>(resp->content_length);
 }
 

@@ -102,10 +102,14 @@ class S3Client {
   // Exactly `length` bytes at `offset` into `dst`, with no copy in between
   // (a large read's ranges land in place). A short object is Unavailable
   // (retried), a range past the end OutOfRange.
+  // With `if_match` (an ETag from HeadObject), an object replaced since is
+  // FailedPrecondition instead of a mix of two versions.
   absl::Status GetObjectInto(const std::string& bucket, const std::string& key,
-                             uint64_t offset, uint64_t length, char* dst);
-  // The object's size.
-  absl::StatusOr<uint64_t> HeadObject(const std::string& bucket, const std::string& key);
+                             uint64_t offset, uint64_t length, char* dst,
+                             const std::string& if_match = "");
+  // The object's size, and its ETag when `etag` is not null.
+  absl::StatusOr<uint64_t> HeadObject(const std::string& bucket, const std::string& key,
+                                      std::string* etag = nullptr);
   // All keys under `prefix` (every page); with a delimiter, keys past the
   // next delimiter are rolled up into `prefixes`. `max_keys` > 0 stops
   // after that many entries.

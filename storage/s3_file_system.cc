@@ -168,11 +168,12 @@ class S3FileSystem : public FileSystem {
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
     std::string bucket, key;
     STRATA_RETURN_IF_ERROR(ParseObject(path, &bucket, &key));
-    STRATA_ASSIGN_OR_RETURN(uint64_t size, client_->HeadObject(bucket, key));
+    std::string etag;
+    STRATA_ASSIGN_OR_RETURN(uint64_t size, client_->HeadObject(bucket, key, &etag));
     std::string out;
     ResizeLargeString(&out, size);
     if (size <= part_bytes_) {
-      STRATA_RETURN_IF_ERROR(client_->GetObjectInto(bucket, key, 0, size, out.data()));
+      STRATA_RETURN_IF_ERROR(client_->GetObjectInto(bucket, key, 0, size, out.data(), etag));
       return out;
     }
     // Ranged GETs, `parallel_` at a time, straight into the result.
@@ -183,7 +184,8 @@ class S3FileSystem : public FileSystem {
       for (uint64_t i = next++; i < ranges; i = next++) {
         const uint64_t off = i * part_bytes_;
         const uint64_t n = std::min(part_bytes_, size - off);
-        errors[i] = client_->GetObjectInto(bucket, key, off, n, out.data() + off);
+        // Every range of the same version of the object (If-Match).
+        errors[i] = client_->GetObjectInto(bucket, key, off, n, out.data() + off, etag);
       }
     };
     std::vector<std::thread> threads;
@@ -443,6 +445,13 @@ absl::StatusOr<std::unique_ptr<FileSystem>> NewFileSystemForConfig(
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<FileSystem> fs, NewS3FileSystem(std::move(o)));
   return NewRoutingFileSystem(NewPosixFileSystem(), std::move(fs));
+}
+
+absl::Status CheckCheckpointRoot(FileSystem* fs, const CheckpointSection& checkpoint) {
+  if (!checkpoint.enabled) return absl::OkStatus();
+  absl::Status s = fs->CreateDirs(checkpoint.dir);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("checkpoint.dir ", checkpoint.dir, ": ", s.message()));
 }
 
 }  // namespace strata::storage

@@ -47,6 +47,11 @@ absl::StatusOr<std::unique_ptr<FileSystem>> NewFileSystemForConfig(
     const S3Section& s3, const std::function<const char*(const char*)>& getenv,
     std::string* described = nullptr);
 
+// With checkpoints on, makes sure the checkpoint root can be used before
+// anything starts (mkdir -p locally; on an object store, that the bucket is
+// there and the keys are accepted). The error names checkpoint.dir.
+absl::Status CheckCheckpointRoot(FileSystem* fs, const CheckpointSection& checkpoint);
+
 inline bool IsS3Path(absl::string_view path) {
   return path.size() >= 5 && path.substr(0, 5) == "s3://";
 }

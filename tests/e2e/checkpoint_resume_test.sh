@@ -34,26 +34,6 @@ final_digest() {
   local last; last="$(ls -d "$1"/ckpt-* | sort | tail -n 1)"
   "$STRATA" checkpoint verify --dir "$last" --json | sed -n 's/.*"state_digest": "\([0-9a-f]*\)".*/\1/p'
 }
-steps_of() {
-  { "$STRATA" status --master "$1" --json 2>/dev/null || true; } |
-    sed -n 's/.*"steps": "\([0-9]*\)".*/\1/p' | head -n 1
-}
-wait_steps() {  # wait_steps ADDR N: until the job has done N steps (bounded)
-  for _ in $(seq 1 600); do
-    local s; s="$(steps_of "$1")"
-    [[ -n "$s" && "$s" -ge "$2" ]] && return 0
-    sleep 0.05
-  done
-  fail "job at $1 did not reach step $2"
-}
-
-# expect_stopped OUT WHAT: the background launcher ends (bounded) with 3,
-# the exit status of a job stopped after a checkpoint.
-expect_stopped() {
-  for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-  set +e; wait "$launcher"; rc=$?; set -e
-  (( rc == 3 )) || { cat "$1"; fail "$2 exited $rc, expected 3 (stopped)"; }
-}
 
 # 1. The job never stopped: its final checkpoint is the reference.
 ckpt_config "$work/a.yaml" "$work/ck-a" "$(pick_port_base)"

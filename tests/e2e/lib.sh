@@ -89,3 +89,27 @@ assert_nothing_left() {
     fail "processes of $dir left running"
   fi
 }
+
+# The steps the job whose master is ADDR has done; nothing when it does not
+# answer.
+steps_of() {  # steps_of ADDR
+  { "$STRATA" status --master "$1" --json 2>/dev/null || true; } |
+    sed -n 's/.*"steps": "\([0-9]*\)".*/\1/p' | head -n 1
+}
+# wait_steps ADDR N: until the job at ADDR has done N steps (at most 60 s).
+wait_steps() {
+  for _ in $(seq 1 1200); do
+    local s; s="$(steps_of "$1")"
+    [[ -n "$s" && "$s" -ge "$2" ]] && return 0
+    sleep 0.05
+  done
+  fail "job at $1 did not reach step $2"
+}
+# expect_stopped OUT WHAT: the launcher started in the background (its pid
+# in $launcher, its output in OUT) ends, within 90 s, with 3: the exit
+# status of a job stopped after a checkpoint.
+expect_stopped() {
+  for _ in $(seq 1 900); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+  set +e; wait "$launcher"; rc=$?; set -e
+  (( rc == 3 )) || { tail -n 30 "$1"; fail "$2 exited $rc, expected 3 (stopped)"; }
+}

@@ -36,23 +36,11 @@ checkpoint:
   timeout_seconds: 30
 $(s3_yaml)
 YAML
-steps_of() {
-  { "$STRATA" status --master "$master" --json 2>/dev/null || true; } |
-    sed -n 's/.*"steps": "\([0-9]*\)".*/\1/p' | head -n 1
-}
-wait_steps() {  # wait_steps N (bounded)
-  for _ in $(seq 1 1200); do
-    local s; s="$(steps_of)"
-    [[ -n "$s" && "$s" -ge "$1" ]] && return 0
-    sleep 0.05
-  done
-  fail "the job did not reach step $1"
-}
 
 "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 400 \
   --config "$work/job.yaml" --run-dir "$work/run" > "$work/run.out" 2>&1 &
 launcher=$!
-wait_steps 50
+wait_steps "$master" 50
 "$STRATA" checkpoint --master "$master" > "$work/ck1.out" 2>&1 || { cat "$work/ck1.out"; fail "checkpoint 1 failed"; }
 echo "ok: checkpoint 1 written to radosgw"
 
@@ -69,9 +57,9 @@ set +e; wait "$ckpt"; ck_rc=$?; set -e
 grep -q "checkpoint 2 (request) failed" "$work/run/logs/master-0.log" ||
   { grep -i checkpoint "$work/run/logs/master-0.log"; fail "the master did not log checkpoint 2's failure"; }
 grep "checkpoint 2 (request) failed" "$work/run/logs/master-0.log" | head -n 1 | cut -c1-300
-before="$(steps_of)"
+before="$(steps_of "$master")"
 sleep 2
-after="$(steps_of)"
+after="$(steps_of "$master")"
 [[ -n "$before" && -n "$after" && "$after" -gt "$before" ]] ||
   fail "training did not go on after the failed checkpoint (steps $before then $after)"
 kill -0 "$launcher" 2>/dev/null || { tail -n 20 "$work/run.out"; fail "the job ended with radosgw"; }
@@ -106,7 +94,7 @@ s3 put "$work/victim.blk" "$victim" > /dev/null
 "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 300 \
   --config "$work/job.yaml" --run-dir "$work/resume" --resume latest > "$work/resume.out" 2>&1 &
 launcher=$!
-wait_steps 20
+wait_steps "$master" 20
 grep -q "checkpoint refused: $victim" "$work/resume/logs/master-0.log" ||
   { grep -i checkpoint "$work/resume/logs/master-0.log" | head; fail "the corrupt object $victim is not named"; }
 grep "checkpoint refused" "$work/resume/logs/master-0.log" | head -n 1 | cut -c1-300

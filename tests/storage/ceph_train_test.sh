@@ -19,23 +19,6 @@ data="$(fmnist_on_cephfs)"
 echo "ok: Fashion-MNIST on CephFS at $data ($(du -sh "$data" | cut -f1))"
 
 launch() { "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 120 "$@"; }
-steps_of() {
-  { "$STRATA" status --master "$1" --json 2>/dev/null || true; } |
-    sed -n 's/.*"steps": "\([0-9]*\)".*/\1/p' | head -n 1
-}
-wait_steps() {  # wait_steps ADDR N (bounded)
-  for _ in $(seq 1 1200); do
-    local s; s="$(steps_of "$1")"
-    [[ -n "$s" && "$s" -ge "$2" ]] && return 0
-    sleep 0.05
-  done
-  fail "job at $1 did not reach step $2"
-}
-expect_stopped() {  # expect_stopped OUT WHAT: the launcher ends with 3 (stopped)
-  for _ in $(seq 1 900); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-  set +e; wait "$launcher"; rc=$?; set -e
-  (( rc == 3 )) || { tail -n 30 "$1"; fail "$2 exited $rc, expected 3 (stopped)"; }
-}
 
 # fmnist_config FILE ROOT PORT_BASE: bsp, 6 epochs of 12000 images (1125
 # steps: the stop at step 250 is far from the end however fast the

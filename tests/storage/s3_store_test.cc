@@ -125,6 +125,20 @@ TEST_F(S3StoreTest, RangedGetReadsOnlyTheRange) {
   EXPECT_EQ(*past, "");
 }
 
+TEST_F(S3StoreTest, ARangeOfAReplacedObjectIsRefusedNotMixed) {
+  ASSERT_THAT(client_->PutObject(bucket_, "v", RandomBytes(1000, 7)), IsOk());
+  std::string etag;
+  auto size = client_->HeadObject(bucket_, "v", &etag);
+  ASSERT_THAT(size.status(), IsOk());
+  ASSERT_FALSE(etag.empty());
+  std::string buf(100, '\0');
+  ASSERT_THAT(client_->GetObjectInto(bucket_, "v", 10, 100, buf.data(), etag), IsOk());
+  ASSERT_THAT(client_->PutObject(bucket_, "v", RandomBytes(1000, 8)), IsOk());  // replaced
+  absl::Status s = client_->GetObjectInto(bucket_, "v", 10, 100, buf.data(), etag);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(absl::StrContains(s.message(), "replaced while it was read")) << s;
+}
+
 TEST_F(S3StoreTest, ListByPrefixWithDelimiterAndPages) {
   S3ClientOptions small = options_;
   small.list_page_keys = 3;

@@ -18,13 +18,13 @@ s3 mb "s3://$bucket" > /dev/null || fail "s3cmd mb s3://$bucket failed"
 data="$(fmnist_on_cephfs)"
 echo "ok: Fashion-MNIST on CephFS at $data ($(du -sh "$data" | cut -f1))"
 
-launch() { "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 120 "$@"; }
+launch() { "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 400 "$@"; }
 
-# fmnist_config FILE ROOT PORT_BASE: bsp, 6 epochs of 12000 images (1125
+# fmnist_config FILE ROOT PORT_BASE: bsp, 4 epochs of 12000 images (750
 # steps: the stop at step 250 is far from the end however fast the
 # machine), data on CephFS, a checkpoint every 100 steps into ROOT.
 fmnist_config() {
-  write_config "$1" bsp 6 "$3" 12000
+  write_config "$1" bsp 4 "$3" 12000
   sed -i "s#$FMNIST#$data#" "$1"
   cat >> "$1" <<YAML
 checkpoint:
@@ -94,7 +94,7 @@ ctr_config() {  # ctr_config FILE ROOT PORT_BASE
 job:
   name: ceph-ctr
   consistency: bsp
-  epochs: 6
+  epochs: 4
   batch_size: 128
   progress_every_steps: 50
   seed: 3

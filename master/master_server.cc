@@ -1,6 +1,7 @@
 #include "master/master_server.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -119,11 +120,34 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   }
   const DataSection& data = options.config.data;
   int64_t n = 0;
+  std::optional<TaskScheduler::ByteSplit> split;
   if (data.format == "criteo") {
-    // Records are lines: counted, not parsed (a worker's bad-line policy
+    // Records are lines. A plain-text file is cut into byte ranges from its
+    // size alone (each task is the lines starting in its range; a worker
+    // reads just that): only its first MiB is read here, to check it and
+    // to estimate the record count. A gzipped one cannot be cut so, nor
+    // can the first data.train_limit records be found without counting:
+    // then the lines are counted, not parsed (a worker's bad-line policy
     // may skip some; their tasks are then a little shorter).
-    STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(options.fs, data.train));
-    if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
+    storage::CriteoReadOptions read;
+    read.bad_lines = data.bad_lines == "skip" ? storage::BadLinePolicy::kSkip
+                                              : storage::BadLinePolicy::kFail;
+    STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
+                            storage::ProbeCriteoFile(options.fs, data.train, read));
+    if (shape.gzipped || data.train_limit > 0) {
+      STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(options.fs, data.train));
+      if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
+    } else {
+      split = TaskScheduler::ByteSplit{
+          static_cast<int64_t>(shape.file_bytes),
+          std::max<int64_t>(1, std::llround(data.task_records * shape.bytes_per_record)),
+          shape.bytes_per_record};
+      n = std::max<int64_t>(1, std::llround(shape.file_bytes / shape.bytes_per_record));
+      LOG(INFO) << data.train << ": " << shape.file_bytes << " bytes, about " << n
+                << " records (" << absl::StrFormat("%.1f", shape.bytes_per_record)
+                << " bytes each in its first " << shape.sample_bytes
+                << " bytes); cut into data tasks of " << split->task_bytes << " bytes";
+    }
   } else {
     // The training-set size from the files' headers and sizes: nothing is
     // read whole here (the data may be on a shared file system or in an
@@ -187,7 +211,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
                             storage::ListCheckpoints(options.fs, options.config.checkpoint.dir));
     if (!existing.empty()) next_seq = existing.back().seq + 1;
   }
-  std::unique_ptr<MasterServer> m(new MasterServer(std::move(options), n, planted));
+  std::unique_ptr<MasterServer> m(new MasterServer(std::move(options), n, split, planted));
   {
     absl::MutexLock l(&m->mu_);
     m->next_checkpoint_seq_ = next_seq;
@@ -203,14 +227,18 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   return m;
 }
 
-MasterServer::MasterServer(MasterOptions options, int64_t num_records, Planted planted)
+MasterServer::MasterServer(MasterOptions options, int64_t num_records,
+                           std::optional<TaskScheduler::ByteSplit> split, Planted planted)
     : options_(std::move(options)),
       num_records_(num_records),
       planted_(planted),
       clock_(options_.clock ? options_.clock : RealClock()),
-      tasks_(num_records, options_.config.data.task_records,
-             options_.config.job.epochs, options_.config.job.seed,
-             absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms)) {
+      tasks_(split.has_value()
+                 ? TaskScheduler(*split, options_.config.job.epochs, options_.config.job.seed,
+                                 absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))
+                 : TaskScheduler(num_records, options_.config.data.task_records,
+                                 options_.config.job.epochs, options_.config.job.seed,
+                                 absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))) {
   absl::MutexLock l(&mu_);
   view_.set_epoch(1);
   view_.set_seed(options_.config.job.seed);
@@ -942,7 +970,8 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
 absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
   absl::MutexLock l(&mu_);
   STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
-  STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id(), req.last_step()));
+  STRATA_RETURN_IF_ERROR(
+      tasks_.Complete(n->id(), req.task_id(), req.last_step(), req.records()));
   max_last_step_ = std::max(max_last_step_, req.last_step());
   UpdateJobStateLocked();
   PersistLocked();  // before the worker hears that its task is done

@@ -168,7 +168,10 @@ class MasterServer {
     double auc = 0;
     double logloss = 0;
   };
-  MasterServer(MasterOptions options, int64_t num_records, Planted planted);
+  // `split`: the training set is text cut by bytes (num_records then an
+  // estimate).
+  MasterServer(MasterOptions options, int64_t num_records,
+               std::optional<TaskScheduler::ByteSplit> split, Planted planted);
 
   const MasterOptions options_;
   const int64_t num_records_;

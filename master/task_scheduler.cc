@@ -1,6 +1,8 @@
 #include "master/task_scheduler.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/data_tasks.h"
@@ -23,6 +25,36 @@ TaskScheduler::TaskScheduler(int64_t num_records, int64_t task_records,
     }
   }
   completed_.assign(tasks_.size(), false);
+}
+
+TaskScheduler::TaskScheduler(const ByteSplit& split, int epochs, uint64_t seed,
+                             absl::Duration lease_timeout)
+    : lease_timeout_(lease_timeout), epochs_(epochs) {
+  const double per = split.bytes_per_record > 0 ? split.bytes_per_record : 1;
+  auto estimate = [per](int64_t byte) { return static_cast<int64_t>(std::llround(byte / per)); };
+  for (int e = 0; e < epochs; ++e) {
+    for (const auto& [b, end] :
+         EpochTaskRanges(split.file_bytes, std::max<int64_t>(split.task_bytes, 1), seed, e)) {
+      proto::DataTask t;
+      t.set_id(tasks_.size());
+      t.set_epoch(e);
+      t.set_by_bytes(true);
+      t.set_byte_begin(b);
+      t.set_byte_end(end);
+      t.set_begin(estimate(b));
+      t.set_end(estimate(end));
+      queue_.push_back(t.id());
+      tasks_.push_back(std::move(t));
+    }
+  }
+  completed_.assign(tasks_.size(), false);
+}
+
+int64_t TaskScheduler::RecordsOf(uint64_t id) const {
+  if (id >= tasks_.size()) return 0;
+  auto it = reported_records_.find(id);
+  if (it != reported_records_.end()) return it->second;
+  return tasks_[id].end() - tasks_[id].begin();
 }
 
 std::optional<proto::DataTask> TaskScheduler::Lease(uint32_t node, absl::Time now,
@@ -54,7 +86,8 @@ std::optional<proto::DataTask> TaskScheduler::Held(uint32_t node, absl::Time now
   return std::nullopt;
 }
 
-absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t last_step) {
+absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t last_step,
+                                     std::optional<int64_t> records) {
   if (task_id >= tasks_.size()) {
     return absl::NotFoundError(absl::StrCat("unknown data task ", task_id));
   }
@@ -68,6 +101,9 @@ absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t l
   leases_.erase(it);
   completed_[task_id] = true;
   last_step_[task_id] = last_step;
+  if (records.has_value() && *records >= 0 && tasks_[task_id].by_bytes()) {
+    reported_records_[task_id] = *records;
+  }
   ++done_;
   return absl::OkStatus();
 }
@@ -99,7 +135,13 @@ TaskScheduler::Cut TaskScheduler::CutAt(std::optional<uint64_t> step, int batch_
       const proto::DataTask& t = tasks_[id];
       const int64_t trained =
           t.skip_records() + static_cast<int64_t>(*step - first->second) * batch_size;
-      if (trained >= t.end() - t.begin()) {
+      // A task cut by bytes has a known size only once completed: until
+      // then it stays partial (its worker skips what was trained).
+      const auto reported = reported_records_.find(id);
+      const int64_t size = !t.by_bytes()                      ? t.end() - t.begin()
+                           : reported != reported_records_.end() ? reported->second
+                                                                 : INT64_MAX;
+      if (trained >= size) {
         cut.done.push_back(id);
       } else {
         cut.partial.emplace_back(id, trained);
@@ -127,6 +169,10 @@ absl::Status TaskScheduler::Resume(const std::vector<uint64_t>& done,
                                                      tasks_.size(), " tasks of this job"));
     }
     proto::DataTask& t = tasks_[id];
+    if (t.by_bytes()) {  // its size is not known here: the worker skips
+      t.set_skip_records(std::max<int64_t>(records, 0));
+      continue;
+    }
     if (records >= t.end() - t.begin() && !completed_[id]) {
       completed_[id] = true;
       ++done_;
@@ -173,7 +219,7 @@ std::vector<uint64_t> TaskScheduler::DoneIds() const {
 int64_t TaskScheduler::RecordsDone() const {
   int64_t n = 0;
   for (size_t i = 0; i < tasks_.size(); ++i) {
-    if (completed_[i]) n += tasks_[i].end() - tasks_[i].begin();
+    if (completed_[i]) n += RecordsOf(i);
   }
   return n;
 }

@@ -22,6 +22,15 @@ class TaskScheduler {
   // passes, in the order of EpochTaskRanges (common/data_tasks.h).
   TaskScheduler(int64_t num_records, int64_t task_records, int epochs,
                 uint64_t seed, absl::Duration lease_timeout);
+  // A text training set cut by bytes (DataTask.by_bytes): tasks of
+  // `task_bytes` over [0, file_bytes), in the order of EpochTaskRanges;
+  // their record ranges are estimates at `bytes_per_record`.
+  struct ByteSplit {
+    int64_t file_bytes = 0;
+    int64_t task_bytes = 0;
+    double bytes_per_record = 0;
+  };
+  TaskScheduler(const ByteSplit& split, int epochs, uint64_t seed, absl::Duration lease_timeout);
 
   // The next pending task, leased to `node` until now + lease_timeout;
   // nullopt when none is pending (some may still be leased). `first_step`:
@@ -36,8 +45,10 @@ class TaskScheduler {
   // NotFound for an unknown task; FailedPrecondition when the task is not
   // leased to `node` (its lease expired and went elsewhere). Completing a
   // completed task again is OK (idempotent). `last_step`: the step of its
-  // last batch.
-  absl::Status Complete(uint32_t node, uint64_t task_id, uint64_t last_step = 0);
+  // last batch. `records`: how many the task had, when the worker says (a
+  // task cut by bytes; otherwise its range tells).
+  absl::Status Complete(uint32_t node, uint64_t task_id, uint64_t last_step = 0,
+                        std::optional<int64_t> records = std::nullopt);
   // Extends all of `node`'s leases to now + lease_timeout (the node is alive).
   void RenewLeases(uint32_t node, absl::Time now);
   // Returns all of `node`'s leases to the front of the queue; their count.
@@ -60,10 +71,10 @@ class TaskScheduler {
   uint64_t done() const { return done_; }
   uint64_t pending() const { return queue_.size(); }
   uint64_t leased() const { return leases_.size(); }
-  // Records of task `id` (0 for an unknown one).
-  int64_t RecordsOf(uint64_t id) const {
-    return id < tasks_.size() ? tasks_[id].end() - tasks_[id].begin() : 0;
-  }
+  // Records of task `id` (0 for an unknown one): as its worker reported,
+  // for a completed task cut by bytes; else from its range (an estimate
+  // for a task cut by bytes).
+  int64_t RecordsOf(uint64_t id) const;
   // A worker says where a task it holds started (its first batch's step),
   // when its lease could not (the worker's first task). Ignored for a task
   // not leased to `node`.
@@ -98,6 +109,8 @@ class TaskScheduler {
   // Steps of each task's first and last batch, when known (for cuts).
   std::map<uint64_t, uint64_t> first_step_;
   std::map<uint64_t, uint64_t> last_step_;
+  // Records of completed tasks cut by bytes, as their workers reported.
+  std::map<uint64_t, int64_t> reported_records_;
   std::deque<uint64_t> queue_;          // pending task ids
   std::map<uint64_t, LeaseInfo> leases_;
   uint64_t done_ = 0;

@@ -92,7 +92,7 @@ absl::StatusOr<std::string> ReadMaybeGzipped(FileSystem* fs,
 // holding only '\r' counts as empty) until fn returns false. Line numbers
 // are 1-based and count the empty lines.
 template <typename Fn>
-void ForEachNonEmptyLine(const std::string& text, Fn fn) {
+void ForEachNonEmptyLine(absl::string_view text, Fn fn) {
   const char* data = text.data();
   const size_t size = text.size();
   size_t pos = 0;
@@ -198,6 +198,65 @@ absl::Status ParseCriteoLine(absl::string_view line, float* label, float* dense,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Parses the non-empty lines of text[from, end) into *data under `options`,
+// stats counted into *stats. `where(line_number, offset)` names a line in
+// messages ("path:LINE" or "path at byte N"): its 1-based number within the
+// text and its offset in it. Returns the kFail error, if any.
+template <typename Where>
+absl::Status ParseLines(const std::string& text, size_t from, const CriteoReadOptions& options,
+                        Where where, CtrDataset* data, CriteoReadStats* stats) {
+  // One reservation: the number of lines bounds the number of records.
+  int64_t capacity = std::count(text.begin() + from, text.end(), '\n') + 1;
+  if (options.limit > 0) capacity = std::min(capacity, options.limit);
+  data->labels.reserve(capacity);
+  data->dense.reserve(capacity * kCriteoDense);
+  data->keys.reserve(capacity * kCriteoCategorical);
+  const absl::string_view all(text);
+  absl::Status error;  // set under kFail
+  ForEachNonEmptyLine(all.substr(from), [&](int64_t line_number, absl::string_view line) {
+    ++stats->lines;
+    const size_t n = data->labels.size();
+    data->labels.push_back(0);
+    data->dense.resize((n + 1) * kCriteoDense);
+    data->keys.resize((n + 1) * kCriteoCategorical);
+    absl::Status s;
+    if (options.max_line_bytes > 0 && line.size() > options.max_line_bytes) {
+      s = absl::InvalidArgumentError(
+          absl::StrCat("line longer than ", options.max_line_bytes, " bytes (",
+                       line.size(), ")"));
+    } else {
+      s = ParseCriteoLine(line, &data->labels[n], &data->dense[n * kCriteoDense],
+                          &data->keys[n * kCriteoCategorical]);
+    }
+    if (s.ok()) {
+      ++stats->records;
+      return options.limit == 0 || stats->records < options.limit;
+    }
+    data->labels.resize(n);
+    data->dense.resize(n * kCriteoDense);
+    data->keys.resize(n * kCriteoCategorical);
+    std::string what =
+        absl::StrCat(where(line_number, static_cast<size_t>(line.data() - all.data())), ": ",
+                     s.message());
+    if (options.bad_lines == BadLinePolicy::kFail) {
+      error = absl::InvalidArgumentError(std::move(what));
+      return false;
+    }
+    ++stats->skipped;
+    if (stats->skipped <= kMaxLoggedBadLines) {
+      LOG(WARNING) << what << " (skipping the line)";
+    }
+    if (stats->first_error.empty()) stats->first_error = std::move(what);
+    return true;
+  });
+  data->num_examples = stats->records;
+  return error;
+}
+
+}  // namespace
+
 absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs,
                                           const std::string& path,
                                           const CriteoReadOptions& options,
@@ -210,51 +269,11 @@ absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs,
         "criteo ", path, ": limit must be >= 0, got ", options.limit));
   }
   STRATA_ASSIGN_OR_RETURN(const std::string text, ReadMaybeGzipped(fs, path));
-
-  // One reservation: the number of lines bounds the number of records.
-  int64_t capacity = std::count(text.begin(), text.end(), '\n') + 1;
-  if (options.limit > 0) capacity = std::min(capacity, options.limit);
   CtrDataset data;
-  data.labels.reserve(capacity);
-  data.dense.reserve(capacity * kCriteoDense);
-  data.keys.reserve(capacity * kCriteoCategorical);
-
-  absl::Status error;  // set under kFail
-  ForEachNonEmptyLine(text, [&](int64_t line_number, absl::string_view line) {
-    ++stats->lines;
-    const size_t n = data.labels.size();
-    data.labels.push_back(0);
-    data.dense.resize((n + 1) * kCriteoDense);
-    data.keys.resize((n + 1) * kCriteoCategorical);
-    absl::Status s;
-    if (options.max_line_bytes > 0 && line.size() > options.max_line_bytes) {
-      s = absl::InvalidArgumentError(
-          absl::StrCat("line longer than ", options.max_line_bytes, " bytes (",
-                       line.size(), ")"));
-    } else {
-      s = ParseCriteoLine(line, &data.labels[n], &data.dense[n * kCriteoDense],
-                          &data.keys[n * kCriteoCategorical]);
-    }
-    if (s.ok()) {
-      ++stats->records;
-      return options.limit == 0 || stats->records < options.limit;
-    }
-    data.labels.resize(n);
-    data.dense.resize(n * kCriteoDense);
-    data.keys.resize(n * kCriteoCategorical);
-    std::string what = absl::StrCat(path, ":", line_number, ": ", s.message());
-    if (options.bad_lines == BadLinePolicy::kFail) {
-      error = absl::InvalidArgumentError(std::move(what));
-      return false;
-    }
-    ++stats->skipped;
-    if (stats->skipped <= kMaxLoggedBadLines) {
-      LOG(WARNING) << what << " (skipping the line)";
-    }
-    if (stats->first_error.empty()) stats->first_error = std::move(what);
-    return true;
-  });
-  STRATA_RETURN_IF_ERROR(error);
+  STRATA_RETURN_IF_ERROR(ParseLines(
+      text, 0, options,
+      [&path](int64_t line_number, size_t) { return absl::StrCat(path, ":", line_number); },
+      &data, stats));
   if (stats->skipped > kMaxLoggedBadLines) {
     LOG(WARNING) << "criteo " << path << ": skipped " << stats->skipped
                  << " bad lines of " << stats->lines << " (first "
@@ -268,7 +287,110 @@ absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs,
                            stats->lines,
                            " lines; first error: ", stats->first_error));
   }
-  data.num_examples = stats->records;
+  return data;
+}
+
+absl::StatusOr<CriteoTextShape> ProbeCriteoFile(FileSystem* fs, const std::string& path,
+                                                const CriteoReadOptions& options,
+                                                uint64_t sample_bytes) {
+  CriteoTextShape shape;
+  STRATA_ASSIGN_OR_RETURN(shape.file_bytes, fs->FileSize(path));
+  if (shape.file_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("criteo ", path, ": no records (empty file)"));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::string sample,
+                          fs->ReadFileRange(path, 0, std::max<uint64_t>(sample_bytes, 2)));
+  if (StartsWithGzipMagic(sample)) {
+    shape.gzipped = true;
+    return shape;
+  }
+  // Whole lines only: the last one may be cut by the sample's end.
+  if (sample.size() < shape.file_bytes) {
+    const size_t nl = sample.rfind('\n');
+    if (nl == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "criteo ", path, ": no line ends within its first ", sample.size(),
+          " bytes (is it a text file of Criteo lines?)"));
+    }
+    sample.resize(nl + 1);
+  }
+  shape.sample_bytes = sample.size();
+  CriteoReadOptions first = options;
+  first.limit = 0;
+  CriteoReadStats stats;
+  CtrDataset parsed;
+  STRATA_RETURN_IF_ERROR(ParseLines(
+      sample, 0, first,
+      [&path](int64_t line_number, size_t) { return absl::StrCat(path, ":", line_number); },
+      &parsed, &stats));
+  if (stats.records == 0) {
+    return absl::InvalidArgumentError(
+        stats.lines == 0
+            ? absl::StrCat("criteo ", path, ": no records in its first ", sample.size(), " bytes")
+            : absl::StrCat("criteo ", path, ": no valid record in its first ", stats.lines,
+                           " lines; first error: ", stats.first_error));
+  }
+  shape.bytes_per_record = static_cast<double>(sample.size()) / stats.lines;
+  return shape;
+}
+
+absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& path,
+                                           uint64_t begin, uint64_t end,
+                                           const CriteoReadOptions& options,
+                                           CriteoReadStats* stats) {
+  CriteoReadStats local_stats;
+  if (stats == nullptr) stats = &local_stats;
+  *stats = CriteoReadStats();
+  CtrDataset data;
+  if (begin >= end) return data;
+  // From the byte before `begin`: a line starts in the range when the byte
+  // before it is a '\n' (or it is the file's first).
+  const uint64_t start = begin > 0 ? begin - 1 : 0;
+  STRATA_ASSIGN_OR_RETURN(std::string text, fs->ReadFileRange(path, start, end - start));
+  if (start == 0 && StartsWithGzipMagic(text)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "criteo ", path, " is gzipped: it cannot be read by byte ranges"));
+  }
+  size_t from = 0;
+  if (begin > 0) {
+    const size_t nl = text.find('\n');
+    if (nl == std::string::npos) return data;  // inside a line that started before
+    from = nl + 1;
+  }
+  // The last line started before `end` is this range's too: read on to its
+  // '\n' (or the end of the file), in growing steps, no further than a
+  // line may be long.
+  if (text.size() == end - start && from < text.size() && text.back() != '\n') {
+    const size_t last_start = [&] {
+      const size_t nl = text.rfind('\n');
+      return nl == std::string::npos || nl < from ? from : nl + 1;
+    }();
+    uint64_t pos = end;
+    uint64_t step = 64 << 10;
+    for (;;) {
+      STRATA_ASSIGN_OR_RETURN(std::string more, fs->ReadFileRange(path, pos, step));
+      if (more.empty()) break;  // the end of the file
+      const size_t nl = more.find('\n');
+      if (nl != std::string::npos) {
+        text.append(more, 0, nl + 1);
+        break;
+      }
+      text += more;
+      pos += more.size();
+      if (options.max_line_bytes > 0 && text.size() - last_start > options.max_line_bytes + 1) {
+        break;  // too long already: a bad line whatever follows
+      }
+      step = std::min<uint64_t>(step * 2, 8 << 20);
+    }
+  }
+  CriteoReadOptions all_lines = options;
+  all_lines.limit = 0;
+  STRATA_RETURN_IF_ERROR(ParseLines(
+      text, from, all_lines,
+      [&path, start](int64_t, size_t offset) {
+        return absl::StrCat(path, " (the line at byte ", start + offset, ")");
+      },
+      &data, stats));
   return data;
 }
 

@@ -126,6 +126,39 @@ absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs,
                                           const CriteoReadOptions& options,
                                           CriteoReadStats* stats);
 
+// What a master needs to cut a plain-text training file into byte ranges
+// without reading it whole.
+struct CriteoTextShape {
+  uint64_t file_bytes = 0;
+  // Gzipped files cannot be cut by bytes (their records are counted).
+  bool gzipped = false;
+  // Mean bytes per non-empty line in the first `sample_bytes` (whole lines):
+  // an estimate for progress and task sizes. 0 when gzipped.
+  double bytes_per_record = 0;
+  uint64_t sample_bytes = 0;
+};
+
+// Reads the size of `path` and at most `sample_bytes` from its start, and
+// parses the whole lines there under `options` (limit ignored): so a
+// missing, empty or non-Criteo file is an error at once, naming it (and
+// "path:LINE" under kFail). Does not check the gzipped case further.
+absl::StatusOr<CriteoTextShape> ProbeCriteoFile(FileSystem* fs, const std::string& path,
+                                                const CriteoReadOptions& options,
+                                                uint64_t sample_bytes = 1 << 20);
+
+// The records of plain-text `path` whose lines START in bytes [begin, end):
+// the line running across `begin` belongs to the range before, the one
+// running across `end` to this one (read on to its '\n'). So ranges that
+// tile the file read every line exactly once, whatever the cut points.
+// Reads only about the range (ReadFileRange: pread, or a ranged GET).
+// Errors as LoadCriteoFile's, but a line is named "path (the line at byte
+// N)"; no records is not an error here. InvalidArgument for a gzipped file.
+// options.limit is ignored.
+absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& path,
+                                           uint64_t begin, uint64_t end,
+                                           const CriteoReadOptions& options,
+                                           CriteoReadStats* stats);
+
 // The number of records (non-empty lines) in `path`, plain or gzipped,
 // without parsing them: lets a master split the data into tasks.
 absl::StatusOr<int64_t> CountCriteoLines(FileSystem* fs,

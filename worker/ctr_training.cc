@@ -80,21 +80,56 @@ absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t 
 }
 
 absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
-  // The master counts lines; lines skipped as bad (data.bad_lines: skip)
-  // make the last tasks a little shorter, and by no more than that.
-  const int64_t n_records = ctr_train_.num_examples;
-  if (task.begin() < 0 || task.begin() >= task.end() ||
-      task.end() > n_records + ctr_train_skipped_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data task ", task.id(), " [", task.begin(), ", ", task.end(), ") is outside ",
-        options_.config.data.train, ": ", n_records, " records",
-        ctr_train_skipped_ > 0 ? absl::StrCat(" and ", ctr_train_skipped_, " bad lines") : "",
-        " here (does every host have the same file?)"));
-  }
   current_epoch_ = task.epoch();
-  const int64_t end = std::min<int64_t>(task.end(), n_records);
-  if (task.begin() >= end) return absl::OkStatus();
-  const std::vector<int64_t> order = TaskRecordOrder(task, end);
+  const DataSection& d = options_.config.data;
+  const storage::CtrDataset* data = &ctr_train_;
+  storage::CtrDataset ranged;
+  int64_t first = 0, last = 0;
+  if (task.by_bytes()) {
+    // The lines starting in the task's bytes, read now (pread, or a ranged
+    // GET from an object store).
+    if (task.byte_begin() < 0 || task.byte_begin() > task.byte_end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data task ", task.id(), ": bad byte range [", task.byte_begin(), ", ",
+          task.byte_end(), ") of ", d.train));
+    }
+    storage::CriteoReadStats stats;
+    STRATA_ASSIGN_OR_RETURN(ranged, storage::LoadCriteoRange(options_.fs, d.train,
+                                                             task.byte_begin(), task.byte_end(),
+                                                             CtrReadOptions(d), &stats));
+    if (stats.skipped > 0) {
+      if (ctr_train_skipped_ == 0) {
+        LOG(WARNING) << d.train << ": skipping bad lines (data.bad_lines: skip); first: "
+                     << stats.first_error;
+      }
+      ctr_train_skipped_ += stats.skipped;
+    }
+    data = &ranged;
+    last = ranged.num_examples;
+  } else {
+    // The master counted lines; lines skipped as bad (data.bad_lines: skip)
+    // make the last tasks a little shorter, and by no more than that.
+    if (ctr_train_.num_examples == 0) {
+      storage::CriteoReadStats stats;
+      STRATA_ASSIGN_OR_RETURN(ctr_train_, storage::LoadCriteoFile(options_.fs, d.train,
+                                                                  CtrReadOptions(d), &stats));
+      ctr_train_skipped_ = stats.skipped;
+    }
+    const int64_t n_records = ctr_train_.num_examples;
+    if (task.begin() < 0 || task.begin() >= task.end() ||
+        task.end() > n_records + ctr_train_skipped_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data task ", task.id(), " [", task.begin(), ", ", task.end(), ") is outside ",
+          d.train, ": ", n_records, " records",
+          ctr_train_skipped_ > 0 ? absl::StrCat(" and ", ctr_train_skipped_, " bad lines") : "",
+          " here (does every host have the same file?)"));
+    }
+    first = task.begin();
+    last = std::min<int64_t>(task.end(), n_records);
+  }
+  task_records_ = std::max<int64_t>(0, last - first);
+  if (first >= last) return absl::OkStatus();
+  const std::vector<int64_t> order = TaskRecordOrder(task, first, last);
   const int dim = wide_deep_->dim();
   const int batch_size = options_.config.job.batch_size;
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
@@ -110,11 +145,11 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     keys.resize(static_cast<size_t>(n) * kCtrFields);
     for (int i = 0; i < n; ++i) {
       const int64_t r = order[b + i];
-      std::copy_n(ctr_train_.dense.data() + r * kCtrDenseFeatures, kCtrDenseFeatures,
+      std::copy_n(data->dense.data() + r * kCtrDenseFeatures, kCtrDenseFeatures,
                   dense.data() + static_cast<size_t>(i) * kCtrDenseFeatures);
-      std::copy_n(ctr_train_.keys.data() + r * kCtrFields, kCtrFields,
+      std::copy_n(data->keys.data() + r * kCtrFields, kCtrFields,
                   keys.data() + static_cast<size_t>(i) * kCtrFields);
-      labels[i] = ctr_train_.labels[r];
+      labels[i] = data->labels[r];
     }
     DeduplicateKeys(keys.data(), keys.size(), &index, &unique, &slot);
 

@@ -84,6 +84,14 @@ absl::StatusOr<std::unique_ptr<Device>> ChooseDevice(const WorkerOptions& option
 
 }  // namespace
 
+storage::CriteoReadOptions CtrReadOptions(const DataSection& d) {
+  storage::CriteoReadOptions read;
+  read.bad_lines = d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip
+                                         : storage::BadLinePolicy::kFail;
+  read.limit = d.train_limit;
+  return read;
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (options.fs == nullptr) return absl::InvalidArgumentError("WorkerOptions.fs is required");
   if (options.master_address.empty() && !options.local_only) {
@@ -100,16 +108,21 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
           "training a wide_deep model alone (--local) is not supported: its sparse tables "
           "live on pservers");
     }
-    storage::CriteoReadOptions read;
-    read.bad_lines = d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip
-                                           : storage::BadLinePolicy::kFail;
-    read.limit = d.train_limit;
+    // A plain-text training file is read per task (its byte range: see
+    // DataTask.by_bytes), as the master cuts it; its start is checked here,
+    // so a missing or foreign file fails now. A gzipped one, or the first
+    // data.train_limit records, is read whole.
+    const storage::CriteoReadOptions read = CtrReadOptions(d);
+    STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
+                            storage::ProbeCriteoFile(options.fs, d.train, read));
+    storage::CtrDataset ctr;
     storage::CriteoReadStats stats;
-    STRATA_ASSIGN_OR_RETURN(storage::CtrDataset ctr,
-                            storage::LoadCriteoFile(options.fs, d.train, read, &stats));
-    if (stats.skipped > 0) {
-      LOG(WARNING) << d.train << ": skipped " << stats.skipped << " bad line(s); first: "
-                   << stats.first_error;
+    if (shape.gzipped || d.train_limit > 0) {
+      STRATA_ASSIGN_OR_RETURN(ctr, storage::LoadCriteoFile(options.fs, d.train, read, &stats));
+      if (stats.skipped > 0) {
+        LOG(WARNING) << d.train << ": skipped " << stats.skipped << " bad line(s); first: "
+                     << stats.first_error;
+      }
     }
     return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(device),
                                               storage::LabeledDataset(), std::move(ctr),
@@ -301,8 +314,11 @@ absl::Status Worker::Start() {
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   LOG(INFO) << "worker " << options_.index << " is node " << node_id_
             << "; http port " << http_.port() << "; "
-            << (wide_deep_ ? ctr_train_.num_examples : train_.num_examples)
-            << " training examples loaded";
+            << (wide_deep_ && ctr_train_.num_examples == 0
+                    ? absl::StrCat("training records read per data task from ",
+                                   options_.config.data.train)
+                    : absl::StrCat(wide_deep_ ? ctr_train_.num_examples : train_.num_examples,
+                                   " training examples loaded"));
   return absl::OkStatus();
 }
 
@@ -471,8 +487,7 @@ absl::Status Worker::RunLoop() {
         // The task is done when its last gradient is acknowledged: before
         // telling the master (which may then end our part in the step set).
         STRATA_RETURN_IF_ERROR(SettlePush());
-        if (absl::Status s = tasks_->Complete(
-                lease.task, lease.task.end() - lease.task.begin(), stats().last_step);
+        if (absl::Status s = tasks_->Complete(lease.task, task_records_, stats().last_step);
             absl::IsFailedPrecondition(s)) {
           // The lease went elsewhere (expired while the master could not
           // hear us); the other holder completes it.
@@ -558,9 +573,10 @@ absl::Status Worker::Settle() {
   return s;
 }
 
-std::vector<int64_t> Worker::TaskRecordOrder(const proto::DataTask& task, int64_t end) const {
-  std::vector<int64_t> order(end - task.begin());
-  std::iota(order.begin(), order.end(), task.begin());
+std::vector<int64_t> Worker::TaskRecordOrder(const proto::DataTask& task, int64_t begin,
+                                             int64_t end) const {
+  std::vector<int64_t> order(end - begin);
+  std::iota(order.begin(), order.end(), begin);
   if (options_.shuffle_within_task) {
     std::mt19937_64 rng(options_.config.job.seed * 7919 + task.id());
     std::shuffle(order.begin(), order.end(), rng);
@@ -579,7 +595,8 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         ") is outside the training set of ", train_.num_examples, " records"));
   }
   current_epoch_ = task.epoch();
-  const std::vector<int64_t> order = TaskRecordOrder(task, task.end());
+  task_records_ = task.end() - task.begin();
+  const std::vector<int64_t> order = TaskRecordOrder(task, task.begin(), task.end());
   const int dim = train_.feature_dim;
   const int batch_size = options_.config.job.batch_size;
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;

@@ -71,6 +71,10 @@ struct WorkerOptions {
   absl::Duration register_timeout = absl::Seconds(60);
 };
 
+// The reader options of a CTR job's training data (data.bad_lines,
+// data.train_limit).
+storage::CriteoReadOptions CtrReadOptions(const DataSection& d);
+
 // Thread-safe where noted: Run() on one thread; Shutdown() from any.
 class Worker {
  public:
@@ -150,7 +154,8 @@ class Worker {
   absl::Status TrainTask(const proto::DataTask& task, bool local);
   // The records of `task` below `end` in training order (shuffled by the
   // job seed when shuffle_within_task), less its first skip_records.
-  std::vector<int64_t> TaskRecordOrder(const proto::DataTask& task, int64_t end) const;
+  std::vector<int64_t> TaskRecordOrder(const proto::DataTask& task, int64_t begin,
+                                       int64_t end) const;
   // Settles the last step's push (acks, retries), if any.
   absl::Status SettlePush();
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.
@@ -173,7 +178,10 @@ class Worker {
   WorkerOptions options_;
   storage::LabeledDataset train_;      // mlp
   storage::CtrDataset ctr_train_;      // wide_deep
-  int64_t ctr_train_skipped_ = 0;      // its lines skipped as bad (data.bad_lines: skip)
+  // wide_deep, the whole training file: loaded when it is gzipped or
+  // data.train_limit is set; else empty, and each task's byte range is read.
+  int64_t ctr_train_skipped_ = 0;      // lines skipped as bad (data.bad_lines: skip)
+  int64_t task_records_ = 0;           // training thread: records of the last task trained
   uint64_t ctr_steps_ = 0;             // training thread: this worker's CTR steps (cache clock)
   std::unique_ptr<Device> device_;
   std::unique_ptr<Mlp> model_;         // mlp

@@ -6,7 +6,8 @@
 #   asp   admission at first touch, no eviction, no worker cache;
 #   bsp   admission after 2 pushes, a capacity that forces evictions, and
 #         the worker's row cache with a staleness bound.
-# Checks: launch.sh exits 0; summary.json carries final_test_auc,
+# Checks: launch.sh exits 0; the training file is cut into byte ranges,
+# not read whole; summary.json carries final_test_auc,
 # final_test_logloss and the planted model's figures, with the AUC close
 # to the planted one; the pservers' /metrics count rows and keys; nothing
 # is left running.
@@ -109,5 +110,13 @@ planted="$(json_field "$s" planted_test_auc)"
 python3 -c "import sys; sys.exit(0 if 0.6 < $auc and $planted - $auc < $max_gap else 1)" ||
   fail "test AUC $auc is not within $max_gap of the planted model's $planted"
 grep -q 'progress: worker' "$work/out" || fail "no progress lines shown"
+# The master cut the text file by bytes (it read only its start); each
+# worker read its tasks' ranges, not the whole file.
+cat "$work"/run/logs/master*.log > "$work/master.log"
+grep -q 'train.txt: .* bytes, about .* records .*cut into data tasks of' "$work/master.log" ||
+  fail "the master did not cut train.txt into byte ranges"
+cat "$work"/run/logs/worker*.log > "$work/workers.log"
+grep -q 'training records read per data task from' "$work/workers.log" ||
+  fail "a worker loaded the whole training file"
 assert_nothing_left "$work"
 echo "PASS: $MODE AUC $auc (planted $planted)"

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "proto/strata.grpc.pb.h"
 #include "storage/file_system.h"
+#include "tests/testing/gzip.h"
 #include "tests/testing/status_matchers.h"
 
 namespace strata::master {
@@ -795,7 +796,53 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
   EXPECT_EQ(done.outcome(), proto::LeaseTaskResponse::DONE);
 }
 
-TEST_F(MasterServerTest, CtrJobCountsLinesAndReportsAucBesideThePlantedModel) {
+// A Criteo line (label, 13 integers, 26 hex values).
+std::string CriteoLine(int i) {
+  std::string line = std::to_string(i % 2);
+  for (int j = 0; j < 13; ++j) absl::StrAppend(&line, "\t", j);
+  for (int j = 0; j < 26; ++j) absl::StrAppend(&line, "\t", absl::Hex(0x10000000 + i * 26 + j));
+  return line;
+}
+
+TEST_F(MasterServerTest, CtrJobCutsTextByBytesAndCountsGzippedLines) {
+  JobConfig& c = options_.config;
+  c.model.type = "wide_deep";
+  c.data.format = "criteo";
+  c.data.train = "/ctr/train.txt";
+  c.data.task_records = 2;
+  const std::string text = absl::StrCat(CriteoLine(0), "\n", CriteoLine(1), "\n\n",
+                                        CriteoLine(2), "\n", CriteoLine(3), "\n",
+                                        CriteoLine(4), "\n");
+  // Plain text: cut into byte ranges of about 2 records each, covering it.
+  ASSERT_THAT(fs_->WriteFileAtomic("/ctr/train.txt", text), IsOk());
+  CreateMaster();
+  EXPECT_EQ(master_->GetStatus().job().tasks_total(), 3u);
+  uint32_t ps, a;
+  StartRunningJob(&ps, &a);
+  int64_t covered = 0;
+  for (int i = 0; i < 3; ++i) {
+    STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(a));
+    ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK) << i;
+    EXPECT_TRUE(lease.task().by_bytes());
+    covered += lease.task().byte_end() - lease.task().byte_begin();
+    ASSERT_THAT(Complete(a, lease.task().id(), i), IsOk());
+  }
+  EXPECT_EQ(covered, static_cast<int64_t>(text.size()));
+  master_.reset();
+  // A file that is not Criteo text fails at start, naming it and the line.
+  ASSERT_THAT(fs_->WriteFileAtomic("/ctr/train.txt", "a\nb\n"), IsOk());
+  EXPECT_THAT(MasterServer::Create(options_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/ctr/train.txt:1:")));
+  // Gzipped: its lines are counted (5 records, 3 tasks of 2).
+  ASSERT_THAT(fs_->WriteFileAtomic("/ctr/train.txt", ::strata::testing::Gzip(text)), IsOk());
+  CreateMaster();
+  EXPECT_EQ(master_->GetStatus().job().tasks_total(), 3u);
+  StartRunningJob(&ps, &a);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(a));
+  EXPECT_FALSE(lease.task().by_bytes());
+}
+
+TEST_F(MasterServerTest, CtrJobReportsAucBesideThePlantedModel) {
   JobConfig& c = options_.config;
   c.model.type = "wide_deep";
   c.data.format = "criteo";
@@ -803,8 +850,12 @@ TEST_F(MasterServerTest, CtrJobCountsLinesAndReportsAucBesideThePlantedModel) {
   c.data.test = "/ctr/test.txt";
   c.data.planted = "/ctr/planted.json";
   c.data.task_records = 2;
-  // 5 records (lines; their fields are the workers' business): 3 tasks.
-  ASSERT_THAT(fs_->WriteFileAtomic("/ctr/train.txt", "a\nb\n\nc\nd\ne\n"), IsOk());
+  // 5 records: 3 tasks.
+  ASSERT_THAT(fs_->WriteFileAtomic(
+                  "/ctr/train.txt", absl::StrCat(CriteoLine(0), "\n", CriteoLine(1), "\n\n",
+                                                 CriteoLine(2), "\n", CriteoLine(3), "\n",
+                                                 CriteoLine(4), "\n")),
+              IsOk());
   // planted.json must carry both figures.
   ASSERT_THAT(fs_->WriteFileAtomic("/ctr/planted.json", "{\"planted_test_auc\": 0.7}"), IsOk());
   EXPECT_THAT(MasterServer::Create(options_),
@@ -819,7 +870,7 @@ TEST_F(MasterServerTest, CtrJobCountsLinesAndReportsAucBesideThePlantedModel) {
                   "{\"planted_test_auc\": 0.78, \"planted_test_logloss\": 0.46, \"seed\": 1}"),
               IsOk());
   CreateMaster();
-  EXPECT_EQ(master_->GetStatus().job().tasks_total(), 3u);  // ceil(5 / 2)
+  EXPECT_EQ(master_->GetStatus().job().tasks_total(), 3u);
 
   uint32_t ps, a;
   StartRunningJob(&ps, &a);

@@ -222,5 +222,58 @@ TEST(TaskSchedulerTest, CurrentEpochWaitsForTheSlowestTaskOfTheEpoch) {
   EXPECT_EQ(s.current_epoch(), 2);
 }
 
+TEST(TaskSchedulerTest, ByteSplitTilesTheFileEachEpochWithRecordEstimates) {
+  // 1000 bytes at 10 bytes per record, tasks of 300 bytes: 4 per epoch.
+  TaskScheduler s(TaskScheduler::ByteSplit{1000, 300, 10.0}, 2, 7, kLease);
+  EXPECT_EQ(s.total(), 8u);
+  const auto tasks = LeaseAll(s, 1, kT0);
+  for (int e = 0; e < 2; ++e) {
+    std::vector<std::pair<int64_t, int64_t>> bytes, records;
+    for (const auto& t : tasks) {
+      if (t.epoch() != e) continue;
+      EXPECT_TRUE(t.by_bytes());
+      bytes.emplace_back(t.byte_begin(), t.byte_end());
+      records.emplace_back(t.begin(), t.end());
+    }
+    std::sort(bytes.begin(), bytes.end());
+    std::sort(records.begin(), records.end());
+    EXPECT_THAT(bytes, ElementsAre(Pair(0, 300), Pair(300, 600), Pair(600, 900),
+                                   Pair(900, 1000)));
+    EXPECT_THAT(records, ElementsAre(Pair(0, 30), Pair(30, 60), Pair(60, 90), Pair(90, 100)));
+  }
+  // The records a worker reports replace the estimate.
+  ASSERT_THAT(s.Complete(1, tasks[0].id(), 5, /*records=*/41), IsOk());
+  EXPECT_EQ(s.RecordsOf(tasks[0].id()), 41);
+  EXPECT_EQ(s.RecordsDone(), 41);
+  EXPECT_EQ(s.RecordsOf(tasks[1].id()), tasks[1].end() - tasks[1].begin());
+}
+
+TEST(TaskSchedulerTest, AByteTaskStaysPartialAtACutUntilItsSizeIsKnown) {
+  TaskScheduler s(TaskScheduler::ByteSplit{1000, 1000, 10.0}, 1, 7, kLease);
+  auto t = s.Lease(1, kT0, /*first_step=*/10);
+  ASSERT_TRUE(t.has_value());
+  // 20 steps of 8: 160 records, more than the estimate of 100. Its real
+  // size is unknown: partial, so a resumed worker skips what it had.
+  TaskScheduler::Cut cut = s.CutAt(30, 8);
+  EXPECT_TRUE(cut.done.empty());
+  EXPECT_THAT(cut.partial, ElementsAre(Pair(t->id(), 160)));
+  // Completed after the cut with 170 records: still partial at step 30.
+  ASSERT_THAT(s.Complete(1, t->id(), 31, 170), IsOk());
+  EXPECT_THAT(s.CutAt(30, 8).partial, ElementsAre(Pair(t->id(), 160)));
+  // With 160 records it was done at the cut.
+  TaskScheduler s2(TaskScheduler::ByteSplit{1000, 1000, 10.0}, 1, 7, kLease);
+  auto t2 = s2.Lease(1, kT0, 10);
+  ASSERT_THAT(s2.Complete(1, t2->id(), 31, 160), IsOk());
+  EXPECT_THAT(s2.CutAt(30, 8).done, ElementsAre(t2->id()));
+
+  // Resumed: the skip is kept whatever the estimate, and the task is leased.
+  TaskScheduler r(TaskScheduler::ByteSplit{1000, 1000, 10.0}, 1, 7, kLease);
+  ASSERT_THAT(r.Resume({}, {{0, 160}}), IsOk());
+  EXPECT_EQ(r.pending(), 1u);
+  auto again = r.Lease(1, kT0);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->skip_records(), 160);
+}
+
 }  // namespace
 }  // namespace strata::master

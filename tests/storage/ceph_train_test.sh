@@ -88,8 +88,18 @@ grep -q "6000 training records" "$work/s/logs/master-0.log" || fail "the master 
 echo "ok: Fashion-MNIST read from radosgw (sized by ranged GETs on the master): accuracy $acc_s"
 
 # 4. Sparse tables: CTR data generated into CephFS, incremental checkpoints
-#    in the bucket, stopped and resumed: the same model.
-ctr_config() {  # ctr_config FILE ROOT PORT_BASE
+#    in the bucket, stopped and resumed: the same model. The stopped and
+#    resumed runs read the training file from the bucket, each data task
+#    its own byte range (ranged GETs): the same records, the same model.
+ctr_config() {  # ctr_config FILE ROOT PORT_BASE [TRAIN]
+  local train="${4:-$CEPHFS/ctr/train.txt}" generate=""
+  [[ -n ${4:-} ]] || generate="  generate:
+    out_dir: $CEPHFS/ctr
+    train_rows: 40000
+    test_rows: 5000
+    seed: 9
+    zipf: 1.3
+    max_vocab: 20000"
   cat > "$1" <<YAML
 job:
   name: ceph-ctr
@@ -109,16 +119,10 @@ sparse:
   partitions: 4
 data:
   format: criteo
-  train: $CEPHFS/ctr/train.txt
+  train: $train
   test: $CEPHFS/ctr/test.txt
   task_records: 5000
-  generate:
-    out_dir: $CEPHFS/ctr
-    train_rows: 40000
-    test_rows: 5000
-    seed: 9
-    zipf: 1.3
-    max_vocab: 20000
+$generate
 $(cluster_yaml "$3")
 checkpoint:
   dir: $2
@@ -132,8 +136,10 @@ YAML
 ctr_config "$work/ca.yaml" "s3://$bucket/ctr-a" "$(pick_port_base)"
 launch --config "$work/ca.yaml" --run-dir "$work/ca" || fail "uninterrupted CTR run on Ceph failed"
 want="$(digest_of "s3://$bucket/ctr-a" "$(latest_seq "s3://$bucket/ctr-a" "$work/ca.yaml")" "$work/ca.yaml")"
+s3 put "$CEPHFS/ctr/train.txt" "s3://$bucket/ctr-data/train.txt" > /dev/null ||
+  fail "cannot copy the CTR training file into the bucket"
 base="$(pick_port_base)"
-ctr_config "$work/cb.yaml" "s3://$bucket/ctr-b" "$base"
+ctr_config "$work/cb.yaml" "s3://$bucket/ctr-b" "$base" "s3://$bucket/ctr-data/train.txt"
 launch --config "$work/cb.yaml" --run-dir "$work/cb" > "$work/cb.out" 2>&1 &
 launcher=$!
 wait_steps "127.0.0.1:$base" 250
@@ -144,6 +150,9 @@ expect_stopped "$work/cb.out" "stopped CTR run"
 "$STRATA" checkpoint list --dir "s3://$bucket/ctr-b" --config "$work/cb.yaml" | tee "$work/ctr-list"
 grep -qE ' incremental ' "$work/ctr-list" || fail "no incremental checkpoint in the bucket"
 launch --config "$work/cb.yaml" --run-dir "$work/cb2" --resume latest || fail "resumed CTR run on Ceph failed"
+cat "$work"/cb2/logs/worker*.log > "$work/cb2-workers.log"
+grep -q "training records read per data task from s3://$bucket/ctr-data/train.txt" \
+  "$work/cb2-workers.log" || fail "the workers did not read the bucket's training file by task"
 got="$(digest_of "s3://$bucket/ctr-b" "$(latest_seq "s3://$bucket/ctr-b" "$work/cb.yaml")" "$work/cb.yaml")"
 [[ "$got" == "$want" ]] || fail "resumed CTR final state $got differs from the uninterrupted run's $want"
 assert_nothing_left "$work"

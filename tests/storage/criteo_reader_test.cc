@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/faulty_file_system.h"
 #include "storage/file_system.h"
 #include "tests/testing/gzip.h"
 #include "tests/testing/status_matchers.h"
@@ -425,6 +426,185 @@ TEST_F(LoadCriteoFileTest, CountCriteoLinesCountsNonEmptyLines) {
   Write("/c0.txt", "");
   EXPECT_EQ(*CountCriteoLines(fs_.get(), "/c0.txt"), 0);
   EXPECT_THAT(CountCriteoLines(fs_.get(), "/nope.txt"),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Line i's C1 is i: its key tells which line a record came from.
+std::string NumberedLine(int i, bool short_form = false) {
+  std::vector<std::string> f = FullFields(i % 2 ? "1" : "0");
+  f[1 + kCriteoDense] = absl::StrCat(absl::Hex(i));
+  // Lines of different lengths: some with their integers missing.
+  if (short_form) {
+    for (int j = 1; j <= kCriteoDense; ++j) f[j].clear();
+  }
+  return Join(f);
+}
+int LineOf(const CtrDataset& d, int64_t r) {
+  for (int i = 0; i < 100000; ++i) {
+    if (d.keys[r * kCriteoCategorical] == CriteoFeatureKey(0, i)) return i;
+  }
+  return -1;
+}
+
+// Records the ranges read, and whether anything read a file whole.
+class RangeCountingFs : public FaultyFileSystem {
+ public:
+  explicit RangeCountingFs(FileSystem* base) : FaultyFileSystem(base), base_(base) {}
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    ++whole_reads;
+    return base_->ReadFile(path);
+  }
+  absl::StatusOr<std::string> ReadFileRange(const std::string& path, uint64_t offset,
+                                            uint64_t n) override {
+    auto r = base_->ReadFileRange(path, offset, n);
+    if (r.ok()) bytes_read += r->size();
+    return r;
+  }
+  int whole_reads = 0;
+  uint64_t bytes_read = 0;
+
+ private:
+  FileSystem* const base_;
+};
+
+class LoadCriteoRangeTest : public LoadCriteoFileTest {
+ protected:
+  // The lines read by ranges of `step` bytes tiling [0, size), in order.
+  std::vector<int> ReadTiled(const std::string& path, uint64_t size, uint64_t step,
+                             const CriteoReadOptions& options = {}) {
+    std::vector<int> lines;
+    for (uint64_t b = 0; b < size; b += step) {
+      auto d = LoadCriteoRange(fs_.get(), path, b, std::min(size, b + step), options, nullptr);
+      EXPECT_THAT(d, IsOk()) << "range at " << b;
+      if (!d.ok()) break;
+      EXPECT_EQ(d->num_examples, static_cast<int64_t>(d->labels.size()));
+      for (int64_t r = 0; r < d->num_examples; ++r) lines.push_back(LineOf(*d, r));
+    }
+    return lines;
+  }
+};
+
+TEST_F(LoadCriteoRangeTest, RangesThatTileTheFileReadEveryLineOnce) {
+  // Lines of two lengths, empty lines, a CRLF, and no final newline.
+  std::string text;
+  std::vector<int> want;
+  for (int i = 0; i < 57; ++i) {
+    absl::StrAppend(&text, NumberedLine(i, i % 3 == 0), i == 20 ? "\r\n" : "\n");
+    if (i % 11 == 0) text += "\n";
+    want.push_back(i);
+  }
+  for (const std::string& last : {std::string("\n"), std::string("")}) {
+    const std::string file = text + NumberedLine(57) + last;
+    Write("/t.txt", file);
+    std::vector<int> all = want;
+    all.push_back(57);
+    const uint64_t size = file.size();
+    for (uint64_t step : {uint64_t{1}, uint64_t{7}, uint64_t{100}, uint64_t{333},
+                          size / 3, size - 1, size, size + 10}) {
+      EXPECT_EQ(ReadTiled("/t.txt", size, step), all)
+          << "ranges of " << step << " bytes, final newline: " << !last.empty();
+    }
+  }
+}
+
+TEST_F(LoadCriteoRangeTest, ReadsOnlyAboutTheRange) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i) absl::StrAppend(&text, NumberedLine(i), "\n");
+  Write("/big.txt", text);
+  RangeCountingFs counting(fs_.get());
+  const uint64_t line = NumberedLine(0).size() + 1;
+  // Lines 100..199 (the range starts inside line 99, ends inside 199).
+  auto d = LoadCriteoRange(&counting, "/big.txt", 100 * line - 5, 200 * line - 5, {}, nullptr);
+  ASSERT_THAT(d, IsOk());
+  ASSERT_EQ(d->num_examples, 100);
+  EXPECT_EQ(LineOf(*d, 0), 100);
+  EXPECT_EQ(LineOf(*d, 99), 199);
+  EXPECT_EQ(counting.whole_reads, 0);
+  // The range, its byte before, and one look-ahead step (64 KiB) at most.
+  EXPECT_LE(counting.bytes_read, 100 * line + 1 + (64 << 10));
+}
+
+TEST_F(LoadCriteoRangeTest, AnOverlongLineIsOneBadLineOfTheRangeItStartsIn) {
+  const std::string text = NumberedLine(0) + "\n" + NumberedLine(1) +
+                           std::string(200000, 'x') + "\n" + NumberedLine(2) + "\n";
+  Write("/o.txt", text);
+  const uint64_t second = NumberedLine(0).size() + 1;
+  CriteoReadOptions skip;
+  skip.bad_lines = BadLinePolicy::kSkip;
+  CriteoReadStats stats;
+  // The range holds line 0 and the start of the overlong line 1.
+  auto a = LoadCriteoRange(fs_.get(), "/o.txt", 0, second + 10, skip, &stats);
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(a->num_examples, 1);
+  EXPECT_EQ(stats.skipped, 1);
+  EXPECT_THAT(stats.first_error,
+              AllOf(HasSubstr(absl::StrCat("/o.txt (the line at byte ", second, ")")),
+                    HasSubstr("line longer than 65536 bytes")));
+  // The next range starts inside it: it holds line 2 only.
+  auto b = LoadCriteoRange(fs_.get(), "/o.txt", second + 10, text.size(), skip, &stats);
+  ASSERT_THAT(b, IsOk());
+  ASSERT_EQ(b->num_examples, 1);
+  EXPECT_EQ(LineOf(*b, 0), 2);
+  EXPECT_EQ(stats.skipped, 0);
+  // Under kFail the range's read fails, naming the line's byte.
+  EXPECT_THAT(LoadCriteoRange(fs_.get(), "/o.txt", 0, second + 10, {}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("(the line at byte ", second, ")"))));
+}
+
+TEST_F(LoadCriteoRangeTest, GzippedOrMissingFilesAreErrors) {
+  Write("/g.txt.gz", Gzip(NumberedLine(0) + "\n"));
+  EXPECT_THAT(LoadCriteoRange(fs_.get(), "/g.txt.gz", 0, 10, {}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/g.txt.gz"), HasSubstr("gzipped"))));
+  EXPECT_THAT(LoadCriteoRange(fs_.get(), "/none.txt", 0, 10, {}, nullptr),
+              StatusIs(absl::StatusCode::kNotFound));
+  // An empty range is no records, not an error.
+  auto e = LoadCriteoRange(fs_.get(), "/none.txt", 10, 10, {}, nullptr);
+  ASSERT_THAT(e, IsOk());
+  EXPECT_EQ(e->num_examples, 0);
+}
+
+TEST_F(LoadCriteoRangeTest, ProbeSizesTheFileFromItsStart) {
+  std::string text;
+  for (int i = 0; i < 5000; ++i) absl::StrAppend(&text, NumberedLine(i), "\n");
+  Write("/p.txt", text);
+  RangeCountingFs counting(fs_.get());
+  auto shape = ProbeCriteoFile(&counting, "/p.txt", {}, 4096);
+  ASSERT_THAT(shape, IsOk());
+  EXPECT_FALSE(shape->gzipped);
+  EXPECT_EQ(shape->file_bytes, text.size());
+  EXPECT_LE(shape->sample_bytes, 4096u);
+  EXPECT_EQ(counting.whole_reads, 0);
+  EXPECT_LE(counting.bytes_read, 4096u);
+  // Every line has nearly the same length: the estimate is close.
+  EXPECT_NEAR(shape->file_bytes / shape->bytes_per_record, 5000, 50);
+
+  Write("/p.gz", Gzip(text));
+  auto gz = ProbeCriteoFile(fs_.get(), "/p.gz", {});
+  ASSERT_THAT(gz, IsOk());
+  EXPECT_TRUE(gz->gzipped);
+}
+
+TEST_F(LoadCriteoRangeTest, ProbeRefusesWhatIsNotCriteoText) {
+  Write("/empty.txt", "");
+  EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/empty.txt", {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/empty.txt"), HasSubstr("empty"))));
+  Write("/csv.txt", "a,b,c\n1,2,3\n");
+  EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/csv.txt", {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/csv.txt:1:"), HasSubstr("40 tab-separated"))));
+  CriteoReadOptions skip;
+  skip.bad_lines = BadLinePolicy::kSkip;
+  EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/csv.txt", skip),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/csv.txt"), HasSubstr("no valid record"))));
+  Write("/one-line.bin", std::string(100000, 'z'));
+  EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/one-line.bin", {}, 4096),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/one-line.bin"), HasSubstr("no line ends"))));
+  EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/nope.txt", {}),
               StatusIs(absl::StatusCode::kNotFound));
 }
 

@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$ROOT/build"
 if [[ $# -gt 0 && "$1" != --* ]]; then BUILD="$1"; shift; fi
-FILES=4 MB=64 PARALLEL=4 PART_MB=16
+FILES=4 MB=64 PARALLEL=8 PART_MB=8
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --files) FILES="$2"; shift 2 ;;

@@ -194,8 +194,8 @@ struct S3Section {
   std::string region = "us-east-1";
   std::string addressing = "path";  // path | virtual (bucket.host)
   std::string credentials_file;     // AWS shared-credentials format; "" = environment
-  int part_size_mb = 16;            // multipart part size, [5, 5120]
-  int parallel_parts = 4;           // parts or ranged reads in flight per file, [1, 64]
+  int part_size_mb = 8;             // multipart part size, [5, 5120]
+  int parallel_parts = 8;           // parts or ranged reads in flight per file, [1, 64]
   int connect_timeout_ms = 5000;    // > 0
   int timeout_seconds = 30;         // a request that moves nothing for this long fails, >= 1
   int retries = 4;                  // attempts after the first, [0, 20]

@@ -12,6 +12,7 @@
 #include "common/grpc_status.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
+#include "common/threads.h"
 #include "glog/logging.h"
 #include "master/master_server.h"
 #include "master/placement.h"
@@ -277,7 +278,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     results.assign(targets.size(), absl::UnknownError("no answer"));
     std::vector<std::thread> calls;
     for (size_t i = 0; i < targets.size(); ++i) {
-      calls.emplace_back([&, i] {
+      auto call = [&, i] {
         proto::CheckpointPartitionsResponse resp;
         grpc::ClientContext ctx;
         ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(cfg.timeout_seconds + 5)));
@@ -300,7 +301,8 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
         } else {
           results[i] = s;
         }
-      });
+      };
+      if (!TryAddThread(&calls, call)) call();
     }
     for (auto& t : calls) t.join();
     bool past_cut = false, cancelled = false, busy = false;

@@ -9,6 +9,7 @@
 #include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/threads.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/initializer.h"
@@ -291,7 +292,9 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       }
     };
     std::vector<std::thread> loaders;
-    for (size_t t = 1; t < std::min(kParallelLoads, to_load.size()); ++t) loaders.emplace_back(work);
+    for (size_t t = 1; t < std::min(kParallelLoads, to_load.size()); ++t) {
+      if (!TryAddThread(&loaders, work)) break;
+    }
     work();
     for (std::thread& t : loaders) t.join();
     for (const absl::Status& s : loaded) STRATA_RETURN_IF_ERROR(s);

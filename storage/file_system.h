@@ -69,7 +69,7 @@ class FileSystem {
   // overrides it with one PUT, which is atomic there.
   virtual absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
   // Removes `path` and everything under it; OK when it does not exist.
-  absl::Status DeleteRecursively(const std::string& path);
+  virtual absl::Status DeleteRecursively(const std::string& path);
 };
 
 // "a/b" -> "a", "b" -> ".", "/b" -> "/".

@@ -393,6 +393,10 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                    static_cast<long>(std::max(1, options_.stall_timeout_ms / 1000)));
+  // Large transfer buffers: fewer reads, writes and callbacks per MB, CPU
+  // left to the store when it runs on the same host.
+  curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 512L << 10);
+  curl_easy_setopt(curl, CURLOPT_UPLOAD_BUFFERSIZE, 512L << 10);
   BodySink sink;
   sink.curl = curl;
   sink.body = &resp.body;
@@ -606,6 +610,39 @@ absl::Status S3Client::DeleteObject(const std::string& bucket, const std::string
   r.key = key;
   absl::Status s = Call("DeleteObject", r).status();
   return absl::IsNotFound(s) ? absl::OkStatus() : s;
+}
+
+absl::Status S3Client::DeleteObjects(const std::string& bucket,
+                                     const std::vector<std::string>& keys) {
+  constexpr size_t kPerRequest = 1000;  // S3's limit
+  for (size_t first = 0; first < keys.size(); first += kPerRequest) {
+    std::string xml = "<Delete><Quiet>true</Quiet>";
+    const size_t end = std::min(keys.size(), first + kPerRequest);
+    for (size_t i = first; i < end; ++i) {
+      absl::StrAppend(&xml, "<Object><Key>", XmlEscape(keys[i]), "</Key></Object>");
+    }
+    xml += "</Delete>";
+    Request r;
+    r.method = "POST";
+    r.bucket = bucket;
+    r.query = {{"delete", ""}};
+    r.body = xml;
+    r.content_md5 = true;  // required for this request
+    absl::StatusOr<Response> resp = Call("DeleteObjects", r);
+    if (!resp.ok()) return resp.status();
+    // Quiet: only the keys that failed are listed, each in an <Error>.
+    const std::vector<std::string> errors = XmlAll(resp->body, "Error");
+    if (!errors.empty()) {
+      const std::string code = XmlFirst(errors.front(), "Code");
+      return absl::Status(
+          code == "AccessDenied" ? absl::StatusCode::kPermissionDenied
+                                 : absl::StatusCode::kUnavailable,
+          absl::StrCat("s3 DeleteObjects ", Url(bucket, XmlFirst(errors.front(), "Key")), " (",
+                       errors.size(), " of ", end - first, " keys refused) at ",
+                       options_.endpoint, ": ", code, " ", XmlFirst(errors.front(), "Message")));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status S3Client::CopyObject(const std::string& bucket, const std::string& from_key,

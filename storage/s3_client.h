@@ -117,6 +117,10 @@ class S3Client {
                                  const std::string& delimiter, int max_keys = 0);
   // OK when the object does not exist.
   absl::Status DeleteObject(const std::string& bucket, const std::string& key);
+  // Multi-object delete: requests of up to 1000 keys each. Keys that do not
+  // exist are no error; a key the store refused fails the call, naming it
+  // and S3's code (after the other keys of its request are gone).
+  absl::Status DeleteObjects(const std::string& bucket, const std::vector<std::string>& keys);
   // Server-side copy within the bucket.
   absl::Status CopyObject(const std::string& bucket, const std::string& from_key,
                           const std::string& to_key);

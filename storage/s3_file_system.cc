@@ -2,11 +2,14 @@
 
 #include <atomic>
 #include <deque>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/huge_pages.h"
+#include "common/threads.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -111,7 +114,7 @@ class S3WritableFile : public WritableFile {
     part->bytes = std::move(bytes);
     etags_.emplace_back();
     Part* p = part.get();
-    p->thread = std::thread([this, p] {
+    auto upload = [this, p] {
       absl::StatusOr<std::string> etag =
           client_->UploadPart(bucket_, key_, upload_id_, p->number, p->bytes);
       if (etag.ok()) {
@@ -119,14 +122,15 @@ class S3WritableFile : public WritableFile {
       } else {
         p->status = etag.status();
       }
-    });
+    };
+    if (!TryStartThread(&p->thread, upload)) upload();  // (joined: not joinable)
     in_flight_.push_back(std::move(part));
   }
 
   void JoinOldest() {
     std::unique_ptr<Part> p = std::move(in_flight_.front());
     in_flight_.pop_front();
-    p->thread.join();
+    if (p->thread.joinable()) p->thread.join();
     if (!p->status.ok()) {
       if (error_.ok()) error_ = p->status;
       return;
@@ -190,7 +194,7 @@ class S3FileSystem : public FileSystem {
     };
     std::vector<std::thread> threads;
     for (int t = 1; t < parallel_ && static_cast<uint64_t>(t) < ranges; ++t) {
-      threads.emplace_back(work);
+      if (!TryAddThread(&threads, work)) break;
     }
     work();
     for (std::thread& t : threads) t.join();
@@ -232,16 +236,41 @@ class S3FileSystem : public FileSystem {
 
   // Directories are implicit: checks that the bucket is there and that
   // these keys may use it, so a wrong key or bucket shows at start.
+  // Once a bucket passed, it is not asked again (a pserver "creates" its
+  // checkpoint directory for every checkpoint).
   absl::Status CreateDirs(const std::string& path) override {
     std::string bucket, key;
     STRATA_RETURN_IF_ERROR(ParseS3Url(path, &bucket, &key));
+    {
+      absl::MutexLock l(&mu_);
+      if (checked_buckets_.count(bucket) > 0) return absl::OkStatus();
+    }
     absl::Status s = client_->CheckBucket(bucket);
     if (absl::IsNotFound(s)) {
       return absl::NotFoundError(absl::StrCat(path, ": bucket ", bucket,
                                               " does not exist (create it first: ", s.message(),
                                               ")"));
     }
+    if (s.ok()) {
+      absl::MutexLock l(&mu_);
+      checked_buckets_.insert(bucket);
+    }
     return s;
+  }
+
+  // One listing of the prefix and batched deletes, not a walk that asks
+  // about every entry.
+  absl::Status DeleteRecursively(const std::string& path) override {
+    std::string bucket, key;
+    STRATA_RETURN_IF_ERROR(ParseS3Url(path, &bucket, &key));
+    if (key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("delete ", path, ": refusing to empty a whole bucket"));
+    }
+    STRATA_ASSIGN_OR_RETURN(S3Listing l, client_->List(bucket, key + "/", ""));
+    std::vector<std::string> keys = {key};  // the object of that name, if any
+    for (const S3ObjectInfo& o : l.objects) keys.push_back(o.key);
+    return client_->DeleteObjects(bucket, keys);
   }
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
@@ -320,6 +349,8 @@ class S3FileSystem : public FileSystem {
   }
 
   const std::unique_ptr<S3Client> client_;
+  absl::Mutex mu_;
+  std::set<std::string> checked_buckets_ ABSL_GUARDED_BY(mu_);
   const uint64_t part_bytes_;
   const int parallel_;
 };
@@ -354,6 +385,10 @@ class RoutingFileSystem : public FileSystem {
   absl::Status CreateDirs(const std::string& path) override {
     STRATA_ASSIGN_OR_RETURN(FileSystem * fs, For(path));
     return fs->CreateDirs(path);
+  }
+  absl::Status DeleteRecursively(const std::string& path) override {
+    STRATA_ASSIGN_OR_RETURN(FileSystem * fs, For(path));
+    return fs->DeleteRecursively(path);
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     STRATA_ASSIGN_OR_RETURN(FileSystem * fs, For(path));

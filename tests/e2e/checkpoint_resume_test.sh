@@ -102,45 +102,8 @@ echo "ok: another job's checkpoint refused"
 #    admission counts are state too) with incremental checkpoints, stopped
 #    and resumed, ends with the uninterrupted run's model.
 ctr_config() {  # ctr_config FILE CHECKPOINT_DIR PORT_BASE
-  cat > "$1" <<YAML
-job:
-  name: e2e-ctr-resume
-  consistency: bsp
-  epochs: 2
-  batch_size: 128
-  progress_every_steps: 50
-  seed: 3
-model:
-  type: wide_deep
-  embedding_dim: 4
-  hidden: [16]
-optimizer:
-  type: adam
-  learning_rate: 0.002
-sparse:
-  partitions: 4
-  admission:
-    min_count: 2
-data:
-  format: criteo
-  train: $work/ctr-data/train.txt
-  test: $work/ctr-data/test.txt
-  task_records: 5000
-  generate:
-    out_dir: $work/ctr-data
-    train_rows: 60000
-    test_rows: 5000
-    seed: 9
-    zipf: 1.3
-    max_vocab: 20000
-$(cluster_yaml "$3")
-checkpoint:
-  dir: $2
-  every_steps: 40
-  every_seconds: 0
-  full_every: 1000          # every checkpoint after the first incremental
-  keep_last: 2
-YAML
+  CTR_SPARSE_EXTRA='  admission:
+    min_count: 2' ctr_job_yaml e2e-ctr-resume 2 "$work/ctr-data" 60000 "$3" "$2" > "$1"
 }
 ctr_config "$work/ca.yaml" "$work/ck-ca" "$(pick_port_base)"
 launch --config "$work/ca.yaml" --run-dir "$work/ca" || fail "uninterrupted CTR run failed"

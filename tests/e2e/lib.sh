@@ -113,3 +113,51 @@ expect_stopped() {
   set +e; wait "$launcher"; rc=$?; set -e
   (( rc == 3 )) || { tail -n 30 "$1"; fail "$2 exited $rc, expected 3 (stopped)"; }
 }
+
+# ctr_job_yaml NAME EPOCHS DATA_DIR TRAIN_ROWS PORT_BASE CHECKPOINT_DIR [TRAIN]
+# A bsp Wide & Deep job on data strata-gen-ctr makes in DATA_DIR (Zipf 1.3,
+# 20000 values a field), with incremental checkpoints into CHECKPOINT_DIR
+# every 40 steps. TRAIN given: the training file is read from there and
+# nothing is generated. $CTR_SPARSE_EXTRA: more lines of the sparse section.
+ctr_job_yaml() {
+  local train="${7:-$3/train.txt}" generate=""
+  [[ -n ${7:-} ]] || generate="  generate:
+    out_dir: $3
+    train_rows: $4
+    test_rows: 5000
+    seed: 9
+    zipf: 1.3
+    max_vocab: 20000"
+  cat <<YAML
+job:
+  name: $1
+  consistency: bsp
+  epochs: $2
+  batch_size: 128
+  progress_every_steps: 50
+  seed: 3
+model:
+  type: wide_deep
+  embedding_dim: 4
+  hidden: [16]
+optimizer:
+  type: adam
+  learning_rate: 0.002
+sparse:
+  partitions: 4
+${CTR_SPARSE_EXTRA:-}
+data:
+  format: criteo
+  train: $train
+  test: $3/test.txt
+  task_records: 5000
+$generate
+$(cluster_yaml "$5")
+checkpoint:
+  dir: $6
+  every_steps: 40
+  every_seconds: 0
+  full_every: 1000          # every checkpoint after the first incremental
+  keep_last: 2
+YAML
+}

@@ -92,46 +92,7 @@ echo "ok: Fashion-MNIST read from radosgw (sized by ranged GETs on the master): 
 #    resumed runs read the training file from the bucket, each data task
 #    its own byte range (ranged GETs): the same records, the same model.
 ctr_config() {  # ctr_config FILE ROOT PORT_BASE [TRAIN]
-  local train="${4:-$CEPHFS/ctr/train.txt}" generate=""
-  [[ -n ${4:-} ]] || generate="  generate:
-    out_dir: $CEPHFS/ctr
-    train_rows: 40000
-    test_rows: 5000
-    seed: 9
-    zipf: 1.3
-    max_vocab: 20000"
-  cat > "$1" <<YAML
-job:
-  name: ceph-ctr
-  consistency: bsp
-  epochs: 4
-  batch_size: 128
-  progress_every_steps: 50
-  seed: 3
-model:
-  type: wide_deep
-  embedding_dim: 4
-  hidden: [16]
-optimizer:
-  type: adam
-  learning_rate: 0.002
-sparse:
-  partitions: 4
-data:
-  format: criteo
-  train: $train
-  test: $CEPHFS/ctr/test.txt
-  task_records: 5000
-$generate
-$(cluster_yaml "$3")
-checkpoint:
-  dir: $2
-  every_steps: 40
-  every_seconds: 0
-  full_every: 1000
-  keep_last: 2
-$(s3_yaml)
-YAML
+  { ctr_job_yaml ceph-ctr 4 "$CEPHFS/ctr" 40000 "$3" "$2" ${4:+"$4"}; s3_yaml; } > "$1"
 }
 ctr_config "$work/ca.yaml" "s3://$bucket/ctr-a" "$(pick_port_base)"
 launch --config "$work/ca.yaml" --run-dir "$work/ca" || fail "uninterrupted CTR run on Ceph failed"

@@ -8,9 +8,13 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_format.h"
 #include "storage/s3_client.h"
@@ -173,6 +177,40 @@ TEST_F(S3StoreTest, ListByPrefixWithDelimiterAndPages) {
   ASSERT_THAT(fs->DeleteRecursively(Url("root")), IsOk());
   EXPECT_FALSE(fs->Exists(Url("root/sub/one")));
   EXPECT_TRUE(fs->Exists(Url("other")));
+}
+
+TEST_F(S3StoreTest, DeleteRecursivelyListsOnceAndDeletesInBatches) {
+  // 1100 objects under dir/: two multi-object deletes of at most 1000.
+  std::vector<std::thread> putters;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < 4; ++t) {
+    putters.emplace_back([&, t] {
+      for (int i = t; i < 1100; i += 4) {
+        if (!client_->PutObject(bucket_, absl::StrCat("dir/", i % 7, "/o", i), "x").ok()) {
+          ++failed;
+        }
+      }
+    });
+  }
+  for (auto& p : putters) p.join();
+  ASSERT_EQ(failed.load(), 0);
+  ASSERT_THAT(client_->PutObject(bucket_, "dir", "the object of that name"), IsOk());
+  ASSERT_THAT(client_->PutObject(bucket_, "dirx/keep", "a sibling prefix"), IsOk());
+  ASSERT_THAT(client_->PutObject(bucket_, "dir&<odd>/keep", "escaped in the XML"), IsOk());
+  auto fs = NewFs();
+  ASSERT_THAT(fs->DeleteRecursively(Url("dir")), IsOk());
+  auto left = client_->List(bucket_, "", "");
+  ASSERT_THAT(left.status(), IsOk());
+  std::vector<std::string> keys;
+  for (const auto& o : left->objects) keys.push_back(o.key);
+  EXPECT_THAT(keys, ::testing::UnorderedElementsAre("dirx/keep", "dir&<odd>/keep"));
+  ASSERT_THAT(fs->DeleteRecursively(Url("dir&<odd>")), IsOk());
+  EXPECT_FALSE(fs->Exists(Url("dir&<odd>/keep")));
+  // Nothing there: fine. A whole bucket: refused.
+  EXPECT_THAT(fs->DeleteRecursively(Url("dir")), IsOk());
+  EXPECT_THAT(fs->DeleteRecursively(absl::StrCat("s3://", bucket_)),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("whole bucket")));
+  EXPECT_TRUE(fs->Exists(Url("dirx/keep")));
 }
 
 TEST_F(S3StoreTest, LargeFileGoesUpInParallelPartsAndComesBackInRanges) {

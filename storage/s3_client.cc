@@ -36,6 +36,7 @@ struct S3Client::Request {
   char* into = nullptr;
   size_t into_size = 0;
   uint64_t into_offset = 0;  // the range's first byte
+  bool damage_body = false;  // tests: send the body with one bit flipped
 };
 
 struct S3Client::Response {
@@ -165,9 +166,11 @@ std::string AmzDate(absl::Time now) {
 }
 
 bool Retryable(long http, const std::string& code) {
-  // BadDigest: the body was damaged on the way (its Content-MD5 differs).
+  // BadDigest, XAmzContentSHA256Mismatch: the body was damaged on the way
+  // (its Content-MD5 or signed SHA-256 differs).
   return http == 500 || http == 502 || http == 503 || http == 504 || http == 429 ||
-         (http == 400 && (code == "RequestTimeout" || code == "BadDigest"));
+         (http == 400 && (code == "RequestTimeout" || code == "BadDigest" ||
+                          code == "XAmzContentSHA256Mismatch"));
 }
 
 absl::Status HttpError(long http, const std::string& what, const std::string& body) {
@@ -406,12 +409,19 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &resp.etag);
+  std::string damaged;  // outlives curl_easy_perform
   if (r.method == "HEAD") {
     curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
   } else if (r.method != "GET") {
     curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, r.method.c_str());
     if (r.method == "PUT" || r.method == "POST") {
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDS, r.body.empty() ? "" : r.body.data());
+      if (r.damage_body && !r.body.empty()) {
+        // Signed and summed as it was; sent damaged, as a bad link might.
+        damaged.assign(r.body.data(), r.body.size());
+        damaged[damaged.size() / 2] ^= 1;
+      }
+      curl_easy_setopt(curl, CURLOPT_POSTFIELDS,
+                       r.body.empty() ? "" : damaged.empty() ? r.body.data() : damaged.data());
       curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
     }
   }
@@ -465,6 +475,8 @@ absl::StatusOr<S3Client::Response> S3Client::Call(absl::string_view op, Request&
     }
     absl::Status injected =
         options_.fault_for_testing ? options_.fault_for_testing(op, attempt) : absl::OkStatus();
+    r.damage_body =
+        options_.damage_body_for_testing && options_.damage_body_for_testing(op, attempt);
     absl::StatusOr<Response> resp = injected.ok() ? Once(r) : absl::StatusOr<Response>(injected);
     if (resp.ok() && options_.lose_answer_for_testing &&
         options_.lose_answer_for_testing(op, attempt)) {

@@ -61,6 +61,9 @@ struct S3ClientOptions {
   // Tests only: true makes that attempt's request go through but its
   // answer be lost (a connection dropped after the store acted).
   std::function<bool(absl::string_view op, int attempt)> lose_answer_for_testing;
+  // Tests only: true makes that attempt send its body with one bit flipped
+  // after it was summed and signed (a body damaged on the way).
+  std::function<bool(absl::string_view op, int attempt)> damage_body_for_testing;
 };
 
 struct S3ObjectInfo {

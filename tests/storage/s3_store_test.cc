@@ -232,6 +232,45 @@ TEST_F(S3StoreTest, LargeFileGoesUpInParallelPartsAndComesBackInRanges) {
   EXPECT_TRUE(*back == body) << "read back differs";
 }
 
+TEST_F(S3StoreTest, ABodyDamagedOnTheWayIsRefusedByTheStoreAndSentAgain) {
+  // The first attempt of each PUT and part goes out with one bit flipped:
+  // radosgw refuses it (BadDigest or XAmzContentSHA256Mismatch), the client
+  // sends it again, and what is stored is the original.
+  S3ClientOptions o = options_;
+  o.damage_body_for_testing = [](absl::string_view, int attempt) { return attempt == 0; };
+  auto client = S3Client::Create(o);
+  ASSERT_THAT(client.status(), IsOk());
+  const std::string body = RandomBytes(70000, 9);
+  ASSERT_THAT((*client)->PutObject(bucket_, "damaged-once", body), IsOk());
+  EXPECT_EQ((*client)->counters().retries, 1u);
+  auto got = client_->GetObject(bucket_, "damaged-once");
+  ASSERT_THAT(got.status(), IsOk());
+  EXPECT_TRUE(*got == body);
+  auto fs = NewFs(5 << 20, 2, o);
+  const std::string big = RandomBytes((11 << 20) + 7, 10);  // 3 parts
+  auto f = fs->NewWritableFile(Url("damaged-parts"));
+  ASSERT_THAT(f.status(), IsOk());
+  ASSERT_THAT((*f)->Append(big), IsOk());
+  ASSERT_THAT((*f)->Close(), IsOk());
+  auto back = client_->GetObject(bucket_, "damaged-parts");
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_TRUE(*back == big) << "read back differs";
+  // Damaged every time: a clear error after the retries, no object.
+  S3ClientOptions always = options_;
+  always.retries = 1;
+  always.damage_body_for_testing = [](absl::string_view, int) { return true; };
+  auto bad = S3Client::Create(always);
+  ASSERT_THAT(bad.status(), IsOk());
+  absl::Status s = (*bad)->PutObject(bucket_, "never", body);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(), "BadDigest") ||
+              absl::StrContains(s.message(), "XAmzContentSHA256Mismatch"))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "(2 attempts)")) << s;
+  EXPECT_THAT(client_->HeadObject(bucket_, "never").status(),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST_F(S3StoreTest, AFailedPartIsRetriedAndTheUploadCompletes) {
   S3ClientOptions flaky = options_;
   std::atomic<int> injected{0};

@@ -1,6 +1,13 @@
 #include "common/metrics.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -128,6 +135,40 @@ void Counter::Increment(double v) {
 
 void Gauge::Add(double v) { AtomicAdd(value_, v); }
 
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)),
+      buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+  for (size_t i = 0; i + 1 < bounds_.size(); ++i) {
+    CHECK_LT(bounds_[i], bounds_[i + 1]) << "histogram bounds must ascend";
+  }
+  for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0, std::memory_order_relaxed);
+}
+
+void Histogram::Observe(double v) {
+  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  AtomicAdd(sum_, v);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::vector<uint64_t> Histogram::BucketCounts() const {
+  std::vector<uint64_t> out(bounds_.size() + 1);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = buckets_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+std::vector<double> Histogram::LatencyBounds() {
+  std::vector<double> b;
+  for (double v = 50e-6; v < 15; v *= 2) b.push_back(v);
+  return b;
+}
+
+std::vector<double> Histogram::ByteBounds() {
+  std::vector<double> b;
+  for (double v = 1024; v <= (1 << 30); v *= 4) b.push_back(v);
+  return b;
+}
+
 // One metric name: its help, type and one series per label set. Exactly one
 // of counter / gauge / callback is set in each series.
 struct MetricsRegistry::Family {
@@ -135,10 +176,11 @@ struct MetricsRegistry::Family {
     std::unique_ptr<Counter> counter;
     std::unique_ptr<Gauge> gauge;
     std::function<double()> callback;
+    std::unique_ptr<Histogram> histogram;
   };
 
   std::string help;
-  std::string type;  // "counter" or "gauge"
+  std::string type;  // "counter", "gauge" or "histogram"
   std::map<MetricLabels, Series> series;
 };
 
@@ -185,6 +227,31 @@ Gauge* MetricsRegistry::GetGauge(const std::string& name,
   return series.gauge.get();
 }
 
+Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::string& help,
+                                         std::vector<double> bounds,
+                                         const MetricLabels& labels) {
+  CheckNames(name, labels);
+  CHECK(labels.count("le") == 0) << "histogram " << name << ": 'le' is its own label";
+  absl::MutexLock lock(&mu_);
+  Family* family = FamilyLocked(name, help, "histogram");
+  Family::Series& series = family->series[labels];
+  if (series.histogram == nullptr) series.histogram = std::make_unique<Histogram>(std::move(bounds));
+  return series.histogram.get();
+}
+
+void MetricsRegistry::AddCallbackCounter(const std::string& name, const std::string& help,
+                                         std::function<double()> fn,
+                                         const MetricLabels& labels) {
+  CHECK(fn) << "callback counter " << name << " needs a function";
+  CheckNames(name, labels);
+  absl::MutexLock lock(&mu_);
+  Family* family = FamilyLocked(name, help, "counter");
+  Family::Series& series = family->series[labels];
+  CHECK(series.counter == nullptr)
+      << "metric " << name << FormatLabels(labels) << " is already a counter";
+  series.callback = std::move(fn);
+}
+
 void MetricsRegistry::AddCallbackGauge(const std::string& name,
                                        const std::string& help,
                                        std::function<double()> fn,
@@ -205,6 +272,8 @@ std::string MetricsRegistry::RenderPrometheus() const {
   // their own locks, or even use this registry.
   struct SeriesView {
     std::string labels;
+    MetricLabels label_map;  // histograms add "le"
+    const Histogram* histogram = nullptr;
     const Counter* counter = nullptr;
     const Gauge* gauge = nullptr;
     std::function<double()> callback;
@@ -223,8 +292,8 @@ std::string MetricsRegistry::RenderPrometheus() const {
       FamilyView view{name, family->help, family->type, {}};
       view.series.reserve(family->series.size());
       for (const auto& [labels, series] : family->series) {
-        view.series.push_back(SeriesView{FormatLabels(labels),
-                                         series.counter.get(),
+        view.series.push_back(SeriesView{FormatLabels(labels), labels,
+                                         series.histogram.get(), series.counter.get(),
                                          series.gauge.get(), series.callback});
       }
       views.push_back(std::move(view));
@@ -237,6 +306,23 @@ std::string MetricsRegistry::RenderPrometheus() const {
                     "\n");
     absl::StrAppend(&out, "# TYPE ", view.name, " ", view.type, "\n");
     for (const SeriesView& s : view.series) {
+      if (s.histogram != nullptr) {
+        const std::vector<uint64_t> counts = s.histogram->BucketCounts();
+        const std::vector<double>& bounds = s.histogram->bounds();
+        uint64_t cumulative = 0;
+        for (size_t i = 0; i < counts.size(); ++i) {
+          cumulative += counts[i];
+          MetricLabels with_le = s.label_map;
+          with_le["le"] = i < bounds.size() ? FormatValue(bounds[i]) : "+Inf";
+          absl::StrAppend(&out, view.name, "_bucket", FormatLabels(with_le), " ",
+                          cumulative, "\n");
+        }
+        // The count is the +Inf bucket's (read once: the two agree).
+        absl::StrAppend(&out, view.name, "_sum", s.labels, " ",
+                        FormatValue(s.histogram->sum()), "\n");
+        absl::StrAppend(&out, view.name, "_count", s.labels, " ", cumulative, "\n");
+        continue;
+      }
       double value = 0.0;
       if (s.counter != nullptr) {
         value = s.counter->value();
@@ -249,6 +335,68 @@ std::string MetricsRegistry::RenderPrometheus() const {
     }
   }
   return out;
+}
+
+namespace {
+
+// Fields of /proc/self/stat after the command (which may hold spaces):
+// index 0 is the state (field 3 of proc(5)).
+std::vector<std::string> ProcSelfStat() {
+  std::ifstream in("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  std::vector<std::string> fields;
+  if (close == std::string::npos) return fields;
+  std::istringstream rest(text.substr(close + 1));
+  for (std::string f; rest >> f;) fields.push_back(f);
+  return fields;
+}
+
+double ProcStatField(int proc5_field) {  // 1-based, as proc(5) numbers them
+  const std::vector<std::string> f = ProcSelfStat();
+  const size_t i = static_cast<size_t>(proc5_field - 3);
+  return i < f.size() ? std::strtod(f[i].c_str(), nullptr) : 0;
+}
+
+double BootTimeSeconds() {
+  std::ifstream in("/proc/stat");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("btime ", 0) == 0) return std::strtod(line.c_str() + 6, nullptr);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddProcessMetrics(MetricsRegistry* registry) {
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  registry->AddCallbackGauge("process_resident_memory_bytes", "Resident memory size in bytes",
+                             [page] {
+                               std::ifstream in("/proc/self/statm");
+                               double size = 0, resident = 0;
+                               in >> size >> resident;
+                               return resident * page;
+                             });
+  registry->AddCallbackGauge("process_virtual_memory_bytes", "Virtual memory size in bytes",
+                             [] { return ProcStatField(23); });
+  registry->AddCallbackCounter("process_cpu_seconds_total",
+                               "User and system CPU time spent in seconds", [ticks] {
+                                 return (ProcStatField(14) + ProcStatField(15)) / ticks;
+                               });
+  registry->AddCallbackGauge("process_open_fds", "Open file descriptors", [] {
+    double n = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      while (readdir(d) != nullptr) ++n;
+      closedir(d);
+      n -= 3;  // ".", ".." and the directory's own descriptor
+    }
+    return n;
+  });
+  const double start = BootTimeSeconds() + ProcStatField(22) / ticks;
+  registry->AddCallbackGauge("process_start_time_seconds",
+                             "Start time of the process since the Unix epoch in seconds",
+                             [start] { return start; });
 }
 
 }  // namespace strata

@@ -437,6 +437,10 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   resp.set_incremental(m.incremental());
   resp.set_bytes_written(written);
   resp.set_write_seconds(m.write_seconds());
+  if (checkpoint_seconds_ != nullptr) {
+    checkpoint_seconds_->Observe(m.write_seconds());
+    checkpoint_bytes_->Observe(static_cast<double>(written));
+  }
   absl::MutexLock l(&mu_);
   increments_since_full_ = m.incremental() ? increments_since_full_ + 1 : 0;
   ++checkpoints_done_;

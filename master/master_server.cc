@@ -862,6 +862,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   }
   LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
             << n->id() << " from " << peer;
+  AddNodeMetricsLocked(req.role(), req.index());
   if (view_.ready()) {
     EventLocked(absl::StrCat(RoleName(req.role()), " ", req.index(), " joined as node ",
                              n->id()));
@@ -1239,7 +1240,45 @@ bool MasterServer::WaitForJobEnd(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
 }
 
+void MasterServer::AddNodeMetricsLocked(proto::Role role, uint32_t index) {
+  // Per node, by role and index (stable across a node's restarts): its
+  // newest instance's heartbeat age and whether it is alive.
+  const MetricLabels labels = {{"role", RoleName(role)}, {"index", std::to_string(index)}};
+  auto newest = [this, role, index]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const proto::NodeInfo* found = nullptr;
+    for (const auto& m : view_.members()) {
+      if (m.role() == role && m.index() == index && (found == nullptr || m.id() > found->id())) {
+        found = &m;
+      }
+    }
+    return found;
+  };
+  metrics_.AddCallbackGauge(
+      "strata_master_heartbeat_age_seconds", "Seconds since the node's last heartbeat",
+      [this, newest]() {
+        absl::MutexLock l(&mu_);
+        const proto::NodeInfo* n = newest();
+        if (n == nullptr) return std::nan("");
+        return (ToUnixMs(clock_->Now()) - n->last_heartbeat_unix_ms()) / 1000.0;
+      },
+      labels);
+  metrics_.AddCallbackGauge(
+      "strata_master_node_up", "1 while the node is alive, 0 once declared dead",
+      [this, newest]() {
+        absl::MutexLock l(&mu_);
+        const proto::NodeInfo* n = newest();
+        return n != nullptr && n->state() != proto::DEAD ? 1.0 : 0.0;
+      },
+      labels);
+}
+
 void MasterServer::RegisterMetrics() {
+  AddProcessMetrics(&metrics_);
+  checkpoint_seconds_ = metrics_.GetHistogram(
+      "strata_master_checkpoint_seconds", "Time a checkpoint took, from its cut to its manifest",
+      Histogram::LatencyBounds());
+  checkpoint_bytes_ = metrics_.GetHistogram(
+      "strata_master_checkpoint_bytes", "Bytes a checkpoint wrote", Histogram::ByteBounds());
   auto locked = [this](auto fn) {
     return [this, fn]() {
       absl::MutexLock l(&mu_);

@@ -142,6 +142,8 @@ class MasterServer {
   proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SummaryJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
+  // Heartbeat age and liveness gauges of node (role, index); idempotent.
+  void AddNodeMetricsLocked(proto::Role role, uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checkpoints (master/checkpoints.cc).
   void CheckpointLoop();
   // The checkpoint to resume from, checked; nullopt when `latest` finds none.
@@ -257,6 +259,9 @@ class MasterServer {
   bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
 
   MetricsRegistry metrics_;
+  // Set by RegisterMetrics (null without an HTTP port).
+  Histogram* checkpoint_seconds_ = nullptr;
+  Histogram* checkpoint_bytes_ = nullptr;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int bound_port_ = 0;

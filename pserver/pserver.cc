@@ -714,22 +714,29 @@ void PServer::HandleRequest(Message request,
                                       : static_cast<double>(part->length() * sizeof(float));
     bytes_out_->Increment(out);
   }
+  Histogram* const apply_seconds = apply_seconds_;
   if (executor_ == nullptr) {
     if (h.type == MessageType::kPullRequest) {
       part->Pull(request, std::move(responder));
     } else {
+      const absl::Time t0 = absl::Now();
       part->Push(request, std::move(responder));
+      apply_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
     }
     return;
   }
   // Partitions apply in parallel; one partition's requests keep their order.
   const uint32_t partition = h.partition;
   auto req = std::make_shared<Message>(std::move(request));
-  executor_->Post(partition, [part, req, responder = std::move(responder)]() {
+  queued_.fetch_add(1, std::memory_order_relaxed);
+  executor_->Post(partition, [this, part, req, apply_seconds, responder = std::move(responder)]() {
+    queued_.fetch_sub(1, std::memory_order_relaxed);
     if (req->header.type == MessageType::kPullRequest) {
       part->Pull(*req, responder);
     } else {
+      const absl::Time t0 = absl::Now();
       part->Push(*req, responder);
+      apply_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - t0));
     }
   });
 }
@@ -869,6 +876,15 @@ proto::PServerStatusResponse PServer::Status() const {
 }
 
 void PServer::RegisterMetrics() {
+  AddProcessMetrics(&metrics_);
+  apply_seconds_ = metrics_.GetHistogram(
+      "strata_pserver_apply_seconds",
+      "Time to take in one push: check, aggregate and (at a step's last push, or asp) apply "
+      "the optimizer update",
+      Histogram::LatencyBounds());
+  metrics_.AddCallbackGauge("strata_pserver_apply_queue_depth",
+                            "Requests queued for the apply threads, not yet started",
+                            [this] { return static_cast<double>(queued_.load()); });
   requests_total_ = metrics_.GetCounter("strata_pserver_requests_total", "Data-plane requests received");
   stale_epoch_total_ = metrics_.GetCounter("strata_pserver_stale_epoch_total", "Requests refused for an epoch mismatch");
   refused_total_ = metrics_.GetCounter(

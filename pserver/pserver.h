@@ -132,6 +132,8 @@ class PServer {
   const PServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<ShardedExecutor> executor_;  // null: apply on the transport thread
+  std::atomic<int64_t> queued_{0};  // requests posted to executor_, not yet started
+  Histogram* apply_seconds_ = nullptr;  // set by RegisterMetrics, before Listen
   // Outgoing replication (created once registered: it needs the node id).
   std::unique_ptr<ReplicaStreams> replicas_;
   // The master's control channel (made anew after failures in a row);

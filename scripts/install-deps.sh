@@ -18,6 +18,9 @@ VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)
 # For tests/storage's real single-node Ceph (radosgw for S3, CephFS through
 # ceph-fuse) and the s3cmd baseline of bench/s3_bench.sh. Best effort too.
 VM_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common ceph-mds ceph-fuse s3cmd uuid-runtime)
+# For tests/ops: systemd-analyze checks the units (no systemd need run), a
+# real Prometheus scrapes a cluster.
+VM_PACKAGES+=(systemd prometheus)
 
 missing_of() {
   local p
@@ -46,8 +49,8 @@ fi
 if [[ ${#vm_missing[@]} -gt 0 ]]; then
   # Best effort, and never fatal: a machine without them (or offline, or
   # without sudo) still builds and runs everything else.
-  echo "install-deps: installing ${vm_missing[*]} (for the Soft-RoCE guest and the Ceph tests)"
+  echo "install-deps: installing ${vm_missing[*]} (for the Soft-RoCE guest, the Ceph and the ops tests)"
   { [[ ${#missing[@]} -gt 0 ]] || $SUDO apt-get update -qq; } &&
     $SUDO apt-get install -y -qq --no-install-recommends "${vm_missing[@]}" ||
-    echo "install-deps: could not install ${vm_missing[*]}; tests/rdma or the Ceph tests will be skipped" >&2
+    echo "install-deps: could not install ${vm_missing[*]}; tests/rdma, the Ceph or the ops tests will be skipped" >&2
 fi

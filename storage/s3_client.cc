@@ -246,11 +246,24 @@ absl::StatusOr<S3Credentials> LoadS3Credentials(
     }
     return c;
   }
+  // A systemd credential (LoadCredential=s3:... in the units): the file
+  // "s3" in $CREDENTIALS_DIRECTORY, readable by this service only.
+  if (const char* dir = getenv("CREDENTIALS_DIRECTORY"); dir != nullptr && *dir != '\0') {
+    const std::string systemd_file = absl::StrCat(dir, "/s3");
+    if (std::ifstream(systemd_file).good()) {
+      absl::StatusOr<S3Credentials> from_systemd = LoadS3Credentials(systemd_file, getenv);
+      if (from_systemd.ok()) {
+        from_systemd->source = absl::StrCat("systemd credential s3 (", systemd_file, ")");
+      }
+      return from_systemd;
+    }
+  }
   const char* key = getenv("AWS_ACCESS_KEY_ID");
   const char* secret = getenv("AWS_SECRET_ACCESS_KEY");
   if (key == nullptr || secret == nullptr || *key == '\0' || *secret == '\0') {
     return absl::InvalidArgumentError(
-        "no s3 credentials: set s3.credentials_file in the config, or AWS_ACCESS_KEY_ID and "
+        "no s3 credentials: set s3.credentials_file in the config, give the service the "
+        "systemd credential s3 (LoadCredential=), or set AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY in the daemon's environment");
   }
   c.access_key = key;

@@ -29,9 +29,10 @@ struct S3Credentials {
   std::string source;         // "AWS_ACCESS_KEY_ID in the environment", "file F"
 };
 
-// Looks the keys up in `file` when it is not empty, else in the variables
-// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) that
-// `getenv` returns (main passes ::getenv). The file is either AWS's shared
+// Looks the keys up in `file` when it is not empty, else in the systemd
+// credential "s3" ($CREDENTIALS_DIRECTORY/s3, given by LoadCredential=),
+// else in the variables AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
+// AWS_SESSION_TOKEN) that `getenv` returns (main passes ::getenv). The file is either AWS's shared
 // credentials format ("[default]" then "aws_access_key_id = ..." and
 // "aws_secret_access_key = ...", the first section used) or the same keys
 // without a section. Errors name the file and line, or the variables.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,8 @@ constexpr char kUsage[] =
     "  validate --config FILE [--hosts FILE]  check a config and a host file\n"
     "  plan     --config FILE --hosts FILE    the daemons a launch starts, one a line:\n"
     "           role index host port data_port http_port  (- where unused)\n"
+    "  prometheus-config --config FILE --hosts FILE [--interval 5s]\n"
+    "           a Prometheus configuration scraping every daemon's /metrics\n"
     "  doctor   [--config FILE] [--hosts FILE] RDMA preflight of this host: devices,\n"
     "           ports, GIDs, MTU, locked-memory limit against what the job\n"
     "           registers; exit 0 when ready\n"
@@ -287,35 +290,92 @@ int Doctor(const std::map<std::string, std::string>& f, std::ostream& out, std::
   return report.ok() ? 0 : 1;
 }
 
-int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+// The daemons a launch starts from a config and a host file.
+struct PlannedDaemon {
+  std::string role;
+  int index = 0;
+  std::string host;
+  int port = -1;       // gRPC (-1: none)
+  int data_port = -1;  // data plane (-1: none)
+  int http_port = -1;
+};
+
+// Loads both files and lists the daemons; prints the error and returns
+// nullopt when either file is bad.
+std::optional<std::pair<JobConfig, std::vector<PlannedDaemon>>> LoadPlan(
+    const std::map<std::string, std::string>& f, const char* command, std::ostream& err) {
   if (!f.count("config") || !f.count("hosts")) {
-    err << "strata plan: --config FILE and --hosts FILE are required\n";
-    return 2;
+    err << "strata " << command << ": --config FILE and --hosts FILE are required\n";
+    return std::nullopt;
   }
   auto cfg = LoadJobConfig(f.at("config"));
   if (!cfg.ok()) {
     err << cfg.status().message() << "\n";
-    return 2;
+    return std::nullopt;
   }
   auto hosts = LoadHostFile(f.at("hosts"));
   if (!hosts.ok()) {
     err << hosts.status().message() << "\n";
-    return 2;
+    return std::nullopt;
   }
   const auto& p = cfg->cluster.ports;
-  const auto& m = hosts->master_host();
-  out << absl::StrFormat("master 0 %s %d - %d\n", m.host, p.master, p.master_http);
+  std::vector<PlannedDaemon> d;
+  d.push_back({"master", 0, hosts->master_host().host, p.master, -1, p.master_http});
   int pi = 0, wi = 0;
   for (const auto& h : hosts->hosts) {
     for (int i = 0; i < h.pservers; ++i, ++pi) {
-      out << absl::StrFormat("pserver %d %s %d %d %d\n", pi, h.host, p.pserver + pi,
-                             p.pserver_data + pi, p.pserver_http + pi);
+      d.push_back({"pserver", pi, h.host, p.pserver + pi, p.pserver_data + pi, p.pserver_http + pi});
     }
   }
   for (const auto& h : hosts->hosts) {
     for (int i = 0; i < h.workers; ++i, ++wi) {
-      out << absl::StrFormat("worker %d %s - - %d\n", wi, h.host, p.worker_http + wi);
+      d.push_back({"worker", wi, h.host, -1, -1, p.worker_http + wi});
     }
+  }
+  return std::make_pair(std::move(*cfg), std::move(d));
+}
+
+int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  auto plan = LoadPlan(f, "plan", err);
+  if (!plan) return 2;
+  auto port = [](int p) { return p < 0 ? std::string("-") : std::to_string(p); };
+  for (const PlannedDaemon& d : plan->second) {
+    out << d.role << " " << d.index << " " << d.host << " " << port(d.port) << " "
+        << port(d.data_port) << " " << port(d.http_port) << "\n";
+  }
+  return 0;
+}
+
+// A Prometheus configuration that scrapes every daemon of the plan.
+int PrometheusConfig(const std::map<std::string, std::string>& f, std::ostream& out,
+                     std::ostream& err) {
+  auto plan = LoadPlan(f, "prometheus-config", err);
+  if (!plan) return 2;
+  const std::string interval = f.count("interval") ? f.at("interval") : "5s";
+  if (interval.empty() || interval.find_first_not_of("0123456789") == 0 ||
+      interval.find_first_not_of("0123456789smh") != std::string::npos) {
+    err << "strata prometheus-config: --interval " << interval
+        << ": expected a Prometheus duration such as 5s or 1m\n";
+    return 2;
+  }
+  const std::string& job = plan->first.job.name;
+  out << "# Prometheus configuration for Strata job '" << job << "', from "
+      << f.at("config") << " and " << f.at("hosts") << "\n"
+      << "# (strata prometheus-config). Every daemon's /metrics, labelled by role and index.\n"
+      << "global:\n"
+      << "  scrape_interval: " << interval << "\n"
+      << "  evaluation_interval: " << interval << "\n"
+      << "scrape_configs:\n"
+      << "  - job_name: strata\n"
+      << "    metrics_path: /metrics\n"
+      << "    static_configs:\n";
+  for (const PlannedDaemon& d : plan->second) {
+    if (d.http_port <= 0) continue;  // no fixed HTTP port: nothing to scrape
+    const bool v6 = d.host.find(':') != std::string::npos;
+    out << "      - targets: ['" << (v6 ? "[" : "") << d.host << (v6 ? "]" : "") << ":"
+        << d.http_port << "']\n"
+        << "        labels: {strata_job: '" << job << "', role: " << d.role << ", index: '"
+        << d.index << "'}\n";
   }
   return 0;
 }
@@ -569,6 +629,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "wait") return Wait(*flags, out, err);
   if (cmd == "validate") return Validate(*flags, out, err);
   if (cmd == "plan") return Plan(*flags, out, err);
+  if (cmd == "prometheus-config") return PrometheusConfig(*flags, out, err);
   if (cmd == "doctor") return Doctor(*flags, out, err);
   if (cmd == "checkpoint") {
     const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };

@@ -93,6 +93,19 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   }
 }
 
+void ParamClient::SetMetrics(MetricsRegistry* metrics) {
+  push_seconds_ = metrics->GetHistogram(
+      "strata_worker_push_seconds", "Push request latency: gradient sent to its ack",
+      Histogram::LatencyBounds());
+  pull_seconds_ = metrics->GetHistogram(
+      "strata_worker_pull_seconds",
+      "Pull request latency: request sent to the parameters received (bsp: includes the "
+      "pserver holding it until the step is applied)",
+      Histogram::LatencyBounds());
+  push_bytes_ = metrics->GetCounter("strata_worker_push_bytes_total", "Gradient bytes pushed");
+  pull_bytes_ = metrics->GetCounter("strata_worker_pull_bytes_total", "Parameter bytes pulled");
+}
+
 std::map<uint32_t, uint64_t> ParamClient::AckedPushes() const {
   absl::MutexLock l(&mu_);
   return acked_pushes_;
@@ -251,7 +264,23 @@ void ParamClient::Exchange::Send(uint32_t partition) {
     round->sent_at[partition] = absl::Now();
     round->sent_epoch[partition] = epoch_;
   }
-  auto finish = [round, partition, attempt](absl::StatusOr<Message> resp) {
+  // Metrics of this request: its kind, size and when it left.
+  const bool push = req.header.type == transport::MessageType::kPushRequest;
+  Histogram* const seconds = push ? client_->push_seconds_ : client_->pull_seconds_;
+  Counter* const bytes = push ? client_->push_bytes_ : client_->pull_bytes_;
+  const size_t request_bytes = req.payload_size();
+  const std::pair<char*, size_t> dest =
+      destination_ ? destination_(r) : std::pair<char*, size_t>(nullptr, 0);
+  const size_t destination_bytes = dest.second;
+  const absl::Time sent = absl::Now();
+  auto finish = [round, partition, attempt, seconds, bytes, push, request_bytes,
+                 destination_bytes, sent](absl::StatusOr<Message> resp) {
+    if (seconds != nullptr && resp.ok()) {
+      seconds->Observe(absl::ToDoubleSeconds(absl::Now() - sent));
+      bytes->Increment(push ? request_bytes
+                            : resp->payload_in_destination ? destination_bytes
+                                                           : resp->payload_size());
+    }
     absl::MutexLock l(&round->mu);
     if (round->attempt[partition] != attempt) return;  // abandoned
     round->results.insert_or_assign(partition, std::move(resp));
@@ -266,8 +295,7 @@ void ParamClient::Exchange::Send(uint32_t partition) {
   if (!conn.ok()) {
     finish(conn.status());
   } else if (destination_) {
-    auto [dest, size] = destination_(r);
-    (*conn)->CallInto(std::move(req), dest, size, finish);
+    (*conn)->CallInto(std::move(req), dest.first, dest.second, finish);
   } else {
     (*conn)->Call(std::move(req), finish);
   }

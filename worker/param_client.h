@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "proto/strata.pb.h"
 #include "transport/transport.h"
 
@@ -60,6 +61,12 @@ class ParamClient {
     suspect_after_ = suspect_after;
     ping_timeout_ = ping_timeout;
   }
+  // Observes every push and pull request into `metrics` (borrowed; it must
+  // outlive this client): strata_worker_{push,pull}_seconds, from sending to
+  // the answer (a bsp pull includes the pserver holding it until the step
+  // is applied), and strata_worker_{push,pull}_bytes_total. Call before the
+  // first exchange.
+  void SetMetrics(MetricsRegistry* metrics);
   // The update ledger: pushes acknowledged as applied, by partition id.
   std::map<uint32_t, uint64_t> AckedPushes() const;
 
@@ -244,6 +251,11 @@ class ParamClient {
   std::function<void(uint32_t, const std::string&)> report_suspect_;
   absl::Duration suspect_after_ = absl::InfiniteDuration();
   absl::Duration ping_timeout_ = absl::Milliseconds(500);
+  // Null until SetMetrics.
+  Histogram* push_seconds_ = nullptr;
+  Histogram* pull_seconds_ = nullptr;
+  Counter* push_bytes_ = nullptr;
+  Counter* pull_bytes_ = nullptr;
   // The address partition `r` lives at in the view held now.
   std::string CurrentAddressLocked(const Route& r, int sparse_table) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -215,6 +215,18 @@ absl::Status Worker::Start() {
     LOG(WARNING) << "worker " << options_.index
                  << ": pushes and pulls will be copied: " << registered.message();
   }
+  step_compute_seconds_ = metrics_.GetHistogram(
+      "strata_worker_step_seconds",
+      "Time of a training step by phase: compute (forward, backward, batch assembly) and "
+      "wait (on pushes and pulls)",
+      Histogram::LatencyBounds(), {{"phase", "compute"}});
+  step_wait_seconds_ = metrics_.GetHistogram("strata_worker_step_seconds", "",
+                                             Histogram::LatencyBounds(), {{"phase", "wait"}});
+  samples_per_second_ = metrics_.GetGauge(
+      "strata_worker_samples_per_second", "Samples trained per second over the last progress window");
+  comm_share_ = metrics_.GetGauge(
+      "strata_worker_comm_share", "Share of step time spent waiting on pushes and pulls, so far");
+  AddProcessMetrics(&metrics_);
   if (options_.http_port >= 0) {
     metrics_.GetGauge("strata_worker_up", "1 while the worker runs")->Set(1);
     auto stat = [this](double Stats::*field) {
@@ -287,6 +299,7 @@ absl::Status Worker::Start() {
       transport_.get(), node_id_, [this] { return FetchView(); },
       absl::Milliseconds(options_.config.cluster.request_timeout_ms));
   params_->SetView(resp.view());
+  params_->SetMetrics(&metrics_);
   params_->SetSuspectReporter([this](uint32_t node, const std::string& why) {
     // One report per pserver per heartbeat interval is plenty.
     const absl::Time now = absl::Now();
@@ -737,6 +750,10 @@ void Worker::RecordStep(int n, uint64_t version, double loss, absl::Duration bus
     stats_.busy_seconds += absl::ToDoubleSeconds(busy);
     stats_.comm_seconds += absl::ToDoubleSeconds(comm);
   }
+  if (step_compute_seconds_ != nullptr) {
+    step_compute_seconds_->Observe(absl::ToDoubleSeconds(std::max(busy - comm, absl::ZeroDuration())));
+    step_wait_seconds_->Observe(absl::ToDoubleSeconds(comm));
+  }
   window_samples_ += n;
   window_loss_ += loss;
   ++window_steps_;
@@ -762,6 +779,10 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
     s = stats_;
   }
   if (window_samples_ > 0 && secs > 0) recent_sps_ = window_samples_ / secs;
+  if (samples_per_second_ != nullptr) {
+    samples_per_second_->Set(recent_sps_);
+    comm_share_->Set(s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0);
+  }
   if (window_steps_ > 0 && error.empty()) {
     const double comm = s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0;
     LOG(INFO) << absl::StrFormat(

@@ -201,6 +201,12 @@ class Worker {
   std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only
   HttpServer http_;
   MetricsRegistry metrics_;
+  // Set in Start, before training: each step's time split, and the
+  // progress window's rate and communication share.
+  Histogram* step_compute_seconds_ = nullptr;
+  Histogram* step_wait_seconds_ = nullptr;
+  Gauge* samples_per_second_ = nullptr;
+  Gauge* comm_share_ = nullptr;
 
   std::atomic<uint32_t> node_id_{0};
   std::atomic<bool> declared_dead_{false};

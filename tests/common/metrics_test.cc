@@ -135,6 +135,64 @@ TEST(MetricsTest, FormatsSpecialAndFractionalValues) {
   EXPECT_THAT(text, ::testing::HasSubstr("\nf 1e+20\n"));
 }
 
+TEST(MetricsTest, HistogramRendersCumulativeBucketsSumAndCount) {
+  MetricsRegistry registry;
+  Histogram* h = registry.GetHistogram("strata_push_seconds", "Push latency.", {0.25, 1, 4},
+                                       {{"peer", "ps0"}});
+  for (double v : {0.125, 0.25, 0.5, 2.0, 2.0, 8.0}) h->Observe(v);
+  EXPECT_EQ(registry.GetHistogram("strata_push_seconds", "", {}, {{"peer", "ps0"}}), h);
+  EXPECT_EQ(registry.RenderPrometheus(),
+            "# HELP strata_push_seconds Push latency.\n"
+            "# TYPE strata_push_seconds histogram\n"
+            "strata_push_seconds_bucket{le=\"0.25\",peer=\"ps0\"} 2\n"
+            "strata_push_seconds_bucket{le=\"1\",peer=\"ps0\"} 3\n"
+            "strata_push_seconds_bucket{le=\"4\",peer=\"ps0\"} 5\n"
+            "strata_push_seconds_bucket{le=\"+Inf\",peer=\"ps0\"} 6\n"
+            "strata_push_seconds_sum{peer=\"ps0\"} 12.875\n"
+            "strata_push_seconds_count{peer=\"ps0\"} 6\n");
+  EXPECT_EQ(h->count(), 6u);
+}
+
+TEST(MetricsTest, HistogramDefaultBoundsAreReadable) {
+  const std::vector<double> latency = Histogram::LatencyBounds();
+  ASSERT_FALSE(latency.empty());
+  EXPECT_DOUBLE_EQ(latency.front(), 50e-6);
+  EXPECT_GT(latency.back(), 10.0);
+  MetricsRegistry registry;
+  registry.GetHistogram("strata_x_seconds", "x", latency)->Observe(0.0003);
+  const std::string text = registry.RenderPrometheus();
+  EXPECT_THAT(text, ::testing::HasSubstr("strata_x_seconds_bucket{le=\"0.0004\"} 1\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("strata_x_seconds_bucket{le=\"0.0002\"} 0\n"));
+  EXPECT_EQ(Histogram::ByteBounds().front(), 1024.0);
+}
+
+TEST(MetricsTest, CallbackCounterIsTypedCounter) {
+  MetricsRegistry registry;
+  double n = 4;
+  registry.AddCallbackCounter("strata_things_total", "Things.", [&n] { return n; });
+  n = 9;
+  EXPECT_EQ(registry.RenderPrometheus(),
+            "# HELP strata_things_total Things.\n"
+            "# TYPE strata_things_total counter\n"
+            "strata_things_total 9\n");
+}
+
+TEST(MetricsTest, ConcurrentObservationsAreNotLost) {
+  MetricsRegistry registry;
+  Histogram* h = registry.GetHistogram("strata_h", "h", {1, 2});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([h] {
+      for (int i = 0; i < 10000; ++i) h->Observe(i % 3);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(h->count(), 40000u);
+  const std::vector<uint64_t> counts = h->BucketCounts();
+  EXPECT_EQ(counts[0] + counts[1] + counts[2], 40000u);
+  EXPECT_DOUBLE_EQ(h->sum(), 4 * (3333 * 1 + 3333 * 2));
+}
+
 TEST(MetricsTest, ConcurrentIncrementsAreNotLost) {
   MetricsRegistry registry;
   constexpr int kThreads = 4;

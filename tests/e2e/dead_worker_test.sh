@@ -36,14 +36,15 @@ done
 ports=$((base + 1)),$((base + 30)),$((base + 31)),$((base + 40)),$((base + 41))
 for port in ${ports//,/ }; do
   [[ "$(curl -sf "http://127.0.0.1:$port/healthz")" == ok ]] || fail "/healthz on port $port"
-  curl -sf "http://127.0.0.1:$port/metrics" | grep -qE '^# TYPE strata_[a-z_]+ (gauge|counter)' ||
+  m="$(curl -sf "http://127.0.0.1:$port/metrics" || true)"
+  grep -qE '^# TYPE strata_[a-z_]+ (gauge|counter)' <<< "$m" ||
     fail "/metrics on port $port is not Prometheus text"
   curl -sf "http://127.0.0.1:$port/status" | python3 -c 'import json,sys; json.load(sys.stdin)' ||
     fail "/status on port $port is not JSON"
 done
-curl -sf "http://127.0.0.1:$((base + 30))/metrics" | grep -qE '^strata_pserver_pushes_applied [1-9]' ||
+grep -qE '^strata_pserver_pushes_applied [1-9]' <<< "$(curl -sf "http://127.0.0.1:$((base + 30))/metrics" || true)" ||
   fail "pserver 0 reports no applied pushes"
-curl -sf "http://127.0.0.1:$((base + 40))/metrics" | grep -qE '^strata_worker_samples [1-9]' ||
+grep -qE '^strata_worker_samples [1-9]' <<< "$(curl -sf "http://127.0.0.1:$((base + 40))/metrics" || true)" ||
   fail "worker 0 reports no samples"
 curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$((base + 1))/nope" | grep -q 404 ||
   fail "unknown path is not 404"
@@ -68,7 +69,8 @@ python3 -c "import sys; sys.exit(0 if $elapsed >= 1.0 else 1)" ||
 echo "worker 1 reported DEAD after ${elapsed}s"
 
 # /metrics says so too.
-curl -sf "http://$http/metrics" | grep -q '^strata_master_nodes_dead 1' || fail "/metrics does not count the dead node"
+grep -q '^strata_master_nodes_dead 1' <<< "$(curl -sf "http://$http/metrics" || true)" ||
+  fail "/metrics does not count the dead node"
 
 # The survivor goes on training in bsp.
 a="$(samples)"

@@ -31,7 +31,7 @@ echo "ok: remote command used $n times"
 # wait_running ADDR: until the job has trained some samples (bounded).
 wait_running() {
   for _ in $(seq 1 300); do
-    if "$STRATA" status --master "$1" --json 2>/dev/null | grep -qE '"samples": "[1-9]'; then
+    if grep -qE '"samples": "[1-9]' <<< "$("$STRATA" status --master "$1" --json 2>/dev/null || true)"; then
       return 0
     fi
     sleep 0.1

@@ -4,6 +4,8 @@
 // list with a prefix).
 #include "storage/s3_sign.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 
 #include "storage/s3_client.h"
@@ -188,6 +190,36 @@ TEST_F(S3CredentialsTest, EnvironmentWhenNoFile) {
   auto none = LoadS3Credentials("", NoEnv);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("AWS_ACCESS_KEY_ID"), std::string::npos);
+}
+
+TEST_F(S3CredentialsTest, SystemdCredentialBeforeTheEnvironment) {
+  const std::string path = Write("[default]\naws_access_key_id = SYS\naws_secret_access_key = SYSK\n");
+  // The credentials directory holds the file as "s3".
+  const std::string dir = path + ".d";
+  ::mkdir(dir.c_str(), 0700);  // (there already when the test ran before)
+  std::ofstream creds(dir + "/s3");
+  creds << "[default]\naws_access_key_id = SYS\naws_secret_access_key = SYSK\n";
+  creds.close();
+  ASSERT_TRUE(creds.good()) << dir;
+  static std::string env_dir;
+  env_dir = dir;
+  auto env = [](const char* name) -> const char* {
+    if (std::string(name) == "CREDENTIALS_DIRECTORY") return env_dir.c_str();
+    if (std::string(name) == "AWS_ACCESS_KEY_ID") return "EK";
+    if (std::string(name) == "AWS_SECRET_ACCESS_KEY") return "ES";
+    return nullptr;
+  };
+  auto c = LoadS3Credentials("", env);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->access_key, "SYS");
+  EXPECT_EQ(c->secret_key, "SYSK");
+  EXPECT_NE(c->source.find("systemd credential s3"), std::string::npos) << c->source;
+  // A config's file still comes first.
+  const std::string own = Write("aws_access_key_id = OWN\naws_secret_access_key = OWNK\n");
+  EXPECT_EQ(LoadS3Credentials(own, env)->access_key, "OWN");
+  // A directory without "s3": the environment.
+  env_dir = "/nonexistent-credentials-dir";
+  EXPECT_EQ(LoadS3Credentials("", env)->access_key, "EK");
 }
 
 TEST(S3UrlTest, ParsesBucketAndKey) {

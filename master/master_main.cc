@@ -29,6 +29,9 @@ DEFINE_string(host, "", "address to bind and advertise (default: the master's ho
 DEFINE_int32(port, -1, "gRPC port (default: cluster.ports.master; 0 = any)");
 DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.master_http; 0 = any, -1 = off)");
 DEFINE_string(summary, "", "write the job summary JSON here when the job ends");
+DEFINE_string(event_log, "",
+              "append cluster events (joins, deaths, failovers, recoveries, checkpoints, job "
+              "states) here as JSON lines");
 DEFINE_bool(exit_when_done, false, "exit once the job has succeeded, failed or stopped");
 DEFINE_string(failpoint, "", "tests: NAME[@N],... kills this process there (common/failpoint.h)");
 DEFINE_string(resume, "",
@@ -119,6 +122,7 @@ int main(int argc, char** argv) {
   opts.port = FLAGS_port >= 0 ? FLAGS_port : config->cluster.ports.master;
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : config->cluster.ports.master_http;
   opts.summary_path = FLAGS_summary;
+  opts.event_log = FLAGS_event_log;
   opts.fs = fs->get();
   opts.resume = FLAGS_resume;
   opts.failpoints = failpoints->get();

@@ -1,7 +1,10 @@
 #include "master/master_server.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -462,22 +465,53 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   EventLocked(absl::StrCat("master restarted (restart ", restarts_, "): state of epoch ",
                            st.view().epoch(), " replayed from ", options_.state_dir, "; ",
                            tasks_.done(), " of ", tasks_.total(), " data tasks done, job ",
-                           job_state_));
+                           job_state_),
+              "master_restart");
 }
 
-void MasterServer::EventLocked(const std::string& what) {
+void MasterServer::EventLocked(const std::string& what, const char* kind,
+                               const proto::NodeInfo* node) {
   const double t = start_time_ == absl::InfinitePast()
                        ? 0
                        : absl::ToDoubleSeconds(clock_->Now() - start_time_);
   events_.push_back(absl::StrFormat("%.1fs %s", t, what));
   LOG(WARNING) << what;
+  LogEventLocked(kind, what, node);
+}
+
+void MasterServer::LogEventLocked(const char* kind, const std::string& what,
+                                  const proto::NodeInfo* node) {
+  if (options_.event_log.empty()) return;
+  const absl::Time now = clock_->Now();
+  std::string line = absl::StrFormat(
+      "{\"unix_ms\": %d, \"time\": \"%s\", \"job\": \"%s\", \"kind\": \"%s\", "
+      "\"message\": \"%s\"",
+      ToUnixMs(now), absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone()),
+      JsonEscape(options_.config.job.name), kind, JsonEscape(what));
+  if (node != nullptr) {
+    absl::StrAppendFormat(&line, ", \"role\": \"%s\", \"index\": %d, \"node\": %d",
+                          RoleName(node->role()), node->index(), node->id());
+  }
+  line += "}\n";
+  // Appended whole (O_APPEND): lines of a restarted master follow the old.
+  std::FILE* f = std::fopen(options_.event_log.c_str(), "a");
+  const bool ok = f != nullptr && std::fputs(line.c_str(), f) >= 0;
+  if (f != nullptr && std::fclose(f) != 0 && ok) {
+    LOG(WARNING) << "event log " << options_.event_log << ": close failed";
+  }
+  if (!ok && !event_log_failed_) {
+    event_log_failed_ = true;
+    LOG(WARNING) << "event log " << options_.event_log << ": cannot append ("
+                 << std::strerror(errno) << "); events are still in the master's log";
+  }
 }
 
 void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why) {
   if (n->state() == proto::DEAD) return;
   n->set_state(proto::DEAD);
   EventLocked(absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
-                           n->host(), ") declared dead: ", why));
+                           n->host(), ") declared dead: ", why),
+              "node_dead", n);
   if (n->role() == proto::WORKER) {
     std::vector<uint64_t> ids;
     const int released = tasks_.ReleaseNode(n->id(), &ids);
@@ -485,7 +519,8 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
     if (released > 0) {
       tasks_requeued_ += static_cast<uint64_t>(released);
       EventLocked(absl::StrCat(released, " data task(s) of worker ", n->index(),
-                               " returned to the queue"));
+                               " returned to the queue"),
+                  "tasks_requeued", n);
     }
   }
   if (n->role() == proto::PSERVER) {
@@ -532,7 +567,8 @@ void MasterServer::FailoverLocked(uint32_t dead) {
     std::string where;
     for (const auto& [node, n] : to) absl::StrAppend(&where, where.empty() ? "" : ", ", n, " to node ", node);
     EventLocked(absl::StrCat(promoted, " partition(s) of node ", dead,
-                             " failed over to their backups (", where, ")"));
+                             " failed over to their backups (", where, ")"),
+                "failover");
   }
   if (!lost.empty()) {
     lost_.insert(lost.begin(), lost.end());
@@ -541,7 +577,8 @@ void MasterServer::FailoverLocked(uint32_t dead) {
                              last_manifest_.has_value()
                                  ? absl::StrCat("; restoring them from checkpoint ",
                                                 last_manifest_->seq())
-                                 : ""));
+                                 : ""),
+                "partitions_lost");
     if (!last_manifest_.has_value()) {
       const proto::NodeInfo* n = FindNodeLocked(dead);
       FinishJobLocked("failed", absl::StrCat(
@@ -625,7 +662,8 @@ void MasterServer::RecoverLostPartitions() {
   steps_lost_ += lost_steps;
   EventLocked(absl::StrCat(lost_.size(), " lost partition(s) restored from checkpoint ",
                            last_manifest_->seq(), " (step ", last_manifest_->step(), "): ",
-                           lost_steps, " partition-step(s) of updates lost"));
+                           lost_steps, " partition-step(s) of updates lost"),
+              "recovery");
   lost_.clear();
   TopUpBackupsLocked();
   BumpEpochLocked();
@@ -863,9 +901,13 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
             << n->id() << " from " << peer;
   AddNodeMetricsLocked(req.role(), req.index());
+  const std::string joined =
+      absl::StrCat(RoleName(req.role()), " ", req.index(), " joined as node ", n->id(), " from ",
+                   req.host());
   if (view_.ready()) {
-    EventLocked(absl::StrCat(RoleName(req.role()), " ", req.index(), " joined as node ",
-                             n->id()));
+    EventLocked(joined, "node_join", n);
+  } else {
+    LogEventLocked("node_join", joined, n);
   }
   BumpEpochLocked();
   UpdateJobStateLocked();
@@ -890,6 +932,7 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (n->role() == proto::PSERVER) {
     synced_replicas_[n->id()] = std::set<uint32_t>(req.replicas().begin(), req.replicas().end());
+    pserver_applies_[n->id()] = {req.applies(), req.apply_seconds()};
   }
   // A live worker keeps its data-task leases.
   if (n->role() == proto::WORKER) tasks_.RenewLeases(n->id(), clock_->Now());
@@ -1025,11 +1068,15 @@ void MasterServer::UpdateJobStateLocked() {
     job_state_ = "running";
     LOG(INFO) << "cluster ready at epoch " << view_.epoch() << ": job '"
               << options_.config.job.name << "' running";
+    LogEventLocked("job_state", absl::StrCat("job running: cluster ready at epoch ",
+                                             view_.epoch()));
   }
   if (job_state_ == "running" && tasks_.AllDone()) {
     job_state_ = "evaluating";
     train_end_time_ = clock_->Now();
     LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
+    LogEventLocked("job_state", absl::StrCat("job evaluating: all ", tasks_.total(),
+                                             " data tasks done"));
     const CheckpointSection& c = options_.config.checkpoint;
     if (c.enabled && c.on_finish && !final_checkpoint_done_) {
       // The trained model is saved before it is evaluated.
@@ -1052,6 +1099,8 @@ void MasterServer::FinishJobLocked(const std::string& state,
   job_state_ = state;
   job_message_ = message;
   end_time_ = clock_->Now();
+  LogEventLocked("job_state",
+                 absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
   if (state == "failed") LOG(ERROR) << "job failed: " << message;
   PersistLocked();
   if (!options_.summary_path.empty()) {
@@ -1212,6 +1261,24 @@ std::string MasterServer::SummaryJsonLocked() const {
         "  \"ledger\": {\"acked\": %d, \"held\": %d, \"lost\": %d, \"unacked_applied\": %d},\n",
         acked, held, lost, extra);
   }
+  // Where a step's time goes, per step on average over the workers, and a
+  // push's apply on the pservers.
+  double busy = 0, comm = 0, apply_seconds = 0;
+  uint64_t steps = 0, applies = 0;
+  for (const auto& [id, w] : workers_) {
+    busy += w.last.busy_seconds();
+    comm += w.last.comm_seconds();
+    steps += w.last.steps_done();
+  }
+  for (const auto& [id, a] : pserver_applies_) {
+    applies += a.first;
+    apply_seconds += a.second;
+  }
+  ctr += absl::StrFormat(
+      "  \"step_phases\": {\"step_seconds\": %.6f, \"compute_seconds\": %.6f, "
+      "\"wait_seconds\": %.6f, \"apply_seconds_per_push\": %.6f, \"pushes_applied\": %d},\n",
+      steps ? busy / steps : 0.0, steps ? (busy - comm) / steps : 0.0,
+      steps ? comm / steps : 0.0, applies ? apply_seconds / applies : 0.0, applies);
   std::string workers;
   for (const auto& w : js.workers()) {
     if (!workers.empty()) workers += ",\n";

@@ -35,6 +35,9 @@ struct MasterOptions {
   int port = 0;                     // gRPC; 0 picks a free port
   int http_port = 0;                // 0 picks a free port; -1 disables HTTP
   std::string summary_path;         // summary.json written at the end; "" = none
+  // Cluster events (joins, deaths, failovers, recoveries, checkpoints, job
+  // states) appended here as JSON lines; "" = none (docs/operations.md).
+  std::string event_log;
   Clock* clock = nullptr;           // borrowed; nullptr = RealClock()
   storage::FileSystem* fs = nullptr;  // borrowed, required; outlives the server
   // Resume the job from a checkpoint: "latest" (the newest good one under
@@ -124,8 +127,15 @@ class MasterServer {
   void TopUpBackupsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecoverLostPartitions() ABSL_LOCKS_EXCLUDED(mu_);
   void ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
-  // A line for the job's event list (status, summary) and the log.
-  void EventLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cluster event: in the job's event list (status, summary), logged, and
+  // in the event log.
+  // `node`: the node it is about, when one is.
+  void EventLocked(const std::string& what, const char* kind = "event",
+                   const proto::NodeInfo* node = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One line of the event log only (options_.event_log): {"unix_ms", "time",
+  // "job", "kind", "message", and "role", "index", "node" when given}.
+  void LogEventLocked(const char* kind, const std::string& what,
+                      const proto::NodeInfo* node = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The state log: records the state when it changed since the last record.
   void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::MasterState StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -198,6 +208,8 @@ class MasterServer {
   bool has_auc_ ABSL_GUARDED_BY(mu_) = false;
   double test_auc_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, WorkerStats> workers_ ABSL_GUARDED_BY(mu_);
+  // Each pserver's (pushes taken in, seconds), from its last heartbeat.
+  std::map<uint32_t, std::pair<uint64_t, double>> pserver_applies_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<proto::PServerAdmin::Stub>> pserver_stubs_
       ABSL_GUARDED_BY(mu_);
 
@@ -259,6 +271,7 @@ class MasterServer {
   bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
 
   MetricsRegistry metrics_;
+  bool event_log_failed_ ABSL_GUARDED_BY(mu_) = false;  // warned once
   // Set by RegisterMetrics (null without an HTTP port).
   Histogram* checkpoint_seconds_ = nullptr;
   Histogram* checkpoint_bytes_ = nullptr;

@@ -802,6 +802,8 @@ void PServer::HeartbeatLoop() {
       proto::HeartbeatRequest req;
       req.set_node_id(node_id_);
       req.set_epoch(epoch_);
+      req.set_applies(apply_seconds_->count());
+      req.set_apply_seconds(apply_seconds_->sum());
       {
         absl::MutexLock l(&mu_);
         for (const auto& [id, p] : partitions_) {

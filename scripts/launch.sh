@@ -8,8 +8,8 @@
 #
 # run = up, wait for the job to end (showing the workers' progress), down.
 # It exits 0 only if the job succeeded (3 when it was stopped after a
-# checkpoint: SIGTERM, `strata checkpoint --stop`), and leaves D/summary.json and each
-# daemon's log (D/logs/<role>-<index>.log). Nothing is left running when it
+# checkpoint: SIGTERM, `strata checkpoint --stop`), and leaves D/summary.json, the
+# cluster's events (D/events.jsonl) and each daemon's log (D/logs/<role>-<index>.log). Nothing is left running when it
 # ends, also when it is interrupted or a daemon fails.
 #
 # Hosts that are local (localhost, 127.x.y.z, ::1) run as local processes.
@@ -26,6 +26,8 @@
 #   --remote-cmd C  command to run things on remote hosts
 #   --remote-all    use the remote command for local hosts too
 #   --quiet         do not stream the workers' progress lines
+#   --trace         each worker writes a Chrome trace of its first 2000 steps
+#                   to D/trace/worker-N.json (chrome://tracing, Perfetto)
 #   --resume R      resume from a checkpoint: 'latest' (the newest good one
 #                   under the config's checkpoint.dir) or a checkpoint directory
 #   --restart-budget N  restarts of one daemon allowed per minute (default 3)
@@ -49,7 +51,7 @@ RUN_DAEMON="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/run-daemon.sh"
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
-CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME=""
+CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME="" TRACE=""
 # Supervision (run): a failed pserver or worker is restarted after
 # RESTART_DELAY_MS (doubling with each restart), at most RESTART_BURST times
 # within RESTART_INTERVAL s; like systemd's RestartSec (100 ms by default
@@ -73,6 +75,7 @@ while [[ $# -gt 0 ]]; do
     --remote-cmd) REMOTE_CMD="$2"; shift 2 ;;
     --remote-all) REMOTE_ALL=1; shift ;;
     --quiet) QUIET=1; shift ;;
+    --trace) TRACE=1; shift ;;
     --resume) RESUME="$2"; shift 2 ;;
     --restart-budget) RESTART_BURST="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -113,7 +116,7 @@ start_daemon() {
   STARTED=1
   mkdir -p "$RUN_DIR/cmd"
   printf '%s\n%s\n' "$host" "$quoted" > "$RUN_DIR/cmd/$name"
-  pid="$(on_host "$host" "mkdir -p '$RUN_DIR/logs' '$RUN_DIR/exit' && rm -f '$RUN_DIR/exit/$name.pid' &&
+  pid="$(on_host "$host" "mkdir -p '$RUN_DIR/logs' '$RUN_DIR/exit' '$RUN_DIR/trace' && rm -f '$RUN_DIR/exit/$name.pid' &&
     { OPENBLAS_NUM_THREADS=1 nohup bash '$RUN_DAEMON' '$RUN_DIR/exit/$name.pid' \
         '$RUN_DIR/exit/$name' '$log' $quoted > /dev/null 2>&1 < /dev/null & } &&
     for i in \$(seq 1 500); do [ -s '$RUN_DIR/exit/$name.pid' ] && break; sleep 0.01; done &&
@@ -201,6 +204,7 @@ do_up() {
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
     --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state" \
+    --event_log "$RUN_DIR/events.jsonl" \
     ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
   if ! wait_for_master; then
     do_down
@@ -216,7 +220,8 @@ do_up() {
       worker)
         start_daemon worker "$index" "$host" "$BIN_DIR/strata-worker" \
           --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
-          --http_port "$http_port" ${STRATA_WORKER_FLAGS:-} ;;
+          --http_port "$http_port" ${TRACE:+--trace "$RUN_DIR/trace/worker-$index.json"} \
+          ${STRATA_WORKER_FLAGS:-} ;;
     esac
   done <<< "$plan"
   echo "launch.sh: cluster up: master $master (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"

@@ -21,13 +21,6 @@
 namespace strata::worker {
 namespace {
 
-storage::CriteoReadOptions ReadOptions(const DataSection& d) {
-  storage::CriteoReadOptions read;
-  read.bad_lines =
-      d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
-  return read;
-}
-
 }  // namespace
 
 absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
@@ -111,8 +104,9 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     // make the last tasks a little shorter, and by no more than that.
     if (ctr_train_.num_examples == 0) {
       storage::CriteoReadStats stats;
-      STRATA_ASSIGN_OR_RETURN(ctr_train_, storage::LoadCriteoFile(options_.fs, d.train,
-                                                                  CtrReadOptions(d), &stats));
+      storage::CriteoReadOptions read = CtrReadOptions(d);
+      read.limit = d.train_limit;
+      STRATA_ASSIGN_OR_RETURN(ctr_train_, storage::LoadCriteoFile(options_.fs, d.train, read, &stats));
       ctr_train_skipped_ = stats.skipped;
     }
     const int64_t n_records = ctr_train_.num_examples;
@@ -170,6 +164,7 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     pulled.Update(dense_pull->Finish());
     comm += absl::Now() - tw;
     STRATA_RETURN_IF_ERROR(pulled);
+    absl::Time mark = TraceSpan("wait for pull", "wait", t0);
     // bsp: the step the partitions are at, which is ahead of ours when
     // this worker (re)joins a running or resumed job.
     const uint64_t version = bsp ? std::max(step, pulled_version) : pulled_version;
@@ -199,6 +194,7 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     dense_push->IssueAll();
     wide_push->IssueAll();
     emb_push->IssueAll();
+    mark = TraceSpan("compute", "compute", mark);
     const absl::Time tp = absl::Now();
     absl::Status pushed = dense_push->Finish();
     pushed.Update(wide_push->Finish());
@@ -206,7 +202,9 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     comm += absl::Now() - tp;
     STRATA_RETURN_IF_ERROR(pushed);
 
+    TraceSpan("wait for push", "wait", mark);
     const absl::Time t3 = absl::Now();
+    TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
     next_step_ = version + 1;
     ++ctr_steps_;
     RecordStep(n, version, loss, t3 - t0, comm,
@@ -221,7 +219,7 @@ absl::StatusOr<Worker::CtrMetrics> Worker::CtrTestMetrics(uint64_t min_version) 
   const DataSection& d = options_.config.data;
   storage::CriteoReadStats read_stats;
   STRATA_ASSIGN_OR_RETURN(storage::CtrDataset test,
-                          storage::LoadCriteoFile(options_.fs, d.test, ReadOptions(d), &read_stats));
+                          storage::LoadCriteoFile(options_.fs, d.test, CtrReadOptions(d), &read_stats));
   if (read_stats.skipped > 0) {
     LOG(WARNING) << d.test << ": skipped " << read_stats.skipped << " bad line(s); first: "
                  << read_stats.first_error;

@@ -273,13 +273,22 @@ void ParamClient::Exchange::Send(uint32_t partition) {
       destination_ ? destination_(r) : std::pair<char*, size_t>(nullptr, 0);
   const size_t destination_bytes = dest.second;
   const absl::Time sent = absl::Now();
+  TraceWriter* const trace = client_->trace_;
   auto finish = [round, partition, attempt, seconds, bytes, push, request_bytes,
-                 destination_bytes, sent](absl::StatusOr<Message> resp) {
-    if (seconds != nullptr && resp.ok()) {
-      seconds->Observe(absl::ToDoubleSeconds(absl::Now() - sent));
-      bytes->Increment(push ? request_bytes
+                 destination_bytes, sent, trace](absl::StatusOr<Message> resp) {
+    if (resp.ok() && (seconds != nullptr || trace != nullptr)) {
+      const absl::Time now = absl::Now();
+      const size_t n = push ? request_bytes
                             : resp->payload_in_destination ? destination_bytes
-                                                           : resp->payload_size());
+                                                           : resp->payload_size();
+      if (seconds != nullptr) {
+        seconds->Observe(absl::ToDoubleSeconds(now - sent));
+        bytes->Increment(n);
+      }
+      if (trace != nullptr) {
+        trace->Span(push ? "push" : "pull", "comm", push ? 2 : 3, sent, now,
+                    absl::StrCat("\"partition\": ", partition, ", \"bytes\": ", n));
+      }
     }
     absl::MutexLock l(&round->mu);
     if (round->attempt[partition] != attempt) return;  // abandoned

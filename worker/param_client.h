@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/trace.h"
 #include "proto/strata.pb.h"
 #include "transport/transport.h"
 
@@ -67,6 +68,9 @@ class ParamClient {
   // is applied), and strata_worker_{push,pull}_bytes_total. Call before the
   // first exchange.
   void SetMetrics(MetricsRegistry* metrics);
+  // Writes a span per push (lane 2) and pull (lane 3) request to `trace`
+  // (borrowed; it must outlive this client). Call before the first exchange.
+  void SetTracer(TraceWriter* trace) { trace_ = trace; }
   // The update ledger: pushes acknowledged as applied, by partition id.
   std::map<uint32_t, uint64_t> AckedPushes() const;
 
@@ -256,6 +260,7 @@ class ParamClient {
   Histogram* pull_seconds_ = nullptr;
   Counter* push_bytes_ = nullptr;
   Counter* pull_bytes_ = nullptr;
+  TraceWriter* trace_ = nullptr;
   // The address partition `r` lives at in the view held now.
   std::string CurrentAddressLocked(const Route& r, int sparse_table) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

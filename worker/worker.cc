@@ -4,6 +4,7 @@
 #include <numeric>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/data_tasks.h"
@@ -88,7 +89,6 @@ storage::CriteoReadOptions CtrReadOptions(const DataSection& d) {
   storage::CriteoReadOptions read;
   read.bad_lines = d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip
                                          : storage::BadLinePolicy::kFail;
-  read.limit = d.train_limit;
   return read;
 }
 
@@ -112,7 +112,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
     // DataTask.by_bytes), as the master cuts it; its start is checked here,
     // so a missing or foreign file fails now. A gzipped one, or the first
     // data.train_limit records, is read whole.
-    const storage::CriteoReadOptions read = CtrReadOptions(d);
+    storage::CriteoReadOptions read = CtrReadOptions(d);
+    read.limit = d.train_limit;
     STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
                             storage::ProbeCriteoFile(options.fs, d.train, read));
     storage::CtrDataset ctr;
@@ -182,6 +183,16 @@ void Worker::Shutdown() {
   if (heartbeat_.joinable()) heartbeat_.join();
   http_.Shutdown();
   if (transport_) transport_->Shutdown();
+  if (trace_ != nullptr) {
+    if (absl::Status s = trace_->Close(); !s.ok()) LOG(WARNING) << s;
+  }
+}
+
+absl::Time Worker::TraceSpan(const char* name, const char* category, absl::Time from,
+                             const std::string& args) {
+  const absl::Time now = absl::Now();
+  if (trace_ != nullptr && now > from) trace_->Span(name, category, 1, from, now, args);
+  return now;
 }
 
 Worker::Stats Worker::stats() const {
@@ -214,6 +225,13 @@ absl::Status Worker::Start() {
   if (!registered.ok()) {
     LOG(WARNING) << "worker " << options_.index
                  << ": pushes and pulls will be copied: " << registered.message();
+  }
+  if (!options_.trace_path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options_.trace_path, options_.index + 1,
+                                                      absl::StrCat("worker ", options_.index)));
+    trace_->ThreadName(1, "steps");
+    trace_->ThreadName(2, "push requests");
+    trace_->ThreadName(3, "pull requests");
   }
   step_compute_seconds_ = metrics_.GetHistogram(
       "strata_worker_step_seconds",
@@ -300,6 +318,7 @@ absl::Status Worker::Start() {
       absl::Milliseconds(options_.config.cluster.request_timeout_ms));
   params_->SetView(resp.view());
   params_->SetMetrics(&metrics_);
+  if (trace_ != nullptr) params_->SetTracer(trace_.get());
   params_->SetSuspectReporter([this](uint32_t node, const std::string& why) {
     // One report per pserver per heartbeat interval is plenty.
     const absl::Time now = absl::Now();
@@ -679,8 +698,15 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         comm += absl::Now() - w;
         return st;
       };
+      // The trace's spans: compute between the hooks, waits inside them.
+      absl::Time mark = t0;
+      auto table_arg = [](int table) { return absl::StrCat("\"table\": ", table); };
       Mlp::Hooks hooks;
       hooks.need_params = [&](int table, uint64_t end) {
+        if (trace_ != nullptr) mark = TraceSpan("forward", "compute", mark, table_arg(table));
+        absl::Cleanup waited = [&] {
+          if (trace_ != nullptr) mark = TraceSpan("wait for pull", "wait", mark, table_arg(table));
+        };
         return timed([&]() -> absl::Status {
           if (push_ != nullptr) STRATA_RETURN_IF_ERROR(push_->WaitRange(table, end));
           STRATA_ASSIGN_OR_RETURN(bool good, pull_->AwaitRange(table, end));
@@ -692,6 +718,10 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         });
       };
       hooks.after_forward = [&]() {
+        if (trace_ != nullptr) mark = TraceSpan("forward", "compute", mark);
+        absl::Cleanup waited = [&] {
+          if (trace_ != nullptr) mark = TraceSpan("wait to settle", "wait", mark);
+        };
         STRATA_RETURN_IF_ERROR(timed([&] { return SettlePush(); }));
         STRATA_RETURN_IF_ERROR(timed([&] { return pull_->Finish(); }));
         pull_.reset();
@@ -702,6 +732,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         return absl::OkStatus();
       };
       hooks.grads_ready = [&](int table, uint64_t end) {
+        if (trace_ != nullptr) mark = TraceSpan("backward", "compute", mark, table_arg(table));
         push_->IssueRange(table, end);
         pushed[table] = end;
         if (released[table]) next_pull->IssueRange(table, end);
@@ -719,6 +750,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         return l.status();
       }
       loss = *l;
+      if (trace_ != nullptr) TraceSpan("backward", "compute", mark);
       if (!activation_memory_logged_ && options_.config.worker.recompute_every >= 2) {
         activation_memory_logged_ = true;
         const Mlp::ActivationMemory m = model_->activation_memory();
@@ -734,6 +766,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     }
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
+    if (!local) TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
     RecordStep(n, version, loss, t3 - t0, comm, /*stale=*/false);
   }
   return absl::OkStatus();
@@ -749,6 +782,12 @@ void Worker::RecordStep(int n, uint64_t version, double loss, absl::Duration bus
     stats_.stale_pushes += stale;
     stats_.busy_seconds += absl::ToDoubleSeconds(busy);
     stats_.comm_seconds += absl::ToDoubleSeconds(comm);
+  }
+  if (trace_ != nullptr && options_.trace_max_steps > 0 &&
+      stats().steps >= static_cast<uint64_t>(options_.trace_max_steps) && trace_->enabled()) {
+    trace_->set_enabled(false);
+    LOG(INFO) << "trace " << trace_->path() << ": the first " << options_.trace_max_steps
+              << " steps traced; tracing stops";
   }
   if (step_compute_seconds_ != nullptr) {
     step_compute_seconds_->Observe(absl::ToDoubleSeconds(std::max(busy - comm, absl::ZeroDuration())));

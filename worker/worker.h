@@ -22,6 +22,7 @@
 #include "common/optimizer.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/trace.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
 #include "storage/criteo_reader.h"
@@ -69,10 +70,15 @@ struct WorkerOptions {
   bool local_only = false;
   int cpu_threads = 1;  // OpenBLAS threads of the CPU device
   absl::Duration register_timeout = absl::Seconds(60);
+  // Chrome trace-event JSON of the training steps goes here (docs/
+  // operations.md): per step, and within it per table the forward and
+  // backward compute and the waits; every push and pull request on lanes
+  // of their own. The first `trace_max_steps` steps (0 = all).
+  std::string trace_path;
+  int64_t trace_max_steps = 2000;
 };
 
-// The reader options of a CTR job's training data (data.bad_lines,
-// data.train_limit).
+// The reader options of a CTR job's data files (data.bad_lines).
 storage::CriteoReadOptions CtrReadOptions(const DataSection& d);
 
 // Thread-safe where noted: Run() on one thread; Shutdown() from any.
@@ -201,6 +207,11 @@ class Worker {
   std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only
   HttpServer http_;
   MetricsRegistry metrics_;
+  std::unique_ptr<TraceWriter> trace_;  // with options_.trace_path
+  // Training thread: a trace span from `from` to now on the steps lane,
+  // when tracing; returns now.
+  absl::Time TraceSpan(const char* name, const char* category, absl::Time from,
+                       const std::string& args = "");
   // Set in Start, before training: each step's time split, and the
   // progress window's rate and communication share.
   Histogram* step_compute_seconds_ = nullptr;

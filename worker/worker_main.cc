@@ -24,6 +24,10 @@ DEFINE_bool(local, false,
             "(the baseline for the cost of distribution)");
 DEFINE_int32(cpu_threads, 1, "OpenBLAS threads");
 DEFINE_int32(http_port, -2, "HTTP port (default: cluster.ports.worker_http + index; -1 = off)");
+DEFINE_string(trace, "",
+              "write a Chrome trace-event JSON of the training steps here (chrome://tracing, "
+              "Perfetto): per step and per table the compute and waits, every push and pull");
+DEFINE_int64(trace_max_steps, 2000, "trace only the first N steps (0 = all)");
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-worker --config C --master HOST:PORT --index I");
@@ -46,6 +50,8 @@ int main(int argc, char** argv) {
   opts.config = *config;
   opts.master_address = FLAGS_master;
   opts.index = FLAGS_index;
+  opts.trace_path = FLAGS_trace;
+  opts.trace_max_steps = FLAGS_trace_max_steps;
   opts.host = FLAGS_host;
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port
                                          : config->cluster.ports.worker_http + FLAGS_index;

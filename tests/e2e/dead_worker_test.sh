@@ -71,6 +71,9 @@ echo "worker 1 reported DEAD after ${elapsed}s"
 # /metrics says so too.
 grep -q '^strata_master_nodes_dead 1' <<< "$(curl -sf "http://$http/metrics" || true)" ||
   fail "/metrics does not count the dead node"
+# The master's event log has it, as JSON.
+grep -qE '"kind": "node_dead", .*"role": "worker", "index": 1' "$work/run/events.jsonl" ||
+  { cat "$work/run/events.jsonl"; fail "the event log does not have the dead worker"; }
 
 # The survivor goes on training in bsp.
 a="$(samples)"

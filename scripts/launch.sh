@@ -97,7 +97,9 @@ is_local() {
 # Runs a shell command on a host: locally with bash, else via REMOTE_CMD.
 on_host() {
   local host="$1"; shift
-  if is_local "$host"; then bash -c "$*"; else $REMOTE_CMD "$host" "$*"; fi
+  # The remote command gets no stdin: ssh would read the caller's (the
+  # plan a loop is reading), and the loop would stop after one host.
+  if is_local "$host"; then bash -c "$*"; else $REMOTE_CMD "$host" "$*" < /dev/null; fi
 }
 
 master_address() { cat "$RUN_DIR/master.address"; }

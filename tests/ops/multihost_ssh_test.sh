@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Multi-host bring-up over ssh, on real hosts made on this machine: five
+# network namespaces joined by a bridge, each with its own address and its
+# own sshd (Debian's openssh-server, keys made for the test). launch.sh
+# runs a training job from a host file of distinct hosts (1 master, 2
+# pserver and 2 worker hosts), starting every daemon over ssh. Checks: the
+# job succeeds with a sane accuracy, each daemon ran on its own host (the
+# master saw each node register from its host's address), and afterwards
+# nothing is left running (no daemon, no sshd, nothing in a namespace) or
+# mounted (no namespace mounts), the bridge and the namespaces gone.
+BUILD_DIR="$1"
+source "$(dirname "$0")/../e2e/lib.sh"
+[[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
+[[ $(id -u) -eq 0 ]] || skip "needs root for network namespaces"
+[[ -x /usr/sbin/sshd ]] || skip "openssh-server is not installed (apt-get install openssh-server)"
+command -v ip > /dev/null || skip "iproute2 is not installed"
+
+work="$(mktemp -d /tmp/strata-mh-XXXXXX)"
+tag="$$"
+bridge="smb$tag"
+subnet=10.213.$((tag % 200 + 20))
+hosts=(1 2 3 4 5)
+ns_of() { echo "strata-mh-$tag-$1"; }
+addr_of() { echo "$subnet.$((10 + $1))"; }
+
+cleanup() {
+  set +e
+  "$ROOT/scripts/launch.sh" down --run-dir "$work/run" --remote-cmd "ssh -F $work/ssh/config" \
+    > /dev/null 2>&1
+  for h in "${hosts[@]}"; do
+    local ns; ns="$(ns_of "$h")"
+    [[ -f $work/ssh/sshd-$h.pid ]] && kill "$(cat "$work/ssh/sshd-$h.pid")" 2>/dev/null
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  ip link del "$bridge" 2>/dev/null
+  pkill -KILL -f -- "$work" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The hosts: a bridge in this namespace, a veth into each host's namespace.
+ip link add "$bridge" type bridge || skip "cannot make a bridge here"
+ip addr add "$subnet.1/24" dev "$bridge"
+ip link set "$bridge" up
+for h in "${hosts[@]}"; do
+  ns="$(ns_of "$h")"
+  ip netns add "$ns"
+  ip link add "smv${tag}h$h" type veth peer name "smp${tag}h$h"
+  ip link set "smp${tag}h$h" netns "$ns"
+  ip link set "smv${tag}h$h" master "$bridge" up
+  ip -n "$ns" link set "smp${tag}h$h" name eth0
+  ip -n "$ns" addr add "$(addr_of "$h")/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+done
+
+# An sshd in each, with host and user keys made now.
+mkdir -p "$work/ssh" /run/sshd
+ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/host_key"
+ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/id"
+cp "$work/ssh/id.pub" "$work/ssh/authorized_keys"
+for h in "${hosts[@]}"; do
+  cat > "$work/ssh/sshd-$h.conf" <<CONF
+ListenAddress $(addr_of "$h")
+HostKey $work/ssh/host_key
+PidFile $work/ssh/sshd-$h.pid
+AuthorizedKeysFile $work/ssh/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+CONF
+  ip netns exec "$(ns_of "$h")" /usr/sbin/sshd -f "$work/ssh/sshd-$h.conf" -E "$work/ssh/sshd-$h.log" ||
+    fail "sshd did not start on host $h"
+done
+cat > "$work/ssh/config" <<CONF
+Host $subnet.*
+  User root
+  IdentityFile $work/ssh/id
+  IdentitiesOnly yes
+  UserKnownHostsFile $work/ssh/known_hosts
+  StrictHostKeyChecking accept-new
+  BatchMode yes
+  ConnectTimeout 5
+  ControlMaster auto
+  ControlPath $work/ssh/cm-%h
+  ControlPersist 120
+CONF
+for h in "${hosts[@]}"; do
+  for _ in $(seq 1 50); do
+    ssh -F "$work/ssh/config" "$(addr_of "$h")" true 2> "$work/ssh/client.err" && break
+    sleep 0.1
+  done
+  [[ "$(ssh -F "$work/ssh/config" "$(addr_of "$h")" 'ip -4 -o addr show eth0' | awk '{print $4}')" == \
+     "$(addr_of "$h")/24" ]] || { cat "$work/ssh/client.err"; fail "ssh to host $h does not reach its namespace"; }
+done
+
+# The job: Fashion-MNIST, bsp, every daemon on a host of its own.
+base=7300
+write_config "$work/job.yaml" bsp 2 "$base" 12000
+{
+  echo "# One daemon a host: reached over ssh."
+  echo "$(addr_of 1) master"
+  echo "$(addr_of 2) pserver"
+  echo "$(addr_of 3) pserver"
+  echo "$(addr_of 4) worker"
+  echo "$(addr_of 5) worker"
+} > "$work/hosts"
+"$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts" > "$work/validate.out" 2>&1 ||
+  { cat "$work/validate.out"; fail "strata validate refused the host file"; }
+"$ROOT/scripts/launch.sh" run --config "$work/job.yaml" --hosts "$work/hosts" --quiet \
+  --remote-cmd "ssh -F $work/ssh/config" --run-dir "$work/run" --bin-dir "$BUILD_DIR/bin" \
+  --timeout "${MH_TIMEOUT:-400}" > "$work/out" 2>&1 ||
+  { cat "$work/out"; tail -n 30 "$work"/run/logs/*.log; fail "launch.sh over ssh failed"; }
+s="$work/run/summary.json"
+[[ "$(json_field "$s" state)" == succeeded ]] || { cat "$s"; fail "the job did not succeed"; }
+acc="$(json_field "$s" final_test_accuracy)"
+python3 -c "import sys; sys.exit(0 if $acc > 0.7 else 1)" || fail "test accuracy $acc is not above 0.7"
+# Each node registered from its own host.
+log="$work/run/logs/master-0.log"
+for i in 0 1; do
+  grep -q "pserver $i registered as node [0-9]* from ipv4:$(addr_of $((i + 2))):" "$log" ||
+    fail "pserver $i did not register from host $(addr_of $((i + 2)))"
+  grep -q "worker $i registered as node [0-9]* from ipv4:$(addr_of $((i + 4))):" "$log" ||
+    fail "worker $i did not register from host $(addr_of $((i + 4)))"
+done
+
+# Nothing left: no daemon in any namespace, then no sshd, no namespace, no mount.
+for h in "${hosts[@]}"; do
+  left="$(ip netns pids "$(ns_of "$h")" | while read -r pid; do
+            cmd="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
+            [[ $cmd == *sshd* ]] || echo "$pid $cmd"; done)"
+  [[ -z $left ]] || fail "left running on host $h: $left"
+done
+ssh -F "$work/ssh/config" -O exit "$(addr_of 1)" > /dev/null 2>&1 || true
+for h in "${hosts[@]}"; do
+  ssh -F "$work/ssh/config" -O exit "$(addr_of "$h")" > /dev/null 2>&1 || true
+  kill "$(cat "$work/ssh/sshd-$h.pid")"
+  ip netns pids "$(ns_of "$h")" | xargs -r kill -KILL 2>/dev/null || true
+  ip netns del "$(ns_of "$h")"
+done
+ip link del "$bridge"
+assert_nothing_left "$work"
+if grep -q "strata-mh-$tag-" /proc/self/mountinfo; then
+  fail "namespace mounts left: $(grep "strata-mh-$tag-" /proc/self/mountinfo)"
+fi
+ip link show "$bridge" > /dev/null 2>&1 && fail "bridge $bridge left"
+echo "PASS: 5 hosts over ssh, test accuracy $acc; nothing left running or mounted"

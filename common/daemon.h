@@ -4,6 +4,8 @@
 #define STRATA_COMMON_DAEMON_H_
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace strata {
 
@@ -12,6 +14,15 @@ namespace strata {
 // created later, so that WaitForTerminationSignal() can take them.
 // Call first thing in main(), before any thread starts.
 void InitDaemon(const char* argv0);
+
+// The last `n` lines this process logged (at most kRecentLogLines are
+// kept from InitDaemon on), oldest first: what a daemon's /logs serves.
+inline constexpr int kRecentLogLines = 5000;
+std::vector<std::string> RecentLogLines(int n);
+// "/logs?lines=N" (default 200): the recent lines as text.
+struct HttpRequest;
+struct HttpResponse;
+HttpResponse LogsPage(const HttpRequest& request);
 
 // Waits until SIGTERM or SIGINT arrives, or `done()` returns true (polled
 // every 100 ms; may be empty). Returns the signal number, or 0 when done().

@@ -209,6 +209,37 @@ std::vector<MasterServer::PServerTarget> MasterServer::OwnersLocked() {
   return targets;
 }
 
+absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason,
+                                                       bool no_checkpoint) {
+  bool checkpoint = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (IsTerminalState(job_state_)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job has already ended: it ", job_state_));
+    }
+    checkpoint = options_.config.checkpoint.enabled && !no_checkpoint && placed_ && view_.ready();
+  }
+  proto::StopResponse resp;
+  if (checkpoint) {
+    absl::StatusOr<proto::CheckpointResponse> c = Checkpoint(reason, /*stop_after=*/true);
+    if (!c.ok()) {
+      return absl::Status(c.status().code(),
+                          absl::StrCat("not stopped: the checkpoint before the stop failed (",
+                                       c.status().message(),
+                                       "); the job goes on (stop without one: no_checkpoint)"));
+    }
+    resp.set_checkpointed(true);
+    *resp.mutable_checkpoint() = std::move(*c);
+    return resp;
+  }
+  absl::MutexLock l(&mu_);
+  if (!IsTerminalState(job_state_)) {
+    FinishJobLocked("stopped", absl::StrCat("stopped on request (", reason, ")"));
+  }
+  return resp;
+}
+
 absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::string& reason,
                                                                    bool stop_after) {
   absl::MutexLock cl(&checkpoint_mu_);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_channel.h"
+#include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "common/json.h"
 #include "common/model_spec.h"
@@ -89,6 +90,13 @@ class MasterServer::Service final : public proto::Master::Service {
   grpc::Status ReportSuspect(grpc::ServerContext*, const proto::ReportSuspectRequest* req,
                              proto::ReportSuspectResponse* resp) override {
     auto r = m_->ReportSuspect(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status Stop(grpc::ServerContext*, const proto::StopRequest* req,
+                    proto::StopResponse* resp) override {
+    auto r = m_->Stop(req->reason().empty() ? "request" : req->reason(), req->no_checkpoint());
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
@@ -280,6 +288,7 @@ absl::Status MasterServer::Start() {
     http_.Handle("/metrics", [this](const HttpRequest&) {
       return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
     });
+    http_.Handle("/logs", LogsPage);  // this process's recent log lines
     http_.Handle("/healthz", [](const HttpRequest&) {
       return HttpResponse{200, "text/plain", "ok\n"};
     });

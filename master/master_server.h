@@ -99,6 +99,9 @@ class MasterServer {
   // latest).
   absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason,
                                                        bool stop_after);
+  // Stops the job: after a checkpoint when checkpoints are on (unless
+  // `no_checkpoint`); FailedPrecondition when it has already ended.
+  absl::StatusOr<proto::StopResponse> Stop(const std::string& reason, bool no_checkpoint);
   // A node cannot reach pserver req.suspect (docs/reliability.md): the
   // suspect is probed at once and declared dead when the probe fails, or
   // when such reports go on for longer than dead_timeout_ms.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_channel.h"
+#include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/threads.h"
@@ -102,6 +103,7 @@ absl::Status PServer::Start() {
     http_.Handle("/metrics", [this](const HttpRequest&) {
       return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
     });
+    http_.Handle("/logs", LogsPage);  // this process's recent log lines
     http_.Handle("/healthz", [](const HttpRequest&) {
       return HttpResponse{200, "text/plain", "ok\n"};
     });

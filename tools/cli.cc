@@ -1,7 +1,11 @@
 #include "tools/cli.h"
 
+#include <curl/curl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <optional>
 
@@ -34,6 +38,13 @@ constexpr char kUsage[] =
     "usage: strata <command> [flags]\n"
     "commands:\n"
     "  status   --master HOST:PORT [--json]   cluster view and job progress\n"
+    "  top      --master HOST:PORT [--interval 2] [--iterations N] [--json]\n"
+    "           live per node: steps/s, samples/s, push and pull GB/s, comm share,\n"
+    "           memory (refreshing; N frames then exit, 0 = until interrupted)\n"
+    "  logs     NODE --master HOST:PORT [--lines 200]   a node's recent log lines\n"
+    "           (NODE: master, pserver-I, worker-I or a node id)\n"
+    "  stop     --master HOST:PORT [--no-checkpoint] [--reason TEXT] [--json]\n"
+    "           stop the job, after a checkpoint when checkpoints are on\n"
     "  wait     --master HOST:PORT [--timeout SECONDS]\n"
     "           wait for the job to end; exit 0 if it succeeded\n"
     "  validate --config FILE [--hosts FILE]  check a config and a host file\n"
@@ -68,7 +79,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
     if (auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else if (key != "json" && key != "stop") {
+    } else if (key != "json" && key != "stop" && key != "no-checkpoint") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -172,6 +183,257 @@ int Status(const std::map<std::string, std::string>& f, std::ostream& out, std::
     out << json;
   } else {
     PrintStatus(*st, out);
+  }
+  return 0;
+}
+
+size_t OnHttpBody(char* data, size_t size, size_t n, void* user) {
+  static_cast<std::string*>(user)->append(data, size * n);
+  return size * n;
+}
+
+// GET http://host:port/path; the body of a 200, else an error naming the URL.
+absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_seconds = 5) {
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
+  std::string body;
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_seconds * 1000));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnHttpBody);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  const CURLcode rc = curl_easy_perform(curl);
+  long code = 0;
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
+  curl_easy_cleanup(curl);
+  if (rc != CURLE_OK) {
+    return absl::UnavailableError(absl::StrCat("GET ", url, ": ", curl_easy_strerror(rc)));
+  }
+  if (code != 200) {
+    return absl::UnavailableError(absl::StrCat("GET ", url, ": HTTP ", code, ": ", body));
+  }
+  return body;
+}
+
+std::string NodeUrl(const proto::NodeInfo& n, const std::string& path) {
+  const bool v6 = n.host().find(':') != std::string::npos;
+  return absl::StrCat("http://", v6 ? "[" : "", n.host(), v6 ? "]" : "", ":", n.http_port(), path);
+}
+
+// The newest instance of "role-index" ("worker-1", "master"), or of node id N.
+const proto::NodeInfo* FindNode(const proto::GetStatusResponse& st, const std::string& name) {
+  const proto::NodeInfo* found = nullptr;
+  uint32_t id = 0;
+  const bool by_id = absl::SimpleAtoi(name, &id);
+  for (const auto& m : st.view().members()) {
+    const std::string full = absl::StrCat(RoleName(m.role()), "-", m.index());
+    const bool match = by_id ? m.id() == id
+                             : full == name || (m.role() == proto::MASTER && name == "master");
+    if (match && (found == nullptr || m.id() > found->id())) found = &m;
+  }
+  return found;
+}
+
+// strata logs NODE: the node's recent log lines, from its /logs.
+int Logs(const std::vector<std::string>& args, const std::map<std::string, std::string>& f,
+         std::ostream& out, std::ostream& err) {
+  if (args.size() < 2 || args[1].rfind("--", 0) == 0 || !f.count("master")) {
+    err << "strata logs: usage: strata logs NODE --master HOST:PORT [--lines N]\n"
+           "  NODE: master, pserver-I, worker-I or a node id\n";
+    return 2;
+  }
+  int lines = 200;
+  if (f.count("lines") && (!absl::SimpleAtoi(f.at("lines"), &lines) || lines < 0)) {
+    err << "strata logs: --lines must be a number >= 0\n";
+    return 2;
+  }
+  auto st = FetchStatus(f.at("master"));
+  if (!st.ok()) {
+    err << "strata logs: " << st.status().message() << "\n";
+    return 1;
+  }
+  const proto::NodeInfo* n = FindNode(*st, args[1]);
+  if (n == nullptr) {
+    err << "strata logs: no node " << args[1] << " in the cluster of master " << f.at("master")
+        << " (names: master, pserver-I, worker-I, or a node id)\n";
+    return 1;
+  }
+  if (n->http_port() <= 0) {
+    err << "strata logs: " << args[1] << " serves no HTTP port\n";
+    return 1;
+  }
+  auto body = HttpGet(NodeUrl(*n, absl::StrCat("/logs?lines=", lines)));
+  if (!body.ok()) {
+    err << "strata logs: " << args[1] << " (node " << n->id() << ", " << StateName(n->state())
+        << "): " << body.status().message() << "\n";
+    return 1;
+  }
+  out << *body;
+  return 0;
+}
+
+// One daemon's counters and gauges from its /metrics, by series name
+// (labels dropped: the series top reads have none).
+struct MetricsSample {
+  absl::Time at;
+  std::map<std::string, double> values;
+  bool ok = false;
+};
+
+MetricsSample ScrapeNode(const proto::NodeInfo& n) {
+  MetricsSample m;
+  m.at = absl::Now();
+  if (n.http_port() <= 0 || n.state() == proto::DEAD) return m;
+  auto body = HttpGet(NodeUrl(n, "/metrics"), 2);
+  if (!body.ok()) return m;
+  m.ok = true;
+  for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+    if (line.empty() || line[0] == '#' || line.find('{') != absl::string_view::npos) continue;
+    const size_t sp = line.rfind(' ');
+    double v;
+    if (sp != absl::string_view::npos && absl::SimpleAtod(line.substr(sp + 1), &v)) {
+      m.values[std::string(line.substr(0, sp))] = v;
+    }
+  }
+  return m;
+}
+
+// strata top: per node, refreshed: steps/s, samples/s, push and pull GB/s,
+// comm share, memory.
+int Top(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  if (!f.count("master")) {
+    err << "strata top: --master HOST:PORT is required\n";
+    return 2;
+  }
+  double interval = 2;
+  int iterations = 0;
+  if (f.count("interval") && (!absl::SimpleAtod(f.at("interval"), &interval) || interval <= 0)) {
+    err << "strata top: --interval must be a number of seconds > 0\n";
+    return 2;
+  }
+  if (f.count("iterations") && (!absl::SimpleAtoi(f.at("iterations"), &iterations) ||
+                                iterations < 0)) {
+    err << "strata top: --iterations must be a number >= 0 (0: until interrupted)\n";
+    return 2;
+  }
+  const bool json = f.count("json") > 0;
+  const bool tty = !json && &out == &std::cout && isatty(STDOUT_FILENO);
+  std::map<uint32_t, MetricsSample> before;
+  for (int frame = 0; iterations == 0 || frame <= iterations; ++frame) {
+    auto st = FetchStatus(f.at("master"));
+    if (!st.ok()) {
+      err << "strata top: " << st.status().message() << "\n";
+      return 1;
+    }
+    std::map<uint32_t, MetricsSample> now;
+    for (const auto& n : st->view().members()) now[n.id()] = ScrapeNode(n);
+    // The first scrape is only a baseline for the rates.
+    if (frame > 0) {
+      const proto::JobStatus& job = st->job();
+      std::string rows;
+      for (const auto& n : st->view().members()) {
+        const MetricsSample& a = before[n.id()];
+        const MetricsSample& b = now[n.id()];
+        const double dt = a.ok && b.ok ? absl::ToDoubleSeconds(b.at - a.at) : 0;
+        auto rate = [&](const char* name) -> double {
+          auto x = a.values.find(name), y = b.values.find(name);
+          if (dt <= 0 || x == a.values.end() || y == b.values.end()) return -1;
+          return std::max(0.0, (y->second - x->second) / dt);
+        };
+        auto gauge = [&](const char* name) -> double {
+          auto y = b.values.find(name);
+          return y == b.values.end() ? -1 : y->second;
+        };
+        double steps = -1, samples = -1, push = -1, pull = -1, comm = -1;
+        if (n.role() == proto::WORKER) {
+          steps = rate("strata_worker_steps");
+          samples = rate("strata_worker_samples");
+          push = rate("strata_worker_push_bytes_total");
+          pull = rate("strata_worker_pull_bytes_total");
+          comm = gauge("strata_worker_comm_share");
+        } else if (n.role() == proto::PSERVER) {
+          push = rate("strata_pserver_bytes_received_total");  // pushes in
+          pull = rate("strata_pserver_bytes_sent_total");      // pulls out
+        }
+        const double mem = gauge("process_resident_memory_bytes");
+        const std::string name = absl::StrCat(RoleName(n.role()), "-", n.index());
+        if (json) {
+          absl::StrAppendFormat(
+              &rows,
+              "%s{\"node\": %d, \"name\": \"%s\", \"host\": \"%s\", \"state\": \"%s\", "
+              "\"up\": %s, \"steps_per_sec\": %.3f, \"samples_per_sec\": %.3f, "
+              "\"push_gb_per_sec\": %.6f, \"pull_gb_per_sec\": %.6f, \"comm_share\": %.4f, "
+              "\"memory_bytes\": %.0f}",
+              rows.empty() ? "" : ", ", n.id(), name, JsonEscape(n.host()), StateName(n.state()),
+              b.ok ? "true" : "false", steps, samples, push / 1e9, pull / 1e9, comm, mem);
+        } else {
+          auto col = [](double v, const char* fmt) {
+            return v < 0 ? std::string("-") : absl::StrFormat(fmt, v);
+          };
+          absl::StrAppendFormat(&rows, "%-11s %-16s %-8s %8s %10s %9s %9s %6s %9s\n", name,
+                                n.host(), b.ok ? StateName(n.state()) : "no-http",
+                                col(steps, "%.1f"), col(samples, "%.0f"),
+                                col(push < 0 ? -1 : push / 1e9, "%.3f"),
+                                col(pull < 0 ? -1 : pull / 1e9, "%.3f"),
+                                col(comm < 0 ? -1 : comm * 100, "%.0f%%"),
+                                col(mem < 0 ? -1 : mem / 1048576, "%.0fM"));
+        }
+      }
+      if (json) {
+        out << absl::StrFormat(
+                   "{\"time_unix_ms\": %d, \"job\": \"%s\", \"state\": \"%s\", \"step\": %d, "
+                   "\"samples_per_sec\": %.2f, \"comm_share\": %.4f, \"nodes\": [%s]}",
+                   absl::ToUnixMillis(absl::Now()), JsonEscape(job.name()), job.state(),
+                   job.steps(), job.samples_per_sec(), job.comm_share(), rows)
+            << std::endl;
+      } else {
+        if (tty) out << "\x1b[H\x1b[2J";
+        out << absl::StrFormat(
+                   "strata top: job %s %s, epoch %d/%d, step %d, %.0f samples/s, comm %.0f%%  "
+                   "(every %g s)\n",
+                   job.name(), job.state(), job.epoch() + 1, job.epochs(), job.steps(),
+                   job.samples_per_sec(), job.comm_share() * 100, interval)
+            << absl::StrFormat("%-11s %-16s %-8s %8s %10s %9s %9s %6s %9s\n", "NODE", "HOST",
+                               "STATE", "STEPS/S", "SAMPLES/S", "PUSH GB/s", "PULL GB/s",
+                               "COMM", "MEMORY")
+            << rows << (tty ? "" : "\n") << std::flush;
+      }
+    }
+    before = std::move(now);
+    if (iterations != 0 && frame == iterations) break;
+    absl::SleepFor(absl::Seconds(interval));
+  }
+  return 0;
+}
+
+std::string JsonOf(const google::protobuf::Message& m);
+
+// strata stop: the job stops (after a checkpoint when checkpoints are on).
+int Stop(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  if (!f.count("master")) {
+    err << "strata stop: --master HOST:PORT is required\n";
+    return 2;
+  }
+  const std::string& master = f.at("master");
+  auto stub = proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(900)));
+  proto::StopRequest req;
+  req.set_reason(f.count("reason") ? f.at("reason") : "strata stop");
+  req.set_no_checkpoint(f.count("no-checkpoint") > 0);
+  proto::StopResponse resp;
+  absl::Status s = FromGrpcStatus(stub->Stop(&ctx, req, &resp), "master " + master);
+  if (!s.ok()) {
+    err << "strata stop: " << s.message() << "\n";
+    return 1;
+  }
+  if (f.count("json")) {
+    out << JsonOf(resp);
+  } else if (resp.checkpointed()) {
+    out << "job stopped after checkpoint " << resp.checkpoint().seq() << " ("
+        << resp.checkpoint().dir() << ", step " << resp.checkpoint().step() << ")\n";
+  } else {
+    out << "job stopped (no checkpoint)\n";
   }
   return 0;
 }
@@ -619,13 +881,18 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   // "checkpoint list|verify": a sub-command before the flags.
   const bool sub = args[0] == "checkpoint" && args.size() > 1 &&
                    (args[1] == "list" || args[1] == "verify" || args[1] == "export");
-  auto flags = ParseFlags(args, sub ? 2 : 1);
+  // "logs NODE": the node before the flags.
+  const bool positional = args[0] == "logs" && args.size() > 1 && args[1].rfind("--", 0) != 0;
+  auto flags = ParseFlags(args, sub || positional ? 2 : 1);
   if (!flags.ok()) {
     err << "strata " << args[0] << ": " << flags.status().message() << "\n" << kUsage;
     return 2;
   }
   const std::string& cmd = args[0];
   if (cmd == "status") return Status(*flags, out, err);
+  if (cmd == "top") return Top(*flags, out, err);
+  if (cmd == "stop") return Stop(*flags, out, err);
+  if (cmd == "logs") return Logs(args, *flags, out, err);
   if (cmd == "wait") return Wait(*flags, out, err);
   if (cmd == "validate") return Validate(*flags, out, err);
   if (cmd == "plan") return Plan(*flags, out, err);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/data_tasks.h"
 #include "common/grpc_channel.h"
+#include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/model_spec.h"
@@ -275,6 +276,7 @@ absl::Status Worker::Start() {
     http_.Handle("/metrics", [this](const HttpRequest&) {
       return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
     });
+    http_.Handle("/logs", LogsPage);  // this process's recent log lines
     http_.Handle("/healthz", [](const HttpRequest&) {
       return HttpResponse{200, "text/plain", "ok\n"};
     });

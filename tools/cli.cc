@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -877,6 +878,23 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
     (args.empty() ? err : out) << kUsage;
     return args.empty() ? 2 : 0;
+  }
+  // COMMAND --help (or -h): that command's lines of the usage.
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] != "--help" && args[i] != "-h") continue;
+    std::string help;
+    bool in = false;
+    for (absl::string_view line : absl::StrSplit(kUsage, '\n')) {
+      const bool entry = line.size() > 2 && line.substr(0, 2) == "  " && line[2] != ' ';
+      if (entry) in = absl::StartsWith(line.substr(2), args[0] + " ");
+      if (in) absl::StrAppend(&help, line, "\n");
+    }
+    if (help.empty()) {
+      err << "strata: unknown command '" << args[0] << "'\n" << kUsage;
+      return 2;
+    }
+    out << "usage: strata " << args[0] << " [flags]\n" << help;
+    return 0;
   }
   // "checkpoint list|verify": a sub-command before the flags.
   const bool sub = args[0] == "checkpoint" && args.size() > 1 &&

@@ -15,6 +15,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::IsEmpty;
 using ::testing::StartsWith;
 
@@ -184,6 +185,26 @@ TEST(CliTest, NoArgumentsIsUsageErrorAndHelpIsNot) {
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("usage: strata"));
   EXPECT_THAT(r.err, IsEmpty());
+}
+
+TEST(CliTest, EveryCommandHasHelp) {
+  for (const char* cmd : {"status", "top", "logs", "stop", "wait", "validate", "plan",
+                          "prometheus-config", "doctor", "checkpoint"}) {
+    const Result r = RunStrata({cmd, "--help"});
+    EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
+    EXPECT_THAT(r.out, AllOf(HasSubstr(std::string("usage: strata ") + cmd),
+                             HasSubstr(std::string("  ") + cmd + " ")))
+        << cmd;
+    EXPECT_THAT(r.err, IsEmpty()) << cmd;
+  }
+  // Only that command's lines.
+  const Result top = RunStrata({"top", "-h"});
+  EXPECT_THAT(top.out, HasSubstr("steps/s"));
+  EXPECT_THAT(top.out, Not(HasSubstr("validate")));
+  // checkpoint: all of its forms.
+  const Result ck = RunStrata({"checkpoint", "list", "--help"});
+  EXPECT_THAT(ck.out, AllOf(HasSubstr("checkpoint list"), HasSubstr("checkpoint verify")));
+  EXPECT_EQ(RunStrata({"frobnicate", "--help"}).code, 2);
 }
 
 TEST(CliTest, StrayArgumentIsUsageError) {

@@ -7,7 +7,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/grpc_channel.h"
 #include "common/daemon.h"
 #include "common/grpc_status.h"
@@ -17,6 +21,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "master/placement.h"
+#include "master/status_page.h"
 #include "google/protobuf/struct.pb.h"
 #include "storage/checkpoint_format.h"
 #include "storage/criteo_reader.h"
@@ -34,6 +39,11 @@ const char* RoleName(proto::Role r) {
     case proto::WORKER: return "worker";
     default: return "unknown";
   }
+}
+
+// Out of the cluster: declared dead, or drained on request.
+bool Gone(const proto::NodeInfo& n) {
+  return n.state() == proto::DEAD || n.state() == proto::DRAINED;
 }
 
 bool IsTerminal(const std::string& state) {
@@ -97,6 +107,13 @@ class MasterServer::Service final : public proto::Master::Service {
   grpc::Status Stop(grpc::ServerContext*, const proto::StopRequest* req,
                     proto::StopResponse* resp) override {
     auto r = m_->Stop(req->reason().empty() ? "request" : req->reason(), req->no_checkpoint());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status Drain(grpc::ServerContext*, const proto::DrainRequest* req,
+                     proto::DrainResponse* resp) override {
+    auto r = m_->Drain(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
@@ -292,6 +309,16 @@ absl::Status MasterServer::Start() {
     http_.Handle("/healthz", [](const HttpRequest&) {
       return HttpResponse{200, "text/plain", "ok\n"};
     });
+    http_.Handle("/", [this](const HttpRequest& req) {
+      // ?refresh=N sets the page's reload interval (0: none); 5 s by default.
+      int refresh = 5;
+      for (absl::string_view kv : absl::StrSplit(req.query, '&')) {
+        if (absl::ConsumePrefix(&kv, "refresh=") && !absl::SimpleAtoi(kv, &refresh)) refresh = 5;
+      }
+      return HttpResponse{200, "text/html; charset=utf-8",
+                          RenderStatusPage(GetStatus(), ToUnixMs(clock_->Now()),
+                                           std::clamp(refresh, 0, 3600))};
+    });
     http_.Handle("/status", [this](const HttpRequest&) {
       std::string json;
       google::protobuf::util::JsonPrintOptions opts;
@@ -353,7 +380,7 @@ void MasterServer::Tick() {
     const int64_t dead_ms = options_.config.cluster.dead_timeout_ms;
     std::vector<proto::NodeInfo*> dead;
     for (proto::NodeInfo& n : *view_.mutable_members()) {
-      if (n.role() == proto::MASTER || n.state() == proto::DEAD) continue;
+      if (n.role() == proto::MASTER || Gone(n)) continue;
       if (ToUnixMs(now) - n.last_heartbeat_unix_ms() > dead_ms) dead.push_back(&n);
     }
     for (proto::NodeInfo* n : dead) {
@@ -364,7 +391,7 @@ void MasterServer::Tick() {
     std::vector<std::pair<proto::NodeInfo*, std::string>> unreachable;
     for (auto it = suspects_.begin(); it != suspects_.end();) {
       proto::NodeInfo* n = FindNodeLocked(it->first);
-      if (n == nullptr || n->state() == proto::DEAD || now - it->second.last > absl::Seconds(2)) {
+      if (n == nullptr || Gone(*n) || now - it->second.last > absl::Seconds(2)) {
         it = suspects_.erase(it);
         continue;
       }
@@ -383,6 +410,7 @@ void MasterServer::Tick() {
       TopUpBackupsLocked();
     }
     UpdateJobStateLocked();
+    SampleHistoryLocked(/*force=*/false);
     PersistLocked();
   }
   ProbeSuspects();
@@ -437,7 +465,7 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   const int64_t now = ToUnixMs(clock_->Now()) + options_.config.cluster.dead_timeout_ms;
   for (proto::NodeInfo& n : *view_.mutable_members()) {
     n.set_last_heartbeat_unix_ms(now);
-    if (n.role() == proto::PSERVER && n.state() != proto::DEAD) {
+    if (n.role() == proto::PSERVER && !Gone(n)) {
       pserver_stubs_[n.id()] = proto::PServerAdmin::NewStub(
           NewControlChannel(n.grpc_address()));
     }
@@ -455,7 +483,7 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   std::map<uint64_t, uint32_t> leases;
   for (const auto& [id, node] : st.task_leases()) {
     const proto::NodeInfo* n = FindNodeLocked(node);
-    if (n != nullptr && n->state() != proto::DEAD) leases[id] = node;
+    if (n != nullptr && !Gone(*n)) leases[id] = node;
   }
   tasks_.RestoreLeases(leases, clock_->Now());
   max_last_step_ = st.max_last_step();
@@ -516,7 +544,7 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
 }
 
 void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why) {
-  if (n->state() == proto::DEAD) return;
+  if (Gone(*n)) return;
   n->set_state(proto::DEAD);
   EventLocked(absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
                            n->host(), ") declared dead: ", why),
@@ -538,6 +566,111 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
     if (placed_ && !IsTerminal(job_state_)) FailoverLocked(n->id());
   }
   BumpEpochLocked();
+}
+
+absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainRequest& req) {
+  absl::MutexLock l(&mu_);
+  proto::NodeInfo* n = FindNodeLocked(req.node_id());
+  if (n == nullptr) return absl::NotFoundError(absl::StrCat("no node ", req.node_id()));
+  const std::string name = absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ")");
+  const std::string why = req.reason().empty() ? "request" : req.reason();
+  proto::DrainResponse resp;
+  if (n->role() == proto::MASTER) {
+    return absl::FailedPreconditionError(
+        "the master cannot be drained; `strata stop` ends the job");
+  }
+  if (n->state() == proto::DRAINED) {
+    *resp.mutable_node() = *n;
+    resp.set_message(absl::StrCat(name, " was already drained"));
+    return resp;
+  }
+  if (n->state() == proto::DEAD) {
+    return absl::FailedPreconditionError(absl::StrCat(name, " is dead: nothing to drain"));
+  }
+  if (IsTerminal(job_state_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job has already ended (", job_state_, "): nothing to drain"));
+  }
+  if (n->role() == proto::WORKER) {
+    if (n->draining()) {
+      *resp.mutable_node() = *n;
+      resp.set_message(absl::StrCat(name, " is already draining"));
+      return resp;
+    }
+    if (job_state_ == "evaluating" && n->id() == evaluator_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name, " is evaluating the trained model; it leaves when the job ends"));
+    }
+    int others = 0;
+    for (const auto& m : view_.members()) {
+      others += m.role() == proto::WORKER && m.id() != n->id() && !Gone(m) && !m.draining();
+    }
+    if (others == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name, " is the last worker: draining it would stop training "
+                "(`strata stop` ends the job, with a checkpoint)"));
+    }
+    n->set_draining(true);
+    EventLocked(absl::StrCat(name, " draining (", why, "): it leaves after its current data task"),
+                "node_draining", n);
+    BumpEpochLocked();  // (the view shows it draining)
+    PersistLocked();
+    *resp.mutable_node() = *n;
+    resp.set_message(absl::StrCat(name, " is draining: it leaves after its current data task"));
+    return resp;
+  }
+  // A pserver: each of its partitions goes to a backup holding its copy.
+  if (!placed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": the partitions are not placed yet; drain it once the job runs"));
+  }
+  std::vector<uint32_t> primaries, unsafe;
+  for (const proto::PartitionInfo& p : view_.partitions()) {
+    if (p.owner() != n->id()) continue;
+    primaries.push_back(p.id());
+    bool backed = false;
+    for (uint32_t b : p.backups()) {
+      const proto::NodeInfo* bn = FindNodeLocked(b);
+      auto held = synced_replicas_.find(b);
+      backed = backed || (bn != nullptr && bn->state() == proto::ALIVE &&
+                          held != synced_replicas_.end() && held->second.count(p.id()) > 0);
+    }
+    if (!backed) unsafe.push_back(p.id());
+  }
+  if (!unsafe.empty()) {
+    if (options_.config.cluster.replication == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name, " holds the only copy of ", unsafe.size(),
+          " partition(s) (cluster.replication is 0): draining it would lose them. Run with "
+          "cluster.replication >= 1, or checkpoint and stop the job (`strata stop`)"));
+    }
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < unsafe.size() && i < 8; ++i) ids.push_back(absl::StrCat(unsafe[i]));
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": ", unsafe.size(), " of its ", primaries.size(),
+        " partition(s) have no backup in sync yet (", absl::StrJoin(ids, ", "),
+        unsafe.size() > ids.size() ? ", ..." : "", "); try again once the backups caught up"));
+  }
+  int others = 0;
+  for (const auto& m : view_.members()) {
+    others += m.role() == proto::PSERVER && m.id() != n->id() && m.state() == proto::ALIVE;
+  }
+  if (others == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(name, " is the last pserver"));
+  }
+  n->set_state(proto::DRAINED);
+  synced_replicas_.erase(n->id());
+  suspects_.erase(n->id());
+  FailoverLocked(n->id());  // its backups take over; it is no one's backup now
+  EventLocked(absl::StrCat(name, " drained (", why, "): ", primaries.size(),
+                           " partition(s) taken over by their backups"),
+              "node_drained", n);
+  BumpEpochLocked();
+  PersistLocked();
+  *resp.mutable_node() = *n;
+  resp.set_message(absl::StrCat(name, " drained: its ", primaries.size(),
+                                " partition(s) were taken over by their backups; it exits"));
+  return resp;
 }
 
 void MasterServer::FailoverLocked(uint32_t dead) {
@@ -699,7 +832,7 @@ void MasterServer::ProbeSuspects() {
     absl::MutexLock l(&mu_);
     proto::NodeInfo* n = FindNodeLocked(id);
     auto it = suspects_.find(id);
-    if (n == nullptr || n->state() == proto::DEAD || it == suspects_.end()) continue;
+    if (n == nullptr || Gone(*n) || it == suspects_.end()) continue;
     DeclareDeadLocked(n, absl::StrCat("reported unreachable (", it->second.reason,
                                       ") and the master's probe failed too: ",
                                       s.error_message()));
@@ -711,7 +844,7 @@ absl::StatusOr<proto::ReportSuspectResponse> MasterServer::ReportSuspect(
   absl::MutexLock l(&mu_);
   proto::ReportSuspectResponse resp;
   const proto::NodeInfo* reporter = FindNodeLocked(req.node_id());
-  if (reporter == nullptr || reporter->state() == proto::DEAD) {
+  if (reporter == nullptr || Gone(*reporter)) {
     return absl::FailedPreconditionError(
         absl::StrCat("suspicion report from node ", req.node_id(), ", which is not a live member"));
   }
@@ -720,7 +853,7 @@ absl::StatusOr<proto::ReportSuspectResponse> MasterServer::ReportSuspect(
     return absl::InvalidArgumentError(
         absl::StrCat("suspicion report about node ", req.suspect(), ", which is not a pserver"));
   }
-  if (n->state() == proto::DEAD) {
+  if (Gone(*n)) {
     resp.set_declared_dead(true);
     return resp;
   }
@@ -862,6 +995,10 @@ absl::StatusOr<proto::NodeInfo*> MasterServer::LiveWorkerLocked(uint32_t id) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker node ", id, " was declared dead; register again"));
   }
+  if (n->state() == proto::DRAINED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker node ", id, " was drained: it has left the job"));
+  }
   return n;
 }
 
@@ -889,7 +1026,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   // A restarted instance replaces its predecessor.
   for (proto::NodeInfo& n : *view_.mutable_members()) {
     if (n.role() == req.role() && n.index() == req.index() &&
-        n.state() != proto::DEAD) {
+        !Gone(n)) {
       DeclareDeadLocked(&n, "a new instance registered");
     }
   }
@@ -938,6 +1075,13 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", req.node_id(), " was declared dead; it must register again"));
   }
+  if (n->state() == proto::DRAINED) {  // it leaves
+    proto::HeartbeatResponse resp;
+    resp.set_epoch(view_.epoch());
+    resp.set_job_state(job_state_);
+    resp.set_drained(true);
+    return resp;
+  }
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (n->role() == proto::PSERVER) {
     synced_replicas_[n->id()] = std::set<uint32_t>(req.replicas().begin(), req.replicas().end());
@@ -984,6 +1128,19 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     LOG(WARNING) << "worker " << n->index() << " (node " << n->id() << ") asks for a task "
                  << "but holds data task " << task->id() << ": its lease answer was lost; "
                  << "the same task again";
+  } else if (n->draining()) {
+    // Drained: its last data task is done; it leaves, the job goes on.
+    n->set_state(proto::DRAINED);
+    n->set_draining(false);
+    EventLocked(absl::StrCat("worker ", n->index(), " (node ", n->id(), ", ", n->host(),
+                             ") drained: left after its data task"),
+                "node_drained", n);
+    BumpEpochLocked();  // out of the step set
+    UpdateJobStateLocked();
+    PersistLocked();
+    resp.set_outcome(proto::LeaseTaskResponse::DONE);
+    resp.set_drained(true);
+    return resp;
   } else {
     task = tasks_.Lease(n->id(), clock_->Now(), first_step);
   }
@@ -1007,7 +1164,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
   UpdateJobStateLocked();
   if (job_state_ == "evaluating" && !final_checkpoint_pending_) {
     proto::NodeInfo* ev = evaluator_ ? FindNodeLocked(evaluator_) : nullptr;
-    if (ev == nullptr || ev->state() == proto::DEAD) evaluator_ = n->id();
+    if (ev == nullptr || Gone(*ev)) evaluator_ = n->id();
     if (evaluator_ == n->id()) {
       resp.set_outcome(proto::LeaseTaskResponse::EVALUATE);
       resp.set_min_version(options_.config.job.consistency == Consistency::kBsp
@@ -1108,6 +1265,7 @@ void MasterServer::FinishJobLocked(const std::string& state,
   job_state_ = state;
   job_message_ = message;
   end_time_ = clock_->Now();
+  SampleHistoryLocked(/*force=*/true);  // the end of the charts
   LogEventLocked("job_state",
                  absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
   if (state == "failed") LOG(ERROR) << "job failed: " << message;
@@ -1117,6 +1275,29 @@ void MasterServer::FinishJobLocked(const std::string& state,
     if (!s.ok()) LOG(ERROR) << "cannot write summary: " << s;
     else LOG(INFO) << "wrote " << options_.summary_path;
   }
+}
+
+void MasterServer::SampleHistoryLocked(bool force) {
+  constexpr size_t kMaxHistory = 600;
+  if (start_time_ == absl::InfinitePast()) return;
+  const absl::Time now = clock_->Now();
+  if (!force && now - last_sample_ < history_interval_) return;
+  proto::JobStatus js = JobStatusLocked();
+  if (js.steps() == 0) return;  // nothing to chart before the first report
+  last_sample_ = now;
+  if (history_.size() >= kMaxHistory) {
+    size_t kept = 0;
+    for (size_t i = 0; i < history_.size(); i += 2) history_[kept++] = history_[i];
+    history_.resize(kept);
+    history_interval_ *= 2;
+  }
+  proto::JobSample s;
+  s.set_t(absl::ToDoubleSeconds(now - start_time_));
+  s.set_loss(js.loss());
+  s.set_train_accuracy(js.train_accuracy());
+  s.set_samples_per_sec(js.samples_per_sec());
+  s.set_steps(js.steps());
+  history_.push_back(std::move(s));
 }
 
 proto::JobStatus MasterServer::JobStatusLocked() const {
@@ -1130,7 +1311,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_tasks_total(tasks_.total());
   js.set_tasks_done(tasks_.done());
   uint64_t steps = 0, samples = 0;
-  double busy = 0, comm = 0, loss_sum = 0, sps = 0;
+  double busy = 0, comm = 0, loss_sum = 0, acc_sum = 0, sps = 0;
   int n_loss = 0;
   for (const auto& [id, w] : workers_) {
     const auto& p = w.last;
@@ -1138,7 +1319,11 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
     samples += p.samples();
     busy += p.busy_seconds();
     comm += p.comm_seconds();
-    if (p.steps_done() > 0) { loss_sum += p.loss(); ++n_loss; }
+    if (p.steps_done() > 0) {
+      loss_sum += p.loss();
+      acc_sum += p.train_accuracy();
+      ++n_loss;
+    }
     const proto::NodeInfo* node = nullptr;
     for (const auto& m : view_.members()) if (m.id() == id) node = &m;
     if (node && node->state() == proto::ALIVE) sps += p.samples_per_sec();
@@ -1150,6 +1335,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
     wp->set_steps_done(p.steps_done());
     wp->set_samples(p.samples());
     wp->set_loss(p.loss());
+    wp->set_train_accuracy(p.train_accuracy());
     wp->set_samples_per_sec(p.samples_per_sec());
     wp->set_comm_share(p.busy_seconds() > 0 ? p.comm_seconds() / p.busy_seconds() : 0);
   }
@@ -1159,6 +1345,8 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
                    : steps);
   js.set_samples(samples + samples_base_);
   js.set_loss(n_loss ? loss_sum / n_loss : 0);
+  js.set_train_accuracy(n_loss ? acc_sum / n_loss : 0);
+  for (const proto::JobSample& s : history_) *js.add_history() = s;
   const absl::Time end = IsTerminal(job_state_) ? end_time_ : clock_->Now();
   const double wall = start_time_ == absl::InfinitePast()
                           ? 0
@@ -1251,7 +1439,7 @@ std::string MasterServer::SummaryJsonLocked() const {
     uint64_t acked = 0, held = 0, lost = 0, extra = 0;
     for (const auto& [id, w] : workers_) {
       bool live = false;
-      for (const auto& m : view_.members()) live = live || (m.id() == id && m.state() != proto::DEAD);
+      for (const auto& m : view_.members()) live = live || (m.id() == id && !Gone(m));
       if (!live) continue;  // its last counts may be old
       for (const auto& [partition, count] : w.last.acked_pushes()) {
         auto p = ledger_applied_.find(partition);
@@ -1343,7 +1531,7 @@ void MasterServer::AddNodeMetricsLocked(proto::Role role, uint32_t index) {
       [this, newest]() {
         absl::MutexLock l(&mu_);
         const proto::NodeInfo* n = newest();
-        return n != nullptr && n->state() != proto::DEAD ? 1.0 : 0.0;
+        return n != nullptr && !Gone(*n) ? 1.0 : 0.0;
       },
       labels);
 }

@@ -102,6 +102,14 @@ class MasterServer {
   // Stops the job: after a checkpoint when checkpoints are on (unless
   // `no_checkpoint`); FailedPrecondition when it has already ended.
   absl::StatusOr<proto::StopResponse> Stop(const std::string& reason, bool no_checkpoint);
+  // Takes node req.node_id() out of the running job (`strata drain`): a
+  // worker leaves once its current data task is done; a pserver's
+  // partitions go to their backups at once and it leaves. Refused
+  // (FailedPrecondition, saying why) for the master, a dead node, after the
+  // job ended, for the last worker, the evaluator while it evaluates, and a
+  // pserver whose partitions have no backup in sync (cluster.replication 0,
+  // or replicas still catching up).
+  absl::StatusOr<proto::DrainResponse> Drain(const proto::DrainRequest& req);
   // A node cannot reach pserver req.suspect (docs/reliability.md): the
   // suspect is probed at once and declared dead when the probe fails, or
   // when such reports go on for longer than dead_timeout_ms.
@@ -154,6 +162,9 @@ class MasterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SummaryJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a point to history_ when history_interval_ has passed since the
+  // last one (or `force`), once some worker has reported.
+  void SampleHistoryLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
   // Heartbeat age and liveness gauges of node (role, index); idempotent.
   void AddNodeMetricsLocked(proto::Role role, uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -233,6 +244,12 @@ class MasterServer {
   uint64_t tasks_requeued_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t records_requeued_ ABSL_GUARDED_BY(mu_) = 0;  // of those tasks
   std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+  // The job's progress over time, for the status page's charts: at most
+  // kMaxHistory points; when full, every other one is dropped and the
+  // interval doubles. Not persisted: a restarted master starts anew.
+  std::vector<proto::JobSample> history_ ABSL_GUARDED_BY(mu_);
+  absl::Duration history_interval_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(500);
+  absl::Time last_sample_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The update ledger: each partition's applied pushes by sender, read
   // from the primaries once training is over.
   bool ledger_taken_ ABSL_GUARDED_BY(mu_) = false;

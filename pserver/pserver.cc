@@ -831,6 +831,15 @@ void PServer::HeartbeatLoop() {
       }
       if (!s.ok()) {
         LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
+      } else if (resp.drained()) {
+        // `strata drain`: our partitions are the backups' now. Serve
+        // nothing more; the process exits 0 (not restarted).
+        drained_ = true;
+        if (!fenced_.exchange(true)) {
+          LOG(INFO) << "drained by the master: this pserver's partitions were taken over by "
+                       "their backups; it serves nothing more and exits";
+        }
+        break;
       } else {
         RenewLease(sent);
         if (resp.epoch() != epoch_) refresh = true;

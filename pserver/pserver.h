@@ -76,6 +76,8 @@ class PServer {
   // should exit so that its supervisor starts a fresh one
   // (docs/reliability.md).
   bool fenced() const { return fenced_.load(); }
+  // Fenced because the master drained this node (`strata drain`).
+  bool drained() const { return drained_.load(); }
 
   // Installs a cluster view: creates newly owned partitions, updates the
   // epoch and the BSP step set. With `restore`, new partitions load their
@@ -177,6 +179,7 @@ class PServer {
   // answered heartbeat, for less than the master's dead timeout.
   std::atomic<int64_t> lease_until_ns_{0};
   std::atomic<bool> fenced_{false};
+  std::atomic<bool> drained_{false};
   Counter* refused_total_ = nullptr;
   std::atomic<bool> shutdown_{false};
   absl::Notification stop_;

@@ -75,6 +75,11 @@ int main(int argc, char** argv) {
   }
   const int sig =
       strata::WaitForTerminationSignal([&server] { return (*server)->fenced(); });
+  if (sig == 0 && (*server)->drained()) {
+    (*server)->Shutdown();
+    LOG(INFO) << "drained: exiting";
+    return 0;  // done, not failed: neither launch.sh nor systemd restarts it
+  }
   if (sig == 0) {
     // Fenced: declared dead while alive. A fresh process joins as a new
     // node (launch.sh's supervision or systemd's Restart=on-failure).

@@ -19,8 +19,9 @@ VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)
 # ceph-fuse) and the s3cmd baseline of bench/s3_bench.sh. Best effort too.
 VM_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common ceph-mds ceph-fuse s3cmd uuid-runtime)
 # For tests/ops: systemd-analyze checks the units (no systemd need run), a
-# real Prometheus scrapes a cluster, sshd serves the multi-host test.
-VM_PACKAGES+=(systemd prometheus openssh-server openssh-client)
+# real Prometheus scrapes a cluster, sshd serves the multi-host test,
+# headless Chromium loads the master's status page.
+VM_PACKAGES+=(systemd prometheus openssh-server openssh-client chromium)
 
 missing_of() {
   local p

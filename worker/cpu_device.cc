@@ -156,11 +156,13 @@ class CpuDevice : public Device {
 
   void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
                                   const int32_t* labels, float* grad) override {
-    pending_loss_ += SoftmaxCrossEntropy(rows, classes, logits, labels, grad, nullptr);
+    pending_loss_ += SoftmaxCrossEntropy(rows, classes, logits, labels, grad, &pending_correct_);
   }
-  double TakePendingLoss() override {
+  double TakePendingLoss(int64_t* correct) override {
     const double loss = pending_loss_;
+    if (correct != nullptr) *correct = pending_correct_;
     pending_loss_ = 0;
+    pending_correct_ = 0;
     return loss;
   }
 
@@ -208,6 +210,7 @@ class CpuDevice : public Device {
 
  private:
   double pending_loss_ = 0;
+  int64_t pending_correct_ = 0;
 };
 
 }  // namespace

@@ -207,7 +207,7 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
     next_step_ = version + 1;
     ++ctr_steps_;
-    RecordStep(n, version, loss, t3 - t0, comm,
+    RecordStep(n, version, loss, wide_deep_->last_correct(), t3 - t0, comm,
                pushed_dense.stale_partitions + pushed_wide.stale_partitions +
                        pushed_emb.stale_partitions >
                    0);

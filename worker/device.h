@@ -107,13 +107,14 @@ class Device {
   virtual double SoftmaxCrossEntropy(int rows, int classes, const float* logits,
                                      const int32_t* labels, float* grad,
                                      int64_t* correct) = 0;
-  // SoftmaxCrossEntropy with the loss left on the device, added to a
-  // running sum that TakePendingLoss returns (waiting for it) and clears:
-  // a training step then waits for nothing in its middle. The CPU adds it
-  // up at once.
+  // SoftmaxCrossEntropy with the loss (and the count of rows predicted
+  // right) left on the device, added to running sums that TakePendingLoss
+  // returns (waiting for them) and clears: a training step then waits for
+  // nothing in its middle. The CPU adds them up at once. `correct` may be
+  // nullptr.
   virtual void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
                                           const int32_t* labels, float* grad) = 0;
-  virtual double TakePendingLoss() = 0;
+  virtual double TakePendingLoss(int64_t* correct) = 0;
   // Binary cross-entropy of logits[rows] against labels in {0, 1}:
   // softplus(z) - y z summed (returned); grad = sigmoid(z) - y (may be
   // nullptr); *correct counts (z > 0) == (y > 0.5) (may be nullptr).

@@ -107,7 +107,7 @@ Mlp::ActivationMemory Mlp::activation_memory() const {
 absl::Status Mlp::Prepare(const float* x, const int32_t* y, int batch) {
   batch_ = batch;
   if (loss_pending_) {  // left by a step that stopped: not this step's
-    (void)device_->TakePendingLoss();
+    (void)device_->TakePendingLoss(nullptr);
     loss_pending_ = false;
   }
   valid_segment_ = -1;
@@ -347,7 +347,8 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
     std::swap(delta_, delta_prev_);
   }
   STRATA_RETURN_IF_ERROR(Drain(/*wait=*/true, hooks));
-  const double loss = device_->TakePendingLoss();
+  last_correct_ = 0;
+  const double loss = device_->TakePendingLoss(&last_correct_);
   loss_pending_ = false;
   if (!host_) STRATA_RETURN_IF_ERROR(device_->Synchronize());
   return loss;

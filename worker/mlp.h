@@ -55,6 +55,9 @@ class Mlp {
   };
   absl::StatusOr<double> TrainStep(const float* x, const int32_t* y, int batch,
                                    const Hooks& hooks);
+  // Examples of the last completed TrainStep whose predicted class (the
+  // argmax of the logits) was their label: the training accuracy.
+  int64_t last_correct() const { return last_correct_; }
 
   // Where the partitions of parameter table t begin (element offsets). A
   // weight table's forward and backward are then computed in blocks of rows
@@ -137,6 +140,7 @@ class Mlp {
   std::vector<DeviceArray<float>> acts_;  // per layer output (kept layers)
   std::vector<DeviceArray<float>> slots_;  // recomputed layers' outputs
   bool loss_pending_ = false;  // a step's loss is on the device, not taken
+  int64_t last_correct_ = 0;
   int recompute_every_ = 0;
   int valid_segment_ = -1;  // whose outputs the slots hold
   int batch_ = 0;

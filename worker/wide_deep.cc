@@ -163,8 +163,9 @@ absl::StatusOr<double> WideDeep::TrainStep(const float* dense, const uint32_t* s
   STRATA_RETURN_IF_ERROR(delta_prev_.Reserve(b * widest));
   // Binary cross-entropy on the logit z: softplus(z) - y z, whose gradient
   // is sigmoid(z) - y.
-  const double loss =
-      device_->SigmoidCrossEntropy(batch, acts_.back().data(), labels_, delta_.data(), nullptr);
+  last_correct_ = 0;
+  const double loss = device_->SigmoidCrossEntropy(batch, acts_.back().data(), labels_,
+                                                   delta_.data(), &last_correct_);
   // Wide part: each occurrence of a key adds its example's delta (spread
   // over the fields by a product with ones, then scatter-added).
   wide_grad->assign(unique, 0.f);

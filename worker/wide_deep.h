@@ -65,6 +65,8 @@ class WideDeep {
                                    const float* emb_rows, size_t unique,
                                    std::vector<float>* wide_grad, std::vector<float>* emb_grad);
   // Forward only: probs[b] = the predicted click probability.
+  // Examples of the last TrainStep predicted right (logit > 0 iff clicked).
+  int64_t last_correct() const { return last_correct_; }
   absl::Status Predict(const float* dense, const uint32_t* slot, int batch,
                        const float* wide_rows, const float* emb_rows, float* probs);
 
@@ -102,6 +104,7 @@ class WideDeep {
   std::vector<DeviceArray<float>> acts_;  // per deep layer, batch x width
   DeviceArray<float> delta_, delta_prev_;
   DeviceArray<float> d_wide_grad_, d_emb_grad_, d_probs_;  // GPU only
+  int64_t last_correct_ = 0;
 };
 
 }  // namespace strata::worker

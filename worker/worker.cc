@@ -36,7 +36,7 @@ class Worker::MasterTaskSource : public TaskSource {
     STRATA_RETURN_IF_ERROR(w_->CallMaster([&](grpc::ClientContext* ctx) {
       return w_->master()->LeaseTask(ctx, req, &resp);
     }));
-    return Lease{resp.outcome(), resp.task(), resp.min_version()};
+    return Lease{resp.outcome(), resp.task(), resp.min_version(), resp.drained()};
   }
   absl::Status Complete(const proto::DataTask& task, int64_t records,
                         uint64_t last_step) override {
@@ -538,6 +538,12 @@ absl::Status Worker::RunLoop() {
         break;
       case proto::LeaseTaskResponse::DONE:
         if (absl::Status s = Settle(); !s.ok()) LOG(WARNING) << s;
+        if (lease.drained) {
+          // (Its progress reports are refused now: it has left.)
+          LOG(INFO) << "worker " << options_.index
+                    << ": drained by the master; its last data task is done, it leaves";
+          return absl::OkStatus();
+        }
         ReportProgress(false, 0, 0);
         LOG(INFO) << "worker " << options_.index << ": job done";
         return absl::OkStatus();
@@ -769,13 +775,13 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
     if (!local) TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
-    RecordStep(n, version, loss, t3 - t0, comm, /*stale=*/false);
+    RecordStep(n, version, loss, model_->last_correct(), t3 - t0, comm, /*stale=*/false);
   }
   return absl::OkStatus();
 }
 
-void Worker::RecordStep(int n, uint64_t version, double loss, absl::Duration busy,
-                        absl::Duration comm, bool stale) {
+void Worker::RecordStep(int n, uint64_t version, double loss, int64_t correct,
+                        absl::Duration busy, absl::Duration comm, bool stale) {
   {
     absl::MutexLock l(&mu_);
     stats_.steps++;
@@ -797,6 +803,7 @@ void Worker::RecordStep(int n, uint64_t version, double loss, absl::Duration bus
   }
   window_samples_ += n;
   window_loss_ += loss;
+  window_correct_ += correct;
   ++window_steps_;
   if (task_start_unknown_.has_value()) {
     // The first batch of a task whose start the master does not know.
@@ -816,7 +823,10 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   Stats s;
   {
     absl::MutexLock l(&mu_);
-    if (window_samples_ > 0) stats_.recent_loss = window_loss_ / window_samples_;
+    if (window_samples_ > 0) {
+      stats_.recent_loss = window_loss_ / window_samples_;
+      stats_.recent_accuracy = static_cast<double>(window_correct_) / window_samples_;
+    }
     s = stats_;
   }
   if (window_samples_ > 0 && secs > 0) recent_sps_ = window_samples_ / secs;
@@ -834,6 +844,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   window_start_ = now;
   window_samples_ = 0;
   window_loss_ = 0;
+  window_correct_ = 0;
   window_steps_ = 0;
   if (master_conn_ == nullptr || options_.local_only) return;
   proto::ReportProgressRequest req;
@@ -849,6 +860,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   req.set_steps_done(s.steps);
   req.set_samples(s.samples);
   req.set_loss(s.recent_loss);
+  req.set_train_accuracy(s.recent_accuracy);
   req.set_samples_per_sec(recent_sps_);
   req.set_busy_seconds(s.busy_seconds);
   req.set_comm_seconds(s.comm_seconds);

@@ -45,6 +45,7 @@ class TaskSource {
     proto::LeaseTaskResponse::Outcome outcome;
     proto::DataTask task;
     uint64_t min_version = 0;
+    bool drained = false;  // with DONE: drained (`strata drain`), the job goes on
   };
   virtual ~TaskSource() = default;
   virtual absl::StatusOr<Lease> Next() = 0;
@@ -117,6 +118,7 @@ class Worker {
     double busy_seconds = 0;
     double comm_seconds = 0;
     double recent_loss = 0;
+    double recent_accuracy = 0;  // of the same window's training batches
   };
   Stats stats() const;
 
@@ -131,9 +133,10 @@ class Worker {
   // tables and the batch's sparse rows, compute, push, all partitions in
   // parallel (docs/sparse.md).
   absl::Status TrainCtrTask(const proto::DataTask& task);
-  // Counts a finished training step of `n` samples (stats, the progress
-  // window) and reports progress every job.progress_every_steps.
-  void RecordStep(int n, uint64_t version, double loss, absl::Duration busy,
+  // Counts a finished training step of `n` samples, `correct` of them
+  // predicted right (stats, the progress window) and reports progress
+  // every job.progress_every_steps.
+  void RecordStep(int n, uint64_t version, double loss, int64_t correct, absl::Duration busy,
                   absl::Duration comm, bool stale);
   // A CTR model on the test set: AUC, log-loss and accuracy at 0.5, with
   // the sparse rows pulled at version >= min_version.
@@ -245,6 +248,7 @@ class Worker {
   absl::Time window_start_;  // training thread only: throughput window
   uint64_t window_samples_ = 0;
   double window_loss_ = 0;
+  int64_t window_correct_ = 0;
   uint64_t window_steps_ = 0;
   double recent_sps_ = 0;
   std::atomic<uint64_t> row_cache_hits_{0};    // mirrors row_cache_ for /metrics

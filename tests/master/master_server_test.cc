@@ -27,6 +27,7 @@ using ::strata::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 constexpr char kLabels[] = "/data/train-labels-idx1-ubyte";
@@ -909,6 +910,101 @@ TEST_F(MasterServerTest, AspEvaluatorNeedsNoMinimumVersion) {
   STRATA_ASSERT_OK_AND_ASSIGN(auto eval, Lease(w));
   EXPECT_EQ(eval.outcome(), proto::LeaseTaskResponse::EVALUATE);
   EXPECT_EQ(eval.min_version(), 0u);
+}
+
+// strata drain (docs/operations.md).
+absl::StatusOr<proto::DrainResponse> DrainNode(MasterServer* m, uint32_t node) {
+  proto::DrainRequest req;
+  req.set_node_id(node);
+  req.set_reason("test");
+  return m->Drain(req);
+}
+
+TEST_F(MasterServerTest, ADrainedWorkerLeavesAfterItsTaskAndTheJobGoesOn) {
+  CreateMaster();
+  uint32_t ps, a;
+  StartRunningJob(&ps, &a);
+  const uint32_t b = RegisterWorker(1);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto lease, Lease(a));
+  ASSERT_EQ(lease.outcome(), proto::LeaseTaskResponse::TASK);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto d, DrainNode(master_.get(), a));
+  EXPECT_TRUE(d.node().draining());
+  EXPECT_EQ(d.node().state(), proto::ALIVE);
+  EXPECT_THAT(d.message(), HasSubstr("leaves after its current data task"));
+  // Its task is finished, not taken away.
+  EXPECT_THAT(Complete(a, lease.task().id(), 0), IsOk());
+  const uint64_t epoch = master_->View().epoch();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto next, Lease(a));
+  EXPECT_EQ(next.outcome(), proto::LeaseTaskResponse::DONE);
+  EXPECT_TRUE(next.drained());
+  EXPECT_EQ(StateOf(a), proto::DRAINED);
+  EXPECT_GT(master_->View().epoch(), epoch);  // out of the step set
+  // Not dead later for its silence, and nothing of it requeued.
+  clock_.Advance(absl::Milliseconds(6000));
+  ASSERT_THAT(Heartbeat(ps), IsOk());
+  ASSERT_THAT(Heartbeat(b), IsOk());
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(a), proto::DRAINED);
+  EXPECT_EQ(JobState(), "running");
+  const proto::JobStatus job = master_->GetStatus().job();
+  EXPECT_EQ(job.tasks_requeued(), 0u);
+  EXPECT_THAT(job.events(), Contains(HasSubstr("drained: left after its data task")));
+  // The other worker trains the rest.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto rest, Lease(b));
+  EXPECT_EQ(rest.outcome(), proto::LeaseTaskResponse::TASK);
+  // Draining again answers so; the drained node is refused elsewhere.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto again, DrainNode(master_.get(), a));
+  EXPECT_THAT(again.message(), HasSubstr("already drained"));
+  EXPECT_THAT(Lease(a), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("drained")));
+}
+
+TEST_F(MasterServerTest, DrainRefusesTheMasterTheLastWorkerAndAnUnknownNode) {
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  EXPECT_THAT(DrainNode(master_.get(), 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("`strata stop`")));
+  EXPECT_THAT(DrainNode(master_.get(), w),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("the last worker")));
+  EXPECT_THAT(DrainNode(master_.get(), 99), StatusIs(absl::StatusCode::kNotFound));
+  // Without replication a pserver holds the only copy of its partitions.
+  EXPECT_THAT(DrainNode(master_.get(), ps),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("holds the only copy"), HasSubstr("cluster.replication"))));
+  EXPECT_EQ(StateOf(ps), proto::ALIVE);
+  EXPECT_EQ(StateOf(w), proto::ALIVE);
+}
+
+TEST_F(ReplicatedMasterTest, ADrainedPserverHandsItsPartitionsToTheirBackups) {
+  Start();
+  // Until pserver 0 holds pserver 1's partitions in sync, draining waits.
+  EXPECT_THAT(DrainNode(master_.get(), ps1_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no backup in sync yet")));
+  HeartbeatPs0(of_ps1_);
+  const uint64_t epoch = master_->View().epoch();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto d, DrainNode(master_.get(), ps1_));
+  EXPECT_EQ(d.node().state(), proto::DRAINED);
+  EXPECT_THAT(d.message(), HasSubstr("taken over by their backups"));
+  const proto::ClusterView view = master_->View();
+  EXPECT_GT(view.epoch(), epoch);
+  for (const auto& p : view.partitions()) {
+    EXPECT_EQ(p.owner(), ps0_) << "partition " << p.id();
+    EXPECT_THAT(p.backups(), Not(Contains(ps1_)));
+  }
+  EXPECT_EQ(JobState(), "running");
+  // Its next heartbeat tells it to leave; then it is not declared dead.
+  proto::HeartbeatRequest hb;
+  hb.set_node_id(ps1_);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto resp, master_->Heartbeat(hb));
+  EXPECT_TRUE(resp.drained());
+  clock_.Advance(absl::Milliseconds(6000));
+  ASSERT_THAT(Heartbeat(w_), IsOk());
+  HeartbeatPs0({});
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(ps1_), proto::DRAINED);
+  EXPECT_EQ(JobState(), "running");
+  // The last pserver is not drained.
+  EXPECT_THAT(DrainNode(master_.get(), ps0_), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

@@ -224,7 +224,7 @@ TEST_P(DeviceTest, SoftmaxCrossEntropyMatchesTheLoopForManyClassCounts) {
   }
 }
 
-TEST_P(DeviceTest, APendingLossIsTheSumOfItsCrossEntropiesTakenOnce) {
+TEST_P(DeviceTest, APendingLossAndCountAreTheSumsOfTheirCrossEntropiesTakenOnce) {
   std::mt19937 rng(41);
   const int rows = 33, classes = 7;
   const auto z1 = Random(static_cast<size_t>(rows) * classes, &rng, -4.f, 4.f);
@@ -235,14 +235,20 @@ TEST_P(DeviceTest, APendingLossIsTheSumOfItsCrossEntropiesTakenOnce) {
   const float* d1 = In(z1);
   const float* d2 = In(z2);
   float* g = In(std::vector<float>(z1.size(), 0.f));
-  const double want = device_->SoftmaxCrossEntropy(rows, classes, d1, dl, nullptr, nullptr) +
-                      device_->SoftmaxCrossEntropy(rows, classes, d2, dl, nullptr, nullptr);
+  int64_t want_correct = 0;
+  const double want = device_->SoftmaxCrossEntropy(rows, classes, d1, dl, nullptr, &want_correct) +
+                      device_->SoftmaxCrossEntropy(rows, classes, d2, dl, nullptr, &want_correct);
+  ASSERT_GT(want_correct, 0);  // (random logits still hit some labels)
   device_->SoftmaxCrossEntropyPending(rows, classes, d1, dl, g);
   device_->SoftmaxCrossEntropyPending(rows, classes, d2, dl, g);
   // An immediate one in between does not disturb the pending sum.
   (void)device_->SoftmaxCrossEntropy(rows, classes, d1, dl, nullptr, nullptr);
-  EXPECT_NEAR(device_->TakePendingLoss(), want, 1e-9 * std::abs(want));
-  EXPECT_EQ(device_->TakePendingLoss(), 0.0);
+  int64_t correct = -1;
+  EXPECT_NEAR(device_->TakePendingLoss(&correct), want, 1e-9 * std::abs(want));
+  EXPECT_EQ(correct, want_correct);
+  EXPECT_EQ(device_->TakePendingLoss(&correct), 0.0);
+  EXPECT_EQ(correct, 0);
+  EXPECT_EQ(device_->TakePendingLoss(nullptr), 0.0);
 }
 
 TEST_P(DeviceTest, SigmoidCrossEntropyAndSigmoidMatchTheLoop) {

@@ -359,13 +359,18 @@ class CudaDevice : public Device {
                                    LossAcc() + 2, CorrectAcc() + 2),
          "SoftmaxCrossEntropy");
   }
-  double TakePendingLoss() override {
-    Note(cudaMemcpyAsync(host_scalars_, LossAcc() + 2, 8, cudaMemcpyDeviceToHost, compute_),
+  double TakePendingLoss(int64_t* correct) override {
+    // The pending sums sit after the immediate ones: loss at byte 16, the
+    // count at byte 24.
+    Note(cudaMemcpyAsync(host_scalars_, LossAcc() + 2, 16, cudaMemcpyDeviceToHost, compute_),
          "cudaMemcpyAsync");
     Note(cudaMemsetAsync(LossAcc() + 2, 0, 16, compute_), "cudaMemsetAsync");
     Note(cudaStreamSynchronize(compute_), "cudaStreamSynchronize");
     double loss;
+    unsigned long long hits;
     std::memcpy(&loss, host_scalars_, 8);
+    std::memcpy(&hits, static_cast<char*>(host_scalars_) + 8, 8);
+    if (correct != nullptr) *correct = static_cast<int64_t>(hits);
     return loss;
   }
 

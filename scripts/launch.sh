@@ -178,7 +178,6 @@ do_up() {
     [[ -x "$BIN_DIR/strata-gen-ctr" ]] || die "$BIN_DIR/strata-gen-ctr not found: build first"
     "$BIN_DIR/strata-gen-ctr" --config "$CONFIG" || exit 2
   fi
-  "$STRATA" validate --config "$CONFIG" --hosts "$HOSTS" > /dev/null || exit 2
   if [[ -z "$RUN_DIR" ]]; then
     RUN_DIR="$ROOT/runs/$(basename "$CONFIG" .yaml)-$(date +%Y%m%d-%H%M%S)"
   fi
@@ -187,6 +186,15 @@ do_up() {
   if compgen -G "$RUN_DIR/pids/*" > /dev/null; then
     die "$RUN_DIR already has a running cluster (launch.sh down --run-dir $RUN_DIR)"
   fi
+  # The files, the ports, and every host (reached as below, its ports
+  # free, the RDMA preflight for the rdma transport) before anything starts.
+  local remote_all=() tmp_validate
+  [[ $REMOTE_ALL -eq 1 ]] && remote_all=(--remote-all)
+  tmp_validate="$(mktemp)"
+  "$STRATA" validate --config "$CONFIG" --hosts "$HOSTS" --remote-cmd "$REMOTE_CMD" \
+    --strata-path "$(abspath "$STRATA")" "${remote_all[@]}" > "$tmp_validate" 2>&1 ||
+    { sed 's/^/launch.sh: validate: /' "$tmp_validate" >&2; rm -f "$tmp_validate"; exit 2; }
+  rm -f "$tmp_validate"
   # A new job: no state of an earlier master here (a restart within this
   # run carries on from it; see supervision below).
   rm -rf "$RUN_DIR/summary.json" "$RUN_DIR/master-state"

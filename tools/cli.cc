@@ -13,7 +13,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/crc32c.h"
@@ -28,6 +30,7 @@
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
 #include "storage/s3_file_system.h"
+#include "tools/host_check.h"
 #include "transport/rdma/rdma_device.h"
 
 namespace strata::tools {
@@ -42,18 +45,29 @@ constexpr char kUsage[] =
     "  top      --master HOST:PORT [--interval 2] [--iterations N] [--json]\n"
     "           live per node: steps/s, samples/s, push and pull GB/s, comm share,\n"
     "           memory (refreshing; N frames then exit, 0 = until interrupted)\n"
-    "  logs     NODE --master HOST:PORT [--lines 200]   a node's recent log lines\n"
+    "  logs     NODE --master HOST:PORT [--lines 200] [--json]   a node's recent log lines\n"
     "           (NODE: master, pserver-I, worker-I or a node id)\n"
+    "  drain    NODE --master HOST:PORT [--no-wait] [--timeout 600] [--reason TEXT] [--json]\n"
+    "           take a node out of the running job and wait until it has left: a\n"
+    "           worker finishes its data task; a pserver's partitions go to their\n"
+    "           backups (refused when that would lose parameters)\n"
     "  stop     --master HOST:PORT [--no-checkpoint] [--reason TEXT] [--json]\n"
     "           stop the job, after a checkpoint when checkpoints are on\n"
-    "  wait     --master HOST:PORT [--timeout SECONDS]\n"
+    "  wait     --master HOST:PORT [--timeout SECONDS] [--json]\n"
     "           wait for the job to end; exit 0 if it succeeded\n"
-    "  validate --config FILE [--hosts FILE]  check a config and a host file\n"
-    "  plan     --config FILE --hosts FILE    the daemons a launch starts, one a line:\n"
+    "  validate --config FILE [--hosts FILE] [--offline] [--remote-cmd CMD] [--json]\n"
+    "           [--remote-all] [--strata-path PATH]\n"
+    "           check a config and a host file before a launch: the files, no two\n"
+    "           daemons of a host on one port, and (unless --offline) every host:\n"
+    "           reached as launch.sh reaches it (CMD HOST 'command', default ssh),\n"
+    "           its ports free, the RDMA preflight for the rdma transport\n"
+    "  host-check --bind HOST --ports P,... [--rdma true ...]   one host's checks,\n"
+    "           run on that host (by validate)\n"
+    "  plan     --config FILE --hosts FILE [--json]   the daemons a launch starts, one a line:\n"
     "           role index host port data_port http_port  (- where unused)\n"
-    "  prometheus-config --config FILE --hosts FILE [--interval 5s]\n"
+    "  prometheus-config --config FILE --hosts FILE [--interval 5s] [--json]\n"
     "           a Prometheus configuration scraping every daemon's /metrics\n"
-    "  doctor   [--config FILE] [--hosts FILE] RDMA preflight of this host: devices,\n"
+    "  doctor   [--config FILE] [--hosts FILE] [--json]  RDMA preflight of this host: devices,\n"
     "           ports, GIDs, MTU, locked-memory limit against what the job\n"
     "           registers; exit 0 when ready\n"
     "  checkpoint --master HOST:PORT [--stop] [--timeout SECONDS] [--json]\n"
@@ -61,7 +75,7 @@ constexpr char kUsage[] =
     "  checkpoint list --dir DIR [--json]     the checkpoints under a checkpoint root\n"
     "           (list, export and verify take --config FILE for an s3:// DIR: its\n"
     "           s3 section names the store; keys from its credentials_file or AWS_*)\n"
-    "  checkpoint export --dir DIR --out DIR2 --precision bf16|fp16\n"
+    "  checkpoint export --dir DIR --out DIR2 --precision bf16|fp16 [--json]\n"
     "           an inference export: the parameters only, 16 bits each\n"
     "  checkpoint verify --dir DIR [--json]   read a checkpoint whole and check every\n"
     "           checksum; exit 0 when it is complete and intact; prints a digest\n"
@@ -80,7 +94,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
     if (auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else if (key != "json" && key != "stop" && key != "no-checkpoint") {
+    } else if (key != "json" && key != "stop" && key != "no-checkpoint" && key != "no-wait" &&
+               key != "offline" && key != "remote-all") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -116,6 +131,7 @@ const char* StateName(proto::NodeState s) {
     case proto::ALIVE: return "alive";
     case proto::DEAD: return "DEAD";
     case proto::FINISHED: return "finished";
+    case proto::DRAINED: return "drained";
     default: return "?";
   }
 }
@@ -141,7 +157,8 @@ void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
   for (const auto& n : v.members()) {
     const std::string addr = n.data_address().empty() ? n.grpc_address() : n.data_address();
     out << absl::StrFormat("%-5d %-8s %-5d %-16s %-9s %-8s %-22s %d\n", n.id(),
-                           RoleName(n.role()), n.index(), n.host(), StateName(n.state()),
+                           RoleName(n.role()), n.index(), n.host(),
+                           n.draining() ? "draining" : StateName(n.state()),
                            absl::StrFormat("%.1fs", (now_ms - n.last_heartbeat_unix_ms()) / 1000.0),
                            addr.empty() ? "-" : addr, n.http_port());
   }
@@ -268,6 +285,17 @@ int Logs(const std::vector<std::string>& args, const std::map<std::string, std::
     err << "strata logs: " << args[1] << " (node " << n->id() << ", " << StateName(n->state())
         << "): " << body.status().message() << "\n";
     return 1;
+  }
+  if (f.count("json")) {
+    std::vector<std::string> lines;
+    for (absl::string_view line : absl::StrSplit(*body, '\n', absl::SkipEmpty())) {
+      lines.push_back(absl::StrCat("\"", JsonEscape(line), "\""));
+    }
+    out << absl::StrFormat("{\"node\": \"%s-%d\", \"node_id\": %d, \"state\": \"%s\", "
+                           "\"lines\": [%s]}\n",
+                           RoleName(n->role()), n->index(), n->id(), StateName(n->state()),
+                           absl::StrJoin(lines, ", "));
+    return 0;
   }
   out << *body;
   return 0;
@@ -439,6 +467,100 @@ int Stop(const std::map<std::string, std::string>& f, std::ostream& out, std::os
   return 0;
 }
 
+// strata drain NODE: the master takes the node out of the job; then, unless
+// --no-wait, wait until it has left (a worker finishes its data task first).
+int Drain(const std::vector<std::string>& args, const std::map<std::string, std::string>& f,
+          std::ostream& out, std::ostream& err) {
+  if (args.size() < 2 || args[1].rfind("--", 0) == 0 || !f.count("master")) {
+    err << "strata drain: usage: strata drain NODE --master HOST:PORT [--no-wait] "
+           "[--timeout SECONDS] [--reason TEXT] [--json]\n"
+           "  NODE: pserver-I, worker-I or a node id\n";
+    return 2;
+  }
+  double timeout = 600;
+  if (f.count("timeout") && (!absl::SimpleAtod(f.at("timeout"), &timeout) || timeout < 0)) {
+    err << "strata drain: --timeout must be a number of seconds\n";
+    return 2;
+  }
+  const std::string& master = f.at("master");
+  const bool json = f.count("json") > 0;
+  auto st = FetchStatus(master);
+  if (!st.ok()) {
+    err << "strata drain: " << st.status().message() << "\n";
+    return 1;
+  }
+  const proto::NodeInfo* n = FindNode(*st, args[1]);
+  if (n == nullptr) {
+    err << "strata drain: no node " << args[1] << " in the cluster of master " << master
+        << " (names: pserver-I, worker-I, or a node id)\n";
+    return 1;
+  }
+  const uint32_t id = n->id();
+  const std::string name = absl::StrCat(RoleName(n->role()), "-", n->index());
+  auto stub = proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  proto::DrainRequest req;
+  req.set_node_id(id);
+  req.set_reason(f.count("reason") ? f.at("reason") : "strata drain");
+  proto::DrainResponse resp;
+  absl::Status s = FromGrpcStatus(stub->Drain(&ctx, req, &resp), "master " + master);
+  if (!s.ok()) {
+    err << "strata drain: " << s.message() << "\n";
+    return 1;
+  }
+  if (!json) out << resp.message() << "\n" << std::flush;
+  const absl::Time start = absl::Now();
+  proto::NodeInfo node = resp.node();
+  // Until it has left: a line when its state changes, and on a terminal a
+  // line redrawn with the time waited.
+  const bool tty = !json && &out == &std::cout && isatty(STDOUT_FILENO);
+  while (!f.count("no-wait") && node.state() != proto::DRAINED) {
+    if (absl::Now() - start > absl::Seconds(timeout)) {
+      if (tty) out << "\n";
+      err << "strata drain: " << name << " has not left after " << timeout << " s (state "
+          << StateName(node.state()) << (node.draining() ? ", draining" : "") << ")\n";
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+    auto now = FetchStatus(master);
+    if (!now.ok()) continue;  // (a master restarting)
+    const proto::NodeInfo* m = nullptr;
+    for (const auto& x : now->view().members()) if (x.id() == id) m = &x;
+    if (m == nullptr) break;
+    node = *m;
+    if (node.state() == proto::DEAD) {
+      if (tty) out << "\n";
+      err << "strata drain: " << name << " died before it had drained (see strata logs "
+          << name << ")\n";
+      return 1;
+    }
+    const std::string& job = now->job().state();
+    if (node.state() != proto::DRAINED &&
+        (job == "succeeded" || job == "failed" || job == "stopped")) {
+      if (tty) out << "\n";
+      out << "the job ended (" << job << ") while " << name << " was draining\n";
+      return 0;
+    }
+    if (tty) {
+      out << absl::StrFormat("\r%s: draining, waiting for it to finish its data task (%.0f s)",
+                             name, absl::ToDoubleSeconds(absl::Now() - start))
+          << std::flush;
+    }
+  }
+  const double waited = absl::ToDoubleSeconds(absl::Now() - start);
+  if (tty) out << "\n";
+  if (json) {
+    out << absl::StrFormat("{\"node\": \"%s\", \"node_id\": %d, \"state\": \"%s\", "
+                           "\"draining\": %s, \"waited_seconds\": %.3f, \"message\": \"%s\"}\n",
+                           name, id, StateName(node.state()), node.draining() ? "true" : "false",
+                           waited, JsonEscape(resp.message()));
+  } else if (node.state() == proto::DRAINED && !f.count("no-wait")) {
+    out << absl::StrFormat("%s (node %d) has left the job (%.1f s)\n", name, id, waited);
+  }
+  return 0;
+}
+
 int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
   auto it = f.find("master");
   if (it == f.end()) {
@@ -457,8 +579,14 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     if (st.ok()) {
       const std::string& state = st->job().state();
       if (state == "succeeded" || state == "failed" || state == "stopped") {
-        out << "job " << st->job().name() << " " << state
-            << (st->job().message().empty() ? "" : ": " + st->job().message()) << "\n";
+        if (f.count("json")) {
+          out << absl::StrFormat("{\"job\": \"%s\", \"state\": \"%s\", \"message\": \"%s\"}\n",
+                                 JsonEscape(st->job().name()), state,
+                                 JsonEscape(st->job().message()));
+        } else {
+          out << "job " << st->job().name() << " " << state
+              << (st->job().message().empty() ? "" : ": " + st->job().message()) << "\n";
+        }
         return state == "succeeded" ? 0 : 1;
       }
     } else {
@@ -471,40 +599,6 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
   return 1;
 }
 
-int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
-  if (!f.count("config")) {
-    err << "strata validate: --config FILE is required\n";
-    return 2;
-  }
-  auto cfg = LoadJobConfig(f.at("config"));
-  if (!cfg.ok()) {
-    err << cfg.status().message() << "\n";
-    return 2;
-  }
-  uint64_t params = 0;
-  std::string sparse;
-  for (const auto& t : ModelTables(cfg->model)) {
-    params += t.num_elements();
-    if (t.sparse) absl::StrAppend(&sparse, sparse.empty() ? "" : ", ", t.name, " (dim ", t.dim, ")");
-  }
-  out << f.at("config") << ": ok (job '" << cfg->job.name << "', "
-      << ConsistencyName(cfg->job.consistency) << ", " << params << " dense parameters"
-      << (sparse.empty() ? "" : absl::StrCat("; sparse tables ", sparse, " in ",
-                                             cfg->sparse.partitions, " partitions each"))
-      << ")\n";
-  if (f.count("hosts")) {
-    auto hosts = LoadHostFile(f.at("hosts"));
-    if (!hosts.ok()) {
-      err << hosts.status().message() << "\n";
-      return 2;
-    }
-    out << f.at("hosts") << ": ok (" << hosts->hosts.size() << " host(s), "
-        << hosts->total_pservers() << " pserver(s), " << hosts->total_workers()
-        << " worker(s))\n";
-  }
-  return 0;
-}
-
 // What a process of this job registers with the NIC: a worker its
 // parameter and gradient tensors (a pserver at most one copy of the model
 // plus its state, so this bounds both roles), plus each connection's send
@@ -512,21 +606,43 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
 // peer: the larger of the pserver and worker counts of --hosts, or 16.
 constexpr int kDefaultRdmaPeers = 16;
 
-int Doctor(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
-  transport::rdma::RdmaSettings settings;
-  RdmaSection rdma;  // the defaults, unless --config says otherwise
+uint64_t RegisterBytes(const JobConfig* cfg, int peers) {
+  const RdmaSection rdma = cfg ? cfg->cluster.rdma : RdmaSection();
   uint64_t tensors = 0;
-  if (f.count("config")) {
-    auto cfg = LoadJobConfig(f.at("config"));
-    if (!cfg.ok()) {
-      err << cfg.status().message() << "\n";
-      return 2;
-    }
-    rdma = cfg->cluster.rdma;
+  if (cfg != nullptr) {
     uint64_t params = 0;
     for (const auto& t : ModelTables(cfg->model)) params += t.num_elements();
     tensors = 2 * params * sizeof(float);
   }
+  const uint64_t per_connection =
+      uint64_t(rdma.recv_slots + 4 + rdma.send_slots) * (uint64_t(rdma.slot_kib) << 10);
+  return tensors + per_connection * uint64_t(std::max(peers, 1));
+}
+
+// {"ok": ..., "findings": [{"ok", "check", "detail", "fix"}...]}
+std::string FindingsJson(const transport::rdma::PreflightReport& r) {
+  std::string out = absl::StrCat("{\"ok\": ", r.ok() ? "true" : "false", ", \"findings\": [");
+  for (size_t i = 0; i < r.findings.size(); ++i) {
+    const auto& x = r.findings[i];
+    absl::StrAppend(&out, i ? ", " : "", "{\"ok\": ", x.ok ? "true" : "false",
+                    ", \"check\": \"", JsonEscape(x.check), "\", \"detail\": \"",
+                    JsonEscape(x.detail), "\", \"fix\": \"", JsonEscape(x.fix), "\"}");
+  }
+  return out + "]}";
+}
+
+int Doctor(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  std::optional<JobConfig> cfg;
+  if (f.count("config")) {
+    auto c = LoadJobConfig(f.at("config"));
+    if (!c.ok()) {
+      err << c.status().message() << "\n";
+      return 2;
+    }
+    cfg = std::move(*c);
+  }
+  const RdmaSection rdma = cfg ? cfg->cluster.rdma : RdmaSection();
+  transport::rdma::RdmaSettings settings;
   settings.device = rdma.device;
   settings.port = rdma.port;
   settings.gid_index = rdma.gid_index;
@@ -539,17 +655,21 @@ int Doctor(const std::map<std::string, std::string>& f, std::ostream& out, std::
     }
     peers = std::max(hosts->total_pservers(), hosts->total_workers());
   }
-  const uint64_t per_connection =
-      uint64_t(rdma.recv_slots + 4 + rdma.send_slots) * (uint64_t(rdma.slot_kib) << 10);
-  const uint64_t register_bytes = tensors + per_connection * uint64_t(std::max(peers, 1));
   auto devices = transport::rdma::ListRdmaDevices();
   if (!devices.ok()) {
     err << "strata doctor: " << devices.status().message() << "\n";
     return 1;
   }
-  const transport::rdma::PreflightReport report = transport::rdma::RdmaPreflight(
-      *devices, settings, transport::rdma::MemlockLimitBytes(), register_bytes);
-  out << transport::rdma::FormatRdmaDoctorReport(*devices, report);
+  const transport::rdma::PreflightReport report =
+      transport::rdma::RdmaPreflight(*devices, settings, transport::rdma::MemlockLimitBytes(),
+                                     RegisterBytes(cfg ? &*cfg : nullptr, peers));
+  if (f.count("json")) {
+    std::string json = FindingsJson(report);
+    json.insert(1, absl::StrCat("\"devices\": ", devices->size(), ", "));
+    out << json << "\n";
+  } else {
+    out << transport::rdma::FormatRdmaDoctorReport(*devices, report);
+  }
   return report.ok() ? 0 : 1;
 }
 
@@ -602,11 +722,210 @@ int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::os
   auto plan = LoadPlan(f, "plan", err);
   if (!plan) return 2;
   auto port = [](int p) { return p < 0 ? std::string("-") : std::to_string(p); };
+  if (f.count("json")) {
+    std::vector<std::string> rows;
+    for (const PlannedDaemon& d : plan->second) {
+      rows.push_back(absl::StrFormat(
+          "{\"role\": \"%s\", \"index\": %d, \"host\": \"%s\", \"port\": %d, "
+          "\"data_port\": %d, \"http_port\": %d}",
+          d.role, d.index, JsonEscape(d.host), d.port, d.data_port, d.http_port));
+    }
+    out << "[" << absl::StrJoin(rows, ",\n ") << "]\n";
+    return 0;
+  }
   for (const PlannedDaemon& d : plan->second) {
     out << d.role << " " << d.index << " " << d.host << " " << port(d.port) << " "
         << port(d.data_port) << " " << port(d.http_port) << "\n";
   }
   return 0;
+}
+
+// The remote command of scripts/launch.sh, split into words as bash splits
+// an unquoted $REMOTE_CMD.
+std::vector<std::string> RemoteCommand(const std::map<std::string, std::string>& f) {
+  std::string cmd = "ssh -o BatchMode=yes -o ConnectTimeout=5";
+  if (const char* env = std::getenv("STRATA_REMOTE_CMD"); env != nullptr && *env) cmd = env;
+  if (f.count("remote-cmd")) cmd = f.at("remote-cmd");
+  return absl::StrSplit(cmd, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+}
+
+std::string SelfPath() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "strata";
+}
+
+// strata validate: the config, the host file, the plan's ports (no two
+// daemons of a host on one port) and, unless --offline, each host: reached
+// (locally or through the remote command), its ports free, and the RDMA
+// preflight when the transport is rdma. Exit 2: a bad file or a port
+// collision; 1: a host failed its checks.
+int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+  if (!f.count("config")) {
+    err << "strata validate: --config FILE is required\n";
+    return 2;
+  }
+  const bool json = f.count("json") > 0;
+  auto cfg = LoadJobConfig(f.at("config"));
+  if (!cfg.ok()) {
+    err << cfg.status().message() << "\n";
+    return 2;
+  }
+  uint64_t params = 0;
+  std::string sparse;
+  for (const auto& t : ModelTables(cfg->model)) {
+    params += t.num_elements();
+    if (t.sparse) absl::StrAppend(&sparse, sparse.empty() ? "" : ", ", t.name, " (dim ", t.dim, ")");
+  }
+  std::string text = absl::StrCat(
+      f.at("config"), ": ok (job '", cfg->job.name, "', ", ConsistencyName(cfg->job.consistency),
+      ", ", params, " dense parameters",
+      sparse.empty() ? "" : absl::StrCat("; sparse tables ", sparse, " in ",
+                                         cfg->sparse.partitions, " partitions each"),
+      ")\n");
+  std::string js = absl::StrFormat(
+      "{\"config\": {\"file\": \"%s\", \"ok\": true, \"job\": \"%s\", \"dense_parameters\": %d}",
+      JsonEscape(f.at("config")), JsonEscape(cfg->job.name), params);
+  auto finish = [&](int rc) {
+    if (json) {
+      out << js << "}\n";
+    } else {
+      out << text;
+    }
+    return rc;
+  };
+  if (!f.count("hosts")) return finish(0);
+  auto hosts = LoadHostFile(f.at("hosts"));
+  if (!hosts.ok()) {
+    err << hosts.status().message() << "\n";
+    return 2;
+  }
+  absl::StrAppend(&text, f.at("hosts"), ": ok (", hosts->hosts.size(), " host(s), ",
+                  hosts->total_pservers(), " pserver(s), ", hosts->total_workers(),
+                  " worker(s))\n");
+  absl::StrAppendFormat(&js, ", \"hosts\": {\"file\": \"%s\", \"ok\": true, \"hosts\": %d, "
+                             "\"pservers\": %d, \"workers\": %d}",
+                        JsonEscape(f.at("hosts")), hosts->hosts.size(), hosts->total_pservers(),
+                        hosts->total_workers());
+  auto plan = LoadPlan(f, "validate", err);
+  if (!plan) return 2;
+  // Ports: no two daemons of one host on the same port.
+  std::vector<std::string> hosts_in_order;
+  std::map<std::string, std::map<int, std::string>> taken;  // host -> port -> whose
+  std::map<std::string, bool> host_needs_rdma;
+  std::vector<std::string> collisions;
+  int n_ports = 0;
+  for (const PlannedDaemon& d : plan->second) {
+    if (!taken.count(d.host)) hosts_in_order.push_back(d.host);
+    auto& ports = taken[d.host];
+    host_needs_rdma[d.host] = host_needs_rdma[d.host] || d.role != "master";
+    const std::pair<int, const char*> uses[] = {
+        {d.port, "port"}, {d.data_port, "data port"}, {d.http_port, "http port"}};
+    for (const auto& [port, what] : uses) {
+      if (port <= 0) continue;
+      const std::string whose = absl::StrCat(d.role, "-", d.index, "'s ", what);
+      auto [it, added] = ports.emplace(port, whose);
+      if (!added) {
+        collisions.push_back(absl::StrCat(f.at("hosts"), ": host ", d.host, ": port ", port,
+                                          " would be both ", it->second, " and ", whose));
+      } else {
+        ++n_ports;
+      }
+    }
+  }
+  if (!collisions.empty()) {
+    for (const std::string& c : collisions) err << c << "\n";
+    err << "strata validate: move cluster.ports in " << f.at("config")
+        << " (pserver and worker ports count up from their base, one per instance)\n";
+    return 2;
+  }
+  absl::StrAppend(&text, "ports: ok (", n_ports, " ports on ", hosts_in_order.size(),
+                  " host(s), no two daemons share one)\n");
+  if (f.count("offline")) {
+    absl::StrAppend(&js, ", \"checks\": []");
+    return finish(0);
+  }
+  // Each host, as launch.sh reaches it.
+  const bool remote_all = f.count("remote-all") > 0;
+  const bool rdma = cfg->cluster.transport == "rdma";
+  const std::vector<std::string> remote = RemoteCommand(f);
+  // The strata of the remote hosts: at this one's path, unless --strata-path.
+  const std::string self = f.count("strata-path") ? f.at("strata-path") : SelfPath();
+  int failed = 0;
+  absl::StrAppend(&js, ", \"checks\": [");
+  for (size_t hi = 0; hi < hosts_in_order.size(); ++hi) {
+    const std::string& host = hosts_in_order[hi];
+    HostCheckRequest req;
+    req.host = host;
+    for (const auto& [port, whose] : taken[host]) req.ports.push_back(port);
+    req.rdma = rdma && host_needs_rdma[host];
+    req.rdma_settings.device = cfg->cluster.rdma.device;
+    req.rdma_settings.port = cfg->cluster.rdma.port;
+    req.rdma_settings.gid_index = cfg->cluster.rdma.gid_index;
+    req.register_bytes =
+        RegisterBytes(&*cfg, std::max(hosts->total_pservers(), hosts->total_workers()));
+    std::string report;
+    bool ok = false;
+    std::string how = "local";
+    if (IsLocalHost(host) && !remote_all) {
+      const transport::rdma::PreflightReport r = CheckThisHost(req);
+      report = r.ToString();
+      ok = r.ok();
+    } else {
+      how = absl::StrJoin(remote, " ");
+      std::vector<std::string> argv = remote;
+      argv.push_back(host);
+      std::string cmd = ShellQuote(self);
+      for (const std::string& a : HostCheckArgs(req)) absl::StrAppend(&cmd, " ", ShellQuote(a));
+      argv.push_back(cmd);
+      const CommandResult r = RunCommand(argv, absl::Seconds(30));
+      std::string output(absl::StripTrailingAsciiWhitespace(r.output));
+      if (r.timed_out) {
+        report = absl::StrCat("FAIL  reach: no answer through `", how, "` within 30 s\n");
+      } else if (r.exit_code == 255 || r.exit_code < 0) {
+        report = absl::StrCat("FAIL  reach: cannot reach ", host, " through `", how, "`: ",
+                              output, "\n        fix: check the host is up and that ",
+                              remote.empty() ? "ssh" : remote[0],
+                              " logs in without a password (BatchMode)\n");
+      } else if (r.exit_code == 127 || r.exit_code == 126) {
+        report = absl::StrCat("FAIL  install: ", self, " does not run there: ", output,
+                              "\n        fix: install Strata at the same path on every host\n");
+      } else {
+        report = absl::StrCat("ok    reach: through `", how, "`\n", output, "\n");
+        ok = r.exit_code == 0;
+      }
+    }
+    failed += !ok;
+    absl::StrAppend(&text, host, ": ", ok ? "ok" : "FAILED", "\n");
+    std::vector<std::string> lines;
+    for (absl::string_view line : absl::StrSplit(report, '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&text, "  ", line, "\n");
+      lines.push_back(absl::StrCat("\"", JsonEscape(line), "\""));
+    }
+    absl::StrAppendFormat(&js, "%s{\"host\": \"%s\", \"ok\": %s, \"via\": \"%s\", \"lines\": [%s]}",
+                          hi ? ", " : "", JsonEscape(host), ok ? "true" : "false",
+                          JsonEscape(how), absl::StrJoin(lines, ", "));
+  }
+  absl::StrAppend(&js, "]");
+  const int rc = finish(failed > 0 ? 1 : 0);
+  if (failed > 0) {
+    out.flush();  // (the report before the verdict, when both go to one file)
+    err << "strata validate: " << failed << " of " << hosts_in_order.size()
+        << " host(s) failed their checks (above)\n";
+  }
+  return rc;
+}
+
+// strata host-check: the checks of one host, run on it (by validate).
+int HostCheck(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  auto req = ParseHostCheckArgs(args);
+  if (!req.ok()) {
+    err << "strata host-check: " << req.status().message() << "\n";
+    return 2;
+  }
+  const transport::rdma::PreflightReport r = CheckThisHost(*req);
+  out << r.ToString();
+  return r.ok() ? 0 : 1;
 }
 
 // A Prometheus configuration that scrapes every daemon of the plan.
@@ -622,6 +941,25 @@ int PrometheusConfig(const std::map<std::string, std::string>& f, std::ostream& 
     return 2;
   }
   const std::string& job = plan->first.job.name;
+  if (f.count("json")) {
+    // The same configuration as JSON (which Prometheus reads as YAML).
+    std::vector<std::string> groups;
+    for (const PlannedDaemon& d : plan->second) {
+      if (d.http_port <= 0) continue;
+      const bool v6 = d.host.find(':') != std::string::npos;
+      groups.push_back(absl::StrFormat(
+          "{\"targets\": [\"%s%s%s:%d\"], \"labels\": {\"strata_job\": \"%s\", "
+          "\"role\": \"%s\", \"index\": \"%d\"}}",
+          v6 ? "[" : "", JsonEscape(d.host), v6 ? "]" : "", d.http_port, JsonEscape(job), d.role,
+          d.index));
+    }
+    out << absl::StrFormat(
+        "{\"global\": {\"scrape_interval\": \"%s\", \"evaluation_interval\": \"%s\"},\n"
+        " \"scrape_configs\": [{\"job_name\": \"strata\", \"metrics_path\": \"/metrics\",\n"
+        "   \"static_configs\": [\n    %s]}]}\n",
+        interval, interval, absl::StrJoin(groups, ",\n    "));
+    return 0;
+  }
   out << "# Prometheus configuration for Strata job '" << job << "', from "
       << f.at("config") << " and " << f.at("hosts") << "\n"
       << "# (strata prometheus-config). Every daemon's /metrics, labelled by role and index.\n"
@@ -865,6 +1203,10 @@ int ExportCheckpoint(const std::map<std::string, std::string>& f, const Getenv& 
     err << "strata checkpoint export: " << m.status().message() << "\n";
     return 1;
   }
+  if (f.count("json")) {
+    out << JsonOf(*m);
+    return 0;
+  }
   out << absl::StrFormat("%s: %s export of %s (job '%s', step %d, %d partitions): %.2f MB\n", dst,
                          m->precision(), dir, m->job(), m->step(), m->partitions_size(),
                          m->bytes_written() / 1e6);
@@ -900,7 +1242,8 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   const bool sub = args[0] == "checkpoint" && args.size() > 1 &&
                    (args[1] == "list" || args[1] == "verify" || args[1] == "export");
   // "logs NODE": the node before the flags.
-  const bool positional = args[0] == "logs" && args.size() > 1 && args[1].rfind("--", 0) != 0;
+  const bool positional = (args[0] == "logs" || args[0] == "drain") && args.size() > 1 &&
+                          args[1].rfind("--", 0) != 0;
   auto flags = ParseFlags(args, sub || positional ? 2 : 1);
   if (!flags.ok()) {
     err << "strata " << args[0] << ": " << flags.status().message() << "\n" << kUsage;
@@ -911,6 +1254,8 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "top") return Top(*flags, out, err);
   if (cmd == "stop") return Stop(*flags, out, err);
   if (cmd == "logs") return Logs(args, *flags, out, err);
+  if (cmd == "drain") return Drain(args, *flags, out, err);
+  if (cmd == "host-check") return HostCheck(args, out, err);
   if (cmd == "wait") return Wait(*flags, out, err);
   if (cmd == "validate") return Validate(*flags, out, err);
   if (cmd == "plan") return Plan(*flags, out, err);

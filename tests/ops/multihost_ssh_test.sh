@@ -109,8 +109,46 @@ write_config "$work/job.yaml" bsp 2 "$base" 12000
   echo "$(addr_of 4) worker"
   echo "$(addr_of 5) worker"
 } > "$work/hosts"
-"$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts" > "$work/validate.out" 2>&1 ||
-  { cat "$work/validate.out"; fail "strata validate refused the host file"; }
+# strata validate reaches every host over ssh and finds its ports free.
+"$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts" --remote-cmd "ssh -F $work/ssh/config" \
+  > "$work/validate.out" 2>&1 || { cat "$work/validate.out"; fail "strata validate refused the hosts"; }
+for h in "${hosts[@]}"; do
+  grep -q "^$(addr_of "$h"): ok$" "$work/validate.out" || { cat "$work/validate.out"; fail "validate: host $h not ok"; }
+done
+[[ $(grep -c 'ok    reach: through `ssh -F' "$work/validate.out") == 5 ]] || fail "validate did not reach 5 hosts over ssh"
+grep -q "ok    port $((base + 11)): $(addr_of 3):$((base + 11)) is free" "$work/validate.out" ||
+  { cat "$work/validate.out"; fail "validate did not check pserver-1's port on its host"; }
+# A port in use on host 3 (pserver-1's data port, in that host's namespace):
+# validate names the host and the port, and launch.sh starts nothing.
+ip netns exec "$(ns_of 3)" python3 -c "import socket, time
+s = socket.socket(); s.bind(('$(addr_of 3)', $((base + 21)))); s.listen(); time.sleep(120)" &
+holder=$!
+for _ in $(seq 1 50); do
+  ip netns exec "$(ns_of 3)" ss -ltn | grep -q ":$((base + 21)) " && break
+  sleep 0.1
+done
+set +e
+"$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts" --remote-cmd "ssh -F $work/ssh/config" \
+  > "$work/validate2.out" 2>&1; rc=$?
+"$ROOT/scripts/launch.sh" up --config "$work/job.yaml" --hosts "$work/hosts" --remote-cmd "ssh -F $work/ssh/config" \
+  --run-dir "$work/refused" --bin-dir "$BUILD_DIR/bin" > "$work/up-refused.out" 2>&1; up_rc=$?
+set -e
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true
+[[ $rc == 1 ]] && grep -q "^$(addr_of 3): FAILED" "$work/validate2.out" &&
+  grep -q "FAIL  port $((base + 21)): $(addr_of 3):$((base + 21)) is in use" "$work/validate2.out" ||
+  { cat "$work/validate2.out"; fail "validate did not find the port in use on host 3 (rc $rc)"; }
+[[ $up_rc == 2 ]] && grep -q "launch.sh: validate: .*$(addr_of 3):$((base + 21)) is in use" "$work/up-refused.out" ||
+  { cat "$work/up-refused.out"; fail "launch.sh up did not refuse the busy port (rc $up_rc)"; }
+compgen -G "$work/refused/pids/*" > /dev/null && fail "launch.sh started daemons despite the busy port"
+# A host that does not answer: named, with what ssh said.
+printf '%s master\n%s pserver worker\n' "$(addr_of 1)" "$subnet.99" > "$work/hosts-down"
+set +e
+"$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts-down" --remote-cmd "ssh -F $work/ssh/config" \
+  > "$work/validate3.out" 2>&1; rc=$?
+set -e
+[[ $rc == 1 ]] && grep -q "^$subnet.99: FAILED" "$work/validate3.out" &&
+  grep -q "FAIL  reach: cannot reach $subnet.99 through \`ssh -F" "$work/validate3.out" ||
+  { cat "$work/validate3.out"; fail "validate did not name the unreachable host (rc $rc)"; }
 "$ROOT/scripts/launch.sh" run --config "$work/job.yaml" --hosts "$work/hosts" --quiet \
   --remote-cmd "ssh -F $work/ssh/config" --run-dir "$work/run" --bin-dir "$BUILD_DIR/bin" \
   --timeout "${MH_TIMEOUT:-400}" > "$work/out" 2>&1 ||

@@ -1,5 +1,12 @@
 #include "tools/cli.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -103,11 +110,13 @@ TEST(CliTest, PlanNeedsBothFiles) {
 TEST(CliTest, ValidateReportsConfigAndHostFile) {
   const std::string cfg = WriteTemp("ok.yaml", kConfig);
   const std::string hosts = WriteTemp("ok.hosts", kHosts);
-  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts});
+  // (--offline: node-a is not a real host.)
+  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--offline"});
   EXPECT_EQ(r.code, 0) << r.err;
   // layers [4, 3, 2]: 4*3 + 3 + 3*2 + 2 = 23 parameters.
   EXPECT_EQ(r.out, cfg + ": ok (job 'cli-test', asp, 23 dense parameters)\n" + hosts +
-                       ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n");
+                       ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n"
+                       "ports: ok (14 ports on 2 host(s), no two daemons share one)\n");
   EXPECT_THAT(r.err, IsEmpty());
 }
 
@@ -188,7 +197,7 @@ TEST(CliTest, NoArgumentsIsUsageErrorAndHelpIsNot) {
 }
 
 TEST(CliTest, EveryCommandHasHelp) {
-  for (const char* cmd : {"status", "top", "logs", "stop", "wait", "validate", "plan",
+  for (const char* cmd : {"status", "top", "logs", "drain", "stop", "wait", "validate", "plan",
                           "prometheus-config", "doctor", "checkpoint"}) {
     const Result r = RunStrata({cmd, "--help"});
     EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
@@ -205,6 +214,138 @@ TEST(CliTest, EveryCommandHasHelp) {
   const Result ck = RunStrata({"checkpoint", "list", "--help"});
   EXPECT_THAT(ck.out, AllOf(HasSubstr("checkpoint list"), HasSubstr("checkpoint verify")));
   EXPECT_EQ(RunStrata({"frobnicate", "--help"}).code, 2);
+}
+
+TEST(CliTest, EveryCommandHasJson) {
+  for (const char* cmd : {"status", "top", "logs", "drain", "stop", "wait", "validate", "plan",
+                          "prometheus-config", "doctor", "checkpoint"}) {
+    const Result r = RunStrata({cmd, "--help"});
+    EXPECT_THAT(r.out, HasSubstr("--json")) << cmd;
+  }
+  const std::string cfg = WriteTemp("json.yaml", kConfig);
+  const std::string hosts = WriteTemp("json.hosts", kHosts);
+  Result r = RunStrata({"plan", "--config", cfg, "--hosts", hosts, "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(StartsWith("[{\"role\": \"master\", \"index\": 0, \"host\": \"127.0.0.1\", "
+                                      "\"port\": 9000, \"data_port\": -1, \"http_port\": 9001}"),
+                           HasSubstr("{\"role\": \"worker\", \"index\": 2, \"host\": \"node-a\"")));
+  r = RunStrata({"prometheus-config", "--config", cfg, "--hosts", hosts, "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"scrape_interval\": \"5s\""),
+                           HasSubstr("{\"targets\": [\"node-a:9302\"], \"labels\": {\"strata_job\": "
+                                     "\"cli-test\", \"role\": \"pserver\", \"index\": \"2\"}}")));
+  r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--offline", "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(StartsWith("{\"config\": {\"file\": \"" + cfg + "\", \"ok\": true"),
+                           HasSubstr("\"pservers\": 3, \"workers\": 3}"),
+                           HasSubstr("\"checks\": []}")));
+}
+
+// A port of this host, held by a listening socket until the test ends.
+struct HeldPort {
+  int fd = -1;
+  int port = 0;
+  HeldPort() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    listen(fd, 1);
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~HeldPort() { close(fd); }
+};
+
+// kConfig with the master's port moved to `master_port`.
+std::string ConfigWithMasterPort(int master_port) {
+  std::string c = kConfig;
+  c.replace(c.find("master: 9000"), 12, "master: " + std::to_string(master_port));
+  return c;
+}
+
+TEST(CliTest, ValidateRefusesTwoDaemonsOnOnePort) {
+  // Three pservers on one host count up from 9100 into the data ports at 9101.
+  std::string c = kConfig;
+  c.replace(c.find("pserver_data: 9200"), 18, "pserver_data: 9101");
+  const std::string cfg = WriteTemp("collide.yaml", c);
+  const std::string hosts = WriteTemp("collide.hosts", "127.0.0.1 master pserver=3 worker\n");
+  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--offline"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr(hosts + ": host 127.0.0.1: port 9101 would be both "
+                                       "pserver-0's data port and pserver-1's port"));
+  EXPECT_THAT(r.err, HasSubstr("move cluster.ports in " + cfg));
+}
+
+TEST(CliTest, ValidateFindsAPortInUseOnALocalHost) {
+  HeldPort held;
+  const std::string cfg = WriteTemp("inuse.yaml", ConfigWithMasterPort(held.port));
+  const std::string hosts = WriteTemp("inuse.hosts", "127.0.0.1 master pserver worker\n");
+  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("127.0.0.1: FAILED"),
+                           HasSubstr("FAIL  port " + std::to_string(held.port) + ": 127.0.0.1:" +
+                                     std::to_string(held.port) + " is in use"),
+                           HasSubstr("ok    port 9001: 127.0.0.1:9001 is free")));
+  EXPECT_THAT(r.err, HasSubstr("1 of 1 host(s) failed their checks"));
+}
+
+// A stand-in for ssh: runs the command here (or fails as ssh does when it
+// cannot reach the host), recording the host it was given.
+std::string FakeSsh(const std::string& name, bool reachable) {
+  const std::string log = ::testing::TempDir() + "/cli_test_" + name + ".log";
+  const std::string path = WriteTemp(
+      name, reachable ? "#!/bin/bash\necho \"$1\" >> " + log + "\nshift\nexec bash -c \"$*\"\n"
+                      : "#!/bin/bash\necho \"ssh: connect to host $1 port 22: Connection refused\" >&2\n"
+                        "exit 255\n");
+  chmod(path.c_str(), 0755);
+  std::remove(log.c_str());
+  return path;
+}
+
+TEST(CliTest, ValidateChecksRemoteHostsThroughTheRemoteCommand) {
+  const std::string ssh = FakeSsh("fake-ssh", true);
+  const std::string cfg = WriteTemp("remote.yaml", ConfigWithMasterPort(9000));
+  const std::string hosts = WriteTemp("remote.hosts", "127.0.0.1 master pserver worker\n");
+  // The cli_test binary is not strata: the remote command runs this
+  // build's bin/strata when there is one.
+  const std::string strata = std::string(STRATA_BIN_DIR) + "/strata";
+  if (access(strata.c_str(), X_OK) != 0) GTEST_SKIP() << strata << " is not built";
+  Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--remote-all",
+                        "--remote-cmd", ssh, "--strata-path", strata});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("127.0.0.1: ok\n  ok    reach: through `" + ssh + "`"),
+                           HasSubstr("ok    port 9000: 127.0.0.1:9000 is free")));
+  std::ifstream log(::testing::TempDir() + "/cli_test_fake-ssh.log");
+  std::string line;
+  EXPECT_TRUE(std::getline(log, line) && line == "127.0.0.1") << line;
+
+  const std::string down = FakeSsh("down-ssh", false);
+  r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--remote-all", "--remote-cmd",
+                 down, "--json"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("{\"host\": \"127.0.0.1\", \"ok\": false"),
+                           HasSubstr("FAIL  reach: cannot reach 127.0.0.1 through `" + down +
+                                     "`: ssh: connect to host 127.0.0.1 port 22: Connection refused")));
+}
+
+TEST(CliTest, ValidateRunsTheRdmaPreflightOfEachHostForTheRdmaTransport) {
+  std::string c = ConfigWithMasterPort(9000);
+  c.replace(c.find("cluster:\n"), 9, "cluster:\n  transport: rdma\n");
+  const std::string cfg = WriteTemp("rdma.yaml", c);
+  const std::string hosts = WriteTemp("rdma.hosts", "127.0.0.1 master pserver worker\n");
+  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts});
+  // This host may or may not have a verbs device: either way its findings
+  // are there, after the ports'.
+  EXPECT_THAT(r.out, testing::ContainsRegex("  (ok   |FAIL ) devices: "));
+  EXPECT_THAT(r.out, HasSubstr("ok    port 9000:"));
+  if (r.code != 0) EXPECT_THAT(r.err, HasSubstr("1 of 1 host(s) failed their checks"));
+  // The tcp transport: no RDMA findings.
+  const Result tcp = RunStrata({"validate", "--config", WriteTemp("tcp.yaml", ConfigWithMasterPort(9000)),
+                                "--hosts", hosts});
+  EXPECT_THAT(tcp.out, Not(HasSubstr("devices:")));
 }
 
 TEST(CliTest, StrayArgumentIsUsageError) {

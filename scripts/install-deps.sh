@@ -20,8 +20,9 @@ VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)
 VM_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common ceph-mds ceph-fuse s3cmd uuid-runtime)
 # For tests/ops: systemd-analyze checks the units (no systemd need run), a
 # real Prometheus scrapes a cluster, sshd serves the multi-host test,
-# headless Chromium loads the master's status page.
-VM_PACKAGES+=(systemd prometheus openssh-server openssh-client chromium)
+# headless Chromium loads the master's status page, systemd-nspawn boots
+# hosts with systemd as PID 1 for launch.sh --systemd.
+VM_PACKAGES+=(systemd systemd-container prometheus openssh-server openssh-client chromium)
 
 missing_of() {
   local p

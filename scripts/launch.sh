@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Brings a Strata cluster up or down from a job config and a host file.
 #
-#   scripts/launch.sh run    --config C --hosts H [--run-dir D] [--timeout S] [--resume R]
-#   scripts/launch.sh up     --config C --hosts H [--run-dir D] [--resume R]
+#   scripts/launch.sh run    --config C --hosts H [--run-dir D] [--timeout S] [--resume R] [--systemd]
+#   scripts/launch.sh up     --config C --hosts H [--run-dir D] [--resume R] [--systemd]
 #   scripts/launch.sh status [--run-dir D]
 #   scripts/launch.sh down   [--run-dir D]
 #
@@ -31,6 +31,14 @@
 #   --resume R      resume from a checkpoint: 'latest' (the newest good one
 #                   under the config's checkpoint.dir) or a checkpoint directory
 #   --restart-budget N  restarts of one daemon allowed per minute (default 3)
+#   --systemd       start the installed units on each host instead of
+#                   processes (scripts/install.sh on every host first):
+#                   strata-master.service, strata-pserver@I, strata-worker@I,
+#                   with this job's config, host file and addresses put in
+#                   /etc/strata there; systemd supervises them (Restart=
+#                   on-failure). down stops the units and copies their
+#                   journals to D/logs and the master's summary and event
+#                   log to D (docs/operations.md).
 #
 # run supervises the daemons like systemd's Restart=on-failure: the master,
 # a pserver or a worker that fails while the job runs is restarted after
@@ -51,7 +59,7 @@ RUN_DAEMON="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/run-daemon.sh"
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
-CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME="" TRACE=""
+CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME="" TRACE="" SYSTEMD=0
 # Supervision (run): a failed pserver or worker is restarted after
 # RESTART_DELAY_MS (doubling with each restart), at most RESTART_BURST times
 # within RESTART_INTERVAL s; like systemd's RestartSec (100 ms by default
@@ -76,6 +84,7 @@ while [[ $# -gt 0 ]]; do
     --remote-all) REMOTE_ALL=1; shift ;;
     --quiet) QUIET=1; shift ;;
     --trace) TRACE=1; shift ;;
+    --systemd) SYSTEMD=1; shift ;;
     --resume) RESUME="$2"; shift 2 ;;
     --restart-budget) RESTART_BURST="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -148,7 +157,13 @@ wait_for_master() {
   local addr; addr="$(master_address)"
   for _ in $(seq 1 150); do
     if "$STRATA" status --master "$addr" > /dev/null 2>&1; then return 0; fi
-    if ! daemon_alive "$RUN_DIR/pids/master-0"; then
+    if [[ -f "$RUN_DIR/systemd" ]]; then
+      if ! unit_active master-0; then
+        echo "launch.sh: strata-master.service failed during start-up; its journal:" >&2
+        unit_journal master-0 | tail -n 20 >&2 || true
+        return 1
+      fi
+    elif ! daemon_alive "$RUN_DIR/pids/master-0"; then
       echo "launch.sh: the master exited during start-up; its log:" >&2
       tail -n 20 "$RUN_DIR/logs/master-0.log" >&2 || true
       return 1
@@ -165,6 +180,87 @@ daemon_alive() {
   read -r host pid < "$f"
   # A local check forks nothing: run polls it while the job trains.
   if is_local "$host"; then kill -0 "$pid" 2>/dev/null; else on_host "$host" "kill -0 $pid 2>/dev/null"; fi
+}
+
+# ---- --systemd: the installed units instead of processes ----
+
+# unit_of NAME: "HOST UNIT" of a daemon started as a unit.
+unit_of() { cat "$RUN_DIR/units/$1"; }
+unit_active() {
+  local host unit; read -r host unit < "$RUN_DIR/units/$1"
+  on_host "$host" "systemctl is-active --quiet $unit"
+}
+unit_journal() {  # this run's journal of the unit (since it was started)
+  local host unit since=""; read -r host unit since < "$RUN_DIR/units/$1"
+  on_host "$host" "journalctl -u $unit --no-pager -o short-precise ${since:+--since '@$since'}"
+}
+
+up_systemd() {
+  local plan="$1" role index host port data_port http_port h
+  [[ -z "$RESUME" ]] || die "--resume with --systemd is not supported: put checkpoint.resume in the config"
+  [[ -z "$TRACE" ]] || die "--trace with --systemd is not supported"
+  read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
+  local master="$host:$port" master_host="$host"
+  echo "$master" > "$RUN_DIR/master.address"
+  echo "$host:$http_port" > "$RUN_DIR/master.http"
+  mkdir -p "$RUN_DIR/units"
+  touch "$RUN_DIR/systemd"
+  STARTED=1
+  # Every host: Strata installed for systemd, and this job's config, host
+  # file and addresses in /etc/strata.
+  for h in $(awk '{print $3}' <<< "$plan" | sort -u); do
+    on_host "$h" "[ -f /etc/systemd/system/strata-master.service ] && command -v systemctl > /dev/null ||
+        { echo 'Strata is not installed for systemd on $h: run scripts/install.sh install there' >&2; exit 1; }
+      install -m 0644 '$CONFIG' /etc/strata/strata.yaml && install -m 0644 '$HOSTS' /etc/strata/hosts &&
+      printf 'STRATA_MASTER=%s\nSTRATA_HOST=%s\n' '$master' '$h' > /etc/strata/strata.env" ||
+      { rm -f "$RUN_DIR/systemd"; die "cannot set up /etc/strata on $h"; }
+  done
+  # start_unit NAME HOST UNIT [SHELL BEFORE]
+  start_unit() {
+    local since; since="$(date +%s)"
+    echo "$2 $3 $since" > "$RUN_DIR/units/$1"
+    on_host "$2" "${4:+$4; }systemctl reset-failed $3 2>/dev/null; systemctl start $3" ||
+      echo "launch.sh: systemctl start $3 failed on $2" >&2
+  }
+  # A new job: no state of an earlier one in the master's state directory.
+  start_unit master-0 "$master_host" strata-master.service \
+    "rm -rf /var/lib/strata/master /var/lib/strata/summary.json"
+  if ! wait_for_master; then
+    do_down
+    return 1
+  fi
+  while read -r role index host port data_port http_port; do
+    case "$role" in
+      pserver|worker) start_unit "$role-$index" "$host" "strata-$role@$index.service" ;;
+    esac
+  done <<< "$plan"
+  echo "launch.sh: cluster up under systemd: master $master (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"
+}
+
+down_systemd() {
+  local f name host unit since pat
+  # Workers first, then pservers, then the master; systemd sends SIGTERM
+  # (a checkpoint first when they are on) and SIGKILL after TimeoutStopSec.
+  for pat in 'worker-*' 'pserver-*' 'master-*'; do
+    for f in "$RUN_DIR"/units/$pat; do
+      [[ -f "$f" ]] || continue
+      read -r host unit since < "$f"
+      on_host "$host" "systemctl stop $unit" || echo "launch.sh: systemctl stop $unit failed on $host" >&2
+    done
+  done
+  # What they left: the journals, the master's summary and event log.
+  for f in "$RUN_DIR"/units/*; do
+    [[ -f "$f" ]] || continue
+    name="${f##*/}"
+    unit_journal "$name" > "$RUN_DIR/logs/$name.log" 2>&1 || true
+  done
+  if [[ -f "$RUN_DIR/units/master-0" ]]; then
+    read -r host unit since < "$RUN_DIR/units/master-0"
+    on_host "$host" "cat /var/lib/strata/summary.json" > "$RUN_DIR/summary.json.tmp" 2>/dev/null &&
+      mv "$RUN_DIR/summary.json.tmp" "$RUN_DIR/summary.json" || rm -f "$RUN_DIR/summary.json.tmp"
+    on_host "$host" "cat /var/log/strata/events.jsonl" > "$RUN_DIR/events.jsonl" 2>/dev/null || true
+  fi
+  rm -f "$RUN_DIR"/units/* "$RUN_DIR/systemd"
 }
 
 do_up() {
@@ -202,6 +298,10 @@ do_up() {
   echo "$plan" > "$RUN_DIR/plan"
   cp "$CONFIG" "$RUN_DIR/config.yaml"
   cp "$HOSTS" "$RUN_DIR/hosts"
+  if [[ $SYSTEMD -eq 1 ]]; then
+    up_systemd "$plan"
+    return
+  fi
 
   local role index host port data_port http_port
   read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
@@ -239,6 +339,10 @@ do_up() {
 
 do_down() {
   [[ -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]] || die "down needs --run-dir of a cluster"
+  if [[ -f "$RUN_DIR/systemd" ]]; then
+    down_systemd
+    return
+  fi
   local f host pid wait_s=10 alive
   # With checkpoints on, SIGTERM first checkpoints and stops the job: give
   # it the grace period (plus a little) before SIGKILL.
@@ -285,6 +389,17 @@ do_status() {
 
 # Streams the workers' progress lines to stdout until killed.
 stream_progress() {
+  if [[ -f "$RUN_DIR/systemd" ]]; then
+    # The logs are in the hosts' journals: the job's progress line from the
+    # master every 2 s instead (when it changed).
+    local last="" line
+    while true; do
+      line="$("$STRATA" status --master "$(master_address)" 2>/dev/null | sed -n '2s/^ *//p')" || true
+      [[ -n "$line" && "$line" != "$last" ]] && echo "progress: $line"
+      last="$line"
+      sleep 2
+    done
+  fi
   cd "$RUN_DIR/logs" && tail -n +1 -F worker-*.log 2>/dev/null |
     grep --line-buffered -E 'progress:|evaluation:|ERROR|^E[0-9]{4}' |
     sed -u -E 's/^[IWEF][0-9]{4,8} [0-9:.]+ +[0-9]+ [^]]+\] //'

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# An operator's path through Strata on systemd hosts, tried as a new user
+# would (docs/operations.md, "A first cluster, step by step"), on real hosts
+# made on this machine: three containers booted with systemd as PID 1
+# (systemd-nspawn; this machine's OS on a volatile root, /etc and /usr as
+# writable overlays), each in its own network namespace on a bridge with its
+# own sshd. Over ssh, as the operator would:
+#   1. scripts/install.sh install on every host;
+#   2. strata validate the job's config and host file against the hosts;
+#   3. launch.sh up --systemd: the units start on each host, as user strata,
+#      under the units' sandbox;
+#   4. watch it: strata status, strata top, the master's status page,
+#      systemctl on the hosts;
+#   5. a worker killed with SIGKILL is restarted by systemd
+#      (Restart=on-failure) and rejoins;
+#   6. strata stop, then launch.sh down --systemd: the units stop, and their
+#      journals, the summary and the event log come back to the run dir;
+#      then a whole short job with launch.sh run --systemd;
+#   7. install.sh uninstall.
+# Afterwards no container, namespace, bridge or mount is left.
+BUILD_DIR="$1"
+source "$(dirname "$0")/../e2e/lib.sh"
+[[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
+[[ $(id -u) -eq 0 ]] || skip "needs root for network namespaces and containers"
+command -v systemd-nspawn > /dev/null || skip "systemd-container is not installed (apt-get install systemd-container)"
+[[ -x /usr/sbin/sshd && -x /lib/systemd/systemd ]] || skip "openssh-server or systemd is not installed"
+[[ -f /lib/systemd/system/ssh.service ]] || skip "no ssh.service unit"
+
+work="$(mktemp -d /tmp/strata-sd-XXXXXX)"
+chmod 755 "$work"
+tag="$$"
+bridge="ssb$tag"
+subnet=10.215.$((tag % 200 + 20))
+hosts=(1 2 3)
+ns_of() { echo "strata-sd-$tag-$1"; }
+machine_of() { echo "strata-sd-$tag-$1"; }
+addr_of() { echo "$subnet.$((10 + $1))"; }
+declare -A nspawn_pid=()
+
+cleanup() {
+  set +e
+  [[ -f $work/ssh/config ]] && "$ROOT/scripts/launch.sh" down --run-dir "$work/run" \
+    --remote-cmd "ssh -F $work/ssh/config" > /dev/null 2>&1
+  for h in "${hosts[@]}"; do
+    [[ -n ${nspawn_pid[$h]:-} ]] && kill -TERM "${nspawn_pid[$h]}" 2>/dev/null
+  done
+  for h in "${hosts[@]}"; do
+    local p="${nspawn_pid[$h]:-}"
+    [[ -z $p ]] && continue
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+  done
+  for h in "${hosts[@]}"; do
+    ip netns pids "$(ns_of "$h")" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip netns del "$(ns_of "$h")" 2>/dev/null
+  done
+  ip link del "$bridge" 2>/dev/null
+  pkill -KILL -f -- "$work" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The network: a bridge here, a veth into each host's namespace.
+ip link add "$bridge" type bridge || skip "cannot make a bridge here"
+ip addr add "$subnet.1/24" dev "$bridge"
+ip link set "$bridge" up
+for h in "${hosts[@]}"; do
+  ns="$(ns_of "$h")"
+  ip netns add "$ns"
+  ip link add "ssv${tag}h$h" type veth peer name "ssp${tag}h$h"
+  ip link set "ssp${tag}h$h" netns "$ns"
+  ip link set "ssv${tag}h$h" master "$bridge" up
+  ip -n "$ns" link set "ssp${tag}h$h" name eth0
+  ip -n "$ns" addr add "$(addr_of "$h")/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+done
+
+# The operator's key, and root's authorized_keys on every host.
+mkdir -p "$work/ssh" "$work/authorized"
+ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/id"
+cp "$work/ssh/id.pub" "$work/authorized/authorized_keys"
+chmod 700 "$work/authorized"
+cat > "$work/ssh/config" <<CONF
+Host $subnet.*
+  User root
+  IdentityFile $work/ssh/id
+  IdentitiesOnly yes
+  UserKnownHostsFile $work/ssh/known_hosts
+  StrictHostKeyChecking accept-new
+  BatchMode yes
+  ConnectTimeout 5
+  LogLevel ERROR
+  ControlMaster auto
+  ControlPath $work/ssh/cm-%h
+  ControlPersist 120
+CONF
+SSH=(ssh -F "$work/ssh/config")
+
+# The hosts: systemd as PID 1 in each, this machine's services that would
+# only get in the way masked. The source tree, the build and this test's
+# files are visible at their paths (as on a shared file system).
+binds=(--bind-ro="$ROOT" --bind-ro="$work")
+[[ $BUILD_DIR == "$ROOT"/* ]] || binds+=(--bind-ro="$BUILD_DIR")
+masks=()
+for u in postgresql.service prometheus.service avahi-daemon.service avahi-daemon.socket \
+         ceph.target ceph-crash.service smartmontools.service nvmf-autoconnect.service \
+         nvmefc-boot-connections.service rbdmap.service getty@tty1.service user@0.service; do
+  masks+=("systemd.mask=$u")
+done
+for h in "${hosts[@]}"; do
+  systemd-nspawn -D / --volatile=yes --overlay=/etc::/etc --overlay=/usr::/usr \
+    -M "$(machine_of "$h")" --register=no --keep-unit \
+    --network-namespace-path="/run/netns/$(ns_of "$h")" \
+    --bind-ro="$work/authorized:/root/.ssh" "${binds[@]}" \
+    -b -- systemd.firstboot=off "${masks[@]}" < /dev/null > "$work/boot-$h.log" 2>&1 &
+  nspawn_pid[$h]=$!
+done
+for h in "${hosts[@]}"; do
+  up=""
+  for _ in $(seq 1 120); do
+    kill -0 "${nspawn_pid[$h]}" 2>/dev/null || { tail -20 "$work/boot-$h.log"; fail "host $h's container exited while booting"; }
+    if "${SSH[@]}" "$(addr_of "$h")" 'systemctl is-system-running --wait > /dev/null; test -d /run/systemd/system' 2> /dev/null; then
+      up=1; break
+    fi
+    sleep 0.5
+  done
+  [[ -n $up ]] || { tail -20 "$work/boot-$h.log"; fail "host $h did not boot with ssh within 60 s"; }
+  [[ "$("${SSH[@]}" "$(addr_of "$h")" 'cat /proc/1/comm')" == systemd ]] || fail "PID 1 on host $h is not systemd"
+done
+echo "3 hosts booted with systemd as PID 1"
+
+# 1. Install on every host.
+for h in "${hosts[@]}"; do
+  "${SSH[@]}" "$(addr_of "$h")" "'$ROOT/scripts/install.sh' install --bin-dir '$BUILD_DIR/bin'" \
+    > "$work/install-$h.out" 2>&1 || { cat "$work/install-$h.out"; fail "install.sh install failed on host $h"; }
+  "${SSH[@]}" "$(addr_of "$h")" 'id strata && systemctl cat strata-worker@.service > /dev/null' > /dev/null ||
+    fail "host $h has no strata user or units after install"
+done
+
+# 2. The job and its hosts, validated against the hosts.
+base=7500
+write_config "$work/job.yaml" bsp 60 "$base" 12000
+cat > "$work/hosts" <<HOSTS
+# The master and a pserver on one host, a pserver and a worker on the next, a worker on the last.
+$(addr_of 1) master pserver
+$(addr_of 2) pserver worker
+$(addr_of 3) worker
+HOSTS
+"$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts" --remote-cmd "${SSH[*]}" \
+  > "$work/validate.out" 2>&1 || { cat "$work/validate.out"; fail "strata validate refused the hosts"; }
+
+# 3. Up, as systemd units.
+"$ROOT/scripts/launch.sh" up --systemd --config "$work/job.yaml" --hosts "$work/hosts" \
+  --remote-cmd "${SSH[*]}" --run-dir "$work/run" --bin-dir "$BUILD_DIR/bin" > "$work/up.out" 2>&1 ||
+  { cat "$work/up.out"; for h in "${hosts[@]}"; do "${SSH[@]}" "$(addr_of "$h")" 'journalctl -u "strata-*" --no-pager | tail -20'; done; fail "launch.sh up --systemd failed"; }
+grep -q 'cluster up under systemd' "$work/up.out" || { cat "$work/up.out"; fail "up --systemd did not say so"; }
+master="$(addr_of 1):$base"
+wait_steps "$master" 200
+
+# 4. Watch it. Each daemon is its unit's main process, running as strata.
+unit_user() {  # unit_user HOST UNIT: the user of the unit's main process
+  "${SSH[@]}" "$(addr_of "$1")" "pid=\$(systemctl show -p MainPID --value $2); ps -o user= -p \$pid"
+}
+for hu in "1 strata-master.service" "1 strata-pserver@0.service" "2 strata-pserver@1.service" \
+          "2 strata-worker@0.service" "3 strata-worker@1.service"; do
+  read -r h u <<< "$hu"
+  "${SSH[@]}" "$(addr_of "$h")" "systemctl is-active --quiet $u" || fail "$u is not active on host $h"
+  [[ "$(unit_user "$h" "$u" | tr -d ' ')" == strata ]] || fail "$u does not run as user strata on host $h"
+done
+"$STRATA" status --master "$master" > "$work/status.txt" || fail "strata status failed"
+[[ $(grep -cE ' alive ' "$work/status.txt") -ge 5 ]] || { cat "$work/status.txt"; fail "strata status does not show 5 alive nodes"; }
+"$STRATA" top --master "$master" --iterations 1 --interval 0.5 --json > "$work/top.json" || fail "strata top failed"
+python3 - "$work/top.json" <<'PY' || { cat "$work/top.json"; fail "strata top does not see the 5 daemons"; }
+import json, sys
+f = json.loads(open(sys.argv[1]).readline())
+names = {n['name'] for n in f['nodes'] if n['up']}
+assert names == {'master-0', 'pserver-0', 'pserver-1', 'worker-0', 'worker-1'}, names
+PY
+page="$(curl -sf "http://$(addr_of 1):$((base + 1))/?refresh=0" || true)"
+grep -q '5 of 5 alive' <<< "$page" && grep -q '<svg id="chart-loss"' <<< "$page" ||
+  fail "the status page does not show the 5 nodes and the charts"
+
+# 5. systemd restarts a worker killed with SIGKILL (RestartSec=5).
+pid="$("${SSH[@]}" "$(addr_of 3)" 'systemctl show -p MainPID --value strata-worker@1.service')"
+"${SSH[@]}" "$(addr_of 3)" "kill -KILL $pid"
+restarted=""
+for _ in $(seq 1 60); do
+  n="$("${SSH[@]}" "$(addr_of 3)" 'systemctl show -p NRestarts --value strata-worker@1.service')"
+  if (( n >= 1 )) && "${SSH[@]}" "$(addr_of 3)" 'systemctl is-active --quiet strata-worker@1.service'; then
+    restarted=1; break
+  fi
+  sleep 0.5
+done
+[[ -n $restarted ]] || fail "systemd did not restart the killed worker"
+for _ in $(seq 1 100); do  # it registers again as a new node
+  "$STRATA" status --master "$master" --json > "$work/status.json"
+  python3 - "$work/status.json" <<'PY' && break
+import json, sys
+m = json.load(open(sys.argv[1]))['view']['members']
+w1 = [n for n in m if n['role'] == 'WORKER' and n.get('index', 0) == 1]
+sys.exit(0 if len(w1) >= 2 and w1[-1]['state'] == 'ALIVE' else 1)
+PY
+  sleep 0.2
+done
+python3 - "$work/status.json" <<'PY' || fail "the restarted worker did not rejoin"
+import json, sys
+m = json.load(open(sys.argv[1]))['view']['members']
+w1 = [n for n in m if n['role'] == 'WORKER' and n.get('index', 0) == 1]
+assert len(w1) >= 2 and w1[-1]['state'] == 'ALIVE', w1
+PY
+
+# 6. Stop the job, then the units.
+"$STRATA" stop --master "$master" --no-checkpoint > "$work/stop.out" || { cat "$work/stop.out"; fail "strata stop failed"; }
+"$ROOT/scripts/launch.sh" down --run-dir "$work/run" --remote-cmd "${SSH[*]}" > "$work/down.out" 2>&1 ||
+  { cat "$work/down.out"; fail "launch.sh down failed"; }
+for hu in "1 strata-master.service" "1 strata-pserver@0.service" "2 strata-pserver@1.service" \
+          "2 strata-worker@0.service" "3 strata-worker@1.service"; do
+  read -r h u <<< "$hu"
+  "${SSH[@]}" "$(addr_of "$h")" "systemctl is-active --quiet $u" && fail "$u still active on host $h after down"
+done
+[[ "$(json_field "$work/run/summary.json" state)" == stopped ]] ||
+  { cat "$work/run/summary.json" 2>/dev/null; fail "the summary did not come back, or the job is not stopped"; }
+grep -q '"kind": "node_dead"' "$work/run/events.jsonl" || fail "the event log did not come back with the worker's death"
+grep -q 'registered as node' "$work/run/logs/master-0.log" || fail "the master's journal did not come back"
+grep -q 'progress: worker 1' "$work/run/logs/worker-1.log" || fail "worker 1's journal did not come back"
+
+# A whole job with run --systemd: up, its progress, the summary, down.
+write_config "$work/short.yaml" bsp 2 "$base" 6000
+"$ROOT/scripts/launch.sh" run --systemd --config "$work/short.yaml" --hosts "$work/hosts" \
+  --remote-cmd "${SSH[*]}" --run-dir "$work/run2" --bin-dir "$BUILD_DIR/bin" --timeout 300 \
+  > "$work/run2.out" 2>&1 || { cat "$work/run2.out"; fail "launch.sh run --systemd failed"; }
+grep -q '^progress: epoch ' "$work/run2.out" || { cat "$work/run2.out"; fail "run --systemd showed no progress"; }
+grep -q 'launch.sh: job succeeded' "$work/run2.out" || { cat "$work/run2.out"; fail "run --systemd did not succeed"; }
+[[ "$(json_field "$work/run2/summary.json" state)" == succeeded ]] || fail "run --systemd: no summary"
+"${SSH[@]}" "$(addr_of 2)" 'systemctl is-active --quiet strata-worker@0.service' && fail "run --systemd left units running"
+
+# 7. Uninstall.
+for h in "${hosts[@]}"; do
+  "${SSH[@]}" "$(addr_of "$h")" "'$ROOT/scripts/install.sh' uninstall" > /dev/null 2>&1 || fail "uninstall failed on host $h"
+  "${SSH[@]}" "$(addr_of "$h")" 'test ! -e /etc/systemd/system/strata-master.service && test ! -e /usr/local/bin/strata-worker' ||
+    fail "uninstall left units or binaries on host $h"
+done
+
+# Nothing left: the containers powered off, then no namespace, bridge or mount.
+for h in "${hosts[@]}"; do "${SSH[@]}" -O exit "$(addr_of "$h")" > /dev/null 2>&1 || true; done
+for h in "${hosts[@]}"; do kill -TERM "${nspawn_pid[$h]}"; done
+for h in "${hosts[@]}"; do
+  for _ in $(seq 1 150); do kill -0 "${nspawn_pid[$h]}" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "${nspawn_pid[$h]}" 2>/dev/null &&
+    { tail -n 15 "$work/boot-$h.log" | cut -c1-160; fail "host $h's container did not power off within 15 s"; }
+  wait "${nspawn_pid[$h]}" 2>/dev/null || true
+  nspawn_pid[$h]=""
+  left="$(ip netns pids "$(ns_of "$h")")"
+  [[ -z $left ]] || fail "processes left in host $h's namespace: $left"
+  ip netns del "$(ns_of "$h")"
+done
+ip link del "$bridge"
+grep -q "strata-sd-$tag-" /proc/self/mountinfo && fail "mounts left: $(grep "strata-sd-$tag-" /proc/self/mountinfo)"
+assert_nothing_left "$work"
+echo "PASS: install, validate, up --systemd on 3 systemd hosts, top/status/page, systemd restart, stop, down, uninstall"

@@ -267,7 +267,16 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       base_seq = last_manifest_->seq();
     }
     training_over = job_state_ == "evaluating";
+    checkpoint_op_ = LongOp{seq, 0, static_cast<int>(targets.size()), 0, clock_->Now()};
   }
+  // (No checkpoint in progress once this returns, however it returns.)
+  struct EndOp {
+    MasterServer* m;
+    ~EndOp() {
+      absl::MutexLock l(&m->mu_);
+      m->checkpoint_op_ = LongOp();
+    }
+  } end_op{this};
   const absl::Time start = absl::Now();
   const std::string dir = storage::JoinPath(cfg.dir, storage::CheckpointDirName(seq));
   auto fail = [&](const absl::Status& s) -> absl::Status {
@@ -309,6 +318,11 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       req.set_version(training_over ? *newest : *newest + margin);
     }
     results.assign(targets.size(), absl::UnknownError("no answer"));
+    {
+      absl::MutexLock l(&mu_);  // (a retry starts over)
+      checkpoint_op_.done = 0;
+      checkpoint_op_.bytes = 0;
+    }
     std::vector<std::thread> calls;
     for (size_t i = 0; i < targets.size(); ++i) {
       auto call = [&, i] {
@@ -328,6 +342,11 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
         {
           absl::MutexLock il(&inflight_mu_);
           inflight_.erase(&ctx);
+        }
+        if (s.ok()) {
+          absl::MutexLock l(&mu_);
+          ++checkpoint_op_.done;
+          checkpoint_op_.bytes += resp.bytes_written();
         }
         if (s.ok()) {
           results[i] = std::move(resp);

@@ -938,6 +938,10 @@ void MasterServer::MaybePlacePartitions() {
       restore_root = restore_->root;
     }
   }
+  if (restore.has_value()) {
+    absl::MutexLock l(&mu_);
+    restore_op_ = LongOp{restore->seq(), 0, static_cast<int>(targets.size()), 0, clock_->Now()};
+  }
   // Outgoing RPCs without the lock. Stubs live as long as the server.
   for (auto& [id, stub] : targets) {
     proto::AssignPartitionsRequest req;
@@ -964,8 +968,15 @@ void MasterServer::MaybePlacePartitions() {
                    << " failed: " << s.error_message() << "; will retry";
       return;
     }
+    if (restore.has_value()) {
+      absl::MutexLock l(&mu_);
+      ++restore_op_.done;
+      LOG(INFO) << "restoring checkpoint " << restore->seq() << ": " << restore_op_.done << " of "
+                << restore_op_.total << " pserver(s) loaded their partitions";
+    }
   }
   absl::MutexLock l(&mu_);
+  restore_op_ = LongOp();
   *view_.mutable_partitions() = view.partitions();
   BumpEpochLocked();
   placed_ = true;
@@ -1346,6 +1357,41 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_samples(samples + samples_base_);
   js.set_loss(n_loss ? loss_sum / n_loss : 0);
   js.set_train_accuracy(n_loss ? acc_sum / n_loss : 0);
+  // Where bring-up stands, and what runs now.
+  const int pservers = CountLocked(proto::PSERVER, false);
+  const int workers = CountLocked(proto::WORKER, true);
+  js.set_pservers_registered(pservers);
+  js.set_pservers_expected(options_.expected_pservers);
+  js.set_workers_registered(workers);
+  js.set_workers_expected(options_.expected_workers);
+  if (job_state_ == "waiting") {
+    if (pservers < options_.expected_pservers) {
+      js.set_phase(absl::StrCat("waiting for pservers: ", pservers, " of ",
+                                options_.expected_pservers, " registered"));
+    } else if (!placed_ && restore_op_.seq > 0) {
+      js.set_phase(absl::StrFormat("restoring checkpoint %d: %d of %d pserver(s) loaded",
+                                   restore_op_.seq, restore_op_.done, restore_op_.total));
+    } else if (!placed_) {
+      js.set_phase(absl::StrCat("placing ", view_.tables_size(), " table(s) on ", pservers,
+                                " pserver(s)"));
+    } else {
+      js.set_phase(absl::StrCat("waiting for workers: ", workers, " of ",
+                                options_.expected_workers, " registered"));
+    }
+  } else if (job_state_ == "running") {
+    js.set_phase(absl::StrFormat("training: epoch %d of %d, %d of %d data tasks",
+                                 std::min(tasks_.current_epoch() + 1, options_.config.job.epochs),
+                                 options_.config.job.epochs, tasks_.done(), tasks_.total()));
+  } else {
+    js.set_phase(job_state_);
+  }
+  if (checkpoint_op_.seq > 0) {
+    js.set_checkpoint_in_progress(checkpoint_op_.seq);
+    js.set_checkpoint_pservers_done(checkpoint_op_.done);
+    js.set_checkpoint_pservers_total(checkpoint_op_.total);
+    js.set_checkpoint_bytes_so_far(checkpoint_op_.bytes);
+    js.set_checkpoint_seconds_so_far(absl::ToDoubleSeconds(clock_->Now() - checkpoint_op_.start));
+  }
   for (const proto::JobSample& s : history_) *js.add_history() = s;
   const absl::Time end = IsTerminal(job_state_) ? end_time_ : clock_->Now();
   const double wall = start_time_ == absl::InfinitePast()

@@ -248,6 +248,16 @@ class MasterServer {
   // kMaxHistory points; when full, every other one is dropped and the
   // interval doubles. Not persisted: a restarted master starts anew.
   std::vector<proto::JobSample> history_ ABSL_GUARDED_BY(mu_);
+  // Progress of the long operations, for JobStatus: a checkpoint being
+  // written (seq 0: none) and a checkpoint being restored at placement.
+  struct LongOp {
+    uint64_t seq = 0;
+    int done = 0, total = 0;
+    uint64_t bytes = 0;
+    absl::Time start;
+  };
+  LongOp checkpoint_op_ ABSL_GUARDED_BY(mu_);
+  LongOp restore_op_ ABSL_GUARDED_BY(mu_);
   absl::Duration history_interval_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(500);
   absl::Time last_sample_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The update ledger: each partition's applied pushes by sender, read

@@ -406,9 +406,15 @@ stream_progress() {
 }
 
 do_run() {
-  local progress_pid="" wait_pid="" rc=1
+  local progress_pid="" wait_pid="" bringup_pid="" rc=1
   cleanup() {
     trap - EXIT INT TERM
+    if [[ -n "$bringup_pid" ]]; then
+      pkill -P "$bringup_pid" 2>/dev/null || true
+      kill "$bringup_pid" 2>/dev/null || true
+      wait "$bringup_pid" 2>/dev/null || true
+      bringup_pid=""
+    fi
     if [[ -n "$wait_pid" ]]; then
       kill "$wait_pid" 2>/dev/null || true
       wait "$wait_pid" 2>/dev/null || true
@@ -429,6 +435,13 @@ do_run() {
   trap cleanup EXIT
   local start=$SECONDS
   do_up || { echo "launch.sh: bring-up failed" >&2; exit 1; }
+  if [[ $QUIET -eq 0 ]]; then
+    # Bring-up's progress (pservers and workers registering, partitions
+    # placed or restored from a checkpoint) until the job runs.
+    ( "$STRATA" wait --master "$(master_address)" --until running --timeout "$TIMEOUT" 2>/dev/null |
+        sed -u 's/^/launch.sh: /' ) &
+    bringup_pid=$!
+  fi
   if [[ $QUIET -eq 0 ]]; then
     stream_progress &
     progress_pid=$!

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/crc32c.h"
@@ -53,7 +55,8 @@ constexpr char kUsage[] =
     "           backups (refused when that would lose parameters)\n"
     "  stop     --master HOST:PORT [--no-checkpoint] [--reason TEXT] [--json]\n"
     "           stop the job, after a checkpoint when checkpoints are on\n"
-    "  wait     --master HOST:PORT [--timeout SECONDS] [--json]\n"
+    "  wait     --master HOST:PORT [--timeout SECONDS] [--until running|end] [--progress]\n"
+    "           [--json]\n"
     "           wait for the job to end; exit 0 if it succeeded\n"
     "  validate --config FILE [--hosts FILE] [--offline] [--remote-cmd CMD] [--json]\n"
     "           [--remote-all] [--strata-path PATH]\n"
@@ -95,7 +98,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
     } else if (key != "json" && key != "stop" && key != "no-checkpoint" && key != "no-wait" &&
-               key != "offline" && key != "remote-all") {
+               key != "offline" && key != "remote-all" && key != "progress") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -146,6 +149,13 @@ void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
       j.tasks_total(), j.steps(), j.samples(), j.samples_per_sec(), j.loss(),
       100 * j.comm_share(), j.wall_seconds(),
       j.has_test_accuracy() ? absl::StrFormat("%.4f", j.test_accuracy()) : "-");
+  if (j.state() == "waiting" && !j.phase().empty()) out << "  bring-up: " << j.phase() << "\n";
+  if (j.checkpoint_in_progress() > 0) {
+    out << absl::StrFormat("  checkpoint %d in progress: %d of %d pserver(s) written, %.2f MB, %.1f s\n",
+                           j.checkpoint_in_progress(), j.checkpoint_pservers_done(),
+                           j.checkpoint_pservers_total(), j.checkpoint_bytes_so_far() / 1e6,
+                           j.checkpoint_seconds_so_far());
+  }
   const auto& v = st.view();
   out << absl::StrFormat("\ncluster view epoch %d (%s)\n", v.epoch(),
                          v.ready() ? "ready" : "not ready");
@@ -572,12 +582,36 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     err << "strata wait: --timeout must be a number of seconds\n";
     return 2;
   }
+  // --until running: bring-up only (exit 0 once the job runs); its
+  // progress is shown (as with --progress for the whole job).
+  const std::string until = f.count("until") ? f.at("until") : "end";
+  if (until != "end" && until != "running") {
+    err << "strata wait: --until must be 'running' or 'end'\n";
+    return 2;
+  }
+  const bool progress = (until == "running" || f.count("progress")) && !f.count("json");
   const absl::Time deadline = absl::Now() + absl::Seconds(timeout);
   absl::Status last;
+  std::string shown;
   while (absl::Now() < deadline) {
     auto st = FetchStatus(it->second);
     if (st.ok()) {
       const std::string& state = st->job().state();
+      if (progress && st->job().phase() != shown &&
+          (state == "waiting" || (until == "end" && (state == "running" || state == "evaluating")))) {
+        shown = st->job().phase();
+        // (A phase's own figures change all the time: a line per phase.)
+        out << (state == "waiting" ? "bring-up: " : "progress: ") << shown << "\n" << std::flush;
+      }
+      if (until == "running" && (state == "running" || state == "evaluating")) {
+        if (f.count("json")) {
+          out << absl::StrFormat("{\"job\": \"%s\", \"state\": \"%s\"}\n",
+                                 JsonEscape(st->job().name()), state);
+        } else {
+          out << "job " << st->job().name() << " is " << state << "\n";
+        }
+        return 0;
+      }
       if (state == "succeeded" || state == "failed" || state == "stopped") {
         if (f.count("json")) {
           out << absl::StrFormat("{\"job\": \"%s\", \"state\": \"%s\", \"message\": \"%s\"}\n",
@@ -1011,7 +1045,38 @@ int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& ou
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(timeout)));
   if (!f.count("json")) out << "checkpointing..." << std::flush;
+  // Progress while it is written: the pservers done and their bytes, from
+  // the master's status (a line redrawn on a terminal, else a line each
+  // time a pserver is done).
+  absl::Notification done;
+  std::thread progress;
+  const bool tty = &out == &std::cout && isatty(STDOUT_FILENO);
+  if (!f.count("json")) {
+    progress = std::thread([&] {
+      int shown = -1;
+      while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(300))) {
+        auto st = FetchStatus(it->second);
+        if (!st.ok() || st->job().checkpoint_in_progress() == 0) continue;
+        const proto::JobStatus& j = st->job();
+        const std::string line = absl::StrFormat(
+            "checkpoint %d: %d of %d pserver(s) written, %.2f MB, %.1f s",
+            j.checkpoint_in_progress(), j.checkpoint_pservers_done(),
+            j.checkpoint_pservers_total(), j.checkpoint_bytes_so_far() / 1e6,
+            j.checkpoint_seconds_so_far());
+        if (tty) {
+          out << "\r" << line << "\x1b[K" << std::flush;
+        } else if (j.checkpoint_pservers_done() != shown) {
+          out << "\n  " << line << std::flush;
+        }
+        shown = j.checkpoint_pservers_done();
+      }
+      if (tty) out << "\r\x1b[K";
+      if (shown >= 0 && !tty) out << "\n";
+    });
+  }
   absl::Status s = FromGrpcStatus(stub->Checkpoint(&ctx, req, &resp), "master " + it->second);
+  done.Notify();
+  if (progress.joinable()) progress.join();
   if (!s.ok()) {
     if (!f.count("json")) out << "\n";
     err << "strata checkpoint: " << s.message() << "\n";

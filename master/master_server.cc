@@ -359,6 +359,7 @@ void MasterServer::Shutdown() {
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   http_.Shutdown();
   if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  FlushEventLog();  // what the last RPCs logged
 }
 
 std::string MasterServer::address() const {
@@ -370,7 +371,11 @@ void MasterServer::BackgroundLoop() {
   const absl::Duration tick = std::min(
       absl::Milliseconds(200),
       absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms) / 2);
-  while (!stop_.WaitForNotificationWithTimeout(tick)) Tick();
+  while (!stop_.WaitForNotificationWithTimeout(tick)) {
+    Tick();
+    FlushEventLog();
+  }
+  FlushEventLog();
 }
 
 void MasterServer::Tick() {
@@ -530,9 +535,21 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
                           RoleName(node->role()), node->index(), node->id());
   }
   line += "}\n";
+  absl::MutexLock el(&event_mu_);
+  pending_events_ += line;
+}
+
+void MasterServer::FlushEventLog() {
+  if (options_.event_log.empty()) return;
+  // One writer at a time, in order: the lines are taken and written under
+  // event_mu_ (never held with mu_ while writing).
+  absl::MutexLock el(&event_mu_);
+  if (pending_events_.empty()) return;
+  const std::string lines = std::move(pending_events_);
+  pending_events_.clear();
   // Appended whole (O_APPEND): lines of a restarted master follow the old.
   std::FILE* f = std::fopen(options_.event_log.c_str(), "a");
-  const bool ok = f != nullptr && std::fputs(line.c_str(), f) >= 0;
+  const bool ok = f != nullptr && std::fputs(lines.c_str(), f) >= 0;
   if (f != nullptr && std::fclose(f) != 0 && ok) {
     LOG(WARNING) << "event log " << options_.event_log << ": close failed";
   }

@@ -301,7 +301,12 @@ class MasterServer {
   bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
 
   MetricsRegistry metrics_;
-  bool event_log_failed_ ABSL_GUARDED_BY(mu_) = false;  // warned once
+  // Event-log lines made under mu_, appended to the file by
+  // FlushEventLog without it (a slow disk never holds up the RPCs).
+  absl::Mutex event_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::string pending_events_ ABSL_GUARDED_BY(event_mu_);
+  bool event_log_failed_ ABSL_GUARDED_BY(event_mu_) = false;  // warned once
+  void FlushEventLog() ABSL_LOCKS_EXCLUDED(mu_, event_mu_);
   // Set by RegisterMetrics (null without an HTTP port).
   Histogram* checkpoint_seconds_ = nullptr;
   Histogram* checkpoint_bytes_ = nullptr;

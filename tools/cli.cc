@@ -7,6 +7,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include "common/config.h"
 #include "common/crc32c.h"
 #include "common/json.h"
+#include "common/threads.h"
 #include "common/grpc_status.h"
 #include "common/host_file.h"
 #include "common/model_spec.h"
@@ -222,6 +224,9 @@ size_t OnHttpBody(char* data, size_t size, size_t n, void* user) {
 
 // GET http://host:port/path; the body of a 200, else an error naming the URL.
 absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_seconds = 5) {
+  // (curl's global set-up is not thread-safe: once, before any scraper.)
+  static std::once_flag curl_once;
+  std::call_once(curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   CURL* curl = curl_easy_init();
   if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
   std::string body;
@@ -364,8 +369,19 @@ int Top(const std::map<std::string, std::string>& f, std::ostream& out, std::ost
       err << "strata top: " << st.status().message() << "\n";
       return 1;
     }
+    // Every node at once (a hung one costs its 2 s timeout once per frame,
+    // not once per node); where no thread can start, one after another.
     std::map<uint32_t, MetricsSample> now;
-    for (const auto& n : st->view().members()) now[n.id()] = ScrapeNode(n);
+    std::vector<const proto::NodeInfo*> nodes;
+    for (const auto& n : st->view().members()) nodes.push_back(&n);
+    std::vector<MetricsSample> samples(nodes.size());
+    std::vector<std::thread> scrapers;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      auto scrape = [&, i] { samples[i] = ScrapeNode(*nodes[i]); };
+      if (!TryAddThread(&scrapers, scrape)) scrape();
+    }
+    for (auto& t : scrapers) t.join();
+    for (size_t i = 0; i < nodes.size(); ++i) now[nodes[i]->id()] = std::move(samples[i]);
     // The first scrape is only a baseline for the rates.
     if (frame > 0) {
       const proto::JobStatus& job = st->job();

@@ -256,12 +256,13 @@ void ParamClient::Exchange::Send(uint32_t partition) {
   req.header.partition = r.partition;
   std::shared_ptr<Round> round = round_;
   uint64_t attempt;
+  const absl::Time sent = absl::Now();  // (one reading: the round's and the metrics')
   {
     absl::MutexLock l(&round->mu);
     ++round->outstanding;
     attempt = ++round->attempt[partition];
     round->pending.insert(partition);
-    round->sent_at[partition] = absl::Now();
+    round->sent_at[partition] = sent;
     round->sent_epoch[partition] = epoch_;
   }
   // Metrics of this request: its kind, size and when it left.
@@ -272,11 +273,12 @@ void ParamClient::Exchange::Send(uint32_t partition) {
   const std::pair<char*, size_t> dest =
       destination_ ? destination_(r) : std::pair<char*, size_t>(nullptr, 0);
   const size_t destination_bytes = dest.second;
-  const absl::Time sent = absl::Now();
   TraceWriter* const trace = client_->trace_;
   auto finish = [round, partition, attempt, seconds, bytes, push, request_bytes,
                  destination_bytes, sent, trace](absl::StatusOr<Message> resp) {
-    if (resp.ok() && (seconds != nullptr || trace != nullptr)) {
+    // Only answers that did the work: a refusal (a stale epoch, retried)
+    // is neither a push's or pull's latency nor bytes moved.
+    if (resp.ok() && resp->header.status == 0 && (seconds != nullptr || trace != nullptr)) {
       const absl::Time now = absl::Now();
       const size_t n = push ? request_bytes
                             : resp->payload_in_destination ? destination_bytes

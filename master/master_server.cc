@@ -541,12 +541,16 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
 
 void MasterServer::FlushEventLog() {
   if (options_.event_log.empty()) return;
-  // One writer at a time, in order: the lines are taken and written under
-  // event_mu_ (never held with mu_ while writing).
-  absl::MutexLock el(&event_mu_);
-  if (pending_events_.empty()) return;
-  const std::string lines = std::move(pending_events_);
-  pending_events_.clear();
+  // One writer at a time, in order (file_mu_); the lines are only taken
+  // under event_mu_, which LogEventLocked takes under mu_: the file is
+  // written with neither held.
+  absl::MutexLock fl(&file_mu_);
+  std::string lines;
+  {
+    absl::MutexLock el(&event_mu_);
+    lines.swap(pending_events_);
+  }
+  if (lines.empty()) return;
   // Appended whole (O_APPEND): lines of a restarted master follow the old.
   std::FILE* f = std::fopen(options_.event_log.c_str(), "a");
   const bool ok = f != nullptr && std::fputs(lines.c_str(), f) >= 0;
@@ -1131,6 +1135,15 @@ proto::ClusterView MasterServer::View() {
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     const proto::LeaseTaskRequest& req) {
   absl::MutexLock l(&mu_);
+  if (const proto::NodeInfo* d = FindNodeLocked(req.node_id());
+      d != nullptr && d->role() == proto::WORKER && d->state() == proto::DRAINED) {
+    // Drained, and asking again (its answer was lost): the same answer,
+    // so that it leaves rather than fails and is restarted.
+    proto::LeaseTaskResponse resp;
+    resp.set_outcome(proto::LeaseTaskResponse::DONE);
+    resp.set_drained(true);
+    return resp;
+  }
   STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
   proto::LeaseTaskResponse resp;
   if (!view_.ready() || job_state_ == "waiting") {
@@ -1308,6 +1321,7 @@ void MasterServer::FinishJobLocked(const std::string& state,
 void MasterServer::SampleHistoryLocked(bool force) {
   constexpr size_t kMaxHistory = 600;
   if (start_time_ == absl::InfinitePast()) return;
+  if (!force && IsTerminal(job_state_)) return;  // (the last point was taken at the end)
   const absl::Time now = clock_->Now();
   if (!force && now - last_sample_ < history_interval_) return;
   proto::JobStatus js = JobStatusLocked();
@@ -1339,21 +1353,29 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_tasks_total(tasks_.total());
   js.set_tasks_done(tasks_.done());
   uint64_t steps = 0, samples = 0;
-  double busy = 0, comm = 0, loss_sum = 0, acc_sum = 0, sps = 0;
-  int n_loss = 0;
+  double busy = 0, comm = 0, loss_sum = 0, acc_sum = 0, loss_all = 0, acc_all = 0, sps = 0;
+  int n_loss = 0, n_all = 0;
   for (const auto& [id, w] : workers_) {
     const auto& p = w.last;
     steps += p.steps_done();
     samples += p.samples();
     busy += p.busy_seconds();
     comm += p.comm_seconds();
-    if (p.steps_done() > 0) {
-      loss_sum += p.loss();
-      acc_sum += p.train_accuracy();
-      ++n_loss;
-    }
     const proto::NodeInfo* node = nullptr;
     for (const auto& m : view_.members()) if (m.id() == id) node = &m;
+    // The loss and accuracy now: of the workers still in the job (a dead or
+    // drained one's last report goes stale), or of all when none is.
+    if (p.steps_done() > 0) {
+      const bool in_job = node != nullptr && !Gone(*node);
+      loss_all += p.loss();
+      acc_all += p.train_accuracy();
+      ++n_all;
+      if (in_job) {
+        loss_sum += p.loss();
+        acc_sum += p.train_accuracy();
+        ++n_loss;
+      }
+    }
     if (node && node->state() == proto::ALIVE) sps += p.samples_per_sec();
     proto::WorkerProgress* wp = js.add_workers();
     wp->set_node_id(id);
@@ -1372,6 +1394,11 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
                    ? (steps > 0 ? max_last_step_ + 1 : 0)
                    : steps);
   js.set_samples(samples + samples_base_);
+  if (n_loss == 0) {
+    loss_sum = loss_all;
+    acc_sum = acc_all;
+    n_loss = n_all;
+  }
   js.set_loss(n_loss ? loss_sum / n_loss : 0);
   js.set_train_accuracy(n_loss ? acc_sum / n_loss : 0);
   // Where bring-up stands, and what runs now.
@@ -1502,7 +1529,7 @@ std::string MasterServer::SummaryJsonLocked() const {
     uint64_t acked = 0, held = 0, lost = 0, extra = 0;
     for (const auto& [id, w] : workers_) {
       bool live = false;
-      for (const auto& m : view_.members()) live = live || (m.id() == id && !Gone(m));
+      for (const auto& m : view_.members()) live = live || (m.id() == id && m.state() != proto::DEAD);  // (a drained one's report is its last)
       if (!live) continue;  // its last counts may be old
       for (const auto& [partition, count] : w.last.acked_pushes()) {
         auto p = ledger_applied_.find(partition);

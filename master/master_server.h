@@ -303,10 +303,11 @@ class MasterServer {
   MetricsRegistry metrics_;
   // Event-log lines made under mu_, appended to the file by
   // FlushEventLog without it (a slow disk never holds up the RPCs).
-  absl::Mutex event_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::Mutex file_mu_;  // the writer's, held while the file is written
+  absl::Mutex event_mu_ ABSL_ACQUIRED_AFTER(mu_, file_mu_);
   std::string pending_events_ ABSL_GUARDED_BY(event_mu_);
-  bool event_log_failed_ ABSL_GUARDED_BY(event_mu_) = false;  // warned once
-  void FlushEventLog() ABSL_LOCKS_EXCLUDED(mu_, event_mu_);
+  bool event_log_failed_ ABSL_GUARDED_BY(file_mu_) = false;  // warned once
+  void FlushEventLog() ABSL_LOCKS_EXCLUDED(mu_, event_mu_, file_mu_);
   // Set by RegisterMetrics (null without an HTTP port).
   Histogram* checkpoint_seconds_ = nullptr;
   Histogram* checkpoint_bytes_ = nullptr;

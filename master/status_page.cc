@@ -206,7 +206,8 @@ std::string NodesSection(const proto::GetStatusResponse& st, int64_t now_ms) {
            std::make_pair(static_cast<int>(b->role()), b->index());
   });
   int alive = 0;
-  for (const auto* n : nodes) alive += n->state() == proto::ALIVE;
+  // (A worker with no more data tasks is up too.)
+  for (const auto* n : nodes) alive += n->state() == proto::ALIVE || n->state() == proto::FINISHED;
   std::string out = absl::StrFormat(
       "<section id=\"nodes\"><h2>Nodes <span class=\"note\">%d of %d alive</span></h2>"
       "<table id=\"nodes-table\"><thead><tr><th>role</th><th>index</th><th>node</th>"
@@ -236,7 +237,9 @@ std::string NodesSection(const proto::GetStatusResponse& st, int64_t now_ms) {
     }
     std::string pages = "-";
     if (n->http_port() > 0 && !n->host().empty()) {
-      const std::string base = absl::StrCat("http://", n->host(), ":", n->http_port());
+      const bool v6 = n->host().find(':') != std::string::npos;
+      const std::string base = absl::StrCat("http://", v6 ? "[" : "", n->host(), v6 ? "]" : "",
+                                            ":", n->http_port());
       pages = absl::StrCat("<a href=\"", HtmlEscape(base), "/metrics\">metrics</a> <a href=\"",
                            HtmlEscape(base), "/logs\">logs</a>");
     }

@@ -69,9 +69,11 @@ RESTART_INTERVAL="${STRATA_RESTART_INTERVAL:-60}"
 STARTED=0  # set once this invocation has started a daemon
 BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
 REMOTE_CMD="${STRATA_REMOTE_CMD:-ssh -o BatchMode=yes}"
+# What the installed units run (scripts/install.sh's default prefix).
+SYSTEMD_STRATA="${STRATA_SYSTEMD_PREFIX:-/usr/local}/bin/strata"
 
 die() { echo "launch.sh: $*" >&2; exit 2; }
-usage() { sed -n '2,40p' "${BASH_SOURCE[0]}" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -109,6 +111,12 @@ on_host() {
   # The remote command gets no stdin: ssh would read the caller's (the
   # plan a loop is reading), and the loop would stop after one host.
   if is_local "$host"; then bash -c "$*"; else $REMOTE_CMD "$host" "$*" < /dev/null; fi
+}
+
+# on_host_in FILE HOST COMMAND: COMMAND on HOST with FILE as its stdin.
+on_host_in() {
+  local file="$1" host="$2"; shift 2
+  if is_local "$host"; then bash -c "$*" < "$file"; else $REMOTE_CMD "$host" "$*" < "$file"; fi
 }
 
 master_address() { cat "$RUN_DIR/master.address"; }
@@ -184,10 +192,10 @@ daemon_alive() {
 
 # ---- --systemd: the installed units instead of processes ----
 
-# unit_of NAME: "HOST UNIT" of a daemon started as a unit.
-unit_of() { cat "$RUN_DIR/units/$1"; }
+# RUN_DIR/units/NAME holds "HOST UNIT STARTED_UNIX_TIME" of a daemon
+# started as a unit.
 unit_active() {
-  local host unit; read -r host unit < "$RUN_DIR/units/$1"
+  local host unit _since; read -r host unit _since < "$RUN_DIR/units/$1"
   on_host "$host" "systemctl is-active --quiet $unit"
 }
 unit_journal() {  # this run's journal of the unit (since it was started)
@@ -206,26 +214,39 @@ up_systemd() {
   mkdir -p "$RUN_DIR/units"
   touch "$RUN_DIR/systemd"
   STARTED=1
-  # Every host: Strata installed for systemd, and this job's config, host
-  # file and addresses in /etc/strata.
+  # Every host: Strata installed for systemd, none of its units running,
+  # and this job's config, host file and addresses in /etc/strata (sent
+  # over the remote command: no shared file system needed).
+  local units_of_host
   for h in $(awk '{print $3}' <<< "$plan" | sort -u); do
+    units_of_host="$(awk -v h="$h" '$3 == h { print ($1 == "master" ? "strata-master.service" : "strata-" $1 "@" $2 ".service") }' <<< "$plan" | tr '\n' ' ')"
     on_host "$h" "[ -f /etc/systemd/system/strata-master.service ] && command -v systemctl > /dev/null ||
         { echo 'Strata is not installed for systemd on $h: run scripts/install.sh install there' >&2; exit 1; }
-      install -m 0644 '$CONFIG' /etc/strata/strata.yaml && install -m 0644 '$HOSTS' /etc/strata/hosts &&
-      printf 'STRATA_MASTER=%s\nSTRATA_HOST=%s\n' '$master' '$h' > /etc/strata/strata.env" ||
+      for u in $units_of_host; do
+        if systemctl is-active --quiet \$u; then
+          echo \"\$u is already running on $h: stop it first (launch.sh down, or systemctl stop \$u)\" >&2; exit 1
+        fi
+      done" || { rm -f "$RUN_DIR/systemd"; die "cannot start the units on $h"; }
+    on_host_in "$CONFIG" "$h" "cat > /etc/strata/strata.yaml.new && chmod 0644 /etc/strata/strata.yaml.new &&
+      mv /etc/strata/strata.yaml.new /etc/strata/strata.yaml" &&
+    on_host_in "$HOSTS" "$h" "cat > /etc/strata/hosts.new && chmod 0644 /etc/strata/hosts.new &&
+      mv /etc/strata/hosts.new /etc/strata/hosts" &&
+    on_host "$h" "printf 'STRATA_MASTER=%s\\nSTRATA_HOST=%s\\n' '$master' '$h' > /etc/strata/strata.env" ||
       { rm -f "$RUN_DIR/systemd"; die "cannot set up /etc/strata on $h"; }
   done
+  local failed=0
   # start_unit NAME HOST UNIT [SHELL BEFORE]
   start_unit() {
     local since; since="$(date +%s)"
     echo "$2 $3 $since" > "$RUN_DIR/units/$1"
     on_host "$2" "${4:+$4; }systemctl reset-failed $3 2>/dev/null; systemctl start $3" ||
-      echo "launch.sh: systemctl start $3 failed on $2" >&2
+      { echo "launch.sh: systemctl start $3 failed on $2" >&2; failed=1; }
   }
-  # A new job: no state of an earlier one in the master's state directory.
+  # A new job: no state of an earlier one in the master's state directory,
+  # and its own event log (the last one's kept beside it).
   start_unit master-0 "$master_host" strata-master.service \
-    "rm -rf /var/lib/strata/master /var/lib/strata/summary.json"
-  if ! wait_for_master; then
+    "rm -rf /var/lib/strata/master /var/lib/strata/summary.json; if [ -f /var/log/strata/events.jsonl ]; then mv /var/log/strata/events.jsonl /var/log/strata/events.jsonl.1; fi"
+  if (( failed )) || ! wait_for_master; then
     do_down
     return 1
   fi
@@ -234,6 +255,11 @@ up_systemd() {
       pserver|worker) start_unit "$role-$index" "$host" "strata-$role@$index.service" ;;
     esac
   done <<< "$plan"
+  if (( failed )); then
+    echo "launch.sh: some units did not start (journalctl -u UNIT on their hosts); stopping the others" >&2
+    do_down
+    return 1
+  fi
   echo "launch.sh: cluster up under systemd: master $master (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"
 }
 
@@ -279,16 +305,20 @@ do_up() {
   fi
   mkdir -p "$RUN_DIR/logs" "$RUN_DIR/pids"
   RUN_DIR="$(cd "$RUN_DIR" && pwd)"
-  if compgen -G "$RUN_DIR/pids/*" > /dev/null; then
+  if compgen -G "$RUN_DIR/pids/*" > /dev/null || compgen -G "$RUN_DIR/units/*" > /dev/null; then
     die "$RUN_DIR already has a running cluster (launch.sh down --run-dir $RUN_DIR)"
   fi
   # The files, the ports, and every host (reached as below, its ports
   # free, the RDMA preflight for the rdma transport) before anything starts.
-  local remote_all=() tmp_validate
+  local remote_all=() tmp_validate strata_there
   [[ $REMOTE_ALL -eq 1 ]] && remote_all=(--remote-all)
+  # The strata of the other hosts: this one's path, or the installed one
+  # for --systemd (what the units run).
+  strata_there="$(abspath "$STRATA")"
+  [[ $SYSTEMD -eq 1 ]] && strata_there="$SYSTEMD_STRATA"
   tmp_validate="$(mktemp)"
   "$STRATA" validate --config "$CONFIG" --hosts "$HOSTS" --remote-cmd "$REMOTE_CMD" \
-    --strata-path "$(abspath "$STRATA")" "${remote_all[@]}" > "$tmp_validate" 2>&1 ||
+    --strata-path "$strata_there" ${remote_all[@]+"${remote_all[@]}"} > "$tmp_validate" 2>&1 ||
     { sed 's/^/launch.sh: validate: /' "$tmp_validate" >&2; rm -f "$tmp_validate"; exit 2; }
   rm -f "$tmp_validate"
   # A new job: no state of an earlier master here (a restart within this

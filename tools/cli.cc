@@ -66,7 +66,7 @@ constexpr char kUsage[] =
     "           daemons of a host on one port, and (unless --offline) every host:\n"
     "           reached as launch.sh reaches it (CMD HOST 'command', default ssh),\n"
     "           its ports free, the RDMA preflight for the rdma transport\n"
-    "  host-check --bind HOST --ports P,... [--rdma true ...]   one host's checks,\n"
+    "  host-check --bind HOST --ports P,... [--rdma true ...] [--json]   one host's checks,\n"
     "           run on that host (by validate)\n"
     "  plan     --config FILE --hosts FILE [--json]   the daemons a launch starts, one a line:\n"
     "           role index host port data_port http_port  (- where unused)\n"
@@ -327,7 +327,7 @@ struct MetricsSample {
 MetricsSample ScrapeNode(const proto::NodeInfo& n) {
   MetricsSample m;
   m.at = absl::Now();
-  if (n.http_port() <= 0 || n.state() == proto::DEAD) return m;
+  if (n.http_port() <= 0 || n.state() == proto::DEAD || n.state() == proto::DRAINED) return m;
   auto body = HttpGet(NodeUrl(n, "/metrics"), 2);
   if (!body.ok()) return m;
   m.ok = true;
@@ -522,6 +522,7 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
     return 1;
   }
   const uint32_t id = n->id();
+  const proto::Role role = n->role();
   const std::string name = absl::StrCat(RoleName(n->role()), "-", n->index());
   auto stub = proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -565,7 +566,13 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
     if (node.state() != proto::DRAINED &&
         (job == "succeeded" || job == "failed" || job == "stopped")) {
       if (tty) out << "\n";
-      out << "the job ended (" << job << ") while " << name << " was draining\n";
+      if (json) {
+        out << absl::StrFormat("{\"node\": \"%s\", \"node_id\": %d, \"state\": \"%s\", "
+                               "\"draining\": true, \"job_state\": \"%s\"}\n",
+                               name, id, StateName(node.state()), job);
+      } else {
+        out << "the job ended (" << job << ") while " << name << " was draining\n";
+      }
       return 0;
     }
     if (tty) {
@@ -582,7 +589,12 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
                            name, id, StateName(node.state()), node.draining() ? "true" : "false",
                            waited, JsonEscape(resp.message()));
   } else if (node.state() == proto::DRAINED && !f.count("no-wait")) {
-    out << absl::StrFormat("%s (node %d) has left the job (%.1f s)\n", name, id, waited);
+    if (role == proto::PSERVER) {
+      // (Out of the job at once; the process follows at its next heartbeat.)
+      out << absl::StrFormat("%s (node %d) is out of the job; its process exits\n", name, id);
+    } else {
+      out << absl::StrFormat("%s (node %d) has left the job (%.1f s)\n", name, id, waited);
+    }
   }
   return 0;
 }
@@ -901,22 +913,24 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
   const std::vector<std::string> remote = RemoteCommand(f);
   // The strata of the remote hosts: at this one's path, unless --strata-path.
   const std::string self = f.count("strata-path") ? f.at("strata-path") : SelfPath();
-  int failed = 0;
-  absl::StrAppend(&js, ", \"checks\": [");
-  for (size_t hi = 0; hi < hosts_in_order.size(); ++hi) {
+  // The hosts' checks run at once (32 at a time), their reports in order.
+  const size_t n_hosts = hosts_in_order.size();
+  std::vector<std::string> reports(n_hosts), hows(n_hosts, "local");
+  std::vector<char> oks(n_hosts, 0);
+  auto check_host = [&](size_t hi) {
     const std::string& host = hosts_in_order[hi];
     HostCheckRequest req;
     req.host = host;
-    for (const auto& [port, whose] : taken[host]) req.ports.push_back(port);
-    req.rdma = rdma && host_needs_rdma[host];
+    for (const auto& [port, whose] : taken.at(host)) req.ports.push_back(port);
+    req.rdma = rdma && host_needs_rdma.at(host);
     req.rdma_settings.device = cfg->cluster.rdma.device;
     req.rdma_settings.port = cfg->cluster.rdma.port;
     req.rdma_settings.gid_index = cfg->cluster.rdma.gid_index;
     req.register_bytes =
         RegisterBytes(&*cfg, std::max(hosts->total_pservers(), hosts->total_workers()));
-    std::string report;
+    std::string& report = reports[hi];
+    std::string& how = hows[hi];
     bool ok = false;
-    std::string how = "local";
     if (IsLocalHost(host) && !remote_all) {
       const transport::rdma::PreflightReport r = CheckThisHost(req);
       report = r.ToString();
@@ -945,6 +959,23 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
         ok = r.exit_code == 0;
       }
     }
+    oks[hi] = ok;
+  };
+  constexpr size_t kAtOnce = 32;
+  for (size_t from = 0; from < n_hosts; from += kAtOnce) {
+    std::vector<std::thread> checks;
+    for (size_t hi = from; hi < std::min(n_hosts, from + kAtOnce); ++hi) {
+      if (!TryAddThread(&checks, [&check_host, hi] { check_host(hi); })) check_host(hi);
+    }
+    for (auto& t : checks) t.join();
+  }
+  int failed = 0;
+  absl::StrAppend(&js, ", \"checks\": [");
+  for (size_t hi = 0; hi < n_hosts; ++hi) {
+    const std::string& host = hosts_in_order[hi];
+    const std::string& report = reports[hi];
+    const std::string& how = hows[hi];
+    const bool ok = oks[hi];
     failed += !ok;
     absl::StrAppend(&text, host, ": ", ok ? "ok" : "FAILED", "\n");
     std::vector<std::string> lines;
@@ -968,13 +999,22 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
 
 // strata host-check: the checks of one host, run on it (by validate).
 int HostCheck(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  auto req = ParseHostCheckArgs(args);
+  std::vector<std::string> rest;
+  bool json = false;
+  for (const std::string& a : args) {
+    if (a == "--json") {
+      json = true;
+    } else {
+      rest.push_back(a);
+    }
+  }
+  auto req = ParseHostCheckArgs(rest);
   if (!req.ok()) {
     err << "strata host-check: " << req.status().message() << "\n";
     return 2;
   }
   const transport::rdma::PreflightReport r = CheckThisHost(*req);
-  out << r.ToString();
+  out << (json ? FindingsJson(r) + "\n" : r.ToString());
   return r.ok() ? 0 : 1;
 }
 
@@ -1252,7 +1292,7 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, const Getenv& 
   if (f.count("json")) {
     out << absl::StrFormat("{\"dir\": \"%s\", \"ok\": true, \"seq\": %d, \"step\": %d, "
                            "\"files\": %d, \"state_digest\": \"%08x\"}\n",
-                           dir, m->seq(), m->step(), files, digest);
+                           JsonEscape(dir), m->seq(), m->step(), files, digest);
     return 0;
   }
   out << absl::StrFormat("%s: ok (%s, job '%s', step %d, %d partitions, %d files checked; "

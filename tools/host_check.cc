@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 
 namespace strata::tools {
 namespace {
@@ -41,20 +42,26 @@ PreflightFinding CheckPort(const std::string& host, int port) {
     f.fix = "use an address or a name this host resolves";
     return f;
   }
+  // Every address the name has: a daemon binds the first, but one in use
+  // (127.0.0.1 of localhost, say) is in use whatever the others.
   int err = 0;
+  bool bound_any = false;
   for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
-      err = errno;
+      if (err == 0) err = errno;
       continue;
     }
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    const bool bound = bind(fd, a->ai_addr, a->ai_addrlen) == 0;
-    err = bound ? 0 : errno;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      bound_any = true;
+    } else if (errno == EADDRINUSE || err == 0) {
+      err = errno;
+    }
     close(fd);
-    if (bound) break;
   }
+  if (bound_any && err != EADDRINUSE) err = 0;
   freeaddrinfo(res);
   if (err == 0) {
     f.detail = absl::StrCat(host, ":", port, " is free");
@@ -151,50 +158,86 @@ bool IsLocalHost(const std::string& host) {
 
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
   CommandResult r;
+  if (argv.empty()) return r;
+  // Everything the child needs, made before fork.
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const std::string exec_failed = absl::StrCat(argv[0], ": cannot run it\n");
   int pipefd[2];
-  if (argv.empty() || pipe2(pipefd, O_CLOEXEC) != 0) return r;
+  if (pipe2(pipefd, O_CLOEXEC) != 0) {
+    r.output = absl::StrCat("pipe: ", std::strerror(errno));
+    return r;
+  }
+  const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t pid = fork();
   if (pid < 0) {
+    r.output = absl::StrCat("fork: ", std::strerror(errno));
     close(pipefd[0]);
     close(pipefd[1]);
-    r.output = absl::StrCat("fork: ", std::strerror(errno));
+    if (devnull >= 0) close(devnull);
     return r;
   }
   if (pid == 0) {
-    const int devnull = open("/dev/null", O_RDONLY);
+    setpgid(0, 0);  // its own group: killed with its children at the timeout
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
     dup2(pipefd[1], STDOUT_FILENO);
     dup2(pipefd[1], STDERR_FILENO);
-    setpgid(0, 0);  // killed with its children at the timeout
-    std::vector<char*> cargv;
-    for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
     execvp(cargv[0], cargv.data());
-    const std::string msg = absl::StrCat(argv[0], ": ", std::strerror(errno), "\n");
-    (void)!write(STDOUT_FILENO, msg.data(), msg.size());
+    (void)!write(STDOUT_FILENO, exec_failed.data(), exec_failed.size());
     _exit(127);
   }
+  setpgid(pid, pid);  // (either side may run first)
   close(pipefd[1]);
+  if (devnull >= 0) close(devnull);
   const absl::Time deadline = absl::Now() + timeout;
+  // Read until the output ends, but stop waiting for it shortly after the
+  // child has exited: something it started (an ssh control master) may
+  // keep the pipe open long after.
+  absl::Time exited_at = absl::InfiniteFuture();
+  int status = 0;
+  bool reaped = false;
   char buf[4096];
   while (true) {
-    const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (left <= 0) {
+    if (!reaped && waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+      exited_at = absl::Now();
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline && !reaped) {
       r.timed_out = true;
       kill(-pid, SIGKILL);
       break;
     }
+    if (reaped && now - exited_at > absl::Milliseconds(200)) break;
     pollfd p{pipefd[0], POLLIN, 0};
-    const int n = poll(&p, 1, left);
-    if (n < 0 && errno == EINTR) continue;
+    const int n = poll(&p, 1, 20);
+    if (n < 0 && errno != EINTR) break;
     if (n <= 0) continue;
     const ssize_t got = read(pipefd[0], buf, sizeof(buf));
-    if (got <= 0) break;
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) {
+      if (reaped) break;
+      // The output ended: wait for the exit itself (to the deadline).
+      while (!reaped && absl::Now() < deadline) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+          reaped = true;
+        } else {
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+      }
+      if (!reaped) {
+        r.timed_out = true;
+        kill(-pid, SIGKILL);
+      }
+      break;
+    }
     r.output.append(buf, static_cast<size_t>(got));
   }
   close(pipefd[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (!reaped) {
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
   if (!r.timed_out) {
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -5,6 +5,8 @@
 #     one at a time: pservers registering, then workers, then running;
 #   a checkpoint: `strata checkpoint` while one pserver is held (SIGSTOP)
 #     shows "1 of 2 pserver(s) written", and so does `strata status`;
+#   a restore from that checkpoint, with a pserver held: "restoring
+#     checkpoint 1: 0 of 2 pserver(s) loaded";
 #   launch.sh run follows bring-up until the job runs.
 BUILD_DIR="$1"
 source "$(dirname "$0")/../e2e/lib.sh"
@@ -21,6 +23,10 @@ checkpoint:
   every_seconds: 0
   keep_last: 3
 YAML
+# A pserver is held (SIGSTOP) below for up to a second or two: far from
+# being declared dead.
+sed -i 's/^  dead_timeout_ms: 2000$/  dead_timeout_ms: 15000/' "$work/job.yaml"
+grep -q '^  dead_timeout_ms: 15000$' "$work/job.yaml" || fail "cannot set the dead timeout"
 printf '127.0.0.1 master pserver=2 worker\n' > "$work/hosts"
 bin="$BUILD_DIR/bin"
 master="127.0.0.1:$base"
@@ -59,7 +65,7 @@ kill -STOP "$ps1"
 "$STRATA" checkpoint --master "$master" --timeout 60 > "$work/ck.out" 2>&1 &
 ck=$!
 seen=""
-for _ in $(seq 1 50); do  # (well within the 2 s dead timeout)
+for _ in $(seq 1 100); do
   if "$STRATA" status --master "$master" | grep -qE '^  checkpoint 1 in progress: 1 of 2 pserver\(s\) written, [0-9.]+ MB'; then
     seen=1; break
   fi
@@ -77,7 +83,37 @@ cat "$work/ck.out"
 pkill -TERM -f -- "$work" 2>/dev/null || true
 for _ in $(seq 1 100); do pgrep -f -- "$work" > /dev/null || break; sleep 0.1; done
 
-# 3. launch.sh run follows bring-up until the job runs.
+# 3. A restore: the job again from checkpoint 1, with pserver 0 held
+#    (SIGSTOP) so that the master waits on its partitions: "restoring
+#    checkpoint 1: 0 of 2 pserver(s) loaded", then on.
+"$bin/strata-master" --config "$work/job.yaml" --hosts "$work/hosts" --host 127.0.0.1 \
+  --port "$base" --http_port "$((base + 1))" --summary "$work/summary2.json" \
+  --state_dir "$work/master-state2" --resume latest > "$work/master2.log" 2>&1 &
+for _ in $(seq 1 100); do "$STRATA" status --master "$master" > /dev/null 2>&1 && break; sleep 0.1; done
+: > "$work/wait.out"
+"$STRATA" wait --master "$master" --until running --timeout 60 > "$work/wait.out" 2>&1 &
+waiter=$!
+"$bin/strata-pserver" --config "$work/job.yaml" --master "$master" --index 0 --host 127.0.0.1 \
+  > "$work/ps0b.log" 2>&1 &
+ps0=$!
+until_line "bring-up: waiting for pservers: 1 of 2 registered"
+kill -STOP "$ps0"
+"$bin/strata-pserver" --config "$work/job.yaml" --master "$master" --index 1 --host 127.0.0.1 \
+  > "$work/ps1b.log" 2>&1 &
+until_line "bring-up: restoring checkpoint 1: 0 of 2 pserver(s) loaded"
+"$STRATA" status --master "$master" | grep -q '^  bring-up: restoring checkpoint 1: ' ||
+  fail "strata status does not show the restore"
+kill -CONT "$ps0"
+"$bin/strata-worker" --config "$work/job.yaml" --master "$master" --index 0 --host 127.0.0.1 \
+  > "$work/w0b.log" 2>&1 &
+wait "$waiter" || { cat "$work/wait.out"; fail "strata wait --until running failed after the restore"; }
+cat "$work/wait.out"
+grep -q 'resum\|restor' "$work/master2.log" || fail "the master did not restore"
+"$STRATA" stop --master "$master" --no-checkpoint > /dev/null || fail "strata stop failed (restored job)"
+pkill -TERM -f -- "$work" 2>/dev/null || true
+for _ in $(seq 1 100); do pgrep -f -- "$work" > /dev/null || break; sleep 0.1; done
+
+# 4. launch.sh run follows bring-up until the job runs.
 base="$(pick_port_base)"
 write_config "$work/short.yaml" bsp 1 "$base" 4000
 "$ROOT/scripts/launch.sh" run --config "$work/short.yaml" --hosts "$work/hosts" --run-dir "$work/run" \

@@ -10,7 +10,7 @@
 #   3. launch.sh up --systemd: the units start on each host, as user strata,
 #      under the units' sandbox;
 #   4. watch it: strata status, strata top, the master's status page,
-#      systemctl on the hosts;
+#      Prometheus scraping the hosts, systemctl on the hosts;
 #   5. a worker killed with SIGKILL is restarted by systemd
 #      (Restart=on-failure) and rejoins;
 #   6. strata stop, then launch.sh down --systemd: the units stop, and their
@@ -140,7 +140,8 @@ done
 
 # 2. The job and its hosts, validated against the hosts.
 base=7500
-write_config "$work/job.yaml" bsp 60 "$base" 12000
+# (Long enough never to end by itself: the test stops it.)
+write_config "$work/job.yaml" bsp 1000 "$base" 12000
 cat > "$work/hosts" <<HOSTS
 # The master and a pserver on one host, a pserver and a worker on the next, a worker on the last.
 $(addr_of 1) master pserver
@@ -180,6 +181,43 @@ PY
 page="$(curl -sf "http://$(addr_of 1):$((base + 1))/?refresh=0" || true)"
 grep -q '5 of 5 alive' <<< "$page" && grep -q '<svg id="chart-loss"' <<< "$page" ||
   fail "the status page does not show the 5 nodes and the charts"
+
+# Prometheus (Debian's, on this machine) scrapes the five daemons from the
+# configuration strata prometheus-config makes from the host file.
+if command -v prometheus > /dev/null; then
+  "$STRATA" prometheus-config --config "$work/job.yaml" --hosts "$work/hosts" --interval 1s \
+    > "$work/prometheus.yml" || fail "strata prometheus-config failed"
+  prom_port=$((base + 50))
+  prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+    --web.listen-address="127.0.0.1:$prom_port" > "$work/prometheus.log" 2>&1 &
+  prom_pid=$!
+  python3 - "$prom_port" > "$work/prom.out" 2>&1 <<'PY' ||
+import json, sys, time, urllib.parse, urllib.request
+port = sys.argv[1]
+def query(q):
+    url = f'http://127.0.0.1:{port}/api/v1/query?' + urllib.parse.urlencode({'query': q})
+    return json.load(urllib.request.urlopen(url, timeout=5))['data']['result']
+deadline, last = time.time() + 30, None
+while time.time() < deadline:
+    try:
+        up = query('up')
+        sps = query('sum(strata_worker_samples_per_second)')
+        last = (up, sps)
+        if len(up) == 5 and all(float(x['value'][1]) == 1 for x in up) and sps and float(sps[0]['value'][1]) > 0:
+            print(f"prometheus: 5 targets up on 3 hosts, {float(sps[0]['value'][1]):.0f} samples/s")
+            sys.exit(0)
+    except Exception as e:
+        last = e
+    time.sleep(0.5)
+print('prometheus never saw the 5 daemons up:', last)
+sys.exit(1)
+PY
+    { cat "$work/prom.out"; tail -5 "$work/prometheus.log"; fail "Prometheus does not scrape the systemd cluster"; }
+  cat "$work/prom.out"
+  kill "$prom_pid"; wait "$prom_pid" 2>/dev/null || true
+else
+  echo "(Prometheus not installed: that check skipped)"
+fi
 
 # 5. systemd restarts a worker killed with SIGKILL (RestartSec=5).
 pid="$("${SSH[@]}" "$(addr_of 3)" 'systemctl show -p MainPID --value strata-worker@1.service')"

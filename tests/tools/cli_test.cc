@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -259,11 +260,25 @@ struct HeldPort {
   ~HeldPort() { close(fd); }
 };
 
-// kConfig with the master's port moved to `master_port`.
-std::string ConfigWithMasterPort(int master_port) {
+// kConfig with every port moved to one that is free now (the host checks
+// bind them): master, master_http, pserver, pserver_data, pserver_http,
+// worker_http in *ports; the master's is `master_port` when given.
+std::string ConfigWithFreePorts(std::vector<int>* ports, int master_port = 0) {
+  std::vector<std::unique_ptr<HeldPort>> held;
+  ports->clear();
+  for (int i = 0; i < 6; ++i) {
+    held.push_back(std::make_unique<HeldPort>());
+    ports->push_back(i == 0 && master_port > 0 ? master_port : held.back()->port);
+  }
   std::string c = kConfig;
-  c.replace(c.find("master: 9000"), 12, "master: " + std::to_string(master_port));
-  return c;
+  const char* keys[] = {"master: 9000", "master_http: 9001", "pserver: 9100",
+                        "pserver_data: 9200", "pserver_http: 9300", "worker_http: 9400"};
+  for (int i = 0; i < 6; ++i) {
+    const std::string k = keys[i];
+    const std::string name = k.substr(0, k.find(':'));
+    c.replace(c.find(k), k.size(), name + ": " + std::to_string((*ports)[i]));
+  }
+  return c;  // (the held sockets close here: the ports are free again)
 }
 
 TEST(CliTest, ValidateRefusesTwoDaemonsOnOnePort) {
@@ -281,14 +296,16 @@ TEST(CliTest, ValidateRefusesTwoDaemonsOnOnePort) {
 
 TEST(CliTest, ValidateFindsAPortInUseOnALocalHost) {
   HeldPort held;
-  const std::string cfg = WriteTemp("inuse.yaml", ConfigWithMasterPort(held.port));
+  std::vector<int> ports;
+  const std::string cfg = WriteTemp("inuse.yaml", ConfigWithFreePorts(&ports, held.port));
   const std::string hosts = WriteTemp("inuse.hosts", "127.0.0.1 master pserver worker\n");
   const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts});
   EXPECT_EQ(r.code, 1);
+  const std::string http = std::to_string(ports[1]);
   EXPECT_THAT(r.out, AllOf(HasSubstr("127.0.0.1: FAILED"),
                            HasSubstr("FAIL  port " + std::to_string(held.port) + ": 127.0.0.1:" +
                                      std::to_string(held.port) + " is in use"),
-                           HasSubstr("ok    port 9001: 127.0.0.1:9001 is free")));
+                           HasSubstr("ok    port " + http + ": 127.0.0.1:" + http + " is free")));
   EXPECT_THAT(r.err, HasSubstr("1 of 1 host(s) failed their checks"));
 }
 
@@ -307,7 +324,9 @@ std::string FakeSsh(const std::string& name, bool reachable) {
 
 TEST(CliTest, ValidateChecksRemoteHostsThroughTheRemoteCommand) {
   const std::string ssh = FakeSsh("fake-ssh", true);
-  const std::string cfg = WriteTemp("remote.yaml", ConfigWithMasterPort(9000));
+  std::vector<int> ports;
+  const std::string cfg = WriteTemp("remote.yaml", ConfigWithFreePorts(&ports));
+  const std::string master = std::to_string(ports[0]);
   const std::string hosts = WriteTemp("remote.hosts", "127.0.0.1 master pserver worker\n");
   // The cli_test binary is not strata: the remote command runs this
   // build's bin/strata when there is one.
@@ -317,7 +336,7 @@ TEST(CliTest, ValidateChecksRemoteHostsThroughTheRemoteCommand) {
                         "--remote-cmd", ssh, "--strata-path", strata});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("127.0.0.1: ok\n  ok    reach: through `" + ssh + "`"),
-                           HasSubstr("ok    port 9000: 127.0.0.1:9000 is free")));
+                           HasSubstr("ok    port " + master + ": 127.0.0.1:" + master + " is free")));
   std::ifstream log(::testing::TempDir() + "/cli_test_fake-ssh.log");
   std::string line;
   EXPECT_TRUE(std::getline(log, line) && line == "127.0.0.1") << line;
@@ -332,7 +351,8 @@ TEST(CliTest, ValidateChecksRemoteHostsThroughTheRemoteCommand) {
 }
 
 TEST(CliTest, ValidateRunsTheRdmaPreflightOfEachHostForTheRdmaTransport) {
-  std::string c = ConfigWithMasterPort(9000);
+  std::vector<int> ports;
+  std::string c = ConfigWithFreePorts(&ports);
   c.replace(c.find("cluster:\n"), 9, "cluster:\n  transport: rdma\n");
   const std::string cfg = WriteTemp("rdma.yaml", c);
   const std::string hosts = WriteTemp("rdma.hosts", "127.0.0.1 master pserver worker\n");
@@ -340,10 +360,10 @@ TEST(CliTest, ValidateRunsTheRdmaPreflightOfEachHostForTheRdmaTransport) {
   // This host may or may not have a verbs device: either way its findings
   // are there, after the ports'.
   EXPECT_THAT(r.out, testing::ContainsRegex("  (ok   |FAIL ) devices: "));
-  EXPECT_THAT(r.out, HasSubstr("ok    port 9000:"));
+  EXPECT_THAT(r.out, HasSubstr("ok    port " + std::to_string(ports[0]) + ":"));
   if (r.code != 0) EXPECT_THAT(r.err, HasSubstr("1 of 1 host(s) failed their checks"));
   // The tcp transport: no RDMA findings.
-  const Result tcp = RunStrata({"validate", "--config", WriteTemp("tcp.yaml", ConfigWithMasterPort(9000)),
+  const Result tcp = RunStrata({"validate", "--config", WriteTemp("tcp.yaml", ConfigWithFreePorts(&ports)),
                                 "--hosts", hosts});
   EXPECT_THAT(tcp.out, Not(HasSubstr("devices:")));
 }

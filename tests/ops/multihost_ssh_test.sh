@@ -10,6 +10,7 @@
 # mounted (no namespace mounts), the bridge and the namespaces gone.
 BUILD_DIR="$1"
 source "$(dirname "$0")/../e2e/lib.sh"
+source "$(dirname "$0")/hosts_lib.sh"
 [[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
 [[ $(id -u) -eq 0 ]] || skip "needs root for network namespaces"
 [[ -x /usr/sbin/sshd ]] || skip "openssh-server is not installed (apt-get install openssh-server)"
@@ -19,41 +20,25 @@ work="$(mktemp -d /tmp/strata-mh-XXXXXX)"
 tag="$$"
 bridge="smb$tag"
 subnet=10.213.$((tag % 200 + 20))
+veth="sm$tag"
 hosts=(1 2 3 4 5)
 ns_of() { echo "strata-mh-$tag-$1"; }
-addr_of() { echo "$subnet.$((10 + $1))"; }
 
 cleanup() {
   set +e
   "$ROOT/scripts/launch.sh" down --run-dir "$work/run" --remote-cmd "ssh -F $work/ssh/config" \
     > /dev/null 2>&1
   for h in "${hosts[@]}"; do
-    local ns; ns="$(ns_of "$h")"
     [[ -f $work/ssh/sshd-$h.pid ]] && kill "$(cat "$work/ssh/sshd-$h.pid")" 2>/dev/null
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
   done
-  ip link del "$bridge" 2>/dev/null
+  remove_hosts
   pkill -KILL -f -- "$work" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 # The hosts: a bridge in this namespace, a veth into each host's namespace.
-ip link add "$bridge" type bridge || skip "cannot make a bridge here"
-ip addr add "$subnet.1/24" dev "$bridge"
-ip link set "$bridge" up
-for h in "${hosts[@]}"; do
-  ns="$(ns_of "$h")"
-  ip netns add "$ns"
-  ip link add "smv${tag}h$h" type veth peer name "smp${tag}h$h"
-  ip link set "smp${tag}h$h" netns "$ns"
-  ip link set "smv${tag}h$h" master "$bridge" up
-  ip -n "$ns" link set "smp${tag}h$h" name eth0
-  ip -n "$ns" addr add "$(addr_of "$h")/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-done
+make_hosts
 
 # An sshd in each, with host and user keys made now.
 mkdir -p "$work/ssh" /run/sshd

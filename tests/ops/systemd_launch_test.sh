@@ -20,6 +20,7 @@
 # Afterwards no container, namespace, bridge or mount is left.
 BUILD_DIR="$1"
 source "$(dirname "$0")/../e2e/lib.sh"
+source "$(dirname "$0")/hosts_lib.sh"
 [[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
 [[ $(id -u) -eq 0 ]] || skip "needs root for network namespaces and containers"
 command -v systemd-nspawn > /dev/null || skip "systemd-container is not installed (apt-get install systemd-container)"
@@ -31,10 +32,10 @@ chmod 755 "$work"
 tag="$$"
 bridge="ssb$tag"
 subnet=10.215.$((tag % 200 + 20))
+veth="ss$tag"
 hosts=(1 2 3)
 ns_of() { echo "strata-sd-$tag-$1"; }
 machine_of() { echo "strata-sd-$tag-$1"; }
-addr_of() { echo "$subnet.$((10 + $1))"; }
 declare -A nspawn_pid=()
 
 cleanup() {
@@ -50,31 +51,15 @@ cleanup() {
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$p" 2>/dev/null
   done
-  for h in "${hosts[@]}"; do
-    ip netns pids "$(ns_of "$h")" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
-    ip netns del "$(ns_of "$h")" 2>/dev/null
-  done
-  ip link del "$bridge" 2>/dev/null
+  remove_hosts
+  remove_cgroups
   pkill -KILL -f -- "$work" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 # The network: a bridge here, a veth into each host's namespace.
-ip link add "$bridge" type bridge || skip "cannot make a bridge here"
-ip addr add "$subnet.1/24" dev "$bridge"
-ip link set "$bridge" up
-for h in "${hosts[@]}"; do
-  ns="$(ns_of "$h")"
-  ip netns add "$ns"
-  ip link add "ssv${tag}h$h" type veth peer name "ssp${tag}h$h"
-  ip link set "ssp${tag}h$h" netns "$ns"
-  ip link set "ssv${tag}h$h" master "$bridge" up
-  ip -n "$ns" link set "ssp${tag}h$h" name eth0
-  ip -n "$ns" addr add "$(addr_of "$h")/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-done
+make_hosts
 
 # The operator's key, and root's authorized_keys on every host.
 mkdir -p "$work/ssh" "$work/authorized"
@@ -108,12 +93,36 @@ for u in postgresql.service prometheus.service avahi-daemon.service avahi-daemon
          nvmefc-boot-connections.service rbdmap.service getty@tty1.service user@0.service; do
   masks+=("systemd.mask=$u")
 done
+# Each container in a cgroup of its own (its systemd manages that subtree
+# only, not this machine's nor the other containers').
+cgroup_dirs() {  # cgroup_dirs NAME: NAME's directory in each hierarchy systemd uses
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then echo "/sys/fs/cgroup/$1"; return; fi
+  local hier
+  for hier in systemd unified; do
+    [[ -f /sys/fs/cgroup/$hier/cgroup.procs ]] && echo "/sys/fs/cgroup/$hier/$1"
+  done
+  return 0
+}
+remove_cgroups() {  # what the containers left in their cgroups, deepest first
+  local h d
+  for h in "${hosts[@]}"; do
+    for d in $(cgroup_dirs "$(machine_of "$h")"); do
+      [[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+    done
+  done
+  return 0
+}
 for h in "${hosts[@]}"; do
-  systemd-nspawn -D / --volatile=yes --overlay=/etc::/etc --overlay=/usr::/usr \
+  (
+    for d in $(cgroup_dirs "$(machine_of "$h")"); do
+      mkdir -p "$d" && echo "$BASHPID" > "$d/cgroup.procs"
+    done
+    exec systemd-nspawn -D / --volatile=yes --overlay=/etc::/etc --overlay=/usr::/usr \
     -M "$(machine_of "$h")" --register=no --keep-unit \
     --network-namespace-path="/run/netns/$(ns_of "$h")" \
     --bind-ro="$work/authorized:/root/.ssh" "${binds[@]}" \
-    -b -- systemd.firstboot=off "${masks[@]}" < /dev/null > "$work/boot-$h.log" 2>&1 &
+    -b -- systemd.firstboot=off "${masks[@]}" < /dev/null > "$work/boot-$h.log" 2>&1
+  ) &
   nspawn_pid[$h]=$!
 done
 for h in "${hosts[@]}"; do
@@ -261,6 +270,9 @@ done
   { cat "$work/run/summary.json" 2>/dev/null; fail "the summary did not come back, or the job is not stopped"; }
 grep -q '"kind": "node_dead"' "$work/run/events.jsonl" || fail "the event log did not come back with the worker's death"
 grep -q 'registered as node' "$work/run/logs/master-0.log" || fail "the master's journal did not come back"
+"$STRATA" audit verify --file "$work/run/audit.jsonl" > /dev/null || fail "the audit log did not come back intact"
+grep -q "\"who\": \"ipv4:$subnet.1:[0-9]*\", \"action\": \"stop\"" "$work/run/audit.jsonl" ||
+  fail "the audit log does not name the operator's stop"
 grep -q 'progress: worker 1' "$work/run/logs/worker-1.log" || fail "worker 1's journal did not come back"
 
 # A whole job with run --systemd: up, its progress, the summary, down.
@@ -294,6 +306,12 @@ for h in "${hosts[@]}"; do
   ip netns del "$(ns_of "$h")"
 done
 ip link del "$bridge"
+remove_cgroups
+for h in "${hosts[@]}"; do
+  for d in $(cgroup_dirs "$(machine_of "$h")"); do
+    [[ -d $d ]] && fail "cgroup $d left"
+  done
+done
 grep -q "strata-sd-$tag-" /proc/self/mountinfo && fail "mounts left: $(grep "strata-sd-$tag-" /proc/self/mountinfo)"
 assert_nothing_left "$work"
 echo "PASS: install, validate, up --systemd on 3 systemd hosts, top/status/page, systemd restart, stop, down, uninstall"

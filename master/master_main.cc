@@ -32,6 +32,9 @@ DEFINE_string(summary, "", "write the job summary JSON here when the job ends");
 DEFINE_string(event_log, "",
               "append cluster events (joins, deaths, failovers, recoveries, checkpoints, job "
               "states) here as JSON lines");
+DEFINE_string(audit_log, "",
+              "the audit log: who did what, when, from where and the result, as hash-chained "
+              "JSON lines (docs/security.md; strata audit verify)");
 DEFINE_bool(exit_when_done, false, "exit once the job has succeeded, failed or stopped");
 DEFINE_string(failpoint, "", "tests: NAME[@N],... kills this process there (common/failpoint.h)");
 DEFINE_string(resume, "",
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : config->cluster.ports.master_http;
   opts.summary_path = FLAGS_summary;
   opts.event_log = FLAGS_event_log;
+  opts.audit_log = FLAGS_audit_log;
   opts.fs = fs->get();
   opts.resume = FLAGS_resume;
   opts.failpoints = failpoints->get();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
@@ -57,76 +58,129 @@ class MasterServer::Service final : public proto::Master::Service {
  public:
   explicit Service(MasterServer* m) : m_(m) {}
 
-  grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
-                        proto::RegisterResponse* resp) override {
-    auto r = m_->Register(*req, ctx->peer());
-    if (!r.ok()) return ToGrpcStatus(r.status());
+  // The audit log (docs/security.md): every refused request, and every
+  // admin action whatever its result, with its caller.
+  // (The same refusal of the same caller is recorded at most once a
+  // second, with how many were left out before it: a node retrying in a
+  // loop does not flood the log.)
+  grpc::Status Answer(grpc::ServerContext* ctx, const char* method, const absl::Status& s) {
+    if (!s.ok()) {
+      const std::string peer = ctx->peer();
+      const std::string result =
+          absl::StrCat("refused: ", absl::StatusCodeToString(s.code()), ": ", s.message());
+      int skipped = 0;
+      {
+        absl::MutexLock l(&refusals_mu_);
+        Refusal& r = refusals_[absl::StrCat(peer, " ", method, " ", s.code())];
+        const absl::Time now = absl::Now();
+        if (now - r.last < absl::Seconds(1)) {
+          ++r.skipped;
+          return ToGrpcStatus(s);
+        }
+        r.last = now;
+        skipped = std::exchange(r.skipped, 0);
+        if (refusals_.size() > 4096) refusals_.clear();  // (bounded)
+      }
+      m_->Audit(peer, method, "", result,
+                skipped ? absl::StrCat(skipped, " more like it in the second before") : "");
+    }
+    return ToGrpcStatus(s);
+  }
+  template <typename Response>
+  grpc::Status Answer(grpc::ServerContext* ctx, const char* method,
+                      absl::StatusOr<Response> r, Response* resp) {
+    if (!r.ok()) return Answer(ctx, method, r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
+
+  grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
+                        proto::RegisterResponse* resp) override {
+    return Answer(ctx, "register", m_->Register(*req, ctx->peer()), resp);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const proto::HeartbeatRequest* req,
                          proto::HeartbeatResponse* resp) override {
-    auto r = m_->Heartbeat(*req);
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *resp = std::move(*r);
-    return grpc::Status::OK;
+    return Answer(ctx, "heartbeat", m_->Heartbeat(*req), resp);
   }
   grpc::Status GetClusterView(grpc::ServerContext*, const proto::GetClusterViewRequest*,
                               proto::ClusterView* resp) override {
     *resp = m_->View();
     return grpc::Status::OK;
   }
-  grpc::Status LeaseTask(grpc::ServerContext*, const proto::LeaseTaskRequest* req,
+  grpc::Status LeaseTask(grpc::ServerContext* ctx, const proto::LeaseTaskRequest* req,
                          proto::LeaseTaskResponse* resp) override {
-    auto r = m_->LeaseTask(*req);
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *resp = std::move(*r);
-    return grpc::Status::OK;
+    return Answer(ctx, "lease_task", m_->LeaseTask(*req), resp);
   }
-  grpc::Status CompleteTask(grpc::ServerContext*, const proto::CompleteTaskRequest* req,
+  grpc::Status CompleteTask(grpc::ServerContext* ctx, const proto::CompleteTaskRequest* req,
                             proto::CompleteTaskResponse*) override {
-    return ToGrpcStatus(m_->CompleteTask(*req));
+    return Answer(ctx, "complete_task", m_->CompleteTask(*req));
   }
-  grpc::Status ReportProgress(grpc::ServerContext*,
+  grpc::Status ReportProgress(grpc::ServerContext* ctx,
                               const proto::ReportProgressRequest* req,
                               proto::ReportProgressResponse*) override {
-    return ToGrpcStatus(m_->ReportProgress(*req));
+    return Answer(ctx, "report_progress", m_->ReportProgress(*req));
   }
   grpc::Status GetStatus(grpc::ServerContext*, const proto::GetStatusRequest*,
                          proto::GetStatusResponse* resp) override {
     *resp = m_->GetStatus();
     return grpc::Status::OK;
   }
-  grpc::Status ReportSuspect(grpc::ServerContext*, const proto::ReportSuspectRequest* req,
+  grpc::Status ReportSuspect(grpc::ServerContext* ctx, const proto::ReportSuspectRequest* req,
                              proto::ReportSuspectResponse* resp) override {
-    auto r = m_->ReportSuspect(*req);
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *resp = std::move(*r);
-    return grpc::Status::OK;
+    return Answer(ctx, "report_suspect", m_->ReportSuspect(*req), resp);
   }
-  grpc::Status Stop(grpc::ServerContext*, const proto::StopRequest* req,
+  // The admin actions: recorded before they are answered.
+  grpc::Status Stop(grpc::ServerContext* ctx, const proto::StopRequest* req,
                     proto::StopResponse* resp) override {
-    auto r = m_->Stop(req->reason().empty() ? "request" : req->reason(), req->no_checkpoint());
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *resp = std::move(*r);
-    return grpc::Status::OK;
+    const std::string reason = req->reason().empty() ? "request" : req->reason();
+    auto r = m_->Stop(reason, req->no_checkpoint());
+    m_->Audit(ctx->peer(), "stop", "job", ResultOf(r.status()),
+              absl::StrCat("reason: ", reason, req->no_checkpoint() ? ", no checkpoint" : "",
+                           r.ok() && r->checkpointed()
+                               ? absl::StrCat(", after checkpoint ", r->checkpoint().seq())
+                               : ""));
+    return Reply(r, resp);
   }
-  grpc::Status Drain(grpc::ServerContext*, const proto::DrainRequest* req,
+  grpc::Status Drain(grpc::ServerContext* ctx, const proto::DrainRequest* req,
                      proto::DrainResponse* resp) override {
     auto r = m_->Drain(*req);
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *resp = std::move(*r);
-    return grpc::Status::OK;
+    m_->Audit(ctx->peer(), "drain", absl::StrCat("node ", req->node_id()), ResultOf(r.status()),
+              r.ok() ? r->message() : absl::StrCat("reason: ", req->reason()));
+    return Reply(r, resp);
   }
-  grpc::Status Checkpoint(grpc::ServerContext*, const proto::CheckpointRequest* req,
+  grpc::Status Checkpoint(grpc::ServerContext* ctx, const proto::CheckpointRequest* req,
                           proto::CheckpointResponse* resp) override {
-    auto r = m_->Checkpoint(req->reason().empty() ? "request" : req->reason(), req->stop_after());
+    const std::string reason = req->reason().empty() ? "request" : req->reason();
+    auto r = m_->Checkpoint(reason, req->stop_after());
+    m_->Audit(ctx->peer(), req->stop_after() ? "checkpoint_and_stop" : "checkpoint", "job",
+              ResultOf(r.status()),
+              r.ok() ? absl::StrFormat("checkpoint %d (%s) at step %d, %d bytes: %s", r->seq(),
+                                       r->incremental() ? "incremental" : "full", r->step(),
+                                       r->bytes_written(), r->dir())
+                     : absl::StrCat("reason: ", reason));
+    return Reply(r, resp);
+  }
+
+ private:
+  struct Refusal {
+    absl::Time last = absl::InfinitePast();
+    int skipped = 0;
+  };
+  absl::Mutex refusals_mu_;
+  std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
+
+  static std::string ResultOf(const absl::Status& s) {
+    return s.ok() ? "ok"
+                  : absl::StrCat("failed: ", absl::StatusCodeToString(s.code()), ": ", s.message());
+  }
+  // An admin action's answer (already audited).
+  template <typename Response>
+  static grpc::Status Reply(absl::StatusOr<Response>& r, Response* resp) {
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
 
- private:
   MasterServer* const m_;  // owns this service
 };
 
@@ -239,7 +293,12 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
                             storage::ListCheckpoints(options.fs, options.config.checkpoint.dir));
     if (!existing.empty()) next_seq = existing.back().seq + 1;
   }
+  std::unique_ptr<storage::AuditLog> audit;
+  if (!options.audit_log.empty()) {
+    STRATA_ASSIGN_OR_RETURN(audit, storage::AuditLog::Open(options.audit_log));
+  }
   std::unique_ptr<MasterServer> m(new MasterServer(std::move(options), n, split, planted));
+  m->audit_ = std::move(audit);
   {
     absl::MutexLock l(&m->mu_);
     m->next_checkpoint_seq_ = next_seq;
@@ -523,7 +582,7 @@ void MasterServer::EventLocked(const std::string& what, const char* kind,
 
 void MasterServer::LogEventLocked(const char* kind, const std::string& what,
                                   const proto::NodeInfo* node) {
-  if (options_.event_log.empty()) return;
+  if (options_.event_log.empty() && audit_ == nullptr) return;
   const absl::Time now = clock_->Now();
   std::string line = absl::StrFormat(
       "{\"unix_ms\": %d, \"time\": \"%s\", \"job\": \"%s\", \"kind\": \"%s\", "
@@ -536,21 +595,47 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
   }
   line += "}\n";
   absl::MutexLock el(&event_mu_);
-  pending_events_ += line;
+  if (!options_.event_log.empty()) pending_events_ += line;
+  if (audit_ != nullptr) {
+    storage::AuditRecord r;
+    r.who = "master";
+    r.action = kind;
+    if (node != nullptr) {
+      r.target = absl::StrCat(RoleName(node->role()), " ", node->index(), " (node ", node->id(), ")");
+    }
+    r.result = "ok";
+    r.detail = what;
+    pending_audit_.emplace_back(std::move(r), now);
+  }
+}
+
+void MasterServer::Audit(const std::string& who, const std::string& action,
+                         const std::string& target, const std::string& result,
+                         const std::string& detail) {
+  if (audit_ == nullptr) return;
+  FlushEventLog();  // (what happened before it, first)
+  absl::MutexLock fl(&file_mu_);
+  absl::Status s = audit_->Append({who, action, target, result, detail}, clock_->Now());
+  if (!s.ok()) LOG(ERROR) << s;
 }
 
 void MasterServer::FlushEventLog() {
-  if (options_.event_log.empty()) return;
   // One writer at a time, in order (file_mu_); the lines are only taken
   // under event_mu_, which LogEventLocked takes under mu_: the file is
   // written with neither held.
   absl::MutexLock fl(&file_mu_);
   std::string lines;
+  std::vector<std::pair<storage::AuditRecord, absl::Time>> audit;
   {
     absl::MutexLock el(&event_mu_);
     lines.swap(pending_events_);
+    audit.swap(pending_audit_);
   }
-  if (lines.empty()) return;
+  for (const auto& [record, at] : audit) {
+    absl::Status s = audit_->Append(record, at);
+    if (!s.ok()) LOG(ERROR) << s;
+  }
+  if (lines.empty() || options_.event_log.empty()) return;
   // Appended whole (O_APPEND): lines of a restarted master follow the old.
   std::FILE* f = std::fopen(options_.event_log.c_str(), "a");
   const bool ok = f != nullptr && std::fputs(lines.c_str(), f) >= 0;
@@ -1428,6 +1513,11 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
                                  options_.config.job.epochs, tasks_.done(), tasks_.total()));
   } else {
     js.set_phase(job_state_);
+  }
+  if (audit_ != nullptr) {
+    const storage::AuditHead head = audit_->head();  // (a leaf lock)
+    js.set_audit_records(head.seq);
+    js.set_audit_head(head.hash);
   }
   if (checkpoint_op_.seq > 0) {
     js.set_checkpoint_in_progress(checkpoint_op_.seq);

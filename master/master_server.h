@@ -22,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
+#include "storage/audit_log.h"
 #include "proto/strata.grpc.pb.h"
 #include "storage/file_system.h"
 
@@ -38,6 +39,10 @@ struct MasterOptions {
   // Cluster events (joins, deaths, failovers, recoveries, checkpoints, job
   // states) appended here as JSON lines; "" = none (docs/operations.md).
   std::string event_log;
+  // The audit log (docs/security.md): hash-chained JSON lines, each synced
+  // to disk; "" = none. A log that does not verify keeps the master from
+  // starting.
+  std::string audit_log;
   Clock* clock = nullptr;           // borrowed; nullptr = RealClock()
   storage::FileSystem* fs = nullptr;  // borrowed, required; outlives the server
   // Resume the job from a checkpoint: "latest" (the newest good one under
@@ -306,8 +311,17 @@ class MasterServer {
   absl::Mutex file_mu_;  // the writer's, held while the file is written
   absl::Mutex event_mu_ ABSL_ACQUIRED_AFTER(mu_, file_mu_);
   std::string pending_events_ ABSL_GUARDED_BY(event_mu_);
+  std::unique_ptr<storage::AuditLog> audit_;  // null without options_.audit_log
+  // Audit records of the cluster's events, made under mu_ and appended
+  // (each synced) by FlushEventLog.
+  std::vector<std::pair<storage::AuditRecord, absl::Time>> pending_audit_
+      ABSL_GUARDED_BY(event_mu_);
   bool event_log_failed_ ABSL_GUARDED_BY(file_mu_) = false;  // warned once
   void FlushEventLog() ABSL_LOCKS_EXCLUDED(mu_, event_mu_, file_mu_);
+  // Appends an audit record now (synced), outside mu_. A failure to write
+  // it is logged (the action has happened).
+  void Audit(const std::string& who, const std::string& action, const std::string& target,
+             const std::string& result, const std::string& detail) ABSL_LOCKS_EXCLUDED(mu_);
   // Set by RegisterMetrics (null without an HTTP port).
   Histogram* checkpoint_seconds_ = nullptr;
   Histogram* checkpoint_bytes_ = nullptr;

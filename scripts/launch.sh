@@ -285,6 +285,8 @@ down_systemd() {
     on_host "$host" "cat /var/lib/strata/summary.json" > "$RUN_DIR/summary.json.tmp" 2>/dev/null &&
       mv "$RUN_DIR/summary.json.tmp" "$RUN_DIR/summary.json" || rm -f "$RUN_DIR/summary.json.tmp"
     on_host "$host" "cat /var/log/strata/events.jsonl" > "$RUN_DIR/events.jsonl" 2>/dev/null || true
+    # (The whole audit log: its chain runs across jobs.)
+    on_host "$host" "cat /var/log/strata/audit.jsonl" > "$RUN_DIR/audit.jsonl" 2>/dev/null || true
   fi
   rm -f "$RUN_DIR"/units/* "$RUN_DIR/systemd"
 }
@@ -344,7 +346,7 @@ do_up() {
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
     --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state" \
-    --event_log "$RUN_DIR/events.jsonl" \
+    --event_log "$RUN_DIR/events.jsonl" --audit_log "$RUN_DIR/audit.jsonl" \
     ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
   if ! wait_for_master; then
     do_down

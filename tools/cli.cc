@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -30,6 +32,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
+#include "storage/audit_log.h"
 #include "storage/checkpoint_export.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
@@ -82,6 +85,9 @@ constexpr char kUsage[] =
     "           s3 section names the store; keys from its credentials_file or AWS_*)\n"
     "  checkpoint export --dir DIR --out DIR2 --precision bf16|fp16 [--json]\n"
     "           an inference export: the parameters only, 16 bits each\n"
+    "  audit verify --file FILE [--json]   check the master's audit log: every record\n"
+    "           chained to the one before (an edit, deletion or reordering is\n"
+    "           named by its line); prints the head to compare with the master's\n"
     "  checkpoint verify --dir DIR [--json]   read a checkpoint whole and check every\n"
     "           checksum; exit 0 when it is complete and intact; prints a digest\n"
     "           of the state it restores (equal for equal models)\n";
@@ -152,6 +158,9 @@ void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
       100 * j.comm_share(), j.wall_seconds(),
       j.has_test_accuracy() ? absl::StrFormat("%.4f", j.test_accuracy()) : "-");
   if (j.state() == "waiting" && !j.phase().empty()) out << "  bring-up: " << j.phase() << "\n";
+  if (!j.audit_head().empty()) {
+    out << absl::StrFormat("  audit log: %d records, head %s\n", j.audit_records(), j.audit_head());
+  }
   if (j.checkpoint_in_progress() > 0) {
     out << absl::StrFormat("  checkpoint %d in progress: %d of %d pserver(s) written, %.2f MB, %.1f s\n",
                            j.checkpoint_in_progress(), j.checkpoint_pservers_done(),
@@ -1302,6 +1311,40 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, const Getenv& 
   return 0;
 }
 
+// strata audit verify --file FILE: the audit log's chain, whole.
+int VerifyAudit(const std::map<std::string, std::string>& f, std::ostream& out,
+                std::ostream& err) {
+  if (!f.count("file")) {
+    err << "strata audit verify: --file FILE is required\n";
+    return 2;
+  }
+  const std::string& path = f.at("file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    err << "strata audit verify: cannot read " << path << "\n";
+    return 2;
+  }
+  std::stringstream contents;
+  contents << in.rdbuf();
+  auto head = storage::VerifyAuditLog(contents.str(), path);
+  if (!head.ok()) {
+    if (f.count("json")) {
+      out << absl::StrFormat("{\"file\": \"%s\", \"ok\": false, \"error\": \"%s\"}\n",
+                             JsonEscape(path), JsonEscape(head.status().message()));
+    }
+    err << "strata audit verify: " << head.status().message() << "\n";
+    return 1;
+  }
+  if (f.count("json")) {
+    out << absl::StrFormat("{\"file\": \"%s\", \"ok\": true, \"records\": %d, \"head\": \"%s\"}\n",
+                           JsonEscape(path), head->seq, head->hash);
+  } else {
+    out << absl::StrFormat("%s: ok: %d records, each chained to the one before; head %d %s\n",
+                           path, head->seq, head->seq, head->hash);
+  }
+  return 0;
+}
+
 int ExportCheckpoint(const std::map<std::string, std::string>& f, const Getenv& getenv,
                     std::ostream& out,
                      std::ostream& err) {
@@ -1359,9 +1402,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     out << "usage: strata " << args[0] << " [flags]\n" << help;
     return 0;
   }
-  // "checkpoint list|verify": a sub-command before the flags.
-  const bool sub = args[0] == "checkpoint" && args.size() > 1 &&
-                   (args[1] == "list" || args[1] == "verify" || args[1] == "export");
+  // "checkpoint list|verify|export", "audit verify": a sub-command before the flags.
+  const bool sub = (args[0] == "checkpoint" && args.size() > 1 &&
+                    (args[1] == "list" || args[1] == "verify" || args[1] == "export")) ||
+                   (args[0] == "audit" && args.size() > 1 && args[1] == "verify");
   // "logs NODE": the node before the flags.
   const bool positional = (args[0] == "logs" || args[0] == "drain") && args.size() > 1 &&
                           args[1].rfind("--", 0) != 0;
@@ -1382,6 +1426,13 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "plan") return Plan(*flags, out, err);
   if (cmd == "prometheus-config") return PrometheusConfig(*flags, out, err);
   if (cmd == "doctor") return Doctor(*flags, out, err);
+  if (cmd == "audit") {
+    if (!sub) {
+      err << "strata audit: usage: strata audit verify --file FILE [--json]\n";
+      return 2;
+    }
+    return VerifyAudit(*flags, out, err);
+  }
   if (cmd == "checkpoint") {
     const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };
     if (sub && args[1] == "list") return ListCheckpoints(*flags, env, out, err);

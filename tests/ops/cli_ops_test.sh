@@ -77,6 +77,35 @@ set +e
 set -e
 [[ $rc -eq 1 ]] && grep -q 'already ended' "$work/err" || { cat "$work/err"; fail "a second stop is not refused"; }
 
+# The audit log: the joins, the stop and the refused stop with their
+# callers; its chain intact, its head the master's; an edit found.
+audit="$work/run/audit.jsonl"
+"$STRATA" audit verify --file "$audit" > "$work/audit.out" || { cat "$work/audit.out"; fail "the audit log does not verify"; }
+cat "$work/audit.out"
+"$STRATA" status --master "$master" --json > "$work/status.json"
+python3 - "$audit" "$work/status.json" <<'PY' || fail "the audit log lacks what it must record"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+status = json.load(open(sys.argv[2]))['job']
+assert int(status['auditRecords']) == len(recs) and status['auditHead'] == recs[-1]['hash'], status
+acts = [(r['action'], r['who'], r['result']) for r in recs]
+assert sum(a == 'node_join' for a, _, _ in acts) == 4, acts
+stops = [r for r in recs if r['action'] == 'stop']
+assert len(stops) == 2, stops
+assert stops[0]['who'].startswith('ipv4:127.0.0.1:') and stops[0]['result'] == 'ok', stops[0]
+assert stops[1]['result'].startswith('failed: FAILED_PRECONDITION'), stops[1]
+assert any(a == 'job_state' and 'stopped' in r['detail'] for r, (a, _, _) in zip(recs, acts)), acts
+for r in recs:
+    assert set(r) == {'seq', 'unix_ms', 'time', 'who', 'action', 'target', 'result', 'detail', 'prev', 'hash'}, r
+print(f'audit: {len(recs)} records; stop by {stops[0]["who"]}')
+PY
+sed '3s/"result": "ok"/"result": "OK"/' "$audit" > "$work/audit-edited.jsonl"
+set +e
+"$STRATA" audit verify --file "$work/audit-edited.jsonl" > /dev/null 2> "$work/err"; rc=$?
+set -e
+[[ $rc -eq 1 ]] && grep -q "audit-edited.jsonl:3: the hash does not match" "$work/err" ||
+  { cat "$work/err"; fail "an edited audit record was not found"; }
+
 "$ROOT/scripts/launch.sh" down --run-dir "$work/run" > /dev/null
 assert_nothing_left "$work"
 echo "PASS: strata top, logs and stop"

@@ -75,5 +75,19 @@ grep -q 'pserver-1 failed' "$WORK/drain.out" && fail "launch.sh restarted the dr
 acc="$(accuracy drain)"
 python3 -c "import sys; sys.exit(0 if $acc > 0.8 else 1)" || fail "final accuracy $acc after the drains"
 grep -q 'pserver 1 (node [0-9]*) drained (strata drain)' "$s" || fail "no drain event for pserver 1 in the summary"
+# The audit log has each drain with its caller and result, and the drains.
+"$STRATA" audit verify --file "$WORK/run-drain/audit.jsonl" > /dev/null || fail "the audit log does not verify"
+python3 - "$WORK/run-drain/audit.jsonl" <<'PY' || fail "the audit log lacks the drains"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+drains = [r for r in recs if r['action'] == 'drain']
+ok = [r for r in drains if r['result'] == 'ok']
+refused = [r for r in drains if r['result'].startswith('failed: FAILED_PRECONDITION')]
+assert len(ok) == 3 and all(r['who'].startswith('ipv4:127.0.0.1:') for r in ok), drains
+assert any('the last worker' in r['result'] for r in refused), refused
+assert any('master cannot be drained' in r['result'] for r in refused), refused
+kinds = [r['action'] for r in recs]
+assert kinds.count('node_drained') == 2 and kinds.count('node_draining') == 1, kinds
+PY
 echo "PASS: drained pserver-1 and worker-1; job succeeded, accuracy $acc, ledger $(ledger_field drain acked) acked, 0 lost"
 assert_nothing_left "$WORK"

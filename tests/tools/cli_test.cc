@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "absl/time/clock.h"
+#include "storage/audit_log.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
 #include "gtest/gtest.h"
@@ -199,7 +201,7 @@ TEST(CliTest, NoArgumentsIsUsageErrorAndHelpIsNot) {
 
 TEST(CliTest, EveryCommandHasHelp) {
   for (const char* cmd : {"status", "top", "logs", "drain", "stop", "wait", "validate", "plan",
-                          "prometheus-config", "doctor", "checkpoint"}) {
+                          "prometheus-config", "doctor", "checkpoint", "audit"}) {
     const Result r = RunStrata({cmd, "--help"});
     EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
     EXPECT_THAT(r.out, AllOf(HasSubstr(std::string("usage: strata ") + cmd),
@@ -219,7 +221,7 @@ TEST(CliTest, EveryCommandHasHelp) {
 
 TEST(CliTest, EveryCommandHasJson) {
   for (const char* cmd : {"status", "top", "logs", "drain", "stop", "wait", "validate", "plan",
-                          "prometheus-config", "doctor", "checkpoint"}) {
+                          "prometheus-config", "doctor", "checkpoint", "audit"}) {
     const Result r = RunStrata({cmd, "--help"});
     EXPECT_THAT(r.out, HasSubstr("--json")) << cmd;
   }
@@ -366,6 +368,34 @@ TEST(CliTest, ValidateRunsTheRdmaPreflightOfEachHostForTheRdmaTransport) {
   const Result tcp = RunStrata({"validate", "--config", WriteTemp("tcp.yaml", ConfigWithFreePorts(&ports)),
                                 "--hosts", hosts});
   EXPECT_THAT(tcp.out, Not(HasSubstr("devices:")));
+}
+
+TEST(CliTest, AuditVerifyChecksTheChainAndNamesTheBrokenLine) {
+  const std::string path = ::testing::TempDir() + "/cli_test_audit.jsonl";
+  std::remove(path.c_str());
+  {
+    auto log = storage::AuditLog::Open(path);
+    ASSERT_TRUE(log.ok()) << log.status();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE((*log)->Append({"ipv4:127.0.0.1:1", "stop", "job", "ok", ""}, absl::Now()).ok());
+    }
+  }
+  Result r = RunStrata({"audit", "verify", "--file", path});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(StartsWith(path + ": ok: 3 records"), HasSubstr("head 3 ")));
+  r = RunStrata({"audit", "verify", "--file", path, "--json"});
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"ok\": true, \"records\": 3, \"head\": \"")));
+  // The second record taken out.
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u);
+  const std::string cut = WriteTemp("audit_cut.jsonl", lines[0] + "\n" + lines[2] + "\n");
+  r = RunStrata({"audit", "verify", "--file", cut});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr(cut + ":2: seq 3 where 2 was due"));
+  EXPECT_EQ(RunStrata({"audit", "verify"}).code, 2);
+  EXPECT_EQ(RunStrata({"audit"}).code, 2);
 }
 
 TEST(CliTest, StrayArgumentIsUsageError) {

@@ -41,3 +41,24 @@ remove_hosts() {
   ip link del "$bridge" 2>/dev/null
   return 0
 }
+
+# write_ssh_config DIR: DIR/config, how the tests reach the hosts: as root
+# with the key DIR/id, host keys learnt on first use into DIR/known_hosts,
+# never a password prompt, one control connection a host.
+write_ssh_config() {
+  local dir="$1"
+  cat > "$dir/config" <<CONF
+Host $subnet.*
+  User root
+  IdentityFile $dir/id
+  IdentitiesOnly yes
+  UserKnownHostsFile $dir/known_hosts
+  StrictHostKeyChecking accept-new
+  BatchMode yes
+  ConnectTimeout 5
+  LogLevel ERROR
+  ControlMaster auto
+  ControlPath $dir/cm-%h
+  ControlPersist 120
+CONF
+}

@@ -61,19 +61,7 @@ CONF
   ip netns exec "$(ns_of "$h")" /usr/sbin/sshd -f "$work/ssh/sshd-$h.conf" -E "$work/ssh/sshd-$h.log" ||
     fail "sshd did not start on host $h"
 done
-cat > "$work/ssh/config" <<CONF
-Host $subnet.*
-  User root
-  IdentityFile $work/ssh/id
-  IdentitiesOnly yes
-  UserKnownHostsFile $work/ssh/known_hosts
-  StrictHostKeyChecking accept-new
-  BatchMode yes
-  ConnectTimeout 5
-  ControlMaster auto
-  ControlPath $work/ssh/cm-%h
-  ControlPersist 120
-CONF
+write_ssh_config "$work/ssh"
 for h in "${hosts[@]}"; do
   for _ in $(seq 1 50); do
     ssh -F "$work/ssh/config" "$(addr_of "$h")" true 2> "$work/ssh/client.err" && break

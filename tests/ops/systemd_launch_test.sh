@@ -66,20 +66,7 @@ mkdir -p "$work/ssh" "$work/authorized"
 ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/id"
 cp "$work/ssh/id.pub" "$work/authorized/authorized_keys"
 chmod 700 "$work/authorized"
-cat > "$work/ssh/config" <<CONF
-Host $subnet.*
-  User root
-  IdentityFile $work/ssh/id
-  IdentitiesOnly yes
-  UserKnownHostsFile $work/ssh/known_hosts
-  StrictHostKeyChecking accept-new
-  BatchMode yes
-  ConnectTimeout 5
-  LogLevel ERROR
-  ControlMaster auto
-  ControlPath $work/ssh/cm-%h
-  ControlPersist 120
-CONF
+write_ssh_config "$work/ssh"
 SSH=(ssh -F "$work/ssh/config")
 
 # The hosts: systemd as PID 1 in each, this machine's services that would

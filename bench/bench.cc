@@ -198,6 +198,7 @@ JobConfig BenchConfig(uint64_t bytes, const std::string& optimizer, int64_t slic
 std::function<absl::StatusOr<proto::ClusterView>()> ViewFetcher(proto::Master::Stub* stub) {
   return [stub]() -> absl::StatusOr<proto::ClusterView> {
     grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     proto::ClusterView v;
     STRATA_RETURN_IF_ERROR(
         FromGrpcStatus(stub->GetClusterView(&ctx, proto::GetClusterViewRequest(), &v)));
@@ -243,6 +244,7 @@ absl::StatusOr<std::unique_ptr<BenchClients>> ConnectClients(
     req.set_host("127.0.0.1");
     proto::RegisterResponse resp;
     grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     STRATA_RETURN_IF_ERROR(FromGrpcStatus(bc->stub->Register(&ctx, req, &resp)));
     STRATA_ASSIGN_OR_RETURN(auto t, transport::CreateTransport(topts));
     bc->clients.push_back(std::make_unique<worker::ParamClient>(t.get(), resp.node_id(),

@@ -745,6 +745,15 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
               [this, config] { return CheckpointFields(&config->checkpoint); }),
       Section("worker", [this, config] { return WorkerFields(&config->worker); }),
       Section("s3", [this, config] { return S3Fields(&config->s3); }),
+      Section("security", [this, config] {
+        SecuritySection* sec = &config->security;
+        return std::vector<Field>{
+            Enum("mode", &sec->mode, {"mtls", "plaintext"}),
+            String("tls_dir", &sec->tls_dir, NonEmpty()),
+            String("token_file", &sec->token_file, NonEmpty()),
+            Int("refresh_seconds", &sec->refresh_seconds, IntInRange(1, 86400)),
+        };
+      }),
   };
   STRATA_RETURN_IF_ERROR(ReadMap(root, root_mark, "", sections));
 

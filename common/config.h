@@ -212,6 +212,20 @@ struct WorkerSection {
   int recompute_every = 0;         // >= 0
 };
 
+// Who may talk to the cluster (docs/security.md).
+struct SecuritySection {
+  // mtls: TLS with client certificates on every gRPC channel, callers
+  // checked against the role policy. plaintext: no TLS and no
+  // authentication at all, said on every status.
+  std::string mode = "mtls";
+  // ca.crt and this host's <role>.crt/.key (scripts/gen-certs.sh). Daemons'
+  // --tls_dir overrides it.
+  std::string tls_dir = "/etc/strata/tls";
+  // People's bearer tokens, "name role token" lines (mode 0600); "" = none.
+  std::string token_file;
+  int refresh_seconds = 60;  // certificate and token files re-read, >= 1
+};
+
 struct JobConfig {
   std::string source;  // file the config came from ("" if from a string)
   JobSection job;
@@ -223,6 +237,7 @@ struct JobConfig {
   ClusterSection cluster;
   CheckpointSection checkpoint;
   S3Section s3;
+  SecuritySection security;
 };
 
 // Parses YAML text. `filename` is used in error messages only.

@@ -15,8 +15,9 @@ namespace strata {
 // A channel that reconnects within a second after its peer comes back
 // (gRPC's default backoff grows to minutes): a restarted master must hear
 // the nodes' heartbeats again before it takes them for dead
-// (docs/reliability.md).
-inline std::shared_ptr<grpc::Channel> NewControlChannel(const std::string& address) {
+// (docs/reliability.md). `creds`: TLS (common/security.h) or insecure.
+inline std::shared_ptr<grpc::Channel> NewControlChannel(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   // (Also the shortest time a connection attempt is given.)
@@ -24,7 +25,7 @@ inline std::shared_ptr<grpc::Channel> NewControlChannel(const std::string& addre
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Its own connections: a new channel is a new connection attempt.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, creds, args);
 }
 
 // A control channel made anew after a few failures in a row (Unavailable,
@@ -33,14 +34,16 @@ inline std::shared_ptr<grpc::Channel> NewControlChannel(const std::string& addre
 // Thread-safe.
 class ReconnectingChannel {
  public:
-  explicit ReconnectingChannel(std::string address)
-      : address_(std::move(address)), channel_(NewControlChannel(address_)) {}
+  ReconnectingChannel(std::string address, std::shared_ptr<grpc::ChannelCredentials> creds)
+      : address_(std::move(address)),
+        creds_(std::move(creds)),
+        channel_(NewControlChannel(address_, creds_)) {}
   const std::string& address() const { return address_; }
   // The channel to use now.
   std::shared_ptr<grpc::Channel> Get() {
     std::lock_guard<std::mutex> l(mu_);
     if (failures_ >= 3) {
-      channel_ = NewControlChannel(address_);
+      channel_ = NewControlChannel(address_, creds_);
       failures_ = 0;
     }
     return channel_;
@@ -53,6 +56,7 @@ class ReconnectingChannel {
 
  private:
   const std::string address_;
+  const std::shared_ptr<grpc::ChannelCredentials> creds_;
   std::mutex mu_;
   std::shared_ptr<grpc::Channel> channel_;  // guarded by mu_
   int failures_ = 0;                         // guarded by mu_

@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "common/config.h"
+#include "common/security.h"
 #include "common/daemon.h"
 #include "common/host_file.h"
 #include "gflags/gflags.h"
@@ -24,6 +25,8 @@
 #include "storage/s3_file_system.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
+DEFINE_string(tls_dir, "",
+              "certificates (ca.crt, master.crt, master.key): overrides security.tls_dir");
 DEFINE_string(hosts, "", "host file, required: gives the pserver and worker counts");
 DEFINE_string(host, "", "address to bind and advertise (default: the master's host in --hosts)");
 DEFINE_int32(port, -1, "gRPC port (default: cluster.ports.master; 0 = any)");
@@ -131,6 +134,15 @@ int main(int argc, char** argv) {
   opts.resume = FLAGS_resume;
   opts.failpoints = failpoints->get();
   opts.state_dir = FLAGS_state_dir;
+  {
+    // Refuses to start on a key readable by others or a missing certificate.
+    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "master");
+    if (!security.ok()) {
+      LOG(ERROR) << "cannot start master: " << security.status().message();
+      return 2;
+    }
+    opts.security = *std::move(security);
+  }
 
   auto master = strata::master::MasterServer::Create(std::move(opts));
   if (!master.ok()) {

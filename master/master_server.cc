@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/grpc_channel.h"
+#include "transport/data_plane_auth.h"
 #include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "common/json.h"
@@ -58,12 +59,15 @@ class MasterServer::Service final : public proto::Master::Service {
  public:
   explicit Service(MasterServer* m) : m_(m) {}
 
+  const ControlPlaneSecurity& security() const { return m_->options_.security; }
+
   // The audit log (docs/security.md): every refused request, and every
   // admin action whatever its result, with its caller.
   // (The same refusal of the same caller is recorded at most once a
   // second, with how many were left out before it: a node retrying in a
   // loop does not flood the log.)
-  grpc::Status Answer(grpc::ServerContext* ctx, const char* method, const absl::Status& s) {
+  grpc::Status Answer(grpc::ServerContext* ctx, const std::string& who, const char* method,
+                      const absl::Status& s) {
     if (!s.ok()) {
       const std::string peer = ctx->peer();
       const std::string result =
@@ -71,7 +75,7 @@ class MasterServer::Service final : public proto::Master::Service {
       int skipped = 0;
       {
         absl::MutexLock l(&refusals_mu_);
-        Refusal& r = refusals_[absl::StrCat(peer, " ", method, " ", s.code())];
+        Refusal& r = refusals_[absl::StrCat(who, " ", peer, " ", method, " ", s.code())];
         const absl::Time now = absl::Now();
         if (now - r.last < absl::Seconds(1)) {
           ++r.skipped;
@@ -81,60 +85,93 @@ class MasterServer::Service final : public proto::Master::Service {
         skipped = std::exchange(r.skipped, 0);
         if (refusals_.size() > 4096) refusals_.clear();  // (bounded)
       }
-      m_->Audit(peer, method, "", result,
+      m_->Audit(who.empty() ? "unauthenticated" : who, peer, method, "", result,
                 skipped ? absl::StrCat(skipped, " more like it in the second before") : "");
     }
     return ToGrpcStatus(s);
   }
   template <typename Response>
-  grpc::Status Answer(grpc::ServerContext* ctx, const char* method,
+  grpc::Status Answer(grpc::ServerContext* ctx, const std::string& who, const char* method,
                       absl::StatusOr<Response> r, Response* resp) {
-    if (!r.ok()) return Answer(ctx, method, r.status());
+    if (!r.ok()) return Answer(ctx, who, method, r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
 
+// Who calls (refused unless authenticated), and whether the policy lets
+// them call `method` of the Master service (docs/security.md): the caller
+// as `who`, or the refusal answered and audited.
+#define STRATA_CALLER(who, ctx, method, name)                                      \
+  auto who##_or = security().Identify(*ctx);                                       \
+  if (!who##_or.ok()) return Answer(ctx, "", name, who##_or.status());             \
+  const Identity who = *std::move(who##_or);                                       \
+  if (absl::Status s = security().Permits(who, "/strata.proto.Master/" method);     \
+      !s.ok()) {                                                                   \
+    return Answer(ctx, who.ToString(), name, s);                                   \
+  }                                                                                \
+  (void)who
+
   grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
                         proto::RegisterResponse* resp) override {
-    return Answer(ctx, "register", m_->Register(*req, ctx->peer()), resp);
+    STRATA_CALLER(who, ctx, "Register", "register");
+    return Answer(ctx, who.ToString(), "register", m_->Register(*req, ctx->peer(), who), resp);
   }
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const proto::HeartbeatRequest* req,
                          proto::HeartbeatResponse* resp) override {
-    return Answer(ctx, "heartbeat", m_->Heartbeat(*req), resp);
+    STRATA_CALLER(who, ctx, "Heartbeat", "heartbeat");
+    if (absl::Status s = m_->CheckNodeCaller(req->node_id(), who); !s.ok()) {
+      return Answer(ctx, who.ToString(), "heartbeat", s);
+    }
+    return Answer(ctx, who.ToString(), "heartbeat", m_->Heartbeat(*req), resp);
   }
-  grpc::Status GetClusterView(grpc::ServerContext*, const proto::GetClusterViewRequest*,
+  grpc::Status GetClusterView(grpc::ServerContext* ctx, const proto::GetClusterViewRequest*,
                               proto::ClusterView* resp) override {
+    STRATA_CALLER(who, ctx, "GetClusterView", "get_cluster_view");
     *resp = m_->View();
     return grpc::Status::OK;
   }
   grpc::Status LeaseTask(grpc::ServerContext* ctx, const proto::LeaseTaskRequest* req,
                          proto::LeaseTaskResponse* resp) override {
-    return Answer(ctx, "lease_task", m_->LeaseTask(*req), resp);
+    STRATA_CALLER(who, ctx, "LeaseTask", "lease_task");
+    if (absl::Status s = m_->CheckNodeCaller(req->node_id(), who); !s.ok()) {
+      return Answer(ctx, who.ToString(), "lease_task", s);
+    }
+    return Answer(ctx, who.ToString(), "lease_task", m_->LeaseTask(*req), resp);
   }
   grpc::Status CompleteTask(grpc::ServerContext* ctx, const proto::CompleteTaskRequest* req,
                             proto::CompleteTaskResponse*) override {
-    return Answer(ctx, "complete_task", m_->CompleteTask(*req));
+    STRATA_CALLER(who, ctx, "CompleteTask", "complete_task");
+    absl::Status s = m_->CheckNodeCaller(req->node_id(), who);
+    return Answer(ctx, who.ToString(), "complete_task", s.ok() ? m_->CompleteTask(*req) : s);
   }
   grpc::Status ReportProgress(grpc::ServerContext* ctx,
                               const proto::ReportProgressRequest* req,
                               proto::ReportProgressResponse*) override {
-    return Answer(ctx, "report_progress", m_->ReportProgress(*req));
+    STRATA_CALLER(who, ctx, "ReportProgress", "report_progress");
+    absl::Status s = m_->CheckNodeCaller(req->node_id(), who);
+    return Answer(ctx, who.ToString(), "report_progress", s.ok() ? m_->ReportProgress(*req) : s);
   }
-  grpc::Status GetStatus(grpc::ServerContext*, const proto::GetStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const proto::GetStatusRequest*,
                          proto::GetStatusResponse* resp) override {
+    STRATA_CALLER(who, ctx, "GetStatus", "get_status");
     *resp = m_->GetStatus();
     return grpc::Status::OK;
   }
   grpc::Status ReportSuspect(grpc::ServerContext* ctx, const proto::ReportSuspectRequest* req,
                              proto::ReportSuspectResponse* resp) override {
-    return Answer(ctx, "report_suspect", m_->ReportSuspect(*req), resp);
+    STRATA_CALLER(who, ctx, "ReportSuspect", "report_suspect");
+    if (absl::Status s = m_->CheckNodeCaller(req->node_id(), who); !s.ok()) {
+      return Answer(ctx, who.ToString(), "report_suspect", s);
+    }
+    return Answer(ctx, who.ToString(), "report_suspect", m_->ReportSuspect(*req), resp);
   }
   // The admin actions: recorded before they are answered.
   grpc::Status Stop(grpc::ServerContext* ctx, const proto::StopRequest* req,
                     proto::StopResponse* resp) override {
+    STRATA_CALLER(who, ctx, "Stop", "stop");
     const std::string reason = req->reason().empty() ? "request" : req->reason();
     auto r = m_->Stop(reason, req->no_checkpoint());
-    m_->Audit(ctx->peer(), "stop", "job", ResultOf(r.status()),
+    m_->Audit(who.ToString(), ctx->peer(), "stop", "job", ResultOf(r.status()),
               absl::StrCat("reason: ", reason, req->no_checkpoint() ? ", no checkpoint" : "",
                            r.ok() && r->checkpointed()
                                ? absl::StrCat(", after checkpoint ", r->checkpoint().seq())
@@ -143,23 +180,27 @@ class MasterServer::Service final : public proto::Master::Service {
   }
   grpc::Status Drain(grpc::ServerContext* ctx, const proto::DrainRequest* req,
                      proto::DrainResponse* resp) override {
+    STRATA_CALLER(who, ctx, "Drain", "drain");
     auto r = m_->Drain(*req);
-    m_->Audit(ctx->peer(), "drain", absl::StrCat("node ", req->node_id()), ResultOf(r.status()),
+    m_->Audit(who.ToString(), ctx->peer(), "drain", absl::StrCat("node ", req->node_id()),
+              ResultOf(r.status()),
               r.ok() ? r->message() : absl::StrCat("reason: ", req->reason()));
     return Reply(r, resp);
   }
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const proto::CheckpointRequest* req,
                           proto::CheckpointResponse* resp) override {
+    STRATA_CALLER(who, ctx, "Checkpoint", "checkpoint");
     const std::string reason = req->reason().empty() ? "request" : req->reason();
     auto r = m_->Checkpoint(reason, req->stop_after());
-    m_->Audit(ctx->peer(), req->stop_after() ? "checkpoint_and_stop" : "checkpoint", "job",
-              ResultOf(r.status()),
+    m_->Audit(who.ToString(), ctx->peer(), req->stop_after() ? "checkpoint_and_stop" : "checkpoint",
+              "job", ResultOf(r.status()),
               r.ok() ? absl::StrFormat("checkpoint %d (%s) at step %d, %d bytes: %s", r->seq(),
                                        r->incremental() ? "incremental" : "full", r->step(),
                                        r->bytes_written(), r->dir())
                      : absl::StrCat("reason: ", reason));
     return Reply(r, resp);
   }
+#undef STRATA_CALLER
 
  private:
   struct Refusal {
@@ -348,7 +389,8 @@ absl::Status MasterServer::Start() {
   service_ = std::make_unique<Service>(this);
   grpc::ServerBuilder builder;
   const std::string addr = absl::StrCat(options_.host, ":", options_.port);
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &bound_port_);
+  builder.AddListeningPort(addr, options_.security.server, &bound_port_);
+  ApplyServerLimits(&builder);
   builder.RegisterService(service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || bound_port_ == 0) {
@@ -531,7 +573,7 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
     n.set_last_heartbeat_unix_ms(now);
     if (n.role() == proto::PSERVER && !Gone(n)) {
       pserver_stubs_[n.id()] = proto::PServerAdmin::NewStub(
-          NewControlChannel(n.grpc_address()));
+          NewControlChannel(n.grpc_address(), options_.security.client));
     }
   }
   view_.mutable_members(0)->set_state(proto::ALIVE);
@@ -609,13 +651,13 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
   }
 }
 
-void MasterServer::Audit(const std::string& who, const std::string& action,
-                         const std::string& target, const std::string& result,
-                         const std::string& detail) {
+void MasterServer::Audit(const std::string& who, const std::string& from,
+                         const std::string& action, const std::string& target,
+                         const std::string& result, const std::string& detail) {
   if (audit_ == nullptr) return;
   FlushEventLog();  // (what happened before it, first)
   absl::MutexLock fl(&file_mu_);
-  absl::Status s = audit_->Append({who, action, target, result, detail}, clock_->Now());
+  absl::Status s = audit_->Append({who, from, action, target, result, detail}, clock_->Now());
   if (!s.ok()) LOG(ERROR) << s;
 }
 
@@ -649,9 +691,24 @@ void MasterServer::FlushEventLog() {
   }
 }
 
+void MasterServer::RotateDataKeyLocked() {
+  if (options_.security.plaintext) return;
+  data_secret_ = transport::RandomBytes(32);
+  key_epoch_ = std::max(key_epoch_ + 1, view_.epoch());
+}
+
+void MasterServer::FillDataKeyLocked(const proto::NodeInfo& n, proto::DataPlaneKey* key) {
+  if (options_.security.plaintext) return;
+  if (data_secret_.empty()) RotateDataKeyLocked();
+  key->set_epoch(key_epoch_);
+  key->set_key(transport::DeriveNodeKey(data_secret_, n.id()));
+  if (n.role() == proto::PSERVER) key->set_secret(data_secret_);
+}
+
 void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why) {
   if (Gone(*n)) return;
   n->set_state(proto::DEAD);
+  RotateDataKeyLocked();  // its key stops working
   EventLocked(absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
                            n->host(), ") declared dead: ", why),
               "node_dead", n);
@@ -765,6 +822,7 @@ absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainReque
     return absl::FailedPreconditionError(absl::StrCat(name, " is the last pserver"));
   }
   n->set_state(proto::DRAINED);
+  RotateDataKeyLocked();  // its key stops working
   synced_replicas_.erase(n->id());
   suspects_.erase(n->id());
   FailoverLocked(n->id());  // its backups take over; it is no one's backup now
@@ -1129,7 +1187,7 @@ int MasterServer::CountLocked(proto::Role role, bool include_finished) const {
 }
 
 absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
-    const proto::RegisterRequest& req, const std::string& peer) {
+    const proto::RegisterRequest& req, const std::string& peer, const Identity& who) {
   if (req.role() != proto::PSERVER && req.role() != proto::WORKER) {
     return absl::InvalidArgumentError(
         absl::StrCat("register from ", peer, ": role must be PSERVER or WORKER"));
@@ -1139,7 +1197,34 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
     return absl::InvalidArgumentError(absl::StrCat(
         "register from ", peer, ": a pserver must give grpc_address and data_address"));
   }
+  std::string identity;
+  if (who.source == "certificate") {
+    const Role want = req.role() == proto::PSERVER ? Role::kPServer : Role::kWorker;
+    if (who.role != want) {
+      return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
+                                                      who.ToString(), " cannot register a ",
+                                                      RoleName(req.role())));
+    }
+    const size_t at = who.name.find('@');
+    if (at != std::string::npos && who.name.substr(at + 1) != req.host()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("register from ", peer, ": certificate of ", who.ToString(),
+                       " cannot register host ", req.host()));
+    }
+    identity = who.ToString();
+  }
   absl::MutexLock l(&mu_);
+  // A live instance of this role and index is replaced only by the same
+  // identity (its restart), never by another node's certificate.
+  for (const proto::NodeInfo& n : view_.members()) {
+    if (n.role() == req.role() && n.index() == req.index() && !Gone(n) &&
+        n.identity() != identity) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "register from ", peer, ": ", RoleName(req.role()), " ", req.index(),
+          " is alive as node ", n.id(), " of ", n.identity().empty() ? "plaintext" : n.identity(),
+          "; it cannot be replaced by ", identity.empty() ? "plaintext" : identity));
+    }
+  }
   // A restarted instance replaces its predecessor.
   for (proto::NodeInfo& n : *view_.mutable_members()) {
     if (n.role() == req.role() && n.index() == req.index() &&
@@ -1155,11 +1240,13 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   n->set_grpc_address(req.grpc_address());
   n->set_data_address(req.data_address());
   n->set_http_port(req.http_port());
+  n->set_identity(identity);
   n->set_state(proto::ALIVE);
   n->set_registered_unix_ms(ToUnixMs(clock_->Now()));
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (req.role() == proto::PSERVER) {
-    pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(NewControlChannel(req.grpc_address()));
+    pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(
+        NewControlChannel(req.grpc_address(), options_.security.client));
   }
   LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
             << n->id() << " from " << peer;
@@ -1178,7 +1265,18 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   proto::RegisterResponse resp;
   resp.set_node_id(n->id());
   *resp.mutable_view() = view_;
+  FillDataKeyLocked(*n, resp.mutable_data_key());
   return resp;
+}
+
+absl::Status MasterServer::CheckNodeCaller(uint32_t node_id, const Identity& who) {
+  if (who.source == "plaintext") return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  const proto::NodeInfo* n = FindNodeLocked(node_id);
+  if (n == nullptr || n->identity() == who.ToString()) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      who.ToString(), " cannot speak for node ", node_id, " (registered by ",
+      n->identity().empty() ? "a plaintext caller" : n->identity(), ")"));
 }
 
 absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
@@ -1209,6 +1307,7 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   proto::HeartbeatResponse resp;
   resp.set_epoch(view_.epoch());
   resp.set_job_state(job_state_);
+  FillDataKeyLocked(*n, resp.mutable_data_key());
   return resp;
 }
 
@@ -1258,6 +1357,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     // Drained: its last data task is done; it leaves, the job goes on.
     n->set_state(proto::DRAINED);
     n->set_draining(false);
+    RotateDataKeyLocked();  // its key stops working
     EventLocked(absl::StrCat("worker ", n->index(), " (node ", n->id(), ", ", n->host(),
                              ") drained: left after its data task"),
                 "node_drained", n);
@@ -1514,6 +1614,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   } else {
     js.set_phase(job_state_);
   }
+  js.set_security(options_.security.ModeString());
   if (audit_ != nullptr) {
     const storage::AuditHead head = audit_->head();  // (a leaf lock)
     js.set_audit_records(head.seq);

@@ -19,6 +19,7 @@
 #include "common/failpoint.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
@@ -56,6 +57,9 @@ struct MasterOptions {
   // on from it (resume is then ignored). "" = nothing kept. The caller
   // makes sure only one master uses it (master_main.cc locks it).
   std::string state_dir;
+  // Control-plane credentials and policy (docs/security.md); plain text
+  // unless set.
+  ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
 };
 
 // Thread-safe. All state is guarded by one mutex; RPC handlers hold it only
@@ -87,8 +91,16 @@ class MasterServer {
   void TickForTesting() { Tick(); }
 
   // RPC bodies (called by the gRPC service).
+  // `who`: the caller, as its certificate names it (a default Identity:
+  // plain text). A certificate's role must be the one registered, and its
+  // name "role@host" the host it registers; a live instance of the same
+  // role and index is replaced only by the same identity.
   absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& req,
-                                                   const std::string& peer);
+                                                   const std::string& peer,
+                                                   const Identity& who = Identity());
+  // OK unless node `node_id` was registered by an identity other than `who`
+  // (PermissionDenied): a node speaks only for itself.
+  absl::Status CheckNodeCaller(uint32_t node_id, const Identity& who);
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req);
   proto::ClusterView View();
@@ -134,6 +146,11 @@ class MasterServer {
   // Recovery (docs/reliability.md). Marks `n` dead: a worker's data tasks
   // go back to the queue; a pserver's partitions fail over to their backups
   // (FailoverLocked). Bumps the epoch.
+  // A new data-plane secret: the keys of nodes that left stop working.
+  void RotateDataKeyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Node `n`'s data-plane key (and a pserver's secret), in mtls clusters.
+  void FillDataKeyLocked(const proto::NodeInfo& n, proto::DataPlaneKey* key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Promotes a synced backup of each partition pserver `dead` owned; the
@@ -212,6 +229,10 @@ class MasterServer {
   mutable absl::Mutex mu_;
   proto::ClusterView view_ ABSL_GUARDED_BY(mu_);
   uint32_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // The data plane's membership keys (transport/data_plane_auth.h): a new
+  // secret and key epoch whenever a node leaves; empty in plain text.
+  std::string data_secret_ ABSL_GUARDED_BY(mu_);
+  uint64_t key_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool placed_ ABSL_GUARDED_BY(mu_) = false;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
   std::string job_state_ ABSL_GUARDED_BY(mu_) = "waiting";
@@ -320,8 +341,9 @@ class MasterServer {
   void FlushEventLog() ABSL_LOCKS_EXCLUDED(mu_, event_mu_, file_mu_);
   // Appends an audit record now (synced), outside mu_. A failure to write
   // it is logged (the action has happened).
-  void Audit(const std::string& who, const std::string& action, const std::string& target,
-             const std::string& result, const std::string& detail) ABSL_LOCKS_EXCLUDED(mu_);
+  void Audit(const std::string& who, const std::string& from, const std::string& action,
+             const std::string& target, const std::string& result, const std::string& detail)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Set by RegisterMetrics (null without an HTTP port).
   Histogram* checkpoint_seconds_ = nullptr;
   Histogram* checkpoint_bytes_ = nullptr;

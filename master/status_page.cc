@@ -101,6 +101,7 @@ h2 { font-size: 16px; margin: 22px 0 8px; }
 .state-succeeded { background: #15803d; }
 .state-failed { background: #b91c1c; }
 .state-stopped, .state-waiting { background: #a16207; }
+.warning { background: #fef3c7; border: 1px solid #d97706; border-radius: 6px; padding: 6px 10px; }
 .kv { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 6px 18px; margin: 10px 0; }
 .kv div { background: #fff; border: 1px solid #e3e6eb; border-radius: 6px; padding: 6px 10px; }
 .kv span { display: block; color: #6b7280; font-size: 12px; }
@@ -417,6 +418,15 @@ std::string RenderStatusPage(const proto::GetStatusResponse& st, int64_t now_uni
                   ")</title><style>", kStyle, "</style></head>\n<body>\n<header><h1>Strata: ",
                   HtmlEscape(j.name()), "</h1><span id=\"job-state\" class=\"state state-",
                   HtmlEscape(state), "\">", HtmlEscape(state), "</span></header>\n");
+  if (!j.security().empty() && j.security() != "mtls") {
+    // docs/security.md: plain text only when the config says so, and said.
+    absl::StrAppend(&out,
+                    "<p id=\"security\" class=\"warning\">Security: <strong>plain text</strong>: "
+                    "no TLS and no authentication on the control plane; anyone who reaches "
+                    "its ports may act on this job (config: security.mode: plaintext).</p>\n");
+  } else if (!j.security().empty()) {
+    absl::StrAppend(&out, "<p id=\"security\">Security: mTLS</p>\n");
+  }
   absl::StrAppend(&out, JobSection(j, st.view()), ChartsSection(j), NodesSection(st, now_unix_ms),
                   PartitionsSection(st.view()), EventsSection(j));
   absl::StrAppend(&out, "<footer>", refresh_seconds > 0

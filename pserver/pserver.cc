@@ -17,6 +17,7 @@
 #include "common/row_optimizer.h"
 #include "pserver/partition_files.h"
 #include "storage/checkpoint_format.h"
+#include "transport/data_plane_auth.h"
 #include "transport/transport_metrics.h"
 
 namespace strata::pserver {
@@ -27,9 +28,19 @@ using transport::MessageType;
 class PServer::AdminService final : public proto::PServerAdmin::Service {
  public:
   explicit AdminService(PServer* p) : p_(p) {}
-  grpc::Status AssignPartitions(grpc::ServerContext*,
+  // The policy (docs/security.md): the master drives this service.
+  grpc::Status Check(grpc::ServerContext* ctx, const char* method) {
+    auto who = p_->options_.security.Authorize(
+        *ctx, absl::StrCat("/strata.proto.PServerAdmin/", method));
+    if (who.ok()) return grpc::Status::OK;
+    LOG_EVERY_N(WARNING, 20) << "refused " << method << " from " << ctx->peer() << ": "
+                             << who.status().message();
+    return ToGrpcStatus(who.status());
+  }
+  grpc::Status AssignPartitions(grpc::ServerContext* ctx,
                                 const proto::AssignPartitionsRequest* req,
                                 proto::AssignPartitionsResponse* resp) override {
+    if (grpc::Status r = Check(ctx, "AssignPartitions"); !r.ok()) return r;
     if (req->node_id() != p_->node_id()) {
       return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "AssignPartitions for node ", req->node_id(), " sent to node ", p_->node_id())));
@@ -42,14 +53,16 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status GetStatus(grpc::ServerContext*, const proto::PServerStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const proto::PServerStatusRequest*,
                          proto::PServerStatusResponse* resp) override {
+    if (grpc::Status r = Check(ctx, "GetStatus"); !r.ok()) return r;
     *resp = p_->Status();
     return grpc::Status::OK;
   }
   grpc::Status CheckpointPartitions(grpc::ServerContext* ctx,
                                     const proto::CheckpointPartitionsRequest* req,
                                     proto::CheckpointPartitionsResponse* resp) override {
+    if (grpc::Status r = Check(ctx, "CheckpointPartitions"); !r.ok()) return r;
     auto r = p_->Checkpoint(*req, [ctx] { return ctx->IsCancelled(); });
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
@@ -59,6 +72,12 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
  private:
   PServer* const p_;  // owns this service
 };
+
+void PServer::TakeDataKey(const proto::DataPlaneKey& k) {
+  if (membership_ != nullptr && !k.key().empty()) {
+    membership_->Update(node_id_, k.epoch(), k.key(), k.secret());
+  }
+}
 
 absl::StatusOr<std::unique_ptr<PServer>> PServer::Create(PServerOptions options) {
   if (options.master_address.empty()) {
@@ -84,7 +103,13 @@ absl::Status PServer::Start() {
                           ? options_.apply_threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (threads > 1) executor_ = std::make_unique<ShardedExecutor>(threads);
-  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
+  // An mtls cluster's data plane serves members only (docs/security.md).
+  transport::TransportOptions topts = options_.transport;
+  if (!options_.security.plaintext) {
+    membership_ = std::make_shared<transport::MembershipKeys>();
+    topts.membership = membership_;
+  }
+  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
   STRATA_RETURN_IF_ERROR(transport_->Listen(
       options_.host, options_.data_port,
       [this](Message req, std::shared_ptr<transport::Responder> r) {
@@ -93,7 +118,8 @@ absl::Status PServer::Start() {
   admin_service_ = std::make_unique<AdminService>(this);
   grpc::ServerBuilder builder;
   const std::string addr = absl::StrCat(options_.host, ":", options_.port);
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &admin_port_);
+  builder.AddListeningPort(addr, options_.security.server, &admin_port_);
+  ApplyServerLimits(&builder);
   builder.RegisterService(admin_service_.get());
   admin_server_ = builder.BuildAndStart();
   if (admin_server_ == nullptr || admin_port_ == 0) {
@@ -131,7 +157,8 @@ absl::Status PServer::Start() {
         suspects_.emplace(backup, why);
       },
       absl::Milliseconds(std::max(500, options_.config.cluster.dead_timeout_ms / 2)));
-  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address);
+  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address,
+                                                       options_.security.client);
   proto::RegisterRequest req;
   req.set_role(proto::PSERVER);
   req.set_index(options_.index);
@@ -149,6 +176,7 @@ absl::Status PServer::Start() {
                           "master " + options_.master_address);
     if (last.ok()) {
       node_id_ = resp.node_id();
+      TakeDataKey(resp.data_key());
       epoch_ = resp.view().epoch();
       RenewLease(absl::Now());
       break;
@@ -354,6 +382,9 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
 
 absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     const proto::CheckpointPartitionsRequest& req, const std::function<bool()>& cancelled) {
+  if (req.root().empty() || req.seq() == 0) {
+    return absl::InvalidArgumentError("CheckpointPartitions: root and seq are required");
+  }
   std::vector<Partition*> parts;
   {
     absl::MutexLock l(&mu_);
@@ -829,6 +860,7 @@ void PServer::HeartbeatLoop() {
         }
         break;
       }
+      if (s.ok()) TakeDataKey(resp.data_key());
       if (!s.ok()) {
         LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
       } else if (resp.drained()) {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/grpc_channel.h"
+#include "common/security.h"
 #include "common/failpoint.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
@@ -51,6 +52,9 @@ struct PServerOptions {
   storage::FileSystem* fs = nullptr;
   // Crash points for tests (common/failpoint.h); borrowed, may be null.
   const Failpoints* failpoints = nullptr;
+  // Control-plane credentials and policy (docs/security.md); plain text
+  // unless set.
+  ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
 };
 
 // Thread-safe. Start() once, Shutdown() once (idempotent).
@@ -106,6 +110,10 @@ class PServer {
 
  private:
   class AdminService;
+  // The data-plane key the master sent (mtls clusters).
+  void TakeDataKey(const proto::DataPlaneKey& k);
+  // This node's data-plane keys (mtls clusters; null in plain text).
+  std::shared_ptr<transport::MembershipKeys> membership_;
   explicit PServer(PServerOptions options);
   void HandleRequest(transport::Message request,
                      std::shared_ptr<transport::Responder> responder);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "common/daemon.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -13,6 +14,8 @@
 #include "transport/transport_config.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
+DEFINE_string(tls_dir, "",
+              "certificates (ca.crt, pserver.crt, pserver.key): overrides security.tls_dir");
 DEFINE_string(master, "", "master address host:port, required");
 DEFINE_int32(index, 0, "instance index of this pserver (0-based)");
 DEFINE_string(host, "127.0.0.1", "address to bind and advertise");
@@ -45,6 +48,15 @@ int main(int argc, char** argv) {
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : ports.pserver_http + FLAGS_index;
   opts.transport = strata::transport::TransportOptionsFor(config->cluster);
   opts.apply_threads = FLAGS_apply_threads;
+  {
+    // Refuses to start on a key readable by others or a missing certificate.
+    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "pserver");
+    if (!security.ok()) {
+      LOG(ERROR) << "cannot start pserver: " << security.status().message();
+      return 2;
+    }
+    opts.security = *std::move(security);
+  }
   std::string fs_note;
   auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
   if (!fs.ok()) {

@@ -86,6 +86,10 @@ install_all() {
   for d in "$DEST/var/lib/strata" "$DEST/var/log/strata"; do
     install -d -m 0750 ${owner:+-o strata -g strata} "$d"
   done
+  # The host's certificates (docs/security.md; launch.sh --systemd fills it
+  # from gen-certs.sh's HOST/): readable by the daemons' group, the keys by
+  # their user only.
+  install -d -m 0750 ${owner:+-g strata} "$ETC/tls"
   if live_systemd; then systemctl daemon-reload; fi
   echo "installed Strata under ${DEST:-/} (binaries in $PREFIX/bin, units in /etc/systemd/system)"
   echo "next: edit /etc/strata/strata.yaml, hosts and strata.env; then"

@@ -31,6 +31,14 @@
 #   --resume R      resume from a checkpoint: 'latest' (the newest good one
 #                   under the config's checkpoint.dir) or a checkpoint directory
 #   --restart-budget N  restarts of one daemon allowed per minute (default 3)
+#   --tls-dir T     the cluster's certificates, made by scripts/gen-certs.sh
+#                   cluster (T/HOST/ for each host, T/admin/ for this
+#                   script's calls); by default, when the config's
+#                   security.mode is mtls, a new set is made in D/tls.
+#                   Each daemon gets --tls_dir T/HOST (with --systemd, T/HOST
+#                   is installed as the config's security.tls_dir there).
+#                   Then `strata ... --tls-dir T/admin` (or STRATA_TLS_DIR)
+#                   reaches the cluster (docs/security.md).
 #   --systemd       start the installed units on each host instead of
 #                   processes (scripts/install.sh on every host first):
 #                   strata-master.service, strata-pserver@I, strata-worker@I,
@@ -60,6 +68,7 @@ cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
 CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME="" TRACE="" SYSTEMD=0
+TLS_DIR=""  # the certificates (mtls): --tls-dir, else RUN_DIR/tls
 # Supervision (run): a failed pserver or worker is restarted after
 # RESTART_DELAY_MS (doubling with each restart), at most RESTART_BURST times
 # within RESTART_INTERVAL s; like systemd's RestartSec (100 ms by default
@@ -87,6 +96,7 @@ while [[ $# -gt 0 ]]; do
     --quiet) QUIET=1; shift ;;
     --trace) TRACE=1; shift ;;
     --systemd) SYSTEMD=1; shift ;;
+    --tls-dir) TLS_DIR="$2"; shift 2 ;;
     --resume) RESUME="$2"; shift 2 ;;
     --restart-budget) RESTART_BURST="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -120,6 +130,32 @@ on_host_in() {
 }
 
 master_address() { cat "$RUN_DIR/master.address"; }
+
+# The certificates of an mtls config (docs/security.md): --tls-dir, or a
+# set made for this run in RUN_DIR/tls; every host of the plan must have
+# its directory there. Sets TLS_DIR and exports STRATA_TLS_DIR (the admin
+# certificate) for this script's own strata calls; RUN_DIR/tls.dir keeps
+# it for later calls (status, down).
+setup_tls() {
+  local plan="$1" h
+  if [[ -z "$TLS_DIR" ]]; then
+    TLS_DIR="$RUN_DIR/tls"
+    if [[ ! -f "$TLS_DIR/ca/ca.crt" ]]; then
+      "$ROOT/scripts/gen-certs.sh" cluster --hosts "$HOSTS" --out "$TLS_DIR" > /dev/null ||
+        die "cannot make the cluster's certificates (scripts/gen-certs.sh)"
+      echo "launch.sh: security.mode mtls: certificates made in $TLS_DIR (CLI: --tls-dir $TLS_DIR/admin)"
+    fi
+  fi
+  TLS_DIR="$(cd "$TLS_DIR" 2>/dev/null && pwd)" || die "--tls-dir: no such directory"
+  for h in $(awk '{print $3}' <<< "$plan" | sort -u); do
+    [[ -f "$TLS_DIR/$h/ca.crt" ]] ||
+      die "$TLS_DIR has no certificates of host $h (scripts/gen-certs.sh cluster --hosts $HOSTS --out $TLS_DIR)"
+  done
+  [[ -f "$TLS_DIR/admin/client.crt" ]] ||
+    die "$TLS_DIR/admin has no client certificate for this script's calls (scripts/gen-certs.sh cluster ...)"
+  echo "$TLS_DIR" > "$RUN_DIR/tls.dir"
+  export STRATA_TLS_DIR="$TLS_DIR/admin"
+}
 
 # start_daemon ROLE INDEX HOST COMMAND...: starts it in the background on
 # HOST under scripts/run-daemon.sh, logging to RUN_DIR/logs/ROLE-INDEX.log
@@ -207,6 +243,8 @@ up_systemd() {
   local plan="$1" role index host port data_port http_port h
   [[ -z "$RESUME" ]] || die "--resume with --systemd is not supported: put checkpoint.resume in the config"
   [[ -z "$TRACE" ]] || die "--trace with --systemd is not supported"
+  # Where the units' daemons look for their certificates.
+  SYSTEMD_TLS_DIR="$("$STRATA" security-config --config "$CONFIG" | awk '$1 == "tls_dir" { print $2 }')"
   read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
   local master="$host:$port" master_host="$host"
   echo "$master" > "$RUN_DIR/master.address"
@@ -233,6 +271,18 @@ up_systemd() {
       mv /etc/strata/hosts.new /etc/strata/hosts" &&
     on_host "$h" "printf 'STRATA_MASTER=%s\\nSTRATA_HOST=%s\\n' '$master' '$h' > /etc/strata/strata.env" ||
       { rm -f "$RUN_DIR/systemd"; die "cannot set up /etc/strata on $h"; }
+    if [[ -f "$RUN_DIR/tls.dir" ]]; then
+      # This host's certificates only (never the CA's key), the keys the
+      # daemons' user's alone (mode 0600: they refuse anything wider).
+      local tar; tar="$(mktemp)"
+      tar -C "$TLS_DIR/$h" -cf "$tar" .
+      on_host_in "$tar" "$h" "d='$SYSTEMD_TLS_DIR' && mkdir -p \"\$d\" && rm -f \"\$d\"/*.key &&
+          tar --no-same-owner -C \"\$d\" -xf - && chown root:strata \"\$d\" \"\$d\"/*.crt &&
+          chmod 0750 \"\$d\" && chmod 0644 \"\$d\"/*.crt && chown strata:strata \"\$d\"/*.key &&
+          chmod 0600 \"\$d\"/*.key" ||
+        { rm -f "$tar" "$RUN_DIR/systemd"; die "cannot install the certificates in $SYSTEMD_TLS_DIR on $h"; }
+      rm -f "$tar"
+    fi
   done
   local failed=0
   # start_unit NAME HOST UNIT [SHELL BEFORE]
@@ -330,6 +380,13 @@ do_up() {
   echo "$plan" > "$RUN_DIR/plan"
   cp "$CONFIG" "$RUN_DIR/config.yaml"
   cp "$HOSTS" "$RUN_DIR/hosts"
+  local security; security="$("$STRATA" security-config --config "$CONFIG")" || exit 2
+  rm -f "$RUN_DIR/tls.dir"
+  if grep -qx 'mode mtls' <<< "$security"; then
+    setup_tls "$plan"
+  else
+    echo "launch.sh: security.mode plaintext: no TLS, no authentication on the control plane" >&2
+  fi
   if [[ $SYSTEMD -eq 1 ]]; then
     up_systemd "$plan"
     return
@@ -343,7 +400,9 @@ do_up() {
   if [[ -n "$RESUME" ]]; then
     [[ "$RESUME" == latest ]] && resume_args=(--resume latest) || resume_args=(--resume "$(abspath "$RESUME")")
   fi
-  start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" \
+  # tls_args HOST: the daemon's certificates (mtls).
+  tls_args() { [[ -f "$RUN_DIR/tls.dir" ]] && echo "--tls_dir $TLS_DIR/$1" || true; }
+  start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" $(tls_args "$host") \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
     --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state" \
     --event_log "$RUN_DIR/events.jsonl" --audit_log "$RUN_DIR/audit.jsonl" \
@@ -356,11 +415,11 @@ do_up() {
   while read -r role index host port data_port http_port; do
     case "$role" in
       pserver)
-        start_daemon pserver "$index" "$host" "$BIN_DIR/strata-pserver" \
+        start_daemon pserver "$index" "$host" "$BIN_DIR/strata-pserver" $(tls_args "$host") \
           --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
           --port "$port" --data_port "$data_port" --http_port "$http_port" ${STRATA_PSERVER_FLAGS:-} ;;
       worker)
-        start_daemon worker "$index" "$host" "$BIN_DIR/strata-worker" \
+        start_daemon worker "$index" "$host" "$BIN_DIR/strata-worker" $(tls_args "$host") \
           --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
           --http_port "$http_port" ${TRACE:+--trace "$RUN_DIR/trace/worker-$index.json"} \
           ${STRATA_WORKER_FLAGS:-} ;;
@@ -604,6 +663,12 @@ do_run() {
   fi
   exit $rc
 }
+
+# A later call on a running cluster (status, down): its certificates.
+if [[ -n "$RUN_DIR" && -f "$RUN_DIR/tls.dir" && "$cmd" != run && "$cmd" != up ]]; then
+  TLS_DIR="$(cat "$RUN_DIR/tls.dir")"
+  export STRATA_TLS_DIR="$TLS_DIR/admin"
+fi
 
 case "$cmd" in
   run) do_run ;;

@@ -30,7 +30,8 @@
 namespace strata::storage {
 
 struct AuditRecord {
-  std::string who;     // the caller: its peer address (and identity), or "master"
+  std::string who;     // the caller's identity ("operator:alice"), "plaintext", or "master"
+  std::string from;    // the caller's peer address ("ipv4:10.0.0.5:51234"), "" for the master
   std::string action;  // "register", "checkpoint", "drain", "node_dead", ...
   std::string target;  // what it acted on: "worker 1 (node 4)", or ""
   std::string result;  // "ok", "refused: ...", "failed: ..."

@@ -29,6 +29,8 @@
 #include "common/grpc_status.h"
 #include "common/host_file.h"
 #include "common/model_spec.h"
+#include "common/security.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
@@ -45,8 +47,37 @@ namespace {
 
 using Getenv = std::function<const char*(const char*)>;
 
+// The credentials of this run's gRPC calls (RunCli sets them first), and
+// whether they are plain text for want of any (not asked for).
+std::shared_ptr<grpc::ChannelCredentials> g_client_creds;
+bool g_plaintext_by_default = false;
+
+// A call's status; an unreachable master while no credentials were found
+// gets a hint: an mtls cluster refuses plain text at the TLS handshake.
+absl::Status FromCall(const grpc::Status& s, const std::string& peer) {
+  absl::Status st = FromGrpcStatus(s, peer);
+  if (absl::IsUnavailable(st) && g_plaintext_by_default) {
+    return absl::UnavailableError(absl::StrCat(
+        st.message(), " (no credentials were found, so this was plain text: a cluster with "
+        "security.mode mtls needs --tls-dir DIR or STRATA_TLS_DIR; docs/security.md)"));
+  }
+  return st;
+}
+
+std::shared_ptr<grpc::Channel> ControlChannel(const std::string& address) {
+  return grpc::CreateChannel(address,
+                             g_client_creds ? g_client_creds : grpc::InsecureChannelCredentials());
+}
+
 constexpr char kUsage[] =
     "usage: strata <command> [flags]\n"
+    "credentials (the commands that call the master; docs/security.md):\n"
+    "  --tls-dir DIR      ca.crt, client.crt, client.key (gen-certs.sh user); default\n"
+    "                     $STRATA_TLS_DIR, else ~/.strata/tls when it exists\n"
+    "  --token-file FILE  a bearer token instead of a client certificate (needs\n"
+    "                     DIR/ca.crt); default $STRATA_TOKEN_FILE\n"
+    "  --plaintext        no TLS: for a cluster whose config says security.mode:\n"
+    "                     plaintext (also the default when no DIR exists)\n"
     "commands:\n"
     "  status   --master HOST:PORT [--json]   cluster view and job progress\n"
     "  top      --master HOST:PORT [--interval 2] [--iterations N] [--json]\n"
@@ -73,6 +104,8 @@ constexpr char kUsage[] =
     "           run on that host (by validate)\n"
     "  plan     --config FILE --hosts FILE [--json]   the daemons a launch starts, one a line:\n"
     "           role index host port data_port http_port  (- where unused)\n"
+    "  security-config --config FILE [--json]   the config's security section: mode,\n"
+    "           tls_dir, token_file (for scripts)\n"
     "  prometheus-config --config FILE --hosts FILE [--interval 5s] [--json]\n"
     "           a Prometheus configuration scraping every daemon's /metrics\n"
     "  doctor   [--config FILE] [--hosts FILE] [--json]  RDMA preflight of this host: devices,\n"
@@ -106,7 +139,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
     } else if (key != "json" && key != "stop" && key != "no-checkpoint" && key != "no-wait" &&
-               key != "offline" && key != "remote-all" && key != "progress") {
+               key != "offline" && key != "remote-all" && key != "progress" &&
+               key != "plaintext") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -119,11 +153,11 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
 
 absl::StatusOr<proto::GetStatusResponse> FetchStatus(const std::string& master) {
   auto stub = proto::Master::NewStub(
-      grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+      ControlChannel(master));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   proto::GetStatusResponse resp;
-  absl::Status s = FromGrpcStatus(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp),
+  absl::Status s = FromCall(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp),
                                   "master " + master);
   if (!s.ok()) return s;
   return resp;
@@ -158,6 +192,10 @@ void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
       100 * j.comm_share(), j.wall_seconds(),
       j.has_test_accuracy() ? absl::StrFormat("%.4f", j.test_accuracy()) : "-");
   if (j.state() == "waiting" && !j.phase().empty()) out << "  bring-up: " << j.phase() << "\n";
+  if (!j.security().empty()) {
+    out << "  security: "
+        << (j.security() == "mtls" ? "mtls" : "PLAINTEXT - no TLS, no authentication") << "\n";
+  }
   if (!j.audit_head().empty()) {
     out << absl::StrFormat("  audit log: %d records, head %s\n", j.audit_records(), j.audit_head());
   }
@@ -479,14 +517,14 @@ int Stop(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     return 2;
   }
   const std::string& master = f.at("master");
-  auto stub = proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+  auto stub = proto::Master::NewStub(ControlChannel(master));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(900)));
   proto::StopRequest req;
   req.set_reason(f.count("reason") ? f.at("reason") : "strata stop");
   req.set_no_checkpoint(f.count("no-checkpoint") > 0);
   proto::StopResponse resp;
-  absl::Status s = FromGrpcStatus(stub->Stop(&ctx, req, &resp), "master " + master);
+  absl::Status s = FromCall(stub->Stop(&ctx, req, &resp), "master " + master);
   if (!s.ok()) {
     err << "strata stop: " << s.message() << "\n";
     return 1;
@@ -533,14 +571,14 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
   const uint32_t id = n->id();
   const proto::Role role = n->role();
   const std::string name = absl::StrCat(RoleName(n->role()), "-", n->index());
-  auto stub = proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+  auto stub = proto::Master::NewStub(ControlChannel(master));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   proto::DrainRequest req;
   req.set_node_id(id);
   req.set_reason(f.count("reason") ? f.at("reason") : "strata drain");
   proto::DrainResponse resp;
-  absl::Status s = FromGrpcStatus(stub->Drain(&ctx, req, &resp), "master " + master);
+  absl::Status s = FromCall(stub->Drain(&ctx, req, &resp), "master " + master);
   if (!s.ok()) {
     err << "strata drain: " << s.message() << "\n";
     return 1;
@@ -808,6 +846,30 @@ int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     out << d.role << " " << d.index << " " << d.host << " " << port(d.port) << " "
         << port(d.data_port) << " " << port(d.http_port) << "\n";
   }
+  return 0;
+}
+
+// strata security-config --config FILE: the config's security section, for
+// scripts (launch.sh): "mode M", "tls_dir D", "token_file F" (- for none).
+int SecurityConfig(const std::map<std::string, std::string>& f, std::ostream& out,
+                   std::ostream& err) {
+  if (!f.count("config")) {
+    err << "strata security-config: --config FILE is required\n";
+    return 2;
+  }
+  auto config = LoadJobConfig(f.at("config"));
+  if (!config.ok()) {
+    err << "strata security-config: " << config.status().message() << "\n";
+    return 2;
+  }
+  const SecuritySection& s = config->security;
+  if (f.count("json")) {
+    out << absl::StrFormat("{\"mode\": \"%s\", \"tls_dir\": \"%s\", \"token_file\": \"%s\"}\n",
+                           JsonEscape(s.mode), JsonEscape(s.tls_dir), JsonEscape(s.token_file));
+    return 0;
+  }
+  out << "mode " << s.mode << "\ntls_dir " << s.tls_dir << "\ntoken_file "
+      << (s.token_file.empty() ? "-" : s.token_file) << "\n";
   return 0;
 }
 
@@ -1102,7 +1164,7 @@ int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& ou
     return 2;
   }
   auto stub = proto::Master::NewStub(
-      grpc::CreateChannel(it->second, grpc::InsecureChannelCredentials()));
+      ControlChannel(it->second));
   proto::CheckpointRequest req;
   req.set_reason("request");
   req.set_stop_after(f.count("stop") > 0);
@@ -1139,7 +1201,7 @@ int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& ou
       if (shown >= 0 && !tty) out << "\n";
     });
   }
-  absl::Status s = FromGrpcStatus(stub->Checkpoint(&ctx, req, &resp), "master " + it->second);
+  absl::Status s = FromCall(stub->Checkpoint(&ctx, req, &resp), "master " + it->second);
   done.Notify();
   if (progress.joinable()) progress.join();
   if (!s.ok()) {
@@ -1377,6 +1439,48 @@ int ExportCheckpoint(const std::map<std::string, std::string>& f, const Getenv& 
   return 0;
 }
 
+// The credentials from --tls-dir / --token-file / --plaintext, then
+// STRATA_TLS_DIR / STRATA_TOKEN_FILE, then ~/.strata/tls; plain text when
+// there are none.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
+    const std::map<std::string, std::string>& f, const Getenv& env) {
+  auto from = [&](const char* flag, const char* var) -> std::string {
+    if (f.count(flag)) return f.at(flag);
+    const char* v = env(var);
+    return v != nullptr ? v : "";
+  };
+  TlsOptions o;
+  o.dir = from("tls-dir", "STRATA_TLS_DIR");
+  o.token_file = from("token-file", "STRATA_TOKEN_FILE");
+  if (f.count("plaintext")) {
+    if (f.count("tls-dir") || f.count("token-file")) {
+      return absl::InvalidArgumentError("--plaintext goes with neither --tls-dir nor --token-file");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (o.dir.empty()) {
+    const char* home = env("HOME");
+    const std::string def = home != nullptr ? absl::StrCat(home, "/.strata/tls") : "";
+    if (!def.empty() && access((def + "/ca.crt").c_str(), R_OK) == 0) o.dir = def;
+  }
+  if (o.dir.empty()) {
+    if (!o.token_file.empty()) {
+      return absl::InvalidArgumentError(
+          "a token is sent only over TLS: give --tls-dir DIR with the cluster's ca.crt");
+    }
+    g_plaintext_by_default = true;
+    return grpc::InsecureChannelCredentials();
+  }
+  // A client certificate when the directory has one, else the token alone.
+  o.cert_name = access((o.dir + "/client.crt").c_str(), R_OK) == 0 ? "client" : "";
+  if (o.cert_name.empty() && o.token_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.dir, " has no client.crt and no --token-file is given: nothing to authenticate with"));
+  }
+  STRATA_ASSIGN_OR_RETURN(ControlPlaneSecurity s, MakeControlPlaneSecurity(o));
+  return s.client;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
@@ -1415,6 +1519,18 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     return 2;
   }
   const std::string& cmd = args[0];
+  // The commands that call the master: their credentials.
+  if (cmd == "status" || cmd == "top" || cmd == "stop" || cmd == "logs" || cmd == "drain" ||
+      cmd == "wait" || (cmd == "checkpoint" && !sub)) {
+    const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };
+    g_plaintext_by_default = false;
+    auto creds = ClientCredentials(*flags, env);
+    if (!creds.ok()) {
+      err << "strata " << cmd << ": " << creds.status().message() << "\n";
+      return 2;
+    }
+    g_client_creds = *std::move(creds);
+  }
   if (cmd == "status") return Status(*flags, out, err);
   if (cmd == "top") return Top(*flags, out, err);
   if (cmd == "stop") return Stop(*flags, out, err);
@@ -1424,6 +1540,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "wait") return Wait(*flags, out, err);
   if (cmd == "validate") return Validate(*flags, out, err);
   if (cmd == "plan") return Plan(*flags, out, err);
+  if (cmd == "security-config") return SecurityConfig(*flags, out, err);
   if (cmd == "prometheus-config") return PrometheusConfig(*flags, out, err);
   if (cmd == "doctor") return Doctor(*flags, out, err);
   if (cmd == "audit") {

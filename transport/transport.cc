@@ -43,6 +43,14 @@ const char* MessageTypeName(MessageType t) {
       return "RDMA_HELLO_REPLY";
     case MessageType::kReplicate:
       return "REPLICATE";
+    case MessageType::kAuthHello:
+      return "AUTH_HELLO";
+    case MessageType::kAuthHelloReply:
+      return "AUTH_HELLO_REPLY";
+    case MessageType::kAuthProof:
+      return "AUTH_PROOF";
+    case MessageType::kAuthProofReply:
+      return "AUTH_PROOF_REPLY";
     case MessageType::kReplicateResponse:
       return "REPLICATE_RESPONSE";
   }
@@ -52,7 +60,7 @@ const char* MessageTypeName(MessageType t) {
 bool IsValidMessageType(MessageType t) {
   const auto v = static_cast<uint16_t>(t);
   return v >= static_cast<uint16_t>(MessageType::kPullRequest) &&
-         v <= static_cast<uint16_t>(MessageType::kReplicateResponse);
+         v <= static_cast<uint16_t>(MessageType::kAuthProofReply);
 }
 
 MessageType ResponseTypeFor(MessageType request_type) {
@@ -67,6 +75,10 @@ MessageType ResponseTypeFor(MessageType request_type) {
       return MessageType::kRdmaHelloReply;
     case MessageType::kReplicate:
       return MessageType::kReplicateResponse;
+    case MessageType::kAuthHello:
+      return MessageType::kAuthHelloReply;
+    case MessageType::kAuthProof:
+      return MessageType::kAuthProofReply;
     default:
       return request_type;
   }
@@ -183,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
   if (options.kind == "tcp") {
     tcp::TcpOptions tcp_options;
     tcp_options.max_payload_bytes = options.max_payload_bytes;
+    tcp_options.membership = options.membership;
     return tcp::NewTcpTransport(tcp_options);
   }
   if (options.kind == "inproc") {

@@ -17,6 +17,8 @@
 
 namespace strata::transport {
 
+class MembershipKeys;
+
 enum class MessageType : uint16_t {
   kInvalid = 0,
   kPullRequest = 1,   // worker -> pserver: send me partition P (version >= V)
@@ -35,6 +37,13 @@ enum class MessageType : uint16_t {
   // partition's stream, header.count the receiving node's id.
   kReplicate = 9,
   kReplicateResponse = 10,
+  // The data-plane membership handshake, first on a TCP connection when the
+  // cluster runs mTLS (transport/data_plane_auth.h). Handled by the
+  // transport, never given to a RequestHandler.
+  kAuthHello = 11,
+  kAuthHelloReply = 12,
+  kAuthProof = 13,
+  kAuthProofReply = 14,
 };
 const char* MessageTypeName(MessageType t);
 // True for the message types above other than kInvalid: the only types a
@@ -234,6 +243,11 @@ struct TransportOptions {
   // Largest payload accepted from the wire; larger frames are DataLoss and
   // close the connection.
   uint64_t max_payload_bytes = 1ull << 31;
+  // Data-plane membership (transport/data_plane_auth.h): when set, tcp (and
+  // rdma's TCP bootstrap) connections begin with the handshake, and a
+  // server serves only clients that passed it. Null: no handshake (plain
+  // text clusters, tests).
+  std::shared_ptr<MembershipKeys> membership;
 };
 
 // What a transport is doing, for /metrics.

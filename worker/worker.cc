@@ -15,6 +15,7 @@
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "transport/data_plane_auth.h"
 #include "transport/transport_metrics.h"
 
 namespace strata::worker {
@@ -202,7 +203,13 @@ Worker::Stats Worker::stats() const {
 }
 
 absl::Status Worker::Start() {
-  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(options_.transport));
+  // An mtls cluster's data plane serves members only (docs/security.md).
+  transport::TransportOptions topts = options_.transport;
+  if (!options_.security.plaintext && !options_.local_only) {
+    membership_ = std::make_shared<transport::MembershipKeys>();
+    topts.membership = membership_;
+  }
+  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
   // The parameter tensors are where pulls land, the gradient tensors what
   // pushes send: registered once, an rdma pull response is written straight
   // into the parameters and a push is sent straight from the gradients (a
@@ -294,7 +301,8 @@ absl::Status Worker::Start() {
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
   if (options_.local_only) return absl::OkStatus();
-  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address);
+  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address,
+                                                       options_.security.client);
   proto::RegisterRequest req;
   req.set_role(proto::WORKER);
   req.set_index(options_.index);
@@ -315,6 +323,7 @@ absl::Status Worker::Start() {
     absl::SleepFor(absl::Milliseconds(200));
   }
   node_id_ = resp.node_id();
+  TakeDataKey(resp.data_key());
   params_ = std::make_unique<ParamClient>(
       transport_.get(), node_id_, [this] { return FetchView(); },
       absl::Milliseconds(options_.config.cluster.request_timeout_ms));
@@ -354,6 +363,12 @@ absl::Status Worker::Start() {
                     : absl::StrCat(wide_deep_ ? ctr_train_.num_examples : train_.num_examples,
                                    " training examples loaded"));
   return absl::OkStatus();
+}
+
+void Worker::TakeDataKey(const proto::DataPlaneKey& k) {
+  if (membership_ != nullptr && !k.key().empty()) {
+    membership_->Update(node_id_, k.epoch(), k.key(), k.secret());
+  }
 }
 
 absl::Status Worker::CallMaster(
@@ -414,6 +429,7 @@ void Worker::HeartbeatLoop() {
       LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
       continue;
     }
+    TakeDataKey(resp.data_key());
     if (resp.epoch() != params_->epoch()) {
       // One try: this thread must go on heartbeating.
       proto::ClusterView view;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/grpc_channel.h"
+#include "common/security.h"
 #include "common/optimizer.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
@@ -77,6 +78,8 @@ struct WorkerOptions {
   // of their own. The first `trace_max_steps` steps (0 = all).
   std::string trace_path;
   int64_t trace_max_steps = 2000;
+  // Control-plane credentials (docs/security.md); plain text unless set.
+  ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
 };
 
 // The reader options of a CTR job's data files (data.bad_lines).
@@ -173,6 +176,10 @@ class Worker {
   absl::Status CheckViewMatchesModel(const proto::ClusterView& view) const;
   // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
   // for up to cluster.request_timeout_ms.
+  // The data-plane key the master sent (mtls clusters).
+  void TakeDataKey(const proto::DataPlaneKey& k);
+  // This node's data-plane keys (mtls clusters; null in plain text).
+  std::shared_ptr<transport::MembershipKeys> membership_;
   absl::Status CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call);
   absl::Status Evaluate(uint64_t min_version);
   // Test-set accuracy and mean loss of the model's current parameters.

@@ -7,6 +7,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "common/config.h"
+#include "common/security.h"
 #include "common/daemon.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -16,6 +17,8 @@
 #include "worker/worker.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
+DEFINE_string(tls_dir, "",
+              "certificates (ca.crt, worker.crt, worker.key): overrides security.tls_dir");
 DEFINE_string(master, "", "master address host:port (required unless --local)");
 DEFINE_int32(index, 0, "instance index of this worker (0-based)");
 DEFINE_string(host, "127.0.0.1", "address to advertise and bind HTTP on");
@@ -59,6 +62,15 @@ int main(int argc, char** argv) {
   opts.fs = fs->get();
   opts.local_only = FLAGS_local;
   opts.cpu_threads = FLAGS_cpu_threads;
+  if (!FLAGS_local) {
+    // Refuses to start on a key readable by others or a missing certificate.
+    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "worker");
+    if (!security.ok()) {
+      LOG(ERROR) << "cannot start worker: " << security.status().message();
+      return 2;
+    }
+    opts.security = *std::move(security);
+  }
 
   auto worker = strata::worker::Worker::Create(std::move(opts));
   if (!worker.ok()) {

@@ -218,7 +218,27 @@ TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
 TEST(ParseJobConfigTest, UnknownTopLevelKeyNamesKeyAndChoices) {
   ExpectError(ParseWithData("\noptimzer:\n  type: sgd\n"), "local.yaml:7:1: ",
               "unknown key 'optimzer' (expected one of: job, model, "
-              "optimizer, sparse, data, cluster, checkpoint, worker, s3)");
+              "optimizer, sparse, data, cluster, checkpoint, worker, s3, security)");
+}
+
+TEST(ParseJobConfigTest, SecurityIsMtlsUnlessTheConfigSaysPlaintext) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig def, ParseWithData(""));
+  EXPECT_EQ(def.security.mode, "mtls");
+  EXPECT_EQ(def.security.tls_dir, "/etc/strata/tls");
+  EXPECT_EQ(def.security.token_file, "");
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c, ParseWithData("security:\n  mode: plaintext\n  tls_dir: /srv/tls\n"
+                                 "  token_file: /srv/tokens\n  refresh_seconds: 5\n"));
+  EXPECT_EQ(c.security.mode, "plaintext");
+  EXPECT_EQ(c.security.tls_dir, "/srv/tls");
+  EXPECT_EQ(c.security.token_file, "/srv/tokens");
+  EXPECT_EQ(c.security.refresh_seconds, 5);
+  ExpectError(ParseWithData("security:\n  mode: none\n"), "local.yaml:7:9: ",
+              "security.mode");
+  ExpectError(ParseWithData("security:\n  refresh_seconds: 0\n"), "local.yaml:7:20: ",
+              "security.refresh_seconds");
+  ExpectError(ParseWithData("security:\n  tls_dir: \"\"\n"), "local.yaml:7:12: ",
+              "security.tls_dir");
 }
 
 TEST(ParseJobConfigTest, S3SectionNamesTheStoreAndIsCheckedByField) {

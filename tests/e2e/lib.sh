@@ -56,7 +56,10 @@ YAML
 }
 
 # cluster_yaml PORT_BASE: the cluster section of the tests' configs: tcp,
-# fast failure detection, ports PORT_BASE + {0, 1, 10, 20, 30, 40}.
+# fast failure detection, ports PORT_BASE + {0, 1, 10, 20, 30, 40}; and
+# their security section: plain text unless TEST_SECURITY=mtls (launch.sh
+# then makes certificates in the run directory: STRATA_TLS_DIR=RUN/tls/admin
+# for the strata CLI).
 cluster_yaml() {
   local base="$1"
   cat <<YAML
@@ -72,6 +75,8 @@ cluster:
     pserver_data: $((base + 20))
     pserver_http: $((base + 30))
     worker_http: $((base + 40))
+security:
+  mode: ${TEST_SECURITY:-plaintext}
 YAML
 }
 

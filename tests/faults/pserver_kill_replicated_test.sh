@@ -32,6 +32,12 @@ grep -q 'failed over to their backups' "$(summary kill)" || fail "no failover ev
 grep -q 'pserver-1 failed (code 137); restarting' "$WORK/kill.out" ||
   fail "launch.sh did not restart the killed pserver: $(cat "$WORK/kill.out")"
 assert_accuracy_close kill base
+if [[ "${TEST_SECURITY:-}" == mtls ]]; then
+  # (ctest runs this one under mTLS:) the death moved the data-plane key
+  # epoch, and the workers went on with the new keys.
+  grep -q 'data-plane keys of key epoch' "$WORK/run-kill/logs/worker-0.log" ||
+    fail "no data-plane key rotation after the pserver's death"
+fi
 echo "detection $(secs "$t0" "$detected") s, recovery (kill to the next step) $(secs "$t0" "$recovered") s," \
   "ledger: $(ledger_field kill acked) pushes acknowledged, $(ledger_field kill lost) lost"
 throughput kill "$recovered"

@@ -183,5 +183,17 @@ TEST(RenderStatusPageTest, EmptyClusterAndNoRefresh) {
   EXPECT_EQ(Count(page, "no data yet"), 3);
 }
 
+TEST(RenderStatusPageTest, PlainTextIsSaid) {
+  proto::GetStatusResponse st;
+  st.mutable_job()->set_security("plaintext (no authentication)");
+  std::string page = RenderStatusPage(st, 0, 0);
+  EXPECT_TRUE(absl::StrContains(page, "<p id=\"security\" class=\"warning\">Security: "
+                                      "<strong>plain text</strong>"));
+  st.mutable_job()->set_security("mtls");
+  page = RenderStatusPage(st, 0, 0);
+  EXPECT_TRUE(absl::StrContains(page, "<p id=\"security\">Security: mTLS</p>"));
+  EXPECT_FALSE(absl::StrContains(page, "plain text"));
+}
+
 }  // namespace
 }  // namespace strata::master

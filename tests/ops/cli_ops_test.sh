@@ -92,11 +92,12 @@ acts = [(r['action'], r['who'], r['result']) for r in recs]
 assert sum(a == 'node_join' for a, _, _ in acts) == 4, acts
 stops = [r for r in recs if r['action'] == 'stop']
 assert len(stops) == 2, stops
-assert stops[0]['who'].startswith('ipv4:127.0.0.1:') and stops[0]['result'] == 'ok', stops[0]
+assert stops[0]['who'] == 'plaintext' and stops[0]['from'].startswith('ipv4:127.0.0.1:') \
+    and stops[0]['result'] == 'ok', stops[0]
 assert stops[1]['result'].startswith('failed: FAILED_PRECONDITION'), stops[1]
 assert any(a == 'job_state' and 'stopped' in r['detail'] for r, (a, _, _) in zip(recs, acts)), acts
 for r in recs:
-    assert set(r) == {'seq', 'unix_ms', 'time', 'who', 'action', 'target', 'result', 'detail', 'prev', 'hash'}, r
+    assert set(r) == {'seq', 'unix_ms', 'time', 'who', 'from', 'action', 'target', 'result', 'detail', 'prev', 'hash'}, r
 print(f'audit: {len(recs)} records; stop by {stops[0]["who"]}')
 PY
 sed '3s/"result": "ok"/"result": "OK"/' "$audit" > "$work/audit-edited.jsonl"

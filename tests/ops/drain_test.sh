@@ -83,7 +83,7 @@ recs = [json.loads(l) for l in open(sys.argv[1])]
 drains = [r for r in recs if r['action'] == 'drain']
 ok = [r for r in drains if r['result'] == 'ok']
 refused = [r for r in drains if r['result'].startswith('failed: FAILED_PRECONDITION')]
-assert len(ok) == 3 and all(r['who'].startswith('ipv4:127.0.0.1:') for r in ok), drains
+assert len(ok) == 3 and all(r['from'].startswith('ipv4:127.0.0.1:') for r in ok), drains
 assert any('the last worker' in r['result'] for r in refused), refused
 assert any('master cannot be drained' in r['result'] for r in refused), refused
 kinds = [r['action'] for r in recs]

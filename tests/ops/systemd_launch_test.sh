@@ -137,7 +137,8 @@ done
 # 2. The job and its hosts, validated against the hosts.
 base=7500
 # (Long enough never to end by itself: the test stops it.)
-write_config "$work/job.yaml" bsp 1000 "$base" 12000
+# (mTLS: launch.sh makes the certificates and installs each host's.)
+TEST_SECURITY=mtls write_config "$work/job.yaml" bsp 1000 "$base" 12000
 cat > "$work/hosts" <<HOSTS
 # The master and a pserver on one host, a pserver and a worker on the next, a worker on the last.
 $(addr_of 1) master pserver
@@ -153,6 +154,17 @@ HOSTS
   { cat "$work/up.out"; for h in "${hosts[@]}"; do "${SSH[@]}" "$(addr_of "$h")" 'journalctl -u "strata-*" --no-pager | tail -20'; done; fail "launch.sh up --systemd failed"; }
 grep -q 'cluster up under systemd' "$work/up.out" || { cat "$work/up.out"; fail "up --systemd did not say so"; }
 master="$(addr_of 1):$base"
+# The operator's certificate, made by launch.sh (docs/security.md).
+export STRATA_TLS_DIR="$work/run/tls/admin"
+# Each host got its own certificates only, the keys the daemons' user's alone.
+for h in "${hosts[@]}"; do
+  "${SSH[@]}" "$(addr_of "$h")" 'stat -c "%n %a %U" /etc/strata/tls/*.key; test ! -e /etc/strata/tls/ca.key' \
+    > "$work/keys-$h.txt" || fail "host $h: no certificates in /etc/strata/tls, or the CA's key"
+  grep -qv ' 600 strata$' "$work/keys-$h.txt" && { cat "$work/keys-$h.txt"; fail "host $h: a key not 0600 strata's"; }
+done
+grep -q '/etc/strata/tls/master.key 600 strata' "$work/keys-1.txt" || fail "host 1 has no master key"
+grep -q '/etc/strata/tls/worker.key 600 strata' "$work/keys-3.txt" || fail "host 3 has no worker key"
+grep -q master "$work/keys-3.txt" && fail "host 3 got the master's key"
 wait_steps "$master" 200
 
 # 4. Watch it. Each daemon is its unit's main process, running as strata.
@@ -257,13 +269,15 @@ done
   { cat "$work/run/summary.json" 2>/dev/null; fail "the summary did not come back, or the job is not stopped"; }
 grep -q '"kind": "node_dead"' "$work/run/events.jsonl" || fail "the event log did not come back with the worker's death"
 grep -q 'registered as node' "$work/run/logs/master-0.log" || fail "the master's journal did not come back"
+grep -q 'control plane: mTLS, certificate /etc/strata/tls/master.crt' "$work/run/logs/master-0.log" ||
+  fail "the master did not run with mTLS"
 "$STRATA" audit verify --file "$work/run/audit.jsonl" > /dev/null || fail "the audit log did not come back intact"
-grep -q "\"who\": \"ipv4:$subnet.1:[0-9]*\", \"action\": \"stop\"" "$work/run/audit.jsonl" ||
+grep -q "\"who\": \"admin:admin\", \"from\": \"ipv4:$subnet.1:[0-9]*\", \"action\": \"stop\"" "$work/run/audit.jsonl" ||
   fail "the audit log does not name the operator's stop"
 grep -q 'progress: worker 1' "$work/run/logs/worker-1.log" || fail "worker 1's journal did not come back"
 
 # A whole job with run --systemd: up, its progress, the summary, down.
-write_config "$work/short.yaml" bsp 2 "$base" 6000
+TEST_SECURITY=mtls write_config "$work/short.yaml" bsp 2 "$base" 6000
 "$ROOT/scripts/launch.sh" run --systemd --config "$work/short.yaml" --hosts "$work/hosts" \
   --remote-cmd "${SSH[*]}" --run-dir "$work/run2" --bin-dir "$BUILD_DIR/bin" --timeout 300 \
   > "$work/run2.out" 2>&1 || { cat "$work/run2.out"; fail "launch.sh run --systemd failed"; }

@@ -45,7 +45,8 @@ class AuditLogTest : public ::testing::Test {
     auto log = AuditLog::Open(path_);
     EXPECT_TRUE(log.ok()) << log.status();
     for (int i = 0; i < n; ++i) {
-      AuditRecord r{absl::StrCat("ipv4:10.0.0.", i, ":5000"), i % 2 ? "checkpoint" : "register",
+      AuditRecord r{absl::StrCat("operator:node", i), absl::StrCat("ipv4:10.0.0.", i, ":5000"),
+                    i % 2 ? "checkpoint" : "register",
                     absl::StrCat("worker ", i), "ok", "a \"quoted\" detail\nover lines"};
       EXPECT_TRUE((*log)->Append(r, absl::FromUnixMillis(1764590000000 + i)).ok());
     }
@@ -59,8 +60,8 @@ TEST_F(AuditLogTest, RecordsChainAndVerify) {
   ASSERT_EQ(lines.size(), 5u);
   EXPECT_THAT(lines[0], ::testing::StartsWith(
                             "{\"seq\": 1, \"unix_ms\": 1764590000000, \"time\": "
-                            "\"2025-12-01T11:53:20.000Z\", \"who\": \"ipv4:10.0.0.0:5000\", "
-                            "\"action\": \"register\", \"target\": \"worker 0\", \"result\": "
+                            "\"2025-12-01T11:53:20.000Z\", \"who\": \"operator:node0\", "
+                            "\"from\": \"ipv4:10.0.0.0:5000\", \"action\": \"register\", \"target\": \"worker 0\", \"result\": "
                             "\"ok\", \"detail\": \"a \\\"quoted\\\" detail\\u000aover lines\", "
                             "\"prev\": \"0000000000000000000000000000000000000000000000000000000000000000\""));
   auto head = VerifyAuditLog(Read(path_), path_);
@@ -84,7 +85,7 @@ TEST_F(AuditLogTest, AReopenedLogCarriesTheChainOn) {
     auto log = AuditLog::Open(path_);
     ASSERT_TRUE(log.ok()) << log.status();
     EXPECT_EQ((*log)->head().seq, 3u);
-    ASSERT_TRUE((*log)->Append({"master", "node_dead", "pserver 1", "ok", ""}, absl::Now()).ok());
+    ASSERT_TRUE((*log)->Append({"master", "", "node_dead", "pserver 1", "ok", ""}, absl::Now()).ok());
   }
   auto head = VerifyAuditLog(Read(path_), path_);
   ASSERT_TRUE(head.ok()) << head.status();

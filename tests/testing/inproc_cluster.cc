@@ -63,6 +63,17 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
   mopts.http_port = 0;
   mopts.fs = c->fs_;
   mopts.resume = options.resume;
+  mopts.audit_log = options.audit_log;
+  // Each daemon's credentials, as its main() makes them.
+  auto security = [&](const char* role) -> absl::StatusOr<ControlPlaneSecurity> {
+    if (options.tls_dir.empty()) return ControlPlaneSecurity::Plaintext();
+    TlsOptions t;
+    t.dir = options.tls_dir;
+    t.cert_name = role;
+    t.token_file = options.token_file;
+    return MakeControlPlaneSecurity(t);
+  };
+  STRATA_ASSIGN_OR_RETURN(mopts.security, security("master"));
   STRATA_ASSIGN_OR_RETURN(c->master_, master::MasterServer::Create(std::move(mopts)));
   STRATA_RETURN_IF_ERROR(c->master_->Start());
 
@@ -77,6 +88,7 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
     p.transport = topts;
     p.apply_threads = options.pserver_apply_threads;
     p.fs = c->fs_;
+    STRATA_ASSIGN_OR_RETURN(p.security, security("pserver"));
     STRATA_ASSIGN_OR_RETURN(auto ps, pserver::PServer::Create(std::move(p)));
     STRATA_RETURN_IF_ERROR(ps->Start());
     c->pservers_.push_back(std::move(ps));
@@ -89,6 +101,7 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
     w.http_port = 0;
     w.transport = topts;
     w.fs = c->fs_;
+    STRATA_ASSIGN_OR_RETURN(w.security, security("worker"));
     w.shuffle_within_task = options.shuffle_within_task;
     if (i < static_cast<int>(options.task_sources.size())) {
       w.task_source = std::move(options.task_sources[i]);

@@ -31,6 +31,12 @@ struct InProcClusterOptions {
   // Borrowed; every daemon's file system (data, checkpoints). nullptr = a
   // POSIX one of the cluster's own.
   storage::FileSystem* fs = nullptr;
+  // mTLS on every gRPC channel (docs/security.md): a directory with ca.crt
+  // and master, pserver and worker .crt/.key (gen-certs.sh's HOST/); the
+  // servers' token table. "" = plain text.
+  std::string tls_dir;
+  std::string token_file;
+  std::string audit_log;  // the master's, "" = none
   std::string resume;  // MasterOptions::resume
 };
 

@@ -377,7 +377,7 @@ TEST(CliTest, AuditVerifyChecksTheChainAndNamesTheBrokenLine) {
     auto log = storage::AuditLog::Open(path);
     ASSERT_TRUE(log.ok()) << log.status();
     for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE((*log)->Append({"ipv4:127.0.0.1:1", "stop", "job", "ok", ""}, absl::Now()).ok());
+      ASSERT_TRUE((*log)->Append({"admin:admin", "ipv4:127.0.0.1:1", "stop", "job", "ok", ""}, absl::Now()).ok());
     }
   }
   Result r = RunStrata({"audit", "verify", "--file", path});

@@ -16,6 +16,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptio
   LOG(INFO) << "transport auto: using TCP (built without RDMA support)";
   tcp::TcpOptions t;
   t.max_payload_bytes = options.max_payload_bytes;
+  t.membership = options.membership;
   return tcp::NewTcpTransport(t);
 }
 

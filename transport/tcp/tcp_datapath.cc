@@ -23,6 +23,8 @@
 #include "absl/time/time.h"
 #include "transport/tcp/tcp_transport.h"
 
+#include "openssl/crypto.h"
+
 namespace strata::transport::tcp {
 namespace {
 
@@ -370,11 +372,88 @@ ServerEndpoint::ServerEndpoint(int fd, std::string peer,
                                std::shared_ptr<const RequestHandler> handler)
     : Endpoint(fd, std::move(peer), options),
       handler_(std::move(handler)),
-      rdma_hello_handler_(options.rdma_hello_handler) {}
+      rdma_hello_handler_(options.rdma_hello_handler),
+      membership_(options.membership) {}
+
+absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
+  const MessageHeader h = request.header;
+  // (A responder only for the handshake's own requests: anything else is
+  // not answered at all.)
+  auto responder = [&] {
+    return std::make_shared<TcpResponder>(std::weak_ptr<Endpoint>(shared_from_this()), h, peer());
+  };
+  if (h.type == MessageType::kAuthHello && server_nonce_.empty()) {
+    if (request.payload.size() != kAuthNonceBytes) {
+      return absl::DataLossError(absl::StrCat("data-plane handshake from ", peer(),
+                                              ": a client nonce of ", request.payload.size(),
+                                              " bytes"));
+    }
+    client_nonce_ = std::move(request.payload);
+    claimed_node_ = h.sender_id;
+    claimed_epoch_ = h.epoch;
+    server_nonce_ = RandomBytes(kAuthNonceBytes);
+    Message reply;
+    reply.header.type = MessageType::kAuthHelloReply;
+    reply.payload = server_nonce_;
+    responder()->Respond(std::move(reply));
+    return absl::OkStatus();
+  }
+  if (h.type == MessageType::kAuthProof && !server_nonce_.empty()) {
+    absl::StatusOr<std::string> key = membership_->KeyOf(claimed_node_, claimed_epoch_);
+    absl::Status refused;
+    if (!key.ok()) {
+      refused = key.status();
+    } else {
+      const std::string want = HandshakeMac(*key, /*server=*/false, claimed_node_,
+                                            claimed_epoch_, server_nonce_, client_nonce_);
+      if (request.payload.size() != want.size() ||
+          CRYPTO_memcmp(request.payload.data(), want.data(), want.size()) != 0) {
+        refused = absl::PermissionDeniedError(absl::StrCat(
+            "data-plane handshake of node ", claimed_node_, " from ", peer(),
+            ": the proof does not verify (not a member, or a replayed handshake)"));
+      }
+    }
+    if (!refused.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "tcp: refused a connection: " << refused.message();
+      responder()->Respond(MakeErrorResponse(h, MessageType::kAuthProofReply, refused));
+      return refused;  // closes the connection
+    }
+    authenticated_ = true;
+    VLOG(1) << "tcp: node " << claimed_node_ << " at " << peer() << " is a member";
+    Message reply;
+    reply.header.type = MessageType::kAuthProofReply;
+    reply.payload = HandshakeMac(*key, /*server=*/true, claimed_node_, claimed_epoch_,
+                                 server_nonce_, client_nonce_);
+    responder()->Respond(std::move(reply));
+    return absl::OkStatus();
+  }
+  // Anything else first: dropped unserved, with the connection.
+  const absl::Status dropped = absl::PermissionDeniedError(
+      absl::StrCat(MessageTypeName(h.type), " from ", peer(),
+                   " before the data-plane handshake: connection closed unserved"));
+  LOG_EVERY_N(WARNING, 10) << "tcp: " << dropped.message();
+  return dropped;
+}
 
 absl::Status ServerEndpoint::OnFrame(Message request) {
+  if (membership_ != nullptr && !authenticated_) return OnHandshakeFrame(std::move(request));
   auto responder = std::make_shared<TcpResponder>(
       std::weak_ptr<Endpoint>(shared_from_this()), request.header, peer());
+  switch (request.header.type) {
+    case MessageType::kAuthHello:
+    case MessageType::kAuthProof:
+      if (membership_ == nullptr) {
+        // A client that wants a handshake, at a server without one.
+        responder->Respond(MakeErrorResponse(
+            request.header, ResponseTypeFor(request.header.type),
+            absl::FailedPreconditionError(
+                "this server runs no data-plane handshake (security.mode plaintext?)")));
+        return absl::OkStatus();
+      }
+      return absl::DataLossError(absl::StrCat("a second data-plane handshake from ", peer()));
+    default:
+      break;
+  }
   if (request.header.type == MessageType::kRdmaHello) {
     if (rdma_hello_handler_) {
       rdma_hello_handler_(std::move(request), std::move(responder));

@@ -27,9 +27,69 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/synchronization/notification.h"
+#include "openssl/crypto.h"
 
 namespace strata::transport::tcp {
 namespace {
+
+// One request of the handshake on `e`, waiting at most until `deadline`
+// (then the connection is closed and the call fails).
+absl::StatusOr<Message> HandshakeCall(ClientEndpoint* e, Message request, absl::Time deadline) {
+  struct State {
+    absl::Notification done;
+    absl::StatusOr<Message> result;
+  };
+  auto state = std::make_shared<State>();
+  e->Call(std::move(request), [state](absl::StatusOr<Message> r) {
+    state->result = std::move(r);
+    state->done.Notify();
+  });
+  if (!state->done.WaitForNotificationWithDeadline(deadline)) {
+    e->RequestClose();
+    state->done.WaitForNotification();  // (the close fails the call)
+    return absl::DeadlineExceededError("no answer in time");
+  }
+  if (!state->result.ok()) return state->result.status();
+  absl::Status s = ResponseStatus(*state->result);
+  if (!s.ok()) return s;
+  return std::move(state->result);
+}
+
+// The client's side of the data-plane handshake (data_plane_auth.h).
+absl::Status ClientHandshake(ClientEndpoint* e, const MembershipKeys& keys, absl::Time deadline) {
+  absl::StatusOr<MembershipKeys::Own> own = keys.OwnKey();
+  if (!own.ok()) return absl::UnavailableError(own.status().message());
+  Message hello;
+  hello.header.type = MessageType::kAuthHello;
+  hello.header.sender_id = own->node_id;
+  hello.header.epoch = own->epoch;
+  const std::string client_nonce = RandomBytes(kAuthNonceBytes);
+  hello.payload = client_nonce;
+  absl::StatusOr<Message> reply = HandshakeCall(e, std::move(hello), deadline);
+  if (!reply.ok()) return reply.status();
+  if (reply->payload.size() != kAuthNonceBytes) {
+    return absl::DataLossError(
+        absl::StrCat("a server nonce of ", reply->payload.size(), " bytes"));
+  }
+  const std::string server_nonce = reply->payload;
+  Message proof;
+  proof.header.type = MessageType::kAuthProof;
+  proof.header.sender_id = own->node_id;
+  proof.header.epoch = own->epoch;
+  proof.payload = HandshakeMac(own->key, /*server=*/false, own->node_id, own->epoch,
+                               server_nonce, client_nonce);
+  reply = HandshakeCall(e, std::move(proof), deadline);
+  if (!reply.ok()) return reply.status();
+  const std::string want = HandshakeMac(own->key, /*server=*/true, own->node_id, own->epoch,
+                                        server_nonce, client_nonce);
+  if (reply->payload.size() != want.size() ||
+      CRYPTO_memcmp(reply->payload.data(), want.data(), want.size()) != 0) {
+    return absl::PermissionDeniedError(
+        "the server's proof does not verify: it does not hold this cluster's keys");
+  }
+  return absl::OkStatus();
+}
 
 // Size of the epoll thread's read buffer.
 constexpr size_t kScratchBytes = 256 << 10;
@@ -356,6 +416,15 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
   if (!s.ok()) {
     endpoint->Close(s);
     return s;
+  }
+  if (options_.membership != nullptr) {
+    s = ClientHandshake(endpoint.get(), *options_.membership,
+                        absl::Now() + options_.connect_timeout);
+    if (!s.ok()) {
+      endpoint->RequestClose();
+      return absl::Status(s.code(),
+                          absl::StrCat("data-plane handshake with ", address, ": ", s.message()));
+    }
   }
   VLOG(1) << "tcp: connected to " << address;
   return std::shared_ptr<Connection>(

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "transport/data_plane_auth.h"
 #include "transport/transport.h"
 
 namespace strata::transport::tcp {
@@ -78,6 +79,9 @@ struct TcpOptions {
   RequestHandler rdma_hello_handler;
   // Called once when a connection (either side) closes, with its endpoint.
   std::function<void(Endpoint* endpoint, const absl::Status& reason)> on_close;
+  // Data-plane membership (transport/data_plane_auth.h): the handshake
+  // opens every connection; null = none.
+  std::shared_ptr<MembershipKeys> membership;
 };
 
 absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
@@ -194,8 +198,18 @@ class ServerEndpoint : public Endpoint {
   void OnClosed(const absl::Status& reason) override;
 
  private:
+  // Epoll thread: the handshake's requests until it succeeded; anything
+  // else closes the connection unserved.
+  absl::Status OnHandshakeFrame(Message request);
+
   const std::shared_ptr<const RequestHandler> handler_;
   const RequestHandler rdma_hello_handler_;
+  const std::shared_ptr<MembershipKeys> membership_;
+  // Handshake state (epoll thread only).
+  bool authenticated_ = false;
+  std::string server_nonce_, client_nonce_;
+  uint32_t claimed_node_ = 0;
+  uint64_t claimed_epoch_ = 0;
 };
 
 // Client side: matches responses to pending calls by request_id.

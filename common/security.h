@@ -1,0 +1,167 @@
+// Who may talk to a Strata daemon over the control plane (gRPC), and what
+// each caller may do (docs/security.md).
+//
+// Every daemon's gRPC server and every channel between daemons is TLS with
+// certificates of the cluster's CA, made by scripts/gen-certs.sh. The
+// certificate names its holder: OU is the role (master, pserver, worker for
+// daemons; admin, operator, viewer for people), CN the name
+// ("worker@10.0.0.7", "alice"). People may instead present a bearer token
+// from the server's token file. A caller's identity is taken from the
+// verified certificate or token only, never from a request field.
+//
+// Each RPC method is allowed for a stated set of roles (RpcPolicy());
+// anything not listed is denied.
+//
+// Plain text (no TLS, no authentication, everything allowed) exists only
+// when the config says `security.mode: plaintext`; the daemons then say so
+// in their log, in `strata status` and on the status page.
+#ifndef STRATA_COMMON_SECURITY_H_
+#define STRATA_COMMON_SECURITY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+#include "common/config.h"
+#include "grpcpp/grpcpp.h"
+
+namespace strata {
+
+enum class Role { kNone, kMaster, kPServer, kWorker, kAdmin, kOperator, kViewer };
+// "master", ..., "viewer"; "none".
+const char* RoleName(Role role);
+// The role named `name` (as RoleName gives it), or kNone.
+Role ParseRole(absl::string_view name);
+// Every role but kNone, daemons first.
+const std::vector<Role>& AllRoles();
+
+// A caller, as the server established it.
+struct Identity {
+  Role role = Role::kNone;
+  std::string name;    // certificate CN or token name; "" in plain text
+  std::string source;  // "certificate" | "token" | "plaintext"
+  // "worker:worker@10.0.0.7" (role:name), for logs and the audit log.
+  std::string ToString() const;
+};
+
+// The control plane's settings for one process.
+struct TlsOptions {
+  bool plaintext = false;
+  // ca.crt plus this process's <cert_name>.crt and <cert_name>.key.
+  std::string dir;
+  // "master", "pserver", "worker" for daemons; "client" for the CLI; "" for
+  // a client with no certificate (it then needs a token).
+  std::string cert_name;
+  // Servers: the token table ("name role token" lines), "" = none.
+  // Clients: a file holding this client's token, "" = none.
+  std::string token_file;
+  // How often certificate, CA and token files are read again.
+  absl::Duration refresh = absl::Seconds(60);
+};
+
+// OK when the file at `path` is a regular file readable by its owner only
+// (no group or other permission bits); FailedPrecondition naming the file
+// and its mode otherwise, NotFound when it is missing.
+absl::Status CheckSecretFilePermissions(const std::string& path);
+
+// The CA, and the certificates and tokens a server accepts. Re-reads its
+// files when they change (checked at most once per `refresh`), so renewed
+// certificates and edited token files take effect without a restart.
+// Thread-safe.
+class Authenticator {
+ public:
+  // Reads dir/ca.crt and the token file (if any). Errors name the file.
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(const TlsOptions& options);
+  Authenticator(const Authenticator&) = delete;
+  Authenticator& operator=(const Authenticator&) = delete;
+
+  // The caller of the RPC in `ctx`: its client certificate, verified against
+  // the CA (chain, validity dates, the role in OU), else the bearer token of
+  // its "authorization" metadata. Unauthenticated with the reason (no
+  // credentials, untrusted or expired certificate, unknown token).
+  absl::StatusOr<Identity> Identify(const grpc::ServerContext& ctx);
+  // The same check on a PEM certificate or a token (tests, HTTP).
+  absl::StatusOr<Identity> IdentifyCertificate(absl::string_view pem);
+  absl::StatusOr<Identity> IdentifyToken(absl::string_view token);
+
+ private:
+  struct Token {
+    std::string name;
+    Role role;
+    std::string sha256;  // of the token
+  };
+  explicit Authenticator(TlsOptions options) : options_(std::move(options)) {}
+  absl::Status ReloadLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const TlsOptions options_;
+  absl::Mutex mu_;
+  std::string ca_pem_ ABSL_GUARDED_BY(mu_);
+  std::vector<Token> tokens_ ABSL_GUARDED_BY(mu_);
+  int64_t ca_mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t tokens_mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// A daemon's or client's control-plane credentials, made once in main.
+struct ControlPlaneSecurity {
+  bool plaintext = true;
+  std::shared_ptr<grpc::ServerCredentials> server;   // for servers
+  std::shared_ptr<grpc::ChannelCredentials> client;  // for channels
+  std::shared_ptr<Authenticator> auth;               // null in plain text
+
+  // Insecure credentials; every caller is allowed (tests, plaintext mode).
+  static ControlPlaneSecurity Plaintext();
+  // "mtls" or "plaintext (no authentication)".
+  std::string ModeString() const;
+  // The caller of `ctx` (Unauthenticated with the reason). Plain text: an
+  // identity of source "plaintext".
+  absl::StatusOr<Identity> Identify(const grpc::ServerContext& ctx) const;
+  // Whether `who` may call `method` (a full gRPC name,
+  // "/strata.proto.Master/Stop"): PermissionDenied with the reason. Plain
+  // text: always.
+  absl::Status Permits(const Identity& who, absl::string_view method) const;
+  // Both.
+  absl::StatusOr<Identity> Authorize(const grpc::ServerContext& ctx,
+                                     absl::string_view method) const;
+};
+
+// Builds the credentials: in TLS mode reads dir/ca.crt and, unless
+// cert_name is empty, dir/<cert_name>.crt and .key (the key refused when
+// group or others may read it). Servers ask for a client certificate but
+// verify it themselves (Authenticator), so refusals can be logged and
+// audited with the caller's address.
+absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& options);
+
+// A daemon's credentials from the config's security section: its
+// certificate `cert_name` ("master", "pserver", "worker") in `tls_dir`, or
+// security.tls_dir when that is empty. Logs the mode (plain text as a
+// warning). Errors name the file and what is wrong with it.
+absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& section,
+                                                    const std::string& tls_dir,
+                                                    const std::string& cert_name);
+
+// Limits of every control-plane server (docs/security.md): a bound on a
+// received message, on metadata, on concurrent calls per connection, on
+// handler threads, and idle connections closed.
+inline constexpr int kMaxControlMessageBytes = 32 << 20;
+inline constexpr int kMaxControlMetadataBytes = 8 << 10;
+inline constexpr int kMaxStreamsPerConnection = 16;
+inline constexpr int kMaxControlThreads = 256;
+void ApplyServerLimits(grpc::ServerBuilder* builder);
+
+// The policy: each method's allowed roles. Methods are full gRPC names.
+const std::map<std::string, std::vector<Role>>& RpcPolicy();
+// OK when `role` may call `method`; PermissionDenied naming both otherwise
+// (also for a method the policy does not list).
+absl::Status CheckRpcPolicy(Role role, absl::string_view method);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_SECURITY_H_

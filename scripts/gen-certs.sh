@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Makes the certificates of a Strata cluster with OpenSSL (docs/security.md).
+#
+#   gen-certs.sh cluster --hosts HOSTFILE --out DIR [--days N]
+#       DIR/ca/ca.crt, ca.key    the cluster CA (made once, reused after;
+#                                ca.key never leaves this machine)
+#       DIR/HOST/                one directory a host of the host file, to
+#                                install as that host's /etc/strata/tls:
+#                                ca.crt and ROLE.crt, ROLE.key for each role
+#                                the host runs (master, pserver, worker);
+#                                subject O=strata, OU=ROLE, CN=ROLE@HOST, the
+#                                host as subjectAltName
+#       DIR/admin/               ca.crt, client.crt, client.key of a person
+#                                "admin" with role admin: the CLI's --tls-dir
+#   gen-certs.sh user --out DIR --name NAME --role admin|operator|viewer [--days N]
+#       DIR/users/NAME/          ca.crt, client.crt, client.key (CN=NAME, OU=ROLE)
+#   gen-certs.sh node --out DIR --host HOST --role master|pserver|worker [--days N]
+#       DIR/HOST/ROLE.crt, .key  one more daemon certificate
+#   gen-certs.sh token --out DIR --name NAME --role admin|operator|viewer
+#       appends "NAME ROLE TOKEN" to DIR/tokens (mode 0600: the servers'
+#       security.token_file) and writes the token alone to
+#       DIR/users/NAME/token (the CLI's --token-file)
+#
+# Keys are ECDSA P-256, mode 0600. --days: validity of the new certificates
+# (default 825; 0 makes one that has already expired, for tests).
+set -euo pipefail
+
+die() { echo "gen-certs.sh: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; }
+
+[[ $# -ge 1 ]] || { usage >&2; exit 2; }
+cmd="$1"; shift
+OUT="" HOSTS="" DAYS=825 NAME="" ROLE="" HOST=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --hosts) HOSTS="$2"; shift 2 ;;
+    --days) DAYS="$2"; shift 2 ;;
+    --name) NAME="$2"; shift 2 ;;
+    --role) ROLE="$2"; shift 2 ;;
+    --host) HOST="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1'" ;;
+  esac
+done
+[[ -n "$OUT" ]] || die "--out DIR is required"
+[[ "$DAYS" =~ ^[0-9]+$ ]] || die "--days must be a whole number, got '$DAYS'"
+command -v openssl > /dev/null || die "openssl not found (apt-get install openssl)"
+umask 077
+
+# The CA: made once.
+ensure_ca() {
+  mkdir -p "$OUT/ca"
+  if [[ -f "$OUT/ca/ca.crt" && -f "$OUT/ca/ca.key" ]]; then return; fi
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+    -keyout "$OUT/ca/ca.key" -out "$OUT/ca/ca.crt" -days 3650 \
+    -subj "/O=strata/CN=strata cluster CA $(date -u +%Y%m%d%H%M%S)" \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" 2> "$OUT/ca/openssl.log" ||
+    { cat "$OUT/ca/openssl.log" >&2; die "cannot make the CA"; }
+  chmod 600 "$OUT/ca/ca.key"
+  chmod 644 "$OUT/ca/ca.crt"
+  echo "CA: $OUT/ca/ca.crt"
+}
+
+# sign DIR BASENAME OU CN SAN: DIR/BASENAME.key and DIR/BASENAME.crt.
+sign() {
+  local dir="$1" base="$2" ou="$3" cn="$4" san="$5"
+  mkdir -p "$dir"
+  cp "$OUT/ca/ca.crt" "$dir/ca.crt"
+  chmod 644 "$dir/ca.crt"
+  local ext; ext="$(mktemp)"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [[ -n "$san" ]] && echo "subjectAltName=$san"
+  } > "$ext"
+  if ! openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -keyout "$dir/$base.key" -out "$dir/$base.csr" -subj "/O=strata/OU=$ou/CN=$cn" \
+      2> "$dir/openssl.log" ||
+     ! openssl x509 -req -in "$dir/$base.csr" -CA "$OUT/ca/ca.crt" -CAkey "$OUT/ca/ca.key" \
+      -set_serial "0x$(openssl rand -hex 16)" -days "$DAYS" -extfile "$ext" \
+      -out "$dir/$base.crt" 2>> "$dir/openssl.log"; then
+    cat "$dir/openssl.log" >&2
+    rm -f "$ext"
+    die "cannot make $dir/$base.crt"
+  fi
+  rm -f "$ext" "$dir/$base.csr" "$dir/openssl.log"
+  chmod 600 "$dir/$base.key"
+  chmod 644 "$dir/$base.crt"
+}
+
+# The subjectAltName of a host: its address or name (and loopback's names).
+san_of() {
+  local h="$1"
+  if [[ "$h" =~ ^[0-9.]+$ ]]; then
+    echo -n "IP:$h"
+  elif [[ "$h" == *:* ]]; then
+    echo -n "IP:$h"
+  else
+    echo -n "DNS:$h"
+  fi
+  case "$h" in
+    127.0.0.1) echo -n ",DNS:localhost" ;;
+    127.*|localhost|::1) echo -n ",DNS:localhost,IP:127.0.0.1" ;;
+  esac
+}
+
+check_person_role() {
+  case "$1" in admin|operator|viewer) ;; *) die "--role must be admin, operator or viewer, got '$1'" ;; esac
+}
+
+case "$cmd" in
+  cluster)
+    [[ -n "$HOSTS" ]] || die "cluster: --hosts HOSTFILE is required"
+    [[ -r "$HOSTS" ]] || die "cluster: cannot read $HOSTS"
+    ensure_ca
+    n=0
+    # Host file lines: HOST ROLE[=COUNT]...; '#' comments (common/host_file.h).
+    while IFS= read -r line || [[ -n "$line" ]]; do
+      line="${line%%#*}"
+      read -r -a f <<< "$line" || true
+      [[ ${#f[@]} -ge 2 ]] || continue
+      host="${f[0]}"
+      for item in "${f[@]:1}"; do
+        role="${item%%=*}"
+        case "$role" in master|pserver|worker) ;; *) die "$HOSTS: unknown role '$role' on host $host" ;; esac
+        sign "$OUT/$host" "$role" "$role" "$role@$host" "$(san_of "$host")"
+        n=$((n + 1))
+      done
+    done < "$HOSTS"
+    [[ $n -gt 0 ]] || die "$HOSTS: no daemons"
+    sign "$OUT/admin" client admin admin ""
+    echo "certificates of $n daemon role(s) in $OUT/<host>/; the CLI's in $OUT/admin (role admin)"
+    ;;
+  user)
+    [[ -n "$NAME" && -n "$ROLE" ]] || die "user: --name NAME and --role ROLE are required"
+    check_person_role "$ROLE"
+    [[ "$NAME" =~ ^[A-Za-z0-9._@-]+$ ]] || die "user: --name may hold letters, digits and ._@- only"
+    ensure_ca
+    sign "$OUT/users/$NAME" client "$ROLE" "$NAME" ""
+    echo "$OUT/users/$NAME: $NAME ($ROLE)"
+    ;;
+  node)
+    [[ -n "$HOST" && -n "$ROLE" ]] || die "node: --host HOST and --role ROLE are required"
+    case "$ROLE" in master|pserver|worker) ;; *) die "node: --role must be master, pserver or worker" ;; esac
+    ensure_ca
+    sign "$OUT/$HOST" "$ROLE" "$ROLE" "$ROLE@$HOST" "$(san_of "$HOST")"
+    echo "$OUT/$HOST/$ROLE.crt"
+    ;;
+  token)
+    [[ -n "$NAME" && -n "$ROLE" ]] || die "token: --name NAME and --role ROLE are required"
+    check_person_role "$ROLE"
+    [[ "$NAME" =~ ^[A-Za-z0-9._@-]+$ ]] || die "token: --name may hold letters, digits and ._@- only"
+    mkdir -p "$OUT/users/$NAME"
+    token="$(openssl rand -hex 32)"
+    echo "$NAME $ROLE $token" >> "$OUT/tokens"
+    chmod 600 "$OUT/tokens"
+    echo "$token" > "$OUT/users/$NAME/token"
+    chmod 600 "$OUT/users/$NAME/token"
+    echo "token of $NAME ($ROLE): $OUT/users/$NAME/token; the servers' table: $OUT/tokens"
+    ;;
+  *) die "unknown command '$cmd' (cluster, user, node, token)" ;;
+esac

@@ -31,6 +31,7 @@
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "common/model_spec.h"
+#include "transport/data_plane_auth.h"
 #include "common/row_optimizer.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -1159,6 +1160,56 @@ absl::StatusOr<SparseResult> RunSparse(const SparseCase& c) {
   if (const uint64_t rows = count_rows(nullptr); rows != c.rows) {
     return absl::InternalError(absl::StrCat("sparse bench: ", rows - c.rows,
                                             " rows appeared after the fill"));
+  }
+  return r;
+}
+
+absl::StatusOr<EncryptionResult> RunEncryption(uint64_t bytes, double seconds) {
+  EncryptionResult r;
+  r.bytes = bytes;
+  const std::string secret = transport::RandomBytes(32);
+  const std::string payload(bytes, 'p');
+  for (const bool sealed : {false, true}) {
+    transport::TransportOptions server_options, client_options;
+    server_options.kind = client_options.kind = "tcp";
+    if (sealed) {
+      auto server_keys = std::make_shared<transport::MembershipKeys>();
+      server_keys->Update(1, 1, transport::DeriveNodeKey(secret, 1), secret);
+      auto client_keys = std::make_shared<transport::MembershipKeys>();
+      client_keys->Update(2, 1, transport::DeriveNodeKey(secret, 2), "");
+      server_options.membership = server_keys;
+      client_options.membership = client_keys;
+      server_options.encrypt_data_plane = client_options.encrypt_data_plane = true;
+    }
+    STRATA_ASSIGN_OR_RETURN(auto server, transport::CreateTransport(server_options));
+    STRATA_ASSIGN_OR_RETURN(auto client, transport::CreateTransport(client_options));
+    STRATA_RETURN_IF_ERROR(server->Listen(
+        "127.0.0.1", 0, [](transport::Message req, std::shared_ptr<transport::Responder> resp) {
+          transport::Message ack;
+          ack.header.type = transport::ResponseTypeFor(req.header.type);
+          resp->Respond(std::move(ack));
+        }));
+    STRATA_ASSIGN_OR_RETURN(auto conn, client->Connect(server->listen_address()));
+    std::vector<double> lat;
+    const absl::Time t0 = absl::Now();
+    const absl::Time end = t0 + absl::Seconds(seconds);
+    while (lat.size() < 5 || absl::Now() < end) {
+      transport::Message m;
+      m.header.type = transport::MessageType::kPushRequest;
+      m.payload_ref = payload.data();
+      m.payload_ref_size = payload.size();
+      const absl::Time s = absl::Now();
+      STRATA_RETURN_IF_ERROR(conn->CallSync(std::move(m), absl::Seconds(60)).status());
+      lat.push_back(absl::ToDoubleMicroseconds(absl::Now() - s));
+    }
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    const double gbps = static_cast<double>(lat.size() * bytes) / secs / 1e9;
+    const double p50 = Percentiles(std::move(lat)).p50_us;
+    (sealed ? r.sealed_gbps : r.plain_gbps) = gbps;
+    (sealed ? r.sealed_p50_us : r.plain_p50_us) = p50;
+    conn.reset();
+    client->Shutdown();
+    server->Shutdown();
   }
   return r;
 }

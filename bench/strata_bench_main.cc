@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "gflags/gflags.h"
@@ -18,7 +19,8 @@
 
 DEFINE_string(mode, "all",
               "all | push | pull | pushpull | apply | memory (comma list allowed); or sparse, "
-              "alone (not part of all: about 2 GB and a minute at the default 10M rows)");
+              "alone (not part of all: about 2 GB and a minute at the default 10M rows); or "
+              "encryption, alone: the sealed tcp data plane against plain tcp");
 DEFINE_int64(memory_model_bytes, 1ll << 30, "model size for --mode memory");
 DEFINE_string(sizes, "4K,64K,1M,16M,64M", "value sizes (K, M suffixes)");
 DEFINE_int32(workers, 1, "workers (client threads, each with its own transport)");
@@ -147,6 +149,37 @@ int RunSparseMode() {
 
 }  // namespace
 
+// --mode encryption: the data plane sealed (security.encrypt_data_plane)
+// against the same transport in the clear, measured in the same run.
+int RunEncryptionMode() {
+  std::vector<std::string> rows;
+  if (!FLAGS_json) {
+    std::printf("tcp data plane, one connection on 127.0.0.1, requests answered empty (as pushes)\n");
+    std::printf("%-8s  %11s %11s %7s  %11s %11s\n", "size", "plain GB/s", "sealed GB/s", "ratio",
+                "plain p50", "sealed p50");
+  }
+  for (auto s : absl::StrSplit(FLAGS_sizes, ',')) {
+    const uint64_t bytes = ParseSize(std::string(s));
+    auto r = strata::bench::RunEncryption(bytes, FLAGS_seconds);
+    if (!r.ok()) {
+      std::cerr << "encryption failed: " << r.status() << "\n";
+      return 1;
+    }
+    const double ratio = r->plain_gbps > 0 ? r->sealed_gbps / r->plain_gbps : 0;
+    if (FLAGS_json) {
+      rows.push_back(absl::StrFormat(
+          "{\"bytes\": %d, \"plain_gbps\": %.4f, \"sealed_gbps\": %.4f, \"ratio\": %.4f, "
+          "\"plain_p50_us\": %.1f, \"sealed_p50_us\": %.1f}",
+          bytes, r->plain_gbps, r->sealed_gbps, ratio, r->plain_p50_us, r->sealed_p50_us));
+    } else {
+      std::printf("%-8s  %11.3f %11.3f %7.3f  %9.0fus %9.0fus\n", Human(bytes).c_str(),
+                  r->plain_gbps, r->sealed_gbps, ratio, r->plain_p50_us, r->sealed_p50_us);
+    }
+  }
+  if (FLAGS_json) std::printf("{\"encryption\": [%s]}\n", absl::StrJoin(rows, ", ").c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-bench [--mode M] [--sizes 4K,1M] [--workers W] [--servers S] [--json]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
@@ -160,11 +193,18 @@ int main(int argc, char** argv) {
       break;
     }
     if (m != "push" && m != "pull" && m != "pushpull" && m != "apply" && m != "memory" &&
-        m != "sparse") {
+        m != "sparse" && m != "encryption") {
       std::cerr << "strata-bench: unknown mode '" << m << "'\n";
       return 2;
     }
     modes.emplace_back(m);
+  }
+  if (std::find(modes.begin(), modes.end(), "encryption") != modes.end()) {
+    if (modes.size() != 1) {
+      std::cerr << "strata-bench: --mode encryption runs alone\n";
+      return 2;
+    }
+    return RunEncryptionMode();
   }
   if (std::find(modes.begin(), modes.end(), "sparse") != modes.end()) {
     if (modes.size() != 1) {

@@ -752,6 +752,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
             String("tls_dir", &sec->tls_dir, NonEmpty()),
             String("token_file", &sec->token_file, NonEmpty()),
             Int("refresh_seconds", &sec->refresh_seconds, IntInRange(1, 86400)),
+            Bool("encrypt_data_plane", &sec->encrypt_data_plane),
         };
       }),
   };

@@ -224,6 +224,9 @@ struct SecuritySection {
   // People's bearer tokens, "name role token" lines (mode 0600); "" = none.
   std::string token_file;
   int refresh_seconds = 60;  // certificate and token files re-read, >= 1
+  // mtls only: seal the TCP data plane's frames too (AES-256-GCM after the
+  // membership handshake; docs/security.md gives its cost).
+  bool encrypt_data_plane = false;
 };
 
 struct JobConfig {

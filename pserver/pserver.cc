@@ -108,6 +108,7 @@ absl::Status PServer::Start() {
   if (!options_.security.plaintext) {
     membership_ = std::make_shared<transport::MembershipKeys>();
     topts.membership = membership_;
+    topts.encrypt_data_plane = options_.config.security.encrypt_data_plane;
   }
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
   STRATA_RETURN_IF_ERROR(transport_->Listen(

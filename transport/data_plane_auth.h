@@ -45,6 +45,42 @@ std::string DeriveNodeKey(absl::string_view secret, uint32_t node_id);
 std::string HandshakeMac(absl::string_view key, bool server, uint32_t node_id, uint64_t epoch,
                          absl::string_view server_nonce, absl::string_view client_nonce);
 
+// Encryption of the data plane (TransportOptions::encrypt_data_plane):
+// after the handshake each direction of the connection has its own
+// AES-256-GCM key, HMAC(key, "strata data-plane c2s" | "s2c" || server
+// nonce || client nonce). Every frame's payload is sealed, its 72-byte
+// header is authenticated with it (additional data), and the 96-bit nonce
+// is the frame's number in that direction: a frame changed, dropped,
+// replayed or reordered fails to open and closes the connection.
+// The payload on the wire is the ciphertext followed by the 16-byte tag.
+inline constexpr size_t kFrameTagBytes = 16;
+std::string SessionKey(absl::string_view key, bool client_to_server,
+                       absl::string_view server_nonce, absl::string_view client_nonce);
+
+// One direction's frames. Not thread-safe: the sender's under its write
+// lock, the receiver's on its reading thread.
+class FrameCipher {
+ public:
+  explicit FrameCipher(std::string key);
+  ~FrameCipher();
+  FrameCipher(const FrameCipher&) = delete;
+  FrameCipher& operator=(const FrameCipher&) = delete;
+  // Seals `n` bytes of `in` into `out` (n + kFrameTagBytes bytes), with
+  // `aad` authenticated alongside; the next frame number.
+  void Seal(absl::string_view aad, const char* in, size_t n, char* out);
+  // Opens `n` bytes (ciphertext and tag) in place; false when they do not
+  // authenticate (then nothing after it can be trusted).
+  bool Open(absl::string_view aad, char* data, size_t n);
+  // The same, the plaintext (n - kFrameTagBytes bytes) written to `out`.
+  bool Open(absl::string_view aad, const char* in, size_t n, char* out);
+
+ private:
+  void NextNonce(unsigned char nonce[12]);
+  const std::string key_;
+  uint64_t counter_ = 0;
+  void* ctx_ = nullptr;  // EVP_CIPHER_CTX, reused
+};
+
 // A node's data-plane keys, as the master last gave them. Thread-safe.
 class MembershipKeys {
  public:

@@ -196,6 +196,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
     tcp::TcpOptions tcp_options;
     tcp_options.max_payload_bytes = options.max_payload_bytes;
     tcp_options.membership = options.membership;
+    tcp_options.encrypt = options.encrypt_data_plane;
     return tcp::NewTcpTransport(tcp_options);
   }
   if (options.kind == "inproc") {

@@ -80,6 +80,9 @@ inline constexpr uint32_t kFlagSparse = 1;
 // MessageHeader::flags bit 1, kReplicate only: the record is a full copy of
 // the partition (a new backup's catch-up), not an update.
 inline constexpr uint32_t kFlagReplicaCopy = 2;
+// MessageHeader::flags bit 2, kAuthHello only: the client seals its frames
+// after the handshake (TransportOptions::encrypt_data_plane).
+inline constexpr uint32_t kFlagEncrypt = 4;
 
 struct Message {
   MessageHeader header;
@@ -248,6 +251,10 @@ struct TransportOptions {
   // server serves only clients that passed it. Null: no handshake (plain
   // text clusters, tests).
   std::shared_ptr<MembershipKeys> membership;
+  // With membership: seal every TCP frame after the handshake (AES-256-GCM,
+  // transport/data_plane_auth.h). Both ends must agree. rdma moves its data
+  // over verbs unsealed; only its TCP bootstrap is.
+  bool encrypt_data_plane = false;
 };
 
 // What a transport is doing, for /metrics.

@@ -208,6 +208,7 @@ absl::Status Worker::Start() {
   if (!options_.security.plaintext && !options_.local_only) {
     membership_ = std::make_shared<transport::MembershipKeys>();
     topts.membership = membership_;
+    topts.encrypt_data_plane = options_.config.security.encrypt_data_plane;
   }
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
   // The parameter tensors are where pulls land, the gradient tensors what

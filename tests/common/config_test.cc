@@ -228,11 +228,14 @@ TEST(ParseJobConfigTest, SecurityIsMtlsUnlessTheConfigSaysPlaintext) {
   EXPECT_EQ(def.security.token_file, "");
   STRATA_ASSERT_OK_AND_ASSIGN(
       JobConfig c, ParseWithData("security:\n  mode: plaintext\n  tls_dir: /srv/tls\n"
-                                 "  token_file: /srv/tokens\n  refresh_seconds: 5\n"));
+                                 "  token_file: /srv/tokens\n  refresh_seconds: 5\n"
+                                 "  encrypt_data_plane: true\n"));
   EXPECT_EQ(c.security.mode, "plaintext");
   EXPECT_EQ(c.security.tls_dir, "/srv/tls");
   EXPECT_EQ(c.security.token_file, "/srv/tokens");
   EXPECT_EQ(c.security.refresh_seconds, 5);
+  EXPECT_TRUE(c.security.encrypt_data_plane);
+  EXPECT_FALSE(def.security.encrypt_data_plane);
   ExpectError(ParseWithData("security:\n  mode: none\n"), "local.yaml:7:9: ",
               "security.mode");
   ExpectError(ParseWithData("security:\n  refresh_seconds: 0\n"), "local.yaml:7:20: ",

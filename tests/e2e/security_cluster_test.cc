@@ -153,6 +153,8 @@ class SecurityClusterTest : public ::testing::Test {
     opts.pservers = 1;
     opts.workers = 1;
     opts.transport = "tcp";
+    // The data plane sealed too (the real-daemon tests run it in the clear).
+    opts.config.security.encrypt_data_plane = true;
     opts.tls_dir = certs_ + "/127.0.0.1";
     opts.token_file = certs_ + "/tokens";
     opts.audit_log = audit_;
@@ -166,7 +168,7 @@ class SecurityClusterTest : public ::testing::Test {
 };
 
 TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
-  // It trains, over TLS throughout.
+  // It trains, over TLS and sealed frames throughout.
   cluster_->RunWorkers();
   STRATA_ASSERT_OK(cluster_->JoinWorkers());
   ASSERT_TRUE(cluster_->master()->WaitForJobEnd(absl::Seconds(60)));

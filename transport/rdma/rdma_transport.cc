@@ -1098,6 +1098,7 @@ class RdmaTransport : public Transport, public ChannelListener {
     t.max_payload_bytes = options_.max_payload_bytes;
     t.connect_timeout = options_.rdma.connect_timeout;
     t.membership = options_.membership;  // (the handshake runs on the bootstrap)
+    t.encrypt = options_.encrypt_data_plane;
     t.rdma_hello_handler = [this](Message m, std::shared_ptr<Responder> r) {
       OnHello(std::move(m), std::move(r));
     };

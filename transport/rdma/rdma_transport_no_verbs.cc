@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptio
   tcp::TcpOptions t;
   t.max_payload_bytes = options.max_payload_bytes;
   t.membership = options.membership;
+  t.encrypt = options.encrypt_data_plane;
   return tcp::NewTcpTransport(t);
 }
 

@@ -164,22 +164,46 @@ absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes],
 // ---------------------------------------------------------------------------
 // Writing.
 
+void Endpoint::StartEncryption(std::string send_key, std::string recv_key) {
+  {
+    absl::MutexLock l(&write_mu_);
+    send_cipher_ = std::make_unique<FrameCipher>(std::move(send_key));
+  }
+  recv_cipher_ = std::make_unique<FrameCipher>(std::move(recv_key));
+  encrypted_recv_.store(true, std::memory_order_release);
+}
+
 absl::Status Endpoint::WriteFrame(const MessageHeader& header,
                                   const char* payload, size_t payload_size) {
   char head[kFrameHeaderBytes];
-  EncodeFrameHeader(header, payload_size, head);
   iovec iov[2];
   iov[0].iov_base = head;
   iov[0].iov_len = kFrameHeaderBytes;
-  iov[1].iov_base = const_cast<char*>(payload);
-  iov[1].iov_len = payload_size;
 
   absl::MutexLock l(&write_mu_);
   if (!fd_open_) {
     return absl::UnavailableError(
         absl::StrCat("connection with ", peer_, " is closed"));
   }
+  if (send_cipher_ != nullptr) {
+    // The payload sealed, the header (with the sealed length) authenticated,
+    // in a buffer kept for the next frame (no allocation per frame).
+    EncodeFrameHeader(header, payload_size + kFrameTagBytes, head);
+    if (seal_buf_.size() < payload_size + kFrameTagBytes) {
+      seal_buf_.resize(payload_size + kFrameTagBytes);
+    }
+    send_cipher_->Seal(absl::string_view(head, kFrameHeaderBytes), payload, payload_size,
+                       seal_buf_.data());
+    payload = seal_buf_.data();
+    payload_size += kFrameTagBytes;
+  } else {
+    EncodeFrameHeader(header, payload_size, head);
+  }
+  iov[1].iov_base = const_cast<char*>(payload);
+  iov[1].iov_len = payload_size;
   absl::Status s = WriteAllLocked(iov, payload_size == 0 ? 1 : 2);
+  // (A buffer grown for one huge frame is not kept.)
+  if (seal_buf_.size() > (64u << 20)) std::string().swap(seal_buf_);
   if (!s.ok()) {
     // Part of a frame may be out: the stream is unusable. Let the epoll
     // thread close the connection (and fail pending calls).
@@ -307,16 +331,29 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
         return absl::DataLossError(
             absl::StrCat("bad frame from ", peer_, ": ", s.message()));
       }
+      // A sealed frame is opened in a buffer of its own (its tag follows
+      // the payload); its header is kept to authenticate it.
+      const bool sealed = encrypted_recv_.load(std::memory_order_acquire);
+      if (sealed) {
+        if (payload_bytes < kFrameTagBytes) {
+          return absl::DataLossError(
+              absl::StrCat("bad frame from ", peer_, ": a sealed payload of ", payload_bytes,
+                           " bytes"));
+        }
+        std::memcpy(sealed_header_, header_buf_, kFrameHeaderBytes);
+      }
       // A destination registered by the caller (a pull landing in the
       // worker's tensor) takes the payload directly; else a buffer of the
       // frame's size, allocated only now that the header checked out.
-      char* dest = PayloadDestination(incoming_.header, payload_bytes);
+      char* dest = sealed ? nullptr : PayloadDestination(incoming_.header, payload_bytes);
       incoming_.payload_in_destination = dest != nullptr;
       payload_size_ = payload_bytes;
       if (dest == nullptr) {
         // The buffer grows as bytes arrive, so a frame that claims a huge
         // payload and never sends it costs nothing.
-        payload_room_ = std::min<uint64_t>(payload_bytes, kInitialPayloadRoom);
+        payload_room_ = payload_bytes <= kInitialPayloadRoom + kInitialPayloadRoom / 4
+                            ? payload_bytes
+                            : kInitialPayloadRoom;
         incoming_.payload.resize(payload_room_);
         dest = incoming_.payload.data();
       } else {
@@ -348,7 +385,11 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
 
 void Endpoint::GrowPayloadRoom() {
   if (payload_got_ < payload_room_ || payload_room_ == payload_size_) return;
-  payload_room_ = std::min<uint64_t>(payload_size_, payload_room_ * 2);
+  // Doubling, but straight to the whole frame when that is little more (a
+  // sealed frame's tag must not cost one more copy of the payload).
+  payload_room_ = payload_size_ <= payload_room_ * 2 + payload_room_ / 4
+                      ? payload_size_
+                      : payload_room_ * 2;
   incoming_.payload.resize(payload_room_);
   payload_buf_ = incoming_.payload.data();
 }
@@ -356,6 +397,28 @@ void Endpoint::GrowPayloadRoom() {
 absl::Status Endpoint::DeliverIncoming() {
   Message message = std::move(incoming_);
   incoming_ = Message();
+  if (encrypted_recv_.load(std::memory_order_acquire)) {
+    message.payload.resize(payload_size_);
+    // Opened straight into the caller's destination when it has one (a
+    // pull landing in the worker's tensor), else in place.
+    const uint64_t plain_bytes = payload_size_ - kFrameTagBytes;
+    char* dest = PayloadDestination(message.header, plain_bytes);
+    if (!recv_cipher_->Open(absl::string_view(sealed_header_, kFrameHeaderBytes),
+                            message.payload.data(), message.payload.size(),
+                            dest != nullptr ? dest : message.payload.data())) {
+      LOG(WARNING) << "tcp: a frame from " << peer_
+                   << " does not authenticate; closing the connection";
+      return absl::DataLossError(
+          absl::StrCat("a frame from ", peer_, " does not authenticate (changed, replayed "
+                       "or out of order)"));
+    }
+    if (dest != nullptr) {
+      message.payload.clear();
+      message.payload_in_destination = true;
+    } else {
+      message.payload.resize(plain_bytes);
+    }
+  }
   in_payload_ = false;
   payload_got_ = 0;
   payload_buf_ = nullptr;
@@ -373,7 +436,8 @@ ServerEndpoint::ServerEndpoint(int fd, std::string peer,
     : Endpoint(fd, std::move(peer), options),
       handler_(std::move(handler)),
       rdma_hello_handler_(options.rdma_hello_handler),
-      membership_(options.membership) {}
+      membership_(options.membership),
+      encrypt_(options.encrypt) {}
 
 absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
   const MessageHeader h = request.header;
@@ -383,6 +447,16 @@ absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
     return std::make_shared<TcpResponder>(std::weak_ptr<Endpoint>(shared_from_this()), h, peer());
   };
   if (h.type == MessageType::kAuthHello && server_nonce_.empty()) {
+    const bool wants_encryption = (h.flags & kFlagEncrypt) != 0;
+    if (wants_encryption != encrypt_) {
+      const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+          "data-plane encryption is ", encrypt_ ? "on" : "off", " here and ",
+          wants_encryption ? "on" : "off", " at ", peer(),
+          ": the nodes run different configs (security.encrypt_data_plane)"));
+      LOG_EVERY_N(WARNING, 10) << "tcp: " << refused.message();
+      responder()->Respond(MakeErrorResponse(h, MessageType::kAuthHelloReply, refused));
+      return refused;
+    }
     if (request.payload.size() != kAuthNonceBytes) {
       return absl::DataLossError(absl::StrCat("data-plane handshake from ", peer(),
                                               ": a client nonce of ", request.payload.size(),
@@ -425,6 +499,10 @@ absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
     reply.payload = HandshakeMac(*key, /*server=*/true, claimed_node_, claimed_epoch_,
                                  server_nonce_, client_nonce_);
     responder()->Respond(std::move(reply));
+    if (encrypt_) {
+      StartEncryption(SessionKey(*key, /*client_to_server=*/false, server_nonce_, client_nonce_),
+                      SessionKey(*key, /*client_to_server=*/true, server_nonce_, client_nonce_));
+    }
     return absl::OkStatus();
   }
   // Anything else first: dropped unserved, with the connection.

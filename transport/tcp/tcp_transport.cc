@@ -57,13 +57,15 @@ absl::StatusOr<Message> HandshakeCall(ClientEndpoint* e, Message request, absl::
 }
 
 // The client's side of the data-plane handshake (data_plane_auth.h).
-absl::Status ClientHandshake(ClientEndpoint* e, const MembershipKeys& keys, absl::Time deadline) {
+absl::Status ClientHandshake(ClientEndpoint* e, const MembershipKeys& keys, bool encrypt,
+                             absl::Time deadline) {
   absl::StatusOr<MembershipKeys::Own> own = keys.OwnKey();
   if (!own.ok()) return absl::UnavailableError(own.status().message());
   Message hello;
   hello.header.type = MessageType::kAuthHello;
   hello.header.sender_id = own->node_id;
   hello.header.epoch = own->epoch;
+  if (encrypt) hello.header.flags = kFlagEncrypt;
   const std::string client_nonce = RandomBytes(kAuthNonceBytes);
   hello.payload = client_nonce;
   absl::StatusOr<Message> reply = HandshakeCall(e, std::move(hello), deadline);
@@ -87,6 +89,10 @@ absl::Status ClientHandshake(ClientEndpoint* e, const MembershipKeys& keys, absl
       CRYPTO_memcmp(reply->payload.data(), want.data(), want.size()) != 0) {
     return absl::PermissionDeniedError(
         "the server's proof does not verify: it does not hold this cluster's keys");
+  }
+  if (encrypt) {
+    e->StartEncryption(SessionKey(own->key, /*client_to_server=*/true, server_nonce, client_nonce),
+                       SessionKey(own->key, /*client_to_server=*/false, server_nonce, client_nonce));
   }
   return absl::OkStatus();
 }
@@ -418,7 +424,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
     return s;
   }
   if (options_.membership != nullptr) {
-    s = ClientHandshake(endpoint.get(), *options_.membership,
+    s = ClientHandshake(endpoint.get(), *options_.membership, options_.encrypt,
                         absl::Now() + options_.connect_timeout);
     if (!s.ok()) {
       endpoint->RequestClose();

@@ -82,6 +82,8 @@ struct TcpOptions {
   // Data-plane membership (transport/data_plane_auth.h): the handshake
   // opens every connection; null = none.
   std::shared_ptr<MembershipKeys> membership;
+  // Seal every frame after the handshake (TransportOptions).
+  bool encrypt = false;
 };
 
 absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
@@ -139,6 +141,11 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // closes the connection. No-op once closed.
   void RequestClose();
 
+  // From now on, seal every frame sent with `send_key` and open every
+  // frame received with `recv_key` (data_plane_auth.h, FrameCipher).
+  // REQUIRES: no frame in flight either way (right after the handshake).
+  void StartEncryption(std::string send_key, std::string recv_key);
+
  protected:
   // Epoll thread: one complete frame arrived. A non-OK status closes the
   // connection with that reason.
@@ -174,6 +181,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
   absl::Mutex write_mu_;
   bool fd_open_ ABSL_GUARDED_BY(write_mu_) = true;
+  std::unique_ptr<FrameCipher> send_cipher_ ABSL_GUARDED_BY(write_mu_);
+  std::string seal_buf_ ABSL_GUARDED_BY(write_mu_);  // sealed payloads go out from here
+  // The receiving side's: set once, before encrypted_recv_; then used on
+  // the epoll thread only.
+  std::unique_ptr<FrameCipher> recv_cipher_;
+  std::atomic<bool> encrypted_recv_{false};
+  char sealed_header_[kFrameHeaderBytes];  // the current frame's, to open it
 
   // Frame parser state; touched only by the epoll thread.
   char header_buf_[kFrameHeaderBytes];
@@ -205,6 +219,7 @@ class ServerEndpoint : public Endpoint {
   const std::shared_ptr<const RequestHandler> handler_;
   const RequestHandler rdma_hello_handler_;
   const std::shared_ptr<MembershipKeys> membership_;
+  const bool encrypt_;
   // Handshake state (epoll thread only).
   bool authenticated_ = false;
   std::string server_nonce_, client_nonce_;

@@ -1196,6 +1196,7 @@ absl::StatusOr<EncryptionResult> RunEncryption(uint64_t bytes, double seconds) {
     while (lat.size() < 5 || absl::Now() < end) {
       transport::Message m;
       m.header.type = transport::MessageType::kPushRequest;
+      m.header.sender_id = 2;  // (the node the sealed connection belongs to)
       m.payload_ref = payload.data();
       m.payload_ref_size = payload.size();
       const absl::Time s = absl::Now();

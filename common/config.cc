@@ -705,6 +705,12 @@ std::vector<ConfigReader::Field> ConfigReader::PortsFields(
 }
 
 absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
+  if (config.security.mode == "plaintext" && config.security.encrypt_data_plane) {
+    auto it = marks_.find("security.encrypt_data_plane");
+    return PathError(it != marks_.end() ? it->second : YAML::Mark::null_mark(),
+                     "security.encrypt_data_plane",
+                     "needs security.mode mtls (the keys come over the mTLS control plane)");
+  }
   const ClusterSection& c = config.cluster;
   if (c.dead_timeout_ms <= c.heartbeat_interval_ms) {
     // Point at whichever of the two the file set (dead_timeout_ms first).

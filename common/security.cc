@@ -89,8 +89,11 @@ absl::StatusOr<std::vector<std::pair<std::string, std::pair<Role, std::string>>>
     }
     const Role role = ParseRole(f[1]);
     if (role != Role::kAdmin && role != Role::kOperator && role != Role::kViewer) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": role '", f[1],
-                                                     "' is not admin, operator or viewer"));
+      // (The field is not echoed: a line in the wrong order would put its
+      // token in the log.)
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", line_no, ": the second field (the role of '", f[0],
+          "') is not admin, operator or viewer"));
     }
     if (f[2].size() < 16) {
       return absl::InvalidArgumentError(
@@ -177,6 +180,20 @@ absl::Status Authenticator::ReloadLocked(bool force) {
       ca_mtime_ns_ = ca_mtime;
     }
   }
+  // Revoked certificates (optional): read again when the file changes.
+  const std::string crl_path = options_.dir + "/crl.pem";
+  const int64_t crl_mtime = MtimeNs(crl_path);
+  if (force || crl_mtime != crl_mtime_ns_) {
+    if (crl_mtime < 0) {
+      crl_pem_.clear();
+    } else if (auto pem = ReadSmallFile(crl_path); pem.ok()) {
+      crl_pem_ = *std::move(pem);
+      if (!force) LOG(INFO) << "revocation list " << crl_path << " read again";
+    } else {
+      LOG(WARNING) << "keeping the revocation list read before: " << pem.status().message();
+    }
+    crl_mtime_ns_ = crl_mtime;
+  }
   if (!options_.token_file.empty()) {
     const int64_t mtime = MtimeNs(options_.token_file);
     if (force || mtime != tokens_mtime_ns_) {
@@ -201,11 +218,12 @@ absl::Status Authenticator::ReloadLocked(bool force) {
 }
 
 absl::StatusOr<Identity> Authenticator::IdentifyCertificate(absl::string_view pem) {
-  std::string ca;
+  std::string ca, crl;
   {
     absl::MutexLock l(&mu_);
     (void)ReloadLocked(/*force=*/false);
     ca = ca_pem_;
+    crl = crl_pem_;
   }
   BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
@@ -224,6 +242,18 @@ absl::StatusOr<Identity> Authenticator::IdentifyCertificate(absl::string_view pe
   }
   ERR_clear_error();
   BIO_free(ca_bio);
+  if (!crl.empty()) {
+    BIO* crl_bio = BIO_new_mem_buf(crl.data(), static_cast<int>(crl.size()));
+    int crls = 0;
+    while (X509_CRL* c = PEM_read_bio_X509_CRL(crl_bio, nullptr, nullptr, nullptr)) {
+      X509_STORE_add_crl(store, c);
+      X509_CRL_free(c);
+      ++crls;
+    }
+    ERR_clear_error();
+    BIO_free(crl_bio);
+    if (crls > 0) X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+  }
   X509_STORE_CTX* ctx = X509_STORE_CTX_new();
   X509_STORE_CTX_init(ctx, store, cert, nullptr);
   X509_STORE_CTX_set_purpose(ctx, X509_PURPOSE_SSL_CLIENT);
@@ -294,12 +324,14 @@ std::string ControlPlaneSecurity::ModeString() const {
 }
 
 absl::StatusOr<Identity> ControlPlaneSecurity::Identify(const grpc::ServerContext& ctx) const {
-  if (plaintext || auth == nullptr) return Identity{Role::kAdmin, "", "plaintext"};
+  if (plaintext) return Identity{Role::kAdmin, "", "plaintext"};
+  // (Fails closed: TLS credentials made without a server side.)
+  if (auth == nullptr) return absl::UnauthenticatedError("this server cannot check callers");
   return auth->Identify(ctx);
 }
 
 absl::Status ControlPlaneSecurity::Permits(const Identity& who, absl::string_view method) const {
-  if (plaintext || auth == nullptr) return absl::OkStatus();
+  if (plaintext) return absl::OkStatus();
   return CheckRpcPolicy(who.role, method);
 }
 
@@ -406,12 +438,23 @@ absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& secti
   TlsOptions o;
   o.dir = tls_dir.empty() ? section.tls_dir : tls_dir;
   o.cert_name = cert_name;
-  o.token_file = section.token_file;
   o.refresh = absl::Seconds(section.refresh_seconds);
+  // People's tokens are for the servers people call: the master, and a
+  // pserver's status when the file is on its host too. Workers serve no RPC.
+  if (!section.token_file.empty()) {
+    struct stat st;
+    if (cert_name == "master" ||
+        (cert_name == "pserver" && stat(section.token_file.c_str(), &st) == 0)) {
+      o.token_file = section.token_file;
+    }
+  }
   auto s = MakeControlPlaneSecurity(o);
   if (!s.ok()) {
-    return absl::Status(s.status().code(),
-                        absl::StrCat("security (mtls): ", s.status().message()));
+    return absl::Status(
+        s.status().code(),
+        absl::StrCat("security (mtls): ", s.status().message(),
+                     " (security.mode is mtls unless the config says plaintext: make the "
+                     "certificates with scripts/gen-certs.sh, or see docs/security.md)"));
   }
   LOG(INFO) << "control plane: mTLS, certificate " << o.dir << "/" << cert_name << ".crt"
             << (o.token_file.empty() ? "" : ", tokens from " + o.token_file);

@@ -83,7 +83,8 @@ class Authenticator {
   Authenticator& operator=(const Authenticator&) = delete;
 
   // The caller of the RPC in `ctx`: its client certificate, verified against
-  // the CA (chain, validity dates, the role in OU), else the bearer token of
+  // the CA (chain, validity dates, the role in OU; not revoked when dir/crl.pem
+  // exists: gen-certs.sh revoke), else the bearer token of
   // its "authorization" metadata. Unauthenticated with the reason (no
   // credentials, untrusted or expired certificate, unknown token).
   absl::StatusOr<Identity> Identify(const grpc::ServerContext& ctx);
@@ -103,6 +104,8 @@ class Authenticator {
   const TlsOptions options_;
   absl::Mutex mu_;
   std::string ca_pem_ ABSL_GUARDED_BY(mu_);
+  std::string crl_pem_ ABSL_GUARDED_BY(mu_);  // dir/crl.pem, "" when there is none
+  int64_t crl_mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<Token> tokens_ ABSL_GUARDED_BY(mu_);
   int64_t ca_mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t tokens_mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;

@@ -75,7 +75,12 @@ class MasterServer::Service final : public proto::Master::Service {
       int skipped = 0;
       {
         absl::MutexLock l(&refusals_mu_);
-        Refusal& r = refusals_[absl::StrCat(who, " ", peer, " ", method, " ", s.code())];
+        // (Unauthenticated callers by host, not by connection: a new
+        // connection a call must not get each refusal synced to disk.)
+        const std::string from =
+            who.empty() ? std::string(absl::string_view(peer).substr(0, peer.rfind(':'))) : peer;
+        Refusal& r = refusals_[absl::StrCat(who, " ", from, " ", method, " ", s.code(), " ",
+                                            who.empty() ? s.message() : "")];
         const absl::Time now = absl::Now();
         if (now - r.last < absl::Seconds(1)) {
           ++r.skipped;
@@ -1206,7 +1211,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
                                                       RoleName(req.role())));
     }
     const size_t at = who.name.find('@');
-    if (at != std::string::npos && who.name.substr(at + 1) != req.host()) {
+    if (at == std::string::npos || who.name.substr(at + 1) != req.host()) {
       return absl::PermissionDeniedError(
           absl::StrCat("register from ", peer, ": certificate of ", who.ToString(),
                        " cannot register host ", req.host()));
@@ -1614,7 +1619,10 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   } else {
     js.set_phase(job_state_);
   }
-  js.set_security(options_.security.ModeString());
+  js.set_security(options_.security.plaintext ? options_.security.ModeString()
+                  : options_.config.security.encrypt_data_plane
+                      ? "mtls, data plane sealed"
+                      : "mtls");
   if (audit_ != nullptr) {
     const storage::AuditHead head = audit_->head();  // (a leaf lock)
     js.set_audit_records(head.seq);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -418,14 +419,16 @@ std::string RenderStatusPage(const proto::GetStatusResponse& st, int64_t now_uni
                   ")</title><style>", kStyle, "</style></head>\n<body>\n<header><h1>Strata: ",
                   HtmlEscape(j.name()), "</h1><span id=\"job-state\" class=\"state state-",
                   HtmlEscape(state), "\">", HtmlEscape(state), "</span></header>\n");
-  if (!j.security().empty() && j.security() != "mtls") {
+  if (!j.security().empty() && !absl::StartsWith(j.security(), "mtls")) {
     // docs/security.md: plain text only when the config says so, and said.
     absl::StrAppend(&out,
                     "<p id=\"security\" class=\"warning\">Security: <strong>plain text</strong>: "
                     "no TLS and no authentication on the control plane; anyone who reaches "
                     "its ports may act on this job (config: security.mode: plaintext).</p>\n");
   } else if (!j.security().empty()) {
-    absl::StrAppend(&out, "<p id=\"security\">Security: mTLS</p>\n");
+    absl::StrAppend(&out, "<p id=\"security\">Security: ",
+                    absl::StrContains(j.security(), "sealed") ? "mTLS, data plane sealed" : "mTLS",
+                    "</p>\n");
   }
   absl::StrAppend(&out, JobSection(j, st.view()), ChartsSection(j), NodesSection(st, now_unix_ms),
                   PartitionsSection(st.view()), EventsSection(j));

@@ -16,6 +16,12 @@
 #       DIR/users/NAME/          ca.crt, client.crt, client.key (CN=NAME, OU=ROLE)
 #   gen-certs.sh node --out DIR --host HOST --role master|pserver|worker [--days N]
 #       DIR/HOST/ROLE.crt, .key  one more daemon certificate
+#   gen-certs.sh revoke --out DIR --cert FILE
+#       adds FILE's certificate to the CA's revocation list DIR/ca/crl.pem
+#       and copies the list into every directory of DIR that holds a
+#       ca.crt: install it beside each host's ca.crt (launch.sh --systemd
+#       does); servers refuse a revoked client certificate within
+#       security.refresh_seconds
 #   gen-certs.sh token --out DIR --name NAME --role admin|operator|viewer
 #       appends "NAME ROLE TOKEN" to DIR/tokens (mode 0600: the servers'
 #       security.token_file) and writes the token alone to
@@ -30,7 +36,7 @@ usage() { sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -n '/^#/p' 
 
 [[ $# -ge 1 ]] || { usage >&2; exit 2; }
 cmd="$1"; shift
-OUT="" HOSTS="" DAYS=825 NAME="" ROLE="" HOST=""
+OUT="" HOSTS="" DAYS=825 NAME="" ROLE="" HOST="" CERT=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -39,6 +45,7 @@ while [[ $# -gt 0 ]]; do
     --name) NAME="$2"; shift 2 ;;
     --role) ROLE="$2"; shift 2 ;;
     --host) HOST="$2"; shift 2 ;;
+    --cert) CERT="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1'" ;;
   esac
@@ -52,6 +59,9 @@ umask 077
 ensure_ca() {
   mkdir -p "$OUT/ca"
   if [[ -f "$OUT/ca/ca.crt" && -f "$OUT/ca/ca.key" ]]; then return; fi
+  # A CA whose key was taken away (kept offline): never replaced by a new one.
+  [[ -f "$OUT/ca/ca.crt" ]] &&
+    die "$OUT/ca/ca.key is missing: put the CA's key back to sign with it (a new CA would orphan every certificate of this one)"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
     -keyout "$OUT/ca/ca.key" -out "$OUT/ca/ca.crt" -days 3650 \
     -subj "/O=strata/CN=strata cluster CA $(date -u +%Y%m%d%H%M%S)" \
@@ -63,9 +73,10 @@ ensure_ca() {
   echo "CA: $OUT/ca/ca.crt"
 }
 
-# sign DIR BASENAME OU CN SAN: DIR/BASENAME.key and DIR/BASENAME.crt.
+# sign DIR BASENAME OU CN SAN [USAGE]: DIR/BASENAME.key and DIR/BASENAME.crt
+# (USAGE: extendedKeyUsage, serverAuth,clientAuth by default).
 sign() {
-  local dir="$1" base="$2" ou="$3" cn="$4" san="$5"
+  local dir="$1" base="$2" ou="$3" cn="$4" san="$5" usage="${6:-serverAuth,clientAuth}"
   mkdir -p "$dir"
   cp "$OUT/ca/ca.crt" "$dir/ca.crt"
   chmod 644 "$dir/ca.crt"
@@ -73,7 +84,7 @@ sign() {
   {
     echo "basicConstraints=critical,CA:FALSE"
     echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=serverAuth,clientAuth"
+    echo "extendedKeyUsage=$usage"
     [[ -n "$san" ]] && echo "subjectAltName=$san"
   } > "$ext"
   if ! openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
@@ -131,7 +142,7 @@ case "$cmd" in
       done
     done < "$HOSTS"
     [[ $n -gt 0 ]] || die "$HOSTS: no daemons"
-    sign "$OUT/admin" client admin admin ""
+    sign "$OUT/admin" client admin admin "" clientAuth
     echo "certificates of $n daemon role(s) in $OUT/<host>/; the CLI's in $OUT/admin (role admin)"
     ;;
   user)
@@ -139,7 +150,7 @@ case "$cmd" in
     check_person_role "$ROLE"
     [[ "$NAME" =~ ^[A-Za-z0-9._@-]+$ ]] || die "user: --name may hold letters, digits and ._@- only"
     ensure_ca
-    sign "$OUT/users/$NAME" client "$ROLE" "$NAME" ""
+    sign "$OUT/users/$NAME" client "$ROLE" "$NAME" "" clientAuth
     echo "$OUT/users/$NAME: $NAME ($ROLE)"
     ;;
   node)
@@ -148,6 +159,36 @@ case "$cmd" in
     ensure_ca
     sign "$OUT/$HOST" "$ROLE" "$ROLE" "$ROLE@$HOST" "$(san_of "$HOST")"
     echo "$OUT/$HOST/$ROLE.crt"
+    ;;
+  revoke)
+    [[ -n "$CERT" && -r "$CERT" ]] || die "revoke: --cert FILE is required (a certificate to revoke)"
+    [[ -f "$OUT/ca/ca.crt" && -f "$OUT/ca/ca.key" ]] || die "revoke: no CA in $OUT/ca"
+    openssl verify -CAfile "$OUT/ca/ca.crt" "$CERT" > /dev/null 2>&1 ||
+      die "revoke: $CERT was not issued by the CA of $OUT"
+    serial="$(openssl x509 -in "$CERT" -noout -serial | cut -d= -f2)"
+    subject="$(openssl x509 -in "$CERT" -noout -subject -nameopt compat | sed 's/^subject=//')"
+    end="$(date -u -d "$(openssl x509 -in "$CERT" -noout -enddate | cut -d= -f2)" +%y%m%d%H%M%SZ)"
+    touch "$OUT/ca/index.txt"
+    [[ -f "$OUT/ca/crlnumber" ]] || echo 01 > "$OUT/ca/crlnumber"
+    if ! grep -q "	$serial	" "$OUT/ca/index.txt"; then
+      printf 'R\t%s\t%s\t%s\tunknown\t%s\n' "$end" "$(date -u +%y%m%d%H%M%SZ)" "$serial" "$subject" \
+        >> "$OUT/ca/index.txt"
+    fi
+    cfg="$(mktemp)"
+    printf '%s\n' "[ ca ]" "default_ca = strata" "[ strata ]" "database = $OUT/ca/index.txt" \
+      "certificate = $OUT/ca/ca.crt" "private_key = $OUT/ca/ca.key" "crlnumber = $OUT/ca/crlnumber" \
+      "default_md = sha256" "default_crl_days = 3650" > "$cfg"
+    openssl ca -gencrl -config "$cfg" -out "$OUT/ca/crl.pem" 2> "$OUT/ca/openssl.log" ||
+      { cat "$OUT/ca/openssl.log" >&2; rm -f "$cfg"; die "cannot make the revocation list"; }
+    rm -f "$cfg" "$OUT/ca/openssl.log"
+    chmod 644 "$OUT/ca/crl.pem"
+    n=0
+    while IFS= read -r d; do
+      [[ "$d" == "$OUT/ca" ]] && continue
+      cp "$OUT/ca/crl.pem" "$d/crl.pem.new" && mv "$d/crl.pem.new" "$d/crl.pem"
+      n=$((n + 1))
+    done < <(find "$OUT" -name ca.crt -printf '%h\n' | sort -u)
+    echo "revoked serial $serial ($subject); $OUT/ca/crl.pem copied to $n director(ies)"
     ;;
   token)
     [[ -n "$NAME" && -n "$ROLE" ]] || die "token: --name NAME and --role ROLE are required"
@@ -161,5 +202,5 @@ case "$cmd" in
     chmod 600 "$OUT/users/$NAME/token"
     echo "token of $NAME ($ROLE): $OUT/users/$NAME/token; the servers' table: $OUT/tokens"
     ;;
-  *) die "unknown command '$cmd' (cluster, user, node, token)" ;;
+  *) die "unknown command '$cmd' (cluster, user, node, token, revoke)" ;;
 esac

@@ -140,9 +140,12 @@ setup_tls() {
   local plan="$1" h
   if [[ -z "$TLS_DIR" ]]; then
     TLS_DIR="$RUN_DIR/tls"
-    if [[ ! -f "$TLS_DIR/ca/ca.crt" ]]; then
+    if [[ ! -f "$TLS_DIR/admin/client.crt" ]]; then
       "$ROOT/scripts/gen-certs.sh" cluster --hosts "$HOSTS" --out "$TLS_DIR" > /dev/null ||
         die "cannot make the cluster's certificates (scripts/gen-certs.sh)"
+      # This run's CA signs nothing more: its key is gone, so a host that can
+      # read the run directory cannot mint certificates.
+      rm -f "$TLS_DIR/ca/ca.key"
       echo "launch.sh: security.mode mtls: certificates made in $TLS_DIR (CLI: --tls-dir $TLS_DIR/admin)"
     fi
   fi

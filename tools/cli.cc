@@ -194,7 +194,9 @@ void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
   if (j.state() == "waiting" && !j.phase().empty()) out << "  bring-up: " << j.phase() << "\n";
   if (!j.security().empty()) {
     out << "  security: "
-        << (j.security() == "mtls" ? "mtls" : "PLAINTEXT - no TLS, no authentication") << "\n";
+        << (absl::StartsWith(j.security(), "mtls") ? j.security()
+                                                    : "PLAINTEXT - no TLS, no authentication")
+        << "\n";
   }
   if (!j.audit_head().empty()) {
     out << absl::StrFormat("  audit log: %d records, head %s\n", j.audit_records(), j.audit_head());

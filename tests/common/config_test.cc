@@ -227,15 +227,19 @@ TEST(ParseJobConfigTest, SecurityIsMtlsUnlessTheConfigSaysPlaintext) {
   EXPECT_EQ(def.security.tls_dir, "/etc/strata/tls");
   EXPECT_EQ(def.security.token_file, "");
   STRATA_ASSERT_OK_AND_ASSIGN(
-      JobConfig c, ParseWithData("security:\n  mode: plaintext\n  tls_dir: /srv/tls\n"
+      JobConfig c, ParseWithData("security:\n  mode: mtls\n  tls_dir: /srv/tls\n"
                                  "  token_file: /srv/tokens\n  refresh_seconds: 5\n"
                                  "  encrypt_data_plane: true\n"));
-  EXPECT_EQ(c.security.mode, "plaintext");
+  EXPECT_EQ(c.security.mode, "mtls");
   EXPECT_EQ(c.security.tls_dir, "/srv/tls");
   EXPECT_EQ(c.security.token_file, "/srv/tokens");
   EXPECT_EQ(c.security.refresh_seconds, 5);
   EXPECT_TRUE(c.security.encrypt_data_plane);
   EXPECT_FALSE(def.security.encrypt_data_plane);
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig plain, ParseWithData("security:\n  mode: plaintext\n"));
+  EXPECT_EQ(plain.security.mode, "plaintext");
+  ExpectError(ParseWithData("security:\n  mode: plaintext\n  encrypt_data_plane: true\n"),
+              "local.yaml:8:23: ", "security.encrypt_data_plane: needs security.mode mtls");
   ExpectError(ParseWithData("security:\n  mode: none\n"), "local.yaml:7:9: ",
               "security.mode");
   ExpectError(ParseWithData("security:\n  refresh_seconds: 0\n"), "local.yaml:7:20: ",

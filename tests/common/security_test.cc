@@ -124,6 +124,23 @@ TEST_F(SecurityTest, CertificatesNameTheirHolder) {
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("unknown bearer token")));
 }
 
+TEST_F(SecurityTest, ARevokedCertificateIsRefused) {
+  const std::string gen = std::string(STRATA_SOURCE_DIR) + "/scripts/gen-certs.sh";
+  const std::string dir = *dir_ + "-revoking";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "' && cp -r '" + *dir_ + "' '" + dir + "' && '" + gen +
+                         "' revoke --out '" + dir + "' --cert '" + dir +
+                         "/users/bob/client.crt' > /dev/null")
+                            .c_str()),
+            0);
+  TlsOptions o;
+  o.dir = dir + "/127.0.0.1";  // (crl.pem was copied beside ca.crt)
+  auto auth = Authenticator::Create(o);
+  ASSERT_THAT(auth.status(), IsOk());
+  EXPECT_THAT((*auth)->IdentifyCertificate(Read(dir + "/users/bob/client.crt")).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("certificate revoked")));
+  EXPECT_THAT((*auth)->IdentifyCertificate(Read(dir + "/users/alice/client.crt")).status(), IsOk());
+}
+
 TEST_F(SecurityTest, BadTokenFilesAreNamed) {
   const std::string path = *dir_ + "/bad-tokens";
   TlsOptions o;
@@ -131,7 +148,7 @@ TEST_F(SecurityTest, BadTokenFilesAreNamed) {
   o.token_file = path;
   Write(path, "# people\nalice admin 0123456789abcdef0123\nbob root 0123456789abcdef0123\n", 0600);
   EXPECT_THAT(Authenticator::Create(o).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad-tokens:3: role 'root'")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad-tokens:3: the second field (the role of 'bob')")));
   Write(path, "alice admin short\n", 0600);
   EXPECT_THAT(Authenticator::Create(o).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad-tokens:1: the token")));

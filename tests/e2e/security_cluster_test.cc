@@ -174,7 +174,7 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
   ASSERT_TRUE(cluster_->master()->WaitForJobEnd(absl::Seconds(60)));
   const proto::JobStatus job = cluster_->master()->GetStatus().job();
   EXPECT_EQ(job.state(), "succeeded");
-  EXPECT_EQ(job.security(), "mtls");
+  EXPECT_EQ(job.security(), "mtls, data plane sealed");
 
   const std::string host = certs_ + "/127.0.0.1";
   const std::vector<Client> clients = {
@@ -320,7 +320,7 @@ TEST_F(SecurityClusterTest, OversizedRequestsAreRefusedAndTheMasterCarriesOn) {
   proto::GetStatusResponse resp;
   grpc::Status s = admin->GetStatus(&ctx, proto::GetStatusRequest(), &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(resp.job().security(), "mtls");
+  EXPECT_EQ(resp.job().security(), "mtls, data plane sealed");
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ GEN="$ROOT/scripts/gen-certs.sh"
 "$GEN" cluster --hosts "$WORK/hosts" --out "$TLS" > /dev/null
 "$GEN" user --out "$TLS" --name bob --role viewer > /dev/null
 "$GEN" token --out "$TLS" --name carol --role operator > /dev/null
-printf '  token_file: %s\n' "$TLS/tokens" >> "$WORK/job.yaml"
+printf '  token_file: %s\n  refresh_seconds: 1\n' "$TLS/tokens" >> "$WORK/job.yaml"
 grep -q '^  mode: mtls$' "$WORK/job.yaml" || fail "the job's config is not mtls"
 for f in "$TLS"/127.0.0.1/*.key "$TLS"/admin/client.key "$TLS"/ca/ca.key "$TLS/tokens"; do
   [[ "$(stat -c %a "$f")" == 600 ]] || fail "$f has mode $(stat -c %a "$f"), not 600"
@@ -73,6 +73,17 @@ expect_refused "viewer stop" "role viewer may not call /strata.proto.Master/Stop
   stop --master "$master" --tls-dir "$TLS/users/bob"
 expect_refused "viewer drain" "role viewer may not call /strata.proto.Master/Drain" \
   drain worker-1 --master "$master" --tls-dir "$TLS/users/bob" --no-wait
+# A revoked certificate: refused once the servers read the new list.
+"$GEN" user --out "$TLS" --name eve --role viewer > /dev/null
+"$S" status --master "$master" --tls-dir "$TLS/users/eve" > /dev/null || fail "eve's status failed"
+"$GEN" revoke --out "$TLS" --cert "$TLS/users/eve/client.crt" > /dev/null
+for _ in $(seq 1 40); do
+  "$S" status --master "$master" --tls-dir "$TLS/users/eve" > /dev/null 2>&1 || break
+  sleep 0.1
+done
+expect_refused "revoked certificate" "client certificate 'eve' refused: certificate revoked" \
+  status --master "$master" --tls-dir "$TLS/users/eve"
+"$S" status --master "$master" --tls-dir "$TLS/users/bob" > /dev/null || fail "bob was refused with eve"
 # An operator by token (TLS with the CA only): reads, may not stop.
 mkdir -p "$WORK/token-client"
 cp "$TLS/ca/ca.crt" "$WORK/token-client/"
@@ -111,7 +122,7 @@ s.sendall(frame)
 got = s.recv(4096)
 sys.exit(0 if got == b"" else 1)  # closed, nothing said
 PY
-grep -q "PING from 127.0.0.1:[0-9]* before the data-plane handshake: connection closed unserved" \
+grep -q "PING from 127.0.0.1:[0-9]* (4 bytes) before the data-plane handshake: connection closed unserved" \
   "$WORK/run-sec/logs/pserver-0.log" || fail "pserver 0 does not log the dropped connection"
 before="$(job_samples)"
 sleep 1
@@ -132,7 +143,8 @@ for pattern in \
     '"who": "viewer:bob", "from": "ipv4:127.0.0.1:[0-9]*", "action": "drain", "target": "", "result": "refused: PERMISSION_DENIED' \
     '"who": "operator:carol", "from": "ipv4:127.0.0.1:[0-9]*", "action": "stop", "target": "", "result": "refused: PERMISSION_DENIED' \
     '"who": "unauthenticated", "from": "ipv4:127.0.0.1:[0-9]*", "action": "get_status", "target": "", "result": "refused: UNAUTHENTICATED: unknown bearer token' \
-    '"who": "admin:admin", "from": "ipv4:127.0.0.1:[0-9]*", "action": "stop", "target": "job", "result": "ok"'; do
+    '"who": "admin:admin", "from": "ipv4:127.0.0.1:[0-9]*", "action": "stop", "target": "job", "result": "ok"' \
+    '"who": "unauthenticated", "from": "ipv4:127.0.0.1:[0-9]*", "action": "get_status", "target": "", "result": "refused: UNAUTHENTICATED: client certificate .eve. refused: certificate revoked'; do
   grep -q "$pattern" "$audit" || { cat "$audit"; fail "the audit log lacks: $pattern"; }
 done
 # Secrets never in the logs: no token, no key.

@@ -67,9 +67,10 @@ class DataPlaneAuthTest : public ::testing::Test {
     clients_keys_.push_back(keys);
     return New(keys);
   }
-  absl::StatusOr<Message> Ping(Connection* conn) {
+  absl::StatusOr<Message> Ping(Connection* conn, uint32_t sender = 5) {
     Message ping;
     ping.header.type = MessageType::kPing;
+    ping.header.sender_id = sender;
     ping.payload = "member?";
     return conn->CallSync(ping, kWait);
   }
@@ -209,6 +210,38 @@ TEST_F(DataPlaneAuthTest, AnUnauthenticatedRequestIsDroppedWithoutEffect) {
   EXPECT_THAT(Ping(conn.get()).status(), IsOk());
 }
 
+TEST_F(DataPlaneAuthTest, AConnectionSpeaksForItsNodeOnly) {
+  auto client = Client(5, 7, secret_);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address_));
+  EXPECT_THAT(Ping(conn.get(), 5).status(), IsOk());
+  // The same connection claiming to be node 6: closed, not served.
+  EXPECT_FALSE(Ping(conn.get(), 6).ok());
+  EXPECT_FALSE(conn->healthy());
+  EXPECT_EQ(served_.load(), 1);
+}
+
+TEST_F(DataPlaneAuthTest, AHugeFrameBeforeTheHandshakeIsNotBuffered) {
+  const int fd = RawConnect(address_);
+  // A push claiming 1 GiB, then a little of it: closed at the header.
+  MessageHeader h;
+  h.type = MessageType::kPushRequest;
+  char head[tcp::kFrameHeaderBytes];
+  tcp::EncodeFrameHeader(h, 1ull << 30, head);
+  CHECK_EQ(::write(fd, head, sizeof(head)), static_cast<ssize_t>(sizeof(head)));
+  const std::string some(64 << 10, 'x');
+  (void)!::write(fd, some.data(), some.size());
+  EXPECT_FALSE(ReadFrame(fd).has_value());
+  ::close(fd);
+  // A hello claiming a large nonce: closed too.
+  const int fd2 = RawConnect(address_);
+  h.type = MessageType::kAuthHello;
+  tcp::EncodeFrameHeader(h, 1 << 20, head);
+  CHECK_EQ(::write(fd2, head, sizeof(head)), static_cast<ssize_t>(sizeof(head)));
+  EXPECT_FALSE(ReadFrame(fd2).has_value());
+  ::close(fd2);
+  EXPECT_EQ(served_.load(), 0);
+}
+
 TEST_F(DataPlaneAuthTest, AReplayedHandshakeIsRefused) {
   const std::string key = DeriveNodeKey(secret_, 5);
   const std::string client_nonce(kAuthNonceBytes, 'c');
@@ -280,6 +313,7 @@ TEST(DataPlaneEncryptionTest, SealedFramesCarryEveryPayloadBothWays) {
     SCOPED_TRACE(size);
     Message ping;
     ping.header.type = MessageType::kPing;
+    ping.header.sender_id = 9;
     ping.header.version = size;
     ping.payload = RandomBytes(size);
     STRATA_ASSERT_OK_AND_ASSIGN(Message pong, conn->CallSync(ping, kWait));
@@ -295,8 +329,9 @@ TEST(DataPlaneEncryptionTest, SealedFramesCarryEveryPayloadBothWays) {
     });
     ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
     ASSERT_THAT(got.status(), IsOk());
-    const std::string& received = got->payload_in_destination ? dest : got->payload;
-    EXPECT_EQ(received, ping.payload);
+    // Opened straight into the destination.
+    EXPECT_TRUE(got->payload_in_destination);
+    EXPECT_EQ(dest, ping.payload);
   }
 }
 

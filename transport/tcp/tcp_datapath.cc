@@ -202,8 +202,8 @@ absl::Status Endpoint::WriteFrame(const MessageHeader& header,
   iov[1].iov_base = const_cast<char*>(payload);
   iov[1].iov_len = payload_size;
   absl::Status s = WriteAllLocked(iov, payload_size == 0 ? 1 : 2);
-  // (A buffer grown for one huge frame is not kept.)
-  if (seal_buf_.size() > (64u << 20)) std::string().swap(seal_buf_);
+  // (A buffer grown for a large frame is not kept.)
+  if (seal_buf_.size() > (8u << 20)) std::string().swap(seal_buf_);
   if (!s.ok()) {
     // Part of a frame may be out: the stream is unusable. Let the epoll
     // thread close the connection (and fail pending calls).
@@ -323,8 +323,12 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       if (header_got_ < kFrameHeaderBytes) break;
       header_got_ = 0;
       uint64_t payload_bytes = 0;
-      absl::Status s = DecodeFrameHeader(header_buf_, max_payload_bytes_,
+      // (Sealed or not is decided here, once per frame.)
+      const bool sealed = encrypted_recv_.load(std::memory_order_acquire);
+      absl::Status s = DecodeFrameHeader(header_buf_,
+                                         max_payload_bytes_ + (sealed ? kFrameTagBytes : 0),
                                          &incoming_.header, &payload_bytes);
+      if (s.ok()) s = CheckHeader(incoming_.header, payload_bytes);
       if (!s.ok()) {
         LOG(WARNING) << "tcp: bad frame from " << peer_ << ": " << s.message()
                      << "; closing the connection";
@@ -333,7 +337,7 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       }
       // A sealed frame is opened in a buffer of its own (its tag follows
       // the payload); its header is kept to authenticate it.
-      const bool sealed = encrypted_recv_.load(std::memory_order_acquire);
+      incoming_sealed_ = sealed;
       if (sealed) {
         if (payload_bytes < kFrameTagBytes) {
           return absl::DataLossError(
@@ -397,7 +401,8 @@ void Endpoint::GrowPayloadRoom() {
 absl::Status Endpoint::DeliverIncoming() {
   Message message = std::move(incoming_);
   incoming_ = Message();
-  if (encrypted_recv_.load(std::memory_order_acquire)) {
+  if (incoming_sealed_) {
+    incoming_sealed_ = false;
     message.payload.resize(payload_size_);
     // Opened straight into the caller's destination when it has one (a
     // pull landing in the worker's tensor), else in place.
@@ -511,6 +516,30 @@ absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
                    " before the data-plane handshake: connection closed unserved"));
   LOG_EVERY_N(WARNING, 10) << "tcp: " << dropped.message();
   return dropped;
+}
+
+absl::Status ServerEndpoint::CheckHeader(const MessageHeader& h, uint64_t payload_bytes) {
+  if (membership_ == nullptr) return absl::OkStatus();
+  if (!authenticated_) {
+    const bool handshake = h.type == MessageType::kAuthHello || h.type == MessageType::kAuthProof;
+    if (!handshake || payload_bytes > kAuthNonceBytes + kAuthMacBytes) {
+      const absl::Status dropped = absl::PermissionDeniedError(absl::StrCat(
+          MessageTypeName(h.type), " from ", peer(), " (", payload_bytes,
+          " bytes) before the data-plane handshake: connection closed unserved"));
+      LOG_EVERY_N(WARNING, 10) << "tcp: " << dropped.message();
+      return dropped;
+    }
+    return absl::OkStatus();
+  }
+  // (The rdma set-up is the transport's own, not a node's request.)
+  if (h.sender_id != claimed_node_ && h.type != MessageType::kRdmaHello) {
+    const absl::Status forged = absl::PermissionDeniedError(absl::StrCat(
+        MessageTypeName(h.type), " from ", peer(), " says it is node ", h.sender_id,
+        " but the connection belongs to node ", claimed_node_, ": connection closed"));
+    LOG_EVERY_N(WARNING, 10) << "tcp: " << forged.message();
+    return forged;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ServerEndpoint::OnFrame(Message request) {

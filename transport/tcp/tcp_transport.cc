@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -424,6 +425,12 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
     return s;
   }
   if (options_.membership != nullptr) {
+    if (std::this_thread::get_id() == loop_thread_id_) {
+      endpoint->RequestClose();
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": Connect with the data-plane handshake waits for an answer; it cannot run "
+                "on this transport's own thread (a handler or callback)"));
+    }
     s = ClientHandshake(endpoint.get(), *options_.membership, options_.encrypt,
                         absl::Now() + options_.connect_timeout);
     if (!s.ok()) {

@@ -154,6 +154,11 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   virtual void OnClosed(const absl::Status& reason) = 0;
   // Epoll thread: where the payload of a frame with this (valid) header
   // should be written, or nullptr for a fresh buffer in Message::payload.
+  // Epoll thread: a frame's header arrived; a non-OK status closes the
+  // connection before any of its payload is read (or buffered).
+  virtual absl::Status CheckHeader(const MessageHeader& header, uint64_t payload_bytes) {
+    return absl::OkStatus();
+  }
   virtual char* PayloadDestination(const MessageHeader& header,
                                    uint64_t payload_bytes) {
     return nullptr;
@@ -188,6 +193,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::unique_ptr<FrameCipher> recv_cipher_;
   std::atomic<bool> encrypted_recv_{false};
   char sealed_header_[kFrameHeaderBytes];  // the current frame's, to open it
+  bool incoming_sealed_ = false;            // the current frame is sealed
 
   // Frame parser state; touched only by the epoll thread.
   char header_buf_[kFrameHeaderBytes];
@@ -215,6 +221,9 @@ class ServerEndpoint : public Endpoint {
   // Epoll thread: the handshake's requests until it succeeded; anything
   // else closes the connection unserved.
   absl::Status OnHandshakeFrame(Message request);
+  // Before the handshake succeeded only its own small frames are read; then
+  // every frame must come from the node that passed it.
+  absl::Status CheckHeader(const MessageHeader& header, uint64_t payload_bytes) override;
 
   const std::shared_ptr<const RequestHandler> handler_;
   const RequestHandler rdma_hello_handler_;

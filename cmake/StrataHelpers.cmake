@@ -42,3 +42,27 @@ function(strata_cc_test)
     set_tests_properties(${S_NAME} PROPERTIES LABELS "${S_LABELS}")
   endif()
 endfunction()
+
+# strata_cc_fuzz(NAME n SRCS ... DEPS ...)
+#   A fuzz target: SRCS define LLVMFuzzerTestOneInput; its seed corpus is
+#   ${CMAKE_CURRENT_SOURCE_DIR}/corpus/<n>/ (tests/fuzz/README.md).
+#   With STRATA_FUZZ (clang, scripts/fuzz.sh): the libFuzzer binary
+#   build-fuzz/fuzz/<n>_fuzz. Otherwise, with the tests: <n>_fuzz_replay,
+#   the target linked with tests/fuzz/replay_main.cc, and the ctest
+#   <n>_fuzz_corpus_test (label fuzz) that runs the corpus through it once.
+function(strata_cc_fuzz)
+  cmake_parse_arguments(S "" "NAME" "SRCS;DEPS" ${ARGN})
+  if(STRATA_FUZZ)
+    add_executable(${S_NAME}_fuzz ${S_SRCS})
+    set_target_properties(${S_NAME}_fuzz PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz)
+    target_link_libraries(${S_NAME}_fuzz PRIVATE ${S_DEPS})
+    target_link_options(${S_NAME}_fuzz PRIVATE -fsanitize=fuzzer)
+  elseif(STRATA_BUILD_TESTS)
+    add_executable(${S_NAME}_fuzz_replay ${S_SRCS} ${PROJECT_SOURCE_DIR}/tests/fuzz/replay_main.cc)
+    set_target_properties(${S_NAME}_fuzz_replay PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+    target_link_libraries(${S_NAME}_fuzz_replay PRIVATE ${S_DEPS})
+    add_test(NAME ${S_NAME}_fuzz_corpus_test
+             COMMAND ${S_NAME}_fuzz_replay ${CMAKE_CURRENT_SOURCE_DIR}/corpus/${S_NAME})
+    set_tests_properties(${S_NAME}_fuzz_corpus_test PROPERTIES TIMEOUT 120 LABELS fuzz)
+  endif()
+endfunction()

@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace strata {
@@ -852,26 +853,78 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return text.str();
 }
 
+// Reads a YAML stream's events without building nodes: notes where the
+// second document's root node is. Not thread-safe; one per stream.
+class SecondDocumentFinder : public YAML::EventHandler {
+ public:
+  const YAML::Mark& second_root() const { return second_root_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override { ++documents_; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { OnNode(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { OnNode(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    OnNode(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    OnNode(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    OnNode(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void OnNode(const YAML::Mark& mark) {
+    if (documents_ == 2 && !seen_second_root_) {
+      second_root_ = mark;
+      seen_second_root_ = true;
+    }
+  }
+
+  int documents_ = 0;
+  bool seen_second_root_ = false;
+  YAML::Mark second_root_ = YAML::Mark::null_mark();
+};
+
+// Documents counted at most; yaml-cpp 0.7 hands out empty documents
+// forever on some malformed input (",o:j"), so YAML::LoadAll never returns
+// there (found by tests/fuzz/config_fuzz.cc).
+constexpr int kMaxDocumentsCounted = 8;
+
 }  // namespace
 
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text,
                                          const std::string& filename) {
   JobConfig config;
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(text);
-    if (docs.size() > 1) {
-      YAML::Mark mark = docs[1].Mark();
+    // Count the documents (a bounded number), then load the first.
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    SecondDocumentFinder finder;
+    int documents = 0;
+    while (documents <= kMaxDocumentsCounted && parser.HandleNextDocument(finder)) {
+      ++documents;
+    }
+    if (documents > 1) {
+      const YAML::Mark& mark = finder.second_root();
       std::string where = filename + ": ";
       if (!mark.is_null() && mark.line >= 0) {
         where = absl::StrCat(filename, ":", mark.line + 1, ":", mark.column + 1,
                              ": ");
       }
       return absl::InvalidArgumentError(absl::StrCat(
-          where, "expected one YAML document, found ", docs.size()));
+          where, "expected one YAML document, found ",
+          documents > kMaxDocumentsCounted
+              ? absl::StrCat("more than ", kMaxDocumentsCounted)
+              : absl::StrCat(documents)));
     }
     ConfigReader reader(filename);
-    STRATA_RETURN_IF_ERROR(
-        reader.Read(docs.empty() ? YAML::Node() : docs[0], &config));
+    STRATA_RETURN_IF_ERROR(reader.Read(YAML::Load(text), &config));
   } catch (const YAML::Exception& e) {
     std::string where = filename + ": ";
     if (!e.mark.is_null() && e.mark.line >= 0) {

@@ -75,10 +75,12 @@ absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes) {
   absl::string_view k, g;
   r.Bytes(uint64_t{keys} * 8, &k);
   r.Bytes(uint64_t{grads} * 4, &g);
+  // An empty vector's data() may be null (a dense record has no keys), and
+  // memcpy to null is undefined even for 0 bytes.
   u.keys.resize(keys);
-  std::memcpy(u.keys.data(), k.data(), k.size());
+  if (keys > 0) std::memcpy(u.keys.data(), k.data(), k.size());
   u.grads.resize(grads);
-  std::memcpy(u.grads.data(), g.data(), g.size());
+  if (grads > 0) std::memcpy(u.grads.data(), g.data(), g.size());
   return u;
 }
 

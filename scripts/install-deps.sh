@@ -9,6 +9,9 @@ PACKAGES=(
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
   libibverbs-dev libopenblas-dev libyaml-cpp-dev zlib1g-dev libzstd-dev
   libcurl4-openssl-dev libssl-dev
+  # The fuzz targets (scripts/fuzz.sh): clang, libFuzzer and the sanitizers'
+  # runtimes, llvm-symbolizer for their reports.
+  clang-14 libclang-rt-14-dev llvm-14
   dataset-fashion-mnist
   iproute2 procps curl python3
 )

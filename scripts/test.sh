@@ -15,4 +15,11 @@ if line="$(grep -E '^(SKIP: |run-vm-tests.sh: all phases)' Testing/Temporary/Las
            tail -n 1)" && [[ -n "$line" ]]; then
   echo "rdma_vm_test (Soft-RoCE guest): $line"
 fi
+# The whole suite also runs the fuzz targets, 15 s each (clang builds them
+# in build-fuzz/ first): after ctest, so that they do not take the CPUs
+# from the timing-sensitive cluster tests. Arguments select part of the
+# suite: then not.
+if [[ $# -eq 0 ]]; then
+  "$ROOT/scripts/fuzz.sh" --seconds 15 || rc=1
+fi
 exit $rc

@@ -49,7 +49,10 @@ absl::StatusOr<PartitionValues> ReadValues(FileSystem* fs, const std::string& ro
     if (!h.sparse()) {
       const std::string& v = streams[BlockType::kDenseValues];
       out.dense.resize(v.size() / sizeof(float));
-      std::memcpy(out.dense.data(), v.data(), out.dense.size() * sizeof(float));
+      // memcpy to an empty vector's data() (null) is undefined, even for 0 bytes.
+      if (!out.dense.empty()) {
+        std::memcpy(out.dense.data(), v.data(), out.dense.size() * sizeof(float));
+      }
       continue;
     }
     const std::string& del = streams[BlockType::kSparseDeletes];
@@ -70,7 +73,7 @@ absl::StatusOr<PartitionValues> ReadValues(FileSystem* fs, const std::string& ro
       std::memcpy(&key, recs.data() + i, 8);
       std::vector<float>& row = out.rows[key];
       row.resize(h.dim());
-      std::memcpy(row.data(), recs.data() + i + 16, sizeof(float) * h.dim());
+      if (!row.empty()) std::memcpy(row.data(), recs.data() + i + 16, sizeof(float) * h.dim());
     }
   }
   return out;

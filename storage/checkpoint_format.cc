@@ -308,6 +308,15 @@ absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std
     return Corrupt(path, kManifestHeaderBytes, "body does not parse");
   }
   STRATA_RETURN_IF_ERROR(CheckVersion(path, m.format_version()));
+  // A partition's files are named by its id: two entries of one id would
+  // be restored into one partition and exported to one file.
+  std::set<uint32_t> ids;
+  for (const proto::CheckpointPartition& p : m.partitions()) {
+    if (!ids.insert(p.id()).second) {
+      return Corrupt(path, kManifestHeaderBytes,
+                     absl::StrCat("partition ", p.id(), " listed twice"));
+    }
+  }
   return m;
 }
 

@@ -517,6 +517,19 @@ TEST(ManifestTest, AnotherFormatVersionIsFailedPrecondition) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(path)));
 }
 
+TEST(ManifestTest, APartitionListedTwiceIsDataLoss) {
+  // Found by tests/fuzz/checkpoint_manifest_fuzz.cc: both entries would be
+  // restored into one partition, and exported to one file.
+  std::unique_ptr<FileSystem> fs = NewMemoryFileSystem();
+  const std::string dir = "/r/ckpt-00000002";
+  proto::CheckpointManifest m = SampleManifest(2);
+  *m.add_partitions() = m.partitions(0);
+  ASSERT_THAT(WriteManifest(fs.get(), dir, m), IsOk());
+  EXPECT_THAT(ReadManifest(fs.get(), dir).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(dir + "/MANIFEST"), HasSubstr("partition 2 listed twice"))));
+}
+
 // --- Names and the catalogue -------------------------------------------------
 
 TEST(CheckpointNameTest, DirNameAndSeqRoundTrip) {

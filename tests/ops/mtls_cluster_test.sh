@@ -162,7 +162,13 @@ for _ in $(seq 1 100); do
 done
 grep -q 'security: PLAINTEXT - no TLS, no authentication' "$WORK/plain.status" ||
   { cat "$WORK/plain.status" "$WORK/plain.out"; fail "strata status does not say plain text"; }
-curl -sf "http://127.0.0.1:$((BASE + 1))/" | grep -q 'Security: <strong>plain text</strong>' ||
+# (Its HTTP port opens just after its gRPC one; no pipe into grep -q, whose
+# early exit would fail curl under pipefail.)
+for _ in $(seq 1 50); do
+  curl -sf "http://127.0.0.1:$((BASE + 1))/" > "$WORK/plain.html" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q 'Security: <strong>plain text</strong>' "$WORK/plain.html" ||
   fail "the status page does not say plain text"
 grep -q 'security.mode is plaintext: the control plane has no TLS and no authentication' "$WORK/plain.out" ||
   fail "the master does not log plain text as a warning"

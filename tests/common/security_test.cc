@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/strata.grpc.pb.h"
+#include "tests/testing/read_file.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
 
@@ -19,15 +20,10 @@ namespace strata {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::strata::testing::ReadFileForTesting;
 using ::strata::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void Write(const std::string& path, const std::string& text, mode_t mode) {
   std::ofstream(path) << text;
@@ -95,25 +91,25 @@ TEST_F(SecurityTest, CertificatesNameTheirHolder) {
   o.token_file = *dir_ + "/tokens";
   auto auth = Authenticator::Create(o);
   ASSERT_THAT(auth.status(), IsOk());
-  auto worker = (*auth)->IdentifyCertificate(Read(*dir_ + "/127.0.0.1/worker.crt"));
+  auto worker = (*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/127.0.0.1/worker.crt"));
   ASSERT_THAT(worker.status(), IsOk());
   EXPECT_EQ(worker->role, Role::kWorker);
   EXPECT_EQ(worker->name, "worker@127.0.0.1");
   EXPECT_EQ(worker->ToString(), "worker:worker@127.0.0.1");
-  auto alice = (*auth)->IdentifyCertificate(Read(*dir_ + "/users/alice/client.crt"));
+  auto alice = (*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/users/alice/client.crt"));
   ASSERT_THAT(alice.status(), IsOk());
   EXPECT_EQ(alice->role, Role::kOperator);
   EXPECT_EQ(alice->name, "alice");
 
-  EXPECT_THAT((*auth)->IdentifyCertificate(Read(*dir_ + "/users/old/client.crt")).status(),
+  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/users/old/client.crt")).status(),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("expired")));
-  EXPECT_THAT((*auth)->IdentifyCertificate(Read(*dir_ + "/mallory/client.crt")).status(),
+  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/mallory/client.crt")).status(),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("'mallory' refused")));
   EXPECT_THAT((*auth)->IdentifyCertificate("not a certificate").status(),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("unreadable")));
 
   // Tokens: the right one, and one character off.
-  std::string token = Read(*dir_ + "/users/carol/token");
+  std::string token = ReadFileForTesting(*dir_ + "/users/carol/token");
   token.pop_back();  // '\n'
   auto carol = (*auth)->IdentifyToken(token);
   ASSERT_THAT(carol.status(), IsOk());
@@ -136,9 +132,9 @@ TEST_F(SecurityTest, ARevokedCertificateIsRefused) {
   o.dir = dir + "/127.0.0.1";  // (crl.pem was copied beside ca.crt)
   auto auth = Authenticator::Create(o);
   ASSERT_THAT(auth.status(), IsOk());
-  EXPECT_THAT((*auth)->IdentifyCertificate(Read(dir + "/users/bob/client.crt")).status(),
+  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(dir + "/users/bob/client.crt")).status(),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("certificate revoked")));
-  EXPECT_THAT((*auth)->IdentifyCertificate(Read(dir + "/users/alice/client.crt")).status(), IsOk());
+  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(dir + "/users/alice/client.crt")).status(), IsOk());
 }
 
 TEST_F(SecurityTest, BadTokenFilesAreNamed) {

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "proto/strata.grpc.pb.h"
 #include "tests/testing/inproc_cluster.h"
+#include "tests/testing/read_file.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
 
@@ -22,12 +23,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 struct Client {
   std::string name;
@@ -230,7 +225,7 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
   EXPECT_EQ(checked, static_cast<int>(calls.size() * clients.size()));
 
   // The master's refusals are in its audit log, with who and from where.
-  const std::string log = Read(audit_);
+  const std::string log = ReadFileForTesting(audit_);
   EXPECT_THAT(log, HasSubstr("\"who\": \"worker:worker@127.0.0.1\", \"from\": \"ipv4:127.0.0.1:"));
   EXPECT_THAT(log, HasSubstr("\"action\": \"stop\", \"target\": \"\", \"result\": \"refused: "
                              "PERMISSION_DENIED: role worker may not call /strata.proto.Master/Stop"));

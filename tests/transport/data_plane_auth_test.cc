@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/transport/raw_socket.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
@@ -31,6 +32,7 @@ namespace {
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::strata::transport::testing::RawConnect;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
@@ -137,19 +139,6 @@ TEST_F(DataPlaneAuthTest, AServerWithoutTheHandshakeSaysSo) {
 
 // --- Raw sockets: what an outsider can send. ------------------------------
 
-int RawConnect(const std::string& address) {
-  std::string host;
-  int port = 0;
-  CHECK(tcp::SplitHostPort(address, &host, &port).ok());
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_port = htons(static_cast<uint16_t>(port));
-  CHECK_EQ(::inet_pton(AF_INET, host.c_str(), &sin.sin_addr), 1);
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  CHECK_GE(fd, 0);
-  CHECK_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sin), sizeof(sin)), 0);
-  return fd;
-}
 
 void SendFrame(int fd, MessageType type, uint32_t sender, uint64_t epoch, uint64_t request_id,
                const std::string& payload) {

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/transport/raw_socket.h"
 #include "tests/transport/transport_contract_tests.h"
 #include "transport/transport.h"
 
@@ -35,6 +36,7 @@ using ::strata::transport::testing::EchoHandler;
 using ::strata::transport::testing::FullHeader;
 using ::strata::transport::testing::kWait;
 using ::strata::transport::testing::Pattern;
+using ::strata::transport::testing::RawConnect;
 using ::strata::transport::testing::TransportContractTest;
 using ::testing::HasSubstr;
 
@@ -57,21 +59,6 @@ uint64_t ReadLe(const char* p, int bytes) {
   return v;
 }
 
-// A plain blocking socket connected to `address`, for speaking raw bytes.
-int RawConnect(const std::string& address) {
-  std::string host;
-  int port = 0;
-  CHECK(SplitHostPort(address, &host, &port).ok());
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_port = htons(static_cast<uint16_t>(port));
-  CHECK_EQ(::inet_pton(AF_INET, host.c_str(), &sin.sin_addr), 1);
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  CHECK_GE(fd, 0);
-  CHECK_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sin), sizeof(sin)), 0)
-      << std::strerror(errno);
-  return fd;
-}
 
 // True when the peer closes `fd` (EOF or reset) within `timeout`.
 bool WaitForClose(int fd, absl::Duration timeout) {

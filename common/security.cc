@@ -360,6 +360,22 @@ class TokenPlugin : public grpc::MetadataCredentialsPlugin {
 
 }  // namespace
 
+absl::StatusOr<Identity> ControlPlaneSecurity::IdentifyHttp(const HttpRequest& req) const {
+  if (plaintext) return Identity{Role::kNone, "", "plaintext"};
+  if (auth == nullptr) return absl::UnauthenticatedError("this process authenticates no one");
+  if (!req.client_cert_pem.empty()) return auth->IdentifyCertificate(req.client_cert_pem);
+  absl::string_view a = req.authorization;
+  if (a.empty()) {
+    return absl::UnauthenticatedError(
+        "no credentials: send a client certificate of the cluster's CA or "
+        "\"Authorization: Bearer TOKEN\"");
+  }
+  if (!absl::ConsumePrefix(&a, "Bearer ") && !absl::ConsumePrefix(&a, "bearer ")) {
+    return absl::UnauthenticatedError("the Authorization header is not \"Bearer TOKEN\"");
+  }
+  return auth->IdentifyToken(absl::StripAsciiWhitespace(a));
+}
+
 absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& options) {
   if (options.plaintext) return ControlPlaneSecurity::Plaintext();
   if (options.dir.empty()) {
@@ -371,6 +387,7 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
   STRATA_RETURN_IF_ERROR(ReadSmallFile(ca).status());
   const int refresh_s = std::max<int64_t>(1, absl::ToInt64Seconds(options.refresh));
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  std::pair<std::string, std::string> cert_files;
   if (!options.cert_name.empty()) {
     const std::string crt = absl::StrCat(options.dir, "/", options.cert_name, ".crt");
     const std::string key = absl::StrCat(options.dir, "/", options.cert_name, ".key");
@@ -378,6 +395,7 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
     STRATA_RETURN_IF_ERROR(CheckSecretFilePermissions(key));
     provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(key, crt, ca,
                                                                                     refresh_s);
+    cert_files = {crt, key};
   } else {
     provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(ca, refresh_s);
   }
@@ -423,6 +441,9 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
     TlsOptions auth_options = options;
     STRATA_ASSIGN_OR_RETURN(auto auth, Authenticator::Create(auth_options));
     s.auth = std::move(auth);
+    s.cert_file = cert_files.first;
+    s.key_file = cert_files.second;
+    s.ca_file = ca;
   }
   return s;
 }
@@ -440,11 +461,11 @@ absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& secti
   o.cert_name = cert_name;
   o.refresh = absl::Seconds(section.refresh_seconds);
   // People's tokens are for the servers people call: the master, and a
-  // pserver's status when the file is on its host too. Workers serve no RPC.
+  // pserver's status or any daemon's HTTP endpoints when the file is on
+  // its host too.
   if (!section.token_file.empty()) {
     struct stat st;
-    if (cert_name == "master" ||
-        (cert_name == "pserver" && stat(section.token_file.c_str(), &st) == 0)) {
+    if (cert_name == "master" || stat(section.token_file.c_str(), &st) == 0) {
       o.token_file = section.token_file;
     }
   }
@@ -473,6 +494,39 @@ void ApplyServerLimits(grpc::ServerBuilder* builder) {
   builder->SetResourceQuota(quota);
 }
 
+std::string PeerHost(absl::string_view peer) {
+  if (absl::ConsumePrefix(&peer, "ipv4:") || absl::ConsumePrefix(&peer, "ipv6:")) {
+    peer = peer.substr(0, peer.rfind(':'));
+    absl::ConsumePrefix(&peer, "[");
+    absl::ConsumeSuffix(&peer, "]");
+  }
+  return std::string(peer);
+}
+
+absl::StatusOr<PeerCallLimiter::Slot> PeerCallLimiter::Enter(absl::string_view grpc_peer) {
+  std::string host = PeerHost(grpc_peer);
+  absl::MutexLock l(&mu_);
+  int& n = calls_[host];
+  if (n >= limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        host, " has ", n, " calls in progress already (at most ", limit_, " a host)"));
+  }
+  ++n;
+  return Slot(this, std::move(host));
+}
+
+int PeerCallLimiter::in_progress(absl::string_view host) const {
+  absl::MutexLock l(&mu_);
+  auto it = calls_.find(host);
+  return it == calls_.end() ? 0 : it->second;
+}
+
+void PeerCallLimiter::Leave(const std::string& host) {
+  absl::MutexLock l(&mu_);
+  auto it = calls_.find(host);
+  if (it != calls_.end() && --it->second <= 0) calls_.erase(it);
+}
+
 const std::map<std::string, std::vector<Role>>& RpcPolicy() {
   using R = Role;
   static const auto* policy = new std::map<std::string, std::vector<Role>>{
@@ -499,6 +553,77 @@ const std::map<std::string, std::vector<Role>>& RpcPolicy() {
       {"/strata.proto.PServerAdmin/GetStatus", {R::kMaster, R::kAdmin, R::kOperator, R::kViewer}},
   };
   return *policy;
+}
+
+const std::map<std::string, std::vector<Role>>& HttpPolicy() {
+  using R = Role;
+  static const auto* policy = new std::map<std::string, std::vector<Role>>{
+      // Reading state and metrics: every person (Prometheus scrapes as a
+      // viewer).
+      {"/", {R::kAdmin, R::kOperator, R::kViewer}},  // the status page
+      {"/status", {R::kAdmin, R::kOperator, R::kViewer}},
+      {"/metrics", {R::kAdmin, R::kOperator, R::kViewer}},
+      // Log lines may name files, hosts and peers: those who operate.
+      {"/logs", {R::kAdmin, R::kOperator}},
+  };
+  return *policy;
+}
+
+absl::Status CheckHttpPolicy(Role role, absl::string_view path) {
+  if (path == kPublicHttpPath) return absl::OkStatus();
+  auto it = HttpPolicy().find(std::string(path));
+  if (it == HttpPolicy().end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("GET ", path, " is not in the policy: denied to every role"));
+  }
+  std::string allowed;
+  for (Role r : it->second) {
+    if (r == role) return absl::OkStatus();
+    absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", RoleName(r));
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("role ", RoleName(role), " may not GET ", path, " (allowed: ", allowed, ")"));
+}
+
+absl::Status SecureHttp(const ControlPlaneSecurity& security, HttpServer* http,
+                        HttpRefusalHook on_refused) {
+  if (security.plaintext) return absl::OkStatus();
+  if (security.cert_file.empty()) {
+    return absl::FailedPreconditionError("HTTPS needs this daemon's certificate (none loaded)");
+  }
+  STRATA_RETURN_IF_ERROR(http->EnableTls(security.cert_file, security.key_file, security.ca_file));
+  if (on_refused == nullptr) {
+    struct Limiter {
+      absl::Mutex mu;
+      std::map<std::string, absl::Time> last ABSL_GUARDED_BY(mu);
+    };
+    auto limiter = std::make_shared<Limiter>();
+    on_refused = [limiter](const std::string& who, const HttpRequest& req, const absl::Status& why) {
+      const std::string host(absl::string_view(req.peer).substr(0, req.peer.rfind(':')));
+      {
+        absl::MutexLock l(&limiter->mu);
+        absl::Time& last = limiter->last[absl::StrCat(host, " ", req.path)];
+        const absl::Time now = absl::Now();
+        if (now - last < absl::Seconds(1)) return;
+        last = now;
+        if (limiter->last.size() > 4096) limiter->last.clear();  // (bounded)
+      }
+      LOG(WARNING) << "https: refused GET " << req.path << " from " << req.peer
+                   << (who.empty() ? "" : " (" + who + ")") << ": " << why.message();
+    };
+  }
+  http->SetGate([security, on_refused](const HttpRequest& req) -> std::optional<HttpResponse> {
+    if (req.path == kPublicHttpPath) return std::nullopt;
+    absl::StatusOr<Identity> who = security.IdentifyHttp(req);
+    absl::Status why = who.ok() ? CheckHttpPolicy(who->role, req.path) : who.status();
+    if (why.ok()) return std::nullopt;
+    on_refused(who.ok() ? who->ToString() : "", req, why);
+    HttpResponse r;
+    r.status = absl::IsUnauthenticated(why) ? 401 : 403;
+    r.body = absl::StrCat(why.message(), "\n");
+    return r;
+  });
+  return absl::OkStatus();
 }
 
 absl::Status CheckRpcPolicy(Role role, absl::string_view method) {

@@ -18,7 +18,9 @@
 #ifndef STRATA_COMMON_SECURITY_H_
 #define STRATA_COMMON_SECURITY_H_
 
+#include <functional>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "absl/time/time.h"
 
 #include "common/config.h"
+#include "common/http_server.h"
 #include "grpcpp/grpcpp.h"
 
 namespace strata {
@@ -118,6 +121,8 @@ struct ControlPlaneSecurity {
   std::shared_ptr<grpc::ServerCredentials> server;   // for servers
   std::shared_ptr<grpc::ChannelCredentials> client;  // for channels
   std::shared_ptr<Authenticator> auth;               // null in plain text
+  // A server's own certificate, key and CA files (for HTTPS); "" otherwise.
+  std::string cert_file, key_file, ca_file;
 
   // Insecure credentials; every caller is allowed (tests, plaintext mode).
   static ControlPlaneSecurity Plaintext();
@@ -133,6 +138,9 @@ struct ControlPlaneSecurity {
   // Both.
   absl::StatusOr<Identity> Authorize(const grpc::ServerContext& ctx,
                                      absl::string_view method) const;
+  // The caller of an HTTP request: its client certificate, else the bearer
+  // token of its Authorization header. Plain text: "plaintext".
+  absl::StatusOr<Identity> IdentifyHttp(const HttpRequest& req) const;
 };
 
 // Builds the credentials: in TLS mode reads dir/ca.crt and, unless
@@ -159,11 +167,76 @@ inline constexpr int kMaxStreamsPerConnection = 16;
 inline constexpr int kMaxControlThreads = 256;
 void ApplyServerLimits(grpc::ServerBuilder* builder);
 
+// The host of a gRPC peer ("ipv4:10.0.0.7:5123" -> "10.0.0.7",
+// "ipv6:[::1]:5123" -> "::1").
+std::string PeerHost(absl::string_view grpc_peer);
+
+// Calls in progress per peer host, at most `limit` at once: one host
+// cannot hold more than its share of a server's handler threads. (gRPC
+// 1.51 has no cap on a peer's connections; this bounds what they can do.)
+// Thread-safe.
+class PeerCallLimiter {
+ public:
+  explicit PeerCallLimiter(int limit) : limit_(limit) {}
+  PeerCallLimiter(const PeerCallLimiter&) = delete;
+  PeerCallLimiter& operator=(const PeerCallLimiter&) = delete;
+
+  // Holds one call's place until destroyed.
+  class Slot {
+   public:
+    Slot() = default;
+    Slot(PeerCallLimiter* owner, std::string host) : owner_(owner), host_(std::move(host)) {}
+    Slot(Slot&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), host_(std::move(o.host_)) {}
+    Slot& operator=(Slot&&) = delete;
+    ~Slot() {
+      if (owner_ != nullptr) owner_->Leave(host_);
+    }
+
+   private:
+    PeerCallLimiter* owner_ = nullptr;
+    std::string host_;
+  };
+
+  // A place for a call from `grpc_peer`; ResourceExhausted naming the host
+  // when it has `limit` calls in progress already.
+  absl::StatusOr<Slot> Enter(absl::string_view grpc_peer);
+  int in_progress(absl::string_view host) const;
+
+ private:
+  void Leave(const std::string& host);
+  const int limit_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, int, std::less<>> calls_ ABSL_GUARDED_BY(mu_);
+};
+inline constexpr int kMaxCallsPerPeerHost = 64;
+
 // The policy: each method's allowed roles. Methods are full gRPC names.
 const std::map<std::string, std::vector<Role>>& RpcPolicy();
 // OK when `role` may call `method`; PermissionDenied naming both otherwise
 // (also for a method the policy does not list).
 absl::Status CheckRpcPolicy(Role role, absl::string_view method);
+
+// The HTTP endpoints' policy: each path's allowed roles. "/healthz" is
+// open to anyone without credentials (it answers "ok" and nothing else:
+// liveness probes).
+const std::map<std::string, std::vector<Role>>& HttpPolicy();
+inline constexpr absl::string_view kPublicHttpPath = "/healthz";
+// OK when `role` may GET `path`; PermissionDenied naming both otherwise
+// (also for a path the policy does not list).
+absl::Status CheckHttpPolicy(Role role, absl::string_view path);
+
+// Called for each refused HTTP request: the caller ("" when it could not
+// be authenticated), the request, and why.
+using HttpRefusalHook =
+    std::function<void(const std::string& who, const HttpRequest& req, const absl::Status& why)>;
+
+// A daemon's HTTP endpoints under its security: HTTPS with its own
+// certificate, every request checked against HttpPolicy() (401 without
+// valid credentials, 403 for a role the path does not allow). Refusals go
+// to `on_refused`, or (when it is null) to the log, at most once a second
+// per client host and path. Plain text: the server is left as it is.
+absl::Status SecureHttp(const ControlPlaneSecurity& security, HttpServer* http,
+                        HttpRefusalHook on_refused = nullptr);
 
 }  // namespace strata
 

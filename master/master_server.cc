@@ -68,31 +68,7 @@ class MasterServer::Service final : public proto::Master::Service {
   // loop does not flood the log.)
   grpc::Status Answer(grpc::ServerContext* ctx, const std::string& who, const char* method,
                       const absl::Status& s) {
-    if (!s.ok()) {
-      const std::string peer = ctx->peer();
-      const std::string result =
-          absl::StrCat("refused: ", absl::StatusCodeToString(s.code()), ": ", s.message());
-      int skipped = 0;
-      {
-        absl::MutexLock l(&refusals_mu_);
-        // (Unauthenticated callers by host, not by connection: a new
-        // connection a call must not get each refusal synced to disk.)
-        const std::string from =
-            who.empty() ? std::string(absl::string_view(peer).substr(0, peer.rfind(':'))) : peer;
-        Refusal& r = refusals_[absl::StrCat(who, " ", from, " ", method, " ", s.code(), " ",
-                                            who.empty() ? s.message() : "")];
-        const absl::Time now = absl::Now();
-        if (now - r.last < absl::Seconds(1)) {
-          ++r.skipped;
-          return ToGrpcStatus(s);
-        }
-        r.last = now;
-        skipped = std::exchange(r.skipped, 0);
-        if (refusals_.size() > 4096) refusals_.clear();  // (bounded)
-      }
-      m_->Audit(who.empty() ? "unauthenticated" : who, peer, method, "", result,
-                skipped ? absl::StrCat(skipped, " more like it in the second before") : "");
-    }
+    if (!s.ok()) m_->AuditRefusal(who, ctx->peer(), method, s);
     return ToGrpcStatus(s);
   }
   template <typename Response>
@@ -107,6 +83,8 @@ class MasterServer::Service final : public proto::Master::Service {
 // them call `method` of the Master service (docs/security.md): the caller
 // as `who`, or the refusal answered and audited.
 #define STRATA_CALLER(who, ctx, method, name)                                      \
+  auto who##_slot = calls_.Enter(ctx->peer());                                     \
+  if (!who##_slot.ok()) return Answer(ctx, "", name, who##_slot.status());         \
   auto who##_or = security().Identify(*ctx);                                       \
   if (!who##_or.ok()) return Answer(ctx, "", name, who##_or.status());             \
   const Identity who = *std::move(who##_or);                                       \
@@ -208,12 +186,8 @@ class MasterServer::Service final : public proto::Master::Service {
 #undef STRATA_CALLER
 
  private:
-  struct Refusal {
-    absl::Time last = absl::InfinitePast();
-    int skipped = 0;
-  };
-  absl::Mutex refusals_mu_;
-  std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
+  // Calls in progress per peer host (docs/security.md).
+  PeerCallLimiter calls_{kMaxCallsPerPeerHost};
 
   static std::string ResultOf(const absl::Status& s) {
     return s.ok() ? "ok"
@@ -434,6 +408,11 @@ absl::Status MasterServer::Start() {
       if (!s.ok()) return HttpResponse{500, "text/plain", s.ToString()};
       return HttpResponse{200, "application/json", json};
     });
+    STRATA_RETURN_IF_ERROR(SecureHttp(
+        options_.security, &http_,
+        [this](const std::string& who, const HttpRequest& req, const absl::Status& why) {
+          AuditRefusal(who, req.peer, absl::StrCat("http GET ", req.path), why);
+        }));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
     absl::MutexLock l(&mu_);
     view_.mutable_members(0)->set_http_port(http_.port());
@@ -664,6 +643,32 @@ void MasterServer::Audit(const std::string& who, const std::string& from,
   absl::MutexLock fl(&file_mu_);
   absl::Status s = audit_->Append({who, from, action, target, result, detail}, clock_->Now());
   if (!s.ok()) LOG(ERROR) << s;
+}
+
+void MasterServer::AuditRefusal(const std::string& who, const std::string& peer,
+                                const std::string& action, const absl::Status& s) {
+  const std::string result =
+      absl::StrCat("refused: ", absl::StatusCodeToString(s.code()), ": ", s.message());
+  int skipped = 0;
+  {
+    absl::MutexLock l(&refusals_mu_);
+    // (Unauthenticated callers by host, not by connection: each new
+    // connection's refusal must not be synced to disk.)
+    const std::string from =
+        who.empty() ? std::string(absl::string_view(peer).substr(0, peer.rfind(':'))) : peer;
+    Refusal& r = refusals_[absl::StrCat(who, " ", from, " ", action, " ", s.code(), " ",
+                                        who.empty() ? s.message() : "")];
+    const absl::Time now = absl::Now();
+    if (now - r.last < absl::Seconds(1)) {
+      ++r.skipped;
+      return;
+    }
+    r.last = now;
+    skipped = std::exchange(r.skipped, 0);
+    if (refusals_.size() > 4096) refusals_.clear();  // (bounded)
+  }
+  Audit(who.empty() ? "unauthenticated" : who, peer, action, "", result,
+        skipped ? absl::StrCat(skipped, " more like it in the second before") : "");
 }
 
 void MasterServer::FlushEventLog() {

@@ -344,6 +344,18 @@ class MasterServer {
   void Audit(const std::string& who, const std::string& from, const std::string& action,
              const std::string& target, const std::string& result, const std::string& detail)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Audits a refused request (gRPC or HTTP; `who` "" when unauthenticated),
+  // the same refusal of the same caller at most once a second, with how
+  // many were left out before it: a node retrying in a loop does not
+  // flood the log.
+  void AuditRefusal(const std::string& who, const std::string& peer, const std::string& action,
+                    const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_, refusals_mu_);
+  struct Refusal {
+    absl::Time last = absl::InfinitePast();
+    int skipped = 0;
+  };
+  absl::Mutex refusals_mu_;
+  std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
   // Set by RegisterMetrics (null without an HTTP port).
   Histogram* checkpoint_seconds_ = nullptr;
   Histogram* checkpoint_bytes_ = nullptr;

@@ -240,8 +240,10 @@ std::string NodesSection(const proto::GetStatusResponse& st, int64_t now_ms) {
     std::string pages = "-";
     if (n->http_port() > 0 && !n->host().empty()) {
       const bool v6 = n->host().find(':') != std::string::npos;
-      const std::string base = absl::StrCat("http://", v6 ? "[" : "", n->host(), v6 ? "]" : "",
-                                            ":", n->http_port());
+      // (An mtls cluster's daemons serve HTTPS only.)
+      const bool https = absl::StartsWith(st.job().security(), "mtls");
+      const std::string base = absl::StrCat(https ? "https://" : "http://", v6 ? "[" : "",
+                                            n->host(), v6 ? "]" : "", ":", n->http_port());
       pages = absl::StrCat("<a href=\"", HtmlEscape(base), "/metrics\">metrics</a> <a href=\"",
                            HtmlEscape(base), "/logs\">logs</a>");
     }

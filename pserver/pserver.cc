@@ -142,6 +142,7 @@ absl::Status PServer::Start() {
       (void)google::protobuf::util::MessageToJsonString(Status(), &json, o);
       return HttpResponse{200, "application/json", json};
     });
+    STRATA_RETURN_IF_ERROR(SecureHttp(options_.security, &http_));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
 

@@ -1,6 +1,5 @@
 #include "tools/cli.h"
 
-#include <curl/curl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +27,7 @@
 #include "common/threads.h"
 #include "common/grpc_status.h"
 #include "common/host_file.h"
+#include "common/http_client.h"
 #include "common/model_spec.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -51,6 +51,10 @@ using Getenv = std::function<const char*(const char*)>;
 // whether they are plain text for want of any (not asked for).
 std::shared_ptr<grpc::ChannelCredentials> g_client_creds;
 bool g_plaintext_by_default = false;
+// The same credentials for the daemons' HTTP endpoints; https when the
+// control plane is TLS (an mtls cluster serves HTTPS only).
+HttpClientOptions g_http;
+bool g_https = false;
 
 // A call's status; an unreachable master while no credentials were found
 // gets a hint: an mtls cluster refuses plain text at the TLS handshake.
@@ -106,8 +110,11 @@ constexpr char kUsage[] =
     "           role index host port data_port http_port  (- where unused)\n"
     "  security-config --config FILE [--json]   the config's security section: mode,\n"
     "           tls_dir, token_file (for scripts)\n"
-    "  prometheus-config --config FILE --hosts FILE [--interval 5s] [--json]\n"
-    "           a Prometheus configuration scraping every daemon's /metrics\n"
+    "  prometheus-config --config FILE --hosts FILE [--interval 5s] [--tls-dir DIR] [--json]\n"
+    "           a Prometheus configuration scraping every daemon's /metrics; for\n"
+    "           an mtls config over https with the viewer certificate in DIR\n"
+    "           (ca.crt, client.crt, client.key; default /etc/prometheus/strata-tls:\n"
+    "           gen-certs.sh user --name prometheus --role viewer)\n"
     "  doctor   [--config FILE] [--hosts FILE] [--json]  RDMA preflight of this host: devices,\n"
     "           ports, GIDs, MTU, locked-memory limit against what the job\n"
     "           registers; exit 0 when ready\n"
@@ -266,40 +273,21 @@ int Status(const std::map<std::string, std::string>& f, std::ostream& out, std::
   return 0;
 }
 
-size_t OnHttpBody(char* data, size_t size, size_t n, void* user) {
-  static_cast<std::string*>(user)->append(data, size * n);
-  return size * n;
-}
-
-// GET http://host:port/path; the body of a 200, else an error naming the URL.
+// GET NodeUrl(...); the body of a 200, else an error naming the URL.
 absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_seconds = 5) {
-  // (curl's global set-up is not thread-safe: once, before any scraper.)
-  static std::once_flag curl_once;
-  std::call_once(curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-  CURL* curl = curl_easy_init();
-  if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-  std::string body;
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_seconds * 1000));
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnHttpBody);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
-  const CURLcode rc = curl_easy_perform(curl);
-  long code = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
-  curl_easy_cleanup(curl);
-  if (rc != CURLE_OK) {
-    return absl::UnavailableError(absl::StrCat("GET ", url, ": ", curl_easy_strerror(rc)));
+  HttpClientOptions o = g_http;
+  o.timeout = absl::Seconds(timeout_seconds);
+  STRATA_ASSIGN_OR_RETURN(HttpResult r, HttpFetch(url, o));
+  if (r.status != 200) {
+    return absl::UnavailableError(absl::StrCat("GET ", url, ": HTTP ", r.status, ": ", r.body));
   }
-  if (code != 200) {
-    return absl::UnavailableError(absl::StrCat("GET ", url, ": HTTP ", code, ": ", body));
-  }
-  return body;
+  return std::move(r.body);
 }
 
 std::string NodeUrl(const proto::NodeInfo& n, const std::string& path) {
   const bool v6 = n.host().find(':') != std::string::npos;
-  return absl::StrCat("http://", v6 ? "[" : "", n.host(), v6 ? "]" : "", ":", n.http_port(), path);
+  return absl::StrCat(g_https ? "https://" : "http://", v6 ? "[" : "", n.host(), v6 ? "]" : "",
+                      ":", n.http_port(), path);
 }
 
 // The newest instance of "role-index" ("worker-1", "master"), or of node id N.
@@ -1104,6 +1092,10 @@ int PrometheusConfig(const std::map<std::string, std::string>& f, std::ostream& 
     return 2;
   }
   const std::string& job = plan->first.job.name;
+  // An mtls cluster serves HTTPS only, to people's roles: Prometheus
+  // scrapes as a viewer (docs/security.md).
+  const bool https = plan->first.security.mode != "plaintext";
+  const std::string tls = f.count("tls-dir") ? f.at("tls-dir") : "/etc/prometheus/strata-tls";
   if (f.count("json")) {
     // The same configuration as JSON (which Prometheus reads as YAML).
     std::vector<std::string> groups;
@@ -1116,11 +1108,17 @@ int PrometheusConfig(const std::map<std::string, std::string>& f, std::ostream& 
           v6 ? "[" : "", JsonEscape(d.host), v6 ? "]" : "", d.http_port, JsonEscape(job), d.role,
           d.index));
     }
+    const std::string scheme =
+        https ? absl::StrFormat(
+                    "\"scheme\": \"https\", \"tls_config\": {\"ca_file\": \"%s/ca.crt\", "
+                    "\"cert_file\": \"%s/client.crt\", \"key_file\": \"%s/client.key\"},\n   ",
+                    JsonEscape(tls), JsonEscape(tls), JsonEscape(tls))
+              : "";
     out << absl::StrFormat(
         "{\"global\": {\"scrape_interval\": \"%s\", \"evaluation_interval\": \"%s\"},\n"
         " \"scrape_configs\": [{\"job_name\": \"strata\", \"metrics_path\": \"/metrics\",\n"
-        "   \"static_configs\": [\n    %s]}]}\n",
-        interval, interval, absl::StrJoin(groups, ",\n    "));
+        "   %s\"static_configs\": [\n    %s]}]}\n",
+        interval, interval, scheme, absl::StrJoin(groups, ",\n    "));
     return 0;
   }
   out << "# Prometheus configuration for Strata job '" << job << "', from "
@@ -1131,8 +1129,15 @@ int PrometheusConfig(const std::map<std::string, std::string>& f, std::ostream& 
       << "  evaluation_interval: " << interval << "\n"
       << "scrape_configs:\n"
       << "  - job_name: strata\n"
-      << "    metrics_path: /metrics\n"
-      << "    static_configs:\n";
+      << "    metrics_path: /metrics\n";
+  if (https) {
+    out << "    scheme: https  # security.mode mtls: Prometheus is a viewer\n"
+        << "    tls_config:\n"
+        << "      ca_file: " << tls << "/ca.crt\n"
+        << "      cert_file: " << tls << "/client.crt\n"
+        << "      key_file: " << tls << "/client.key\n";
+  }
+  out << "    static_configs:\n";
   for (const PlannedDaemon& d : plan->second) {
     if (d.http_port <= 0) continue;  // no fixed HTTP port: nothing to scrape
     const bool v6 = d.host.find(':') != std::string::npos;
@@ -1480,6 +1485,19 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
         o.dir, " has no client.crt and no --token-file is given: nothing to authenticate with"));
   }
   STRATA_ASSIGN_OR_RETURN(ControlPlaneSecurity s, MakeControlPlaneSecurity(o));
+  g_https = true;
+  g_http.ca_file = o.dir + "/ca.crt";
+  if (!o.cert_name.empty()) {
+    g_http.cert_file = o.dir + "/client.crt";
+    g_http.key_file = o.dir + "/client.key";
+  }
+  if (!o.token_file.empty()) {
+    // (MakeControlPlaneSecurity has checked the file's mode and content.)
+    std::ifstream in(o.token_file);
+    std::string token;
+    in >> token;
+    g_http.bearer_token = token;
+  }
   return s.client;
 }
 
@@ -1526,6 +1544,8 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
       cmd == "wait" || (cmd == "checkpoint" && !sub)) {
     const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };
     g_plaintext_by_default = false;
+    g_https = false;
+    g_http = HttpClientOptions();
     auto creds = ClientCredentials(*flags, env);
     if (!creds.ok()) {
       err << "strata " << cmd << ": " << creds.status().message() << "\n";

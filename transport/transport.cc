@@ -197,6 +197,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
     tcp_options.max_payload_bytes = options.max_payload_bytes;
     tcp_options.membership = options.membership;
     tcp_options.encrypt = options.encrypt_data_plane;
+    tcp_options.handshake_timeout = options.handshake_timeout;
     return tcp::NewTcpTransport(tcp_options);
   }
   if (options.kind == "inproc") {

@@ -255,6 +255,9 @@ struct TransportOptions {
   // transport/data_plane_auth.h). Both ends must agree. rdma moves its data
   // over verbs unsealed; only its TCP bootstrap is.
   bool encrypt_data_plane = false;
+  // With membership: an accepted connection not through the handshake
+  // this long after it opened is closed.
+  absl::Duration handshake_timeout = absl::Seconds(5);
 };
 
 // What a transport is doing, for /metrics.

@@ -299,6 +299,7 @@ absl::Status Worker::Start() {
                           s.last_step, s.recent_loss,
                           s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0.0)};
     });
+    STRATA_RETURN_IF_ERROR(SecureHttp(options_.security, &http_));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
   if (options_.local_only) return absl::OkStatus();

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -224,6 +225,30 @@ TEST(RpcPolicyTest, EveryRoleAndMethodPairIsAsStated) {
   // Deny by default: a method the policy does not know.
   EXPECT_THAT(CheckRpcPolicy(Role::kAdmin, "/strata.proto.Master/Unknown"),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not in the policy")));
+}
+
+TEST(PeerCallLimiterTest, CallsInProgressAreCappedPerHost) {
+  EXPECT_EQ(PeerHost("ipv4:10.0.0.7:5123"), "10.0.0.7");
+  EXPECT_EQ(PeerHost("ipv6:[::1]:5123"), "::1");
+  EXPECT_EQ(PeerHost("unix:/tmp/s"), "unix:/tmp/s");
+  PeerCallLimiter limiter(3);
+  std::vector<PeerCallLimiter::Slot> held;
+  for (int port = 1; port <= 3; ++port) {
+    auto slot = limiter.Enter(absl::StrCat("ipv4:10.0.0.7:", port));
+    ASSERT_THAT(slot.status(), IsOk());
+    held.push_back(*std::move(slot));
+  }
+  EXPECT_EQ(limiter.in_progress("10.0.0.7"), 3);
+  // A fourth connection of the same host waits its turn; another host not.
+  EXPECT_THAT(limiter.Enter("ipv4:10.0.0.7:4").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("10.0.0.7 has 3 calls in progress already (at most 3 a host)")));
+  EXPECT_THAT(limiter.Enter("ipv4:10.0.0.8:1").status(), IsOk());
+  held.pop_back();  // a call ends
+  EXPECT_EQ(limiter.in_progress("10.0.0.7"), 2);
+  EXPECT_THAT(limiter.Enter("ipv4:10.0.0.7:4").status(), IsOk());
+  held.clear();
+  EXPECT_EQ(limiter.in_progress("10.0.0.7"), 0);
 }
 
 TEST(RpcPolicyTest, RoleNames) {

@@ -80,6 +80,19 @@ security:
 YAML
 }
 
+# http_get HOST:PORT/PATH: the body of a daemon's endpoint (fails on an
+# error status). An mtls job serves HTTPS only, to people: then the admin
+# certificate of $HTTP_TLS_DIR, else $STRATA_TLS_DIR (ca.crt, client.crt,
+# client.key); plain http when neither is set.
+http_get() {
+  local tls="${HTTP_TLS_DIR:-${STRATA_TLS_DIR:-}}"
+  if [[ -n "$tls" ]]; then
+    curl -sf --cacert "$tls/ca.crt" --cert "$tls/client.crt" --key "$tls/client.key" "https://$1"
+  else
+    curl -sf "http://$1"
+  fi
+}
+
 json_field() {  # json_field FILE KEY -> value (numbers/strings, first match)
   sed -n "s/.*\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}\$/\1/p" "$1" | head -n 1
 }

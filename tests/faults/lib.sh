@@ -68,6 +68,12 @@ start_job() {
     [[ -f "$WORK/run-$name/master.http" ]] && break
     sleep 0.1
   done
+  # An mtls job's endpoints: read with the run's admin certificate.
+  if [[ -f "$WORK/run-$name/tls.dir" ]]; then
+    HTTP_TLS_DIR="$(cat "$WORK/run-$name/tls.dir")/admin"
+  else
+    HTTP_TLS_DIR=""
+  fi
 }
 wait_job() {
   local rc=0
@@ -76,10 +82,10 @@ wait_job() {
   return $rc
 }
 
-master_status() { curl -sf "http://127.0.0.1:$((BASE + 1))/status"; }
+master_status() { http_get "127.0.0.1:$((BASE + 1))/status"; }
 # pserver_version INDEX: the highest partition version pserver INDEX holds.
 pserver_version() {
-  curl -sf "http://127.0.0.1:$((BASE + 30 + $1))/status" | python3 -c '
+  http_get "127.0.0.1:$((BASE + 30 + $1))/status" | python3 -c '
 import json, sys
 p = json.load(sys.stdin).get("partitions", [])
 print(max([int(x.get("version", 0)) for x in p] + [0]))'

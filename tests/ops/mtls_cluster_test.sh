@@ -109,6 +109,41 @@ assert st["job"]["security"] == "mtls", st["job"].get("security")
 ids = {(m["role"], m.get("identity", "")) for m in st["view"]["members"] if m["role"] != "MASTER"}
 assert ids == {("PSERVER", "pserver:pserver@127.0.0.1"), ("WORKER", "worker:worker@127.0.0.1")}, ids
 PY
+# The HTTP endpoints: HTTPS only, to people's roles (docs/security.md).
+code_of() {  # code_of URL [curl args]: the HTTP status curl gets
+  local url="$1"; shift
+  curl -s -o "$WORK/body" -w '%{http_code}' --cacert "$TLS/ca/ca.crt" "$@" "$url" || true
+}
+murl="https://127.0.0.1:$((BASE + 1))"
+purl="https://127.0.0.1:$((BASE + 30))"
+[[ "$(code_of "$murl/status" --cert "$TLS/admin/client.crt" --key "$TLS/admin/client.key")" == 200 ]] &&
+  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["job"]["security"] == "mtls"' "$WORK/body" ||
+  fail "the admin cannot read the master's /status over https"
+[[ "$(code_of "$murl/logs" --cert "$TLS/users/bob/client.crt" --key "$TLS/users/bob/client.key")" == 403 ]] ||
+  fail "the viewer read the master's /logs"
+[[ "$(code_of "$murl/metrics" --cert "$TLS/users/bob/client.crt" --key "$TLS/users/bob/client.key")" == 200 ]] ||
+  fail "the viewer cannot read the master's /metrics"
+[[ "$(code_of "$murl/status")" == 401 ]] || fail "the master's /status answered without credentials"
+[[ "$(code_of "$murl/healthz")" == 200 ]] || fail "/healthz is not open"
+[[ "$(code_of "$purl/metrics" --cert "$TLS/127.0.0.1/worker.crt" --key "$TLS/127.0.0.1/worker.key")" == 403 ]] ||
+  fail "a worker's certificate read a pserver's /metrics"
+[[ "$(code_of "$purl/logs" -H "Authorization: Bearer $(cat "$TLS/users/carol/token")")" == 200 ]] ||
+  fail "the operator's token cannot read a pserver's /logs"
+[[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$((BASE + 1))/status" || true)" == 400 ]] ||
+  fail "plain http to the master's HTTPS port was not answered 400"
+# The CLI reads the daemons' endpoints over https with its certificate.
+"$S" logs master --master "$master" --lines 5 --tls-dir "$TLS/admin" > "$WORK/logs.out" ||
+  fail "strata logs over https failed"
+[[ -s "$WORK/logs.out" ]] || fail "strata logs printed nothing"
+"$S" top --master "$master" --iterations 1 --interval 0.5 --json --tls-dir "$TLS/admin" > "$WORK/top.json" ||
+  fail "strata top over https failed"
+python3 - "$WORK/top.json" <<'PY' || { cat "$WORK/top.json"; fail "strata top does not read the daemons' metrics over https"; }
+import json, sys
+f = json.loads(open(sys.argv[1]).readline())
+up = {n['name'] for n in f['nodes'] if n['up']}
+assert {'master-0', 'pserver-0', 'worker-0'} <= up, up
+PY
+
 # The data plane: a connection that skips the membership handshake is
 # closed unanswered; the pserver serves on.
 python3 - "$((BASE + 20))" <<'PY' || fail "a pserver answered a request without the handshake"
@@ -144,6 +179,8 @@ for pattern in \
     '"who": "operator:carol", "from": "ipv4:127.0.0.1:[0-9]*", "action": "stop", "target": "", "result": "refused: PERMISSION_DENIED' \
     '"who": "unauthenticated", "from": "ipv4:127.0.0.1:[0-9]*", "action": "get_status", "target": "", "result": "refused: UNAUTHENTICATED: unknown bearer token' \
     '"who": "admin:admin", "from": "ipv4:127.0.0.1:[0-9]*", "action": "stop", "target": "job", "result": "ok"' \
+    '"who": "viewer:bob", "from": "127.0.0.1:[0-9]*", "action": "http GET /logs", "target": "", "result": "refused: PERMISSION_DENIED: role viewer may not GET /logs' \
+    '"who": "unauthenticated", "from": "127.0.0.1:[0-9]*", "action": "http GET /status", "target": "", "result": "refused: UNAUTHENTICATED: no credentials' \
     '"who": "unauthenticated", "from": "ipv4:127.0.0.1:[0-9]*", "action": "get_status", "target": "", "result": "refused: UNAUTHENTICATED: client certificate .eve. refused: certificate revoked'; do
   grep -q "$pattern" "$audit" || { cat "$audit"; fail "the audit log lacks: $pattern"; }
 done

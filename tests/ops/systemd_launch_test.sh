@@ -186,15 +186,18 @@ f = json.loads(open(sys.argv[1]).readline())
 names = {n['name'] for n in f['nodes'] if n['up']}
 assert names == {'master-0', 'pserver-0', 'pserver-1', 'worker-0', 'worker-1'}, names
 PY
-page="$(curl -sf "http://$(addr_of 1):$((base + 1))/?refresh=0" || true)"
+page="$(http_get "$(addr_of 1):$((base + 1))/?refresh=0" || true)"
 grep -q '5 of 5 alive' <<< "$page" && grep -q '<svg id="chart-loss"' <<< "$page" ||
   fail "the status page does not show the 5 nodes and the charts"
 
 # Prometheus (Debian's, on this machine) scrapes the five daemons from the
 # configuration strata prometheus-config makes from the host file.
 if command -v prometheus > /dev/null; then
+  # (mTLS: Prometheus scrapes over https with the run's admin certificate;
+  # a standing cluster gives it a viewer's: gen-certs.sh user.)
   "$STRATA" prometheus-config --config "$work/job.yaml" --hosts "$work/hosts" --interval 1s \
-    > "$work/prometheus.yml" || fail "strata prometheus-config failed"
+    --tls-dir "$STRATA_TLS_DIR" > "$work/prometheus.yml" || fail "strata prometheus-config failed"
+  grep -q 'scheme: https' "$work/prometheus.yml" || fail "prometheus-config does not scrape over https"
   prom_port=$((base + 50))
   prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
     --web.listen-address="127.0.0.1:$prom_port" > "$work/prometheus.log" 2>&1 &

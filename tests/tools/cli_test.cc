@@ -237,6 +237,18 @@ TEST(CliTest, EveryCommandHasJson) {
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"scrape_interval\": \"5s\""),
                            HasSubstr("{\"targets\": [\"node-a:9302\"], \"labels\": {\"strata_job\": "
                                      "\"cli-test\", \"role\": \"pserver\", \"index\": \"2\"}}")));
+  // The config is mtls (the default): the daemons serve HTTPS to people's
+  // roles, and Prometheus scrapes with a viewer's certificate.
+  EXPECT_THAT(r.out, HasSubstr("\"scheme\": \"https\", \"tls_config\": {\"ca_file\": "
+                               "\"/etc/prometheus/strata-tls/ca.crt\", \"cert_file\": "
+                               "\"/etc/prometheus/strata-tls/client.crt\""));
+  r = RunStrata({"prometheus-config", "--config", cfg, "--hosts", hosts, "--tls-dir", "/p"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("    scheme: https"), HasSubstr("      key_file: /p/client.key")));
+  const std::string plain = WriteTemp("plain.yaml", std::string(kConfig) + "security:\n  mode: plaintext\n");
+  r = RunStrata({"prometheus-config", "--config", plain, "--hosts", hosts});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("https")));
   r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--offline", "--json"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, AllOf(StartsWith("{\"config\": {\"file\": \"" + cfg + "\", \"ok\": true"),

@@ -199,6 +199,50 @@ TEST_F(DataPlaneAuthTest, AnUnauthenticatedRequestIsDroppedWithoutEffect) {
   EXPECT_THAT(Ping(conn.get()).status(), IsOk());
 }
 
+// Whether the server closed `fd` (end of file) within `wait`.
+bool ClosedWithin(int fd, absl::Duration wait) {
+  pollfd pf{fd, POLLIN, 0};
+  if (::poll(&pf, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+}
+
+TEST(DataPlaneLimitsTest, AConnectionThatNeverHandshakesIsClosed) {
+  auto keys = std::make_shared<MembershipKeys>();
+  const std::string secret = RandomBytes(32);
+  keys->Update(1, 7, DeriveNodeKey(secret, 1), secret);
+  TransportOptions o;
+  o.kind = "tcp";
+  o.membership = keys;
+  o.handshake_timeout = absl::Seconds(1);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto server, CreateTransport(o));
+  ASSERT_THAT(server->Listen("127.0.0.1", 0, [](Message, std::shared_ptr<Responder>) {}), IsOk());
+  const int fd = RawConnect(server->listen_address());
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(ClosedWithin(fd, absl::Seconds(10))) << "a silent connection was held";
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));  // (not at once)
+  ::close(fd);
+}
+
+TEST_F(DataPlaneAuthTest, PendingHandshakesAreCappedPerHost) {
+  // 16 connections that say nothing hold the host's quota of handshakes;
+  // the 17th is closed at once.
+  std::vector<int> silent;
+  for (int i = 0; i < 16; ++i) silent.push_back(RawConnect(address_));
+  absl::SleepFor(absl::Milliseconds(200));  // (all accepted)
+  const int one_more = RawConnect(address_);
+  EXPECT_TRUE(ClosedWithin(one_more, absl::Seconds(3)));
+  ::close(one_more);
+  for (int fd : silent) EXPECT_FALSE(ClosedWithin(fd, absl::ZeroDuration()));
+  for (int fd : silent) ::close(fd);
+  absl::SleepFor(absl::Milliseconds(200));  // (their closes seen)
+  // Once they are gone, a member is served.
+  auto client = Client(5, 7, secret_);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address_));
+  EXPECT_THAT(Ping(conn.get()).status(), IsOk());
+  EXPECT_EQ(served_.load(), 1);
+}
+
 TEST_F(DataPlaneAuthTest, AConnectionSpeaksForItsNodeOnly) {
   auto client = Client(5, 7, secret_);
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address_));

@@ -1099,6 +1099,7 @@ class RdmaTransport : public Transport, public ChannelListener {
     t.connect_timeout = options_.rdma.connect_timeout;
     t.membership = options_.membership;  // (the handshake runs on the bootstrap)
     t.encrypt = options_.encrypt_data_plane;
+    t.handshake_timeout = options_.handshake_timeout;
     t.rdma_hello_handler = [this](Message m, std::shared_ptr<Responder> r) {
       OnHello(std::move(m), std::move(r));
     };

@@ -234,6 +234,15 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
 // ---------------------------------------------------------------------------
 // Endpoint lifecycle (reads and writes are in tcp_datapath.cc).
 
+std::string Endpoint::peer_host() const {
+  // "host:port" or "[v6]:port".
+  std::string host = peer_.substr(0, peer_.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
 Endpoint::Endpoint(int fd, std::string peer, const TcpOptions& options)
     : fd_(fd),
       peer_(std::move(peer)),
@@ -503,11 +512,58 @@ void TcpTransport::AcceptAll() {
     auto endpoint = std::make_shared<ServerEndpoint>(fd, FormatSockaddr(ss),
                                                      options_, handler);
     VLOG(1) << "tcp: accepted connection from " << endpoint->peer();
+    if (absl::Status limit = CheckPeerLimits(endpoint->peer_host()); !limit.ok()) {
+      LOG_EVERY_N(WARNING, 100) << "tcp: " << listen_address() << ": " << limit.message();
+      endpoint->Close(limit);
+      continue;
+    }
     absl::Status s = Register(endpoint);
     if (!s.ok()) {
       endpoint->Close(s);
       return;
     }
+  }
+}
+
+absl::Status TcpTransport::CheckPeerLimits(const std::string& host) {
+  int all = 0, pending = 0;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [key, endpoint] : endpoints_) {
+      if (endpoint->peer_host() != host || dynamic_cast<ServerEndpoint*>(key) == nullptr) continue;
+      ++all;
+      if (endpoint->HandshakePending()) ++pending;
+    }
+  }
+  if (all >= options_.max_connections_per_host) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a connection from ", host, " refused: it holds ", all, " already (at most ",
+        options_.max_connections_per_host, " a host)"));
+  }
+  if (options_.membership != nullptr && pending >= options_.max_pending_handshakes_per_host) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a connection from ", host, " refused: ", pending,
+        " of its connections are still in the data-plane handshake (at most ",
+        options_.max_pending_handshakes_per_host, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void TcpTransport::CloseOverdueHandshakes(std::vector<std::shared_ptr<Endpoint>>* graveyard) {
+  const absl::Time cutoff = absl::Now() - options_.handshake_timeout;
+  std::vector<Endpoint*> overdue;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [key, endpoint] : endpoints_) {
+      if (endpoint->HandshakePending() && endpoint->opened_at() < cutoff) overdue.push_back(key);
+    }
+  }
+  for (Endpoint* e : overdue) {
+    const absl::Status reason = absl::DeadlineExceededError(absl::StrCat(
+        "connection from ", e->peer(), " closed: no data-plane handshake within ",
+        absl::FormatDuration(options_.handshake_timeout)));
+    LOG_EVERY_N(WARNING, 10) << "tcp: " << reason.message();
+    CloseEndpoint(e, reason, graveyard);
   }
 }
 
@@ -517,8 +573,16 @@ void TcpTransport::EventLoop() {
   // Endpoints closed during a batch stay alive until the batch is done, as
   // later events of the same batch may still point at them.
   std::vector<std::shared_ptr<Endpoint>> graveyard;
+  // With the handshake, unfinished ones are swept about once a second.
+  const int wait_ms = options_.membership != nullptr ? 1000 : -1;
+  absl::Time next_sweep = absl::Now() + absl::Seconds(1);
   while (!stop_.load(std::memory_order_acquire)) {
-    const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, -1);
+    if (wait_ms >= 0 && absl::Now() >= next_sweep) {
+      CloseOverdueHandshakes(&graveyard);
+      graveyard.clear();
+      next_sweep = absl::Now() + absl::Seconds(1);
+    }
+    const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, wait_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       LOG(ERROR) << "tcp: epoll_wait: " << ErrnoText(errno)

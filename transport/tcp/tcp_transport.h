@@ -84,6 +84,15 @@ struct TcpOptions {
   std::shared_ptr<MembershipKeys> membership;
   // Seal every frame after the handshake (TransportOptions).
   bool encrypt = false;
+  // An accepted connection that has not passed the handshake this long
+  // after it opened is closed (with `membership` only).
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // Connections accepted from one peer host: at most this many in all, and
+  // at most `max_pending_handshakes_per_host` of them still in the
+  // handshake. One more is closed at once, unread (a rate-limited warning
+  // names the host).
+  int max_connections_per_host = 1024;
+  int max_pending_handshakes_per_host = 16;
 };
 
 absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
@@ -118,6 +127,12 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // table (the table is emptied before sockets are closed).
   int fd() const { return fd_; }
   bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // The peer's host (peer() without the port).
+  std::string peer_host() const;
+  absl::Time opened_at() const { return opened_at_; }
+  // Epoll thread: an accepted connection still waiting for its data-plane
+  // handshake.
+  virtual bool HandshakePending() const { return false; }
 
   // Writes one frame (header then payload) atomically with respect to other
   // writers, blocking until it is in the kernel. Unavailable naming the peer
@@ -176,6 +191,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
   const int fd_;
   const std::string peer_;
+  const absl::Time opened_at_ = absl::Now();
   const uint64_t max_payload_bytes_;
   const std::function<void(Endpoint*, const absl::Status&)> on_close_;
   const absl::Duration write_stall_timeout_;
@@ -212,6 +228,7 @@ class ServerEndpoint : public Endpoint {
  public:
   ServerEndpoint(int fd, std::string peer, const TcpOptions& options,
                  std::shared_ptr<const RequestHandler> handler);
+  bool HandshakePending() const override { return membership_ != nullptr && !authenticated_; }
 
  protected:
   absl::Status OnFrame(Message request) override;
@@ -323,6 +340,11 @@ class TcpTransport : public Transport {
 
   void EventLoop();
   void AcceptAll();
+  // Epoll thread: whether one more connection from `host` is within
+  // TcpOptions' per-host limits; the reason it is not otherwise.
+  absl::Status CheckPeerLimits(const std::string& host);
+  // Epoll thread: closes accepted connections whose handshake is overdue.
+  void CloseOverdueHandshakes(std::vector<std::shared_ptr<Endpoint>>* graveyard);
   // Adds `endpoint` to the table and to epoll. Unavailable after Shutdown.
   absl::Status Register(std::shared_ptr<Endpoint> endpoint);
   // Epoll thread: removes `endpoint` from epoll and the table (keeping it

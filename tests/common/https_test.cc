@@ -26,6 +26,7 @@
 #include "openssl/x509.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
+#include "tests/transport/raw_socket.h"
 
 namespace strata {
 namespace {
@@ -256,13 +257,7 @@ TEST_F(HttpsTest, PlainTextIsAnsweredWithAHintAndUntrustedServersFail) {
 TEST_F(HttpsTest, AStalledHandshakeDoesNotHoldTheServer) {
   StartServer(*dir_ + "/127.0.0.1");
   // A client that connects and sends half a TLS record, then nothing.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(server_.port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = transport::testing::RawConnect(absl::StrCat("127.0.0.1:", server_.port()));
   const char half[] = {0x16, 0x03, 0x01, 0x02};
   ASSERT_EQ(send(fd, half, sizeof(half), MSG_NOSIGNAL), 4);
   // Served once the stalled handshake's deadline (2 s) has passed.
@@ -279,15 +274,7 @@ TEST_F(HttpsTest, AStalledHandshakeDoesNotHoldTheServer) {
 
 // The serial number of the certificate the server at 127.0.0.1:port shows.
 std::string ServedSerial(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
+  const int fd = transport::testing::RawConnect(absl::StrCat("127.0.0.1:", port));
   SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
   SSL* ssl = SSL_new(ctx);
   SSL_set_fd(ssl, fd);

@@ -5,6 +5,9 @@
 # of failed checks.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export LD_LIBRARY_PATH=/share/lib
+# The host's clock at boot (run-vm-tests.sh): the certificates under
+# /share/tls must not be "not yet valid" to a lagging emulated clock.
+[ -f /share/now ] && date -u -s "@$(cat /share/now)" >/dev/null 2>&1
 export STRATA_REQUIRE_RDMA=1   # a test that finds no device fails here
 ulimit -l unlimited
 [ -f /share/gtest_filter ] && export GTEST_FILTER="$(cat /share/gtest_filter)"
@@ -67,11 +70,13 @@ for t in /share/tests/*; do
 done
 
 # A training job over rdma: master, pserver and worker brought up by
-# launch.sh from a config (transport: rdma, so no silent TCP fallback).
+# launch.sh from a config (transport: rdma, so no silent TCP fallback),
+# under mTLS: the bootstrap sealed, each connection's memory in its own
+# protection domain (docs/security.md, "RDMA").
 job() {
   printf '127.0.0.1 master pserver=1 worker=1\n' >/tmp/hosts
   bash /share/launch.sh run --config /share/job-rdma.yaml --hosts /tmp/hosts \
-    --bin-dir /share/bin --run-dir /tmp/run --timeout 600 >/tmp/job.txt 2>&1
+    --bin-dir /share/bin --run-dir /tmp/run --timeout 600 --tls-dir /share/tls >/tmp/job.txt 2>&1
   rc=$?
   tail -n 12 /tmp/job.txt
   grep -h "data connection to pserver" /tmp/run/logs/worker-0.log

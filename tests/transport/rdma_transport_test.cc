@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/testing/low_memlock.h"
+#include "transport/data_plane_auth.h"
 #include "transport/rdma/rdma_hello.h"
 #include "tests/transport/transport_contract_tests.h"
 
@@ -486,6 +487,87 @@ TEST_F(RdmaDeviceTest, InvalidResponseTypeBecomesAnInternalError) {
 // with the preflight's memlock finding and its fix; "auto" falls back to
 // TCP; a registration on a transport made before the limit dropped fails
 // naming ibv_reg_mr and the fix. Nothing aborts.
+// docs/security.md, "RDMA": with the membership handshake (an mtls
+// cluster) each connection registers the caller's memory in a protection
+// domain of its own, so the remote key one peer gets is no use to another;
+// once the key epoch moves on (a node left) the region is registered again
+// and the old key dies with the last call that carried it. The bootstrap
+// (the hello with the queue pair's details) is sealed.
+TEST_F(RdmaDeviceTest, EachPeerGetsItsOwnKeysAndANewKeyEpochRetiresThem) {
+  const std::string secret = RandomBytes(32);
+  auto server_keys = std::make_shared<MembershipKeys>();
+  server_keys->Update(1, 7, DeriveNodeKey(secret, 1), secret);
+  auto client_keys = std::make_shared<MembershipKeys>();
+  client_keys->Update(5, 7, DeriveNodeKey(secret, 5), "");
+  TransportOptions so = Opts("rdma");
+  so.membership = server_keys;
+  TransportOptions co = Opts("rdma");
+  co.membership = client_keys;
+  auto a = Make(so), b = Make(so), client = Make(co);
+  ASSERT_TRUE(a && b && client);
+  STRATA_ASSERT_OK(a->Listen("127.0.0.1", 0, SizedHandler));
+  STRATA_ASSERT_OK(b->Listen("127.0.0.1", 0, SizedHandler));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto to_a, client->Connect(a->listen_address()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto to_b, client->Connect(b->listen_address()));
+  ASSERT_EQ(StateOf(*to_a), ConnectionState::kReady);
+  ASSERT_EQ(StateOf(*to_b), ConnectionState::kReady);
+  const size_t size = 256 << 10;
+  std::string dest(size, '\0');
+  STRATA_ASSERT_OK(client->RegisterMemory(dest.data(), dest.size(),
+                                          Transport::MemoryUse::kReceiveDestination));
+  EXPECT_EQ(rdma::DestinationKeyForTesting(*to_a, dest.data()), 0u) << "registered before use";
+  auto pull = [&](Connection* conn, uint32_t partition) {
+    std::memset(dest.data(), 0, size);
+    Message m;
+    m.header.type = MessageType::kPullRequest;
+    m.header.sender_id = 5;  // the node whose key passed the handshake
+    m.header.partition = partition;
+    m.header.count = size;
+    auto r = std::make_shared<CallResult>();
+    conn->CallInto(std::move(m), dest.data(), size, Capture(r));
+    ASSERT_TRUE(r->Wait());
+    STRATA_ASSERT_OK(r->result);
+    EXPECT_TRUE(r->result->payload_in_destination);
+    const std::string want = Pattern(size, partition);
+    EXPECT_EQ(Fnv(dest.data(), size), Fnv(want.data(), size));
+  };
+  ASSERT_NO_FATAL_FAILURE(pull(to_a.get(), 3));
+  ASSERT_NO_FATAL_FAILURE(pull(to_b.get(), 4));
+  const uint32_t key_a = rdma::DestinationKeyForTesting(*to_a, dest.data());
+  const uint32_t key_b = rdma::DestinationKeyForTesting(*to_b, dest.data());
+  EXPECT_NE(key_a, 0u);
+  EXPECT_NE(key_b, 0u);
+  EXPECT_NE(key_a, key_b) << "two peers were handed the same key";
+  EXPECT_EQ(StatsOf(*to_a).responses_written, 1u);
+  EXPECT_EQ(StatsOf(*to_a).peer_regions, 1u);
+  // The same epoch: the same key.
+  ASSERT_NO_FATAL_FAILURE(pull(to_a.get(), 5));
+  EXPECT_EQ(rdma::DestinationKeyForTesting(*to_a, dest.data()), key_a);
+  EXPECT_EQ(StatsOf(*to_a).region_rotations, 0u);
+  // A node left: key epoch 8, a new secret. The open connections carry on
+  // with new keys for the region.
+  const std::string next = RandomBytes(32);
+  server_keys->Update(1, 8, DeriveNodeKey(next, 1), next);
+  client_keys->Update(5, 8, DeriveNodeKey(next, 5), "");
+  ASSERT_NO_FATAL_FAILURE(pull(to_a.get(), 6));
+  const uint32_t key_a8 = rdma::DestinationKeyForTesting(*to_a, dest.data());
+  EXPECT_NE(key_a8, 0u);
+  EXPECT_NE(key_a8, key_a) << "the old epoch's key is still the one in use";
+  EXPECT_EQ(StatsOf(*to_a).region_rotations, 1u);
+  EXPECT_EQ(StatsOf(*to_a).peer_regions, 1u);
+  EXPECT_EQ(StatsOf(*to_a).responses_written, 3u);
+  // A queue pair speaks for the node of its bootstrap's handshake only:
+  // a request claiming another node closes the connection, unserved.
+  Message forged;
+  forged.header.type = MessageType::kPushRequest;
+  forged.header.sender_id = 6;
+  forged.payload = "as node 6";
+  EXPECT_FALSE(to_b->CallSync(forged, kWait).ok());
+  EXPECT_FALSE(to_b->healthy());
+  to_a.reset();
+  to_b.reset();
+}
+
 TEST_F(RdmaDeviceTest, MemlockLimitTooLowGivesThePreflightMessage) {
   auto server = Make(Opts("auto"));
   ASSERT_NE(server, nullptr);

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -158,6 +159,57 @@ TEST_F(RdmaVerbsTest, ManyWritesInFlightEachLandWhereTheyWereSent) {
   EXPECT_EQ(*imms.rbegin(), 1000u + k - 1);
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
   EXPECT_EQ(Drain(cq_a_.get(), 1).size(), 1u);  // the one signaled send
+}
+
+// What per-peer registration rests on (docs/security.md, "RDMA"): a
+// remote key works only on a queue pair of its region's protection domain,
+// and not at all once the region is deregistered.
+TEST_F(RdmaVerbsTest, AKeyWorksOnlyInItsProtectionDomainAndDiesWithItsRegion) {
+  const size_t n = 64 << 10;
+  std::vector<char> src = Pattern(n, 3), dst(n, 0);
+  // A pair whose receiving side has a domain of its own.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto pd, ProtectionDomain::Allocate(device_.get()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto cq_x, CompletionQueue::Create(device_.get(), 64));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto cq_y, CompletionQueue::Create(device_.get(), 64));
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto qp_x, RcQueuePair::Create(device_.get(), cq_x.get(), cq_x.get(), 16, 16, "peer-x",
+                                     pd->pd()));
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto qp_y, RcQueuePair::Create(device_.get(), cq_y.get(), cq_y.get(), 16, 16, "peer-y"));
+  ASSERT_THAT(qp_x->Connect(qp_y->local_info()), ::strata::testing::IsOk());
+  ASSERT_THAT(qp_y->Connect(qp_x->local_info()), ::strata::testing::IsOk());
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto src_mr, MemoryRegion::Register(device_.get(), src.data(), n, IBV_ACCESS_LOCAL_WRITE));
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto dst_x, MemoryRegion::Register(device_.get(), dst.data(), n, kAccessDst, pd->pd()));
+  const uint64_t to = reinterpret_cast<uint64_t>(dst.data());
+  // Through the queue pair of the region's domain: it lands.
+  ASSERT_THAT(qp_y->PostWrite(1, src.data(), n, src_mr->lkey(), to, dst_x->rkey(), true),
+              ::strata::testing::IsOk());
+  auto done = Drain(cq_y.get(), 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_THAT(CompletionStatus(done[0], "peer-x"), ::strata::testing::IsOk());
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), n), 0);
+  // The same key through another domain's queue pair (qp_a_, the device's):
+  // refused, nothing written.
+  std::fill(dst.begin(), dst.end(), 0);
+  ASSERT_THAT(qp_b_->PostWrite(2, src.data(), n, src_mr->lkey(), to, dst_x->rkey(), true),
+              ::strata::testing::IsOk());
+  auto refused = Drain(cq_b_.get(), 1);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(refused[0].status);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), static_cast<long>(n)) << "written anyway";
+  // The region deregistered: its key refused on its own domain's pair too.
+  const uint32_t old_key = dst_x->rkey();
+  dst_x.reset();
+  ASSERT_THAT(qp_y->PostWrite(3, src.data(), n, src_mr->lkey(), to, old_key, true),
+              ::strata::testing::IsOk());
+  auto dead = Drain(cq_y.get(), 1);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(dead[0].status);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), static_cast<long>(n)) << "written anyway";
+  qp_x.reset();
+  qp_y.reset();
 }
 
 TEST_F(RdmaVerbsTest, SendLandsInThePostedReceive) {

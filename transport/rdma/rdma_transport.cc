@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -31,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
+#include "transport/data_plane_auth.h"
 #include "transport/rdma/rdma_device.h"
 #include "transport/rdma/rdma_hello.h"
 #include "transport/rdma/verbs.h"
@@ -128,61 +130,65 @@ struct DeviceContext {
   std::unique_ptr<CompletionChannel> events;
 };
 
-// Memory registered through Transport::RegisterMemory.
+// Memory the caller named through Transport::RegisterMemory. It is
+// registered with the device per connection (Channel::RegionFor), in that
+// connection's protection domain, at its first use there: a peer's keys
+// reach only what was registered for it.
 class Registry {
  public:
-  explicit Registry(std::shared_ptr<DeviceContext> ctx) : ctx_(std::move(ctx)) {}
-
   // `remote_write`: a destination peers may RDMA-WRITE into; otherwise a
   // send source (local reads need no access flag).
   absl::Status Register(void* addr, size_t size, bool remote_write) {
     absl::MutexLock l(&mu_);
-    uint32_t lkey, rkey;
-    if (LookupLocked(static_cast<const char*>(addr), size, remote_write, &lkey, &rkey)) {
+    const char* base;
+    size_t bytes;
+    if (FindLocked(static_cast<const char*>(addr), size, remote_write, &base, &bytes)) {
       return absl::OkStatus();
     }
-    absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = MemoryRegion::Register(
-        ctx_->device.get(), addr, size,
-        remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
-    if (!mr.ok()) return mr.status();
-    // Regions stay until the transport goes: calls in flight carry their
-    // keys.
-    regions_.emplace(reinterpret_cast<uintptr_t>(addr), Region{std::move(mr).value(), remote_write});
+    regions_.emplace(reinterpret_cast<uintptr_t>(addr), Region{size, remote_write});
     return absl::OkStatus();
   }
 
-  // The keys of a registered region holding [addr, addr + size), if any.
-  bool Lookup(const char* addr, size_t size, bool remote_write, uint32_t* lkey, uint32_t* rkey) {
+  // The registered region holding [addr, addr + size), if any.
+  bool Find(const char* addr, size_t size, bool remote_write, const char** base, size_t* bytes) {
     absl::MutexLock l(&mu_);
-    return LookupLocked(addr, size, remote_write, lkey, rkey);
+    return FindLocked(addr, size, remote_write, base, bytes);
   }
 
  private:
   struct Region {
-    std::unique_ptr<MemoryRegion> mr;
+    size_t size;
     bool remote_write;
   };
 
-  bool LookupLocked(const char* addr, size_t size, bool remote_write, uint32_t* lkey,
-                    uint32_t* rkey) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool FindLocked(const char* addr, size_t size, bool remote_write, const char** base,
+                  size_t* bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const auto a = reinterpret_cast<uintptr_t>(addr);
     // Regions starting at or before `addr`, nearest first (few: a worker
     // registers one per table).
     for (auto it = regions_.upper_bound(a); it != regions_.begin();) {
       --it;
-      const MemoryRegion& mr = *it->second.mr;
-      if (a + size <= it->first + mr.size() && (!remote_write || it->second.remote_write)) {
-        *lkey = mr.lkey();
-        *rkey = mr.rkey();
+      if (a + size <= it->first + it->second.size && (!remote_write || it->second.remote_write)) {
+        *base = reinterpret_cast<const char*>(it->first);
+        *bytes = it->second.size;
         return true;
       }
     }
     return false;
   }
 
-  const std::shared_ptr<DeviceContext> ctx_;
   absl::Mutex mu_;
   std::multimap<uintptr_t, Region> regions_ ABSL_GUARDED_BY(mu_);
+};
+
+// A caller's region registered in one connection's protection domain, for
+// one key epoch. Calls using its keys hold it; the domain outlives it.
+struct PeerRegion {
+  std::shared_ptr<DeviceContext> ctx;  // (destroyed last)
+  std::shared_ptr<ProtectionDomain> pd;
+  std::unique_ptr<MemoryRegion> mr;  // (destroyed first)
+  uint64_t epoch = 0;
+  ~PeerRegion() { mr.reset(); }
 };
 
 // Where a response goes by RDMA WRITE: the destination a request named.
@@ -314,6 +320,58 @@ class Channel : public std::enable_shared_from_this<Channel> {
     return result;
   }
 
+  // The caller's region [base, base + bytes) registered in this
+  // connection's protection domain, with the narrowest access (remote
+  // write for a destination, none for a send source): at its first use
+  // here, and anew once the membership key epoch has moved past `epoch`'s
+  // registration (the old keys stop working when the last call holding
+  // them is done). Null when the connection is not ready or the
+  // registration fails (the call then goes by copies; logged once).
+  std::shared_ptr<PeerRegion> RegionFor(const char* base, size_t bytes, bool remote_write,
+                                        uint64_t epoch) {
+    std::shared_ptr<ProtectionDomain> pd;
+    {
+      absl::MutexLock l(&mu_);
+      if (state_ != ConnectionState::kReady || pd_ == nullptr) return nullptr;
+      pd = pd_;
+    }
+    absl::MutexLock l(&regions_mu_);
+    std::shared_ptr<PeerRegion>& r = regions_[{reinterpret_cast<uintptr_t>(base), remote_write}];
+    if (r != nullptr && r->epoch >= epoch && r->mr->size() >= bytes) return r;
+    absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = MemoryRegion::Register(
+        ctx_->device.get(), const_cast<char*>(base), bytes,
+        remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0, pd->pd());
+    if (!mr.ok()) {
+      if (!region_failure_logged_) {
+        region_failure_logged_ = true;
+        LOG(WARNING) << "rdma connection with " << peer_ << ": " << mr.status().message()
+                     << "; its calls copy through the slots instead";
+      }
+      return nullptr;
+    }
+    if (r != nullptr) {
+      VLOG(1) << "rdma connection with " << peer_ << ": region at " << static_cast<const void*>(base)
+              << " registered again for key epoch " << epoch << " (rkey " << r->mr->rkey()
+              << " retired)";
+      ++stats_region_rotations_;
+    }
+    auto fresh = std::make_shared<PeerRegion>();
+    fresh->ctx = ctx_;
+    fresh->pd = std::move(pd);
+    fresh->mr = std::move(mr).value();
+    fresh->epoch = epoch;
+    r = std::move(fresh);
+    return r;
+  }
+
+  // Server: requests on this connection must come from node `node` (the
+  // one its bootstrap's membership handshake proved); another sender
+  // closes it, as on TCP.
+  void BindNode(uint32_t node) {
+    absl::MutexLock l(&mu_);
+    bound_node_ = node;
+  }
+
   // Closes the TCP bootstrap connection; run once when this fails, so that
   // the peer tears its side down too.
   void SetCloser(std::function<void()> closer) {
@@ -331,8 +389,23 @@ class Channel : public std::enable_shared_from_this<Channel> {
     return failure_;
   }
   RdmaConnectionStats stats() const {
-    absl::MutexLock l(&mu_);
-    return stats_;
+    RdmaConnectionStats out;
+    {
+      absl::MutexLock l(&mu_);
+      out = stats_;
+    }
+    absl::MutexLock l(&regions_mu_);
+    out.peer_regions = regions_.size();
+    out.region_rotations = stats_region_rotations_;
+    return out;
+  }
+  uint32_t DestinationKey(const void* addr) const {
+    const auto a = reinterpret_cast<uintptr_t>(addr);
+    absl::MutexLock l(&regions_mu_);
+    for (const auto& [key, r] : regions_) {
+      if (key.second && a >= key.first && a < key.first + r->mr->size()) return r->mr->rkey();
+    }
+    return 0;
   }
 
   // Client: sends a request; `done` runs once with the response or an
@@ -349,7 +422,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // the payload is copied. (Nor should such a Call wait on another
   // transport's thread: do not make one from another transport's callback.)
   void Call(Message request, ResponseCallback done, char* dest, size_t dest_size,
-            const WriteTarget& remote, uint32_t source_lkey = 0) {
+            const WriteTarget& remote, std::shared_ptr<PeerRegion> dest_region = nullptr,
+            std::shared_ptr<PeerRegion> source_region = nullptr) {
+    const uint32_t source_lkey = source_region != nullptr ? source_region->mr->lkey() : 0;
     std::vector<std::function<void()>> work;
     absl::Status broken;
     std::shared_ptr<ZeroCopy> zero_copy;
@@ -364,12 +439,18 @@ class Channel : public std::enable_shared_from_this<Channel> {
           // (The listener is alive while the channel is READY.)
           if (!wait || !listener_->OnCompletionThread()) {
             zero_copy = std::make_shared<ZeroCopy>();
+            zero_copy->region = source_region;
             zero_copy->lkey = source_lkey;
           }
         }
         const uint64_t id = ++next_request_id_;
         request.header.request_id = id;
-        pending_[id] = Pending{std::move(done), dest, dest_size};
+        Pending& p = pending_[id];
+        p.done = std::move(done);
+        p.dest = dest;
+        p.dest_size = dest_size;
+        if (dest_region != nullptr) p.regions.push_back(std::move(dest_region));
+        if (source_region != nullptr) p.regions.push_back(std::move(source_region));
         Outgoing out;
         out.frame.kind = kMessage;
         if (remote.valid) {
@@ -493,9 +574,13 @@ class Channel : public std::enable_shared_from_this<Channel> {
     ResponseCallback done;
     char* dest;
     size_t dest_size;
+    // The regions whose keys the request carries or its SENDs read:
+    // registered until the call is done.
+    std::vector<std::shared_ptr<PeerRegion>> regions;
   };
   // A message sent straight from the caller's registered memory.
   struct ZeroCopy {
+    std::shared_ptr<PeerRegion> region;  // holds `lkey` while SENDs read it
     uint32_t lkey = 0;
     bool posted_all = false;  // every frame posted
     int in_flight = 0;        // posted SENDs not completed yet
@@ -525,6 +610,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   absl::Status AllocateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     VerbsDevice* dev = ctx_->device.get();
+    absl::StatusOr<std::unique_ptr<ProtectionDomain>> pd = ProtectionDomain::Allocate(dev);
+    if (!pd.ok()) return Named(pd.status());
+    pd_ = std::move(pd).value();
     const uint32_t posted = recv_slots_ + kSpareRecvSlots;
     const int depth = static_cast<int>(posted + send_slots_ + 8);
     absl::StatusOr<std::unique_ptr<CompletionQueue>> cq =
@@ -533,7 +621,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     cq_ = std::move(cq).value();
     absl::StatusOr<std::unique_ptr<RcQueuePair>> qp = RcQueuePair::Create(
         dev, cq_.get(), cq_.get(), static_cast<int>(send_slots_ + 1),
-        static_cast<int>(posted), peer_);
+        static_cast<int>(posted), peer_, pd_->pd());
     if (!qp.ok()) return qp.status();
     qp_ = std::move(qp).value();
     for (auto [mem, mr, count, access] :
@@ -548,7 +636,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
             " bytes of slots"));
       }
       absl::StatusOr<std::unique_ptr<MemoryRegion>> r =
-          MemoryRegion::Register(dev, mem->get(), bytes, access);
+          MemoryRegion::Register(dev, mem->get(), bytes, access, pd_->pd());
       if (!r.ok()) return Named(r.status());
       *mr = std::move(r).value();
     }
@@ -578,6 +666,13 @@ class Channel : public std::enable_shared_from_this<Channel> {
     send_mr_.reset();
     recv_mem_.reset();
     send_mem_.reset();
+    // (The caller's regions of this domain go with the last call that
+    // uses them; the domain after them.)
+    {
+      absl::MutexLock r(&regions_mu_);
+      regions_.clear();
+    }
+    pd_.reset();
   }
 
   absl::Status FailureLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -854,6 +949,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
                                   " payload bytes, frame ", f.total_bytes));
         }
         if (f.chunk_bytes > f.total_bytes) return Bad("chunk beyond the payload");
+        if (role_ == kServer && bound_node_.has_value() && h.sender_id != *bound_node_) {
+          return Bad(absl::StrCat(MessageTypeName(h.type), " says it is node ", h.sender_id,
+                                  " but the connection belongs to node ", *bound_node_));
+        }
         incoming_ = Incoming();
         incoming_.active = true;
         incoming_.message.header = h;
@@ -915,10 +1014,22 @@ class Channel : public std::enable_shared_from_this<Channel> {
   const std::shared_ptr<const RequestHandler> handler_;  // server side
   ChannelListener* const listener_;
 
+  // The caller's regions registered for this peer (RegionFor), by start
+  // and use. Taken without mu_ held (registering is a system call).
+  mutable absl::Mutex regions_mu_;
+  std::map<std::pair<uintptr_t, bool>, std::shared_ptr<PeerRegion>> regions_
+      ABSL_GUARDED_BY(regions_mu_);
+  bool region_failure_logged_ ABSL_GUARDED_BY(regions_mu_) = false;
+  uint64_t stats_region_rotations_ ABSL_GUARDED_BY(regions_mu_) = 0;
+
   mutable absl::Mutex mu_;
   ConnectionState state_ ABSL_GUARDED_BY(mu_) = ConnectionState::kExchanging;
+  std::optional<uint32_t> bound_node_ ABSL_GUARDED_BY(mu_);  // server: BindNode
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CompletionQueue> cq_ ABSL_GUARDED_BY(mu_);
+  // This connection's own protection domain: its queue pair, its slots
+  // and the caller's regions registered for this peer (RegionFor).
+  std::shared_ptr<ProtectionDomain> pd_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RcQueuePair> qp_ ABSL_GUARDED_BY(mu_);
   SlotMemory recv_mem_ ABSL_GUARDED_BY(mu_);
   SlotMemory send_mem_ ABSL_GUARDED_BY(mu_);
@@ -1002,8 +1113,11 @@ void Channel::Deliver() {
 
 class RdmaConnection : public Connection {
  public:
-  RdmaConnection(std::shared_ptr<Channel> channel, std::shared_ptr<Registry> registry)
-      : channel_(std::move(channel)), registry_(std::move(registry)) {}
+  RdmaConnection(std::shared_ptr<Channel> channel, std::shared_ptr<Registry> registry,
+                 std::shared_ptr<MembershipKeys> membership)
+      : channel_(std::move(channel)),
+        registry_(std::move(registry)),
+        membership_(std::move(membership)) {}
   RdmaConnection(std::shared_ptr<Connection> fallback, std::string why)
       : fallback_(std::move(fallback)), fallback_why_(std::move(why)) {}
   ~RdmaConnection() override {
@@ -1030,21 +1144,30 @@ class RdmaConnection : public Connection {
                        static_cast<uint16_t>(t))));
       return;
     }
+    // The caller's registered memory, registered for this peer and the
+    // current key epoch (docs/security.md, "RDMA").
+    const uint64_t epoch = membership_ != nullptr ? membership_->epoch() : 0;
     WriteTarget target;
-    uint32_t lkey = 0;
+    std::shared_ptr<PeerRegion> dest_region, source_region;
+    const char* base = nullptr;
+    size_t bytes = 0;
     if (dest != nullptr && dest_size > 0 &&
-        registry_->Lookup(dest, dest_size, /*remote_write=*/true, &lkey, &target.rkey)) {
-      target.valid = true;
-      target.addr = reinterpret_cast<uint64_t>(dest);
-      target.len = dest_size;
+        registry_->Find(dest, dest_size, /*remote_write=*/true, &base, &bytes)) {
+      dest_region = channel_->RegionFor(base, bytes, /*remote_write=*/true, epoch);
+      if (dest_region != nullptr) {
+        target.valid = true;
+        target.addr = reinterpret_cast<uint64_t>(dest);
+        target.len = dest_size;
+        target.rkey = dest_region->mr->rkey();
+      }
     }
-    uint32_t source_lkey = 0, unused_rkey;
     if (request.payload_ref != nullptr && request.payload_ref_size > 0 &&
-        !registry_->Lookup(request.payload_ref, request.payload_ref_size,
-                           /*remote_write=*/false, &source_lkey, &unused_rkey)) {
-      source_lkey = 0;
+        registry_->Find(request.payload_ref, request.payload_ref_size, /*remote_write=*/false,
+                        &base, &bytes)) {
+      source_region = channel_->RegionFor(base, bytes, /*remote_write=*/false, epoch);
     }
-    channel_->Call(std::move(request), std::move(done), dest, dest_size, target, source_lkey);
+    channel_->Call(std::move(request), std::move(done), dest, dest_size, target,
+                   std::move(dest_region), std::move(source_region));
   }
   std::string peer() const override {
     return channel_ != nullptr ? channel_->peer() : fallback_->peer();
@@ -1063,6 +1186,9 @@ class RdmaConnection : public Connection {
   RdmaConnectionStats stats() const {
     return channel_ != nullptr ? channel_->stats() : RdmaConnectionStats();
   }
+  uint32_t DestinationKey(const void* addr) const {
+    return channel_ != nullptr ? channel_->DestinationKey(addr) : 0;
+  }
   absl::Status ForceError() {
     if (channel_ == nullptr) {
       return absl::FailedPreconditionError("a TCP fallback connection has no queue pair");
@@ -1073,6 +1199,7 @@ class RdmaConnection : public Connection {
  private:
   const std::shared_ptr<Channel> channel_;
   const std::shared_ptr<Registry> registry_;
+  const std::shared_ptr<MembershipKeys> membership_;  // null: no key epochs
   const std::shared_ptr<Connection> fallback_;
   const std::string fallback_why_;
 };
@@ -1090,7 +1217,7 @@ class RdmaTransport : public Transport, public ChannelListener {
         required_(options.kind == "rdma"),
         ctx_(std::move(ctx)),
         no_device_(std::move(no_device)) {
-    if (ctx_ != nullptr) registry_ = std::make_shared<Registry>(ctx_);
+    if (ctx_ != nullptr) registry_ = std::make_shared<Registry>();
   }
 
   absl::Status Start() {
@@ -1098,7 +1225,10 @@ class RdmaTransport : public Transport, public ChannelListener {
     t.max_payload_bytes = options_.max_payload_bytes;
     t.connect_timeout = options_.rdma.connect_timeout;
     t.membership = options_.membership;  // (the handshake runs on the bootstrap)
-    t.encrypt = options_.encrypt_data_plane;
+    // With the membership handshake the bootstrap is always sealed: the
+    // queue pair's details (and, on a fallback, the data) are exchanged
+    // under keys the master handed out over mTLS (docs/security.md).
+    t.encrypt = options_.encrypt_data_plane || options_.membership != nullptr;
     t.handshake_timeout = options_.handshake_timeout;
     t.rdma_hello_handler = [this](Message m, std::shared_ptr<Responder> r) {
       OnHello(std::move(m), std::move(r));
@@ -1213,12 +1343,21 @@ class RdmaTransport : public Transport, public ChannelListener {
     }
     VLOG(1) << "rdma: connected to " << address;
     return std::shared_ptr<Connection>(
-        std::make_shared<RdmaConnection>(std::move(channel), registry_));
+        std::make_shared<RdmaConnection>(std::move(channel), registry_, options_.membership));
   }
 
   absl::Status RegisterMemory(void* addr, size_t size, MemoryUse use) override {
     if (registry_ == nullptr || size == 0) return absl::OkStatus();
-    return registry_->Register(addr, size, use == MemoryUse::kReceiveDestination);
+    const bool remote_write = use == MemoryUse::kReceiveDestination;
+    // Registered per connection at its first use there (Channel::RegionFor);
+    // here once with the device and released, so that a region beyond the
+    // locked-memory limit is refused now, naming the fix.
+    absl::StatusOr<std::unique_ptr<MemoryRegion>> probe = MemoryRegion::Register(
+        ctx_->device.get(), addr, size,
+        remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
+    if (!probe.ok()) return probe.status();
+    probe->reset();
+    return registry_->Register(addr, size, remote_write);
   }
 
   void Shutdown() override {
@@ -1353,6 +1492,9 @@ class RdmaTransport : public Transport, public ChannelListener {
     }
     auto channel = std::make_shared<Channel>(ctx_, Channel::kServer, peer, options_.rdma,
                                              options_.max_payload_bytes, handler, this);
+    // (The bootstrap passed the membership handshake: the queue pair
+    // speaks for that node only.)
+    if (std::optional<uint32_t> node = endpoint->AuthenticatedNode()) channel->BindNode(*node);
     absl::Status s = channel->Allocate();
     if (s.ok()) s = channel->Join(HelloQpOf(*hello));
     absl::StatusOr<HelloQp> local = s.ok() ? channel->LocalHello() : s;
@@ -1559,6 +1701,11 @@ absl::Status ForceQpErrorForTesting(Connection* connection) {
   auto* c = dynamic_cast<RdmaConnection*>(connection);
   if (c == nullptr) return absl::InvalidArgumentError("not an rdma connection");
   return c->ForceError();
+}
+
+uint32_t DestinationKeyForTesting(const Connection& connection, const void* addr) {
+  const auto* c = dynamic_cast<const RdmaConnection*>(&connection);
+  return c != nullptr ? c->DestinationKey(addr) : 0;
 }
 
 }  // namespace strata::transport::rdma

@@ -60,11 +60,18 @@ struct RdmaConnectionStats {
   uint64_t responses_written = 0;  // responses that arrived by RDMA WRITE
   uint64_t credit_frames = 0;    // credit-only frames sent
   uint64_t zero_copy_sends = 0;  // SENDs gathered from the caller's registered memory
+  // The caller's regions registered for this peer (in its protection
+  // domain), and how many were registered again for a new key epoch.
+  uint64_t peer_regions = 0;
+  uint64_t region_rotations = 0;
 };
 RdmaConnectionStats StatsOf(const Connection& connection);
 // Moves the connection's queue pair to the error state, as a failing NIC
 // or peer would.
 absl::Status ForceQpErrorForTesting(Connection* connection);
+// The remote key this connection hands its peer for RDMA WRITEs into the
+// registered destination holding `addr` (0: none registered for it yet).
+uint32_t DestinationKeyForTesting(const Connection& connection, const void* addr);
 
 }  // namespace strata::transport::rdma
 

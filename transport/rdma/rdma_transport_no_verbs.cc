@@ -17,7 +17,8 @@ absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptio
   tcp::TcpOptions t;
   t.max_payload_bytes = options.max_payload_bytes;
   t.membership = options.membership;
-  t.encrypt = options.encrypt_data_plane;
+  // (Sealed under the membership handshake, as the verbs build's bootstrap.)
+  t.encrypt = options.encrypt_data_plane || options.membership != nullptr;
   return tcp::NewTcpTransport(t);
 }
 
@@ -30,5 +31,7 @@ RdmaConnectionStats StatsOf(const Connection&) { return RdmaConnectionStats(); }
 absl::Status ForceQpErrorForTesting(Connection*) {
   return absl::FailedPreconditionError("built without RDMA support");
 }
+
+uint32_t DestinationKeyForTesting(const Connection&, const void*) { return 0; }
 
 }  // namespace strata::transport::rdma

@@ -137,9 +137,26 @@ VerbsDevice::~VerbsDevice() {
 
 // ---------------------------------------------------------------------------
 
+absl::StatusOr<std::unique_ptr<ProtectionDomain>> ProtectionDomain::Allocate(
+    VerbsDevice* device) {
+  ibv_pd* pd = ibv_alloc_pd(device->context());
+  if (pd == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ibv_alloc_pd(", device->selection().device, "): ", Errno(errno)));
+  }
+  return std::unique_ptr<ProtectionDomain>(new ProtectionDomain(device, pd));
+}
+
+ProtectionDomain::~ProtectionDomain() {
+  if (int rc = ibv_dealloc_pd(pd_); rc != 0) {
+    LOG(WARNING) << "ibv_dealloc_pd(" << device_->selection().device << "): " << Errno(rc)
+                 << " (a region or queue pair of it still exists)";
+  }
+}
+
 absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(
-    VerbsDevice* device, void* addr, size_t length, int access) {
-  ibv_mr* mr = ibv_reg_mr(device->pd(), addr, length, access);
+    VerbsDevice* device, void* addr, size_t length, int access, ibv_pd* pd) {
+  ibv_mr* mr = ibv_reg_mr(pd != nullptr ? pd : device->pd(), addr, length, access);
   if (mr == nullptr) {
     const int e = errno;
     std::string why = absl::StrCat("ibv_reg_mr(", device->selection().device,
@@ -247,7 +264,7 @@ absl::Status CompletionStatus(const ibv_wc& wc, const std::string& peer) {
 
 absl::StatusOr<std::unique_ptr<RcQueuePair>> RcQueuePair::Create(
     VerbsDevice* device, CompletionQueue* send_cq, CompletionQueue* recv_cq,
-    int max_send_wr, int max_recv_wr, std::string peer) {
+    int max_send_wr, int max_recv_wr, std::string peer, ibv_pd* pd) {
   ibv_qp_init_attr init{};
   init.send_cq = send_cq->cq();
   init.recv_cq = recv_cq->cq();
@@ -256,7 +273,7 @@ absl::StatusOr<std::unique_ptr<RcQueuePair>> RcQueuePair::Create(
   init.cap.max_recv_wr = static_cast<uint32_t>(max_recv_wr);
   init.cap.max_send_sge = 2;  // header + payload chunk (PostSendGather)
   init.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(device->pd(), &init);
+  ibv_qp* qp = ibv_create_qp(pd != nullptr ? pd : device->pd(), &init);
   if (qp == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("ibv_create_qp(", device->selection().device, ") for ",

@@ -59,14 +59,33 @@ class VerbsDevice {
   uint16_t lid_ = 0;
 };
 
+// A protection domain of one connection: its queue pair and the memory
+// regions it may use. A remote key works only on a queue pair of the
+// region's domain, so a key handed to one peer is no use to another.
+class ProtectionDomain {
+ public:
+  static absl::StatusOr<std::unique_ptr<ProtectionDomain>> Allocate(VerbsDevice* device);
+  ~ProtectionDomain();  // after every queue pair and region of it
+  ProtectionDomain(const ProtectionDomain&) = delete;
+  ProtectionDomain& operator=(const ProtectionDomain&) = delete;
+
+  ibv_pd* pd() const { return pd_; }
+  VerbsDevice* device() const { return device_; }
+
+ private:
+  ProtectionDomain(VerbsDevice* device, ibv_pd* pd) : device_(device), pd_(pd) {}
+  VerbsDevice* const device_;
+  ibv_pd* const pd_;
+};
+
 // Memory registered with the device, once (never per message).
 class MemoryRegion {
  public:
-  // `access`: IBV_ACCESS_* flags; the narrowest that the use needs. A
-  // failure names ibv_reg_mr and, for ENOMEM/EPERM, the locked-memory limit
-  // with its fix.
+  // `access`: IBV_ACCESS_* flags; the narrowest that the use needs. `pd`:
+  // the protection domain (null: the device's). A failure names ibv_reg_mr
+  // and, for ENOMEM/EPERM, the locked-memory limit with its fix.
   static absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(
-      VerbsDevice* device, void* addr, size_t length, int access);
+      VerbsDevice* device, void* addr, size_t length, int access, ibv_pd* pd = nullptr);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -131,9 +150,10 @@ absl::Status CompletionStatus(const ibv_wc& wc, const std::string& peer);
 // completion as an error, and is torn down by its owner.
 class RcQueuePair {
  public:
+  // `pd`: the protection domain (null: the device's).
   static absl::StatusOr<std::unique_ptr<RcQueuePair>> Create(
       VerbsDevice* device, CompletionQueue* send_cq, CompletionQueue* recv_cq,
-      int max_send_wr, int max_recv_wr, std::string peer);
+      int max_send_wr, int max_recv_wr, std::string peer, ibv_pd* pd = nullptr);
   ~RcQueuePair();
   RcQueuePair(const RcQueuePair&) = delete;
   RcQueuePair& operator=(const RcQueuePair&) = delete;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -133,6 +134,9 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // Epoll thread: an accepted connection still waiting for its data-plane
   // handshake.
   virtual bool HandshakePending() const { return false; }
+  // Epoll thread: the node an accepted connection proved it is (the
+  // membership handshake); nullopt without one.
+  virtual std::optional<uint32_t> AuthenticatedNode() const { return std::nullopt; }
 
   // Writes one frame (header then payload) atomically with respect to other
   // writers, blocking until it is in the kernel. Unavailable naming the peer
@@ -229,6 +233,10 @@ class ServerEndpoint : public Endpoint {
   ServerEndpoint(int fd, std::string peer, const TcpOptions& options,
                  std::shared_ptr<const RequestHandler> handler);
   bool HandshakePending() const override { return membership_ != nullptr && !authenticated_; }
+  std::optional<uint32_t> AuthenticatedNode() const override {
+    if (membership_ == nullptr || !authenticated_) return std::nullopt;
+    return claimed_node_;
+  }
 
  protected:
   absl::Status OnFrame(Message request) override;

@@ -628,6 +628,7 @@ std::vector<ConfigReader::Field> ConfigReader::ClusterFields(
       Int("task_lease_timeout_ms", &cluster->task_lease_timeout_ms,
           IntAtLeast(1)),
       Int("request_timeout_ms", &cluster->request_timeout_ms, IntAtLeast(1)),
+      Int("control_connect_ms", &cluster->control_connect_ms, IntInRange(100, 60000)),
       Int("replication", &cluster->replication, IntInRange(0, 8)),
       Section("ports",
               [this, cluster] { return PortsFields(&cluster->ports); }),

@@ -160,6 +160,10 @@ struct ClusterSection {
   int dead_timeout_ms = 5000;         // > heartbeat_interval_ms
   int task_lease_timeout_ms = 120000; // > 0
   int request_timeout_ms = 60000;     // data-plane request timeout, > 0
+  // The least time a control-plane connection attempt (TCP and the TLS
+  // handshake) gets, also the pause between attempts: short, so nodes
+  // find a restarted master at once; longer on very slow (emulated) hosts.
+  int control_connect_ms = 1000;
   // Backups per partition (docs/reliability.md), >= 0: a primary
   // acknowledges an update once its backups hold it; 0 = a lost partition is
   // restored from the last checkpoint. Needs more pservers than this.

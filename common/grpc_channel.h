@@ -2,6 +2,7 @@
 #ifndef STRATA_COMMON_GRPC_CHANNEL_H_
 #define STRATA_COMMON_GRPC_CHANNEL_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,13 +17,23 @@ namespace strata {
 // (gRPC's default backoff grows to minutes): a restarted master must hear
 // the nodes' heartbeats again before it takes them for dead
 // (docs/reliability.md). `creds`: TLS (common/security.h) or insecure.
+// The least time a connection attempt gets (cluster.control_connect_ms),
+// which gRPC 1.51 ties to the pause between attempts. Set once in a
+// daemon's main, before any channel.
+inline std::atomic<int>& ControlConnectMs() {
+  static std::atomic<int> ms{1000};
+  return ms;
+}
+
 inline std::shared_ptr<grpc::Channel> NewControlChannel(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  // (Also the shortest time a connection attempt is given.)
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // (Also the shortest time a connection attempt, TLS handshake included,
+  // is given.)
+  const int connect_ms = ControlConnectMs().load();
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, connect_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, connect_ms);
   // Its own connections: a new channel is a new connection attempt.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(address, creds, args);

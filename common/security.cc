@@ -1,6 +1,7 @@
 #include "common/security.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "glog/logging.h"
@@ -448,9 +450,21 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
   return s;
 }
 
+int CertificateIndex(const std::string& name) {
+  absl::string_view who = absl::string_view(name).substr(0, name.find('@'));
+  const size_t dash = who.rfind('-');
+  int index = -1;
+  if (dash == absl::string_view::npos || !absl::SimpleAtoi(who.substr(dash + 1), &index) ||
+      index < 0) {
+    return -1;
+  }
+  return index;
+}
+
 absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& section,
                                                     const std::string& tls_dir,
-                                                    const std::string& cert_name) {
+                                                    const std::string& base_cert_name,
+                                                    int index) {
   if (section.mode == "plaintext") {
     LOG(WARNING) << "security.mode is plaintext: the control plane has no TLS and no "
                     "authentication; anyone who reaches its ports may act on the job";
@@ -458,6 +472,12 @@ absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& secti
   }
   TlsOptions o;
   o.dir = tls_dir.empty() ? section.tls_dir : tls_dir;
+  // The instance's own certificate when there is one.
+  std::string cert_name = base_cert_name;
+  if (index >= 0) {
+    const std::string own = absl::StrCat(base_cert_name, "-", index);
+    if (access(absl::StrCat(o.dir, "/", own, ".crt").c_str(), R_OK) == 0) cert_name = own;
+  }
   o.cert_name = cert_name;
   o.refresh = absl::Seconds(section.refresh_seconds);
   // People's tokens are for the servers people call: the master, and a

@@ -152,11 +152,18 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
 
 // A daemon's credentials from the config's security section: its
 // certificate `cert_name` ("master", "pserver", "worker") in `tls_dir`, or
-// security.tls_dir when that is empty. Logs the mode (plain text as a
-// warning). Errors name the file and what is wrong with it.
+// security.tls_dir when that is empty; the instance's own
+// `<cert_name>-<index>` when the directory has it (gen-certs.sh makes one
+// per instance). Logs the mode (plain text as a warning). Errors name the
+// file and what is wrong with it.
 absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& section,
                                                     const std::string& tls_dir,
-                                                    const std::string& cert_name);
+                                                    const std::string& cert_name,
+                                                    int index = -1);
+
+// The instance index a daemon certificate's name binds it to: N for
+// "worker-N@host", -1 for a host-wide "worker@host".
+int CertificateIndex(const std::string& name);
 
 // Limits of every control-plane server (docs/security.md): a bound on a
 // received message, on metadata, on concurrent calls per connection, on

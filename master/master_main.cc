@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "common/config.h"
+#include "common/grpc_channel.h"
 #include "common/security.h"
 #include "common/daemon.h"
 #include "common/host_file.h"
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
     }
   }
   std::string fs_note;
+  strata::ControlConnectMs() = config->cluster.control_connect_ms;
   auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
   if (!fs.ok()) {
     LOG(ERROR) << "cannot start master: " << fs.status().message();

@@ -1221,6 +1221,14 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
           absl::StrCat("register from ", peer, ": certificate of ", who.ToString(),
                        " cannot register host ", req.host()));
     }
+    // An instance's own certificate ("worker-3@host") registers that
+    // index only; a host-wide one ("worker@host") any index on its host.
+    if (const int index = CertificateIndex(who.name);
+        index >= 0 && index != req.index()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("register from ", peer, ": certificate of ", who.ToString(),
+                       " cannot register ", RoleName(req.role()), " ", req.index()));
+    }
     identity = who.ToString();
   }
   absl::MutexLock l(&mu_);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/grpc_channel.h"
 #include "common/security.h"
 #include "common/daemon.h"
 #include "gflags/gflags.h"
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << config.status().message();
     return 2;
   }
+  strata::ControlConnectMs() = config->cluster.control_connect_ms;
   const auto& ports = config->cluster.ports;
   strata::pserver::PServerOptions opts;
   opts.config = *config;
@@ -50,7 +52,7 @@ int main(int argc, char** argv) {
   opts.apply_threads = FLAGS_apply_threads;
   {
     // Refuses to start on a key readable by others or a missing certificate.
-    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "pserver");
+    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "pserver", FLAGS_index);
     if (!security.ok()) {
       LOG(ERROR) << "cannot start pserver: " << security.status().message();
       return 2;

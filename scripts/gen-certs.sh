@@ -9,13 +9,19 @@
 #                                ca.crt and ROLE.crt, ROLE.key for each role
 #                                the host runs (master, pserver, worker);
 #                                subject O=strata, OU=ROLE, CN=ROLE@HOST, the
-#                                host as subjectAltName
+#                                host as subjectAltName; and one a pserver
+#                                and worker instance, ROLE-INDEX.crt with
+#                                CN=ROLE-INDEX@HOST (indexes as the launch
+#                                plan numbers them: in host file order),
+#                                which the daemon of that index uses
 #       DIR/admin/               ca.crt, client.crt, client.key of a person
 #                                "admin" with role admin: the CLI's --tls-dir
 #   gen-certs.sh user --out DIR --name NAME --role admin|operator|viewer [--days N]
 #       DIR/users/NAME/          ca.crt, client.crt, client.key (CN=NAME, OU=ROLE)
-#   gen-certs.sh node --out DIR --host HOST --role master|pserver|worker [--days N]
-#       DIR/HOST/ROLE.crt, .key  one more daemon certificate
+#   gen-certs.sh node --out DIR --host HOST --role master|pserver|worker [--index I] [--days N]
+#       DIR/HOST/ROLE.crt, .key  one more daemon certificate (ROLE-I.crt,
+#                                CN=ROLE-I@HOST with --index: for that
+#                                instance only)
 #   gen-certs.sh revoke --out DIR --cert FILE
 #       adds FILE's certificate to the CA's revocation list DIR/ca/crl.pem
 #       and copies the list into every directory of DIR that holds a
@@ -36,7 +42,7 @@ usage() { sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -n '/^#/p' 
 
 [[ $# -ge 1 ]] || { usage >&2; exit 2; }
 cmd="$1"; shift
-OUT="" HOSTS="" DAYS=825 NAME="" ROLE="" HOST="" CERT=""
+OUT="" HOSTS="" DAYS=825 NAME="" ROLE="" HOST="" CERT="" INDEX=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -46,6 +52,7 @@ while [[ $# -gt 0 ]]; do
     --role) ROLE="$2"; shift 2 ;;
     --host) HOST="$2"; shift 2 ;;
     --cert) CERT="$2"; shift 2 ;;
+    --index) INDEX="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1'" ;;
   esac
@@ -128,6 +135,7 @@ case "$cmd" in
     [[ -r "$HOSTS" ]] || die "cluster: cannot read $HOSTS"
     ensure_ca
     n=0
+    declare -A next_index=()
     # Host file lines: HOST ROLE[=COUNT]...; '#' comments (common/host_file.h).
     while IFS= read -r line || [[ -n "$line" ]]; do
       line="${line%%#*}"
@@ -136,9 +144,21 @@ case "$cmd" in
       host="${f[0]}"
       for item in "${f[@]:1}"; do
         role="${item%%=*}"
+        count=1
+        [[ "$item" == *=* ]] && count="${item#*=}"
         case "$role" in master|pserver|worker) ;; *) die "$HOSTS: unknown role '$role' on host $host" ;; esac
+        [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "$HOSTS: bad count in '$item' on host $host"
         sign "$OUT/$host" "$role" "$role" "$role@$host" "$(san_of "$host")"
         n=$((n + 1))
+        # One per instance, numbered as the launch plan does (per role, in
+        # host file order).
+        if [[ "$role" != master ]]; then
+          for ((k = 0; k < count; k++)); do
+            i="${next_index[$role]:-0}"
+            sign "$OUT/$host" "$role-$i" "$role" "$role-$i@$host" "$(san_of "$host")"
+            next_index[$role]=$((i + 1))
+          done
+        fi
       done
     done < "$HOSTS"
     [[ $n -gt 0 ]] || die "$HOSTS: no daemons"
@@ -157,8 +177,14 @@ case "$cmd" in
     [[ -n "$HOST" && -n "$ROLE" ]] || die "node: --host HOST and --role ROLE are required"
     case "$ROLE" in master|pserver|worker) ;; *) die "node: --role must be master, pserver or worker" ;; esac
     ensure_ca
-    sign "$OUT/$HOST" "$ROLE" "$ROLE" "$ROLE@$HOST" "$(san_of "$HOST")"
-    echo "$OUT/$HOST/$ROLE.crt"
+    base="$ROLE"
+    if [[ -n "$INDEX" ]]; then
+      [[ "$INDEX" =~ ^[0-9]+$ && "$ROLE" != master ]] ||
+        die "node: --index must be a whole number, for a pserver or worker"
+      base="$ROLE-$INDEX"
+    fi
+    sign "$OUT/$HOST" "$base" "$ROLE" "$base@$HOST" "$(san_of "$HOST")"
+    echo "$OUT/$HOST/$base.crt"
     ;;
   revoke)
     [[ -n "$CERT" && -r "$CERT" ]] || die "revoke: --cert FILE is required (a certificate to revoke)"

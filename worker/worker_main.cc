@@ -7,6 +7,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "common/config.h"
+#include "common/grpc_channel.h"
 #include "common/security.h"
 #include "common/daemon.h"
 #include "gflags/gflags.h"
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string fs_note;
+  strata::ControlConnectMs() = config->cluster.control_connect_ms;
   auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
   if (!fs.ok()) {
     LOG(ERROR) << "cannot start worker: " << fs.status().message();
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
   opts.cpu_threads = FLAGS_cpu_threads;
   if (!FLAGS_local) {
     // Refuses to start on a key readable by others or a missing certificate.
-    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "worker");
+    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "worker", FLAGS_index);
     if (!security.ok()) {
       LOG(ERROR) << "cannot start worker: " << security.status().message();
       return 2;

@@ -227,6 +227,30 @@ TEST(RpcPolicyTest, EveryRoleAndMethodPairIsAsStated) {
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not in the policy")));
 }
 
+TEST_F(SecurityTest, EachInstanceHasACertificateOfItsOwn) {
+  // gen-certs.sh cluster: one per pserver and worker of the host file,
+  // numbered as the launch plan does; the daemon of that index takes it.
+  const std::string host = *dir_ + "/127.0.0.1";
+  std::string subject = ReadFileForTesting(host + "/worker-0.crt");
+  ASSERT_FALSE(subject.empty());
+  auto auth = Authenticator::Create(TlsOptions{false, host, "", "", absl::Seconds(60)});
+  ASSERT_THAT(auth.status(), IsOk());
+  auto who = (*auth)->IdentifyCertificate(subject);
+  ASSERT_THAT(who.status(), IsOk());
+  EXPECT_EQ(who->ToString(), "worker:worker-0@127.0.0.1");
+  EXPECT_EQ(CertificateIndex(who->name), 0);
+  EXPECT_EQ(CertificateIndex("worker@127.0.0.1"), -1);
+  EXPECT_EQ(CertificateIndex("pserver-12@10.0.0.7"), 12);
+  SecuritySection section;
+  section.tls_dir = host;
+  auto own = DaemonSecurity(section, "", "worker", 0);
+  ASSERT_THAT(own.status(), IsOk());
+  EXPECT_EQ(own->cert_file, host + "/worker-0.crt");
+  auto shared = DaemonSecurity(section, "", "worker", 3);  // none for index 3
+  ASSERT_THAT(shared.status(), IsOk());
+  EXPECT_EQ(shared->cert_file, host + "/worker.crt");
+}
+
 TEST(PeerCallLimiterTest, CallsInProgressAreCappedPerHost) {
   EXPECT_EQ(PeerHost("ipv4:10.0.0.7:5123"), "10.0.0.7");
   EXPECT_EQ(PeerHost("ipv6:[::1]:5123"), "::1");

@@ -284,6 +284,22 @@ TEST_F(SecurityClusterTest, ANodeSpeaksOnlyForItself) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
     EXPECT_THAT(s.error_message(), HasSubstr("cannot register host 10.9.9.9"));
   }
+  {
+    // An instance's own certificate (gen-certs.sh makes worker-0 for the
+    // host file's first worker) registers its index only.
+    auto worker0 = proto::Master::NewStub(
+        grpc::CreateChannel(cluster_->master()->address(), Creds(host, "worker-0")));
+    grpc::ClientContext ctx;
+    proto::RegisterRequest req;
+    req.set_role(proto::WORKER);
+    req.set_index(5);
+    req.set_host("127.0.0.1");
+    proto::RegisterResponse resp;
+    grpc::Status s = worker0->Register(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("certificate of worker:worker-0@127.0.0.1 cannot register worker 5"));
+  }
   // Nothing of that changed the cluster.
   int members = 0;
   const proto::GetStatusResponse after = cluster_->master()->GetStatus();

@@ -107,7 +107,10 @@ import json, sys
 st = json.load(open(sys.argv[1]))
 assert st["job"]["security"] == "mtls", st["job"].get("security")
 ids = {(m["role"], m.get("identity", "")) for m in st["view"]["members"] if m["role"] != "MASTER"}
-assert ids == {("PSERVER", "pserver:pserver@127.0.0.1"), ("WORKER", "worker:worker@127.0.0.1")}, ids
+# (Each daemon with its instance's own certificate: gen-certs.sh cluster.)
+want = {("PSERVER", f"pserver:pserver-{i}@127.0.0.1") for i in range(3)}
+want |= {("WORKER", f"worker:worker-{i}@127.0.0.1") for i in range(2)}
+assert ids == want, ids
 PY
 # The HTTP endpoints: HTTPS only, to people's roles (docs/security.md).
 code_of() {  # code_of URL [curl args]: the HTTP status curl gets

@@ -13,7 +13,8 @@
 namespace strata::testing {
 
 // Under `dir` (made anew):
-//   127.0.0.1/      ca.crt, master|pserver|worker .crt/.key
+//   127.0.0.1/      ca.crt, master|pserver|worker .crt/.key (host-wide),
+//                   pserver-0, worker-0 .crt/.key (the instances')
 //   admin/          client certificate, role admin
 //   users/alice/    operator;  users/bob/  viewer
 //   users/old/      admin, already expired

@@ -131,12 +131,13 @@ s="$work/run/summary.json"
 [[ "$(json_field "$s" state)" == succeeded ]] || { cat "$s"; fail "the job did not succeed"; }
 acc="$(json_field "$s" final_test_accuracy)"
 python3 -c "import sys; sys.exit(0 if $acc > 0.7 else 1)" || fail "test accuracy $acc is not above 0.7"
-# Each node registered from its own host, with that host's certificate.
+# Each node registered from its own host, with its instance's certificate
+# of that host (gen-certs.sh numbers them as the launch plan does).
 log="$work/run/logs/master-0.log"
-grep -q "control plane: mTLS, certificate $work/run/tls/$(addr_of 3)/pserver.crt" \
-  "$work/run/logs/pserver-1.log" || fail "pserver 1 did not use its host's certificate"
-grep -q "control plane: mTLS, certificate $work/run/tls/$(addr_of 5)/worker.crt" \
-  "$work/run/logs/worker-1.log" || fail "worker 1 did not use its host's certificate"
+grep -q "control plane: mTLS, certificate $work/run/tls/$(addr_of 3)/pserver-1.crt" \
+  "$work/run/logs/pserver-1.log" || fail "pserver 1 did not use its own certificate on its host"
+grep -q "control plane: mTLS, certificate $work/run/tls/$(addr_of 5)/worker-1.crt" \
+  "$work/run/logs/worker-1.log" || fail "worker 1 did not use its own certificate on its host"
 for i in 0 1; do
   grep -q "pserver $i registered as node [0-9]* from ipv4:$(addr_of $((i + 2))):" "$log" ||
     fail "pserver $i did not register from host $(addr_of $((i + 2)))"

@@ -336,8 +336,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
       pd = pd_;
     }
     absl::MutexLock l(&regions_mu_);
-    std::shared_ptr<PeerRegion>& r = regions_[{reinterpret_cast<uintptr_t>(base), remote_write}];
-    if (r != nullptr && r->epoch >= epoch && r->mr->size() >= bytes) return r;
+    const std::pair<uintptr_t, bool> key{reinterpret_cast<uintptr_t>(base), remote_write};
+    auto found = regions_.find(key);
+    if (found != regions_.end() && found->second->epoch >= epoch &&
+        found->second->mr->size() >= bytes) {
+      return found->second;
+    }
     absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = MemoryRegion::Register(
         ctx_->device.get(), const_cast<char*>(base), bytes,
         remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0, pd->pd());
@@ -349,10 +353,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
       }
       return nullptr;
     }
-    if (r != nullptr) {
+    if (found != regions_.end()) {
       VLOG(1) << "rdma connection with " << peer_ << ": region at " << static_cast<const void*>(base)
-              << " registered again for key epoch " << epoch << " (rkey " << r->mr->rkey()
-              << " retired)";
+              << " registered again for key epoch " << epoch << " (rkey "
+              << found->second->mr->rkey() << " retired)";
       ++stats_region_rotations_;
     }
     auto fresh = std::make_shared<PeerRegion>();
@@ -360,8 +364,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
     fresh->pd = std::move(pd);
     fresh->mr = std::move(mr).value();
     fresh->epoch = epoch;
-    r = std::move(fresh);
-    return r;
+    regions_[key] = fresh;
+    return fresh;
   }
 
   // Server: requests on this connection must come from node `node` (the

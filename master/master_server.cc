@@ -998,8 +998,10 @@ void MasterServer::ProbeSuspects() {
   }
   for (auto& [id, stub] : probes) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(
-        std::max(200, options_.config.cluster.heartbeat_interval_ms))));
+    // Long enough for a new connection (its TLS handshake included) to
+    // the pserver: a slow handshake is not a dead pserver.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(std::max(
+        {200, options_.config.cluster.heartbeat_interval_ms, ControlConnectMs().load()}))));
     proto::PServerStatusResponse resp;
     grpc::Status s = stub->GetStatus(&ctx, proto::PServerStatusRequest(), &resp);
     if (s.ok()) continue;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "openssl/evp.h"
@@ -24,7 +25,28 @@ void AppendLe(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
 
+constexpr absl::string_view kKeyEpochPayload = "type.strata/key-epoch";
+
 }  // namespace
+
+absl::Status KeyEpochRefusal(absl::StatusCode code, absl::string_view message) {
+  absl::Status s(code, message);
+  s.SetPayload(kKeyEpochPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsKeyEpochRefusal(const absl::Status& s) {
+  return !s.ok() && s.GetPayload(kKeyEpochPayload).has_value();
+}
+
+absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
+  if (s.ok()) return s;
+  absl::Status out(s.code(), absl::StrCat(prefix, s.message()));
+  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
+}
 
 std::string RandomBytes(size_t n) {
   std::string out(n, '\0');
@@ -149,12 +171,15 @@ absl::StatusOr<MembershipKeys::Own> MembershipKeys::OwnKey() const {
 
 absl::StatusOr<std::string> MembershipKeys::KeyOf(uint32_t node_id, uint64_t epoch) const {
   absl::MutexLock l(&mu_);
-  if (!have_) return absl::UnavailableError("this server has no data-plane keys yet");
+  if (!have_) {
+    return KeyEpochRefusal(absl::StatusCode::kUnavailable,
+                           "this server has no data-plane keys yet");
+  }
   if (secret_.empty()) {
     return absl::FailedPreconditionError("this node cannot verify data-plane members");
   }
   if (epoch != own_.epoch) {
-    return absl::UnavailableError(absl::StrCat(
+    return KeyEpochRefusal(absl::StatusCode::kUnavailable, absl::StrCat(
         "data-plane key epoch ", epoch, " is not the current one (", own_.epoch,
         "): the caller's key is stale or revoked; a member gets the new one at its next "
         "heartbeat"));

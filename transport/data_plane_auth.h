@@ -18,9 +18,12 @@
 //   server <- AUTH_PROOF_REPLY  OK, payload = HMAC(key, "strata data-plane
 //                         server" || ...): the server knew the key too
 // Any other request before the proof verified closes the connection
-// unserved. A stale epoch is refused Unavailable (the client's keys come
-// with its next heartbeat), a wrong proof PermissionDenied. The server's
-// nonce is fresh per connection: a recorded handshake does not replay.
+// unserved. A stale epoch is refused Unavailable, the reply's epoch the
+// server's own: whichever side is behind gets the new keys with its next
+// heartbeat, and the client tries again until its connect deadline
+// (IsKeyEpochRefusal: no sign of a dead peer). A wrong proof is refused
+// PermissionDenied. The server's nonce is fresh per connection: a recorded
+// handshake does not replay.
 #ifndef STRATA_TRANSPORT_DATA_PLANE_AUTH_H_
 #define STRATA_TRANSPORT_DATA_PLANE_AUTH_H_
 
@@ -28,6 +31,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -80,6 +84,13 @@ class FrameCipher {
   uint64_t counter_ = 0;
   void* ctx_ = nullptr;  // EVP_CIPHER_CTX, reused
 };
+
+// A refusal because the two sides hold keys of different epochs (or the
+// server none yet): marked with a payload that survives being passed on.
+absl::Status KeyEpochRefusal(absl::StatusCode code, absl::string_view message);
+bool IsKeyEpochRefusal(const absl::Status& s);
+// `s` with `prefix` before its message, its payloads kept.
+absl::Status Annotate(const absl::Status& s, absl::string_view prefix);
 
 // A node's data-plane keys, as the master last gave them. Thread-safe.
 class MembershipKeys {

@@ -198,6 +198,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
     tcp_options.membership = options.membership;
     tcp_options.encrypt = options.encrypt_data_plane;
     tcp_options.handshake_timeout = options.handshake_timeout;
+    tcp_options.connect_timeout = options.tcp_connect_timeout;
     return tcp::NewTcpTransport(tcp_options);
   }
   if (options.kind == "inproc") {

@@ -258,6 +258,9 @@ struct TransportOptions {
   // With membership: an accepted connection not through the handshake
   // this long after it opened is closed.
   absl::Duration handshake_timeout = absl::Seconds(5);
+  // tcp: bound on Connect, the handshake and its tries again after a
+  // key-epoch refusal included (rdma: rdma.connect_timeout).
+  absl::Duration tcp_connect_timeout = absl::Seconds(5);
 };
 
 // What a transport is doing, for /metrics.

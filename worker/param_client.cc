@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
+#include "transport/data_plane_auth.h"
 #include "glog/logging.h"
 
 namespace strata::worker {
@@ -408,7 +409,9 @@ void ParamClient::Exchange::ProbeSlowOwners() {
       ping.header.sender_id = client_->node_id_;
       s = (*conn)->CallSync(std::move(ping), client_->ping_timeout_).status();
     }
-    if (s.ok()) continue;  // alive: only slow (a bsp pull waiting for its step)
+    // Alive: only slow (a bsp pull waiting for its step), or refused for a
+    // key epoch one side has not had yet (not a sign of a dead pserver).
+    if (s.ok() || transport::IsKeyEpochRefusal(s)) continue;
     client_->report_suspect_(
         owner, absl::StrCat("no answer for ", absl::FormatDuration(client_->suspect_after_),
                             " and a ping on a new connection failed: ", s.message()));
@@ -421,7 +424,7 @@ void ParamClient::Exchange::ReportFailures() {
   {
     absl::MutexLock l(&round_->mu);
     for (const auto& [id, o] : round_->results) {
-      if (o.ok()) continue;
+      if (o.ok() || transport::IsKeyEpochRefusal(o.status())) continue;
       const Route& r = routes_.at(id);
       if (reported_.insert(r.owner).second) {
         failed.emplace_back(r.owner, std::string(o.status().message()));
@@ -560,8 +563,13 @@ absl::Status ParamClient::Exchange::FinishOnce() {
       const Route& r = routes_.at(id);
       if (!o.ok()) {  // connection-level failure: reconnect and retry
         LOG_EVERY_N(WARNING, 20) << "partition " << r.partition << " at " << r.address
-                                 << ": " << o.status() << "; retrying";
+                                 << ": "
+                                 << o.status().ToString(absl::StatusToStringMode::kWithNoExtraData)
+                                 << "; retrying";
         retry.push_back(id);
+        // Refused for a key epoch one side has not had yet: the owner is
+        // alive and where the view says; its keys come with a heartbeat.
+        if (transport::IsKeyEpochRefusal(o.status())) continue;
         // The owner may be gone: the master hears of it, and the next try
         // goes wherever the view then says.
         if (client_->report_suspect_ && suspected.insert(r.owner).second &&

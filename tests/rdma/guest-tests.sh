@@ -70,12 +70,13 @@ for t in /share/tests/*; do
 done
 
 # A training job over rdma: master, pserver and worker brought up by
-# launch.sh from a config (transport: rdma, so no silent TCP fallback).
-# (job-rdma.yaml says why it runs in plain text for now.)
+# launch.sh from a config (transport: rdma, so no silent TCP fallback),
+# under mTLS: the bootstrap sealed, each connection's memory in its own
+# protection domain (docs/security.md, "RDMA").
 job() {
   printf '127.0.0.1 master pserver=1 worker=1\n' >/tmp/hosts
   bash /share/launch.sh run --config /share/job-rdma.yaml --hosts /tmp/hosts \
-    --bin-dir /share/bin --run-dir /tmp/run --timeout 600 >/tmp/job.txt 2>&1
+    --bin-dir /share/bin --run-dir /tmp/run --timeout 600 --tls-dir /share/tls >/tmp/job.txt 2>&1
   rc=$?
   tail -n 12 /tmp/job.txt
   grep -h "data connection to pserver" /tmp/run/logs/worker-0.log

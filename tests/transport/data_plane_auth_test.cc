@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -54,10 +55,12 @@ class DataPlaneAuthTest : public ::testing::Test {
                 IsOk());
     address_ = server_->listen_address();
   }
-  static std::unique_ptr<Transport> New(std::shared_ptr<MembershipKeys> keys) {
+  static std::unique_ptr<Transport> New(std::shared_ptr<MembershipKeys> keys,
+                                        absl::Duration connect_timeout = absl::Seconds(10)) {
     TransportOptions o;
     o.kind = "tcp";
     o.membership = std::move(keys);
+    o.tcp_connect_timeout = connect_timeout;
     auto t = CreateTransport(o);
     CHECK(t.ok()) << t.status();
     return std::move(t).value();
@@ -103,9 +106,12 @@ TEST_F(DataPlaneAuthTest, AWrongKeyIsRefused) {
 TEST_F(DataPlaneAuthTest, AStaleKeyEpochIsRefusedUntilTheClientHasTheNewKey) {
   auto client_keys = std::make_shared<MembershipKeys>();
   client_keys->Update(5, 6, DeriveNodeKey(secret_, 5), "");
-  auto client = New(client_keys);
-  EXPECT_THAT(client->Connect(address_).status(),
+  // (Tried again for a second: the keys could have come meanwhile.)
+  auto client = New(client_keys, absl::Seconds(1));
+  const absl::Status stale = client->Connect(address_).status();
+  EXPECT_THAT(stale,
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("key epoch 6 is not the current")));
+  EXPECT_TRUE(IsKeyEpochRefusal(stale)) << stale;
   // A node left: the server's keys move to epoch 8 with a new secret; the
   // epoch-7 key of a member stops working too.
   const std::string next = RandomBytes(32);
@@ -116,6 +122,45 @@ TEST_F(DataPlaneAuthTest, AStaleKeyEpochIsRefusedUntilTheClientHasTheNewKey) {
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(address_));
   EXPECT_THAT(Ping(conn.get()).status(), IsOk());
   EXPECT_EQ(served_.load(), 1);
+}
+
+// The master moved the key epoch on; one side has the new keys, the other
+// gets them with its next heartbeat. Connect waits for that (within its
+// timeout) rather than failing, which the caller would take for a dead
+// peer.
+TEST_F(DataPlaneAuthTest, AKeyEpochRefusalIsTriedAgainUntilBothSidesHaveTheNewKeys) {
+  const std::string next = RandomBytes(32);
+  // The client ahead: the server's heartbeat brings epoch 8 a little later.
+  auto ahead_keys = std::make_shared<MembershipKeys>();
+  ahead_keys->Update(5, 8, DeriveNodeKey(next, 5), "");
+  auto ahead = New(ahead_keys);
+  std::thread server_heartbeat([&] {
+    absl::SleepFor(absl::Milliseconds(400));
+    server_keys_->Update(1, 8, DeriveNodeKey(next, 1), next);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Connection>> conn = ahead->Connect(address_);
+  server_heartbeat.join();
+  ASSERT_THAT(conn.status(), IsOk());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_THAT(Ping(conn->get()).status(), IsOk());
+  // The client behind: its own heartbeat brings epoch 9.
+  const std::string after = RandomBytes(32);
+  server_keys_->Update(1, 9, DeriveNodeKey(after, 1), after);
+  std::thread client_heartbeat([&] {
+    absl::SleepFor(absl::Milliseconds(400));
+    ahead_keys->Update(5, 9, DeriveNodeKey(after, 5), "");
+  });
+  conn = ahead->Connect(address_);
+  client_heartbeat.join();
+  ASSERT_THAT(conn.status(), IsOk());
+  EXPECT_THAT(Ping(conn->get()).status(), IsOk());
+  EXPECT_EQ(served_.load(), 2);
+  // A wrong key is no key-epoch matter: refused at once.
+  auto stranger = Client(6, 9, RandomBytes(32));
+  const absl::Status refused = stranger->Connect(address_).status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_FALSE(IsKeyEpochRefusal(refused));
 }
 
 TEST_F(DataPlaneAuthTest, AClientWithoutKeysCannotConnect) {

@@ -2,15 +2,18 @@
 // exchange go out and come back as the worker's overlap needs them.
 #include "worker/param_client.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/data_plane_auth.h"
 #include "transport/transport.h"
 
 namespace strata::worker {
@@ -23,8 +26,10 @@ using transport::MessageType;
 // except pulls of partitions in `hold`, which wait for Release(p).
 class FakePServer {
  public:
-  FakePServer() {
-    transport_ = *transport::CreateTransport(transport::TransportOptions());
+  // `options`: the server's transport (membership keys: a data-plane
+  // handshake first).
+  explicit FakePServer(transport::TransportOptions options = transport::TransportOptions()) {
+    transport_ = *transport::CreateTransport(options);
     EXPECT_TRUE(transport_
                     ->Listen("127.0.0.1", 0,
                              [this](Message m,
@@ -320,6 +325,70 @@ TEST_F(ParamClientTest, SettledPushKeepsItsConnection) {
   const std::vector<std::string> peers = server_.peers();
   ASSERT_EQ(peers.size(), 8u);
   EXPECT_EQ(peers.front(), peers.back());
+}
+
+// The master moved the data-plane key epoch on (a node left) and the
+// worker's first connection meets a pserver that has not had the new keys
+// yet: its handshake is refused for the epoch, for longer than one
+// Connect waits. The exchange tries again until the pserver has them, and
+// never reports the pserver to the master: a stale key is no sign of a
+// dead pserver (reported, the master once declared a live one dead).
+TEST(ParamClientKeyEpochTest, AKeyEpochRefusalIsRetriedAndNeverReported) {
+  const std::string old_secret = transport::RandomBytes(32);
+  const std::string new_secret = transport::RandomBytes(32);
+  auto server_keys = std::make_shared<transport::MembershipKeys>();
+  server_keys->Update(1, 7, transport::DeriveNodeKey(old_secret, 1), old_secret);
+  transport::TransportOptions server_options;
+  server_options.membership = server_keys;
+  FakePServer server(server_options);
+  auto client_keys = std::make_shared<transport::MembershipKeys>();
+  client_keys->Update(5, 8, transport::DeriveNodeKey(new_secret, 5), "");
+  transport::TransportOptions client_options;
+  client_options.membership = client_keys;
+  client_options.tcp_connect_timeout = absl::Milliseconds(300);
+  auto client_transport = *transport::CreateTransport(client_options);
+  ParamClient client(
+      client_transport.get(), /*node_id=*/5,
+      []() -> absl::StatusOr<proto::ClusterView> {
+        return absl::UnavailableError("no master in this test");
+      },
+      absl::Seconds(20));
+  proto::ClusterView view;
+  view.set_epoch(3);
+  view.set_ready(true);
+  auto* m = view.add_members();
+  m->set_id(1);
+  m->set_role(proto::PSERVER);
+  m->set_data_address(server.address());
+  auto* p = view.add_partitions();
+  p->set_id(0);
+  p->set_table_id(0);
+  p->set_length(FakePServer::kLength);
+  p->set_owner(1);
+  view.add_tables()->set_num_elements(FakePServer::kLength);
+  client.SetView(view);
+  std::atomic<int> reports{0};
+  client.SetSuspectReporter(
+      [&reports](uint32_t node, const std::string& why) {
+        ++reports;
+        ADD_FAILURE() << "pserver node " << node << " reported: " << why;
+      },
+      /*suspect_after=*/absl::Milliseconds(200), /*ping_timeout=*/absl::Milliseconds(200));
+  // The pserver's heartbeat brings epoch 8 only after a few of the
+  // client's Connects gave up.
+  std::thread heartbeat([&] {
+    absl::SleepFor(absl::Milliseconds(1500));
+    server_keys->Update(1, 8, transport::DeriveNodeKey(new_secret, 1), new_secret);
+  });
+  std::vector<std::vector<float>> tables;
+  uint64_t lowest = 0;
+  const absl::Status pulled = client.StartPull(0, &tables, &lowest)->Finish();
+  heartbeat.join();
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  ASSERT_EQ(tables.size(), 1u);
+  EXPECT_EQ(tables[0][3], 3.f);
+  EXPECT_EQ(reports.load(), 0);
+  client_transport->Shutdown();
 }
 
 // A refused request is sent again at once, not after the rest of the

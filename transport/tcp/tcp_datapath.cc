@@ -494,7 +494,10 @@ absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
     }
     if (!refused.ok()) {
       LOG_EVERY_N(WARNING, 10) << "tcp: refused a connection: " << refused.message();
-      responder()->Respond(MakeErrorResponse(h, MessageType::kAuthProofReply, refused));
+      Message reply = MakeErrorResponse(h, MessageType::kAuthProofReply, refused);
+      // (Whose keys are behind, for the client: ClientHandshake.)
+      reply.header.epoch = membership_->epoch();
+      responder()->Respond(std::move(reply));
       return refused;  // closes the connection
     }
     authenticated_ = true;

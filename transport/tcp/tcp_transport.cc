@@ -37,6 +37,7 @@ namespace {
 // One request of the handshake on `e`, waiting at most until `deadline`
 // (then the connection is closed and the call fails).
 absl::StatusOr<Message> HandshakeCall(ClientEndpoint* e, Message request, absl::Time deadline) {
+  const uint64_t request_epoch = request.header.epoch;
   struct State {
     absl::Notification done;
     absl::StatusOr<Message> result;
@@ -53,6 +54,11 @@ absl::StatusOr<Message> HandshakeCall(ClientEndpoint* e, Message request, absl::
   }
   if (!state->result.ok()) return state->result.status();
   absl::Status s = ResponseStatus(*state->result);
+  // Refused for its key epoch: the reply carries the server's.
+  if (absl::IsUnavailable(s) && state->result->header.epoch != request_epoch) {
+    return KeyEpochRefusal(s.code(), absl::StrCat(s.message(), " [server's key epoch ",
+                                                  state->result->header.epoch, "]"));
+  }
   if (!s.ok()) return s;
   return std::move(state->result);
 }
@@ -405,6 +411,25 @@ std::string TcpTransport::listen_address() const {
 
 absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
     const std::string& address) {
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  for (;;) {
+    absl::StatusOr<std::shared_ptr<Connection>> conn = ConnectOnce(address, deadline);
+    // Refused for its key epoch (one side has not had the master's new
+    // keys yet; they come with the next heartbeat, and a member's own key
+    // is read afresh): tried again until the deadline, never taken for a
+    // dead peer.
+    if (conn.ok() || !IsKeyEpochRefusal(conn.status()) ||
+        stop_.load(std::memory_order_acquire) ||
+        absl::Now() + absl::Milliseconds(100) >= deadline) {
+      return conn;
+    }
+    VLOG(1) << "tcp: " << conn.status().message() << "; trying again";
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectOnce(const std::string& address,
+                                                                      absl::Time deadline) {
   std::string host;
   int port = 0;
   absl::Status s = SplitHostPort(address, &host, &port);
@@ -417,7 +442,6 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
   auto resolved = Resolve(host, port, /*passive=*/false, what);
   if (!resolved.ok()) return resolved.status();
 
-  const absl::Time deadline = absl::Now() + options_.connect_timeout;
   int fd = -1;
   std::string error = "no address";
   for (const addrinfo* ai = resolved->get(); ai != nullptr && fd < 0;
@@ -440,12 +464,10 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
           what, ": Connect with the data-plane handshake waits for an answer; it cannot run "
                 "on this transport's own thread (a handler or callback)"));
     }
-    s = ClientHandshake(endpoint.get(), *options_.membership, options_.encrypt,
-                        absl::Now() + options_.connect_timeout);
+    s = ClientHandshake(endpoint.get(), *options_.membership, options_.encrypt, deadline);
     if (!s.ok()) {
       endpoint->RequestClose();
-      return absl::Status(s.code(),
-                          absl::StrCat("data-plane handshake with ", address, ": ", s.message()));
+      return Annotate(s, absl::StrCat("data-plane handshake with ", address, ": "));
     }
   }
   VLOG(1) << "tcp: connected to " << address;

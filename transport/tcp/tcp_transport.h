@@ -67,7 +67,8 @@ absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes],
 struct TcpOptions {
   // Largest payload accepted from the wire (TransportOptions).
   uint64_t max_payload_bytes = 1ull << 31;
-  // Bound on Connect (name resolution excluded).
+  // Bound on Connect (name resolution excluded), the data-plane handshake
+  // and its tries again after key-epoch refusals included.
   absl::Duration connect_timeout = absl::Seconds(5);
   // A write making no progress for this long breaks the connection.
   absl::Duration write_stall_timeout = absl::Seconds(60);
@@ -346,6 +347,9 @@ class TcpTransport : public Transport {
  private:
   TcpTransport(const TcpOptions& options, int epoll_fd, int wake_fd);
 
+  // One try of Connect, all of it before `deadline`.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectOnce(const std::string& address,
+                                                          absl::Time deadline);
   void EventLoop();
   void AcceptAll();
   // Epoll thread: whether one more connection from `host` is within

@@ -14,7 +14,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/base/call_once.h"
+#include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
+#include "grpc/support/log.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "openssl/crypto.h"
@@ -25,6 +28,7 @@
 #include "openssl/x509_vfy.h"
 #include "openssl/x509v3.h"
 
+#include "common/grpc_channel.h"
 #include "common/status_macros.h"
 
 namespace strata {
@@ -509,9 +513,76 @@ void ApplyServerLimits(grpc::ServerBuilder* builder) {
   // A client that holds a connection and does nothing loses it (nodes call
   // at every heartbeat; the CLI's are short).
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
+  // A connection that has not finished its TLS handshake in this long is
+  // closed (gRPC's default is 120 s: a peer could hold many half-open
+  // ones); room for a slow handshake (cluster.control_connect_ms) is kept.
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              std::max(10000, 2 * ControlConnectMs().load()));
   grpc::ResourceQuota quota("strata-control-plane");
   quota.SetMaxThreads(kMaxControlThreads);
   builder->SetResourceQuota(quota);
+}
+
+namespace {
+
+struct TlsFailureListeners {
+  absl::Mutex mu;
+  int next_id ABSL_GUARDED_BY(mu) = 0;
+  std::map<int, std::function<void(const std::string&)>> listeners ABSL_GUARDED_BY(mu);
+};
+
+TlsFailureListeners& Listeners() {
+  static auto* l = new TlsFailureListeners;  // (never destroyed: gRPC may log at exit)
+  return *l;
+}
+
+void GrpcLogToGlog(gpr_log_func_args* args) {
+  const google::LogSeverity severity =
+      args->severity == GPR_LOG_SEVERITY_ERROR ? google::GLOG_ERROR : google::GLOG_INFO;
+  google::LogMessage(args->file, args->line, severity).stream() << "grpc: " << args->message;
+  const std::string reason = TlsFailureReason(args->message);
+  if (reason.empty()) return;
+  TlsFailureListeners& l = Listeners();
+  absl::MutexLock lock(&l.mu);
+  for (const auto& [id, listener] : l.listeners) listener(reason);
+}
+
+}  // namespace
+
+std::string TlsFailureReason(absl::string_view message) {
+  // "Handshake failed with fatal error SSL_ERROR_SSL: error:0A00010B:SSL
+  // routines::wrong version number." (gRPC 1.51, tsi).
+  if (!absl::StrContains(message, "Handshake failed")) return "";
+  absl::string_view why = message;
+  if (const size_t at = why.rfind("::"); at != absl::string_view::npos) {
+    why = why.substr(at + 2);
+  } else if (const size_t colon = why.rfind(": "); colon != absl::string_view::npos) {
+    why = why.substr(colon + 2);
+  }
+  why = absl::StripAsciiWhitespace(why);
+  absl::ConsumeSuffix(&why, ".");
+  std::string reason = absl::StrCat("TLS handshake failed: ", why);
+  if (absl::StrContains(why, "wrong version number") || absl::StrContains(why, "http request") ||
+      absl::StrContains(why, "packet length too long")) {
+    absl::StrAppend(&reason, " (not TLS: a plain-text client?)");
+  }
+  return reason;
+}
+
+int ListenForTlsFailures(std::function<void(const std::string& reason)> listener) {
+  static absl::once_flag routed;
+  absl::call_once(routed, [] { gpr_set_log_function(GrpcLogToGlog); });
+  TlsFailureListeners& l = Listeners();
+  absl::MutexLock lock(&l.mu);
+  const int id = l.next_id++;
+  l.listeners.emplace(id, std::move(listener));
+  return id;
+}
+
+void StopListeningForTlsFailures(int id) {
+  TlsFailureListeners& l = Listeners();
+  absl::MutexLock lock(&l.mu);
+  l.listeners.erase(id);
 }
 
 std::string PeerHost(absl::string_view peer) {

@@ -174,6 +174,19 @@ inline constexpr int kMaxStreamsPerConnection = 16;
 inline constexpr int kMaxControlThreads = 256;
 void ApplyServerLimits(grpc::ServerBuilder* builder);
 
+// gRPC refuses a caller whose TLS handshake fails (plain text, not TLS at
+// all, no cipher in common) before any handler runs, and only logs it,
+// without the peer's address. ListenForTlsFailures routes gRPC's log
+// lines of this process through glog (from the first call on) and hands
+// each failed handshake's reason ("wrong version number: not TLS (a
+// plain-text client?)") to `listener`, on a gRPC thread: it must not block.
+// The id stops it (StopListeningForTlsFailures waits for a call in progress).
+int ListenForTlsFailures(std::function<void(const std::string& reason)> listener);
+void StopListeningForTlsFailures(int id);
+// The reason ListenForTlsFailures gives for gRPC's log line `message`, or
+// "" when it is not a failed handshake.
+std::string TlsFailureReason(absl::string_view message);
+
 // The host of a gRPC peer ("ipv4:10.0.0.7:5123" -> "10.0.0.7",
 // "ipv6:[::1]:5123" -> "::1").
 std::string PeerHost(absl::string_view grpc_peer);

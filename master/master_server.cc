@@ -365,6 +365,16 @@ MasterServer::MasterServer(MasterOptions options, int64_t num_records,
 MasterServer::~MasterServer() { Shutdown(); }
 
 absl::Status MasterServer::Start() {
+  if (!options_.security.plaintext && audit_ != nullptr) {
+    tls_listener_ = ListenForTlsFailures([this](const std::string& reason) {
+      absl::MutexLock l(&tls_failures_mu_);
+      if (tls_failures_.size() < 64) {
+        tls_failures_.push_back(reason);
+      } else {
+        ++tls_failures_dropped_;
+      }
+    });
+  }
   service_ = std::make_unique<Service>(this);
   grpc::ServerBuilder builder;
   const std::string addr = absl::StrCat(options_.host, ":", options_.port);
@@ -444,7 +454,29 @@ void MasterServer::Shutdown() {
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   http_.Shutdown();
   if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  if (tls_listener_ >= 0) {
+    StopListeningForTlsFailures(std::exchange(tls_listener_, -1));
+    AuditTlsFailures();
+  }
   FlushEventLog();  // what the last RPCs logged
+}
+
+void MasterServer::AuditTlsFailures() {
+  std::vector<std::string> failures;
+  uint64_t dropped = 0;
+  {
+    absl::MutexLock l(&tls_failures_mu_);
+    failures.swap(tls_failures_);
+    dropped = std::exchange(tls_failures_dropped_, 0);
+  }
+  if (dropped > 0) {
+    LOG(WARNING) << dropped << " more failed TLS handshake(s) not audited one by one";
+  }
+  // (gRPC does not say from where; one record a second per reason.)
+  for (const std::string& reason : failures) {
+    AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)",
+                 "tls handshake", absl::UnauthenticatedError(reason));
+  }
 }
 
 std::string MasterServer::address() const {
@@ -458,6 +490,7 @@ void MasterServer::BackgroundLoop() {
       absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms) / 2);
   while (!stop_.WaitForNotificationWithTimeout(tick)) {
     Tick();
+    AuditTlsFailures();
     FlushEventLog();
   }
   FlushEventLog();

@@ -356,6 +356,13 @@ class MasterServer {
   };
   absl::Mutex refusals_mu_;
   std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
+  // Failed TLS handshakes (ListenForTlsFailures), audited by Tick: the
+  // listener runs on gRPC's threads and only queues them.
+  int tls_listener_ = -1;
+  absl::Mutex tls_failures_mu_;
+  std::vector<std::string> tls_failures_ ABSL_GUARDED_BY(tls_failures_mu_);
+  uint64_t tls_failures_dropped_ ABSL_GUARDED_BY(tls_failures_mu_) = 0;
+  void AuditTlsFailures() ABSL_LOCKS_EXCLUDED(mu_, tls_failures_mu_);
   // Set by RegisterMetrics (null without an HTTP port).
   Histogram* checkpoint_seconds_ = nullptr;
   Histogram* checkpoint_bytes_ = nullptr;

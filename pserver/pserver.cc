@@ -28,19 +28,27 @@ using transport::MessageType;
 class PServer::AdminService final : public proto::PServerAdmin::Service {
  public:
   explicit AdminService(PServer* p) : p_(p) {}
-  // The policy (docs/security.md): the master drives this service.
-  grpc::Status Check(grpc::ServerContext* ctx, const char* method) {
-    auto who = p_->options_.security.Authorize(
-        *ctx, absl::StrCat("/strata.proto.PServerAdmin/", method));
-    if (who.ok()) return grpc::Status::OK;
+  // The policy (docs/security.md): the master drives this service. The
+  // call's place among its host's calls in progress (held until the
+  // answer), or the refusal.
+  absl::StatusOr<PeerCallLimiter::Slot> Admit(grpc::ServerContext* ctx, const char* method) {
+    absl::StatusOr<PeerCallLimiter::Slot> slot = calls_.Enter(ctx->peer());
+    absl::Status refused = slot.status();
+    if (refused.ok()) {
+      refused = p_->options_.security
+                    .Authorize(*ctx, absl::StrCat("/strata.proto.PServerAdmin/", method))
+                    .status();
+    }
+    if (refused.ok()) return slot;
     LOG_EVERY_N(WARNING, 20) << "refused " << method << " from " << ctx->peer() << ": "
-                             << who.status().message();
-    return ToGrpcStatus(who.status());
+                             << refused.message();
+    return refused;
   }
   grpc::Status AssignPartitions(grpc::ServerContext* ctx,
                                 const proto::AssignPartitionsRequest* req,
                                 proto::AssignPartitionsResponse* resp) override {
-    if (grpc::Status r = Check(ctx, "AssignPartitions"); !r.ok()) return r;
+    auto slot = Admit(ctx, "AssignPartitions");
+    if (!slot.ok()) return ToGrpcStatus(slot.status());
     if (req->node_id() != p_->node_id()) {
       return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "AssignPartitions for node ", req->node_id(), " sent to node ", p_->node_id())));
@@ -55,14 +63,16 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
   }
   grpc::Status GetStatus(grpc::ServerContext* ctx, const proto::PServerStatusRequest*,
                          proto::PServerStatusResponse* resp) override {
-    if (grpc::Status r = Check(ctx, "GetStatus"); !r.ok()) return r;
+    auto slot = Admit(ctx, "GetStatus");
+    if (!slot.ok()) return ToGrpcStatus(slot.status());
     *resp = p_->Status();
     return grpc::Status::OK;
   }
   grpc::Status CheckpointPartitions(grpc::ServerContext* ctx,
                                     const proto::CheckpointPartitionsRequest* req,
                                     proto::CheckpointPartitionsResponse* resp) override {
-    if (grpc::Status r = Check(ctx, "CheckpointPartitions"); !r.ok()) return r;
+    auto slot = Admit(ctx, "CheckpointPartitions");
+    if (!slot.ok()) return ToGrpcStatus(slot.status());
     auto r = p_->Checkpoint(*req, [ctx] { return ctx->IsCancelled(); });
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
@@ -71,6 +81,7 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
 
  private:
   PServer* const p_;  // owns this service
+  PeerCallLimiter calls_{kMaxCallsPerPeerHost};
 };
 
 void PServer::TakeDataKey(const proto::DataPlaneKey& k) {

@@ -275,6 +275,18 @@ TEST(PeerCallLimiterTest, CallsInProgressAreCappedPerHost) {
   EXPECT_EQ(limiter.in_progress("10.0.0.7"), 0);
 }
 
+TEST(TlsFailureTest, GrpcsHandshakeFailuresAreToldApart) {
+  EXPECT_EQ(TlsFailureReason("Handshake failed with fatal error SSL_ERROR_SSL: "
+                             "error:0A00010B:SSL routines::wrong version number."),
+            "TLS handshake failed: wrong version number (not TLS: a plain-text client?)");
+  EXPECT_EQ(TlsFailureReason("Handshake failed with fatal error SSL_ERROR_SSL: "
+                             "error:0A0000C1:SSL routines::no shared cipher."),
+            "TLS handshake failed: no shared cipher");
+  EXPECT_EQ(TlsFailureReason("Handshake failed with fatal error SSL_ERROR_SYSCALL: EOF"),
+            "TLS handshake failed: EOF");
+  EXPECT_EQ(TlsFailureReason("Connection refused"), "");
+}
+
 TEST(RpcPolicyTest, RoleNames) {
   for (Role r : AllRoles()) EXPECT_EQ(ParseRole(RoleName(r)), r);
   EXPECT_EQ(ParseRole("root"), Role::kNone);

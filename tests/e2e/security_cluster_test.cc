@@ -2,6 +2,9 @@
 // every role calling every method gets what the policy says; strangers
 // (plain text, no credentials, another CA, an expired certificate) are
 // refused; a node cannot speak for another; refusals are in the audit log.
+#include <poll.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <functional>
 #include <set>
@@ -17,6 +20,7 @@
 #include "tests/testing/read_file.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
+#include "tests/transport/raw_socket.h"
 
 namespace strata::testing {
 namespace {
@@ -235,6 +239,11 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
                              "certificate has expired"));
   EXPECT_THAT(log, HasSubstr("refused: UNAUTHENTICATED: client certificate 'mallory' refused"));
   EXPECT_THAT(log, HasSubstr("\"who\": \"unauthenticated\""));
+  // Plain text fails the TLS handshake, inside gRPC: audited without the
+  // peer's address, which gRPC does not give.
+  EXPECT_THAT(log, HasSubstr("\"action\": \"tls handshake\", \"target\": \"\", \"result\": "
+                             "\"refused: UNAUTHENTICATED: TLS handshake failed: wrong version "
+                             "number (not TLS: a plain-text client?)\""));
   // Admin actions are recorded with the caller's identity.
   EXPECT_THAT(log, HasSubstr("\"who\": \"admin:admin\", \"from\": \"ipv4:127.0.0.1:"));
 }
@@ -309,7 +318,11 @@ TEST_F(SecurityClusterTest, ANodeSpeaksOnlyForItself) {
   EXPECT_EQ(members, 3);  // master, pserver, worker
 }
 
-TEST_F(SecurityClusterTest, OversizedRequestsAreRefusedAndTheMasterCarriesOn) {
+TEST_F(SecurityClusterTest, OversizedRequestsAndStalledHandshakesAreRefusedAndTheMasterCarriesOn) {
+  // A connection that never starts its TLS handshake is closed by the
+  // server (ApplyServerLimits: 10 s here), not held for gRPC's 120 s.
+  const int stalled = transport::testing::RawConnect(cluster_->master()->address());
+  const absl::Time opened = absl::Now();
   auto admin = proto::Master::NewStub(
       grpc::CreateChannel(cluster_->master()->address(), Creds(certs_ + "/admin", "client")));
   {
@@ -332,6 +345,12 @@ TEST_F(SecurityClusterTest, OversizedRequestsAreRefusedAndTheMasterCarriesOn) {
   grpc::Status s = admin->GetStatus(&ctx, proto::GetStatusRequest(), &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.job().security(), "mtls, data plane sealed");
+  pollfd p{stalled, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 60 * 1000), 1) << "the stalled connection is still open after 60 s";
+  char byte;
+  EXPECT_EQ(::recv(stalled, &byte, 1, 0), 0) << "closed, with nothing sent";
+  LOG(INFO) << "stalled handshake closed after " << absl::Now() - opened;
+  ::close(stalled);
 }
 
 }  // namespace

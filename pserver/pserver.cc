@@ -239,6 +239,13 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   std::set<uint32_t> step_workers;
   for (const auto& m : view.members()) {
     if (m.role() == proto::WORKER && m.state() == proto::ALIVE) step_workers.insert(m.id());
+    // A node that left loses its open data connections now, not only its
+    // key for new ones (docs/security.md): a worker declared dead, or a
+    // fenced primary's replication stream.
+    if ((m.state() == proto::DEAD || m.state() == proto::DRAINED) && m.id() != node_id_ &&
+        transport_ != nullptr && disconnected_.insert(m.id()).second) {
+      transport_->DisconnectNode(m.id());
+    }
   }
   std::map<uint32_t, const proto::CheckpointPartition*> saved;
   if (restore != nullptr) {

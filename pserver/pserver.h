@@ -168,6 +168,8 @@ class PServer {
   // Held across ApplyView (which may read a checkpoint for minutes) so
   // views apply one at a time; mu_ only briefly inside it. Taken before mu_.
   absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Nodes that left whose data connections were closed (DisconnectNode).
+  std::set<uint32_t> disconnected_ ABSL_GUARDED_BY(apply_mu_);
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> owned_ ABSL_GUARDED_BY(mu_);  // of the view applied last

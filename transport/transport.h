@@ -288,6 +288,14 @@ class Transport {
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(
       const std::string& address) = 0;
 
+  // Closes every accepted connection whose membership handshake proved
+  // node `node` (a node that left: its open connections go at once, not
+  // only its key); returns how many. 0 without the handshake.
+  virtual int DisconnectNode(uint32_t node) {
+    (void)node;
+    return 0;
+  }
+
   // How registered memory is used.
   enum class MemoryUse {
     kReceiveDestination,  // CallInto destinations (a worker's parameters):

@@ -163,6 +163,27 @@ TEST_F(DataPlaneAuthTest, AKeyEpochRefusalIsTriedAgainUntilBothSidesHaveTheNewKe
   EXPECT_FALSE(IsKeyEpochRefusal(refused));
 }
 
+// A node that left loses its open connections at once (the pserver calls
+// DisconnectNode when its view says so), not only its key for new ones;
+// the other members' connections stay.
+TEST_F(DataPlaneAuthTest, ANodeThatLeftLosesItsOpenConnections) {
+  auto leaving = Client(5, 7, secret_);
+  auto staying = Client(6, 7, secret_);
+  STRATA_ASSERT_OK_AND_ASSIGN(auto gone, leaving->Connect(address_));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto kept, staying->Connect(address_));
+  ASSERT_THAT(Ping(gone.get(), 5).status(), IsOk());
+  ASSERT_THAT(Ping(kept.get(), 6).status(), IsOk());
+  EXPECT_EQ(server_->DisconnectNode(5), 1);
+  EXPECT_EQ(server_->DisconnectNode(9), 0);
+  // (The close is the server's epoll thread's; the client sees it soon.)
+  const absl::Time deadline = absl::Now() + kWait;
+  while (gone->healthy() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_FALSE(gone->healthy());
+  EXPECT_FALSE(Ping(gone.get(), 5).ok());
+  EXPECT_THAT(Ping(kept.get(), 6).status(), IsOk());
+  EXPECT_EQ(served_.load(), 3);
+}
+
 TEST_F(DataPlaneAuthTest, AClientWithoutKeysCannotConnect) {
   auto client = New(std::make_shared<MembershipKeys>());
   EXPECT_THAT(client->Connect(address_).status(),

@@ -89,6 +89,39 @@ TEST(RdmaHelloTest, EveryBadFieldIsNamed) {
   }
 }
 
+// A destination region announced on the bootstrap (its key never rides
+// the queue pair): checked like the rest of a hello.
+TEST(RdmaHelloTest, ARegionAnnouncementIsChecked) {
+  const proto::RdmaHello ok = RegionHello(3, 0x7f0000001000, 1 << 20, 0xabcd);
+  STRATA_ASSERT_OK_AND_ASSIGN(proto::RdmaHello back,
+                              ParsePeerHello(ok.SerializeAsString(), "p"));
+  ASSERT_TRUE(back.has_region());
+  EXPECT_EQ(back.region().handle(), 3u);
+  EXPECT_EQ(back.region().addr(), 0x7f0000001000u);
+  EXPECT_EQ(back.region().length(), 1u << 20);
+  EXPECT_EQ(back.region().rkey(), 0xabcdu);
+  struct Case {
+    const char* field;
+    std::function<void(proto::RdmaHello*)> spoil;
+  };
+  const Case cases[] = {
+      {"region.handle", [](proto::RdmaHello* h) { h->mutable_region()->set_handle(0); }},
+      {"region.length", [](proto::RdmaHello* h) { h->mutable_region()->set_length(0); }},
+      {"region.length", [](proto::RdmaHello* h) { h->mutable_region()->set_addr(~0ull - 10); }},
+      {"region", [](proto::RdmaHello* h) { h->set_rdma_ready(true); }},
+      {"version", [](proto::RdmaHello* h) { h->set_version(2); }},
+  };
+  for (const Case& c : cases) {
+    proto::RdmaHello h = ok;
+    c.spoil(&h);
+    EXPECT_THAT(ParsePeerHello(h.SerializeAsString(), "10.0.0.2:7200"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("10.0.0.2:7200"),
+                               HasSubstr(std::string("field ") + c.field))))
+        << c.field;
+  }
+}
+
 TEST(RdmaHelloTest, ANotReadyHelloOfAnotherVersionIsStillRefused) {
   proto::RdmaHello h = NotReadyHello("none");
   h.set_version(2);

@@ -540,6 +540,8 @@ TEST_F(RdmaDeviceTest, EachPeerGetsItsOwnKeysAndANewKeyEpochRetiresThem) {
   EXPECT_NE(key_a, key_b) << "two peers were handed the same key";
   EXPECT_EQ(StatsOf(*to_a).responses_written, 1u);
   EXPECT_EQ(StatsOf(*to_a).peer_regions, 1u);
+  // Its key went to the server on the sealed bootstrap, not in the request.
+  EXPECT_EQ(StatsOf(*to_a).regions_announced, 1u);
   // The same epoch: the same key.
   ASSERT_NO_FATAL_FAILURE(pull(to_a.get(), 5));
   EXPECT_EQ(rdma::DestinationKeyForTesting(*to_a, dest.data()), key_a);
@@ -556,6 +558,7 @@ TEST_F(RdmaDeviceTest, EachPeerGetsItsOwnKeysAndANewKeyEpochRetiresThem) {
   EXPECT_EQ(StatsOf(*to_a).region_rotations, 1u);
   EXPECT_EQ(StatsOf(*to_a).peer_regions, 1u);
   EXPECT_EQ(StatsOf(*to_a).responses_written, 3u);
+  EXPECT_EQ(StatsOf(*to_a).regions_announced, 2u) << "the new key was not announced";
   // A queue pair speaks for the node of its bootstrap's handshake only:
   // a request claiming another node closes the connection, unserved.
   Message forged;

@@ -56,6 +56,16 @@ absl::StatusOr<proto::RdmaHello> ParsePeerHello(std::string_view bytes,
                absl::StrCat("is ", h.version(), ", this side speaks ",
                             kRdmaHelloVersion));
   }
+  if (h.has_region()) {
+    const proto::RdmaRegion& r = h.region();
+    if (h.rdma_ready()) return Bad(peer, "region", "comes with a queue pair's details");
+    if (r.handle() == 0) return Bad(peer, "region.handle", "is 0");
+    if (r.length() == 0 || r.addr() + r.length() < r.addr()) {
+      return Bad(peer, "region.length",
+                 absl::StrCat("is ", r.length(), " at address ", r.addr()));
+    }
+    return h;
+  }
   if (!h.rdma_ready()) return h;
   if (h.qpn() == 0 || h.qpn() > 0xffffff) {
     return Bad(peer, "qpn",
@@ -85,6 +95,17 @@ absl::StatusOr<proto::RdmaHello> ParsePeerHello(std::string_view bytes,
     return Bad(peer, "slot_bytes",
                absl::StrCat("is ", h.slot_bytes(), ", not in [4096, 64 MiB]"));
   }
+  return h;
+}
+
+proto::RdmaHello RegionHello(uint32_t handle, uint64_t addr, uint64_t length, uint32_t rkey) {
+  proto::RdmaHello h;
+  h.set_version(kRdmaHelloVersion);
+  proto::RdmaRegion* r = h.mutable_region();
+  r->set_handle(handle);
+  r->set_addr(addr);
+  r->set_length(length);
+  r->set_rkey(rkey);
   return h;
 }
 

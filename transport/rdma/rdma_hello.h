@@ -37,10 +37,14 @@ proto::RdmaHello ReadyHello(const HelloQp& qp);
 // A hello declining rdma (this side has no usable device: `reason`).
 proto::RdmaHello NotReadyHello(const std::string& reason);
 
+// A destination region announced on a joined connection (RdmaHello.region).
+proto::RdmaHello RegionHello(uint32_t handle, uint64_t addr, uint64_t length, uint32_t rkey);
+
 // Parses and checks a peer's hello. DataLoss naming `peer` for bytes that
 // are not a hello; InvalidArgument naming `peer` and the field for a field
 // out of range (version, qpn, psn, gid, lid, mtu, recv_slots, slot_bytes).
-// A not-ready hello needs only a valid version.
+// A not-ready hello needs only a valid version; a region announcement a
+// handle and a length that does not wrap (region.handle, region.length).
 absl::StatusOr<proto::RdmaHello> ParsePeerHello(std::string_view bytes,
                                                 const std::string& peer);
 

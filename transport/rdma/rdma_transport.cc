@@ -65,7 +65,9 @@ enum FrameKind : uint16_t {
   kProbeAck = 6,  // and the server's answer (never handed to a handler)
 };
 constexpr uint16_t kFlagHasDest = 1;  // request: dest_* name a registered
-                                      // destination for the response
+                                      // destination for the response: an
+                                      // address range in the region the
+                                      // client announced as dest_region
 
 struct Frame {
   uint16_t kind = 0;
@@ -75,7 +77,7 @@ struct Frame {
   uint64_t total_bytes = 0;
   uint64_t dest_addr = 0;
   uint64_t dest_len = 0;
-  uint32_t dest_rkey = 0;
+  uint32_t dest_region = 0;  // the region's handle (RdmaRegion), never its key
 };
 
 void EncodeFrame(const Frame& f, char* out) {
@@ -88,7 +90,7 @@ void EncodeFrame(const Frame& f, char* out) {
   std::memcpy(out + 16, &f.total_bytes, 8);
   std::memcpy(out + 24, &f.dest_addr, 8);
   std::memcpy(out + 32, &f.dest_len, 8);
-  std::memcpy(out + 40, &f.dest_rkey, 4);
+  std::memcpy(out + 40, &f.dest_region, 4);
 }
 
 bool DecodeFrame(const char* in, Frame* f) {
@@ -102,7 +104,7 @@ bool DecodeFrame(const char* in, Frame* f) {
   std::memcpy(&f->total_bytes, in + 16, 8);
   std::memcpy(&f->dest_addr, in + 24, 8);
   std::memcpy(&f->dest_len, in + 32, 8);
-  std::memcpy(&f->dest_rkey, in + 40, 4);
+  std::memcpy(&f->dest_region, in + 40, 4);
   return f->kind >= kCredit && f->kind <= kProbeAck;
 }
 
@@ -188,15 +190,32 @@ struct PeerRegion {
   std::shared_ptr<ProtectionDomain> pd;
   std::unique_ptr<MemoryRegion> mr;  // (destroyed first)
   uint64_t epoch = 0;
+  // Destinations: the connection's number for it, and whether the server
+  // has its key (Channel::Announce): 0 not yet, 1 yes, -1 it cannot.
+  uint32_t handle = 0;
+  absl::Mutex announce_mu;
+  int announced ABSL_GUARDED_BY(announce_mu) = 0;
   ~PeerRegion() { mr.reset(); }
 };
 
+// Server: a destination a client announced (by handle), and its key.
+struct RemoteRegion {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint32_t rkey = 0;
+};
+// Announced regions a connection keeps; past it the oldest is forgotten
+// (a request naming it is answered by SEND, as without a destination).
+constexpr size_t kMaxRemoteRegions = 1024;
+
 // Where a response goes by RDMA WRITE: the destination a request named.
+// Client: `region` the announced region's handle; server: `rkey` its key.
 struct WriteTarget {
   bool valid = false;
   uint64_t addr = 0;
   uint64_t len = 0;
   uint32_t rkey = 0;
+  uint32_t region = 0;
 };
 
 class Channel;
@@ -237,7 +256,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
         slot_bytes_(settings.slot_bytes),
         max_payload_bytes_(max_payload_bytes),
         handler_(std::move(handler)),
-        listener_(listener) {}
+        listener_(listener),
+        announce_timeout_(settings.connect_timeout) {}
 
   ~Channel() {
     absl::MutexLock l(&mu_);
@@ -364,8 +384,66 @@ class Channel : public std::enable_shared_from_this<Channel> {
     fresh->pd = std::move(pd);
     fresh->mr = std::move(mr).value();
     fresh->epoch = epoch;
+    if (remote_write) fresh->handle = ++next_region_handle_;
     regions_[key] = fresh;
     return fresh;
+  }
+
+  // Client: the TCP bootstrap connection (sealed under membership), which
+  // carries the announcements of destination regions.
+  void SetBootstrap(std::weak_ptr<Connection> bootstrap) {
+    absl::MutexLock l(&mu_);
+    bootstrap_ = std::move(bootstrap);
+  }
+
+  // Client: whether the server has destination `r`'s key, announcing it
+  // first (RdmaHello.region on the bootstrap: the key never travels on the
+  // queue pair). Once per region; waits for the answer, except on the
+  // completion thread (false there: that call's answer comes by SEND).
+  bool Announce(PeerRegion* r) {
+    absl::MutexLock al(&r->announce_mu);
+    if (r->announced != 0) return r->announced > 0;
+    std::shared_ptr<Connection> bootstrap;
+    {
+      absl::MutexLock l(&mu_);
+      if (state_ != ConnectionState::kReady) return false;
+      if (listener_->OnCompletionThread()) return false;
+      bootstrap = bootstrap_.lock();
+    }
+    if (bootstrap == nullptr) return false;
+    Message m;
+    m.header.type = MessageType::kRdmaHello;
+    m.payload = RegionHello(r->handle, reinterpret_cast<uint64_t>(r->mr->data()), r->mr->size(),
+                            r->mr->rkey())
+                    .SerializeAsString();
+    absl::StatusOr<Message> reply = bootstrap->CallSync(std::move(m), announce_timeout_);
+    absl::Status s = reply.ok() ? ResponseStatus(*reply) : reply.status();
+    r->announced = s.ok() ? 1 : -1;
+    if (s.ok()) {
+      absl::MutexLock l(&mu_);
+      ++stats_.regions_announced;
+    }
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 20) << "rdma connection with " << peer_
+                               << ": cannot announce a destination region (" << s.message()
+                               << "); its answers come by SEND";
+    }
+    return s.ok();
+  }
+
+  // Server: a destination the client announced on the bootstrap.
+  absl::Status AddRemoteRegion(const proto::RdmaRegion& r) {
+    absl::MutexLock l(&mu_);
+    if (role_ != kServer || state_ != ConnectionState::kReady) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rdma region from ", peer_, ": the connection is not serving"));
+    }
+    if (remote_regions_.size() >= kMaxRemoteRegions &&
+        remote_regions_.count(r.handle()) == 0) {
+      remote_regions_.erase(remote_regions_.begin());  // the oldest
+    }
+    remote_regions_[r.handle()] = RemoteRegion{r.addr(), r.length(), r.rkey()};
+    return absl::OkStatus();
   }
 
   // Server: requests on this connection must come from node `node` (the
@@ -461,7 +539,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
           out.frame.flags = kFlagHasDest;
           out.frame.dest_addr = remote.addr;
           out.frame.dest_len = remote.len;
-          out.frame.dest_rkey = remote.rkey;
+          out.frame.dest_region = remote.region;
         }
         out.zero_copy = zero_copy;
         Enqueue(std::move(request), std::move(out));
@@ -963,7 +1041,15 @@ class Channel : public std::enable_shared_from_this<Channel> {
         incoming_.total = f.total_bytes;
         if (role_ == kServer && (f.flags & kFlagHasDest) != 0 &&
             f.dest_len <= max_payload_bytes_) {
-          incoming_.reply_target = WriteTarget{true, f.dest_addr, f.dest_len, f.dest_rkey};
+          // Only inside a region the client announced on the bootstrap;
+          // else the answer goes by SEND (the client copies it in place).
+          auto r = remote_regions_.find(f.dest_region);
+          if (r != remote_regions_.end() && f.dest_addr >= r->second.addr &&
+              f.dest_len <= r->second.length &&
+              f.dest_addr - r->second.addr <= r->second.length - f.dest_len) {
+            incoming_.reply_target =
+                WriteTarget{true, f.dest_addr, f.dest_len, r->second.rkey, f.dest_region};
+          }
         }
         if (role_ == kClient) {
           auto it = pending_.find(h.request_id);
@@ -1017,6 +1103,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   const uint64_t max_payload_bytes_;
   const std::shared_ptr<const RequestHandler> handler_;  // server side
   ChannelListener* const listener_;
+  const absl::Duration announce_timeout_;  // Announce's wait for the answer
 
   // The caller's regions registered for this peer (RegionFor), by start
   // and use. Taken without mu_ held (registering is a system call).
@@ -1025,6 +1112,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
       ABSL_GUARDED_BY(regions_mu_);
   bool region_failure_logged_ ABSL_GUARDED_BY(regions_mu_) = false;
   uint64_t stats_region_rotations_ ABSL_GUARDED_BY(regions_mu_) = 0;
+  uint32_t next_region_handle_ ABSL_GUARDED_BY(regions_mu_) = 0;
 
   mutable absl::Mutex mu_;
   ConnectionState state_ ABSL_GUARDED_BY(mu_) = ConnectionState::kExchanging;
@@ -1052,6 +1140,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::function<void()> closer_ ABSL_GUARDED_BY(mu_);
+  std::weak_ptr<Connection> bootstrap_ ABSL_GUARDED_BY(mu_);               // client
+  std::map<uint32_t, RemoteRegion> remote_regions_ ABSL_GUARDED_BY(mu_);  // server
   bool probe_acked_ ABSL_GUARDED_BY(mu_) = false;
   RdmaConnectionStats stats_ ABSL_GUARDED_BY(mu_);
   // Callbacks to run once mu_ is released.
@@ -1158,11 +1248,11 @@ class RdmaConnection : public Connection {
     if (dest != nullptr && dest_size > 0 &&
         registry_->Find(dest, dest_size, /*remote_write=*/true, &base, &bytes)) {
       dest_region = channel_->RegionFor(base, bytes, /*remote_write=*/true, epoch);
-      if (dest_region != nullptr) {
+      if (dest_region != nullptr && channel_->Announce(dest_region.get())) {
         target.valid = true;
         target.addr = reinterpret_cast<uint64_t>(dest);
         target.len = dest_size;
-        target.rkey = dest_region->mr->rkey();
+        target.region = dest_region->handle;
       }
     }
     if (request.payload_ref != nullptr && request.payload_ref_size > 0 &&
@@ -1278,6 +1368,8 @@ class RdmaTransport : public Transport, public ChannelListener {
     return s;
   }
   std::string listen_address() const override { return tcp_->listen_address(); }
+  // (Closing a bootstrap connection tears its queue pair down too.)
+  int DisconnectNode(uint32_t node) override { return tcp_->DisconnectNode(node); }
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address) override {
     // CONNECTING
@@ -1334,6 +1426,7 @@ class RdmaTransport : public Transport, public ChannelListener {
     // In the map first: a close from now on finds the channel.
     const bool healthy = bootstrap->healthy();
     // Releasing the bootstrap connection closes it (and the peer's side).
+    channel->SetBootstrap(bootstrap);
     channel->SetCloser([b = std::move(bootstrap)]() mutable { b.reset(); });
     ChannelsChanged();
     if (!healthy) {
@@ -1456,9 +1549,39 @@ class RdmaTransport : public Transport, public ChannelListener {
   }
 
   // Server side of the set-up (the TCP epoll thread).
+  // A destination region announced on a joined bootstrap connection
+  // (Channel::Announce): its channel may write answers into it.
+  void OnRegion(const proto::RdmaRegion& region, const MessageHeader& request,
+                const std::shared_ptr<Responder>& responder) {
+    std::shared_ptr<tcp::Endpoint> endpoint = tcp::EndpointOf(*responder);
+    if (endpoint == nullptr) return;  // the connection closed meanwhile
+    std::shared_ptr<Channel> channel;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = channels_by_endpoint_.find(endpoint.get());
+      if (it != channels_by_endpoint_.end()) channel = it->second.lock();
+    }
+    absl::Status s = channel != nullptr
+                         ? channel->AddRemoteRegion(region)
+                         : absl::FailedPreconditionError(absl::StrCat(
+                               "rdma region from ", responder->peer(),
+                               ": this connection has no queue pair"));
+    if (!s.ok()) {
+      responder->Respond(MakeErrorResponse(request, MessageType::kRdmaHelloReply, s));
+      return;
+    }
+    Message reply;
+    reply.header.type = MessageType::kRdmaHelloReply;
+    responder->Respond(std::move(reply));
+  }
+
   void OnHello(Message request, std::shared_ptr<Responder> responder) {
     const std::string peer = responder->peer();
     absl::StatusOr<proto::RdmaHello> hello = ParsePeerHello(request.payload, peer);
+    if (hello.ok() && hello->has_region()) {
+      OnRegion(hello->region(), request.header, responder);
+      return;
+    }
     if (!hello.ok() || !hello->rdma_ready()) {
       responder->Respond(MakeErrorResponse(
           request.header, MessageType::kRdmaHelloReply,

@@ -64,6 +64,9 @@ struct RdmaConnectionStats {
   // domain), and how many were registered again for a new key epoch.
   uint64_t peer_regions = 0;
   uint64_t region_rotations = 0;
+  // Destination regions announced to the server on the TCP bootstrap
+  // (their keys never travel on the queue pair).
+  uint64_t regions_announced = 0;
 };
 RdmaConnectionStats StatsOf(const Connection& connection);
 // Moves the connection's queue pair to the error state, as a failing NIC

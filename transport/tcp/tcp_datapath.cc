@@ -500,7 +500,7 @@ absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
       responder()->Respond(std::move(reply));
       return refused;  // closes the connection
     }
-    authenticated_ = true;
+    authenticated_.store(true, std::memory_order_release);
     VLOG(1) << "tcp: node " << claimed_node_ << " at " << peer() << " is a member";
     Message reply;
     reply.header.type = MessageType::kAuthProofReply;

@@ -475,6 +475,22 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectOnce(const std:
       std::make_shared<TcpConnection>(std::move(endpoint)));
 }
 
+int TcpTransport::DisconnectNode(uint32_t node) {
+  std::vector<std::shared_ptr<Endpoint>> gone;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [key, e] : endpoints_) {
+      if (e->AuthenticatedNode() == node) gone.push_back(e);
+    }
+  }
+  for (const auto& e : gone) e->RequestClose();
+  if (!gone.empty()) {
+    LOG(INFO) << "tcp: closed " << gone.size() << " connection(s) of node " << node
+              << ", which left the cluster";
+  }
+  return static_cast<int>(gone.size());
+}
+
 absl::Status TcpTransport::Register(std::shared_ptr<Endpoint> endpoint) {
   absl::MutexLock l(&mu_);
   if (stopping_) {

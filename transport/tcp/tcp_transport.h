@@ -233,9 +233,14 @@ class ServerEndpoint : public Endpoint {
  public:
   ServerEndpoint(int fd, std::string peer, const TcpOptions& options,
                  std::shared_ptr<const RequestHandler> handler);
-  bool HandshakePending() const override { return membership_ != nullptr && !authenticated_; }
+  bool HandshakePending() const override {
+    return membership_ != nullptr && !authenticated_.load(std::memory_order_acquire);
+  }
+  // (Any thread: claimed_node_ is written before authenticated_, once.)
   std::optional<uint32_t> AuthenticatedNode() const override {
-    if (membership_ == nullptr || !authenticated_) return std::nullopt;
+    if (membership_ == nullptr || !authenticated_.load(std::memory_order_acquire)) {
+      return std::nullopt;
+    }
     return claimed_node_;
   }
 
@@ -256,7 +261,7 @@ class ServerEndpoint : public Endpoint {
   const std::shared_ptr<MembershipKeys> membership_;
   const bool encrypt_;
   // Handshake state (epoll thread only).
-  bool authenticated_ = false;
+  std::atomic<bool> authenticated_{false};
   std::string server_nonce_, client_nonce_;
   uint32_t claimed_node_ = 0;
   uint64_t claimed_epoch_ = 0;
@@ -340,6 +345,7 @@ class TcpTransport : public Transport {
   std::string listen_address() const override;
   absl::StatusOr<std::shared_ptr<Connection>> Connect(
       const std::string& address) override;
+  int DisconnectNode(uint32_t node) override;
   // Stops the epoll thread, closes every socket and fails pending calls
   // with Unavailable. Idempotent.
   void Shutdown() override;

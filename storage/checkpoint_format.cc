@@ -8,9 +8,11 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "common/crc32c.h"
@@ -190,6 +192,7 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
   };
   std::vector<Block> blocks;
   std::map<BlockType, size_t> sizes;
+  uint64_t raw_total = 0;
   size_t pos = kFileHeaderBytes;
   for (int block = 0; pos < data.size(); ++block) {
     if (data.size() - pos < kBlockHeaderBytes) {
@@ -223,10 +226,23 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     if (codec != kCodecZstd && stored_size != raw_size) {
       return Corrupt(path, pos, absl::StrCat("block ", block, ": stored size differs"));
     }
+    if (codec == kCodecZstd &&
+        ZSTD_getFrameContentSize(h + kBlockHeaderBytes, stored_size) != raw_size) {
+      return Corrupt(path, pos, absl::StrCat("block ", block, ": its zstd frame does not hold ",
+                                             raw_size, " bytes"));
+    }
     const auto type = static_cast<BlockType>(h[4]);
     blocks.push_back(Block{pos, type, codec, filter, raw_size, stored_size});
     sizes[type] += raw_size;
+    raw_total += raw_size;
     pos += kBlockHeaderBytes + stored_size;
+  }
+  // Nothing is allocated for more than the manifest says the file holds
+  // (a crafted file's blocks could claim 1 MiB each from a few bytes).
+  if (expected != nullptr && expected->raw_bytes() != 0 && raw_total != expected->raw_bytes()) {
+    return absl::DataLossError(absl::StrCat(path, ": its blocks hold ", raw_total,
+                                            " bytes, the manifest says ",
+                                            expected->raw_bytes()));
   }
   std::map<BlockType, std::string> streams;
   std::map<BlockType, size_t> filled;
@@ -283,6 +299,16 @@ absl::Status WriteManifest(FileSystem* fs, const std::string& dir,
   return fs->WriteFileAtomic(JoinPath(dir, kManifestName), EncodeManifest(manifest));
 }
 
+bool IsPathUnderRoot(absl::string_view path) {
+  if (path.empty() || path.front() == '/' || path.find('\0') != absl::string_view::npos) {
+    return false;
+  }
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
+}
+
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std::string& dir) {
   const std::string path = JoinPath(dir, kManifestName);
   STRATA_ASSIGN_OR_RETURN(std::string data, fs->ReadFile(path));
@@ -315,6 +341,15 @@ absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std
     if (!ids.insert(p.id()).second) {
       return Corrupt(path, kManifestHeaderBytes,
                      absl::StrCat("partition ", p.id(), " listed twice"));
+    }
+    // Files are read (and exported, and removed by retention) under the
+    // checkpoint root: a path must stay there.
+    for (const proto::CheckpointFile& f : p.files()) {
+      if (!IsPathUnderRoot(f.path())) {
+        return Corrupt(path, kManifestHeaderBytes,
+                       absl::StrCat("partition ", p.id(), ": file path \"", absl::CEscape(f.path()),
+                                    "\" is not a relative path under the checkpoint root"));
+      }
     }
   }
   return m;

@@ -79,7 +79,8 @@ class BlockFileWriter {
 // decompressed size) and each stream concatenated. Errors name the file and
 // the byte offset: DataLoss for a torn or corrupt file, FailedPrecondition
 // for a format version this build does not read. With `expected`, the
-// file's size and crc32c must match it first.
+// file's size and crc32c must match it first, and its blocks' raw bytes
+// its raw_bytes (when set) before anything is allocated for them.
 absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     FileSystem* fs, const std::string& path, const proto::CheckpointFile* expected = nullptr);
 
@@ -96,6 +97,9 @@ absl::Status WriteManifest(FileSystem* fs, const std::string& dir,
 // checkpoint), DataLoss when torn or corrupt, FailedPrecondition for
 // another format version; errors name the file.
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std::string& dir);
+// Whether a manifest's file path stays under the checkpoint root: relative,
+// with no empty, "." or ".." component. ReadManifest refuses any other.
+bool IsPathUnderRoot(absl::string_view path);
 // The manifest's bytes, for tests that corrupt them.
 std::string EncodeManifest(const proto::CheckpointManifest& manifest);
 

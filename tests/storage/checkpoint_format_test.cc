@@ -196,6 +196,13 @@ TEST_P(BlockFileRoundTripTest, StreamsReadBackAndTheInfoDescribesTheFile) {
   expected.set_size(info.size);
   expected.set_crc32c(info.crc32c);
   EXPECT_THAT(ReadBlockFile(fs.get(), path, &expected).status(), IsOk());
+  expected.set_raw_bytes(info.raw_bytes);
+  EXPECT_THAT(ReadBlockFile(fs.get(), path, &expected).status(), IsOk());
+  // A manifest that disagrees with the blocks' sizes: refused before the
+  // streams are allocated.
+  expected.set_raw_bytes(info.raw_bytes + 1);
+  EXPECT_THAT(ReadBlockFile(fs.get(), path, &expected).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("the manifest says")));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -442,6 +449,26 @@ TEST(ManifestTest, RoundTrips) {
   // No temp file is left next to it.
   STRATA_ASSERT_OK_AND_ASSIGN(auto names, fs->ListDir(dir));
   EXPECT_THAT(names, ElementsAre(std::string(kManifestName)));
+}
+
+// A manifest's file paths are read, exported and removed under the root:
+// one that climbs out of it (or is absolute) is refused, naming it.
+TEST(ManifestTest, AFilePathOutsideTheRootIsRefused) {
+  std::unique_ptr<FileSystem> fs = NewMemoryFileSystem();
+  const std::string dir = "/r/ckpt-00000005";
+  for (const std::string bad : {"../../etc/passwd", "/etc/passwd", "ckpt-00000004/../../x",
+                                "ckpt-00000004//p.blk", "./p.blk", ""}) {
+    proto::CheckpointManifest m = SampleManifest(5);
+    m.mutable_partitions(0)->mutable_files(1)->set_path(bad);
+    ASSERT_THAT(WriteManifest(fs.get(), dir, m), IsOk());
+    EXPECT_THAT(ReadManifest(fs.get(), dir).status(),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr("/r/ckpt-00000005/MANIFEST"),
+                               HasSubstr("not a relative path under the checkpoint root"))))
+        << bad;
+  }
+  EXPECT_TRUE(IsPathUnderRoot("ckpt-00000004/p00002.blk"));
+  EXPECT_FALSE(IsPathUnderRoot(std::string("a\0b", 3)));
 }
 
 TEST(ManifestTest, MissingIsNotFound) {

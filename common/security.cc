@@ -19,6 +19,7 @@
 #include "glog/logging.h"
 #include "grpc/support/log.h"
 #include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "openssl/crypto.h"
 #include "openssl/err.h"
@@ -322,6 +323,7 @@ ControlPlaneSecurity ControlPlaneSecurity::Plaintext() {
   s.plaintext = true;
   s.server = grpc::InsecureServerCredentials();
   s.client = grpc::InsecureChannelCredentials();
+  s.pserver_client = s.client;
   return s;
 }
 
@@ -348,7 +350,98 @@ absl::StatusOr<Identity> ControlPlaneSecurity::Authorize(const grpc::ServerConte
   return who;
 }
 
+absl::Status CheckServerCertificate(absl::string_view pem, absl::string_view target, Role role,
+                                    const std::string& ca_file, const std::string& crl_file) {
+  // The host of the target.
+  absl::string_view host = target;
+  if (absl::ConsumePrefix(&host, "[")) {
+    host = host.substr(0, host.find(']'));
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    host = host.substr(0, host.find(':'));
+  }
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
+  if (cert == nullptr) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the server's certificate is unreadable: ", OpenSslError()));
+  }
+  const std::string cn = SubjectEntry(cert, NID_commonName);
+  const std::string ou = SubjectEntry(cert, NID_organizationalUnitName);
+  const std::string h(host);
+  const bool covers = X509_check_host(cert, h.data(), h.size(), 0, nullptr) == 1 ||
+                      X509_check_ip_asc(cert, h.c_str(), 0) == 1;
+  absl::Status s;
+  if (!covers) {
+    s = absl::UnauthenticatedError(absl::StrCat("the server's certificate '", cn,
+                                                "' does not cover host ", h));
+  } else if (ParseRole(ou) != role) {
+    s = absl::UnauthenticatedError(absl::StrCat("the server's certificate '", cn, "' is of role '",
+                                                ou, "', not ", RoleName(role)));
+  } else if (!crl_file.empty()) {
+    absl::StatusOr<std::string> crl = ReadSmallFile(crl_file);
+    absl::StatusOr<std::string> ca = ReadSmallFile(ca_file);
+    if (crl.ok() && ca.ok()) {
+      X509_STORE* store = X509_STORE_new();
+      BIO* ca_bio = BIO_new_mem_buf(ca->data(), static_cast<int>(ca->size()));
+      while (X509* c = PEM_read_bio_X509(ca_bio, nullptr, nullptr, nullptr)) {
+        X509_STORE_add_cert(store, c);
+        X509_free(c);
+      }
+      BIO_free(ca_bio);
+      BIO* crl_bio = BIO_new_mem_buf(crl->data(), static_cast<int>(crl->size()));
+      while (X509_CRL* c = PEM_read_bio_X509_CRL(crl_bio, nullptr, nullptr, nullptr)) {
+        X509_STORE_add_crl(store, c);
+        X509_CRL_free(c);
+      }
+      BIO_free(crl_bio);
+      ERR_clear_error();
+      X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+      X509_STORE_CTX* ctx = X509_STORE_CTX_new();
+      X509_STORE_CTX_init(ctx, store, cert, nullptr);
+      X509_STORE_CTX_set_purpose(ctx, X509_PURPOSE_SSL_SERVER);
+      if (X509_verify_cert(ctx) != 1) {
+        s = absl::UnauthenticatedError(
+            absl::StrCat("the server's certificate '", cn, "' refused: ",
+                         X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx))));
+      }
+      X509_STORE_CTX_free(ctx);
+      X509_STORE_free(store);
+    }
+  }
+  X509_free(cert);
+  return s;
+}
+
 namespace {
+
+// gRPC's hook for CheckServerCertificate (after its own chain check; it
+// replaces gRPC's host-name check, which it does too).
+class ServerCertificateVerifier : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  ServerCertificateVerifier(Role role, std::string ca_file, std::string crl_file)
+      : role_(role), ca_file_(std::move(ca_file)), crl_file_(std::move(crl_file)) {}
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
+    const grpc::string_ref pem = request->peer_cert();
+    const grpc::string_ref target = request->target_name();
+    absl::Status s = CheckServerCertificate(absl::string_view(pem.data(), pem.size()),
+                                            absl::string_view(target.data(), target.size()),
+                                            role_, ca_file_, crl_file_);
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 10) << s.message();
+    }
+    *sync_status = s.ok() ? grpc::Status::OK
+                          : grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                         std::string(s.message()));
+    return true;  // (answered now)
+  }
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  const Role role_;
+  const std::string ca_file_, crl_file_;
+};
 
 // Sends "authorization: Bearer <token>" with every call.
 class TokenPlugin : public grpc::MetadataCredentialsPlugin {
@@ -407,15 +500,20 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
   }
   ControlPlaneSecurity s;
   s.plaintext = false;
-  {
+  for (const Role server : {Role::kMaster, Role::kPServer}) {
     grpc::experimental::TlsChannelCredentialsOptions o;
     o.set_certificate_provider(provider);
     o.watch_root_certs();
     if (!options.cert_name.empty()) o.watch_identity_key_cert_pairs();
-    s.client = grpc::experimental::TlsCredentials(o);
-    if (s.client == nullptr) {
+    o.set_certificate_verifier(
+        grpc::experimental::ExternalCertificateVerifier::Create<ServerCertificateVerifier>(
+            server, ca, options.dir + "/crl.pem"));
+    o.set_check_call_host(false);  // (the verifier checks the host)
+    auto creds = grpc::experimental::TlsCredentials(o);
+    if (creds == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(options.dir, ": TLS client credentials failed"));
     }
+    (server == Role::kMaster ? s.client : s.pserver_client) = std::move(creds);
   }
   std::string token_for_client;
   if (options.cert_name.empty() || options.cert_name == "client") {
@@ -427,9 +525,11 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
       if (token_for_client.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(options.token_file, ": empty token"));
       }
-      s.client = grpc::CompositeChannelCredentials(
-          s.client, grpc::MetadataCredentialsFromPlugin(
+      for (auto* creds : {&s.client, &s.pserver_client}) {
+        *creds = grpc::CompositeChannelCredentials(
+            *creds, grpc::MetadataCredentialsFromPlugin(
                         std::make_unique<TokenPlugin>(token_for_client)));
+      }
     }
   }
   if (!options.cert_name.empty() && options.cert_name != "client") {

@@ -119,7 +119,14 @@ class Authenticator {
 struct ControlPlaneSecurity {
   bool plaintext = true;
   std::shared_ptr<grpc::ServerCredentials> server;   // for servers
-  std::shared_ptr<grpc::ChannelCredentials> client;  // for channels
+  // For channels to the master (every daemon's and the CLI's), and the
+  // master's to pservers: each checks that the server's certificate names
+  // that role and covers the host dialled (CheckServerCertificate).
+  std::shared_ptr<grpc::ChannelCredentials> client;
+  std::shared_ptr<grpc::ChannelCredentials> pserver_client;
+  const std::shared_ptr<grpc::ChannelCredentials>& ForPServers() const {
+    return pserver_client != nullptr ? pserver_client : client;
+  }
   std::shared_ptr<Authenticator> auth;               // null in plain text
   // A server's own certificate, key and CA files (for HTTPS); "" otherwise.
   std::string cert_file, key_file, ca_file;
@@ -142,6 +149,15 @@ struct ControlPlaneSecurity {
   // token of its Authorization header. Plain text: "plaintext".
   absl::StatusOr<Identity> IdentifyHttp(const HttpRequest& req) const;
 };
+
+// What a client checks of the server it called, beyond gRPC's chain
+// verification: `pem` (its certificate) covers the host of `target`
+// ("host", "host:port" or "[v6]:port": a DNS name or IP address in its
+// subjectAltName), names `role` in its OU, and is not on the revocation
+// list `crl_file` ("" or a missing file: none) of the CA `ca_file`.
+// Unauthenticated naming what does not match.
+absl::Status CheckServerCertificate(absl::string_view pem, absl::string_view target, Role role,
+                                    const std::string& ca_file, const std::string& crl_file);
 
 // Builds the credentials: in TLS mode reads dir/ca.crt and, unless
 // cert_name is empty, dir/<cert_name>.crt and .key (the key refused when

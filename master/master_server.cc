@@ -590,7 +590,7 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
     n.set_last_heartbeat_unix_ms(now);
     if (n.role() == proto::PSERVER && !Gone(n)) {
       pserver_stubs_[n.id()] = proto::PServerAdmin::NewStub(
-          NewControlChannel(n.grpc_address(), options_.security.client));
+          NewControlChannel(n.grpc_address(), options_.security.ForPServers()));
     }
   }
   view_.mutable_members(0)->set_state(proto::ALIVE);
@@ -1299,7 +1299,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (req.role() == proto::PSERVER) {
     pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(
-        NewControlChannel(req.grpc_address(), options_.security.client));
+        NewControlChannel(req.grpc_address(), options_.security.ForPServers()));
   }
   LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
             << n->id() << " from " << peer;

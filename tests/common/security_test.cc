@@ -121,6 +121,41 @@ TEST_F(SecurityTest, CertificatesNameTheirHolder) {
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("unknown bearer token")));
 }
 
+// A client checks the server it called: its certificate covers the host
+// dialled, names the role the client expects, and is not revoked.
+TEST_F(SecurityTest, ClientsCheckTheServersCertificate) {
+  const std::string host = *dir_ + "/127.0.0.1";
+  const std::string master = ReadFileForTesting(host + "/master.crt");
+  const std::string pserver = ReadFileForTesting(host + "/pserver.crt");
+  const std::string ca = host + "/ca.crt";
+  EXPECT_THAT(CheckServerCertificate(master, "127.0.0.1:7070", Role::kMaster, ca, ""), IsOk());
+  EXPECT_THAT(CheckServerCertificate(master, "127.0.0.1", Role::kMaster, ca, ""), IsOk());
+  EXPECT_THAT(CheckServerCertificate(pserver, "127.0.0.1:7200", Role::kPServer, ca, ""), IsOk());
+  // A pserver's certificate does not make its host's master.
+  EXPECT_THAT(CheckServerCertificate(pserver, "127.0.0.1:7070", Role::kMaster, ca, ""),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("is of role 'pserver', not master")));
+  EXPECT_THAT(CheckServerCertificate(master, "10.9.9.9:7070", Role::kMaster, ca, ""),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       HasSubstr("does not cover host 10.9.9.9")));
+  EXPECT_THAT(CheckServerCertificate(master, "[::2]:7070", Role::kMaster, ca, ""),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("does not cover host ::2")));
+  EXPECT_THAT(CheckServerCertificate("not a certificate", "127.0.0.1", Role::kMaster, ca, ""),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("unreadable")));
+  // Revoked: refused by clients that have the CA's revocation list.
+  const std::string gen = std::string(STRATA_SOURCE_DIR) + "/scripts/gen-certs.sh";
+  const std::string dir = *dir_ + "-revoking-master";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "' && cp -r '" + *dir_ + "' '" + dir + "' && '" + gen +
+                         "' revoke --out '" + dir + "' --cert '" + dir +
+                         "/127.0.0.1/master.crt' > /dev/null")
+                            .c_str()),
+            0);
+  const std::string crl = dir + "/127.0.0.1/crl.pem";
+  EXPECT_THAT(CheckServerCertificate(master, "127.0.0.1:7070", Role::kMaster, ca, crl),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("certificate revoked")));
+  EXPECT_THAT(CheckServerCertificate(pserver, "127.0.0.1:7200", Role::kPServer, ca, crl), IsOk());
+}
+
 TEST_F(SecurityTest, ARevokedCertificateIsRefused) {
   const std::string gen = std::string(STRATA_SOURCE_DIR) + "/scripts/gen-certs.sh";
   const std::string dir = *dir_ + "-revoking";

@@ -31,7 +31,7 @@ using ::testing::HasSubstr;
 struct Client {
   std::string name;
   Role role;  // kNone: must be refused before the policy
-  std::shared_ptr<grpc::ChannelCredentials> creds;
+  ControlPlaneSecurity security;  // its channels to the master and to pservers
 };
 
 // One call of a method by a client: its status code.
@@ -127,15 +127,21 @@ std::map<std::string, Call> PServerCalls(const std::string& ckpt_root) {
   return m;
 }
 
-std::shared_ptr<grpc::ChannelCredentials> Creds(const std::string& dir, const std::string& cert,
-                                                const std::string& token_file = "") {
+ControlPlaneSecurity Security(const std::string& dir, const std::string& cert,
+                              const std::string& token_file = "") {
   TlsOptions o;
   o.dir = dir;
   o.cert_name = cert;
   o.token_file = token_file;
   auto s = MakeControlPlaneSecurity(o);
   EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? s->client : nullptr;
+  return s.ok() ? *std::move(s) : ControlPlaneSecurity();
+}
+
+// Credentials for calling the master.
+std::shared_ptr<grpc::ChannelCredentials> Creds(const std::string& dir, const std::string& cert,
+                                                const std::string& token_file = "") {
+  return Security(dir, cert, token_file).client;
 }
 
 class SecurityClusterTest : public ::testing::Test {
@@ -177,18 +183,18 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
 
   const std::string host = certs_ + "/127.0.0.1";
   const std::vector<Client> clients = {
-      {"master cert", Role::kMaster, Creds(host, "master")},
-      {"pserver cert", Role::kPServer, Creds(host, "pserver")},
-      {"worker cert", Role::kWorker, Creds(host, "worker")},
-      {"admin cert", Role::kAdmin, Creds(certs_ + "/admin", "client")},
-      {"operator cert", Role::kOperator, Creds(certs_ + "/users/alice", "client")},
-      {"viewer cert", Role::kViewer, Creds(certs_ + "/users/bob", "client")},
-      {"operator token", Role::kOperator, Creds(host, "", certs_ + "/users/carol/token")},
+      {"master cert", Role::kMaster, Security(host, "master")},
+      {"pserver cert", Role::kPServer, Security(host, "pserver")},
+      {"worker cert", Role::kWorker, Security(host, "worker")},
+      {"admin cert", Role::kAdmin, Security(certs_ + "/admin", "client")},
+      {"operator cert", Role::kOperator, Security(certs_ + "/users/alice", "client")},
+      {"viewer cert", Role::kViewer, Security(certs_ + "/users/bob", "client")},
+      {"operator token", Role::kOperator, Security(host, "", certs_ + "/users/carol/token")},
   };
   const std::vector<std::pair<Client, std::string>> strangers = {
-      {{"no credentials", Role::kNone, Creds(host, "")}, "no client certificate and no bearer token"},
-      {{"expired cert", Role::kNone, Creds(certs_ + "/users/old", "client")}, "expired"},
-      {{"other CA's cert", Role::kNone, Creds(certs_ + "/mallory", "client")}, "'mallory' refused"},
+      {{"no credentials", Role::kNone, Security(host, "")}, "no client certificate and no bearer token"},
+      {{"expired cert", Role::kNone, Security(certs_ + "/users/old", "client")}, "expired"},
+      {{"other CA's cert", Role::kNone, Security(certs_ + "/mallory", "client")}, "'mallory' refused"},
   };
   std::map<std::string, Call> calls = MasterCalls();
   for (auto& [m, c] : PServerCalls(::testing::TempDir() + "/security_matrix_ckpt")) calls[m] = c;
@@ -197,10 +203,13 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
   const std::string pserver = cluster_->pserver(0)->admin_address();
   int checked = 0;
   for (const auto& [method, call] : calls) {
-    const std::string target =
-        absl::StartsWith(method, "/strata.proto.Master/") ? master : pserver;
+    const bool to_master = absl::StartsWith(method, "/strata.proto.Master/");
+    const std::string target = to_master ? master : pserver;
+    auto creds = [to_master](const Client& c) {
+      return to_master ? c.security.client : c.security.ForPServers();
+    };
     for (const Client& c : clients) {
-      const grpc::Status s = call(grpc::CreateChannel(target, c.creds));
+      const grpc::Status s = call(grpc::CreateChannel(target, creds(c)));
       const auto& allowed = RpcPolicy().at(method);
       const bool want = std::find(allowed.begin(), allowed.end(), c.role) != allowed.end();
       EXPECT_NE(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
@@ -218,13 +227,21 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
       ++checked;
     }
     for (const auto& [c, why] : strangers) {
-      const grpc::Status s = call(grpc::CreateChannel(target, c.creds));
+      const grpc::Status s = call(grpc::CreateChannel(target, creds(c)));
       EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << c.name << " " << method;
       EXPECT_THAT(s.error_message(), HasSubstr(why)) << c.name << " " << method;
     }
     // Plain text does not get through the TLS handshake.
     const grpc::Status plain = call(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
     EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << method;
+    // Nor does a client that expects the other server role: the admin
+    // calling this server as if it were a pserver (or the master) refuses
+    // it at the handshake, before sending anything.
+    const Client& admin = clients[3];
+    const grpc::Status wrong_server = call(grpc::CreateChannel(
+        target, to_master ? admin.security.ForPServers() : admin.security.client));
+    EXPECT_EQ(wrong_server.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << method << ": " << wrong_server.error_message();
   }
   EXPECT_EQ(checked, static_cast<int>(calls.size() * clients.size()));
 

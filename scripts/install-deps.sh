@@ -24,8 +24,9 @@ VM_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common ceph-mds ceph-fuse s3cmd uui
 # For tests/ops: systemd-analyze checks the units (no systemd need run), a
 # real Prometheus scrapes a cluster, sshd serves the multi-host test,
 # headless Chromium loads the master's status page, systemd-nspawn boots
-# hosts with systemd as PID 1 for launch.sh --systemd.
-VM_PACKAGES+=(systemd systemd-container prometheus openssh-server openssh-client chromium)
+# hosts with systemd as PID 1 for launch.sh --systemd, nftables loads
+# conf/nftables-strata.nft (the per-host connection cap).
+VM_PACKAGES+=(systemd systemd-container prometheus openssh-server openssh-client chromium nftables)
 
 missing_of() {
   local p

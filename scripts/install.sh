@@ -78,9 +78,13 @@ install_all() {
   # Examples: an operator's own files are never replaced.
   [[ -e "$ETC/strata.yaml" ]] || install -m 0644 "$ROOT_DIR/conf/systemd.yaml" "$ETC/strata.yaml"
   [[ -e "$ETC/hosts" ]] || install -m 0644 "$ROOT_DIR/conf/hosts.local" "$ETC/hosts"
+  # The per-host connection cap for the host's firewall (loaded by the
+  # operator: docs/operations.md).
+  [[ -e "$ETC/nftables-strata.nft" ]] ||
+    install -m 0644 "$ROOT_DIR/conf/nftables-strata.nft" "$ETC/nftables-strata.nft"
   [[ -e "$ETC/strata.env" ]] ||
     printf '%s\n' "# The master's address, and this host's, for the pserver and worker units." \
-      "STRATA_MASTER=127.0.0.1:7000" "STRATA_HOST=127.0.0.1" > "$ETC/strata.env"
+      "STRATA_MASTER=127.0.0.1:7070" "STRATA_HOST=127.0.0.1" > "$ETC/strata.env"
   local owner=""
   if [[ -z $DEST ]] && getent passwd strata > /dev/null; then owner=strata:strata; fi
   for d in "$DEST/var/lib/strata" "$DEST/var/log/strata"; do

@@ -29,7 +29,7 @@ units=(strata-master.service strata-pserver@.service strata-worker@.service)
 for u in "${units[@]}"; do
   [[ -f "$root/etc/systemd/system/$u" ]] || fail "install did not put $u in /etc/systemd/system"
 done
-for f in strata.yaml hosts strata.env; do [[ -f "$root/etc/strata/$f" ]] || fail "no /etc/strata/$f"; done
+for f in strata.yaml hosts strata.env nftables-strata.nft; do [[ -f "$root/etc/strata/$f" ]] || fail "no /etc/strata/$f"; done
 [[ -f "$root/usr/local/share/doc/strata/operations.md" ]] || fail "no docs installed"
 mode() { stat -c %a "$1"; }
 [[ $(mode "$root/etc/strata/credentials") == 700 ]] || fail "/etc/strata/credentials is not mode 0700"

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 #include "common/crc32c.h"
+#include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
@@ -215,8 +215,9 @@ absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason
   {
     absl::MutexLock l(&mu_);
     if (IsTerminalState(job_state_)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the job has already ended: it ", job_state_));
+      return WithReason(absl::FailedPreconditionError(
+                            absl::StrCat("the job has already ended: it ", job_state_)),
+                        proto::REASON_JOB_NOT_RUNNING);
     }
     checkpoint = options_.config.checkpoint.enabled && !no_checkpoint && placed_ && view_.ready();
   }
@@ -256,8 +257,10 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
           "checkpoints are off: the job's config has no checkpoint section");
     }
     if (!placed_ || !view_.ready() || IsTerminalState(job_state_)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no checkpoint: the job is ", job_state_, placed_ ? "" : " (partitions not placed)"));
+      return WithReason(absl::FailedPreconditionError(
+                            absl::StrCat("no checkpoint: the job is ", job_state_,
+                                         placed_ ? "" : " (partitions not placed)")),
+                        proto::REASON_JOB_NOT_RUNNING);
     }
     view = view_;
     targets = OwnersLocked();
@@ -361,9 +364,9 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     absl::Status first_error;
     for (const auto& r : results) {
       if (r.ok()) continue;
-      past_cut |= absl::StrContains(r.status().message(), "past the checkpoint's cut");
+      past_cut |= HasReason(r.status(), proto::REASON_CUT_PASSED);
       // A pserver still finishing an earlier attempt: try again shortly.
-      busy |= absl::StrContains(r.status().message(), "already writing");
+      busy |= HasReason(r.status(), proto::REASON_CHECKPOINT_BUSY);
       cancelled |= absl::IsCancelled(r.status());
       if (first_error.ok()) first_error = r.status();
     }

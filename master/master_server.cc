@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/error_reason.h"
 #include "common/grpc_channel.h"
 #include "transport/data_plane_auth.h"
 #include "common/daemon.h"
@@ -1209,15 +1210,18 @@ proto::NodeInfo* MasterServer::FindNodeLocked(uint32_t id) {
 absl::StatusOr<proto::NodeInfo*> MasterServer::LiveWorkerLocked(uint32_t id) {
   proto::NodeInfo* n = FindNodeLocked(id);
   if (n == nullptr || n->role() != proto::WORKER) {
-    return absl::NotFoundError(absl::StrCat("node ", id, " is not a registered worker"));
+    return WithReason(absl::NotFoundError(absl::StrCat("node ", id, " is not a registered worker")),
+                      proto::REASON_UNKNOWN_NODE);
   }
   if (n->state() == proto::DEAD) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker node ", id, " was declared dead; register again"));
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("worker node ", id, " was declared dead; register again")),
+                      proto::REASON_DECLARED_DEAD);
   }
   if (n->state() == proto::DRAINED) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker node ", id, " was drained: it has left the job"));
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("worker node ", id, " was drained: it has left the job")),
+                      proto::REASON_DECLARED_DEAD);
   }
   return n;
 }
@@ -1337,11 +1341,14 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   absl::MutexLock l(&mu_);
   proto::NodeInfo* n = FindNodeLocked(req.node_id());
   if (n == nullptr) {
-    return absl::NotFoundError(absl::StrCat("heartbeat from unknown node ", req.node_id()));
+    return WithReason(
+        absl::NotFoundError(absl::StrCat("heartbeat from unknown node ", req.node_id())),
+        proto::REASON_UNKNOWN_NODE);
   }
   if (n->state() == proto::DEAD) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node ", req.node_id(), " was declared dead; it must register again"));
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "node ", req.node_id(), " was declared dead; it must register again")),
+                      proto::REASON_DECLARED_DEAD);
   }
   if (n->state() == proto::DRAINED) {  // it leaves
     proto::HeartbeatResponse resp;

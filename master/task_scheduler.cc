@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/data_tasks.h"
+#include "common/error_reason.h"
 
 namespace strata::master {
 
@@ -94,9 +95,10 @@ absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t l
   if (completed_[task_id]) return absl::OkStatus();
   auto it = leases_.find(task_id);
   if (it == leases_.end() || it->second.node != node) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "data task ", task_id, " is not leased to node ", node,
-        " (its lease expired or was released)"));
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("data task ", task_id, " is not leased to node ", node,
+                                       " (its lease expired or was released)")),
+                      proto::REASON_LEASE_LOST);
   }
   leases_.erase(it);
   completed_[task_id] = true;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/vector_ops.h"
 #include "glog/logging.h"
 
@@ -207,19 +208,21 @@ void Partition::Push(const Message& request,
     } else if (h.version < stats_.version) {
       ++stats_.rejected_pushes;
       last_seq_[h.sender_id] = h.seq;
-      reply(absl::FailedPreconditionError(absl::StrCat(
-          "push to partition ", id_, " from node ", h.sender_id, " is for step ",
-          h.version, " but the partition is at version ", stats_.version,
-          ": stale gradient dropped")));
+      reply(WithReason(absl::FailedPreconditionError(absl::StrCat(
+                           "push to partition ", id_, " from node ", h.sender_id,
+                           " is for step ", h.version, " but the partition is at version ",
+                           stats_.version, ": stale gradient dropped")),
+                       proto::REASON_STALE_GRADIENT));
     } else if (h.version > stats_.version) {
       ++stats_.rejected_pushes;
       reply(absl::OutOfRangeError(absl::StrCat(
           "push to partition ", id_, " from node ", h.sender_id, " is for step ",
           h.version, " ahead of version ", stats_.version)));
     } else if (step_workers_.count(h.sender_id) == 0) {
-      reply(absl::UnavailableError(absl::StrCat(
-          "node ", h.sender_id, " is not in partition ", id_,
-          "'s step set yet; retry after the view update")));
+      reply(WithReason(absl::UnavailableError(absl::StrCat(
+                           "node ", h.sender_id, " is not in partition ", id_,
+                           "'s step set yet; retry after the view update")),
+                       proto::REASON_NOT_IN_STEP_SET));
     } else {
       last_seq_[h.sender_id] = h.seq;
       if (contributors_.insert(h.sender_id).second) {
@@ -398,9 +401,10 @@ void Partition::RequestSnapshot(const SnapshotRequest& req, SnapshotDone done) {
     return;
   }
   if (req.version < stats_.version) {
-    done(absl::FailedPreconditionError(absl::StrCat(
-        "partition ", id_, " (", table_, ") is at version ", stats_.version,
-        ", past the checkpoint's cut at version ", req.version)));
+    done(WithReason(absl::FailedPreconditionError(absl::StrCat(
+                        "partition ", id_, " (", table_, ") is at version ", stats_.version,
+                        ", past the checkpoint's cut at version ", req.version)),
+                    proto::REASON_CUT_PASSED));
     return;
   }
   waiting_snapshots_.emplace_back(req, std::move(done));

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/grpc_channel.h"
 #include "common/daemon.h"
 #include "common/grpc_status.h"
@@ -411,8 +412,9 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     // An earlier attempt given up by the master may still be finishing.
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !checkpointing_; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(30))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "pserver node ", node_id_.load(), " is already writing a checkpoint"));
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            "pserver node ", node_id_.load(), " is already writing a checkpoint")),
+                        proto::REASON_CHECKPOINT_BUSY);
     }
     checkpointing_ = true;
     for (uint32_t id : owned_) {
@@ -440,9 +442,10 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     for (Partition* p : parts) {
       const uint64_t v = p->stats().version;
       if (v > req.version()) {
-        status = absl::FailedPreconditionError(absl::StrCat(
-            "partition ", p->id(), " (", p->table(), ") is at version ", v,
-            ", past the checkpoint's cut at version ", req.version()));
+        status = WithReason(absl::FailedPreconditionError(absl::StrCat(
+                                "partition ", p->id(), " (", p->table(), ") is at version ", v,
+                                ", past the checkpoint's cut at version ", req.version())),
+                            proto::REASON_CUT_PASSED);
         break;
       }
     }
@@ -703,8 +706,9 @@ void PServer::HandleRequest(Message request,
     if (h.epoch < epoch) {
       err = transport::MakeErrorResponse(
           h, answer_type,
-          absl::FailedPreconditionError(absl::StrCat(
-              "STALE_EPOCH: request epoch ", h.epoch, " < pserver epoch ", epoch)));
+          WithReason(absl::FailedPreconditionError(absl::StrCat(
+                         "STALE_EPOCH: request epoch ", h.epoch, " < pserver epoch ", epoch)),
+                     proto::REASON_STALE_EPOCH));
     } else {
       {
         absl::MutexLock l(&mu_);
@@ -712,9 +716,10 @@ void PServer::HandleRequest(Message request,
       }
       err = transport::MakeErrorResponse(
           h, answer_type,
-          absl::UnavailableError(absl::StrCat("pserver epoch ", epoch,
-                                              " behind request epoch ", h.epoch,
-                                              "; retry")));
+          WithReason(absl::UnavailableError(absl::StrCat("pserver epoch ", epoch,
+                                                         " behind request epoch ", h.epoch,
+                                                         "; retry")),
+                     proto::REASON_EPOCH_AHEAD));
     }
     err.header.epoch = epoch;
     responder->Respond(std::move(err));
@@ -754,8 +759,10 @@ void PServer::HandleRequest(Message request,
     // address): it refreshes its view and retries.
     Message err = transport::MakeErrorResponse(
         h, resp_type,
-        absl::UnavailableError(absl::StrCat("partition ", h.partition,
-                                            " is not served by pserver node ", node_id_.load())));
+        WithReason(absl::UnavailableError(absl::StrCat("partition ", h.partition,
+                                                       " is not served by pserver node ",
+                                                       node_id_.load())),
+                   proto::REASON_NOT_SERVED));
     err.header.epoch = epoch;
     responder->Respond(std::move(err));
     return;
@@ -870,7 +877,7 @@ void PServer::HeartbeatLoop() {
       absl::Status s = FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp),
                                       "master " + options_.master_address);
       master_conn_->Report(s);
-      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) {
+      if (HasReason(s, proto::REASON_DECLARED_DEAD) || HasReason(s, proto::REASON_UNKNOWN_NODE)) {
         // Declared dead while alive (paused, or cut off): others own our
         // partitions now. Serve nothing more; the process exits.
         if (!fenced_.exchange(true)) {

@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "glog/logging.h"
 
 namespace strata::pserver {
@@ -218,8 +218,7 @@ void ReplicaStreams::OnAnswer(uint32_t backup, uint64_t generation, uint32_t par
       if (!answer.ok()) s.conn.reset();
       s.retry_at = absl::Now() + std::min(absl::Milliseconds(10) * (1 << std::min(s.failures, 7)),
                                           absl::Seconds(1));
-      stale = absl::IsFailedPrecondition(status) &&
-              absl::StrContains(status.message(), "STALE_EPOCH");
+      stale = HasReason(status, proto::REASON_STALE_EPOCH);
       LOG_EVERY_N(WARNING, 20) << "replication to node " << backup << " at " << s.address
                                << " (partition " << partition << ", record " << seq
                                << "): " << status << "; resending";

@@ -5,6 +5,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "glog/logging.h"
 #include "openssl/evp.h"
 #include "openssl/hmac.h"
@@ -25,19 +26,13 @@ void AppendLe(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
 
-constexpr absl::string_view kKeyEpochPayload = "type.strata/key-epoch";
-
 }  // namespace
 
 absl::Status KeyEpochRefusal(absl::StatusCode code, absl::string_view message) {
-  absl::Status s(code, message);
-  s.SetPayload(kKeyEpochPayload, absl::Cord("1"));
-  return s;
+  return WithReason(absl::Status(code, message), proto::REASON_KEY_EPOCH);
 }
 
-bool IsKeyEpochRefusal(const absl::Status& s) {
-  return !s.ok() && s.GetPayload(kKeyEpochPayload).has_value();
-}
+bool IsKeyEpochRefusal(const absl::Status& s) { return HasReason(s, proto::REASON_KEY_EPOCH); }
 
 absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;

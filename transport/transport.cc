@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/error_reason.h"
 #include "glog/logging.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/rdma/rdma_transport.h"
@@ -99,6 +100,7 @@ Message MakeErrorResponse(const MessageHeader& request, MessageType type,
     response.payload = "MakeErrorResponse called with an OK status";
   } else {
     response.header.status = static_cast<uint16_t>(status.code());
+    response.header.count = static_cast<uint64_t>(ReasonOf(status));
     response.payload = std::string(status.message());
   }
   return response;
@@ -111,7 +113,8 @@ absl::Status ResponseStatus(const Message& response) {
     return absl::UnknownError(absl::StrCat(
         "response carries unknown status code ", code, ": ", response.payload));
   }
-  return absl::Status(static_cast<absl::StatusCode>(code), response.payload);
+  return WithWireReason(absl::Status(static_cast<absl::StatusCode>(code), response.payload),
+                        response.header.count);
 }
 
 void Connection::CallInto(Message request, char* dest, size_t dest_size,

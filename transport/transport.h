@@ -69,7 +69,8 @@ struct MessageHeader {
   uint32_t flags = 0;       // kFlagSparse, else 0
   uint64_t version = 0;     // pull: min version wanted / version sent;
                             // push: the step (version) the gradient is for
-  uint64_t count = 0;       // push: samples the gradient sums over
+  uint64_t count = 0;       // push: samples the gradient sums over;
+                            // error responses: the proto::ErrorReason
 };
 
 // MessageHeader::flags bit 0: a request for a sparse table's partition
@@ -120,10 +121,12 @@ struct Message {
   }
 };
 
-// Builds an error response to `request` with `status` (not OK).
+// Builds an error response to `request` with `status` (not OK); the
+// status's reason (common/error_reason.h) goes into header.count.
 Message MakeErrorResponse(const MessageHeader& request, MessageType type,
                           const absl::Status& status);
-// The status carried by a response (OK or header.status + payload message).
+// The status carried by a response (OK or header.status + payload message,
+// with the reason of header.count).
 absl::Status ResponseStatus(const Message& response);
 
 // Server side: a handler gets each request with a Responder. The handler may

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "transport/data_plane_auth.h"
@@ -583,7 +584,7 @@ absl::Status ParamClient::Exchange::FinishOnce() {
       // Refused for the view epoch it was sent with (a newer view may have
       // come since, for the rest of the exchange): sent again, never taken
       // for a stale gradient.
-      if (absl::IsFailedPrecondition(s) && o->header.epoch > sent_epoch[id]) {
+      if (HasReason(s, proto::REASON_STALE_EPOCH)) {
         if (o->header.epoch > epoch_) refresh = true;  // our view is stale
         retry.push_back(id);
       } else if (absl::IsUnavailable(s)) {
@@ -695,7 +696,7 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
       },
       [this, result](const Route& r, const Message& resp) -> absl::Status {
         absl::Status s = transport::ResponseStatus(resp);
-        if (absl::IsFailedPrecondition(s)) {  // stale gradient: dropped by design
+        if (HasReason(s, proto::REASON_STALE_GRADIENT)) {  // dropped by design
           ++result->stale_partitions;
           VLOG(1) << s;
           return absl::OkStatus();
@@ -818,7 +819,7 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
       },
       [this, result](const Route& r, const Message& resp) -> absl::Status {
         absl::Status s = transport::ResponseStatus(resp);
-        if (absl::IsFailedPrecondition(s)) {  // stale gradient: dropped by design
+        if (HasReason(s, proto::REASON_STALE_GRADIENT)) {  // dropped by design
           ++result->stale_partitions;
           return absl::OkStatus();
         }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/data_tasks.h"
+#include "common/error_reason.h"
 #include "common/grpc_channel.h"
 #include "common/daemon.h"
 #include "common/grpc_status.h"
@@ -422,7 +423,7 @@ void Worker::HeartbeatLoop() {
     absl::Status s = FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp),
                                     "master " + options_.master_address);
     master_conn_->Report(s);
-    if (absl::IsFailedPrecondition(s)) {
+    if (HasReason(s, proto::REASON_DECLARED_DEAD)) {
       LOG(ERROR) << s;
       declared_dead_ = true;
       continue;
@@ -540,7 +541,7 @@ absl::Status Worker::RunLoop() {
         // telling the master (which may then end our part in the step set).
         STRATA_RETURN_IF_ERROR(SettlePush());
         if (absl::Status s = tasks_->Complete(lease.task, task_records_, stats().last_step);
-            absl::IsFailedPrecondition(s)) {
+            HasReason(s, proto::REASON_LEASE_LOST)) {
           // The lease went elsewhere (expired while the master could not
           // hear us); the other holder completes it.
           LOG(WARNING) << s;

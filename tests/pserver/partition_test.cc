@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/error_reason.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -255,6 +256,8 @@ TEST(PartitionTest, StalePushIsFailedPrecondition) {
   EXPECT_THAT(transport::ResponseStatus(resp),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("partition 7"), HasSubstr("step 0"))));
+  // The worker decides on the reason, not the text.
+  EXPECT_EQ(ReasonOf(transport::ResponseStatus(resp)), proto::REASON_STALE_GRADIENT);
   EXPECT_EQ(p->stats().rejected_pushes, 1u);
   EXPECT_EQ(p->stats().version, 1u);
   // {1,2,3} - 0.5 * {1,1,1}; the stale gradient left no trace.

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/error_reason.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -281,7 +282,8 @@ TEST_P(TransportContractTest, ErrorResponseRoundTrip) {
       [](Message request, std::shared_ptr<Responder> responder) {
         responder->Respond(MakeErrorResponse(
             request.header, MessageType::kPushResponse,
-            absl::NotFoundError("partition 7 is not served here")));
+            WithReason(absl::UnavailableError("partition 7 is not served here"),
+                       proto::REASON_NOT_SERVED)));
       }));
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
                               client_->Connect(server_->listen_address()));
@@ -291,9 +293,10 @@ TEST_P(TransportContractTest, ErrorResponseRoundTrip) {
   EXPECT_EQ(response.header.type, MessageType::kPushResponse);
   EXPECT_EQ(response.header.partition, request.header.partition);
   EXPECT_EQ(response.header.seq, request.header.seq);
-  EXPECT_THAT(
-      ResponseStatus(response),
-      StatusIs(absl::StatusCode::kNotFound, "partition 7 is not served here"));
+  const absl::Status s = ResponseStatus(response);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, "partition 7 is not served here"));
+  // The typed reason crosses the wire beside the code.
+  EXPECT_EQ(ReasonOf(s), proto::REASON_NOT_SERVED);
 }
 
 TEST_P(TransportContractTest, ServerShutdownFailsPendingCallsNamingPeer) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/error_reason.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/data_plane_auth.h"
@@ -112,7 +113,8 @@ class FakePServer {
   static Message StaleEpochRefusal(const Message& req) {
     Message err = transport::MakeErrorResponse(
         req.header, MessageType::kPushResponse,
-        absl::FailedPreconditionError("STALE_EPOCH: request epoch 3 < pserver epoch 4"));
+        WithReason(absl::FailedPreconditionError("request epoch 3 < pserver epoch 4"),
+                   proto::REASON_STALE_EPOCH));
     err.header.epoch = 4;
     return err;
   }

@@ -1,0 +1,46 @@
+#include "common/error_reason.h"
+
+#include <string>
+
+#include "absl/strings/cord.h"
+
+namespace strata {
+namespace {
+
+constexpr char kReasonUrl[] = "type.googleapis.com/strata.proto.ErrorInfo";
+
+}  // namespace
+
+absl::Status WithReason(absl::Status s, proto::ErrorReason reason) {
+  if (s.ok()) return s;
+  if (reason == proto::REASON_UNSPECIFIED) {
+    s.ErasePayload(kReasonUrl);
+    return s;
+  }
+  proto::ErrorInfo info;
+  info.set_reason(reason);
+  s.SetPayload(kReasonUrl, absl::Cord(info.SerializeAsString()));
+  return s;
+}
+
+proto::ErrorReason ReasonOf(const absl::Status& s) {
+  if (s.ok()) return proto::REASON_UNSPECIFIED;
+  auto payload = s.GetPayload(kReasonUrl);
+  if (!payload.has_value()) return proto::REASON_UNSPECIFIED;
+  proto::ErrorInfo info;
+  if (!info.ParseFromString(std::string(*payload)) ||
+      !proto::ErrorReason_IsValid(info.reason())) {
+    return proto::REASON_UNSPECIFIED;
+  }
+  return info.reason();
+}
+
+absl::Status WithWireReason(absl::Status s, uint64_t wire_reason) {
+  if (wire_reason > static_cast<uint64_t>(proto::ErrorReason_MAX) ||
+      !proto::ErrorReason_IsValid(static_cast<int>(wire_reason))) {
+    return s;
+  }
+  return WithReason(std::move(s), static_cast<proto::ErrorReason>(wire_reason));
+}
+
+}  // namespace strata

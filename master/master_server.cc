@@ -321,9 +321,12 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   std::unique_ptr<MasterServer> m(new MasterServer(std::move(options), n, split, planted));
   m->audit_ = std::move(audit);
   {
+    absl::MutexLock w(&m->write_mu_);
+    m->state_log_ = std::move(state_log);
+  }
+  {
     absl::MutexLock l(&m->mu_);
     m->next_checkpoint_seq_ = next_seq;
-    m->state_log_ = std::move(state_log);
     if (saved.has_value()) {
       m->RestoreLocked(*saved);
       if (resumed.has_value()) m->last_manifest_ = resumed->manifest;
@@ -498,6 +501,7 @@ void MasterServer::BackgroundLoop() {
 }
 
 void MasterServer::Tick() {
+  uint64_t ticket = 0;
   {
     absl::MutexLock l(&mu_);
     const absl::Time now = clock_->Now();
@@ -535,8 +539,9 @@ void MasterServer::Tick() {
     }
     UpdateJobStateLocked();
     SampleHistoryLocked(/*force=*/false);
-    PersistLocked();
+    ticket = PersistLocked();
   }
+  AwaitPersisted(ticket).IgnoreError();  // (logged; the next tick tries again)
   ProbeSuspects();
   RecoverLostPartitions();
   MaybePlacePartitions();
@@ -570,16 +575,52 @@ proto::MasterState MasterServer::StateLocked() const {
   return st;
 }
 
-void MasterServer::PersistLocked() {
-  if (state_log_ == nullptr) return;
+uint64_t MasterServer::PersistLocked() {
+  if (options_.state_dir.empty()) return 0;
   proto::MasterState st = StateLocked();
   std::string bytes = st.SerializeAsString();
-  if (bytes == last_state_) return;
-  if (absl::Status s = state_log_->Append(std::move(st)); !s.ok()) {
-    LOG_EVERY_N(ERROR, 20) << "cannot record the master's state (a restart would lose it): " << s;
-    return;
+  absl::MutexLock l(&persist_mu_);
+  if (bytes != queued_bytes_) {
+    queued_ = std::move(st);
+    queued_bytes_ = std::move(bytes);
+    ++queued_seq_;
   }
-  last_state_ = std::move(bytes);
+  return queued_seq_;
+}
+
+absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
+  if (ticket == 0) return absl::OkStatus();
+  auto refused = [](const absl::Status& why) {
+    return WithReason(
+        absl::UnavailableError(absl::StrCat(
+            "the master cannot record its state (", why.message(),
+            "): nothing was acknowledged; retry")),
+        proto::REASON_NOT_PERSISTED);
+  };
+  absl::MutexLock w(&write_mu_);
+  proto::MasterState st;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock l(&persist_mu_);
+    if (durable_seq_ >= ticket) return absl::OkStatus();
+    if (failed_seq_ >= ticket || !queued_.has_value()) return refused(persist_error_);
+    st = std::move(*queued_);
+    queued_.reset();
+    seq = queued_seq_;
+  }
+  absl::Status s = state_log_ == nullptr ? absl::InternalError("no state log")
+                                         : state_log_->Append(std::move(st));
+  absl::MutexLock l(&persist_mu_);
+  if (s.ok()) {
+    durable_seq_ = std::max(durable_seq_, seq);
+    return absl::OkStatus();
+  }
+  LOG_EVERY_N(ERROR, 20) << "cannot record the master's state: " << s
+                         << "; answering UNAVAILABLE until it can";
+  failed_seq_ = std::max(failed_seq_, seq);
+  persist_error_ = s;
+  queued_bytes_.clear();  // the next change, or a retry, queues the state again
+  return refused(s);
 }
 
 void MasterServer::RestoreLocked(const proto::MasterState& st) {
@@ -776,6 +817,14 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
 }
 
 absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainRequest& req) {
+  uint64_t ticket = 0;
+  absl::StatusOr<proto::DrainResponse> r = DrainUnpersisted(req, &ticket);
+  STRATA_RETURN_IF_ERROR(AwaitPersisted(ticket));
+  return r;
+}
+
+absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto::DrainRequest& req,
+                                                                    uint64_t* ticket) {
   absl::MutexLock l(&mu_);
   proto::NodeInfo* n = FindNodeLocked(req.node_id());
   if (n == nullptr) return absl::NotFoundError(absl::StrCat("no node ", req.node_id()));
@@ -821,7 +870,7 @@ absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainReque
     EventLocked(absl::StrCat(name, " draining (", why, "): it leaves after its current data task"),
                 "node_draining", n);
     BumpEpochLocked();  // (the view shows it draining)
-    PersistLocked();
+    *ticket = PersistLocked();
     *resp.mutable_node() = *n;
     resp.set_message(absl::StrCat(name, " is draining: it leaves after its current data task"));
     return resp;
@@ -874,7 +923,7 @@ absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainReque
                            " partition(s) taken over by their backups"),
               "node_drained", n);
   BumpEpochLocked();
-  PersistLocked();
+  *ticket = PersistLocked();
   *resp.mutable_node() = *n;
   resp.set_message(absl::StrCat(name, " drained: its ", primaries.size(),
                                 " partition(s) were taken over by their backups; it exits"));
@@ -1185,17 +1234,20 @@ void MasterServer::MaybePlacePartitions() {
                 << restore_op_.total << " pserver(s) loaded their partitions";
     }
   }
-  absl::MutexLock l(&mu_);
-  restore_op_ = LongOp();
-  *view_.mutable_partitions() = view.partitions();
-  BumpEpochLocked();
-  placed_ = true;
-  restore_.reset();
-  PersistLocked();
-  LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of "
-            << view.tables_size() << " table(s) on " << targets.size()
-            << " pserver(s)";
-  UpdateJobStateLocked();
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock l(&mu_);
+    restore_op_ = LongOp();
+    *view_.mutable_partitions() = view.partitions();
+    BumpEpochLocked();
+    placed_ = true;
+    restore_.reset();
+    LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of "
+              << view.tables_size() << " table(s) on " << targets.size() << " pserver(s)";
+    UpdateJobStateLocked();
+    ticket = PersistLocked();
+  }
+  AwaitPersisted(ticket).IgnoreError();  // (logged; the next tick tries again)
 }
 
 void MasterServer::BumpEpochLocked() { view_.set_epoch(view_.epoch() + 1); }
@@ -1237,6 +1289,15 @@ int MasterServer::CountLocked(proto::Role role, bool include_finished) const {
 
 absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
     const proto::RegisterRequest& req, const std::string& peer, const Identity& who) {
+  uint64_t ticket = 0;
+  absl::StatusOr<proto::RegisterResponse> r = RegisterUnpersisted(req, peer, who, &ticket);
+  STRATA_RETURN_IF_ERROR(AwaitPersisted(ticket));  // before the node learns its id
+  return r;
+}
+
+absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
+    const proto::RegisterRequest& req, const std::string& peer, const Identity& who,
+    uint64_t* ticket) {
   if (req.role() != proto::PSERVER && req.role() != proto::WORKER) {
     return absl::InvalidArgumentError(
         absl::StrCat("register from ", peer, ": role must be PSERVER or WORKER"));
@@ -1318,7 +1379,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
   }
   BumpEpochLocked();
   UpdateJobStateLocked();
-  PersistLocked();  // before the node learns its id
+  *ticket = PersistLocked();
   proto::RegisterResponse resp;
   resp.set_node_id(n->id());
   *resp.mutable_view() = view_;
@@ -1378,6 +1439,14 @@ proto::ClusterView MasterServer::View() {
 
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     const proto::LeaseTaskRequest& req) {
+  uint64_t ticket = 0;
+  absl::StatusOr<proto::LeaseTaskResponse> r = LeaseTaskUnpersisted(req, &ticket);
+  STRATA_RETURN_IF_ERROR(AwaitPersisted(ticket));  // before the worker hears of its task
+  return r;
+}
+
+absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
+    const proto::LeaseTaskRequest& req, uint64_t* ticket) {
   absl::MutexLock l(&mu_);
   if (const proto::NodeInfo* d = FindNodeLocked(req.node_id());
       d != nullptr && d->role() == proto::WORKER && d->state() == proto::DRAINED) {
@@ -1423,7 +1492,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
                 "node_drained", n);
     BumpEpochLocked();  // out of the step set
     UpdateJobStateLocked();
-    PersistLocked();
+    *ticket = PersistLocked();
     resp.set_outcome(proto::LeaseTaskResponse::DONE);
     resp.set_drained(true);
     return resp;
@@ -1435,7 +1504,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
       n->set_state(proto::ALIVE);  // back in the step set
       BumpEpochLocked();
     }
-    PersistLocked();
+    *ticket = PersistLocked();
     resp.set_outcome(proto::LeaseTaskResponse::TASK);
     *resp.mutable_task() = *task;
     return resp;
@@ -1464,14 +1533,17 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
 }
 
 absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
-  absl::MutexLock l(&mu_);
-  STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
-  STRATA_RETURN_IF_ERROR(
-      tasks_.Complete(n->id(), req.task_id(), req.last_step(), req.records()));
-  max_last_step_ = std::max(max_last_step_, req.last_step());
-  UpdateJobStateLocked();
-  PersistLocked();  // before the worker hears that its task is done
-  return absl::OkStatus();
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock l(&mu_);
+    STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
+    STRATA_RETURN_IF_ERROR(
+        tasks_.Complete(n->id(), req.task_id(), req.last_step(), req.records()));
+    max_last_step_ = std::max(max_last_step_, req.last_step());
+    UpdateJobStateLocked();
+    ticket = PersistLocked();
+  }
+  return AwaitPersisted(ticket);  // before the worker hears that its task is done
 }
 
 absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& req) {
@@ -1555,7 +1627,7 @@ void MasterServer::FinishJobLocked(const std::string& state,
   LogEventLocked("job_state",
                  absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
   if (state == "failed") LOG(ERROR) << "job failed: " << message;
-  PersistLocked();
+  PersistLocked();  // (synced by the caller's AwaitPersisted, or the next tick)
   if (!options_.summary_path.empty()) {
     absl::Status s = options_.fs->WriteFileAtomic(options_.summary_path, SummaryJsonLocked());
     if (!s.ok()) LOG(ERROR) << "cannot write summary: " << s;

@@ -169,8 +169,30 @@ class MasterServer {
   // "job", "kind", "message", and "role", "index", "node" when given}.
   void LogEventLocked(const char* kind, const std::string& what,
                       const proto::NodeInfo* node = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The state log: records the state when it changed since the last record.
-  void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The state log (docs/reliability.md). PersistLocked queues a record of
+  // the state when it changed since the last one queued, and returns the
+  // ticket of the newest record queued (0: no state directory); the state
+  // the caller saw is durable once that record is. AwaitPersisted(ticket),
+  // called without mu_, returns once it is synced: it writes and syncs the
+  // newest queued record itself unless another caller already did (group
+  // commit; every record holds the whole state, so the ones before it need
+  // not be written). When the disk refuses, it is UNAVAILABLE with
+  // REASON_NOT_PERSISTED: nothing may be acknowledged, and the caller
+  // retries. No disk write is ever done under mu_.
+  uint64_t PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(persist_mu_);
+  absl::Status AwaitPersisted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_, write_mu_, persist_mu_);
+  // The bodies of the RPCs that change the state: each sets *ticket to its
+  // PersistLocked's, and the public call awaits it before answering.
+  absl::StatusOr<proto::RegisterResponse> RegisterUnpersisted(const proto::RegisterRequest& req,
+                                                              const std::string& peer,
+                                                              const Identity& who,
+                                                              uint64_t* ticket)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<proto::LeaseTaskResponse> LeaseTaskUnpersisted(const proto::LeaseTaskRequest& req,
+                                                                uint64_t* ticket)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<proto::DrainResponse> DrainUnpersisted(const proto::DrainRequest& req,
+                                                        uint64_t* ticket) ABSL_LOCKS_EXCLUDED(mu_);
   proto::MasterState StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A restarted master takes up `state` (replayed from its state directory).
   void RestoreLocked(const proto::MasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -291,8 +313,19 @@ class MasterServer {
   bool ledger_taken_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint32_t, std::map<uint32_t, uint64_t>> ledger_applied_ ABSL_GUARDED_BY(mu_);
   void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);
-  std::unique_ptr<StateLog> state_log_ ABSL_GUARDED_BY(mu_);
-  std::string last_state_ ABSL_GUARDED_BY(mu_);  // serialized, the last recorded
+  // The state log's writer: held while a record is written and synced,
+  // never together with mu_.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
+  std::unique_ptr<StateLog> state_log_ ABSL_GUARDED_BY(write_mu_);
+  // Records queued for the writer. A leaf lock, taken under mu_ or
+  // write_mu_ for a moment.
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::optional<proto::MasterState> queued_ ABSL_GUARDED_BY(persist_mu_);  // not written yet
+  std::string queued_bytes_ ABSL_GUARDED_BY(persist_mu_);  // serialized, the newest queued
+  uint64_t queued_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;   // its ticket
+  uint64_t durable_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;  // newest ticket synced
+  uint64_t failed_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;   // newest ticket refused by the disk
+  absl::Status persist_error_ ABSL_GUARDED_BY(persist_mu_);  // why
   uint32_t restarts_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Checkpoints. checkpoint_mu_ is held across a whole checkpoint (one at

@@ -11,10 +11,13 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/error_reason.h"
+#include "common/grpc_status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/strata.grpc.pb.h"
+#include "storage/faulty_file_system.h"
 #include "storage/file_system.h"
 #include "tests/testing/gzip.h"
 #include "tests/testing/status_matchers.h"
@@ -681,6 +684,45 @@ TEST_F(MasterServerTest, AWorkerWhoseLeaseAnswerWasLostGetsTheSameTaskAgain) {
   ASSERT_THAT(next, IsOk());
   ASSERT_EQ(next->outcome(), proto::LeaseTaskResponse::TASK);
   EXPECT_NE(next->task().id(), lost->task().id());
+}
+
+// A master that cannot record its state acknowledges nothing: the caller
+// gets UNAVAILABLE with REASON_NOT_PERSISTED and retries; once the disk
+// takes the record, the retry is acknowledged and survives a restart.
+TEST_F(MasterServerTest, AMasterThatCannotRecordItsStateAcknowledgesNothing) {
+  storage::FaultyFileSystem faulty(fs_.get());
+  options_.fs = &faulty;
+  options_.state_dir = "/master-state";
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  auto task = Lease(w);
+  ASSERT_THAT(task, IsOk());
+  ASSERT_EQ(task->outcome(), proto::LeaseTaskResponse::TASK);
+
+  faulty.FailOp(storage::FsOp::kAppend, "/master-state", absl::DataLossError("EIO"));
+  const absl::Status refused = Complete(w, task->task().id(), 3);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable,
+                                AllOf(HasSubstr("cannot record its state"), HasSubstr("EIO"))));
+  EXPECT_EQ(ReasonOf(refused), proto::REASON_NOT_PERSISTED);
+  // Nor is a new node told its id, nor a worker a task.
+  proto::RegisterRequest reg;
+  reg.set_role(proto::WORKER);
+  reg.set_index(1);
+  reg.set_host("127.0.0.1");
+  EXPECT_THAT(master_->Register(reg, "ipv4:127.0.0.1:5002").status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(Lease(w).status(), StatusIs(absl::StatusCode::kUnavailable));
+  // The reason crosses gRPC to the worker, whose retry loop takes
+  // UNAVAILABLE as transient.
+  EXPECT_EQ(ReasonOf(FromGrpcStatus(ToGrpcStatus(refused))), proto::REASON_NOT_PERSISTED);
+
+  faulty.ClearFaults();
+  EXPECT_THAT(Complete(w, task->task().id(), 3), IsOk());  // the retry
+  master_.reset();  // killed
+  CreateMaster();
+  EXPECT_EQ(master_->GetStatus().job().tasks_done(), 1u);
+  master_.reset();  // before `faulty`, which its files go through
 }
 
 TEST_F(MasterServerTest, WorkerInputErrorFailsTheJobWithItsMessage) {

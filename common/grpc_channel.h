@@ -2,7 +2,6 @@
 #ifndef STRATA_COMMON_GRPC_CHANNEL_H_
 #define STRATA_COMMON_GRPC_CHANNEL_H_
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,21 +16,17 @@ namespace strata {
 // (gRPC's default backoff grows to minutes): a restarted master must hear
 // the nodes' heartbeats again before it takes them for dead
 // (docs/reliability.md). `creds`: TLS (common/security.h) or insecure.
-// The least time a connection attempt gets (cluster.control_connect_ms),
-// which gRPC 1.51 ties to the pause between attempts. Set once in a
-// daemon's main, before any channel.
-inline std::atomic<int>& ControlConnectMs() {
-  static std::atomic<int> ms{1000};
-  return ms;
-}
-
+// `connect_ms`: the least time a connection attempt gets
+// (cluster.control_connect_ms), which gRPC 1.51 ties to the pause between
+// attempts.
+inline constexpr int kDefaultControlConnectMs = 1000;
 inline std::shared_ptr<grpc::Channel> NewControlChannel(
-    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds,
+    int connect_ms = kDefaultControlConnectMs) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   // (Also the shortest time a connection attempt, TLS handshake included,
   // is given.)
-  const int connect_ms = ControlConnectMs().load();
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, connect_ms);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, connect_ms);
   // Its own connections: a new channel is a new connection attempt.
@@ -45,16 +40,18 @@ inline std::shared_ptr<grpc::Channel> NewControlChannel(
 // Thread-safe.
 class ReconnectingChannel {
  public:
-  ReconnectingChannel(std::string address, std::shared_ptr<grpc::ChannelCredentials> creds)
+  ReconnectingChannel(std::string address, std::shared_ptr<grpc::ChannelCredentials> creds,
+                      int connect_ms = kDefaultControlConnectMs)
       : address_(std::move(address)),
         creds_(std::move(creds)),
-        channel_(NewControlChannel(address_, creds_)) {}
+        connect_ms_(connect_ms),
+        channel_(NewControlChannel(address_, creds_, connect_ms_)) {}
   const std::string& address() const { return address_; }
   // The channel to use now.
   std::shared_ptr<grpc::Channel> Get() {
     std::lock_guard<std::mutex> l(mu_);
     if (failures_ >= 3) {
-      channel_ = NewControlChannel(address_, creds_);
+      channel_ = NewControlChannel(address_, creds_, connect_ms_);
       failures_ = 0;
     }
     return channel_;
@@ -68,6 +65,7 @@ class ReconnectingChannel {
  private:
   const std::string address_;
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
+  const int connect_ms_;
   std::mutex mu_;
   std::shared_ptr<grpc::Channel> channel_;  // guarded by mu_
   int failures_ = 0;                         // guarded by mu_

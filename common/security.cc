@@ -606,7 +606,7 @@ absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& secti
   return s;
 }
 
-void ApplyServerLimits(grpc::ServerBuilder* builder) {
+void ApplyServerLimits(grpc::ServerBuilder* builder, int connect_ms) {
   builder->SetMaxReceiveMessageSize(kMaxControlMessageBytes);
   builder->AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxControlMetadataBytes);
   builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
@@ -617,7 +617,7 @@ void ApplyServerLimits(grpc::ServerBuilder* builder) {
   // closed (gRPC's default is 120 s: a peer could hold many half-open
   // ones); room for a slow handshake (cluster.control_connect_ms) is kept.
   builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                              std::max(10000, 2 * ControlConnectMs().load()));
+                              std::max(10000, 2 * connect_ms));
   grpc::ResourceQuota quota("strata-control-plane");
   quota.SetMaxThreads(kMaxControlThreads);
   builder->SetResourceQuota(quota);

@@ -188,7 +188,9 @@ inline constexpr int kMaxControlMessageBytes = 32 << 20;
 inline constexpr int kMaxControlMetadataBytes = 8 << 10;
 inline constexpr int kMaxStreamsPerConnection = 16;
 inline constexpr int kMaxControlThreads = 256;
-void ApplyServerLimits(grpc::ServerBuilder* builder);
+// `connect_ms`: cluster.control_connect_ms (a slow TLS handshake is given
+// twice that, and at least 10 s).
+void ApplyServerLimits(grpc::ServerBuilder* builder, int connect_ms);
 
 // gRPC refuses a caller whose TLS handshake fails (plain text, not TLS at
 // all, no cipher in common) before any handler runs, and only logs it,

@@ -383,7 +383,7 @@ absl::Status MasterServer::Start() {
   grpc::ServerBuilder builder;
   const std::string addr = absl::StrCat(options_.host, ":", options_.port);
   builder.AddListeningPort(addr, options_.security.server, &bound_port_);
-  ApplyServerLimits(&builder);
+  ApplyServerLimits(&builder, options_.config.cluster.control_connect_ms);
   builder.RegisterService(service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || bound_port_ == 0) {
@@ -632,7 +632,8 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
     n.set_last_heartbeat_unix_ms(now);
     if (n.role() == proto::PSERVER && !Gone(n)) {
       pserver_stubs_[n.id()] = proto::PServerAdmin::NewStub(
-          NewControlChannel(n.grpc_address(), options_.security.ForPServers()));
+          NewControlChannel(n.grpc_address(), options_.security.ForPServers(),
+                            options_.config.cluster.control_connect_ms));
     }
   }
   view_.mutable_members(0)->set_state(proto::ALIVE);
@@ -1084,7 +1085,7 @@ void MasterServer::ProbeSuspects() {
     // Long enough for a new connection (its TLS handshake included) to
     // the pserver: a slow handshake is not a dead pserver.
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(std::max(
-        {200, options_.config.cluster.heartbeat_interval_ms, ControlConnectMs().load()}))));
+        {200, options_.config.cluster.heartbeat_interval_ms, options_.config.cluster.control_connect_ms}))));
     proto::PServerStatusResponse resp;
     grpc::Status s = stub->GetStatus(&ctx, proto::PServerStatusRequest(), &resp);
     if (s.ok()) continue;
@@ -1364,7 +1365,8 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (req.role() == proto::PSERVER) {
     pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(
-        NewControlChannel(req.grpc_address(), options_.security.ForPServers()));
+        NewControlChannel(req.grpc_address(), options_.security.ForPServers(),
+                          options_.config.cluster.control_connect_ms));
   }
   LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
             << n->id() << " from " << peer;

@@ -132,7 +132,7 @@ absl::Status PServer::Start() {
   grpc::ServerBuilder builder;
   const std::string addr = absl::StrCat(options_.host, ":", options_.port);
   builder.AddListeningPort(addr, options_.security.server, &admin_port_);
-  ApplyServerLimits(&builder);
+  ApplyServerLimits(&builder, options_.config.cluster.control_connect_ms);
   builder.RegisterService(admin_service_.get());
   admin_server_ = builder.BuildAndStart();
   if (admin_server_ == nullptr || admin_port_ == 0) {
@@ -171,8 +171,8 @@ absl::Status PServer::Start() {
         suspects_.emplace(backup, why);
       },
       absl::Milliseconds(std::max(500, options_.config.cluster.dead_timeout_ms / 2)));
-  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address,
-                                                       options_.security.client);
+  master_conn_ = std::make_unique<ReconnectingChannel>(
+      options_.master_address, options_.security.client, options_.config.cluster.control_connect_ms);
   proto::RegisterRequest req;
   req.set_role(proto::PSERVER);
   req.set_index(options_.index);

@@ -38,7 +38,6 @@ int main(int argc, char** argv) {
     LOG(ERROR) << config.status().message();
     return 2;
   }
-  strata::ControlConnectMs() = config->cluster.control_connect_ms;
   const auto& ports = config->cluster.ports;
   strata::pserver::PServerOptions opts;
   opts.config = *config;

@@ -304,8 +304,8 @@ absl::Status Worker::Start() {
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
   if (options_.local_only) return absl::OkStatus();
-  master_conn_ = std::make_unique<ReconnectingChannel>(options_.master_address,
-                                                       options_.security.client);
+  master_conn_ = std::make_unique<ReconnectingChannel>(
+      options_.master_address, options_.security.client, options_.config.cluster.control_connect_ms);
   proto::RegisterRequest req;
   req.set_role(proto::WORKER);
   req.set_index(options_.index);

@@ -44,7 +44,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string fs_note;
-  strata::ControlConnectMs() = config->cluster.control_connect_ms;
   auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
   if (!fs.ok()) {
     LOG(ERROR) << "cannot start worker: " << fs.status().message();

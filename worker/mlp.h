@@ -34,8 +34,8 @@ class Mlp {
 
   // Forward and backward on x[batch x layers[0]] with labels y[batch].
   // grads() becomes d(sum of per-example losses)/d params. Returns the
-  // summed loss.
-  double TrainStep(const float* x, const int32_t* y, int batch);
+  // summed loss, or the device's error (a failed kernel or copy).
+  absl::StatusOr<double> TrainStep(const float* x, const int32_t* y, int batch);
   // TrainStep with hooks for overlapping communication, in terms of
   // parameter tables and element prefixes (a weight table is computed in
   // blocks of rows, see SetPartitionStarts):

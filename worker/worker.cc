@@ -689,7 +689,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     double loss = 0;
     absl::Duration comm;
     if (local) {
-      loss = model_->TrainStep(x.data(), y.data(), n);
+      STRATA_ASSIGN_OR_RETURN(loss, model_->TrainStep(x.data(), y.data(), n));
       for (size_t t = 0; t < local_optimizers_.size(); ++t) {
         local_optimizers_[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(),
                                     1.0f / n, model_->params()[t].size());

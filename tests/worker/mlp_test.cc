@@ -17,6 +17,8 @@ namespace strata::worker {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::HasSubstr;
 using Params = std::vector<std::vector<float>>;
 
 std::string ActName(Activation a) {
@@ -115,6 +117,92 @@ bool SameReluPattern(const RefResult& a, const RefResult& b, const RefResult& c)
   return true;
 }
 
+// A device that computes on the CPU as if it were a GPU (its own memory,
+// copies through Upload and Download) and that, once told, fails every
+// wait as a lost GPU does.
+class LosingDevice final : public Device {
+ public:
+  LosingDevice() : cpu_(NewCpuDevice(1)) {}
+  void Lose() { lost_ = true; }
+  const char* name() const override { return "losing"; }
+  std::string Describe() const override { return "losing (tests)"; }
+  bool host_memory() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return cpu_->Allocate(bytes); }
+  void Release(void* p) override { cpu_->Release(p); }
+  absl::Status PinHost(void*, size_t) override { return absl::OkStatus(); }
+  void UnpinHost(void*) override {}
+  Fence Upload(void* dst, const void* src, size_t bytes) override {
+    return cpu_->Upload(dst, src, bytes);
+  }
+  void ComputeAfter(Fence f) override { cpu_->ComputeAfter(f); }
+  Fence Download(void* dst, const void* src, size_t bytes) override {
+    return cpu_->Download(dst, src, bytes);
+  }
+  bool Done(Fence f) override { return !lost_ && cpu_->Done(f); }
+  absl::Status Wait(Fence f) override { return lost_ ? Lost() : cpu_->Wait(f); }
+  absl::Status Synchronize() override { return lost_ ? Lost() : cpu_->Synchronize(); }
+  void Copy(void* dst, const void* src, size_t bytes) override { cpu_->Copy(dst, src, bytes); }
+  void Zero(void* dst, size_t bytes) override { cpu_->Zero(dst, bytes); }
+  void GemmStrided(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                   const float* b, int ldb, float beta, float* c, int ldc) override {
+    cpu_->GemmStrided(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void AddBias(int rows, int cols, const float* bias, float* x) override {
+    cpu_->AddBias(rows, cols, bias, x);
+  }
+  void ColumnSum(int rows, int cols, const float* g, float* bias_grad) override {
+    cpu_->ColumnSum(rows, cols, g, bias_grad);
+  }
+  void ActivationForward(Activation act, int64_t n, float* x) override {
+    cpu_->ActivationForward(act, n, x);
+  }
+  void ActivationBackward(Activation act, int64_t n, const float* y, float* g) override {
+    cpu_->ActivationBackward(act, n, y, g);
+  }
+  double SoftmaxCrossEntropy(int rows, int classes, const float* logits, const int32_t* labels,
+                             float* grad, int64_t* correct) override {
+    return cpu_->SoftmaxCrossEntropy(rows, classes, logits, labels, grad, correct);
+  }
+  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
+                                  const int32_t* labels, float* grad) override {
+    cpu_->SoftmaxCrossEntropyPending(rows, classes, logits, labels, grad);
+  }
+  double TakePendingLoss(int64_t* correct) override { return cpu_->TakePendingLoss(correct); }
+  double SigmoidCrossEntropy(int rows, const float* logits, const float* labels, float* grad,
+                             int64_t* correct) override {
+    return cpu_->SigmoidCrossEntropy(rows, logits, labels, grad, correct);
+  }
+  void Sigmoid(int64_t n, const float* logits, float* probs) override {
+    cpu_->Sigmoid(n, logits, probs);
+  }
+  void GatherRows(int rows, int fields, int dim, const float* table, const uint32_t* slot,
+                  float* out, int out_stride) override {
+    cpu_->GatherRows(rows, fields, dim, table, slot, out, out_stride);
+  }
+  void ScatterAddRows(int rows, int fields, int dim, const float* in, int in_stride,
+                      const uint32_t* slot, float* table_grad) override {
+    cpu_->ScatterAddRows(rows, fields, dim, in, in_stride, slot, table_grad);
+  }
+
+ private:
+  static absl::Status Lost() { return absl::InternalError("device lost (simulated)"); }
+  std::unique_ptr<Device> cpu_;
+  bool lost_ = false;
+};
+
+// Found by a review: the step without hooks (the worker's --local path)
+// aborted the process on a device error; it is a Status now.
+TEST(MlpTest, ADeviceErrorInAStepIsAStatusNotACrash) {
+  LosingDevice dev;
+  Mlp mlp({2, 3}, Activation::kRelu, &dev);
+  const std::vector<float> x = {1.f, -1.f, 0.5f, 2.f};
+  const std::vector<int32_t> y = {0, 2};
+  ASSERT_TRUE(mlp.TrainStep(x.data(), y.data(), 2).ok());  // works until the device is lost
+  dev.Lose();
+  const absl::StatusOr<double> loss = mlp.TrainStep(x.data(), y.data(), 2);
+  EXPECT_THAT(loss.status(), StatusIs(absl::StatusCode::kInternal, HasSubstr("device lost")));
+}
+
 TEST(MlpTest, ParamsAreWeightInByOutThenBiasPerLayer) {
   auto dev = NewCpuDevice(1);
   Mlp mlp({5, 4, 3, 2}, Activation::kTanh, dev.get());
@@ -147,7 +235,7 @@ TEST(MlpTest, SingleLayerLossAndGradsMatchHandComputation) {
   const double want_loss = std::log(s) - z[0];
   const double d[3] = {std::exp(z[0]) / s - 1, std::exp(z[1]) / s, std::exp(z[2]) / s};
 
-  EXPECT_NEAR(mlp.TrainStep(x.data(), y.data(), 1), want_loss, 1e-6);
+  EXPECT_NEAR(mlp.TrainStep(x.data(), y.data(), 1).value(), want_loss, 1e-6);
   const Params& g = mlp.grads();
   for (int j = 0; j < 3; ++j) {
     EXPECT_NEAR(g[0][0 * 3 + j], x[0] * d[j], 1e-6) << "dW[0][" << j << "]";
@@ -175,7 +263,7 @@ TEST_P(MlpGradientTest, GradsMatchCentralFiniteDifferencesOfSummedLoss) {
   const std::vector<float> x = RandomInput(batch * layers[0], &rng);
   const std::vector<int32_t> y = {0, 2, 1, 2};
 
-  const double loss = mlp.TrainStep(x.data(), y.data(), batch);
+  const double loss = mlp.TrainStep(x.data(), y.data(), batch).value();
   // The returned loss is the SUM over the batch, and the forward pass matches
   // an independent double-precision reference.
   const RefResult base = RefForward(layers, act, mlp.params(), x, y, batch);
@@ -195,10 +283,10 @@ TEST_P(MlpGradientTest, GradsMatchCentralFiniteDifferencesOfSummedLoss) {
       const double h = static_cast<double>(up) - down;
 
       p[t][i] = up;
-      const double lp = mlp.TrainStep(x.data(), y.data(), batch);
+      const double lp = mlp.TrainStep(x.data(), y.data(), batch).value();
       const RefResult rp = RefForward(layers, act, p, x, y, batch);
       p[t][i] = down;
-      const double lm = mlp.TrainStep(x.data(), y.data(), batch);
+      const double lm = mlp.TrainStep(x.data(), y.data(), batch).value();
       const RefResult rm = RefForward(layers, act, p, x, y, batch);
       p[t][i] = saved;
 
@@ -246,12 +334,12 @@ TEST(MlpTest, GradsAreSumOfPerExampleGrads) {
   for (const auto& p : mlp.params()) sum.emplace_back(p.size(), 0.f);
   double loss_sum = 0;
   for (int r = 0; r < batch; ++r) {
-    loss_sum += mlp.TrainStep(&x[r * layers[0]], &y[r], 1);
+    loss_sum += mlp.TrainStep(&x[r * layers[0]], &y[r], 1).value();
     for (size_t t = 0; t < sum.size(); ++t) {
       for (size_t i = 0; i < sum[t].size(); ++i) sum[t][i] += mlp.grads()[t][i];
     }
   }
-  const double loss = mlp.TrainStep(x.data(), y.data(), batch);
+  const double loss = mlp.TrainStep(x.data(), y.data(), batch).value();
   EXPECT_NEAR(loss, loss_sum, 1e-5);
   for (size_t t = 0; t < sum.size(); ++t) {
     for (size_t i = 0; i < sum[t].size(); ++i) {
@@ -273,12 +361,12 @@ TEST(MlpTest, ReuseAcrossBatchSizesMatchesFreshModel) {
 
   const std::vector<float> big = RandomInput(6 * layers[0], &rng);
   const std::vector<int32_t> big_y = {0, 1, 2, 0, 1, 2};
-  used.TrainStep(big.data(), big_y.data(), 6);
+  used.TrainStep(big.data(), big_y.data(), 6).value();
 
   const std::vector<float> small = RandomInput(2 * layers[0], &rng);
   const std::vector<int32_t> small_y = {2, 0};
-  const double a = used.TrainStep(small.data(), small_y.data(), 2);
-  const double b = fresh.TrainStep(small.data(), small_y.data(), 2);
+  const double a = used.TrainStep(small.data(), small_y.data(), 2).value();
+  const double b = fresh.TrainStep(small.data(), small_y.data(), 2).value();
   EXPECT_DOUBLE_EQ(a, b);
   for (size_t t = 0; t < used.grads().size(); ++t) {
     EXPECT_THAT(used.grads()[t], ::testing::Pointwise(::testing::FloatEq(),
@@ -300,7 +388,7 @@ TEST_P(MlpEvaluateTest, LossEqualsTrainStepLossAndCorrectCountsArgmax) {
   const std::vector<float> x = RandomInput(batch * layers[0], &rng);
   const std::vector<int32_t> y = {0, 1, 2, 0, 1, 2, 2, 0};
 
-  const double train_loss = mlp.TrainStep(x.data(), y.data(), batch);
+  const double train_loss = mlp.TrainStep(x.data(), y.data(), batch).value();
   const Params grads_before = mlp.grads();
   double loss = 1.5;      // Evaluate adds to these
   int64_t correct = 3;
@@ -380,7 +468,7 @@ TEST_P(MlpTrainingTest, SgdOnSeparableDataDrivesLossDown) {
   const float lr = 0.5f;
   double prev = 0;
   for (int step = 0; step < 300; ++step) {
-    prev = mlp.TrainStep(x.data(), y.data(), batch);
+    prev = mlp.TrainStep(x.data(), y.data(), batch).value();
     ASSERT_TRUE(std::isfinite(prev)) << "step " << step;
     for (size_t t = 0; t < mlp.params().size(); ++t) {
       auto& p = mlp.params()[t];
@@ -441,8 +529,8 @@ TEST(MlpTest, RowBlocksGiveTheSameStepAsWholeWeights) {
   const int batch = 6;
   const std::vector<float> x = RandomInput(batch * layers[0], &rng);
   const std::vector<int32_t> y = {0, 1, 2, 2, 1, 0};
-  const double a = whole.TrainStep(x.data(), y.data(), batch);
-  const double b = blocked.TrainStep(x.data(), y.data(), batch);
+  const double a = whole.TrainStep(x.data(), y.data(), batch).value();
+  const double b = blocked.TrainStep(x.data(), y.data(), batch).value();
   EXPECT_NEAR(a, b, 1e-5);
   for (size_t t = 0; t < whole.grads().size(); ++t) {
     for (size_t i = 0; i < whole.grads()[t].size(); ++i) {
@@ -468,7 +556,7 @@ TEST(MlpTest, HooksFollowTheDataThatEachBlockNeedsAndProduces) {
   const std::vector<int32_t> y = {0, 1, 2, 1};
   Mlp reference(layers, Activation::kRelu, dev.get());
   reference.params() = params;
-  reference.TrainStep(x.data(), y.data(), batch);
+  reference.TrainStep(x.data(), y.data(), batch).value();
 
   std::vector<std::string> events;
   std::vector<uint64_t> available(4, 0), sent(4, 0);
@@ -543,7 +631,7 @@ TEST(MlpTest, RecomputationGivesTheSameStepWithLessActivationMemory) {
   for (int32_t& v : y) v = static_cast<int32_t>(rng() % 5);
   Mlp reference(layers, Activation::kTanh, dev.get());
   reference.params() = params;
-  const double want = reference.TrainStep(x.data(), y.data(), batch);
+  const double want = reference.TrainStep(x.data(), y.data(), batch).value();
   const Mlp::ActivationMemory full = reference.activation_memory();
   EXPECT_EQ(full.held, full.without_recompute);
   EXPECT_EQ(full.without_recompute, uint64_t{batch} * (16 * 6 + 5) * sizeof(float));
@@ -574,11 +662,11 @@ TEST(MlpTest, RecomputationGivesTheSameStepWithLessActivationMemory) {
   Mlp half(layers, Activation::kTanh, dev.get());
   half.SetRecompute(2);
   half.params() = params;
-  half.TrainStep(x.data(), y.data(), batch);
+  half.TrainStep(x.data(), y.data(), batch).value();
   EXPECT_EQ(half.activation_memory().held, uint64_t{batch} * (16 * 4 + 5) * sizeof(float));
   // Off again: everything kept.
   half.SetRecompute(0);
-  half.TrainStep(x.data(), y.data(), batch);
+  half.TrainStep(x.data(), y.data(), batch).value();
   EXPECT_EQ(half.activation_memory().held, full.held);
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -38,6 +39,7 @@
 #include "storage/checkpoint_export.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
+#include "storage/idx_reader.h"
 #include "storage/s3_file_system.h"
 #include "tools/host_check.h"
 #include "transport/rdma/rdma_device.h"
@@ -459,16 +461,17 @@ int Top(const std::map<std::string, std::string>& f, std::ostream& out, std::ost
               rows.empty() ? "" : ", ", n.id(), name, JsonEscape(n.host()), StateName(n.state()),
               b.ok ? "true" : "false", steps, samples, push / 1e9, pull / 1e9, comm, mem);
         } else {
-          auto col = [](double v, const char* fmt) {
-            return v < 0 ? std::string("-") : absl::StrFormat(fmt, v);
+          // v with `decimals` digits and `unit` after it; "-" when unknown.
+          auto col = [](double v, int decimals, const char* unit = "") {
+            return v < 0 ? std::string("-") : absl::StrFormat("%.*f%s", decimals, v, unit);
           };
           absl::StrAppendFormat(&rows, "%-11s %-16s %-8s %8s %10s %9s %9s %6s %9s\n", name,
                                 n.host(), b.ok ? StateName(n.state()) : "no-http",
-                                col(steps, "%.1f"), col(samples, "%.0f"),
-                                col(push < 0 ? -1 : push / 1e9, "%.3f"),
-                                col(pull < 0 ? -1 : pull / 1e9, "%.3f"),
-                                col(comm < 0 ? -1 : comm * 100, "%.0f%%"),
-                                col(mem < 0 ? -1 : mem / 1048576, "%.0fM"));
+                                col(steps, 1), col(samples, 0),
+                                col(push < 0 ? -1 : push / 1e9, 3),
+                                col(pull < 0 ? -1 : pull / 1e9, 3),
+                                col(comm < 0 ? -1 : comm * 100, 0, "%"),
+                                col(mem < 0 ? -1 : mem / 1048576, 0, "M"));
         }
       }
       if (json) {
@@ -865,9 +868,10 @@ int SecurityConfig(const std::map<std::string, std::string>& f, std::ostream& ou
 
 // The remote command of scripts/launch.sh, split into words as bash splits
 // an unquoted $REMOTE_CMD.
-std::vector<std::string> RemoteCommand(const std::map<std::string, std::string>& f) {
+std::vector<std::string> RemoteCommand(const std::map<std::string, std::string>& f,
+                                       const Getenv& getenv) {
   std::string cmd = "ssh -o BatchMode=yes -o ConnectTimeout=5";
-  if (const char* env = std::getenv("STRATA_REMOTE_CMD"); env != nullptr && *env) cmd = env;
+  if (const char* env = getenv("STRATA_REMOTE_CMD"); env != nullptr && *env) cmd = env;
   if (f.count("remote-cmd")) cmd = f.at("remote-cmd");
   return absl::StrSplit(cmd, absl::ByAnyChar(" \t"), absl::SkipEmpty());
 }
@@ -883,7 +887,63 @@ std::string SelfPath() {
 // (locally or through the remote command), its ports free, and the RDMA
 // preflight when the transport is rdma. Exit 2: a bad file or a port
 // collision; 1: a host failed its checks.
-int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
+//
+// The model against its data (an mlp's first layer against the images'
+// pixels, the test set's against the training set's, the labels' count
+// against the images'), from the IDX headers alone: an error names the
+// config file, the field and the data file. Files this host does not have
+// (the data is on the workers' hosts) are left out, saying so in *note.
+absl::Status CheckModelAgainstData(const JobConfig& cfg, const std::string& config_path,
+                                   storage::FileSystem* fs, std::string* note) {
+  if (cfg.model.type != "mlp" || cfg.data.format != "idx") {
+    *note = "not checked (only an mlp over IDX files is checked against its data)";
+    return absl::OkStatus();
+  }
+  const DataSection& d = cfg.data;
+  std::vector<std::string> missing;
+  auto shape = [&](const std::string& path) -> absl::StatusOr<std::vector<uint32_t>> {
+    if (!fs->Exists(path)) {
+      missing.push_back(path);
+      return std::vector<uint32_t>();
+    }
+    return storage::ReadIdxShape(fs, path);
+  };
+  const int first = cfg.model.layers.front();
+  int64_t checked = 0;
+  for (const auto& [images, labels, field] :
+       {std::tuple{d.train_images, d.train_labels, "data.train_images"},
+        std::tuple{d.test_images, d.test_labels, "data.test_images"}}) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> is, shape(images));
+    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> ls, shape(labels));
+    if (!is.empty()) {
+      int64_t features = 1;
+      for (size_t i = 1; i < is.size(); ++i) features *= is[i];
+      if (features != first) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            config_path, ": model.layers[0] is ", first, " but ", field, " (", images,
+            ") has ", features, " features per example (",
+            absl::StrJoin(is.begin() + 1, is.end(), " x "),
+            "): the first layer must take the pixels of one image"));
+      }
+      ++checked;
+    }
+    if (!is.empty() && !ls.empty() && is[0] != ls[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", field, " (", images,
+                                                     ") has ", is[0], " images but its labels (",
+                                                     labels, ") ", ls[0]));
+    }
+  }
+  *note = absl::StrCat(checked == 2 ? "ok" : checked == 1 ? "partly checked" : "not checked",
+                       " (model.layers[0] = ", first, " features",
+                       missing.empty() ? ""
+                                       : absl::StrCat("; not on this host: ",
+                                                      absl::StrJoin(missing, ", ")),
+                       ")");
+  return absl::OkStatus();
+}
+
+int Validate(const std::map<std::string, std::string>& f, const Getenv& getenv,
+             std::ostream& out, std::ostream& err) {
   if (!f.count("config")) {
     err << "strata validate: --config FILE is required\n";
     return 2;
@@ -892,6 +952,17 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
   auto cfg = LoadJobConfig(f.at("config"));
   if (!cfg.ok()) {
     err << cfg.status().message() << "\n";
+    return 2;
+  }
+  auto data_fs = storage::NewFileSystemForConfig(cfg->s3, getenv);
+  if (!data_fs.ok()) {
+    err << "strata validate: " << data_fs.status().message() << "\n";
+    return 2;
+  }
+  std::string data_note;
+  if (absl::Status s = CheckModelAgainstData(*cfg, f.at("config"), data_fs->get(), &data_note);
+      !s.ok()) {
+    err << s.message() << "\n";
     return 2;
   }
   uint64_t params = 0;
@@ -906,9 +977,11 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
       sparse.empty() ? "" : absl::StrCat("; sparse tables ", sparse, " in ",
                                          cfg->sparse.partitions, " partitions each"),
       ")\n");
+  absl::StrAppend(&text, "model against data: ", data_note, "\n");
   std::string js = absl::StrFormat(
-      "{\"config\": {\"file\": \"%s\", \"ok\": true, \"job\": \"%s\", \"dense_parameters\": %d}",
-      JsonEscape(f.at("config")), JsonEscape(cfg->job.name), params);
+      "{\"config\": {\"file\": \"%s\", \"ok\": true, \"job\": \"%s\", \"dense_parameters\": %d}"
+      ", \"data\": \"%s\"",
+      JsonEscape(f.at("config")), JsonEscape(cfg->job.name), params, JsonEscape(data_note));
   auto finish = [&](int rc) {
     if (json) {
       out << js << "}\n";
@@ -971,7 +1044,7 @@ int Validate(const std::map<std::string, std::string>& f, std::ostream& out, std
   // Each host, as launch.sh reaches it.
   const bool remote_all = f.count("remote-all") > 0;
   const bool rdma = cfg->cluster.transport == "rdma";
-  const std::vector<std::string> remote = RemoteCommand(f);
+  const std::vector<std::string> remote = RemoteCommand(f, getenv);
   // The strata of the remote hosts: at this one's path, unless --strata-path.
   const std::string self = f.count("strata-path") ? f.at("strata-path") : SelfPath();
   // The hosts' checks run at once (32 at a time), their reports in order.
@@ -1539,10 +1612,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     return 2;
   }
   const std::string& cmd = args[0];
+  const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };
   // The commands that call the master: their credentials.
   if (cmd == "status" || cmd == "top" || cmd == "stop" || cmd == "logs" || cmd == "drain" ||
       cmd == "wait" || (cmd == "checkpoint" && !sub)) {
-    const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };
     g_plaintext_by_default = false;
     g_https = false;
     g_http = HttpClientOptions();
@@ -1560,7 +1633,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (cmd == "drain") return Drain(args, *flags, out, err);
   if (cmd == "host-check") return HostCheck(args, out, err);
   if (cmd == "wait") return Wait(*flags, out, err);
-  if (cmd == "validate") return Validate(*flags, out, err);
+  if (cmd == "validate") return Validate(*flags, env, out, err);
   if (cmd == "plan") return Plan(*flags, out, err);
   if (cmd == "security-config") return SecurityConfig(*flags, out, err);
   if (cmd == "prometheus-config") return PrometheusConfig(*flags, out, err);
@@ -1573,7 +1646,6 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     return VerifyAudit(*flags, out, err);
   }
   if (cmd == "checkpoint") {
-    const Getenv env = getenv ? getenv : [](const char*) -> const char* { return nullptr; };
     if (sub && args[1] == "list") return ListCheckpoints(*flags, env, out, err);
     if (sub && args[1] == "verify") return VerifyCheckpoint(*flags, env, out, err);
     if (sub && args[1] == "export") return ExportCheckpoint(*flags, env, out, err);

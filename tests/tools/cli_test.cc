@@ -117,10 +117,62 @@ TEST(CliTest, ValidateReportsConfigAndHostFile) {
   const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--offline"});
   EXPECT_EQ(r.code, 0) << r.err;
   // layers [4, 3, 2]: 4*3 + 3 + 3*2 + 2 = 23 parameters.
-  EXPECT_EQ(r.out, cfg + ": ok (job 'cli-test', asp, 23 dense parameters)\n" + hosts +
-                       ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n"
+  EXPECT_EQ(r.out, cfg + ": ok (job 'cli-test', asp, 23 dense parameters)\n" +
+                       "model against data: not checked (model.layers[0] = 4 features; not on "
+                       "this host: /d/train-images.gz, /d/train-labels.gz, /d/test-images.gz, "
+                       "/d/test-labels.gz)\n" +
+                       hosts + ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n"
                        "ports: ok (14 ports on 2 host(s), no two daemons share one)\n");
   EXPECT_THAT(r.err, IsEmpty());
+}
+
+// IDX images (n x 2 x 2, so 4 features each) and labels (n).
+std::string IdxImages2x2(uint32_t n) {
+  std::string s = {0, 0, 8, 3};
+  for (uint32_t d : {n, 2u, 2u}) {
+    for (int shift = 24; shift >= 0; shift -= 8) s += static_cast<char>(d >> shift);
+  }
+  return s + std::string(n * 4, '\1');
+}
+std::string IdxLabels(uint32_t n) {
+  std::string s = {0, 0, 8, 1};
+  for (int shift = 24; shift >= 0; shift -= 8) s += static_cast<char>(n >> shift);
+  return s + std::string(n, '\1');
+}
+struct IdxFiles {
+  std::string train_images, train_labels, test_images, test_labels;
+};
+std::string ConfigOver(const IdxFiles& d, const std::string& layers) {
+  return "model:\n  layers: " + layers + "\ndata:\n  train_images: " + d.train_images +
+         "\n  train_labels: " + d.train_labels + "\n  test_images: " + d.test_images +
+         "\n  test_labels: " + d.test_labels + "\n";
+}
+
+// Found by a review: a first layer that does not fit the images was only
+// caught when the workers started.
+TEST(CliTest, ValidateChecksTheModelAgainstTheData) {
+  const IdxFiles d = {WriteTemp("train-images", IdxImages2x2(6)),
+                      WriteTemp("train-labels", IdxLabels(6)),
+                      WriteTemp("test-images", IdxImages2x2(3)),
+                      WriteTemp("test-labels", IdxLabels(3))};
+  Result r = RunStrata({"validate", "--config", WriteTemp("fits.yaml", ConfigOver(d, "[4, 2]"))});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("model against data: ok (model.layers[0] = 4 features)"));
+
+  const std::string bad = WriteTemp("too_wide.yaml", ConfigOver(d, "[5, 2]"));
+  r = RunStrata({"validate", "--config", bad});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(StartsWith(bad + ": model.layers[0] is 5"),
+                           HasSubstr("data.train_images (" + d.train_images + ")"),
+                           HasSubstr("4 features per example (2 x 2)")));
+  EXPECT_THAT(r.out, IsEmpty());
+
+  // Labels that do not match their images, named.
+  WriteTemp("test-labels", IdxLabels(2));
+  r = RunStrata({"validate", "--config", WriteTemp("fits2.yaml", ConfigOver(d, "[4, 2]"))});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("data.test_images"), HasSubstr("3 images"),
+                           HasSubstr("labels (" + d.test_labels + ") 2")));
 }
 
 TEST(CliTest, ValidateBadConfigExitsTwoNamingFileAndLine) {
@@ -362,6 +414,23 @@ TEST(CliTest, ValidateChecksRemoteHostsThroughTheRemoteCommand) {
   EXPECT_THAT(r.out, AllOf(HasSubstr("{\"host\": \"127.0.0.1\", \"ok\": false"),
                            HasSubstr("FAIL  reach: cannot reach 127.0.0.1 through `" + down +
                                      "`: ssh: connect to host 127.0.0.1 port 22: Connection refused")));
+}
+
+// STRATA_REMOTE_CMD is read through the getenv RunCli is handed (found by a
+// review: it called std::getenv itself).
+TEST(CliTest, ValidateTakesTheRemoteCommandFromTheEnvironmentItIsGiven) {
+  const std::string down = FakeSsh("env-ssh", false);
+  std::vector<int> ports;
+  const std::string cfg = WriteTemp("env.yaml", ConfigWithFreePorts(&ports));
+  const std::string hosts = WriteTemp("env.hosts", "127.0.0.1 master pserver worker\n");
+  std::ostringstream out, err;
+  const int code = RunCli({"validate", "--config", cfg, "--hosts", hosts, "--remote-all"}, out,
+                          err, [&down](const char* name) -> const char* {
+                            return std::string(name) == "STRATA_REMOTE_CMD" ? down.c_str()
+                                                                            : nullptr;
+                          });
+  EXPECT_EQ(code, 1) << out.str() << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("FAIL  reach: cannot reach 127.0.0.1 through `" + down + "`"));
 }
 
 TEST(CliTest, ValidateRunsTheRdmaPreflightOfEachHostForTheRdmaTransport) {

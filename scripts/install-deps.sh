@@ -1,32 +1,49 @@
 #!/usr/bin/env bash
-# Installs what Strata needs to build, test and train, with apt, and only
-# what is missing: run it as often as you like. Debian 12 (bookworm).
+# Installs what Strata needs, with apt, and only what is missing: run it as
+# often as you like. Debian 12 (bookworm).
+#   install-deps.sh --train   what building and training need (scripts/train.sh)
+#   install-deps.sh [--test]  that and what the whole test suite needs
+#                             (scripts/test.sh)
 set -euo pipefail
 
+FOR=test
+case "${1:-}" in
+  --train) FOR=train ;;
+  --test | "") FOR=test ;;
+  *) echo "install-deps.sh: unknown argument '$1' (--train or --test)" >&2; exit 2 ;;
+esac
+
+# Building the daemons and training on a local cluster.
 PACKAGES=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
+  libabsl-dev libgoogle-glog-dev libgflags-dev
   libibverbs-dev libopenblas-dev libyaml-cpp-dev zlib1g-dev libzstd-dev
   libcurl4-openssl-dev libssl-dev
-  # The fuzz targets (scripts/fuzz.sh): clang, libFuzzer and the sanitizers'
-  # runtimes, llvm-symbolizer for their reports.
-  clang-14 libclang-rt-14-dev llvm-14
   dataset-fashion-mnist
   iproute2 procps curl python3
 )
-# For the Soft-RoCE guest of tests/rdma (a real verbs device under QEMU).
-# Best effort: without them that one test is skipped, saying why.
-VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)
-# For tests/storage's real single-node Ceph (radosgw for S3, CephFS through
-# ceph-fuse) and the s3cmd baseline of bench/s3_bench.sh. Best effort too.
-VM_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common ceph-mds ceph-fuse s3cmd uuid-runtime)
-# For tests/ops: systemd-analyze checks the units (no systemd need run), a
-# real Prometheus scrapes a cluster, sshd serves the multi-host test,
-# headless Chromium loads the master's status page, systemd-nspawn boots
-# hosts with systemd as PID 1 for launch.sh --systemd, nftables loads
-# conf/nftables-strata.nft (the per-host connection cap).
-VM_PACKAGES+=(systemd systemd-container prometheus openssh-server openssh-client chromium nftables)
+VM_PACKAGES=()
+if [[ $FOR == test ]]; then
+  # The tests themselves; the fuzz targets (scripts/fuzz.sh) and the clang
+  # thread-safety pass: clang, libFuzzer and the sanitizers' runtimes,
+  # llvm-symbolizer for their reports.
+  PACKAGES+=(libgtest-dev libgmock-dev clang-14 libclang-rt-14-dev llvm-14)
+  # For the Soft-RoCE guest of tests/rdma (a real verbs device under QEMU).
+  # Best effort: without them that one test is skipped, saying why.
+  VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)
+  # For tests/storage's real single-node Ceph (radosgw for S3, CephFS
+  # through ceph-fuse) and the s3cmd baseline of bench/s3_bench.sh. Best
+  # effort too.
+  VM_PACKAGES+=(ceph-mon ceph-osd radosgw ceph-common ceph-mds ceph-fuse s3cmd uuid-runtime)
+  # For tests/ops: systemd-analyze checks the units (no systemd need run), a
+  # real Prometheus scrapes a cluster, sshd serves the multi-host test,
+  # headless Chromium loads the master's status page, systemd-nspawn boots
+  # hosts with systemd as PID 1 for launch.sh --systemd, nftables loads
+  # conf/nftables-strata.nft (the per-host connection cap).
+  VM_PACKAGES+=(systemd systemd-container prometheus openssh-server openssh-client chromium
+                nftables)
+fi
 
 missing_of() {
   local p
@@ -37,10 +54,13 @@ missing_of() {
   done
 }
 mapfile -t missing < <(missing_of "${PACKAGES[@]}")
-mapfile -t vm_missing < <(missing_of "${VM_PACKAGES[@]}")
+vm_missing=()
+if [[ ${#VM_PACKAGES[@]} -gt 0 ]]; then
+  mapfile -t vm_missing < <(missing_of "${VM_PACKAGES[@]}")
+fi
 
 if [[ ${#missing[@]} -eq 0 && ${#vm_missing[@]} -eq 0 ]]; then
-  echo "install-deps: all $((${#PACKAGES[@]} + ${#VM_PACKAGES[@]})) packages present"
+  echo "install-deps: all $((${#PACKAGES[@]} + ${#VM_PACKAGES[@]})) packages for $FOR present"
   exit 0
 fi
 

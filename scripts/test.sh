@@ -5,8 +5,8 @@
 # Extra arguments go to ctest (e.g. -R config, -L cluster).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$ROOT/scripts/install-deps.sh"
-"$ROOT/scripts/build.sh"
+"$ROOT/scripts/install-deps.sh" --test
+"$ROOT/scripts/build.sh" -DSTRATA_BUILD_TESTS=ON
 cd "${STRATA_BUILD_DIR:-$ROOT/build}"
 rc=0
 ctest --output-on-failure --timeout 900 -j "${STRATA_TEST_JOBS:-2}" "$@" || rc=$?

@@ -5,7 +5,9 @@
 # to launch.sh (e.g. --config conf/asp.yaml, --run-dir DIR).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$ROOT/scripts/install-deps.sh"
+# Only what building and training need (the test suite's tools come with
+# scripts/test.sh).
+"$ROOT/scripts/install-deps.sh" --train
 "$ROOT/scripts/build.sh"
 exec "$ROOT/scripts/launch.sh" run --config "$ROOT/conf/local.yaml" \
   --hosts "$ROOT/conf/hosts.local" "$@"

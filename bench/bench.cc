@@ -412,7 +412,6 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
       }
     }
   }
-  std::atomic<int> go{0};
   const absl::Time t0 = absl::Now();
   const absl::Time end = t0 + absl::Seconds(c.seconds);
   std::vector<std::thread> threads;
@@ -459,7 +458,14 @@ namespace {
 // The baseline for apply: one pass that reads and writes the same arrays
 // as the optimizer, with the least arithmetic (what memory allows). Built
 // like the optimizer kernels (-O3, AVX2 clone) so it vectorises too.
-__attribute__((noinline, target_clones("avx2", "default"))) void Stream(float* __restrict p, const float* __restrict g,
+// (clang refuses noinline beside target_clones; its clones are never
+// inlined anyway.)
+#if defined(__clang__)
+#define STRATA_STREAM_ATTRIBUTES __attribute__((target_clones("avx2", "default")))
+#else
+#define STRATA_STREAM_ATTRIBUTES __attribute__((noinline, target_clones("avx2", "default")))
+#endif
+STRATA_STREAM_ATTRIBUTES void Stream(float* __restrict p, const float* __restrict g,
                                       float* __restrict m, float* __restrict v,
                                       size_t n, int arrays) {
   if (arrays == 2) {
@@ -625,8 +631,8 @@ absl::Status StatusOf(const absl::StatusOr<Message>& r) {
 // thread ends requests.
 class BatchWindow {
  public:
-  explicit BatchWindow(int slots) : pending_(slots, 0) {}
-  int slots() const { return static_cast<int>(pending_.size()); }
+  explicit BatchWindow(int slots) : slots_(slots), pending_(slots, 0) {}
+  int slots() const { return slots_; }
   // Waits until slot `s` has nothing in flight, then counts `n` requests.
   void Begin(int s, int n) {
     absl::MutexLock l(&mu_);
@@ -654,6 +660,7 @@ class BatchWindow {
     return std::all_of(pending_.begin(), pending_.end(), [](int n) { return n == 0; });
   }
 
+  const int slots_;
   mutable absl::Mutex mu_;
   std::vector<int> pending_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);

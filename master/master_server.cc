@@ -436,11 +436,15 @@ absl::Status MasterServer::Start() {
     checkpoint_thread_ = std::thread([this] { CheckpointLoop(); });
   }
   started_ = true;
+  uint64_t total_tasks = 0;
+  {
+    absl::MutexLock l(&mu_);
+    total_tasks = tasks_.total();
+  }
   LOG(INFO) << "master listening on " << address() << ", http port "
             << http_port() << "; waiting for " << options_.expected_pservers
             << " pserver(s) and " << options_.expected_workers << " worker(s); "
-            << num_records_ << " training records, " << tasks_.total()
-            << " data tasks";
+            << num_records_ << " training records, " << total_tasks << " data tasks";
   return absl::OkStatus();
 }
 

@@ -1,12 +1,12 @@
 #include "bench/bench.h"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <malloc.h>
 #include <pthread.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,17 +31,17 @@
 #include "common/hash.h"
 #include "common/initializer.h"
 #include "common/model_spec.h"
-#include "transport/data_plane_auth.h"
+#include "common/optimizer.h"
 #include "common/row_optimizer.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "master/master_server.h"
 #include "proto/strata.grpc.pb.h"
-#include "common/optimizer.h"
 #include "pserver/partition.h"
 #include "pserver/pserver.h"
 #include "pserver/sparse_table.h"
 #include "storage/file_system.h"
+#include "transport/data_plane_auth.h"
 #include "transport/transport.h"
 #include "worker/param_client.h"
 
@@ -212,8 +212,8 @@ std::function<absl::StatusOr<proto::ClusterView>()> ViewFetcher(proto::Master::S
 absl::Status WriteBenchLabels(storage::FileSystem* fs) {
   STRATA_RETURN_IF_ERROR(
       fs->WriteFileAtomic("/labels", std::string("\0\0\x08\x01\0\0\0\x01\x00", 9)));
-  return fs->WriteFileAtomic(
-      "/images", std::string("\0\0\x08\x03\0\0\0\x01\0\0\0\x01\0\0\0\x01\x00", 17));
+  return fs->WriteFileAtomic("/images",
+                             std::string("\0\0\x08\x03\0\0\0\x01\0\0\0\x01\0\0\0\x01\x00", 17));
 }
 
 // Clients registered with the master as workers (so the view becomes
@@ -236,7 +236,8 @@ absl::StatusOr<std::unique_ptr<BenchClients>> ConnectClients(
     const std::string& master, int n, const transport::TransportOptions& topts,
     absl::Duration request_timeout) {
   auto bc = std::make_unique<BenchClients>();
-  bc->stub = proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
+  bc->stub =
+      proto::Master::NewStub(grpc::CreateChannel(master, grpc::InsecureChannelCredentials()));
   auto fetch_view = ViewFetcher(bc->stub.get());
   for (int i = 0; i < n; ++i) {
     proto::RegisterRequest req;
@@ -248,8 +249,8 @@ absl::StatusOr<std::unique_ptr<BenchClients>> ConnectClients(
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     STRATA_RETURN_IF_ERROR(FromGrpcStatus(bc->stub->Register(&ctx, req, &resp)));
     STRATA_ASSIGN_OR_RETURN(auto t, transport::CreateTransport(topts));
-    bc->clients.push_back(std::make_unique<worker::ParamClient>(t.get(), resp.node_id(),
-                                                                fetch_view, request_timeout));
+    bc->clients.push_back(std::make_unique<worker::ParamClient>(t.get(), resp.node_id(), fetch_view,
+                                                                request_timeout));
     bc->transports.push_back(std::move(t));
   }
   const absl::Time ready_by = absl::Now() + absl::Seconds(30);
@@ -322,8 +323,8 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
       read(to_parent[0], &ok, 1) != 1) {
     return absl::InternalError("the pserver process did not start");
   }
-  STRATA_ASSIGN_OR_RETURN(auto bc, ConnectClients(addr, 1, transport::TransportOptions(),
-                                                  absl::Seconds(120)));
+  STRATA_ASSIGN_OR_RETURN(
+      auto bc, ConnectClients(addr, 1, transport::TransportOptions(), absl::Seconds(120)));
   worker::ParamClient& client = *bc->clients[0];
   {
     std::vector<std::vector<float>> grads{std::vector<float>(model_bytes / 4, 1e-3f)};
@@ -378,9 +379,9 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
     servers.push_back(std::move(ps));
   }
 
-  STRATA_ASSIGN_OR_RETURN(
-      auto bc, ConnectClients(master->address(), c.workers, topts,
-                              absl::Milliseconds(config.cluster.request_timeout_ms)));
+  STRATA_ASSIGN_OR_RETURN(auto bc,
+                          ConnectClients(master->address(), c.workers, topts,
+                                         absl::Milliseconds(config.cluster.request_timeout_ms)));
   auto& clients = bc->clients;
 
   const uint64_t floats = c.bytes / 4;
@@ -396,9 +397,9 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
     grads[i] = {std::vector<float>(floats, 1e-3f)};
     // As a worker does: pushes sent straight from the registered gradient.
     if (c.register_tensors) {
-      STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(
-          grads[i][0].data(), grads[i][0].size() * sizeof(float),
-          transport::Transport::MemoryUse::kSendSource));
+      STRATA_RETURN_IF_ERROR(
+          bc->transports[i]->RegisterMemory(grads[i][0].data(), grads[i][0].size() * sizeof(float),
+                                            transport::Transport::MemoryUse::kSendSource));
     }
     if (push) STRATA_RETURN_IF_ERROR(clients[i]->PushAll(grads[i], 0, 1).status());
     if (pull) {
@@ -408,7 +409,8 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
       for (auto& t : params[i]) {
         if (!c.register_tensors) break;
         STRATA_RETURN_IF_ERROR(bc->transports[i]->RegisterMemory(
-            t.data(), t.size() * sizeof(float), transport::Transport::MemoryUse::kReceiveDestination));
+            t.data(), t.size() * sizeof(float),
+            transport::Transport::MemoryUse::kReceiveDestination));
       }
     }
   }
@@ -421,13 +423,22 @@ absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
         const absl::Time s = absl::Now();
         if (push && pull) {  // each slice's pull right behind its push
           auto r = clients[i]->PushThenPull(grads[i], 0, 1, 0, &params[i]);
-          if (!r.ok()) { errors[i] = r.status(); return; }
+          if (!r.ok()) {
+            errors[i] = r.status();
+            return;
+          }
         } else if (push) {
           auto r = clients[i]->PushAll(grads[i], 0, 1);
-          if (!r.ok()) { errors[i] = r.status(); return; }
+          if (!r.ok()) {
+            errors[i] = r.status();
+            return;
+          }
         } else {
           auto r = clients[i]->PullAll(0, &params[i]);
-          if (!r.ok()) { errors[i] = r.status(); return; }
+          if (!r.ok()) {
+            errors[i] = r.status();
+            return;
+          }
         }
         lat[i].push_back(absl::ToDoubleMicroseconds(absl::Now() - s));
         ++ops[i];
@@ -466,8 +477,8 @@ namespace {
 #define STRATA_STREAM_ATTRIBUTES __attribute__((noinline, target_clones("avx2", "default")))
 #endif
 STRATA_STREAM_ATTRIBUTES void Stream(float* __restrict p, const float* __restrict g,
-                                      float* __restrict m, float* __restrict v,
-                                      size_t n, int arrays) {
+                                     float* __restrict m, float* __restrict v, size_t n,
+                                     int arrays) {
   if (arrays == 2) {
     for (size_t i = 0; i < n; ++i) p[i] += g[i];
   } else {
@@ -481,8 +492,7 @@ STRATA_STREAM_ATTRIBUTES void Stream(float* __restrict p, const float* __restric
 
 }  // namespace
 
-absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floats,
-                                     int threads) {
+absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floats, int threads) {
   OptimizerSection oc;
   oc.type = optimizer;
   oc.learning_rate = 1e-6;
@@ -490,8 +500,8 @@ absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floa
   const uint64_t per = (floats + threads - 1) / threads;
   std::vector<std::unique_ptr<Optimizer>> opts;
   for (int t = 0; t < threads; ++t) {
-    STRATA_ASSIGN_OR_RETURN(auto o, Optimizer::Create(
-                                        oc, std::min<uint64_t>(per, floats - std::min(floats, t * per))));
+    STRATA_ASSIGN_OR_RETURN(
+        auto o, Optimizer::Create(oc, std::min<uint64_t>(per, floats - std::min(floats, t * per))));
     opts.push_back(std::move(o));
   }
   std::vector<float> p(floats, 0.5f), g(floats, 1e-3f), m(floats, 0.f), v(floats, 0.f);
@@ -518,8 +528,7 @@ absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floa
     opts[t]->Apply(p.data() + b, g.data() + b, 1.0f, e - b);
   });
   const double t_base = time_it([&](uint64_t b, uint64_t e, int) {
-    Stream(p.data() + b, g.data() + b, m.data() + b, v.data() + b, e - b,
-           arrays == 2 ? 2 : 4);
+    Stream(p.data() + b, g.data() + b, m.data() + b, v.data() + b, e - b, arrays == 2 ? 2 : 4);
   });
   ApplyResult r;
   r.optimizer = optimizer;
@@ -636,7 +645,8 @@ class BatchWindow {
   // Waits until slot `s` has nothing in flight, then counts `n` requests.
   void Begin(int s, int n) {
     absl::MutexLock l(&mu_);
-    mu_.Await(absl::Condition(+[](int* p) { return *p == 0; }, &pending_[s]));
+    mu_.Await(absl::Condition(
+        +[](int* p) { return *p == 0; }, &pending_[s]));
     pending_[s] = n;
   }
   void End(int s, const absl::Status& status) {
@@ -719,8 +729,7 @@ class SparseClient {
         m.header.type = MessageType::kPullRequest;
         m.payload_ref = reinterpret_cast<const char*>(b.keys.data() + off);
         m.payload_ref_size = keys * sizeof(uint64_t);
-        conn_->CallInto(std::move(m),
-                        reinterpret_cast<char*>(pulled_[slot].data() + off * dim_),
+        conn_->CallInto(std::move(m), reinterpret_cast<char*>(pulled_[slot].data() + off * dim_),
                         keys * dim_ * sizeof(float), std::move(done));
       }
     }
@@ -926,11 +935,16 @@ class PlainMapImpl : public PlainMap {
 std::unique_ptr<PlainMap> NewPlainMap(const std::vector<uint64_t>& keys, const SparseCase& c,
                                       const std::vector<float>* grads) {
   switch (c.dim) {
-    case 8: return std::make_unique<PlainMapImpl<std::array<float, 8>>>(keys, c, grads);
-    case 16: return std::make_unique<PlainMapImpl<std::array<float, 16>>>(keys, c, grads);
-    case 32: return std::make_unique<PlainMapImpl<std::array<float, 32>>>(keys, c, grads);
-    case 64: return std::make_unique<PlainMapImpl<std::array<float, 64>>>(keys, c, grads);
-    default: return std::make_unique<PlainMapImpl<std::vector<float>>>(keys, c, grads);
+    case 8:
+      return std::make_unique<PlainMapImpl<std::array<float, 8>>>(keys, c, grads);
+    case 16:
+      return std::make_unique<PlainMapImpl<std::array<float, 16>>>(keys, c, grads);
+    case 32:
+      return std::make_unique<PlainMapImpl<std::array<float, 32>>>(keys, c, grads);
+    case 64:
+      return std::make_unique<PlainMapImpl<std::array<float, 64>>>(keys, c, grads);
+    default:
+      return std::make_unique<PlainMapImpl<std::vector<float>>>(keys, c, grads);
   }
 }
 
@@ -971,8 +985,7 @@ absl::StatusOr<SparseResult> RunSparse(const SparseCase& c) {
   RowOptimizerSection oc;
   oc.type = "sgd";
   oc.learning_rate = c.learning_rate;
-  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const RowOptimizer> optimizer,
-                          RowOptimizer::Create(oc));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const RowOptimizer> optimizer, RowOptimizer::Create(oc));
   STRATA_ASSIGN_OR_RETURN(const RowInitializer init,
                           RowInitializer::Create("normal", 0.01, /*table_id=*/0, c.seed));
   std::vector<std::unique_ptr<pserver::Partition>> parts;
@@ -1010,8 +1023,8 @@ absl::StatusOr<SparseResult> RunSparse(const SparseCase& c) {
             (h.type != MessageType::kPullRequest && h.type != MessageType::kPushRequest)) {
           responder->Respond(transport::MakeErrorResponse(
               h, transport::ResponseTypeFor(h.type),
-              absl::InvalidArgumentError(absl::StrCat("no partition ", h.partition,
-                                                      " or not a pull/push"))));
+              absl::InvalidArgumentError(
+                  absl::StrCat("no partition ", h.partition, " or not a pull/push"))));
           return;
         }
         pserver::Partition& part = *parts[h.partition];
@@ -1033,7 +1046,8 @@ absl::StatusOr<SparseResult> RunSparse(const SparseCase& c) {
     const absl::Time t0 = absl::Now();
     for (uint32_t p = 0; p < partitions; ++p) {
       for (size_t i = fill_offsets[p]; i < fill_offsets[p + 1]; i += kFillKeys) {
-        client->SendFill(p, all_keys.data() + i, std::min<size_t>(kFillKeys, fill_offsets[p + 1] - i));
+        client->SendFill(p, all_keys.data() + i,
+                         std::min<size_t>(kFillKeys, fill_offsets[p + 1] - i));
       }
     }
     STRATA_RETURN_IF_ERROR(client->Drain());
@@ -1052,12 +1066,11 @@ absl::StatusOr<SparseResult> RunSparse(const SparseCase& c) {
   uint64_t allocated = 0;
   r.rows = count_rows(&allocated);
   if (r.rows != c.rows) {
-    return absl::InternalError(absl::StrCat("sparse bench: the fill made ", r.rows,
-                                            " rows of ", c.rows, " keys"));
+    return absl::InternalError(
+        absl::StrCat("sparse bench: the fill made ", r.rows, " rows of ", c.rows, " keys"));
   }
   r.bytes_per_row_rss = static_cast<double>(rss_after - rss_before) / r.rows;
   r.bytes_per_row_allocated = static_cast<double>(allocated) / r.rows;
-
 
   // The baseline map, after the fill so that the fill's growth is the
   // table's alone.
@@ -1165,8 +1178,8 @@ absl::StatusOr<SparseResult> RunSparse(const SparseCase& c) {
   if (failed) return absl::InternalError("sparse bench: a direct partition call failed");
   // Every key pushed was found: no row was added.
   if (const uint64_t rows = count_rows(nullptr); rows != c.rows) {
-    return absl::InternalError(absl::StrCat("sparse bench: ", rows - c.rows,
-                                            " rows appeared after the fill"));
+    return absl::InternalError(
+        absl::StrCat("sparse bench: ", rows - c.rows, " rows appeared after the fill"));
   }
   return r;
 }

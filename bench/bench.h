@@ -30,9 +30,9 @@ struct PushPullCase {
   int servers = 1;
   std::string transport = "tcp";
   int64_t slice_bytes = 4 << 20;
-  double seconds = 1.0;  // measuring time per case (at least 5 operations)
-  int apply_threads = 1;  // PServerOptions::apply_threads
-  int rdma_slot_kib = 64;     // cluster.rdma.slot_kib (transport rdma/auto)
+  double seconds = 1.0;        // measuring time per case (at least 5 operations)
+  int apply_threads = 1;       // PServerOptions::apply_threads
+  int rdma_slot_kib = 64;      // cluster.rdma.slot_kib (transport rdma/auto)
   int rdma_busy_poll_us = 50;  // cluster.rdma.busy_poll_us
   // Register the client's gradient and parameter tensors with the transport,
   // as a worker does (rdma: zero-copy pushes, pulls written in place).
@@ -61,13 +61,12 @@ struct ApplyResult {
 // Server-side apply over `floats` parameters, as a pserver partition does it
 // (sum of gradients scaled by 1/count, optimizer step), against a streaming
 // loop that reads and writes the same arrays.
-absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floats,
-                                     int threads);
+absl::StatusOr<ApplyResult> RunApply(const std::string& optimizer, uint64_t floats, int threads);
 
 struct EncryptionResult {
-  uint64_t bytes = 0;          // payload of each request
-  double plain_gbps = 0;       // tcp transport, no handshake, frames in the clear
-  double sealed_gbps = 0;      // membership handshake, every frame AES-256-GCM sealed
+  uint64_t bytes = 0;      // payload of each request
+  double plain_gbps = 0;   // tcp transport, no handshake, frames in the clear
+  double sealed_gbps = 0;  // membership handshake, every frame AES-256-GCM sealed
   double plain_p50_us = 0;
   double sealed_p50_us = 0;
 };

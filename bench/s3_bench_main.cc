@@ -6,11 +6,11 @@
 //   strata-s3-bench --config C --root s3://bucket/prefix --files 4 --mb 64
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"

@@ -16,11 +16,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/model_spec.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "worker/device.h"
-#include "common/config.h"
-#include "common/model_spec.h"
 #include "worker/mlp.h"
 #include "worker/wide_deep.h"
 
@@ -52,9 +52,9 @@ bool TimeSteps(const std::function<absl::StatusOr<double>()>& step, double* ms, 
     }
     *loss = *l;
     if (i + 1 == 5 + FLAGS_steps) {
-      *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count() /
-            FLAGS_steps;
+      *ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+          FLAGS_steps;
     }
   }
   return true;
@@ -75,7 +75,8 @@ int RunWideDeep(const std::vector<int>& hidden, strata::worker::Device* device) 
   }
   const int batch = FLAGS_batch;
   const size_t occurrences = static_cast<size_t>(batch) * kCtrFields;
-  const size_t unique = FLAGS_unique_keys > 0 ? FLAGS_unique_keys : std::max<size_t>(1, occurrences / 2);
+  const size_t unique =
+      FLAGS_unique_keys > 0 ? FLAGS_unique_keys : std::max<size_t>(1, occurrences / 2);
   std::vector<float> dense(static_cast<size_t>(batch) * kCtrDenseFeatures), labels(batch);
   for (float& v : dense) v = normal(rng) * 20;
   for (float& v : labels) v = static_cast<float>(rng() % 2);
@@ -88,9 +89,8 @@ int RunWideDeep(const std::vector<int>& hidden, strata::worker::Device* device) 
   double loss = 0, ms = 0;
   if (!TimeSteps(
           [&] {
-            return net.TrainStep(dense.data(), slot.data(), labels.data(), batch,
-                                 wide_rows.data(), emb_rows.data(), unique, &wide_grad,
-                                 &emb_grad);
+            return net.TrainStep(dense.data(), slot.data(), labels.data(), batch, wide_rows.data(),
+                                 emb_rows.data(), unique, &wide_grad, &emb_grad);
           },
           &ms, &loss)) {
     return 1;
@@ -181,8 +181,8 @@ int main(int argc, char** argv) {
       "\"batch\": %d, "
       "\"ms_per_step\": %.4f, \"loss\": %.4f, \"activation_bytes\": %llu, "
       "\"activation_bytes_without_recompute\": %llu}\n",
-      (*device)->Describe().c_str(), FLAGS_precision.c_str(), FLAGS_layers.c_str(), FLAGS_batch,
-      ms, loss / FLAGS_batch, static_cast<unsigned long long>(m.held),
+      (*device)->Describe().c_str(), FLAGS_precision.c_str(), FLAGS_layers.c_str(), FLAGS_batch, ms,
+      loss / FLAGS_batch, static_cast<unsigned long long>(m.held),
       static_cast<unsigned long long>(m.without_recompute));
   return 0;
 }

@@ -28,11 +28,13 @@ DEFINE_int32(servers, 1, "pservers (in this process)");
 DEFINE_string(transport, "tcp", "tcp | rdma | auto | inproc");
 DEFINE_int64(slice_bytes, 4 << 20, "partition size");
 DEFINE_double(seconds, 1.0, "measuring time per case (sparse: per op and way, default 3)");
-DEFINE_int32(pserver_apply_threads, 1, "pserver apply threads (1 = transport thread, 0 = one per core)");
+DEFINE_int32(pserver_apply_threads, 1,
+             "pserver apply threads (1 = transport thread, 0 = one per core)");
 DEFINE_int64(apply_floats, 64ll << 20, "parameters for --mode apply");
 DEFINE_int32(apply_threads, 0, "threads for apply (0 = hardware threads)");
 DEFINE_int32(rdma_slot_kib, 64, "rdma: bytes per send/receive slot / 1024 (cluster.rdma.slot_kib)");
-DEFINE_int32(rdma_busy_poll_us, 50, "rdma: busy polling after a completion (cluster.rdma.busy_poll_us)");
+DEFINE_int32(rdma_busy_poll_us, 50,
+             "rdma: busy polling after a completion (cluster.rdma.busy_poll_us)");
 DEFINE_bool(register_tensors, true,
             "register the client's tensors as a worker does (rdma: zero-copy pushes, pulls "
             "written in place; false: both copied through the slots)");
@@ -96,23 +98,24 @@ int RunSparseMode() {
           "\"partition_keys_per_sec\": %.0f}",
           o->op, o->keys_per_sec, o->baseline_keys_per_sec,
           o->keys_per_sec / o->baseline_keys_per_sec, o->keys_per_server_cpu_sec,
-          o->keys_per_server_cpu_sec / o->baseline_keys_per_sec, o->server_busy,
-          o->handler_share, o->ratio_min, o->ratio_max, o->rounds, o->table_keys_per_sec,
-          o->partition_keys_per_sec);
+          o->keys_per_server_cpu_sec / o->baseline_keys_per_sec, o->server_busy, o->handler_share,
+          o->ratio_min, o->ratio_max, o->rounds, o->table_keys_per_sec, o->partition_keys_per_sec);
     }
-    std::fputs(absl::StrFormat(
-        "{\"sparse\": [%s],\n  \"memory\": {\"rows\": %d, \"bytes_per_row_rss\": %.2f, "
-        "\"bytes_per_row_allocated\": %.2f, \"stated_bytes_per_row\": %.0f, \"ratio\": %.4f, "
-        "\"baseline_bytes_per_row_rss\": %.2f},\n  \"fill_keys_per_sec\": %.0f,\n"
-        "  \"rows\": %d, \"partitions\": %d, \"dim\": %d, \"optimizer\": \"sgd\", "
-        "\"batch_keys\": %d, \"unique_keys_per_batch\": %.1f, \"zipf_s\": %.3f, "
-        "\"in_flight_batches\": %d, \"pool_batches\": %d, \"seconds\": %.2f, "
-        "\"transport\": \"%s\"}\n",
-        ops, r->rows, r->bytes_per_row_rss, r->bytes_per_row_allocated,
-        r->stated_bytes_per_row, mem_ratio, r->baseline_bytes_per_row_rss, r->fill_keys_per_sec,
-        c.rows, c.partitions,
-        c.dim, c.batch_keys, r->unique_keys_per_batch, c.zipf_s, c.in_flight, c.pool_batches,
-        c.seconds, c.transport).c_str(), stdout);
+    std::fputs(
+        absl::StrFormat(
+            "{\"sparse\": [%s],\n  \"memory\": {\"rows\": %d, \"bytes_per_row_rss\": %.2f, "
+            "\"bytes_per_row_allocated\": %.2f, \"stated_bytes_per_row\": %.0f, \"ratio\": %.4f, "
+            "\"baseline_bytes_per_row_rss\": %.2f},\n  \"fill_keys_per_sec\": %.0f,\n"
+            "  \"rows\": %d, \"partitions\": %d, \"dim\": %d, \"optimizer\": \"sgd\", "
+            "\"batch_keys\": %d, \"unique_keys_per_batch\": %.1f, \"zipf_s\": %.3f, "
+            "\"in_flight_batches\": %d, \"pool_batches\": %d, \"seconds\": %.2f, "
+            "\"transport\": \"%s\"}\n",
+            ops, r->rows, r->bytes_per_row_rss, r->bytes_per_row_allocated, r->stated_bytes_per_row,
+            mem_ratio, r->baseline_bytes_per_row_rss, r->fill_keys_per_sec, c.rows, c.partitions,
+            c.dim, c.batch_keys, r->unique_keys_per_batch, c.zipf_s, c.in_flight, c.pool_batches,
+            c.seconds, c.transport)
+            .c_str(),
+        stdout);
     return 0;
   }
   std::printf(
@@ -154,7 +157,8 @@ int RunSparseMode() {
 int RunEncryptionMode() {
   std::vector<std::string> rows;
   if (!FLAGS_json) {
-    std::printf("tcp data plane, one connection on 127.0.0.1, requests answered empty (as pushes)\n");
+    std::printf(
+        "tcp data plane, one connection on 127.0.0.1, requests answered empty (as pushes)\n");
     std::printf("%-8s  %11s %11s %7s  %11s %11s\n", "size", "plain GB/s", "sealed GB/s", "ratio",
                 "plain p50", "sealed p50");
   }
@@ -181,7 +185,8 @@ int RunEncryptionMode() {
 }
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("strata-bench [--mode M] [--sizes 4K,1M] [--workers W] [--servers S] [--json]");
+  gflags::SetUsageMessage(
+      "strata-bench [--mode M] [--sizes 4K,1M] [--workers W] [--servers S] [--json]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_minloglevel = 2;  // the daemons' INFO/WARNING lines would drown the table
   google::InitGoogleLogging(argv[0]);
@@ -232,11 +237,11 @@ int main(int argc, char** argv) {
           "\"ratio_to_bound\": %.4f}",
           m->model_bytes, m->state_bytes, m->rss_bytes, m->peak_rss_bytes, m->bound_bytes, ratio);
     } else {
-      std::printf("pserver memory, %s model, adam: resident %.1f MiB (peak %.1f MiB); "
-                  "parameters + state %.1f MiB; bound 1.3x + 64 MiB = %.1f MiB; ratio %.3f\n\n",
-                  Human(m->model_bytes).c_str(), m->rss_bytes / 1048576.0,
-                  m->peak_rss_bytes / 1048576.0, (m->model_bytes + m->state_bytes) / 1048576.0,
-                  m->bound_bytes / 1048576.0, ratio);
+      std::printf(
+          "pserver memory, %s model, adam: resident %.1f MiB (peak %.1f MiB); "
+          "parameters + state %.1f MiB; bound 1.3x + 64 MiB = %.1f MiB; ratio %.3f\n\n",
+          Human(m->model_bytes).c_str(), m->rss_bytes / 1048576.0, m->peak_rss_bytes / 1048576.0,
+          (m->model_bytes + m->state_bytes) / 1048576.0, m->bound_bytes / 1048576.0, ratio);
     }
   }
   bool any_pp = false;
@@ -250,9 +255,12 @@ int main(int argc, char** argv) {
     }
     raw_gbps = *raw;
     if (!FLAGS_json) {
-      std::printf("baseline: raw single-stream TCP over 127.0.0.1: %.2f GB/s (best of 128K/1M/16M writes)\n\n", raw_gbps);
-      std::printf("%-9s %-8s %3s %3s  %9s %7s  %9s %9s %9s %7s\n", "mode", "size", "W", "S",
-                  "GB/s", "ratio", "p50 us", "p99 us", "raw p50", "ratio");
+      std::printf(
+          "baseline: raw single-stream TCP over 127.0.0.1: %.2f GB/s (best of 128K/1M/16M "
+          "writes)\n\n",
+          raw_gbps);
+      std::printf("%-9s %-8s %3s %3s  %9s %7s  %9s %9s %9s %7s\n", "mode", "size", "W", "S", "GB/s",
+                  "ratio", "p50 us", "p99 us", "raw p50", "ratio");
     }
   }
   for (uint64_t bytes : sizes) {
@@ -292,22 +300,24 @@ int main(int argc, char** argv) {
             "\"baseline_gbps\": %.4f, \"baseline_p50_us\": %.1f, \"ratio_gbps\": %.4f, "
             "\"ratio_p50\": %.4f, \"operations\": %d, \"slice_bytes\": %d}",
             mode, bytes, c.workers, c.servers, c.transport, r->gbps, r->latency.p50_us,
-            r->latency.p99_us, raw_gbps, pp->p50_us, ratio, lratio, r->operations,
-            c.slice_bytes);
+            r->latency.p99_us, raw_gbps, pp->p50_us, ratio, lratio, r->operations, c.slice_bytes);
       } else {
         std::printf("%-9s %-8s %3d %3d  %9.3f %7.3f  %9.1f %9.1f %9.1f %7.2f\n", mode.c_str(),
-                    Human(bytes).c_str(), c.workers, c.servers, r->gbps, ratio,
-                    r->latency.p50_us, r->latency.p99_us, pp->p50_us, lratio);
+                    Human(bytes).c_str(), c.workers, c.servers, r->gbps, ratio, r->latency.p50_us,
+                    r->latency.p99_us, pp->p50_us, lratio);
         std::fflush(stdout);
       }
     }
   }
   if (std::find(modes.begin(), modes.end(), "apply") != modes.end()) {
-    const int threads = FLAGS_apply_threads > 0 ? FLAGS_apply_threads
-                                                : static_cast<int>(std::thread::hardware_concurrency());
+    const int threads = FLAGS_apply_threads > 0
+                            ? FLAGS_apply_threads
+                            : static_cast<int>(std::thread::hardware_concurrency());
     if (!FLAGS_json) {
-      std::printf("\napply over %lld floats, %d thread(s); baseline: a streaming loop over the same arrays\n",
-                  static_cast<long long>(FLAGS_apply_floats), threads);
+      std::printf(
+          "\napply over %lld floats, %d thread(s); baseline: a streaming loop over the same "
+          "arrays\n",
+          static_cast<long long>(FLAGS_apply_floats), threads);
       std::printf("%-9s %9s %9s %7s\n", "optimizer", "GB/s", "baseline", "ratio");
     }
     for (const char* opt : {"sgd", "adam"}) {
@@ -329,8 +339,10 @@ int main(int argc, char** argv) {
     }
   }
   if (FLAGS_json) {
-    std::printf("{\"raw_tcp_gbps\": %.4f,\n  \"results\": [\n    %s\n  ],\n  \"apply\": [\n    %s\n  ],\n  \"memory\": %s\n}\n",
-                raw_gbps, json_results.c_str(), json_apply.c_str(), json_memory.c_str());
+    std::printf(
+        "{\"raw_tcp_gbps\": %.4f,\n  \"results\": [\n    %s\n  ],\n  \"apply\": [\n    %s\n  ],\n  "
+        "\"memory\": %s\n}\n",
+        raw_gbps, json_results.c_str(), json_apply.c_str(), json_memory.c_str());
   }
   return 0;
 }

@@ -107,8 +107,7 @@ std::string Describe(const YAML::Node& node) {
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Scalar:
-      if (node.Tag() == "!")
-        return absl::StrCat("quoted string \"", node.Scalar(), "\"");
+      if (node.Tag() == "!") return absl::StrCat("quoted string \"", node.Scalar(), "\"");
       return absl::StrCat("'", node.Scalar(), "'");
     case YAML::NodeType::Undefined:
       break;
@@ -117,9 +116,7 @@ std::string Describe(const YAML::Node& node) {
 }
 
 // True for a plain (unquoted) scalar: only those may be read as numbers.
-bool IsPlainScalar(const YAML::Node& node) {
-  return node.IsScalar() && node.Tag() != "!";
-}
+bool IsPlainScalar(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
 
 // Walks a parsed YAML document and fills a JobConfig, stopping at the first
 // error. Errors are InvalidArgument "file:line:col: path: message".
@@ -156,8 +153,7 @@ class ConfigReader {
   // Reads a map section at `path` ("" for the document root) whose allowed
   // keys are `fields`. An empty (null) node is an empty map. `where` is used
   // for errors about the node as a whole.
-  absl::Status ReadMap(const YAML::Node& node, const YAML::Mark& where,
-                       const std::string& path,
+  absl::Status ReadMap(const YAML::Node& node, const YAML::Mark& where, const std::string& path,
                        const std::vector<Field>& fields);
 
   // Field builders: read one typed value into `*out` and apply `check`.
@@ -166,19 +162,14 @@ class ConfigReader {
   Field Int64(const std::string& key, int64_t* out, Check<int64_t> check);
   Field Uint64(const std::string& key, uint64_t* out);
   Field Double(const std::string& key, double* out, Check<double> check);
-  Field String(const std::string& key, std::string* out,
-               Check<std::string> check);
-  Field Enum(const std::string& key, std::string* out,
-             std::vector<std::string> allowed);
+  Field String(const std::string& key, std::string* out, Check<std::string> check);
+  Field Enum(const std::string& key, std::string* out, std::vector<std::string> allowed);
   Field Bool(const std::string& key, bool* out);
-  Field Section(const std::string& key,
-                std::function<std::vector<Field>()> fields);
+  Field Section(const std::string& key, std::function<std::vector<Field>()> fields);
 
-  absl::StatusOr<int64_t> ParseInt(const YAML::Node& key,
-                                   const YAML::Node& value,
+  absl::StatusOr<int64_t> ParseInt(const YAML::Node& key, const YAML::Node& value,
                                    const std::string& path) const;
-  absl::StatusOr<double> ParseDouble(const YAML::Node& key,
-                                     const YAML::Node& value,
+  absl::StatusOr<double> ParseDouble(const YAML::Node& key, const YAML::Node& value,
                                      const std::string& path) const;
 
   std::vector<Field> JobFields(JobSection* job);
@@ -203,39 +194,31 @@ class ConfigReader {
 
 std::string ConfigReader::Position(const YAML::Mark& mark) const {
   if (mark.is_null() || mark.line < 0) return absl::StrCat(filename_, ": ");
-  return absl::StrCat(filename_, ":", mark.line + 1, ":", mark.column + 1,
-                      ": ");
+  return absl::StrCat(filename_, ":", mark.line + 1, ":", mark.column + 1, ": ");
 }
 
-absl::Status ConfigReader::Error(const YAML::Mark& mark,
-                                 absl::string_view message) const {
+absl::Status ConfigReader::Error(const YAML::Mark& mark, absl::string_view message) const {
   return absl::InvalidArgumentError(absl::StrCat(Position(mark), message));
 }
 
-absl::Status ConfigReader::PathError(const YAML::Mark& mark,
-                                     const std::string& path,
+absl::Status ConfigReader::PathError(const YAML::Mark& mark, const std::string& path,
                                      absl::string_view message) const {
   return Error(mark, absl::StrCat(path, ": ", message));
 }
 
-YAML::Mark ConfigReader::ValueMark(const YAML::Node& key,
-                                   const YAML::Node& value) {
+YAML::Mark ConfigReader::ValueMark(const YAML::Node& key, const YAML::Node& value) {
   if (value.IsNull() || value.Mark().is_null()) return key.Mark();
   return value.Mark();
 }
 
-absl::Status ConfigReader::ReadMap(const YAML::Node& node,
-                                   const YAML::Mark& where,
-                                   const std::string& path,
-                                   const std::vector<Field>& fields) {
+absl::Status ConfigReader::ReadMap(const YAML::Node& node, const YAML::Mark& where,
+                                   const std::string& path, const std::vector<Field>& fields) {
   if (node.IsNull()) return absl::OkStatus();
   if (!node.IsMap()) {
     if (path.empty()) {
-      return Error(where, absl::StrCat("expected a map of sections, got ",
-                                       Describe(node)));
+      return Error(where, absl::StrCat("expected a map of sections, got ", Describe(node)));
     }
-    return PathError(where, path,
-                     absl::StrCat("expected a map, got ", Describe(node)));
+    return PathError(where, path, absl::StrCat("expected a map, got ", Describe(node)));
   }
   std::vector<std::string> names;
   names.reserve(fields.size());
@@ -247,26 +230,22 @@ absl::Status ConfigReader::ReadMap(const YAML::Node& node,
     const YAML::Node& value = kv.second;
     if (!key.IsScalar()) {
       return Error(key.Mark(), absl::StrCat(path.empty() ? "" : path + ": ",
-                                            "keys must be plain names, got ",
-                                            Describe(key)));
+                                            "keys must be plain names, got ", Describe(key)));
     }
     const std::string& name = key.Scalar();
-    const std::string full =
-        path.empty() ? name : absl::StrCat(path, ".", name);
+    const std::string full = path.empty() ? name : absl::StrCat(path, ".", name);
     const Field* field = nullptr;
     for (const Field& f : fields) {
       if (f.key == name) field = &f;
     }
     if (field == nullptr) {
-      return Error(key.Mark(),
-                   absl::StrCat("unknown key '", full, "' (expected one of: ",
-                                absl::StrJoin(names, ", "), ")"));
+      return Error(key.Mark(), absl::StrCat("unknown key '", full, "' (expected one of: ",
+                                            absl::StrJoin(names, ", "), ")"));
     }
     auto [it, inserted] = seen.emplace(name, key.Mark().line + 1);
     if (!inserted) {
-      return Error(key.Mark(),
-                   absl::StrCat("duplicate key '", full,
-                                "' (first given on line ", it->second, ")"));
+      return Error(key.Mark(), absl::StrCat("duplicate key '", full, "' (first given on line ",
+                                            it->second, ")"));
     }
     marks_[full] = ValueMark(key, value);
     STRATA_RETURN_IF_ERROR(field->read(key, value, full));
@@ -274,8 +253,7 @@ absl::Status ConfigReader::ReadMap(const YAML::Node& node,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ConfigReader::ParseInt(const YAML::Node& key,
-                                               const YAML::Node& value,
+absl::StatusOr<int64_t> ConfigReader::ParseInt(const YAML::Node& key, const YAML::Node& value,
                                                const std::string& path) const {
   int64_t v = 0;
   if (IsPlainScalar(value) && absl::SimpleAtoi(value.Scalar(), &v)) return v;
@@ -284,46 +262,40 @@ absl::StatusOr<int64_t> ConfigReader::ParseInt(const YAML::Node& key,
     absl::string_view s = value.Scalar();
     if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
     if (!s.empty() && std::all_of(s.begin(), s.end(), absl::ascii_isdigit)) {
-      return PathError(value.Mark(), path,
-                       absl::StrCat("integer out of range: ", value.Scalar()));
+      return PathError(value.Mark(), path, absl::StrCat("integer out of range: ", value.Scalar()));
     }
   }
   return PathError(ValueMark(key, value), path,
                    absl::StrCat("expected an integer, got ", Describe(value)));
 }
 
-absl::StatusOr<double> ConfigReader::ParseDouble(
-    const YAML::Node& key, const YAML::Node& value,
-    const std::string& path) const {
+absl::StatusOr<double> ConfigReader::ParseDouble(const YAML::Node& key, const YAML::Node& value,
+                                                 const std::string& path) const {
   double v = 0;
   if (IsPlainScalar(value) && absl::SimpleAtod(value.Scalar(), &v)) {
     if (std::isfinite(v)) return v;
-    return PathError(
-        value.Mark(), path,
-        absl::StrCat("expected a finite number, got '", value.Scalar(), "'"));
+    return PathError(value.Mark(), path,
+                     absl::StrCat("expected a finite number, got '", value.Scalar(), "'"));
   }
   return PathError(ValueMark(key, value), path,
                    absl::StrCat("expected a number, got ", Describe(value)));
 }
 
-ConfigReader::Field ConfigReader::Int(const std::string& key, int* out,
-                                      Check<int64_t> check) {
-  return {key,
-          [this, out, check](const YAML::Node& k, const YAML::Node& v,
-                             const std::string& path) -> absl::Status {
-            STRATA_ASSIGN_OR_RETURN(int64_t value, ParseInt(k, v, path));
-            if (value < std::numeric_limits<int>::min() ||
-                value > std::numeric_limits<int>::max()) {
-              return PathError(v.Mark(), path,
-                               absl::StrCat("integer out of range: ", value));
-            }
-            if (auto why = check(value)) {
-              return PathError(v.Mark(), path,
-                               absl::StrCat(*why, ", got ", value));
-            }
-            *out = static_cast<int>(value);
-            return absl::OkStatus();
-          }};
+ConfigReader::Field ConfigReader::Int(const std::string& key, int* out, Check<int64_t> check) {
+  return {
+      key,
+      [this, out, check](const YAML::Node& k, const YAML::Node& v,
+                         const std::string& path) -> absl::Status {
+        STRATA_ASSIGN_OR_RETURN(int64_t value, ParseInt(k, v, path));
+        if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+          return PathError(v.Mark(), path, absl::StrCat("integer out of range: ", value));
+        }
+        if (auto why = check(value)) {
+          return PathError(v.Mark(), path, absl::StrCat(*why, ", got ", value));
+        }
+        *out = static_cast<int>(value);
+        return absl::OkStatus();
+      }};
 }
 
 ConfigReader::Field ConfigReader::Int64(const std::string& key, int64_t* out,
@@ -333,16 +305,14 @@ ConfigReader::Field ConfigReader::Int64(const std::string& key, int64_t* out,
                              const std::string& path) -> absl::Status {
             STRATA_ASSIGN_OR_RETURN(int64_t value, ParseInt(k, v, path));
             if (auto why = check(value)) {
-              return PathError(v.Mark(), path,
-                               absl::StrCat(*why, ", got ", value));
+              return PathError(v.Mark(), path, absl::StrCat(*why, ", got ", value));
             }
             *out = value;
             return absl::OkStatus();
           }};
 }
 
-ConfigReader::Field ConfigReader::Uint64(const std::string& key,
-                                         uint64_t* out) {
+ConfigReader::Field ConfigReader::Uint64(const std::string& key, uint64_t* out) {
   return {key,
           [this, out](const YAML::Node& k, const YAML::Node& v,
                       const std::string& path) -> absl::Status {
@@ -351,39 +321,34 @@ ConfigReader::Field ConfigReader::Uint64(const std::string& key,
               *out = value;
               return absl::OkStatus();
             }
-            return PathError(ValueMark(k, v), path,
-                             absl::StrCat("expected an integer in [0, ",
-                                          std::numeric_limits<uint64_t>::max(),
-                                          "], got ", Describe(v)));
+            return PathError(
+                ValueMark(k, v), path,
+                absl::StrCat("expected an integer in [0, ", std::numeric_limits<uint64_t>::max(),
+                             "], got ", Describe(v)));
           }};
 }
 
-ConfigReader::Field ConfigReader::Double(const std::string& key, double* out,
-                                         Check<double> check) {
+ConfigReader::Field ConfigReader::Double(const std::string& key, double* out, Check<double> check) {
   return {key,
           [this, out, check](const YAML::Node& k, const YAML::Node& v,
                              const std::string& path) -> absl::Status {
             STRATA_ASSIGN_OR_RETURN(double value, ParseDouble(k, v, path));
             if (auto why = check(value)) {
-              return PathError(
-                  v.Mark(), path,
-                  absl::StrCat(*why, ", got ", FormatDouble(value)));
+              return PathError(v.Mark(), path, absl::StrCat(*why, ", got ", FormatDouble(value)));
             }
             *out = value;
             return absl::OkStatus();
           }};
 }
 
-ConfigReader::Field ConfigReader::String(const std::string& key,
-                                         std::string* out,
+ConfigReader::Field ConfigReader::String(const std::string& key, std::string* out,
                                          Check<std::string> check) {
   return {key,
           [this, out, check](const YAML::Node& k, const YAML::Node& v,
                              const std::string& path) -> absl::Status {
             if (!v.IsScalar()) {
-              return PathError(
-                  ValueMark(k, v), path,
-                  absl::StrCat("expected a string, got ", Describe(v)));
+              return PathError(ValueMark(k, v), path,
+                               absl::StrCat("expected a string, got ", Describe(v)));
             }
             if (check) {
               if (auto why = check(v.Scalar())) {
@@ -401,10 +366,9 @@ ConfigReader::Field ConfigReader::Enum(const std::string& key, std::string* out,
           [this, out, allowed](const YAML::Node& k, const YAML::Node& v,
                                const std::string& path) -> absl::Status {
             if (!v.IsScalar()) {
-              return PathError(
-                  ValueMark(k, v), path,
-                  absl::StrCat("expected one of ", absl::StrJoin(allowed, ", "),
-                               ", got ", Describe(v)));
+              return PathError(ValueMark(k, v), path,
+                               absl::StrCat("expected one of ", absl::StrJoin(allowed, ", "),
+                                            ", got ", Describe(v)));
             }
             for (const std::string& a : allowed) {
               if (v.Scalar() == a) {
@@ -412,10 +376,9 @@ ConfigReader::Field ConfigReader::Enum(const std::string& key, std::string* out,
                 return absl::OkStatus();
               }
             }
-            return PathError(
-                v.Mark(), path,
-                absl::StrCat("unknown value '", v.Scalar(), "' (allowed: ",
-                             absl::StrJoin(allowed, ", "), ")"));
+            return PathError(v.Mark(), path,
+                             absl::StrCat("unknown value '", v.Scalar(),
+                                          "' (allowed: ", absl::StrJoin(allowed, ", "), ")"));
           }};
 }
 
@@ -432,8 +395,8 @@ ConfigReader::Field ConfigReader::Bool(const std::string& key, bool* out) {
           }};
 }
 
-ConfigReader::Field ConfigReader::Section(
-    const std::string& key, std::function<std::vector<Field>()> fields) {
+ConfigReader::Field ConfigReader::Section(const std::string& key,
+                                          std::function<std::vector<Field>()> fields) {
   return {key,
           [this, fields](const YAML::Node& k, const YAML::Node& v,
                          const std::string& path) -> absl::Status {
@@ -451,10 +414,8 @@ std::vector<ConfigReader::Field> ConfigReader::JobFields(JobSection* job) {
        [this, job](const YAML::Node& k, const YAML::Node& v,
                    const std::string& path) -> absl::Status {
          std::string name;
-         STRATA_RETURN_IF_ERROR(
-             Enum("consistency", &name, {"bsp", "asp"}).read(k, v, path));
-         job->consistency =
-             name == "bsp" ? Consistency::kBsp : Consistency::kAsp;
+         STRATA_RETURN_IF_ERROR(Enum("consistency", &name, {"bsp", "asp"}).read(k, v, path));
+         job->consistency = name == "bsp" ? Consistency::kBsp : Consistency::kAsp;
          return absl::OkStatus();
        }},
       Int("epochs", &job->epochs, IntAtLeast(1)),
@@ -464,8 +425,7 @@ std::vector<ConfigReader::Field> ConfigReader::JobFields(JobSection* job) {
   };
 }
 
-std::vector<ConfigReader::Field> ConfigReader::ModelFields(
-    ModelSection* model) {
+std::vector<ConfigReader::Field> ConfigReader::ModelFields(ModelSection* model) {
   return {
       Enum("type", &model->type, {"mlp", "wide_deep"}),
       Int("embedding_dim", &model->embedding_dim, IntInRange(1, 4096)),
@@ -490,9 +450,8 @@ std::vector<ConfigReader::Field> ConfigReader::ModelFields(
        [this, model](const YAML::Node& k, const YAML::Node& v,
                      const std::string& path) -> absl::Status {
          if (!v.IsSequence()) {
-           return PathError(
-               ValueMark(k, v), path,
-               absl::StrCat("expected a list of integers, got ", Describe(v)));
+           return PathError(ValueMark(k, v), path,
+                            absl::StrCat("expected a list of integers, got ", Describe(v)));
          }
          if (v.size() < 2) {
            return PathError(v.Mark(), path,
@@ -503,9 +462,8 @@ std::vector<ConfigReader::Field> ConfigReader::ModelFields(
          std::vector<int> layers;
          for (const YAML::Node& item : v) {
            int w = 0;
-           STRATA_RETURN_IF_ERROR(
-               Int("", &w, IntAtLeast(1))
-                   .read(k, item, absl::StrCat(path, "[", layers.size(), "]")));
+           STRATA_RETURN_IF_ERROR(Int("", &w, IntAtLeast(1))
+                                      .read(k, item, absl::StrCat(path, "[", layers.size(), "]")));
            layers.push_back(w);
          }
          model->layers = std::move(layers);
@@ -515,8 +473,7 @@ std::vector<ConfigReader::Field> ConfigReader::ModelFields(
   };
 }
 
-std::vector<ConfigReader::Field> ConfigReader::OptimizerFields(
-    OptimizerSection* opt) {
+std::vector<ConfigReader::Field> ConfigReader::OptimizerFields(OptimizerSection* opt) {
   return {
       Enum("type", &opt->type, {"sgd", "momentum", "adam"}),
       Double("learning_rate", &opt->learning_rate, DoublePositive()),
@@ -545,8 +502,7 @@ std::vector<ConfigReader::Field> ConfigReader::SparseFields(SparseSection* spars
                 return std::vector<Field>{
                     Enum("type", &opt->type, {"sgd", "adagrad", "adam", "ftrl"}),
                     Double("learning_rate", &opt->learning_rate, DoublePositive()),
-                    Double("initial_accumulator", &opt->initial_accumulator,
-                           DoubleNonNegative()),
+                    Double("initial_accumulator", &opt->initial_accumulator, DoubleNonNegative()),
                     Double("beta1", &opt->beta1, DoubleUnitInterval()),
                     Double("beta2", &opt->beta2, DoubleUnitInterval()),
                     Double("epsilon", &opt->epsilon, DoublePositive()),
@@ -617,21 +573,17 @@ std::vector<ConfigReader::Field> ConfigReader::DataFields(DataSection* data) {
   };
 }
 
-std::vector<ConfigReader::Field> ConfigReader::ClusterFields(
-    ClusterSection* cluster) {
+std::vector<ConfigReader::Field> ConfigReader::ClusterFields(ClusterSection* cluster) {
   return {
       Enum("transport", &cluster->transport, {"tcp", "rdma", "auto", "inproc"}),
       Int64("slice_bytes", &cluster->slice_bytes, IntAtLeast(4)),
-      Int("heartbeat_interval_ms", &cluster->heartbeat_interval_ms,
-          IntAtLeast(1)),
+      Int("heartbeat_interval_ms", &cluster->heartbeat_interval_ms, IntAtLeast(1)),
       Int("dead_timeout_ms", &cluster->dead_timeout_ms, IntAtLeast(1)),
-      Int("task_lease_timeout_ms", &cluster->task_lease_timeout_ms,
-          IntAtLeast(1)),
+      Int("task_lease_timeout_ms", &cluster->task_lease_timeout_ms, IntAtLeast(1)),
       Int("request_timeout_ms", &cluster->request_timeout_ms, IntAtLeast(1)),
       Int("control_connect_ms", &cluster->control_connect_ms, IntInRange(100, 60000)),
       Int("replication", &cluster->replication, IntInRange(0, 8)),
-      Section("ports",
-              [this, cluster] { return PortsFields(&cluster->ports); }),
+      Section("ports", [this, cluster] { return PortsFields(&cluster->ports); }),
       Section("rdma", [this, cluster] { return RdmaFields(&cluster->rdma); }),
   };
 }
@@ -693,8 +645,7 @@ std::vector<ConfigReader::Field> ConfigReader::WorkerFields(WorkerSection* w) {
   };
 }
 
-std::vector<ConfigReader::Field> ConfigReader::PortsFields(
-    PortsSection* ports) {
+std::vector<ConfigReader::Field> ConfigReader::PortsFields(PortsSection* ports) {
   const auto port = [] { return IntInRange(0, 65535); };
   return {
       Int("master", &ports->master, port()),
@@ -717,18 +668,17 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
   if (c.dead_timeout_ms <= c.heartbeat_interval_ms) {
     // Point at whichever of the two the file set (dead_timeout_ms first).
     YAML::Mark mark = YAML::Mark::null_mark();
-    for (const char* key : {"cluster.dead_timeout_ms",
-                            "cluster.heartbeat_interval_ms", "cluster"}) {
+    for (const char* key :
+         {"cluster.dead_timeout_ms", "cluster.heartbeat_interval_ms", "cluster"}) {
       auto it = marks_.find(key);
       if (it != marks_.end()) {
         mark = it->second;
         break;
       }
     }
-    return PathError(
-        mark, "cluster.dead_timeout_ms",
-        absl::StrCat("must be > cluster.heartbeat_interval_ms (",
-                     c.heartbeat_interval_ms, "), got ", c.dead_timeout_ms));
+    return PathError(mark, "cluster.dead_timeout_ms",
+                     absl::StrCat("must be > cluster.heartbeat_interval_ms (",
+                                  c.heartbeat_interval_ms, "), got ", c.dead_timeout_ms));
   }
   return absl::OkStatus();
 }
@@ -743,26 +693,24 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   const std::vector<Field> sections = {
       Section("job", [this, config] { return JobFields(&config->job); }),
       Section("model", [this, config] { return ModelFields(&config->model); }),
-      Section("optimizer",
-              [this, config] { return OptimizerFields(&config->optimizer); }),
+      Section("optimizer", [this, config] { return OptimizerFields(&config->optimizer); }),
       Section("sparse", [this, config] { return SparseFields(&config->sparse); }),
       Section("data", [this, config] { return DataFields(&config->data); }),
-      Section("cluster",
-              [this, config] { return ClusterFields(&config->cluster); }),
-      Section("checkpoint",
-              [this, config] { return CheckpointFields(&config->checkpoint); }),
+      Section("cluster", [this, config] { return ClusterFields(&config->cluster); }),
+      Section("checkpoint", [this, config] { return CheckpointFields(&config->checkpoint); }),
       Section("worker", [this, config] { return WorkerFields(&config->worker); }),
       Section("s3", [this, config] { return S3Fields(&config->s3); }),
-      Section("security", [this, config] {
-        SecuritySection* sec = &config->security;
-        return std::vector<Field>{
-            Enum("mode", &sec->mode, {"mtls", "plaintext"}),
-            String("tls_dir", &sec->tls_dir, NonEmpty()),
-            String("token_file", &sec->token_file, NonEmpty()),
-            Int("refresh_seconds", &sec->refresh_seconds, IntInRange(1, 86400)),
-            Bool("encrypt_data_plane", &sec->encrypt_data_plane),
-        };
-      }),
+      Section("security",
+              [this, config] {
+                SecuritySection* sec = &config->security;
+                return std::vector<Field>{
+                    Enum("mode", &sec->mode, {"mtls", "plaintext"}),
+                    String("tls_dir", &sec->tls_dir, NonEmpty()),
+                    String("token_file", &sec->token_file, NonEmpty()),
+                    Int("refresh_seconds", &sec->refresh_seconds, IntInRange(1, 86400)),
+                    Bool("encrypt_data_plane", &sec->encrypt_data_plane),
+                };
+              }),
   };
   STRATA_RETURN_IF_ERROR(ReadMap(root, root_mark, "", sections));
 
@@ -772,15 +720,14 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   }
   const bool criteo = config->data.format == "criteo";
   const std::vector<const char*> required =
-      criteo ? std::vector<const char*>{"train", "test"}
-             : std::vector<const char*>{"train_images", "train_labels", "test_images",
-                                        "test_labels"};
+      criteo
+          ? std::vector<const char*>{"train", "test"}
+          : std::vector<const char*>{"train_images", "train_labels", "test_images", "test_labels"};
   for (const char* key : required) {
     const std::string path = absl::StrCat("data.", key);
     if (marks_.count(path) == 0) {
-      return Error(data->second,
-                   absl::StrCat("missing required key '", path, "'",
-                                criteo ? " (data.format criteo)" : ""));
+      return Error(data->second, absl::StrCat("missing required key '", path, "'",
+                                              criteo ? " (data.format criteo)" : ""));
     }
   }
   if (config->data.generate.enabled && marks_.count("data.generate.out_dir") == 0) {
@@ -800,13 +747,13 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
       auto it = marks_.find(key);
       if (it == marks_.end()) continue;
       const std::string& value =
-          std::string(key) == "checkpoint.dir" ? config->checkpoint.dir
+          std::string(key) == "checkpoint.dir"      ? config->checkpoint.dir
           : std::string(key) == "data.train_images" ? config->data.train_images
           : std::string(key) == "data.train_labels" ? config->data.train_labels
-          : std::string(key) == "data.test_images" ? config->data.test_images
-          : std::string(key) == "data.test_labels" ? config->data.test_labels
-          : std::string(key) == "data.train" ? config->data.train
-                                             : config->data.test;
+          : std::string(key) == "data.test_images"  ? config->data.test_images
+          : std::string(key) == "data.test_labels"  ? config->data.test_labels
+          : std::string(key) == "data.train"        ? config->data.train
+                                                    : config->data.test;
       if (value.rfind("s3://", 0) == 0) {
         return PathError(it->second, key,
                          absl::StrCat("'", value,
@@ -820,10 +767,10 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   const bool wide_deep = config->model.type == "wide_deep";
   if (wide_deep != criteo) {
     auto it = marks_.find("model.type");
-    return PathError(it != marks_.end() ? it->second : data->second, "model.type",
-                     absl::StrCat("model type '", config->model.type,
-                                  "' does not read data.format '", config->data.format,
-                                  "' (mlp reads idx, wide_deep reads criteo)"));
+    return PathError(
+        it != marks_.end() ? it->second : data->second, "model.type",
+        absl::StrCat("model type '", config->model.type, "' does not read data.format '",
+                     config->data.format, "' (mlp reads idx, wide_deep reads criteo)"));
   }
   return CrossCheck(*config);
 }
@@ -843,8 +790,8 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   }
   std::ifstream in(path, std::ios::in | std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": cannot open: ", std::generic_category().message(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open: ", std::generic_category().message(errno)));
   }
   std::ostringstream text;
   text << in.rdbuf();
@@ -899,8 +846,7 @@ constexpr int kMaxDocumentsCounted = 8;
 
 }  // namespace
 
-absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text,
-                                         const std::string& filename) {
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& filename) {
   JobConfig config;
   try {
     // Count the documents (a bounded number), then load the first.
@@ -915,25 +861,21 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text,
       const YAML::Mark& mark = finder.second_root();
       std::string where = filename + ": ";
       if (!mark.is_null() && mark.line >= 0) {
-        where = absl::StrCat(filename, ":", mark.line + 1, ":", mark.column + 1,
-                             ": ");
+        where = absl::StrCat(filename, ":", mark.line + 1, ":", mark.column + 1, ": ");
       }
       return absl::InvalidArgumentError(absl::StrCat(
           where, "expected one YAML document, found ",
-          documents > kMaxDocumentsCounted
-              ? absl::StrCat("more than ", kMaxDocumentsCounted)
-              : absl::StrCat(documents)));
+          documents > kMaxDocumentsCounted ? absl::StrCat("more than ", kMaxDocumentsCounted)
+                                           : absl::StrCat(documents)));
     }
     ConfigReader reader(filename);
     STRATA_RETURN_IF_ERROR(reader.Read(YAML::Load(text), &config));
   } catch (const YAML::Exception& e) {
     std::string where = filename + ": ";
     if (!e.mark.is_null() && e.mark.line >= 0) {
-      where = absl::StrCat(filename, ":", e.mark.line + 1, ":",
-                           e.mark.column + 1, ": ");
+      where = absl::StrCat(filename, ":", e.mark.line + 1, ":", e.mark.column + 1, ": ");
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "invalid YAML: ", e.msg));
+    return absl::InvalidArgumentError(absl::StrCat(where, "invalid YAML: ", e.msg));
   }
   config.source.clear();
   return config;

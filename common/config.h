@@ -20,9 +20,9 @@ const char* ConsistencyName(Consistency c);
 struct JobSection {
   std::string name = "strata-job";
   Consistency consistency = Consistency::kBsp;
-  int epochs = 1;                   // > 0
-  int batch_size = 64;              // > 0, per worker
-  int progress_every_steps = 50;    // > 0
+  int epochs = 1;                 // > 0
+  int batch_size = 64;            // > 0, per worker
+  int progress_every_steps = 50;  // > 0
   uint64_t seed = 1;
 };
 
@@ -30,12 +30,12 @@ struct ModelSection {
   // "mlp" | "wide_deep" (YAML); "dense" (programs)
   std::string type = "mlp";
   std::vector<int> layers{784, 256, 128, 10};  // mlp: >= 2 entries, each > 0
-  std::string activation = "relu";           // relu | tanh | sigmoid
+  std::string activation = "relu";             // relu | tanh | sigmoid
   // wide_deep (docs/sparse.md): the wide part is a sparse logistic
   // regression over the categorical features plus a linear term over the
   // dense ones; the deep part an MLP over [embeddings of every categorical
   // feature, dense features] with these hidden widths and one output.
-  int embedding_dim = 8;          // > 0
+  int embedding_dim = 8;            // > 0
   std::vector<int> hidden{64, 32};  // each > 0 (may be empty: linear)
   // type "dense" only, set by programs (bench/), not by YAML: one
   // zero-initialised fp32 table "dense<i>" of dense_tables[i] elements each.
@@ -43,7 +43,7 @@ struct ModelSection {
 };
 
 struct OptimizerSection {
-  std::string type = "adam";   // sgd | momentum | adam
+  std::string type = "adam";     // sgd | momentum | adam
   double learning_rate = 0.001;  // > 0
   double momentum = 0.9;         // [0, 1)
   double beta1 = 0.9;            // [0, 1)
@@ -55,16 +55,16 @@ struct OptimizerSection {
 // Sparse (embedding) tables: uint64 key -> row of `dim` floats, created on
 // first touch (docs/config.md, section "sparse").
 struct RowOptimizerSection {
-  std::string type = "adagrad";     // sgd | adagrad | adam | ftrl
-  double learning_rate = 0.05;      // > 0 (ftrl: alpha)
-  double initial_accumulator = 0.0; // adagrad, >= 0
-  double beta1 = 0.9;               // adam, [0, 1)
-  double beta2 = 0.999;             // adam, [0, 1)
-  double epsilon = 1e-8;            // adagrad, adam; > 0
-  double weight_decay = 0.0;        // sgd, adagrad, adam; >= 0
-  double ftrl_beta = 1.0;           // ftrl, >= 0
-  double l1 = 0.0;                  // ftrl, >= 0
-  double l2 = 0.0;                  // ftrl, >= 0
+  std::string type = "adagrad";      // sgd | adagrad | adam | ftrl
+  double learning_rate = 0.05;       // > 0 (ftrl: alpha)
+  double initial_accumulator = 0.0;  // adagrad, >= 0
+  double beta1 = 0.9;                // adam, [0, 1)
+  double beta2 = 0.999;              // adam, [0, 1)
+  double epsilon = 1e-8;             // adagrad, adam; > 0
+  double weight_decay = 0.0;         // sgd, adagrad, adam; >= 0
+  double ftrl_beta = 1.0;            // ftrl, >= 0
+  double l1 = 0.0;                   // ftrl, >= 0
+  double l2 = 0.0;                   // ftrl, >= 0
 };
 
 struct SparseInitSection {
@@ -89,9 +89,9 @@ struct EvictionSection {
 // The worker's cache of pulled rows (hot keys), reused for a bounded number
 // of steps instead of being pulled again.
 struct RowCacheSection {
-  int64_t rows = 0;          // capacity; 0 = no cache
-  int staleness_steps = 0;   // a cached row is reused for at most this many
-                             // steps after it was pulled, >= 0
+  int64_t rows = 0;         // capacity; 0 = no cache
+  int staleness_steps = 0;  // a cached row is reused for at most this many
+                            // steps after it was pulled, >= 0
 };
 
 struct SparseSection {
@@ -111,9 +111,9 @@ struct CtrGenerateSection {
   int64_t train_rows = 200000;  // > 0
   int64_t test_rows = 50000;    // > 0
   uint64_t seed = 1;
-  double zipf = 1.1;            // > 0
-  double weight_scale = 0.24;   // >= 0
-  int64_t max_vocab = 200000;   // cap of each field's vocabulary, [1, 200000]
+  double zipf = 1.1;           // > 0
+  double weight_scale = 0.24;  // >= 0
+  int64_t max_vocab = 200000;  // cap of each field's vocabulary, [1, 200000]
 };
 
 struct DataSection {
@@ -129,37 +129,37 @@ struct DataSection {
   std::string planted;
   std::string bad_lines = "fail";  // criteo: fail | skip (counted, logged)
   CtrGenerateSection generate;
-  int64_t task_records = 2000; // records per data task, > 0
-  int64_t train_limit = 0;     // use only the first N training records; 0 = all
+  int64_t task_records = 2000;  // records per data task, > 0
+  int64_t train_limit = 0;      // use only the first N training records; 0 = all
 };
 
 struct PortsSection {
-  int master = 7070;         // master gRPC
-  int master_http = 7071;    // master HTTP (/metrics, /healthz, /status)
-  int pserver = 7100;        // pserver gRPC admin port of instance 0; i -> base+i
-  int pserver_data = 7200;   // pserver data-plane port of instance 0
-  int pserver_http = 7300;   // pserver HTTP port of instance 0
-  int worker_http = 7400;    // worker HTTP port of instance 0
+  int master = 7070;        // master gRPC
+  int master_http = 7071;   // master HTTP (/metrics, /healthz, /status)
+  int pserver = 7100;       // pserver gRPC admin port of instance 0; i -> base+i
+  int pserver_data = 7200;  // pserver data-plane port of instance 0
+  int pserver_http = 7300;  // pserver HTTP port of instance 0
+  int worker_http = 7400;   // worker HTTP port of instance 0
 };
 
 // RDMA device choice (docs/config.md); empty / 0 / -1 choose automatically.
 struct RdmaSection {
-  std::string device;   // "mlx5_0", "rxe0"
-  int port = 0;         // 1-based
+  std::string device;  // "mlx5_0", "rxe0"
+  int port = 0;        // 1-based
   int gid_index = -1;
-  int recv_slots = 32;  // receive slots per connection, [2, 4096]
-  int send_slots = 32;  // send slots per connection, [2, 4096]
-  int slot_kib = 64;    // bytes per slot / 1024, [4, 16384]
+  int recv_slots = 32;    // receive slots per connection, [2, 4096]
+  int send_slots = 32;    // send slots per connection, [2, 4096]
+  int slot_kib = 64;      // bytes per slot / 1024, [4, 16384]
   int busy_poll_us = 50;  // busy polling after the last completion, >= 0
 };
 
 struct ClusterSection {
-  std::string transport = "tcp";   // tcp | rdma | auto | inproc
-  int64_t slice_bytes = 4 << 20;   // max bytes of one dense partition, >= 4
-  int heartbeat_interval_ms = 500;    // > 0
-  int dead_timeout_ms = 5000;         // > heartbeat_interval_ms
-  int task_lease_timeout_ms = 120000; // > 0
-  int request_timeout_ms = 60000;     // data-plane request timeout, > 0
+  std::string transport = "tcp";       // tcp | rdma | auto | inproc
+  int64_t slice_bytes = 4 << 20;       // max bytes of one dense partition, >= 4
+  int heartbeat_interval_ms = 500;     // > 0
+  int dead_timeout_ms = 5000;          // > heartbeat_interval_ms
+  int task_lease_timeout_ms = 120000;  // > 0
+  int request_timeout_ms = 60000;      // data-plane request timeout, > 0
   // The least time a control-plane connection attempt (TCP and the TLS
   // handshake) gets, also the pause between attempts: short, so nodes
   // find a restarted master at once; longer on very slow (emulated) hosts.
@@ -175,16 +175,16 @@ struct ClusterSection {
 // Checkpoints (docs/checkpoint-format.md): on when the section is present.
 struct CheckpointSection {
   bool enabled = false;
-  std::string dir;              // required: the checkpoint root, seen by every node
-  int64_t every_steps = 0;      // >= 0; 0 = not by steps
-  int every_seconds = 900;      // >= 0; 0 = not by time
-  int keep_last = 3;            // complete checkpoints kept, >= 1
-  bool incremental = true;      // write only what changed since the last one
-  int full_every = 8;           // a full checkpoint after this many increments, >= 1
-  int compression_level = 1;    // zstd level, [0, 19]; 0 = uncompressed
-  int grace_seconds = 60;       // SIGTERM: time for the last checkpoint, >= 1
-  int timeout_seconds = 600;    // one checkpoint gives up after this, >= 1
-  bool on_finish = true;        // a last checkpoint when training ends
+  std::string dir;            // required: the checkpoint root, seen by every node
+  int64_t every_steps = 0;    // >= 0; 0 = not by steps
+  int every_seconds = 900;    // >= 0; 0 = not by time
+  int keep_last = 3;          // complete checkpoints kept, >= 1
+  bool incremental = true;    // write only what changed since the last one
+  int full_every = 8;         // a full checkpoint after this many increments, >= 1
+  int compression_level = 1;  // zstd level, [0, 19]; 0 = uncompressed
+  int grace_seconds = 60;     // SIGTERM: time for the last checkpoint, >= 1
+  int timeout_seconds = 600;  // one checkpoint gives up after this, >= 1
+  bool on_finish = true;      // a last checkpoint when training ends
 };
 
 // The S3-compatible object store (AWS S3, MinIO, Ceph's radosgw) that
@@ -193,8 +193,8 @@ struct CheckpointSection {
 // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in each daemon's environment,
 // never from this file.
 struct S3Section {
-  bool enabled = false;            // true when the section is present
-  std::string endpoint;            // required: http(s)://host[:port]
+  bool enabled = false;  // true when the section is present
+  std::string endpoint;  // required: http(s)://host[:port]
   std::string region = "us-east-1";
   std::string addressing = "path";  // path | virtual (bucket.host)
   std::string credentials_file;     // AWS shared-credentials format; "" = environment
@@ -213,7 +213,7 @@ struct WorkerSection {
   // Activation recomputation (MLP): keep every recompute_every-th layer's
   // output in the forward pass and recompute the others in the backward
   // pass; 0 = off, 1 = every layer kept (the same as off).
-  int recompute_every = 0;         // >= 0
+  int recompute_every = 0;  // >= 0
 };
 
 // Who may talk to the cluster (docs/security.md).
@@ -248,8 +248,7 @@ struct JobConfig {
 };
 
 // Parses YAML text. `filename` is used in error messages only.
-absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text,
-                                         const std::string& filename);
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& filename);
 
 // Reads and parses `path`. A missing or unreadable file is NotFound /
 // InvalidArgument naming the path.

@@ -20,9 +20,7 @@ uint32_t Crc32cExtend(uint32_t crc, const char* data, size_t n);
 // The table version, whatever the CPU (for tests comparing the two).
 uint32_t Crc32cPortableForTesting(uint32_t crc, const char* data, size_t n);
 
-inline uint32_t Crc32c(absl::string_view data) {
-  return Crc32cExtend(0, data.data(), data.size());
-}
+inline uint32_t Crc32c(absl::string_view data) { return Crc32cExtend(0, data.data(), data.size()); }
 
 }  // namespace strata
 

@@ -4,13 +4,12 @@
 #include <time.h>
 
 #include <algorithm>
-
 #include <deque>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/http_server.h"
 #include "gflags/gflags.h"
@@ -22,9 +21,9 @@ namespace {
 // Keeps the last kRecentLogLines log lines in memory.
 class LogRing : public google::LogSink {
  public:
-  void send(google::LogSeverity severity, const char* /*full_filename*/,
-            const char* base_filename, int line, const google::LogMessageTime& time,
-            const char* message, size_t message_len) override {
+  void send(google::LogSeverity severity, const char* /*full_filename*/, const char* base_filename,
+            int line, const google::LogMessageTime& time, const char* message,
+            size_t message_len) override {
     std::string text = ToString(severity, base_filename, line, time, message, message_len);
     absl::MutexLock l(&mu_);
     lines_.push_back(std::move(text));

@@ -5,8 +5,7 @@
 
 namespace strata {
 
-std::vector<std::pair<int64_t, int64_t>> EpochTaskRanges(int64_t records,
-                                                         int64_t task_records,
+std::vector<std::pair<int64_t, int64_t>> EpochTaskRanges(int64_t records, int64_t task_records,
                                                          uint64_t seed, int epoch) {
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (int64_t b = 0; b < records; b += task_records) {

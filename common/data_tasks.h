@@ -13,8 +13,7 @@ namespace strata {
 
 // [begin, end) ranges covering [0, records) once, in epoch `epoch`'s order.
 // REQUIRES: task_records > 0.
-std::vector<std::pair<int64_t, int64_t>> EpochTaskRanges(int64_t records,
-                                                         int64_t task_records,
+std::vector<std::pair<int64_t, int64_t>> EpochTaskRanges(int64_t records, int64_t task_records,
                                                          uint64_t seed, int epoch);
 
 }  // namespace strata

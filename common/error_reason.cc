@@ -28,8 +28,7 @@ proto::ErrorReason ReasonOf(const absl::Status& s) {
   auto payload = s.GetPayload(kReasonUrl);
   if (!payload.has_value()) return proto::REASON_UNSPECIFIED;
   proto::ErrorInfo info;
-  if (!info.ParseFromString(std::string(*payload)) ||
-      !proto::ErrorReason_IsValid(info.reason())) {
+  if (!info.ParseFromString(std::string(*payload)) || !proto::ErrorReason_IsValid(info.reason())) {
     return proto::REASON_UNSPECIFIED;
   }
   return info.reason();

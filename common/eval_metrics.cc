@@ -41,8 +41,7 @@ double Auc(const std::vector<float>& scores, const std::vector<float>& labels) {
   return u / (p * static_cast<double>(negatives));
 }
 
-double LogLoss(const std::vector<float>& probs,
-               const std::vector<float>& labels) {
+double LogLoss(const std::vector<float>& probs, const std::vector<float>& labels) {
   CHECK_EQ(probs.size(), labels.size()) << "LogLoss: probs and labels differ";
   if (probs.empty()) return 0;
   constexpr double kEps = 1e-7;

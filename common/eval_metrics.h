@@ -22,8 +22,7 @@ double Auc(const std::vector<float>& scores, const std::vector<float>& labels);
 // clamped to [1e-7, 1 - 1e-7] first so a confident mistake costs ~16.1, not
 // infinity. Returns 0 for empty input.
 // REQUIRES: probs.size() == labels.size() (CHECK).
-double LogLoss(const std::vector<float>& probs,
-               const std::vector<float>& labels);
+double LogLoss(const std::vector<float>& probs, const std::vector<float>& labels);
 
 }  // namespace strata
 

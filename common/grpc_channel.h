@@ -7,7 +7,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-
 #include "grpcpp/grpcpp.h"
 
 namespace strata {
@@ -68,7 +67,7 @@ class ReconnectingChannel {
   const int connect_ms_;
   std::mutex mu_;
   std::shared_ptr<grpc::Channel> channel_;  // guarded by mu_
-  int failures_ = 0;                         // guarded by mu_
+  int failures_ = 0;                        // guarded by mu_
 };
 
 }  // namespace strata

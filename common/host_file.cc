@@ -54,8 +54,7 @@ constexpr char kRoles[] = "master, pserver[=N] or worker[=N]";
 // (IPv6). Anything else (=, quotes, brackets...) is a typo.
 bool IsValidHost(absl::string_view host) {
   for (char c : host) {
-    if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_' &&
-        c != ':') {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_' && c != ':') {
       return false;
     }
   }
@@ -86,8 +85,8 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   }
   std::ifstream in(path, std::ios::in | std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": cannot open: ", std::generic_category().message(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open: ", std::generic_category().message(errno)));
   }
   std::ostringstream text;
   text << in.rdbuf();
@@ -99,11 +98,9 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<HostFile> ParseHostFile(const std::string& text,
-                                       const std::string& filename) {
+absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::string& filename) {
   const auto error = [&filename](int line, absl::string_view message) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(filename, ":", line, ": ", message));
+    return absl::InvalidArgumentError(absl::StrCat(filename, ":", line, ": ", message));
   };
   HostFile file;
   std::map<std::string, int> host_lines;  // host -> line of first appearance
@@ -122,19 +119,16 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text,
     entry.host = std::string(tokens[0]);
     entry.line = line_no;
     if (absl::StrContains(tokens[0], '=')) {
-      return error(line_no,
-                   absl::StrCat("'", tokens[0],
-                                "' is not a host name (each line "
-                                "starts with a host, then its roles)"));
+      return error(line_no, absl::StrCat("'", tokens[0],
+                                         "' is not a host name (each line "
+                                         "starts with a host, then its roles)"));
     }
     if (!IsValidHost(tokens[0])) {
       return error(line_no,
-                   absl::StrCat("bad host '", tokens[0],
-                                "' (expected a host name or IP address)"));
+                   absl::StrCat("bad host '", tokens[0], "' (expected a host name or IP address)"));
     }
     if (tokens.size() == 1) {
-      return error(line_no, absl::StrCat("host '", tokens[0],
-                                         "' has no roles (expected ", kRoles,
+      return error(line_no, absl::StrCat("host '", tokens[0], "' has no roles (expected ", kRoles,
                                          " after the host)"));
     }
     std::map<std::string, bool> roles_seen;
@@ -150,40 +144,38 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text,
       } else if (role == "worker") {
         count = &entry.workers;
       } else {
-        return error(line_no, absl::StrCat("unknown role '", role, "' in '",
-                                           item, "' (expected ", kRoles, ")"));
+        return error(line_no, absl::StrCat("unknown role '", role, "' in '", item, "' (expected ",
+                                           kRoles, ")"));
       }
       if (roles_seen[std::string(role)]) {
         return error(line_no,
-                     absl::StrCat("role '", role, "' given twice for host '",
-                                  entry.host, "'"));
+                     absl::StrCat("role '", role, "' given twice for host '", entry.host, "'"));
       }
       roles_seen[std::string(role)] = true;
       int n = 1;
       if (eq != absl::string_view::npos) {
         const absl::string_view value = item.substr(eq + 1);
         if (!ParseCount(value, &n) || n < 1) {
-          return error(line_no, absl::StrCat("bad count in '", item,
-                                             "' (expected an integer >= 1)"));
+          return error(line_no,
+                       absl::StrCat("bad count in '", item, "' (expected an integer >= 1)"));
         }
       }
       if (count == &entry.masters && n != 1) {
-        return error(line_no, absl::StrCat("bad count in '", item,
-                                           "' (a job has exactly one master)"));
+        return error(line_no,
+                     absl::StrCat("bad count in '", item, "' (a job has exactly one master)"));
       }
       *count = n;
     }
 
     auto [it, inserted] = host_lines.emplace(entry.host, line_no);
     if (!inserted) {
-      return error(line_no, absl::StrCat("duplicate host '", entry.host,
-                                         "' (first on line ", it->second, ")"));
+      return error(line_no, absl::StrCat("duplicate host '", entry.host, "' (first on line ",
+                                         it->second, ")"));
     }
     if (entry.masters > 0) {
       if (master_line != 0) {
-        return error(line_no, absl::StrCat("more than one master (lines ",
-                                           master_line, " and ", line_no,
-                                           "); exactly one host runs master"));
+        return error(line_no, absl::StrCat("more than one master (lines ", master_line, " and ",
+                                           line_no, "); exactly one host runs master"));
       }
       master_line = line_no;
     }

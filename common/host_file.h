@@ -23,8 +23,8 @@ namespace strata {
 
 struct HostEntry {
   std::string host;
-  int line = 0;      // 1-based line in the host file
-  int masters = 0;   // 0 or 1
+  int line = 0;     // 1-based line in the host file
+  int masters = 0;  // 0 or 1
   int pservers = 0;
   int workers = 0;
 };
@@ -39,8 +39,7 @@ struct HostFile {
   const HostEntry& master_host() const;
 };
 
-absl::StatusOr<HostFile> ParseHostFile(const std::string& text,
-                                       const std::string& filename);
+absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::string& filename);
 absl::StatusOr<HostFile> LoadHostFile(const std::string& path);
 
 // True for hosts the launcher runs as local processes: "localhost",

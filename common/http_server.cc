@@ -125,10 +125,9 @@ std::string FormatResponse(const HttpResponse& response, bool head_only,
                            const std::string& extra_headers = "") {
   std::string out = absl::StrCat(
       "HTTP/1.1 ", response.status, " ", ReasonPhrase(response.status), "\r\n",
-      "Content-Type: ", response.content_type, "\r\n",
-      "Content-Length: ", response.body.size(), "\r\n",
-      response.status == 401 ? "WWW-Authenticate: Bearer realm=\"strata\"\r\n" : "", extra_headers,
-      "Connection: close\r\n\r\n");
+      "Content-Type: ", response.content_type, "\r\n", "Content-Length: ", response.body.size(),
+      "\r\n", response.status == 401 ? "WWW-Authenticate: Bearer realm=\"strata\"\r\n" : "",
+      extra_headers, "Connection: close\r\n\r\n");
   if (!head_only) out += response.body;
   return out;
 }
@@ -141,8 +140,7 @@ HttpResponse TextResponse(int status, absl::string_view text) {
 }
 
 // Resolves host:port for a stream socket; `passive` for bind().
-absl::StatusOr<addrinfo*> Resolve(const std::string& host, int port,
-                                  bool passive) {
+absl::StatusOr<addrinfo*> Resolve(const std::string& host, int port, bool passive) {
   addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -158,7 +156,6 @@ absl::StatusOr<addrinfo*> Resolve(const std::string& host, int port,
   }
   return result;
 }
-
 
 std::string OpenSslErrors() {
   std::string out;
@@ -193,8 +190,8 @@ absl::StatusOr<SslCtxPtr> MakeServerContext(const std::string& cert, const std::
   if (ctx == nullptr) return absl::InternalError("SSL_CTX_new: " + OpenSslErrors());
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), cert.c_str()) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(cert, ": not a usable certificate: ",
-                                                   OpenSslErrors()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert, ": not a usable certificate: ", OpenSslErrors()));
   }
   if (SSL_CTX_use_PrivateKey_file(ctx.get(), key.c_str(), SSL_FILETYPE_PEM) != 1) {
     return absl::InvalidArgumentError(absl::StrCat(key, ": not a usable key: ", OpenSslErrors()));
@@ -446,8 +443,8 @@ absl::Status HttpServer::Start(const std::string& host, int port) {
   }
   freeaddrinfo(addrs);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "http server on ", HostPort(host, port), ": ", last_error));
+    return absl::UnavailableError(
+        absl::StrCat("http server on ", HostPort(host, port), ": ", last_error));
   }
 
   sockaddr_storage bound;
@@ -455,8 +452,8 @@ absl::Status HttpServer::Start(const std::string& host, int port) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
     int err = errno;
     close(fd);
-    return absl::InternalError(absl::StrCat(
-        "getsockname for ", HostPort(host, port), ": ", ErrnoText(err)));
+    return absl::InternalError(
+        absl::StrCat("getsockname for ", HostPort(host, port), ": ", ErrnoText(err)));
   }
   if (bound.ss_family == AF_INET6) {
     port_ = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
@@ -503,8 +500,8 @@ void HttpServer::Serve() {
                      SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       int err = errno;
-      if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK ||
-          err == ECONNABORTED || err == EPROTO) {
+      if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED ||
+          err == EPROTO) {
         continue;
       }
       LOG(WARNING) << "http server accept: " << ErrnoText(err);
@@ -583,8 +580,8 @@ void HttpServer::ServeConnection(Conn& conn, const std::string& peer) {
   absl::string_view head(request.data(), header_end);
   std::vector<absl::string_view> lines = absl::StrSplit(head, "\r\n");
   std::vector<absl::string_view> parts = absl::StrSplit(lines[0], ' ');
-  if (parts.size() != 3 || parts[0].empty() || parts[1].empty() ||
-      parts[1][0] != '/' || !absl::StartsWith(parts[2], "HTTP/")) {
+  if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[1][0] != '/' ||
+      !absl::StartsWith(parts[2], "HTTP/")) {
     conn.Respond(TextResponse(400, "bad request"), false, "");
     return;
   }
@@ -619,13 +616,11 @@ void HttpServer::ServeConnection(Conn& conn, const std::string& peer) {
     }
   }
   auto it = handlers_.find(req.path);
-  HttpResponse response =
-      it == handlers_.end() ? TextResponse(404, "not found") : it->second(req);
+  HttpResponse response = it == handlers_.end() ? TextResponse(404, "not found") : it->second(req);
   conn.Respond(response, head_only, "");
 }
 
-absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
-                                    const std::string& path,
+absl::StatusOr<std::string> HttpGet(const std::string& host, int port, const std::string& path,
                                     absl::Duration timeout) {
   const std::string address = HostPort(host, port);
   const std::string url = absl::StrCat("http://", address, path);
@@ -638,8 +633,7 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
   int fd = -1;
   std::string last_error = "no addresses";
   for (addrinfo* ai = addrs; ai != nullptr; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                ai->ai_protocol);
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) {
       last_error = ErrnoText(errno);
       continue;
@@ -648,8 +642,7 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
     if (rc != 0 && errno == EINPROGRESS) {
       int ready = PollUntil(fd, POLLOUT, deadline);
       if (ready == 0) {
-        last_error =
-            absl::StrCat("timed out after ", absl::FormatDuration(timeout));
+        last_error = absl::StrCat("timed out after ", absl::FormatDuration(timeout));
       } else if (ready < 0) {
         last_error = ErrnoText(errno);
       } else {
@@ -671,17 +664,14 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
   }
   freeaddrinfo(addrs);
   if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("connect to ", address, ": ", last_error));
+    return absl::UnavailableError(absl::StrCat("connect to ", address, ": ", last_error));
   }
 
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address,
-                   "\r\nConnection: close\r\nAccept: */*\r\n\r\n");
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address,
+                                           "\r\nConnection: close\r\nAccept: */*\r\n\r\n");
   if (int err = SendAll(fd, request, deadline); err != 0) {
     close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("send GET ", url, ": ", ErrnoText(err)));
+    return absl::UnavailableError(absl::StrCat("send GET ", url, ": ", ErrnoText(err)));
   }
 
   std::string response;
@@ -690,22 +680,20 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
     int ready = PollUntil(fd, POLLIN, deadline);
     if (ready == 0) {
       close(fd);
-      return absl::UnavailableError(absl::StrCat(
-          "GET ", url, ": timed out after ", absl::FormatDuration(timeout)));
+      return absl::UnavailableError(
+          absl::StrCat("GET ", url, ": timed out after ", absl::FormatDuration(timeout)));
     }
     if (ready < 0) {
       int err = errno;
       close(fd);
-      return absl::UnavailableError(
-          absl::StrCat("GET ", url, ": poll: ", ErrnoText(err)));
+      return absl::UnavailableError(absl::StrCat("GET ", url, ": poll: ", ErrnoText(err)));
     }
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       int err = errno;
       close(fd);
-      return absl::UnavailableError(
-          absl::StrCat("GET ", url, ": recv: ", ErrnoText(err)));
+      return absl::UnavailableError(absl::StrCat("GET ", url, ": recv: ", ErrnoText(err)));
     }
     if (n == 0) break;
     response.append(buf, static_cast<size_t>(n));
@@ -715,14 +703,13 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
   // Status line, headers, body.
   size_t header_end = response.find("\r\n\r\n");
   if (header_end == std::string::npos) {
-    return absl::UnavailableError(absl::StrCat(
-        "GET ", url, ": connection closed before the end of the headers (",
-        response.size(), " bytes received)"));
+    return absl::UnavailableError(
+        absl::StrCat("GET ", url, ": connection closed before the end of the headers (",
+                     response.size(), " bytes received)"));
   }
   absl::string_view head(response.data(), header_end);
   std::vector<absl::string_view> lines = absl::StrSplit(head, "\r\n");
-  std::vector<absl::string_view> status_parts =
-      absl::StrSplit(lines[0], absl::MaxSplits(' ', 2));
+  std::vector<absl::string_view> status_parts = absl::StrSplit(lines[0], absl::MaxSplits(' ', 2));
   int status = 0;
   if (status_parts.size() < 2 || !absl::StartsWith(status_parts[0], "HTTP/") ||
       !absl::SimpleAtoi(status_parts[1], &status)) {
@@ -733,27 +720,22 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
   for (size_t i = 1; i < lines.size(); ++i) {
     size_t colon = lines[i].find(':');
     if (colon == absl::string_view::npos) continue;
-    absl::string_view name =
-        absl::StripAsciiWhitespace(lines[i].substr(0, colon));
+    absl::string_view name = absl::StripAsciiWhitespace(lines[i].substr(0, colon));
     if (!absl::EqualsIgnoreCase(name, "Content-Length")) continue;
     uint64_t length = 0;
-    if (!absl::SimpleAtoi(
-            absl::StripAsciiWhitespace(lines[i].substr(colon + 1)), &length)) {
-      return absl::InternalError(
-          absl::StrCat("GET ", url, ": malformed header '", lines[i], "'"));
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(lines[i].substr(colon + 1)), &length)) {
+      return absl::InternalError(absl::StrCat("GET ", url, ": malformed header '", lines[i], "'"));
     }
     if (body.size() < length) {
-      return absl::UnavailableError(
-          absl::StrCat("GET ", url, ": body truncated: Content-Length ", length,
-                       ", received ", body.size(), " bytes"));
+      return absl::UnavailableError(absl::StrCat("GET ", url, ": body truncated: Content-Length ",
+                                                 length, ", received ", body.size(), " bytes"));
     }
     body.resize(length);
   }
   if (status != 200) {
-    std::string reason =
-        status_parts.size() > 2 ? std::string(status_parts[2]) : "";
-    return absl::InternalError(absl::StrCat("GET ", url, ": HTTP ", status,
-                                            reason.empty() ? "" : " ", reason));
+    std::string reason = status_parts.size() > 2 ? std::string(status_parts[2]) : "";
+    return absl::InternalError(
+        absl::StrCat("GET ", url, ": HTTP ", status, reason.empty() ? "" : " ", reason));
   }
   return body;
 }

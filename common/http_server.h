@@ -24,10 +24,10 @@
 namespace strata {
 
 struct HttpRequest {
-  std::string method;  // "GET"
-  std::string path;    // "/status" (without the query)
-  std::string query;   // "a=1&b=2" or ""
-  std::string peer;    // the client's "address:port"
+  std::string method;           // "GET"
+  std::string path;             // "/status" (without the query)
+  std::string query;            // "a=1&b=2" or ""
+  std::string peer;             // the client's "address:port"
   std::string authorization;    // the Authorization header's value, or ""
   std::string client_cert_pem;  // over TLS: the client's certificate, or ""
 };
@@ -92,8 +92,7 @@ class HttpServer {
 // GET http://host:port/path; returns the body of a 200 response, or an error
 // (Unavailable for connection errors, naming host:port; Internal with the
 // status code for non-200 responses).
-absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
-                                    const std::string& path,
+absl::StatusOr<std::string> HttpGet(const std::string& host, int port, const std::string& path,
                                     absl::Duration timeout = absl::Seconds(5));
 
 }  // namespace strata

@@ -6,15 +6,13 @@
 #include "common/hash.h"
 
 namespace strata {
-absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n,
-                             float* out) {
+absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n, float* out) {
   if (spec.init == "zeros") {
     for (uint64_t i = 0; i < n; ++i) out[i] = 0.f;
     return absl::OkStatus();
   }
   if (spec.init == "glorot_uniform") {
-    const double limit =
-        std::sqrt(6.0 / static_cast<double>(spec.fan_in + spec.fan_out));
+    const double limit = std::sqrt(6.0 / static_cast<double>(spec.fan_in + spec.fan_out));
     const uint64_t base = SplitMix64(spec.seed ^ SplitMix64(spec.table_id + 1));
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t r = SplitMix64(base + offset + i);
@@ -26,9 +24,8 @@ absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n,
   return absl::InvalidArgumentError(absl::StrCat("unknown initializer '", spec.init, "'"));
 }
 
-absl::StatusOr<RowInitializer> RowInitializer::Create(const std::string& type,
-                                                     double scale, uint32_t table_id,
-                                                     uint64_t seed) {
+absl::StatusOr<RowInitializer> RowInitializer::Create(const std::string& type, double scale,
+                                                      uint32_t table_id, uint64_t seed) {
   Kind kind;
   if (type == "zeros") {
     kind = Kind::kZeros;
@@ -37,11 +34,12 @@ absl::StatusOr<RowInitializer> RowInitializer::Create(const std::string& type,
   } else if (type == "normal") {
     kind = Kind::kNormal;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown sparse initializer '", type, "' (expected zeros, uniform or normal)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown sparse initializer '", type,
+                                                   "' (expected zeros, uniform or normal)"));
   }
   if (!(scale >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("sparse initializer scale must be >= 0, got ", scale));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse initializer scale must be >= 0, got ", scale));
   }
   // A different stream from the dense tables' (InitializeSlice).
   return RowInitializer(kind, scale, SplitMix64(seed ^ SplitMix64(0x5a5a0000ull + table_id)));

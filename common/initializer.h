@@ -23,8 +23,7 @@ struct InitSpec {
 
 // Fills out[0..n) with elements [offset, offset + n) of the table.
 // InvalidArgument for an unknown initializer.
-absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n,
-                             float* out);
+absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n, float* out);
 
 // The initial values of a sparse table's rows: element j of the row of `key`
 // depends only on (seed, table_id, key, j), so a row is the same whichever

@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
-#include <cstdio>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,9 +27,7 @@ void AtomicAdd(std::atomic<double>& a, double v) {
   }
 }
 
-bool IsNameStart(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
+bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 // Metric names: [a-zA-Z_:][a-zA-Z0-9_:]*.
@@ -54,8 +52,7 @@ bool IsValidLabelName(const std::string& name) {
 void CheckNames(const std::string& name, const MetricLabels& labels) {
   CHECK(IsValidMetricName(name)) << "invalid metric name '" << name << "'";
   for (const auto& [key, value] : labels) {
-    CHECK(IsValidLabelName(key))
-        << "invalid label name '" << key << "' on metric " << name;
+    CHECK(IsValidLabelName(key)) << "invalid label name '" << key << "' on metric " << name;
   }
 }
 
@@ -136,8 +133,7 @@ void Counter::Increment(double v) {
 void Gauge::Add(double v) { AtomicAdd(value_, v); }
 
 Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+    : bounds_(std::move(bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
   for (size_t i = 0; i + 1 < bounds_.size(); ++i) {
     CHECK_LT(bounds_[i], bounds_[i + 1]) << "histogram bounds must ascend";
   }
@@ -188,8 +184,7 @@ MetricsRegistry::MetricsRegistry() = default;
 MetricsRegistry::~MetricsRegistry() = default;
 
 MetricsRegistry::Family* MetricsRegistry::FamilyLocked(const std::string& name,
-                                                       const std::string& help,
-                                                       const char* type) {
+                                                       const std::string& help, const char* type) {
   auto it = families_.find(name);
   if (it == families_.end()) {
     auto family = std::make_unique<Family>();
@@ -197,14 +192,12 @@ MetricsRegistry::Family* MetricsRegistry::FamilyLocked(const std::string& name,
     family->type = type;
     it = families_.emplace(name, std::move(family)).first;
   }
-  CHECK_EQ(it->second->type, type)
-      << "metric " << name << " registered as " << it->second->type
-      << ", now asked for as " << type;
+  CHECK_EQ(it->second->type, type) << "metric " << name << " registered as " << it->second->type
+                                   << ", now asked for as " << type;
   return it->second.get();
 }
 
-Counter* MetricsRegistry::GetCounter(const std::string& name,
-                                     const std::string& help,
+Counter* MetricsRegistry::GetCounter(const std::string& name, const std::string& help,
                                      const MetricLabels& labels) {
   CheckNames(name, labels);
   absl::MutexLock lock(&mu_);
@@ -214,8 +207,7 @@ Counter* MetricsRegistry::GetCounter(const std::string& name,
   return series.counter.get();
 }
 
-Gauge* MetricsRegistry::GetGauge(const std::string& name,
-                                 const std::string& help,
+Gauge* MetricsRegistry::GetGauge(const std::string& name, const std::string& help,
                                  const MetricLabels& labels) {
   CheckNames(name, labels);
   absl::MutexLock lock(&mu_);
@@ -228,20 +220,19 @@ Gauge* MetricsRegistry::GetGauge(const std::string& name,
 }
 
 Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::string& help,
-                                         std::vector<double> bounds,
-                                         const MetricLabels& labels) {
+                                         std::vector<double> bounds, const MetricLabels& labels) {
   CheckNames(name, labels);
   CHECK(labels.count("le") == 0) << "histogram " << name << ": 'le' is its own label";
   absl::MutexLock lock(&mu_);
   Family* family = FamilyLocked(name, help, "histogram");
   Family::Series& series = family->series[labels];
-  if (series.histogram == nullptr) series.histogram = std::make_unique<Histogram>(std::move(bounds));
+  if (series.histogram == nullptr)
+    series.histogram = std::make_unique<Histogram>(std::move(bounds));
   return series.histogram.get();
 }
 
 void MetricsRegistry::AddCallbackCounter(const std::string& name, const std::string& help,
-                                         std::function<double()> fn,
-                                         const MetricLabels& labels) {
+                                         std::function<double()> fn, const MetricLabels& labels) {
   CHECK(fn) << "callback counter " << name << " needs a function";
   CheckNames(name, labels);
   absl::MutexLock lock(&mu_);
@@ -252,17 +243,15 @@ void MetricsRegistry::AddCallbackCounter(const std::string& name, const std::str
   series.callback = std::move(fn);
 }
 
-void MetricsRegistry::AddCallbackGauge(const std::string& name,
-                                       const std::string& help,
-                                       std::function<double()> fn,
-                                       const MetricLabels& labels) {
+void MetricsRegistry::AddCallbackGauge(const std::string& name, const std::string& help,
+                                       std::function<double()> fn, const MetricLabels& labels) {
   CHECK(fn) << "callback gauge " << name << " needs a function";
   CheckNames(name, labels);
   absl::MutexLock lock(&mu_);
   Family* family = FamilyLocked(name, help, "gauge");
   Family::Series& series = family->series[labels];
-  CHECK(series.gauge == nullptr)
-      << "metric " << name << FormatLabels(labels) << " is already a gauge";
+  CHECK(series.gauge == nullptr) << "metric " << name << FormatLabels(labels)
+                                 << " is already a gauge";
   // Registering the same (name, labels) again replaces the function.
   series.callback = std::move(fn);
 }
@@ -292,9 +281,9 @@ std::string MetricsRegistry::RenderPrometheus() const {
       FamilyView view{name, family->help, family->type, {}};
       view.series.reserve(family->series.size());
       for (const auto& [labels, series] : family->series) {
-        view.series.push_back(SeriesView{FormatLabels(labels), labels,
-                                         series.histogram.get(), series.counter.get(),
-                                         series.gauge.get(), series.callback});
+        view.series.push_back(SeriesView{FormatLabels(labels), labels, series.histogram.get(),
+                                         series.counter.get(), series.gauge.get(),
+                                         series.callback});
       }
       views.push_back(std::move(view));
     }
@@ -302,8 +291,7 @@ std::string MetricsRegistry::RenderPrometheus() const {
 
   std::string out;
   for (const FamilyView& view : views) {
-    absl::StrAppend(&out, "# HELP ", view.name, " ", EscapeHelp(view.help),
-                    "\n");
+    absl::StrAppend(&out, "# HELP ", view.name, " ", EscapeHelp(view.help), "\n");
     absl::StrAppend(&out, "# TYPE ", view.name, " ", view.type, "\n");
     for (const SeriesView& s : view.series) {
       if (s.histogram != nullptr) {
@@ -314,12 +302,11 @@ std::string MetricsRegistry::RenderPrometheus() const {
           cumulative += counts[i];
           MetricLabels with_le = s.label_map;
           with_le["le"] = i < bounds.size() ? FormatValue(bounds[i]) : "+Inf";
-          absl::StrAppend(&out, view.name, "_bucket", FormatLabels(with_le), " ",
-                          cumulative, "\n");
+          absl::StrAppend(&out, view.name, "_bucket", FormatLabels(with_le), " ", cumulative, "\n");
         }
         // The count is the +Inf bucket's (read once: the two agree).
-        absl::StrAppend(&out, view.name, "_sum", s.labels, " ",
-                        FormatValue(s.histogram->sum()), "\n");
+        absl::StrAppend(&out, view.name, "_sum", s.labels, " ", FormatValue(s.histogram->sum()),
+                        "\n");
         absl::StrAppend(&out, view.name, "_count", s.labels, " ", cumulative, "\n");
         continue;
       }
@@ -381,9 +368,8 @@ void AddProcessMetrics(MetricsRegistry* registry) {
   registry->AddCallbackGauge("process_virtual_memory_bytes", "Virtual memory size in bytes",
                              [] { return ProcStatField(23); });
   registry->AddCallbackCounter("process_cpu_seconds_total",
-                               "User and system CPU time spent in seconds", [ticks] {
-                                 return (ProcStatField(14) + ProcStatField(15)) / ticks;
-                               });
+                               "User and system CPU time spent in seconds",
+                               [ticks] { return (ProcStatField(14) + ProcStatField(15)) / ticks; });
   registry->AddCallbackGauge("process_open_fds", "Open file descriptors", [] {
     double n = 0;
     if (DIR* d = opendir("/proc/self/fd")) {

@@ -91,16 +91,15 @@ class MetricsRegistry {
   // A gauge whose value is read by calling `fn` at render time. `fn` must be
   // thread-safe and stay callable for the registry's lifetime.
   void AddCallbackGauge(const std::string& name, const std::string& help,
-                        std::function<double()> fn,
-                        const MetricLabels& labels = {});
+                        std::function<double()> fn, const MetricLabels& labels = {});
 
   // "# HELP", "# TYPE" and sample lines for every metric, sorted by name.
   std::string RenderPrometheus() const;
 
  private:
   struct Family;
-  Family* FamilyLocked(const std::string& name, const std::string& help,
-                       const char* type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Family* FamilyLocked(const std::string& name, const std::string& help, const char* type)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Family>> families_ ABSL_GUARDED_BY(mu_);

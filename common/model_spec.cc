@@ -38,8 +38,8 @@ std::vector<TableSpec> ModelTables(const ModelSection& model) {
   for (size_t i = 0; i + 1 < layers.size(); ++i) {
     const uint64_t in = layers[i];
     const uint64_t out = layers[i + 1];
-    tables.push_back({absl::StrCat(prefix, "fc", i, ".weight"), {in, out},
-                      "glorot_uniform", in, out});
+    tables.push_back(
+        {absl::StrCat(prefix, "fc", i, ".weight"), {in, out}, "glorot_uniform", in, out});
     tables.push_back({absl::StrCat(prefix, "fc", i, ".bias"), {out}, "zeros", in, out});
   }
   return tables;

@@ -14,14 +14,14 @@ namespace {
 // vectorises; cloned for AVX2 and picked at load time by the CPU.
 #define STRATA_VECTOR_KERNEL __attribute__((target_clones("avx2", "default")))
 
-STRATA_VECTOR_KERNEL void SgdKernel(float* __restrict p, const float* __restrict g,
-                                    float scale, float lr, float wd, size_t n) {
+STRATA_VECTOR_KERNEL void SgdKernel(float* __restrict p, const float* __restrict g, float scale,
+                                    float lr, float wd, size_t n) {
   for (size_t i = 0; i < n; ++i) p[i] -= lr * (scale * g[i] + wd * p[i]);
 }
 
 STRATA_VECTOR_KERNEL void MomentumKernel(float* __restrict p, const float* __restrict g,
-                                         float* __restrict v, float scale, float lr,
-                                         float mu, float wd, size_t n) {
+                                         float* __restrict v, float scale, float lr, float mu,
+                                         float wd, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     v[i] = mu * v[i] + scale * g[i] + wd * p[i];
     p[i] -= lr * v[i];
@@ -30,8 +30,8 @@ STRATA_VECTOR_KERNEL void MomentumKernel(float* __restrict p, const float* __res
 
 STRATA_VECTOR_KERNEL void AdamKernel(float* __restrict p, const float* __restrict g,
                                      float* __restrict m, float* __restrict v, float scale,
-                                     float step, float inv_sqrt_c2, float b1, float b2,
-                                     float eps, float wd, size_t n) {
+                                     float step, float inv_sqrt_c2, float b1, float b2, float eps,
+                                     float wd, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float gi = scale * g[i] + wd * p[i];
     m[i] = b1 * m[i] + (1.f - b1) * gi;
@@ -54,9 +54,9 @@ absl::Status RestoreVectors(absl::string_view in, const char* name, uint64_t* t,
   size_t want = t != nullptr ? sizeof(uint64_t) : 0;
   for (const auto* v : vs) want += v->size() * 4;
   if (in.size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " optimizer state of ", in.size(), " bytes; this partition's is ", want,
-        " bytes (another optimizer or partition size?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " optimizer state of ", in.size(), " bytes; this partition's is ", want,
+                     " bytes (another optimizer or partition size?)"));
   }
   const char* p = in.data();
   if (t != nullptr) {
@@ -114,8 +114,13 @@ class Momentum : public Optimizer {
 class Adam : public Optimizer {
  public:
   Adam(const OptimizerSection& c, size_t n)
-      : lr_(c.learning_rate), b1_(c.beta1), b2_(c.beta2), eps_(c.epsilon),
-        wd_(c.weight_decay), m_(n, 0.f), v_(n, 0.f) {}
+      : lr_(c.learning_rate),
+        b1_(c.beta1),
+        b2_(c.beta2),
+        eps_(c.epsilon),
+        wd_(c.weight_decay),
+        m_(n, 0.f),
+        v_(n, 0.f) {}
   void Apply(float* p, const float* g, float scale, size_t n) override {
     ++t_;
     const double c1 = 1.0 - std::pow(b1_, static_cast<double>(t_));
@@ -139,8 +144,7 @@ class Adam : public Optimizer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
-    const OptimizerSection& c, size_t n) {
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerSection& c, size_t n) {
   if (c.type == "sgd") return std::unique_ptr<Optimizer>(new Sgd(c));
   if (c.type == "momentum") return std::unique_ptr<Optimizer>(new Momentum(c, n));
   if (c.type == "adam") return std::unique_ptr<Optimizer>(new Adam(c, n));

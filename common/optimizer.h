@@ -39,8 +39,8 @@ class Optimizer {
   virtual absl::Status RestoreState(absl::string_view state) = 0;
 
   // sgd | momentum | adam for `n` parameters. InvalidArgument for others.
-  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
-      const OptimizerSection& config, size_t n);
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerSection& config,
+                                                           size_t n);
 };
 
 }  // namespace strata

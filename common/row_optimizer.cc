@@ -14,8 +14,7 @@ class RowSgd : public RowOptimizer {
   const char* name() const override { return "sgd"; }
   int slots() const override { return 0; }
   void InitState(float*, int) const override {}
-  void Apply(float* w, float*, const float* g, float scale, int dim,
-             uint32_t) const override {
+  void Apply(float* w, float*, const float* g, float scale, int dim, uint32_t) const override {
     for (int j = 0; j < dim; ++j) w[j] -= lr_ * (scale * g[j] + wd_ * w[j]);
   }
 
@@ -35,8 +34,7 @@ class RowAdagrad : public RowOptimizer {
   void InitState(float* state, int dim) const override {
     for (int j = 0; j < dim; ++j) state[j] = init_;
   }
-  void Apply(float* w, float* acc, const float* g, float scale, int dim,
-             uint32_t) const override {
+  void Apply(float* w, float* acc, const float* g, float scale, int dim, uint32_t) const override {
     for (int j = 0; j < dim; ++j) {
       const float gj = scale * g[j] + wd_ * w[j];
       acc[j] += gj * gj;
@@ -51,7 +49,10 @@ class RowAdagrad : public RowOptimizer {
 class RowAdam : public RowOptimizer {
  public:
   explicit RowAdam(const RowOptimizerSection& c)
-      : lr_(c.learning_rate), b1_(c.beta1), b2_(c.beta2), eps_(c.epsilon),
+      : lr_(c.learning_rate),
+        b1_(c.beta1),
+        b2_(c.beta2),
+        eps_(c.epsilon),
         wd_(static_cast<float>(c.weight_decay)) {}
   const char* name() const override { return "adam"; }
   int slots() const override { return 2; }
@@ -108,8 +109,8 @@ class RowFtrl : public RowOptimizer {
         w[j] = 0.f;
       } else {
         const double sign = z_new < 0 ? -1.0 : 1.0;
-        w[j] = static_cast<float>(-(z_new - sign * l1_) /
-                                  ((beta_ + std::sqrt(n_new)) / alpha_ + l2_));
+        w[j] =
+            static_cast<float>(-(z_new - sign * l1_) / ((beta_ + std::sqrt(n_new)) / alpha_ + l2_));
       }
     }
   }
@@ -120,14 +121,13 @@ class RowFtrl : public RowOptimizer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RowOptimizer>> RowOptimizer::Create(
-    const RowOptimizerSection& c) {
+absl::StatusOr<std::unique_ptr<RowOptimizer>> RowOptimizer::Create(const RowOptimizerSection& c) {
   if (c.type == "sgd") return std::unique_ptr<RowOptimizer>(new RowSgd(c));
   if (c.type == "adagrad") return std::unique_ptr<RowOptimizer>(new RowAdagrad(c));
   if (c.type == "adam") return std::unique_ptr<RowOptimizer>(new RowAdam(c));
   if (c.type == "ftrl") return std::unique_ptr<RowOptimizer>(new RowFtrl(c));
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown sparse optimizer '", c.type, "' (expected sgd, adagrad, adam or ftrl)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown sparse optimizer '", c.type,
+                                                 "' (expected sgd, adagrad, adam or ftrl)"));
 }
 
 }  // namespace strata

@@ -39,13 +39,12 @@ class RowOptimizer {
   virtual void InitState(float* state, int dim) const = 0;
   // One update of the row w[0..dim) with the gradient grad_scale * g[0..dim);
   // `t` is the row's update count including this one (>= 1).
-  virtual void Apply(float* w, float* state, const float* g, float grad_scale,
-                     int dim, uint32_t t) const = 0;
+  virtual void Apply(float* w, float* state, const float* g, float grad_scale, int dim,
+                     uint32_t t) const = 0;
 
   // InvalidArgument naming the type for anything but sgd, adagrad, adam,
   // ftrl (the section's values are validated by the config parser).
-  static absl::StatusOr<std::unique_ptr<RowOptimizer>> Create(
-      const RowOptimizerSection& config);
+  static absl::StatusOr<std::unique_ptr<RowOptimizer>> Create(const RowOptimizerSection& config);
 };
 
 }  // namespace strata

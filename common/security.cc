@@ -9,13 +9,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/base/call_once.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/base/call_once.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_channel.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpc/support/log.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -28,9 +30,6 @@
 #include "openssl/x509.h"
 #include "openssl/x509_vfy.h"
 #include "openssl/x509v3.h"
-
-#include "common/grpc_channel.h"
-#include "common/status_macros.h"
 
 namespace strata {
 namespace {
@@ -88,7 +87,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::pair<Role, std::string>>>
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
     if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
-    std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (f.empty()) continue;
     if (f.size() != 3) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -98,14 +98,14 @@ absl::StatusOr<std::vector<std::pair<std::string, std::pair<Role, std::string>>>
     if (role != Role::kAdmin && role != Role::kOperator && role != Role::kViewer) {
       // (The field is not echoed: a line in the wrong order would put its
       // token in the log.)
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ":", line_no, ": the second field (the role of '", f[0],
-          "') is not admin, operator or viewer"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no,
+                                                     ": the second field (the role of '", f[0],
+                                                     "') is not admin, operator or viewer"));
     }
     if (f[2].size() < 16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", line_no, ": the token of '", f[0],
-                       "' is too short (at least 16 characters; gen-certs.sh token makes 32 bytes)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", line_no, ": the token of '", f[0],
+          "' is too short (at least 16 characters; gen-certs.sh token makes 32 bytes)"));
     }
     out.push_back({std::string(f[0]), {role, std::string(f[2])}});
   }
@@ -116,13 +116,20 @@ absl::StatusOr<std::vector<std::pair<std::string, std::pair<Role, std::string>>>
 
 const char* RoleName(Role role) {
   switch (role) {
-    case Role::kMaster: return "master";
-    case Role::kPServer: return "pserver";
-    case Role::kWorker: return "worker";
-    case Role::kAdmin: return "admin";
-    case Role::kOperator: return "operator";
-    case Role::kViewer: return "viewer";
-    case Role::kNone: break;
+    case Role::kMaster:
+      return "master";
+    case Role::kPServer:
+      return "pserver";
+    case Role::kWorker:
+      return "worker";
+    case Role::kAdmin:
+      return "admin";
+    case Role::kOperator:
+      return "operator";
+    case Role::kViewer:
+      return "viewer";
+    case Role::kNone:
+      break;
   }
   return "none";
 }
@@ -135,7 +142,7 @@ Role ParseRole(absl::string_view name) {
 }
 
 const std::vector<Role>& AllRoles() {
-  static const auto* roles = new std::vector<Role>{Role::kMaster, Role::kPServer, Role::kWorker,
+  static const auto* roles = new std::vector<Role>{Role::kMaster, Role::kPServer,  Role::kWorker,
                                                    Role::kAdmin,  Role::kOperator, Role::kViewer};
   return *roles;
 }
@@ -156,10 +163,9 @@ absl::Status CheckSecretFilePermissions(const std::string& path) {
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
     char mode[8];
     snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": mode ", mode,
-                     " lets group or others read this secret; refusing to use it (chmod 600 ",
-                     path, ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": mode ", mode,
+        " lets group or others read this secret; refusing to use it (chmod 600 ", path, ")"));
   }
   return absl::OkStatus();
 }
@@ -216,8 +222,9 @@ absl::Status Authenticator::ReloadLocked(bool force) {
         tokens_.clear();
         for (auto& [name, rt] : *parsed) tokens_.push_back({name, rt.first, Sha256(rt.second)});
         tokens_mtime_ns_ = mtime;
-        if (!force) LOG(INFO) << "token file " << options_.token_file << " read again: "
-                              << tokens_.size() << " token(s)";
+        if (!force)
+          LOG(INFO) << "token file " << options_.token_file << " read again: " << tokens_.size()
+                    << " token(s)";
       }
     }
   }
@@ -373,8 +380,8 @@ absl::Status CheckServerCertificate(absl::string_view pem, absl::string_view tar
                       X509_check_ip_asc(cert, h.c_str(), 0) == 1;
   absl::Status s;
   if (!covers) {
-    s = absl::UnauthenticatedError(absl::StrCat("the server's certificate '", cn,
-                                                "' does not cover host ", h));
+    s = absl::UnauthenticatedError(
+        absl::StrCat("the server's certificate '", cn, "' does not cover host ", h));
   } else if (ParseRole(ou) != role) {
     s = absl::UnauthenticatedError(absl::StrCat("the server's certificate '", cn, "' is of role '",
                                                 ou, "', not ", RoleName(role)));
@@ -401,9 +408,9 @@ absl::Status CheckServerCertificate(absl::string_view pem, absl::string_view tar
       X509_STORE_CTX_init(ctx, store, cert, nullptr);
       X509_STORE_CTX_set_purpose(ctx, X509_PURPOSE_SSL_SERVER);
       if (X509_verify_cert(ctx) != 1) {
-        s = absl::UnauthenticatedError(
-            absl::StrCat("the server's certificate '", cn, "' refused: ",
-                         X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx))));
+        s = absl::UnauthenticatedError(absl::StrCat(
+            "the server's certificate '", cn,
+            "' refused: ", X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx))));
       }
       X509_STORE_CTX_free(ctx);
       X509_STORE_free(store);
@@ -426,14 +433,14 @@ class ServerCertificateVerifier : public grpc::experimental::ExternalCertificate
     const grpc::string_ref pem = request->peer_cert();
     const grpc::string_ref target = request->target_name();
     absl::Status s = CheckServerCertificate(absl::string_view(pem.data(), pem.size()),
-                                            absl::string_view(target.data(), target.size()),
-                                            role_, ca_file_, crl_file_);
+                                            absl::string_view(target.data(), target.size()), role_,
+                                            ca_file_, crl_file_);
     if (!s.ok()) {
       LOG_EVERY_N(WARNING, 10) << s.message();
     }
-    *sync_status = s.ok() ? grpc::Status::OK
-                          : grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                                         std::string(s.message()));
+    *sync_status = s.ok()
+                       ? grpc::Status::OK
+                       : grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(s.message()));
     return true;  // (answered now)
   }
   void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
@@ -511,7 +518,8 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
     o.set_check_call_host(false);  // (the verifier checks the host)
     auto creds = grpc::experimental::TlsCredentials(o);
     if (creds == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(options.dir, ": TLS client credentials failed"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.dir, ": TLS client credentials failed"));
     }
     (server == Role::kMaster ? s.client : s.pserver_client) = std::move(creds);
   }
@@ -527,8 +535,8 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
       }
       for (auto* creds : {&s.client, &s.pserver_client}) {
         *creds = grpc::CompositeChannelCredentials(
-            *creds, grpc::MetadataCredentialsFromPlugin(
-                        std::make_unique<TokenPlugin>(token_for_client)));
+            *creds,
+            grpc::MetadataCredentialsFromPlugin(std::make_unique<TokenPlugin>(token_for_client)));
       }
     }
   }
@@ -542,7 +550,8 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
     o.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
     s.server = grpc::experimental::TlsServerCredentials(o);
     if (s.server == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(options.dir, ": TLS server credentials failed"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.dir, ": TLS server credentials failed"));
     }
     TlsOptions auth_options = options;
     STRATA_ASSIGN_OR_RETURN(auto auth, Authenticator::Create(auth_options));
@@ -567,8 +576,7 @@ int CertificateIndex(const std::string& name) {
 
 absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& section,
                                                     const std::string& tls_dir,
-                                                    const std::string& base_cert_name,
-                                                    int index) {
+                                                    const std::string& base_cert_name, int index) {
   if (section.mode == "plaintext") {
     LOG(WARNING) << "security.mode is plaintext: the control plane has no TLS and no "
                     "authentication; anyone who reaches its ports may act on the job";
@@ -699,8 +707,8 @@ absl::StatusOr<PeerCallLimiter::Slot> PeerCallLimiter::Enter(absl::string_view g
   absl::MutexLock l(&mu_);
   int& n = calls_[host];
   if (n >= limit_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        host, " has ", n, " calls in progress already (at most ", limit_, " a host)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(host, " has ", n, " calls in progress already (at most ", limit_, " a host)"));
   }
   ++n;
   return Slot(this, std::move(host));
@@ -789,7 +797,8 @@ absl::Status SecureHttp(const ControlPlaneSecurity& security, HttpServer* http,
       std::map<std::string, absl::Time> last ABSL_GUARDED_BY(mu);
     };
     auto limiter = std::make_shared<Limiter>();
-    on_refused = [limiter](const std::string& who, const HttpRequest& req, const absl::Status& why) {
+    on_refused = [limiter](const std::string& who, const HttpRequest& req,
+                           const absl::Status& why) {
       const std::string host(absl::string_view(req.peer).substr(0, req.peer.rfind(':')));
       {
         absl::MutexLock l(&limiter->mu);
@@ -828,8 +837,8 @@ absl::Status CheckRpcPolicy(Role role, absl::string_view method) {
   }
   std::string allowed;
   for (Role r : it->second) absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", RoleName(r));
-  return absl::PermissionDeniedError(absl::StrCat("role ", RoleName(role), " may not call ", method,
-                                                  " (allowed: ", allowed, ")"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("role ", RoleName(role), " may not call ", method, " (allowed: ", allowed, ")"));
 }
 
 }  // namespace strata

@@ -20,9 +20,9 @@
 
 #include <functional>
 #include <map>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,7 +30,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-
 #include "common/config.h"
 #include "common/http_server.h"
 #include "grpcpp/grpcpp.h"
@@ -118,7 +117,7 @@ class Authenticator {
 // A daemon's or client's control-plane credentials, made once in main.
 struct ControlPlaneSecurity {
   bool plaintext = true;
-  std::shared_ptr<grpc::ServerCredentials> server;   // for servers
+  std::shared_ptr<grpc::ServerCredentials> server;  // for servers
   // For channels to the master (every daemon's and the CLI's), and the
   // master's to pservers: each checks that the server's certificate names
   // that role and covers the host dialled (CheckServerCertificate).
@@ -127,7 +126,7 @@ struct ControlPlaneSecurity {
   const std::shared_ptr<grpc::ChannelCredentials>& ForPServers() const {
     return pserver_client != nullptr ? pserver_client : client;
   }
-  std::shared_ptr<Authenticator> auth;               // null in plain text
+  std::shared_ptr<Authenticator> auth;  // null in plain text
   // A server's own certificate, key and CA files (for HTTPS); "" otherwise.
   std::string cert_file, key_file, ca_file;
 
@@ -174,8 +173,7 @@ absl::StatusOr<ControlPlaneSecurity> MakeControlPlaneSecurity(const TlsOptions& 
 // file and what is wrong with it.
 absl::StatusOr<ControlPlaneSecurity> DaemonSecurity(const SecuritySection& section,
                                                     const std::string& tls_dir,
-                                                    const std::string& cert_name,
-                                                    int index = -1);
+                                                    const std::string& cert_name, int index = -1);
 
 // The instance index a daemon certificate's name binds it to: N for
 // "worker-N@host", -1 for a host-wide "worker@host".

@@ -9,10 +9,10 @@
 #define STRATA_CONCAT_(a, b) STRATA_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define STRATA_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::absl::Status _strata_status = (expr);           \
-    if (!_strata_status.ok()) return _strata_status;  \
+#define STRATA_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status _strata_status = (expr);          \
+    if (!_strata_status.ok()) return _strata_status; \
   } while (0)
 
 // STRATA_ASSIGN_OR_RETURN(lhs, expr): evaluates the StatusOr `expr`; on error

@@ -1,7 +1,7 @@
 #include "common/trace.h"
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 

@@ -28,8 +28,8 @@ bool IsTerminalState(const std::string& state) {
 // The tables this job's config makes, as a checkpoint records them.
 std::vector<proto::CheckpointTable> ConfigTables(const JobConfig& config) {
   std::vector<proto::CheckpointTable> out;
-  for (const proto::TableInfo& t : MakeTableInfos(ModelTables(config.model),
-                                                  static_cast<uint32_t>(config.sparse.partitions))) {
+  for (const proto::TableInfo& t :
+       MakeTableInfos(ModelTables(config.model), static_cast<uint32_t>(config.sparse.partitions))) {
     proto::CheckpointTable c;
     c.set_name(t.name());
     *c.mutable_shape() = t.shape();
@@ -44,7 +44,8 @@ std::vector<proto::CheckpointTable> ConfigTables(const JobConfig& config) {
 std::string Describe(const proto::CheckpointTable& t) {
   std::string shape;
   for (uint64_t d : t.shape()) absl::StrAppend(&shape, shape.empty() ? "" : "x", d);
-  if (t.sparse()) return absl::StrCat(t.name(), " (sparse, dim ", t.dim(), ", ", t.partitions(), " partitions)");
+  if (t.sparse())
+    return absl::StrCat(t.name(), " (sparse, dim ", t.dim(), ", ", t.partitions(), " partitions)");
   return absl::StrCat(t.name(), " [", shape, "]");
 }
 
@@ -75,13 +76,13 @@ absl::Status MasterServer::CheckCheckpointFits(const MasterOptions& o, const std
   const std::string manifest = storage::JoinPath(dir, storage::kManifestName);
   const JobConfig& c = o.config;
   if (!m.precision().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        manifest, ": an inference export in ", m.precision(),
-        " (parameters only, no optimizer state): a job cannot resume from it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(manifest, ": an inference export in ", m.precision(),
+                     " (parameters only, no optimizer state): a job cannot resume from it"));
   }
   if (m.job() != c.job.name) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        manifest, ": a checkpoint of job '", m.job(), "', not of this job '", c.job.name, "'"));
+    return absl::FailedPreconditionError(absl::StrCat(manifest, ": a checkpoint of job '", m.job(),
+                                                      "', not of this job '", c.job.name, "'"));
   }
   const std::vector<proto::CheckpointTable> want = ConfigTables(c);
   bool any_sparse = false, any_dense = false;
@@ -90,21 +91,20 @@ absl::Status MasterServer::CheckCheckpointFits(const MasterOptions& o, const std
     any_dense |= !want[i].sparse();
     if (i >= static_cast<size_t>(m.tables_size()) ||
         m.tables(i).SerializeAsString() != want[i].SerializeAsString()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          manifest, ": its model does not match the config's: table ", i, " is ",
-          i < static_cast<size_t>(m.tables_size()) ? Describe(m.tables(i)) : "missing",
-          " in the checkpoint, ", Describe(want[i]), " in the config"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(manifest, ": its model does not match the config's: table ", i, " is ",
+                       i < static_cast<size_t>(m.tables_size()) ? Describe(m.tables(i)) : "missing",
+                       " in the checkpoint, ", Describe(want[i]), " in the config"));
     }
   }
   if (static_cast<size_t>(m.tables_size()) != want.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(manifest, ": ", m.tables_size(),
-                                                      " tables, the config's model has ",
-                                                      want.size()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        manifest, ": ", m.tables_size(), " tables, the config's model has ", want.size()));
   }
   if (any_dense && m.optimizer() != c.optimizer.type) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        manifest, ": optimizer '", m.optimizer(), "' in the checkpoint, '", c.optimizer.type,
-        "' in the config (optimizer.type)"));
+    return absl::FailedPreconditionError(absl::StrCat(manifest, ": optimizer '", m.optimizer(),
+                                                      "' in the checkpoint, '", c.optimizer.type,
+                                                      "' in the config (optimizer.type)"));
   }
   if (any_sparse && m.sparse_optimizer() != c.sparse.optimizer.type) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -112,9 +112,9 @@ absl::Status MasterServer::CheckCheckpointFits(const MasterOptions& o, const std
         c.sparse.optimizer.type, "' in the config (sparse.optimizer.type)"));
   }
   if (any_dense && m.slice_bytes() != c.cluster.slice_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        manifest, ": dense partitions cut at ", m.slice_bytes(), " bytes, the config says ",
-        c.cluster.slice_bytes, " (cluster.slice_bytes)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(manifest, ": dense partitions cut at ", m.slice_bytes(),
+                     " bytes, the config says ", c.cluster.slice_bytes, " (cluster.slice_bytes)"));
   }
   return VerifyFiles(o.fs, root, m);
 }
@@ -156,8 +156,8 @@ absl::StatusOr<std::optional<MasterServer::Resumed>> MasterServer::FindResumeChe
     refused.push_back(std::string(s.message()));
   }
   if (!refused.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no usable checkpoint under ", root, ": ", absl::StrJoin(refused, "; ")));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable checkpoint under ", root, ": ", absl::StrJoin(refused, "; ")));
   }
   LOG(INFO) << "--resume latest: no checkpoint under " << root << " yet; starting afresh";
   return std::optional<Resumed>();
@@ -182,9 +182,9 @@ absl::Status MasterServer::ApplyResume(const Resumed& r) {
   samples_base_ = m.samples();
   next_node_id_ = std::max(next_node_id_, m.next_node_id());
   max_last_step_ = m.step() > 0 ? m.step() - 1 : 0;
-  LOG(INFO) << "resuming from checkpoint " << m.seq() << " (" << m.reason() << ", step "
-            << m.step() << "): " << tasks_.done() << " of " << tasks_.total()
-            << " data tasks done, " << partial.size() << " partly";
+  LOG(INFO) << "resuming from checkpoint " << m.seq() << " (" << m.reason() << ", step " << m.step()
+            << "): " << tasks_.done() << " of " << tasks_.total() << " data tasks done, "
+            << partial.size() << " partly";
   return absl::OkStatus();
 }
 
@@ -215,9 +215,9 @@ absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason
   {
     absl::MutexLock l(&mu_);
     if (IsTerminalState(job_state_)) {
-      return WithReason(absl::FailedPreconditionError(
-                            absl::StrCat("the job has already ended: it ", job_state_)),
-                        proto::REASON_JOB_NOT_RUNNING);
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat("the job has already ended: it ", job_state_)),
+          proto::REASON_JOB_NOT_RUNNING);
     }
     checkpoint = options_.config.checkpoint.enabled && !no_checkpoint && placed_ && view_.ready();
   }
@@ -225,10 +225,10 @@ absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason
   if (checkpoint) {
     absl::StatusOr<proto::CheckpointResponse> c = Checkpoint(reason, /*stop_after=*/true);
     if (!c.ok()) {
-      return absl::Status(c.status().code(),
-                          absl::StrCat("not stopped: the checkpoint before the stop failed (",
-                                       c.status().message(),
-                                       "); the job goes on (stop without one: no_checkpoint)"));
+      return absl::Status(
+          c.status().code(),
+          absl::StrCat("not stopped: the checkpoint before the stop failed (", c.status().message(),
+                       "); the job goes on (stop without one: no_checkpoint)"));
     }
     resp.set_checkpointed(true);
     *resp.mutable_checkpoint() = std::move(*c);
@@ -257,10 +257,10 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
           "checkpoints are off: the job's config has no checkpoint section");
     }
     if (!placed_ || !view_.ready() || IsTerminalState(job_state_)) {
-      return WithReason(absl::FailedPreconditionError(
-                            absl::StrCat("no checkpoint: the job is ", job_state_,
-                                         placed_ ? "" : " (partitions not placed)")),
-                        proto::REASON_JOB_NOT_RUNNING);
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat("no checkpoint: the job is ", job_state_,
+                                                     placed_ ? "" : " (partitions not placed)")),
+          proto::REASON_JOB_NOT_RUNNING);
     }
     view = view_;
     targets = OwnersLocked();
@@ -432,9 +432,9 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       const bool has_new = entry.files_size() > 0;
       if (!has_new || !entry.files(0).full()) {
         if (prev == previous.end() || base_seq == 0) {
-          merged = absl::InternalError(absl::StrCat(
-              "partition ", info.id(), " wrote ", has_new ? "a delta" : "nothing",
-              " with no previous checkpoint to build on"));
+          merged = absl::InternalError(absl::StrCat("partition ", info.id(), " wrote ",
+                                                    has_new ? "a delta" : "nothing",
+                                                    " with no previous checkpoint to build on"));
           break;
         }
         incremental = true;
@@ -557,8 +557,8 @@ void MasterServer::CheckpointLoop() {
         if (cfg.every_steps > 0 && step >= next_step_trigger_) {
           reason = "steps";
           next_step_trigger_ = (step / cfg.every_steps + 1) * cfg.every_steps;
-        } else if (cfg.every_seconds > 0 && now - last_checkpoint_time_ >=
-                                                absl::Seconds(cfg.every_seconds)) {
+        } else if (cfg.every_seconds > 0 &&
+                   now - last_checkpoint_time_ >= absl::Seconds(cfg.every_seconds)) {
           reason = "interval";
         }
       }

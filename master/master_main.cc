@@ -13,12 +13,11 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-
 #include "common/config.h"
-#include "common/grpc_channel.h"
-#include "common/security.h"
 #include "common/daemon.h"
+#include "common/grpc_channel.h"
 #include "common/host_file.h"
+#include "common/security.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "master/master_server.h"
@@ -154,12 +153,10 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot start master: " << s.message();
     return 1;
   }
-  const int sig = strata::WaitForTerminationSignal([&] {
-    return FLAGS_exit_when_done && (*master)->WaitForJobEnd(absl::ZeroDuration());
-  });
+  const int sig = strata::WaitForTerminationSignal(
+      [&] { return FLAGS_exit_when_done && (*master)->WaitForJobEnd(absl::ZeroDuration()); });
   const std::string job_state = (*master)->GetStatus().job().state();
-  const bool job_over =
-      job_state == "succeeded" || job_state == "failed" || job_state == "stopped";
+  const bool job_over = job_state == "succeeded" || job_state == "failed" || job_state == "stopped";
   if (sig == SIGTERM && config->checkpoint.enabled && !job_over) {
     // A preemption notice: checkpoint, then stop the job cleanly, within
     // the grace period.

@@ -7,28 +7,28 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/daemon.h"
 #include "common/error_reason.h"
 #include "common/grpc_channel.h"
-#include "transport/data_plane_auth.h"
-#include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "common/json.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "master/placement.h"
 #include "master/status_page.h"
-#include "google/protobuf/struct.pb.h"
 #include "storage/checkpoint_format.h"
 #include "storage/criteo_reader.h"
 #include "storage/idx_reader.h"
+#include "transport/data_plane_auth.h"
 
 namespace strata::master {
 namespace {
@@ -37,10 +37,14 @@ int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
 const char* RoleName(proto::Role r) {
   switch (r) {
-    case proto::MASTER: return "master";
-    case proto::PSERVER: return "pserver";
-    case proto::WORKER: return "worker";
-    default: return "unknown";
+    case proto::MASTER:
+      return "master";
+    case proto::PSERVER:
+      return "pserver";
+    case proto::WORKER:
+      return "worker";
+    default:
+      return "unknown";
   }
 }
 
@@ -83,16 +87,15 @@ class MasterServer::Service final : public proto::Master::Service {
 // Who calls (refused unless authenticated), and whether the policy lets
 // them call `method` of the Master service (docs/security.md): the caller
 // as `who`, or the refusal answered and audited.
-#define STRATA_CALLER(who, ctx, method, name)                                      \
-  auto who##_slot = calls_.Enter(ctx->peer());                                     \
-  if (!who##_slot.ok()) return Answer(ctx, "", name, who##_slot.status());         \
-  auto who##_or = security().Identify(*ctx);                                       \
-  if (!who##_or.ok()) return Answer(ctx, "", name, who##_or.status());             \
-  const Identity who = *std::move(who##_or);                                       \
-  if (absl::Status s = security().Permits(who, "/strata.proto.Master/" method);     \
-      !s.ok()) {                                                                   \
-    return Answer(ctx, who.ToString(), name, s);                                   \
-  }                                                                                \
+#define STRATA_CALLER(who, ctx, method, name)                                              \
+  auto who##_slot = calls_.Enter(ctx->peer());                                             \
+  if (!who##_slot.ok()) return Answer(ctx, "", name, who##_slot.status());                 \
+  auto who##_or = security().Identify(*ctx);                                               \
+  if (!who##_or.ok()) return Answer(ctx, "", name, who##_or.status());                     \
+  const Identity who = *std::move(who##_or);                                               \
+  if (absl::Status s = security().Permits(who, "/strata.proto.Master/" method); !s.ok()) { \
+    return Answer(ctx, who.ToString(), name, s);                                           \
+  }                                                                                        \
   (void)who
 
   grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
@@ -128,8 +131,7 @@ class MasterServer::Service final : public proto::Master::Service {
     absl::Status s = m_->CheckNodeCaller(req->node_id(), who);
     return Answer(ctx, who.ToString(), "complete_task", s.ok() ? m_->CompleteTask(*req) : s);
   }
-  grpc::Status ReportProgress(grpc::ServerContext* ctx,
-                              const proto::ReportProgressRequest* req,
+  grpc::Status ReportProgress(grpc::ServerContext* ctx, const proto::ReportProgressRequest* req,
                               proto::ReportProgressResponse*) override {
     STRATA_CALLER(who, ctx, "ReportProgress", "report_progress");
     absl::Status s = m_->CheckNodeCaller(req->node_id(), who);
@@ -205,21 +207,19 @@ class MasterServer::Service final : public proto::Master::Service {
   MasterServer* const m_;  // owns this service
 };
 
-absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
-    MasterOptions options) {
+absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions options) {
   if (options.fs == nullptr) {
     return absl::InvalidArgumentError("MasterOptions.fs is required");
   }
   if (options.expected_pservers < 1 || options.expected_workers < 1) {
-    return absl::InvalidArgumentError(
-        "the cluster needs at least one pserver and one worker");
+    return absl::InvalidArgumentError("the cluster needs at least one pserver and one worker");
   }
   if (options.config.cluster.replication >= options.expected_pservers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.config.source.empty() ? "config" : options.config.source,
-        ": cluster.replication ", options.config.cluster.replication, " needs at least ",
-        options.config.cluster.replication + 1, " pservers; the cluster has ",
-        options.expected_pservers));
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.config.source.empty() ? "config" : options.config.source,
+                     ": cluster.replication ", options.config.cluster.replication,
+                     " needs at least ", options.config.cluster.replication + 1,
+                     " pservers; the cluster has ", options.expected_pservers));
   }
   const DataSection& data = options.config.data;
   int64_t n = 0;
@@ -233,8 +233,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     // then the lines are counted, not parsed (a worker's bad-line policy
     // may skip some; their tasks are then a little shorter).
     storage::CriteoReadOptions read;
-    read.bad_lines = data.bad_lines == "skip" ? storage::BadLinePolicy::kSkip
-                                              : storage::BadLinePolicy::kFail;
+    read.bad_lines =
+        data.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
     STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
                             storage::ProbeCriteoFile(options.fs, data.train, read));
     if (shape.gzipped || data.train_limit > 0) {
@@ -246,10 +246,10 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
           std::max<int64_t>(1, std::llround(data.task_records * shape.bytes_per_record)),
           shape.bytes_per_record};
       n = std::max<int64_t>(1, std::llround(shape.file_bytes / shape.bytes_per_record));
-      LOG(INFO) << data.train << ": " << shape.file_bytes << " bytes, about " << n
-                << " records (" << absl::StrFormat("%.1f", shape.bytes_per_record)
-                << " bytes each in its first " << shape.sample_bytes
-                << " bytes); cut into data tasks of " << split->task_bytes << " bytes";
+      LOG(INFO) << data.train << ": " << shape.file_bytes << " bytes, about " << n << " records ("
+                << absl::StrFormat("%.1f", shape.bytes_per_record) << " bytes each in its first "
+                << shape.sample_bytes << " bytes); cut into data tasks of " << split->task_bytes
+                << " bytes";
     }
   } else {
     // The training-set size from the files' headers and sizes: nothing is
@@ -264,9 +264,9 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> images,
                             storage::ReadIdxShape(options.fs, data.train_images));
     if (images.empty() || images[0] != labels[0]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          data.train_images, " has ", images.empty() ? 0 : images[0], " examples but ",
-          data.train_labels, " has ", labels[0], " labels"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(data.train_images, " has ", images.empty() ? 0 : images[0], " examples but ",
+                       data.train_labels, " has ", labels[0], " labels"));
     }
     n = labels[0];
   }
@@ -283,10 +283,11 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     };
     if (!parsed.ok() || number("planted_test_auc") == nullptr ||
         number("planted_test_logloss") == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          data.planted, " (data.planted): expected a JSON object with numbers "
-          "planted_test_auc and planted_test_logloss (strata-gen-ctr writes it)",
-          parsed.ok() ? "" : absl::StrCat(": ", parsed.ToString())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(data.planted,
+                       " (data.planted): expected a JSON object with numbers "
+                       "planted_test_auc and planted_test_logloss (strata-gen-ctr writes it)",
+                       parsed.ok() ? "" : absl::StrCat(": ", parsed.ToString())));
     }
     planted = {true, number("planted_test_auc")->number_value(),
                number("planted_test_logloss")->number_value()};
@@ -344,12 +345,13 @@ MasterServer::MasterServer(MasterOptions options, int64_t num_records,
       num_records_(num_records),
       planted_(planted),
       clock_(options_.clock ? options_.clock : RealClock()),
-      tasks_(split.has_value()
-                 ? TaskScheduler(*split, options_.config.job.epochs, options_.config.job.seed,
-                                 absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))
-                 : TaskScheduler(num_records, options_.config.data.task_records,
-                                 options_.config.job.epochs, options_.config.job.seed,
-                                 absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))) {
+      tasks_(
+          split.has_value()
+              ? TaskScheduler(*split, options_.config.job.epochs, options_.config.job.seed,
+                              absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))
+              : TaskScheduler(num_records, options_.config.data.task_records,
+                              options_.config.job.epochs, options_.config.job.seed,
+                              absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))) {
   absl::MutexLock l(&mu_);
   view_.set_epoch(1);
   view_.set_seed(options_.config.job.seed);
@@ -409,9 +411,9 @@ absl::Status MasterServer::Start() {
       for (absl::string_view kv : absl::StrSplit(req.query, '&')) {
         if (absl::ConsumePrefix(&kv, "refresh=") && !absl::SimpleAtoi(kv, &refresh)) refresh = 5;
       }
-      return HttpResponse{200, "text/html; charset=utf-8",
-                          RenderStatusPage(GetStatus(), ToUnixMs(clock_->Now()),
-                                           std::clamp(refresh, 0, 3600))};
+      return HttpResponse{
+          200, "text/html; charset=utf-8",
+          RenderStatusPage(GetStatus(), ToUnixMs(clock_->Now()), std::clamp(refresh, 0, 3600))};
     });
     http_.Handle("/status", [this](const HttpRequest&) {
       std::string json;
@@ -422,11 +424,11 @@ absl::Status MasterServer::Start() {
       if (!s.ok()) return HttpResponse{500, "text/plain", s.ToString()};
       return HttpResponse{200, "application/json", json};
     });
-    STRATA_RETURN_IF_ERROR(SecureHttp(
-        options_.security, &http_,
-        [this](const std::string& who, const HttpRequest& req, const absl::Status& why) {
-          AuditRefusal(who, req.peer, absl::StrCat("http GET ", req.path), why);
-        }));
+    STRATA_RETURN_IF_ERROR(
+        SecureHttp(options_.security, &http_,
+                   [this](const std::string& who, const HttpRequest& req, const absl::Status& why) {
+                     AuditRefusal(who, req.peer, absl::StrCat("http GET ", req.path), why);
+                   }));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
     absl::MutexLock l(&mu_);
     view_.mutable_members(0)->set_http_port(http_.port());
@@ -441,10 +443,10 @@ absl::Status MasterServer::Start() {
     absl::MutexLock l(&mu_);
     total_tasks = tasks_.total();
   }
-  LOG(INFO) << "master listening on " << address() << ", http port "
-            << http_port() << "; waiting for " << options_.expected_pservers
-            << " pserver(s) and " << options_.expected_workers << " worker(s); "
-            << num_records_ << " training records, " << total_tasks << " data tasks";
+  LOG(INFO) << "master listening on " << address() << ", http port " << http_port()
+            << "; waiting for " << options_.expected_pservers << " pserver(s) and "
+            << options_.expected_workers << " worker(s); " << num_records_ << " training records, "
+            << total_tasks << " data tasks";
   return absl::OkStatus();
 }
 
@@ -482,20 +484,18 @@ void MasterServer::AuditTlsFailures() {
   }
   // (gRPC does not say from where; one record a second per reason.)
   for (const std::string& reason : failures) {
-    AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)",
-                 "tls handshake", absl::UnauthenticatedError(reason));
+    AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)", "tls handshake",
+                 absl::UnauthenticatedError(reason));
   }
 }
 
-std::string MasterServer::address() const {
-  return absl::StrCat(options_.host, ":", bound_port_);
-}
+std::string MasterServer::address() const { return absl::StrCat(options_.host, ":", bound_port_); }
 int MasterServer::http_port() const { return http_.port(); }
 
 void MasterServer::BackgroundLoop() {
-  const absl::Duration tick = std::min(
-      absl::Milliseconds(200),
-      absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms) / 2);
+  const absl::Duration tick =
+      std::min(absl::Milliseconds(200),
+               absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms) / 2);
   while (!stop_.WaitForNotificationWithTimeout(tick)) {
     Tick();
     AuditTlsFailures();
@@ -533,8 +533,8 @@ void MasterServer::Tick() {
       ++it;
     }
     for (auto& [n, reason] : unreachable) {  // (this erases their suspicions)
-      DeclareDeadLocked(n, absl::StrCat("unreachable from workers for ", dead_ms, " ms (",
-                                        reason, ")"));
+      DeclareDeadLocked(
+          n, absl::StrCat("unreachable from workers for ", dead_ms, " ms (", reason, ")"));
     }
     int expired = tasks_.ExpireLeases(now);
     if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
@@ -596,9 +596,8 @@ absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
   if (ticket == 0) return absl::OkStatus();
   auto refused = [](const absl::Status& why) {
     return WithReason(
-        absl::UnavailableError(absl::StrCat(
-            "the master cannot record its state (", why.message(),
-            "): nothing was acknowledged; retry")),
+        absl::UnavailableError(absl::StrCat("the master cannot record its state (", why.message(),
+                                            "): nothing was acknowledged; retry")),
         proto::REASON_NOT_PERSISTED);
   };
   absl::MutexLock w(&write_mu_);
@@ -646,8 +645,8 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   placed_ = st.placed();
   job_state_ = st.job_state().empty() ? job_state_ : st.job_state();
   job_message_ = st.job_message();
-  absl::Status s = tasks_.Resume(std::vector<uint64_t>(st.tasks_done().begin(),
-                                                       st.tasks_done().end()), {});
+  absl::Status s =
+      tasks_.Resume(std::vector<uint64_t>(st.tasks_done().begin(), st.tasks_done().end()), {});
   if (!s.ok()) LOG(ERROR) << "the recorded state's data tasks: " << s;
   // Live workers keep the tasks they hold; a dead one's go back.
   std::map<uint64_t, uint32_t> leases;
@@ -669,18 +668,17 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   if (st.start_unix_ms() != 0) start_time_ = absl::FromUnixMillis(st.start_unix_ms());
   if (IsTerminal(job_state_)) end_time_ = clock_->Now();
   restarts_ = st.restarts() + 1;
-  EventLocked(absl::StrCat("master restarted (restart ", restarts_, "): state of epoch ",
-                           st.view().epoch(), " replayed from ", options_.state_dir, "; ",
-                           tasks_.done(), " of ", tasks_.total(), " data tasks done, job ",
-                           job_state_),
-              "master_restart");
+  EventLocked(
+      absl::StrCat("master restarted (restart ", restarts_, "): state of epoch ", st.view().epoch(),
+                   " replayed from ", options_.state_dir, "; ", tasks_.done(), " of ",
+                   tasks_.total(), " data tasks done, job ", job_state_),
+      "master_restart");
 }
 
 void MasterServer::EventLocked(const std::string& what, const char* kind,
                                const proto::NodeInfo* node) {
-  const double t = start_time_ == absl::InfinitePast()
-                       ? 0
-                       : absl::ToDoubleSeconds(clock_->Now() - start_time_);
+  const double t =
+      start_time_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(clock_->Now() - start_time_);
   events_.push_back(absl::StrFormat("%.1fs %s", t, what));
   LOG(WARNING) << what;
   LogEventLocked(kind, what, node);
@@ -707,7 +705,8 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
     r.who = "master";
     r.action = kind;
     if (node != nullptr) {
-      r.target = absl::StrCat(RoleName(node->role()), " ", node->index(), " (node ", node->id(), ")");
+      r.target =
+          absl::StrCat(RoleName(node->role()), " ", node->index(), " (node ", node->id(), ")");
     }
     r.result = "ok";
     r.detail = what;
@@ -715,9 +714,9 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
   }
 }
 
-void MasterServer::Audit(const std::string& who, const std::string& from,
-                         const std::string& action, const std::string& target,
-                         const std::string& result, const std::string& detail) {
+void MasterServer::Audit(const std::string& who, const std::string& from, const std::string& action,
+                         const std::string& target, const std::string& result,
+                         const std::string& detail) {
   if (audit_ == nullptr) return;
   FlushEventLog();  // (what happened before it, first)
   absl::MutexLock fl(&file_mu_);
@@ -808,9 +807,9 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
     for (uint64_t id : ids) records_requeued_ += tasks_.RecordsOf(id);
     if (released > 0) {
       tasks_requeued_ += static_cast<uint64_t>(released);
-      EventLocked(absl::StrCat(released, " data task(s) of worker ", n->index(),
-                               " returned to the queue"),
-                  "tasks_requeued", n);
+      EventLocked(
+          absl::StrCat(released, " data task(s) of worker ", n->index(), " returned to the queue"),
+          "tasks_requeued", n);
     }
   }
   if (n->role() == proto::PSERVER) {
@@ -833,7 +832,8 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
   absl::MutexLock l(&mu_);
   proto::NodeInfo* n = FindNodeLocked(req.node_id());
   if (n == nullptr) return absl::NotFoundError(absl::StrCat("no node ", req.node_id()));
-  const std::string name = absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ")");
+  const std::string name =
+      absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ")");
   const std::string why = req.reason().empty() ? "request" : req.reason();
   proto::DrainResponse resp;
   if (n->role() == proto::MASTER) {
@@ -859,17 +859,18 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
       return resp;
     }
     if (job_state_ == "evaluating" && n->id() == evaluator_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, " is evaluating the trained model; it leaves when the job ends"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(name, " is evaluating the trained model; it leaves when the job ends"));
     }
     int others = 0;
     for (const auto& m : view_.members()) {
       others += m.role() == proto::WORKER && m.id() != n->id() && !Gone(m) && !m.draining();
     }
     if (others == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, " is the last worker: draining it would stop training "
-                "(`strata stop` ends the job, with a checkpoint)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(name,
+                       " is the last worker: draining it would stop training "
+                       "(`strata stop` ends the job, with a checkpoint)"));
     }
     n->set_draining(true);
     EventLocked(absl::StrCat(name, " draining (", why, "): it leaves after its current data task"),
@@ -882,8 +883,8 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
   }
   // A pserver: each of its partitions goes to a backup holding its copy.
   if (!placed_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, ": the partitions are not placed yet; drain it once the job runs"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": the partitions are not placed yet; drain it once the job runs"));
   }
   std::vector<uint32_t> primaries, unsafe;
   for (const proto::PartitionInfo& p : view_.partitions()) {
@@ -969,28 +970,30 @@ void MasterServer::FailoverLocked(uint32_t dead) {
   failovers_ += static_cast<uint64_t>(promoted);
   if (promoted > 0) {
     std::string where;
-    for (const auto& [node, n] : to) absl::StrAppend(&where, where.empty() ? "" : ", ", n, " to node ", node);
+    for (const auto& [node, n] : to)
+      absl::StrAppend(&where, where.empty() ? "" : ", ", n, " to node ", node);
     EventLocked(absl::StrCat(promoted, " partition(s) of node ", dead,
                              " failed over to their backups (", where, ")"),
                 "failover");
   }
   if (!lost.empty()) {
     lost_.insert(lost.begin(), lost.end());
-    EventLocked(absl::StrCat(lost.size(), " partition(s) of node ", dead,
-                             " lost with it (no synced backup)",
-                             last_manifest_.has_value()
-                                 ? absl::StrCat("; restoring them from checkpoint ",
-                                                last_manifest_->seq())
-                                 : ""),
+    EventLocked(absl::StrCat(
+                    lost.size(), " partition(s) of node ", dead, " lost with it (no synced backup)",
+                    last_manifest_.has_value()
+                        ? absl::StrCat("; restoring them from checkpoint ", last_manifest_->seq())
+                        : ""),
                 "partitions_lost");
     if (!last_manifest_.has_value()) {
       const proto::NodeInfo* n = FindNodeLocked(dead);
-      FinishJobLocked("failed", absl::StrCat(
-          "pserver ", n ? n->index() : -1, " (node ", dead, ", ", n ? n->host() : "?",
-          ") died with ", lost.size(), " partition(s) and no replica to take over",
-          options_.config.checkpoint.enabled
-              ? " and no checkpoint yet to restore them from; restart the job"
-              : "; set cluster.replication or a checkpoint section so that the job can go on"));
+      FinishJobLocked(
+          "failed",
+          absl::StrCat(
+              "pserver ", n ? n->index() : -1, " (node ", dead, ", ", n ? n->host() : "?",
+              ") died with ", lost.size(), " partition(s) and no replica to take over",
+              options_.config.checkpoint.enabled
+                  ? " and no checkpoint yet to restore them from; restart the job"
+                  : "; set cluster.replication or a checkpoint section so that the job can go on"));
     }
   }
   TopUpBackupsLocked();
@@ -1039,7 +1042,8 @@ void MasterServer::RecoverLostPartitions() {
   }
   if (load.empty()) return;  // none to put them on yet
   for (const auto& p : view_.partitions()) {
-    if (load.count(p.owner())) load[p.owner()] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+    if (load.count(p.owner()))
+      load[p.owner()] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
   }
   uint64_t lost_steps = 0;
   for (proto::PartitionInfo& p : *view_.mutable_partitions()) {
@@ -1065,8 +1069,8 @@ void MasterServer::RecoverLostPartitions() {
   partitions_restored_ += lost_.size();
   steps_lost_ += lost_steps;
   EventLocked(absl::StrCat(lost_.size(), " lost partition(s) restored from checkpoint ",
-                           last_manifest_->seq(), " (step ", last_manifest_->step(), "): ",
-                           lost_steps, " partition-step(s) of updates lost"),
+                           last_manifest_->seq(), " (step ", last_manifest_->step(),
+                           "): ", lost_steps, " partition-step(s) of updates lost"),
               "recovery");
   lost_.clear();
   TopUpBackupsLocked();
@@ -1088,8 +1092,10 @@ void MasterServer::ProbeSuspects() {
     grpc::ClientContext ctx;
     // Long enough for a new connection (its TLS handshake included) to
     // the pserver: a slow handshake is not a dead pserver.
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(std::max(
-        {200, options_.config.cluster.heartbeat_interval_ms, options_.config.cluster.control_connect_ms}))));
+    ctx.set_deadline(absl::ToChronoTime(
+        absl::Now() +
+        absl::Milliseconds(std::max({200, options_.config.cluster.heartbeat_interval_ms,
+                                     options_.config.cluster.control_connect_ms}))));
     proto::PServerStatusResponse resp;
     grpc::Status s = stub->GetStatus(&ctx, proto::PServerStatusRequest(), &resp);
     if (s.ok()) continue;
@@ -1098,8 +1104,7 @@ void MasterServer::ProbeSuspects() {
     auto it = suspects_.find(id);
     if (n == nullptr || Gone(*n) || it == suspects_.end()) continue;
     DeclareDeadLocked(n, absl::StrCat("reported unreachable (", it->second.reason,
-                                      ") and the master's probe failed too: ",
-                                      s.error_message()));
+                                      ") and the master's probe failed too: ", s.error_message()));
   }
 }
 
@@ -1129,7 +1134,8 @@ absl::StatusOr<proto::ReportSuspectResponse> MasterServer::ReportSuspect(
   } else {
     it->second.last = now;
     // One probe per heartbeat interval at most.
-    if (now - it->second.first > absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) {
+    if (now - it->second.first >
+        absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) {
       it->second.probe_due = true;
     }
   }
@@ -1179,9 +1185,9 @@ void MasterServer::MaybePlacePartitions() {
       if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) ids.push_back(n.id());
     }
     if (static_cast<int>(ids.size()) < options_.expected_pservers) return;
-    auto parts = PlacePartitions(
-        std::vector<proto::TableInfo>(view_.tables().begin(), view_.tables().end()),
-        options_.config.cluster.slice_bytes, ids);
+    auto parts =
+        PlacePartitions(std::vector<proto::TableInfo>(view_.tables().begin(), view_.tables().end()),
+                        options_.config.cluster.slice_bytes, ids);
     if (!parts.ok()) {
       FinishJobLocked("failed", parts.status().ToString());
       return;
@@ -1228,8 +1234,8 @@ void MasterServer::MaybePlacePartitions() {
       return;
     }
     if (!s.ok()) {
-      LOG(WARNING) << "AssignPartitions to pserver node " << id
-                   << " failed: " << s.error_message() << "; will retry";
+      LOG(WARNING) << "AssignPartitions to pserver node " << id << " failed: " << s.error_message()
+                   << "; will retry";
       return;
     }
     if (restore.has_value()) {
@@ -1247,8 +1253,8 @@ void MasterServer::MaybePlacePartitions() {
     BumpEpochLocked();
     placed_ = true;
     restore_.reset();
-    LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of "
-              << view.tables_size() << " table(s) on " << targets.size() << " pserver(s)";
+    LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of " << view.tables_size()
+              << " table(s) on " << targets.size() << " pserver(s)";
     UpdateJobStateLocked();
     ticket = PersistLocked();
   }
@@ -1292,8 +1298,9 @@ int MasterServer::CountLocked(proto::Role role, bool include_finished) const {
   return c;
 }
 
-absl::StatusOr<proto::RegisterResponse> MasterServer::Register(
-    const proto::RegisterRequest& req, const std::string& peer, const Identity& who) {
+absl::StatusOr<proto::RegisterResponse> MasterServer::Register(const proto::RegisterRequest& req,
+                                                               const std::string& peer,
+                                                               const Identity& who) {
   uint64_t ticket = 0;
   absl::StatusOr<proto::RegisterResponse> r = RegisterUnpersisted(req, peer, who, &ticket);
   STRATA_RETURN_IF_ERROR(AwaitPersisted(ticket));  // before the node learns its id
@@ -1307,8 +1314,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
     return absl::InvalidArgumentError(
         absl::StrCat("register from ", peer, ": role must be PSERVER or WORKER"));
   }
-  if (req.role() == proto::PSERVER &&
-      (req.grpc_address().empty() || req.data_address().empty())) {
+  if (req.role() == proto::PSERVER && (req.grpc_address().empty() || req.data_address().empty())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "register from ", peer, ": a pserver must give grpc_address and data_address"));
   }
@@ -1322,17 +1328,16 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
     }
     const size_t at = who.name.find('@');
     if (at == std::string::npos || who.name.substr(at + 1) != req.host()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("register from ", peer, ": certificate of ", who.ToString(),
-                       " cannot register host ", req.host()));
+      return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
+                                                      who.ToString(), " cannot register host ",
+                                                      req.host()));
     }
     // An instance's own certificate ("worker-3@host") registers that
     // index only; a host-wide one ("worker@host") any index on its host.
-    if (const int index = CertificateIndex(who.name);
-        index >= 0 && index != req.index()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("register from ", peer, ": certificate of ", who.ToString(),
-                       " cannot register ", RoleName(req.role()), " ", req.index()));
+    if (const int index = CertificateIndex(who.name); index >= 0 && index != req.index()) {
+      return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
+                                                      who.ToString(), " cannot register ",
+                                                      RoleName(req.role()), " ", req.index()));
     }
     identity = who.ToString();
   }
@@ -1350,8 +1355,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
   }
   // A restarted instance replaces its predecessor.
   for (proto::NodeInfo& n : *view_.mutable_members()) {
-    if (n.role() == req.role() && n.index() == req.index() &&
-        !Gone(n)) {
+    if (n.role() == req.role() && n.index() == req.index() && !Gone(n)) {
       DeclareDeadLocked(&n, "a new instance registered");
     }
   }
@@ -1372,12 +1376,11 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
         NewControlChannel(req.grpc_address(), options_.security.ForPServers(),
                           options_.config.cluster.control_connect_ms));
   }
-  LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node "
-            << n->id() << " from " << peer;
+  LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node " << n->id()
+            << " from " << peer;
   AddNodeMetricsLocked(req.role(), req.index());
-  const std::string joined =
-      absl::StrCat(RoleName(req.role()), " ", req.index(), " joined as node ", n->id(), " from ",
-                   req.host());
+  const std::string joined = absl::StrCat(RoleName(req.role()), " ", req.index(),
+                                          " joined as node ", n->id(), " from ", req.host());
   if (view_.ready()) {
     EventLocked(joined, "node_join", n);
   } else {
@@ -1398,9 +1401,9 @@ absl::Status MasterServer::CheckNodeCaller(uint32_t node_id, const Identity& who
   absl::MutexLock l(&mu_);
   const proto::NodeInfo* n = FindNodeLocked(node_id);
   if (n == nullptr || n->identity() == who.ToString()) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      who.ToString(), " cannot speak for node ", node_id, " (registered by ",
-      n->identity().empty() ? "a plaintext caller" : n->identity(), ")"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(who.ToString(), " cannot speak for node ", node_id, " (registered by ",
+                   n->identity().empty() ? "a plaintext caller" : n->identity(), ")"));
 }
 
 absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
@@ -1518,8 +1521,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   // No training work left for this worker: it leaves the step set.
   if (n->state() == proto::ALIVE) {
     n->set_state(proto::FINISHED);
-    LOG(INFO) << "worker " << n->index() << " (node " << n->id()
-              << ") has no more data tasks";
+    LOG(INFO) << "worker " << n->index() << " (node " << n->id() << ") has no more data tasks";
     BumpEpochLocked();
   }
   UpdateJobStateLocked();
@@ -1528,9 +1530,8 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
     if (ev == nullptr || Gone(*ev)) evaluator_ = n->id();
     if (evaluator_ == n->id()) {
       resp.set_outcome(proto::LeaseTaskResponse::EVALUATE);
-      resp.set_min_version(options_.config.job.consistency == Consistency::kBsp
-                               ? max_last_step_ + 1
-                               : 0);
+      resp.set_min_version(options_.config.job.consistency == Consistency::kBsp ? max_last_step_ + 1
+                                                                                : 0);
       return resp;
     }
   }
@@ -1543,8 +1544,7 @@ absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
   {
     absl::MutexLock l(&mu_);
     STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
-    STRATA_RETURN_IF_ERROR(
-        tasks_.Complete(n->id(), req.task_id(), req.last_step(), req.records()));
+    STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id(), req.last_step(), req.records()));
     max_last_step_ = std::max(max_last_step_, req.last_step());
     UpdateJobStateLocked();
     ticket = PersistLocked();
@@ -1556,14 +1556,14 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
   absl::MutexLock l(&mu_);
   STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
   if (req.has_test_accuracy() && n->id() != evaluator_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node ", n->id(), " reported a test accuracy but is not the evaluator"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", n->id(), " reported a test accuracy but is not the evaluator"));
   }
   workers_[n->id()].last = req;
   if (req.has_task_start()) tasks_.SetFirstStep(n->id(), req.task_id(), req.task_first_step());
   if (!req.error().empty() && !IsTerminal(job_state_)) {
-    FinishJobLocked("failed", absl::StrCat("worker ", n->index(), " (node ", n->id(),
-                                           "): ", req.error()));
+    FinishJobLocked("failed",
+                    absl::StrCat("worker ", n->index(), " (node ", n->id(), "): ", req.error()));
     return absl::OkStatus();
   }
   if (req.has_test_accuracy()) {
@@ -1573,15 +1573,15 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
     has_auc_ = req.has_test_auc();
     test_auc_ = req.test_auc();
     if (has_auc_) {
-      LOG(INFO) << absl::StrFormat("final test AUC %.4f, log-loss %.4f, accuracy %.4f%s",
-                                   test_auc_, test_loss_, test_accuracy_,
-                                   planted_.present
-                                       ? absl::StrFormat(" (planted model: AUC %.4f, log-loss %.4f)",
-                                                         planted_.auc, planted_.logloss)
-                                       : "");
+      LOG(INFO) << absl::StrFormat(
+          "final test AUC %.4f, log-loss %.4f, accuracy %.4f%s", test_auc_, test_loss_,
+          test_accuracy_,
+          planted_.present ? absl::StrFormat(" (planted model: AUC %.4f, log-loss %.4f)",
+                                             planted_.auc, planted_.logloss)
+                           : "");
     } else {
-      LOG(INFO) << absl::StrFormat("final test accuracy %.4f (loss %.4f)",
-                                   test_accuracy_, test_loss_);
+      LOG(INFO) << absl::StrFormat("final test accuracy %.4f (loss %.4f)", test_accuracy_,
+                                   test_loss_);
     }
     FinishJobLocked("succeeded", "");
   }
@@ -1590,23 +1590,22 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
 
 void MasterServer::UpdateJobStateLocked() {
   if (IsTerminal(job_state_)) return;
-  if (!view_.ready() && placed_ &&
-      CountLocked(proto::WORKER, true) >= options_.expected_workers) {
+  if (!view_.ready() && placed_ && CountLocked(proto::WORKER, true) >= options_.expected_workers) {
     view_.set_ready(true);
     BumpEpochLocked();
     start_time_ = clock_->Now();
     job_state_ = "running";
-    LOG(INFO) << "cluster ready at epoch " << view_.epoch() << ": job '"
-              << options_.config.job.name << "' running";
-    LogEventLocked("job_state", absl::StrCat("job running: cluster ready at epoch ",
-                                             view_.epoch()));
+    LOG(INFO) << "cluster ready at epoch " << view_.epoch() << ": job '" << options_.config.job.name
+              << "' running";
+    LogEventLocked("job_state",
+                   absl::StrCat("job running: cluster ready at epoch ", view_.epoch()));
   }
   if (job_state_ == "running" && tasks_.AllDone()) {
     job_state_ = "evaluating";
     train_end_time_ = clock_->Now();
     LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
-    LogEventLocked("job_state", absl::StrCat("job evaluating: all ", tasks_.total(),
-                                             " data tasks done"));
+    LogEventLocked("job_state",
+                   absl::StrCat("job evaluating: all ", tasks_.total(), " data tasks done"));
     const CheckpointSection& c = options_.config.checkpoint;
     if (c.enabled && c.on_finish && !final_checkpoint_done_) {
       // The trained model is saved before it is evaluated.
@@ -1617,27 +1616,27 @@ void MasterServer::UpdateJobStateLocked() {
   }
   if (job_state_ == "running" || job_state_ == "evaluating") {
     if (CountLocked(proto::WORKER, true) == 0) {
-      FinishJobLocked("failed", absl::StrCat(
-          "no live worker left with ", tasks_.total() - tasks_.done(),
-          " data task(s) unfinished"));
+      FinishJobLocked("failed",
+                      absl::StrCat("no live worker left with ", tasks_.total() - tasks_.done(),
+                                   " data task(s) unfinished"));
     }
   }
 }
 
-void MasterServer::FinishJobLocked(const std::string& state,
-                                   const std::string& message) {
+void MasterServer::FinishJobLocked(const std::string& state, const std::string& message) {
   job_state_ = state;
   job_message_ = message;
   end_time_ = clock_->Now();
   SampleHistoryLocked(/*force=*/true);  // the end of the charts
-  LogEventLocked("job_state",
-                 absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
+  LogEventLocked("job_state", absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
   if (state == "failed") LOG(ERROR) << "job failed: " << message;
   PersistLocked();  // (synced by the caller's AwaitPersisted, or the next tick)
   if (!options_.summary_path.empty()) {
     absl::Status s = options_.fs->WriteFileAtomic(options_.summary_path, SummaryJsonLocked());
-    if (!s.ok()) LOG(ERROR) << "cannot write summary: " << s;
-    else LOG(INFO) << "wrote " << options_.summary_path;
+    if (!s.ok())
+      LOG(ERROR) << "cannot write summary: " << s;
+    else
+      LOG(INFO) << "wrote " << options_.summary_path;
   }
 }
 
@@ -1685,7 +1684,8 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
     busy += p.busy_seconds();
     comm += p.comm_seconds();
     const proto::NodeInfo* node = nullptr;
-    for (const auto& m : view_.members()) if (m.id() == id) node = &m;
+    for (const auto& m : view_.members())
+      if (m.id() == id) node = &m;
     // The loss and accuracy now: of the workers still in the job (a dead or
     // drained one's last report goes stale), or of all when none is.
     if (p.steps_done() > 0) {
@@ -1739,11 +1739,11 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
       js.set_phase(absl::StrFormat("restoring checkpoint %d: %d of %d pserver(s) loaded",
                                    restore_op_.seq, restore_op_.done, restore_op_.total));
     } else if (!placed_) {
-      js.set_phase(absl::StrCat("placing ", view_.tables_size(), " table(s) on ", pservers,
-                                " pserver(s)"));
+      js.set_phase(
+          absl::StrCat("placing ", view_.tables_size(), " table(s) on ", pservers, " pserver(s)"));
     } else {
-      js.set_phase(absl::StrCat("waiting for workers: ", workers, " of ",
-                                options_.expected_workers, " registered"));
+      js.set_phase(absl::StrCat("waiting for workers: ", workers, " of ", options_.expected_workers,
+                                " registered"));
     }
   } else if (job_state_ == "running") {
     js.set_phase(absl::StrFormat("training: epoch %d of %d, %d of %d data tasks",
@@ -1752,10 +1752,9 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   } else {
     js.set_phase(job_state_);
   }
-  js.set_security(options_.security.plaintext ? options_.security.ModeString()
-                  : options_.config.security.encrypt_data_plane
-                      ? "mtls, data plane sealed"
-                      : "mtls");
+  js.set_security(options_.security.plaintext                   ? options_.security.ModeString()
+                  : options_.config.security.encrypt_data_plane ? "mtls, data plane sealed"
+                                                                : "mtls");
   if (audit_ != nullptr) {
     const storage::AuditHead head = audit_->head();  // (a leaf lock)
     js.set_audit_records(head.seq);
@@ -1770,19 +1769,16 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   }
   for (const proto::JobSample& s : history_) *js.add_history() = s;
   const absl::Time end = IsTerminal(job_state_) ? end_time_ : clock_->Now();
-  const double wall = start_time_ == absl::InfinitePast()
-                          ? 0
-                          : absl::ToDoubleSeconds(end - start_time_);
+  const double wall =
+      start_time_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(end - start_time_);
   js.set_wall_seconds(wall);
   // Training throughput: the final evaluation is not training.
-  const double train =
-      start_time_ == absl::InfinitePast()
-          ? 0
-          : absl::ToDoubleSeconds(std::min(end, train_end_time_) - start_time_);
+  const double train = start_time_ == absl::InfinitePast()
+                           ? 0
+                           : absl::ToDoubleSeconds(std::min(end, train_end_time_) - start_time_);
   js.set_train_seconds(train);
-  js.set_samples_per_sec(IsTerminal(job_state_) || sps == 0
-                             ? (train > 0 ? samples / train : 0)
-                             : sps);
+  js.set_samples_per_sec(IsTerminal(job_state_) || sps == 0 ? (train > 0 ? samples / train : 0)
+                                                            : sps);
   js.set_comm_share(busy > 0 ? comm / busy : 0);
   js.set_has_test_accuracy(has_accuracy_);
   js.set_test_accuracy(test_accuracy_);
@@ -1794,8 +1790,8 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   if (last_manifest_.has_value()) {
     js.set_last_checkpoint_seq(last_manifest_->seq());
     js.set_last_checkpoint_step(last_manifest_->step());
-    js.set_last_checkpoint_dir(storage::JoinPath(options_.config.checkpoint.dir,
-                                                 storage::CheckpointDirName(last_manifest_->seq())));
+    js.set_last_checkpoint_dir(storage::JoinPath(
+        options_.config.checkpoint.dir, storage::CheckpointDirName(last_manifest_->seq())));
   }
   js.set_resumed_from_seq(resumed_from_seq_);
   js.set_failovers(failovers_);
@@ -1836,7 +1832,8 @@ std::string MasterServer::SummaryJsonLocked() const {
         "  \"last_checkpoint\": %d,\n  \"resumed_from\": %d,\n",
         n, checkpoint_failures_, n ? checkpoint_bytes_total_ / n : 0,
         n ? checkpoint_raw_total_ / n : 0,
-        checkpoint_raw_total_ ? static_cast<double>(checkpoint_bytes_total_) / checkpoint_raw_total_ : 0.0,
+        checkpoint_raw_total_ ? static_cast<double>(checkpoint_bytes_total_) / checkpoint_raw_total_
+                              : 0.0,
         checkpoints_done_ ? checkpoint_seconds_total_ / checkpoints_done_ : 0.0,
         checkpoint_max_stall_, last_manifest_ ? last_manifest_->seq() : 0, resumed_from_seq_);
   }
@@ -1861,8 +1858,10 @@ std::string MasterServer::SummaryJsonLocked() const {
     uint64_t acked = 0, held = 0, lost = 0, extra = 0;
     for (const auto& [id, w] : workers_) {
       bool live = false;
-      for (const auto& m : view_.members()) live = live || (m.id() == id && m.state() != proto::DEAD);  // (a drained one's report is its last)
-      if (!live) continue;  // its last counts may be old
+      for (const auto& m : view_.members())
+        live = live ||
+               (m.id() == id && m.state() != proto::DEAD);  // (a drained one's report is its last)
+      if (!live) continue;                                  // its last counts may be old
       for (const auto& [partition, count] : w.last.acked_pushes()) {
         auto p = ledger_applied_.find(partition);
         uint64_t have = 0;
@@ -1896,8 +1895,8 @@ std::string MasterServer::SummaryJsonLocked() const {
   ctr += absl::StrFormat(
       "  \"step_phases\": {\"step_seconds\": %.6f, \"compute_seconds\": %.6f, "
       "\"wait_seconds\": %.6f, \"apply_seconds_per_push\": %.6f, \"pushes_applied\": %d},\n",
-      steps ? busy / steps : 0.0, steps ? (busy - comm) / steps : 0.0,
-      steps ? comm / steps : 0.0, applies ? apply_seconds / applies : 0.0, applies);
+      steps ? busy / steps : 0.0, steps ? (busy - comm) / steps : 0.0, steps ? comm / steps : 0.0,
+      applies ? apply_seconds / applies : 0.0, applies);
   std::string workers;
   for (const auto& w : js.workers()) {
     if (!workers.empty()) workers += ",\n";
@@ -1914,10 +1913,10 @@ std::string MasterServer::SummaryJsonLocked() const {
       "  \"comm_share\": %.4f,\n  \"wall_seconds\": %.3f,\n  \"train_seconds\": %.3f,\n"
       "  \"tasks_total\": %d,\n  \"tasks_done\": %d,\n%s"
       "  \"workers\": [\n%s\n  ]\n}\n",
-      JsonEscape(js.name()), js.state(), JsonEscape(js.message()), js.consistency(),
-      js.epochs(), js.test_accuracy(), test_loss_, js.steps(), js.samples(),
-      js.samples_per_sec(), js.comm_share(), js.wall_seconds(), js.train_seconds(), js.tasks_total(),
-      js.tasks_done(), ctr, workers);
+      JsonEscape(js.name()), js.state(), JsonEscape(js.message()), js.consistency(), js.epochs(),
+      js.test_accuracy(), test_loss_, js.steps(), js.samples(), js.samples_per_sec(),
+      js.comm_share(), js.wall_seconds(), js.train_seconds(), js.tasks_total(), js.tasks_done(),
+      ctr, workers);
 }
 
 bool MasterServer::WaitForJobEnd(absl::Duration timeout) {
@@ -1963,54 +1962,68 @@ void MasterServer::RegisterMetrics() {
   checkpoint_seconds_ = metrics_.GetHistogram(
       "strata_master_checkpoint_seconds", "Time a checkpoint took, from its cut to its manifest",
       Histogram::LatencyBounds());
-  checkpoint_bytes_ = metrics_.GetHistogram(
-      "strata_master_checkpoint_bytes", "Bytes a checkpoint wrote", Histogram::ByteBounds());
+  checkpoint_bytes_ = metrics_.GetHistogram("strata_master_checkpoint_bytes",
+                                            "Bytes a checkpoint wrote", Histogram::ByteBounds());
   auto locked = [this](auto fn) {
     return [this, fn]() {
       absl::MutexLock l(&mu_);
       return static_cast<double>(fn());
     };
   };
-  metrics_.AddCallbackGauge("strata_master_view_epoch", "Cluster view epoch",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return view_.epoch(); }));
+  metrics_.AddCallbackGauge(
+      "strata_master_view_epoch", "Cluster view epoch",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return view_.epoch(); }));
   for (proto::Role role : {proto::PSERVER, proto::WORKER}) {
     metrics_.AddCallbackGauge(
         "strata_master_nodes_alive", "Nodes alive (workers: training or finished)",
         locked([this, role]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return CountLocked(role, true); }),
         {{"role", RoleName(role)}});
   }
+  metrics_.AddCallbackGauge("strata_master_nodes_dead", "Nodes declared dead",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                              int c = 0;
+                              for (const auto& n : view_.members()) c += n.state() == proto::DEAD;
+                              return c;
+                            }));
   metrics_.AddCallbackGauge(
-      "strata_master_nodes_dead", "Nodes declared dead",
-      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        int c = 0;
-        for (const auto& n : view_.members()) c += n.state() == proto::DEAD;
-        return c;
-      }));
-  metrics_.AddCallbackGauge("strata_master_tasks_total", "Data tasks of the job",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.total(); }));
-  metrics_.AddCallbackGauge("strata_master_tasks_done", "Data tasks completed",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.done(); }));
-  metrics_.AddCallbackGauge("strata_master_tasks_leased", "Data tasks leased now",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.leased(); }));
+      "strata_master_tasks_total", "Data tasks of the job",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.total(); }));
+  metrics_.AddCallbackGauge(
+      "strata_master_tasks_done", "Data tasks completed",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.done(); }));
+  metrics_.AddCallbackGauge(
+      "strata_master_tasks_leased", "Data tasks leased now",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.leased(); }));
   metrics_.AddCallbackGauge("strata_job_samples_per_second", "Job training throughput",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().samples_per_sec(); }));
-  metrics_.AddCallbackGauge("strata_job_comm_share", "Share of worker step time waiting on push/pull",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().comm_share(); }));
-  metrics_.AddCallbackGauge("strata_job_samples", "Samples trained",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().samples(); }));
-  metrics_.AddCallbackGauge("strata_master_checkpoints", "Checkpoints completed by this run",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoints_done_; }));
-  metrics_.AddCallbackGauge("strata_master_checkpoint_failures", "Checkpoints that failed",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_failures_; }));
-  metrics_.AddCallbackGauge("strata_master_checkpoint_bytes_written", "Bytes written by this run's checkpoints",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_bytes_total_; }));
-  metrics_.AddCallbackGauge("strata_master_checkpoint_raw_bytes", "Bytes of a full uncompressed dump of the last checkpoint's state",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_raw_bytes_; }));
-  metrics_.AddCallbackGauge("strata_master_checkpoint_last_seconds", "Time the last checkpoint took",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                              return JobStatusLocked().samples_per_sec();
+                            }));
+  metrics_.AddCallbackGauge(
+      "strata_job_comm_share", "Share of worker step time waiting on push/pull",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().comm_share(); }));
+  metrics_.AddCallbackGauge(
+      "strata_job_samples", "Samples trained",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().samples(); }));
+  metrics_.AddCallbackGauge(
+      "strata_master_checkpoints", "Checkpoints completed by this run",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoints_done_; }));
+  metrics_.AddCallbackGauge(
+      "strata_master_checkpoint_failures", "Checkpoints that failed",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_failures_; }));
+  metrics_.AddCallbackGauge(
+      "strata_master_checkpoint_bytes_written", "Bytes written by this run's checkpoints",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_bytes_total_; }));
+  metrics_.AddCallbackGauge(
+      "strata_master_checkpoint_raw_bytes",
+      "Bytes of a full uncompressed dump of the last checkpoint's state",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_raw_bytes_; }));
+  metrics_.AddCallbackGauge("strata_master_checkpoint_last_seconds",
+                            "Time the last checkpoint took",
                             locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
                               return last_manifest_ ? last_manifest_->write_seconds() : 0.0;
                             }));
-  metrics_.AddCallbackGauge("strata_master_checkpoint_last_step", "BSP step of the last checkpoint's cut",
+  metrics_.AddCallbackGauge("strata_master_checkpoint_last_step",
+                            "BSP step of the last checkpoint's cut",
                             locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
                               return last_manifest_ ? last_manifest_->step() : 0;
                             }));

@@ -23,8 +23,8 @@
 #include "grpcpp/grpcpp.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
-#include "storage/audit_log.h"
 #include "proto/strata.grpc.pb.h"
+#include "storage/audit_log.h"
 #include "storage/file_system.h"
 
 namespace strata::master {
@@ -34,9 +34,9 @@ struct MasterOptions {
   int expected_pservers = 1;
   int expected_workers = 1;
   std::string host = "127.0.0.1";  // bind and advertise address
-  int port = 0;                     // gRPC; 0 picks a free port
-  int http_port = 0;                // 0 picks a free port; -1 disables HTTP
-  std::string summary_path;         // summary.json written at the end; "" = none
+  int port = 0;                    // gRPC; 0 picks a free port
+  int http_port = 0;               // 0 picks a free port; -1 disables HTTP
+  std::string summary_path;        // summary.json written at the end; "" = none
   // Cluster events (joins, deaths, failovers, recoveries, checkpoints, job
   // states) appended here as JSON lines; "" = none (docs/operations.md).
   std::string event_log;
@@ -44,7 +44,7 @@ struct MasterOptions {
   // to disk; "" = none. A log that does not verify keeps the master from
   // starting.
   std::string audit_log;
-  Clock* clock = nullptr;           // borrowed; nullptr = RealClock()
+  Clock* clock = nullptr;             // borrowed; nullptr = RealClock()
   storage::FileSystem* fs = nullptr;  // borrowed, required; outlives the server
   // Resume the job from a checkpoint: "latest" (the newest good one under
   // checkpoint.dir; a fresh start when there is none) or a checkpoint
@@ -69,8 +69,7 @@ class MasterServer {
   // Validates options and reads the training-set size from the labels
   // file. With options.resume, finds and checks the checkpoint to resume
   // from: errors name the checkpoint file and what is wrong with it.
-  static absl::StatusOr<std::unique_ptr<MasterServer>> Create(
-      MasterOptions options);
+  static absl::StatusOr<std::unique_ptr<MasterServer>> Create(MasterOptions options);
   ~MasterServer();
   MasterServer(const MasterServer&) = delete;
   MasterServer& operator=(const MasterServer&) = delete;
@@ -101,11 +100,9 @@ class MasterServer {
   // OK unless node `node_id` was registered by an identity other than `who`
   // (PermissionDenied): a node speaks only for itself.
   absl::Status CheckNodeCaller(uint32_t node_id, const Identity& who);
-  absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
-      const proto::HeartbeatRequest& req);
+  absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
   proto::ClusterView View();
-  absl::StatusOr<proto::LeaseTaskResponse> LeaseTask(
-      const proto::LeaseTaskRequest& req);
+  absl::StatusOr<proto::LeaseTaskResponse> LeaseTask(const proto::LeaseTaskRequest& req);
   absl::Status CompleteTask(const proto::CompleteTaskRequest& req);
   absl::Status ReportProgress(const proto::ReportProgressRequest& req);
   // Takes a checkpoint now (docs/checkpoint-format.md) and answers when it
@@ -114,8 +111,7 @@ class MasterServer {
   // when checkpoints are off or the job is not running; the failure of any
   // pserver or of the disk otherwise (the previous checkpoint stays the
   // latest).
-  absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason,
-                                                       bool stop_after);
+  absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason, bool stop_after);
   // Stops the job: after a checkpoint when checkpoints are on (unless
   // `no_checkpoint`); FailedPrecondition when it has already ended.
   absl::StatusOr<proto::StopResponse> Stop(const std::string& reason, bool no_checkpoint);
@@ -185,8 +181,7 @@ class MasterServer {
   // PersistLocked's, and the public call awaits it before answering.
   absl::StatusOr<proto::RegisterResponse> RegisterUnpersisted(const proto::RegisterRequest& req,
                                                               const std::string& peer,
-                                                              const Identity& who,
-                                                              uint64_t* ticket)
+                                                              const Identity& who, uint64_t* ticket)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<proto::LeaseTaskResponse> LeaseTaskUnpersisted(const proto::LeaseTaskRequest& req,
                                                                 uint64_t* ticket)
@@ -197,10 +192,8 @@ class MasterServer {
   // A restarted master takes up `state` (replayed from its state directory).
   void RestoreLocked(const proto::MasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::NodeInfo* FindNodeLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<proto::NodeInfo*> LiveWorkerLocked(uint32_t id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int CountLocked(proto::Role role, bool include_finished) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<proto::NodeInfo*> LiveWorkerLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int CountLocked(proto::Role role, bool include_finished) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(const std::string& state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -321,10 +314,10 @@ class MasterServer {
   // write_mu_ for a moment.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::optional<proto::MasterState> queued_ ABSL_GUARDED_BY(persist_mu_);  // not written yet
-  std::string queued_bytes_ ABSL_GUARDED_BY(persist_mu_);  // serialized, the newest queued
-  uint64_t queued_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;   // its ticket
-  uint64_t durable_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;  // newest ticket synced
-  uint64_t failed_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;   // newest ticket refused by the disk
+  std::string queued_bytes_ ABSL_GUARDED_BY(persist_mu_);    // serialized, the newest queued
+  uint64_t queued_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // its ticket
+  uint64_t durable_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;    // newest ticket synced
+  uint64_t failed_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // newest ticket refused by the disk
   absl::Status persist_error_ ABSL_GUARDED_BY(persist_mu_);  // why
   uint32_t restarts_ ABSL_GUARDED_BY(mu_) = 0;
 

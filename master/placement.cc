@@ -37,8 +37,7 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
     return absl::InvalidArgumentError("cannot place partitions: no pserver");
   }
   if (slice_bytes < 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slice_bytes must be >= 4, got ", slice_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("slice_bytes must be >= 4, got ", slice_bytes));
   }
   const uint64_t max_elems = static_cast<uint64_t>(slice_bytes) / 4;
   std::vector<proto::PartitionInfo> parts;
@@ -74,9 +73,8 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i].length() > 0) order.push_back(i);
   }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return parts[a].length() > parts[b].length();
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return parts[a].length() > parts[b].length(); });
   std::map<uint32_t, uint64_t> load;
   for (uint32_t id : pserver_ids) load[id] = 0;
   for (size_t i : order) {

@@ -32,8 +32,8 @@ StateRecords DecodeStateRecords(const std::string& path, absl::string_view bytes
     std::memcpy(&len, bytes.data() + off, 4);
     std::memcpy(&crc, bytes.data() + off + 4, 4);
     if (bytes.size() - off - 8 < len) {
-      r.bad = absl::StrCat(path, ": the record at offset ", off, " says ", len,
-                           " bytes, ", bytes.size() - off - 8, " follow (torn)");
+      r.bad = absl::StrCat(path, ": the record at offset ", off, " says ", len, " bytes, ",
+                           bytes.size() - off - 8, " follow (torn)");
       break;
     }
     const absl::string_view body = bytes.substr(off + 8, len);

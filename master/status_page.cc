@@ -19,20 +19,29 @@ constexpr int kMaxEvents = 50;
 
 const char* RoleText(proto::Role r) {
   switch (r) {
-    case proto::MASTER: return "master";
-    case proto::PSERVER: return "pserver";
-    case proto::WORKER: return "worker";
-    default: return "unknown";
+    case proto::MASTER:
+      return "master";
+    case proto::PSERVER:
+      return "pserver";
+    case proto::WORKER:
+      return "worker";
+    default:
+      return "unknown";
   }
 }
 
 const char* StateText(proto::NodeState s) {
   switch (s) {
-    case proto::ALIVE: return "alive";
-    case proto::DEAD: return "dead";
-    case proto::DRAINED: return "drained";
-    case proto::FINISHED: return "finished";
-    default: return "joining";
+    case proto::ALIVE:
+      return "alive";
+    case proto::DEAD:
+      return "dead";
+    case proto::DRAINED:
+      return "drained";
+    case proto::FINISHED:
+      return "finished";
+    default:
+      return "joining";
   }
 }
 
@@ -65,9 +74,8 @@ std::string TimeLabel(double s) {
 
 // A step for the time axis that falls on round seconds, minutes or hours.
 double TimeStep(double range) {
-  static const double kSteps[] = {1,   2,    5,    10,   15,    30,    60,    120,
-                                  300, 600,  900,  1800, 3600,  7200,  10800, 21600,
-                                  43200, 86400};
+  static const double kSteps[] = {1,   2,   5,    10,   15,   30,    60,    120,   300,
+                                  600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400};
   for (double s : kSteps) {
     if (range / s <= 6) return s;
   }
@@ -124,9 +132,9 @@ footer { margin-top: 24px; color: #6b7280; font-size: 12px; }
 std::string JobSection(const proto::JobStatus& j, const proto::ClusterView& view) {
   std::vector<std::pair<std::string, std::string>> kv = {
       {"epoch", absl::StrFormat("%d / %d", std::min(j.epoch() + 1, j.epochs()), j.epochs())},
-      {"data tasks", absl::StrFormat("%d / %d (%.0f%%)", j.tasks_done(), j.tasks_total(),
-                                     j.tasks_total() ? 100.0 * j.tasks_done() / j.tasks_total()
-                                                     : 0.0)},
+      {"data tasks",
+       absl::StrFormat("%d / %d (%.0f%%)", j.tasks_done(), j.tasks_total(),
+                       j.tasks_total() ? 100.0 * j.tasks_done() / j.tasks_total() : 0.0)},
       {"steps", absl::StrCat(j.steps())},
       {"samples", absl::StrCat(j.samples())},
       {"samples/s", FormatValue(j.samples_per_sec())},
@@ -152,9 +160,9 @@ std::string JobSection(const proto::JobStatus& j, const proto::ClusterView& view
     kv.emplace_back("resumed from", absl::StrCat("checkpoint #", j.resumed_from_seq()));
   }
   if (j.failovers() + j.partitions_restored() + j.tasks_requeued() > 0) {
-    kv.emplace_back("recovery", absl::StrFormat("%d failovers, %d restored, %d tasks requeued",
-                                                j.failovers(), j.partitions_restored(),
-                                                j.tasks_requeued()));
+    kv.emplace_back("recovery",
+                    absl::StrFormat("%d failovers, %d restored, %d tasks requeued", j.failovers(),
+                                    j.partitions_restored(), j.tasks_requeued()));
   }
   std::string out = "<section id=\"job\"><div class=\"kv\">";
   for (const auto& [k, v] : kv) {
@@ -231,8 +239,7 @@ std::string NodesSection(const proto::GetStatusResponse& st, int64_t now_ms) {
       work = absl::StrFormat("%d primary, %d backup partitions", h.first, h.second);
     } else if (auto it = progress.find(n->id()); it != progress.end()) {
       const proto::WorkerProgress& w = *it->second;
-      work = absl::StrFormat("epoch %d, step %d, %d samples", w.epoch() + 1, w.step(),
-                             w.samples());
+      work = absl::StrFormat("epoch %d, step %d, %d samples", w.epoch() + 1, w.step(), w.samples());
       rate = FormatValue(w.samples_per_sec());
       loss = FormatValue(w.loss());
       comm = absl::StrFormat("%.0f%%", 100 * w.comm_share());
@@ -267,13 +274,15 @@ std::string PartitionsSection(const proto::ClusterView& view) {
       "</h2>",
       view.partitions_size(), view.tables_size());
   if (view.partitions_size() == 0) {
-    absl::StrAppend(&out, "<p class=\"note\">not placed yet: waiting for the pservers</p>"
-                          "</section>\n");
+    absl::StrAppend(&out,
+                    "<p class=\"note\">not placed yet: waiting for the pservers</p>"
+                    "</section>\n");
     return out;
   }
-  absl::StrAppend(&out, "<table id=\"partitions-table\"><thead><tr><th>partition</th>"
-                        "<th>table</th><th>range</th><th>primary</th><th>backups</th>"
-                        "</tr></thead><tbody>");
+  absl::StrAppend(&out,
+                  "<table id=\"partitions-table\"><thead><tr><th>partition</th>"
+                  "<th>table</th><th>range</th><th>primary</th><th>backups</th>"
+                  "</tr></thead><tbody>");
   int rows = 0;
   for (const proto::PartitionInfo& p : view.partitions()) {
     if (rows++ == kMaxPartitionRows) break;
@@ -317,12 +326,23 @@ std::string HtmlEscape(absl::string_view in) {
   out.reserve(in.size());
   for (char c : in) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -334,8 +354,7 @@ std::string SvgLineChart(const Chart& c, int width, int height) {
       "<svg id=\"%s\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
       "height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\"><title>%s</title>"
       "<text x=\"%g\" y=\"18\" font-size=\"13\" font-weight=\"600\" fill=\"#1d2330\">%s</text>",
-      HtmlEscape(c.id), width, height, width, height, HtmlEscape(c.title), x0,
-      HtmlEscape(c.title));
+      HtmlEscape(c.id), width, height, width, height, HtmlEscape(c.title), x0, HtmlEscape(c.title));
   std::vector<std::pair<double, double>> pts;
   for (const auto& p : c.points) {
     if (std::isfinite(p.first) && std::isfinite(p.second)) pts.push_back(p);
@@ -366,15 +385,15 @@ std::string SvgLineChart(const Chart& c, int width, int height) {
   auto Y = [&](double v) { return y1 - (y1 - y0) * std::clamp(v / y_top, 0.0, 1.0); };
   // Grid and ticks.
   for (double v = 0; v <= y_top + y_step / 2; v += y_step) {
-    absl::StrAppend(&out, absl::StrFormat(
-                              "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+    absl::StrAppend(
+        &out, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                               "stroke=\"#eceef2\"/><text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" "
                               "fill=\"#6b7280\" text-anchor=\"end\">%s</text>",
                               x0, Y(v), x1, Y(v), x0 - 6, Y(v) + 4, TickLabel(v, y_step)));
   }
   for (double t = 0; t <= x_top + x_step / 2; t += x_step) {
-    absl::StrAppend(&out, absl::StrFormat(
-                              "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+    absl::StrAppend(
+        &out, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                               "stroke=\"#eceef2\"/><text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" "
                               "fill=\"#6b7280\" text-anchor=\"middle\">%s</text>",
                               X(t), y0, X(t), y1, X(t), y1 + 16, TimeLabel(t)));
@@ -383,13 +402,13 @@ std::string SvgLineChart(const Chart& c, int width, int height) {
                                         "points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\"/>",
                                         x0, y0, x0, y1, x1, y1));
   if (c.reference.has_value()) {
-    absl::StrAppend(&out, absl::StrFormat(
-                              "<line class=\"reference\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
+    absl::StrAppend(
+        &out, absl::StrFormat("<line class=\"reference\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
                               "y2=\"%.1f\" stroke=\"#7c3aed\" stroke-dasharray=\"5 4\"/>"
                               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#7c3aed\" "
                               "text-anchor=\"end\">%s</text>",
-                              x0, Y(*c.reference), x1, Y(*c.reference), x1 - 4,
-                              Y(*c.reference) - 5, HtmlEscape(c.reference_label)));
+                              x0, Y(*c.reference), x1, Y(*c.reference), x1 - 4, Y(*c.reference) - 5,
+                              HtmlEscape(c.reference_label)));
   }
   // The series: a line through the points (a dot when there is one).
   std::vector<std::string> coords;
@@ -399,8 +418,8 @@ std::string SvgLineChart(const Chart& c, int width, int height) {
                                           "r=\"3.5\" fill=\"%s\"/>",
                                           X(pts[0].first), Y(pts[0].second), HtmlEscape(c.color)));
   } else {
-    absl::StrAppend(&out, "<polyline class=\"series\" fill=\"none\" stroke=\"",
-                    HtmlEscape(c.color), "\" stroke-width=\"2\" stroke-linejoin=\"round\" points=\"",
+    absl::StrAppend(&out, "<polyline class=\"series\" fill=\"none\" stroke=\"", HtmlEscape(c.color),
+                    "\" stroke-width=\"2\" stroke-linejoin=\"round\" points=\"",
                     absl::StrJoin(coords, " "), "\"/>");
   }
   absl::StrAppend(&out, absl::StrFormat("<text x=\"%.1f\" y=\"18\" font-size=\"12\" "
@@ -418,9 +437,10 @@ std::string RenderStatusPage(const proto::GetStatusResponse& st, int64_t now_uni
     absl::StrAppend(&out, "<meta http-equiv=\"refresh\" content=\"", refresh_seconds, "\">");
   }
   absl::StrAppend(&out, "<title>Strata: ", HtmlEscape(j.name()), " (", HtmlEscape(state),
-                  ")</title><style>", kStyle, "</style></head>\n<body>\n<header><h1>Strata: ",
-                  HtmlEscape(j.name()), "</h1><span id=\"job-state\" class=\"state state-",
-                  HtmlEscape(state), "\">", HtmlEscape(state), "</span></header>\n");
+                  ")</title><style>", kStyle,
+                  "</style></head>\n<body>\n<header><h1>Strata: ", HtmlEscape(j.name()),
+                  "</h1><span id=\"job-state\" class=\"state state-", HtmlEscape(state), "\">",
+                  HtmlEscape(state), "</span></header>\n");
   if (!j.security().empty() && !absl::StartsWith(j.security(), "mtls")) {
     // docs/security.md: plain text only when the config says so, and said.
     absl::StrAppend(&out,
@@ -434,10 +454,10 @@ std::string RenderStatusPage(const proto::GetStatusResponse& st, int64_t now_uni
   }
   absl::StrAppend(&out, JobSection(j, st.view()), ChartsSection(j), NodesSection(st, now_unix_ms),
                   PartitionsSection(st.view()), EventsSection(j));
-  absl::StrAppend(&out, "<footer>", refresh_seconds > 0
-                                        ? absl::StrCat("This page reloads every ",
-                                                       refresh_seconds, " s. ")
-                                        : std::string(),
+  absl::StrAppend(&out, "<footer>",
+                  refresh_seconds > 0
+                      ? absl::StrCat("This page reloads every ", refresh_seconds, " s. ")
+                      : std::string(),
                   "Machine-readable: <a href=\"/status\">/status</a> (JSON), "
                   "<a href=\"/metrics\">/metrics</a>, <a href=\"/logs\">/logs</a>.</footer>\n"
                   "</body></html>\n");

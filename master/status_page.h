@@ -20,9 +20,9 @@ namespace strata::master {
 std::string HtmlEscape(absl::string_view in);
 
 struct Chart {
-  std::string id;      // the svg element's id, e.g. "chart-loss"
-  std::string title;   // "Training loss"
-  std::string color;   // the line's colour, e.g. "#1f77b4"
+  std::string id;                                 // the svg element's id, e.g. "chart-loss"
+  std::string title;                              // "Training loss"
+  std::string color;                              // the line's colour, e.g. "#1f77b4"
   std::vector<std::pair<double, double>> points;  // (seconds, value), by time
   // The y axis starts at 0 and ends at y_max when set, else a little above
   // the largest value.

@@ -10,8 +10,7 @@
 
 namespace strata::master {
 
-TaskScheduler::TaskScheduler(int64_t num_records, int64_t task_records,
-                             int epochs, uint64_t seed,
+TaskScheduler::TaskScheduler(int64_t num_records, int64_t task_records, int epochs, uint64_t seed,
                              absl::Duration lease_timeout)
     : lease_timeout_(lease_timeout), epochs_(epochs) {
   for (int e = 0; e < epochs; ++e) {
@@ -95,10 +94,10 @@ absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t l
   if (completed_[task_id]) return absl::OkStatus();
   auto it = leases_.find(task_id);
   if (it == leases_.end() || it->second.node != node) {
-    return WithReason(absl::FailedPreconditionError(
-                          absl::StrCat("data task ", task_id, " is not leased to node ", node,
-                                       " (its lease expired or was released)")),
-                      proto::REASON_LEASE_LOST);
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat("data task ", task_id, " is not leased to node ",
+                                                   node, " (its lease expired or was released)")),
+        proto::REASON_LEASE_LOST);
   }
   leases_.erase(it);
   completed_[task_id] = true;
@@ -140,7 +139,7 @@ TaskScheduler::Cut TaskScheduler::CutAt(std::optional<uint64_t> step, int batch_
       // A task cut by bytes has a known size only once completed: until
       // then it stays partial (its worker skips what was trained).
       const auto reported = reported_records_.find(id);
-      const int64_t size = !t.by_bytes()                      ? t.end() - t.begin()
+      const int64_t size = !t.by_bytes()                         ? t.end() - t.begin()
                            : reported != reported_records_.end() ? reported->second
                                                                  : INT64_MAX;
       if (trained >= size) {

@@ -20,8 +20,8 @@ class TaskScheduler {
  public:
   // Tasks of `task_records` records over [0, num_records), for `epochs`
   // passes, in the order of EpochTaskRanges (common/data_tasks.h).
-  TaskScheduler(int64_t num_records, int64_t task_records, int epochs,
-                uint64_t seed, absl::Duration lease_timeout);
+  TaskScheduler(int64_t num_records, int64_t task_records, int epochs, uint64_t seed,
+                absl::Duration lease_timeout);
   // A text training set cut by bytes (DataTask.by_bytes): tasks of
   // `task_bytes` over [0, file_bytes), in the order of EpochTaskRanges;
   // their record ranges are estimates at `bytes_per_record`.
@@ -111,7 +111,7 @@ class TaskScheduler {
   std::map<uint64_t, uint64_t> last_step_;
   // Records of completed tasks cut by bytes, as their workers reported.
   std::map<uint64_t, int64_t> reported_records_;
-  std::deque<uint64_t> queue_;          // pending task ids
+  std::deque<uint64_t> queue_;  // pending task ids
   std::map<uint64_t, LeaseInfo> leases_;
   uint64_t done_ = 0;
 };

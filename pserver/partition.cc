@@ -55,37 +55,39 @@ absl::Status Partition::CheckRequest(const Message& request) const {
   const bool sparse_request = (h.flags & transport::kFlagSparse) != 0;
   const char* kind = sparse_ ? "sparse" : "dense";
   if (sparse_request != sparse_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        sparse_request ? "sparse " : "dense ",
-        h.type == MessageType::kPullRequest ? "pull" : "push", " request from node ", h.sender_id, " to ", kind, " partition ", id_, " (", table_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(sparse_request ? "sparse " : "dense ",
+                     h.type == MessageType::kPullRequest ? "pull" : "push", " request from node ",
+                     h.sender_id, " to ", kind, " partition ", id_, " (", table_, ")"));
   }
   const size_t size = request.payload_size();
   if (h.type == MessageType::kPullRequest) {
     if (sparse_ && size % sizeof(uint64_t) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sparse pull from node ", h.sender_id, " to partition ", id_, " (", table_,
-          "): ", size, " bytes of keys is not a whole number of 8-byte keys"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sparse pull from node ", h.sender_id, " to partition ", id_, " (", table_,
+                       "): ", size, " bytes of keys is not a whole number of 8-byte keys"));
     }
     return absl::OkStatus();
   }
   if (h.count == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push to partition ", id_, " (", table_, ") from node ", h.sender_id,
-        " sums over 0 samples"));
+    return absl::InvalidArgumentError(absl::StrCat("push to partition ", id_, " (", table_,
+                                                   ") from node ", h.sender_id,
+                                                   " sums over 0 samples"));
   }
   if (sparse_) {
     const size_t row = sizeof(uint64_t) + sizeof(float) * dim_;
     if (size % row != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "sparse push to partition ", id_, " (", table_, ") from node ", h.sender_id, ": ",
-          size, " bytes is not a whole number of (key, ", dim_, " floats) rows of ", row,
-          " bytes"));
+          "sparse push to partition ", id_, " (", table_, ") from node ", h.sender_id, ": ", size,
+          " bytes is not a whole number of (key, ", dim_, " floats) rows of ", row, " bytes"));
     }
   } else if (size != length_ * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push to partition ", id_, " (", table_, ") from node ", h.sender_id,
-        ": expected ", length_ * sizeof(float), " bytes of gradient over >= 1 "
-        "sample, got ", size, " bytes over ", h.count));
+    return absl::InvalidArgumentError(absl::StrCat("push to partition ", id_, " (", table_,
+                                                   ") from node ", h.sender_id, ": expected ",
+                                                   length_ * sizeof(float),
+                                                   " bytes of gradient over >= 1 "
+                                                   "sample, got ",
+                                                   size, " bytes over ", h.count));
   }
   return absl::OkStatus();
 }
@@ -109,8 +111,7 @@ Message Partition::PullResponseLocked(const Message& req) const {
   return resp;
 }
 
-void Partition::Pull(const Message& request,
-                     std::shared_ptr<transport::Responder> responder) {
+void Partition::Pull(const Message& request, std::shared_ptr<transport::Responder> responder) {
   if (absl::Status s = CheckRequest(request); !s.ok()) {
     responder->Respond(transport::MakeErrorResponse(request.header, MessageType::kPullResponse, s));
     return;
@@ -145,8 +146,7 @@ void Partition::AccumulateSparseLocked(const uint64_t* keys, const float* grads,
   }
 }
 
-void Partition::Push(const Message& request,
-                     std::shared_ptr<transport::Responder> responder) {
+void Partition::Push(const Message& request, std::shared_ptr<transport::Responder> responder) {
   const auto& h = request.header;
   std::vector<Reply> replies;
   auto reply = [&](const absl::Status& s) {
@@ -162,8 +162,8 @@ void Partition::Push(const Message& request,
     const auto* rows = reinterpret_cast<const float*>(payload + sparse_n * sizeof(uint64_t));
     const bool replicating = !backup_acked_.empty();
     if (role_ != PartitionRole::kPrimary) {
-      reply(absl::UnavailableError(
-          absl::StrCat("partition ", id_, " is a backup on this pserver")));
+      reply(
+          absl::UnavailableError(absl::StrCat("partition ", id_, " is a backup on this pserver")));
     } else if (!fit.ok()) {
       ++stats_.rejected_pushes;
       reply(fit);
@@ -208,21 +208,21 @@ void Partition::Push(const Message& request,
     } else if (h.version < stats_.version) {
       ++stats_.rejected_pushes;
       last_seq_[h.sender_id] = h.seq;
-      reply(WithReason(absl::FailedPreconditionError(absl::StrCat(
-                           "push to partition ", id_, " from node ", h.sender_id,
-                           " is for step ", h.version, " but the partition is at version ",
-                           stats_.version, ": stale gradient dropped")),
-                       proto::REASON_STALE_GRADIENT));
+      reply(WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "push to partition ", id_, " from node ", h.sender_id, " is for step ", h.version,
+              " but the partition is at version ", stats_.version, ": stale gradient dropped")),
+          proto::REASON_STALE_GRADIENT));
     } else if (h.version > stats_.version) {
       ++stats_.rejected_pushes;
-      reply(absl::OutOfRangeError(absl::StrCat(
-          "push to partition ", id_, " from node ", h.sender_id, " is for step ",
-          h.version, " ahead of version ", stats_.version)));
+      reply(absl::OutOfRangeError(absl::StrCat("push to partition ", id_, " from node ",
+                                               h.sender_id, " is for step ", h.version,
+                                               " ahead of version ", stats_.version)));
     } else if (step_workers_.count(h.sender_id) == 0) {
-      reply(WithReason(absl::UnavailableError(absl::StrCat(
-                           "node ", h.sender_id, " is not in partition ", id_,
-                           "'s step set yet; retry after the view update")),
-                       proto::REASON_NOT_IN_STEP_SET));
+      reply(WithReason(
+          absl::UnavailableError(absl::StrCat("node ", h.sender_id, " is not in partition ", id_,
+                                              "'s step set yet; retry after the view update")),
+          proto::REASON_NOT_IN_STEP_SET));
     } else {
       last_seq_[h.sender_id] = h.seq;
       if (contributors_.insert(h.sender_id).second) {
@@ -414,9 +414,9 @@ void Partition::CancelSnapshot(uint64_t seq) {
   absl::MutexLock l(&mu_);
   for (auto it = waiting_snapshots_.begin(); it != waiting_snapshots_.end();) {
     if (it->first.seq == seq) {
-      it->second(absl::CancelledError(absl::StrCat(
-          "checkpoint ", seq, " cancelled before partition ", id_, " reached version ",
-          it->first.version, " (at ", stats_.version, ")")));
+      it->second(absl::CancelledError(
+          absl::StrCat("checkpoint ", seq, " cancelled before partition ", id_, " reached version ",
+                       it->first.version, " (at ", stats_.version, ")")));
       it = waiting_snapshots_.erase(it);
     } else {
       ++it;
@@ -430,8 +430,8 @@ absl::Status Partition::ApplyCheckpointFile(
   return ApplyStreamsLocked(streams, path);
 }
 
-absl::Status Partition::ApplyStreamsLocked(
-    const std::map<storage::BlockType, std::string>& streams, const std::string& path) {
+absl::Status Partition::ApplyStreamsLocked(const std::map<storage::BlockType, std::string>& streams,
+                                           const std::string& path) {
   using storage::BlockType;
   auto stream = [&streams](BlockType t) -> const std::string& {
     static const std::string* const kEmpty = new std::string();
@@ -455,7 +455,8 @@ absl::Status Partition::ApplyStreamsLocked(
     if (h.optimizer() != rows_->optimizer_name()) {
       return mismatch("sparse optimizer", h.optimizer(), rows_->optimizer_name());
     }
-    if (h.row_bytes() != rows_->row_bytes()) return mismatch("row bytes", h.row_bytes(), rows_->row_bytes());
+    if (h.row_bytes() != rows_->row_bytes())
+      return mismatch("row bytes", h.row_bytes(), rows_->row_bytes());
     if (h.full() && rows_->rows() > 0) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, ": a full image applied over restored rows"));
@@ -465,9 +466,8 @@ absl::Status Partition::ApplyStreamsLocked(
     if (s.ok()) s = rows_->ImportPending(stream(BlockType::kSparsePending));
     if (!s.ok()) return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
     if (rows_->rows() != h.rows()) {
-      return absl::DataLossError(absl::StrCat(path, ": ", rows_->rows(),
-                                              " rows after applying it, its header says ",
-                                              h.rows()));
+      return absl::DataLossError(absl::StrCat(
+          path, ": ", rows_->rows(), " rows after applying it, its header says ", h.rows()));
     }
     rows_->SetClock({h.table_updates(), h.table_rng(), h.table_sweep()});
   } else {
@@ -477,8 +477,8 @@ absl::Status Partition::ApplyStreamsLocked(
     }
     const std::string& values = stream(BlockType::kDenseValues);
     if (values.size() != length_ * sizeof(float)) {
-      return absl::DataLossError(absl::StrCat(path, ": ", values.size(),
-                                              " bytes of values for ", length_, " parameters"));
+      return absl::DataLossError(
+          absl::StrCat(path, ": ", values.size(), " bytes of values for ", length_, " parameters"));
     }
     if (absl::Status s = optimizer_->RestoreState(stream(BlockType::kOptimizerState)); !s.ok()) {
       return absl::DataLossError(absl::StrCat(path, ": ", s.message()));
@@ -666,9 +666,9 @@ void Partition::OnReplicaAck(uint32_t backup, uint64_t index) {
 absl::Status Partition::ApplyUpdateLocked(const ReplicaUpdate& u) {
   if (sparse_) {
     if (u.grads.size() != u.keys.size() * static_cast<size_t>(dim_)) {
-      return absl::DataLossError(absl::StrCat("replication record for sparse partition ", id_,
-                                              ": ", u.keys.size(), " keys of dim ", dim_,
-                                              " but ", u.grads.size(), " floats"));
+      return absl::DataLossError(absl::StrCat("replication record for sparse partition ", id_, ": ",
+                                              u.keys.size(), " keys of dim ", dim_, " but ",
+                                              u.grads.size(), " floats"));
     }
     rows_->Update(u.keys.data(), u.keys.size(), u.grads.data(), u.scale);
   } else {
@@ -699,24 +699,23 @@ void Partition::ApplyReplica(const Message& record,
   const bool copy = (h.flags & transport::kFlagReplicaCopy) != 0;
   absl::MutexLock l(&mu_);
   if (role_ != PartitionRole::kBackup) {
-    return answer(absl::FailedPreconditionError(absl::StrCat(
-        "replication record for partition ", id_, " from node ", h.sender_id,
-        ": this pserver is its primary")));
+    return answer(absl::FailedPreconditionError(absl::StrCat("replication record for partition ",
+                                                             id_, " from node ", h.sender_id,
+                                                             ": this pserver is its primary")));
   }
   if (synced_ && h.seq <= record_index_) return answer(absl::OkStatus());  // held already
   if (copy) {
     if (synced_) {
-      return answer(absl::FailedPreconditionError(absl::StrCat(
-          "copy of partition ", id_, " at record ", h.seq, " over a synced backup at record ",
-          record_index_)));
+      return answer(absl::FailedPreconditionError(
+          absl::StrCat("copy of partition ", id_, " at record ", h.seq,
+                       " over a synced backup at record ", record_index_)));
     }
     auto streams =
         DecodeReplicaCopy(absl::string_view(record.payload_data(), record.payload_size()));
-    absl::Status s =
-        streams.ok()
-            ? ApplyStreamsLocked(*streams, absl::StrCat("copy of partition ", id_,
-                                                        " from node ", h.sender_id))
-            : streams.status();
+    absl::Status s = streams.ok()
+                         ? ApplyStreamsLocked(*streams, absl::StrCat("copy of partition ", id_,
+                                                                     " from node ", h.sender_id))
+                         : streams.status();
     if (!s.ok()) {
       LOG(ERROR) << s;
       return answer(s);
@@ -728,12 +727,12 @@ void Partition::ApplyReplica(const Message& record,
     return answer(absl::OkStatus());
   }
   if (!synced_) {
-    return answer(absl::UnavailableError(absl::StrCat(
-        "backup of partition ", id_, " has no copy yet (record ", h.seq, ")")));
+    return answer(absl::UnavailableError(
+        absl::StrCat("backup of partition ", id_, " has no copy yet (record ", h.seq, ")")));
   }
   if (h.seq != record_index_ + 1) {
-    return answer(absl::DataLossError(absl::StrCat(
-        "replication record ", h.seq, " for partition ", id_, " after record ", record_index_)));
+    return answer(absl::DataLossError(absl::StrCat("replication record ", h.seq, " for partition ",
+                                                   id_, " after record ", record_index_)));
   }
   auto u = DecodeReplicaUpdate(absl::string_view(record.payload_data(), record.payload_size()));
   absl::Status s = u.ok() ? ApplyUpdateLocked(*u) : u.status();

@@ -103,16 +103,14 @@ class Partition {
   // kPullRequest: answers with the values once version >= header.version
   // (BSP); ASP answers at once. Sparse (kFlagSparse): the rows of the keys
   // in the payload, in their order.
-  void Pull(const transport::Message& request,
-            std::shared_ptr<transport::Responder> responder);
+  void Pull(const transport::Message& request, std::shared_ptr<transport::Responder> responder);
   // kPushRequest: payload is the gradient summed over header.count samples
   // for step header.version. Applied at most once per (sender, seq). BSP:
   // accumulated until every worker of the step set has pushed, then averaged
   // over all samples and applied once; ASP: averaged and applied at once.
   // Sparse (kFlagSparse): n keys then their n gradient rows; in BSP the
   // rows of a key pushed by several workers are summed.
-  void Push(const transport::Message& request,
-            std::shared_ptr<transport::Responder> responder);
+  void Push(const transport::Message& request, std::shared_ptr<transport::Responder> responder);
 
   // The workers a BSP step waits for (live, training workers of the current
   // view). Completes the pending step if everyone left in it has pushed.
@@ -177,8 +175,7 @@ class Partition {
 
  private:
   using Reply = std::pair<std::shared_ptr<transport::Responder>, transport::Message>;
-  void MaybeCompleteStepLocked(std::vector<Reply>* replies)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCompleteStepLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the BSP step's summed gradient (dense or sparse); fills
   // *record (may be null) with it for the backups.
   void ApplyStepLocked(ReplicaUpdate* record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -231,7 +228,7 @@ class Partition {
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<SparseTable> rows_ ABSL_GUARDED_BY(mu_);  // sparse only
-  std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);  // BSP step accumulator
+  std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);        // BSP step accumulator
   // Sparse BSP step accumulator: key -> its place in step_keys_/step_grads_.
   absl::flat_hash_map<uint64_t, uint32_t> step_slot_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> step_keys_ ABSL_GUARDED_BY(mu_);
@@ -241,8 +238,8 @@ class Partition {
   std::set<uint32_t> step_workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint64_t> last_seq_ ABSL_GUARDED_BY(mu_);
   // BSP pulls of a version not reached yet (sparse ones keep their keys).
-  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>>
-      waiting_pulls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> waiting_pulls_
+      ABSL_GUARDED_BY(mu_);
   PartitionStats stats_ ABSL_GUARDED_BY(mu_);
   // Checkpoint baseline: the checkpoint of the last snapshot or restore,
   // and the version then.

@@ -18,13 +18,15 @@ absl::StatusOr<proto::CheckpointFile> WritePartitionFile(storage::FileSystem* fs
                                                          int zstd_level) {
   const auto& h = snap.header;
   const std::string rel = PartitionFileName(h.seq(), h.id());
-  STRATA_ASSIGN_OR_RETURN(auto w, storage::BlockFileWriter::Create(
-                                      fs, storage::JoinPath(root, rel), zstd_level));
+  STRATA_ASSIGN_OR_RETURN(
+      auto w, storage::BlockFileWriter::Create(fs, storage::JoinPath(root, rel), zstd_level));
   STRATA_RETURN_IF_ERROR(w->Add(BlockType::kHeader, h.SerializeAsString()));
   if (h.sparse()) {
     STRATA_RETURN_IF_ERROR(w->Add(BlockType::kSparseRows, snap.rows, /*shuffle4=*/true));
-    if (!snap.removed.empty()) STRATA_RETURN_IF_ERROR(w->Add(BlockType::kSparseDeletes, snap.removed));
-    if (!snap.pending.empty()) STRATA_RETURN_IF_ERROR(w->Add(BlockType::kSparsePending, snap.pending));
+    if (!snap.removed.empty())
+      STRATA_RETURN_IF_ERROR(w->Add(BlockType::kSparseDeletes, snap.removed));
+    if (!snap.pending.empty())
+      STRATA_RETURN_IF_ERROR(w->Add(BlockType::kSparsePending, snap.pending));
   } else {
     STRATA_RETURN_IF_ERROR(w->Add(BlockType::kDenseValues, snap.values, /*shuffle4=*/true));
     if (!snap.optimizer_state.empty()) {

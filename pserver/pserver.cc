@@ -6,16 +6,16 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon.h"
 #include "common/error_reason.h"
 #include "common/grpc_channel.h"
-#include "common/daemon.h"
 #include "common/grpc_status.h"
+#include "common/initializer.h"
+#include "common/row_optimizer.h"
 #include "common/status_macros.h"
 #include "common/threads.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
-#include "common/initializer.h"
-#include "common/row_optimizer.h"
 #include "pserver/partition_files.h"
 #include "storage/checkpoint_format.h"
 #include "transport/data_plane_auth.h"
@@ -36,17 +36,16 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
     absl::StatusOr<PeerCallLimiter::Slot> slot = calls_.Enter(ctx->peer());
     absl::Status refused = slot.status();
     if (refused.ok()) {
-      refused = p_->options_.security
-                    .Authorize(*ctx, absl::StrCat("/strata.proto.PServerAdmin/", method))
-                    .status();
+      refused =
+          p_->options_.security.Authorize(*ctx, absl::StrCat("/strata.proto.PServerAdmin/", method))
+              .status();
     }
     if (refused.ok()) return slot;
     LOG_EVERY_N(WARNING, 20) << "refused " << method << " from " << ctx->peer() << ": "
                              << refused.message();
     return refused;
   }
-  grpc::Status AssignPartitions(grpc::ServerContext* ctx,
-                                const proto::AssignPartitionsRequest* req,
+  grpc::Status AssignPartitions(grpc::ServerContext* ctx, const proto::AssignPartitionsRequest* req,
                                 proto::AssignPartitionsResponse* resp) override {
     auto slot = Admit(ctx, "AssignPartitions");
     if (!slot.ok()) return ToGrpcStatus(slot.status());
@@ -105,9 +104,7 @@ PServer::PServer(PServerOptions options) : options_(std::move(options)) {}
 PServer::~PServer() { Shutdown(); }
 
 std::string PServer::data_address() const { return transport_ ? transport_->listen_address() : ""; }
-std::string PServer::admin_address() const {
-  return absl::StrCat(options_.host, ":", admin_port_);
-}
+std::string PServer::admin_address() const { return absl::StrCat(options_.host, ":", admin_port_); }
 
 absl::Status PServer::Start() {
   RegisterMetrics();  // before Listen: request handlers use the counters
@@ -123,11 +120,11 @@ absl::Status PServer::Start() {
     topts.encrypt_data_plane = options_.config.security.encrypt_data_plane;
   }
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
-  STRATA_RETURN_IF_ERROR(transport_->Listen(
-      options_.host, options_.data_port,
-      [this](Message req, std::shared_ptr<transport::Responder> r) {
-        HandleRequest(std::move(req), std::move(r));
-      }));
+  STRATA_RETURN_IF_ERROR(
+      transport_->Listen(options_.host, options_.data_port,
+                         [this](Message req, std::shared_ptr<transport::Responder> r) {
+                           HandleRequest(std::move(req), std::move(r));
+                         }));
   admin_service_ = std::make_unique<AdminService>(this);
   grpc::ServerBuilder builder;
   const std::string addr = absl::StrCat(options_.host, ":", options_.port);
@@ -171,8 +168,9 @@ absl::Status PServer::Start() {
         suspects_.emplace(backup, why);
       },
       absl::Milliseconds(std::max(500, options_.config.cluster.dead_timeout_ms / 2)));
-  master_conn_ = std::make_unique<ReconnectingChannel>(
-      options_.master_address, options_.security.client, options_.config.cluster.control_connect_ms);
+  master_conn_ =
+      std::make_unique<ReconnectingChannel>(options_.master_address, options_.security.client,
+                                            options_.config.cluster.control_connect_ms);
   proto::RegisterRequest req;
   req.set_role(proto::PSERVER);
   req.set_index(options_.index);
@@ -186,8 +184,8 @@ absl::Status PServer::Start() {
     proto::RegisterResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    last = FromGrpcStatus(master()->Register(&ctx, req, &resp),
-                          "master " + options_.master_address);
+    last =
+        FromGrpcStatus(master()->Register(&ctx, req, &resp), "master " + options_.master_address);
     if (last.ok()) {
       node_id_ = resp.node_id();
       TakeDataKey(resp.data_key());
@@ -196,16 +194,15 @@ absl::Status PServer::Start() {
       break;
     }
     if (absl::Now() > deadline || stop_.HasBeenNotified()) {
-      return absl::UnavailableError(absl::StrCat("pserver ", options_.index,
-                                                 ": cannot register: ", last.message()));
+      return absl::UnavailableError(
+          absl::StrCat("pserver ", options_.index, ": cannot register: ", last.message()));
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   started_ = true;
-  LOG(INFO) << "pserver " << options_.index << " is node " << node_id_
-            << ": data " << data_address() << ", admin " << admin_address()
-            << ", http " << http_.port();
+  LOG(INFO) << "pserver " << options_.index << " is node " << node_id_ << ": data "
+            << data_address() << ", admin " << admin_address() << ", http " << http_.port();
   return absl::OkStatus();
 }
 
@@ -228,8 +225,8 @@ Partition* PServer::FindPartition(uint32_t id) const {
 }
 
 absl::Status PServer::ApplyView(const proto::ClusterView& view,
-                               const proto::CheckpointManifest* restore,
-                               const std::string& checkpoint_root) {
+                                const proto::CheckpointManifest* restore,
+                                const std::string& checkpoint_root) {
   absl::MutexLock al(&apply_mu_);
   return ApplyViewLocked(view, restore, checkpoint_root);
 }
@@ -285,8 +282,8 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   for (const proto::PartitionInfo* pi : to_create) {
     const proto::PartitionInfo& p = *pi;
     if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "partition ", p.id(), " names table ", p.table_id(), " not in the view"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition ", p.id(), " names table ", p.table_id(), " not in the view"));
     }
     const proto::TableInfo& t = view.tables(p.table_id());
     std::unique_ptr<Partition> part;
@@ -298,14 +295,14 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
               << p.offset() << " of " << t.partitions() << ")";
     } else {
       std::vector<float> values(p.length());
-      STRATA_RETURN_IF_ERROR(InitializeSlice(
-          InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
-          p.offset(), p.length(), values.data()));
+      STRATA_RETURN_IF_ERROR(
+          InitializeSlice(InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
+                          p.offset(), p.length(), values.data()));
       STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
       part = std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
                                          options_.config.job.consistency);
-      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " ["
-              << p.offset() << ", " << p.offset() + p.length() << "))";
+      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " [" << p.offset() << ", "
+              << p.offset() + p.length() << "))";
     }
     if (p.owner() != self) {
       part->MakeBackup();  // its state comes from the primary
@@ -316,8 +313,8 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       if (it == saved.end() || it->second->table() != t.name() ||
           it->second->offset() != p.offset() || it->second->length() != p.length()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "checkpoint ", restore->seq(), " under ", checkpoint_root, " has no partition ",
-            p.id(), " of table ", t.name(), " at [", p.offset(), ", +", p.length(), ")"));
+            "checkpoint ", restore->seq(), " under ", checkpoint_root, " has no partition ", p.id(),
+            " of table ", t.name(), " at [", p.offset(), ", +", p.length(), ")"));
       }
       to_load.emplace_back(it->second, part.get());
     }
@@ -338,8 +335,8 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t i = next++; i < to_load.size(); i = next++) {
-        loaded[i] = LoadPartition(options_.fs, checkpoint_root, *to_load[i].first,
-                                  restore->seq(), to_load[i].second);
+        loaded[i] = LoadPartition(options_.fs, checkpoint_root, *to_load[i].first, restore->seq(),
+                                  to_load[i].second);
       }
     };
     std::vector<std::thread> loaders;
@@ -424,8 +421,7 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   }
   struct Done {
     absl::Mutex mu;
-    std::vector<std::pair<Partition*, absl::StatusOr<PartitionSnapshot>>> ready
-        ABSL_GUARDED_BY(mu);
+    std::vector<std::pair<Partition*, absl::StatusOr<PartitionSnapshot>>> ready ABSL_GUARDED_BY(mu);
   };
   auto done = std::make_shared<Done>();
   SnapshotRequest sreq;
@@ -464,15 +460,14 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     }
   }
   proto::CheckpointPartitionsResponse resp;
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 600000);
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(req.timeout_ms() > 0 ? req.timeout_ms() : 600000);
   size_t handled = 0;
   while (status.ok() && handled < requested) {
     std::vector<std::pair<Partition*, absl::StatusOr<PartitionSnapshot>>> batch;
     {
       absl::MutexLock l(&done->mu);
-      auto any = [&done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done->mu) {
-        return !done->ready.empty();
-      };
+      auto any = [&done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done->mu) { return !done->ready.empty(); };
       const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(100));
       if (!done->mu.AwaitWithDeadline(absl::Condition(&any), slice) && done->ready.empty()) {
         if (cancelled && cancelled()) {
@@ -539,13 +534,12 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   return resp;
 }
 
-absl::Status PServer::RestoreLostPartition(const proto::PartitionInfo& p,
-                                           Partition* part) const {
+absl::Status PServer::RestoreLostPartition(const proto::PartitionInfo& p, Partition* part) const {
   const CheckpointSection& c = options_.config.checkpoint;
   if (!c.enabled) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "partition ", p.id(), " is to be restored from checkpoint ", p.restore_seq(),
-        " but this pserver's config has no checkpoint section"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("partition ", p.id(), " is to be restored from checkpoint ", p.restore_seq(),
+                     " but this pserver's config has no checkpoint section"));
   }
   const std::string dir = storage::JoinPath(c.dir, storage::CheckpointDirName(p.restore_seq()));
   STRATA_ASSIGN_OR_RETURN(proto::CheckpointManifest m, storage::ReadManifest(options_.fs, dir));
@@ -554,9 +548,9 @@ absl::Status PServer::RestoreLostPartition(const proto::PartitionInfo& p,
     STRATA_RETURN_IF_ERROR(LoadPartition(options_.fs, c.dir, e, m.seq(), part));
     const uint64_t saved = part->stats().version;
     part->FastForward(p.restore_version());
-    LOG(WARNING) << "partition " << p.id() << " (" << part->table()
-                 << ") restored from checkpoint " << m.seq() << " at version " << saved
-                 << ", moved on to version " << p.restore_version() << ": "
+    LOG(WARNING) << "partition " << p.id() << " (" << part->table() << ") restored from checkpoint "
+                 << m.seq() << " at version " << saved << ", moved on to version "
+                 << p.restore_version() << ": "
                  << (p.restore_version() > saved ? p.restore_version() - saved : 0)
                  << " step(s) of it lost";
     return absl::OkStatus();
@@ -568,16 +562,16 @@ void PServer::RenewLease(absl::Time granted_at) {
   const ClusterSection& c = options_.config.cluster;
   // Shorter than the master's dead timeout: by the time the master gives
   // this node's partitions to others, it has stopped serving them.
-  const int64_t lease_ms = std::max<int64_t>(c.dead_timeout_ms - c.heartbeat_interval_ms,
-                                             c.dead_timeout_ms / 2);
+  const int64_t lease_ms =
+      std::max<int64_t>(c.dead_timeout_ms - c.heartbeat_interval_ms, c.dead_timeout_ms / 2);
   lease_until_ns_ = absl::ToUnixNanos(granted_at + absl::Milliseconds(lease_ms));
 }
 
 absl::Status PServer::ServingStatus() const {
   if (fenced_.load()) {
-    return absl::UnavailableError(absl::StrCat(
-        "pserver node ", node_id_.load(),
-        " was declared dead by the master and serves nothing (fenced)"));
+    return absl::UnavailableError(
+        absl::StrCat("pserver node ", node_id_.load(),
+                     " was declared dead by the master and serves nothing (fenced)"));
   }
   if (absl::GetCurrentTimeNanos() > lease_until_ns_.load()) {
     return absl::UnavailableError(absl::StrCat(
@@ -595,7 +589,8 @@ absl::Status PServer::RequestCheckpointAndStop(absl::Duration grace) {
   proto::CheckpointResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
-  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
+  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp),
+                        "master " + options_.master_address);
 }
 
 absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(
@@ -603,16 +598,15 @@ absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(
     const proto::PartitionInfo& p) const {
   const SparseSection& c = options_.config.sparse;
   if (t.dim() < 1 || t.partitions() < 1 || p.offset() >= t.partitions()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sparse table ", t.name(), " of dim ", t.dim(), " and ", t.partitions(),
-        " partitions cannot have virtual partition ", p.offset()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse table ", t.name(), " of dim ", t.dim(), " and ", t.partitions(),
+                     " partitions cannot have virtual partition ", p.offset()));
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<RowOptimizer> opt, RowOptimizer::Create(c.optimizer));
   // A table may fix its initializer (the wide part's weights start at 0).
-  STRATA_ASSIGN_OR_RETURN(
-      RowInitializer init,
-      RowInitializer::Create(t.init().empty() ? c.init.type : t.init(), c.init.scale, t.id(),
-                             view.seed()));
+  STRATA_ASSIGN_OR_RETURN(RowInitializer init,
+                          RowInitializer::Create(t.init().empty() ? c.init.type : t.init(),
+                                                 c.init.scale, t.id(), view.seed()));
   SparseTableOptions o;
   o.dim = static_cast<int>(t.dim());
   o.optimizer = std::move(opt);
@@ -665,14 +659,12 @@ void PServer::AddSparseMetrics(const std::string& table) {
                             {{"table", table}, {"reason", "capacity"}});
 }
 
-void PServer::HandleRequest(Message request,
-                            std::shared_ptr<transport::Responder> responder) {
+void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responder> responder) {
   requests_total_->Increment();
   bytes_in_->Increment(static_cast<double>(request.payload.size()));
   const auto& h = request.header;
-  const MessageType resp_type = h.type == MessageType::kPullRequest
-                                    ? MessageType::kPullResponse
-                                    : MessageType::kPushResponse;
+  const MessageType resp_type =
+      h.type == MessageType::kPullRequest ? MessageType::kPullResponse : MessageType::kPushResponse;
   if (h.type == MessageType::kPing) {
     Message pong;
     pong.header = h;
@@ -682,13 +674,11 @@ void PServer::HandleRequest(Message request,
     return;
   }
   const bool replicate = h.type == MessageType::kReplicate;
-  if (h.type != MessageType::kPullRequest && h.type != MessageType::kPushRequest &&
-      !replicate) {
+  if (h.type != MessageType::kPullRequest && h.type != MessageType::kPushRequest && !replicate) {
     responder->Respond(transport::MakeErrorResponse(
         h, MessageType::kPushResponse,
         absl::InvalidArgumentError(absl::StrCat(
-            "unexpected message type ", static_cast<int>(h.type), " from ",
-            responder->peer()))));
+            "unexpected message type ", static_cast<int>(h.type), " from ", responder->peer()))));
     return;
   }
   const MessageType answer_type = replicate ? MessageType::kReplicateResponse : resp_type;
@@ -716,9 +706,8 @@ void PServer::HandleRequest(Message request,
       }
       err = transport::MakeErrorResponse(
           h, answer_type,
-          WithReason(absl::UnavailableError(absl::StrCat("pserver epoch ", epoch,
-                                                         " behind request epoch ", h.epoch,
-                                                         "; retry")),
+          WithReason(absl::UnavailableError(absl::StrCat(
+                         "pserver epoch ", epoch, " behind request epoch ", h.epoch, "; retry")),
                      proto::REASON_EPOCH_AHEAD));
     }
     err.header.epoch = epoch;
@@ -732,12 +721,12 @@ void PServer::HandleRequest(Message request,
       absl::MutexLock l(&mu_);
       auto owner = owner_of_.find(h.partition);
       if (h.count != node_id_.load()) {
-        fit = absl::FailedPreconditionError(absl::StrCat(
-            "replication record for node ", h.count, " reached node ", node_id_.load()));
+        fit = absl::FailedPreconditionError(absl::StrCat("replication record for node ", h.count,
+                                                         " reached node ", node_id_.load()));
       } else if (part == nullptr || owner == owner_of_.end() || owner->second != h.sender_id) {
-        fit = absl::FailedPreconditionError(absl::StrCat(
-            "replication record for partition ", h.partition, " from node ", h.sender_id,
-            ", which is not its primary here (view epoch ", epoch, ")"));
+        fit = absl::FailedPreconditionError(
+            absl::StrCat("replication record for partition ", h.partition, " from node ",
+                         h.sender_id, ", which is not its primary here (view epoch ", epoch, ")"));
       }
     }
     if (!fit.ok()) {
@@ -759,10 +748,10 @@ void PServer::HandleRequest(Message request,
     // address): it refreshes its view and retries.
     Message err = transport::MakeErrorResponse(
         h, resp_type,
-        WithReason(absl::UnavailableError(absl::StrCat("partition ", h.partition,
-                                                       " is not served by pserver node ",
-                                                       node_id_.load())),
-                   proto::REASON_NOT_SERVED));
+        WithReason(
+            absl::UnavailableError(absl::StrCat(
+                "partition ", h.partition, " is not served by pserver node ", node_id_.load())),
+            proto::REASON_NOT_SERVED));
     err.header.epoch = epoch;
     responder->Respond(std::move(err));
     return;
@@ -805,9 +794,9 @@ absl::Status PServer::RefreshView() {
   proto::ClusterView view;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  STRATA_RETURN_IF_ERROR(FromGrpcStatus(
-      master()->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
-      "master " + options_.master_address));
+  STRATA_RETURN_IF_ERROR(
+      FromGrpcStatus(master()->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
+                     "master " + options_.master_address));
   // The heartbeat thread never waits behind a view being applied (a
   // restore reads a whole checkpoint): it tries again next round.
   if (!apply_mu_.TryLock()) {
@@ -821,8 +810,7 @@ absl::Status PServer::RefreshView() {
 }
 
 void PServer::HeartbeatLoop() {
-  const absl::Duration interval =
-      absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
+  const absl::Duration interval = absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
   absl::Time next = absl::Now();
   std::map<uint32_t, std::string> suspects;
   std::map<uint32_t, absl::Time> reported;
@@ -833,7 +821,8 @@ void PServer::HeartbeatLoop() {
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return refresh_wanted_ || !suspects_.empty() || stop_.HasBeenNotified();
       };
-      mu_.AwaitWithDeadline(absl::Condition(&wake), std::min(next, absl::Now() + absl::Milliseconds(100)));
+      mu_.AwaitWithDeadline(absl::Condition(&wake),
+                            std::min(next, absl::Now() + absl::Milliseconds(100)));
       refresh = refresh_wanted_;
       refresh_wanted_ = false;
       suspects.swap(suspects_);
@@ -932,8 +921,8 @@ proto::PServerStatusResponse PServer::Status() const {
     ps->set_pushes_applied(st.pushes_applied);
     ps->set_duplicate_pushes(st.duplicate_pushes);
     ps->set_role(p->role() == PartitionRole::kPrimary ? "primary"
-                 : p->synced()                       ? "backup"
-                                                     : "syncing");
+                 : p->synced()                        ? "backup"
+                                                      : "syncing");
     for (const auto& [sender, n] : p->applied_by_sender()) {
       (*ps->mutable_applied_by_sender())[sender] = n;
     }
@@ -957,11 +946,13 @@ void PServer::RegisterMetrics() {
   metrics_.AddCallbackGauge("strata_pserver_apply_queue_depth",
                             "Requests queued for the apply threads, not yet started",
                             [this] { return static_cast<double>(queued_.load()); });
-  requests_total_ = metrics_.GetCounter("strata_pserver_requests_total", "Data-plane requests received");
-  stale_epoch_total_ = metrics_.GetCounter("strata_pserver_stale_epoch_total", "Requests refused for an epoch mismatch");
-  refused_total_ = metrics_.GetCounter(
-      "strata_pserver_fenced_requests_total",
-      "Requests refused because this node's lease expired or it was fenced");
+  requests_total_ =
+      metrics_.GetCounter("strata_pserver_requests_total", "Data-plane requests received");
+  stale_epoch_total_ = metrics_.GetCounter("strata_pserver_stale_epoch_total",
+                                           "Requests refused for an epoch mismatch");
+  refused_total_ =
+      metrics_.GetCounter("strata_pserver_fenced_requests_total",
+                          "Requests refused because this node's lease expired or it was fenced");
   auto replication = [this](uint64_t ReplicaStreams::Stats::*field) {
     return [this, field]() {
       return replicas_ ? static_cast<double>(replicas_->stats().*field) : 0.0;
@@ -983,7 +974,8 @@ void PServer::RegisterMetrics() {
                             "Replication records not yet acknowledged by a backup",
                             replication(&ReplicaStreams::Stats::queued));
   bytes_in_ = metrics_.GetCounter("strata_pserver_bytes_received_total", "Payload bytes received");
-  bytes_out_ = metrics_.GetCounter("strata_pserver_bytes_sent_total", "Payload bytes sent in pull responses");
+  bytes_out_ = metrics_.GetCounter("strata_pserver_bytes_sent_total",
+                                   "Payload bytes sent in pull responses");
   auto sum = [this](uint64_t PartitionStats::*field) {
     return [this, field]() {
       double total = 0;
@@ -992,20 +984,25 @@ void PServer::RegisterMetrics() {
       return total;
     };
   };
-  transport::AddTransportGauges(&metrics_, "strata_pserver",
-                                [this] { return transport_.get(); });
-  metrics_.AddCallbackGauge("strata_pserver_pushes_applied", "Gradients accepted", sum(&PartitionStats::pushes_applied));
-  metrics_.AddCallbackGauge("strata_pserver_updates_applied", "Optimizer updates applied", sum(&PartitionStats::updates_applied));
-  metrics_.AddCallbackGauge("strata_pserver_duplicate_pushes", "Duplicate pushes acknowledged without applying", sum(&PartitionStats::duplicate_pushes));
-  metrics_.AddCallbackGauge("strata_pserver_rejected_pushes", "Pushes refused (stale step, bad size)", sum(&PartitionStats::rejected_pushes));
-  metrics_.AddCallbackGauge("strata_pserver_pulls_served", "Pull responses sent", sum(&PartitionStats::pulls_served));
+  transport::AddTransportGauges(&metrics_, "strata_pserver", [this] { return transport_.get(); });
+  metrics_.AddCallbackGauge("strata_pserver_pushes_applied", "Gradients accepted",
+                            sum(&PartitionStats::pushes_applied));
+  metrics_.AddCallbackGauge("strata_pserver_updates_applied", "Optimizer updates applied",
+                            sum(&PartitionStats::updates_applied));
+  metrics_.AddCallbackGauge("strata_pserver_duplicate_pushes",
+                            "Duplicate pushes acknowledged without applying",
+                            sum(&PartitionStats::duplicate_pushes));
+  metrics_.AddCallbackGauge("strata_pserver_rejected_pushes",
+                            "Pushes refused (stale step, bad size)",
+                            sum(&PartitionStats::rejected_pushes));
+  metrics_.AddCallbackGauge("strata_pserver_pulls_served", "Pull responses sent",
+                            sum(&PartitionStats::pulls_served));
   metrics_.AddCallbackGauge("strata_pserver_partitions", "Partitions served", [this]() {
     absl::MutexLock l(&mu_);
     return static_cast<double>(partitions_.size());
   });
-  metrics_.AddCallbackGauge("strata_pserver_view_epoch", "Cluster view epoch held", [this]() {
-    return static_cast<double>(epoch_.load());
-  });
+  metrics_.AddCallbackGauge("strata_pserver_view_epoch", "Cluster view epoch held",
+                            [this]() { return static_cast<double>(epoch_.load()); });
 }
 
 }  // namespace strata::pserver

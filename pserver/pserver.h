@@ -17,11 +17,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
-#include "common/grpc_channel.h"
-#include "common/security.h"
 #include "common/failpoint.h"
+#include "common/grpc_channel.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/security.h"
 #include "common/sharded_executor.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
@@ -34,12 +34,12 @@ namespace strata::pserver {
 
 struct PServerOptions {
   JobConfig config;
-  std::string master_address;     // "host:port"
-  int index = 0;                  // instance index
-  std::string host = "127.0.0.1"; // bind and advertise address
-  int port = 0;                   // admin gRPC; 0 = any
-  int data_port = 0;              // data plane; 0 = any
-  int http_port = 0;              // 0 = any, -1 = off
+  std::string master_address;      // "host:port"
+  int index = 0;                   // instance index
+  std::string host = "127.0.0.1";  // bind and advertise address
+  int port = 0;                    // admin gRPC; 0 = any
+  int data_port = 0;               // data plane; 0 = any
+  int http_port = 0;               // 0 = any, -1 = off
   transport::TransportOptions transport;
   // Threads that apply pushes and answer pulls, partitions spread over them
   // (each partition's requests stay in arrival order). 1 = on the
@@ -99,8 +99,7 @@ class PServer {
   // `cancelled` (optional) is polled while waiting for the cut: true
   // gives up with Cancelled.
   absl::StatusOr<proto::CheckpointPartitionsResponse> Checkpoint(
-      const proto::CheckpointPartitionsRequest& req,
-      const std::function<bool()>& cancelled = {});
+      const proto::CheckpointPartitionsRequest& req, const std::function<bool()>& cancelled = {});
   // A preemption notice (SIGTERM): asks the master for a checkpoint and a
   // clean stop, waiting at most `grace`.
   absl::Status RequestCheckpointAndStop(absl::Duration grace);
@@ -115,8 +114,7 @@ class PServer {
   // This node's data-plane keys (mtls clusters; null in plain text).
   std::shared_ptr<transport::MembershipKeys> membership_;
   explicit PServer(PServerOptions options);
-  void HandleRequest(transport::Message request,
-                     std::shared_ptr<transport::Responder> responder);
+  void HandleRequest(transport::Message request, std::shared_ptr<transport::Responder> responder);
   void HeartbeatLoop();
   absl::Status RefreshView();
   absl::Status ApplyViewLocked(const proto::ClusterView& view,
@@ -133,17 +131,17 @@ class PServer {
   absl::Status RestoreLostPartition(const proto::PartitionInfo& p, Partition* part) const;
   // The row store of sparse partition p of table t, from the config's
   // sparse section.
-  absl::StatusOr<std::unique_ptr<SparseTable>> MakeSparseTable(
-      const proto::ClusterView& view, const proto::TableInfo& t,
-      const proto::PartitionInfo& p) const;
+  absl::StatusOr<std::unique_ptr<SparseTable>> MakeSparseTable(const proto::ClusterView& view,
+                                                               const proto::TableInfo& t,
+                                                               const proto::PartitionInfo& p) const;
   // /metrics gauges of one sparse table (rows, bytes, admission, eviction).
   void AddSparseMetrics(const std::string& table);
 
   const PServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<ShardedExecutor> executor_;  // null: apply on the transport thread
-  std::atomic<int64_t> queued_{0};  // requests posted to executor_, not yet started
-  Histogram* apply_seconds_ = nullptr;  // set by RegisterMetrics, before Listen
+  std::atomic<int64_t> queued_{0};             // requests posted to executor_, not yet started
+  Histogram* apply_seconds_ = nullptr;         // set by RegisterMetrics, before Listen
   // Outgoing replication (created once registered: it needs the node id).
   std::unique_ptr<ReplicaStreams> replicas_;
   // The master's control channel (made anew after failures in a row);

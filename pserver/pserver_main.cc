@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/grpc_channel.h"
 #include "common/security.h"
-#include "common/daemon.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "pserver/pserver.h"
@@ -86,8 +86,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot start pserver: " << s.message();
     return 1;
   }
-  const int sig =
-      strata::WaitForTerminationSignal([&server] { return (*server)->fenced(); });
+  const int sig = strata::WaitForTerminationSignal([&server] { return (*server)->fenced(); });
   if (sig == 0 && (*server)->drained()) {
     (*server)->Shutdown();
     LOG(INFO) << "drained: exiting";

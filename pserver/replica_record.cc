@@ -64,8 +64,8 @@ absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes) {
   const uint64_t want = uint64_t{pushes} * 12 + uint64_t{keys} * 8 + uint64_t{grads} * 4;
   if (want != r.left()) {
     return absl::DataLossError(absl::StrCat("replication record: ", pushes, " pushes, ", keys,
-                                            " keys and ", grads, " floats need ", want,
-                                            " bytes, ", r.left(), " follow"));
+                                            " keys and ", grads, " floats need ", want, " bytes, ",
+                                            r.left(), " follow"));
   }
   u.pushes.resize(pushes);
   for (auto& [sender, seq] : u.pushes) {
@@ -109,15 +109,16 @@ absl::StatusOr<std::map<storage::BlockType, std::string>> DecodeReplicaCopy(
     uint64_t size = 0;
     absl::string_view s;
     if (!r.Get(&type) || !r.Get(&size) || !r.Bytes(size, &s)) {
-      return absl::DataLossError(absl::StrCat("replica copy of ", bytes.size(),
-                                              " bytes: stream ", i, " of ", n, " truncated"));
+      return absl::DataLossError(absl::StrCat("replica copy of ", bytes.size(), " bytes: stream ",
+                                              i, " of ", n, " truncated"));
     }
     if (!streams.emplace(static_cast<storage::BlockType>(type), std::string(s)).second) {
       return absl::DataLossError(absl::StrCat("replica copy: block type ", type, " twice"));
     }
   }
   if (r.left() != 0) {
-    return absl::DataLossError(absl::StrCat("replica copy: ", r.left(), " bytes after the last stream"));
+    return absl::DataLossError(
+        absl::StrCat("replica copy: ", r.left(), " bytes after the last stream"));
   }
   return streams;
 }

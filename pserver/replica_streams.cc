@@ -50,8 +50,8 @@ void ReplicaStreams::SetBackups(const std::map<uint32_t, std::string>& addresses
   for (auto it = streams_.begin(); it != streams_.end();) {
     if (addresses.count(it->first) == 0) {
       if (!it->second.queue.empty()) {
-        LOG(INFO) << "replication to node " << it->first << " ends with "
-                  << it->second.queue.size() << " record(s) unacknowledged (it left the view)";
+        LOG(INFO) << "replication to node " << it->first << " ends with " << it->second.queue.size()
+                  << " record(s) unacknowledged (it left the view)";
       }
       dropped.push_back(std::move(it->second.conn));
       it = streams_.erase(it);
@@ -117,9 +117,10 @@ void ReplicaStreams::Loop() {
               absl::Seconds(static_cast<double>(e.record.payload.size()) /
                             kSlowestCopyBytesPerSecond);
           if (e.sent && now - e.sent_at > overdue) {
-            const std::string why = absl::StrCat(
-                "replication record ", e.record.header.seq, " of partition ",
-                e.record.header.partition, " unanswered for ", absl::FormatDuration(now - e.sent_at));
+            const std::string why =
+                absl::StrCat("replication record ", e.record.header.seq, " of partition ",
+                             e.record.header.partition, " unanswered for ",
+                             absl::FormatDuration(now - e.sent_at));
             LOG(WARNING) << "replication to node " << id << " at " << s.address << ": " << why
                          << "; sending everything unacknowledged again on a new connection";
             ++stats_.ack_timeouts;

@@ -56,8 +56,8 @@ class ReplicaStreams final : public ReplicaSink {
   struct Stats {
     uint64_t records_sent = 0;  // first sends
     uint64_t bytes_sent = 0;
-    uint64_t resends = 0;       // records sent again after a failure
-    uint64_t queued = 0;        // records not yet acknowledged, now
+    uint64_t resends = 0;  // records sent again after a failure
+    uint64_t queued = 0;   // records not yet acknowledged, now
     uint64_t queued_bytes = 0;
     uint64_t ack_timeouts = 0;  // records unanswered for ack_timeout, sent again
   };

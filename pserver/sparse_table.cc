@@ -19,14 +19,17 @@ constexpr size_t kMinIndexSlots = 64;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
-    const SparseTableOptions& o) {
-  if (o.dim < 1) return absl::InvalidArgumentError(absl::StrCat("sparse table dim must be >= 1, got ", o.dim));
-  if (o.optimizer == nullptr) return absl::InvalidArgumentError("sparse table without an optimizer");
-  if (o.initializer == nullptr) return absl::InvalidArgumentError("sparse table without an initializer");
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const SparseTableOptions& o) {
+  if (o.dim < 1)
+    return absl::InvalidArgumentError(absl::StrCat("sparse table dim must be >= 1, got ", o.dim));
+  if (o.optimizer == nullptr)
+    return absl::InvalidArgumentError("sparse table without an optimizer");
+  if (o.initializer == nullptr)
+    return absl::InvalidArgumentError("sparse table without an initializer");
   if (o.admit_min_count < 1) return absl::InvalidArgumentError("admission min_count must be >= 1");
   if (!(o.admit_probability > 0 && o.admit_probability <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("admission probability must be in (0, 1], got ", o.admit_probability));
+    return absl::InvalidArgumentError(
+        absl::StrCat("admission probability must be in (0, 1], got ", o.admit_probability));
   }
   return std::unique_ptr<SparseTable>(new SparseTable(o, *o.initializer));
 }
@@ -116,8 +119,8 @@ void SparseTable::Lookup(const uint64_t* keys, size_t n, float* out) const {
     Candidates(keys + base, m, sizeof(RowHeader) + row_bytes, rows);
     for (size_t i = 0; i < m; ++i, out += dim_) {
       const uint64_t key = keys[base + i];
-      const float* v = rows[i] != kNoRow && Header(rows[i])->key == key ? Values(rows[i])
-                                                                        : Find(key);
+      const float* v =
+          rows[i] != kNoRow && Header(rows[i])->key == key ? Values(rows[i]) : Find(key);
       if (v != nullptr) {
         std::memcpy(out, v, row_bytes);
       } else if (admit_on_first_touch_) {

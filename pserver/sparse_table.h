@@ -28,14 +28,14 @@
 namespace strata::pserver {
 
 struct SparseTableOptions {
-  int dim = 8;                                  // floats per row, >= 1
+  int dim = 8;                                    // floats per row, >= 1
   std::shared_ptr<const RowOptimizer> optimizer;  // required
   // Required (RowInitializer has no default); Create takes it by value.
   const RowInitializer* initializer = nullptr;  // borrowed during Create only
-  uint32_t admit_min_count = 1;    // >= 1
-  double admit_probability = 1.0;  // (0, 1]
-  uint64_t idle_updates = 0;       // 0 = no idle eviction
-  uint64_t capacity_rows = 0;      // 0 = unbounded
+  uint32_t admit_min_count = 1;                 // >= 1
+  double admit_probability = 1.0;               // (0, 1]
+  uint64_t idle_updates = 0;                    // 0 = no idle eviction
+  uint64_t capacity_rows = 0;                   // 0 = unbounded
   // Keys counted towards admission but not admitted yet are forgotten when
   // there are more than this many (bounds the counting memory).
   uint64_t max_pending_keys = 1 << 20;
@@ -175,8 +175,8 @@ class SparseTable {
   std::vector<uint64_t> index_;  // (tag << 32) | row, or kEmpty
   size_t index_mask_ = 0;
   absl::flat_hash_map<uint64_t, uint32_t> pending_;  // key -> times pushed
-  uint64_t rng_;       // splitmix state for the admission probability
-  uint64_t sweep_ = 0; // next row the idle sweep looks at
+  uint64_t rng_;                                     // splitmix state for the admission probability
+  uint64_t sweep_ = 0;                               // next row the idle sweep looks at
   // Checkpoint baseline: rows whose last_update is after clean_mark_ have
   // changed; keys removed since are in removed_ (tracked once marked).
   bool marked_ = false;

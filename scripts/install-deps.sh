@@ -27,8 +27,9 @@ VM_PACKAGES=()
 if [[ $FOR == test ]]; then
   # The tests themselves; the fuzz targets (scripts/fuzz.sh) and the clang
   # thread-safety pass: clang, libFuzzer and the sanitizers' runtimes,
-  # llvm-symbolizer for their reports.
-  PACKAGES+=(libgtest-dev libgmock-dev clang-14 libclang-rt-14-dev llvm-14)
+  # llvm-symbolizer for their reports; clang-format for the layout check
+  # (scripts/format.sh --check).
+  PACKAGES+=(libgtest-dev libgmock-dev clang-14 libclang-rt-14-dev llvm-14 clang-format-14)
   # For the Soft-RoCE guest of tests/rdma (a real verbs device under QEMU).
   # Best effort: without them that one test is skipped, saying why.
   VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)

@@ -51,12 +51,13 @@ std::string AuditLine(const AuditRecord& r, absl::Time now, const AuditHead& pre
                       std::string* hash) {
   const std::string prev_hash = prev.hash.empty() ? ZeroHash() : prev.hash;
   const std::string body = absl::StrFormat(
-      "{\"seq\": %d, \"unix_ms\": %d, \"time\": \"%s\", \"who\": \"%s\", \"from\": \"%s\", \"action\": \"%s\", "
+      "{\"seq\": %d, \"unix_ms\": %d, \"time\": \"%s\", \"who\": \"%s\", \"from\": \"%s\", "
+      "\"action\": \"%s\", "
       "\"target\": \"%s\", \"result\": \"%s\", \"detail\": \"%s\", \"prev\": \"%s\"",
       prev.seq + 1, absl::ToUnixMillis(now),
       absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone()), JsonEscape(r.who),
-      JsonEscape(r.from), JsonEscape(r.action), JsonEscape(r.target), JsonEscape(r.result), JsonEscape(r.detail),
-      prev_hash);
+      JsonEscape(r.from), JsonEscape(r.action), JsonEscape(r.target), JsonEscape(r.result),
+      JsonEscape(r.detail), prev_hash);
   *hash = Sha256Hex(absl::StrCat(prev_hash, body));
   return absl::StrCat(body, kHashKey, *hash, "\"}\n");
 }

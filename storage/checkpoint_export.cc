@@ -64,8 +64,8 @@ absl::StatusOr<PartitionValues> ReadValues(FileSystem* fs, const std::string& ro
     // A record: key, two u32 counters, then the values.
     const size_t stride = h.row_bytes();
     if (stride < 16 + sizeof(float) * h.dim()) {
-      return absl::DataLossError(absl::StrCat(path, ": ", stride, "-byte rows cannot hold ",
-                                              h.dim(), " values"));
+      return absl::DataLossError(
+          absl::StrCat(path, ": ", stride, "-byte rows cannot hold ", h.dim(), " values"));
     }
     const std::string& recs = streams[BlockType::kSparseRows];
     for (size_t i = 0; i + stride <= recs.size(); i += stride) {
@@ -84,8 +84,7 @@ absl::StatusOr<PartitionValues> ReadValues(FileSystem* fs, const std::string& ro
 absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
   if (name == "bf16") return Precision::kBf16;
   if (name == "fp16") return Precision::kFp16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("precision '", name, "': expected bf16 or fp16"));
+  return absl::InvalidArgumentError(absl::StrCat("precision '", name, "': expected bf16 or fp16"));
 }
 
 uint16_t FloatToBf16(float f) {
@@ -136,8 +135,7 @@ float Fp16ToFloat(uint16_t h) {
 absl::StatusOr<proto::CheckpointManifest> ExportCheckpoint(FileSystem* fs,
                                                            const std::string& src_dir,
                                                            const std::string& dst_dir,
-                                                           Precision precision,
-                                                           int zstd_level) {
+                                                           Precision precision, int zstd_level) {
   STRATA_ASSIGN_OR_RETURN(proto::CheckpointManifest m, ReadManifest(fs, src_dir));
   if (!m.precision().empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -182,8 +180,8 @@ absl::StatusOr<proto::CheckpointManifest> ExportCheckpoint(FileSystem* fs,
       }
     }
     const std::string rel = absl::StrFormat("%s/p%05d.blk", dst_name, p.id());
-    STRATA_ASSIGN_OR_RETURN(auto w, BlockFileWriter::Create(fs, JoinPath(dst_dir, Base(rel)),
-                                                            zstd_level));
+    STRATA_ASSIGN_OR_RETURN(auto w,
+                            BlockFileWriter::Create(fs, JoinPath(dst_dir, Base(rel)), zstd_level));
     STRATA_RETURN_IF_ERROR(w->Add(BlockType::kHeader, h.SerializeAsString()));
     STRATA_RETURN_IF_ERROR(
         w->Add(h.sparse() ? BlockType::kSparseRows16 : BlockType::kDenseValues16, payload));

@@ -33,8 +33,7 @@ float Fp16ToFloat(uint16_t h);
 absl::StatusOr<proto::CheckpointManifest> ExportCheckpoint(FileSystem* fs,
                                                            const std::string& src_dir,
                                                            const std::string& dst_dir,
-                                                           Precision precision,
-                                                           int zstd_level = 3);
+                                                           Precision precision, int zstd_level = 3);
 
 }  // namespace strata::storage
 

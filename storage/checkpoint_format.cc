@@ -4,16 +4,16 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "common/crc32c.h"
 #include "common/huge_pages.h"
@@ -24,8 +24,8 @@ namespace {
 
 constexpr char kFileMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'P', 'F'};
 constexpr char kManifestMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'F'};
-constexpr size_t kFileHeaderBytes = 16;   // magic, u32 version, u32 zero
-constexpr size_t kManifestHeaderBytes = 24;  // magic, u32 version, u32 crc, u64 length
+constexpr size_t kFileHeaderBytes = 16;       // magic, u32 version, u32 zero
+constexpr size_t kManifestHeaderBytes = 24;   // magic, u32 version, u32 crc, u64 length
 constexpr uint32_t kBlockMagic = 0x4B4C4253;  // "SBLK"
 constexpr size_t kBlockHeaderBytes = 20;
 constexpr uint8_t kCodecNone = 0, kCodecZstd = 1;
@@ -76,8 +76,8 @@ void Unshuffle4Into(absl::string_view in, char* out) {
 // FailedPrecondition naming `path` unless `version` is the one this build reads.
 absl::Status CheckVersion(const std::string& path, uint32_t version) {
   if (version == kCheckpointFormatVersion) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint format version ",
-                                                    version, "; this build reads version ",
+  return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint format version ", version,
+                                                    "; this build reads version ",
                                                     kCheckpointFormatVersion));
 }
 
@@ -126,8 +126,8 @@ absl::Status BlockFileWriter::Add(BlockType type, absl::string_view payload, boo
     absl::string_view stored = input;
     if (level_ > 0 && !input.empty()) {
       scratch_.resize(ZSTD_compressBound(input.size()));
-      const size_t n = ZSTD_compress(scratch_.data(), scratch_.size(), input.data(), input.size(),
-                                     level_);
+      const size_t n =
+          ZSTD_compress(scratch_.data(), scratch_.size(), input.data(), input.size(), level_);
       if (ZSTD_isError(n)) {
         return absl::InternalError(
             absl::StrCat("zstd compress for ", path_, ": ", ZSTD_getErrorName(n)));
@@ -165,15 +165,14 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
   STRATA_ASSIGN_OR_RETURN(std::string data, fs->ReadFile(path));
   if (expected != nullptr) {
     if (data.size() != expected->size()) {
-      return absl::DataLossError(absl::StrCat(path, ": ", data.size(),
-                                              " bytes, the manifest says ", expected->size(),
-                                              " (truncated or replaced)"));
+      return absl::DataLossError(absl::StrCat(path, ": ", data.size(), " bytes, the manifest says ",
+                                              expected->size(), " (truncated or replaced)"));
     }
     const uint32_t crc = Crc32c(data);
     if (crc != expected->crc32c()) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: checksum 0x%08x, the manifest says 0x%08x (corrupt)", path, crc,
-          expected->crc32c()));
+      return absl::DataLossError(
+          absl::StrFormat("%s: checksum 0x%08x, the manifest says 0x%08x (corrupt)", path, crc,
+                          expected->crc32c()));
     }
   }
   if (data.size() < kFileHeaderBytes || std::memcmp(data.data(), kFileMagic, 8) != 0) {
@@ -199,12 +198,14 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
       return Corrupt(path, pos, absl::StrCat("block ", block, ": header cut short (torn write)"));
     }
     const char* h = data.data() + pos;
-    if (GetU32(h) != kBlockMagic) return Corrupt(path, pos, absl::StrCat("block ", block, ": bad magic"));
+    if (GetU32(h) != kBlockMagic)
+      return Corrupt(path, pos, absl::StrCat("block ", block, ": bad magic"));
     const uint32_t raw_size = GetU32(h + 8);
     const uint32_t stored_size = GetU32(h + 12);
     if (data.size() - pos - kBlockHeaderBytes < stored_size) {
-      return Corrupt(path, pos, absl::StrCat("block ", block, ": ", stored_size,
-                                             " bytes of payload, the file ends first (torn write)"));
+      return Corrupt(path, pos,
+                     absl::StrCat("block ", block, ": ", stored_size,
+                                  " bytes of payload, the file ends first (torn write)"));
     }
     // With `expected`, the whole file's checksum matched already: a block's
     // own would only read the same bytes again.
@@ -214,8 +215,10 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
       crc = Crc32cExtend(crc, h + kBlockHeaderBytes, stored_size);
     }
     if (crc != GetU32(h + 16)) {
-      return Corrupt(path, pos, absl::StrFormat("block %d: checksum mismatch (stored 0x%08x, "
-                                                "computed 0x%08x)", block, GetU32(h + 16), crc));
+      return Corrupt(path, pos,
+                     absl::StrFormat("block %d: checksum mismatch (stored 0x%08x, "
+                                     "computed 0x%08x)",
+                                     block, GetU32(h + 16), crc));
     }
     const uint8_t codec = static_cast<uint8_t>(h[5]);
     const uint8_t filter = static_cast<uint8_t>(h[6]);
@@ -228,8 +231,9 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     }
     if (codec == kCodecZstd &&
         ZSTD_getFrameContentSize(h + kBlockHeaderBytes, stored_size) != raw_size) {
-      return Corrupt(path, pos, absl::StrCat("block ", block, ": its zstd frame does not hold ",
-                                             raw_size, " bytes"));
+      return Corrupt(
+          path, pos,
+          absl::StrCat("block ", block, ": its zstd frame does not hold ", raw_size, " bytes"));
     }
     const auto type = static_cast<BlockType>(h[4]);
     blocks.push_back(Block{pos, type, codec, filter, raw_size, stored_size});
@@ -241,8 +245,7 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
   // (a crafted file's blocks could claim 1 MiB each from a few bytes).
   if (expected != nullptr && expected->raw_bytes() != 0 && raw_total != expected->raw_bytes()) {
     return absl::DataLossError(absl::StrCat(path, ": its blocks hold ", raw_total,
-                                            " bytes, the manifest says ",
-                                            expected->raw_bytes()));
+                                            " bytes, the manifest says ", expected->raw_bytes()));
   }
   std::map<BlockType, std::string> streams;
   std::map<BlockType, size_t> filled;
@@ -258,9 +261,10 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     if (b.codec == kCodecZstd) {
       const size_t n = ZSTD_decompress(out, b.raw_size, stored, b.stored_size);
       if (ZSTD_isError(n) || n != b.raw_size) {
-        return Corrupt(path, b.pos, absl::StrCat("block ", i, ": zstd: ",
-                                                 ZSTD_isError(n) ? ZSTD_getErrorName(n)
-                                                                 : "wrong decompressed size"));
+        return Corrupt(
+            path, b.pos,
+            absl::StrCat("block ", i, ": zstd: ",
+                         ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong decompressed size"));
       }
     } else {
       std::memcpy(out, stored, b.raw_size);
@@ -387,9 +391,9 @@ absl::Status CheckManifestFiles(FileSystem* fs, const std::string& root,
                                 const proto::CheckpointManifest& manifest) {
   for (const auto& p : manifest.partitions()) {
     if (p.files().empty() || !p.files(0).full()) {
-      return absl::DataLossError(absl::StrCat(
-          JoinPath(CheckpointDirName(manifest.seq()), kManifestName), ": partition ", p.id(),
-          " has no full image to start from"));
+      return absl::DataLossError(
+          absl::StrCat(JoinPath(CheckpointDirName(manifest.seq()), kManifestName), ": partition ",
+                       p.id(), " has no full image to start from"));
     }
     for (const auto& f : p.files()) {
       const std::string path = JoinPath(root, f.path());

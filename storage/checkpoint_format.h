@@ -34,8 +34,8 @@ enum class BlockType : uint8_t {
   kSparseDeletes = 5,   // uint64 keys removed since the previous file
   kSparsePending = 6,   // (uint64 key, uint32 count) awaiting admission
   // Inference exports (checkpoint_export.h): values only, 16 bits each.
-  kDenseValues16 = 7,   // a dense partition's values, bf16 or fp16
-  kSparseRows16 = 8,    // (uint64 key, dim 16-bit values) a row
+  kDenseValues16 = 7,  // a dense partition's values, bf16 or fp16
+  kSparseRows16 = 8,   // (uint64 key, dim 16-bit values) a row
 };
 inline constexpr uint8_t kMaxBlockType = 8;
 inline constexpr size_t kMaxBlockBytes = 1 << 20;

@@ -33,10 +33,9 @@ bool StartsWithGzipMagic(const std::string& bytes) {
 
 // `s` quoted and C-escaped for an error message, cut after kMaxQuotedBytes.
 std::string Quote(absl::string_view s) {
-  if (s.size() <= kMaxQuotedBytes)
-    return absl::StrCat("\"", absl::CHexEscape(s), "\"");
-  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)),
-                      "\"... (", s.size(), " bytes)");
+  if (s.size() <= kMaxQuotedBytes) return absl::StrCat("\"", absl::CHexEscape(s), "\"");
+  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)), "\"... (", s.size(),
+                      " bytes)");
 }
 
 // A decimal int64 with an optional leading '-'; no spaces, no '+'.
@@ -46,8 +45,7 @@ bool ParseInt64(absl::string_view s, int64_t* out) {
   if (negative) i = 1;
   if (i == s.size()) return false;
   // Magnitude limit: 2^63 - 1, or 2^63 for a negative number.
-  const uint64_t limit =
-      static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) + negative;
+  const uint64_t limit = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) + negative;
   uint64_t v = 0;
   for (; i < s.size(); ++i) {
     const unsigned d = static_cast<unsigned char>(s[i]) - '0';
@@ -81,8 +79,7 @@ bool ParseHex64(absl::string_view s, uint64_t* out) {
 }
 
 // Reads `path`, gunzipping it when it starts with the gzip magic.
-absl::StatusOr<std::string> ReadMaybeGzipped(FileSystem* fs,
-                                             const std::string& path) {
+absl::StatusOr<std::string> ReadMaybeGzipped(FileSystem* fs, const std::string& path) {
   absl::StatusOr<std::string> bytes = fs->ReadFile(path);
   if (bytes.ok() && StartsWithGzipMagic(*bytes)) return Gunzip(*bytes, path);
   return bytes;
@@ -99,8 +96,7 @@ void ForEachNonEmptyLine(absl::string_view text, Fn fn) {
   int64_t line_number = 0;
   while (pos < size) {
     const void* nl = std::memchr(data + pos, '\n', size - pos);
-    const size_t end =
-        nl != nullptr ? static_cast<const char*>(nl) - data : size;
+    const size_t end = nl != nullptr ? static_cast<const char*>(nl) - data : size;
     absl::string_view line(data + pos, end - pos);
     pos = end + 1;
     ++line_number;
@@ -113,8 +109,7 @@ void ForEachNonEmptyLine(absl::string_view text, Fn fn) {
 
 float CriteoDenseTransform(int64_t x) {
   if (x == 0) return 0.0f;
-  const float magnitude =
-      static_cast<float>(std::log1p(std::fabs(static_cast<double>(x))));
+  const float magnitude = static_cast<float>(std::log1p(std::fabs(static_cast<double>(x))));
   return x < 0 ? -magnitude : magnitude;
 }
 
@@ -148,15 +143,13 @@ absl::Status ParseCriteoRow(absl::string_view line, CriteoRawRow* row) {
   }
   if (num_fields != kCriteoFields) {
     return absl::InvalidArgumentError(
-        absl::StrCat("expected ", kCriteoFields,
-                     " tab-separated fields, found ", num_fields));
+        absl::StrCat("expected ", kCriteoFields, " tab-separated fields, found ", num_fields));
   }
 
   if (fields[0] == "0" || fields[0] == "1") {
     row->label = fields[0][0] - '0';
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("label must be 0 or 1, got ", Quote(fields[0])));
+    return absl::InvalidArgumentError(absl::StrCat("label must be 0 or 1, got ", Quote(fields[0])));
   }
   for (int j = 0; j < kCriteoDense; ++j) {
     const absl::string_view f = fields[1 + j];
@@ -164,8 +157,8 @@ absl::Status ParseCriteoRow(absl::string_view line, CriteoRawRow* row) {
     row->dense[j] = 0;
     if (f.empty()) continue;
     if (!ParseInt64(f, &row->dense[j])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "field I", j + 1, " (column ", j + 2, "): bad integer ", Quote(f)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("field I", j + 1, " (column ", j + 2, "): bad integer ", Quote(f)));
     }
   }
   for (int c = 0; c < kCriteoCategorical; ++c) {
@@ -174,16 +167,15 @@ absl::Status ParseCriteoRow(absl::string_view line, CriteoRawRow* row) {
     row->categorical[c] = 0;
     if (f.empty()) continue;
     if (!ParseHex64(f, &row->categorical[c])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "field C", c + 1, " (column ", c + 2 + kCriteoDense, "): bad hex ",
-          Quote(f), f.size() > kMaxHexDigits ? " (more than 16 digits)" : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("field C", c + 1, " (column ", c + 2 + kCriteoDense, "): bad hex ", Quote(f),
+                       f.size() > kMaxHexDigits ? " (more than 16 digits)" : ""));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ParseCriteoLine(absl::string_view line, float* label, float* dense,
-                             uint64_t* keys) {
+absl::Status ParseCriteoLine(absl::string_view line, float* label, float* dense, uint64_t* keys) {
   CriteoRawRow row;
   STRATA_RETURN_IF_ERROR(ParseCriteoRow(line, &row));
   *label = static_cast<float>(row.label);
@@ -191,9 +183,8 @@ absl::Status ParseCriteoLine(absl::string_view line, float* label, float* dense,
     dense[j] = row.dense_present[j] ? CriteoDenseTransform(row.dense[j]) : 0.0f;
   }
   for (int c = 0; c < kCriteoCategorical; ++c) {
-    keys[c] = row.categorical_present[c]
-                  ? CriteoFeatureKey(c, row.categorical[c])
-                  : CriteoMissingKey(c);
+    keys[c] =
+        row.categorical_present[c] ? CriteoFeatureKey(c, row.categorical[c]) : CriteoMissingKey(c);
   }
   return absl::OkStatus();
 }
@@ -224,8 +215,7 @@ absl::Status ParseLines(const std::string& text, size_t from, const CriteoReadOp
     absl::Status s;
     if (options.max_line_bytes > 0 && line.size() > options.max_line_bytes) {
       s = absl::InvalidArgumentError(
-          absl::StrCat("line longer than ", options.max_line_bytes, " bytes (",
-                       line.size(), ")"));
+          absl::StrCat("line longer than ", options.max_line_bytes, " bytes (", line.size(), ")"));
     } else {
       s = ParseCriteoLine(line, &data->labels[n], &data->dense[n * kCriteoDense],
                           &data->keys[n * kCriteoCategorical]);
@@ -237,9 +227,8 @@ absl::Status ParseLines(const std::string& text, size_t from, const CriteoReadOp
     data->labels.resize(n);
     data->dense.resize(n * kCriteoDense);
     data->keys.resize(n * kCriteoCategorical);
-    std::string what =
-        absl::StrCat(where(line_number, static_cast<size_t>(line.data() - all.data())), ": ",
-                     s.message());
+    std::string what = absl::StrCat(
+        where(line_number, static_cast<size_t>(line.data() - all.data())), ": ", s.message());
     if (options.bad_lines == BadLinePolicy::kFail) {
       error = absl::InvalidArgumentError(std::move(what));
       return false;
@@ -257,35 +246,31 @@ absl::Status ParseLines(const std::string& text, size_t from, const CriteoReadOp
 
 }  // namespace
 
-absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs,
-                                          const std::string& path,
+absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs, const std::string& path,
                                           const CriteoReadOptions& options,
                                           CriteoReadStats* stats) {
   CriteoReadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
   *stats = CriteoReadStats();
   if (options.limit < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "criteo ", path, ": limit must be >= 0, got ", options.limit));
+    return absl::InvalidArgumentError(
+        absl::StrCat("criteo ", path, ": limit must be >= 0, got ", options.limit));
   }
   STRATA_ASSIGN_OR_RETURN(const std::string text, ReadMaybeGzipped(fs, path));
   CtrDataset data;
   STRATA_RETURN_IF_ERROR(ParseLines(
       text, 0, options,
-      [&path](int64_t line_number, size_t) { return absl::StrCat(path, ":", line_number); },
-      &data, stats));
+      [&path](int64_t line_number, size_t) { return absl::StrCat(path, ":", line_number); }, &data,
+      stats));
   if (stats->skipped > kMaxLoggedBadLines) {
-    LOG(WARNING) << "criteo " << path << ": skipped " << stats->skipped
-                 << " bad lines of " << stats->lines << " (first "
-                 << kMaxLoggedBadLines << " logged above)";
+    LOG(WARNING) << "criteo " << path << ": skipped " << stats->skipped << " bad lines of "
+                 << stats->lines << " (first " << kMaxLoggedBadLines << " logged above)";
   }
   if (stats->records == 0) {
     return absl::InvalidArgumentError(
-        stats->lines == 0
-            ? absl::StrCat("criteo ", path, ": no records (empty file)")
-            : absl::StrCat("criteo ", path, ": no valid record in ",
-                           stats->lines,
-                           " lines; first error: ", stats->first_error));
+        stats->lines == 0 ? absl::StrCat("criteo ", path, ": no records (empty file)")
+                          : absl::StrCat("criteo ", path, ": no valid record in ", stats->lines,
+                                         " lines; first error: ", stats->first_error));
   }
   return data;
 }
@@ -308,9 +293,9 @@ absl::StatusOr<CriteoTextShape> ProbeCriteoFile(FileSystem* fs, const std::strin
   if (sample.size() < shape.file_bytes) {
     const size_t nl = sample.rfind('\n');
     if (nl == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "criteo ", path, ": no line ends within its first ", sample.size(),
-          " bytes (is it a text file of Criteo lines?)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("criteo ", path, ": no line ends within its first ", sample.size(),
+                       " bytes (is it a text file of Criteo lines?)"));
     }
     sample.resize(nl + 1);
   }
@@ -334,9 +319,8 @@ absl::StatusOr<CriteoTextShape> ProbeCriteoFile(FileSystem* fs, const std::strin
   return shape;
 }
 
-absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& path,
-                                           uint64_t begin, uint64_t end,
-                                           const CriteoReadOptions& options,
+absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& path, uint64_t begin,
+                                           uint64_t end, const CriteoReadOptions& options,
                                            CriteoReadStats* stats) {
   CriteoReadStats local_stats;
   if (stats == nullptr) stats = &local_stats;
@@ -348,8 +332,8 @@ absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& pa
   const uint64_t start = begin > 0 ? begin - 1 : 0;
   STRATA_ASSIGN_OR_RETURN(std::string text, fs->ReadFileRange(path, start, end - start));
   if (start == 0 && StartsWithGzipMagic(text)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "criteo ", path, " is gzipped: it cannot be read by byte ranges"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("criteo ", path, " is gzipped: it cannot be read by byte ranges"));
   }
   size_t from = 0;
   if (begin > 0) {
@@ -394,8 +378,7 @@ absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& pa
   return data;
 }
 
-absl::StatusOr<int64_t> CountCriteoLines(FileSystem* fs,
-                                         const std::string& path) {
+absl::StatusOr<int64_t> CountCriteoLines(FileSystem* fs, const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(const std::string text, ReadMaybeGzipped(fs, path));
   int64_t records = 0;
   ForEachNonEmptyLine(text, [&](int64_t, absl::string_view) {

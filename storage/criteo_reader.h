@@ -101,8 +101,7 @@ absl::Status ParseCriteoRow(absl::string_view line, CriteoRawRow* row);
 // kCriteoDense transformed integers to dense[0..12] and kCriteoCategorical
 // feature keys to keys[0..25]. Same errors; the outputs are unspecified
 // after an error.
-absl::Status ParseCriteoLine(absl::string_view line, float* label, float* dense,
-                             uint64_t* keys);
+absl::Status ParseCriteoLine(absl::string_view line, float* label, float* dense, uint64_t* keys);
 
 // A whole file in feature form, row-major.
 struct CtrDataset {
@@ -121,10 +120,8 @@ struct CtrDataset {
 // left; the file system's error when it cannot be read, DataLoss when the
 // gzip data is corrupt. `stats` may be null; when given it is filled in
 // also on error, as far as the read got.
-absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs,
-                                          const std::string& path,
-                                          const CriteoReadOptions& options,
-                                          CriteoReadStats* stats);
+absl::StatusOr<CtrDataset> LoadCriteoFile(FileSystem* fs, const std::string& path,
+                                          const CriteoReadOptions& options, CriteoReadStats* stats);
 
 // What a master needs to cut a plain-text training file into byte ranges
 // without reading it whole.
@@ -154,15 +151,13 @@ absl::StatusOr<CriteoTextShape> ProbeCriteoFile(FileSystem* fs, const std::strin
 // Errors as LoadCriteoFile's, but a line is named "path (the line at byte
 // N)"; no records is not an error here. InvalidArgument for a gzipped file.
 // options.limit is ignored.
-absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& path,
-                                           uint64_t begin, uint64_t end,
-                                           const CriteoReadOptions& options,
+absl::StatusOr<CtrDataset> LoadCriteoRange(FileSystem* fs, const std::string& path, uint64_t begin,
+                                           uint64_t end, const CriteoReadOptions& options,
                                            CriteoReadStats* stats);
 
 // The number of records (non-empty lines) in `path`, plain or gzipped,
 // without parsing them: lets a master split the data into tasks.
-absl::StatusOr<int64_t> CountCriteoLines(FileSystem* fs,
-                                         const std::string& path);
+absl::StatusOr<int64_t> CountCriteoLines(FileSystem* fs, const std::string& path);
 
 }  // namespace strata::storage
 

@@ -37,8 +37,8 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
   return absl::StrCat(dir, "/", name);
 }
 
-absl::StatusOr<std::string> FileSystem::ReadFileRange(const std::string& path,
-                                                      uint64_t offset, uint64_t n) {
+absl::StatusOr<std::string> FileSystem::ReadFileRange(const std::string& path, uint64_t offset,
+                                                      uint64_t n) {
   STRATA_ASSIGN_OR_RETURN(std::string all, ReadFile(path));
   if (offset >= all.size()) return std::string();
   return all.substr(offset, n);
@@ -211,8 +211,7 @@ class PosixFileSystem : public FileSystem {
     }
     // Create each prefix ending before a '/', then the whole path.
     for (size_t pos = path.find('/', 1);; pos = path.find('/', pos + 1)) {
-      const std::string prefix =
-          pos == std::string::npos ? path : path.substr(0, pos);
+      const std::string prefix = pos == std::string::npos ? path : path.substr(0, pos);
       if (!prefix.empty() && prefix.back() != '/') {
         if (mkdir(prefix.c_str(), 0755) != 0) {
           int err = errno;
@@ -228,8 +227,7 @@ class PosixFileSystem : public FileSystem {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return PosixError("open", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
@@ -327,11 +325,9 @@ class MemoryFileSystem : public FileSystem {
     absl::MutexLock lock(&mu_);
     // A file in the way fails as mkdir would.
     for (size_t pos = 0;; pos = p.find('/', pos + 1)) {
-      const std::string prefix =
-          pos == std::string::npos ? p : p.substr(0, pos);
+      const std::string prefix = pos == std::string::npos ? p : p.substr(0, pos);
       if (files_.count(prefix) > 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("mkdir ", prefix, ": Not a directory"));
+        return absl::FailedPreconditionError(absl::StrCat("mkdir ", prefix, ": Not a directory"));
       }
       if (pos == std::string::npos) break;
     }
@@ -339,8 +335,7 @@ class MemoryFileSystem : public FileSystem {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     if (path.empty() || path.back() == '/') {
       return absl::InvalidArgumentError(absl::StrCat("open ", path, ": Is a directory"));
     }
@@ -408,8 +403,7 @@ class MemoryFileSystem : public FileSystem {
     auto d = dirs_.lower_bound(prefix);
     if ((f != files_.end() && f->first.compare(0, prefix.size(), prefix) == 0) ||
         (d != dirs_.end() && d->compare(0, prefix.size(), prefix) == 0)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rmdir ", path, ": Directory not empty"));
+      return absl::FailedPreconditionError(absl::StrCat("rmdir ", path, ": Directory not empty"));
     }
     dirs_.erase(p);
     return absl::OkStatus();
@@ -441,8 +435,7 @@ class MemoryFileSystem : public FileSystem {
 
   // True when `path` was created by CreateDirs, is a parent of one that
   // was, or is a parent of a file.
-  bool IsDirLocked(const std::string& path) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool IsDirLocked(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (dirs_.count(path) > 0) return true;
     const std::string prefix = path == "/" ? path : path + "/";
     // Any entry under `prefix` sorts at or after it.
@@ -451,8 +444,7 @@ class MemoryFileSystem : public FileSystem {
       return true;
     }
     auto file = files_.lower_bound(prefix);
-    return file != files_.end() &&
-           file->first.compare(0, prefix.size(), prefix) == 0;
+    return file != files_.end() && file->first.compare(0, prefix.size(), prefix) == 0;
   }
 
   mutable absl::Mutex mu_;
@@ -462,12 +454,8 @@ class MemoryFileSystem : public FileSystem {
 
 }  // namespace
 
-std::unique_ptr<FileSystem> NewPosixFileSystem() {
-  return std::make_unique<PosixFileSystem>();
-}
+std::unique_ptr<FileSystem> NewPosixFileSystem() { return std::make_unique<PosixFileSystem>(); }
 
-std::unique_ptr<FileSystem> NewMemoryFileSystem() {
-  return std::make_unique<MemoryFileSystem>();
-}
+std::unique_ptr<FileSystem> NewMemoryFileSystem() { return std::make_unique<MemoryFileSystem>(); }
 
 }  // namespace strata::storage

@@ -21,15 +21,13 @@ constexpr uint8_t kTypeUnsignedByte = 0x08;
 constexpr int kMaxDims = 4;
 
 bool StartsWithGzipMagic(const std::string& bytes, size_t pos = 0) {
-  return bytes.size() >= pos + 2 &&
-         static_cast<unsigned char>(bytes[pos]) == kGzipMagic0 &&
+  return bytes.size() >= pos + 2 && static_cast<unsigned char>(bytes[pos]) == kGzipMagic0 &&
          static_cast<unsigned char>(bytes[pos + 1]) == kGzipMagic1;
 }
 
 uint32_t ReadBigEndian32(const std::string& bytes, size_t pos) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + pos);
-  return (static_cast<uint32_t>(p[0]) << 24) |
-         (static_cast<uint32_t>(p[1]) << 16) |
+  return (static_cast<uint32_t>(p[0]) << 24) | (static_cast<uint32_t>(p[1]) << 16) |
          (static_cast<uint32_t>(p[2]) << 8) | static_cast<uint32_t>(p[3]);
 }
 
@@ -65,12 +63,10 @@ class GzipInflater {
 
 }  // namespace
 
-absl::StatusOr<std::string> Gunzip(const std::string& bytes,
-                                   const std::string& name) {
+absl::StatusOr<std::string> Gunzip(const std::string& bytes, const std::string& name) {
   GzipInflater inflater;
   if (int rc = inflater.Init(); rc != Z_OK) {
-    return absl::InternalError(
-        absl::StrCat("gunzip ", name, ": inflateInit2 failed (", rc, ")"));
+    return absl::InternalError(absl::StrCat("gunzip ", name, ": inflateInit2 failed (", rc, ")"));
   }
   z_stream* zs = inflater.stream();
   std::string out;
@@ -82,10 +78,8 @@ absl::StatusOr<std::string> Gunzip(const std::string& bytes,
   while (true) {
     if (zs->avail_in == 0 && consumed < bytes.size()) {
       // uInt is 32 bits: hand the input over in chunks.
-      size_t chunk = std::min<size_t>(bytes.size() - consumed,
-                                      std::numeric_limits<uInt>::max());
-      zs->next_in =
-          reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data() + consumed));
+      size_t chunk = std::min<size_t>(bytes.size() - consumed, std::numeric_limits<uInt>::max());
+      zs->next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data() + consumed));
       zs->avail_in = static_cast<uInt>(chunk);
       consumed += chunk;
     }
@@ -114,49 +108,45 @@ absl::StatusOr<std::string> Gunzip(const std::string& bytes,
       if (consumed == bytes.size()) break;  // input ended inside a member
       continue;                             // refill the input
     }
-    return absl::DataLossError(
-        absl::StrCat("gunzip ", name, ": corrupt gzip data (",
-                     zs->msg != nullptr ? zs->msg : zError(rc), ")"));
+    return absl::DataLossError(absl::StrCat("gunzip ", name, ": corrupt gzip data (",
+                                            zs->msg != nullptr ? zs->msg : zError(rc), ")"));
   }
   if (!member_done) {
-    return absl::DataLossError(
-        absl::StrCat("gunzip ", name, ": truncated gzip data (", bytes.size(),
-                     " compressed bytes end before the stream does)"));
+    return absl::DataLossError(absl::StrCat("gunzip ", name, ": truncated gzip data (",
+                                            bytes.size(),
+                                            " compressed bytes end before the stream does)"));
   }
   return out;
 }
 
-absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes,
-                                  const std::string& name) {
+absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes, const std::string& name) {
   if (StartsWithGzipMagic(bytes)) {
     STRATA_ASSIGN_OR_RETURN(std::string raw, Gunzip(bytes, name));
     return ParseIdx(raw, name);
   }
   if (bytes.size() < 4) {
-    return absl::DataLossError(absl::StrCat(
-        "idx ", name, ": ", bytes.size(), " bytes, too short for the header"));
+    return absl::DataLossError(
+        absl::StrCat("idx ", name, ": ", bytes.size(), " bytes, too short for the header"));
   }
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   if (p[0] != 0 || p[1] != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "idx %s: bad magic 0x%02x 0x%02x, want 0x00 0x00", name, p[0], p[1]));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("idx %s: bad magic 0x%02x 0x%02x, want 0x00 0x00", name, p[0], p[1]));
   }
   if (p[2] != kTypeUnsignedByte) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "idx %s: unsupported data type 0x%02x (only 0x08, unsigned byte)", name,
-        p[2]));
+        "idx %s: unsupported data type 0x%02x (only 0x08, unsigned byte)", name, p[2]));
   }
   const int ndims = p[3];
   if (ndims < 1 || ndims > kMaxDims) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "idx %s: unsupported number of dimensions %d (want 1..%d)", name, ndims,
-        kMaxDims));
+        "idx %s: unsupported number of dimensions %d (want 1..%d)", name, ndims, kMaxDims));
   }
   const size_t header_size = 4 + 4 * static_cast<size_t>(ndims);
   if (bytes.size() < header_size) {
-    return absl::DataLossError(absl::StrCat(
-        "idx ", name, ": ", bytes.size(), " bytes, too short for the ",
-        header_size, "-byte header of ", ndims, " dimensions"));
+    return absl::DataLossError(absl::StrCat("idx ", name, ": ", bytes.size(),
+                                            " bytes, too short for the ", header_size,
+                                            "-byte header of ", ndims, " dimensions"));
   }
 
   IdxArray array;
@@ -173,15 +163,14 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes,
   }
   const uint64_t actual = bytes.size() - header_size;
   if (overflow) {
-    return absl::DataLossError(
-        absl::StrCat("idx ", name, ": dimensions ", DimsToString(array.dims),
-                     " overflow; file has ", actual, " data bytes"));
+    return absl::DataLossError(absl::StrCat("idx ", name, ": dimensions ", DimsToString(array.dims),
+                                            " overflow; file has ", actual, " data bytes"));
   }
   if (actual != expected) {
-    return absl::DataLossError(absl::StrCat(
-        "idx ", name, ": dimensions ", DimsToString(array.dims), " need ",
-        expected, " data bytes but the file has ", actual,
-        actual < expected ? " (truncated)" : " (trailing bytes)"));
+    return absl::DataLossError(
+        absl::StrCat("idx ", name, ": dimensions ", DimsToString(array.dims), " need ", expected,
+                     " data bytes but the file has ", actual,
+                     actual < expected ? " (truncated)" : " (trailing bytes)"));
   }
   array.data.assign(bytes.begin() + header_size, bytes.end());
   return array;
@@ -192,10 +181,8 @@ absl::StatusOr<IdxArray> ReadIdxFile(FileSystem* fs, const std::string& path) {
   return ParseIdx(bytes, path);
 }
 
-absl::StatusOr<LabeledDataset> LoadIdxDataset(FileSystem* fs,
-                                              const std::string& images_path,
-                                              const std::string& labels_path,
-                                              int64_t limit) {
+absl::StatusOr<LabeledDataset> LoadIdxDataset(FileSystem* fs, const std::string& images_path,
+                                              const std::string& labels_path, int64_t limit) {
   STRATA_ASSIGN_OR_RETURN(IdxArray images, ReadIdxFile(fs, images_path));
   STRATA_ASSIGN_OR_RETURN(IdxArray labels, ReadIdxFile(fs, labels_path));
   if (images.dims.size() != 3) {
@@ -204,21 +191,19 @@ absl::StatusOr<LabeledDataset> LoadIdxDataset(FileSystem* fs,
                      "(N x rows x cols), got ", DimsToString(images.dims)));
   }
   if (labels.dims.size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("idx ", labels_path, ": labels must have 1 dimension ",
-                     "(N), got ", DimsToString(labels.dims)));
+    return absl::InvalidArgumentError(absl::StrCat("idx ", labels_path,
+                                                   ": labels must have 1 dimension ", "(N), got ",
+                                                   DimsToString(labels.dims)));
   }
   if (images.dims[0] != labels.dims[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "idx: ", images_path, " has ", images.dims[0], " images but ",
-        labels_path, " has ", labels.dims[0], " labels"));
+    return absl::InvalidArgumentError(absl::StrCat("idx: ", images_path, " has ", images.dims[0],
+                                                   " images but ", labels_path, " has ",
+                                                   labels.dims[0], " labels"));
   }
-  const uint64_t feature_dim =
-      static_cast<uint64_t>(images.dims[1]) * images.dims[2];
+  const uint64_t feature_dim = static_cast<uint64_t>(images.dims[1]) * images.dims[2];
   if (feature_dim > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("idx ", images_path, ": images of ",
-                     DimsToString(images.dims), " are too large"));
+    return absl::InvalidArgumentError(absl::StrCat("idx ", images_path, ": images of ",
+                                                   DimsToString(images.dims), " are too large"));
   }
 
   int64_t n = images.dims[0];
@@ -293,7 +278,8 @@ absl::StatusOr<std::vector<uint32_t>> ReadIdxShape(FileSystem* fs, const std::st
   // Let ParseIdx judge the header (magic, type, dimensions) and name what
   // is wrong: it sees the header with its data replaced by nothing.
   std::string probe = raw_head.substr(0, std::min(raw_head.size(), header));
-  if (absl::StatusOr<IdxArray> a = ParseIdx(probe, path); !a.ok() && !absl::IsDataLoss(a.status())) {
+  if (absl::StatusOr<IdxArray> a = ParseIdx(probe, path);
+      !a.ok() && !absl::IsDataLoss(a.status())) {
     return a.status();
   }
   if (dims.empty()) {

@@ -21,14 +21,12 @@ struct IdxArray {
 
 // Inflates gzip data (RFC 1952). DataLoss naming `name` when corrupt or
 // truncated.
-absl::StatusOr<std::string> Gunzip(const std::string& bytes,
-                                   const std::string& name);
+absl::StatusOr<std::string> Gunzip(const std::string& bytes, const std::string& name);
 
 // Parses IDX bytes, gunzipping first when they start with the gzip magic.
 // Errors are DataLoss/InvalidArgument naming `name` and what is wrong
 // (bad magic, unsupported type, size mismatch).
-absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes,
-                                  const std::string& name);
+absl::StatusOr<IdxArray> ParseIdx(const std::string& bytes, const std::string& name);
 absl::StatusOr<IdxArray> ReadIdxFile(FileSystem* fs, const std::string& path);
 
 // The dimensions of an IDX file from its header and its size, without
@@ -50,10 +48,8 @@ struct LabeledDataset {
 // Loads an images file (N x rows x cols) and a labels file (N). Keeps the
 // first `limit` examples when limit > 0. InvalidArgument when the counts do
 // not match, naming both files.
-absl::StatusOr<LabeledDataset> LoadIdxDataset(FileSystem* fs,
-                                              const std::string& images_path,
-                                              const std::string& labels_path,
-                                              int64_t limit = 0);
+absl::StatusOr<LabeledDataset> LoadIdxDataset(FileSystem* fs, const std::string& images_path,
+                                              const std::string& labels_path, int64_t limit = 0);
 
 }  // namespace strata::storage
 

@@ -68,16 +68,21 @@ void XmlUnescape(std::string* s) {
       break;
     }
     const std::string ent = s->substr(i + 1, semi - i - 1);
-    if (ent == "amp") out.push_back('&');
-    else if (ent == "lt") out.push_back('<');
-    else if (ent == "gt") out.push_back('>');
-    else if (ent == "quot") out.push_back('"');
-    else if (ent == "apos") out.push_back('\'');
+    if (ent == "amp")
+      out.push_back('&');
+    else if (ent == "lt")
+      out.push_back('<');
+    else if (ent == "gt")
+      out.push_back('>');
+    else if (ent == "quot")
+      out.push_back('"');
+    else if (ent == "apos")
+      out.push_back('\'');
     else if (!ent.empty() && ent[0] == '#') {
       uint32_t code = 0;
       const bool hex = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X');
-      const bool ok = hex ? absl::SimpleHexAtoi(ent.substr(2), &code)
-                          : absl::SimpleAtoi(ent.substr(1), &code);
+      const bool ok =
+          hex ? absl::SimpleHexAtoi(ent.substr(2), &code) : absl::SimpleAtoi(ent.substr(1), &code);
       if (ok && code < 0x80) out.push_back(static_cast<char>(code));
     } else {
       out.append(s->substr(i, semi - i + 1));
@@ -115,11 +120,20 @@ std::string XmlEscape(absl::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -155,8 +169,7 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
 size_t OnHeader(char* data, size_t size, size_t n, void* user) {
   absl::string_view line(data, size * n);
   if (absl::StartsWithIgnoreCase(line, "etag:")) {
-    *static_cast<std::string*>(user) =
-        std::string(absl::StripAsciiWhitespace(line.substr(5)));
+    *static_cast<std::string*>(user) = std::string(absl::StripAsciiWhitespace(line.substr(5)));
   }
   return size * n;
 }
@@ -169,8 +182,8 @@ bool Retryable(long http, const std::string& code) {
   // BadDigest, XAmzContentSHA256Mismatch: the body was damaged on the way
   // (its Content-MD5 or signed SHA-256 differs).
   return http == 500 || http == 502 || http == 503 || http == 504 || http == 429 ||
-         (http == 400 && (code == "RequestTimeout" || code == "BadDigest" ||
-                          code == "XAmzContentSHA256Mismatch"));
+         (http == 400 &&
+          (code == "RequestTimeout" || code == "BadDigest" || code == "XAmzContentSHA256Mismatch"));
 }
 
 absl::Status HttpError(long http, const std::string& what, const std::string& body) {
@@ -197,7 +210,8 @@ absl::Status HttpError(long http, const std::string& what, const std::string& bo
 
 absl::Status ParseCredentialLine(absl::string_view line, const std::string& where,
                                  S3Credentials* c) {
-  std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+  std::pair<absl::string_view, absl::string_view> kv =
+      absl::StrSplit(line, absl::MaxSplits('=', 1));
   const std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(kv.first));
   const std::string value(absl::StripAsciiWhitespace(kv.second));
   if (line.find('=') == absl::string_view::npos) {
@@ -221,8 +235,8 @@ absl::StatusOr<S3Credentials> LoadS3Credentials(
   if (!file.empty()) {
     std::ifstream in(file);
     if (!in) {
-      return absl::NotFoundError(absl::StrCat("s3 credentials file ", file,
-                                              ": cannot be read (", std::strerror(errno), ")"));
+      return absl::NotFoundError(absl::StrCat("s3 credentials file ", file, ": cannot be read (",
+                                              std::strerror(errno), ")"));
     }
     std::string line;
     int number = 0;
@@ -288,8 +302,8 @@ absl::Status ParseS3Url(absl::string_view url, std::string* bucket, std::string*
   }
   for (char c : *bucket) {
     if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-' || c == '.')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          url, ": bucket names have lower-case letters, digits, '-' and '.' only"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(url, ": bucket names have lower-case letters, digits, '-' and '.' only"));
     }
   }
   return absl::OkStatus();
@@ -303,14 +317,14 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3ClientOptions optio
   } else if (absl::ConsumePrefix(&ep, "https://")) {
     scheme = "https";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "s3 endpoint '", options.endpoint, "': must start with http:// or https://"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("s3 endpoint '", options.endpoint, "': must start with http:// or https://"));
   }
   while (absl::ConsumeSuffix(&ep, "/")) {
   }
   if (ep.empty() || ep.find('/') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "s3 endpoint '", options.endpoint, "': expected scheme://host[:port] and no path"));
+    return absl::InvalidArgumentError(absl::StrCat("s3 endpoint '", options.endpoint,
+                                                   "': expected scheme://host[:port] and no path"));
   }
   if (options.credentials.access_key.empty() || options.credentials.secret_key.empty()) {
     return absl::InvalidArgumentError("s3 client: no access key or secret key");
@@ -361,8 +375,8 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
     path = absl::StrCat("/", r.bucket, r.key.empty() ? "" : "/", r.key);
   }
   const std::string query = EncodeQuery(r.query);
-  const std::string url = absl::StrCat(scheme_, "://", host, UriEncode(path, true),
-                                       query.empty() ? "" : "?", query);
+  const std::string url =
+      absl::StrCat(scheme_, "://", host, UriEncode(path, true), query.empty() ? "" : "?", query);
   SigV4Request sr;
   sr.method = r.method;
   sr.path = path;
@@ -378,8 +392,8 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
   }
   if (r.content_md5) sr.headers.emplace_back("content-md5", Md5Base64(r.body));
   const SigV4Signature sig =
-      SignV4(sr, options_.credentials.access_key, options_.credentials.secret_key,
-             options_.region, "s3", amz_date);
+      SignV4(sr, options_.credentials.access_key, options_.credentials.secret_key, options_.region,
+             "s3", amz_date);
 
   CURL* curl = static_cast<CURL*>(TakeHandle());
   if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
@@ -434,7 +448,9 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
         damaged[damaged.size() / 2] ^= 1;
       }
       curl_easy_setopt(curl, CURLOPT_POSTFIELDS,
-                       r.body.empty() ? "" : damaged.empty() ? r.body.data() : damaged.data());
+                       r.body.empty()    ? ""
+                       : damaged.empty() ? r.body.data()
+                                         : damaged.data());
       curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
     }
   }
@@ -468,8 +484,8 @@ absl::StatusOr<S3Client::Response> S3Client::Once(Request& r) {
 }
 
 absl::StatusOr<S3Client::Response> S3Client::Call(absl::string_view op, Request& r) {
-  const std::string what = absl::StrCat("s3 ", op, " ", Url(r.bucket, r.key), " at ",
-                                        options_.endpoint);
+  const std::string what =
+      absl::StrCat("s3 ", op, " ", Url(r.bucket, r.key), " at ", options_.endpoint);
   std::mt19937_64 rng(std::hash<std::thread::id>()(std::this_thread::get_id()) ^
                       static_cast<uint64_t>(absl::GetCurrentTimeNanos()));
   absl::Status last;
@@ -531,17 +547,16 @@ absl::Status S3Client::PutObject(const std::string& bucket, const std::string& k
   return Call("PutObject", r).status();
 }
 
-absl::StatusOr<std::string> S3Client::GetObject(const std::string& bucket,
-                                                const std::string& key, uint64_t offset,
-                                                int64_t length) {
+absl::StatusOr<std::string> S3Client::GetObject(const std::string& bucket, const std::string& key,
+                                                uint64_t offset, int64_t length) {
   if (length == 0) return std::string();
   Request r;
   r.bucket = bucket;
   r.key = key;
   if (offset > 0 || length > 0) {
-    r.headers.emplace_back(
-        "range", length > 0 ? absl::StrCat("bytes=", offset, "-", offset + length - 1)
-                            : absl::StrCat("bytes=", offset, "-"));
+    r.headers.emplace_back("range", length > 0
+                                        ? absl::StrCat("bytes=", offset, "-", offset + length - 1)
+                                        : absl::StrCat("bytes=", offset, "-"));
   }
   absl::StatusOr<Response> resp = Call("GetObject", r);
   if (!resp.ok()) return resp.status();
@@ -597,8 +612,8 @@ absl::StatusOr<S3Listing> S3Client::List(const std::string& bucket, const std::s
     r.bucket = bucket;
     r.query = {{"list-type", "2"}, {"prefix", prefix}};
     if (!delimiter.empty()) r.query.emplace_back("delimiter", delimiter);
-    const int page = max_keys > 0 ? std::min(max_keys, options_.list_page_keys)
-                                  : options_.list_page_keys;
+    const int page =
+        max_keys > 0 ? std::min(max_keys, options_.list_page_keys) : options_.list_page_keys;
     r.query.emplace_back("max-keys", absl::StrCat(page));
     if (!token.empty()) r.query.emplace_back("continuation-token", token);
     absl::StatusOr<Response> resp = Call("ListObjectsV2", r);
@@ -607,8 +622,8 @@ absl::StatusOr<S3Listing> S3Client::List(const std::string& bucket, const std::s
       S3ObjectInfo info;
       info.key = XmlFirst(c, "Key");
       if (!absl::SimpleAtoi(XmlFirst(c, "Size"), &info.size)) {
-        return absl::DataLossError(absl::StrCat("s3 ListObjectsV2 ", Url(bucket, prefix),
-                                                ": no size for key ", info.key));
+        return absl::DataLossError(
+            absl::StrCat("s3 ListObjectsV2 ", Url(bucket, prefix), ": no size for key ", info.key));
       }
       out.objects.push_back(std::move(info));
     }
@@ -663,8 +678,8 @@ absl::Status S3Client::DeleteObjects(const std::string& bucket,
           code == "AccessDenied" ? absl::StatusCode::kPermissionDenied
                                  : absl::StatusCode::kUnavailable,
           absl::StrCat("s3 DeleteObjects ", Url(bucket, XmlFirst(errors.front(), "Key")), " (",
-                       errors.size(), " of ", end - first, " keys refused) at ",
-                       options_.endpoint, ": ", code, " ", XmlFirst(errors.front(), "Message")));
+                       errors.size(), " of ", end - first, " keys refused) at ", options_.endpoint,
+                       ": ", code, " ", XmlFirst(errors.front(), "Message")));
     }
   }
   return absl::OkStatus();
@@ -676,7 +691,8 @@ absl::Status S3Client::CopyObject(const std::string& bucket, const std::string& 
   r.method = "PUT";
   r.bucket = bucket;
   r.key = to_key;
-  r.headers.emplace_back("x-amz-copy-source", UriEncode(absl::StrCat("/", bucket, "/", from_key), true));
+  r.headers.emplace_back("x-amz-copy-source",
+                         UriEncode(absl::StrCat("/", bucket, "/", from_key), true));
   return Call("CopyObject", r).status();
 }
 
@@ -713,8 +729,7 @@ absl::StatusOr<std::string> S3Client::CreateMultipartUpload(const std::string& b
   return id;
 }
 
-absl::StatusOr<std::string> S3Client::UploadPart(const std::string& bucket,
-                                                 const std::string& key,
+absl::StatusOr<std::string> S3Client::UploadPart(const std::string& bucket, const std::string& key,
                                                  const std::string& upload_id, int part_number,
                                                  absl::string_view body) {
   Request r;
@@ -738,8 +753,8 @@ absl::Status S3Client::CompleteMultipartUpload(const std::string& bucket, const 
                                                const std::vector<std::string>& etags) {
   std::string xml = "<CompleteMultipartUpload>";
   for (size_t i = 0; i < etags.size(); ++i) {
-    absl::StrAppend(&xml, "<Part><PartNumber>", i + 1, "</PartNumber><ETag>",
-                    XmlEscape(etags[i]), "</ETag></Part>");
+    absl::StrAppend(&xml, "<Part><PartNumber>", i + 1, "</PartNumber><ETag>", XmlEscape(etags[i]),
+                    "</ETag></Part>");
   }
   xml += "</CompleteMultipartUpload>";
   Request r;

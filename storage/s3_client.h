@@ -49,8 +49,8 @@ struct S3ClientOptions {
   int connect_timeout_ms = 5000;
   // A request that moves no byte for this long fails (and is retried).
   int stall_timeout_ms = 30000;
-  int retries = 4;        // attempts after the first
-  int backoff_ms = 200;   // before the first retry; doubles, with jitter, up to 5 s
+  int retries = 4;            // attempts after the first
+  int backoff_ms = 200;       // before the first retry; doubles, with jitter, up to 5 s
   int list_page_keys = 1000;  // keys asked for per listing page
   // Tests only: where to connect, whatever the endpoint's host name says
   // ("127.0.0.1:7480"); lets virtual-host addressing be tried without DNS.
@@ -98,8 +98,7 @@ class S3Client {
   // signature, access), Unavailable (connection or 5xx after the retries),
   // InvalidArgument (another 4xx); each names the method, the s3:// URL,
   // the endpoint and S3's error code and message.
-  absl::Status PutObject(const std::string& bucket, const std::string& key,
-                         absl::string_view body);
+  absl::Status PutObject(const std::string& bucket, const std::string& key, absl::string_view body);
   // `length` < 0 reads to the end. A range past the end is OutOfRange.
   absl::StatusOr<std::string> GetObject(const std::string& bucket, const std::string& key,
                                         uint64_t offset = 0, int64_t length = -1);
@@ -108,9 +107,8 @@ class S3Client {
   // (retried), a range past the end OutOfRange.
   // With `if_match` (an ETag from HeadObject), an object replaced since is
   // FailedPrecondition instead of a mix of two versions.
-  absl::Status GetObjectInto(const std::string& bucket, const std::string& key,
-                             uint64_t offset, uint64_t length, char* dst,
-                             const std::string& if_match = "");
+  absl::Status GetObjectInto(const std::string& bucket, const std::string& key, uint64_t offset,
+                             uint64_t length, char* dst, const std::string& if_match = "");
   // The object's size, and its ETag when `etag` is not null.
   absl::StatusOr<uint64_t> HeadObject(const std::string& bucket, const std::string& key,
                                       std::string* etag = nullptr);

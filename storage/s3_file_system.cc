@@ -9,8 +9,8 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/huge_pages.h"
-#include "common/threads.h"
 #include "common/status_macros.h"
+#include "common/threads.h"
 #include "glog/logging.h"
 
 namespace strata::storage {
@@ -39,7 +39,8 @@ class S3WritableFile : public WritableFile {
   S3WritableFile& operator=(const S3WritableFile&) = delete;
 
   absl::Status Append(absl::string_view data) override {
-    if (closed_) return absl::FailedPreconditionError(absl::StrCat("write ", Url(), ": file is closed"));
+    if (closed_)
+      return absl::FailedPreconditionError(absl::StrCat("write ", Url(), ": file is closed"));
     if (!error_.ok()) return error_;
     bytes_ += data.size();
     // Parts are cut from `data` as it comes: a large append is copied once.
@@ -247,9 +248,8 @@ class S3FileSystem : public FileSystem {
     }
     absl::Status s = client_->CheckBucket(bucket);
     if (absl::IsNotFound(s)) {
-      return absl::NotFoundError(absl::StrCat(path, ": bucket ", bucket,
-                                              " does not exist (create it first: ", s.message(),
-                                              ")"));
+      return absl::NotFoundError(absl::StrCat(
+          path, ": bucket ", bucket, " does not exist (create it first: ", s.message(), ")"));
     }
     if (s.ok()) {
       absl::MutexLock l(&mu_);
@@ -339,8 +339,7 @@ class S3FileSystem : public FileSystem {
   }
 
  private:
-  static absl::Status ParseObject(const std::string& path, std::string* bucket,
-                                  std::string* key) {
+  static absl::Status ParseObject(const std::string& path, std::string* bucket, std::string* key) {
     STRATA_RETURN_IF_ERROR(ParseS3Url(path, bucket, key));
     if (key->empty()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": names a bucket, not an object"));
@@ -427,9 +426,10 @@ class RoutingFileSystem : public FileSystem {
   absl::StatusOr<FileSystem*> For(const std::string& path) const {
     if (!IsS3Path(path)) return local_.get();
     if (s3_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": an object-store path needs the s3 section of the config (endpoint, "
-                "credentials)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path,
+                       ": an object-store path needs the s3 section of the config (endpoint, "
+                       "credentials)"));
     }
     return s3_.get();
   }

@@ -101,10 +101,9 @@ SigV4Signature SignV4(const SigV4Request& request, absl::string_view access_key,
   const std::string signed_headers = absl::StrJoin(names, ";");
 
   SigV4Signature sig;
-  sig.canonical_request =
-      absl::StrCat(request.method, "\n", UriEncode(request.path, true), "\n",
-                   EncodeQuery(request.query), "\n", canonical_headers, "\n", signed_headers,
-                   "\n", request.payload_sha256);
+  sig.canonical_request = absl::StrCat(request.method, "\n", UriEncode(request.path, true), "\n",
+                                       EncodeQuery(request.query), "\n", canonical_headers, "\n",
+                                       signed_headers, "\n", request.payload_sha256);
   const absl::string_view day = amz_date.substr(0, 8);
   const std::string scope = absl::StrCat(day, "/", region, "/", service, "/aws4_request");
   sig.string_to_sign = absl::StrCat("AWS4-HMAC-SHA256\n", amz_date, "\n", scope, "\n",
@@ -115,8 +114,7 @@ SigV4Signature SignV4(const SigV4Request& request, absl::string_view access_key,
   key = HmacSha256(key, "aws4_request");
   sig.signature = absl::BytesToHexString(HmacSha256(key, sig.string_to_sign));
   sig.authorization = absl::StrCat("AWS4-HMAC-SHA256 Credential=", access_key, "/", scope,
-                                   ",SignedHeaders=", signed_headers,
-                                   ",Signature=", sig.signature);
+                                   ",SignedHeaders=", signed_headers, ",Signature=", sig.signature);
   return sig;
 }
 

@@ -24,14 +24,14 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/crc32c.h"
-#include "common/json.h"
-#include "common/threads.h"
 #include "common/grpc_status.h"
 #include "common/host_file.h"
 #include "common/http_client.h"
+#include "common/json.h"
 #include "common/model_spec.h"
 #include "common/security.h"
 #include "common/status_macros.h"
+#include "common/threads.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
@@ -64,7 +64,8 @@ absl::Status FromCall(const grpc::Status& s, const std::string& peer) {
   absl::Status st = FromGrpcStatus(s, peer);
   if (absl::IsUnavailable(st) && g_plaintext_by_default) {
     return absl::UnavailableError(absl::StrCat(
-        st.message(), " (no credentials were found, so this was plain text: a cluster with "
+        st.message(),
+        " (no credentials were found, so this was plain text: a cluster with "
         "security.mode mtls needs --tls-dir DIR or STRATA_TLS_DIR; docs/security.md)"));
   }
   return st;
@@ -135,8 +136,8 @@ constexpr char kUsage[] =
     "           of the state it restores (equal for equal models)\n";
 
 // --key value / --key=value / --flag
-absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
-    const std::vector<std::string>& args, size_t from) {
+absl::StatusOr<std::map<std::string, std::string>> ParseFlags(const std::vector<std::string>& args,
+                                                              size_t from) {
   std::map<std::string, std::string> flags;
   for (size_t i = from; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -148,8 +149,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
     } else if (key != "json" && key != "stop" && key != "no-checkpoint" && key != "no-wait" &&
-               key != "offline" && key != "remote-all" && key != "progress" &&
-               key != "plaintext") {
+               key != "offline" && key != "remote-all" && key != "progress" && key != "plaintext") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -161,32 +161,40 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(
 }
 
 absl::StatusOr<proto::GetStatusResponse> FetchStatus(const std::string& master) {
-  auto stub = proto::Master::NewStub(
-      ControlChannel(master));
+  auto stub = proto::Master::NewStub(ControlChannel(master));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   proto::GetStatusResponse resp;
-  absl::Status s = FromCall(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp),
-                                  "master " + master);
+  absl::Status s =
+      FromCall(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp), "master " + master);
   if (!s.ok()) return s;
   return resp;
 }
 
 const char* RoleName(proto::Role r) {
   switch (r) {
-    case proto::MASTER: return "master";
-    case proto::PSERVER: return "pserver";
-    case proto::WORKER: return "worker";
-    default: return "?";
+    case proto::MASTER:
+      return "master";
+    case proto::PSERVER:
+      return "pserver";
+    case proto::WORKER:
+      return "worker";
+    default:
+      return "?";
   }
 }
 const char* StateName(proto::NodeState s) {
   switch (s) {
-    case proto::ALIVE: return "alive";
-    case proto::DEAD: return "DEAD";
-    case proto::FINISHED: return "finished";
-    case proto::DRAINED: return "drained";
-    default: return "?";
+    case proto::ALIVE:
+      return "alive";
+    case proto::DEAD:
+      return "DEAD";
+    case proto::FINISHED:
+      return "finished";
+    case proto::DRAINED:
+      return "drained";
+    default:
+      return "?";
   }
 }
 
@@ -195,58 +203,56 @@ void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
   out << absl::StrFormat(
       "job %s: %s%s  (%s)\n  epoch %d/%d  tasks %d/%d  steps %d  samples %d  "
       "samples/s %.0f  loss %.4f  comm %.0f%%  wall %.1fs  test accuracy %s\n",
-      j.name(), j.state(), j.message().empty() ? "" : " - " + j.message(),
-      j.consistency(), std::min(j.epoch() + 1, j.epochs()), j.epochs(), j.tasks_done(),
-      j.tasks_total(), j.steps(), j.samples(), j.samples_per_sec(), j.loss(),
-      100 * j.comm_share(), j.wall_seconds(),
+      j.name(), j.state(), j.message().empty() ? "" : " - " + j.message(), j.consistency(),
+      std::min(j.epoch() + 1, j.epochs()), j.epochs(), j.tasks_done(), j.tasks_total(), j.steps(),
+      j.samples(), j.samples_per_sec(), j.loss(), 100 * j.comm_share(), j.wall_seconds(),
       j.has_test_accuracy() ? absl::StrFormat("%.4f", j.test_accuracy()) : "-");
   if (j.state() == "waiting" && !j.phase().empty()) out << "  bring-up: " << j.phase() << "\n";
   if (!j.security().empty()) {
     out << "  security: "
         << (absl::StartsWith(j.security(), "mtls") ? j.security()
-                                                    : "PLAINTEXT - no TLS, no authentication")
+                                                   : "PLAINTEXT - no TLS, no authentication")
         << "\n";
   }
   if (!j.audit_head().empty()) {
     out << absl::StrFormat("  audit log: %d records, head %s\n", j.audit_records(), j.audit_head());
   }
   if (j.checkpoint_in_progress() > 0) {
-    out << absl::StrFormat("  checkpoint %d in progress: %d of %d pserver(s) written, %.2f MB, %.1f s\n",
-                           j.checkpoint_in_progress(), j.checkpoint_pservers_done(),
-                           j.checkpoint_pservers_total(), j.checkpoint_bytes_so_far() / 1e6,
-                           j.checkpoint_seconds_so_far());
+    out << absl::StrFormat(
+        "  checkpoint %d in progress: %d of %d pserver(s) written, %.2f MB, %.1f s\n",
+        j.checkpoint_in_progress(), j.checkpoint_pservers_done(), j.checkpoint_pservers_total(),
+        j.checkpoint_bytes_so_far() / 1e6, j.checkpoint_seconds_so_far());
   }
   const auto& v = st.view();
   out << absl::StrFormat("\ncluster view epoch %d (%s)\n", v.epoch(),
                          v.ready() ? "ready" : "not ready");
-  out << absl::StrFormat("%-5s %-8s %-5s %-16s %-9s %-8s %-22s %s\n", "NODE", "ROLE",
-                         "INDEX", "HOST", "STATE", "LAST_HB", "DATA/GRPC", "HTTP");
+  out << absl::StrFormat("%-5s %-8s %-5s %-16s %-9s %-8s %-22s %s\n", "NODE", "ROLE", "INDEX",
+                         "HOST", "STATE", "LAST_HB", "DATA/GRPC", "HTTP");
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   std::map<uint32_t, uint64_t> bytes_by_owner;
   for (const auto& p : v.partitions()) bytes_by_owner[p.owner()] += p.length() * 4;
   for (const auto& n : v.members()) {
     const std::string addr = n.data_address().empty() ? n.grpc_address() : n.data_address();
-    out << absl::StrFormat("%-5d %-8s %-5d %-16s %-9s %-8s %-22s %d\n", n.id(),
-                           RoleName(n.role()), n.index(), n.host(),
-                           n.draining() ? "draining" : StateName(n.state()),
+    out << absl::StrFormat("%-5d %-8s %-5d %-16s %-9s %-8s %-22s %d\n", n.id(), RoleName(n.role()),
+                           n.index(), n.host(), n.draining() ? "draining" : StateName(n.state()),
                            absl::StrFormat("%.1fs", (now_ms - n.last_heartbeat_unix_ms()) / 1000.0),
                            addr.empty() ? "-" : addr, n.http_port());
   }
-  out << absl::StrFormat("\n%-9s %-12s %-10s %-10s %s\n", "PARTITION", "TABLE", "OFFSET",
-                         "LENGTH", "OWNER");
+  out << absl::StrFormat("\n%-9s %-12s %-10s %-10s %s\n", "PARTITION", "TABLE", "OFFSET", "LENGTH",
+                         "OWNER");
   for (const auto& p : v.partitions()) {
     const std::string table =
         p.table_id() < static_cast<uint32_t>(v.tables_size()) ? v.tables(p.table_id()).name() : "?";
-    out << absl::StrFormat("%-9d %-12s %-10d %-10d %d\n", p.id(), table, p.offset(),
-                           p.length(), p.owner());
+    out << absl::StrFormat("%-9d %-12s %-10d %-10d %d\n", p.id(), table, p.offset(), p.length(),
+                           p.owner());
   }
   if (!j.workers().empty()) {
-    out << absl::StrFormat("\n%-7s %-5s %-6s %-8s %-10s %-10s %-8s %s\n", "WORKER", "NODE",
-                           "EPOCH", "STEP", "SAMPLES", "SAMPLES/S", "LOSS", "COMM");
+    out << absl::StrFormat("\n%-7s %-5s %-6s %-8s %-10s %-10s %-8s %s\n", "WORKER", "NODE", "EPOCH",
+                           "STEP", "SAMPLES", "SAMPLES/S", "LOSS", "COMM");
     for (const auto& w : j.workers()) {
       out << absl::StrFormat("%-7d %-5d %-6d %-8d %-10d %-10.0f %-8.4f %.0f%%\n", w.index(),
-                             w.node_id(), w.epoch() + 1, w.step(), w.samples(),
-                             w.samples_per_sec(), w.loss(), 100 * w.comm_share());
+                             w.node_id(), w.epoch() + 1, w.step(), w.samples(), w.samples_per_sec(),
+                             w.loss(), 100 * w.comm_share());
     }
   }
 }
@@ -288,8 +294,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_secon
 
 std::string NodeUrl(const proto::NodeInfo& n, const std::string& path) {
   const bool v6 = n.host().find(':') != std::string::npos;
-  return absl::StrCat(g_https ? "https://" : "http://", v6 ? "[" : "", n.host(), v6 ? "]" : "",
-                      ":", n.http_port(), path);
+  return absl::StrCat(g_https ? "https://" : "http://", v6 ? "[" : "", n.host(), v6 ? "]" : "", ":",
+                      n.http_port(), path);
 }
 
 // The newest instance of "role-index" ("worker-1", "master"), or of node id N.
@@ -299,8 +305,8 @@ const proto::NodeInfo* FindNode(const proto::GetStatusResponse& st, const std::s
   const bool by_id = absl::SimpleAtoi(name, &id);
   for (const auto& m : st.view().members()) {
     const std::string full = absl::StrCat(RoleName(m.role()), "-", m.index());
-    const bool match = by_id ? m.id() == id
-                             : full == name || (m.role() == proto::MASTER && name == "master");
+    const bool match =
+        by_id ? m.id() == id : full == name || (m.role() == proto::MASTER && name == "master");
     if (match && (found == nullptr || m.id() > found->id())) found = &m;
   }
   return found;
@@ -345,10 +351,11 @@ int Logs(const std::vector<std::string>& args, const std::map<std::string, std::
     for (absl::string_view line : absl::StrSplit(*body, '\n', absl::SkipEmpty())) {
       lines.push_back(absl::StrCat("\"", JsonEscape(line), "\""));
     }
-    out << absl::StrFormat("{\"node\": \"%s-%d\", \"node_id\": %d, \"state\": \"%s\", "
-                           "\"lines\": [%s]}\n",
-                           RoleName(n->role()), n->index(), n->id(), StateName(n->state()),
-                           absl::StrJoin(lines, ", "));
+    out << absl::StrFormat(
+        "{\"node\": \"%s-%d\", \"node_id\": %d, \"state\": \"%s\", "
+        "\"lines\": [%s]}\n",
+        RoleName(n->role()), n->index(), n->id(), StateName(n->state()),
+        absl::StrJoin(lines, ", "));
     return 0;
   }
   out << *body;
@@ -394,8 +401,8 @@ int Top(const std::map<std::string, std::string>& f, std::ostream& out, std::ost
     err << "strata top: --interval must be a number of seconds > 0\n";
     return 2;
   }
-  if (f.count("iterations") && (!absl::SimpleAtoi(f.at("iterations"), &iterations) ||
-                                iterations < 0)) {
+  if (f.count("iterations") &&
+      (!absl::SimpleAtoi(f.at("iterations"), &iterations) || iterations < 0)) {
     err << "strata top: --iterations must be a number >= 0 (0: until interrupted)\n";
     return 2;
   }
@@ -465,13 +472,11 @@ int Top(const std::map<std::string, std::string>& f, std::ostream& out, std::ost
           auto col = [](double v, int decimals, const char* unit = "") {
             return v < 0 ? std::string("-") : absl::StrFormat("%.*f%s", decimals, v, unit);
           };
-          absl::StrAppendFormat(&rows, "%-11s %-16s %-8s %8s %10s %9s %9s %6s %9s\n", name,
-                                n.host(), b.ok ? StateName(n.state()) : "no-http",
-                                col(steps, 1), col(samples, 0),
-                                col(push < 0 ? -1 : push / 1e9, 3),
-                                col(pull < 0 ? -1 : pull / 1e9, 3),
-                                col(comm < 0 ? -1 : comm * 100, 0, "%"),
-                                col(mem < 0 ? -1 : mem / 1048576, 0, "M"));
+          absl::StrAppendFormat(
+              &rows, "%-11s %-16s %-8s %8s %10s %9s %9s %6s %9s\n", name, n.host(),
+              b.ok ? StateName(n.state()) : "no-http", col(steps, 1), col(samples, 0),
+              col(push < 0 ? -1 : push / 1e9, 3), col(pull < 0 ? -1 : pull / 1e9, 3),
+              col(comm < 0 ? -1 : comm * 100, 0, "%"), col(mem < 0 ? -1 : mem / 1048576, 0, "M"));
         }
       }
       if (json) {
@@ -489,8 +494,8 @@ int Top(const std::map<std::string, std::string>& f, std::ostream& out, std::ost
                    job.name(), job.state(), job.epoch() + 1, job.epochs(), job.steps(),
                    job.samples_per_sec(), job.comm_share() * 100, interval)
             << absl::StrFormat("%-11s %-16s %-8s %8s %10s %9s %9s %6s %9s\n", "NODE", "HOST",
-                               "STATE", "STEPS/S", "SAMPLES/S", "PUSH GB/s", "PULL GB/s",
-                               "COMM", "MEMORY")
+                               "STATE", "STEPS/S", "SAMPLES/S", "PUSH GB/s", "PULL GB/s", "COMM",
+                               "MEMORY")
             << rows << (tty ? "" : "\n") << std::flush;
       }
     }
@@ -593,13 +598,14 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
     auto now = FetchStatus(master);
     if (!now.ok()) continue;  // (a master restarting)
     const proto::NodeInfo* m = nullptr;
-    for (const auto& x : now->view().members()) if (x.id() == id) m = &x;
+    for (const auto& x : now->view().members())
+      if (x.id() == id) m = &x;
     if (m == nullptr) break;
     node = *m;
     if (node.state() == proto::DEAD) {
       if (tty) out << "\n";
-      err << "strata drain: " << name << " died before it had drained (see strata logs "
-          << name << ")\n";
+      err << "strata drain: " << name << " died before it had drained (see strata logs " << name
+          << ")\n";
       return 1;
     }
     const std::string& job = now->job().state();
@@ -607,9 +613,10 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
         (job == "succeeded" || job == "failed" || job == "stopped")) {
       if (tty) out << "\n";
       if (json) {
-        out << absl::StrFormat("{\"node\": \"%s\", \"node_id\": %d, \"state\": \"%s\", "
-                               "\"draining\": true, \"job_state\": \"%s\"}\n",
-                               name, id, StateName(node.state()), job);
+        out << absl::StrFormat(
+            "{\"node\": \"%s\", \"node_id\": %d, \"state\": \"%s\", "
+            "\"draining\": true, \"job_state\": \"%s\"}\n",
+            name, id, StateName(node.state()), job);
       } else {
         out << "the job ended (" << job << ") while " << name << " was draining\n";
       }
@@ -624,10 +631,11 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
   const double waited = absl::ToDoubleSeconds(absl::Now() - start);
   if (tty) out << "\n";
   if (json) {
-    out << absl::StrFormat("{\"node\": \"%s\", \"node_id\": %d, \"state\": \"%s\", "
-                           "\"draining\": %s, \"waited_seconds\": %.3f, \"message\": \"%s\"}\n",
-                           name, id, StateName(node.state()), node.draining() ? "true" : "false",
-                           waited, JsonEscape(resp.message()));
+    out << absl::StrFormat(
+        "{\"node\": \"%s\", \"node_id\": %d, \"state\": \"%s\", "
+        "\"draining\": %s, \"waited_seconds\": %.3f, \"message\": \"%s\"}\n",
+        name, id, StateName(node.state()), node.draining() ? "true" : "false", waited,
+        JsonEscape(resp.message()));
   } else if (node.state() == proto::DRAINED && !f.count("no-wait")) {
     if (role == proto::PSERVER) {
       // (Out of the job at once; the process follows at its next heartbeat.)
@@ -666,7 +674,8 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     if (st.ok()) {
       const std::string& state = st->job().state();
       if (progress && st->job().phase() != shown &&
-          (state == "waiting" || (until == "end" && (state == "running" || state == "evaluating")))) {
+          (state == "waiting" ||
+           (until == "end" && (state == "running" || state == "evaluating")))) {
         shown = st->job().phase();
         // (A phase's own figures change all the time: a line per phase.)
         out << (state == "waiting" ? "bring-up: " : "progress: ") << shown << "\n" << std::flush;
@@ -726,9 +735,9 @@ std::string FindingsJson(const transport::rdma::PreflightReport& r) {
   std::string out = absl::StrCat("{\"ok\": ", r.ok() ? "true" : "false", ", \"findings\": [");
   for (size_t i = 0; i < r.findings.size(); ++i) {
     const auto& x = r.findings[i];
-    absl::StrAppend(&out, i ? ", " : "", "{\"ok\": ", x.ok ? "true" : "false",
-                    ", \"check\": \"", JsonEscape(x.check), "\", \"detail\": \"",
-                    JsonEscape(x.detail), "\", \"fix\": \"", JsonEscape(x.fix), "\"}");
+    absl::StrAppend(&out, i ? ", " : "", "{\"ok\": ", x.ok ? "true" : "false", ", \"check\": \"",
+                    JsonEscape(x.check), "\", \"detail\": \"", JsonEscape(x.detail),
+                    "\", \"fix\": \"", JsonEscape(x.fix), "\"}");
   }
   return out + "]}";
 }
@@ -809,7 +818,8 @@ std::optional<std::pair<JobConfig, std::vector<PlannedDaemon>>> LoadPlan(
   int pi = 0, wi = 0;
   for (const auto& h : hosts->hosts) {
     for (int i = 0; i < h.pservers; ++i, ++pi) {
-      d.push_back({"pserver", pi, h.host, p.pserver + pi, p.pserver_data + pi, p.pserver_http + pi});
+      d.push_back(
+          {"pserver", pi, h.host, p.pserver + pi, p.pserver_data + pi, p.pserver_http + pi});
     }
   }
   for (const auto& h : hosts->hosts) {
@@ -827,10 +837,10 @@ int Plan(const std::map<std::string, std::string>& f, std::ostream& out, std::os
   if (f.count("json")) {
     std::vector<std::string> rows;
     for (const PlannedDaemon& d : plan->second) {
-      rows.push_back(absl::StrFormat(
-          "{\"role\": \"%s\", \"index\": %d, \"host\": \"%s\", \"port\": %d, "
-          "\"data_port\": %d, \"http_port\": %d}",
-          d.role, d.index, JsonEscape(d.host), d.port, d.data_port, d.http_port));
+      rows.push_back(
+          absl::StrFormat("{\"role\": \"%s\", \"index\": %d, \"host\": \"%s\", \"port\": %d, "
+                          "\"data_port\": %d, \"http_port\": %d}",
+                          d.role, d.index, JsonEscape(d.host), d.port, d.data_port, d.http_port));
     }
     out << "[" << absl::StrJoin(rows, ",\n ") << "]\n";
     return 0;
@@ -920,9 +930,8 @@ absl::Status CheckModelAgainstData(const JobConfig& cfg, const std::string& conf
       for (size_t i = 1; i < is.size(); ++i) features *= is[i];
       if (features != first) {
         return absl::InvalidArgumentError(absl::StrCat(
-            config_path, ": model.layers[0] is ", first, " but ", field, " (", images,
-            ") has ", features, " features per example (",
-            absl::StrJoin(is.begin() + 1, is.end(), " x "),
+            config_path, ": model.layers[0] is ", first, " but ", field, " (", images, ") has ",
+            features, " features per example (", absl::StrJoin(is.begin() + 1, is.end(), " x "),
             "): the first layer must take the pixels of one image"));
       }
       ++checked;
@@ -933,17 +942,18 @@ absl::Status CheckModelAgainstData(const JobConfig& cfg, const std::string& conf
                                                      labels, ") ", ls[0]));
     }
   }
-  *note = absl::StrCat(checked == 2 ? "ok" : checked == 1 ? "partly checked" : "not checked",
-                       " (model.layers[0] = ", first, " features",
-                       missing.empty() ? ""
-                                       : absl::StrCat("; not on this host: ",
-                                                      absl::StrJoin(missing, ", ")),
-                       ")");
+  *note = absl::StrCat(
+      checked == 2   ? "ok"
+      : checked == 1 ? "partly checked"
+                     : "not checked",
+      " (model.layers[0] = ", first, " features",
+      missing.empty() ? "" : absl::StrCat("; not on this host: ", absl::StrJoin(missing, ", ")),
+      ")");
   return absl::OkStatus();
 }
 
-int Validate(const std::map<std::string, std::string>& f, const Getenv& getenv,
-             std::ostream& out, std::ostream& err) {
+int Validate(const std::map<std::string, std::string>& f, const Getenv& getenv, std::ostream& out,
+             std::ostream& err) {
   if (!f.count("config")) {
     err << "strata validate: --config FILE is required\n";
     return 2;
@@ -969,14 +979,16 @@ int Validate(const std::map<std::string, std::string>& f, const Getenv& getenv,
   std::string sparse;
   for (const auto& t : ModelTables(cfg->model)) {
     params += t.num_elements();
-    if (t.sparse) absl::StrAppend(&sparse, sparse.empty() ? "" : ", ", t.name, " (dim ", t.dim, ")");
+    if (t.sparse)
+      absl::StrAppend(&sparse, sparse.empty() ? "" : ", ", t.name, " (dim ", t.dim, ")");
   }
-  std::string text = absl::StrCat(
-      f.at("config"), ": ok (job '", cfg->job.name, "', ", ConsistencyName(cfg->job.consistency),
-      ", ", params, " dense parameters",
-      sparse.empty() ? "" : absl::StrCat("; sparse tables ", sparse, " in ",
-                                         cfg->sparse.partitions, " partitions each"),
-      ")\n");
+  std::string text =
+      absl::StrCat(f.at("config"), ": ok (job '", cfg->job.name, "', ",
+                   ConsistencyName(cfg->job.consistency), ", ", params, " dense parameters",
+                   sparse.empty() ? ""
+                                  : absl::StrCat("; sparse tables ", sparse, " in ",
+                                                 cfg->sparse.partitions, " partitions each"),
+                   ")\n");
   absl::StrAppend(&text, "model against data: ", data_note, "\n");
   std::string js = absl::StrFormat(
       "{\"config\": {\"file\": \"%s\", \"ok\": true, \"job\": \"%s\", \"dense_parameters\": %d}"
@@ -999,8 +1011,9 @@ int Validate(const std::map<std::string, std::string>& f, const Getenv& getenv,
   absl::StrAppend(&text, f.at("hosts"), ": ok (", hosts->hosts.size(), " host(s), ",
                   hosts->total_pservers(), " pserver(s), ", hosts->total_workers(),
                   " worker(s))\n");
-  absl::StrAppendFormat(&js, ", \"hosts\": {\"file\": \"%s\", \"ok\": true, \"hosts\": %d, "
-                             "\"pservers\": %d, \"workers\": %d}",
+  absl::StrAppendFormat(&js,
+                        ", \"hosts\": {\"file\": \"%s\", \"ok\": true, \"hosts\": %d, "
+                        "\"pservers\": %d, \"workers\": %d}",
                         JsonEscape(f.at("hosts")), hosts->hosts.size(), hosts->total_pservers(),
                         hosts->total_workers());
   auto plan = LoadPlan(f, "validate", err);
@@ -1081,8 +1094,8 @@ int Validate(const std::map<std::string, std::string>& f, const Getenv& getenv,
       if (r.timed_out) {
         report = absl::StrCat("FAIL  reach: no answer through `", how, "` within 30 s\n");
       } else if (r.exit_code == 255 || r.exit_code < 0) {
-        report = absl::StrCat("FAIL  reach: cannot reach ", host, " through `", how, "`: ",
-                              output, "\n        fix: check the host is up and that ",
+        report = absl::StrCat("FAIL  reach: cannot reach ", host, " through `", how, "`: ", output,
+                              "\n        fix: check the host is up and that ",
                               remote.empty() ? "ssh" : remote[0],
                               " logs in without a password (BatchMode)\n");
       } else if (r.exit_code == 127 || r.exit_code == 126) {
@@ -1118,8 +1131,8 @@ int Validate(const std::map<std::string, std::string>& f, const Getenv& getenv,
       lines.push_back(absl::StrCat("\"", JsonEscape(line), "\""));
     }
     absl::StrAppendFormat(&js, "%s{\"host\": \"%s\", \"ok\": %s, \"via\": \"%s\", \"lines\": [%s]}",
-                          hi ? ", " : "", JsonEscape(host), ok ? "true" : "false",
-                          JsonEscape(how), absl::StrJoin(lines, ", "));
+                          hi ? ", " : "", JsonEscape(host), ok ? "true" : "false", JsonEscape(how),
+                          absl::StrJoin(lines, ", "));
   }
   absl::StrAppend(&js, "]");
   const int rc = finish(failed > 0 ? 1 : 0);
@@ -1175,11 +1188,11 @@ int PrometheusConfig(const std::map<std::string, std::string>& f, std::ostream& 
     for (const PlannedDaemon& d : plan->second) {
       if (d.http_port <= 0) continue;
       const bool v6 = d.host.find(':') != std::string::npos;
-      groups.push_back(absl::StrFormat(
-          "{\"targets\": [\"%s%s%s:%d\"], \"labels\": {\"strata_job\": \"%s\", "
-          "\"role\": \"%s\", \"index\": \"%d\"}}",
-          v6 ? "[" : "", JsonEscape(d.host), v6 ? "]" : "", d.http_port, JsonEscape(job), d.role,
-          d.index));
+      groups.push_back(
+          absl::StrFormat("{\"targets\": [\"%s%s%s:%d\"], \"labels\": {\"strata_job\": \"%s\", "
+                          "\"role\": \"%s\", \"index\": \"%d\"}}",
+                          v6 ? "[" : "", JsonEscape(d.host), v6 ? "]" : "", d.http_port,
+                          JsonEscape(job), d.role, d.index));
     }
     const std::string scheme =
         https ? absl::StrFormat(
@@ -1194,8 +1207,8 @@ int PrometheusConfig(const std::map<std::string, std::string>& f, std::ostream& 
         interval, interval, scheme, absl::StrJoin(groups, ",\n    "));
     return 0;
   }
-  out << "# Prometheus configuration for Strata job '" << job << "', from "
-      << f.at("config") << " and " << f.at("hosts") << "\n"
+  out << "# Prometheus configuration for Strata job '" << job << "', from " << f.at("config")
+      << " and " << f.at("hosts") << "\n"
       << "# (strata prometheus-config). Every daemon's /metrics, labelled by role and index.\n"
       << "global:\n"
       << "  scrape_interval: " << interval << "\n"
@@ -1243,8 +1256,7 @@ int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& ou
     err << "strata checkpoint: --timeout must be a number of seconds\n";
     return 2;
   }
-  auto stub = proto::Master::NewStub(
-      ControlChannel(it->second));
+  auto stub = proto::Master::NewStub(ControlChannel(it->second));
   proto::CheckpointRequest req;
   req.set_reason("request");
   req.set_stop_after(f.count("stop") > 0);
@@ -1267,9 +1279,8 @@ int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& ou
         const proto::JobStatus& j = st->job();
         const std::string line = absl::StrFormat(
             "checkpoint %d: %d of %d pserver(s) written, %.2f MB, %.1f s",
-            j.checkpoint_in_progress(), j.checkpoint_pservers_done(),
-            j.checkpoint_pservers_total(), j.checkpoint_bytes_so_far() / 1e6,
-            j.checkpoint_seconds_so_far());
+            j.checkpoint_in_progress(), j.checkpoint_pservers_done(), j.checkpoint_pservers_total(),
+            j.checkpoint_bytes_so_far() / 1e6, j.checkpoint_seconds_so_far());
         if (tty) {
           out << "\r" << line << "\x1b[K" << std::flush;
         } else if (j.checkpoint_pservers_done() != shown) {
@@ -1302,10 +1313,9 @@ int TakeCheckpoint(const std::map<std::string, std::string>& f, std::ostream& ou
 
 // Local paths, and s3:// ones through the s3 section of --config. Null
 // (after saying why on `err`) when the config or the keys are bad.
-std::unique_ptr<storage::FileSystem> CheckpointFileSystem(const std::map<std::string, std::string>& f,
-                                                          const Getenv& getenv,
-                                                          const std::string& who,
-                                                          std::ostream& err) {
+std::unique_ptr<storage::FileSystem> CheckpointFileSystem(
+    const std::map<std::string, std::string>& f, const Getenv& getenv, const std::string& who,
+    std::ostream& err) {
   S3Section s3;
   if (f.count("config")) {
     auto config = LoadJobConfig(f.at("config"));
@@ -1324,8 +1334,7 @@ std::unique_ptr<storage::FileSystem> CheckpointFileSystem(const std::map<std::st
 }
 
 int ListCheckpoints(const std::map<std::string, std::string>& f, const Getenv& getenv,
-                    std::ostream& out,
-                    std::ostream& err) {
+                    std::ostream& out, std::ostream& err) {
   if (!f.count("dir")) {
     err << "strata checkpoint list: --dir DIR (the checkpoint root) is required\n";
     return 2;
@@ -1356,21 +1365,20 @@ int ListCheckpoints(const std::map<std::string, std::string>& f, const Getenv& g
                              e.complete ? m.status().message() : "no MANIFEST");
       continue;
     }
-    out << absl::StrFormat("%-8d %-11s %-8d %-12.2f %-10.2f %-12s %s\n", m->seq(),
-                           m->incremental() ? "incremental" : "full", m->step(),
-                           m->bytes_written() / 1e6, m->raw_bytes() / 1e6,
-                           absl::FormatTime("%m-%d %H:%M:%S",
-                                            absl::FromUnixMillis(m->created_unix_ms()),
-                                            absl::LocalTimeZone()),
-                           m->reason());
+    out << absl::StrFormat(
+        "%-8d %-11s %-8d %-12.2f %-10.2f %-12s %s\n", m->seq(),
+        m->incremental() ? "incremental" : "full", m->step(), m->bytes_written() / 1e6,
+        m->raw_bytes() / 1e6,
+        absl::FormatTime("%m-%d %H:%M:%S", absl::FromUnixMillis(m->created_unix_ms()),
+                         absl::LocalTimeZone()),
+        m->reason());
   }
   if (f.count("json")) out << json << "]\n";
   return 0;
 }
 
 int VerifyCheckpoint(const std::map<std::string, std::string>& f, const Getenv& getenv,
-                    std::ostream& out,
-                     std::ostream& err) {
+                     std::ostream& out, std::ostream& err) {
   if (!f.count("dir")) {
     err << "strata checkpoint verify: --dir DIR (a checkpoint directory) is required\n";
     return 2;
@@ -1398,8 +1406,7 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, const Getenv& 
     uint64_t version = 0;
     for (const auto& file : p.files()) {
       if (!s.ok()) break;
-      auto streams =
-          storage::ReadBlockFile(fs.get(), storage::JoinPath(root, file.path()), &file);
+      auto streams = storage::ReadBlockFile(fs.get(), storage::JoinPath(root, file.path()), &file);
       ++files;
       if (!streams.ok()) {
         s = streams.status();
@@ -1424,7 +1431,8 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, const Getenv& 
         rows.erase(key);
       }
       const std::string& recs = (*streams)[storage::BlockType::kSparseRows];
-      for (size_t i = 0; h.row_bytes() >= 8 && i + h.row_bytes() <= recs.size(); i += h.row_bytes()) {
+      for (size_t i = 0; h.row_bytes() >= 8 && i + h.row_bytes() <= recs.size();
+           i += h.row_bytes()) {
         uint64_t key;
         std::memcpy(&key, recs.data() + i, 8);
         rows[key] = recs.substr(i, h.row_bytes());
@@ -1441,21 +1449,22 @@ int VerifyCheckpoint(const std::map<std::string, std::string>& f, const Getenv& 
     return 1;
   }
   if (f.count("json")) {
-    out << absl::StrFormat("{\"dir\": \"%s\", \"ok\": true, \"seq\": %d, \"step\": %d, "
-                           "\"files\": %d, \"state_digest\": \"%08x\"}\n",
-                           JsonEscape(dir), m->seq(), m->step(), files, digest);
+    out << absl::StrFormat(
+        "{\"dir\": \"%s\", \"ok\": true, \"seq\": %d, \"step\": %d, "
+        "\"files\": %d, \"state_digest\": \"%08x\"}\n",
+        JsonEscape(dir), m->seq(), m->step(), files, digest);
     return 0;
   }
-  out << absl::StrFormat("%s: ok (%s, job '%s', step %d, %d partitions, %d files checked; "
-                         "state digest %08x)\n",
-                         dir, m->incremental() ? "incremental" : "full", m->job(), m->step(),
-                         m->partitions_size(), files, digest);
+  out << absl::StrFormat(
+      "%s: ok (%s, job '%s', step %d, %d partitions, %d files checked; "
+      "state digest %08x)\n",
+      dir, m->incremental() ? "incremental" : "full", m->job(), m->step(), m->partitions_size(),
+      files, digest);
   return 0;
 }
 
 // strata audit verify --file FILE: the audit log's chain, whole.
-int VerifyAudit(const std::map<std::string, std::string>& f, std::ostream& out,
-                std::ostream& err) {
+int VerifyAudit(const std::map<std::string, std::string>& f, std::ostream& out, std::ostream& err) {
   if (!f.count("file")) {
     err << "strata audit verify: --file FILE is required\n";
     return 2;
@@ -1481,15 +1490,14 @@ int VerifyAudit(const std::map<std::string, std::string>& f, std::ostream& out,
     out << absl::StrFormat("{\"file\": \"%s\", \"ok\": true, \"records\": %d, \"head\": \"%s\"}\n",
                            JsonEscape(path), head->seq, head->hash);
   } else {
-    out << absl::StrFormat("%s: ok: %d records, each chained to the one before; head %d %s\n",
-                           path, head->seq, head->seq, head->hash);
+    out << absl::StrFormat("%s: ok: %d records, each chained to the one before; head %d %s\n", path,
+                           head->seq, head->seq, head->hash);
   }
   return 0;
 }
 
 int ExportCheckpoint(const std::map<std::string, std::string>& f, const Getenv& getenv,
-                    std::ostream& out,
-                     std::ostream& err) {
+                     std::ostream& out, std::ostream& err) {
   if (!f.count("dir") || !f.count("out") || !f.count("precision")) {
     err << "strata checkpoint export: --dir DIR --out DIR2 --precision bf16|fp16 are required\n";
     return 2;
@@ -1604,8 +1612,8 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
                     (args[1] == "list" || args[1] == "verify" || args[1] == "export")) ||
                    (args[0] == "audit" && args.size() > 1 && args[1] == "verify");
   // "logs NODE": the node before the flags.
-  const bool positional = (args[0] == "logs" || args[0] == "drain") && args.size() > 1 &&
-                          args[1].rfind("--", 0) != 0;
+  const bool positional =
+      (args[0] == "logs" || args[0] == "drain") && args.size() > 1 && args[1].rfind("--", 0) != 0;
   auto flags = ParseFlags(args, sub || positional ? 2 : 1);
   if (!flags.ok()) {
     err << "strata " << args[0] << ": " << flags.status().message() << "\n" << kUsage;

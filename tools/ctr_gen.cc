@@ -37,9 +37,7 @@ constexpr double kMaxDenseValue = 1e15;
 
 // The splitmix64 finalizer: a bijection on 64 bits.
 constexpr uint64_t Fmix(uint64_t z) { return Fmix64(z); }
-constexpr uint64_t Combine(uint64_t h, uint64_t x) {
-  return Fmix(h ^ Fmix(x + kGolden));
-}
+constexpr uint64_t Combine(uint64_t h, uint64_t x) { return Fmix(h ^ Fmix(x + kGolden)); }
 // H(seed, tag, a, b) of the header comment.
 constexpr uint64_t Hash(uint64_t seed, uint64_t tag, uint64_t a, uint64_t b) {
   return Combine(Combine(Combine(Fmix(seed + kGolden), tag), a), b);
@@ -106,15 +104,14 @@ double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 // The options the model depends on.
 absl::Status ValidateModelOptions(const CtrGenOptions& o) {
   if (o.vocab_sizes.size() != static_cast<size_t>(kCriteoCategorical)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocab_sizes must have ", kCriteoCategorical,
-                     " entries, got ", o.vocab_sizes.size()));
+    return absl::InvalidArgumentError(absl::StrCat("vocab_sizes must have ", kCriteoCategorical,
+                                                   " entries, got ", o.vocab_sizes.size()));
   }
   for (int f = 0; f < kCriteoCategorical; ++f) {
     if (o.vocab_sizes[f] < 1 || o.vocab_sizes[f] > kMaxCtrVocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("vocab_sizes[", f, "] (C", f + 1, ") must be in [1, ",
-                       kMaxCtrVocab, "], got ", o.vocab_sizes[f]));
+      return absl::InvalidArgumentError(absl::StrCat("vocab_sizes[", f, "] (C", f + 1,
+                                                     ") must be in [1, ", kMaxCtrVocab, "], got ",
+                                                     o.vocab_sizes[f]));
     }
   }
   if (!(o.zipf_s > 0 && o.zipf_s <= 10)) {
@@ -122,25 +119,24 @@ absl::Status ValidateModelOptions(const CtrGenOptions& o) {
         absl::StrCat("zipf_s (--zipf) must be in (0, 10], got ", o.zipf_s));
   }
   if (!(o.categorical_missing_rate >= 0 && o.categorical_missing_rate <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("categorical_missing_rate must be in [0, 1], got ",
-                     o.categorical_missing_rate));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "categorical_missing_rate must be in [0, 1], got ", o.categorical_missing_rate));
   }
   if (!(o.dense_missing_rate >= 0 && o.dense_missing_rate <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dense_missing_rate must be in [0, 1], got ", o.dense_missing_rate));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_missing_rate must be in [0, 1], got ", o.dense_missing_rate));
   }
   if (!(o.weight_scale >= 0 && o.weight_scale <= 100)) {
     return absl::InvalidArgumentError(
         absl::StrCat("weight_scale must be in [0, 100], got ", o.weight_scale));
   }
   if (!(o.dense_weight_scale >= 0 && o.dense_weight_scale <= 100)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dense_weight_scale must be in [0, 100], got ", o.dense_weight_scale));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_weight_scale must be in [0, 100], got ", o.dense_weight_scale));
   }
   if (!(o.target_ctr >= 0.001 && o.target_ctr <= 0.999)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "target_ctr must be in [0.001, 0.999], got ", o.target_ctr));
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_ctr must be in [0.001, 0.999], got ", o.target_ctr));
   }
   return absl::OkStatus();
 }
@@ -167,18 +163,17 @@ absl::Status ValidateCtrGenOptions(const CtrGenOptions& o) {
     return absl::InvalidArgumentError("out_dir (--out_dir) is required");
   }
   if (o.train_rows < 1 || o.train_rows > kMaxCtrRows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train_rows must be in [1, ", kMaxCtrRows, "], got ", o.train_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train_rows must be in [1, ", kMaxCtrRows, "], got ", o.train_rows));
   }
   if (o.test_rows < 1 || o.test_rows > kMaxCtrRows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "test_rows must be in [1, ", kMaxCtrRows, "], got ", o.test_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("test_rows must be in [1, ", kMaxCtrRows, "], got ", o.test_rows));
   }
   return ValidateModelOptions(o);
 }
 
-absl::StatusOr<PlantedCtrModel> PlantedCtrModel::Create(
-    const CtrGenOptions& options) {
+absl::StatusOr<PlantedCtrModel> PlantedCtrModel::Create(const CtrGenOptions& options) {
   STRATA_RETURN_IF_ERROR(ValidateModelOptions(options));
   PlantedCtrModel m;
   m.seed_ = options.seed;
@@ -202,8 +197,8 @@ absl::StatusOr<PlantedCtrModel> PlantedCtrModel::Create(
   }
   m.dense_weights_.resize(kCriteoDense);
   for (int j = 0; j < kCriteoDense; ++j) {
-    m.dense_weights_[j] = options.dense_weight_scale *
-                          NormalFromHash(Hash(m.seed_, kDenseWeightTag, j, 0));
+    m.dense_weights_[j] =
+        options.dense_weight_scale * NormalFromHash(Hash(m.seed_, kDenseWeightTag, j, 0));
   }
 
   // The bias: mean sigmoid(bias + z) over a calibration sample equals
@@ -224,22 +219,20 @@ absl::StatusOr<PlantedCtrModel> PlantedCtrModel::Create(
 }
 
 uint32_t PlantedCtrModel::CategoricalValue(int field, int64_t rank) const {
-  const uint32_t x =
-      Mix32(static_cast<uint32_t>(rank) ^ value_keys_[2 * field]);
+  const uint32_t x = Mix32(static_cast<uint32_t>(rank) ^ value_keys_[2 * field]);
   return Mix32(x + value_keys_[2 * field + 1]);
 }
 
 int64_t PlantedCtrModel::CategoricalRank(int field, uint64_t value) const {
   if (value > 0xffffffffu) return -1;
-  const uint32_t x =
-      Unmix32(static_cast<uint32_t>(value)) - value_keys_[2 * field + 1];
+  const uint32_t x = Unmix32(static_cast<uint32_t>(value)) - value_keys_[2 * field + 1];
   const int64_t rank = Unmix32(x) ^ value_keys_[2 * field];
   return rank < vocab_sizes_[field] ? rank : -1;
 }
 
 double PlantedCtrModel::CategoricalWeight(int field, int64_t rank) const {
-  return weight_scale_ * NormalFromHash(Hash(seed_, kWeightTag, field,
-                                             static_cast<uint64_t>(rank)));
+  return weight_scale_ *
+         NormalFromHash(Hash(seed_, kWeightTag, field, static_cast<uint64_t>(rank)));
 }
 
 double PlantedCtrModel::LogitWithoutBias(const CriteoRawRow& row) const {
@@ -272,18 +265,15 @@ CriteoRawRow PlantedCtrModel::SampleRow(uint64_t stream, int64_t index) const {
     const std::vector<double>& cdf = cdf_[f];
     const double target = rng.Uniform() * cdf.back();
     const int64_t rank = std::min<int64_t>(
-        std::upper_bound(cdf.begin(), cdf.end(), target) - cdf.begin(),
-        vocab_sizes_[f] - 1);
+        std::upper_bound(cdf.begin(), cdf.end(), target) - cdf.begin(), vocab_sizes_[f] - 1);
     row.categorical_present[f] = true;
     row.categorical[f] = CategoricalValue(f, rank);
   }
   for (int j = 0; j < kCriteoDense; ++j) {
     if (rng.Uniform() < dense_missing_rate_) continue;  // missing
-    const double x =
-        std::exp(kCtrDenseLogMean[j] + kCtrDenseLogStd[j] * rng.Normal());
+    const double x = std::exp(kCtrDenseLogMean[j] + kCtrDenseLogStd[j] * rng.Normal());
     row.dense_present[j] = true;
-    row.dense[j] =
-        static_cast<int64_t>(std::floor(std::min(x, kMaxDenseValue)));
+    row.dense[j] = static_cast<int64_t>(std::floor(std::min(x, kMaxDenseValue)));
   }
   row.label = rng.Uniform() < Probability(row) ? 1 : 0;
   return row;
@@ -303,8 +293,8 @@ void AppendCriteoLine(const CriteoRawRow& row, std::string* out) {
   }
 }
 
-absl::Status GenerateCtrData(const CtrGenOptions& options,
-                             storage::FileSystem* fs, CtrGenSummary* summary) {
+absl::Status GenerateCtrData(const CtrGenOptions& options, storage::FileSystem* fs,
+                             CtrGenSummary* summary) {
   CtrGenSummary local_summary;
   if (summary == nullptr) summary = &local_summary;
   *summary = CtrGenSummary();
@@ -323,8 +313,8 @@ absl::Status GenerateCtrData(const CtrGenOptions& options,
       absl::StrCat("\"zipf_s\": ", JsonNumber(options.zipf_s), ","),
       absl::StrCat("\"weight_scale\": ", JsonNumber(options.weight_scale), ","),
       absl::StrCat("\"dense_weight_scale\": ", JsonNumber(options.dense_weight_scale), ","),
-      absl::StrCat("\"categorical_missing_rate\": ",
-                   JsonNumber(options.categorical_missing_rate), ","),
+      absl::StrCat("\"categorical_missing_rate\": ", JsonNumber(options.categorical_missing_rate),
+                   ","),
       absl::StrCat("\"dense_missing_rate\": ", JsonNumber(options.dense_missing_rate), ","),
       absl::StrCat("\"vocab_sizes\": [", absl::StrJoin(options.vocab_sizes, ", "), "],"),
   };
@@ -345,12 +335,10 @@ absl::Status GenerateCtrData(const CtrGenOptions& options,
       return absl::OkStatus();
     }
     LOG(INFO) << "CTR data in " << options.out_dir << " was generated with other options ("
-              << (existing.ok() ? differs : existing.status().ToString())
-              << "); regenerating";
+              << (existing.ok() ? differs : existing.status().ToString()) << "); regenerating";
   }
 
-  STRATA_ASSIGN_OR_RETURN(PlantedCtrModel model,
-                          PlantedCtrModel::Create(options));
+  STRATA_ASSIGN_OR_RETURN(PlantedCtrModel model, PlantedCtrModel::Create(options));
   STRATA_RETURN_IF_ERROR(fs->CreateDirs(options.out_dir));
 
   int64_t clicks = 0;
@@ -381,8 +369,7 @@ absl::Status GenerateCtrData(const CtrGenOptions& options,
       probs[i] = model.Probability(row);
       // %.9g of a float reads back as the same float.
       char buf[32];
-      const int n = std::snprintf(buf, sizeof(buf), "%.9g\n",
-                                  static_cast<double>(probs[i]));
+      const int n = std::snprintf(buf, sizeof(buf), "%.9g\n", static_cast<double>(probs[i]));
       probs_text.append(buf, n);
     }
     STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(test_path, text));
@@ -393,8 +380,7 @@ absl::Status GenerateCtrData(const CtrGenOptions& options,
   summary->train_rows = options.train_rows;
   summary->test_rows = options.test_rows;
   summary->mean_ctr =
-      static_cast<double>(clicks) /
-      static_cast<double>(options.train_rows + options.test_rows);
+      static_cast<double>(clicks) / static_cast<double>(options.train_rows + options.test_rows);
   summary->planted_test_auc = Auc(probs, labels);
   summary->planted_test_logloss = LogLoss(probs, labels);
   summary->bias = model.bias();
@@ -406,32 +392,26 @@ absl::Status GenerateCtrData(const CtrGenOptions& options,
     log_stds.push_back(JsonNumber(kCtrDenseLogStd[j]));
   }
   const std::string json = absl::StrCat(
-      "{\n", "  \"planted_test_auc\": ", JsonNumber(summary->planted_test_auc),
-      ",\n",
-      "  \"planted_test_logloss\": ", JsonNumber(summary->planted_test_logloss),
-      ",\n", "  \"train_rows\": ", options.train_rows, ",\n",
-      "  \"test_rows\": ", options.test_rows, ",\n",
-      "  \"seed\": ", options.seed, ",\n",
-      "  \"mean_ctr\": ", JsonNumber(summary->mean_ctr), ",\n",
-      "  \"target_ctr\": ", JsonNumber(options.target_ctr), ",\n",
-      "  \"bias\": ", JsonNumber(model.bias()), ",\n",
-      "  \"zipf_s\": ", JsonNumber(options.zipf_s), ",\n",
-      "  \"weight_scale\": ", JsonNumber(options.weight_scale), ",\n",
-      "  \"dense_weight_scale\": ", JsonNumber(options.dense_weight_scale),
-      ",\n", "  \"categorical_missing_rate\": ",
-      JsonNumber(options.categorical_missing_rate), ",\n",
-      "  \"dense_missing_rate\": ", JsonNumber(options.dense_missing_rate),
-      ",\n", "  \"vocab_sizes\": [", absl::StrJoin(options.vocab_sizes, ", "),
-      "],\n", "  \"dense_weights\": [", absl::StrJoin(dense_weights, ", "),
-      "],\n", "  \"dense_log_mean\": [", absl::StrJoin(log_means, ", "), "],\n",
-      "  \"dense_log_std\": [", absl::StrJoin(log_stds, ", "), "]\n", "}\n");
+      "{\n", "  \"planted_test_auc\": ", JsonNumber(summary->planted_test_auc), ",\n",
+      "  \"planted_test_logloss\": ", JsonNumber(summary->planted_test_logloss), ",\n",
+      "  \"train_rows\": ", options.train_rows, ",\n", "  \"test_rows\": ", options.test_rows,
+      ",\n", "  \"seed\": ", options.seed, ",\n", "  \"mean_ctr\": ", JsonNumber(summary->mean_ctr),
+      ",\n", "  \"target_ctr\": ", JsonNumber(options.target_ctr), ",\n",
+      "  \"bias\": ", JsonNumber(model.bias()), ",\n", "  \"zipf_s\": ", JsonNumber(options.zipf_s),
+      ",\n", "  \"weight_scale\": ", JsonNumber(options.weight_scale), ",\n",
+      "  \"dense_weight_scale\": ", JsonNumber(options.dense_weight_scale), ",\n",
+      "  \"categorical_missing_rate\": ", JsonNumber(options.categorical_missing_rate), ",\n",
+      "  \"dense_missing_rate\": ", JsonNumber(options.dense_missing_rate), ",\n",
+      "  \"vocab_sizes\": [", absl::StrJoin(options.vocab_sizes, ", "), "],\n",
+      "  \"dense_weights\": [", absl::StrJoin(dense_weights, ", "), "],\n",
+      "  \"dense_log_mean\": [", absl::StrJoin(log_means, ", "), "],\n", "  \"dense_log_std\": [",
+      absl::StrJoin(log_stds, ", "), "]\n", "}\n");
   STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(json_path, json));
   summary->bytes_written += json.size();
-  LOG(INFO) << "wrote CTR data to " << options.out_dir << ": "
-            << options.train_rows << " train and " << options.test_rows
-            << " test rows, mean CTR " << summary->mean_ctr
-            << ", planted test AUC " << summary->planted_test_auc
-            << ", log-loss " << summary->planted_test_logloss;
+  LOG(INFO) << "wrote CTR data to " << options.out_dir << ": " << options.train_rows
+            << " train and " << options.test_rows << " test rows, mean CTR " << summary->mean_ctr
+            << ", planted test AUC " << summary->planted_test_auc << ", log-loss "
+            << summary->planted_test_logloss;
   return absl::OkStatus();
 }
 
@@ -461,14 +441,12 @@ const char kCtrGenUsage[] =
     "   or: strata-gen-ctr --config JOB.yaml   (the job's data.generate "
     "section, --if_missing)\n";
 
-absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
-    const std::vector<std::string>& args) {
+absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(const std::vector<std::string>& args) {
   CtrGenOptions o;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument '", a, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
     }
     std::string key = a.substr(2), value;
     bool has_value = false;
@@ -483,15 +461,14 @@ absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
       } else if (value == "false" || value == "0") {
         o.if_missing = false;
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--if_missing: bad value '", value, "' (want true or false)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--if_missing: bad value '", value, "' (want true or false)"));
       }
       continue;
     }
     if (!has_value) {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", key, " needs a value"));
+        return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
       value = args[++i];
     }
@@ -527,8 +504,7 @@ absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", key));
     }
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", key, ": bad value '", value, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("--", key, ": bad value '", value, "'"));
     }
   }
   STRATA_RETURN_IF_ERROR(ValidateCtrGenOptions(o));

@@ -51,8 +51,8 @@ namespace strata::tools {
 // (I5 large, I10 and I12 mostly 0). Part of the generator's output: fixed.
 inline constexpr double kCtrDenseLogMean[storage::kCriteoDense] = {
     0.5, 2.5, 1.5, 1.2, 7.5, 3.5, 1.5, 1.8, 3.5, -0.5, 0.5, -1.0, 1.5};
-inline constexpr double kCtrDenseLogStd[storage::kCriteoDense] = {
-    1.2, 1.8, 1.3, 1.0, 2.0, 1.6, 1.5, 1.0, 1.3, 0.8, 1.0, 1.2, 1.2};
+inline constexpr double kCtrDenseLogStd[storage::kCriteoDense] = {1.2, 1.8, 1.3, 1.0, 2.0, 1.6, 1.5,
+                                                                  1.0, 1.3, 0.8, 1.0, 1.2, 1.2};
 
 // The default vocabulary sizes: field f (C(f+1)) has round(10 * 1.5^f)
 // values, capped at 200000: 10, 15, 23, 34, 51, ..., 112227, 168341, 200000
@@ -163,8 +163,7 @@ struct CtrGenSummary {
 // system's error when a write fails (files already published stay, but
 // planted.json is written only after the rest succeeded). `summary` may be
 // null.
-absl::Status GenerateCtrData(const CtrGenOptions& options,
-                             storage::FileSystem* fs,
+absl::Status GenerateCtrData(const CtrGenOptions& options, storage::FileSystem* fs,
                              CtrGenSummary* summary = nullptr);
 
 // strata-gen-ctr's command line (without the program name): --out_dir DIR
@@ -173,8 +172,7 @@ absl::Status GenerateCtrData(const CtrGenOptions& options,
 // [--dense_missing_rate R] [--target_ctr C] [--if_missing[=true|false]], as
 // "--flag value" or "--flag=value". InvalidArgument naming the bad flag,
 // including options that fail ValidateCtrGenOptions.
-absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(
-    const std::vector<std::string>& args);
+absl::StatusOr<CtrGenOptions> ParseCtrGenFlags(const std::vector<std::string>& args);
 extern const char kCtrGenUsage[];
 
 // `strata-gen-ctr --config JOB.yaml`: the flags equivalent to the job's

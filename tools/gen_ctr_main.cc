@@ -47,23 +47,20 @@ int main(int argc, char** argv) {
   auto fs = strata::storage::NewPosixFileSystem();
   strata::tools::CtrGenSummary summary;
   const absl::Time start = absl::Now();
-  if (auto s = strata::tools::GenerateCtrData(*options, fs.get(), &summary);
-      !s.ok()) {
+  if (auto s = strata::tools::GenerateCtrData(*options, fs.get(), &summary); !s.ok()) {
     std::cerr << "strata-gen-ctr: " << s.message() << "\n";
     return 1;
   }
   if (summary.already_existed) {
-    std::printf("strata-gen-ctr: data already in %s, nothing written\n",
-                options->out_dir.c_str());
+    std::printf("strata-gen-ctr: data already in %s, nothing written\n", options->out_dir.c_str());
     return 0;
   }
   std::printf(
       "strata-gen-ctr: wrote %lld train + %lld test rows to %s (%.1f MiB, "
       "%.2f s): mean CTR %.4f, planted test AUC %.4f, log-loss %.4f\n",
-      static_cast<long long>(summary.train_rows),
-      static_cast<long long>(summary.test_rows), options->out_dir.c_str(),
-      summary.bytes_written / 1048576.0,
-      absl::ToDoubleSeconds(absl::Now() - start), summary.mean_ctr,
-      summary.planted_test_auc, summary.planted_test_logloss);
+      static_cast<long long>(summary.train_rows), static_cast<long long>(summary.test_rows),
+      options->out_dir.c_str(), summary.bytes_written / 1048576.0,
+      absl::ToDoubleSeconds(absl::Now() - start), summary.mean_ctr, summary.planted_test_auc,
+      summary.planted_test_logloss);
   return 0;
 }

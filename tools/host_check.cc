@@ -104,10 +104,10 @@ std::vector<std::string> HostCheckArgs(const HostCheckRequest& req) {
   std::vector<std::string> args = {"host-check", "--bind", req.host, "--ports",
                                    absl::StrJoin(req.ports, ",")};
   if (req.rdma) {
-    args.insert(args.end(), {"--rdma", "true", "--register-bytes",
-                             std::to_string(req.register_bytes), "--rdma-port",
-                             std::to_string(req.rdma_settings.port), "--gid-index",
-                             std::to_string(req.rdma_settings.gid_index)});
+    args.insert(args.end(),
+                {"--rdma", "true", "--register-bytes", std::to_string(req.register_bytes),
+                 "--rdma-port", std::to_string(req.rdma_settings.port), "--gid-index",
+                 std::to_string(req.rdma_settings.gid_index)});
     if (!req.rdma_settings.device.empty()) {
       args.insert(args.end(), {"--rdma-device", req.rdma_settings.device});
     }

@@ -1,7 +1,7 @@
 // strata: the operator CLI.
+#include <cstdlib>
 #include <iostream>
 #include <string>
-#include <cstdlib>
 #include <vector>
 
 #include "tools/cli.h"

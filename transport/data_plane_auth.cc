@@ -37,9 +37,8 @@ bool IsKeyEpochRefusal(const absl::Status& s) { return HasReason(s, proto::REASO
 absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
   absl::Status out(s.code(), absl::StrCat(prefix, s.message()));
-  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
+  s.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 
@@ -65,10 +64,11 @@ std::string HandshakeMac(absl::string_view key, bool server, uint32_t node_id, u
   return Hmac(key, data);
 }
 
-std::string SessionKey(absl::string_view key, bool client_to_server,
-                       absl::string_view server_nonce, absl::string_view client_nonce) {
-  return Hmac(key, absl::StrCat(client_to_server ? "strata data-plane c2s" : "strata data-plane s2c",
-                                server_nonce, client_nonce));
+std::string SessionKey(absl::string_view key, bool client_to_server, absl::string_view server_nonce,
+                       absl::string_view client_nonce) {
+  return Hmac(key,
+              absl::StrCat(client_to_server ? "strata data-plane c2s" : "strata data-plane s2c",
+                           server_nonce, client_nonce));
 }
 
 FrameCipher::FrameCipher(std::string key) : key_(std::move(key)) {
@@ -145,8 +145,7 @@ bool FrameCipher::Open(absl::string_view aad, const char* in, size_t n, char* ou
   return EVP_DecryptFinal_ex(ctx, final_block, &len) == 1;
 }
 
-void MembershipKeys::Update(uint32_t node_id, uint64_t epoch, std::string key,
-                            std::string secret) {
+void MembershipKeys::Update(uint32_t node_id, uint64_t epoch, std::string key, std::string secret) {
   absl::MutexLock l(&mu_);
   if (have_ && own_.epoch != epoch) {
     LOG(INFO) << "data-plane keys of key epoch " << epoch << " (were " << own_.epoch << ")";
@@ -174,10 +173,12 @@ absl::StatusOr<std::string> MembershipKeys::KeyOf(uint32_t node_id, uint64_t epo
     return absl::FailedPreconditionError("this node cannot verify data-plane members");
   }
   if (epoch != own_.epoch) {
-    return KeyEpochRefusal(absl::StatusCode::kUnavailable, absl::StrCat(
-        "data-plane key epoch ", epoch, " is not the current one (", own_.epoch,
-        "): the caller's key is stale or revoked; a member gets the new one at its next "
-        "heartbeat"));
+    return KeyEpochRefusal(
+        absl::StatusCode::kUnavailable,
+        absl::StrCat(
+            "data-plane key epoch ", epoch, " is not the current one (", own_.epoch,
+            "): the caller's key is stale or revoked; a member gets the new one at its next "
+            "heartbeat"));
   }
   return DeriveNodeKey(secret_, node_id);
 }

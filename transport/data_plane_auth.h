@@ -58,8 +58,8 @@ std::string HandshakeMac(absl::string_view key, bool server, uint32_t node_id, u
 // replayed or reordered fails to open and closes the connection.
 // The payload on the wire is the ciphertext followed by the 16-byte tag.
 inline constexpr size_t kFrameTagBytes = 16;
-std::string SessionKey(absl::string_view key, bool client_to_server,
-                       absl::string_view server_nonce, absl::string_view client_nonce);
+std::string SessionKey(absl::string_view key, bool client_to_server, absl::string_view server_nonce,
+                       absl::string_view client_nonce);
 
 // One direction's frames. Not thread-safe: the sender's under its write
 // lock, the receiver's on its reading thread.

@@ -3,7 +3,6 @@
 #include "transport/transport.h"
 
 #include <cstring>
-
 #include <memory>
 #include <string>
 #include <utility>
@@ -110,19 +109,17 @@ absl::Status ResponseStatus(const Message& response) {
   const uint16_t code = response.header.status;
   if (code == 0) return absl::OkStatus();
   if (code > static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)) {
-    return absl::UnknownError(absl::StrCat(
-        "response carries unknown status code ", code, ": ", response.payload));
+    return absl::UnknownError(
+        absl::StrCat("response carries unknown status code ", code, ": ", response.payload));
   }
   return WithWireReason(absl::Status(static_cast<absl::StatusCode>(code), response.payload),
                         response.header.count);
 }
 
-void Connection::CallInto(Message request, char* dest, size_t dest_size,
-                          ResponseCallback done) {
-  Call(std::move(request), [dest, dest_size, done = std::move(done)](
-                               absl::StatusOr<Message> response) {
-    if (response.ok() && response->header.status == 0 &&
-        response->payload.size() == dest_size) {
+void Connection::CallInto(Message request, char* dest, size_t dest_size, ResponseCallback done) {
+  Call(std::move(request), [dest, dest_size,
+                            done = std::move(done)](absl::StatusOr<Message> response) {
+    if (response.ok() && response->header.status == 0 && response->payload.size() == dest_size) {
       std::memcpy(dest, response->payload.data(), dest_size);
       response->payload.clear();
       response->payload_in_destination = true;
@@ -131,8 +128,7 @@ void Connection::CallInto(Message request, char* dest, size_t dest_size,
   });
 }
 
-absl::StatusOr<Message> Connection::CallSync(Message request,
-                                             absl::Duration timeout) {
+absl::StatusOr<Message> Connection::CallSync(Message request, absl::Duration timeout) {
   // Shared with the callback, which may run after we gave up waiting.
   struct State {
     absl::Mutex mu;
@@ -147,16 +143,13 @@ absl::StatusOr<Message> Connection::CallSync(Message request,
   });
   absl::MutexLock l(&state->mu);
   if (!state->mu.AwaitWithTimeout(absl::Condition(&state->done), timeout)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("call to ", peer(), " got no response within ",
-                     absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat("call to ", peer(), " got no response within ",
+                                                    absl::FormatDuration(timeout)));
   }
   return std::move(state->result);
 }
 
-std::shared_ptr<InProcNetwork> NewInProcNetwork() {
-  return std::make_shared<InProcNetwork>();
-}
+std::shared_ptr<InProcNetwork> NewInProcNetwork() { return std::make_shared<InProcNetwork>(); }
 
 void OnceResponder::Respond(Message response) {
   if (responded_.exchange(true, std::memory_order_acq_rel)) {
@@ -193,8 +186,7 @@ void OnceResponder::AnswerIfDropped() {
                                        request_.request_id, " without responding"))));
 }
 
-absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
-    const TransportOptions& options) {
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options) {
   if (options.kind == "tcp") {
     tcp::TcpOptions tcp_options;
     tcp_options.max_payload_bytes = options.max_payload_bytes;
@@ -206,8 +198,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
   }
   if (options.kind == "inproc") {
     if (options.inproc_network == nullptr) {
-      return absl::InvalidArgumentError(
-          "transport kind \"inproc\" needs options.inproc_network");
+      return absl::InvalidArgumentError("transport kind \"inproc\" needs options.inproc_network");
     }
     return inproc::NewInProcTransport(options.inproc_network);
   }

@@ -140,8 +140,7 @@ class Responder {
   // The peer, for logs and errors ("127.0.0.1:51234" or "inproc:...").
   virtual std::string peer() const = 0;
 };
-using RequestHandler =
-    std::function<void(Message request, std::shared_ptr<Responder> responder)>;
+using RequestHandler = std::function<void(Message request, std::shared_ptr<Responder> responder)>;
 
 // The part of a Responder every backend shares: Respond answers once (a
 // second call is logged and ignored); the response gets the request's
@@ -195,8 +194,7 @@ class Connection {
   // arrive as with Call. `dest` must stay valid until `done` runs; if the
   // caller gives up before that, `dest` may still be written to, so it must
   // not be freed. The default implementation copies.
-  virtual void CallInto(Message request, char* dest, size_t dest_size,
-                        ResponseCallback done);
+  virtual void CallInto(Message request, char* dest, size_t dest_size, ResponseCallback done);
 
   // Call and wait up to `timeout` (DeadlineExceeded naming the peer).
   absl::StatusOr<Message> CallSync(Message request, absl::Duration timeout);
@@ -281,15 +279,13 @@ class Transport {
 
   // Starts serving on host:port (0 = any free port). One Listen per
   // transport. Errors name the address.
-  virtual absl::Status Listen(const std::string& host, int port,
-                              RequestHandler handler) = 0;
+  virtual absl::Status Listen(const std::string& host, int port, RequestHandler handler) = 0;
   // "host:port" actually bound; valid after a successful Listen.
   virtual std::string listen_address() const = 0;
 
   // Connects to a listening peer at "host:port". Unavailable naming the
   // address on failure.
-  virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(
-      const std::string& address) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address) = 0;
 
   // Closes every accepted connection whose membership handshake proved
   // node `node` (a node that left: its open connections go at once, not
@@ -319,8 +315,7 @@ class Transport {
   virtual void Shutdown() = 0;
 };
 
-absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
-    const TransportOptions& options);
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
 
 }  // namespace strata::transport
 

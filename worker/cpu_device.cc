@@ -29,9 +29,12 @@ absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
 
 const char* PrecisionName(Precision p) {
   switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kBf16: return "bf16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16:
+      return "bf16";
   }
   return "?";
 }
@@ -82,12 +85,10 @@ class CpuDevice : public Device {
     if (bytes > 0) std::memset(dst, 0, bytes);
   }
 
-  void GemmStrided(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
-                   int lda, const float* b, int ldb, float beta, float* c,
-                   int ldc) override {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                ldc);
+  void GemmStrided(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                   const float* b, int ldb, float beta, float* c, int ldc) override {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+                k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
   void AddBias(int rows, int cols, const float* bias, float* x) override {
@@ -112,8 +113,7 @@ class CpuDevice : public Device {
     }
   }
 
-  void ActivationBackward(Activation act, int64_t n, const float* y,
-                          float* g) override {
+  void ActivationBackward(Activation act, int64_t n, const float* y, float* g) override {
     switch (act) {
       case Activation::kRelu:
         ReluBackward(y, g, n);
@@ -127,16 +127,18 @@ class CpuDevice : public Device {
     }
   }
 
-  double SoftmaxCrossEntropy(int rows, int classes, const float* logits,
-                             const int32_t* labels, float* grad,
-                             int64_t* correct) override {
+  double SoftmaxCrossEntropy(int rows, int classes, const float* logits, const int32_t* labels,
+                             float* grad, int64_t* correct) override {
     double loss = 0;
     for (int r = 0; r < rows; ++r) {
       const float* z = logits + static_cast<int64_t>(r) * classes;
       int argmax = 0;
       float mx = z[0];
       for (int c = 1; c < classes; ++c) {
-        if (z[c] > mx) { mx = z[c]; argmax = c; }
+        if (z[c] > mx) {
+          mx = z[c];
+          argmax = c;
+        }
       }
       double sum = 0;
       for (int c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(z[c] - mx));
@@ -154,8 +156,8 @@ class CpuDevice : public Device {
     return loss;
   }
 
-  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
-                                  const int32_t* labels, float* grad) override {
+  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits, const int32_t* labels,
+                                  float* grad) override {
     pending_loss_ += SoftmaxCrossEntropy(rows, classes, logits, labels, grad, &pending_correct_);
   }
   double TakePendingLoss(int64_t* correct) override {
@@ -200,8 +202,8 @@ class CpuDevice : public Device {
     for (int r = 0; r < rows; ++r) {
       const float* d = in + static_cast<int64_t>(r) * in_stride;
       for (int f = 0; f < fields; ++f) {
-        float* g = table_grad +
-                   static_cast<int64_t>(slot[static_cast<int64_t>(r) * fields + f]) * dim;
+        float* g =
+            table_grad + static_cast<int64_t>(slot[static_cast<int64_t>(r) * fields + f]) * dim;
         const float* s = d + static_cast<int64_t>(f) * dim;
         for (int k = 0; k < dim; ++k) g[k] += s[k];
       }
@@ -215,8 +217,6 @@ class CpuDevice : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> NewCpuDevice(int threads) {
-  return std::make_unique<CpuDevice>(threads);
-}
+std::unique_ptr<Device> NewCpuDevice(int threads) { return std::make_unique<CpuDevice>(threads); }
 
 }  // namespace strata::worker

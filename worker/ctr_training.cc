@@ -19,13 +19,11 @@
 #include "worker/worker.h"
 
 namespace strata::worker {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
-                                    bool barrier, bool use_cache, uint64_t step,
-                                    float* wide_rows, float* emb_rows, absl::Duration* comm) {
+                                    bool barrier, bool use_cache, uint64_t step, float* wide_rows,
+                                    float* emb_rows, absl::Duration* comm) {
   const int dim = wide_deep_->dim();
   std::vector<uint64_t> missing;
   std::vector<uint32_t> missing_at;  // where each missing key is in `keys`
@@ -49,10 +47,10 @@ absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t 
   std::vector<uint32_t> perm;
   STRATA_RETURN_IF_ERROR(params_->GroupKeys(missing, &grouped, &perm));
   std::vector<float> w(missing.size()), e(missing.size() * dim);
-  auto wide = params_->StartSparsePull(WideDeep::kWideTable, &grouped, w.data(), min_version,
-                                       barrier);
-  auto emb = params_->StartSparsePull(WideDeep::kEmbeddingTable, &grouped, e.data(),
-                                      min_version, barrier);
+  auto wide =
+      params_->StartSparsePull(WideDeep::kWideTable, &grouped, w.data(), min_version, barrier);
+  auto emb =
+      params_->StartSparsePull(WideDeep::kEmbeddingTable, &grouped, e.data(), min_version, barrier);
   wide->IssueAll();
   emb->IssueAll();
   const absl::Time t0 = absl::Now();
@@ -63,8 +61,8 @@ absl::Status Worker::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t 
   for (size_t i = 0; i < missing.size(); ++i) {
     const size_t at = perm[i];
     wide_rows[missing_at[i]] = w[at];
-    std::memcpy(emb_rows + static_cast<size_t>(missing_at[i]) * dim,
-                e.data() + at * dim, sizeof(float) * dim);
+    std::memcpy(emb_rows + static_cast<size_t>(missing_at[i]) * dim, e.data() + at * dim,
+                sizeof(float) * dim);
   }
   if (use_cache && row_cache_ != nullptr) {
     row_cache_->Insert(grouped.keys.data(), grouped.keys.size(), {w.data(), e.data()}, step);
@@ -82,18 +80,18 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     // The lines starting in the task's bytes, read now (pread, or a ranged
     // GET from an object store).
     if (task.byte_begin() < 0 || task.byte_begin() > task.byte_end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data task ", task.id(), ": bad byte range [", task.byte_begin(), ", ",
-          task.byte_end(), ") of ", d.train));
+      return absl::InvalidArgumentError(absl::StrCat("data task ", task.id(), ": bad byte range [",
+                                                     task.byte_begin(), ", ", task.byte_end(),
+                                                     ") of ", d.train));
     }
     storage::CriteoReadStats stats;
-    STRATA_ASSIGN_OR_RETURN(ranged, storage::LoadCriteoRange(options_.fs, d.train,
-                                                             task.byte_begin(), task.byte_end(),
-                                                             CtrReadOptions(d), &stats));
+    STRATA_ASSIGN_OR_RETURN(
+        ranged, storage::LoadCriteoRange(options_.fs, d.train, task.byte_begin(), task.byte_end(),
+                                         CtrReadOptions(d), &stats));
     if (stats.skipped > 0) {
       if (ctr_train_skipped_ == 0) {
-        LOG(WARNING) << d.train << ": skipping bad lines (data.bad_lines: skip); first: "
-                     << stats.first_error;
+        LOG(WARNING) << d.train
+                     << ": skipping bad lines (data.bad_lines: skip); first: " << stats.first_error;
       }
       ctr_train_skipped_ += stats.skipped;
     }
@@ -106,15 +104,16 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
       storage::CriteoReadStats stats;
       storage::CriteoReadOptions read = CtrReadOptions(d);
       read.limit = d.train_limit;
-      STRATA_ASSIGN_OR_RETURN(ctr_train_, storage::LoadCriteoFile(options_.fs, d.train, read, &stats));
+      STRATA_ASSIGN_OR_RETURN(ctr_train_,
+                              storage::LoadCriteoFile(options_.fs, d.train, read, &stats));
       ctr_train_skipped_ = stats.skipped;
     }
     const int64_t n_records = ctr_train_.num_examples;
     if (task.begin() < 0 || task.begin() >= task.end() ||
         task.end() > n_records + ctr_train_skipped_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data task ", task.id(), " [", task.begin(), ", ", task.end(), ") is outside ",
-          d.train, ": ", n_records, " records",
+          "data task ", task.id(), " [", task.begin(), ", ", task.end(), ") is outside ", d.train,
+          ": ", n_records, " records",
           ctr_train_skipped_ > 0 ? absl::StrCat(" and ", ctr_train_skipped_, " bad lines") : "",
           " here (does every host have the same file?)"));
     }
@@ -152,8 +151,7 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     const uint64_t step = next_step_;
     // Pull: the dense tables and the batch's rows, every partition at once.
     uint64_t pulled_version = 0;
-    auto dense_pull =
-        params_->StartPull(bsp ? step : 0, &wide_deep_->params(), &pulled_version);
+    auto dense_pull = params_->StartPull(bsp ? step : 0, &wide_deep_->params(), &pulled_version);
     dense_pull->IssueAll();
     wide_rows.resize(unique.size());
     emb_rows.resize(unique.size() * dim);
@@ -182,15 +180,15 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     push_emb.resize(unique.size() * dim);
     for (size_t u = 0; u < unique.size(); ++u) {
       push_wide[perm[u]] = wide_grad[u];
-      std::memcpy(push_emb.data() + static_cast<size_t>(perm[u]) * dim,
-                  emb_grad.data() + u * dim, sizeof(float) * dim);
+      std::memcpy(push_emb.data() + static_cast<size_t>(perm[u]) * dim, emb_grad.data() + u * dim,
+                  sizeof(float) * dim);
     }
     PushResult pushed_dense, pushed_wide, pushed_emb;
     auto dense_push = params_->StartPush(&wide_deep_->grads(), version, n, &pushed_dense);
     auto wide_push = params_->StartSparsePush(WideDeep::kWideTable, &grouped, push_wide.data(),
                                               version, n, bsp, &pushed_wide);
-    auto emb_push = params_->StartSparsePush(WideDeep::kEmbeddingTable, &grouped,
-                                             push_emb.data(), version, n, bsp, &pushed_emb);
+    auto emb_push = params_->StartSparsePush(WideDeep::kEmbeddingTable, &grouped, push_emb.data(),
+                                             version, n, bsp, &pushed_emb);
     dense_push->IssueAll();
     wide_push->IssueAll();
     emb_push->IssueAll();
@@ -207,10 +205,10 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
     TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
     next_step_ = version + 1;
     ++ctr_steps_;
-    RecordStep(n, version, loss, wide_deep_->last_correct(), t3 - t0, comm,
-               pushed_dense.stale_partitions + pushed_wide.stale_partitions +
-                       pushed_emb.stale_partitions >
-                   0);
+    RecordStep(
+        n, version, loss, wide_deep_->last_correct(), t3 - t0, comm,
+        pushed_dense.stale_partitions + pushed_wide.stale_partitions + pushed_emb.stale_partitions >
+            0);
   }
   return absl::OkStatus();
 }
@@ -218,11 +216,12 @@ absl::Status Worker::TrainCtrTask(const proto::DataTask& task) {
 absl::StatusOr<Worker::CtrMetrics> Worker::CtrTestMetrics(uint64_t min_version) {
   const DataSection& d = options_.config.data;
   storage::CriteoReadStats read_stats;
-  STRATA_ASSIGN_OR_RETURN(storage::CtrDataset test,
-                          storage::LoadCriteoFile(options_.fs, d.test, CtrReadOptions(d), &read_stats));
+  STRATA_ASSIGN_OR_RETURN(
+      storage::CtrDataset test,
+      storage::LoadCriteoFile(options_.fs, d.test, CtrReadOptions(d), &read_stats));
   if (read_stats.skipped > 0) {
-    LOG(WARNING) << d.test << ": skipped " << read_stats.skipped << " bad line(s); first: "
-                 << read_stats.first_error;
+    LOG(WARNING) << d.test << ": skipped " << read_stats.skipped
+                 << " bad line(s); first: " << read_stats.first_error;
   }
   STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &wide_deep_->params()).status());
   const int dim = wide_deep_->dim();
@@ -235,21 +234,21 @@ absl::StatusOr<Worker::CtrMetrics> Worker::CtrTestMetrics(uint64_t min_version) 
   for (int64_t b = 0; b < test.num_examples; b += chunk) {
     const int n = static_cast<int>(std::min<int64_t>(chunk, test.num_examples - b));
     DeduplicateKeys(test.keys.data() + b * kCtrFields, static_cast<size_t>(n) * kCtrFields, &index,
-                &unique, &slot);
+                    &unique, &slot);
     wide_rows.resize(unique.size());
     emb_rows.resize(unique.size() * dim);
     STRATA_RETURN_IF_ERROR(PullSparseRows(unique, min_version, /*barrier=*/false,
-                                          /*use_cache=*/false, 0, wide_rows.data(),
-                                          emb_rows.data(), &comm));
+                                          /*use_cache=*/false, 0, wide_rows.data(), emb_rows.data(),
+                                          &comm));
     STRATA_RETURN_IF_ERROR(wide_deep_->Predict(test.dense.data() + b * kCtrDenseFeatures,
-                                               slot.data(), n, wide_rows.data(),
-                                               emb_rows.data(), probs.data() + b));
+                                               slot.data(), n, wide_rows.data(), emb_rows.data(),
+                                               probs.data() + b));
   }
   for (int64_t i = 0; i < test.num_examples; ++i) {
     if (!std::isfinite(probs[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the model diverged: its prediction for test example ", i, " of ", d.test,
-          " is not a number (lower the learning rates)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model diverged: its prediction for test example ", i, " of ", d.test,
+                       " is not a number (lower the learning rates)"));
     }
   }
   CtrMetrics m;
@@ -257,7 +256,8 @@ absl::StatusOr<Worker::CtrMetrics> Worker::CtrTestMetrics(uint64_t min_version) 
   m.auc = Auc(probs, test.labels);
   m.logloss = LogLoss(probs, test.labels);
   int64_t correct = 0;
-  for (int64_t i = 0; i < test.num_examples; ++i) correct += (probs[i] > 0.5f) == (test.labels[i] > 0.5f);
+  for (int64_t i = 0; i < test.num_examples; ++i)
+    correct += (probs[i] > 0.5f) == (test.labels[i] > 0.5f);
   m.accuracy = static_cast<double>(correct) / test.num_examples;
   return m;
 }

@@ -83,13 +83,13 @@ class Device {
   // elements) of A, B and C as stored, so a block of columns of a larger
   // matrix can take part (the MLP computes a weight's rows block by block).
   virtual void GemmStrided(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                           const float* a, int lda, const float* b, int ldb, float beta,
-                           float* c, int ldc) = 0;
+                           const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                           int ldc) = 0;
   // GemmStrided on densely stored matrices.
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
             const float* b, float beta, float* c) {
-    GemmStrided(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n,
-                beta, c, n);
+    GemmStrided(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c,
+                n);
   }
   // x[rows x cols] += bias[cols] on every row.
   virtual void AddBias(int rows, int cols, const float* bias, float* x) = 0;
@@ -98,15 +98,13 @@ class Device {
   // x = f(x), elementwise.
   virtual void ActivationForward(Activation act, int64_t n, float* x) = 0;
   // g *= f'(.) evaluated from the activation's output y.
-  virtual void ActivationBackward(Activation act, int64_t n, const float* y,
-                                  float* g) = 0;
+  virtual void ActivationBackward(Activation act, int64_t n, const float* y, float* g) = 0;
   // Softmax cross-entropy over rows of logits[rows x classes] with integer
   // labels. Writes d(sum loss)/d logits into grad (may be nullptr), adds the
   // number of rows whose argmax equals the label to *correct (a host
   // counter; may be nullptr), and returns the summed loss.
   virtual double SoftmaxCrossEntropy(int rows, int classes, const float* logits,
-                                     const int32_t* labels, float* grad,
-                                     int64_t* correct) = 0;
+                                     const int32_t* labels, float* grad, int64_t* correct) = 0;
   // SoftmaxCrossEntropy with the loss (and the count of rows predicted
   // right) left on the device, added to running sums that TakePendingLoss
   // returns (waiting for them) and clears: a training step then waits for
@@ -124,8 +122,8 @@ class Device {
   virtual void Sigmoid(int64_t n, const float* logits, float* probs) = 0;
   // Embedding gather: for each row r and field f,
   //   out[r * out_stride + f * dim + (0..dim)] = table[slot[r * fields + f] * dim + (0..dim)].
-  virtual void GatherRows(int rows, int fields, int dim, const float* table,
-                          const uint32_t* slot, float* out, int out_stride) = 0;
+  virtual void GatherRows(int rows, int fields, int dim, const float* table, const uint32_t* slot,
+                          float* out, int out_stride) = 0;
   // Its gradient, scatter-added: for each row r and field f,
   //   table_grad[slot[r * fields + f] * dim + (0..dim)] += in[r * in_stride + f * dim + (0..dim)].
   // Rows that share a slot add up (in any order on a GPU).

@@ -44,15 +44,14 @@ absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int gpu, Precision precisi
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<Device>> NewDevice(const DeviceChoice& choice,
-                                                  std::string* note) {
+absl::StatusOr<std::unique_ptr<Device>> NewDevice(const DeviceChoice& choice, std::string* note) {
   if (choice.device == "cpu") return NewCpuDevice(choice.cpu_threads);
   if (choice.device == "cuda") {
     absl::StatusOr<std::unique_ptr<Device>> d = NewCudaDevice(choice.gpu, choice.precision);
     if (!d.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "worker.device is cuda but ", d.status().message(),
-          " (set worker.device: cpu or auto to train on the CPU)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker.device is cuda but ", d.status().message(),
+                       " (set worker.device: cpu or auto to train on the CPU)"));
     }
     return d;
   }

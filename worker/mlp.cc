@@ -146,9 +146,8 @@ absl::Status Mlp::Prepare(const float* x, const int32_t* y, int batch) {
     slot = prefetched_.front();
     prefetched_.erase(prefetched_.begin());
     if (inputs_[slot].batch != batch) {
-      return absl::InvalidArgumentError(absl::StrCat("a batch of ", batch,
-                                                     " examples after one of ",
-                                                     inputs_[slot].batch, " was prefetched"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a batch of ", batch, " examples after one of ", inputs_[slot].batch, " was prefetched"));
     }
   } else {
     slot = next_slot_;
@@ -203,9 +202,8 @@ absl::Status Mlp::Prefetch(const float* x, const int32_t* y, int batch) {
 }
 
 void Mlp::UploadParams(int t, uint64_t begin, uint64_t end) {
-  const Device::Fence f =
-      device_->Upload(d_params_[t].data() + begin, params_[t].data() + begin,
-                      (end - begin) * sizeof(float));
+  const Device::Fence f = device_->Upload(d_params_[t].data() + begin, params_[t].data() + begin,
+                                          (end - begin) * sizeof(float));
   device_->ComputeAfter(f);
   param_fence_[t] = f;
 }
@@ -224,8 +222,8 @@ absl::Status Mlp::LayerForward(size_t i, const float* in, int batch, float* out,
       if (!host_) UploadParams(wt, static_cast<uint64_t>(r0) * dout, end);
     }
     device_->GemmStrided(false, false, batch, dout, r1 - r0, 1.f, in + r0, din,
-                         DParam(wt) + static_cast<size_t>(r0) * dout, dout,
-                         k == 0 ? 0.f : 1.f, out, dout);
+                         DParam(wt) + static_cast<size_t>(r0) * dout, dout, k == 0 ? 0.f : 1.f, out,
+                         dout);
   }
   if (hooks != nullptr) {
     STRATA_RETURN_IF_ERROR(CallHook(hooks->need_params, wt + 1, static_cast<uint64_t>(dout)));
@@ -312,8 +310,7 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
   for (size_t li = n_layers; li-- > 0;) {
     const int din = layers_[li], dout = layers_[li + 1];
     const int wt = static_cast<int>(2 * li);
-    if (li > 0 && !Kept(li - 1) &&
-        valid_segment_ != static_cast<int>(li - 1) / recompute_every_) {
+    if (li > 0 && !Kept(li - 1) && valid_segment_ != static_cast<int>(li - 1) / recompute_every_) {
       STRATA_RETURN_IF_ERROR(Recompute(li - 1, batch));
     }
     const float* in = li == 0 ? x_ : Act(li - 1);
@@ -325,9 +322,8 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
     const std::vector<int>& blocks = row_blocks_[li];
     for (size_t k = 0; k + 1 < blocks.size(); ++k) {
       const int r0 = blocks[k], r1 = blocks[k + 1];
-      device_->GemmStrided(true, false, r1 - r0, dout, batch, 1.f, in + r0, din,
-                           delta_.data(), dout, 0.f,
-                           DGrad(wt) + static_cast<size_t>(r0) * dout, dout);
+      device_->GemmStrided(true, false, r1 - r0, dout, batch, 1.f, in + r0, din, delta_.data(),
+                           dout, 0.f, DGrad(wt) + static_cast<size_t>(r0) * dout, dout);
       STRATA_RETURN_IF_ERROR(DownloadGrads(wt, static_cast<uint64_t>(r0) * dout,
                                            static_cast<uint64_t>(r1) * dout, hooks));
     }
@@ -358,7 +354,8 @@ absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* 
   STRATA_RETURN_IF_ERROR(Prepare(x, y, batch));
   if (!host_) {
     // The parameters as they are in params() now.
-    for (size_t t = 0; t < params_.size(); ++t) UploadParams(static_cast<int>(t), 0, params_[t].size());
+    for (size_t t = 0; t < params_.size(); ++t)
+      UploadParams(static_cast<int>(t), 0, params_[t].size());
   }
   const size_t n_layers = layers_.size() - 1;
   const float* in = x_;
@@ -366,8 +363,8 @@ absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* 
     STRATA_RETURN_IF_ERROR(LayerForward(i, in, batch, Act(i), nullptr));
     in = Act(i);
   }
-  *loss_sum += device_->SoftmaxCrossEntropy(batch, layers_.back(), Act(n_layers - 1), y_,
-                                            nullptr, correct);
+  *loss_sum +=
+      device_->SoftmaxCrossEntropy(batch, layers_.back(), Act(n_layers - 1), y_, nullptr, correct);
   return device_->Synchronize();
 }
 

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-
 #include "worker/device.h"
 
 namespace strata::worker {
@@ -53,8 +52,7 @@ class Mlp {
     std::function<absl::Status(int table, uint64_t end)> grads_ready;
     std::function<absl::Status(int table)> params_released;
   };
-  absl::StatusOr<double> TrainStep(const float* x, const int32_t* y, int batch,
-                                   const Hooks& hooks);
+  absl::StatusOr<double> TrainStep(const float* x, const int32_t* y, int batch, const Hooks& hooks);
   // Examples of the last completed TrainStep whose predicted class (the
   // argmax of the logits) was their label: the training accuracy.
   int64_t last_correct() const { return last_correct_; }
@@ -73,7 +71,7 @@ class Mlp {
   // Forward only: adds the summed loss to *loss_sum and the number of
   // correct predictions to *correct. Fails only when the device does.
   absl::Status Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
-                int64_t* correct);
+                        int64_t* correct);
 
   // Input prefetch: the batch of a coming TrainStep, copied to the device
   // now, on the copy stream, while the current step computes. (Evaluate
@@ -105,8 +103,7 @@ class Mlp {
   // One layer's forward pass, out = f(in W + b) (no f on the last layer);
   // with `hooks`, need_params is called per row block and the block is
   // copied to the GPU (without, the parameters are there already).
-  absl::Status LayerForward(size_t i, const float* in, int batch, float* out,
-                            const Hooks* hooks);
+  absl::Status LayerForward(size_t i, const float* in, int batch, float* out, const Hooks* hooks);
   // Recomputes the outputs of the layers of `layer`'s segment up to `layer`.
   absl::Status Recompute(size_t layer, int batch);
   // Where layer i's output is (a kept layer's own buffer or a segment slot).
@@ -130,16 +127,16 @@ class Mlp {
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
   std::vector<DeviceArray<float>> d_params_, d_grads_;  // GPU only
-  std::vector<Device::Fence> param_fence_;             // last upload per table
+  std::vector<Device::Fence> param_fence_;              // last upload per table
   struct PendingGrad {
     int table;
     uint64_t end;
     Device::Fence fence;
   };
   std::vector<PendingGrad> pending_grads_;
-  std::vector<DeviceArray<float>> acts_;  // per layer output (kept layers)
+  std::vector<DeviceArray<float>> acts_;   // per layer output (kept layers)
   std::vector<DeviceArray<float>> slots_;  // recomputed layers' outputs
-  bool loss_pending_ = false;  // a step's loss is on the device, not taken
+  bool loss_pending_ = false;              // a step's loss is on the device, not taken
   int64_t last_correct_ = 0;
   int recompute_every_ = 0;
   int valid_segment_ = -1;  // whose outputs the slots hold

@@ -9,18 +9,17 @@
 #include "common/error_reason.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
-#include "transport/data_plane_auth.h"
 #include "glog/logging.h"
+#include "transport/data_plane_auth.h"
 
 namespace strata::worker {
 
 using transport::Message;
 using transport::MessageType;
 
-ParamClient::ParamClient(
-    transport::Transport* transport, uint32_t node_id,
-    std::function<absl::StatusOr<proto::ClusterView>()> refresh_view,
-    absl::Duration request_timeout)
+ParamClient::ParamClient(transport::Transport* transport, uint32_t node_id,
+                         std::function<absl::StatusOr<proto::ClusterView>()> refresh_view,
+                         absl::Duration request_timeout)
     : transport_(transport),
       node_id_(node_id),
       refresh_view_(std::move(refresh_view)),
@@ -48,15 +47,14 @@ void ParamClient::SetView(const proto::ClusterView& view) {
     sparse_dims_[t.id()] = static_cast<int>(t.dim());
     sparse_routes_[t.id()].resize(t.partitions(), Route{0, 0, 0, 0, "", 0});
     if (sparse_partitions_ != 0 && sparse_partitions_ != t.partitions()) {
-      view_error_ = absl::DataLossError(absl::StrCat(
-          "cluster view epoch ", view.epoch(), ": sparse tables with ", sparse_partitions_,
-          " and ", t.partitions(), " virtual partitions"));
+      view_error_ = absl::DataLossError(
+          absl::StrCat("cluster view epoch ", view.epoch(), ": sparse tables with ",
+                       sparse_partitions_, " and ", t.partitions(), " virtual partitions"));
     }
     sparse_partitions_ = t.partitions();
   }
   for (const auto& p : view.partitions()) {
-    const Route r{p.id(), p.table_id(), p.offset(), p.length(), data_address[p.owner()],
-                  p.owner()};
+    const Route r{p.id(), p.table_id(), p.offset(), p.length(), data_address[p.owner()], p.owner()};
     auto sparse = sparse_routes_.find(p.table_id());
     if (sparse == sparse_routes_.end()) {
       routes_.push_back(r);
@@ -64,9 +62,8 @@ void ParamClient::SetView(const proto::ClusterView& view) {
       sparse->second[p.offset()] = r;
     } else {
       view_error_ = absl::DataLossError(absl::StrCat(
-          "cluster view epoch ", view.epoch(), ": partition ", p.id(),
-          " is virtual partition ", p.offset(), " of sparse table ", p.table_id(),
-          " which has ", sparse->second.size()));
+          "cluster view epoch ", view.epoch(), ": partition ", p.id(), " is virtual partition ",
+          p.offset(), " of sparse table ", p.table_id(), " which has ", sparse->second.size()));
     }
   }
   table_sizes_.clear();
@@ -74,9 +71,9 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   for (const auto& [table, routes] : sparse_routes_) {
     for (const Route& r : routes) {
       if (r.address.empty() && view_error_.ok()) {
-        view_error_ = absl::DataLossError(absl::StrCat(
-            "cluster view epoch ", view.epoch(), ": a virtual partition of sparse table ",
-            table, " has no owner"));
+        view_error_ = absl::DataLossError(absl::StrCat("cluster view epoch ", view.epoch(),
+                                                       ": a virtual partition of sparse table ",
+                                                       table, " has no owner"));
       }
     }
   }
@@ -86,9 +83,9 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   for (const Route& r : routes_) {
     if (!view_error_.ok()) break;  // the first problem found is the one reported
     if (r.table >= table_sizes_.size() || r.offset + r.length > table_sizes_[r.table]) {
-      view_error_ = absl::DataLossError(absl::StrCat(
-          "cluster view epoch ", view.epoch(), ": partition ", r.partition,
-          " lies outside table ", r.table));
+      view_error_ =
+          absl::DataLossError(absl::StrCat("cluster view epoch ", view.epoch(), ": partition ",
+                                           r.partition, " lies outside table ", r.table));
       LOG(ERROR) << view_error_;
       break;
     }
@@ -96,9 +93,9 @@ void ParamClient::SetView(const proto::ClusterView& view) {
 }
 
 void ParamClient::SetMetrics(MetricsRegistry* metrics) {
-  push_seconds_ = metrics->GetHistogram(
-      "strata_worker_push_seconds", "Push request latency: gradient sent to its ack",
-      Histogram::LatencyBounds());
+  push_seconds_ = metrics->GetHistogram("strata_worker_push_seconds",
+                                        "Push request latency: gradient sent to its ack",
+                                        Histogram::LatencyBounds());
   pull_seconds_ = metrics->GetHistogram(
       "strata_worker_pull_seconds",
       "Pull request latency: request sent to the parameters received (bsp: includes the "
@@ -183,16 +180,15 @@ struct ParamClient::Round {
   // late answer is dropped), and those awaiting an answer.
   std::map<uint32_t, uint64_t> attempt ABSL_GUARDED_BY(mu);
   std::set<uint32_t> pending ABSL_GUARDED_BY(mu);
-  std::map<uint32_t, absl::Time> sent_at ABSL_GUARDED_BY(mu);  // of the pending attempt
+  std::map<uint32_t, absl::Time> sent_at ABSL_GUARDED_BY(mu);   // of the pending attempt
   std::map<uint32_t, uint64_t> sent_epoch ABSL_GUARDED_BY(mu);  // the view epoch it carried
   // Answers so far, readable without the lock (for a short spin).
   std::atomic<uint64_t> answered{0};
 };
 
 ParamClient::Exchange::Exchange(ParamClient* client, MakeRequest make_request,
-                                OnResponse on_response, Destination destination,
-                                int sparse_table, const SparseKeys* sparse,
-                                bool every_partition)
+                                OnResponse on_response, Destination destination, int sparse_table,
+                                const SparseKeys* sparse, bool every_partition)
     : client_(client),
       sparse_table_(sparse_table),
       sparse_(sparse),
@@ -230,13 +226,13 @@ void ParamClient::Exchange::LoadRoutes() {
   }
   auto it = client_->sparse_routes_.find(static_cast<uint32_t>(sparse_table_));
   if (view_error_.ok() && it == client_->sparse_routes_.end()) {
-    view_error_ = absl::FailedPreconditionError(absl::StrCat(
-        "table ", sparse_table_, " is not a sparse table in the cluster view"));
+    view_error_ = absl::FailedPreconditionError(
+        absl::StrCat("table ", sparse_table_, " is not a sparse table in the cluster view"));
   }
   if (view_error_.ok() && sparse_->begin.size() != it->second.size() + 1) {
-    view_error_ = absl::FailedPreconditionError(absl::StrCat(
-        "keys grouped for ", sparse_->begin.size() - 1, " virtual partitions, table ",
-        sparse_table_, " has ", it->second.size()));
+    view_error_ = absl::FailedPreconditionError(
+        absl::StrCat("keys grouped for ", sparse_->begin.size() - 1, " virtual partitions, table ",
+                     sparse_table_, " has ", it->second.size()));
   }
   if (!view_error_.ok()) return;
   const int dim = client_->sparse_dims_.at(static_cast<uint32_t>(sparse_table_));
@@ -276,15 +272,15 @@ void ParamClient::Exchange::Send(uint32_t partition) {
       destination_ ? destination_(r) : std::pair<char*, size_t>(nullptr, 0);
   const size_t destination_bytes = dest.second;
   TraceWriter* const trace = client_->trace_;
-  auto finish = [round, partition, attempt, seconds, bytes, push, request_bytes,
-                 destination_bytes, sent, trace](absl::StatusOr<Message> resp) {
+  auto finish = [round, partition, attempt, seconds, bytes, push, request_bytes, destination_bytes,
+                 sent, trace](absl::StatusOr<Message> resp) {
     // Only answers that did the work: a refusal (a stale epoch, retried)
     // is neither a push's or pull's latency nor bytes moved.
     if (resp.ok() && resp->header.status == 0 && (seconds != nullptr || trace != nullptr)) {
       const absl::Time now = absl::Now();
-      const size_t n = push ? request_bytes
-                            : resp->payload_in_destination ? destination_bytes
-                                                           : resp->payload_size();
+      const size_t n = push                           ? request_bytes
+                       : resp->payload_in_destination ? destination_bytes
+                                                      : resp->payload_size();
       if (seconds != nullptr) {
         seconds->Observe(absl::ToDoubleSeconds(now - sent));
         bytes->Increment(n);
@@ -349,8 +345,7 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
       if (done()) return absl::OkStatus();
     }
     const absl::Time spin_until = absl::Now() + absl::Microseconds(50);
-    while (round_->answered.load(std::memory_order_acquire) == seen &&
-           absl::Now() < spin_until) {
+    while (round_->answered.load(std::memory_order_acquire) == seen && absl::Now() < spin_until) {
       __builtin_ia32_pause();
     }
   }
@@ -370,9 +365,9 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
           absl::StrAppend(&which, which.empty() ? "" : ", ", "partition ", r.partition, " at ",
                           r.address, " (node ", r.owner, ")");
         }
-        return absl::DeadlineExceededError(absl::StrCat(
-            round_->outstanding, " partition request(s) unanswered after ",
-            absl::FormatDuration(client_->request_timeout_), ": ", which));
+        return absl::DeadlineExceededError(
+            absl::StrCat(round_->outstanding, " partition request(s) unanswered after ",
+                         absl::FormatDuration(client_->request_timeout_), ": ", which));
       }
     }
     if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
@@ -452,7 +447,8 @@ void ParamClient::Exchange::AbandonMoved() {
   {
     absl::MutexLock l(&client_->mu_);
     if (client_->epoch_ == epoch_) return;
-    for (const auto& [id, r] : routes_) now_at[id] = client_->CurrentAddressLocked(r, sparse_table_);
+    for (const auto& [id, r] : routes_)
+      now_at[id] = client_->CurrentAddressLocked(r, sparse_table_);
   }
   std::set<std::string> left;
   {
@@ -465,8 +461,8 @@ void ParamClient::Exchange::AbandonMoved() {
       }
       ++round_->attempt[*it];  // its answer, if one ever comes, is dropped
       round_->results.insert_or_assign(
-          *it, absl::UnavailableError(absl::StrCat("partition ", *it, " moved from ", r.address,
-                                                   " in a newer view")));
+          *it, absl::UnavailableError(
+                   absl::StrCat("partition ", *it, " moved from ", r.address, " in a newer view")));
       --round_->outstanding;
       round_->answered.fetch_add(1, std::memory_order_release);
       left.insert(r.address);
@@ -484,9 +480,7 @@ absl::Status ParamClient::Exchange::WaitRange(uint32_t table, uint64_t end) {
   return good ? absl::OkStatus() : Finish();
 }
 
-void ParamClient::Exchange::RenewDeadline() {
-  deadline_ = absl::Now() + client_->request_timeout_;
-}
+void ParamClient::Exchange::RenewDeadline() { deadline_ = absl::Now() + client_->request_timeout_; }
 
 absl::StatusOr<bool> ParamClient::Exchange::AwaitRange(uint32_t table, uint64_t end) {
   STRATA_RETURN_IF_ERROR(view_error_);
@@ -563,8 +557,7 @@ absl::Status ParamClient::Exchange::FinishOnce() {
     for (auto& [id, o] : results) {
       const Route& r = routes_.at(id);
       if (!o.ok()) {  // connection-level failure: reconnect and retry
-        LOG_EVERY_N(WARNING, 20) << "partition " << r.partition << " at " << r.address
-                                 << ": "
+        LOG_EVERY_N(WARNING, 20) << "partition " << r.partition << " at " << r.address << ": "
                                  << o.status().ToString(absl::StatusToStringMode::kWithNoExtraData)
                                  << "; retrying";
         retry.push_back(id);
@@ -588,7 +581,7 @@ absl::Status ParamClient::Exchange::FinishOnce() {
         if (o->header.epoch > epoch_) refresh = true;  // our view is stale
         retry.push_back(id);
       } else if (absl::IsUnavailable(s)) {
-        retry.push_back(id);  // pserver behind on the view, or not ready,
+        retry.push_back(id);               // pserver behind on the view, or not ready,
         if (attempt >= 2) refresh = true;  // or no longer serving it
       } else {
         STRATA_RETURN_IF_ERROR(on_response_(r, *o));
@@ -601,10 +594,10 @@ absl::Status ParamClient::Exchange::FinishOnce() {
     if (client_->cancelled_) return absl::CancelledError("parameter client cancelled");
     if (absl::Now() > deadline_) {
       const Route& r = routes_.at(retry[0]);
-      return absl::DeadlineExceededError(absl::StrCat(
-          retry.size(), " partition request(s) unanswered after ",
-          absl::FormatDuration(client_->request_timeout_), "; first: partition ",
-          r.partition, " at ", r.address));
+      return absl::DeadlineExceededError(
+          absl::StrCat(retry.size(), " partition request(s) unanswered after ",
+                       absl::FormatDuration(client_->request_timeout_), "; first: partition ",
+                       r.partition, " at ", r.address));
     }
     if (refresh) {
       // Not at full speed while the master is still finding out.
@@ -618,8 +611,8 @@ absl::Status ParamClient::Exchange::FinishOnce() {
       STRATA_RETURN_IF_ERROR(view_error_);
       for (uint32_t id : retry) {
         if (routes_.count(id) == 0) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "partition ", id, " is no longer in the cluster view"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("partition ", id, " is no longer in the cluster view"));
         }
       }
     } else {
@@ -629,8 +622,7 @@ absl::Status ParamClient::Exchange::FinishOnce() {
   }
 }
 
-absl::Status ParamClient::CallAll(const MakeRequest& make_request,
-                                  const OnResponse& on_response,
+absl::Status ParamClient::CallAll(const MakeRequest& make_request, const OnResponse& on_response,
                                   const Destination& destination) {
   Exchange ex(this, make_request, on_response, destination);
   return ex.Finish();
@@ -655,9 +647,9 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPull(
       [lowest](const Route& r, const Message& resp) -> absl::Status {
         STRATA_RETURN_IF_ERROR(transport::ResponseStatus(resp));
         if (!resp.payload_in_destination) {  // a response of the wrong size
-          return absl::DataLossError(absl::StrCat(
-              "pull of partition ", r.partition, " from ", r.address, ": expected ",
-              r.length * sizeof(float), " bytes, got ", resp.payload.size()));
+          return absl::DataLossError(
+              absl::StrCat("pull of partition ", r.partition, " from ", r.address, ": expected ",
+                           r.length * sizeof(float), " bytes, got ", resp.payload.size()));
         }
         *lowest = std::min(*lowest, resp.header.version);
         return absl::OkStatus();
@@ -745,10 +737,10 @@ absl::Status ParamClient::GroupKeys(const std::vector<uint64_t>& unique_keys, Sp
 }
 
 std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t table,
-                                                                   const SparseKeys* keys,
-                                                                   float* rows,
-                                                                   uint64_t min_version,
-                                                                   bool every_partition) {
+                                                                    const SparseKeys* keys,
+                                                                    float* rows,
+                                                                    uint64_t min_version,
+                                                                    bool every_partition) {
   const int dim = SparseDim(table);
   return std::make_unique<Exchange>(
       this,
@@ -833,16 +825,18 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
       Destination(), static_cast<int>(table), keys, every_partition);
 }
 
-absl::StatusOr<uint64_t> ParamClient::PullAll(
-    uint64_t min_version, std::vector<std::vector<float>>* tables) {
+absl::StatusOr<uint64_t> ParamClient::PullAll(uint64_t min_version,
+                                              std::vector<std::vector<float>>* tables) {
   uint64_t lowest = 0;
   STRATA_RETURN_IF_ERROR(StartPull(min_version, tables, &lowest)->Finish());
   return lowest;
 }
 
-absl::StatusOr<uint64_t> ParamClient::PushThenPull(
-    const std::vector<std::vector<float>>& grads, uint64_t step, uint64_t count,
-    uint64_t min_version, std::vector<std::vector<float>>* tables, PushResult* result) {
+absl::StatusOr<uint64_t> ParamClient::PushThenPull(const std::vector<std::vector<float>>& grads,
+                                                   uint64_t step, uint64_t count,
+                                                   uint64_t min_version,
+                                                   std::vector<std::vector<float>>* tables,
+                                                   PushResult* result) {
   PushResult pushed;
   uint64_t lowest = 0;
   auto push = StartPush(&grads, step, count, &pushed);
@@ -862,8 +856,8 @@ absl::StatusOr<uint64_t> ParamClient::PushThenPull(
   return lowest;
 }
 
-absl::StatusOr<PushResult> ParamClient::PushAll(
-    const std::vector<std::vector<float>>& grads, uint64_t step, uint64_t count) {
+absl::StatusOr<PushResult> ParamClient::PushAll(const std::vector<std::vector<float>>& grads,
+                                                uint64_t step, uint64_t count) {
   PushResult result;
   STRATA_RETURN_IF_ERROR(StartPush(&grads, step, count, &result)->Finish());
   return result;

@@ -76,28 +76,26 @@ class ParamClient {
 
   // Pulls every partition at version >= min_version into (*tables)[t],
   // resized to the table sizes. Returns the lowest version received.
-  absl::StatusOr<uint64_t> PullAll(uint64_t min_version,
-                                   std::vector<std::vector<float>>* tables);
+  absl::StatusOr<uint64_t> PullAll(uint64_t min_version, std::vector<std::vector<float>>* tables);
   // Pushes gradients summed over `count` samples for `step`. Each call uses
   // a new sequence number; retries reuse it, so a retried push is applied
   // at most once.
-  absl::StatusOr<PushResult> PushAll(const std::vector<std::vector<float>>& grads,
-                                     uint64_t step, uint64_t count);
+  absl::StatusOr<PushResult> PushAll(const std::vector<std::vector<float>>& grads, uint64_t step,
+                                     uint64_t count);
   // PushAll then PullAll(min_version, tables) without a round trip between
   // them: the pulls are sent right behind the pushes on the same
   // connections (a pserver answers a pull after the pushes before it, in
   // bsp once the step is applied). Returns the lowest version pulled.
-  absl::StatusOr<uint64_t> PushThenPull(const std::vector<std::vector<float>>& grads,
-                                        uint64_t step, uint64_t count,
-                                        uint64_t min_version,
+  absl::StatusOr<uint64_t> PushThenPull(const std::vector<std::vector<float>>& grads, uint64_t step,
+                                        uint64_t count, uint64_t min_version,
                                         std::vector<std::vector<float>>* tables,
                                         PushResult* result = nullptr);
 
   struct Route {
     uint32_t partition;
     uint32_t table;
-    uint64_t offset;   // dense: first element; sparse: the virtual partition
-    uint64_t length;   // dense: elements; sparse (in an exchange): the keys' floats
+    uint64_t offset;  // dense: first element; sparse: the virtual partition
+    uint64_t length;  // dense: elements; sparse (in an exchange): the keys' floats
     std::string address;
     uint32_t owner = 0;  // the primary's node id
   };
@@ -137,8 +135,8 @@ class ParamClient {
     // that have keys in *sparse (all of them when every_partition) rather
     // than with every dense partition; *sparse must outlive the exchange.
     Exchange(ParamClient* client, MakeRequest make_request, OnResponse on_response,
-             Destination destination, int sparse_table = -1,
-             const SparseKeys* sparse = nullptr, bool every_partition = false);
+             Destination destination, int sparse_table = -1, const SparseKeys* sparse = nullptr,
+             bool every_partition = false);
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;
     // With calls still unanswered that may still touch the caller's memory
@@ -178,7 +176,7 @@ class ParamClient {
     // Pings the owners of requests unanswered for longer than
     // suspect_after_ and reports those that do not answer.
     void ProbeSlowOwners();
-    std::set<uint32_t> reported_;  // owners reported by this exchange
+    std::set<uint32_t> reported_;            // owners reported by this exchange
     std::map<uint32_t, absl::Time> pinged_;  // owner -> last ping
     absl::Status Await(const std::function<bool()>& done);
     absl::Status FinishOnce();
@@ -208,16 +206,15 @@ class ParamClient {
   // IssueRange / IssueAll / WaitRange / Finish.
   // *lowest receives the lowest version received once Finish() is OK.
   // `tables` and `lowest` must outlive the exchange.
-  std::unique_ptr<Exchange> StartPull(uint64_t min_version,
-                                      std::vector<std::vector<float>>* tables,
+  std::unique_ptr<Exchange> StartPull(uint64_t min_version, std::vector<std::vector<float>>* tables,
                                       uint64_t* lowest);
   // A push of (*grads) for `step` over `count` samples; nothing is sent
   // until Issue(table) / Finish(). `grads` and `result` must outlive it, and
   // a table's gradient must not change once issued, until the exchange is
   // finished or destroyed (the transport may send it in place until the
   // answer: Message::payload_ref_until_response).
-  std::unique_ptr<Exchange> StartPush(const std::vector<std::vector<float>>* grads,
-                                      uint64_t step, uint64_t count, PushResult* result);
+  std::unique_ptr<Exchange> StartPush(const std::vector<std::vector<float>>* grads, uint64_t step,
+                                      uint64_t count, PushResult* result);
 
   // A pull of the rows of sparse table `table` for keys->keys into
   // rows[0 .. keys->keys.size() * dim) (responses land in place), at
@@ -225,25 +222,22 @@ class ParamClient {
   // to every virtual partition, with keys or not: the wait for the version
   // is what lets the next push to it be for that version. `keys` and
   // `rows` must outlive it.
-  std::unique_ptr<Exchange> StartSparsePull(uint32_t table, const SparseKeys* keys,
-                                            float* rows, uint64_t min_version,
-                                            bool every_partition = false);
+  std::unique_ptr<Exchange> StartSparsePull(uint32_t table, const SparseKeys* keys, float* rows,
+                                            uint64_t min_version, bool every_partition = false);
   // A push of the gradient rows grads[i * dim ..] of keys->keys[i] for
   // `step` over `count` samples. In bsp (every_partition) a request goes to
   // every virtual partition, empty or not, so each partition's step can
   // complete. The payloads are copied: the caller may reuse grads once
   // this returns.
   std::unique_ptr<Exchange> StartSparsePush(uint32_t table, const SparseKeys* keys,
-                                            const float* grads, uint64_t step,
-                                            uint64_t count, bool every_partition,
-                                            PushResult* result);
+                                            const float* grads, uint64_t step, uint64_t count,
+                                            bool every_partition, PushResult* result);
 
  private:
   // One Exchange over every partition, settled.
   absl::Status CallAll(const MakeRequest& make_request, const OnResponse& on_response,
                        const Destination& destination = {});
-  absl::StatusOr<std::shared_ptr<transport::Connection>> ConnectionTo(
-      const std::string& address);
+  absl::StatusOr<std::shared_ptr<transport::Connection>> ConnectionTo(const std::string& address);
   // Releases the connections to these addresses (a later call reconnects).
   void DropConnections(const std::set<std::string>& addresses);
 
@@ -267,15 +261,14 @@ class ParamClient {
 
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Route> routes_ ABSL_GUARDED_BY(mu_);  // dense partitions
+  std::vector<Route> routes_ ABSL_GUARDED_BY(mu_);          // dense partitions
   std::vector<uint64_t> table_sizes_ ABSL_GUARDED_BY(mu_);  // sparse: 0
   // Sparse table id -> its routes by virtual partition; and row widths.
   std::map<uint32_t, std::vector<Route>> sparse_routes_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, int> sparse_dims_ ABSL_GUARDED_BY(mu_);
   uint32_t sparse_partitions_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status view_error_ ABSL_GUARDED_BY(mu_);  // a view we cannot use
-  std::map<std::string, std::shared_ptr<transport::Connection>> conns_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<transport::Connection>> conns_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint32_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
 };

@@ -65,7 +65,8 @@ void RowCache::Insert(const uint64_t* keys, size_t n, const std::vector<const fl
       } else {
         s = static_cast<uint32_t>(slot_step_.size());
         slot_step_.push_back(0);
-        for (size_t t = 0; t < dims_.size(); ++t) slot_rows_[t].resize(slot_rows_[t].size() + dims_[t]);
+        for (size_t t = 0; t < dims_.size(); ++t)
+          slot_rows_[t].resize(slot_rows_[t].size() + dims_[t]);
       }
       index_.emplace(keys[i], s);
     }

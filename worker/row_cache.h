@@ -26,13 +26,12 @@ class RowCache {
   // For each keys[i] cached at a step >= now - staleness: copies its rows
   // into rows[t] + i * dims[t] and sets (*hit)[i] = 1 (else 0). Returns the
   // number of hits.
-  size_t Lookup(const std::vector<uint64_t>& keys, uint64_t now,
-                const std::vector<float*>& rows, std::vector<uint8_t>* hit);
+  size_t Lookup(const std::vector<uint64_t>& keys, uint64_t now, const std::vector<float*>& rows,
+                std::vector<uint8_t>* hit);
   // Stores the rows of keys[0..n) (rows[t] + i * dims[t]) pulled at step
   // `now`. When full, first drops what went stale; keys that still do not
   // fit are not cached.
-  void Insert(const uint64_t* keys, size_t n, const std::vector<const float*>& rows,
-              uint64_t now);
+  void Insert(const uint64_t* keys, size_t n, const std::vector<const float*>& rows, uint64_t now);
 
   size_t size() const { return index_.size(); }
   uint64_t hits() const { return hits_; }

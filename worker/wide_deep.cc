@@ -10,8 +10,7 @@
 
 namespace strata::worker {
 
-void DeduplicateKeys(const uint64_t* keys, size_t n,
-                     absl::flat_hash_map<uint64_t, uint32_t>* index,
+void DeduplicateKeys(const uint64_t* keys, size_t n, absl::flat_hash_map<uint64_t, uint32_t>* index,
                      std::vector<uint64_t>* unique, std::vector<uint32_t>* slot) {
   index->clear();
   unique->clear();
@@ -35,9 +34,9 @@ WideDeep::WideDeep(const ModelSection& model, Activation activation, Device* dev
     grads_.emplace_back(t.num_elements(), 0.f);
   }
   for (size_t i = 0; i + 1 < layers_.size(); ++i) acts_.emplace_back(device_);
-  for (DeviceArray<float>* a : {&d_dense_, &d_labels_, &d_wide_rows_, &d_emb_rows_, &emb_in_,
-                                &wide_in_, &ones_, &delta_, &delta_prev_, &d_wide_grad_,
-                                &d_emb_grad_, &d_probs_}) {
+  for (DeviceArray<float>* a :
+       {&d_dense_, &d_labels_, &d_wide_rows_, &d_emb_rows_, &emb_in_, &wide_in_, &ones_, &delta_,
+        &delta_prev_, &d_wide_grad_, &d_emb_grad_, &d_probs_}) {
     *a = DeviceArray<float>(device_);
   }
   d_slot_ = DeviceArray<uint32_t>(device_);
@@ -112,8 +111,7 @@ absl::Status WideDeep::Forward(const float* dense, const uint32_t* slot, const f
       device_->Gemm(false, false, batch, dout, kCtrDenseFeatures, 1.f, dense_,
                     DParam(wt) + static_cast<size_t>(emb_width) * dout, 1.f, out);
     } else {
-      device_->Gemm(false, false, batch, dout, din, 1.f, acts_[i - 1].data(), DParam(wt), 0.f,
-                    out);
+      device_->Gemm(false, false, batch, dout, din, 1.f, acts_[i - 1].data(), DParam(wt), 0.f, out);
     }
     device_->AddBias(batch, dout, DParam(wt + 1), out);
     if (i + 1 < n_layers) {
@@ -126,8 +124,8 @@ absl::Status WideDeep::Forward(const float* dense, const uint32_t* slot, const f
   device_->GatherRows(batch, kCtrFields, 1, wide_rows_, slot_, wide_in_.data(), kCtrFields);
   device_->Gemm(false, false, batch, 1, kCtrFields, 1.f, wide_in_.data(), ones_.data(), 1.f,
                 logits);
-  device_->Gemm(false, false, batch, 1, kCtrDenseFeatures, 1.f, dense_,
-                DParam(kWideDenseTable), 1.f, logits);
+  device_->Gemm(false, false, batch, 1, kCtrDenseFeatures, 1.f, dense_, DParam(kWideDenseTable),
+                1.f, logits);
   return absl::OkStatus();
 }
 
@@ -151,9 +149,9 @@ absl::Status WideDeep::Predict(const float* dense, const uint32_t* slot, int bat
 }
 
 absl::StatusOr<double> WideDeep::TrainStep(const float* dense, const uint32_t* slot,
-                                           const float* labels, int batch,
-                                           const float* wide_rows, const float* emb_rows,
-                                           size_t unique, std::vector<float>* wide_grad,
+                                           const float* labels, int batch, const float* wide_rows,
+                                           const float* emb_rows, size_t unique,
+                                           std::vector<float>* wide_grad,
                                            std::vector<float>* emb_grad) {
   STRATA_RETURN_IF_ERROR(Forward(dense, slot, labels, batch, wide_rows, emb_rows, unique));
   const size_t b = static_cast<size_t>(batch);
@@ -193,15 +191,15 @@ absl::StatusOr<double> WideDeep::TrainStep(const float* dense, const uint32_t* s
     if (li == 0) {
       // The first weight's rows: the embeddings' part, then the dense one;
       // the input's gradient is wanted for the embeddings only.
-      device_->Gemm(true, false, emb_width, dout, batch, 1.f, emb_in_.data(), delta_.data(),
-                    0.f, DGrad(wt));
-      device_->Gemm(true, false, kCtrDenseFeatures, dout, batch, 1.f, dense_, delta_.data(),
-                    0.f, DGrad(wt) + static_cast<size_t>(emb_width) * dout);
+      device_->Gemm(true, false, emb_width, dout, batch, 1.f, emb_in_.data(), delta_.data(), 0.f,
+                    DGrad(wt));
+      device_->Gemm(true, false, kCtrDenseFeatures, dout, batch, 1.f, dense_, delta_.data(), 0.f,
+                    DGrad(wt) + static_cast<size_t>(emb_width) * dout);
       device_->Gemm(false, true, batch, emb_width, dout, 1.f, delta_.data(), DParam(wt), 0.f,
                     delta_prev_.data());
     } else {
-      device_->Gemm(true, false, din, dout, batch, 1.f, acts_[li - 1].data(), delta_.data(),
-                    0.f, DGrad(wt));
+      device_->Gemm(true, false, din, dout, batch, 1.f, acts_[li - 1].data(), delta_.data(), 0.f,
+                    DGrad(wt));
       device_->Gemm(false, true, batch, din, dout, 1.f, delta_.data(), DParam(wt), 0.f,
                     delta_prev_.data());
       device_->ActivationBackward(activation_, static_cast<int64_t>(batch) * din,

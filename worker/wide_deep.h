@@ -27,8 +27,7 @@ namespace strata::worker {
 // each keys[i], its place among them (slot[i]): a batch's rows are pulled
 // once per distinct key, and the gradients of a key's occurrences summed
 // into one row. `index` is scratch space (reused across batches).
-void DeduplicateKeys(const uint64_t* keys, size_t n,
-                     absl::flat_hash_map<uint64_t, uint32_t>* index,
+void DeduplicateKeys(const uint64_t* keys, size_t n, absl::flat_hash_map<uint64_t, uint32_t>* index,
                      std::vector<uint64_t>* unique, std::vector<uint32_t>* slot);
 
 // Not thread-safe. The Device is borrowed and must outlive the model.
@@ -60,22 +59,21 @@ class WideDeep {
   // tables) and *wide_grad / *emb_grad (per unique key, summed over the
   // batch) to d(sum of losses)/d(parameters). Returns the summed loss;
   // fails only when the device does.
-  absl::StatusOr<double> TrainStep(const float* dense, const uint32_t* slot,
-                                   const float* labels, int batch, const float* wide_rows,
-                                   const float* emb_rows, size_t unique,
-                                   std::vector<float>* wide_grad, std::vector<float>* emb_grad);
+  absl::StatusOr<double> TrainStep(const float* dense, const uint32_t* slot, const float* labels,
+                                   int batch, const float* wide_rows, const float* emb_rows,
+                                   size_t unique, std::vector<float>* wide_grad,
+                                   std::vector<float>* emb_grad);
   // Forward only: probs[b] = the predicted click probability.
   // Examples of the last TrainStep predicted right (logit > 0 iff clicked).
   int64_t last_correct() const { return last_correct_; }
-  absl::Status Predict(const float* dense, const uint32_t* slot, int batch,
-                       const float* wide_rows, const float* emb_rows, float* probs);
+  absl::Status Predict(const float* dense, const uint32_t* slot, int batch, const float* wide_rows,
+                       const float* emb_rows, float* probs);
 
  private:
   // The batch on the device (copied there on a GPU); then the forward pass:
   // acts_ per deep layer, the logits (wide + deep) in acts_.back().
-  absl::Status Forward(const float* dense, const uint32_t* slot, const float* labels,
-                       int batch, const float* wide_rows, const float* emb_rows,
-                       size_t unique);
+  absl::Status Forward(const float* dense, const uint32_t* slot, const float* labels, int batch,
+                       const float* wide_rows, const float* emb_rows, size_t unique);
   // A host array on the device: itself on the CPU, else copied into `a`.
   template <typename T>
   absl::Status ToDevice(const T* host, size_t n, DeviceArray<T>* a, const T** out);
@@ -98,9 +96,9 @@ class WideDeep {
   const float* emb_rows_ = nullptr;
   DeviceArray<float> d_dense_, d_labels_, d_wide_rows_, d_emb_rows_;
   DeviceArray<uint32_t> d_slot_;
-  DeviceArray<float> emb_in_;     // batch x 26 * dim: the gathered embeddings
-  DeviceArray<float> wide_in_;    // batch x 26: the gathered wide weights, then their deltas
-  DeviceArray<float> ones_;       // 26 ones
+  DeviceArray<float> emb_in_;   // batch x 26 * dim: the gathered embeddings
+  DeviceArray<float> wide_in_;  // batch x 26: the gathered wide weights, then their deltas
+  DeviceArray<float> ones_;     // 26 ones
   std::vector<DeviceArray<float>> acts_;  // per deep layer, batch x width
   DeviceArray<float> delta_, delta_prev_;
   DeviceArray<float> d_wide_grad_, d_emb_grad_, d_probs_;  // GPU only

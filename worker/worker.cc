@@ -7,10 +7,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/daemon.h"
 #include "common/data_tasks.h"
 #include "common/error_reason.h"
 #include "common/grpc_channel.h"
-#include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/model_spec.h"
@@ -35,22 +35,19 @@ class Worker::MasterTaskSource : public TaskSource {
     }
     w_->lease_had_next_step_ = req.has_next_step();
     proto::LeaseTaskResponse resp;
-    STRATA_RETURN_IF_ERROR(w_->CallMaster([&](grpc::ClientContext* ctx) {
-      return w_->master()->LeaseTask(ctx, req, &resp);
-    }));
+    STRATA_RETURN_IF_ERROR(w_->CallMaster(
+        [&](grpc::ClientContext* ctx) { return w_->master()->LeaseTask(ctx, req, &resp); }));
     return Lease{resp.outcome(), resp.task(), resp.min_version(), resp.drained()};
   }
-  absl::Status Complete(const proto::DataTask& task, int64_t records,
-                        uint64_t last_step) override {
+  absl::Status Complete(const proto::DataTask& task, int64_t records, uint64_t last_step) override {
     proto::CompleteTaskRequest req;
     req.set_node_id(w_->node_id_);
     req.set_task_id(task.id());
     req.set_records(records);
     req.set_last_step(last_step);
     proto::CompleteTaskResponse resp;
-    return w_->CallMaster([&](grpc::ClientContext* ctx) {
-      return w_->master()->CompleteTask(ctx, req, &resp);
-    });
+    return w_->CallMaster(
+        [&](grpc::ClientContext* ctx) { return w_->master()->CompleteTask(ctx, req, &resp); });
   }
 
  private:
@@ -64,9 +61,9 @@ absl::Status CheckLabelsFor(const storage::LabeledDataset& data, const std::stri
   const int classes = model.layers.back();
   for (int64_t i = 0; i < data.num_examples; ++i) {
     if (data.labels[i] < 0 || data.labels[i] >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file, ": record ", i, " has label ", data.labels[i], " outside [0, ", classes,
-          ") (the last entry of model.layers)"));
+      return absl::InvalidArgumentError(absl::StrCat(file, ": record ", i, " has label ",
+                                                     data.labels[i], " outside [0, ", classes,
+                                                     ") (the last entry of model.layers)"));
     }
   }
   return absl::OkStatus();
@@ -90,8 +87,8 @@ absl::StatusOr<std::unique_ptr<Device>> ChooseDevice(const WorkerOptions& option
 
 storage::CriteoReadOptions CtrReadOptions(const DataSection& d) {
   storage::CriteoReadOptions read;
-  read.bad_lines = d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip
-                                         : storage::BadLinePolicy::kFail;
+  read.bad_lines =
+      d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
   return read;
 }
 
@@ -124,8 +121,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
     if (shape.gzipped || d.train_limit > 0) {
       STRATA_ASSIGN_OR_RETURN(ctr, storage::LoadCriteoFile(options.fs, d.train, read, &stats));
       if (stats.skipped > 0) {
-        LOG(WARNING) << d.train << ": skipped " << stats.skipped << " bad line(s); first: "
-                     << stats.first_error;
+        LOG(WARNING) << d.train << ": skipped " << stats.skipped
+                     << " bad line(s); first: " << stats.first_error;
       }
     }
     return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(device),
@@ -136,18 +133,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
       storage::LabeledDataset train,
       storage::LoadIdxDataset(options.fs, d.train_images, d.train_labels, d.train_limit));
   if (train.feature_dim != options.config.model.layers.front()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        d.train_images, ": examples have ", train.feature_dim,
-        " features but model.layers[0] is ", options.config.model.layers.front()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(d.train_images, ": examples have ", train.feature_dim,
+                     " features but model.layers[0] is ", options.config.model.layers.front()));
   }
   STRATA_RETURN_IF_ERROR(CheckLabelsFor(train, d.train_labels, options.config.model));
-  return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(device),
-                                            std::move(train), storage::CtrDataset()));
+  return std::unique_ptr<Worker>(
+      new Worker(std::move(options), std::move(device), std::move(train), storage::CtrDataset()));
 }
 
-Worker::Worker(WorkerOptions options, std::unique_ptr<Device> device,
-               storage::LabeledDataset train, storage::CtrDataset ctr_train,
-               int64_t ctr_skipped)
+Worker::Worker(WorkerOptions options, std::unique_ptr<Device> device, storage::LabeledDataset train,
+               storage::CtrDataset ctr_train, int64_t ctr_skipped)
     : options_(std::move(options)),
       train_(std::move(train)),
       ctr_train_(std::move(ctr_train)),
@@ -222,8 +218,7 @@ absl::Status Worker::Start() {
     if (!registered.ok()) break;
     if (table.empty()) continue;  // a sparse table: its rows come per batch
     registered = transport_->RegisterMemory(const_cast<float*>(table.data()),
-                                            table.size() * sizeof(float),
-                                            Use::kReceiveDestination);
+                                            table.size() * sizeof(float), Use::kReceiveDestination);
   }
   for (const auto& table : ModelGrads()) {
     if (!registered.ok()) break;
@@ -250,16 +245,15 @@ absl::Status Worker::Start() {
       Histogram::LatencyBounds(), {{"phase", "compute"}});
   step_wait_seconds_ = metrics_.GetHistogram("strata_worker_step_seconds", "",
                                              Histogram::LatencyBounds(), {{"phase", "wait"}});
-  samples_per_second_ = metrics_.GetGauge(
-      "strata_worker_samples_per_second", "Samples trained per second over the last progress window");
-  comm_share_ = metrics_.GetGauge(
-      "strata_worker_comm_share", "Share of step time spent waiting on pushes and pulls, so far");
+  samples_per_second_ =
+      metrics_.GetGauge("strata_worker_samples_per_second",
+                        "Samples trained per second over the last progress window");
+  comm_share_ = metrics_.GetGauge("strata_worker_comm_share",
+                                  "Share of step time spent waiting on pushes and pulls, so far");
   AddProcessMetrics(&metrics_);
   if (options_.http_port >= 0) {
     metrics_.GetGauge("strata_worker_up", "1 while the worker runs")->Set(1);
-    auto stat = [this](double Stats::*field) {
-      return [this, field]() { return stats().*field; };
-    };
+    auto stat = [this](double Stats::*field) { return [this, field]() { return stats().*field; }; };
     metrics_.AddCallbackGauge("strata_worker_steps", "Training steps done",
                               [this] { return static_cast<double>(stats().steps); });
     metrics_.AddCallbackGauge("strata_worker_samples", "Samples trained",
@@ -272,12 +266,12 @@ absl::Status Worker::Start() {
                               stat(&Stats::comm_seconds));
     metrics_.AddCallbackGauge("strata_worker_loss", "Recent mean training loss",
                               stat(&Stats::recent_loss));
-    transport::AddTransportGauges(&metrics_, "strata_worker",
-                                  [this] { return transport_.get(); });
+    transport::AddTransportGauges(&metrics_, "strata_worker", [this] { return transport_.get(); });
     if (row_cache_ != nullptr) {
       // Read by the HTTP thread while the training thread updates them:
       // plain counters, a torn read is at worst one step off.
-      metrics_.AddCallbackGauge("strata_worker_row_cache_hits", "Sparse keys served by the row cache",
+      metrics_.AddCallbackGauge("strata_worker_row_cache_hits",
+                                "Sparse keys served by the row cache",
                                 [this] { return static_cast<double>(row_cache_hits_.load()); });
       metrics_.AddCallbackGauge("strata_worker_row_cache_misses", "Sparse keys pulled",
                                 [this] { return static_cast<double>(row_cache_misses_.load()); });
@@ -296,16 +290,17 @@ absl::Status Worker::Start() {
           absl::StrFormat("{\"node_id\": %d, \"index\": %d, \"steps\": %d, "
                           "\"samples\": %d, \"last_step\": %d, \"loss\": %.5f, "
                           "\"comm_share\": %.4f}\n",
-                          node_id_.load(), options_.index, s.steps, s.samples,
-                          s.last_step, s.recent_loss,
+                          node_id_.load(), options_.index, s.steps, s.samples, s.last_step,
+                          s.recent_loss,
                           s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0.0)};
     });
     STRATA_RETURN_IF_ERROR(SecureHttp(options_.security, &http_));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
   if (options_.local_only) return absl::OkStatus();
-  master_conn_ = std::make_unique<ReconnectingChannel>(
-      options_.master_address, options_.security.client, options_.config.cluster.control_connect_ms);
+  master_conn_ =
+      std::make_unique<ReconnectingChannel>(options_.master_address, options_.security.client,
+                                            options_.config.cluster.control_connect_ms);
   proto::RegisterRequest req;
   req.set_role(proto::WORKER);
   req.set_index(options_.index);
@@ -316,12 +311,12 @@ absl::Status Worker::Start() {
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    absl::Status s = FromGrpcStatus(master()->Register(&ctx, req, &resp),
-                                    "master " + options_.master_address);
+    absl::Status s =
+        FromGrpcStatus(master()->Register(&ctx, req, &resp), "master " + options_.master_address);
     if (s.ok()) break;
     if (absl::Now() > deadline || stop_.HasBeenNotified()) {
-      return absl::UnavailableError(absl::StrCat("worker ", options_.index,
-                                                 ": cannot register: ", s.message()));
+      return absl::UnavailableError(
+          absl::StrCat("worker ", options_.index, ": cannot register: ", s.message()));
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
@@ -333,33 +328,34 @@ absl::Status Worker::Start() {
   params_->SetView(resp.view());
   params_->SetMetrics(&metrics_);
   if (trace_ != nullptr) params_->SetTracer(trace_.get());
-  params_->SetSuspectReporter([this](uint32_t node, const std::string& why) {
-    // One report per pserver per heartbeat interval is plenty.
-    const absl::Time now = absl::Now();
-    absl::Time& last = suspect_reported_[node];
-    if (now - last < absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) return;
-    last = now;
-    proto::ReportSuspectRequest req;
-    req.set_node_id(node_id_);
-    req.set_suspect(node);
-    req.set_reason(why);
-    proto::ReportSuspectResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(now + absl::Seconds(1)));
-    absl::Status s = FromGrpcStatus(master()->ReportSuspect(&ctx, req, &resp),
-                                    "master " + options_.master_address);
-    if (!s.ok()) {
-      LOG_EVERY_N(WARNING, 10) << "cannot report pserver node " << node << ": " << s;
-    }
-  },
-  // Half the dead timeout: a paused or cut-off pserver is reported well
-  // before its heartbeats (if they stop at all) would tell.
-  absl::Milliseconds(options_.config.cluster.dead_timeout_ms / 2),
-  absl::Milliseconds(std::max(100, options_.config.cluster.heartbeat_interval_ms)));
+  params_->SetSuspectReporter(
+      [this](uint32_t node, const std::string& why) {
+        // One report per pserver per heartbeat interval is plenty.
+        const absl::Time now = absl::Now();
+        absl::Time& last = suspect_reported_[node];
+        if (now - last < absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) return;
+        last = now;
+        proto::ReportSuspectRequest req;
+        req.set_node_id(node_id_);
+        req.set_suspect(node);
+        req.set_reason(why);
+        proto::ReportSuspectResponse resp;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(now + absl::Seconds(1)));
+        absl::Status s = FromGrpcStatus(master()->ReportSuspect(&ctx, req, &resp),
+                                        "master " + options_.master_address);
+        if (!s.ok()) {
+          LOG_EVERY_N(WARNING, 10) << "cannot report pserver node " << node << ": " << s;
+        }
+      },
+      // Half the dead timeout: a paused or cut-off pserver is reported well
+      // before its heartbeats (if they stop at all) would tell.
+      absl::Milliseconds(options_.config.cluster.dead_timeout_ms / 2),
+      absl::Milliseconds(std::max(100, options_.config.cluster.heartbeat_interval_ms)));
   if (tasks_ == nullptr) tasks_ = std::make_unique<MasterTaskSource>(this);
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-  LOG(INFO) << "worker " << options_.index << " is node " << node_id_
-            << "; http port " << http_.port() << "; "
+  LOG(INFO) << "worker " << options_.index << " is node " << node_id_ << "; http port "
+            << http_.port() << "; "
             << (wide_deep_ && ctr_train_.num_examples == 0
                     ? absl::StrCat("training records read per data task from ",
                                    options_.config.data.train)
@@ -374,8 +370,7 @@ void Worker::TakeDataKey(const proto::DataPlaneKey& k) {
   }
 }
 
-absl::Status Worker::CallMaster(
-    const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+absl::Status Worker::CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call) {
   const absl::Time deadline =
       absl::Now() + absl::Milliseconds(options_.config.cluster.request_timeout_ms);
   absl::Duration backoff = absl::Milliseconds(100);
@@ -399,7 +394,8 @@ absl::Status Worker::RequestCheckpointAndStop(absl::Duration grace) {
   proto::CheckpointResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
-  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp), "master " + options_.master_address);
+  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp),
+                        "master " + options_.master_address);
 }
 
 absl::StatusOr<proto::ClusterView> Worker::FetchView() {
@@ -411,8 +407,7 @@ absl::StatusOr<proto::ClusterView> Worker::FetchView() {
 }
 
 void Worker::HeartbeatLoop() {
-  const absl::Duration interval =
-      absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
+  const absl::Duration interval = absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
   while (!stop_.WaitForNotificationWithTimeout(interval)) {
     proto::HeartbeatRequest req;
     req.set_node_id(node_id_);
@@ -420,8 +415,8 @@ void Worker::HeartbeatLoop() {
     proto::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
-    absl::Status s = FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp),
-                                    "master " + options_.master_address);
+    absl::Status s =
+        FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp), "master " + options_.master_address);
     master_conn_->Report(s);
     if (HasReason(s, proto::REASON_DECLARED_DEAD)) {
       LOG(ERROR) << s;
@@ -438,9 +433,9 @@ void Worker::HeartbeatLoop() {
       proto::ClusterView view;
       grpc::ClientContext vctx;
       vctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
-      absl::Status vs = FromGrpcStatus(
-          master()->GetClusterView(&vctx, proto::GetClusterViewRequest(), &view),
-          "master " + options_.master_address);
+      absl::Status vs =
+          FromGrpcStatus(master()->GetClusterView(&vctx, proto::GetClusterViewRequest(), &view),
+                         "master " + options_.master_address);
       master_conn_->Report(vs);
       if (vs.ok()) params_->SetView(view);
     }
@@ -470,18 +465,15 @@ absl::Status Worker::CheckViewMatchesModel(const proto::ClusterView& view) const
   for (size_t i = 0; mismatch.empty() && i < mine.size(); ++i) {
     if (view.tables(i).sparse() != mine[i].sparse ||
         (mine[i].sparse && view.tables(i).dim() != static_cast<uint32_t>(mine[i].dim))) {
-      mismatch = absl::StrCat("table ", i, " (", mine[i].name, ") is ",
-                              mine[i].sparse ? absl::StrCat("sparse of dim ", mine[i].dim) : "dense",
-                              " here, ",
-                              view.tables(i).sparse()
-                                  ? absl::StrCat("sparse of dim ", view.tables(i).dim())
-                                  : "dense",
-                              " in the job");
+      mismatch = absl::StrCat(
+          "table ", i, " (", mine[i].name, ") is ",
+          mine[i].sparse ? absl::StrCat("sparse of dim ", mine[i].dim) : "dense", " here, ",
+          view.tables(i).sparse() ? absl::StrCat("sparse of dim ", view.tables(i).dim()) : "dense",
+          " in the job");
     } else if (view.tables(i).name() != mine[i].name ||
                view.tables(i).num_elements() != mine[i].num_elements()) {
-      mismatch = absl::StrCat("table ", i, " is ", mine[i].name, " of ",
-                              mine[i].num_elements(), " elements here, ",
-                              view.tables(i).name(), " of ",
+      mismatch = absl::StrCat("table ", i, " is ", mine[i].name, " of ", mine[i].num_elements(),
+                              " elements here, ", view.tables(i).name(), " of ",
                               view.tables(i).num_elements(), " in the job");
     }
   }
@@ -494,11 +486,13 @@ absl::Status Worker::CheckViewMatchesModel(const proto::ClusterView& view) const
         "): the worker and the master must use the same model config"));
   }
   for (const auto& p : view.partitions()) {
-    if (p.table_id() < mine.size() && mine[p.table_id()].sparse) continue;  // checked by ParamClient
-    if (p.table_id() >= mine.size() || p.offset() + p.length() > mine[p.table_id()].num_elements()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cluster view from master ", options_.master_address, ": partition ", p.id(),
-          " lies outside its table"));
+    if (p.table_id() < mine.size() && mine[p.table_id()].sparse)
+      continue;  // checked by ParamClient
+    if (p.table_id() >= mine.size() ||
+        p.offset() + p.length() > mine[p.table_id()].num_elements()) {
+      return absl::FailedPreconditionError(absl::StrCat("cluster view from master ",
+                                                        options_.master_address, ": partition ",
+                                                        p.id(), " lies outside its table"));
     }
   }
   return absl::OkStatus();
@@ -526,8 +520,8 @@ absl::Status Worker::RunLoop() {
   window_start_ = absl::Now();
   while (!stop_.HasBeenNotified()) {
     if (declared_dead_) {
-      return absl::AbortedError(absl::StrCat(
-          "worker ", options_.index, " was declared dead by the master"));
+      return absl::AbortedError(
+          absl::StrCat("worker ", options_.index, " was declared dead by the master"));
     }
     STRATA_ASSIGN_OR_RETURN(TaskSource::Lease lease, tasks_->Next());
     switch (lease.outcome) {
@@ -579,10 +573,10 @@ absl::Status Worker::RunLocal() {
   const std::vector<TableSpec> tables = ModelTables(options_.config.model);
   auto& params = model_->params();
   for (size_t t = 0; t < tables.size(); ++t) {
-    STRATA_RETURN_IF_ERROR(InitializeSlice(
-        InitSpec{tables[t].init, tables[t].fan_in, tables[t].fan_out,
-                 static_cast<uint32_t>(t), options_.config.job.seed},
-        0, params[t].size(), params[t].data()));
+    STRATA_RETURN_IF_ERROR(
+        InitializeSlice(InitSpec{tables[t].init, tables[t].fan_in, tables[t].fan_out,
+                                 static_cast<uint32_t>(t), options_.config.job.seed},
+                        0, params[t].size(), params[t].data()));
     STRATA_ASSIGN_OR_RETURN(auto opt,
                             Optimizer::Create(options_.config.optimizer, params[t].size()));
     local_optimizers_.push_back(std::move(opt));
@@ -609,8 +603,8 @@ absl::Status Worker::RunLocal() {
   local_test_accuracy_ = acc.first;
   const Stats s = stats();
   LOG(INFO) << absl::StrFormat(
-      "local: %d samples in %.2f s: %.0f samples/s; test accuracy %.4f, test loss %.4f",
-      s.samples, secs, s.samples / secs, acc.first, acc.second);
+      "local: %d samples in %.2f s: %.0f samples/s; test accuracy %.4f, test loss %.4f", s.samples,
+      secs, s.samples / secs, acc.first, acc.second);
   return absl::OkStatus();
 }
 
@@ -649,9 +643,9 @@ std::vector<int64_t> Worker::TaskRecordOrder(const proto::DataTask& task, int64_
 absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
   if (wide_deep_ != nullptr) return TrainCtrTask(task);
   if (task.begin() < 0 || task.end() > train_.num_examples || task.begin() >= task.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data task ", task.id(), " [", task.begin(), ", ", task.end(),
-        ") is outside the training set of ", train_.num_examples, " records"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data task ", task.id(), " [", task.begin(), ", ", task.end(),
+                     ") is outside the training set of ", train_.num_examples, " records"));
   }
   current_epoch_ = task.epoch();
   task_records_ = task.end() - task.begin();
@@ -691,8 +685,8 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     if (local) {
       STRATA_ASSIGN_OR_RETURN(loss, model_->TrainStep(x.data(), y.data(), n));
       for (size_t t = 0; t < local_optimizers_.size(); ++t) {
-        local_optimizers_[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(),
-                                    1.0f / n, model_->params()[t].size());
+        local_optimizers_[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(), 1.0f / n,
+                                    model_->params()[t].size());
       }
     } else {
       // Communication overlaps computation (docs/performance.md): each
@@ -754,8 +748,7 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
         pull_.reset();
         version = pulled_version_;
         push_ = params_->StartPush(&model_->grads(), version, n, &push_result_);
-        next_pull =
-            params_->StartPull(bsp ? version + 1 : 0, &model_->params(), &pulled_version_);
+        next_pull = params_->StartPull(bsp ? version + 1 : 0, &model_->params(), &pulled_version_);
         return absl::OkStatus();
       };
       hooks.grads_ready = [&](int table, uint64_t end) {
@@ -793,14 +786,15 @@ absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
     }
     const absl::Time t3 = absl::Now();
     next_step_ = version + 1;
-    if (!local) TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
+    if (!local)
+      TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
     RecordStep(n, version, loss, model_->last_correct(), t3 - t0, comm, /*stale=*/false);
   }
   return absl::OkStatus();
 }
 
-void Worker::RecordStep(int n, uint64_t version, double loss, int64_t correct,
-                        absl::Duration busy, absl::Duration comm, bool stale) {
+void Worker::RecordStep(int n, uint64_t version, double loss, int64_t correct, absl::Duration busy,
+                        absl::Duration comm, bool stale) {
   {
     absl::MutexLock l(&mu_);
     stats_.steps++;
@@ -817,7 +811,8 @@ void Worker::RecordStep(int n, uint64_t version, double loss, int64_t correct,
               << " steps traced; tracing stops";
   }
   if (step_compute_seconds_ != nullptr) {
-    step_compute_seconds_->Observe(absl::ToDoubleSeconds(std::max(busy - comm, absl::ZeroDuration())));
+    step_compute_seconds_->Observe(
+        absl::ToDoubleSeconds(std::max(busy - comm, absl::ZeroDuration())));
     step_wait_seconds_->Observe(absl::ToDoubleSeconds(comm));
   }
   window_samples_ += n;
@@ -857,8 +852,8 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
     const double comm = s.busy_seconds > 0 ? s.comm_seconds / s.busy_seconds : 0;
     LOG(INFO) << absl::StrFormat(
         "progress: worker %d epoch %d/%d step %d samples/s %.0f loss %.4f comm %.0f%%",
-        options_.index, current_epoch_ + 1, options_.config.job.epochs, s.last_step,
-        recent_sps_, s.recent_loss, 100 * comm);
+        options_.index, current_epoch_ + 1, options_.config.job.epochs, s.last_step, recent_sps_,
+        s.recent_loss, 100 * comm);
   }
   window_start_ = now;
   window_samples_ = 0;
@@ -908,8 +903,7 @@ absl::StatusOr<std::pair<double, double>> Worker::TestAccuracy() {
                           storage::LoadIdxDataset(options_.fs, d.test_images, d.test_labels));
   if (test.feature_dim != train_.feature_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        d.test_images, ": ", test.feature_dim, " features, training set has ",
-        train_.feature_dim));
+        d.test_images, ": ", test.feature_dim, " features, training set has ", train_.feature_dim));
   }
   STRATA_RETURN_IF_ERROR(CheckLabelsFor(test, d.test_labels, options_.config.model));
   double loss = 0;
@@ -920,8 +914,7 @@ absl::StatusOr<std::pair<double, double>> Worker::TestAccuracy() {
     STRATA_RETURN_IF_ERROR(model_->Evaluate(test.features.data() + b * test.feature_dim,
                                             test.labels.data() + b, n, &loss, &correct));
   }
-  return std::make_pair(static_cast<double>(correct) / test.num_examples,
-                        loss / test.num_examples);
+  return std::make_pair(static_cast<double>(correct) / test.num_examples, loss / test.num_examples);
 }
 
 absl::Status Worker::Evaluate(uint64_t min_version) {
@@ -935,8 +928,8 @@ absl::Status Worker::Evaluate(uint64_t min_version) {
   }
   STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &model_->params()).status());
   STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());
-  LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f",
-                               acc.first, acc.second);
+  LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f", acc.first,
+                               acc.second);
   ReportProgress(true, acc.first, acc.second);
   return absl::OkStatus();
 }

@@ -19,10 +19,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/grpc_channel.h"
-#include "common/security.h"
-#include "common/optimizer.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/optimizer.h"
+#include "common/security.h"
 #include "common/trace.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
@@ -157,9 +157,9 @@ class Worker {
   // not, so that each has reached min_version before this worker pushes to
   // it (also when every key came from the cache). The cache's clock is
   // this worker's own step count (`step`).
-  absl::Status PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
-                              bool barrier, bool use_cache, uint64_t step, float* wide_rows,
-                              float* emb_rows, absl::Duration* comm);
+  absl::Status PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version, bool barrier,
+                              bool use_cache, uint64_t step, float* wide_rows, float* emb_rows,
+                              absl::Duration* comm);
   absl::Status RunLoop();
   absl::Status RunLocal();
   // The training step: pull, compute, push (or, local, apply in place).
@@ -192,18 +192,18 @@ class Worker {
   absl::StatusOr<proto::ClusterView> FetchView();
 
   WorkerOptions options_;
-  storage::LabeledDataset train_;      // mlp
-  storage::CtrDataset ctr_train_;      // wide_deep
+  storage::LabeledDataset train_;  // mlp
+  storage::CtrDataset ctr_train_;  // wide_deep
   // wide_deep, the whole training file: loaded when it is gzipped or
   // data.train_limit is set; else empty, and each task's byte range is read.
-  int64_t ctr_train_skipped_ = 0;      // lines skipped as bad (data.bad_lines: skip)
-  int64_t task_records_ = 0;           // training thread: records of the last task trained
-  uint64_t ctr_steps_ = 0;             // training thread: this worker's CTR steps (cache clock)
+  int64_t ctr_train_skipped_ = 0;  // lines skipped as bad (data.bad_lines: skip)
+  int64_t task_records_ = 0;       // training thread: records of the last task trained
+  uint64_t ctr_steps_ = 0;         // training thread: this worker's CTR steps (cache clock)
   std::unique_ptr<Device> device_;
-  std::unique_ptr<Mlp> model_;         // mlp
+  std::unique_ptr<Mlp> model_;             // mlp
   bool activation_memory_logged_ = false;  // training thread
-  std::unique_ptr<WideDeep> wide_deep_;  // wide_deep
-  std::unique_ptr<RowCache> row_cache_;  // wide_deep with sparse.cache.rows > 0
+  std::unique_ptr<WideDeep> wide_deep_;    // wide_deep
+  std::unique_ptr<RowCache> row_cache_;    // wide_deep with sparse.cache.rows > 0
   std::unique_ptr<transport::Transport> transport_;
   // The master's control channel (made anew after failures in a row);
   // null until Start registers.
@@ -233,7 +233,7 @@ class Worker {
   std::atomic<bool> declared_dead_{false};
   // Training thread only: when each pserver was last reported unreachable.
   std::map<uint32_t, absl::Time> suspect_reported_;
-  uint64_t next_step_ = 0;   // training thread only
+  uint64_t next_step_ = 0;  // training thread only
   // bsp: a task leased without the step it starts at (the first one): its
   // first step goes to the master with the next progress report, sent at
   // once. Training thread only.
@@ -258,7 +258,7 @@ class Worker {
   int64_t window_correct_ = 0;
   uint64_t window_steps_ = 0;
   double recent_sps_ = 0;
-  std::atomic<uint64_t> row_cache_hits_{0};    // mirrors row_cache_ for /metrics
+  std::atomic<uint64_t> row_cache_hits_{0};  // mirrors row_cache_ for /metrics
   std::atomic<uint64_t> row_cache_misses_{0};
   double local_test_accuracy_ = 0;
 

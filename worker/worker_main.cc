@@ -5,11 +5,10 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/grpc_channel.h"
 #include "common/security.h"
-#include "common/daemon.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "storage/file_system.h"
@@ -57,8 +56,8 @@ int main(int argc, char** argv) {
   opts.trace_path = FLAGS_trace;
   opts.trace_max_steps = FLAGS_trace_max_steps;
   opts.host = FLAGS_host;
-  opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port
-                                         : config->cluster.ports.worker_http + FLAGS_index;
+  opts.http_port =
+      FLAGS_http_port >= -1 ? FLAGS_http_port : config->cluster.ports.worker_http + FLAGS_index;
   opts.transport = strata::transport::TransportOptionsFor(config->cluster);
   opts.fs = fs->get();
   opts.local_only = FLAGS_local;
@@ -94,8 +93,8 @@ int main(int argc, char** argv) {
     // A preemption notice: the job is checkpointed and stopped first.
     LOG(INFO) << "SIGTERM: asking the master for a checkpoint and a clean stop (grace "
               << config->checkpoint.grace_seconds << " s)";
-    absl::Status s = (*worker)->RequestCheckpointAndStop(
-        absl::Seconds(config->checkpoint.grace_seconds));
+    absl::Status s =
+        (*worker)->RequestCheckpointAndStop(absl::Seconds(config->checkpoint.grace_seconds));
     if (absl::IsFailedPrecondition(s)) {
       LOG(INFO) << "no checkpoint before stopping: " << s.message();  // the job is over
     } else if (!s.ok()) {

@@ -37,11 +37,10 @@ absl::StatusOr<JobConfig> ParseWithData(const std::string& extra) {
 // Expects InvalidArgument whose message starts with `position` and contains
 // every one of `parts`.
 template <typename... Parts>
-void ExpectError(const absl::StatusOr<JobConfig>& result,
-                 const std::string& position, const Parts&... parts) {
-  EXPECT_THAT(result,
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(StartsWith(position), HasSubstr(parts)...)));
+void ExpectError(const absl::StatusOr<JobConfig>& result, const std::string& position,
+                 const Parts&... parts) {
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kInvalidArgument,
+                               AllOf(StartsWith(position), HasSubstr(parts)...)));
 }
 
 TEST(ConsistencyNameTest, NamesBothModes) {
@@ -168,10 +167,9 @@ TEST(ParseJobConfigTest, DataOnlyGetsAllDefaults) {
 }
 
 TEST(ParseJobConfigTest, PartialSectionKeepsOtherDefaults) {
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      JobConfig c, ParseWithData("job:\n  epochs: 7\n"
-                                 "cluster:\n  ports:\n    master: 1234\n"
-                                 "model:\n"));  // empty section is allowed
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("job:\n  epochs: 7\n"
+                                                         "cluster:\n  ports:\n    master: 1234\n"
+                                                         "model:\n"));  // empty section is allowed
   EXPECT_EQ(c.job.epochs, 7);
   EXPECT_EQ(c.job.batch_size, 64);
   EXPECT_EQ(c.cluster.ports.master, 1234);
@@ -181,20 +179,17 @@ TEST(ParseJobConfigTest, PartialSectionKeepsOtherDefaults) {
 }
 
 TEST(ParseJobConfigTest, DoubleFieldAcceptsInteger) {
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      JobConfig c, ParseWithData("optimizer:\n  learning_rate: 1\n"));
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("optimizer:\n  learning_rate: 1\n"));
   EXPECT_DOUBLE_EQ(c.optimizer.learning_rate, 1.0);
 }
 
 TEST(ParseJobConfigTest, QuotedStringsAreStrings) {
-  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c,
-                              ParseWithData("job:\n  name: \"run #1: a\"\n"));
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("job:\n  name: \"run #1: a\"\n"));
   EXPECT_EQ(c.job.name, "run #1: a");
 }
 
 TEST(ParseJobConfigTest, BspConsistency) {
-  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c,
-                              ParseWithData("job:\n  consistency: bsp\n"));
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("job:\n  consistency: bsp\n"));
   EXPECT_EQ(c.job.consistency, Consistency::kBsp);
 }
 
@@ -209,8 +204,7 @@ TEST(ParseJobConfigTest, SyntaxErrorHasOneBasedLineAndColumn) {
 }
 
 TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
-  ExpectError(ParseWithData("---\njob:\n  epochs: 2\n"),
-              "local.yaml:7:1: ", "one YAML document");
+  ExpectError(ParseWithData("---\njob:\n  epochs: 2\n"), "local.yaml:7:1: ", "one YAML document");
 }
 
 // --- structure ---------------------------------------------------------------
@@ -226,10 +220,10 @@ TEST(ParseJobConfigTest, SecurityIsMtlsUnlessTheConfigSaysPlaintext) {
   EXPECT_EQ(def.security.mode, "mtls");
   EXPECT_EQ(def.security.tls_dir, "/etc/strata/tls");
   EXPECT_EQ(def.security.token_file, "");
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      JobConfig c, ParseWithData("security:\n  mode: mtls\n  tls_dir: /srv/tls\n"
-                                 "  token_file: /srv/tokens\n  refresh_seconds: 5\n"
-                                 "  encrypt_data_plane: true\n"));
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c,
+                              ParseWithData("security:\n  mode: mtls\n  tls_dir: /srv/tls\n"
+                                            "  token_file: /srv/tokens\n  refresh_seconds: 5\n"
+                                            "  encrypt_data_plane: true\n"));
   EXPECT_EQ(c.security.mode, "mtls");
   EXPECT_EQ(c.security.tls_dir, "/srv/tls");
   EXPECT_EQ(c.security.token_file, "/srv/tokens");
@@ -240,12 +234,11 @@ TEST(ParseJobConfigTest, SecurityIsMtlsUnlessTheConfigSaysPlaintext) {
   EXPECT_EQ(plain.security.mode, "plaintext");
   ExpectError(ParseWithData("security:\n  mode: plaintext\n  encrypt_data_plane: true\n"),
               "local.yaml:8:23: ", "security.encrypt_data_plane: needs security.mode mtls");
-  ExpectError(ParseWithData("security:\n  mode: none\n"), "local.yaml:7:9: ",
-              "security.mode");
-  ExpectError(ParseWithData("security:\n  refresh_seconds: 0\n"), "local.yaml:7:20: ",
-              "security.refresh_seconds");
-  ExpectError(ParseWithData("security:\n  tls_dir: \"\"\n"), "local.yaml:7:12: ",
-              "security.tls_dir");
+  ExpectError(ParseWithData("security:\n  mode: none\n"), "local.yaml:7:9: ", "security.mode");
+  ExpectError(ParseWithData("security:\n  refresh_seconds: 0\n"),
+              "local.yaml:7:20: ", "security.refresh_seconds");
+  ExpectError(ParseWithData("security:\n  tls_dir: \"\"\n"),
+              "local.yaml:7:12: ", "security.tls_dir");
 }
 
 TEST(ParseJobConfigTest, S3SectionNamesTheStoreAndIsCheckedByField) {
@@ -264,17 +257,17 @@ TEST(ParseJobConfigTest, S3SectionNamesTheStoreAndIsCheckedByField) {
   EXPECT_EQ(c.s3.part_size_mb, 8);
   EXPECT_EQ(c.s3.parallel_parts, 6);
   EXPECT_EQ(c.s3.retries, 2);
-  ExpectError(ParseWithData("s3:\n  endpoint: 127.0.0.1:7480\n"), "local.yaml:7:",
-              "s3.endpoint", "must start with http:// or https://");
-  ExpectError(ParseWithData("s3:\n  endpoint: http://h\n  part_size_mb: 4\n"), "local.yaml:8:",
-              "s3.part_size_mb");
-  ExpectError(ParseWithData("s3:\n  region: eu\n"), "local.yaml:6:",
-              "missing required key 's3.endpoint'");
+  ExpectError(ParseWithData("s3:\n  endpoint: 127.0.0.1:7480\n"), "local.yaml:7:", "s3.endpoint",
+              "must start with http:// or https://");
+  ExpectError(ParseWithData("s3:\n  endpoint: http://h\n  part_size_mb: 4\n"),
+              "local.yaml:8:", "s3.part_size_mb");
+  ExpectError(ParseWithData("s3:\n  region: eu\n"),
+              "local.yaml:6:", "missing required key 's3.endpoint'");
 }
 
 TEST(ParseJobConfigTest, AnObjectStorePathWithoutTheS3SectionNamesTheKey) {
-  ExpectError(ParseWithData("checkpoint:\n  dir: s3://ckpt-bucket/job\n"), "local.yaml:7:",
-              "checkpoint.dir", "'s3://ckpt-bucket/job' is in an object store",
+  ExpectError(ParseWithData("checkpoint:\n  dir: s3://ckpt-bucket/job\n"),
+              "local.yaml:7:", "checkpoint.dir", "'s3://ckpt-bucket/job' is in an object store",
               "add an s3 section");
   ExpectError(ParseJobConfig("data:\n  train_images: s3://data-bucket/train.gz\n"
                              "  train_labels: /d/l\n  test_images: /d/ti\n  test_labels: /d/tl\n",
@@ -288,20 +281,20 @@ TEST(ParseJobConfigTest, WorkerSectionChoosesTheDeviceAndIsCheckedByField) {
   EXPECT_EQ(defaults.worker.gpu, 0);
   EXPECT_EQ(defaults.worker.precision, "fp32");
   EXPECT_EQ(defaults.worker.recompute_every, 0);
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      JobConfig set, ParseWithData("worker:\n  device: cuda\n  gpu: 1\n  precision: bf16\n"
-                                   "  recompute_every: 3\n"));
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig set,
+                              ParseWithData("worker:\n  device: cuda\n  gpu: 1\n  precision: bf16\n"
+                                            "  recompute_every: 3\n"));
   EXPECT_EQ(set.worker.device, "cuda");
   EXPECT_EQ(set.worker.gpu, 1);
   EXPECT_EQ(set.worker.precision, "bf16");
   EXPECT_EQ(set.worker.recompute_every, 3);
-  ExpectError(ParseWithData("worker:\n  device: gpu\n"), "local.yaml:7:11: ",
-              "worker.device", "unknown value 'gpu' (allowed: auto, cpu, cuda)");
-  ExpectError(ParseWithData("worker:\n  precision: fp16\n"), "local.yaml:7:14: ",
-              "worker.precision", "allowed: fp32, tf32, bf16");
+  ExpectError(ParseWithData("worker:\n  device: gpu\n"), "local.yaml:7:11: ", "worker.device",
+              "unknown value 'gpu' (allowed: auto, cpu, cuda)");
+  ExpectError(ParseWithData("worker:\n  precision: fp16\n"),
+              "local.yaml:7:14: ", "worker.precision", "allowed: fp32, tf32, bf16");
   ExpectError(ParseWithData("worker:\n  gpu: -1\n"), "local.yaml:7:8: ", "worker.gpu");
-  ExpectError(ParseWithData("worker:\n  recompute_every: -2\n"), "local.yaml:7:20: ",
-              "worker.recompute_every");
+  ExpectError(ParseWithData("worker:\n  recompute_every: -2\n"),
+              "local.yaml:7:20: ", "worker.recompute_every");
 }
 
 TEST(ParseJobConfigTest, CheckpointSectionIsOffUnlessPresentAndReadsEveryKey) {
@@ -328,31 +321,28 @@ TEST(ParseJobConfigTest, CheckpointSectionIsOffUnlessPresentAndReadsEveryKey) {
 }
 
 TEST(ParseJobConfigTest, CheckpointSectionErrorsNameTheKey) {
-  ExpectError(ParseWithData("checkpoint:\n  every_steps: 10\n"), "local.yaml:",
-              "missing required key 'checkpoint.dir'");
-  ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  incremental: maybe\n"), "local.yaml:",
-              "checkpoint.incremental", "expected true or false");
-  ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  keep_last: 0\n"), "local.yaml:",
-              "checkpoint.keep_last");
+  ExpectError(ParseWithData("checkpoint:\n  every_steps: 10\n"),
+              "local.yaml:", "missing required key 'checkpoint.dir'");
+  ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  incremental: maybe\n"),
+              "local.yaml:", "checkpoint.incremental", "expected true or false");
+  ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  keep_last: 0\n"),
+              "local.yaml:", "checkpoint.keep_last");
   ExpectError(ParseWithData("checkpoint:\n  dir: /ck\n  compression_level: 30\n"),
               "local.yaml:", "checkpoint.compression_level");
 }
 
 TEST(ParseJobConfigTest, UnknownNestedKeyNamesFullPath) {
   ExpectError(ParseWithData("cluster:\n  ports:\n    masterr: 1\n"),
-              "local.yaml:8:5: ", "unknown key 'cluster.ports.masterr'",
-              "pserver_data");
-  ExpectError(ParseWithData("job:\n  epoch: 1\n"),
-              "local.yaml:7:3: ", "unknown key 'job.epoch'",
+              "local.yaml:8:5: ", "unknown key 'cluster.ports.masterr'", "pserver_data");
+  ExpectError(ParseWithData("job:\n  epoch: 1\n"), "local.yaml:7:3: ", "unknown key 'job.epoch'",
               "progress_every_steps");
 }
 
 TEST(ParseJobConfigTest, DuplicateKeyRejected) {
   ExpectError(ParseWithData("job:\n  epochs: 1\n  epochs: 2\n"),
-              "local.yaml:8:3: ", "duplicate key 'job.epochs'",
-              "first given on line 7");
-  ExpectError(ParseWithData("data:\n"), "local.yaml:6:1: ",
-              "duplicate key 'data' (first given on line 1)");
+              "local.yaml:8:3: ", "duplicate key 'job.epochs'", "first given on line 7");
+  ExpectError(ParseWithData("data:\n"),
+              "local.yaml:6:1: ", "duplicate key 'data' (first given on line 1)");
 }
 
 TEST(ParseJobConfigTest, RootMustBeMap) {
@@ -370,30 +360,30 @@ TEST(ParseJobConfigTest, SectionMustBeMap) {
 // --- types -------------------------------------------------------------------
 
 TEST(ParseJobConfigTest, StringWhereIntExpected) {
-  ExpectError(ParseWithData("job:\n  epochs: many\n"), "local.yaml:7:11: ",
-              "job.epochs: expected an integer, got 'many'");
+  ExpectError(ParseWithData("job:\n  epochs: many\n"),
+              "local.yaml:7:11: ", "job.epochs: expected an integer, got 'many'");
 }
 
 TEST(ParseJobConfigTest, FractionWhereIntExpected) {
-  ExpectError(ParseWithData("job:\n  batch_size: 1.5\n"), "local.yaml:7:15: ",
-              "job.batch_size: expected an integer, got '1.5'");
+  ExpectError(ParseWithData("job:\n  batch_size: 1.5\n"),
+              "local.yaml:7:15: ", "job.batch_size: expected an integer, got '1.5'");
 }
 
 TEST(ParseJobConfigTest, OtherNumberSpellingsWhereIntExpected) {
-  ExpectError(ParseWithData("job:\n  epochs: 1e3\n"), "local.yaml:7:11: ",
-              "job.epochs: expected an integer, got '1e3'");
-  ExpectError(ParseWithData("job:\n  epochs: 0x40\n"), "local.yaml:7:11: ",
-              "job.epochs: expected an integer, got '0x40'");
+  ExpectError(ParseWithData("job:\n  epochs: 1e3\n"),
+              "local.yaml:7:11: ", "job.epochs: expected an integer, got '1e3'");
+  ExpectError(ParseWithData("job:\n  epochs: 0x40\n"),
+              "local.yaml:7:11: ", "job.epochs: expected an integer, got '0x40'");
 }
 
 TEST(ParseJobConfigTest, QuotedNumberWhereIntExpected) {
-  ExpectError(ParseWithData("job:\n  epochs: \"5\"\n"), "local.yaml:7:11: ",
-              "job.epochs: expected an integer, got quoted string \"5\"");
+  ExpectError(ParseWithData("job:\n  epochs: \"5\"\n"),
+              "local.yaml:7:11: ", "job.epochs: expected an integer, got quoted string \"5\"");
 }
 
 TEST(ParseJobConfigTest, EmptyValueWhereIntExpected) {
-  ExpectError(ParseWithData("job:\n  epochs:\n"), "local.yaml:7:3: ",
-              "job.epochs: expected an integer, got an empty value");
+  ExpectError(ParseWithData("job:\n  epochs:\n"),
+              "local.yaml:7:3: ", "job.epochs: expected an integer, got an empty value");
 }
 
 TEST(ParseJobConfigTest, IntOutOfRange) {
@@ -405,25 +395,20 @@ TEST(ParseJobConfigTest, IntOutOfRange) {
 
 TEST(ParseJobConfigTest, MapWhereListExpected) {
   ExpectError(ParseWithData("model:\n  layers:\n    a: 1\n"),
-              "local.yaml:8:5: ",
-              "model.layers: expected a list of integers, got a map");
+              "local.yaml:8:5: ", "model.layers: expected a list of integers, got a map");
 }
 
 TEST(ParseJobConfigTest, ListElementMustBeInteger) {
-  ExpectError(
-      ParseWithData("model:\n  layers: [784, x, 10]\n"),
-      "local.yaml:7:17: ", "model.layers[1]: expected an integer, got 'x'");
+  ExpectError(ParseWithData("model:\n  layers: [784, x, 10]\n"),
+              "local.yaml:7:17: ", "model.layers[1]: expected an integer, got 'x'");
 }
 
 TEST(ParseJobConfigTest, ListWhereNumberExpected) {
   ExpectError(ParseWithData("optimizer:\n  learning_rate: [1]\n"),
-              "local.yaml:7:18: ",
-              "optimizer.learning_rate: expected a number, got a list");
+              "local.yaml:7:18: ", "optimizer.learning_rate: expected a number, got a list");
   ExpectError(ParseWithData("optimizer:\n  learning_rate: fast\n"),
-              "local.yaml:7:18: ",
-              "optimizer.learning_rate: expected a number, got 'fast'");
-  ExpectError(ParseWithData("optimizer:\n  learning_rate: nan\n"),
-              "local.yaml:7:18: ",
+              "local.yaml:7:18: ", "optimizer.learning_rate: expected a number, got 'fast'");
+  ExpectError(ParseWithData("optimizer:\n  learning_rate: nan\n"), "local.yaml:7:18: ",
               "optimizer.learning_rate: expected a "
               "finite number");
 }
@@ -436,8 +421,8 @@ TEST(ParseJobConfigTest, MapWhereStringExpected) {
 // --- values ------------------------------------------------------------------
 
 TEST(ParseJobConfigTest, UnknownConsistency) {
-  ExpectError(ParseWithData("job:\n  consistency: foo\n"), "local.yaml:7:16: ",
-              "job.consistency: unknown value 'foo' (allowed: bsp, asp)");
+  ExpectError(ParseWithData("job:\n  consistency: foo\n"),
+              "local.yaml:7:16: ", "job.consistency: unknown value 'foo' (allowed: bsp, asp)");
 }
 
 TEST(ParseJobConfigTest, RdmaTransportAndItsSettings) {
@@ -453,8 +438,8 @@ TEST(ParseJobConfigTest, RdmaTransportAndItsSettings) {
   EXPECT_EQ(c.cluster.rdma.send_slots, 16);
   EXPECT_EQ(c.cluster.rdma.slot_kib, 256);
   EXPECT_EQ(c.cluster.rdma.busy_poll_us, 0);
-  ExpectError(ParseWithData("cluster:\n  rdma:\n    recv_slots: 1\n"), "local.yaml:8:17: ",
-              "cluster.rdma.recv_slots");
+  ExpectError(ParseWithData("cluster:\n  rdma:\n    recv_slots: 1\n"),
+              "local.yaml:8:17: ", "cluster.rdma.recv_slots");
 }
 
 TEST(ParseJobConfigTest, SparseSectionAndItsChecks) {
@@ -485,14 +470,15 @@ TEST(ParseJobConfigTest, SparseSectionAndItsChecks) {
   EXPECT_EQ(d.sparse.admission.min_count, 1);
   EXPECT_EQ(d.sparse.eviction.capacity_rows, 0u);
   EXPECT_EQ(d.sparse.cache.rows, 0);
-  ExpectError(ParseWithData("sparse:\n  admission:\n    probability: 0\n"), "local.yaml:8:18: ",
-              "sparse.admission.probability: must be in (0, 1]");
-  ExpectError(ParseWithData("sparse:\n  optimizer:\n    type: momentum\n"), "local.yaml:8:11: ",
-              "sparse.optimizer.type: unknown value 'momentum' (allowed: sgd, adagrad, adam, ftrl)");
-  ExpectError(ParseWithData("sparse:\n  partitions: 0\n"), "local.yaml:7:15: ",
-              "sparse.partitions: must be in [1, 65536]");
-  ExpectError(ParseWithData("sparse:\n  init:\n    type: glorot_uniform\n"), "local.yaml:8:11: ",
-              "sparse.init.type");
+  ExpectError(ParseWithData("sparse:\n  admission:\n    probability: 0\n"),
+              "local.yaml:8:18: ", "sparse.admission.probability: must be in (0, 1]");
+  ExpectError(
+      ParseWithData("sparse:\n  optimizer:\n    type: momentum\n"), "local.yaml:8:11: ",
+      "sparse.optimizer.type: unknown value 'momentum' (allowed: sgd, adagrad, adam, ftrl)");
+  ExpectError(ParseWithData("sparse:\n  partitions: 0\n"),
+              "local.yaml:7:15: ", "sparse.partitions: must be in [1, 65536]");
+  ExpectError(ParseWithData("sparse:\n  init:\n    type: glorot_uniform\n"),
+              "local.yaml:8:11: ", "sparse.init.type");
 }
 
 TEST(ParseJobConfigTest, WideDeepOnCriteoData) {
@@ -514,42 +500,42 @@ TEST(ParseJobConfigTest, WideDeepOnCriteoData) {
   EXPECT_EQ(c.data.generate.train_rows, 1000);
   EXPECT_EQ(c.data.generate.seed, 9u);
   EXPECT_THAT(ParseJobConfig("model:\n  type: wide_deep\ndata:\n  format: criteo\n"
-                             "  test: /d/test.txt\n", "ctr.yaml"),
+                             "  test: /d/test.txt\n",
+                             "ctr.yaml"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("missing required key 'data.train' (data.format criteo)")));
   // A model must read the data's format.
   EXPECT_THAT(ParseJobConfig("model:\n  type: mlp\ndata:\n  format: criteo\n"
-                             "  train: /t\n  test: /t\n", "ctr.yaml"),
+                             "  train: /t\n  test: /t\n",
+                             "ctr.yaml"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(StartsWith("ctr.yaml:2:9: model.type"),
                              HasSubstr("mlp reads idx, wide_deep reads criteo"))));
   EXPECT_THAT(ParseJobConfig("data:\n  format: criteo\n  train: /t\n  test: /t\n"
-                             "  generate:\n    seed: 3\n", "ctr.yaml"),
+                             "  generate:\n    seed: 3\n",
+                             "ctr.yaml"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("missing required key 'data.generate.out_dir'")));
-  EXPECT_THAT(ParseJobConfig(std::string("model:\n  type: wide_deep\n  hidden: [0]\n") + kData, "ctr.yaml"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.hidden[0]")));
+  EXPECT_THAT(
+      ParseJobConfig(std::string("model:\n  type: wide_deep\n  hidden: [0]\n") + kData, "ctr.yaml"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.hidden[0]")));
 }
 
 TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {
-  ExpectError(ParseWithData("model:\n  type: cnn\n"), "local.yaml:7:9: ",
-              "model.type: unknown value 'cnn' (allowed: mlp, wide_deep)");
-  ExpectError(ParseWithData("model:\n  activation: gelu\n"),
-              "local.yaml:7:15: ",
+  ExpectError(ParseWithData("model:\n  type: cnn\n"),
+              "local.yaml:7:9: ", "model.type: unknown value 'cnn' (allowed: mlp, wide_deep)");
+  ExpectError(ParseWithData("model:\n  activation: gelu\n"), "local.yaml:7:15: ",
               "model.activation: unknown value 'gelu' (allowed: relu, tanh, "
               "sigmoid)");
-  ExpectError(ParseWithData("optimizer:\n  type: adagrad\n"),
-              "local.yaml:7:9: ",
+  ExpectError(ParseWithData("optimizer:\n  type: adagrad\n"), "local.yaml:7:9: ",
               "optimizer.type: unknown value 'adagrad' (allowed: sgd, "
               "momentum, adam)");
-  ExpectError(ParseWithData("cluster:\n  transport: verbs\n"),
-              "local.yaml:7:14: ",
+  ExpectError(ParseWithData("cluster:\n  transport: verbs\n"), "local.yaml:7:14: ",
               "cluster.transport: unknown value 'verbs' (allowed: tcp, rdma, auto, inproc)");
   ExpectError(ParseWithData("cluster:\n  rdma:\n    slot_kib: 2\n"),
               "local.yaml:8:15: ", "cluster.rdma.slot_kib");
-  ExpectError(
-      ParseJobConfig(absl::StrCat(kData, "  format: csv\n"), "f.yaml"),
-      "f.yaml:6:11: ", "data.format: unknown value 'csv' (allowed: idx, criteo)");
+  ExpectError(ParseJobConfig(absl::StrCat(kData, "  format: csv\n"), "f.yaml"),
+              "f.yaml:6:11: ", "data.format: unknown value 'csv' (allowed: idx, criteo)");
 }
 
 TEST(ParseJobConfigTest, NonPositiveIntegers) {
@@ -567,22 +553,18 @@ TEST(ParseJobConfigTest, NonPositiveIntegers) {
 
 TEST(ParseJobConfigTest, PortOutOfRange) {
   ExpectError(ParseWithData("cluster:\n  ports:\n    pserver_data: 70000\n"),
-              "local.yaml:8:19: ",
-              "cluster.ports.pserver_data: must be in [0, 65535], got 70000");
-  ExpectError(
-      ParseWithData("cluster:\n  ports:\n    master: -1\n"),
-      "local.yaml:8:13: ", "cluster.ports.master: must be in [0, 65535]");
+              "local.yaml:8:19: ", "cluster.ports.pserver_data: must be in [0, 65535], got 70000");
+  ExpectError(ParseWithData("cluster:\n  ports:\n    master: -1\n"),
+              "local.yaml:8:13: ", "cluster.ports.master: must be in [0, 65535]");
 }
 
 TEST(ParseJobConfigTest, OptimizerRanges) {
-  ExpectError(
-      ParseWithData("optimizer:\n  learning_rate: 0\n"),
-      "local.yaml:7:18: ", "optimizer.learning_rate: must be > 0, got 0");
-  ExpectError(
-      ParseWithData("optimizer:\n  momentum: 1.0\n"),
-      "local.yaml:7:13: ", "optimizer.momentum: must be in [0, 1), got 1");
-  ExpectError(ParseWithData("optimizer:\n  beta2: -0.5\n"), "local.yaml:7:10: ",
-              "optimizer.beta2: must be in [0, 1), got -0.5");
+  ExpectError(ParseWithData("optimizer:\n  learning_rate: 0\n"),
+              "local.yaml:7:18: ", "optimizer.learning_rate: must be > 0, got 0");
+  ExpectError(ParseWithData("optimizer:\n  momentum: 1.0\n"),
+              "local.yaml:7:13: ", "optimizer.momentum: must be in [0, 1), got 1");
+  ExpectError(ParseWithData("optimizer:\n  beta2: -0.5\n"),
+              "local.yaml:7:10: ", "optimizer.beta2: must be in [0, 1), got -0.5");
   ExpectError(ParseWithData("optimizer:\n  epsilon: 0\n"),
               "local.yaml:7:12: ", "optimizer.epsilon: must be > 0");
   ExpectError(ParseWithData("optimizer:\n  weight_decay: -0.1\n"),
@@ -591,8 +573,7 @@ TEST(ParseJobConfigTest, OptimizerRanges) {
 
 TEST(ParseJobConfigTest, LayersNeedTwoPositiveEntries) {
   ExpectError(ParseWithData("model:\n  layers: [784]\n"),
-              "local.yaml:7:11: ", "model.layers: needs at least 2 entries",
-              "got 1");
+              "local.yaml:7:11: ", "model.layers: needs at least 2 entries", "got 1");
   ExpectError(ParseWithData("model:\n  layers: [784, 0, 10]\n"),
               "local.yaml:7:17: ", "model.layers[1]: must be > 0, got 0");
 }
@@ -603,13 +584,11 @@ TEST(ParseJobConfigTest, SliceBytesAtLeastFour) {
 }
 
 TEST(ParseJobConfigTest, DeadTimeoutMustExceedHeartbeat) {
-  ExpectError(ParseWithData("cluster:\n  dead_timeout_ms: 500\n"),
-              "local.yaml:7:20: ",
+  ExpectError(ParseWithData("cluster:\n  dead_timeout_ms: 500\n"), "local.yaml:7:20: ",
               "cluster.dead_timeout_ms: must be > "
               "cluster.heartbeat_interval_ms (500), got 500");
   // Only the heartbeat set: the error points at it.
-  ExpectError(ParseWithData("cluster:\n  heartbeat_interval_ms: 6000\n"),
-              "local.yaml:7:26: ",
+  ExpectError(ParseWithData("cluster:\n  heartbeat_interval_ms: 6000\n"), "local.yaml:7:26: ",
               "cluster.dead_timeout_ms: must be > "
               "cluster.heartbeat_interval_ms (6000)");
 }
@@ -651,14 +630,12 @@ TEST(ParseJobConfigTest, EmptyDataPathRejected) {
 
 TEST(LoadJobConfigTest, MissingFileIsNotFoundNamingPath) {
   const std::string path = ::testing::TempDir() + "/no-such-config.yaml";
-  EXPECT_THAT(LoadJobConfig(path),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+  EXPECT_THAT(LoadJobConfig(path), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
 
 TEST(LoadJobConfigTest, DirectoryIsInvalidArgument) {
   EXPECT_THAT(LoadJobConfig(::testing::TempDir()),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr(::testing::TempDir())));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(::testing::TempDir())));
 }
 
 TEST(LoadJobConfigTest, ReadsFileAndSetsSource) {
@@ -679,9 +656,8 @@ TEST(LoadJobConfigTest, ErrorsNameThePath) {
     std::ofstream out(path);
     out << kData << "job:\n  epochs: 0\n";
   }
-  EXPECT_THAT(LoadJobConfig(path),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       StartsWith(path + ":7:11: job.epochs: must be > 0")));
+  EXPECT_THAT(LoadJobConfig(path), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            StartsWith(path + ":7:11: job.epochs: must be > 0")));
   std::remove(path.c_str());
 }
 

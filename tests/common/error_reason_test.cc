@@ -47,9 +47,8 @@ TEST(ErrorReasonTest, WireNumbersOutsideTheEnumAreDropped) {
 }
 
 TEST(ErrorReasonTest, TheReasonCrossesGrpc) {
-  const absl::Status s =
-      WithReason(absl::FailedPreconditionError("node 4 was declared dead"),
-                 proto::REASON_DECLARED_DEAD);
+  const absl::Status s = WithReason(absl::FailedPreconditionError("node 4 was declared dead"),
+                                    proto::REASON_DECLARED_DEAD);
   const grpc::Status g = ToGrpcStatus(s);
   EXPECT_EQ(g.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(g.error_message(), "node 4 was declared dead");

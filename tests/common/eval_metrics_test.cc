@@ -12,8 +12,7 @@ namespace {
 
 // The definition, O(n^2): P(score of a positive > score of a negative), a tie
 // counting one half.
-double PairwiseAuc(const std::vector<float>& scores,
-                   const std::vector<float>& labels) {
+double PairwiseAuc(const std::vector<float>& scores, const std::vector<float>& labels) {
   double wins = 0, pairs = 0;
   for (size_t i = 0; i < scores.size(); ++i) {
     if (labels[i] != 1) continue;
@@ -70,8 +69,7 @@ TEST(AucTest, MatchesPairwiseDefinitionWithManyTies) {
 
 TEST(LogLossTest, HandComputedValues) {
   // -(log 0.8 + log(1 - 0.4)) / 2
-  EXPECT_NEAR(LogLoss({0.8f, 0.4f}, {1, 0}),
-              -(std::log(0.8) + std::log(0.6)) / 2, 1e-7);
+  EXPECT_NEAR(LogLoss({0.8f, 0.4f}, {1, 0}), -(std::log(0.8) + std::log(0.6)) / 2, 1e-7);
   // A coin flip costs log 2 whatever the label.
   EXPECT_NEAR(LogLoss({0.5f, 0.5f, 0.5f}, {1, 0, 1}), std::log(2.0), 1e-9);
 }

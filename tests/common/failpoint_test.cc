@@ -1,9 +1,10 @@
 #include "common/failpoint.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <functional>
-#include <unistd.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

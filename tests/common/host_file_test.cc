@@ -18,11 +18,10 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 template <typename... Parts>
-void ExpectError(const absl::StatusOr<HostFile>& result,
-                 const std::string& position, const Parts&... parts) {
-  EXPECT_THAT(result,
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(StartsWith(position), HasSubstr(parts)...)));
+void ExpectError(const absl::StatusOr<HostFile>& result, const std::string& position,
+                 const Parts&... parts) {
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kInvalidArgument,
+                               AllOf(StartsWith(position), HasSubstr(parts)...)));
 }
 
 TEST(ParseHostFileTest, HeaderExampleParses) {
@@ -54,10 +53,10 @@ TEST(ParseHostFileTest, HeaderExampleParses) {
 }
 
 TEST(ParseHostFileTest, MasterNeedNotBeFirstAndTabsAndCrlfAreFine) {
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      HostFile f, ParseHostFile("a\tworker=1\r\n  fe80::1\tpserver master=1\r\n"
-                                "#end",
-                                "hosts"));
+  STRATA_ASSERT_OK_AND_ASSIGN(HostFile f,
+                              ParseHostFile("a\tworker=1\r\n  fe80::1\tpserver master=1\r\n"
+                                            "#end",
+                                            "hosts"));
   ASSERT_EQ(f.hosts.size(), 2u);
   EXPECT_EQ(f.hosts[1].host, "fe80::1");
   EXPECT_EQ(f.master_host().host, "fe80::1");
@@ -103,36 +102,30 @@ TEST(ParseHostFileTest, DuplicateHostNamesEarlierLine) {
 }
 
 TEST(ParseHostFileTest, TwoMastersNameBothLines) {
-  ExpectError(
-      ParseHostFile("a master pserver\nb worker\nc master\n", "hosts.txt"),
-      "hosts.txt:3: ", "more than one master", "lines 1 and 3");
+  ExpectError(ParseHostFile("a master pserver\nb worker\nc master\n", "hosts.txt"),
+              "hosts.txt:3: ", "more than one master", "lines 1 and 3");
 }
 
 TEST(ParseHostFileTest, NoMaster) {
-  ExpectError(ParseHostFile("a pserver\nb worker\n", "hosts.txt"),
-              "hosts.txt: ", "no master");
+  ExpectError(ParseHostFile("a pserver\nb worker\n", "hosts.txt"), "hosts.txt: ", "no master");
 }
 
 TEST(ParseHostFileTest, NoPserver) {
-  ExpectError(ParseHostFile("a master worker=3\n", "hosts.txt"),
-              "hosts.txt: ", "no pserver");
+  ExpectError(ParseHostFile("a master worker=3\n", "hosts.txt"), "hosts.txt: ", "no pserver");
 }
 
 TEST(ParseHostFileTest, NoWorker) {
-  ExpectError(ParseHostFile("a master pserver=3\n", "hosts.txt"),
-              "hosts.txt: ", "no worker");
+  ExpectError(ParseHostFile("a master pserver=3\n", "hosts.txt"), "hosts.txt: ", "no worker");
 }
 
 TEST(ParseHostFileTest, EmptyFile) {
-  ExpectError(ParseHostFile("# nothing\n\n", "hosts.txt"),
-              "hosts.txt: ", "no hosts");
+  ExpectError(ParseHostFile("# nothing\n\n", "hosts.txt"), "hosts.txt: ", "no hosts");
   ExpectError(ParseHostFile("", "hosts.txt"), "hosts.txt: ", "no hosts");
 }
 
 TEST(ParseHostFileTest, HostWithoutRoles) {
-  ExpectError(
-      ParseHostFile("a master pserver worker\nnode-c   # later\n", "hosts.txt"),
-      "hosts.txt:2: ", "host 'node-c' has no roles");
+  ExpectError(ParseHostFile("a master pserver worker\nnode-c   # later\n", "hosts.txt"),
+              "hosts.txt:2: ", "host 'node-c' has no roles");
 }
 
 TEST(ParseHostFileTest, LineWithoutHost) {
@@ -141,15 +134,13 @@ TEST(ParseHostFileTest, LineWithoutHost) {
 }
 
 TEST(ParseHostFileTest, BadHostCharacters) {
-  ExpectError(
-      ParseHostFile("a master pserver worker\nnode,b worker\n", "hosts.txt"),
-      "hosts.txt:2: ", "bad host 'node,b'");
+  ExpectError(ParseHostFile("a master pserver worker\nnode,b worker\n", "hosts.txt"),
+              "hosts.txt:2: ", "bad host 'node,b'");
 }
 
 TEST(LoadHostFileTest, MissingFileIsNotFoundNamingPath) {
   const std::string path = ::testing::TempDir() + "/no-such-hosts";
-  EXPECT_THAT(LoadHostFile(path),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+  EXPECT_THAT(LoadHostFile(path), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
 
 TEST(LoadHostFileTest, ReadsFileAndSetsSource) {
@@ -170,9 +161,8 @@ TEST(LoadHostFileTest, ErrorsNameThePath) {
     std::ofstream out(path);
     out << "localhost master pserver=2 wrker=3\n";
   }
-  EXPECT_THAT(LoadHostFile(path),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       StartsWith(path + ":1: unknown role 'wrker'")));
+  EXPECT_THAT(LoadHostFile(path), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           StartsWith(path + ":1: unknown role 'wrker'")));
   std::remove(path.c_str());
 }
 

@@ -72,8 +72,8 @@ class HttpServerTest : public ::testing::Test {
     server_.Handle("/echo", [](const HttpRequest& req) {
       HttpResponse r;
       r.content_type = "application/json";
-      r.body = absl::StrCat("{\"method\":\"", req.method, "\",\"path\":\"",
-                            req.path, "\",\"query\":\"", req.query, "\"}");
+      r.body = absl::StrCat("{\"method\":\"", req.method, "\",\"path\":\"", req.path,
+                            "\",\"query\":\"", req.query, "\"}");
       return r;
     });
     server_.Handle("/broken", [](const HttpRequest&) {
@@ -98,16 +98,14 @@ TEST_F(HttpServerTest, GetsRegisteredPath) {
 TEST_F(HttpServerTest, PassesPathAndQueryToHandler) {
   auto body = HttpGet("127.0.0.1", server_.port(), "/echo?a=1&b=2");
   ASSERT_THAT(body, IsOk());
-  EXPECT_EQ(*body,
-            "{\"method\":\"GET\",\"path\":\"/echo\",\"query\":\"a=1&b=2\"}");
+  EXPECT_EQ(*body, "{\"method\":\"GET\",\"path\":\"/echo\",\"query\":\"a=1&b=2\"}");
 }
 
 TEST_F(HttpServerTest, UnknownPathIs404) {
   auto body = HttpGet("127.0.0.1", server_.port(), "/nope");
   EXPECT_THAT(body, StatusIs(absl::StatusCode::kInternal, HasSubstr("404")));
-  EXPECT_THAT(body,
-              StatusIs(absl::StatusCode::kInternal,
-                       HasSubstr(absl::StrCat("127.0.0.1:", server_.port()))));
+  EXPECT_THAT(body, StatusIs(absl::StatusCode::kInternal,
+                             HasSubstr(absl::StrCat("127.0.0.1:", server_.port()))));
 }
 
 TEST_F(HttpServerTest, HandlerErrorStatusIsInternal) {
@@ -116,8 +114,7 @@ TEST_F(HttpServerTest, HandlerErrorStatusIsInternal) {
 }
 
 TEST_F(HttpServerTest, ResponseCarriesHeaders) {
-  std::string response =
-      RawExchange(server_.port(), "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string response = RawExchange(server_.port(), "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(response, HasSubstr("Content-Type: application/json\r\n"));
   EXPECT_THAT(response, HasSubstr("Content-Length: 42\r\n"));
@@ -125,23 +122,20 @@ TEST_F(HttpServerTest, ResponseCarriesHeaders) {
 }
 
 TEST_F(HttpServerTest, HeadSendsHeadersOnly) {
-  std::string response =
-      RawExchange(server_.port(), "HEAD /healthz HTTP/1.1\r\n\r\n");
+  std::string response = RawExchange(server_.port(), "HEAD /healthz HTTP/1.1\r\n\r\n");
   EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(response, HasSubstr("Content-Length: 3\r\n"));
   EXPECT_THAT(response, ::testing::EndsWith("\r\n\r\n"));
 }
 
 TEST_F(HttpServerTest, OtherMethodsAre405) {
-  std::string response =
-      RawExchange(server_.port(), "POST /healthz HTTP/1.1\r\n\r\n");
+  std::string response = RawExchange(server_.port(), "POST /healthz HTTP/1.1\r\n\r\n");
   EXPECT_THAT(response, StartsWith("HTTP/1.1 405 "));
   EXPECT_THAT(response, HasSubstr("Allow: GET, HEAD\r\n"));
 }
 
 TEST_F(HttpServerTest, MalformedRequestLineIs400) {
-  EXPECT_THAT(RawExchange(server_.port(), "garbage\r\n\r\n"),
-              StartsWith("HTTP/1.1 400 "));
+  EXPECT_THAT(RawExchange(server_.port(), "garbage\r\n\r\n"), StartsWith("HTTP/1.1 400 "));
 }
 
 TEST_F(HttpServerTest, OversizedRequestIsRejected) {
@@ -159,8 +153,7 @@ TEST_F(HttpServerTest, IncompleteRequestTimesOutAndServerRecovers) {
     std::string response = RawExchange(port, "GET /healthz HTTP/1.1\r\n");
     EXPECT_THAT(response, StartsWith("HTTP/1.1 408 "));
   });
-  auto body =
-      HttpGet("127.0.0.1", server_.port(), "/healthz", absl::Seconds(10));
+  auto body = HttpGet("127.0.0.1", server_.port(), "/healthz", absl::Seconds(10));
   EXPECT_THAT(body, IsOk());
   slow.join();
 }
@@ -173,12 +166,10 @@ TEST_F(HttpServerTest, ConcurrentGets) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i) {
-        auto body = HttpGet("127.0.0.1", server_.port(),
-                            absl::StrCat("/echo?t=", t, "&i=", i));
-        if (body.ok() &&
-            *body == absl::StrCat("{\"method\":\"GET\",\"path\":\"/echo\","
-                                  "\"query\":\"t=",
-                                  t, "&i=", i, "\"}")) {
+        auto body = HttpGet("127.0.0.1", server_.port(), absl::StrCat("/echo?t=", t, "&i=", i));
+        if (body.ok() && *body == absl::StrCat("{\"method\":\"GET\",\"path\":\"/echo\","
+                                               "\"query\":\"t=",
+                                               t, "&i=", i, "\"}")) {
           ++ok;
         } else {
           ADD_FAILURE() << body.status();
@@ -199,8 +190,7 @@ TEST_F(HttpServerTest, ShutdownIsIdempotentAndStopsServing) {
 }
 
 TEST_F(HttpServerTest, SecondStartFails) {
-  EXPECT_THAT(server_.Start("127.0.0.1", 0),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(server_.Start("127.0.0.1", 0), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(HttpServerStandaloneTest, ShutdownWithoutStartIsFine) {
@@ -220,9 +210,9 @@ TEST(HttpServerStandaloneTest, BindingABusyPortFailsNamingTheAddress) {
 
 TEST(HttpGetTest, ClosedPortIsUnavailableNamingTheAddress) {
   const int port = UnusedPort();
-  EXPECT_THAT(HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(2)),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr(absl::StrCat("127.0.0.1:", port))));
+  EXPECT_THAT(
+      HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(2)),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr(absl::StrCat("127.0.0.1:", port))));
 }
 
 }  // namespace

@@ -56,8 +56,9 @@ TEST(HttpPolicyTest, EveryRoleAndPathPairIsAsStated) {
       if (roles.count(r)) {
         EXPECT_THAT(s, IsOk()) << RoleName(r) << " " << path;
       } else {
-        EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
-                                HasSubstr(absl::StrCat("role ", RoleName(r), " may not GET ", path))));
+        EXPECT_THAT(s,
+                    StatusIs(absl::StatusCode::kPermissionDenied,
+                             HasSubstr(absl::StrCat("role ", RoleName(r), " may not GET ", path))));
       }
     }
   }
@@ -95,14 +96,13 @@ class HttpsTest : public ::testing::Test {
         return HttpResponse{200, "text/plain", absl::StrCat("served ", path, "\n")};
       });
     }
-    ASSERT_THAT(SecureHttp(security_, &server_,
-                           [this](const std::string& who, const HttpRequest& req,
-                                  const absl::Status& why) {
-                             absl::MutexLock l(&mu_);
-                             refusals_.push_back({who, req.peer, req.path,
-                                                  std::string(why.message())});
-                           }),
-                IsOk());
+    ASSERT_THAT(
+        SecureHttp(security_, &server_,
+                   [this](const std::string& who, const HttpRequest& req, const absl::Status& why) {
+                     absl::MutexLock l(&mu_);
+                     refusals_.push_back({who, req.peer, req.path, std::string(why.message())});
+                   }),
+        IsOk());
     ASSERT_THAT(server_.Start("127.0.0.1", 0), IsOk());
   }
 
@@ -297,8 +297,8 @@ std::string ServedSerial(int port) {
 
 TEST_F(HttpsTest, ARenewedCertificateIsServedWithoutARestart) {
   const std::string gen = std::string(STRATA_SOURCE_DIR) + "/scripts/gen-certs.sh";
-  const std::string renew = absl::StrCat(gen, " node --out ", *dir_,
-                                         " --host 127.0.0.2 --role pserver > /dev/null 2>&1");
+  const std::string renew =
+      absl::StrCat(gen, " node --out ", *dir_, " --host 127.0.0.2 --role pserver > /dev/null 2>&1");
   ASSERT_EQ(std::system(renew.c_str()), 0);
   StartServer(*dir_ + "/127.0.0.2");
   const std::string before = ServedSerial(server_.port());

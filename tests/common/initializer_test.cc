@@ -18,8 +18,7 @@ using ::testing::Each;
 using ::testing::Eq;
 using ::testing::HasSubstr;
 
-InitSpec Glorot(uint64_t fan_in, uint64_t fan_out, uint32_t table_id,
-                uint64_t seed) {
+InitSpec Glorot(uint64_t fan_in, uint64_t fan_out, uint32_t table_id, uint64_t seed) {
   InitSpec s;
   s.init = "glorot_uniform";
   s.fan_in = fan_in;
@@ -117,9 +116,8 @@ TEST(InitializerTest, UnknownInitializerIsInvalidArgumentNamingIt) {
   InitSpec spec = Glorot(8, 8, 0, 1);
   spec.init = "he_normal";
   float out[4];
-  EXPECT_THAT(
-      InitializeSlice(spec, 0, 4, out),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'he_normal'")));
+  EXPECT_THAT(InitializeSlice(spec, 0, 4, out),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'he_normal'")));
 }
 
 }  // namespace

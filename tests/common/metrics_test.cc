@@ -19,8 +19,7 @@ TEST(MetricsTest, EmptyRegistryRendersNothing) {
 TEST(MetricsTest, RendersCounterAndGaugeSortedByName) {
   MetricsRegistry registry;
   Gauge* gauge = registry.GetGauge("strata_queue_depth", "Queued requests.");
-  Counter* counter =
-      registry.GetCounter("strata_requests_total", "Requests served.");
+  Counter* counter = registry.GetCounter("strata_requests_total", "Requests served.");
   Counter* bytes = registry.GetCounter("strata_bytes_total", "Bytes sent.");
   counter->Increment();
   counter->Increment(2);
@@ -44,12 +43,8 @@ TEST(MetricsTest, RendersCounterAndGaugeSortedByName) {
 
 TEST(MetricsTest, RendersLabelsSortedByKeyAndSeriesSortedByLabels) {
   MetricsRegistry registry;
-  registry
-      .GetCounter("rpc_total", "RPCs.", {{"method", "push"}, {"code", "ok"}})
-      ->Increment(4);
-  registry
-      .GetCounter("rpc_total", "RPCs.", {{"method", "pull"}, {"code", "ok"}})
-      ->Increment(2);
+  registry.GetCounter("rpc_total", "RPCs.", {{"method", "push"}, {"code", "ok"}})->Increment(4);
+  registry.GetCounter("rpc_total", "RPCs.", {{"method", "pull"}, {"code", "ok"}})->Increment(2);
   registry.GetCounter("rpc_total", "RPCs.")->Increment();
 
   EXPECT_EQ(registry.RenderPrometheus(),
@@ -87,9 +82,8 @@ TEST(MetricsTest, CallbackGaugeMayUseTheRegistry) {
   MetricsRegistry registry;
   Counter* c = registry.GetCounter("a_total", "A.");
   c->Increment(5);
-  registry.AddCallbackGauge("b", "Twice a.", [&] {
-    return 2 * registry.GetCounter("a_total", "A.")->value();
-  });
+  registry.AddCallbackGauge("b", "Twice a.",
+                            [&] { return 2 * registry.GetCounter("a_total", "A.")->value(); });
   EXPECT_THAT(registry.RenderPrometheus(), ::testing::HasSubstr("\nb 10\n"));
 }
 
@@ -108,9 +102,7 @@ TEST(MetricsTest, SameNameAndLabelsReturnSameObject) {
 
 TEST(MetricsTest, EscapesLabelValuesAndHelp) {
   MetricsRegistry registry;
-  registry
-      .GetGauge("path_info", "Line one\nback\\slash \"quoted\".",
-                {{"path", "C:\\dir\n\"x\""}})
+  registry.GetGauge("path_info", "Line one\nback\\slash \"quoted\".", {{"path", "C:\\dir\n\"x\""}})
       ->Set(1);
   EXPECT_EQ(registry.RenderPrometheus(),
             "# HELP path_info Line one\\nback\\\\slash \"quoted\".\n"
@@ -209,10 +201,8 @@ TEST(MetricsTest, ConcurrentIncrementsAreNotLost) {
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_EQ(registry.GetCounter("hits_total", "Hits.")->value(),
-            kThreads * kPerThread);
-  EXPECT_EQ(registry.GetGauge("level", "Level.")->value(),
-            kThreads * kPerThread * 0.5);
+  EXPECT_EQ(registry.GetCounter("hits_total", "Hits.")->value(), kThreads * kPerThread);
+  EXPECT_EQ(registry.GetGauge("level", "Level.")->value(), kThreads * kPerThread * 0.5);
 }
 
 TEST(MetricsDeathTest, SameNameWithTwoTypesIsAProgrammerError) {
@@ -224,8 +214,7 @@ TEST(MetricsDeathTest, SameNameWithTwoTypesIsAProgrammerError) {
 TEST(MetricsDeathTest, InvalidNameIsAProgrammerError) {
   MetricsRegistry registry;
   EXPECT_DEATH(registry.GetCounter("1bad", "Bad."), "1bad");
-  EXPECT_DEATH(registry.GetCounter("ok", "Ok.", {{"bad-label", "v"}}),
-               "bad-label");
+  EXPECT_DEATH(registry.GetCounter("ok", "Ok.", {{"bad-label", "v"}}), "bad-label");
 }
 
 }  // namespace

@@ -39,8 +39,7 @@ OptimizerSection Section(const std::string& type, double lr) {
 
 // Applies kGrads one step at a time and checks the parameters after each
 // step against `expected[step]`.
-void RunSteps(const OptimizerSection& c,
-              const std::vector<std::vector<double>>& expected) {
+void RunSteps(const OptimizerSection& c, const std::vector<std::vector<double>>& expected) {
   auto opt = Optimizer::Create(c, kInitial.size());
   ASSERT_TRUE(opt.ok()) << opt.status();
   std::vector<float> p = kInitial;
@@ -58,8 +57,7 @@ TEST(OptimizerTest, SgdSubtractsLearningRateTimesGradient) {
   // step 1: 1 - 0.05 = 0.95;  -2 + 0.1 = -1.9;   0.5 - 0.2 = 0.3
   // step 2: 0.95 - 0.1 = 0.85; -1.9 - 0.1 = -2.0; 0.3 + 0.1 = 0.4
   // step 3: 0.85 + 0.025 = 0.875; -2.0 - 0.05 = -2.05; 0.4 - 0 = 0.4
-  RunSteps(Section("sgd", 0.1),
-           {{0.95, -1.9, 0.3}, {0.85, -2.0, 0.4}, {0.875, -2.05, 0.4}});
+  RunSteps(Section("sgd", 0.1), {{0.95, -1.9, 0.3}, {0.85, -2.0, 0.4}, {0.875, -2.05, 0.4}});
 }
 
 TEST(OptimizerTest, SgdAddsWeightDecayToGradient) {
@@ -75,9 +73,7 @@ TEST(OptimizerTest, SgdAddsWeightDecayToGradient) {
   //         0.39205 - 0.1*(0 + 0.039205)    = 0.3881295
   OptimizerSection c = Section("sgd", 0.1);
   c.weight_decay = 0.1;
-  RunSteps(c, {{0.94, -1.88, 0.295},
-               {0.8306, -1.9612, 0.39205},
-               {0.847294, -1.991588, 0.3881295}});
+  RunSteps(c, {{0.94, -1.88, 0.295}, {0.8306, -1.9612, 0.39205}, {0.847294, -1.991588, 0.3881295}});
 }
 
 TEST(OptimizerTest, MomentumAccumulatesVelocity) {
@@ -117,10 +113,9 @@ TEST(OptimizerTest, AdamWithBiasCorrection) {
   //   = 0.00124975; m^ = 0.145/0.19 = 0.76315789, v^ = 0.00124975/0.001999
   //   = 0.62518759, sqrt = 0.79068805; p0 = 0.99 - 0.01*0.96518195 = 0.98034818
   // Other entries computed the same way (python3, double precision).
-  RunSteps(Section("adam", 0.01),
-           {{0.9900000002, -1.9900000001, 0.4900000000},
-            {0.9803481801, -1.9905263159, 0.4873366297},
-            {0.9744621128, -1.9930406589, 0.4852778367}});
+  RunSteps(Section("adam", 0.01), {{0.9900000002, -1.9900000001, 0.4900000000},
+                                   {0.9803481801, -1.9905263159, 0.4873366297},
+                                   {0.9744621128, -1.9930406589, 0.4852778367}});
 }
 
 TEST(OptimizerTest, AdamWithWeightDecayAddsL2ToGradient) {

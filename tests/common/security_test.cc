@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "google/protobuf/descriptor.h"
+#include "gtest/gtest.h"
 #include "proto/strata.grpc.pb.h"
 #include "tests/testing/read_file.h"
 #include "tests/testing/status_matchers.h"
@@ -24,7 +24,6 @@ using ::strata::testing::IsOk;
 using ::strata::testing::ReadFileForTesting;
 using ::strata::testing::StatusIs;
 using ::testing::HasSubstr;
-
 
 void Write(const std::string& path, const std::string& text, mode_t mode) {
   std::ofstream(path) << text;
@@ -61,8 +60,8 @@ TEST_F(SecurityTest, SecretFilesReadableByOthersAreRefused) {
   o.dir = *dir_ + "/127.0.0.1";
   o.cert_name = "worker";
   auto s = MakeControlPlaneSecurity(o);
-  EXPECT_THAT(s.status(), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                   HasSubstr("worker.key: mode 0640")));
+  EXPECT_THAT(s.status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("worker.key: mode 0640")));
   chmod(key.c_str(), 0600);
   EXPECT_THAT(MakeControlPlaneSecurity(o).status(), IsOk());
   o.cert_name = "nobody";
@@ -102,10 +101,12 @@ TEST_F(SecurityTest, CertificatesNameTheirHolder) {
   EXPECT_EQ(alice->role, Role::kOperator);
   EXPECT_EQ(alice->name, "alice");
 
-  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/users/old/client.crt")).status(),
-              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("expired")));
-  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/mallory/client.crt")).status(),
-              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("'mallory' refused")));
+  EXPECT_THAT(
+      (*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/users/old/client.crt")).status(),
+      StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("expired")));
+  EXPECT_THAT(
+      (*auth)->IdentifyCertificate(ReadFileForTesting(*dir_ + "/mallory/client.crt")).status(),
+      StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("'mallory' refused")));
   EXPECT_THAT((*auth)->IdentifyCertificate("not a certificate").status(),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("unreadable")));
 
@@ -132,12 +133,12 @@ TEST_F(SecurityTest, ClientsCheckTheServersCertificate) {
   EXPECT_THAT(CheckServerCertificate(master, "127.0.0.1", Role::kMaster, ca, ""), IsOk());
   EXPECT_THAT(CheckServerCertificate(pserver, "127.0.0.1:7200", Role::kPServer, ca, ""), IsOk());
   // A pserver's certificate does not make its host's master.
-  EXPECT_THAT(CheckServerCertificate(pserver, "127.0.0.1:7070", Role::kMaster, ca, ""),
-              StatusIs(absl::StatusCode::kUnauthenticated,
-                       HasSubstr("is of role 'pserver', not master")));
-  EXPECT_THAT(CheckServerCertificate(master, "10.9.9.9:7070", Role::kMaster, ca, ""),
-              StatusIs(absl::StatusCode::kUnauthenticated,
-                       HasSubstr("does not cover host 10.9.9.9")));
+  EXPECT_THAT(
+      CheckServerCertificate(pserver, "127.0.0.1:7070", Role::kMaster, ca, ""),
+      StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("is of role 'pserver', not master")));
+  EXPECT_THAT(
+      CheckServerCertificate(master, "10.9.9.9:7070", Role::kMaster, ca, ""),
+      StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("does not cover host 10.9.9.9")));
   EXPECT_THAT(CheckServerCertificate(master, "[::2]:7070", Role::kMaster, ca, ""),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("does not cover host ::2")));
   EXPECT_THAT(CheckServerCertificate("not a certificate", "127.0.0.1", Role::kMaster, ca, ""),
@@ -168,9 +169,12 @@ TEST_F(SecurityTest, ARevokedCertificateIsRefused) {
   o.dir = dir + "/127.0.0.1";  // (crl.pem was copied beside ca.crt)
   auto auth = Authenticator::Create(o);
   ASSERT_THAT(auth.status(), IsOk());
-  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(dir + "/users/bob/client.crt")).status(),
-              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("certificate revoked")));
-  EXPECT_THAT((*auth)->IdentifyCertificate(ReadFileForTesting(dir + "/users/alice/client.crt")).status(), IsOk());
+  EXPECT_THAT(
+      (*auth)->IdentifyCertificate(ReadFileForTesting(dir + "/users/bob/client.crt")).status(),
+      StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("certificate revoked")));
+  EXPECT_THAT(
+      (*auth)->IdentifyCertificate(ReadFileForTesting(dir + "/users/alice/client.crt")).status(),
+      IsOk());
 }
 
 TEST_F(SecurityTest, BadTokenFilesAreNamed) {
@@ -180,7 +184,8 @@ TEST_F(SecurityTest, BadTokenFilesAreNamed) {
   o.token_file = path;
   Write(path, "# people\nalice admin 0123456789abcdef0123\nbob root 0123456789abcdef0123\n", 0600);
   EXPECT_THAT(Authenticator::Create(o).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad-tokens:3: the second field (the role of 'bob')")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad-tokens:3: the second field (the role of 'bob')")));
   Write(path, "alice admin short\n", 0600);
   EXPECT_THAT(Authenticator::Create(o).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad-tokens:1: the token")));
@@ -249,8 +254,9 @@ TEST(RpcPolicyTest, EveryRoleAndMethodPairIsAsStated) {
         EXPECT_THAT(s, IsOk()) << RoleName(r) << " " << m;
         ++allowed;
       } else {
-        EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
-                                HasSubstr(absl::StrCat("role ", RoleName(r), " may not call ", m))));
+        EXPECT_THAT(s,
+                    StatusIs(absl::StatusCode::kPermissionDenied,
+                             HasSubstr(absl::StrCat("role ", RoleName(r), " may not call ", m))));
         ++denied;
       }
     }

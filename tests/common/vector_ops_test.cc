@@ -37,8 +37,7 @@ TEST(VectorOpsTest, ReluForwardAndBackward) {
     ReluForward(x.data(), n);
     auto want_g = g;
     for (size_t i = 0; i < n; ++i) {
-      EXPECT_EQ(x[i], before[i] > 0 ? before[i] : 0.f)
-          << "n=" << n << " i=" << i;
+      EXPECT_EQ(x[i], before[i] > 0 ? before[i] : 0.f) << "n=" << n << " i=" << i;
       if (!(x[i] > 0)) want_g[i] = 0.f;
     }
     ReluBackward(x.data(), g.data(), n);

@@ -17,7 +17,11 @@ using ::testing::HasSubstr;
 std::string WriteLabels(int n, int bad) {
   std::string path = ::testing::TempDir() + "/bad-labels-idx1-ubyte";
   std::ofstream f(path, std::ios::binary);
-  const unsigned char head[8] = {0, 0, 8, 1, static_cast<unsigned char>(n >> 24),
+  const unsigned char head[8] = {0,
+                                 0,
+                                 8,
+                                 1,
+                                 static_cast<unsigned char>(n >> 24),
                                  static_cast<unsigned char>(n >> 16),
                                  static_cast<unsigned char>(n >> 8),
                                  static_cast<unsigned char>(n)};

@@ -122,8 +122,8 @@ TEST_F(CheckpointClusterTest, AFullDiskFailsTheCheckpointButNotTrainingOrThePrev
   STRATA_ASSERT_OK_AND_ASSIGN(auto first, cluster->master()->Checkpoint("request", false));
   faulty_.SetSpaceLimit(4000);
   auto full = cluster->master()->Checkpoint("request", false);
-  EXPECT_THAT(full.status(), StatusIs(absl::StatusCode::kResourceExhausted,
-                                      HasSubstr("No space left on device")));
+  EXPECT_THAT(full.status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("No space left on device")));
   faulty_.ClearFaults();
   // The failed one left nothing; the previous one is whole.
   EXPECT_FALSE(fs_->Exists(storage::JoinPath(root_, storage::CheckpointDirName(first.seq() + 1))));
@@ -178,8 +178,8 @@ TEST_F(CheckpointClusterTest, BadCheckpointsAreRefusedNamingTheFile) {
   // An inference export (bf16, no optimizer state) is no checkpoint to
   // resume from.
   const std::string exported = dir_ + "/export/ckpt-00000001";
-  STRATA_ASSERT_OK(storage::ExportCheckpoint(fs_.get(), ck1, exported, storage::Precision::kBf16)
-                       .status());
+  STRATA_ASSERT_OK(
+      storage::ExportCheckpoint(fs_.get(), ck1, exported, storage::Precision::kBf16).status());
   EXPECT_THAT(ResumeFrom(config, exported),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("an inference export")));
 
@@ -204,8 +204,7 @@ TEST_F(CheckpointClusterTest, BadCheckpointsAreRefusedNamingTheFile) {
 
   // A truncated partition file.
   STRATA_ASSERT_OK(fs_->WriteFileAtomic(part, good_part.substr(0, good_part.size() / 2)));
-  EXPECT_THAT(ResumeFrom(config, ck2),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(part)));
+  EXPECT_THAT(ResumeFrom(config, ck2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(part)));
   // ... and `latest` goes back to the previous checkpoint.
   STRATA_ASSERT_OK_AND_ASSIGN(resumed, ResumeFrom(config, "latest"));
   EXPECT_EQ(resumed, 1u);
@@ -213,8 +212,8 @@ TEST_F(CheckpointClusterTest, BadCheckpointsAreRefusedNamingTheFile) {
   std::string flipped = good_part;
   flipped[flipped.size() - 3] ^= 0x01;
   STRATA_ASSERT_OK(fs_->WriteFileAtomic(part, flipped));
-  EXPECT_THAT(ResumeFrom(config, ck2), StatusIs(absl::StatusCode::kDataLoss,
-                                                AllOf(HasSubstr(part), HasSubstr("corrupt"))));
+  EXPECT_THAT(ResumeFrom(config, ck2),
+              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(part), HasSubstr("corrupt"))));
   STRATA_ASSERT_OK(fs_->WriteFileAtomic(part, good_part));
 
   // A corrupt manifest.

@@ -39,8 +39,7 @@ TEST_P(InProcClusterTest, TrainsToCompletionAndEvaluates) {
   // 4000 examples, 2 epochs of a 784-32-10 MLP: well above chance (10%).
   // bsp is deterministic (0.78 here); asp depends on how the two workers
   // interleave (0.68-0.79 over 12 runs on a loaded 2-core machine).
-  EXPECT_GT(st.job().test_accuracy(),
-            GetParam().consistency == Consistency::kBsp ? 0.70 : 0.60);
+  EXPECT_GT(st.job().test_accuracy(), GetParam().consistency == Consistency::kBsp ? 0.70 : 0.60);
   EXPECT_GT(st.job().comm_share(), 0.0);
   EXPECT_LT(st.job().comm_share(), 1.0);
   // Both workers trained.
@@ -64,15 +63,17 @@ TEST_P(InProcClusterTest, TrainsToCompletionAndEvaluates) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, InProcClusterTest,
-    ::testing::Values(Case{Consistency::kBsp, "inproc"}, Case{Consistency::kAsp, "inproc"},
-                      Case{Consistency::kBsp, "tcp"}, Case{Consistency::kBsp, "tcp", 3},
-                      Case{Consistency::kAsp, "tcp", 3}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return std::string(ConsistencyName(info.param.consistency)) + "_" + info.param.transport +
-             (info.param.apply_threads > 1 ? "_parallel_apply" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(All, InProcClusterTest,
+                         ::testing::Values(Case{Consistency::kBsp, "inproc"},
+                                           Case{Consistency::kAsp, "inproc"},
+                                           Case{Consistency::kBsp, "tcp"},
+                                           Case{Consistency::kBsp, "tcp", 3},
+                                           Case{Consistency::kAsp, "tcp", 3}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(ConsistencyName(info.param.consistency)) + "_" +
+                                  info.param.transport +
+                                  (info.param.apply_threads > 1 ? "_parallel_apply" : "");
+                         });
 
 }  // namespace
 }  // namespace strata::testing

@@ -21,9 +21,9 @@ TEST(LocalWorkerTest, TrainsAloneOverEveryRecordOfEveryEpoch) {
   STRATA_ASSERT_OK(wk->Start());
   STRATA_ASSERT_OK(wk->Run());
   const worker::Worker::Stats s = wk->stats();
-  EXPECT_EQ(s.samples, 8000u);          // 4000 records, 2 epochs
-  EXPECT_EQ(s.steps, 2u * 8u * 16u);    // 8 tasks of 500 a pass, 16 batches of 32 each
-  EXPECT_EQ(s.comm_seconds, 0.0);       // nothing to wait for
+  EXPECT_EQ(s.samples, 8000u);        // 4000 records, 2 epochs
+  EXPECT_EQ(s.steps, 2u * 8u * 16u);  // 8 tasks of 500 a pass, 16 batches of 32 each
+  EXPECT_EQ(s.comm_seconds, 0.0);     // nothing to wait for
   // The same model and data as inproc_cluster_test: well above chance.
   EXPECT_GT(wk->local_test_accuracy(), 0.70);
 }

@@ -27,10 +27,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-
 struct Client {
   std::string name;
-  Role role;  // kNone: must be refused before the policy
+  Role role;                      // kNone: must be refused before the policy
   ControlPlaneSecurity security;  // its channels to the master and to pservers
 };
 
@@ -192,9 +191,11 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
       {"operator token", Role::kOperator, Security(host, "", certs_ + "/users/carol/token")},
   };
   const std::vector<std::pair<Client, std::string>> strangers = {
-      {{"no credentials", Role::kNone, Security(host, "")}, "no client certificate and no bearer token"},
+      {{"no credentials", Role::kNone, Security(host, "")},
+       "no client certificate and no bearer token"},
       {{"expired cert", Role::kNone, Security(certs_ + "/users/old", "client")}, "expired"},
-      {{"other CA's cert", Role::kNone, Security(certs_ + "/mallory", "client")}, "'mallory' refused"},
+      {{"other CA's cert", Role::kNone, Security(certs_ + "/mallory", "client")},
+       "'mallory' refused"},
   };
   std::map<std::string, Call> calls = MasterCalls();
   for (auto& [m, c] : PServerCalls(::testing::TempDir() + "/security_matrix_ckpt")) calls[m] = c;
@@ -232,7 +233,8 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
       EXPECT_THAT(s.error_message(), HasSubstr(why)) << c.name << " " << method;
     }
     // Plain text does not get through the TLS handshake.
-    const grpc::Status plain = call(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+    const grpc::Status plain =
+        call(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
     EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << method;
     // Nor does a client that expects the other server role: the admin
     // calling this server as if it were a pserver (or the master) refuses
@@ -248,8 +250,9 @@ TEST_F(SecurityClusterTest, EveryRoleGetsWhatThePolicySaysAndStrangersNothing) {
   // The master's refusals are in its audit log, with who and from where.
   const std::string log = ReadFileForTesting(audit_);
   EXPECT_THAT(log, HasSubstr("\"who\": \"worker:worker@127.0.0.1\", \"from\": \"ipv4:127.0.0.1:"));
-  EXPECT_THAT(log, HasSubstr("\"action\": \"stop\", \"target\": \"\", \"result\": \"refused: "
-                             "PERMISSION_DENIED: role worker may not call /strata.proto.Master/Stop"));
+  EXPECT_THAT(log,
+              HasSubstr("\"action\": \"stop\", \"target\": \"\", \"result\": \"refused: "
+                        "PERMISSION_DENIED: role worker may not call /strata.proto.Master/Stop"));
   EXPECT_THAT(log, HasSubstr("\"who\": \"viewer:bob\""));
   EXPECT_THAT(log, HasSubstr("\"who\": \"operator:carol\""));
   EXPECT_THAT(log, HasSubstr("refused: UNAUTHENTICATED: client certificate 'old' refused: "

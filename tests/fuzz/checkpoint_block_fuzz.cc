@@ -75,24 +75,19 @@ bool OneOf(const std::string& s, std::initializer_list<const char*> names) {
 }
 
 // A new partition that fits `h` as far as this target allows, or nullptr.
-std::unique_ptr<Partition> PartitionFor(
-    const proto::CheckpointPartitionHeader& h) {
+std::unique_ptr<Partition> PartitionFor(const proto::CheckpointPartitionHeader& h) {
   if (!h.sparse()) {
     // A pserver holds no empty dense partition (every table has elements).
     if (h.length() == 0 || h.length() > kMaxLength) return nullptr;
     OptimizerSection o;
-    o.type = OneOf(h.optimizer(), {"sgd", "momentum", "adam"}) ? h.optimizer()
-                                                               : "sgd";
+    o.type = OneOf(h.optimizer(), {"sgd", "momentum", "adam"}) ? h.optimizer() : "sgd";
     auto opt = Optimizer::Create(o, h.length());
     CHECK(opt.ok()) << opt.status();
-    return std::make_unique<Partition>(h.id(), h.table(),
-                                       std::vector<float>(h.length()),
+    return std::make_unique<Partition>(h.id(), h.table(), std::vector<float>(h.length()),
                                        std::move(*opt), Consistency::kBsp);
   }
   RowOptimizerSection o;
-  o.type = OneOf(h.optimizer(), {"sgd", "adagrad", "adam", "ftrl"})
-               ? h.optimizer()
-               : "sgd";
+  o.type = OneOf(h.optimizer(), {"sgd", "adagrad", "adam", "ftrl"}) ? h.optimizer() : "sgd";
   auto opt = RowOptimizer::Create(o);
   CHECK(opt.ok()) << opt.status();
   auto init = RowInitializer::Create("zeros", 0, 0, 0);
@@ -103,8 +98,7 @@ std::unique_ptr<Partition> PartitionFor(
   so.initializer = &*init;
   auto rows = SparseTable::Create(so);
   CHECK(rows.ok()) << rows.status();
-  return std::make_unique<Partition>(h.id(), h.table(), std::move(*rows),
-                                     Consistency::kBsp);
+  return std::make_unique<Partition>(h.id(), h.table(), std::move(*rows), Consistency::kBsp);
 }
 
 // Restores the file into a partition fitting its header; when that works,
@@ -122,12 +116,9 @@ void Restore(storage::FileSystem* fs, const proto::CheckpointPartitionHeader& h,
   SnapshotRequest req;
   req.job = "fuzz";
   req.seq = 2;
-  p->RequestSnapshot(req, [&snap](absl::StatusOr<PartitionSnapshot> s) {
-    snap = std::move(s);
-  });
+  p->RequestSnapshot(req, [&snap](absl::StatusOr<PartitionSnapshot> s) { snap = std::move(s); });
   CHECK(snap.ok()) << snap.status();
-  absl::StatusOr<proto::CheckpointFile> written =
-      WritePartitionFile(fs, kRoot, *snap, 1);
+  absl::StatusOr<proto::CheckpointFile> written = WritePartitionFile(fs, kRoot, *snap, 1);
   CHECK(written.ok()) << written.status();
   std::unique_ptr<Partition> again = PartitionFor(snap->header);
   CHECK(again != nullptr);
@@ -135,13 +126,10 @@ void Restore(storage::FileSystem* fs, const proto::CheckpointPartitionHeader& h,
   entry2.set_id(h.id());
   *entry2.add_files() = *written;
   const absl::Status s = LoadPartition(fs, kRoot, entry2, 2, again.get());
-  CHECK(s.ok()) << "a restored partition's own checkpoint does not restore: "
-                << s;
-  const std::vector<float> a = p->ValuesForTesting(),
-                           b = again->ValuesForTesting();
+  CHECK(s.ok()) << "a restored partition's own checkpoint does not restore: " << s;
+  const std::vector<float> a = p->ValuesForTesting(), b = again->ValuesForTesting();
   CHECK_EQ(a.size(), b.size());
-  CHECK(a.empty() ||
-        std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  CHECK(a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   CHECK_EQ(p->stats().version, again->stats().version);
   CHECK_EQ(p->sparse_stats().rows, again->sparse_stats().rows);
 }
@@ -158,8 +146,8 @@ void Export(storage::FileSystem* fs, const proto::CheckpointPartitionHeader& h,
   p->set_sparse(h.sparse());
   *p->add_files() = file;
   CHECK(storage::WriteManifest(fs, "root/ckpt-00000001", m).ok());
-  (void)storage::ExportCheckpoint(fs, "root/ckpt-00000001", "exports/e1",
-                                  storage::Precision::kBf16, 0);
+  (void)storage::ExportCheckpoint(fs, "root/ckpt-00000001", "exports/e1", storage::Precision::kBf16,
+                                  0);
 }
 
 void Run(const std::string& input) {
@@ -180,8 +168,7 @@ void Run(const std::string& input) {
   file.set_seq(1);
   file.set_full(true);
   auto checked = storage::ReadBlockFile(fs.get(), path, &file);
-  CHECK_EQ(streams.ok(), checked.ok())
-      << streams.status() << " / " << checked.status();
+  CHECK_EQ(streams.ok(), checked.ok()) << streams.status() << " / " << checked.status();
   if (!streams.ok()) return;
   CHECK(*streams == *checked);
 

@@ -37,8 +37,7 @@ const std::map<std::string, std::string>* seed_files = nullptr;
 
 // `bytes` with the header's crc32c and length set to fit the body.
 std::string FitHeader(std::string bytes) {
-  const uint32_t crc =
-      Crc32c(absl::string_view(bytes).substr(kManifestHeaderBytes));
+  const uint32_t crc = Crc32c(absl::string_view(bytes).substr(kManifestHeaderBytes));
   const uint64_t length = bytes.size() - kManifestHeaderBytes;
   std::memcpy(bytes.data() + 12, &crc, 4);
   std::memcpy(bytes.data() + 16, &length, 8);
@@ -48,14 +47,12 @@ std::string FitHeader(std::string bytes) {
 void Use(FileSystem* fs, const proto::CheckpointManifest& m, uint64_t hash) {
   (void)CheckManifestFiles(fs, kRoot, m);
   const Precision precision = hash % 2 ? Precision::kBf16 : Precision::kFp16;
-  absl::StatusOr<proto::CheckpointManifest> exported = ExportCheckpoint(
-      fs, kDir, "exports/e1", precision, /*zstd_level=*/(hash >> 1) % 2);
+  absl::StatusOr<proto::CheckpointManifest> exported =
+      ExportCheckpoint(fs, kDir, "exports/e1", precision, /*zstd_level=*/(hash >> 1) % 2);
   if (exported.ok()) {
-    absl::StatusOr<proto::CheckpointManifest> back =
-        ReadManifest(fs, "exports/e1");
+    absl::StatusOr<proto::CheckpointManifest> back = ReadManifest(fs, "exports/e1");
     CHECK(back.ok()) << back.status();
-    CHECK_EQ(back->precision(),
-             precision == Precision::kBf16 ? "bf16" : "fp16");
+    CHECK_EQ(back->precision(), precision == Precision::kBf16 ? "bf16" : "fp16");
     CHECK(CheckManifestFiles(fs, "exports", *back).ok());
   }
   (void)ListCheckpoints(fs, kRoot);
@@ -82,13 +79,12 @@ void Run(const std::string& bytes, uint64_t hash) {
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   strata::fuzz::QuietLogs();
-  strata::storage::seed_files = new std::map<std::string, std::string>(
-      strata::fuzz::SeedPartitionFiles());
+  strata::storage::seed_files =
+      new std::map<std::string, std::string>(strata::fuzz::SeedPartitionFiles());
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  strata::storage::Run(strata::fuzz::AsString(data, size),
-                       strata::fuzz::InputHash(data, size));
+  strata::storage::Run(strata::fuzz::AsString(data, size), strata::fuzz::InputHash(data, size));
   return 0;
 }

@@ -29,15 +29,13 @@ inline constexpr char kSeedSparseFile[] = "ckpt-00000002/p00001.blk";
 
 // One partition file: `streams` written in order with BlockFileWriter.
 inline std::string WriteSeedBlockFile(
-    const std::vector<std::pair<storage::BlockType, std::string>>& streams,
-    int zstd_level, bool shuffle4) {
+    const std::vector<std::pair<storage::BlockType, std::string>>& streams, int zstd_level,
+    bool shuffle4) {
   std::unique_ptr<storage::FileSystem> fs = storage::NewMemoryFileSystem();
   auto w = storage::BlockFileWriter::Create(fs.get(), "f.blk", zstd_level);
   CHECK(w.ok()) << w.status();
   for (const auto& [type, payload] : streams) {
-    CHECK((*w)->Add(type, payload,
-                    shuffle4 && type != storage::BlockType::kHeader)
-              .ok());
+    CHECK((*w)->Add(type, payload, shuffle4 && type != storage::BlockType::kHeader).ok());
   }
   CHECK((*w)->Finish().ok());
   absl::StatusOr<std::string> bytes = fs->ReadFile("f.blk");
@@ -70,10 +68,10 @@ inline std::map<std::string, std::string> SeedPartitionFiles() {
     h.set_optimizer("sgd");
     std::string values;
     for (float v : {0.5f, -1.0f, 2.0f, 0.25f}) AppendRaw(&values, v);
-    files[kSeedDenseFile] = WriteSeedBlockFile(
-        {{storage::BlockType::kHeader, h.SerializeAsString()},
-         {storage::BlockType::kDenseValues, values}},
-        3, /*shuffle4=*/true);
+    files[kSeedDenseFile] =
+        WriteSeedBlockFile({{storage::BlockType::kHeader, h.SerializeAsString()},
+                            {storage::BlockType::kDenseValues, values}},
+                           3, /*shuffle4=*/true);
   }
   {
     proto::CheckpointPartitionHeader h;
@@ -99,19 +97,18 @@ inline std::map<std::string, std::string> SeedPartitionFiles() {
     }
     std::string removed;
     AppendRaw(&removed, uint64_t{12});
-    files[kSeedSparseFile] = WriteSeedBlockFile(
-        {{storage::BlockType::kHeader, h.SerializeAsString()},
-         {storage::BlockType::kSparseRows, rows},
-         {storage::BlockType::kSparseDeletes, removed}},
-        0, /*shuffle4=*/false);
+    files[kSeedSparseFile] =
+        WriteSeedBlockFile({{storage::BlockType::kHeader, h.SerializeAsString()},
+                            {storage::BlockType::kSparseRows, rows},
+                            {storage::BlockType::kSparseDeletes, removed}},
+                           0, /*shuffle4=*/false);
   }
   return files;
 }
 
 // The manifest of checkpoint 2 (incremental over 1) naming those files with
 // their sizes and checksums.
-inline proto::CheckpointManifest SeedManifest(
-    const std::map<std::string, std::string>& files) {
+inline proto::CheckpointManifest SeedManifest(const std::map<std::string, std::string>& files) {
   proto::CheckpointManifest m;
   m.set_format_version(storage::kCheckpointFormatVersion);
   m.set_job("fuzz");
@@ -136,8 +133,7 @@ inline proto::CheckpointManifest SeedManifest(
   m.set_optimizer("sgd");
   m.set_sparse_optimizer("sgd");
   m.set_slice_bytes(1 << 20);
-  const auto add = [&](uint32_t id, const char* table, const char* path,
-                       uint64_t seq) {
+  const auto add = [&](uint32_t id, const char* table, const char* path, uint64_t seq) {
     proto::CheckpointPartition* p = m.add_partitions();
     p->set_id(id);
     p->set_table(table);

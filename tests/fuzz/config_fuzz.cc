@@ -15,8 +15,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = strata::fuzz::AsString(data, size);
-  absl::StatusOr<strata::JobConfig> config =
-      strata::ParseJobConfig(text, "fuzz.yaml");
+  absl::StatusOr<strata::JobConfig> config = strata::ParseJobConfig(text, "fuzz.yaml");
   if (config.ok()) {
     // A config that parsed is used: its names are printed, its sizes read.
     (void)strata::ConsistencyName(config->job.consistency);

@@ -23,8 +23,7 @@ namespace {
 void CheckShape(const CtrDataset& d) {
   CHECK_EQ(d.labels.size(), static_cast<size_t>(d.num_examples));
   CHECK_EQ(d.dense.size(), static_cast<size_t>(d.num_examples) * kCriteoDense);
-  CHECK_EQ(d.keys.size(),
-           static_cast<size_t>(d.num_examples) * kCriteoCategorical);
+  CHECK_EQ(d.keys.size(), static_cast<size_t>(d.num_examples) * kCriteoCategorical);
   for (float label : d.labels) CHECK(label == 0.0f || label == 1.0f);
 }
 
@@ -54,15 +53,12 @@ void Run(const std::string& bytes, uint64_t hash) {
   for (BadLinePolicy policy : {BadLinePolicy::kFail, BadLinePolicy::kSkip}) {
     options.bad_lines = policy;
     CriteoReadStats stats;
-    absl::StatusOr<CtrDataset> d =
-        LoadCriteoFile(fs.get(), path, options, &stats);
+    absl::StatusOr<CtrDataset> d = LoadCriteoFile(fs.get(), path, options, &stats);
     // Every line examined is a record or skipped, but for the one that
     // failed the read under kFail.
-    const bool failed_on_a_line = policy == BadLinePolicy::kFail && !d.ok() &&
-                                  stats.lines > 0 &&
+    const bool failed_on_a_line = policy == BadLinePolicy::kFail && !d.ok() && stats.lines > 0 &&
                                   stats.lines != stats.records;
-    CHECK_EQ(stats.lines,
-             stats.records + stats.skipped + (failed_on_a_line ? 1 : 0));
+    CHECK_EQ(stats.lines, stats.records + stats.skipped + (failed_on_a_line ? 1 : 0));
     if (!d.ok()) continue;
     CheckShape(*d);
     CHECK_EQ(d->num_examples, stats.records);
@@ -78,8 +74,7 @@ void Run(const std::string& bytes, uint64_t hash) {
   const uint64_t begin = (hash >> 32) % (bytes.size() + 1);
   const uint64_t end = begin + (hash >> 48) % (bytes.size() + 2 - begin);
   CriteoReadStats stats;
-  absl::StatusOr<CtrDataset> range =
-      LoadCriteoRange(fs.get(), path, begin, end, options, &stats);
+  absl::StatusOr<CtrDataset> range = LoadCriteoRange(fs.get(), path, begin, end, options, &stats);
   if (range.ok()) CheckShape(*range);
 }
 
@@ -92,7 +87,6 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  strata::storage::Run(strata::fuzz::AsString(data, size),
-                       strata::fuzz::InputHash(data, size));
+  strata::storage::Run(strata::fuzz::AsString(data, size), strata::fuzz::InputHash(data, size));
   return 0;
 }

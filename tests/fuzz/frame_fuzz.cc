@@ -47,8 +47,7 @@ constexpr size_t kDestBytes = 16;
 // Writes what it can of `bytes` (from *sent) to the non-blocking `fd`.
 void WriteSome(int fd, const std::string& bytes, size_t* sent) {
   while (*sent < bytes.size()) {
-    const ssize_t n =
-        ::send(fd, bytes.data() + *sent, bytes.size() - *sent, MSG_NOSIGNAL);
+    const ssize_t n = ::send(fd, bytes.data() + *sent, bytes.size() - *sent, MSG_NOSIGNAL);
     if (n > 0) {
       *sent += static_cast<size_t>(n);
       continue;
@@ -88,14 +87,12 @@ absl::Status Feed(Endpoint* endpoint, int peer, const std::string& bytes) {
 }
 
 bool SocketPair(int fds[2]) {
-  return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
-                      fds) == 0;
+  return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) == 0;
 }
 
 // `membership`: the server runs the data-plane handshake with these keys
 // (transport/data_plane_auth.h); null: none.
-void RunServer(const std::string& bytes,
-               std::shared_ptr<MembershipKeys> membership) {
+void RunServer(const std::string& bytes, std::shared_ptr<MembershipKeys> membership) {
   int fds[2];
   CHECK(SocketPair(fds)) << "socketpair: " << std::strerror(errno);
   TcpOptions options;
@@ -110,14 +107,12 @@ void RunServer(const std::string& bytes,
         if (request.header.request_id % 2 == 1) {
           Message response;
           response.header = request.header;
-          response.header.type =
-              MessageType::kInvalid;  // the responder fills it in
+          response.header.type = MessageType::kInvalid;  // the responder fills it in
           response.payload = std::move(request.payload);
           responder->Respond(std::move(response));
         }
       });
-  auto endpoint = std::make_shared<ServerEndpoint>(fds[0], "fuzz-client:1",
-                                                   options, handler);
+  auto endpoint = std::make_shared<ServerEndpoint>(fds[0], "fuzz-client:1", options, handler);
   const absl::Status s = Feed(endpoint.get(), fds[1], bytes);
   if (membership == nullptr) {
     CHECK(absl::IsUnavailable(s) || absl::IsDataLoss(s)) << s;
@@ -133,12 +128,10 @@ void RunClient(const std::string& bytes) {
   TcpOptions options;
   options.max_payload_bytes = kClientMaxPayload;
   options.write_stall_timeout = absl::ZeroDuration();
-  auto endpoint =
-      std::make_shared<ClientEndpoint>(fds[0], "fuzz-server:1", options);
+  auto endpoint = std::make_shared<ClientEndpoint>(fds[0], "fuzz-server:1", options);
   // Calls get request ids 1, 2, ...; the odd ones have a destination.
   std::vector<int> answered(kClientCalls + 1, 0);
-  std::vector<std::string> dests(kClientCalls + 1,
-                                 std::string(kDestBytes, '\0'));
+  std::vector<std::string> dests(kClientCalls + 1, std::string(kDestBytes, '\0'));
   for (int id = 1; id <= kClientCalls; ++id) {
     Message request;
     request.header.type = MessageType::kPullRequest;
@@ -152,8 +145,7 @@ void RunClient(const std::string& bytes) {
       }
     };
     if (id % 2 == 1) {
-      endpoint->Call(std::move(request), std::move(done), dests[id].data(),
-                     kDestBytes);
+      endpoint->Call(std::move(request), std::move(done), dests[id].data(), kDestBytes);
     } else {
       endpoint->Call(std::move(request), std::move(done));
     }
@@ -162,8 +154,7 @@ void RunClient(const std::string& bytes) {
   CHECK(absl::IsUnavailable(s) || absl::IsDataLoss(s)) << s;
   CHECK(!endpoint->healthy());
   // Every call is answered exactly once: by its response or by the close.
-  for (int id = 1; id <= kClientCalls; ++id)
-    CHECK_EQ(answered[id], 1) << "call " << id;
+  for (int id = 1; id <= kClientCalls; ++id) CHECK_EQ(answered[id], 1) << "call " << id;
   ::close(fds[1]);
 }
 
@@ -181,8 +172,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   auto keys = std::make_shared<strata::transport::MembershipKeys>();
   const std::string secret = "fuzz secret";
   keys->Update(1, 5, strata::transport::DeriveNodeKey(secret, 1), secret);
-  membership =
-      new std::shared_ptr<strata::transport::MembershipKeys>(std::move(keys));
+  membership = new std::shared_ptr<strata::transport::MembershipKeys>(std::move(keys));
   return 0;
 }
 

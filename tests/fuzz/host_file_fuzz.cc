@@ -18,8 +18,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = strata::fuzz::AsString(data, size);
-  absl::StatusOr<strata::HostFile> file =
-      strata::ParseHostFile(text, "fuzz.hosts");
+  absl::StatusOr<strata::HostFile> file = strata::ParseHostFile(text, "fuzz.hosts");
   if (!file.ok()) return 0;
   CHECK_GE(file->total_pservers(), 1);
   CHECK_GE(file->total_workers(), 1);

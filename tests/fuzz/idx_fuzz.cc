@@ -23,12 +23,10 @@ namespace strata::storage {
 namespace {
 
 // An IDX file of unsigned bytes with these dimensions and data.
-std::string IdxFile(const std::vector<uint32_t>& dims,
-                    const std::string& data) {
+std::string IdxFile(const std::vector<uint32_t>& dims, const std::string& data) {
   std::string out = {0, 0, 0x08, static_cast<char>(dims.size())};
   for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8)
-      out.push_back(static_cast<char>(d >> shift));
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(d >> shift));
   }
   return out + data;
 }
@@ -46,8 +44,7 @@ void Run(const std::string& bytes) {
 
   std::unique_ptr<FileSystem> fs = NewMemoryFileSystem();
   CHECK(fs->WriteFileAtomic("data/images", bytes).ok());
-  absl::StatusOr<std::vector<uint32_t>> shape =
-      ReadIdxShape(fs.get(), "data/images");
+  absl::StatusOr<std::vector<uint32_t>> shape = ReadIdxShape(fs.get(), "data/images");
   // The probe reads less than the parse; when both succeed they agree.
   if (parsed.ok() && shape.ok()) CHECK(*shape == parsed->dims);
   if (parsed.ok()) CHECK(shape.ok()) << shape.status();
@@ -64,13 +61,11 @@ void Run(const std::string& bytes) {
     absl::StatusOr<LabeledDataset> d =
         LoadIdxDataset(fs.get(), "data/images", "data/labels", limit);
     if (!d.ok()) continue;
-    CHECK_EQ(d->features.size(),
-             static_cast<size_t>(d->num_examples) * d->feature_dim);
+    CHECK_EQ(d->features.size(), static_cast<size_t>(d->num_examples) * d->feature_dim);
     CHECK_EQ(d->labels.size(), static_cast<size_t>(d->num_examples));
   }
   // Labels that do not fit: one example more.
-  CHECK(
-      fs->WriteFileAtomic("data/labels", IdxFile({n + 1}, labels + '\0')).ok());
+  CHECK(fs->WriteFileAtomic("data/labels", IdxFile({n + 1}, labels + '\0')).ok());
   CHECK(!LoadIdxDataset(fs.get(), "data/images", "data/labels").ok());
 }
 

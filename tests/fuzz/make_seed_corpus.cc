@@ -52,8 +52,7 @@ using transport::MessageType;
 
 std::filesystem::path out_root;
 
-void Write(const std::string& corpus, const std::string& name,
-           const std::string& bytes) {
+void Write(const std::string& corpus, const std::string& name, const std::string& bytes) {
   const std::filesystem::path dir = out_root / corpus;
   std::filesystem::create_directories(dir);
   std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
@@ -64,8 +63,7 @@ void Write(const std::string& corpus, const std::string& name,
 std::string Gzip(const std::string& raw) {
   z_stream zs;
   std::memset(&zs, 0, sizeof(zs));
-  CHECK_EQ(deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8,
-                        Z_DEFAULT_STRATEGY),
+  CHECK_EQ(deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY),
            Z_OK);
   std::string out(deflateBound(&zs, raw.size()) + 64, '\0');
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
@@ -80,8 +78,7 @@ std::string Gzip(const std::string& raw) {
 
 template <typename T>
 std::string Raw(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()),
-                     v.size() * sizeof(T));
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
 // One frame as on the wire.
@@ -112,8 +109,8 @@ std::unique_ptr<Partition> Dense(uint32_t id, const char* optimizer, size_t n) {
   CHECK(opt.ok()) << opt.status();
   std::vector<float> values(n);
   for (size_t i = 0; i < n; ++i) values[i] = 0.25f * static_cast<float>(i);
-  return std::make_unique<Partition>(id, "fc0.weight", std::move(values),
-                                     std::move(*opt), Consistency::kBsp);
+  return std::make_unique<Partition>(id, "fc0.weight", std::move(values), std::move(*opt),
+                                     Consistency::kBsp);
 }
 
 std::unique_ptr<Partition> Sparse(uint32_t id, const char* optimizer, int dim) {
@@ -130,8 +127,7 @@ std::unique_ptr<Partition> Sparse(uint32_t id, const char* optimizer, int dim) {
   so.admit_min_count = 2;  // so that checkpoints hold admission counts
   auto rows = pserver::SparseTable::Create(so);
   CHECK(rows.ok()) << rows.status();
-  return std::make_unique<Partition>(id, "embedding", std::move(*rows),
-                                     Consistency::kBsp);
+  return std::make_unique<Partition>(id, "embedding", std::move(*rows), Consistency::kBsp);
 }
 
 class NullResponder : public transport::Responder {
@@ -148,8 +144,8 @@ class KeepSink : public pserver::ReplicaSink {
   std::vector<Message> records;
 };
 
-Message Push(uint32_t sender, uint64_t seq, uint64_t step,
-             const std::string& payload, bool sparse) {
+Message Push(uint32_t sender, uint64_t seq, uint64_t step, const std::string& payload,
+             bool sparse) {
   Message m;
   m.header = Header(MessageType::kPushRequest, sender, 100 + seq);
   m.header.seq = seq;
@@ -161,8 +157,7 @@ Message Push(uint32_t sender, uint64_t seq, uint64_t step,
   return m;
 }
 
-Message Pull(uint32_t sender, uint64_t min_version, const std::string& keys,
-             bool sparse) {
+Message Pull(uint32_t sender, uint64_t min_version, const std::string& keys, bool sparse) {
   Message m;
   m.header = Header(MessageType::kPullRequest, sender, 200 + min_version);
   m.header.partition = sparse ? 8 : 7;
@@ -179,12 +174,10 @@ std::string Frames(const std::vector<Message>& messages) {
 }
 
 void WriteFramesAndMessages() {
-  const std::vector<float> grad = {0.5f, -0.25f, 1.0f,   0.0f,
-                                   2.0f, -1.0f,  0.125f, 3.0f};
+  const std::vector<float> grad = {0.5f, -0.25f, 1.0f, 0.0f, 2.0f, -1.0f, 0.125f, 3.0f};
   const std::vector<uint64_t> keys = {1, 42, 0xdeadbeefcafef00d};
   std::vector<float> rows(keys.size() * 4);
-  for (size_t i = 0; i < rows.size(); ++i)
-    rows[i] = 0.01f * static_cast<float>(i);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.01f * static_cast<float>(i);
   const Message dense_push = Push(1, 1, 0, Raw(grad), false);
   const Message sparse_push = Push(1, 1, 0, Raw(keys) + Raw(rows), true);
   const Message dense_pull = Pull(1, 0, "", false);
@@ -199,10 +192,8 @@ void WriteFramesAndMessages() {
     // A header that claims the largest payload allowed, and 10 bytes of it:
     // reading it must cost about what was sent.
     char head[transport::tcp::kFrameHeaderBytes];
-    transport::tcp::EncodeFrameHeader(dense_push.header, uint64_t{1} << 31,
-                                      head);
-    Write("frame", "seed-claims-2gib",
-          std::string(head, sizeof(head)) + "0123456789");
+    transport::tcp::EncodeFrameHeader(dense_push.header, uint64_t{1} << 31, head);
+    Write("frame", "seed-claims-2gib", std::string(head, sizeof(head)) + "0123456789");
   }
   {
     // The data-plane handshake's requests (transport/data_plane_auth.h):
@@ -221,9 +212,8 @@ void WriteFramesAndMessages() {
   Write("frame", "seed-pushes-and-pulls",
         Frames({dense_push, sparse_push, dense_pull, sparse_pull, ping}));
   {
-    Message error = transport::MakeErrorResponse(
-        dense_push.header, MessageType::kPushResponse,
-        absl::FailedPreconditionError("stale"));
+    Message error = transport::MakeErrorResponse(dense_push.header, MessageType::kPushResponse,
+                                                 absl::FailedPreconditionError("stale"));
     error.header.request_id = 1;
     Message reply = dense_push;
     reply.header.type = MessageType::kPullResponse;
@@ -245,8 +235,7 @@ void WriteFramesAndMessages() {
     hello.payload = transport::rdma::ReadyHello(qp).SerializeAsString();
     Message not_ready;
     not_ready.header = Header(MessageType::kRdmaHelloReply, 3, 1);
-    not_ready.payload =
-        transport::rdma::NotReadyHello("no device").SerializeAsString();
+    not_ready.payload = transport::rdma::NotReadyHello("no device").SerializeAsString();
     Write("frame", "seed-rdma-hello", Frames({hello}));
     Write("message", "seed-rdma-hello", Frames({hello, not_ready}));
   }
@@ -260,18 +249,16 @@ void WriteFramesAndMessages() {
     Message second = Push(2, 1, 0, Raw(grad), false);
     Message second_sparse = Push(2, 1, 0, Raw(keys) + Raw(rows), true);
     Write("message", "seed-bsp-step",
-          Frames({dense_push, sparse_push, Pull(1, 1, "", false), second,
-                  second_sparse, Pull(1, 1, Raw(keys), true)}));
+          Frames({dense_push, sparse_push, Pull(1, 1, "", false), second, second_sparse,
+                  Pull(1, 1, Raw(keys), true)}));
   }
   // A primary's records to a backup: the copy, then an update.
   for (bool sparse : {false, true}) {
-    std::unique_ptr<Partition> primary =
-        sparse ? Sparse(8, "adagrad", 4) : Dense(7, "adam", 8);
+    std::unique_ptr<Partition> primary = sparse ? Sparse(8, "adagrad", 4) : Dense(7, "adam", 8);
     KeepSink sink;
     primary->SetStepWorkers({1});
     primary->SetBackups({9}, &sink);
-    primary->Push(sparse ? sparse_push : dense_push,
-                  std::make_shared<NullResponder>());
+    primary->Push(sparse ? sparse_push : dense_push, std::make_shared<NullResponder>());
     CHECK_EQ(sink.records.size(), 2u);
     for (Message& m : sink.records) m.header.sender_id = 1;
     Message ack;
@@ -292,15 +279,13 @@ void WriteCheckpoints() {
   proto::CheckpointManifest m = SeedManifest(files);
   Write("checkpoint_manifest", "seed-manifest", storage::EncodeManifest(m));
   m.set_precision("bf16");
-  Write("checkpoint_manifest", "seed-manifest-export",
-        storage::EncodeManifest(m));
+  Write("checkpoint_manifest", "seed-manifest-export", storage::EncodeManifest(m));
   m = SeedManifest(files);
   m.set_seq(1);
   m.set_incremental(false);
   m.set_base_seq(1);
   m.mutable_partitions()->DeleteSubrange(1, 1);
-  Write("checkpoint_manifest", "seed-manifest-dense-only",
-        storage::EncodeManifest(m));
+  Write("checkpoint_manifest", "seed-manifest-dense-only", storage::EncodeManifest(m));
   Write("checkpoint_block", "seed-dense-sgd", files.at(kSeedDenseFile));
   Write("checkpoint_block", "seed-sparse-sgd", files.at(kSeedSparseFile));
 
@@ -309,26 +294,21 @@ void WriteCheckpoints() {
   // the delta after it (removed keys, admission counts).
   std::unique_ptr<storage::FileSystem> fs = storage::NewMemoryFileSystem();
   auto snapshot = [](Partition* p, uint64_t seq, uint64_t base_seq) {
-    absl::StatusOr<pserver::PartitionSnapshot> snap =
-        absl::UnknownError("none");
+    absl::StatusOr<pserver::PartitionSnapshot> snap = absl::UnknownError("none");
     pserver::SnapshotRequest req;
     req.job = "seed";
     req.seq = seq;
     req.base_seq = base_seq;
-    p->RequestSnapshot(req,
-                       [&snap](absl::StatusOr<pserver::PartitionSnapshot> s) {
-                         snap = std::move(s);
-                       });
+    p->RequestSnapshot(
+        req, [&snap](absl::StatusOr<pserver::PartitionSnapshot> s) { snap = std::move(s); });
     CHECK(snap.ok()) << snap.status();
     return *snap;
   };
-  auto write = [&](Partition* p, uint64_t seq, uint64_t base_seq, int level,
-                   const char* name) {
-    absl::StatusOr<proto::CheckpointFile> f = pserver::WritePartitionFile(
-        fs.get(), "root", snapshot(p, seq, base_seq), level);
+  auto write = [&](Partition* p, uint64_t seq, uint64_t base_seq, int level, const char* name) {
+    absl::StatusOr<proto::CheckpointFile> f =
+        pserver::WritePartitionFile(fs.get(), "root", snapshot(p, seq, base_seq), level);
     CHECK(f.ok()) << f.status();
-    absl::StatusOr<std::string> bytes =
-        fs->ReadFile(storage::JoinPath("root", f->path()));
+    absl::StatusOr<std::string> bytes = fs->ReadFile(storage::JoinPath("root", f->path()));
     CHECK(bytes.ok());
     Write("checkpoint_block", name, *bytes);
   };
@@ -348,9 +328,8 @@ void WriteCheckpoints() {
   }
   write(sparse.get(), 1, 0, 0, "seed-sparse-adagrad-full");
   const std::vector<uint64_t> more = {7, 8};
-  sparse->Push(
-      Push(1, 3, 2, Raw(more) + Raw(std::vector<float>(4, -1.f)), true),
-      std::make_shared<NullResponder>());
+  sparse->Push(Push(1, 3, 2, Raw(more) + Raw(std::vector<float>(4, -1.f)), true),
+               std::make_shared<NullResponder>());
   write(sparse.get(), 2, 1, 1, "seed-sparse-adagrad-delta");
 }
 
@@ -360,16 +339,14 @@ void WriteCheckpoints() {
 std::string Idx(const std::vector<uint32_t>& dims, const std::string& data) {
   std::string out = {0, 0, 0x08, static_cast<char>(dims.size())};
   for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8)
-      out.push_back(static_cast<char>(d >> shift));
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(d >> shift));
   }
   return out + data;
 }
 
 void WriteDatasets() {
   std::string pixels;
-  for (int i = 0; i < 2 * 3 * 3; ++i)
-    pixels.push_back(static_cast<char>(i * 14));
+  for (int i = 0; i < 2 * 3 * 3; ++i) pixels.push_back(static_cast<char>(i * 14));
   const std::string images = Idx({2, 3, 3}, pixels);
   const std::string labels = Idx({2}, std::string("\x03\x07", 2));
   Write("idx", "seed-images", images);
@@ -377,16 +354,14 @@ void WriteDatasets() {
   Write("idx", "seed-images.gz", Gzip(images));
   Write("idx", "seed-labels.gz", Gzip(labels));
   // RFC 1952 allows several members; the shape probe then reads it whole.
-  Write("idx", "seed-images-two-members.gz",
-        Gzip(images.substr(0, 10)) + Gzip(images.substr(10)));
+  Write("idx", "seed-images-two-members.gz", Gzip(images.substr(0, 10)) + Gzip(images.substr(10)));
 
   // Criteo: label, 13 integers, 26 hex categories, TAB-separated.
   auto line = [](int label, int seed, bool missing) {
     std::string s = std::to_string(label);
     for (int j = 0; j < 13; ++j) {
       s += '\t';
-      if (!(missing && j % 4 == 1))
-        s += std::to_string((j * 37 + seed) % 200 - 3);
+      if (!(missing && j % 4 == 1)) s += std::to_string((j * 37 + seed) % 200 - 3);
     }
     static const char kHex[] = "0123456789abcdef";
     for (int c = 0; c < 26; ++c) {
@@ -397,13 +372,11 @@ void WriteDatasets() {
     }
     return s;
   };
-  const std::string lines = line(0, 1, false) + "\n" + line(1, 2, true) + "\n" +
-                            line(0, 3, true) + "\r\n\n" + line(1, 4, false) +
-                            "\n";
+  const std::string lines = line(0, 1, false) + "\n" + line(1, 2, true) + "\n" + line(0, 3, true) +
+                            "\r\n\n" + line(1, 4, false) + "\n";
   Write("criteo", "seed-lines", lines);
   Write("criteo", "seed-lines.gz", Gzip(lines));
-  Write("criteo", "seed-bad-line",
-        line(0, 5, false) + "\n2\tx\n" + line(1, 6, true));
+  Write("criteo", "seed-bad-line", line(0, 5, false) + "\n2\tx\n" + line(1, 6, true));
 }
 
 }  // namespace

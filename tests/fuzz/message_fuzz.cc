@@ -107,14 +107,12 @@ std::unique_ptr<Partition> Dense(uint32_t id, Consistency consistency) {
   auto opt = Optimizer::Create(o, kDenseLength);
   CHECK(opt.ok()) << opt.status();
   std::vector<float> values(kDenseLength);
-  for (size_t i = 0; i < values.size(); ++i)
-    values[i] = 0.25f * static_cast<float>(i);
-  return std::make_unique<Partition>(id, "fc0.weight", std::move(values),
-                                     std::move(*opt), consistency);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i);
+  return std::make_unique<Partition>(id, "fc0.weight", std::move(values), std::move(*opt),
+                                     consistency);
 }
 
-std::unique_ptr<Partition> Sparse(uint32_t id, Consistency consistency,
-                                  uint64_t hash) {
+std::unique_ptr<Partition> Sparse(uint32_t id, Consistency consistency, uint64_t hash) {
   RowOptimizerSection o;
   o.type = "adagrad";
   auto opt = RowOptimizer::Create(o);
@@ -133,15 +131,12 @@ std::unique_ptr<Partition> Sparse(uint32_t id, Consistency consistency,
   so.max_pending_keys = 8;
   auto rows = SparseTable::Create(so);
   CHECK(rows.ok()) << rows.status();
-  return std::make_unique<Partition>(id, "embedding", std::move(*rows),
-                                     consistency);
+  return std::make_unique<Partition>(id, "embedding", std::move(*rows), consistency);
 }
 
 void CheckReplicaCodecs(absl::string_view payload) {
   absl::StatusOr<ReplicaUpdate> u = DecodeReplicaUpdate(payload);
-  if (u.ok())
-    CHECK(EncodeReplicaUpdate(*u) == payload)
-        << "update record does not round-trip";
+  if (u.ok()) CHECK(EncodeReplicaUpdate(*u) == payload) << "update record does not round-trip";
   auto copy = DecodeReplicaCopy(payload);
   if (copy.ok()) {
     auto again = DecodeReplicaCopy(EncodeReplicaCopy(*copy));
@@ -193,8 +188,7 @@ class Cluster {
       case MessageType::kRdmaHelloReply: {
         auto hello = transport::rdma::ParsePeerHello(
             std::string_view(payload.data(), payload.size()), "fuzz:1");
-        if (hello.ok() && hello->rdma_ready())
-          (void)transport::rdma::HelloQpOf(*hello);
+        if (hello.ok() && hello->rdma_ready()) (void)transport::rdma::HelloQpOf(*hello);
         break;
       }
       case MessageType::kPing:
@@ -209,8 +203,7 @@ class Cluster {
       default:
         break;
     }
-    if (transport::ResponseTypeFor(type) == type)
-      (void)transport::ResponseStatus(m);
+    if (transport::ResponseTypeFor(type) == type) (void)transport::ResponseStatus(m);
     Replicate();
   }
 
@@ -228,8 +221,7 @@ class Cluster {
       auto records = sink_.Take();
       if (records.empty()) return;
       for (auto& [primary, record] : records) {
-        Partition* backup = primary == dense_.get() ? dense_backup_.get()
-                                                    : sparse_backup_.get();
+        Partition* backup = primary == dense_.get() ? dense_backup_.get() : sparse_backup_.get();
         auto r = std::make_shared<CheckingResponder>();
         backup->ApplyReplica(record, r);
         if (r->responded() && r->response().header.status == 0) {
@@ -253,15 +245,12 @@ void Run(const uint8_t* data, size_t size) {
   while (left >= transport::tcp::kFrameHeaderBytes) {
     Message m;
     uint64_t payload_bytes = 0;
-    if (!transport::tcp::DecodeFrameHeader(p, kMaxPayload, &m.header,
-                                           &payload_bytes)
-             .ok()) {
+    if (!transport::tcp::DecodeFrameHeader(p, kMaxPayload, &m.header, &payload_bytes).ok()) {
       return;  // the connection would close here
     }
     p += transport::tcp::kFrameHeaderBytes;
     left -= transport::tcp::kFrameHeaderBytes;
-    const size_t n =
-        static_cast<size_t>(std::min<uint64_t>(payload_bytes, left));
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(payload_bytes, left));
     m.payload.assign(p, n);
     p += n;
     left -= n;

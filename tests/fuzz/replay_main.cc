@@ -23,8 +23,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 // Optional, as in libFuzzer.
-extern "C" __attribute__((weak)) int LLVMFuzzerInitialize(int* argc,
-                                                          char*** argv);
+extern "C" __attribute__((weak)) int LLVMFuzzerInitialize(int* argc, char*** argv);
 
 namespace {
 
@@ -32,13 +31,11 @@ namespace {
 bool RunFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
-  const std::string bytes((std::istreambuf_iterator<char>(in)),
-                          std::istreambuf_iterator<char>());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return false;
   // A buffer of exactly the input's size, so that a sanitizer build sees a
   // read past its end.
-  std::unique_ptr<uint8_t[]> copy(
-      new uint8_t[std::max<size_t>(bytes.size(), 1)]);
+  std::unique_ptr<uint8_t[]> copy(new uint8_t[std::max<size_t>(bytes.size(), 1)]);
   std::memcpy(copy.get(), bytes.data(), bytes.size());
   LLVMFuzzerTestOneInput(copy.get(), bytes.size());
   return true;
@@ -62,9 +59,8 @@ int main(int argc, char** argv) {
         if (entry.is_regular_file()) files.push_back(entry.path());
       }
       if (ec || files.empty()) {
-        std::fprintf(
-            stderr, "%s: %s\n", argv[i],
-            ec ? ec.message().c_str() : "no files (wrong corpus directory?)");
+        std::fprintf(stderr, "%s: %s\n", argv[i],
+                     ec ? ec.message().c_str() : "no files (wrong corpus directory?)");
         return 1;
       }
       std::sort(files.begin(), files.end());
@@ -80,7 +76,6 @@ int main(int argc, char** argv) {
     }
   }
   LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(""), 0);
-  std::printf("%s: %d inputs and the empty one ran without a finding\n",
-              argv[0], runs);
+  std::printf("%s: %d inputs and the empty one ran without a finding\n", argv[0], runs);
   return 0;
 }

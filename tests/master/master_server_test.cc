@@ -68,9 +68,8 @@ class FakePServerAdmin final : public proto::PServerAdmin::Service {
     return grpc::Status::OK;
   }
   std::atomic<bool> unreachable_{false};
-  grpc::Status AssignPartitions(
-      grpc::ServerContext*, const proto::AssignPartitionsRequest* req,
-      proto::AssignPartitionsResponse* resp) override {
+  grpc::Status AssignPartitions(grpc::ServerContext*, const proto::AssignPartitionsRequest* req,
+                                proto::AssignPartitionsResponse* resp) override {
     absl::MutexLock l(&mu_);
     requests_.push_back(*req);
     for (const auto& p : req->view().partitions()) {
@@ -98,8 +97,7 @@ class MasterServerTest : public ::testing::Test {
 
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&admin_);
     admin_server_ = builder.BuildAndStart();
     ASSERT_NE(admin_server_, nullptr);
@@ -212,21 +210,19 @@ TEST_F(MasterServerTest, CreateRequiresFileSystemAndLabels) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fs")));
   MasterOptions no_labels = options_;
   no_labels.config.data.train_labels = "/data/missing";
-  EXPECT_THAT(
-      MasterServer::Create(no_labels),
-      StatusIs(absl::StatusCode::kNotFound, HasSubstr("/data/missing")));
+  EXPECT_THAT(MasterServer::Create(no_labels),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/data/missing")));
   MasterOptions no_workers = options_;
   no_workers.expected_workers = 0;
-  EXPECT_THAT(MasterServer::Create(no_workers),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(MasterServer::Create(no_workers), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(MasterServerTest, ImagesAndLabelsOfDifferentCountsAreNamedAtStart) {
   ASSERT_THAT(fs_->WriteFileAtomic("/data/train-images", IdxImages(9)), IsOk());
-  EXPECT_THAT(MasterServer::Create(options_),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("/data/train-images has 9 examples"),
-                             HasSubstr("has 10 labels"))));
+  EXPECT_THAT(
+      MasterServer::Create(options_),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("/data/train-images has 9 examples"), HasSubstr("has 10 labels"))));
   // Truncated: its size does not fit its header.
   std::string cut = IdxImages(10);
   cut.pop_back();
@@ -275,14 +271,12 @@ TEST_F(MasterServerTest, RegisterRejectsBadRequests) {
   CreateMaster();
   proto::RegisterRequest master_role;
   master_role.set_role(proto::MASTER);
-  EXPECT_THAT(
-      master_->Register(master_role, "peer-x"),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("peer-x")));
+  EXPECT_THAT(master_->Register(master_role, "peer-x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("peer-x")));
   proto::RegisterRequest no_address;
   no_address.set_role(proto::PSERVER);
-  EXPECT_THAT(
-      master_->Register(no_address, "peer-y"),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpc_address")));
+  EXPECT_THAT(master_->Register(no_address, "peer-y"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpc_address")));
   EXPECT_EQ(master_->View().epoch(), 1u);
   EXPECT_THAT(master_->View().members(), SizeIs(1));
 }
@@ -294,14 +288,12 @@ TEST_F(MasterServerTest, ReRegisteringAnIndexMarksThePredecessorDead) {
   EXPECT_NE(first, second);
   EXPECT_EQ(StateOf(first), proto::DEAD);
   EXPECT_EQ(StateOf(second), proto::ALIVE);
-  EXPECT_THAT(Heartbeat(first),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(Heartbeat(first), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_F(MasterServerTest, HeartbeatFromUnknownNodeIsNotFound) {
   CreateMaster();
-  EXPECT_THAT(Heartbeat(42),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("42")));
+  EXPECT_THAT(Heartbeat(42), StatusIs(absl::StatusCode::kNotFound, HasSubstr("42")));
 }
 
 TEST_F(MasterServerTest, HeartbeatReturnsEpochAndJobState) {
@@ -375,8 +367,7 @@ TEST_F(MasterServerTest, UnreachablePserverKeepsTheJobWaiting) {
   EXPECT_EQ(lease.outcome(), proto::LeaseTaskResponse::WAIT);
 }
 
-TEST_F(MasterServerTest,
-       WorkerWithoutHeartbeatsIsDeadAfterTheTimeoutAndLosesItsTasks) {
+TEST_F(MasterServerTest, WorkerWithoutHeartbeatsIsDeadAfterTheTimeoutAndLosesItsTasks) {
   CreateMaster();
   uint32_t ps, a;
   StartRunningJob(&ps, &a);
@@ -408,11 +399,10 @@ TEST_F(MasterServerTest,
   EXPECT_EQ(JobState(), "running");
 
   // The dead worker is refused everywhere.
-  EXPECT_THAT(Heartbeat(a), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                     HasSubstr("declared dead")));
+  EXPECT_THAT(Heartbeat(a),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("declared dead")));
   EXPECT_THAT(Lease(a), StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(Complete(a, task, 0),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(Complete(a, task, 0), StatusIs(absl::StatusCode::kFailedPrecondition));
 
   // Its task went back to the front of the queue: the next lease gets it.
   STRATA_ASSERT_OK_AND_ASSIGN(auto again, Lease(b));
@@ -431,8 +421,7 @@ TEST_F(MasterServerTest, LosingTheOnlyWorkerFailsTheJob) {
   EXPECT_EQ(StateOf(w), proto::DEAD);
   const proto::JobStatus job = master_->GetStatus().job();
   EXPECT_EQ(job.state(), "failed");
-  EXPECT_THAT(job.message(),
-              HasSubstr("no live worker left with 3 data task(s)"));
+  EXPECT_THAT(job.message(), HasSubstr("no live worker left with 3 data task(s)"));
   STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
   EXPECT_THAT(summary, HasSubstr("\"state\": \"failed\""));
 }
@@ -450,8 +439,7 @@ TEST_F(MasterServerTest, ExpiredTaskLeaseGoesBackToTheQueue) {
   ASSERT_THAT(Heartbeat(ps), IsOk());
   master_->TickForTesting();
   EXPECT_EQ(StateOf(w), proto::ALIVE);
-  EXPECT_THAT(Complete(w, lease.task().id(), 0),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(Complete(w, lease.task().id(), 0), StatusIs(absl::StatusCode::kFailedPrecondition));
   STRATA_ASSERT_OK_AND_ASSIGN(auto again, Lease(w));
   EXPECT_EQ(again.task().id(), lease.task().id());
 }
@@ -719,7 +707,7 @@ TEST_F(MasterServerTest, AMasterThatCannotRecordItsStateAcknowledgesNothing) {
 
   faulty.ClearFaults();
   EXPECT_THAT(Complete(w, task->task().id(), 3), IsOk());  // the retry
-  master_.reset();  // killed
+  master_.reset();                                         // killed
   CreateMaster();
   EXPECT_EQ(master_->GetStatus().job().tasks_done(), 1u);
   master_.reset();  // before `faulty`, which its files go through
@@ -745,10 +733,8 @@ TEST_F(MasterServerTest, CompleteTaskErrors) {
   StartRunningJob(&ps, &w);
   EXPECT_THAT(Complete(w, 99, 0), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(Complete(ps, 0, 0),
-              StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("not a registered worker")));
-  EXPECT_THAT(Complete(w, 0, 0),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not a registered worker")));
+  EXPECT_THAT(Complete(w, 0, 0), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
@@ -792,8 +778,7 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
   pa.set_has_test_accuracy(true);
   pa.set_test_accuracy(0.1);
   EXPECT_THAT(master_->ReportProgress(pa),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("not the evaluator")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not the evaluator")));
   pa.set_has_test_accuracy(false);
   ASSERT_THAT(master_->ReportProgress(pa), IsOk());
   EXPECT_EQ(JobState(), "evaluating");
@@ -825,14 +810,11 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
 
   STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
   EXPECT_THAT(summary,
-              AllOf(HasSubstr("\"job\": \"unit-job\""),
-                    HasSubstr("\"state\": \"succeeded\""),
+              AllOf(HasSubstr("\"job\": \"unit-job\""), HasSubstr("\"state\": \"succeeded\""),
                     HasSubstr("\"final_test_accuracy\": 0.875000"),
-                    HasSubstr("\"final_test_loss\": 0.250000"),
-                    HasSubstr("\"steps\": 8"), HasSubstr("\"samples\": 10"),
-                    HasSubstr("\"tasks_done\": 3"),
-                    HasSubstr("\"wall_seconds\": 3.000"),
-                    HasSubstr("\"train_seconds\": 2.000")));
+                    HasSubstr("\"final_test_loss\": 0.250000"), HasSubstr("\"steps\": 8"),
+                    HasSubstr("\"samples\": 10"), HasSubstr("\"tasks_done\": 3"),
+                    HasSubstr("\"wall_seconds\": 3.000"), HasSubstr("\"train_seconds\": 2.000")));
 
   // Everyone is told to exit.
   STRATA_ASSERT_OK_AND_ASSIGN(auto done, Lease(a));
@@ -853,9 +835,8 @@ TEST_F(MasterServerTest, CtrJobCutsTextByBytesAndCountsGzippedLines) {
   c.data.format = "criteo";
   c.data.train = "/ctr/train.txt";
   c.data.task_records = 2;
-  const std::string text = absl::StrCat(CriteoLine(0), "\n", CriteoLine(1), "\n\n",
-                                        CriteoLine(2), "\n", CriteoLine(3), "\n",
-                                        CriteoLine(4), "\n");
+  const std::string text = absl::StrCat(CriteoLine(0), "\n", CriteoLine(1), "\n\n", CriteoLine(2),
+                                        "\n", CriteoLine(3), "\n", CriteoLine(4), "\n");
   // Plain text: cut into byte ranges of about 2 records each, covering it.
   ASSERT_THAT(fs_->WriteFileAtomic("/ctr/train.txt", text), IsOk());
   CreateMaster();
@@ -894,11 +875,11 @@ TEST_F(MasterServerTest, CtrJobReportsAucBesideThePlantedModel) {
   c.data.planted = "/ctr/planted.json";
   c.data.task_records = 2;
   // 5 records: 3 tasks.
-  ASSERT_THAT(fs_->WriteFileAtomic(
-                  "/ctr/train.txt", absl::StrCat(CriteoLine(0), "\n", CriteoLine(1), "\n\n",
-                                                 CriteoLine(2), "\n", CriteoLine(3), "\n",
-                                                 CriteoLine(4), "\n")),
-              IsOk());
+  ASSERT_THAT(
+      fs_->WriteFileAtomic("/ctr/train.txt",
+                           absl::StrCat(CriteoLine(0), "\n", CriteoLine(1), "\n\n", CriteoLine(2),
+                                        "\n", CriteoLine(3), "\n", CriteoLine(4), "\n")),
+      IsOk());
   // planted.json must carry both figures.
   ASSERT_THAT(fs_->WriteFileAtomic("/ctr/planted.json", "{\"planted_test_auc\": 0.7}"), IsOk());
   EXPECT_THAT(MasterServer::Create(options_),

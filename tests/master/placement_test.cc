@@ -34,8 +34,7 @@ TEST(MakeTableInfosTest, CopiesSpecsWithIdsInOrder) {
   auto tables = MakeTableInfos(ModelTables(model));
   ASSERT_EQ(tables.size(), 4u);
   // fc0.weight {4,3} = 12, fc0.bias {3}, fc1.weight {3,2} = 6, fc1.bias {2}
-  const std::vector<std::string> names = {"fc0.weight", "fc0.bias",
-                                          "fc1.weight", "fc1.bias"};
+  const std::vector<std::string> names = {"fc0.weight", "fc0.bias", "fc1.weight", "fc1.bias"};
   const std::vector<uint64_t> sizes = {12, 3, 6, 2};
   for (size_t i = 0; i < tables.size(); ++i) {
     EXPECT_EQ(tables[i].id(), i);
@@ -51,8 +50,7 @@ TEST(MakeTableInfosTest, CopiesSpecsWithIdsInOrder) {
 
 TEST(PlacePartitionsTest, CutsTableIntoSlicesOfAtMostSliceBytes) {
   // 10 elements, 16 bytes = 4 elements per slice: [0,4) [4,8) [8,10).
-  STRATA_ASSERT_OK_AND_ASSIGN(auto parts,
-                              PlacePartitions({Table(0, 10)}, 16, {1}));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts, PlacePartitions({Table(0, 10)}, 16, {1}));
   ASSERT_EQ(parts.size(), 3u);
   const uint64_t offsets[] = {0, 4, 8}, lengths[] = {4, 4, 2};
   for (size_t i = 0; i < 3; ++i) {
@@ -66,8 +64,7 @@ TEST(PlacePartitionsTest, CutsTableIntoSlicesOfAtMostSliceBytes) {
 
 TEST(PlacePartitionsTest, SliceBytesRoundDownToWholeElements) {
   // 18 bytes hold 4 whole fp32 elements (4 * 4 = 16 <= 18 < 20).
-  STRATA_ASSERT_OK_AND_ASSIGN(auto parts,
-                              PlacePartitions({Table(0, 9)}, 18, {1}));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts, PlacePartitions({Table(0, 9)}, 18, {1}));
   ASSERT_EQ(parts.size(), 3u);
   EXPECT_EQ(parts[0].length(), 4u);
   EXPECT_EQ(parts[1].length(), 4u);
@@ -83,9 +80,8 @@ TEST(PlacePartitionsTest, SliceBytesRoundDownToWholeElements) {
 
 TEST(PlacePartitionsTest, NumbersPartitionsInTableOrder) {
   // t0: 10 -> [0,4) [4,8) [8,10); t1: 3 -> [0,3); t2: 8 -> [0,4) [4,8)
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      auto parts,
-      PlacePartitions({Table(0, 10), Table(1, 3), Table(2, 8)}, 16, {1}));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts,
+                              PlacePartitions({Table(0, 10), Table(1, 3), Table(2, 8)}, 16, {1}));
   ASSERT_EQ(parts.size(), 6u);
   const uint32_t tables[] = {0, 0, 0, 1, 2, 2};
   const uint64_t offsets[] = {0, 4, 8, 0, 0, 4};
@@ -104,8 +100,7 @@ TEST(PlacePartitionsTest, LargestFirstOntoLeastLoadedLowerIdOnTies) {
   //                         p1 -> 9 (9 has 16 B)
   //                         p3 -> 5 (tie at 16; 5 has 28 B)
   //                         p2 -> 9 (9 has 24 B)
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      auto parts, PlacePartitions({Table(0, 10), Table(1, 3)}, 16, {9, 5}));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts, PlacePartitions({Table(0, 10), Table(1, 3)}, 16, {9, 5}));
   ASSERT_EQ(parts.size(), 4u);
   EXPECT_EQ(parts[0].owner(), 5u);
   EXPECT_EQ(parts[1].owner(), 9u);
@@ -139,8 +134,7 @@ TEST(PlacePartitionsTest, BalancesBytesAcrossPservers) {
   auto tables = MakeTableInfos(ModelTables(model));
   for (const std::vector<uint32_t>& ps :
        {std::vector<uint32_t>{1, 2}, std::vector<uint32_t>{3, 1, 2}}) {
-    STRATA_ASSERT_OK_AND_ASSIGN(auto parts,
-                                PlacePartitions(tables, 64 << 10, ps));
+    STRATA_ASSERT_OK_AND_ASSIGN(auto parts, PlacePartitions(tables, 64 << 10, ps));
     // Covers every table exactly, contiguously.
     std::map<uint32_t, uint64_t> next;
     for (const auto& p : parts) {
@@ -148,8 +142,7 @@ TEST(PlacePartitionsTest, BalancesBytesAcrossPservers) {
       next[p.table_id()] += p.length();
       EXPECT_LE(p.length(), (64u << 10) / 4);
     }
-    for (const auto& t : tables)
-      EXPECT_EQ(next[t.id()], t.num_elements()) << t.name();
+    for (const auto& t : tables) EXPECT_EQ(next[t.id()], t.num_elements()) << t.name();
     ExpectBalanced(parts, ps);
     // Every pserver gets something.
     std::set<uint32_t> owners;
@@ -167,8 +160,7 @@ TEST(PlacePartitionsTest, UnevenSizesOnThreePservers) {
   // Totals: 44, 40, 40 bytes; max - min = 4 <= 20.
   STRATA_ASSERT_OK_AND_ASSIGN(
       auto parts,
-      PlacePartitions({Table(0, 20), Table(1, 3), Table(2, 1), Table(3, 7)}, 20,
-                      {1, 2, 3}));
+      PlacePartitions({Table(0, 20), Table(1, 3), Table(2, 1), Table(3, 7)}, 20, {1, 2, 3}));
   ASSERT_EQ(parts.size(), 8u);
   ExpectBalanced(parts, {1, 2, 3});
   std::map<uint32_t, uint64_t> bytes;
@@ -182,20 +174,17 @@ TEST(PlacePartitionsTest, UnevenSizesOnThreePservers) {
 }
 
 TEST(PlacePartitionsTest, NoPserverIsInvalidArgument) {
-  EXPECT_THAT(
-      PlacePartitions({Table(0, 10)}, 16, {}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no pserver")));
+  EXPECT_THAT(PlacePartitions({Table(0, 10)}, 16, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no pserver")));
 }
 
 TEST(PlacePartitionsTest, SliceBytesBelowFourIsInvalidArgument) {
   EXPECT_THAT(PlacePartitions({Table(0, 10)}, 3, {1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 3")));
-  EXPECT_THAT(
-      PlacePartitions({Table(0, 10)}, 0, {1}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slice_bytes")));
-  EXPECT_THAT(
-      PlacePartitions({Table(0, 10)}, -8, {1}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -8")));
+  EXPECT_THAT(PlacePartitions({Table(0, 10)}, 0, {1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slice_bytes")));
+  EXPECT_THAT(PlacePartitions({Table(0, 10)}, -8, {1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -8")));
 }
 
 TEST(PlacePartitionsTest, SparseTablesAreDealtOutInVirtualPartitions) {

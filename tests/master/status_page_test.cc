@@ -187,8 +187,9 @@ TEST(RenderStatusPageTest, PlainTextIsSaid) {
   proto::GetStatusResponse st;
   st.mutable_job()->set_security("plaintext (no authentication)");
   std::string page = RenderStatusPage(st, 0, 0);
-  EXPECT_TRUE(absl::StrContains(page, "<p id=\"security\" class=\"warning\">Security: "
-                                      "<strong>plain text</strong>"));
+  EXPECT_TRUE(absl::StrContains(page,
+                                "<p id=\"security\" class=\"warning\">Security: "
+                                "<strong>plain text</strong>"));
   st.mutable_job()->set_security("mtls");
   page = RenderStatusPage(st, 0, 0);
   EXPECT_TRUE(absl::StrContains(page, "<p id=\"security\">Security: mTLS</p>"));

@@ -25,8 +25,7 @@ const absl::Time kT0 = absl::FromUnixSeconds(1000);
 const absl::Duration kLease = absl::Seconds(10);
 
 // Leases every pending task to `node` at `now`, in lease order.
-std::vector<proto::DataTask> LeaseAll(TaskScheduler& s, uint32_t node,
-                                      absl::Time now) {
+std::vector<proto::DataTask> LeaseAll(TaskScheduler& s, uint32_t node, absl::Time now) {
   std::vector<proto::DataTask> out;
   while (auto t = s.Lease(node, now)) out.push_back(*t);
   return out;
@@ -47,8 +46,7 @@ TEST(TaskSchedulerTest, EachEpochCoversAllRecordsExactlyOnce) {
       if (t.epoch() == e) ranges.emplace_back(t.begin(), t.end());
     }
     std::sort(ranges.begin(), ranges.end());
-    EXPECT_THAT(ranges, ElementsAre(Pair(0, 4), Pair(4, 8), Pair(8, 10)))
-        << "epoch " << e;
+    EXPECT_THAT(ranges, ElementsAre(Pair(0, 4), Pair(4, 8), Pair(8, 10))) << "epoch " << e;
   }
   for (const auto& t : tasks) ids.insert(t.id());
   EXPECT_EQ(ids, (std::set<uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
@@ -125,8 +123,7 @@ TEST(TaskSchedulerTest, CompletingATaskLeasedElsewhereIsFailedPrecondition) {
   auto t = s.Lease(1, kT0);
   ASSERT_TRUE(t.has_value());
   EXPECT_THAT(s.Complete(2, t->id()),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("not leased to node 2")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not leased to node 2")));
   EXPECT_EQ(s.done(), 0u);
   EXPECT_EQ(s.leased(), 1u);
   // A pending (never leased) task cannot be completed either.
@@ -135,14 +132,13 @@ TEST(TaskSchedulerTest, CompletingATaskLeasedElsewhereIsFailedPrecondition) {
   const auto pending = LeaseAll(s, 3, kT0);
   ASSERT_EQ(pending.size(), 1u);
   EXPECT_EQ(s.ReleaseNode(3), 1);
-  EXPECT_THAT(s.Complete(1, pending[0].id()),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s.Complete(1, pending[0].id()), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(TaskSchedulerTest, UnknownTaskIsNotFound) {
   TaskScheduler s(10, 4, 1, 1, kLease);  // ids 0..2
-  EXPECT_THAT(s.Complete(1, 3), StatusIs(absl::StatusCode::kNotFound,
-                                         HasSubstr("unknown data task 3")));
+  EXPECT_THAT(s.Complete(1, 3),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown data task 3")));
 }
 
 TEST(TaskSchedulerTest, CompleteIsIdempotent) {
@@ -168,8 +164,7 @@ TEST(TaskSchedulerTest, ReleaseNodeReturnsItsLeasesToTheFront) {
   EXPECT_THAT((std::vector<uint64_t>{n1->id(), n2->id()}),
               UnorderedElementsAre(a1->id(), a2->id()));
   // Node 1 lost them: completing is refused; node 3 may.
-  EXPECT_THAT(s.Complete(1, a1->id()),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s.Complete(1, a1->id()), StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(s.Complete(3, a1->id()), IsOk());
   EXPECT_EQ(s.ReleaseNode(1), 0);
 }
@@ -184,8 +179,7 @@ TEST(TaskSchedulerTest, ExpireLeasesAtTheLeaseTimeout) {
   EXPECT_EQ(s.ExpireLeases(kT0 + absl::Seconds(10)), 1);  // a: expires <= now
   EXPECT_EQ(s.leased(), 1u);
   EXPECT_EQ(s.pending(), 2u);
-  EXPECT_THAT(s.Complete(1, a->id()),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s.Complete(1, a->id()), StatusIs(absl::StatusCode::kFailedPrecondition));
   // The expired task is next in line.
   auto again = s.Lease(3, kT0 + absl::Seconds(11));  // expires at T0 + 21 s
   ASSERT_TRUE(again.has_value());
@@ -201,8 +195,7 @@ TEST(TaskSchedulerTest, AllDoneAndCurrentEpoch) {
   const auto tasks = LeaseAll(s, 1, kT0);
   ASSERT_EQ(tasks.size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
-    EXPECT_EQ(s.current_epoch(), i < 3 ? 0 : 1)
-        << "after " << i << " completions";
+    EXPECT_EQ(s.current_epoch(), i < 3 ? 0 : 1) << "after " << i << " completions";
     EXPECT_FALSE(s.AllDone());
     EXPECT_THAT(s.Complete(1, tasks[i].id()), IsOk());
   }
@@ -215,8 +208,7 @@ TEST(TaskSchedulerTest, CurrentEpochWaitsForTheSlowestTaskOfTheEpoch) {
   TaskScheduler s(10, 4, 2, 3, kLease);
   const auto tasks = LeaseAll(s, 1, kT0);
   // Complete all of epoch 1 and two of epoch 0: still epoch 0.
-  for (size_t i : {0u, 1u, 3u, 4u, 5u})
-    EXPECT_THAT(s.Complete(1, tasks[i].id()), IsOk());
+  for (size_t i : {0u, 1u, 3u, 4u, 5u}) EXPECT_THAT(s.Complete(1, tasks[i].id()), IsOk());
   EXPECT_EQ(s.current_epoch(), 0);
   EXPECT_THAT(s.Complete(1, tasks[2].id()), IsOk());
   EXPECT_EQ(s.current_epoch(), 2);
@@ -237,8 +229,7 @@ TEST(TaskSchedulerTest, ByteSplitTilesTheFileEachEpochWithRecordEstimates) {
     }
     std::sort(bytes.begin(), bytes.end());
     std::sort(records.begin(), records.end());
-    EXPECT_THAT(bytes, ElementsAre(Pair(0, 300), Pair(300, 600), Pair(600, 900),
-                                   Pair(900, 1000)));
+    EXPECT_THAT(bytes, ElementsAre(Pair(0, 300), Pair(300, 600), Pair(600, 900), Pair(900, 1000)));
     EXPECT_THAT(records, ElementsAre(Pair(0, 30), Pair(30, 60), Pair(60, 90), Pair(90, 100)));
   }
   // The records a worker reports replace the estimate.

@@ -13,8 +13,8 @@
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/status_matchers.h"
 #include "pserver/replica_streams.h"
+#include "tests/testing/status_matchers.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/transport.h"
 
@@ -56,8 +56,7 @@ class RecordingResponder : public transport::Responder {
 };
 
 std::string FloatBytes(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()),
-                     v.size() * sizeof(float));
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
 std::vector<float> BytesToFloats(const std::string& bytes) {
@@ -101,8 +100,7 @@ std::unique_ptr<Optimizer> Sgd(double lr) {
 
 // Partition 7 of table "fc0.weight" holding {1, 2, 3}, SGD with lr 0.5.
 std::unique_ptr<Partition> MakePartition(Consistency consistency) {
-  return std::make_unique<Partition>(kPartitionId, "fc0.weight",
-                                     std::vector<float>{1.f, 2.f, 3.f},
+  return std::make_unique<Partition>(kPartitionId, "fc0.weight", std::vector<float>{1.f, 2.f, 3.f},
                                      Sgd(0.5), consistency);
 }
 
@@ -145,14 +143,12 @@ TEST(PartitionTest, PullReturnsValuesAsFp32Bytes) {
   EXPECT_EQ(p->stats().pulls_served, 1u);
 }
 
-TEST(PartitionTest,
-     BspAppliesOnceEveryStepWorkerPushedWithSampleWeightedAverage) {
+TEST(PartitionTest, BspAppliesOnceEveryStepWorkerPushedWithSampleWeightedAverage) {
   auto p = MakePartition(Consistency::kBsp);
   p->SetStepWorkers({1, 2});
 
   // Worker 1: gradient sum {2, 4, -2} over 2 samples. Not applied yet.
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})),
-                1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})), 1, 1);
   EXPECT_EQ(p->stats().version, 0u);
   EXPECT_EQ(p->stats().pushes_applied, 1u);
   EXPECT_EQ(p->stats().updates_applied, 0u);
@@ -165,8 +161,7 @@ TEST(PartitionTest,
   EXPECT_EQ(p->stats().pulls_served, 0u);
 
   // Worker 2: sum {1, -1, 7} over 3 samples completes the step.
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 3, {1.f, -1.f, 7.f})),
-                2, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 3, {1.f, -1.f, 7.f})), 2, 1);
   // sum of sums = {3, 3, 5}, samples = 2 + 3 = 5, mean = {0.6, 0.6, 1.0}
   // SGD lr 0.5: {1 - 0.3, 2 - 0.3, 3 - 0.5} = {0.7, 1.7, 2.5}
   // (Averaging each worker's mean instead would give {1-0.5*(1+1/3)/2, ...}
@@ -178,8 +173,7 @@ TEST(PartitionTest,
   EXPECT_EQ(st.duplicate_pushes, 0u);
   EXPECT_EQ(st.rejected_pushes, 0u);
   EXPECT_THAT(p->ValuesForTesting(),
-              ElementsAre(FloatNear(0.7f, kTol), FloatNear(1.7f, kTol),
-                          FloatNear(2.5f, kTol)));
+              ElementsAre(FloatNear(0.7f, kTol), FloatNear(1.7f, kTol), FloatNear(2.5f, kTol)));
 
   // The waiting pull is answered with version 1 and the new values.
   auto responses = waiting->responses();
@@ -189,8 +183,7 @@ TEST(PartitionTest,
   EXPECT_EQ(responses[0].header.request_id, 77u);
   EXPECT_EQ(responses[0].header.version, 1u);
   EXPECT_THAT(BytesToFloats(responses[0].payload),
-              ElementsAre(FloatNear(0.7f, kTol), FloatNear(1.7f, kTol),
-                          FloatNear(2.5f, kTol)));
+              ElementsAre(FloatNear(0.7f, kTol), FloatNear(1.7f, kTol), FloatNear(2.5f, kTol)));
   EXPECT_EQ(p->stats().pulls_served, 1u);
 }
 
@@ -200,44 +193,36 @@ TEST(PartitionTest, BspPullForAFutureVersionWaitsForThatVersion) {
   auto wants2 = std::make_shared<RecordingResponder>();
   p->Pull(PullMsg(3, 2, 1), wants2);
   // Step 0: sum {1, 1, 1} over 1 sample -> {0.5, 1.5, 2.5}, version 1.
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1,
-                1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1, 1);
   EXPECT_THAT(wants2->responses(), IsEmpty());
   // Step 1: sum {2, 0, 0} over 2 samples -> mean {1, 0, 0} -> {0, 1.5, 2.5}.
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 2, 1, 2, {2.f, 0.f, 0.f})), 1,
-                2);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 2, 1, 2, {2.f, 0.f, 0.f})), 1, 2);
   auto responses = wants2->responses();
   ASSERT_THAT(responses, SizeIs(1));
   EXPECT_EQ(responses[0].header.version, 2u);
   EXPECT_THAT(BytesToFloats(responses[0].payload),
-              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.5f, kTol),
-                          FloatNear(2.5f, kTol)));
+              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.5f, kTol), FloatNear(2.5f, kTol)));
 }
 
 TEST(PartitionTest, DuplicatePushIsAckedButNotApplied) {
   auto p = MakePartition(Consistency::kBsp);
   p->SetStepWorkers({1, 2});
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f})), 1,
-                1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f})), 1, 1);
   // The same (sender, seq) again, e.g. a retry after a lost ack.
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f})), 1,
-                1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f})), 1, 1);
   EXPECT_EQ(p->stats().duplicate_pushes, 1u);
   EXPECT_EQ(p->stats().pushes_applied, 1u);
   EXPECT_EQ(p->stats().version, 0u);
 
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {0.f, 0.f, 0.f})), 2,
-                1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {0.f, 0.f, 0.f})), 2, 1);
   // Counted once: sums {2, 2, 2} over 1 + 1 = 2 samples, mean {1, 1, 1};
   // lr 0.5 -> {0.5, 1.5, 2.5}. (Counted twice it would be {4,4,4}/3.)
   EXPECT_EQ(p->stats().version, 1u);
   EXPECT_THAT(p->ValuesForTesting(),
-              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.5f, kTol),
-                          FloatNear(2.5f, kTol)));
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.5f, kTol), FloatNear(2.5f, kTol)));
 
   // A retry of a push of the finished step is still a duplicate, not stale.
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {0.f, 0.f, 0.f})), 2,
-                1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {0.f, 0.f, 0.f})), 2, 1);
   EXPECT_EQ(p->stats().duplicate_pushes, 2u);
   EXPECT_EQ(p->stats().rejected_pushes, 0u);
   EXPECT_EQ(p->stats().version, 1u);
@@ -246,8 +231,7 @@ TEST(PartitionTest, DuplicatePushIsAckedButNotApplied) {
 TEST(PartitionTest, StalePushIsFailedPrecondition) {
   auto p = MakePartition(Consistency::kBsp);
   p->SetStepWorkers({1});
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1,
-                1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1, 1);
   ASSERT_EQ(p->stats().version, 1u);
   // A new push (seq 2) for step 0, but the partition is at version 1.
   Message resp = PushAndGetResponse(*p, PushMsg(1, 2, 0, 1, {9.f, 9.f, 9.f}));
@@ -262,8 +246,7 @@ TEST(PartitionTest, StalePushIsFailedPrecondition) {
   EXPECT_EQ(p->stats().version, 1u);
   // {1,2,3} - 0.5 * {1,1,1}; the stale gradient left no trace.
   EXPECT_THAT(p->ValuesForTesting(),
-              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.5f, kTol),
-                          FloatNear(2.5f, kTol)));
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.5f, kTol), FloatNear(2.5f, kTol)));
 }
 
 TEST(PartitionTest, PushForAFutureStepIsOutOfRange) {
@@ -285,8 +268,7 @@ TEST(PartitionTest, PushFromOutsideTheStepSetIsUnavailable) {
   EXPECT_EQ(p->stats().pushes_applied, 0u);
   // Not remembered: once in the step set, the same seq is accepted.
   p->SetStepWorkers({1, 5});
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(5, 1, 0, 1, {1.f, 1.f, 1.f})), 5,
-                1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(5, 1, 0, 1, {1.f, 1.f, 1.f})), 5, 1);
   EXPECT_EQ(p->stats().pushes_applied, 1u);
   EXPECT_EQ(p->stats().duplicate_pushes, 0u);
 }
@@ -296,16 +278,14 @@ TEST(PartitionTest, WrongPayloadSizeIsInvalidArgumentNamingThePartition) {
   p->SetStepWorkers({1});
   Message resp = PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f}));
   EXPECT_EQ(resp.header.type, MessageType::kPushResponse);
-  EXPECT_THAT(
-      transport::ResponseStatus(resp),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(HasSubstr("partition 7"), HasSubstr("fc0.weight"),
-                     HasSubstr("expected 12 bytes"), HasSubstr("got 8"))));
+  EXPECT_THAT(transport::ResponseStatus(resp),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("partition 7"), HasSubstr("fc0.weight"),
+                             HasSubstr("expected 12 bytes"), HasSubstr("got 8"))));
   // Zero samples is refused the same way.
   resp = PushAndGetResponse(*p, PushMsg(1, 2, 0, 0, {1.f, 1.f, 1.f}));
-  EXPECT_THAT(
-      transport::ResponseStatus(resp),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("partition 7")));
+  EXPECT_THAT(transport::ResponseStatus(resp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("partition 7")));
   EXPECT_EQ(p->stats().rejected_pushes, 2u);
   EXPECT_EQ(p->stats().pushes_applied, 0u);
   EXPECT_THAT(p->ValuesForTesting(), ElementsAre(1.f, 2.f, 3.f));
@@ -314,8 +294,7 @@ TEST(PartitionTest, WrongPayloadSizeIsInvalidArgumentNamingThePartition) {
 TEST(PartitionTest, ShrinkingTheStepSetCompletesThePendingStep) {
   auto p = MakePartition(Consistency::kBsp);
   p->SetStepWorkers({1, 2});
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})),
-                1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})), 1, 1);
   auto waiting = std::make_shared<RecordingResponder>();
   p->Pull(PullMsg(1, 1, 9), waiting);
   EXPECT_THAT(waiting->responses(), IsEmpty());
@@ -326,8 +305,7 @@ TEST(PartitionTest, ShrinkingTheStepSetCompletesThePendingStep) {
   EXPECT_EQ(p->stats().version, 1u);
   EXPECT_EQ(p->stats().updates_applied, 1u);
   EXPECT_THAT(p->ValuesForTesting(),
-              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.f, kTol),
-                          FloatNear(3.5f, kTol)));
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.f, kTol), FloatNear(3.5f, kTol)));
   auto responses = waiting->responses();
   ASSERT_THAT(responses, SizeIs(1));
   EXPECT_EQ(responses[0].header.version, 1u);
@@ -348,25 +326,20 @@ TEST(PartitionTest, AspAppliesEachPushAtOnceWithItsOwnAverage) {
   auto p = MakePartition(Consistency::kAsp);
   // No step set is needed in ASP.
   // Push 1: {2, 4, -2} / 2 = {1, 2, -1}; lr 0.5 -> {0.5, 1, 3.5}
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})),
-                1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, {2.f, 4.f, -2.f})), 1, 1);
   EXPECT_EQ(p->stats().version, 1u);
   EXPECT_THAT(p->ValuesForTesting(),
-              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.f, kTol),
-                          FloatNear(3.5f, kTol)));
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(1.f, kTol), FloatNear(3.5f, kTol)));
   // Push 2 (another worker, any step): {4, 0, 2} / 4 = {1, 0, 0.5}
   // -> {0.5 - 0.5, 1 - 0, 3.5 - 0.25} = {0, 1, 3.25}
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 17, 4, {4.f, 0.f, 2.f})),
-                2, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 17, 4, {4.f, 0.f, 2.f})), 2, 1);
   EXPECT_EQ(p->stats().version, 2u);
   EXPECT_EQ(p->stats().updates_applied, 2u);
   EXPECT_EQ(p->stats().pushes_applied, 2u);
   EXPECT_THAT(p->ValuesForTesting(),
-              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.f, kTol),
-                          FloatNear(3.25f, kTol)));
+              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.f, kTol), FloatNear(3.25f, kTol)));
   // A duplicate is still acked and dropped.
-  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 17, 4, {4.f, 0.f, 2.f})),
-                2, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 17, 4, {4.f, 0.f, 2.f})), 2, 1);
   EXPECT_EQ(p->stats().duplicate_pushes, 1u);
   EXPECT_EQ(p->stats().version, 2u);
 
@@ -377,8 +350,7 @@ TEST(PartitionTest, AspAppliesEachPushAtOnceWithItsOwnAverage) {
   ASSERT_THAT(responses, SizeIs(1));
   EXPECT_EQ(responses[0].header.version, 2u);
   EXPECT_THAT(BytesToFloats(responses[0].payload),
-              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.f, kTol),
-                          FloatNear(3.25f, kTol)));
+              ElementsAre(FloatNear(0.f, kTol), FloatNear(1.f, kTol), FloatNear(3.25f, kTol)));
 }
 
 // Sparse partitions: rows of dim 2, zeros at first, SGD with lr 0.5.
@@ -434,18 +406,18 @@ TEST(SparsePartitionTest, AspPushUpdatesTheRowsOfItsKeysAndPullReturnsThemInKeyO
   EXPECT_EQ(p->length(), 0u);
   EXPECT_THAT(PullRows(*p, {5, 9}), ElementsAre(0.f, 0.f, 0.f, 0.f));
   // Keys 5 and 9, gradient sums over 2 samples: rows -= 0.5 * sum / 2.
-  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 2, {5, 9}, {2.f, 4.f, -2.f, 0.f})),
-                1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 2, {5, 9}, {2.f, 4.f, -2.f, 0.f})), 1,
+                1);
   EXPECT_THAT(PullRows(*p, {9, 7, 5}),
-              ElementsAre(FloatNear(0.5f, kTol), FloatNear(0.f, kTol),   // key 9
-                          0.f, 0.f,                                      // key 7: no row
+              ElementsAre(FloatNear(0.5f, kTol), FloatNear(0.f, kTol),      // key 9
+                          0.f, 0.f,                                         // key 7: no row
                           FloatNear(-0.5f, kTol), FloatNear(-1.f, kTol)));  // key 5
   EXPECT_EQ(p->stats().version, 1u);
   EXPECT_EQ(p->sparse_stats().rows, 2u);
   EXPECT_EQ(p->sparse_stats().admitted, 2u);
   // A retried push (same sender and seq) is acknowledged, not applied again.
-  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 2, {5, 9}, {2.f, 4.f, -2.f, 0.f})),
-                1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 2, {5, 9}, {2.f, 4.f, -2.f, 0.f})), 1,
+                1);
   EXPECT_EQ(p->stats().duplicate_pushes, 1u);
   EXPECT_THAT(PullRows(*p, {5}), ElementsAre(FloatNear(-0.5f, kTol), FloatNear(-1.f, kTol)));
 }
@@ -454,23 +426,23 @@ TEST(SparsePartitionTest, BspSumsEveryWorkersRowsOfAKeyAndAppliesOnce) {
   auto p = MakeSparsePartition(Consistency::kBsp);
   p->SetStepWorkers({1, 2});
   // Worker 1 pushes keys 3 and 4 over 1 sample, worker 2 keys 4 and 8 over 3.
-  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 1, {3, 4}, {1.f, 1.f, 2.f, 2.f})),
-                1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(1, 1, 0, 1, {3, 4}, {1.f, 1.f, 2.f, 2.f})), 1,
+                1);
   auto waiting = std::make_shared<RecordingResponder>();
   p->Pull(SparsePullMsg(1, 1, {4, 3, 8}), waiting);
   EXPECT_THAT(waiting->responses(), IsEmpty());
   EXPECT_EQ(p->sparse_stats().rows, 0u);  // nothing applied before the step completes
-  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(2, 1, 0, 3, {4, 8}, {2.f, -2.f, 4.f, 4.f})),
-                2, 1);
+  ExpectPushAck(PushAndGetResponse(*p, SparsePushMsg(2, 1, 0, 3, {4, 8}, {2.f, -2.f, 4.f, 4.f})), 2,
+                1);
   // Mean over 4 samples: key 3 {1, 1}/4, key 4 {4, 0}/4, key 8 {4, 4}/4;
   // SGD lr 0.5 from zeros.
   auto responses = waiting->responses();
   ASSERT_THAT(responses, SizeIs(1));
   EXPECT_EQ(responses[0].header.version, 1u);
   EXPECT_THAT(BytesToFloats(responses[0].payload),
-              ElementsAre(FloatNear(-0.5f, kTol), FloatNear(0.f, kTol),       // key 4
+              ElementsAre(FloatNear(-0.5f, kTol), FloatNear(0.f, kTol),        // key 4
                           FloatNear(-0.125f, kTol), FloatNear(-0.125f, kTol),  // key 3
-                          FloatNear(-0.5f, kTol), FloatNear(-0.5f, kTol)));   // key 8
+                          FloatNear(-0.5f, kTol), FloatNear(-0.5f, kTol)));    // key 8
   EXPECT_EQ(p->stats().updates_applied, 1u);
   EXPECT_EQ(p->sparse_stats().rows, 3u);
   EXPECT_EQ(p->sparse_stats().updates, 1u);
@@ -486,9 +458,10 @@ TEST(SparsePartitionTest, MalformedSparseRequestsAreRefusedNamingWhatIsWrong) {
                        AllOf(HasSubstr("sparse push to partition 7 (embedding) from node 1"),
                              HasSubstr("rows of 16 bytes"))));
   // A dense push to a sparse partition, and a sparse one to a dense partition.
-  EXPECT_THAT(transport::ResponseStatus(PushAndGetResponse(*sparse, PushMsg(1, 2, 0, 1, {1.f, 2.f}))),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("dense push request from node 1 to sparse partition 7")));
+  EXPECT_THAT(
+      transport::ResponseStatus(PushAndGetResponse(*sparse, PushMsg(1, 2, 0, 1, {1.f, 2.f}))),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("dense push request from node 1 to sparse partition 7")));
   auto dense = MakePartition(Consistency::kAsp);
   EXPECT_THAT(transport::ResponseStatus(
                   PushAndGetResponse(*dense, SparsePushMsg(1, 1, 0, 1, {5}, {1.f, 2.f}))),
@@ -706,7 +679,6 @@ TEST(ReplicationTest, SparseBackupHoldsTheSameRows) {
   backup->Promote();
   EXPECT_EQ(PullRows(*backup, {11, 12, 13, 14, 15}), PullRows(*primary, {11, 12, 13, 14, 15}));
 }
-
 
 // A backup that takes a record and never answers it (an answer lost on the
 // way) must not hold the primary's acknowledgements for good: after the

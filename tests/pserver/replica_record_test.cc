@@ -47,7 +47,8 @@ TEST(ReplicaRecordTest, EveryTruncationOrExtensionIsDataLoss) {
 
 TEST(ReplicaRecordTest, CopyRoundTripsAndRefusesMalformedInput) {
   std::map<storage::BlockType, std::string> streams = {
-      {storage::BlockType::kHeader, "head"}, {storage::BlockType::kDenseValues, std::string(10, 'v')}};
+      {storage::BlockType::kHeader, "head"},
+      {storage::BlockType::kDenseValues, std::string(10, 'v')}};
   const std::string bytes = EncodeReplicaCopy(streams);
   auto back = DecodeReplicaCopy(bytes);
   ASSERT_THAT(back.status(), IsOk());

@@ -256,8 +256,8 @@ TEST(SparseTableTest, IndexStaysConsistentThroughGrowthAndRemovals) {
 // it at any size.
 TEST(SparseTableTest, MemoryPerRowIsWithinAQuarterOfTheStatedBytes) {
   const RowInitializer init = Init();
-  for (const auto& [dim, opt] : std::vector<std::pair<int, std::string>>{
-           {16, "adagrad"}, {1, "sgd"}, {8, "adam"}}) {
+  for (const auto& [dim, opt] :
+       std::vector<std::pair<int, std::string>>{{16, "adagrad"}, {1, "sgd"}, {8, "adam"}}) {
     auto t = Table(Options(dim, opt), init);
     const size_t slots = opt == "sgd" ? 0 : opt == "adagrad" ? 1 : 2;
     EXPECT_EQ(t->stated_bytes_per_row(), (4 * dim * (1 + slots) + 7) / 8 * 8 + 32);

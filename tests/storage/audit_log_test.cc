@@ -34,10 +34,8 @@ void Write(const std::string& path, const std::string& text) {
 class AuditLogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = absl::StrCat(::testing::TempDir(), "/audit_", ::testing::UnitTest::GetInstance()
-                                                               ->current_test_info()
-                                                               ->name(),
-                         ".jsonl");
+    path_ = absl::StrCat(::testing::TempDir(), "/audit_",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".jsonl");
     std::remove(path_.c_str());
   }
   // A log of n records.
@@ -45,9 +43,12 @@ class AuditLogTest : public ::testing::Test {
     auto log = AuditLog::Open(path_);
     EXPECT_TRUE(log.ok()) << log.status();
     for (int i = 0; i < n; ++i) {
-      AuditRecord r{absl::StrCat("operator:node", i), absl::StrCat("ipv4:10.0.0.", i, ":5000"),
+      AuditRecord r{absl::StrCat("operator:node", i),
+                    absl::StrCat("ipv4:10.0.0.", i, ":5000"),
                     i % 2 ? "checkpoint" : "register",
-                    absl::StrCat("worker ", i), "ok", "a \"quoted\" detail\nover lines"};
+                    absl::StrCat("worker ", i),
+                    "ok",
+                    "a \"quoted\" detail\nover lines"};
       EXPECT_TRUE((*log)->Append(r, absl::FromUnixMillis(1764590000000 + i)).ok());
     }
     return absl::StrSplit(Read(path_), '\n', absl::SkipEmpty());
@@ -58,12 +59,15 @@ class AuditLogTest : public ::testing::Test {
 TEST_F(AuditLogTest, RecordsChainAndVerify) {
   const std::vector<std::string> lines = MakeLog(5);
   ASSERT_EQ(lines.size(), 5u);
-  EXPECT_THAT(lines[0], ::testing::StartsWith(
-                            "{\"seq\": 1, \"unix_ms\": 1764590000000, \"time\": "
-                            "\"2025-12-01T11:53:20.000Z\", \"who\": \"operator:node0\", "
-                            "\"from\": \"ipv4:10.0.0.0:5000\", \"action\": \"register\", \"target\": \"worker 0\", \"result\": "
-                            "\"ok\", \"detail\": \"a \\\"quoted\\\" detail\\u000aover lines\", "
-                            "\"prev\": \"0000000000000000000000000000000000000000000000000000000000000000\""));
+  EXPECT_THAT(
+      lines[0],
+      ::testing::StartsWith(
+          "{\"seq\": 1, \"unix_ms\": 1764590000000, \"time\": "
+          "\"2025-12-01T11:53:20.000Z\", \"who\": \"operator:node0\", "
+          "\"from\": \"ipv4:10.0.0.0:5000\", \"action\": \"register\", \"target\": \"worker 0\", "
+          "\"result\": "
+          "\"ok\", \"detail\": \"a \\\"quoted\\\" detail\\u000aover lines\", "
+          "\"prev\": \"0000000000000000000000000000000000000000000000000000000000000000\""));
   auto head = VerifyAuditLog(Read(path_), path_);
   ASSERT_TRUE(head.ok()) << head.status();
   EXPECT_EQ(head->seq, 5u);
@@ -85,7 +89,8 @@ TEST_F(AuditLogTest, AReopenedLogCarriesTheChainOn) {
     auto log = AuditLog::Open(path_);
     ASSERT_TRUE(log.ok()) << log.status();
     EXPECT_EQ((*log)->head().seq, 3u);
-    ASSERT_TRUE((*log)->Append({"master", "", "node_dead", "pserver 1", "ok", ""}, absl::Now()).ok());
+    ASSERT_TRUE(
+        (*log)->Append({"master", "", "node_dead", "pserver 1", "ok", ""}, absl::Now()).ok());
   }
   auto head = VerifyAuditLog(Read(path_), path_);
   ASSERT_TRUE(head.ok()) << head.status();
@@ -105,8 +110,8 @@ TEST_F(AuditLogTest, AnEditWithItsHashRecomputedIsDetectedByTheNext) {
   std::vector<std::string> lines = MakeLog(4);
   AuditHead before{1, lines[0].substr(lines[0].size() - 66, 64)};
   std::string hash;
-  lines[1] = AuditLine({"mallory", "checkpoint", "", "ok", ""}, absl::FromUnixMillis(1), before,
-                       &hash);
+  lines[1] =
+      AuditLine({"mallory", "checkpoint", "", "ok", ""}, absl::FromUnixMillis(1), before, &hash);
   lines[1].pop_back();  // (the newline)
   auto head = VerifyAuditLog(absl::StrJoin(lines, "\n") + "\n", "a");
   EXPECT_THAT(head.status().message(), HasSubstr("a:3: prev is not the hash of record 2"));
@@ -133,7 +138,8 @@ TEST_F(AuditLogTest, ATornOrForeignLineIsDetected) {
               HasSubstr("a:2: the last record has no end of line"));
   EXPECT_THAT(VerifyAuditLog(whole + "{\"seq\": 3}\n", "a").status().message(),
               HasSubstr("a:3: not an audit record"));
-  EXPECT_THAT(VerifyAuditLog("\n" + whole, "a").status().message(), HasSubstr("a:1: an empty line"));
+  EXPECT_THAT(VerifyAuditLog("\n" + whole, "a").status().message(),
+              HasSubstr("a:1: an empty line"));
   EXPECT_TRUE(VerifyAuditLog("", "a").ok());
 }
 
@@ -143,8 +149,8 @@ TEST_F(AuditLogTest, OpenRefusesALogThatDoesNotVerify) {
   Write(path_, absl::StrJoin(lines, "\n") + "\n");
   auto log = AuditLog::Open(path_);
   EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(log.status().message(), AllOf(HasSubstr(path_ + ":1: seq 2 where 1 was due"),
-                                            HasSubstr("move it aside")));
+  EXPECT_THAT(log.status().message(),
+              AllOf(HasSubstr(path_ + ":1: seq 2 where 1 was due"), HasSubstr("move it aside")));
 }
 
 }  // namespace

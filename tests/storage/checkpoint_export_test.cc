@@ -24,11 +24,11 @@ TEST(PrecisionTest, ConvertsKnownValuesWithRoundToNearestEven) {
   EXPECT_EQ(FloatToBf16(-2.0f), 0xc000);
   EXPECT_EQ(FloatToFp16(1.0f), 0x3c00);
   EXPECT_EQ(FloatToFp16(-2.0f), 0xc000);
-  EXPECT_EQ(FloatToFp16(65504.f), 0x7bff);                 // the largest half
-  EXPECT_EQ(FloatToFp16(65520.f), 0x7c00);                 // rounds up to infinity
-  EXPECT_EQ(FloatToFp16(std::ldexp(1.f, -24)), 0x0001);    // the smallest subnormal
-  EXPECT_EQ(FloatToFp16(std::ldexp(1.f, -25)), 0x0000);    // a tie: to even (zero)
-  EXPECT_EQ(FloatToFp16(std::ldexp(3.f, -26)), 0x0001);    // above the tie
+  EXPECT_EQ(FloatToFp16(65504.f), 0x7bff);                     // the largest half
+  EXPECT_EQ(FloatToFp16(65520.f), 0x7c00);                     // rounds up to infinity
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.f, -24)), 0x0001);        // the smallest subnormal
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.f, -25)), 0x0000);        // a tie: to even (zero)
+  EXPECT_EQ(FloatToFp16(std::ldexp(3.f, -26)), 0x0001);        // above the tie
   EXPECT_EQ(FloatToFp16(1.f + std::ldexp(1.f, -11)), 0x3c00);  // tie to even
   EXPECT_EQ(FloatToFp16(1.f + std::ldexp(3.f, -11)), 0x3c02);  // tie to even, up
   EXPECT_TRUE(std::isnan(Fp16ToFloat(FloatToFp16(std::nanf("")))));
@@ -123,7 +123,8 @@ TEST(ExportTest, WritesTheChainsValuesIn16BitsAndIsNotResumable) {
        {BlockType::kSparseRows, Row(7, {-1.f, 0.5f}) + Row(9, {6.f, 8.f})}});
   ASSERT_THAT(WriteManifest(fs.get(), JoinPath(root, CheckpointDirName(2)), m), IsOk());
 
-  auto out = ExportCheckpoint(fs.get(), "/ck/ckpt-00000002", "/export/fmnist-bf16", Precision::kBf16);
+  auto out =
+      ExportCheckpoint(fs.get(), "/ck/ckpt-00000002", "/export/fmnist-bf16", Precision::kBf16);
   ASSERT_THAT(out.status(), IsOk());
   EXPECT_EQ(out->precision(), "bf16");
   EXPECT_EQ(out->step(), 40u);
@@ -158,9 +159,9 @@ TEST(ExportTest, WritesTheChainsValuesIn16BitsAndIsNotResumable) {
   EXPECT_EQ(Bf16ToFloat(r0[0]), -1.f);
   EXPECT_EQ(Bf16ToFloat(r0[1]), 0.5f);
   // An export is no checkpoint to export again.
-  EXPECT_THAT(ExportCheckpoint(fs.get(), "/export/fmnist-bf16", "/export/again", Precision::kFp16)
-                  .status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already an inference export")));
+  EXPECT_THAT(
+      ExportCheckpoint(fs.get(), "/export/fmnist-bf16", "/export/again", Precision::kFp16).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already an inference export")));
   EXPECT_THAT(ParsePrecision("fp8").status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 

@@ -205,13 +205,12 @@ TEST_P(BlockFileRoundTripTest, StreamsReadBackAndTheInfoDescribesTheFile) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("the manifest says")));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    LevelsAndFilters, BlockFileRoundTripTest,
-    ::testing::Combine(::testing::Values(0, 1), ::testing::Bool()),
-    [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
-      return absl::StrCat("Level", std::get<0>(info.param),
-                          std::get<1>(info.param) ? "Shuffle4" : "Plain");
-    });
+INSTANTIATE_TEST_SUITE_P(LevelsAndFilters, BlockFileRoundTripTest,
+                         ::testing::Combine(::testing::Values(0, 1), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                           return absl::StrCat("Level", std::get<0>(info.param),
+                                               std::get<1>(info.param) ? "Shuffle4" : "Plain");
+                         });
 
 TEST(BlockFileTest, FloatsWithFewDistinctValuesCompressWell) {
   std::unique_ptr<FileSystem> fs = NewMemoryFileSystem();
@@ -219,11 +218,10 @@ TEST(BlockFileTest, FloatsWithFewDistinctValuesCompressWell) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(i % 4);
   const std::string values = FloatBytes(v);
 
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      BlockFileInfo zstd,
-      WriteBlockFile(fs.get(), "/c/zstd.blk", 1,
-                     {{BlockType::kHeader, HeaderPayload(1), false},
-                      {BlockType::kDenseValues, values, true}}));
+  STRATA_ASSERT_OK_AND_ASSIGN(BlockFileInfo zstd,
+                              WriteBlockFile(fs.get(), "/c/zstd.blk", 1,
+                                             {{BlockType::kHeader, HeaderPayload(1), false},
+                                              {BlockType::kDenseValues, values, true}}));
   EXPECT_LT(zstd.size * 20, zstd.raw_bytes) << zstd.size << " of " << zstd.raw_bytes;
   STRATA_ASSERT_OK_AND_ASSIGN(auto size, fs->FileSize("/c/zstd.blk"));
   EXPECT_EQ(size, zstd.size);
@@ -231,11 +229,10 @@ TEST(BlockFileTest, FloatsWithFewDistinctValuesCompressWell) {
   EXPECT_TRUE(streams[BlockType::kDenseValues] == values);
 
   // Level 0 stores the same data as is, headers included.
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      BlockFileInfo stored,
-      WriteBlockFile(fs.get(), "/c/stored.blk", 0,
-                     {{BlockType::kHeader, HeaderPayload(1), false},
-                      {BlockType::kDenseValues, values, true}}));
+  STRATA_ASSERT_OK_AND_ASSIGN(BlockFileInfo stored,
+                              WriteBlockFile(fs.get(), "/c/stored.blk", 0,
+                                             {{BlockType::kHeader, HeaderPayload(1), false},
+                                              {BlockType::kDenseValues, values, true}}));
   EXPECT_EQ(stored.raw_bytes, zstd.raw_bytes);
   EXPECT_GT(stored.size, stored.raw_bytes);
 }
@@ -324,9 +321,10 @@ TEST(BlockFileTest, ATruncatedFileIsDataLossNamingTheFile) {
                              (b.payload_begin + b.end) / 2, b.end - 1}) {
       SCOPED_TRACE(absl::StrCat("cut at ", cut, " of ", original.size()));
       ASSERT_THAT(fs->WriteFileAtomic(path, original.substr(0, cut)), IsOk());
-      EXPECT_THAT(ReadBlockFile(fs.get(), path).status(),
-                  StatusIs(absl::StatusCode::kDataLoss,
-                           AllOf(HasSubstr(path), AnyOf(HasSubstr("torn"), HasSubstr("cut short")))));
+      EXPECT_THAT(
+          ReadBlockFile(fs.get(), path).status(),
+          StatusIs(absl::StatusCode::kDataLoss,
+                   AllOf(HasSubstr(path), AnyOf(HasSubstr("torn"), HasSubstr("cut short")))));
     }
   }
   // At a block boundary only the manifest's size tells.
@@ -374,10 +372,10 @@ TEST(BlockFileTest, AnotherFormatVersionIsFailedPrecondition) {
 TEST(BlockFileTest, AFileWithoutAHeaderStreamIsDataLoss) {
   std::unique_ptr<FileSystem> fs = NewMemoryFileSystem();
   const std::string path = "/ckpt/p.blk";
-  ASSERT_THAT(WriteBlockFile(fs.get(), path, 1,
-                             {{BlockType::kDenseValues, RandomFloats(100, 7), true}})
-                  .status(),
-              IsOk());
+  ASSERT_THAT(
+      WriteBlockFile(fs.get(), path, 1, {{BlockType::kDenseValues, RandomFloats(100, 7), true}})
+          .status(),
+      IsOk());
   EXPECT_THAT(ReadBlockFile(fs.get(), path).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path)));
 }
@@ -483,9 +481,9 @@ TEST(ManifestTest, TruncatedIsDataLossNamingTheFile) {
   const std::string path = dir + "/MANIFEST";
   const std::string bytes = EncodeManifest(SampleManifest(2));
   ASSERT_GT(bytes.size(), kManifestHeaderBytes + 2);
-  for (const size_t cut : {size_t{0}, size_t{8}, size_t{12}, kManifestHeaderBytes - 1,
-                           kManifestHeaderBytes, (kManifestHeaderBytes + bytes.size()) / 2,
-                           bytes.size() - 1}) {
+  for (const size_t cut :
+       {size_t{0}, size_t{8}, size_t{12}, kManifestHeaderBytes - 1, kManifestHeaderBytes,
+        (kManifestHeaderBytes + bytes.size()) / 2, bytes.size() - 1}) {
     SCOPED_TRACE(absl::StrCat("cut at ", cut, " of ", bytes.size()));
     ASSERT_THAT(fs->WriteFileAtomic(path, bytes.substr(0, cut)), IsOk());
     EXPECT_THAT(ReadManifest(fs.get(), dir).status(),
@@ -562,8 +560,8 @@ TEST(ManifestTest, APartitionListedTwiceIsDataLoss) {
 TEST(CheckpointNameTest, DirNameAndSeqRoundTrip) {
   EXPECT_EQ(CheckpointDirName(7), "ckpt-00000007");
   EXPECT_EQ(CheckpointDirName(12345678), "ckpt-12345678");
-  for (const uint64_t seq : {uint64_t{1}, uint64_t{7}, uint64_t{99999999}, uint64_t{123456789},
-                             uint64_t{1} << 40}) {
+  for (const uint64_t seq :
+       {uint64_t{1}, uint64_t{7}, uint64_t{99999999}, uint64_t{123456789}, uint64_t{1} << 40}) {
     EXPECT_EQ(CheckpointSeqOfName(CheckpointDirName(seq)), seq) << CheckpointDirName(seq);
   }
 }
@@ -600,8 +598,7 @@ TEST(ListCheckpointsTest, SortedBySeqWithTheCompleteFlag) {
   ASSERT_THAT(fs->CreateDirs(JoinPath(root, "ckpt-00000000")), IsOk());
   ASSERT_THAT(fs->WriteFileAtomic(JoinPath(root, "notes.txt"), "x"), IsOk());
 
-  STRATA_ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> list,
-                              ListCheckpoints(fs.get(), root));
+  STRATA_ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> list, ListCheckpoints(fs.get(), root));
   std::vector<uint64_t> seqs;
   std::vector<std::string> dirs;
   std::vector<int> complete;
@@ -627,8 +624,9 @@ TEST(ListCheckpointsTest, EmptyWhenTheRootIsMissing) {
 // write its checkpoint 1 over the ones it could not see.
 TEST(ListCheckpointsTest, AnErrorReadingTheRootOrAManifestIsNotAnEmptyRoot) {
   std::unique_ptr<FileSystem> base = NewMemoryFileSystem();
-  ASSERT_THAT(base->WriteFileAtomic(JoinPath("/r", JoinPath(CheckpointDirName(1), kManifestName)), "m"),
-              IsOk());
+  ASSERT_THAT(
+      base->WriteFileAtomic(JoinPath("/r", JoinPath(CheckpointDirName(1), kManifestName)), "m"),
+      IsOk());
   FaultyFileSystem fs(base.get());
   fs.FailOp(FsOp::kRead, "", absl::UnavailableError("503 SlowDown"), 1);
   EXPECT_THAT(ListCheckpoints(&fs, "/r"), StatusIs(absl::StatusCode::kUnavailable));
@@ -722,13 +720,11 @@ TEST(CheckManifestFilesTest, APartitionWithoutAFullImageFirstIsDataLoss) {
 
   proto::CheckpointManifest not_full = ChainManifest(2, {1, 2});
   not_full.mutable_partitions(0)->mutable_files(0)->set_full(false);
-  EXPECT_THAT(CheckManifestFiles(fs.get(), root, not_full),
-              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(CheckManifestFiles(fs.get(), root, not_full), StatusIs(absl::StatusCode::kDataLoss));
 
   proto::CheckpointManifest no_files = ChainManifest(2, {1, 2});
   no_files.mutable_partitions(0)->clear_files();
-  EXPECT_THAT(CheckManifestFiles(fs.get(), root, no_files),
-              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(CheckManifestFiles(fs.get(), root, no_files), StatusIs(absl::StatusCode::kDataLoss));
 }
 
 // --- Retention ---------------------------------------------------------------
@@ -764,8 +760,7 @@ TEST(ApplyRetentionTest, KeepsTheNewestAndTheCheckpointsTheyNeed) {
   EXPECT_TRUE(fs->Exists(JoinPath(root, DataFile(5))));
 
   // Again: nothing more to delete.
-  STRATA_ASSERT_OK_AND_ASSIGN(std::vector<std::string> again,
-                              ApplyRetention(fs.get(), root, 2));
+  STRATA_ASSERT_OK_AND_ASSIGN(std::vector<std::string> again, ApplyRetention(fs.get(), root, 2));
   EXPECT_THAT(again, IsEmpty());
   EXPECT_THAT(Seqs(fs.get(), root), ElementsAre(3u, 4u, 5u));
 }
@@ -791,8 +786,7 @@ TEST(ApplyRetentionTest, DeletesNothingWithoutACompleteCheckpoint) {
   const std::string root = "/r";
   ASSERT_THAT(WriteCheckpoint(fs.get(), root, 1, {}), IsOk());
   ASSERT_THAT(WriteCheckpoint(fs.get(), root, 2, {}), IsOk());
-  STRATA_ASSERT_OK_AND_ASSIGN(std::vector<std::string> deleted,
-                              ApplyRetention(fs.get(), root, 1));
+  STRATA_ASSERT_OK_AND_ASSIGN(std::vector<std::string> deleted, ApplyRetention(fs.get(), root, 1));
   EXPECT_THAT(deleted, IsEmpty());
   EXPECT_THAT(Seqs(fs.get(), root), ElementsAre(1u, 2u));
 }

@@ -44,12 +44,8 @@ std::vector<std::string> FullFields(const std::string& label = "1") {
   }
   return f;
 }
-std::string Join(const std::vector<std::string>& fields) {
-  return absl::StrJoin(fields, "\t");
-}
-std::string FullLine(const std::string& label = "1") {
-  return Join(FullFields(label));
-}
+std::string Join(const std::vector<std::string>& fields) { return absl::StrJoin(fields, "\t"); }
+std::string FullLine(const std::string& label = "1") { return Join(FullFields(label)); }
 
 struct Parsed {
   float label = -1;
@@ -95,8 +91,7 @@ TEST(ParseCriteoLineTest, ParsesKaggleLine) {
   Parsed p;
   ASSERT_THAT(Parse(kKaggleLine, &p), IsOk());
   EXPECT_EQ(p.label, 0.0f);
-  const int64_t ints[kCriteoDense] = {1, 1,   5, 0, 1382, 4, 15,
-                                      2, 181, 1, 2, 0,    2};
+  const int64_t ints[kCriteoDense] = {1, 1, 5, 0, 1382, 4, 15, 2, 181, 1, 2, 0, 2};
   for (int j = 0; j < kCriteoDense; ++j) {
     EXPECT_EQ(p.dense[j], CriteoDenseTransform(ints[j])) << "I" << j + 1;
   }
@@ -114,8 +109,7 @@ TEST(ParseCriteoLineTest, ParsesEveryFieldOfAFullLine) {
     EXPECT_EQ(p.dense[j], CriteoDenseTransform(j - 3)) << "I" << j + 1;
   }
   for (int c = 0; c < kCriteoCategorical; ++c) {
-    EXPECT_EQ(p.keys[c], CriteoFeatureKey(c, c * 17 + 0x1000000))
-        << "C" << c + 1;
+    EXPECT_EQ(p.keys[c], CriteoFeatureKey(c, c * 17 + 0x1000000)) << "C" << c + 1;
   }
   CriteoRawRow row;
   ASSERT_THAT(ParseCriteoRow(FullLine("0"), &row), IsOk());
@@ -157,16 +151,15 @@ TEST(ParseCriteoLineTest, NegativeAndExtremeIntegers) {
 }
 
 TEST(ParseCriteoLineTest, BadIntegersNameTheField) {
-  for (const char* bad : {"1x", "x", "-", "1.5", " 1", "+1",
-                          "9223372036854775808", "-9223372036854775809"}) {
+  for (const char* bad :
+       {"1x", "x", "-", "1.5", " 1", "+1", "9223372036854775808", "-9223372036854775809"}) {
     auto f = FullFields();
     f[4] = bad;  // I4
     Parsed p;
     EXPECT_THAT(
         Parse(Join(f), &p),
         StatusIs(absl::StatusCode::kInvalidArgument,
-                 HasSubstr(absl::StrCat("field I4 (column 5): bad integer \"",
-                                        bad, "\""))));
+                 HasSubstr(absl::StrCat("field I4 (column 5): bad integer \"", bad, "\""))));
   }
 }
 
@@ -188,19 +181,16 @@ TEST(ParseCriteoLineTest, BadHexNamesTheField) {
   auto f = FullFields();
   f[16] = "zz";  // C3
   Parsed p;
-  EXPECT_THAT(Parse(Join(f), &p),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("field C3 (column 17): bad hex \"zz\"")));
+  EXPECT_THAT(Parse(Join(f), &p), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("field C3 (column 17): bad hex \"zz\"")));
   f[16] = "12345678901234567";  // 17 digits
-  EXPECT_THAT(Parse(Join(f), &p),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("field C3 (column 17): bad hex"),
-                             HasSubstr("more than 16 digits"))));
+  EXPECT_THAT(Parse(Join(f), &p), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           AllOf(HasSubstr("field C3 (column 17): bad hex"),
+                                                 HasSubstr("more than 16 digits"))));
   f = FullFields();
   f[40 - 1] = "0x12";  // C26
-  EXPECT_THAT(Parse(Join(f), &p),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("field C26 (column 40): bad hex \"0x12\"")));
+  EXPECT_THAT(Parse(Join(f), &p), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("field C26 (column 40): bad hex \"0x12\"")));
 }
 
 TEST(ParseCriteoLineTest, BadLabel) {
@@ -209,8 +199,7 @@ TEST(ParseCriteoLineTest, BadLabel) {
     Parsed p;
     EXPECT_THAT(Parse(Join(f), &p),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr(absl::StrCat("label must be 0 or 1, got \"",
-                                                bad, "\""))));
+                         HasSubstr(absl::StrCat("label must be 0 or 1, got \"", bad, "\""))));
   }
 }
 
@@ -218,18 +207,16 @@ TEST(ParseCriteoLineTest, WrongFieldCount) {
   auto f = FullFields();
   f.pop_back();
   Parsed p;
-  EXPECT_THAT(
-      Parse(Join(f), &p),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("expected 40 tab-separated fields, found 39")));
+  EXPECT_THAT(Parse(Join(f), &p),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected 40 tab-separated fields, found 39")));
   f = FullFields();
   f.push_back("extra");
-  EXPECT_THAT(
-      Parse(Join(f), &p),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("expected 40 tab-separated fields, found 41")));
-  EXPECT_THAT(Parse("1 2 3", &p), StatusIs(absl::StatusCode::kInvalidArgument,
-                                           HasSubstr("found 1")));
+  EXPECT_THAT(Parse(Join(f), &p),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("expected 40 tab-separated fields, found 41")));
+  EXPECT_THAT(Parse("1 2 3", &p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("found 1")));
 }
 
 TEST(ParseCriteoLineTest, LongBadValuesAreCutInTheMessage) {
@@ -237,8 +224,7 @@ TEST(ParseCriteoLineTest, LongBadValuesAreCutInTheMessage) {
   f[20] = std::string(10000, 'g');
   Parsed p;
   absl::Status s = Parse(Join(f), &p);
-  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
-                          HasSubstr("(10000 bytes)")));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(10000 bytes)")));
   EXPECT_LT(s.message().size(), 200u);
 }
 
@@ -258,8 +244,8 @@ class LoadCriteoFileTest : public ::testing::Test {
 };
 
 TEST_F(LoadCriteoFileTest, LoadsLinesIgnoringEmptyOnes) {
-  Write("/d/a.txt", FullLine("1") + "\n\n" + std::string(kKaggleLine) + "\n" +
-                        FullLine("0") + "\n");
+  Write("/d/a.txt",
+        FullLine("1") + "\n\n" + std::string(kKaggleLine) + "\n" + FullLine("0") + "\n");
   CriteoReadStats stats;
   auto data = LoadCriteoFile(fs_.get(), "/d/a.txt", {}, &stats);
   ASSERT_THAT(data, IsOk());
@@ -280,8 +266,7 @@ TEST_F(LoadCriteoFileTest, CrLfLineEndings) {
   auto data = LoadCriteoFile(fs_.get(), "/crlf.txt", {}, nullptr);
   ASSERT_THAT(data, IsOk());
   EXPECT_EQ(data->labels, (std::vector<float>{1, 0}));
-  EXPECT_EQ(data->keys[kCriteoCategorical - 1],
-            CriteoFeatureKey(25, 25 * 17 + 0x1000000));
+  EXPECT_EQ(data->keys[kCriteoCategorical - 1], CriteoFeatureKey(25, 25 * 17 + 0x1000000));
 }
 
 TEST_F(LoadCriteoFileTest, NoFinalNewline) {
@@ -294,10 +279,10 @@ TEST_F(LoadCriteoFileTest, NoFinalNewline) {
 TEST_F(LoadCriteoFileTest, FailPolicyNamesPathAndLine) {
   Write("/d/f.txt", FullLine() + "\n\n" + FullLine("7") + "\n" + FullLine());
   CriteoReadStats stats;
-  EXPECT_THAT(LoadCriteoFile(fs_.get(), "/d/f.txt", {}, &stats),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(StartsWith("/d/f.txt:3: "),
-                             HasSubstr("label must be 0 or 1, got \"7\""))));
+  EXPECT_THAT(
+      LoadCriteoFile(fs_.get(), "/d/f.txt", {}, &stats),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(StartsWith("/d/f.txt:3: "), HasSubstr("label must be 0 or 1, got \"7\""))));
   EXPECT_EQ(stats.records, 1);
 }
 
@@ -326,8 +311,7 @@ TEST_F(LoadCriteoFileTest, SkipPolicyCountsAndKeepsFirstError) {
   EXPECT_EQ(stats.lines, 20);
   EXPECT_EQ(stats.records, 5);
   EXPECT_EQ(stats.skipped, 15);
-  EXPECT_EQ(stats.first_error,
-            "/s.txt:1: expected 40 tab-separated fields, found 39");
+  EXPECT_EQ(stats.first_error, "/s.txt:1: expected 40 tab-separated fields, found 39");
 }
 
 TEST_F(LoadCriteoFileTest, OverlongLineIsABadLine) {
@@ -336,12 +320,11 @@ TEST_F(LoadCriteoFileTest, OverlongLineIsABadLine) {
   options.max_line_bytes = 100;
   EXPECT_THAT(LoadCriteoFile(fs_.get(), "/o.txt", options, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(StartsWith("/o.txt:1: "),
-                             HasSubstr("line longer than 100 bytes"))));
+                       AllOf(StartsWith("/o.txt:1: "), HasSubstr("line longer than 100 bytes"))));
 
   // The default limit is 64 KiB; a short line is fine, a huge one is not.
-  Write("/o2.txt", FullLine() + "\n" + FullLine() + std::string(70000, 'x') +
-                       "\n" + FullLine() + "\n");
+  Write("/o2.txt",
+        FullLine() + "\n" + FullLine() + std::string(70000, 'x') + "\n" + FullLine() + "\n");
   options = CriteoReadOptions();
   options.bad_lines = BadLinePolicy::kSkip;
   CriteoReadStats stats;
@@ -350,14 +333,13 @@ TEST_F(LoadCriteoFileTest, OverlongLineIsABadLine) {
   EXPECT_EQ(data->num_examples, 2);
   EXPECT_EQ(stats.skipped, 1);
   EXPECT_THAT(stats.first_error,
-              AllOf(StartsWith("/o2.txt:2: "),
-                    HasSubstr("line longer than 65536 bytes")));
+              AllOf(StartsWith("/o2.txt:2: "), HasSubstr("line longer than 65536 bytes")));
 }
 
 TEST_F(LoadCriteoFileTest, LimitKeepsTheFirstRecords) {
   // The bad line after the limit is never read.
-  Write("/l.txt", FullLine("1") + "\n" + FullLine("0") + "\n" + FullLine("1") +
-                      "\n" + FullLine("1") + "\nbad\n");
+  Write("/l.txt", FullLine("1") + "\n" + FullLine("0") + "\n" + FullLine("1") + "\n" +
+                      FullLine("1") + "\nbad\n");
   CriteoReadOptions options;
   options.limit = 3;
   CriteoReadStats stats;
@@ -375,8 +357,7 @@ TEST_F(LoadCriteoFileTest, LimitKeepsTheFirstRecords) {
 TEST_F(LoadCriteoFileTest, GzippedInput) {
   std::string text;
   for (int i = 0; i < 1000; ++i) {
-    absl::StrAppend(&text, i == 500 ? std::string(kKaggleLine) : FullLine(),
-                    "\n");
+    absl::StrAppend(&text, i == 500 ? std::string(kKaggleLine) : FullLine(), "\n");
   }
   Write("/g.txt.gz", Gzip(text));
   Write("/g.txt", text);
@@ -388,8 +369,7 @@ TEST_F(LoadCriteoFileTest, GzippedInput) {
   EXPECT_EQ(gz->labels, plain->labels);
   EXPECT_EQ(gz->dense, plain->dense);
   EXPECT_EQ(gz->keys, plain->keys);
-  EXPECT_EQ(gz->keys[500 * kCriteoCategorical],
-            CriteoFeatureKey(0, 0x68fd1e64));
+  EXPECT_EQ(gz->keys[500 * kCriteoCategorical], CriteoFeatureKey(0, 0x68fd1e64));
   EXPECT_THAT(CountCriteoLines(fs_.get(), "/g.txt.gz"), IsOk());
   EXPECT_EQ(*CountCriteoLines(fs_.get(), "/g.txt.gz"), 1000);
 
@@ -403,16 +383,14 @@ TEST_F(LoadCriteoFileTest, GzippedInput) {
 
 TEST_F(LoadCriteoFileTest, NoValidRecordNamesThePath) {
   Write("/empty.txt", "\n\n");
-  EXPECT_THAT(
-      LoadCriteoFile(fs_.get(), "/empty.txt", {}, nullptr),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/empty.txt")));
+  EXPECT_THAT(LoadCriteoFile(fs_.get(), "/empty.txt", {}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/empty.txt")));
   Write("/allbad.txt", "a\nb\n");
   CriteoReadOptions options;
   options.bad_lines = BadLinePolicy::kSkip;
-  EXPECT_THAT(
-      LoadCriteoFile(fs_.get(), "/allbad.txt", options, nullptr),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(HasSubstr("/allbad.txt"), HasSubstr("no valid record"))));
+  EXPECT_THAT(LoadCriteoFile(fs_.get(), "/allbad.txt", options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("/allbad.txt"), HasSubstr("no valid record"))));
   EXPECT_THAT(LoadCriteoFile(fs_.get(), "/missing.txt", {}, nullptr),
               StatusIs(absl::StatusCode::kNotFound));
 }
@@ -425,8 +403,7 @@ TEST_F(LoadCriteoFileTest, CountCriteoLinesCountsNonEmptyLines) {
   EXPECT_EQ(*n, 3);
   Write("/c0.txt", "");
   EXPECT_EQ(*CountCriteoLines(fs_.get(), "/c0.txt"), 0);
-  EXPECT_THAT(CountCriteoLines(fs_.get(), "/nope.txt"),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(CountCriteoLines(fs_.get(), "/nope.txt"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 // Line i's C1 is i: its key tells which line a record came from.
@@ -499,8 +476,8 @@ TEST_F(LoadCriteoRangeTest, RangesThatTileTheFileReadEveryLineOnce) {
     std::vector<int> all = want;
     all.push_back(57);
     const uint64_t size = file.size();
-    for (uint64_t step : {uint64_t{1}, uint64_t{7}, uint64_t{100}, uint64_t{333},
-                          size / 3, size - 1, size, size + 10}) {
+    for (uint64_t step : {uint64_t{1}, uint64_t{7}, uint64_t{100}, uint64_t{333}, size / 3,
+                          size - 1, size, size + 10}) {
       EXPECT_EQ(ReadTiled("/t.txt", size, step), all)
           << "ranges of " << step << " bytes, final newline: " << !last.empty();
     }
@@ -525,8 +502,8 @@ TEST_F(LoadCriteoRangeTest, ReadsOnlyAboutTheRange) {
 }
 
 TEST_F(LoadCriteoRangeTest, AnOverlongLineIsOneBadLineOfTheRangeItStartsIn) {
-  const std::string text = NumberedLine(0) + "\n" + NumberedLine(1) +
-                           std::string(200000, 'x') + "\n" + NumberedLine(2) + "\n";
+  const std::string text = NumberedLine(0) + "\n" + NumberedLine(1) + std::string(200000, 'x') +
+                           "\n" + NumberedLine(2) + "\n";
   Write("/o.txt", text);
   const uint64_t second = NumberedLine(0).size() + 1;
   CriteoReadOptions skip;
@@ -604,8 +581,7 @@ TEST_F(LoadCriteoRangeTest, ProbeRefusesWhatIsNotCriteoText) {
   EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/one-line.bin", {}, 4096),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("/one-line.bin"), HasSubstr("no line ends"))));
-  EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/nope.txt", {}),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(ProbeCriteoFile(fs_.get(), "/nope.txt", {}), StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

@@ -37,8 +37,7 @@ class FileSystemTest : public ::testing::TestWithParam<FsFactory> {
   void SetUp() override {
     fs_ = GetParam().make();
     if (GetParam().posix) {
-      std::string templ =
-          absl::StrCat(::testing::TempDir(), "strata_fs_test.XXXXXX");
+      std::string templ = absl::StrCat(::testing::TempDir(), "strata_fs_test.XXXXXX");
       ASSERT_NE(mkdtemp(templ.data()), nullptr);
       root_ = templ;
     } else {
@@ -53,9 +52,7 @@ class FileSystemTest : public ::testing::TestWithParam<FsFactory> {
     }
   }
 
-  std::string Path(const std::string& rel) const {
-    return absl::StrCat(root_, "/", rel);
-  }
+  std::string Path(const std::string& rel) const { return absl::StrCat(root_, "/", rel); }
 
   std::unique_ptr<FileSystem> fs_;
   std::string root_;
@@ -99,10 +96,8 @@ TEST_P(FileSystemTest, AtomicWriteReplacesAndLeavesNoTempFile) {
 
 TEST_P(FileSystemTest, ReadMissingIsNotFoundNamingThePath) {
   const std::string path = Path("missing/file");
-  EXPECT_THAT(fs_->ReadFile(path),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
-  EXPECT_THAT(fs_->FileSize(path),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+  EXPECT_THAT(fs_->ReadFile(path), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+  EXPECT_THAT(fs_->FileSize(path), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
   EXPECT_FALSE(fs_->Exists(path));
 }
 
@@ -133,8 +128,7 @@ TEST_P(FileSystemTest, ConcurrentWritersOfDifferentFiles) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([this, t] {
       for (int i = 0; i < 20; ++i) {
-        EXPECT_THAT(fs_->WriteFileAtomic(Path(absl::StrCat("t", t)),
-                                         absl::StrCat(t, ":", i)),
+        EXPECT_THAT(fs_->WriteFileAtomic(Path(absl::StrCat("t", t)), absl::StrCat(t, ":", i)),
                     IsOk());
       }
     });
@@ -201,8 +195,7 @@ TEST_P(FileSystemTest, AppendAfterCloseIsFailedPreconditionAndCloseIsIdempotent)
   ASSERT_THAT(f->Append("a"), IsOk());
   EXPECT_THAT(f->Close(), IsOk());
   EXPECT_THAT(f->Close(), IsOk());
-  EXPECT_THAT(f->Append("b"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(path)));
+  EXPECT_THAT(f->Append("b"), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(path)));
   auto read = fs_->ReadFile(path);
   ASSERT_THAT(read, IsOk());
   EXPECT_EQ(*read, "a");
@@ -233,8 +226,7 @@ TEST_P(FileSystemTest, RenameOfAMissingFileIsNotFoundNamingIt) {
   const std::string from = Path("missing");
   const std::string to = Path("to");
   ASSERT_THAT(fs_->WriteFileAtomic(to, "untouched"), IsOk());
-  EXPECT_THAT(fs_->RenameFile(from, to),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(from)));
+  EXPECT_THAT(fs_->RenameFile(from, to), StatusIs(absl::StatusCode::kNotFound, HasSubstr(from)));
   auto read = fs_->ReadFile(to);
   ASSERT_THAT(read, IsOk());
   EXPECT_EQ(*read, "untouched");
@@ -348,21 +340,19 @@ TEST_P(FileSystemTest, WriteFileAtomicLeavesNoTempFileInTheDirectory) {
   EXPECT_THAT(*names, ElementsAre("x"));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllFileSystems, FileSystemTest,
-    ::testing::Values(FsFactory{"Posix", NewPosixFileSystem, true},
-                      FsFactory{"Memory", NewMemoryFileSystem, false}),
-    [](const ::testing::TestParamInfo<FsFactory>& info) {
-      return info.param.name;
-    });
+INSTANTIATE_TEST_SUITE_P(AllFileSystems, FileSystemTest,
+                         ::testing::Values(FsFactory{"Posix", NewPosixFileSystem, true},
+                                           FsFactory{"Memory", NewMemoryFileSystem, false}),
+                         [](const ::testing::TestParamInfo<FsFactory>& info) {
+                           return info.param.name;
+                         });
 
 // POSIX-only behaviour.
 
 class PosixFileSystemTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string templ =
-        absl::StrCat(::testing::TempDir(), "strata_posix_fs_test.XXXXXX");
+    std::string templ = absl::StrCat(::testing::TempDir(), "strata_posix_fs_test.XXXXXX");
     ASSERT_NE(mkdtemp(templ.data()), nullptr);
     root_ = templ;
   }
@@ -376,10 +366,9 @@ class PosixFileSystemTest : public ::testing::Test {
 
 TEST_F(PosixFileSystemTest, ErrorsCarryTheErrnoText) {
   const std::string path = root_ + "/nope";
-  EXPECT_THAT(
-      fs_->ReadFile(path),
-      StatusIs(absl::StatusCode::kNotFound,
-               HasSubstr("open " + path + ": No such file or directory")));
+  EXPECT_THAT(fs_->ReadFile(path),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("open " + path + ": No such file or directory")));
 }
 
 TEST_F(PosixFileSystemTest, WriteIntoMissingDirectoryFailsNamingTheTempFile) {

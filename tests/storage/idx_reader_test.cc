@@ -25,10 +25,9 @@ using ::testing::HasSubstr;
 constexpr char kFashionDir[] = "/usr/share/datasets/fashion-mnist/";
 
 // IDX bytes: magic 0 0 <type> <ndims>, big-endian dims, then `data`.
-std::string MakeIdx(const std::vector<uint32_t>& dims,
-                    const std::vector<uint8_t>& data, uint8_t type = 0x08) {
-  std::string out = {0, 0, static_cast<char>(type),
-                     static_cast<char>(dims.size())};
+std::string MakeIdx(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data,
+                    uint8_t type = 0x08) {
+  std::string out = {0, 0, static_cast<char>(type), static_cast<char>(dims.size())};
   for (uint32_t d : dims) {
     out.push_back(static_cast<char>(d >> 24));
     out.push_back(static_cast<char>(d >> 16));
@@ -61,13 +60,12 @@ TEST(GunzipTest, ConcatenatedMembers) {
 
 TEST(GunzipTest, TruncatedIsDataLossNamingTheFile) {
   std::string gz = Gzip(std::string(5000, 'q') + "tail");
-  EXPECT_THAT(Gunzip(gz.substr(0, gz.size() - 6), "short.gz"),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("short.gz"), HasSubstr("truncated"))));
+  EXPECT_THAT(
+      Gunzip(gz.substr(0, gz.size() - 6), "short.gz"),
+      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("short.gz"), HasSubstr("truncated"))));
   EXPECT_THAT(Gunzip(gz.substr(0, 5), "short.gz"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("short.gz")));
-  EXPECT_THAT(Gunzip("", "empty.gz"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("empty.gz")));
+  EXPECT_THAT(Gunzip("", "empty.gz"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("empty.gz")));
 }
 
 TEST(GunzipTest, CorruptIsDataLossNamingTheFile) {
@@ -76,20 +74,18 @@ TEST(GunzipTest, CorruptIsDataLossNamingTheFile) {
   std::string gz = Gzip(raw);
   // Flip bits in the middle of the deflate stream.
   for (size_t i = gz.size() / 2; i < gz.size() / 2 + 8; ++i) gz[i] ^= 0x5a;
-  EXPECT_THAT(Gunzip(gz, "bad.gz"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad.gz")));
+  EXPECT_THAT(Gunzip(gz, "bad.gz"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad.gz")));
 
   // A damaged trailer (CRC) is caught as well.
   std::string crc = Gzip(raw);
   crc[crc.size() - 8] ^= 0x01;
-  EXPECT_THAT(Gunzip(crc, "crc.gz"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("crc.gz")));
+  EXPECT_THAT(Gunzip(crc, "crc.gz"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("crc.gz")));
 }
 
 TEST(GunzipTest, TrailingGarbageIsDataLoss) {
-  EXPECT_THAT(Gunzip(Gzip("abc") + "junk", "t.gz"),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("t.gz"), HasSubstr("trailing"))));
+  EXPECT_THAT(
+      Gunzip(Gzip("abc") + "junk", "t.gz"),
+      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("t.gz"), HasSubstr("trailing"))));
 }
 
 TEST(ParseIdxTest, ParsesPlainIdx) {
@@ -126,23 +122,21 @@ TEST(ParseIdxTest, FourDimensionsAndZeroSizedDimension) {
 TEST(ParseIdxTest, BadMagic) {
   std::string bytes = MakeIdx({2}, Iota(2));
   bytes[1] = 1;
-  EXPECT_THAT(ParseIdx(bytes, "m.idx"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("m.idx"), HasSubstr("magic"))));
+  EXPECT_THAT(ParseIdx(bytes, "m.idx"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 AllOf(HasSubstr("m.idx"), HasSubstr("magic"))));
 }
 
 TEST(ParseIdxTest, UnsupportedType) {
-  EXPECT_THAT(ParseIdx(MakeIdx({2}, Iota(2), /*type=*/0x0d), "f.idx"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("f.idx"), HasSubstr("0x0d"))));
+  EXPECT_THAT(
+      ParseIdx(MakeIdx({2}, Iota(2), /*type=*/0x0d), "f.idx"),
+      StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("f.idx"), HasSubstr("0x0d"))));
 }
 
 TEST(ParseIdxTest, BadDimensionCount) {
   EXPECT_THAT(ParseIdx(MakeIdx({}, {}), "z.idx"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("z.idx")));
-  EXPECT_THAT(
-      ParseIdx(MakeIdx({1, 1, 1, 1, 1}, {1}), "five.idx"),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("five.idx")));
+  EXPECT_THAT(ParseIdx(MakeIdx({1, 1, 1, 1, 1}, {1}), "five.idx"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("five.idx")));
 }
 
 TEST(ParseIdxTest, TooShortForHeader) {
@@ -151,35 +145,30 @@ TEST(ParseIdxTest, TooShortForHeader) {
   // Claims 3 dims but holds only one.
   std::string bytes = MakeIdx({5}, {});
   bytes[3] = 3;
-  EXPECT_THAT(ParseIdx(bytes, "hdr"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("hdr")));
+  EXPECT_THAT(ParseIdx(bytes, "hdr"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("hdr")));
 }
 
 TEST(ParseIdxTest, TruncatedDataNamesFileAndBothSizes) {
   EXPECT_THAT(ParseIdx(MakeIdx({4, 5}, Iota(17)), "trunc.idx"),
               StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("trunc.idx"), HasSubstr("20"),
-                             HasSubstr("17"))));
+                       AllOf(HasSubstr("trunc.idx"), HasSubstr("20"), HasSubstr("17"))));
 }
 
 TEST(ParseIdxTest, ExtraDataNamesFileAndBothSizes) {
-  EXPECT_THAT(
-      ParseIdx(MakeIdx({4, 5}, Iota(23)), "long.idx"),
-      StatusIs(absl::StatusCode::kDataLoss,
-               AllOf(HasSubstr("long.idx"), HasSubstr("20"), HasSubstr("23"))));
+  EXPECT_THAT(ParseIdx(MakeIdx({4, 5}, Iota(23)), "long.idx"),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("long.idx"), HasSubstr("20"), HasSubstr("23"))));
 }
 
 TEST(ParseIdxTest, HugeDimensionsDoNotOverflow) {
-  EXPECT_THAT(
-      ParseIdx(MakeIdx({0xffffffff, 0xffffffff, 0xffffffff}, Iota(3)), "huge"),
-      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("huge")));
+  EXPECT_THAT(ParseIdx(MakeIdx({0xffffffff, 0xffffffff, 0xffffffff}, Iota(3)), "huge"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("huge")));
 }
 
 TEST(ParseIdxTest, CorruptGzipIsDataLoss) {
   std::string gz = Gzip(MakeIdx({100}, Iota(100)));
   gz.resize(gz.size() - 10);
-  EXPECT_THAT(ParseIdx(gz, "c.gz"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.gz")));
+  EXPECT_THAT(ParseIdx(gz, "c.gz"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.gz")));
 }
 
 class LoadIdxDatasetTest : public ::testing::Test {
@@ -189,11 +178,8 @@ class LoadIdxDatasetTest : public ::testing::Test {
     std::vector<uint8_t> pixels = {0,   51,  102, 153,  //
                                    204, 255, 0,   0,    //
                                    1,   2,   3,   4};
-    ASSERT_THAT(
-        fs_->WriteFileAtomic("/d/images.gz", Gzip(MakeIdx({3, 2, 2}, pixels))),
-        IsOk());
-    ASSERT_THAT(fs_->WriteFileAtomic("/d/labels", MakeIdx({3}, {7, 0, 9})),
-                IsOk());
+    ASSERT_THAT(fs_->WriteFileAtomic("/d/images.gz", Gzip(MakeIdx({3, 2, 2}, pixels))), IsOk());
+    ASSERT_THAT(fs_->WriteFileAtomic("/d/labels", MakeIdx({3}, {7, 0, 9})), IsOk());
   }
   std::unique_ptr<FileSystem> fs_ = NewMemoryFileSystem();
 };
@@ -227,19 +213,17 @@ TEST_F(LoadIdxDatasetTest, LimitKeepsTheFirstExamples) {
 }
 
 TEST_F(LoadIdxDatasetTest, CountMismatchNamesBothFiles) {
-  ASSERT_THAT(fs_->WriteFileAtomic("/d/labels4", MakeIdx({4}, {1, 2, 3, 4})),
-              IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic("/d/labels4", MakeIdx({4}, {1, 2, 3, 4})), IsOk());
   EXPECT_THAT(LoadIdxDataset(fs_.get(), "/d/images.gz", "/d/labels4"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("/d/images.gz"), HasSubstr("/d/labels4"),
-                             HasSubstr("3"), HasSubstr("4"))));
+                       AllOf(HasSubstr("/d/images.gz"), HasSubstr("/d/labels4"), HasSubstr("3"),
+                             HasSubstr("4"))));
 }
 
 TEST_F(LoadIdxDatasetTest, WrongShapesAreInvalidArgument) {
   // Labels passed as images and the other way round.
-  EXPECT_THAT(
-      LoadIdxDataset(fs_.get(), "/d/labels", "/d/images.gz"),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/d/labels")));
+  EXPECT_THAT(LoadIdxDataset(fs_.get(), "/d/labels", "/d/images.gz"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/d/labels")));
 }
 
 TEST_F(LoadIdxDatasetTest, MissingFileIsNotFound) {
@@ -250,17 +234,14 @@ TEST_F(LoadIdxDatasetTest, MissingFileIsNotFound) {
 TEST(ReadIdxFileTest, ErrorsNameThePath) {
   auto fs = NewMemoryFileSystem();
   ASSERT_THAT(fs->WriteFileAtomic("/x/bad.idx", "\x01\x02\x08\x01"), IsOk());
-  EXPECT_THAT(
-      ReadIdxFile(fs.get(), "/x/bad.idx"),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/x/bad.idx")));
+  EXPECT_THAT(ReadIdxFile(fs.get(), "/x/bad.idx"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/x/bad.idx")));
 }
 
 TEST(FashionMnistTest, LoadsTheRealTestSet) {
   auto fs = NewPosixFileSystem();
-  const std::string images =
-      std::string(kFashionDir) + "t10k-images-idx3-ubyte.gz";
-  const std::string labels =
-      std::string(kFashionDir) + "t10k-labels-idx1-ubyte.gz";
+  const std::string images = std::string(kFashionDir) + "t10k-images-idx3-ubyte.gz";
+  const std::string labels = std::string(kFashionDir) + "t10k-labels-idx1-ubyte.gz";
   if (!fs->Exists(labels) || !fs->Exists(images)) {
     GTEST_SKIP() << "Fashion-MNIST test set not installed at " << kFashionDir;
   }
@@ -278,8 +259,7 @@ TEST(FashionMnistTest, LoadsTheRealTestSet) {
   }
   // The test set is balanced: 1000 of each class.
   for (int c = 0; c < 10; ++c) EXPECT_EQ(per_class[c], 1000) << "class " << c;
-  auto [min_it, max_it] =
-      std::minmax_element(ds->features.begin(), ds->features.end());
+  auto [min_it, max_it] = std::minmax_element(ds->features.begin(), ds->features.end());
   EXPECT_EQ(*min_it, 0.0f);
   EXPECT_EQ(*max_it, 1.0f);
 
@@ -287,8 +267,7 @@ TEST(FashionMnistTest, LoadsTheRealTestSet) {
   ASSERT_THAT(limited, IsOk());
   EXPECT_EQ(limited->num_examples, 100);
   EXPECT_EQ(limited->features.size(), 100u * 784u);
-  EXPECT_TRUE(std::equal(limited->labels.begin(), limited->labels.end(),
-                         ds->labels.begin()));
+  EXPECT_TRUE(std::equal(limited->labels.begin(), limited->labels.end(), ds->labels.begin()));
 }
 
 }  // namespace

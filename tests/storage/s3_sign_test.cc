@@ -8,9 +8,8 @@
 
 #include <fstream>
 
-#include "storage/s3_client.h"
-
 #include "gtest/gtest.h"
+#include "storage/s3_client.h"
 
 namespace strata::storage {
 namespace {
@@ -53,7 +52,8 @@ TEST(S3SignTest, TestSuiteGetVanilla) {
                             "us-east-1", "service", "20150830T123600Z");
   EXPECT_EQ(s.canonical_request,
             "GET\n/\n\nhost:example.amazonaws.com\nx-amz-date:20150830T123600Z\n\n"
-            "host;x-amz-date\n" + std::string(kEmptySha));
+            "host;x-amz-date\n" +
+                std::string(kEmptySha));
   EXPECT_EQ(s.signature, "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
   EXPECT_EQ(s.authorization,
             "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request,"
@@ -193,7 +193,8 @@ TEST_F(S3CredentialsTest, EnvironmentWhenNoFile) {
 }
 
 TEST_F(S3CredentialsTest, SystemdCredentialBeforeTheEnvironment) {
-  const std::string path = Write("[default]\naws_access_key_id = SYS\naws_secret_access_key = SYSK\n");
+  const std::string path =
+      Write("[default]\naws_access_key_id = SYS\naws_secret_access_key = SYSK\n");
   // The credentials directory holds the file as "s3".
   const std::string dir = path + ".d";
   ::mkdir(dir.c_str(), 0700);  // (there already when the test ran before)

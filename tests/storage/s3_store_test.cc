@@ -104,8 +104,7 @@ TEST_F(S3StoreTest, PutGetHeadDeleteRoundTrip) {
   ASSERT_THAT(client_->DeleteObject(bucket_, "a/b c+d.bin"), IsOk());
   auto gone = client_->GetObject(bucket_, "a/b c+d.bin");
   EXPECT_THAT(gone.status(), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_TRUE(absl::StrContains(gone.status().message(), Url("a/b c+d.bin")))
-      << gone.status();
+  EXPECT_TRUE(absl::StrContains(gone.status().message(), Url("a/b c+d.bin"))) << gone.status();
   EXPECT_TRUE(absl::StrContains(gone.status().message(), "NoSuchKey")) << gone.status();
   // Deleting what is not there is fine (retention may race a crash).
   EXPECT_THAT(client_->DeleteObject(bucket_, "a/b c+d.bin"), IsOk());
@@ -426,7 +425,8 @@ TEST_F(S3StoreTest, CheckpointsLiveInTheBucketAndACorruptPartIsCaught) {
   auto bytes = client_->GetObject(bucket_, "job/ckpt/" + m->partitions(0).files(0).path());
   ASSERT_THAT(bytes.status(), IsOk());
   (*bytes)[bytes->size() / 2] ^= 0x40;
-  ASSERT_THAT(client_->PutObject(bucket_, "job/ckpt/" + m->partitions(0).files(0).path(), *bytes), IsOk());
+  ASSERT_THAT(client_->PutObject(bucket_, "job/ckpt/" + m->partitions(0).files(0).path(), *bytes),
+              IsOk());
   auto bad = ReadBlockFile(fs.get(), part, &m->partitions(0).files(0));
   EXPECT_THAT(bad.status(), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_TRUE(absl::StrContains(bad.status().message(), part)) << bad.status();

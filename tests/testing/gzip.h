@@ -16,9 +16,9 @@ namespace strata::testing {
 inline std::string Gzip(const std::string& raw) {
   z_stream zs;
   std::memset(&zs, 0, sizeof(zs));
-  EXPECT_EQ(deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8,
-                         Z_DEFAULT_STRATEGY),
-            Z_OK);
+  EXPECT_EQ(
+      deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY),
+      Z_OK);
   std::string out(deflateBound(&zs, raw.size()) + 64, '\0');
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
   zs.avail_in = static_cast<uInt>(raw.size());

@@ -45,8 +45,7 @@ absl::StatusOr<worker::TaskSource::Lease> FixedTaskSource::Next() {
   return lease;
 }
 
-absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(
-    InProcClusterOptions options) {
+absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(InProcClusterOptions options) {
   std::unique_ptr<InProcCluster> c(new InProcCluster());
   if (options.fs == nullptr) c->own_fs_ = storage::NewPosixFileSystem();
   c->fs_ = options.fs != nullptr ? options.fs : c->own_fs_.get();

@@ -37,7 +37,7 @@ struct InProcClusterOptions {
   std::string tls_dir;
   std::string token_file;
   std::string audit_log;  // the master's, "" = none
-  std::string resume;  // MasterOptions::resume
+  std::string resume;     // MasterOptions::resume
 };
 
 // Not thread-safe; owned by one test.

@@ -32,8 +32,7 @@ MATCHER_P2(StatusIs, code, message_matcher, "") {
   const absl::Status& s = ::strata::testing::GetStatus(arg);
   *result_listener << "status is " << s.ToString();
   return s.code() == code &&
-         ::testing::ExplainMatchResult(message_matcher, std::string(s.message()),
-                                       result_listener);
+         ::testing::ExplainMatchResult(message_matcher, std::string(s.message()), result_listener);
 }
 
 #define STRATA_ASSERT_OK(expr) ASSERT_THAT((expr), ::strata::testing::IsOk())

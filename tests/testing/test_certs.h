@@ -26,13 +26,12 @@ inline absl::Status MakeTestCerts(const std::string& dir) {
   const std::string q = "'" + dir + "'";
   std::string script = absl::StrCat(
       "set -e; rm -rf ", q, "; mkdir -p ", q, "; cd ", q, "; ",
-      "echo '127.0.0.1 master pserver worker' > hosts; ",
-      gen, " cluster --hosts hosts --out . ; ",
-      gen, " user --out . --name alice --role operator; ",
-      gen, " user --out . --name bob --role viewer; ",
-      gen, " user --out . --name old --role admin --days 0; ",
-      gen, " token --out . --name carol --role operator; ",
-      gen, " user --out foreign --name mallory --role admin; ",
+      "echo '127.0.0.1 master pserver worker' > hosts; ", gen, " cluster --hosts hosts --out . ; ",
+      gen, " user --out . --name alice --role operator; ", gen,
+      " user --out . --name bob --role viewer; ", gen,
+      " user --out . --name old --role admin --days 0; ", gen,
+      " token --out . --name carol --role operator; ", gen,
+      " user --out foreign --name mallory --role admin; ",
       "mkdir -p mallory; cp ca/ca.crt mallory/; ",
       "cp foreign/users/mallory/client.crt foreign/users/mallory/client.key mallory/; ",
       "sleep 1");  // (the expired certificate's end is now: let it pass)

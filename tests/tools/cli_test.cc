@@ -7,26 +7,26 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <memory>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "gmock/gmock.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "storage/audit_log.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
-#include "gtest/gtest.h"
 
 namespace strata::tools {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::Not;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // Writes `text` to a file in the test's temp dir and returns its path.
@@ -92,8 +92,7 @@ TEST(CliTest, PlanListsEveryDaemonWithItsPorts) {
 
 TEST(CliTest, PlanAcceptsKeyEqualsValueFlags) {
   const std::string cfg = WriteTemp("plan_eq.yaml", kConfig);
-  const std::string hosts =
-      WriteTemp("plan_eq.hosts", "localhost master pserver worker\n");
+  const std::string hosts = WriteTemp("plan_eq.hosts", "localhost master pserver worker\n");
   const Result r = RunStrata({"plan", "--config=" + cfg, "--hosts=" + hosts});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out,
@@ -121,7 +120,8 @@ TEST(CliTest, ValidateReportsConfigAndHostFile) {
                        "model against data: not checked (model.layers[0] = 4 features; not on "
                        "this host: /d/train-images.gz, /d/train-labels.gz, /d/test-images.gz, "
                        "/d/test-labels.gz)\n" +
-                       hosts + ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n"
+                       hosts +
+                       ": ok (2 host(s), 3 pserver(s), 3 worker(s))\n"
                        "ports: ok (14 ports on 2 host(s), no two daemons share one)\n");
   EXPECT_THAT(r.err, IsEmpty());
 }
@@ -151,10 +151,9 @@ std::string ConfigOver(const IdxFiles& d, const std::string& layers) {
 // Found by a review: a first layer that does not fit the images was only
 // caught when the workers started.
 TEST(CliTest, ValidateChecksTheModelAgainstTheData) {
-  const IdxFiles d = {WriteTemp("train-images", IdxImages2x2(6)),
-                      WriteTemp("train-labels", IdxLabels(6)),
-                      WriteTemp("test-images", IdxImages2x2(3)),
-                      WriteTemp("test-labels", IdxLabels(3))};
+  const IdxFiles d = {
+      WriteTemp("train-images", IdxImages2x2(6)), WriteTemp("train-labels", IdxLabels(6)),
+      WriteTemp("test-images", IdxImages2x2(3)), WriteTemp("test-labels", IdxLabels(3))};
   Result r = RunStrata({"validate", "--config", WriteTemp("fits.yaml", ConfigOver(d, "[4, 2]"))});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("model against data: ok (model.layers[0] = 4 features)"));
@@ -186,8 +185,7 @@ TEST(CliTest, ValidateBadConfigExitsTwoNamingFileAndLine) {
                                     "  learning_rate: -1\n");  // line 7
   const Result r = RunStrata({"validate", "--config", cfg});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, AllOf(StartsWith(cfg + ":7:"),
-                           HasSubstr("optimizer.learning_rate"),
+  EXPECT_THAT(r.err, AllOf(StartsWith(cfg + ":7:"), HasSubstr("optimizer.learning_rate"),
                            HasSubstr("must be > 0")));
   EXPECT_THAT(r.out, IsEmpty());
 }
@@ -203,8 +201,7 @@ TEST(CliTest, ValidateBadHostFileExitsTwoNamingFileAndLine) {
 }
 
 TEST(CliTest, ValidateMissingConfigExitsTwoNamingThePath) {
-  const std::string missing =
-      ::testing::TempDir() + "/cli_test_does_not_exist.yaml";
+  const std::string missing = ::testing::TempDir() + "/cli_test_does_not_exist.yaml";
   const Result r = RunStrata({"validate", "--config", missing});
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr(missing));
@@ -223,8 +220,8 @@ TEST(CliTest, DoctorReportsThisHostsRdmaReadiness) {
     EXPECT_THAT(r.err, HasSubstr("no RDMA support"));
     return;
   }
-  EXPECT_THAT(r.out, AllOf(HasSubstr("RDMA devices:"), HasSubstr("FAIL"),
-                           HasSubstr("RDMA: NOT ready")));
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("RDMA devices:"), HasSubstr("FAIL"), HasSubstr("RDMA: NOT ready")));
 }
 
 TEST(CliTest, DoctorWithABadConfigExitsTwoNamingIt) {
@@ -236,8 +233,7 @@ TEST(CliTest, DoctorWithABadConfigExitsTwoNamingIt) {
 TEST(CliTest, UnknownCommandExitsTwoWithUsage) {
   const Result r = RunStrata({"frobnicate"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, AllOf(HasSubstr("unknown command 'frobnicate'"),
-                           HasSubstr("usage: strata")));
+  EXPECT_THAT(r.err, AllOf(HasSubstr("unknown command 'frobnicate'"), HasSubstr("usage: strata")));
   EXPECT_THAT(r.out, IsEmpty());
 }
 
@@ -281,14 +277,16 @@ TEST(CliTest, EveryCommandHasJson) {
   const std::string hosts = WriteTemp("json.hosts", kHosts);
   Result r = RunStrata({"plan", "--config", cfg, "--hosts", hosts, "--json"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, AllOf(StartsWith("[{\"role\": \"master\", \"index\": 0, \"host\": \"127.0.0.1\", "
-                                      "\"port\": 9000, \"data_port\": -1, \"http_port\": 9001}"),
-                           HasSubstr("{\"role\": \"worker\", \"index\": 2, \"host\": \"node-a\"")));
+  EXPECT_THAT(r.out,
+              AllOf(StartsWith("[{\"role\": \"master\", \"index\": 0, \"host\": \"127.0.0.1\", "
+                               "\"port\": 9000, \"data_port\": -1, \"http_port\": 9001}"),
+                    HasSubstr("{\"role\": \"worker\", \"index\": 2, \"host\": \"node-a\"")));
   r = RunStrata({"prometheus-config", "--config", cfg, "--hosts", hosts, "--json"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("\"scrape_interval\": \"5s\""),
-                           HasSubstr("{\"targets\": [\"node-a:9302\"], \"labels\": {\"strata_job\": "
-                                     "\"cli-test\", \"role\": \"pserver\", \"index\": \"2\"}}")));
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("\"scrape_interval\": \"5s\""),
+                    HasSubstr("{\"targets\": [\"node-a:9302\"], \"labels\": {\"strata_job\": "
+                              "\"cli-test\", \"role\": \"pserver\", \"index\": \"2\"}}")));
   // The config is mtls (the default): the daemons serve HTTPS to people's
   // roles, and Prometheus scrapes with a viewer's certificate.
   EXPECT_THAT(r.out, HasSubstr("\"scheme\": \"https\", \"tls_config\": {\"ca_file\": "
@@ -296,16 +294,18 @@ TEST(CliTest, EveryCommandHasJson) {
                                "\"/etc/prometheus/strata-tls/client.crt\""));
   r = RunStrata({"prometheus-config", "--config", cfg, "--hosts", hosts, "--tls-dir", "/p"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("    scheme: https"), HasSubstr("      key_file: /p/client.key")));
-  const std::string plain = WriteTemp("plain.yaml", std::string(kConfig) + "security:\n  mode: plaintext\n");
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("    scheme: https"), HasSubstr("      key_file: /p/client.key")));
+  const std::string plain =
+      WriteTemp("plain.yaml", std::string(kConfig) + "security:\n  mode: plaintext\n");
   r = RunStrata({"prometheus-config", "--config", plain, "--hosts", hosts});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, Not(HasSubstr("https")));
   r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--offline", "--json"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, AllOf(StartsWith("{\"config\": {\"file\": \"" + cfg + "\", \"ok\": true"),
-                           HasSubstr("\"pservers\": 3, \"workers\": 3}"),
-                           HasSubstr("\"checks\": []}")));
+  EXPECT_THAT(r.out,
+              AllOf(StartsWith("{\"config\": {\"file\": \"" + cfg + "\", \"ok\": true"),
+                    HasSubstr("\"pservers\": 3, \"workers\": 3}"), HasSubstr("\"checks\": []}")));
 }
 
 // A port of this host, held by a listening socket until the test ends.
@@ -337,7 +337,7 @@ std::string ConfigWithFreePorts(std::vector<int>* ports, int master_port = 0) {
     ports->push_back(i == 0 && master_port > 0 ? master_port : held.back()->port);
   }
   std::string c = kConfig;
-  const char* keys[] = {"master: 9000", "master_http: 9001", "pserver: 9100",
+  const char* keys[] = {"master: 9000",       "master_http: 9001",  "pserver: 9100",
                         "pserver_data: 9200", "pserver_http: 9300", "worker_http: 9400"};
   for (int i = 0; i < 6; ++i) {
     const std::string k = keys[i];
@@ -369,8 +369,8 @@ TEST(CliTest, ValidateFindsAPortInUseOnALocalHost) {
   EXPECT_EQ(r.code, 1);
   const std::string http = std::to_string(ports[1]);
   EXPECT_THAT(r.out, AllOf(HasSubstr("127.0.0.1: FAILED"),
-                           HasSubstr("FAIL  port " + std::to_string(held.port) + ": 127.0.0.1:" +
-                                     std::to_string(held.port) + " is in use"),
+                           HasSubstr("FAIL  port " + std::to_string(held.port) +
+                                     ": 127.0.0.1:" + std::to_string(held.port) + " is in use"),
                            HasSubstr("ok    port " + http + ": 127.0.0.1:" + http + " is free")));
   EXPECT_THAT(r.err, HasSubstr("1 of 1 host(s) failed their checks"));
 }
@@ -380,9 +380,10 @@ TEST(CliTest, ValidateFindsAPortInUseOnALocalHost) {
 std::string FakeSsh(const std::string& name, bool reachable) {
   const std::string log = ::testing::TempDir() + "/cli_test_" + name + ".log";
   const std::string path = WriteTemp(
-      name, reachable ? "#!/bin/bash\necho \"$1\" >> " + log + "\nshift\nexec bash -c \"$*\"\n"
-                      : "#!/bin/bash\necho \"ssh: connect to host $1 port 22: Connection refused\" >&2\n"
-                        "exit 255\n");
+      name, reachable
+                ? "#!/bin/bash\necho \"$1\" >> " + log + "\nshift\nexec bash -c \"$*\"\n"
+                : "#!/bin/bash\necho \"ssh: connect to host $1 port 22: Connection refused\" >&2\n"
+                  "exit 255\n");
   chmod(path.c_str(), 0755);
   std::remove(log.c_str());
   return path;
@@ -401,8 +402,9 @@ TEST(CliTest, ValidateChecksRemoteHostsThroughTheRemoteCommand) {
   Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--remote-all",
                         "--remote-cmd", ssh, "--strata-path", strata});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("127.0.0.1: ok\n  ok    reach: through `" + ssh + "`"),
-                           HasSubstr("ok    port " + master + ": 127.0.0.1:" + master + " is free")));
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("127.0.0.1: ok\n  ok    reach: through `" + ssh + "`"),
+                    HasSubstr("ok    port " + master + ": 127.0.0.1:" + master + " is free")));
   std::ifstream log(::testing::TempDir() + "/cli_test_fake-ssh.log");
   std::string line;
   EXPECT_TRUE(std::getline(log, line) && line == "127.0.0.1") << line;
@@ -411,9 +413,10 @@ TEST(CliTest, ValidateChecksRemoteHostsThroughTheRemoteCommand) {
   r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--remote-all", "--remote-cmd",
                  down, "--json"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.out, AllOf(HasSubstr("{\"host\": \"127.0.0.1\", \"ok\": false"),
-                           HasSubstr("FAIL  reach: cannot reach 127.0.0.1 through `" + down +
-                                     "`: ssh: connect to host 127.0.0.1 port 22: Connection refused")));
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("{\"host\": \"127.0.0.1\", \"ok\": false"),
+                    HasSubstr("FAIL  reach: cannot reach 127.0.0.1 through `" + down +
+                              "`: ssh: connect to host 127.0.0.1 port 22: Connection refused")));
 }
 
 // STRATA_REMOTE_CMD is read through the getenv RunCli is handed (found by a
@@ -424,11 +427,11 @@ TEST(CliTest, ValidateTakesTheRemoteCommandFromTheEnvironmentItIsGiven) {
   const std::string cfg = WriteTemp("env.yaml", ConfigWithFreePorts(&ports));
   const std::string hosts = WriteTemp("env.hosts", "127.0.0.1 master pserver worker\n");
   std::ostringstream out, err;
-  const int code = RunCli({"validate", "--config", cfg, "--hosts", hosts, "--remote-all"}, out,
-                          err, [&down](const char* name) -> const char* {
-                            return std::string(name) == "STRATA_REMOTE_CMD" ? down.c_str()
-                                                                            : nullptr;
-                          });
+  const int code =
+      RunCli({"validate", "--config", cfg, "--hosts", hosts, "--remote-all"}, out, err,
+             [&down](const char* name) -> const char* {
+               return std::string(name) == "STRATA_REMOTE_CMD" ? down.c_str() : nullptr;
+             });
   EXPECT_EQ(code, 1) << out.str() << err.str();
   EXPECT_THAT(out.str(), HasSubstr("FAIL  reach: cannot reach 127.0.0.1 through `" + down + "`"));
 }
@@ -446,8 +449,9 @@ TEST(CliTest, ValidateRunsTheRdmaPreflightOfEachHostForTheRdmaTransport) {
   EXPECT_THAT(r.out, HasSubstr("ok    port " + std::to_string(ports[0]) + ":"));
   if (r.code != 0) EXPECT_THAT(r.err, HasSubstr("1 of 1 host(s) failed their checks"));
   // The tcp transport: no RDMA findings.
-  const Result tcp = RunStrata({"validate", "--config", WriteTemp("tcp.yaml", ConfigWithFreePorts(&ports)),
-                                "--hosts", hosts});
+  const Result tcp =
+      RunStrata({"validate", "--config", WriteTemp("tcp.yaml", ConfigWithFreePorts(&ports)),
+                 "--hosts", hosts});
   EXPECT_THAT(tcp.out, Not(HasSubstr("devices:")));
 }
 
@@ -458,7 +462,10 @@ TEST(CliTest, AuditVerifyChecksTheChainAndNamesTheBrokenLine) {
     auto log = storage::AuditLog::Open(path);
     ASSERT_TRUE(log.ok()) << log.status();
     for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE((*log)->Append({"admin:admin", "ipv4:127.0.0.1:1", "stop", "job", "ok", ""}, absl::Now()).ok());
+      ASSERT_TRUE(
+          (*log)
+              ->Append({"admin:admin", "ipv4:127.0.0.1:1", "stop", "job", "ok", ""}, absl::Now())
+              .ok());
     }
   }
   Result r = RunStrata({"audit", "verify", "--file", path});
@@ -495,22 +502,18 @@ TEST(CliTest, StatusOfUnreachableMasterExitsOneNamingTheAddress) {
   // Nothing listens on port 1 of the loopback: the connection is refused.
   const Result r = RunStrata({"status", "--master", "127.0.0.1:1"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err,
-              AllOf(StartsWith("strata status: "), HasSubstr("127.0.0.1:1")));
+  EXPECT_THAT(r.err, AllOf(StartsWith("strata status: "), HasSubstr("127.0.0.1:1")));
   EXPECT_THAT(r.out, IsEmpty());
 }
 
 TEST(CliTest, WaitOnUnreachableMasterTimesOutWithTheLastError) {
-  const Result r =
-      RunStrata({"wait", "--master", "127.0.0.1:1", "--timeout", "0.3"});
+  const Result r = RunStrata({"wait", "--master", "127.0.0.1:1", "--timeout", "0.3"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, AllOf(HasSubstr("timed out after 0.3 s"),
-                           HasSubstr("127.0.0.1:1")));
+  EXPECT_THAT(r.err, AllOf(HasSubstr("timed out after 0.3 s"), HasSubstr("127.0.0.1:1")));
 }
 
 TEST(CliTest, WaitRejectsNonNumericTimeout) {
-  const Result r =
-      RunStrata({"wait", "--master", "127.0.0.1:1", "--timeout", "soon"});
+  const Result r = RunStrata({"wait", "--master", "127.0.0.1:1", "--timeout", "soon"});
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--timeout must be a number"));
 }
@@ -534,7 +537,8 @@ std::string MakeCheckpointRoot(const std::string& name) {
   EXPECT_TRUE((*w)->Add(storage::BlockType::kHeader, h.SerializeAsString()).ok());
   const float values[2] = {1.5f, -2.f};
   EXPECT_TRUE((*w)->Add(storage::BlockType::kDenseValues,
-                        std::string(reinterpret_cast<const char*>(values), 8)).ok());
+                        std::string(reinterpret_cast<const char*>(values), 8))
+                  .ok());
   auto info = (*w)->Finish();
   EXPECT_TRUE(info.ok());
   proto::CheckpointManifest m;
@@ -596,8 +600,8 @@ TEST(CliTest, CheckpointVerifyChecksEveryBlockAndNamesABadFile) {
 TEST(CliTest, CheckpointExportWritesA16BitCopyThatVerifies) {
   const std::string root = MakeCheckpointRoot("export");
   const std::string out_dir = ::testing::TempDir() + "/cli_test_export_out/fp16";
-  Result r = RunStrata({"checkpoint", "export", "--dir", root + "/ckpt-00000001", "--out",
-                        out_dir, "--precision", "fp16"});
+  Result r = RunStrata({"checkpoint", "export", "--dir", root + "/ckpt-00000001", "--out", out_dir,
+                        "--precision", "fp16"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("fp16 export of"));
   r = RunStrata({"checkpoint", "verify", "--dir", out_dir});

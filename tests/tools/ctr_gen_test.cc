@@ -60,8 +60,7 @@ double JsonNumber(const std::string& json, const std::string& key) {
 
 std::vector<float> ReadProbs(storage::FileSystem* fs, const std::string& path) {
   std::vector<float> probs;
-  for (absl::string_view line :
-       absl::StrSplit(Read(fs, path), '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(Read(fs, path), '\n', absl::SkipEmpty())) {
     probs.push_back(std::strtof(std::string(line).c_str(), nullptr));
   }
   return probs;
@@ -97,8 +96,7 @@ TEST_F(CtrGenTest, FilesLoadWithoutBadLines) {
   EXPECT_EQ(test->num_examples, kTestRows);
   EXPECT_EQ(stats.skipped, 0);
   EXPECT_EQ(*storage::CountCriteoLines(fs_, "/data/train.txt"), kTrainRows);
-  EXPECT_EQ(ReadProbs(fs_, "/data/test.probs").size(),
-            static_cast<size_t>(kTestRows));
+  EXPECT_EQ(ReadProbs(fs_, "/data/test.probs").size(), static_cast<size_t>(kTestRows));
   EXPECT_FALSE(summary_->already_existed);
   EXPECT_EQ(summary_->train_rows, kTrainRows);
   EXPECT_EQ(summary_->test_rows, kTestRows);
@@ -109,8 +107,7 @@ TEST_F(CtrGenTest, LinesAreCriteoTextWithEightDigitLowercaseHex) {
   ASSERT_FALSE(train.empty());
   EXPECT_EQ(train.back(), '\n');
   EXPECT_EQ(train.find('\r'), std::string::npos);
-  const std::vector<std::string> lines =
-      absl::StrSplit(train, '\n', absl::SkipEmpty());
+  const std::vector<std::string> lines = absl::StrSplit(train, '\n', absl::SkipEmpty());
   int64_t missing = 0;
   for (size_t i = 0; i < 100; ++i) {
     const std::vector<std::string> f = absl::StrSplit(lines[i], '\t');
@@ -130,8 +127,7 @@ TEST_F(CtrGenTest, LinesAreCriteoTextWithEightDigitLowercaseHex) {
         continue;
       }
       EXPECT_EQ(f[c].size(), 8u) << f[c];
-      EXPECT_EQ(f[c].find_first_not_of("0123456789abcdef"), std::string::npos)
-          << f[c];
+      EXPECT_EQ(f[c].find_first_not_of("0123456789abcdef"), std::string::npos) << f[c];
     }
   }
   // 5% of 1300 integers and 2% of 2600 values are missing: about 117.
@@ -147,8 +143,7 @@ TEST_F(CtrGenTest, PlantedJsonMatchesRecomputedMetrics) {
   ASSERT_EQ(probs.size(), test->labels.size());
   const double auc = Auc(probs, test->labels);
   EXPECT_NEAR(JsonNumber(json, "planted_test_auc"), auc, 1e-8);
-  EXPECT_NEAR(JsonNumber(json, "planted_test_logloss"),
-              LogLoss(probs, test->labels), 1e-8);
+  EXPECT_NEAR(JsonNumber(json, "planted_test_logloss"), LogLoss(probs, test->labels), 1e-8);
   EXPECT_NEAR(summary_->planted_test_auc, auc, 1e-12);
   // The planted model predicts far better than chance.
   EXPECT_GT(auc, 0.65);
@@ -231,14 +226,12 @@ TEST_F(CtrGenTest, ValuesFollowAPowerLaw) {
 
 TEST(CtrGenDeterminismTest, SameSeedSameBytesOtherSeedOtherBytes) {
   auto fs = storage::NewMemoryFileSystem();
-  CtrGenOptions a = SmallOptions("/a"), b = SmallOptions("/b"),
-                c = SmallOptions("/c", /*seed=*/2);
+  CtrGenOptions a = SmallOptions("/a"), b = SmallOptions("/b"), c = SmallOptions("/c", /*seed=*/2);
   a.train_rows = b.train_rows = c.train_rows = 500;
   ASSERT_THAT(GenerateCtrData(a, fs.get()), IsOk());
   ASSERT_THAT(GenerateCtrData(b, fs.get()), IsOk());
   ASSERT_THAT(GenerateCtrData(c, fs.get()), IsOk());
-  for (const char* name :
-       {"train.txt", "test.txt", "test.probs", "planted.json"}) {
+  for (const char* name : {"train.txt", "test.txt", "test.probs", "planted.json"}) {
     const std::string in_a = Read(fs.get(), absl::StrCat("/a/", name));
     EXPECT_FALSE(in_a.empty()) << name;
     EXPECT_EQ(in_a, Read(fs.get(), absl::StrCat("/b/", name))) << name;
@@ -327,9 +320,8 @@ TEST(PlantedCtrModelTest, WeightsDependOnSeedFieldAndRank) {
   auto b = PlantedCtrModel::Create(SmallOptions("/x", 2));
   ASSERT_THAT(a, IsOk());
   ASSERT_THAT(b, IsOk());
-  EXPECT_EQ(
-      a->CategoricalWeight(3, 7),
-      PlantedCtrModel::Create(SmallOptions("/y", 1))->CategoricalWeight(3, 7));
+  EXPECT_EQ(a->CategoricalWeight(3, 7),
+            PlantedCtrModel::Create(SmallOptions("/y", 1))->CategoricalWeight(3, 7));
   EXPECT_NE(a->CategoricalWeight(3, 7), b->CategoricalWeight(3, 7));
   EXPECT_NE(a->CategoricalWeight(3, 7), a->CategoricalWeight(4, 7));
   EXPECT_NE(a->CategoricalWeight(3, 7), a->CategoricalWeight(3, 8));
@@ -348,40 +340,34 @@ TEST(PlantedCtrModelTest, WeightsDependOnSeedFieldAndRank) {
 TEST(CtrGenOptionsTest, RejectsBadOptions) {
   auto fs = storage::NewMemoryFileSystem();
   CtrGenOptions o = SmallOptions("");
-  EXPECT_THAT(
-      GenerateCtrData(o, fs.get()),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out_dir")));
+  EXPECT_THAT(GenerateCtrData(o, fs.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out_dir")));
   o = SmallOptions("/o");
   o.vocab_sizes.pop_back();
-  EXPECT_THAT(
-      GenerateCtrData(o, fs.get()),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vocab_sizes")));
+  EXPECT_THAT(GenerateCtrData(o, fs.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vocab_sizes")));
   o = SmallOptions("/o");
   o.vocab_sizes[3] = 0;
   EXPECT_THAT(PlantedCtrModel::Create(o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("vocab_sizes[3] (C4)")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vocab_sizes[3] (C4)")));
   o = SmallOptions("/o");
   o.zipf_s = 0;
   EXPECT_THAT(ValidateCtrGenOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zipf")));
   o = SmallOptions("/o");
   o.test_rows = 0;
-  EXPECT_THAT(
-      ValidateCtrGenOptions(o),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("test_rows")));
+  EXPECT_THAT(ValidateCtrGenOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("test_rows")));
   o = SmallOptions("/o");
   o.dense_missing_rate = NAN;
   EXPECT_THAT(ValidateCtrGenOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("dense_missing_rate")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dense_missing_rate")));
   EXPECT_FALSE(fs->Exists("/o"));
 }
 
 TEST(ParseCtrGenFlagsTest, ParsesFlags) {
-  auto o =
-      ParseCtrGenFlags({"--out_dir", "/tmp/x", "--train_rows=10", "--test_rows",
-                        "5", "--seed", "7", "--zipf", "1.3", "--if_missing"});
+  auto o = ParseCtrGenFlags({"--out_dir", "/tmp/x", "--train_rows=10", "--test_rows", "5", "--seed",
+                             "7", "--zipf", "1.3", "--if_missing"});
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->out_dir, "/tmp/x");
   EXPECT_EQ(o->train_rows, 10);
@@ -389,8 +375,7 @@ TEST(ParseCtrGenFlagsTest, ParsesFlags) {
   EXPECT_EQ(o->seed, 7u);
   EXPECT_DOUBLE_EQ(o->zipf_s, 1.3);
   EXPECT_TRUE(o->if_missing);
-  EXPECT_FALSE(
-      ParseCtrGenFlags({"--out_dir=/x", "--if_missing=false"})->if_missing);
+  EXPECT_FALSE(ParseCtrGenFlags({"--out_dir=/x", "--if_missing=false"})->if_missing);
   auto defaults = ParseCtrGenFlags({"--out_dir=/x"});
   ASSERT_THAT(defaults, IsOk());
   EXPECT_EQ(defaults->train_rows, 200000);
@@ -403,8 +388,7 @@ TEST(ParseCtrGenFlagsTest, BadFlagsAreNamed) {
     const char* message;
   } cases[] = {
       {{}, "--out_dir"},
-      {{"--out_dir=/x", "--train_rows", "ten"},
-       "--train_rows: bad value 'ten'"},
+      {{"--out_dir=/x", "--train_rows", "ten"}, "--train_rows: bad value 'ten'"},
       {{"--out_dir=/x", "--seed=-1"}, "--seed: bad value '-1'"},
       {{"--out_dir=/x", "--zipf"}, "--zipf needs a value"},
       {{"--out_dir=/x", "--zipf", "--seed=1"}, "--zipf needs a value"},
@@ -415,9 +399,8 @@ TEST(ParseCtrGenFlagsTest, BadFlagsAreNamed) {
       {{"--out_dir=/x", "--if_missing=maybe"}, "--if_missing: bad value"},
   };
   for (const auto& c : cases) {
-    EXPECT_THAT(
-        ParseCtrGenFlags(c.args),
-        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+    EXPECT_THAT(ParseCtrGenFlags(c.args),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
         << c.message;
   }
 }

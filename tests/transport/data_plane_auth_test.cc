@@ -32,8 +32,8 @@ namespace {
 
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
-using ::testing::HasSubstr;
 using ::strata::transport::testing::RawConnect;
+using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
@@ -109,8 +109,8 @@ TEST_F(DataPlaneAuthTest, AStaleKeyEpochIsRefusedUntilTheClientHasTheNewKey) {
   // (Tried again for a second: the keys could have come meanwhile.)
   auto client = New(client_keys, absl::Seconds(1));
   const absl::Status stale = client->Connect(address_).status();
-  EXPECT_THAT(stale,
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("key epoch 6 is not the current")));
+  EXPECT_THAT(
+      stale, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("key epoch 6 is not the current")));
   EXPECT_TRUE(IsKeyEpochRefusal(stale)) << stale;
   // A node left: the server's keys move to epoch 8 with a new secret; the
   // epoch-7 key of a member stops working too.
@@ -193,18 +193,15 @@ TEST_F(DataPlaneAuthTest, AClientWithoutKeysCannotConnect) {
 TEST_F(DataPlaneAuthTest, AServerWithoutTheHandshakeSaysSo) {
   auto plain = New(nullptr);
   ASSERT_THAT(plain->Listen("127.0.0.1", 0,
-                            [](Message, std::shared_ptr<Responder> r) {
-                              r->Respond(Message());
-                            }),
+                            [](Message, std::shared_ptr<Responder> r) { r->Respond(Message()); }),
               IsOk());
   auto client = Client(5, 7, secret_);
-  EXPECT_THAT(client->Connect(plain->listen_address()).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("runs no data-plane handshake")));
+  EXPECT_THAT(
+      client->Connect(plain->listen_address()).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("runs no data-plane handshake")));
 }
 
 // --- Raw sockets: what an outsider can send. ------------------------------
-
 
 void SendFrame(int fd, MessageType type, uint32_t sender, uint64_t epoch, uint64_t request_id,
                const std::string& payload) {
@@ -244,9 +241,8 @@ std::optional<Message> ReadFrame(int fd) {
 }
 
 TEST_F(DataPlaneAuthTest, AnUnauthenticatedRequestIsDroppedWithoutEffect) {
-  for (MessageType type : {MessageType::kPushRequest, MessageType::kPullRequest,
-                           MessageType::kPing, MessageType::kReplicate,
-                           MessageType::kRdmaHello}) {
+  for (MessageType type : {MessageType::kPushRequest, MessageType::kPullRequest, MessageType::kPing,
+                           MessageType::kReplicate, MessageType::kRdmaHello}) {
     SCOPED_TRACE(MessageTypeName(type));
     const int fd = RawConnect(address_);
     SendFrame(fd, type, 5, 7, 1, std::string(64, 'g'));

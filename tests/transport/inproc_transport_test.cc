@@ -22,8 +22,7 @@ using ::strata::transport::testing::TransportContractTest;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-INSTANTIATE_TEST_SUITE_P(InProc, TransportContractTest,
-                         ::testing::Values("inproc"));
+INSTANTIATE_TEST_SUITE_P(InProc, TransportContractTest, ::testing::Values("inproc"));
 
 std::unique_ptr<Transport> NewInProc(std::shared_ptr<InProcNetwork> network) {
   TransportOptions options;
@@ -38,16 +37,14 @@ TEST(InProcTransportTest, NeedsANetwork) {
   TransportOptions options;
   options.kind = "inproc";
   EXPECT_THAT(CreateTransport(options),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("inproc_network")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inproc_network")));
 }
 
 TEST(InProcTransportTest, UnknownAddressIsUnavailableNamingIt) {
   auto network = NewInProcNetwork();
   auto client = NewInProc(network);
-  EXPECT_THAT(
-      client->Connect("pserver-3:7000"),
-      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("pserver-3:7000")));
+  EXPECT_THAT(client->Connect("pserver-3:7000"),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("pserver-3:7000")));
 }
 
 TEST(InProcTransportTest, PortZeroPicksUniqueAddressesAndShutdownFreesThem) {
@@ -62,9 +59,8 @@ TEST(InProcTransportTest, PortZeroPicksUniqueAddressesAndShutdownFreesThem) {
   auto c = NewInProc(network);
   EXPECT_THAT(c->Listen("node", 7000, EchoHandler), IsOk());
   auto d = NewInProc(network);
-  EXPECT_THAT(
-      d->Listen("node", 7000, EchoHandler),
-      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("node:7000")));
+  EXPECT_THAT(d->Listen("node", 7000, EchoHandler),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("node:7000")));
 
   const std::string address = a->listen_address();
   a->Shutdown();
@@ -79,13 +75,12 @@ TEST(InProcTransportTest, HandlerDoesNotRunInsideCall) {
   auto client = NewInProc(network);
   std::thread::id handler_thread;
   absl::Notification handled;
-  ASSERT_THAT(server->Listen(
-                  "s", 1,
-                  [&](Message request, std::shared_ptr<Responder> responder) {
-                    handler_thread = std::this_thread::get_id();
-                    handled.Notify();
-                    EchoHandler(std::move(request), std::move(responder));
-                  }),
+  ASSERT_THAT(server->Listen("s", 1,
+                             [&](Message request, std::shared_ptr<Responder> responder) {
+                               handler_thread = std::this_thread::get_id();
+                               handled.Notify();
+                               EchoHandler(std::move(request), std::move(responder));
+                             }),
               IsOk());
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect("s:1"));
   Message ping;
@@ -101,12 +96,11 @@ TEST(InProcTransportTest, ResponderPeerNamesTheClient) {
   auto server = NewInProc(network);
   auto client = NewInProc(network);
   std::string peer;
-  ASSERT_THAT(server->Listen(
-                  "s", 1,
-                  [&](Message request, std::shared_ptr<Responder> responder) {
-                    peer = responder->peer();
-                    EchoHandler(std::move(request), std::move(responder));
-                  }),
+  ASSERT_THAT(server->Listen("s", 1,
+                             [&](Message request, std::shared_ptr<Responder> responder) {
+                               peer = responder->peer();
+                               EchoHandler(std::move(request), std::move(responder));
+                             }),
               IsOk());
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect("s:1"));
   Message ping;

@@ -31,8 +31,7 @@ HelloQp SomeQp() {
 TEST(RdmaHelloTest, ReadyHelloRoundTrips) {
   const HelloQp qp = SomeQp();
   const std::string wire = ReadyHello(qp).SerializeAsString();
-  STRATA_ASSERT_OK_AND_ASSIGN(proto::RdmaHello h,
-                              ParsePeerHello(wire, "10.0.0.2:7200"));
+  STRATA_ASSERT_OK_AND_ASSIGN(proto::RdmaHello h, ParsePeerHello(wire, "10.0.0.2:7200"));
   EXPECT_TRUE(h.rdma_ready());
   const HelloQp back = HelloQpOf(h);
   EXPECT_EQ(back.qpn, qp.qpn);
@@ -45,18 +44,16 @@ TEST(RdmaHelloTest, ReadyHelloRoundTrips) {
 }
 
 TEST(RdmaHelloTest, NotReadyHelloCarriesItsReason) {
-  const std::string wire =
-      NotReadyHello("no RDMA device on this host").SerializeAsString();
+  const std::string wire = NotReadyHello("no RDMA device on this host").SerializeAsString();
   STRATA_ASSERT_OK_AND_ASSIGN(proto::RdmaHello h, ParsePeerHello(wire, "peer"));
   EXPECT_FALSE(h.rdma_ready());
   EXPECT_EQ(h.not_ready_reason(), "no RDMA device on this host");
 }
 
 TEST(RdmaHelloTest, BytesThatAreNoHelloAreDataLoss) {
-  EXPECT_THAT(
-      ParsePeerHello("\xff\xff\xff garbage", "10.0.0.9:1"),
-      StatusIs(absl::StatusCode::kDataLoss,
-               AllOf(HasSubstr("10.0.0.9:1"), HasSubstr("not an RdmaHello"))));
+  EXPECT_THAT(ParsePeerHello("\xff\xff\xff garbage", "10.0.0.9:1"),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("10.0.0.9:1"), HasSubstr("not an RdmaHello"))));
   EXPECT_THAT(ParsePeerHello(std::string(kMaxRdmaHelloBytes + 1, 'x'), "p"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("at most")));
 }
@@ -81,10 +78,10 @@ TEST(RdmaHelloTest, EveryBadFieldIsNamed) {
   for (const Case& c : cases) {
     proto::RdmaHello h = ReadyHello(SomeQp());
     c.spoil(&h);
-    EXPECT_THAT(ParsePeerHello(h.SerializeAsString(), "10.0.0.2:7200"),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr("10.0.0.2:7200"),
-                               HasSubstr(std::string("field ") + c.field))))
+    EXPECT_THAT(
+        ParsePeerHello(h.SerializeAsString(), "10.0.0.2:7200"),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("10.0.0.2:7200"), HasSubstr(std::string("field ") + c.field))))
         << c.field;
   }
 }
@@ -93,8 +90,7 @@ TEST(RdmaHelloTest, EveryBadFieldIsNamed) {
 // the queue pair): checked like the rest of a hello.
 TEST(RdmaHelloTest, ARegionAnnouncementIsChecked) {
   const proto::RdmaHello ok = RegionHello(3, 0x7f0000001000, 1 << 20, 0xabcd);
-  STRATA_ASSERT_OK_AND_ASSIGN(proto::RdmaHello back,
-                              ParsePeerHello(ok.SerializeAsString(), "p"));
+  STRATA_ASSERT_OK_AND_ASSIGN(proto::RdmaHello back, ParsePeerHello(ok.SerializeAsString(), "p"));
   ASSERT_TRUE(back.has_region());
   EXPECT_EQ(back.region().handle(), 3u);
   EXPECT_EQ(back.region().addr(), 0x7f0000001000u);
@@ -114,10 +110,10 @@ TEST(RdmaHelloTest, ARegionAnnouncementIsChecked) {
   for (const Case& c : cases) {
     proto::RdmaHello h = ok;
     c.spoil(&h);
-    EXPECT_THAT(ParsePeerHello(h.SerializeAsString(), "10.0.0.2:7200"),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr("10.0.0.2:7200"),
-                               HasSubstr(std::string("field ") + c.field))))
+    EXPECT_THAT(
+        ParsePeerHello(h.SerializeAsString(), "10.0.0.2:7200"),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("10.0.0.2:7200"), HasSubstr(std::string("field ") + c.field))))
         << c.field;
   }
 }
@@ -125,9 +121,8 @@ TEST(RdmaHelloTest, ARegionAnnouncementIsChecked) {
 TEST(RdmaHelloTest, ANotReadyHelloOfAnotherVersionIsStillRefused) {
   proto::RdmaHello h = NotReadyHello("none");
   h.set_version(2);
-  EXPECT_THAT(
-      ParsePeerHello(h.SerializeAsString(), "p"),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field version")));
+  EXPECT_THAT(ParsePeerHello(h.SerializeAsString(), "p"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field version")));
 }
 
 }  // namespace

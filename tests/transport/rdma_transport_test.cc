@@ -22,9 +22,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/testing/low_memlock.h"
+#include "tests/transport/transport_contract_tests.h"
 #include "transport/data_plane_auth.h"
 #include "transport/rdma/rdma_hello.h"
-#include "tests/transport/transport_contract_tests.h"
 
 namespace strata::transport::testing {
 
@@ -95,8 +95,8 @@ TEST(RdmaFallbackTest, AutoWithoutAUsableDeviceCarriesCallsOverTcp) {
 TEST(RdmaFallbackTest, RdmaWithoutAUsableDeviceFailsNamingTheProblem) {
   TransportOptions o = Opts("rdma");
   o.rdma.device = "no-such-device";
-  EXPECT_THAT(CreateTransport(o), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                           HasSubstr("transport rdma")));
+  EXPECT_THAT(CreateTransport(o),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("transport rdma")));
 }
 
 TEST(RdmaFallbackTest, BadSlotSettingsAreRefused) {
@@ -111,11 +111,10 @@ TEST(RdmaFallbackTest, BadSlotSettingsAreRefused) {
 TEST(RdmaFallbackTest, TcpServerDeclinesTheHelloWithoutCallingItsHandler) {
   std::atomic<int> handled{0};
   STRATA_ASSERT_OK_AND_ASSIGN(auto server, CreateTransport(Opts("tcp")));
-  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0,
-                                  [&](Message m, std::shared_ptr<Responder> r) {
-                                    ++handled;
-                                    EchoHandler(std::move(m), std::move(r));
-                                  }));
+  STRATA_ASSERT_OK(server->Listen("127.0.0.1", 0, [&](Message m, std::shared_ptr<Responder> r) {
+    ++handled;
+    EchoHandler(std::move(m), std::move(r));
+  }));
   STRATA_ASSERT_OK_AND_ASSIGN(auto client, CreateTransport(Opts("tcp")));
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
   Message hello;
@@ -123,8 +122,8 @@ TEST(RdmaFallbackTest, TcpServerDeclinesTheHelloWithoutCallingItsHandler) {
   hello.payload = "not even a hello";
   STRATA_ASSERT_OK_AND_ASSIGN(Message reply, conn->CallSync(hello, kWait));
   EXPECT_EQ(reply.header.type, MessageType::kRdmaHelloReply);
-  EXPECT_THAT(ResponseStatus(reply), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                              HasSubstr("transport tcp")));
+  EXPECT_THAT(ResponseStatus(reply),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("transport tcp")));
   EXPECT_EQ(handled.load(), 0);
   EXPECT_TRUE(conn->healthy());
 }
@@ -143,7 +142,8 @@ TEST(RdmaFallbackTest, MalformedHellosAreRefusedNamingTheField) {
   garbage.header.type = MessageType::kRdmaHello;
   garbage.payload = std::string("\xff\xff\xff", 3);
   STRATA_ASSERT_OK_AND_ASSIGN(Message reply, conn->CallSync(garbage, kWait));
-  EXPECT_THAT(ResponseStatus(reply), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rdma hello")));
+  EXPECT_THAT(ResponseStatus(reply),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rdma hello")));
   rdma::HelloQp qp;
   qp.qpn = 1 << 25;  // not 24 bits
   qp.psn = 1;
@@ -218,8 +218,15 @@ TEST_F(RdmaDeviceTest, EverySizeClassArrivesIntactByEveryPath) {
   EXPECT_EQ(client->stats().tcp_fallbacks, 0u);
   const size_t first = 4096 - 48 - 72;  // payload room of a message frame
   const size_t more = 4096 - 48;        // of a continuation frame
-  std::vector<size_t> sizes = {0, 1, first - 1, first, first + 1, first + more,
-                               first + more + 1, 3 * more + 17, (1 << 20) + 3};
+  std::vector<size_t> sizes = {0,
+                               1,
+                               first - 1,
+                               first,
+                               first + 1,
+                               first + more,
+                               first + more + 1,
+                               3 * more + 17,
+                               (1 << 20) + 3};
   std::string registered((1 << 20) + 64, '\0');
   // Both uses: pulls land in it, pushes are sent from it.
   STRATA_ASSERT_OK(client->RegisterMemory(registered.data(), registered.size(),
@@ -371,11 +378,13 @@ TEST_F(RdmaDeviceTest, PeerKilledMidTransferFailsThePendingCall) {
   if (child == 0) {
     close(fds[0]);
     auto t = CreateTransport(Opts("rdma"));
-    if (!t.ok() || !(*t)->Listen("127.0.0.1", 0, [](Message, std::shared_ptr<Responder> r) {
-                        // Never answers (the responder is kept alive).
-                        static std::vector<std::shared_ptr<Responder>> keep;
-                        keep.push_back(std::move(r));
-                      }).ok()) {
+    if (!t.ok() || !(*t)->Listen("127.0.0.1", 0,
+                                 [](Message, std::shared_ptr<Responder> r) {
+                                   // Never answers (the responder is kept alive).
+                                   static std::vector<std::shared_ptr<Responder>> keep;
+                                   keep.push_back(std::move(r));
+                                 })
+                        .ok()) {
       _exit(1);
     }
     const std::string a = (*t)->listen_address() + "\n";
@@ -460,9 +469,8 @@ TEST_F(RdmaDeviceTest, PlainTcpPeerMakesAutoFallBackAndRdmaFail) {
   EXPECT_TRUE(echo.payload == m.payload);
   auto required = Make(Opts("rdma"));
   ASSERT_NE(required, nullptr);
-  EXPECT_THAT(required->Connect(address),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr(address), HasSubstr("FAILED"))));
+  EXPECT_THAT(required->Connect(address), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                   AllOf(HasSubstr(address), HasSubstr("FAILED"))));
 }
 
 // A handler answering with a type that is no message type: the caller gets
@@ -478,8 +486,8 @@ TEST_F(RdmaDeviceTest, InvalidResponseTypeBecomesAnInternalError) {
   m.header.type = MessageType::kPing;
   STRATA_ASSERT_OK_AND_ASSIGN(Message reply, conn->CallSync(m, kWait));
   EXPECT_EQ(reply.header.type, MessageType::kPong);
-  EXPECT_THAT(ResponseStatus(reply), StatusIs(absl::StatusCode::kInternal,
-                                              HasSubstr("invalid message type")));
+  EXPECT_THAT(ResponseStatus(reply),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("invalid message type")));
   EXPECT_TRUE(conn->healthy());
 }
 
@@ -513,8 +521,8 @@ TEST_F(RdmaDeviceTest, EachPeerGetsItsOwnKeysAndANewKeyEpochRetiresThem) {
   ASSERT_EQ(StateOf(*to_b), ConnectionState::kReady);
   const size_t size = 256 << 10;
   std::string dest(size, '\0');
-  STRATA_ASSERT_OK(client->RegisterMemory(dest.data(), dest.size(),
-                                          Transport::MemoryUse::kReceiveDestination));
+  STRATA_ASSERT_OK(
+      client->RegisterMemory(dest.data(), dest.size(), Transport::MemoryUse::kReceiveDestination));
   EXPECT_EQ(rdma::DestinationKeyForTesting(*to_a, dest.data()), 0u) << "registered before use";
   auto pull = [&](Connection* conn, uint32_t partition) {
     std::memset(dest.data(), 0, size);

@@ -28,8 +28,7 @@ constexpr int kAccessDst = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
 std::vector<char> Pattern(size_t n, int seed) {
   std::vector<char> v(n);
-  for (size_t i = 0; i < n; ++i)
-    v[i] = static_cast<char>((i * 131 + seed * 7 + i / 4096) & 0xff);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7 + i / 4096) & 0xff);
   return v;
 }
 
@@ -51,15 +50,12 @@ class RdmaVerbsTest : public ::testing::Test {
     ASSERT_TRUE(sel.ok()) << sel.status();
     STRATA_ASSERT_OK_AND_ASSIGN(device_, VerbsDevice::Open(*sel));
     for (auto* cq : {&cq_a_, &cq_b_}) {
-      STRATA_ASSERT_OK_AND_ASSIGN(*cq,
-                                  CompletionQueue::Create(device_.get(), 256));
+      STRATA_ASSERT_OK_AND_ASSIGN(*cq, CompletionQueue::Create(device_.get(), 256));
     }
     STRATA_ASSERT_OK_AND_ASSIGN(
-        qp_a_, RcQueuePair::Create(device_.get(), cq_a_.get(), cq_a_.get(), 128,
-                                   128, "peer-a"));
+        qp_a_, RcQueuePair::Create(device_.get(), cq_a_.get(), cq_a_.get(), 128, 128, "peer-a"));
     STRATA_ASSERT_OK_AND_ASSIGN(
-        qp_b_, RcQueuePair::Create(device_.get(), cq_b_.get(), cq_b_.get(), 128,
-                                   128, "peer-b"));
+        qp_b_, RcQueuePair::Create(device_.get(), cq_b_.get(), cq_b_.get(), 128, 128, "peer-b"));
     ASSERT_THAT(qp_a_->Connect(qp_b_->local_info()), ::strata::testing::IsOk());
     ASSERT_THAT(qp_b_->Connect(qp_a_->local_info()), ::strata::testing::IsOk());
     EXPECT_EQ(qp_a_->StateName(), "RTS");
@@ -90,20 +86,15 @@ TEST_F(RdmaVerbsTest, WriteWithImmLandsInTheRegisteredDestination) {
   const size_t n = 1 << 20;
   std::vector<char> src = Pattern(n, 1), dst(n, 0), recv_slot(64);
   STRATA_ASSERT_OK_AND_ASSIGN(
-      auto src_mr, MemoryRegion::Register(device_.get(), src.data(), n,
-                                          IBV_ACCESS_LOCAL_WRITE));
+      auto src_mr, MemoryRegion::Register(device_.get(), src.data(), n, IBV_ACCESS_LOCAL_WRITE));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto dst_mr,
+                              MemoryRegion::Register(device_.get(), dst.data(), n, kAccessDst));
   STRATA_ASSERT_OK_AND_ASSIGN(
-      auto dst_mr,
-      MemoryRegion::Register(device_.get(), dst.data(), n, kAccessDst));
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      auto slot_mr,
-      MemoryRegion::Register(device_.get(), recv_slot.data(), recv_slot.size(),
-                             IBV_ACCESS_LOCAL_WRITE));
-  ASSERT_THAT(qp_b_->PostRecv(7, recv_slot.data(), 64, slot_mr->lkey()),
-              ::strata::testing::IsOk());
+      auto slot_mr, MemoryRegion::Register(device_.get(), recv_slot.data(), recv_slot.size(),
+                                           IBV_ACCESS_LOCAL_WRITE));
+  ASSERT_THAT(qp_b_->PostRecv(7, recv_slot.data(), 64, slot_mr->lkey()), ::strata::testing::IsOk());
   ASSERT_THAT(qp_a_->PostWriteWithImm(9, src.data(), n, src_mr->lkey(),
-                                      reinterpret_cast<uint64_t>(dst.data()),
-                                      dst_mr->rkey(),
+                                      reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey(),
                                       /*imm=*/42, /*signaled=*/true),
               ::strata::testing::IsOk());
   auto sent = Drain(cq_a_.get(), 1);
@@ -123,28 +114,24 @@ TEST_F(RdmaVerbsTest, WriteWithImmLandsInTheRegisteredDestination) {
 TEST_F(RdmaVerbsTest, ManyWritesInFlightEachLandWhereTheyWereSent) {
   const int k = 64;
   const size_t slice = 16 << 10;
-  std::vector<char> src = Pattern(k * slice, 2), dst(k * slice, 0),
-                    slots(k * 16);
+  std::vector<char> src = Pattern(k * slice, 2), dst(k * slice, 0), slots(k * 16);
   STRATA_ASSERT_OK_AND_ASSIGN(
-      auto src_mr, MemoryRegion::Register(device_.get(), src.data(), src.size(),
-                                          IBV_ACCESS_LOCAL_WRITE));
+      auto src_mr,
+      MemoryRegion::Register(device_.get(), src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE));
   STRATA_ASSERT_OK_AND_ASSIGN(
-      auto dst_mr, MemoryRegion::Register(device_.get(), dst.data(), dst.size(),
-                                          kAccessDst));
+      auto dst_mr, MemoryRegion::Register(device_.get(), dst.data(), dst.size(), kAccessDst));
   STRATA_ASSERT_OK_AND_ASSIGN(
       auto slot_mr,
-      MemoryRegion::Register(device_.get(), slots.data(), slots.size(),
-                             IBV_ACCESS_LOCAL_WRITE));
+      MemoryRegion::Register(device_.get(), slots.data(), slots.size(), IBV_ACCESS_LOCAL_WRITE));
   for (int i = 0; i < k; ++i) {
     ASSERT_THAT(qp_b_->PostRecv(i, slots.data() + 16 * i, 16, slot_mr->lkey()),
                 ::strata::testing::IsOk());
   }
   // Posted in reverse order, every one in flight at once.
   for (int i = k - 1; i >= 0; --i) {
-    ASSERT_THAT(qp_a_->PostWriteWithImm(
-                    i, src.data() + i * slice, slice, src_mr->lkey(),
-                    reinterpret_cast<uint64_t>(dst.data() + i * slice),
-                    dst_mr->rkey(), 1000 + i, /*signaled=*/i == 0),
+    ASSERT_THAT(qp_a_->PostWriteWithImm(i, src.data() + i * slice, slice, src_mr->lkey(),
+                                        reinterpret_cast<uint64_t>(dst.data() + i * slice),
+                                        dst_mr->rkey(), 1000 + i, /*signaled=*/i == 0),
                 ::strata::testing::IsOk());
   }
   auto got = Drain(cq_b_.get(), k);
@@ -171,9 +158,8 @@ TEST_F(RdmaVerbsTest, AKeyWorksOnlyInItsProtectionDomainAndDiesWithItsRegion) {
   STRATA_ASSERT_OK_AND_ASSIGN(auto pd, ProtectionDomain::Allocate(device_.get()));
   STRATA_ASSERT_OK_AND_ASSIGN(auto cq_x, CompletionQueue::Create(device_.get(), 64));
   STRATA_ASSERT_OK_AND_ASSIGN(auto cq_y, CompletionQueue::Create(device_.get(), 64));
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      auto qp_x, RcQueuePair::Create(device_.get(), cq_x.get(), cq_x.get(), 16, 16, "peer-x",
-                                     pd->pd()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto qp_x, RcQueuePair::Create(device_.get(), cq_x.get(), cq_x.get(),
+                                                             16, 16, "peer-x", pd->pd()));
   STRATA_ASSERT_OK_AND_ASSIGN(
       auto qp_y, RcQueuePair::Create(device_.get(), cq_y.get(), cq_y.get(), 16, 16, "peer-y"));
   ASSERT_THAT(qp_x->Connect(qp_y->local_info()), ::strata::testing::IsOk());
@@ -215,11 +201,11 @@ TEST_F(RdmaVerbsTest, AKeyWorksOnlyInItsProtectionDomainAndDiesWithItsRegion) {
 TEST_F(RdmaVerbsTest, SendLandsInThePostedReceive) {
   std::vector<char> msg = Pattern(100, 3), buf(4096, 0);
   STRATA_ASSERT_OK_AND_ASSIGN(
-      auto msg_mr, MemoryRegion::Register(device_.get(), msg.data(), msg.size(),
-                                          IBV_ACCESS_LOCAL_WRITE));
+      auto msg_mr,
+      MemoryRegion::Register(device_.get(), msg.data(), msg.size(), IBV_ACCESS_LOCAL_WRITE));
   STRATA_ASSERT_OK_AND_ASSIGN(
-      auto buf_mr, MemoryRegion::Register(device_.get(), buf.data(), buf.size(),
-                                          IBV_ACCESS_LOCAL_WRITE));
+      auto buf_mr,
+      MemoryRegion::Register(device_.get(), buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE));
   ASSERT_THAT(qp_b_->PostRecv(1, buf.data(), buf.size(), buf_mr->lkey()),
               ::strata::testing::IsOk());
   ASSERT_THAT(qp_a_->PostSend(2, msg.data(), msg.size(), msg_mr->lkey(), true),
@@ -234,9 +220,8 @@ TEST_F(RdmaVerbsTest, SendLandsInThePostedReceive) {
 
 TEST_F(RdmaVerbsTest, AQueuePairInErrorReportsEveryOperationNamingThePeer) {
   std::vector<char> msg(64, 'x');
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      auto mr, MemoryRegion::Register(device_.get(), msg.data(), msg.size(),
-                                      IBV_ACCESS_LOCAL_WRITE));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto mr, MemoryRegion::Register(device_.get(), msg.data(), msg.size(),
+                                                              IBV_ACCESS_LOCAL_WRITE));
   ASSERT_THAT(qp_a_->ForceError(), ::strata::testing::IsOk());
   EXPECT_EQ(qp_a_->StateName(), "ERR");
   // Either the post is refused or its completion is flushed with an error:
@@ -258,10 +243,9 @@ TEST_F(RdmaVerbsTest, RegistrationBeyondTheMemlockLimitNamesTheFix) {
     ASSERT_TRUE(low.ok());
     mr = MemoryRegion::Register(device_.get(), big.data(), big.size(), kAccessDst);
   }
-  EXPECT_THAT(mr.status(),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("ibv_reg_mr"), HasSubstr("65536 bytes"),
-                             HasSubstr("ulimit -l unlimited"))));
+  EXPECT_THAT(mr.status(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                    AllOf(HasSubstr("ibv_reg_mr"), HasSubstr("65536 bytes"),
+                                          HasSubstr("ulimit -l unlimited"))));
 }
 
 }  // namespace

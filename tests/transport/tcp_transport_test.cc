@@ -1,6 +1,5 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <fstream>
 #include <arpa/inet.h>
 #include <glog/logging.h>
 #include <netinet/in.h>
@@ -9,11 +8,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <functional>
-#include <thread>
-#include <vector>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -59,7 +59,6 @@ uint64_t ReadLe(const char* p, int bytes) {
   return v;
 }
 
-
 // True when the peer closes `fd` (EOF or reset) within `timeout`.
 bool WaitForClose(int fd, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -100,8 +99,7 @@ TEST(FrameHeaderTest, EncodesDocumentedLayout) {
 
   MessageHeader decoded;
   uint64_t payload_bytes = 0;
-  ASSERT_THAT(DecodeFrameHeader(buf, 1ull << 31, &decoded, &payload_bytes),
-              IsOk());
+  ASSERT_THAT(DecodeFrameHeader(buf, 1ull << 31, &decoded, &payload_bytes), IsOk());
   EXPECT_EQ(payload_bytes, 0x12345678u);
   EXPECT_EQ(decoded.type, h.type);
   EXPECT_EQ(decoded.status, h.status);
@@ -143,8 +141,7 @@ TEST(FrameHeaderTest, RejectsMalformedHeaders) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("type 0")));
 
   EXPECT_THAT(DecodeFrameHeader(good, 99, &h, &n),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr("exceeds max_payload_bytes 99")));
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("exceeds max_payload_bytes 99")));
   EXPECT_THAT(DecodeFrameHeader(good, 100, &h, &n), IsOk());
 }
 
@@ -173,14 +170,13 @@ TEST(TcpTransportTest, BadFramesCloseOnlyTheOffendingConnection) {
   bad_type[6] = 42;
   cases.push_back({"unknown type", bad_type});
   // A valid frame followed by garbage: the first is answered, then closed.
-  cases.push_back({"valid then garbage",
-                   std::string(valid, kFrameHeaderBytes) + std::string(72, 0)});
+  cases.push_back(
+      {"valid then garbage", std::string(valid, kFrameHeaderBytes) + std::string(72, 0)});
 
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const int fd = RawConnect(address);
-    ASSERT_EQ(::write(fd, c.bytes.data(), c.bytes.size()),
-              static_cast<ssize_t>(c.bytes.size()));
+    ASSERT_EQ(::write(fd, c.bytes.data(), c.bytes.size()), static_cast<ssize_t>(c.bytes.size()));
     EXPECT_TRUE(WaitForClose(fd, absl::Seconds(10)));
     ::close(fd);
 
@@ -300,8 +296,8 @@ TEST(TcpTransportTest, PeerClosingMidResponseFailsTheCallNamingThePeer) {
   ASSERT_THAT(server->Listen("127.0.0.1", 0, EchoHandler), IsOk());
   struct Case {
     const char* name;
-    bool into;           // CallInto a destination, or Call
-    size_t header_bytes; // how much of the response header is sent
+    bool into;             // CallInto a destination, or Call
+    size_t header_bytes;   // how much of the response header is sent
     size_t payload_bytes;  // how much of the claimed 1 MiB payload is sent
   };
   const Case cases[] = {
@@ -332,8 +328,7 @@ TEST(TcpTransportTest, PeerClosingMidResponseFailsTheCallNamingThePeer) {
       conn->Call(pull, Capture(result));
     }
     ASSERT_TRUE(result->Wait());
-    EXPECT_THAT(result->result,
-                StatusIs(absl::StatusCode::kUnavailable, HasSubstr(raw.address())));
+    EXPECT_THAT(result->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(raw.address())));
     EXPECT_FALSE(conn->healthy());
     // A later call on the broken connection fails at once, the same way.
     auto again = std::make_shared<CallResult>();
@@ -411,9 +406,9 @@ TEST(TcpTransportTest, OversizedResponseFailsCallsWithDataLoss) {
   Message big;
   big.header.type = MessageType::kPullRequest;
   big.payload = Pattern(4096);
-  EXPECT_THAT(conn->CallSync(big, kWait),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr(absl::StrCat("bad frame from ", address))));
+  EXPECT_THAT(
+      conn->CallSync(big, kWait),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr(absl::StrCat("bad frame from ", address))));
   EXPECT_FALSE(conn->healthy());
 }
 
@@ -437,11 +432,9 @@ TEST(TcpTransportTest, ConnectToClosedPortIsUnavailableNamingAddress) {
 
 TEST(TcpTransportTest, MalformedAddressIsInvalidArgument) {
   auto client = NewTcp();
-  EXPECT_THAT(
-      client->Connect("no-port-here"),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no-port-here")));
-  EXPECT_THAT(client->Connect("127.0.0.1:99999"),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client->Connect("no-port-here"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no-port-here")));
+  EXPECT_THAT(client->Connect("127.0.0.1:99999"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(TcpTransportTest, ListensAndConnectsByHostname) {
@@ -452,8 +445,7 @@ TEST(TcpTransportTest, ListensAndConnectsByHostname) {
   int port = 0;
   ASSERT_THAT(SplitHostPort(server->listen_address(), &host, &port), IsOk());
   ASSERT_GT(port, 0);
-  STRATA_ASSERT_OK_AND_ASSIGN(
-      auto conn, client->Connect(absl::StrCat("localhost:", port)));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(absl::StrCat("localhost:", port)));
   Message ping;
   ping.header.type = MessageType::kPing;
   STRATA_ASSERT_OK_AND_ASSIGN(Message pong, conn->CallSync(ping, kWait));
@@ -469,37 +461,31 @@ TEST(TcpTransportTest, ShutdownIsIdempotentAndRefusesNewWork) {
   auto client = NewTcp();
   EXPECT_THAT(client->Connect(address),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
-  EXPECT_THAT(server->Connect(address),
-              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(server->Connect(address), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST(TransportFactoryTest, UnknownKindIsInvalidArgumentNamingIt) {
   TransportOptions options;
   options.kind = "carrier-pigeon";
   EXPECT_THAT(CreateTransport(options),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("carrier-pigeon")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carrier-pigeon")));
 }
 
 TEST(MessageTest, HelpersBehave) {
   EXPECT_STREQ(MessageTypeName(MessageType::kPing), "PING");
   EXPECT_STREQ(MessageTypeName(MessageType::kPushResponse), "PUSH_RESPONSE");
   EXPECT_STREQ(MessageTypeName(static_cast<MessageType>(77)), "UNKNOWN");
-  EXPECT_EQ(ResponseTypeFor(MessageType::kPullRequest),
-            MessageType::kPullResponse);
+  EXPECT_EQ(ResponseTypeFor(MessageType::kPullRequest), MessageType::kPullResponse);
   EXPECT_FALSE(IsValidMessageType(MessageType::kInvalid));
   EXPECT_TRUE(IsValidMessageType(MessageType::kPong));
 
   Message ok;
   EXPECT_THAT(ResponseStatus(ok), IsOk());
   Message error = MakeErrorResponse(FullHeader(MessageType::kPullRequest),
-                                    MessageType::kPullResponse,
-                                    absl::UnavailableError("busy"));
+                                    MessageType::kPullResponse, absl::UnavailableError("busy"));
   EXPECT_EQ(error.header.type, MessageType::kPullResponse);
-  EXPECT_THAT(ResponseStatus(error),
-              StatusIs(absl::StatusCode::kUnavailable, "busy"));
-  Message odd =
-      MakeErrorResponse(MessageHeader(), MessageType::kPong, absl::OkStatus());
+  EXPECT_THAT(ResponseStatus(error), StatusIs(absl::StatusCode::kUnavailable, "busy"));
+  Message odd = MakeErrorResponse(MessageHeader(), MessageType::kPong, absl::OkStatus());
   EXPECT_THAT(ResponseStatus(odd), StatusIs(absl::StatusCode::kInternal));
   Message bogus;
   bogus.header.status = 1000;

@@ -73,9 +73,7 @@ struct CallResult {
   absl::StatusOr<Message> result;
   std::atomic<int> calls{0};
 
-  bool Wait(absl::Duration timeout = kWait) {
-    return done.WaitForNotificationWithTimeout(timeout);
-  }
+  bool Wait(absl::Duration timeout = kWait) { return done.WaitForNotificationWithTimeout(timeout); }
 };
 inline ResponseCallback Capture(std::shared_ptr<CallResult> r) {
   return [r](absl::StatusOr<Message> m) {
@@ -99,9 +97,7 @@ class HeldRequests {
   }
   bool WaitForCount(size_t n, absl::Duration timeout = kWait) {
     absl::MutexLock l(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return held_.size() >= n;
-    };
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_.size() >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
   }
   std::pair<Message, std::shared_ptr<Responder>> Take(size_t i) {
@@ -111,8 +107,7 @@ class HeldRequests {
 
  private:
   absl::Mutex mu_;
-  std::vector<std::pair<Message, std::shared_ptr<Responder>>> held_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<Message, std::shared_ptr<Responder>>> held_ ABSL_GUARDED_BY(mu_);
 };
 
 class TransportContractTest : public ::testing::TestWithParam<std::string> {
@@ -128,8 +123,7 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (GetParam() == "rdma") {
       absl::StatusOr<std::vector<rdma::DeviceInfo>> devices = rdma::ListRdmaDevices();
-      if ((!devices.ok() || devices->empty()) &&
-          std::getenv("STRATA_REQUIRE_RDMA") == nullptr) {
+      if ((!devices.ok() || devices->empty()) && std::getenv("STRATA_REQUIRE_RDMA") == nullptr) {
         GTEST_SKIP() << "no RDMA device here; tests/rdma runs this on Soft-RoCE";
       }
     }
@@ -156,19 +150,16 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TransportContractTest, RoundTripPreservesHeaderAndPayload) {
   STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, EchoHandler));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
-                              client_->Connect(server_->listen_address()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   EXPECT_TRUE(conn->healthy());
   EXPECT_EQ(conn->peer(), server_->listen_address());
-  for (size_t size :
-       {size_t{0}, size_t{1}, size_t{1} << 20, size_t{64} << 20}) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{1} << 20, size_t{64} << 20}) {
     SCOPED_TRACE(absl::StrCat("payload bytes ", size));
     Message request;
     request.header = FullHeader(MessageType::kPushRequest);
     request.header.request_id = 999;  // overwritten by Call
     request.payload = Pattern(size);
-    STRATA_ASSERT_OK_AND_ASSIGN(Message response,
-                                conn->CallSync(request, kWait));
+    STRATA_ASSERT_OK_AND_ASSIGN(Message response, conn->CallSync(request, kWait));
     const MessageHeader& want = request.header;
     const MessageHeader& got = response.header;
     EXPECT_EQ(got.type, MessageType::kPushResponse);
@@ -189,8 +180,7 @@ TEST_P(TransportContractTest, RoundTripPreservesHeaderAndPayload) {
 
 TEST_P(TransportContractTest, ConcurrentCallsFromManyThreadsAreMatched) {
   STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, EchoHandler));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
-                              client_->Connect(server_->listen_address()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   constexpr int kThreads = 8;
   constexpr int kCallsPerThread = 200;
   absl::Mutex mu;
@@ -206,16 +196,16 @@ TEST_P(TransportContractTest, ConcurrentCallsFromManyThreadsAreMatched) {
         request.header.seq = seq;
         request.payload = Pattern(static_cast<size_t>(i % 97) * 13, t + i);
         const std::string expected_payload = request.payload;
-        conn->Call(std::move(request), [&, seq, expected_payload](
-                                           absl::StatusOr<Message> response) {
-          absl::MutexLock l(&mu);
-          if (!response.ok() || response->header.seq != seq ||
-              response->header.type != MessageType::kPong ||
-              response->payload != expected_payload) {
-            ++mismatched;
-          }
-          ++completed;
-        });
+        conn->Call(std::move(request),
+                   [&, seq, expected_payload](absl::StatusOr<Message> response) {
+                     absl::MutexLock l(&mu);
+                     if (!response.ok() || response->header.seq != seq ||
+                         response->header.type != MessageType::kPong ||
+                         response->payload != expected_payload) {
+                       ++mismatched;
+                     }
+                     ++completed;
+                   });
       }
     });
   }
@@ -231,8 +221,7 @@ TEST_P(TransportContractTest, ConcurrentCallsFromManyThreadsAreMatched) {
 
 TEST_P(TransportContractTest, DeferredResponseFromAnotherThread) {
   STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, held_.Handler()));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
-                              client_->Connect(server_->listen_address()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   auto result = std::make_shared<CallResult>();
   Message request;
   request.header = FullHeader(MessageType::kPullRequest);
@@ -262,31 +251,26 @@ TEST_P(TransportContractTest, DeferredResponseFromAnotherThread) {
 }
 
 TEST_P(TransportContractTest, DroppedResponderAnswersInternal) {
-  STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0,
-                                   [](Message, std::shared_ptr<Responder>) {}));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
-                              client_->Connect(server_->listen_address()));
+  STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, [](Message, std::shared_ptr<Responder>) {}));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   Message request;
   request.header = FullHeader(MessageType::kPullRequest);
   STRATA_ASSERT_OK_AND_ASSIGN(Message response, conn->CallSync(request, kWait));
   EXPECT_EQ(response.header.type, MessageType::kPullResponse);
-  EXPECT_THAT(
-      ResponseStatus(response),
-      StatusIs(absl::StatusCode::kInternal, HasSubstr("without responding")));
+  EXPECT_THAT(ResponseStatus(response),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("without responding")));
   EXPECT_TRUE(conn->healthy());
 }
 
 TEST_P(TransportContractTest, ErrorResponseRoundTrip) {
-  STRATA_ASSERT_OK(server_->Listen(
-      "127.0.0.1", 0,
-      [](Message request, std::shared_ptr<Responder> responder) {
-        responder->Respond(MakeErrorResponse(
-            request.header, MessageType::kPushResponse,
-            WithReason(absl::UnavailableError("partition 7 is not served here"),
-                       proto::REASON_NOT_SERVED)));
+  STRATA_ASSERT_OK(
+      server_->Listen("127.0.0.1", 0, [](Message request, std::shared_ptr<Responder> responder) {
+        responder->Respond(
+            MakeErrorResponse(request.header, MessageType::kPushResponse,
+                              WithReason(absl::UnavailableError("partition 7 is not served here"),
+                                         proto::REASON_NOT_SERVED)));
       }));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
-                              client_->Connect(server_->listen_address()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   Message request;
   request.header = FullHeader(MessageType::kPushRequest);
   STRATA_ASSERT_OK_AND_ASSIGN(Message response, conn->CallSync(request, kWait));
@@ -314,8 +298,7 @@ TEST_P(TransportContractTest, ServerShutdownFailsPendingCallsNamingPeer) {
   server_->Shutdown();
   for (auto& r : results) {
     ASSERT_TRUE(r->Wait());
-    EXPECT_THAT(r->result,
-                StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+    EXPECT_THAT(r->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
   }
   EXPECT_FALSE(conn->healthy());
   // A call on the broken connection fails at once.
@@ -324,8 +307,7 @@ TEST_P(TransportContractTest, ServerShutdownFailsPendingCallsNamingPeer) {
   request.header.type = MessageType::kPing;
   conn->Call(std::move(request), Capture(late));
   ASSERT_TRUE(late->Wait(absl::Seconds(5)));
-  EXPECT_THAT(late->result,
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  EXPECT_THAT(late->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
   // The late responders find the connection gone; nothing happens.
   held_.Take(0).second->Respond(Message());
   server_->Shutdown();  // idempotent
@@ -342,17 +324,14 @@ TEST_P(TransportContractTest, ClientShutdownFailsPendingCalls) {
   ASSERT_TRUE(held_.WaitForCount(1));
   client_->Shutdown();
   ASSERT_TRUE(result->Wait());
-  EXPECT_THAT(result->result,
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  EXPECT_THAT(result->result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
   EXPECT_FALSE(conn->healthy());
-  EXPECT_THAT(client_->Connect(address),
-              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(client_->Connect(address), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST_P(TransportContractTest, ReleasingConnectionFailsPendingCalls) {
   STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, held_.Handler()));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
-                              client_->Connect(server_->listen_address()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   auto result = std::make_shared<CallResult>();
   Message request;
   request.header.type = MessageType::kPing;
@@ -371,9 +350,8 @@ TEST_P(TransportContractTest, CallSyncTimesOutWithDeadlineExceeded) {
   STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(address));
   Message request;
   request.header.type = MessageType::kPing;
-  EXPECT_THAT(
-      conn->CallSync(request, absl::Milliseconds(100)),
-      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr(address)));
+  EXPECT_THAT(conn->CallSync(request, absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr(address)));
   // The late response completes the abandoned call harmlessly.
   ASSERT_TRUE(held_.WaitForCount(1));
   held_.Take(0).second->Respond(Message());
@@ -393,18 +371,16 @@ TEST_P(TransportContractTest, CallSyncTimesOutWithDeadlineExceeded) {
 
 TEST_P(TransportContractTest, SecondListenFails) {
   STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, EchoHandler));
-  EXPECT_THAT(server_->Listen("127.0.0.1", 0, EchoHandler),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr(server_->listen_address())));
+  EXPECT_THAT(
+      server_->Listen("127.0.0.1", 0, EchoHandler),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(server_->listen_address())));
 }
 
 TEST_P(TransportContractTest, CallWithInvalidTypeIsInvalidArgument) {
   STRATA_ASSERT_OK(server_->Listen("127.0.0.1", 0, EchoHandler));
-  STRATA_ASSERT_OK_AND_ASSIGN(auto conn,
-                              client_->Connect(server_->listen_address()));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client_->Connect(server_->listen_address()));
   Message request;  // type kInvalid
-  EXPECT_THAT(conn->CallSync(request, kWait),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(conn->CallSync(request, kWait), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(conn->healthy());
 }
 
@@ -412,8 +388,8 @@ TEST_P(TransportContractTest, CallWithInvalidTypeIsInvalidArgument) {
 // arrive intact and the borrowed buffers may change right after the call.
 TEST_P(TransportContractTest, BorrowedPayloadsAreSentIntact) {
   const std::string reply = Pattern(3 << 20, 9);
-  STRATA_ASSERT_OK(server_->Listen(
-      "127.0.0.1", 0, [&reply](Message request, std::shared_ptr<Responder> r) {
+  STRATA_ASSERT_OK(
+      server_->Listen("127.0.0.1", 0, [&reply](Message request, std::shared_ptr<Responder> r) {
         Message response;
         response.header = request.header;
         response.header.type = ResponseTypeFor(request.header.type);
@@ -446,8 +422,8 @@ TEST_P(TransportContractTest, BorrowedPayloadsAreSentIntact) {
 // CallInto: a response of the expected size lands in the destination; one
 // of another size, or an error, arrives as usual and leaves it untouched.
 TEST_P(TransportContractTest, CallIntoWritesMatchingPayloadToDestination) {
-  STRATA_ASSERT_OK(server_->Listen(
-      "127.0.0.1", 0, [](Message request, std::shared_ptr<Responder> r) {
+  STRATA_ASSERT_OK(
+      server_->Listen("127.0.0.1", 0, [](Message request, std::shared_ptr<Responder> r) {
         if (request.header.partition == 2) {
           r->Respond(MakeErrorResponse(request.header, MessageType::kPullResponse,
                                        absl::NotFoundError("no partition 2")));

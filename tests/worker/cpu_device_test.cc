@@ -17,8 +17,7 @@ namespace {
 using ::strata::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::vector<float> RandomVector(size_t n, std::mt19937* rng, float lo = -1.f,
-                                float hi = 1.f) {
+std::vector<float> RandomVector(size_t n, std::mt19937* rng, float lo = -1.f, float hi = 1.f) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
   for (float& x : v) x = dist(*rng);
@@ -28,18 +27,17 @@ std::vector<float> RandomVector(size_t n, std::mt19937* rng, float lo = -1.f,
 // C = alpha * op(A) op(B) + beta * C in double, with the storage conventions of
 // Device::Gemm: A is stored m x k (or k x m when trans_a), B k x n (or n x k).
 std::vector<double> NaiveGemm(bool ta, bool tb, int m, int n, int k, double alpha,
-                              const std::vector<float>& a,
-                              const std::vector<float>& b, double beta,
+                              const std::vector<float>& a, const std::vector<float>& b, double beta,
                               const std::vector<float>& c) {
   std::vector<double> out(static_cast<size_t>(m) * n);
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
       double acc = 0;
       for (int p = 0; p < k; ++p) {
-        const double av = ta ? a[static_cast<size_t>(p) * m + i]
-                             : a[static_cast<size_t>(i) * k + p];
-        const double bv = tb ? b[static_cast<size_t>(j) * k + p]
-                             : b[static_cast<size_t>(p) * n + j];
+        const double av =
+            ta ? a[static_cast<size_t>(p) * m + i] : a[static_cast<size_t>(i) * k + p];
+        const double bv =
+            tb ? b[static_cast<size_t>(j) * k + p] : b[static_cast<size_t>(p) * n + j];
         acc += av * bv;
       }
       const size_t idx = static_cast<size_t>(i) * n + j;
@@ -58,9 +56,9 @@ struct GemmCase {
 
 std::string GemmCaseName(const ::testing::TestParamInfo<GemmCase>& info) {
   const GemmCase& c = info.param;
-  std::string s = std::string(c.trans_a ? "AT" : "AN") + (c.trans_b ? "BT" : "BN") +
-                  "_" + std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
-                  std::to_string(c.k) + "_case" + std::to_string(info.index);
+  std::string s = std::string(c.trans_a ? "AT" : "AN") + (c.trans_b ? "BT" : "BN") + "_" +
+                  std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) +
+                  "_case" + std::to_string(info.index);
   return s;
 }
 
@@ -72,13 +70,11 @@ TEST_P(CpuDeviceGemmTest, MatchesNaiveTripleLoop) {
   const auto a = RandomVector(static_cast<size_t>(p.m) * p.k, &rng);
   const auto b = RandomVector(static_cast<size_t>(p.k) * p.n, &rng);
   const auto c0 = RandomVector(static_cast<size_t>(p.m) * p.n, &rng);
-  const auto want = NaiveGemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b,
-                              p.beta, c0);
+  const auto want = NaiveGemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, b, p.beta, c0);
 
   auto dev = NewCpuDevice(1);
   std::vector<float> c = c0;
-  dev->Gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a.data(), b.data(),
-            p.beta, c.data());
+  dev->Gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a.data(), b.data(), p.beta, c.data());
   ASSERT_EQ(c.size(), want.size());
   for (size_t i = 0; i < c.size(); ++i) {
     EXPECT_NEAR(c[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << "index " << i;
@@ -101,15 +97,15 @@ std::vector<GemmCase> AllGemmCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTransposes, CpuDeviceGemmTest,
-                         ::testing::ValuesIn(AllGemmCases()), GemmCaseName);
+INSTANTIATE_TEST_SUITE_P(AllTransposes, CpuDeviceGemmTest, ::testing::ValuesIn(AllGemmCases()),
+                         GemmCaseName);
 
 TEST(CpuDeviceTest, GemmTransposeCombinationsAgreeOnSameProduct) {
   // The same product A(2x3) * B(3x2) written four ways must give one answer.
-  const std::vector<float> a = {1, 2, 3, 4, 5, 6};      // 2x3
-  const std::vector<float> a_t = {1, 4, 2, 5, 3, 6};    // 3x2, = A^T
-  const std::vector<float> b = {7, 8, 9, 10, 11, 12};   // 3x2
-  const std::vector<float> b_t = {7, 9, 11, 8, 10, 12}; // 2x3, = B^T
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};       // 2x3
+  const std::vector<float> a_t = {1, 4, 2, 5, 3, 6};     // 3x2, = A^T
+  const std::vector<float> b = {7, 8, 9, 10, 11, 12};    // 3x2
+  const std::vector<float> b_t = {7, 9, 11, 8, 10, 12};  // 2x3, = B^T
   // Row 0: 1*7+2*9+3*11 = 58, 1*8+2*10+3*12 = 64.
   // Row 1: 4*7+5*9+6*11 = 139, 4*8+5*10+6*12 = 154.
   const std::vector<float> want = {58, 64, 139, 154};
@@ -117,8 +113,8 @@ TEST(CpuDeviceTest, GemmTransposeCombinationsAgreeOnSameProduct) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       std::vector<float> c(4, -1.f);
-      dev->Gemm(ta, tb, 2, 2, 3, 1.f, ta ? a_t.data() : a.data(),
-                tb ? b_t.data() : b.data(), 0.f, c.data());
+      dev->Gemm(ta, tb, 2, 2, 3, 1.f, ta ? a_t.data() : a.data(), tb ? b_t.data() : b.data(), 0.f,
+                c.data());
       EXPECT_THAT(c, ::testing::ElementsAreArray(want)) << "ta=" << ta << " tb=" << tb;
     }
   }
@@ -163,17 +159,17 @@ TEST(CpuDeviceTest, GemmStridedWorksOnColumnBlocksOfLargerMatrices) {
   const auto d = RandomVector(batch * dout, &rng);
   const auto want_out = NaiveGemm(false, false, batch, dout, din, 1.0, x, w, 0.0,
                                   std::vector<float>(batch * dout, 0.f));
-  const auto want_dw = NaiveGemm(true, false, din, dout, batch, 1.0, x, d, 0.0,
-                                 std::vector<float>(din * dout, 0.f));
+  const auto want_dw =
+      NaiveGemm(true, false, din, dout, batch, 1.0, x, d, 0.0, std::vector<float>(din * dout, 0.f));
   std::vector<float> out(batch * dout, std::numeric_limits<float>::quiet_NaN());
   std::vector<float> dw(din * dout, std::numeric_limits<float>::quiet_NaN());
   const int bounds[] = {0, 2, 3, 7, 9};  // uneven blocks, one of a single row
   for (int b = 0; b + 1 < 5; ++b) {
     const int r0 = bounds[b], rows = bounds[b + 1] - r0;
-    dev->GemmStrided(false, false, batch, dout, rows, 1.f, x.data() + r0, din,
-                     w.data() + r0 * dout, dout, b == 0 ? 0.f : 1.f, out.data(), dout);
-    dev->GemmStrided(true, false, rows, dout, batch, 1.f, x.data() + r0, din, d.data(),
-                     dout, 0.f, dw.data() + r0 * dout, dout);
+    dev->GemmStrided(false, false, batch, dout, rows, 1.f, x.data() + r0, din, w.data() + r0 * dout,
+                     dout, b == 0 ? 0.f : 1.f, out.data(), dout);
+    dev->GemmStrided(true, false, rows, dout, batch, 1.f, x.data() + r0, din, d.data(), dout, 0.f,
+                     dw.data() + r0 * dout, dout);
   }
   for (int i = 0; i < batch * dout; ++i) EXPECT_NEAR(out[i], want_out[i], 1e-5) << i;
   for (int i = 0; i < din * dout; ++i) EXPECT_NEAR(dw[i], want_dw[i], 1e-5) << i;
@@ -204,10 +200,10 @@ TEST(CpuDeviceTest, AddBiasSingleColumnAndSingleRow) {
 
 TEST(CpuDeviceTest, ColumnSumSumsColumnsAndOverwritesOutput) {
   auto dev = NewCpuDevice(1);
-  const std::vector<float> g = {1, 2, 3,    //
-                                4, 5, 6,    //
-                                -1, 0, 10}; // 3x3
-  std::vector<float> out = {99, 99, 99};  // stale values must be replaced
+  const std::vector<float> g = {1,  2, 3,    //
+                                4,  5, 6,    //
+                                -1, 0, 10};  // 3x3
+  std::vector<float> out = {99, 99, 99};     // stale values must be replaced
   dev->ColumnSum(3, 3, g.data(), out.data());
   EXPECT_THAT(out, ::testing::ElementsAre(4, 7, 19));
 }
@@ -258,7 +254,7 @@ double RefDerivative(Activation act, double x) {
 class CpuDeviceActivationTest : public ::testing::TestWithParam<Activation> {};
 
 const std::vector<float>& ActivationInputs() {
-  static const std::vector<float> xs = {-8.f, -3.f, -1.f,  -0.5f, -0.01f, 0.01f,
+  static const std::vector<float> xs = {-8.f,  -3.f, -1.f, -0.5f, -0.01f, 0.01f,
                                         0.25f, 0.5f, 1.f,  2.f,   3.5f,   8.f};
   return xs;
 }
@@ -321,9 +317,12 @@ INSTANTIATE_TEST_SUITE_P(AllActivations, CpuDeviceActivationTest,
                                            Activation::kSigmoid),
                          [](const ::testing::TestParamInfo<Activation>& info) {
                            switch (info.param) {
-                             case Activation::kRelu: return std::string("Relu");
-                             case Activation::kTanh: return std::string("Tanh");
-                             case Activation::kSigmoid: return std::string("Sigmoid");
+                             case Activation::kRelu:
+                               return std::string("Relu");
+                             case Activation::kTanh:
+                               return std::string("Tanh");
+                             case Activation::kSigmoid:
+                               return std::string("Sigmoid");
                            }
                            return std::string("Unknown");
                          });
@@ -374,8 +373,7 @@ TEST(CpuDeviceTest, SoftmaxCrossEntropyGradientRowsSumToZero) {
   const auto logits = RandomVector(rows * classes, &rng, -4.f, 4.f);
   const std::vector<int32_t> labels = {0, 1, 2, 3, 4, 2};
   std::vector<float> grad(rows * classes);
-  dev->SoftmaxCrossEntropy(rows, classes, logits.data(), labels.data(), grad.data(),
-                           nullptr);
+  dev->SoftmaxCrossEntropy(rows, classes, logits.data(), labels.data(), grad.data(), nullptr);
   for (int r = 0; r < rows; ++r) {
     double s = 0;
     for (int c = 0; c < classes; ++c) {
@@ -400,17 +398,16 @@ TEST(CpuDeviceTest, SoftmaxCrossEntropyGradientMatchesFiniteDifference) {
   auto logits = RandomVector(rows * classes, &rng, -2.f, 2.f);
   const std::vector<int32_t> labels = {3, 0, 1};
   std::vector<float> grad(rows * classes);
-  dev->SoftmaxCrossEntropy(rows, classes, logits.data(), labels.data(), grad.data(),
-                           nullptr);
+  dev->SoftmaxCrossEntropy(rows, classes, logits.data(), labels.data(), grad.data(), nullptr);
   const float eps = 1e-2f;
   for (int i = 0; i < rows * classes; ++i) {
     const float saved = logits[i];
     logits[i] = saved + eps;
-    const double lp = dev->SoftmaxCrossEntropy(rows, classes, logits.data(),
-                                               labels.data(), nullptr, nullptr);
+    const double lp =
+        dev->SoftmaxCrossEntropy(rows, classes, logits.data(), labels.data(), nullptr, nullptr);
     logits[i] = saved - eps;
-    const double lm = dev->SoftmaxCrossEntropy(rows, classes, logits.data(),
-                                               labels.data(), nullptr, nullptr);
+    const double lm =
+        dev->SoftmaxCrossEntropy(rows, classes, logits.data(), labels.data(), nullptr, nullptr);
     logits[i] = saved;
     EXPECT_NEAR(grad[i], (lp - lm) / (2 * eps), 1e-4) << "index " << i;
   }
@@ -421,8 +418,7 @@ TEST(CpuDeviceTest, SoftmaxCrossEntropyIsStableForLargeLogits) {
   // Row 0: [1000, 0, -1000], label 0 -> softmax ~ onehot(0): loss ~ 0, grad ~ 0.
   // Row 1: same logits, label 1 -> loss = 1000 + ln(1 + e^-1000 + e^-2000) ~ 1000.
   // Row 2: [1000, 1000, 1000], label 2 -> uniform: loss ln 3, grad [1/3, 1/3, -2/3].
-  const std::vector<float> logits = {1000, 0, -1000, 1000, 0, -1000,
-                                     1000, 1000, 1000};
+  const std::vector<float> logits = {1000, 0, -1000, 1000, 0, -1000, 1000, 1000, 1000};
   const std::vector<int32_t> labels = {0, 1, 2};
   std::vector<float> grad(9);
   int64_t correct = 0;
@@ -441,8 +437,7 @@ TEST(CpuDeviceTest, SoftmaxCrossEntropyIsStableForLargeLogits) {
 
   const std::vector<float> very_negative = {-1000, -1001, -1002};
   const int32_t label = 2;
-  const double l2 =
-      dev->SoftmaxCrossEntropy(1, 3, very_negative.data(), &label, nullptr, nullptr);
+  const double l2 = dev->SoftmaxCrossEntropy(1, 3, very_negative.data(), &label, nullptr, nullptr);
   // = 2 + ln(1 + e^-1 + e^-2)
   EXPECT_NEAR(l2, 2.0 + std::log(1 + std::exp(-1.0) + std::exp(-2.0)), 1e-6);
 }
@@ -453,8 +448,8 @@ TEST(CpuDeviceTest, SoftmaxCrossEntropyCountsArgmaxMatchesAndAccumulates) {
                                      5.0f, -1.f, 2.0f,   // argmax 0
                                      -3.f, -2.f, -1.f,   // argmax 2
                                      0.0f, 0.0f, 7.0f};  // argmax 2
-  const std::vector<int32_t> labels = {1, 0, 1, 2};  // rows 0, 1, 3 correct
-  int64_t correct = 10;  // added to, not overwritten
+  const std::vector<int32_t> labels = {1, 0, 1, 2};      // rows 0, 1, 3 correct
+  int64_t correct = 10;                                  // added to, not overwritten
   dev->SoftmaxCrossEntropy(4, 3, logits.data(), labels.data(), nullptr, &correct);
   EXPECT_EQ(correct, 13);
 }
@@ -465,14 +460,13 @@ TEST(CpuDeviceTest, SoftmaxCrossEntropyLossIndependentOfGradAndCorrectPointers) 
   const std::vector<int32_t> labels = {1, 0};
   std::vector<float> grad(4);
   int64_t correct = 0;
-  const double a =
-      dev->SoftmaxCrossEntropy(2, 2, logits.data(), labels.data(), nullptr, nullptr);
+  const double a = dev->SoftmaxCrossEntropy(2, 2, logits.data(), labels.data(), nullptr, nullptr);
   const double b =
       dev->SoftmaxCrossEntropy(2, 2, logits.data(), labels.data(), grad.data(), &correct);
   EXPECT_DOUBLE_EQ(a, b);
   // Row 0: ln(e^0.3 + e^-0.2) - (-0.2); row 1: ln(e^1.1 + 1) - 1.1.
-  const double want = std::log(std::exp(0.3) + std::exp(-0.2)) + 0.2 +
-                      std::log(std::exp(1.1) + 1.0) - 1.1;
+  const double want =
+      std::log(std::exp(0.3) + std::exp(-0.2)) + 0.2 + std::log(std::exp(1.1) + 1.0) - 1.1;
   EXPECT_NEAR(a, want, 1e-6);
   EXPECT_EQ(correct, 1);  // row 0 argmax 0 != 1; row 1 argmax 0 == 0
 }

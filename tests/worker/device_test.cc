@@ -3,6 +3,8 @@
 // Instantiated for the CPU device (always runs) and the CUDA device
 // (ctest gpu_device_test, label gpu: skipped, saying why, without a GPU):
 // the GPU's kernels are held to the same loops as the CPU's.
+#include "worker/device.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,7 +17,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
-#include "worker/device.h"
 #include "worker/mlp.h"
 #include "worker/wide_deep.h"
 
@@ -60,9 +61,12 @@ class DeviceTest : public ::testing::TestWithParam<DeviceParam> {
   // TF32 keeps 10 mantissa bits, bf16 7 (both accumulate in fp32).
   double GemmTolerance() const {
     switch (GetParam().precision) {
-      case Precision::kFp32: return 1e-5;
-      case Precision::kTf32: return 3e-3;
-      case Precision::kBf16: return 2e-2;
+      case Precision::kFp32:
+        return 1e-5;
+      case Precision::kTf32:
+        return 3e-3;
+      case Precision::kBf16:
+        return 2e-2;
     }
     return 0;
   }
@@ -102,13 +106,13 @@ struct GemmShape {
 
 TEST_P(DeviceTest, GemmMatchesTheTripleLoopForOddShapesAndStrides) {
   std::mt19937 rng(7);
-  const std::vector<GemmShape> shapes = {
-      {false, false, 1, 1, 1},   {false, false, 7, 13, 5},  {true, false, 33, 65, 17},
-      {false, true, 31, 10, 129}, {true, true, 5, 3, 257},   {false, false, 64, 128, 784},
-      {true, false, 784, 128, 64}, {false, true, 64, 784, 128}};
+  const std::vector<GemmShape> shapes = {{false, false, 1, 1, 1},     {false, false, 7, 13, 5},
+                                         {true, false, 33, 65, 17},   {false, true, 31, 10, 129},
+                                         {true, true, 5, 3, 257},     {false, false, 64, 128, 784},
+                                         {true, false, 784, 128, 64}, {false, true, 64, 784, 128}};
   for (const GemmShape& s : shapes) {
-    SCOPED_TRACE(::testing::Message() << (s.ta ? "A^T " : "A ") << (s.tb ? "B^T " : "B ")
-                                      << s.m << "x" << s.n << "x" << s.k);
+    SCOPED_TRACE(::testing::Message() << (s.ta ? "A^T " : "A ") << (s.tb ? "B^T " : "B ") << s.m
+                                      << "x" << s.n << "x" << s.k);
     // A and B are blocks of wider matrices (row strides lda, ldb > their
     // widths), as the MLP's row blocks are.
     const int a_rows = s.ta ? s.k : s.m, a_cols = s.ta ? s.m : s.k;
@@ -128,14 +132,17 @@ TEST_P(DeviceTest, GemmMatchesTheTripleLoopForOddShapesAndStrides) {
       for (int j = 0; j < s.n; ++j) {
         double acc = 0, mag = 0;
         for (int p = 0; p < s.k; ++p) {
-          const double av = s.ta ? a[static_cast<size_t>(p) * lda + i] : a[static_cast<size_t>(i) * lda + p];
-          const double bv = s.tb ? b[static_cast<size_t>(j) * ldb + p] : b[static_cast<size_t>(p) * ldb + j];
+          const double av =
+              s.ta ? a[static_cast<size_t>(p) * lda + i] : a[static_cast<size_t>(i) * lda + p];
+          const double bv =
+              s.tb ? b[static_cast<size_t>(j) * ldb + p] : b[static_cast<size_t>(p) * ldb + j];
           acc += av * bv;
           mag += std::abs(av * bv);
         }
         const size_t idx = static_cast<size_t>(i) * ldc + j;
         const double want = alpha * acc + beta * c0[idx];
-        worst = std::max(worst, std::abs(c[idx] - want) / (alpha * mag + std::abs(beta * c0[idx]) + 1e-6));
+        worst = std::max(worst,
+                         std::abs(c[idx] - want) / (alpha * mag + std::abs(beta * c0[idx]) + 1e-6));
       }
       // The padding between rows is not written.
       for (int j = s.n; j < ldc; ++j) {
@@ -149,7 +156,8 @@ TEST_P(DeviceTest, GemmMatchesTheTripleLoopForOddShapesAndStrides) {
 
 TEST_P(DeviceTest, BiasColumnSumAndActivationsMatchTheLoops) {
   std::mt19937 rng(11);
-  for (const auto& [rows, cols] : std::vector<std::pair<int, int>>{{1, 1}, {3, 37}, {1000, 33}, {17, 1}}) {
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int, int>>{{1, 1}, {3, 37}, {1000, 33}, {17, 1}}) {
     SCOPED_TRACE(::testing::Message() << rows << "x" << cols);
     const auto x = Random(static_cast<size_t>(rows) * cols, &rng, -3.f, 3.f);
     const auto bias = Random(cols, &rng);
@@ -196,14 +204,16 @@ TEST_P(DeviceTest, BiasColumnSumAndActivationsMatchTheLoops) {
 
 TEST_P(DeviceTest, SoftmaxCrossEntropyMatchesTheLoopForManyClassCounts) {
   std::mt19937 rng(13);
-  for (const auto& [rows, classes] : std::vector<std::pair<int, int>>{{1, 1}, {5, 10}, {130, 37}, {3, 1000}}) {
+  for (const auto& [rows, classes] :
+       std::vector<std::pair<int, int>>{{1, 1}, {5, 10}, {130, 37}, {3, 1000}}) {
     SCOPED_TRACE(::testing::Message() << rows << " rows, " << classes << " classes");
     const auto z = Random(static_cast<size_t>(rows) * classes, &rng, -8.f, 8.f);
     std::vector<int32_t> labels(rows);
     for (int32_t& l : labels) l = static_cast<int32_t>(rng() % classes);
     float* grad = In(std::vector<float>(z.size(), 0.f));
     int64_t correct = 3;  // added to
-    const double loss = device_->SoftmaxCrossEntropy(rows, classes, In(z), In(labels), grad, &correct);
+    const double loss =
+        device_->SoftmaxCrossEntropy(rows, classes, In(z), In(labels), grad, &correct);
     const auto g = Out(grad, z.size());
     double want_loss = 0;
     int64_t want_correct = 3;
@@ -269,7 +279,8 @@ TEST_P(DeviceTest, SigmoidCrossEntropyAndSigmoidMatchTheLoop) {
     int64_t want_correct = 0;
     for (int i = 0; i < rows; ++i) {
       const double s = 1 / (1 + std::exp(-double(z[i])));
-      want += std::log1p(std::exp(-std::abs(double(z[i])))) + std::max(0.0, double(z[i])) - y[i] * z[i];
+      want +=
+          std::log1p(std::exp(-std::abs(double(z[i])))) + std::max(0.0, double(z[i])) - y[i] * z[i];
       want_correct += (z[i] > 0) == (y[i] > 0.5f);
       ASSERT_NEAR(g[i], s - y[i], 1e-6) << i;
       ASSERT_NEAR(p[i], s, 1e-6) << i;
@@ -281,7 +292,8 @@ TEST_P(DeviceTest, SigmoidCrossEntropyAndSigmoidMatchTheLoop) {
 
 TEST_P(DeviceTest, EmbeddingGatherAndScatterAddMatchTheLoop) {
   std::mt19937 rng(19);
-  for (const auto& [rows, fields, dim] : std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {7, 26, 8}, {65, 3, 5}}) {
+  for (const auto& [rows, fields, dim] :
+       std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {7, 26, 8}, {65, 3, 5}}) {
     SCOPED_TRACE(::testing::Message() << rows << " rows, " << fields << " fields, dim " << dim);
     const int unique = 5;  // few keys: many rows share one
     const auto table = Random(static_cast<size_t>(unique) * dim, &rng);
@@ -477,8 +489,8 @@ TEST_P(DeviceTest, OneWideDeepStepMatchesTheCpu) {
   auto loss = got.TrainStep(dense.data(), slot.data(), labels.data(), batch, wide_rows.data(),
                             emb_rows.data(), unique, &wg, &eg);
   ASSERT_THAT(loss.status(), IsOk());
-  auto want_loss = want.TrainStep(dense.data(), slot.data(), labels.data(), batch,
-                                  wide_rows.data(), emb_rows.data(), unique, &want_wg, &want_eg);
+  auto want_loss = want.TrainStep(dense.data(), slot.data(), labels.data(), batch, wide_rows.data(),
+                                  emb_rows.data(), unique, &want_wg, &want_eg);
   ASSERT_THAT(want_loss.status(), IsOk());
   const double tol = GetParam().precision == Precision::kFp32 ? 1e-4 : 3e-2;
   EXPECT_NEAR(*loss, *want_loss, tol * std::abs(*want_loss) + 1e-4);
@@ -496,9 +508,9 @@ TEST_P(DeviceTest, OneWideDeepStepMatchesTheCpu) {
     close(got.grads()[t], want.grads()[t], "dense table");
   }
   std::vector<float> p(batch), want_p(batch);
-  ASSERT_THAT(got.Predict(dense.data(), slot.data(), batch, wide_rows.data(), emb_rows.data(),
-                          p.data()),
-              IsOk());
+  ASSERT_THAT(
+      got.Predict(dense.data(), slot.data(), batch, wide_rows.data(), emb_rows.data(), p.data()),
+      IsOk());
   ASSERT_THAT(want.Predict(dense.data(), slot.data(), batch, wide_rows.data(), emb_rows.data(),
                            want_p.data()),
               IsOk());

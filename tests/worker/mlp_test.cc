@@ -23,9 +23,12 @@ using Params = std::vector<std::vector<float>>;
 
 std::string ActName(Activation a) {
   switch (a) {
-    case Activation::kRelu: return "Relu";
-    case Activation::kTanh: return "Tanh";
-    case Activation::kSigmoid: return "Sigmoid";
+    case Activation::kRelu:
+      return "Relu";
+    case Activation::kTanh:
+      return "Tanh";
+    case Activation::kSigmoid:
+      return "Sigmoid";
   }
   return "Unknown";
 }
@@ -41,9 +44,8 @@ struct RefResult {
   std::vector<std::vector<double>> hidden_pre;
 };
 
-RefResult RefForward(const std::vector<int>& layers, Activation act,
-                     const Params& params, const std::vector<float>& x,
-                     const std::vector<int32_t>& y, int batch) {
+RefResult RefForward(const std::vector<int>& layers, Activation act, const Params& params,
+                     const std::vector<float>& x, const std::vector<int32_t>& y, int batch) {
   RefResult res;
   std::vector<double> in(x.begin(), x.end());
   const size_t n_layers = layers.size() - 1;
@@ -63,9 +65,15 @@ RefResult RefForward(const std::vector<int>& layers, Activation act,
       res.hidden_pre.push_back(out);
       for (double& v : out) {
         switch (act) {
-          case Activation::kRelu: v = v > 0 ? v : 0; break;
-          case Activation::kTanh: v = std::tanh(v); break;
-          case Activation::kSigmoid: v = 1 / (1 + std::exp(-v)); break;
+          case Activation::kRelu:
+            v = v > 0 ? v : 0;
+            break;
+          case Activation::kTanh:
+            v = std::tanh(v);
+            break;
+          case Activation::kSigmoid:
+            v = 1 / (1 + std::exp(-v));
+            break;
         }
       }
     }
@@ -108,8 +116,7 @@ std::vector<float> RandomInput(int n, std::mt19937* rng) {
 bool SameReluPattern(const RefResult& a, const RefResult& b, const RefResult& c) {
   for (size_t l = 0; l < a.hidden_pre.size(); ++l) {
     for (size_t i = 0; i < a.hidden_pre[l].size(); ++i) {
-      const double va = a.hidden_pre[l][i], vb = b.hidden_pre[l][i],
-                   vc = c.hidden_pre[l][i];
+      const double va = a.hidden_pre[l][i], vb = b.hidden_pre[l][i], vc = c.hidden_pre[l][i];
       if (va == 0 || vb == 0 || vc == 0) return false;
       if ((va > 0) != (vb > 0) || (va > 0) != (vc > 0)) return false;
     }
@@ -163,8 +170,8 @@ class LosingDevice final : public Device {
                              float* grad, int64_t* correct) override {
     return cpu_->SoftmaxCrossEntropy(rows, classes, logits, labels, grad, correct);
   }
-  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
-                                  const int32_t* labels, float* grad) override {
+  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits, const int32_t* labels,
+                                  float* grad) override {
     cpu_->SoftmaxCrossEntropyPending(rows, classes, logits, labels, grad);
   }
   double TakePendingLoss(int64_t* correct) override { return cpu_->TakePendingLoss(correct); }
@@ -299,13 +306,13 @@ TEST_P(MlpGradientTest, GradsMatchCentralFiniteDifferencesOfSummedLoss) {
       // Finite difference of the Mlp's own (float) loss.
       const double fd = (lp - lm) / h;
       EXPECT_LE(std::abs(fd - ana), std::max(1e-3, 1e-2 * std::abs(ana)))
-          << ActName(act) << " tensor " << t << " index " << i << ": fd " << fd
-          << " analytic " << ana;
+          << ActName(act) << " tensor " << t << " index " << i << ": fd " << fd << " analytic "
+          << ana;
       // Same, from the double-precision reference loss: a tighter check.
       const double ref_fd = (rp.loss - rm.loss) / h;
       EXPECT_LE(std::abs(ref_fd - ana), std::max(2e-4, 2e-3 * std::abs(ana)))
-          << ActName(act) << " tensor " << t << " index " << i << ": ref fd "
-          << ref_fd << " analytic " << ana;
+          << ActName(act) << " tensor " << t << " index " << i << ": ref fd " << ref_fd
+          << " analytic " << ana;
     }
     // Guard against a vacuous check (e.g. all-dead relu units).
     EXPECT_GT(tensor_abs, 1e-3) << ActName(act) << " tensor " << t << " has zero grads";
@@ -369,8 +376,7 @@ TEST(MlpTest, ReuseAcrossBatchSizesMatchesFreshModel) {
   const double b = fresh.TrainStep(small.data(), small_y.data(), 2).value();
   EXPECT_DOUBLE_EQ(a, b);
   for (size_t t = 0; t < used.grads().size(); ++t) {
-    EXPECT_THAT(used.grads()[t], ::testing::Pointwise(::testing::FloatEq(),
-                                                      fresh.grads()[t]))
+    EXPECT_THAT(used.grads()[t], ::testing::Pointwise(::testing::FloatEq(), fresh.grads()[t]))
         << "tensor " << t;
   }
 }
@@ -390,7 +396,7 @@ TEST_P(MlpEvaluateTest, LossEqualsTrainStepLossAndCorrectCountsArgmax) {
 
   const double train_loss = mlp.TrainStep(x.data(), y.data(), batch).value();
   const Params grads_before = mlp.grads();
-  double loss = 1.5;      // Evaluate adds to these
+  double loss = 1.5;  // Evaluate adds to these
   int64_t correct = 3;
   ASSERT_THAT(mlp.Evaluate(x.data(), y.data(), batch, &loss, &correct), IsOk());
   EXPECT_NEAR(loss - 1.5, train_loss, 1e-9 * (1 + train_loss));
@@ -593,11 +599,11 @@ TEST(MlpTest, HooksFollowTheDataThatEachBlockNeedsAndProduces) {
   };
   auto loss = mlp.TrainStep(x.data(), y.data(), batch, hooks);
   ASSERT_TRUE(loss.ok()) << loss.status();
-  EXPECT_THAT(events, ::testing::ElementsAre(
-                          "need 0 8", "need 0 16", "need 0 24", "need 1 4", "need 2 12",
-                          "need 3 3", "forward done", "grads 3 3", "released 3",
-                          "grads 2 12", "released 2", "grads 1 4", "released 1",
-                          "grads 0 8", "grads 0 16", "grads 0 24", "released 0"));
+  EXPECT_THAT(events,
+              ::testing::ElementsAre("need 0 8", "need 0 16", "need 0 24", "need 1 4", "need 2 12",
+                                     "need 3 3", "forward done", "grads 3 3", "released 3",
+                                     "grads 2 12", "released 2", "grads 1 4", "released 1",
+                                     "grads 0 8", "grads 0 16", "grads 0 24", "released 0"));
   for (size_t t = 0; t < 4; ++t) {
     EXPECT_TRUE(released[t]) << t;
     EXPECT_EQ(sent[t], params[t].size()) << t;

@@ -6,8 +6,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -33,8 +33,7 @@ class FakePServer {
     transport_ = *transport::CreateTransport(options);
     EXPECT_TRUE(transport_
                     ->Listen("127.0.0.1", 0,
-                             [this](Message m,
-                                    std::shared_ptr<transport::Responder> r) {
+                             [this](Message m, std::shared_ptr<transport::Responder> r) {
                                Handle(std::move(m), std::move(r));
                              })
                     .ok());
@@ -100,9 +99,7 @@ class FakePServer {
   // Waits until `n` requests have arrived.
   bool AwaitRequests(size_t n) {
     absl::MutexLock l(&mu_);
-    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return requests_.size() >= n;
-    };
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return requests_.size() >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
   }
 
@@ -121,14 +118,12 @@ class FakePServer {
 
   static Message PullAnswer(const Message& req) {
     std::vector<float> v(kLength);
-    for (uint32_t i = 0; i < kLength; ++i)
-      v[i] = req.header.partition * 1000.f + i;
+    for (uint32_t i = 0; i < kLength; ++i) v[i] = req.header.partition * 1000.f + i;
     Message resp;
     resp.header = req.header;
     resp.header.type = MessageType::kPullResponse;
     resp.header.version = 7;
-    resp.payload.assign(reinterpret_cast<const char*>(v.data()),
-                        v.size() * sizeof(float));
+    resp.payload.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
     return resp;
   }
 
@@ -188,8 +183,7 @@ class FakePServer {
     }
     if (m.header.type == MessageType::kPushRequest) {
       const float* g = reinterpret_cast<const float*>(m.payload.data());
-      pushed_[m.header.partition].assign(g,
-                                         g + m.payload.size() / sizeof(float));
+      pushed_[m.header.partition].assign(g, g + m.payload.size() / sizeof(float));
       Message resp;
       resp.header = m.header;
       resp.header.type = MessageType::kPushResponse;
@@ -220,17 +214,14 @@ class FakePServer {
       ABSL_GUARDED_BY(mu_);
   bool refused_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<transport::Responder>> held_pushes_ ABSL_GUARDED_BY(mu_);
-  std::map<
-      uint32_t,
-      std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>>>
-      hold_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>>> hold_
+      ABSL_GUARDED_BY(mu_);
 };
 
 class ParamClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    client_transport_ =
-        *transport::CreateTransport(transport::TransportOptions());
+    client_transport_ = *transport::CreateTransport(transport::TransportOptions());
     client_ = std::make_unique<ParamClient>(
         client_transport_.get(), /*node_id=*/5,
         []() -> absl::StatusOr<proto::ClusterView> {
@@ -303,7 +294,7 @@ TEST_F(ParamClientTest, AbandonedPullDropsItsConnection) {
     auto pull = client_->StartPull(0, &abandoned, &lowest);
     pull->IssueAll();
     ASSERT_TRUE(server_.AwaitRequests(4));
-  }  // given up with partition 1 unanswered
+  }                    // given up with partition 1 unanswered
   server_.Release(1);  // the late answer goes to a closed connection
   std::vector<std::vector<float>> tables;
   uint64_t lowest = 0;
@@ -500,8 +491,7 @@ TEST_F(ParamClientTest, WaitRangeWaitsOnlyForThePartitionsItReads) {
 }
 
 TEST_F(ParamClientTest, IssueRangeSendsWholePartitionsOnceEach) {
-  std::vector<std::vector<float>> grads = {std::vector<float>(30),
-                                           std::vector<float>(10)};
+  std::vector<std::vector<float>> grads = {std::vector<float>(30), std::vector<float>(10)};
   for (size_t t = 0; t < grads.size(); ++t) {
     for (size_t i = 0; i < grads[t].size(); ++i) grads[t][i] = 100.f * t + i;
   }
@@ -516,16 +506,14 @@ TEST_F(ParamClientTest, IssueRangeSendsWholePartitionsOnceEach) {
   ASSERT_TRUE(server_.AwaitRequests(3));
   ASSERT_TRUE(push->Finish().ok());  // sends what is left: partition 2
   using Req = std::pair<MessageType, uint32_t>;
-  EXPECT_THAT(server_.requests(),
-              ::testing::ElementsAre(Req{MessageType::kPushRequest, 0},
-                                     Req{MessageType::kPushRequest, 1},
-                                     Req{MessageType::kPushRequest, 3},
-                                     Req{MessageType::kPushRequest, 2}));
+  EXPECT_THAT(
+      server_.requests(),
+      ::testing::ElementsAre(Req{MessageType::kPushRequest, 0}, Req{MessageType::kPushRequest, 1},
+                             Req{MessageType::kPushRequest, 3}, Req{MessageType::kPushRequest, 2}));
   const auto pushed = server_.pushed();
   ASSERT_EQ(pushed.size(), 4u);
   for (uint32_t p = 0; p < 3; ++p) {
-    EXPECT_THAT(pushed.at(p),
-                ::testing::ElementsAreArray(grads[0].data() + 10 * p, 10))
+    EXPECT_THAT(pushed.at(p), ::testing::ElementsAreArray(grads[0].data() + 10 * p, 10))
         << "partition " << p;
   }
   EXPECT_THAT(pushed.at(3), ::testing::ElementsAreArray(grads[1]));
@@ -545,8 +533,7 @@ TEST_F(ParamClientTest, PushThenPullSendsThePullsRightBehindThePushes) {
   const auto requests = server_.requests();
   ASSERT_EQ(requests.size(), 8u);
   for (size_t i = 0; i < 8; ++i) {
-    EXPECT_EQ(requests[i].first,
-              i < 4 ? MessageType::kPushRequest : MessageType::kPullRequest)
+    EXPECT_EQ(requests[i].first, i < 4 ? MessageType::kPushRequest : MessageType::kPullRequest)
         << i;
   }
   EXPECT_EQ(server_.pushed().size(), 4u);

@@ -74,9 +74,9 @@ void ExpectGradient(Fixture& fx, float* param, float analytic, const std::string
 TEST(WideDeepTest, GradientsMatchFiniteDifferences) {
   Fixture fx;
   std::vector<float> wide_grad, emb_grad;
-  const absl::StatusOr<double> step = fx.net->TrainStep(
-      fx.dense.data(), fx.slot.data(), fx.labels.data(), fx.batch, fx.wide_rows.data(),
-      fx.emb_rows.data(), fx.unique, &wide_grad, &emb_grad);
+  const absl::StatusOr<double> step =
+      fx.net->TrainStep(fx.dense.data(), fx.slot.data(), fx.labels.data(), fx.batch,
+                        fx.wide_rows.data(), fx.emb_rows.data(), fx.unique, &wide_grad, &emb_grad);
   ASSERT_TRUE(step.ok()) << step.status();
   const double loss = *step;
   EXPECT_NEAR(loss, fx.Loss(), 1e-4);
@@ -109,12 +109,14 @@ TEST(WideDeepTest, ARepeatedKeysGradientIsTheSumOverItsOccurrences) {
   // over all 5 x 26 occurrences of (p - y).
   std::fill(fx.slot.begin(), fx.slot.end(), 0);
   std::vector<float> wide_grad, emb_grad, probs(fx.batch);
-  ASSERT_TRUE(fx.net->Predict(fx.dense.data(), fx.slot.data(), fx.batch, fx.wide_rows.data(),
-                              fx.emb_rows.data(), probs.data())
+  ASSERT_TRUE(fx.net
+                  ->Predict(fx.dense.data(), fx.slot.data(), fx.batch, fx.wide_rows.data(),
+                            fx.emb_rows.data(), probs.data())
                   .ok());
-  ASSERT_TRUE(fx.net->TrainStep(fx.dense.data(), fx.slot.data(), fx.labels.data(), fx.batch,
-                                fx.wide_rows.data(), fx.emb_rows.data(), fx.unique, &wide_grad,
-                                &emb_grad)
+  ASSERT_TRUE(fx.net
+                  ->TrainStep(fx.dense.data(), fx.slot.data(), fx.labels.data(), fx.batch,
+                              fx.wide_rows.data(), fx.emb_rows.data(), fx.unique, &wide_grad,
+                              &emb_grad)
                   .ok());
   double expected = 0;
   for (int b = 0; b < fx.batch; ++b) expected += kCtrFields * (probs[b] - fx.labels[b]);

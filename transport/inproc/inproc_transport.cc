@@ -20,10 +20,9 @@ using CallMap = std::unordered_map<uint64_t, ResponseCallback>;
 // weakly: once it is gone the response is dropped. Thread-safe.
 class InProcResponder final : public OnceResponder {
  public:
-  InProcResponder(std::weak_ptr<InProcConnection> connection,
-                  const MessageHeader& request, std::string peer)
-      : OnceResponder(request, std::move(peer), "inproc"),
-        connection_(std::move(connection)) {}
+  InProcResponder(std::weak_ptr<InProcConnection> connection, const MessageHeader& request,
+                  std::string peer)
+      : OnceResponder(request, std::move(peer), "inproc"), connection_(std::move(connection)) {}
   ~InProcResponder() override { AnswerIfDropped(); }
 
  private:
@@ -31,8 +30,7 @@ class InProcResponder final : public OnceResponder {
     response.OwnPayload();  // delivered later, on another thread
     std::shared_ptr<InProcConnection> connection = connection_.lock();
     if (connection == nullptr) {
-      VLOG(1) << "inproc: dropping response to " << peer()
-              << ": connection released";
+      VLOG(1) << "inproc: dropping response to " << peer() << ": connection released";
       return;
     }
     connection->Complete(std::move(response));
@@ -43,8 +41,7 @@ class InProcResponder final : public OnceResponder {
 
 // Runs `callbacks` with `status` on `worker`, or on this thread when the
 // worker has stopped.
-void RunCallbacks(WorkerThread* worker, CallMap callbacks,
-                  const absl::Status& status) {
+void RunCallbacks(WorkerThread* worker, CallMap callbacks, const absl::Status& status) {
   if (callbacks.empty()) return;
   auto shared = std::make_shared<CallMap>(std::move(callbacks));
   std::function<void()> task = [shared, status] {
@@ -59,9 +56,7 @@ void RunCallbacks(WorkerThread* worker, CallMap callbacks,
 // WorkerThread.
 
 WorkerThread::WorkerThread(std::string name)
-    : name_(std::move(name)),
-      thread_([this] { Run(); }),
-      thread_id_(thread_.get_id()) {}
+    : name_(std::move(name)), thread_([this] { Run(); }), thread_id_(thread_.get_id()) {}
 
 WorkerThread::~WorkerThread() { Stop(); }
 
@@ -81,16 +76,13 @@ void WorkerThread::Stop() {
     dropped.swap(tasks_);
   }
   if (thread_.joinable()) {
-    CHECK(!IsCurrentThread())
-        << "inproc worker " << name_ << " stopped from one of its own tasks";
+    CHECK(!IsCurrentThread()) << "inproc worker " << name_ << " stopped from one of its own tasks";
     thread_.join();
   }
   // `dropped` is destroyed here, outside mu_.
 }
 
-bool WorkerThread::IsCurrentThread() const {
-  return std::this_thread::get_id() == thread_id_;
-}
+bool WorkerThread::IsCurrentThread() const { return std::this_thread::get_id() == thread_id_; }
 
 void WorkerThread::Run() {
   for (;;) {
@@ -98,9 +90,8 @@ void WorkerThread::Run() {
     {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(
-          +[](WorkerThread* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return w->stopped_ || !w->tasks_.empty();
-          },
+          +[](WorkerThread* w)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->stopped_ || !w->tasks_.empty(); },
           this));
       if (stopped_) return;
       task = std::move(tasks_.front());
@@ -127,17 +118,17 @@ InProcConnection::~InProcConnection() {
     absl::MutexLock l(&mu_);
     pending.swap(pending_);
   }
-  RunCallbacks(client_worker_.get(), std::move(pending),
-               absl::UnavailableError(absl::StrCat("connection to ", address_,
-                                                   " released by its owner")));
+  RunCallbacks(
+      client_worker_.get(), std::move(pending),
+      absl::UnavailableError(absl::StrCat("connection to ", address_, " released by its owner")));
 }
 
 void InProcConnection::Call(Message request, ResponseCallback done) {
   request.OwnPayload();  // delivered later, on another thread
   if (!IsValidMessageType(request.header.type)) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("call to ", address_, ": cannot send message type ",
-                     static_cast<uint16_t>(request.header.type))));
+    done(
+        absl::InvalidArgumentError(absl::StrCat("call to ", address_, ": cannot send message type ",
+                                                static_cast<uint16_t>(request.header.type))));
     return;
   }
   uint64_t id = 0;
@@ -152,14 +143,13 @@ void InProcConnection::Call(Message request, ResponseCallback done) {
     }
   }
   if (!broken.ok()) {
-    done(absl::UnavailableError(absl::StrCat(
-        "connection to ", address_, " is broken: ", broken.message())));
+    done(absl::UnavailableError(
+        absl::StrCat("connection to ", address_, " is broken: ", broken.message())));
     return;
   }
   request.header.request_id = id;
   if (!listener_->Deliver(weak_from_this(), std::move(request))) {
-    Break(absl::UnavailableError(
-        absl::StrCat("inproc server at ", address_, " is shut down")));
+    Break(absl::UnavailableError(absl::StrCat("inproc server at ", address_, " is shut down")));
   }
 }
 
@@ -181,8 +171,7 @@ void InProcConnection::Complete(Message response) {
     callback = std::move(it->second);
     pending_.erase(it);
   }
-  auto shared_callback =
-      std::make_shared<ResponseCallback>(std::move(callback));
+  auto shared_callback = std::make_shared<ResponseCallback>(std::move(callback));
   auto shared_response = std::make_shared<Message>(std::move(response));
   std::function<void()> task = [shared_callback, shared_response] {
     (*shared_callback)(std::move(*shared_response));
@@ -212,9 +201,7 @@ void InProcConnection::FailAll(CallMap calls, const absl::Status& reason) {
 
 Listener::Listener(std::string address, RequestHandler handler,
                    std::shared_ptr<WorkerThread> worker)
-    : address_(std::move(address)),
-      handler_(std::move(handler)),
-      worker_(std::move(worker)) {}
+    : address_(std::move(address)), handler_(std::move(handler)), worker_(std::move(worker)) {}
 
 bool Listener::AddInbound(const std::shared_ptr<InProcConnection>& connection) {
   absl::MutexLock l(&mu_);
@@ -242,8 +229,8 @@ bool Listener::Deliver(std::weak_ptr<InProcConnection> from, Message request) {
       if (connection == nullptr) return;  // the caller released it meanwhile
       peer = connection->client_name();
     }
-    auto responder = std::make_shared<InProcResponder>(
-        from, shared_request->header, std::move(peer));
+    auto responder =
+        std::make_shared<InProcResponder>(from, shared_request->header, std::move(peer));
     self->handler_(std::move(*shared_request), std::move(responder));
   });
 }
@@ -256,8 +243,8 @@ void Listener::Close() {
     closed_ = true;
     inbound.swap(inbound_);
   }
-  const absl::Status reason = absl::UnavailableError(
-      absl::StrCat("inproc server at ", address_, " shut down"));
+  const absl::Status reason =
+      absl::UnavailableError(absl::StrCat("inproc server at ", address_, " shut down"));
   for (auto& weak : inbound) {
     if (std::shared_ptr<InProcConnection> c = weak.lock()) c->Break(reason);
   }
@@ -273,17 +260,15 @@ InProcTransport::InProcTransport(std::shared_ptr<InProcNetwork> network)
 
 InProcTransport::~InProcTransport() { Shutdown(); }
 
-absl::Status InProcTransport::Listen(const std::string& host, int port,
-                                     RequestHandler handler) {
+absl::Status InProcTransport::Listen(const std::string& host, int port, RequestHandler handler) {
   absl::MutexLock l(&mu_);
   if (shut_down_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "listen on ", host, ":", port, ": transport is shut down"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("listen on ", host, ":", port, ": transport is shut down"));
   }
   if (listener_ != nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("listen on ", host, ":", port, ": already listening on ",
-                     listener_->address()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listen on ", host, ":", port, ": already listening on ", listener_->address()));
   }
   auto listener = network_->Bind(host, port, std::move(handler), worker_);
   if (!listener.ok()) return listener.status();
@@ -296,8 +281,7 @@ std::string InProcTransport::listen_address() const {
   return listener_ == nullptr ? "" : listener_->address();
 }
 
-absl::StatusOr<std::shared_ptr<Connection>> InProcTransport::Connect(
-    const std::string& address) {
+absl::StatusOr<std::shared_ptr<Connection>> InProcTransport::Connect(const std::string& address) {
   {
     absl::MutexLock l(&mu_);
     if (shut_down_) {
@@ -307,16 +291,13 @@ absl::StatusOr<std::shared_ptr<Connection>> InProcTransport::Connect(
   }
   auto listener = network_->Lookup(address);
   if (!listener.ok()) return listener.status();
-  auto connection =
-      std::make_shared<InProcConnection>(address, name_, *listener, worker_);
+  auto connection = std::make_shared<InProcConnection>(address, name_, *listener, worker_);
   if (!(*listener)->AddInbound(connection)) {
-    return absl::UnavailableError(
-        absl::StrCat("connect to ", address, ": server is shut down"));
+    return absl::UnavailableError(absl::StrCat("connect to ", address, ": server is shut down"));
   }
   absl::MutexLock l(&mu_);
   if (shut_down_) {
-    return absl::UnavailableError(
-        absl::StrCat("connect to ", address, ": transport is shut down"));
+    return absl::UnavailableError(absl::StrCat("connect to ", address, ": transport is shut down"));
   }
   std::vector<std::weak_ptr<InProcConnection>> live;
   for (auto& weak : outbound_) {
@@ -348,8 +329,8 @@ void InProcTransport::Shutdown() {
   worker_->Stop();
   for (auto& weak : outbound) {
     if (std::shared_ptr<InProcConnection> c = weak.lock()) {
-      c->Break(absl::UnavailableError(absl::StrCat(
-          "connection to ", c->peer(), " closed: transport shut down")));
+      c->Break(absl::UnavailableError(
+          absl::StrCat("connection to ", c->peer(), " closed: transport shut down")));
     }
   }
 }
@@ -371,8 +352,7 @@ absl::StatusOr<std::shared_ptr<inproc::Listener>> InProcNetwork::Bind(
     const std::string& host, int port, RequestHandler handler,
     std::shared_ptr<inproc::WorkerThread> worker) {
   if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("listen on ", host, ":", port, ": bad port"));
+    return absl::InvalidArgumentError(absl::StrCat("listen on ", host, ":", port, ": bad port"));
   }
   absl::MutexLock l(&mu_);
   std::string address;
@@ -383,12 +363,11 @@ absl::StatusOr<std::shared_ptr<inproc::Listener>> InProcNetwork::Bind(
   } else {
     address = absl::StrCat(host, ":", port);
     if (listeners_.count(address) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("listen on ", address, ": address in use"));
+      return absl::AlreadyExistsError(absl::StrCat("listen on ", address, ": address in use"));
     }
   }
-  auto listener = std::make_shared<inproc::Listener>(
-      address, std::move(handler), std::move(worker));
+  auto listener =
+      std::make_shared<inproc::Listener>(address, std::move(handler), std::move(worker));
   listeners_[address] = listener;
   return listener;
 }
@@ -406,8 +385,7 @@ absl::StatusOr<std::shared_ptr<inproc::Listener>> InProcNetwork::Lookup(
   absl::MutexLock l(&mu_);
   auto it = listeners_.find(address);
   if (it == listeners_.end()) {
-    return absl::UnavailableError(
-        absl::StrCat("no inproc listener at ", address));
+    return absl::UnavailableError(absl::StrCat("no inproc listener at ", address));
   }
   return it->second;
 }

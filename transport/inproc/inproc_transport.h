@@ -60,11 +60,9 @@ class WorkerThread {
 // worker; responses complete callbacks on the client transport's worker.
 // Thread-safe. Owned by the user (shared_ptr<Connection>); releasing it
 // fails its pending calls with Unavailable.
-class InProcConnection : public Connection,
-                         public std::enable_shared_from_this<InProcConnection> {
+class InProcConnection : public Connection, public std::enable_shared_from_this<InProcConnection> {
  public:
-  InProcConnection(std::string address, std::string client_name,
-                   std::shared_ptr<Listener> listener,
+  InProcConnection(std::string address, std::string client_name, std::shared_ptr<Listener> listener,
                    std::shared_ptr<WorkerThread> client_worker);
   ~InProcConnection() override;
   InProcConnection(const InProcConnection&) = delete;
@@ -86,8 +84,7 @@ class InProcConnection : public Connection,
 
  private:
   // Runs the callbacks on the client worker, or here if it stopped.
-  void FailAll(std::unordered_map<uint64_t, ResponseCallback> calls,
-               const absl::Status& reason);
+  void FailAll(std::unordered_map<uint64_t, ResponseCallback> calls, const absl::Status& reason);
 
   const std::string address_;
   const std::string client_name_;
@@ -106,8 +103,7 @@ class InProcConnection : public Connection,
 // network's address table and the connections to it.
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
-  Listener(std::string address, RequestHandler handler,
-           std::shared_ptr<WorkerThread> worker);
+  Listener(std::string address, RequestHandler handler, std::shared_ptr<WorkerThread> worker);
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
@@ -140,11 +136,9 @@ class InProcTransport : public Transport {
   InProcTransport(const InProcTransport&) = delete;
   InProcTransport& operator=(const InProcTransport&) = delete;
 
-  absl::Status Listen(const std::string& host, int port,
-                      RequestHandler handler) override;
+  absl::Status Listen(const std::string& host, int port, RequestHandler handler) override;
   std::string listen_address() const override;
-  absl::StatusOr<std::shared_ptr<Connection>> Connect(
-      const std::string& address) override;
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address) override;
   // Unregisters the listening address, fails pending calls (own and
   // inbound) with Unavailable, stops the worker. Idempotent.
   void Shutdown() override;
@@ -183,15 +177,13 @@ class InProcNetwork {
   // Removes `listener` from the table if it is still registered.
   void Unbind(const inproc::Listener* listener);
   // Unavailable naming `address` when nothing listens there.
-  absl::StatusOr<std::shared_ptr<inproc::Listener>> Lookup(
-      const std::string& address) const;
+  absl::StatusOr<std::shared_ptr<inproc::Listener>> Lookup(const std::string& address) const;
   // A fresh "inproc:client-N".
   std::string NewClientName();
 
  private:
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<inproc::Listener>> listeners_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<inproc::Listener>> listeners_ ABSL_GUARDED_BY(mu_);
   int next_port_ ABSL_GUARDED_BY(mu_) = 10000;
   uint64_t next_client_ ABSL_GUARDED_BY(mu_) = 0;
 };

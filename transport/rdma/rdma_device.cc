@@ -13,10 +13,8 @@ namespace {
 
 std::string Bytes(uint64_t b) {
   if (b == UINT64_MAX) return "unlimited";
-  if (b >= (1ull << 30))
-    return absl::StrFormat("%.1f GiB", b / double(1ull << 30));
-  if (b >= (1ull << 20))
-    return absl::StrFormat("%.1f MiB", b / double(1ull << 20));
+  if (b >= (1ull << 30)) return absl::StrFormat("%.1f GiB", b / double(1ull << 30));
+  if (b >= (1ull << 20)) return absl::StrFormat("%.1f MiB", b / double(1ull << 20));
   return absl::StrCat(b / 1024, " KiB");
 }
 
@@ -29,15 +27,13 @@ const PortInfo* FindPort(const DeviceInfo& d, int port) {
 
 std::string DeviceNames(const std::vector<DeviceInfo>& devices) {
   std::string names;
-  for (const DeviceInfo& d : devices)
-    absl::StrAppend(&names, names.empty() ? "" : ", ", d.name);
+  for (const DeviceInfo& d : devices) absl::StrAppend(&names, names.empty() ? "" : ", ", d.name);
   return names;
 }
 
 // The GID the transport uses on `port` when the config names none.
 int AutoGid(const PortInfo& port) {
-  if (port.link_layer != "Ethernet")
-    return port.gids.empty() ? 0 : port.gids.front().index;
+  if (port.link_layer != "Ethernet") return port.gids.empty() ? 0 : port.gids.front().index;
   const GidEntry* v2 = nullptr;
   for (const GidEntry& g : port.gids) {
     if (g.type != GidType::kRoceV2) continue;
@@ -67,11 +63,10 @@ const char* GidTypeName(GidType t) {
   return "?";
 }
 
-absl::StatusOr<RdmaSelection> SelectRdmaDevice(
-    const std::vector<DeviceInfo>& devices, const RdmaSettings& s) {
+absl::StatusOr<RdmaSelection> SelectRdmaDevice(const std::vector<DeviceInfo>& devices,
+                                               const RdmaSettings& s) {
   if (devices.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("no RDMA device on this host; fix: ", kNoDeviceFix));
+    return absl::NotFoundError(absl::StrCat("no RDMA device on this host; fix: ", kNoDeviceFix));
   }
   const DeviceInfo* dev = nullptr;
   const PortInfo* port = nullptr;
@@ -81,9 +76,8 @@ absl::StatusOr<RdmaSelection> SelectRdmaDevice(
     }
     if (dev == nullptr) {
       return absl::NotFoundError(absl::StrCat(
-          "cluster.rdma.device '", s.device,
-          "' is not on this host (devices: ", DeviceNames(devices),
-          "); fix: name one of those, or leave it empty to choose"));
+          "cluster.rdma.device '", s.device, "' is not on this host (devices: ",
+          DeviceNames(devices), "); fix: name one of those, or leave it empty to choose"));
     }
   }
   for (const DeviceInfo& d : devices) {
@@ -105,20 +99,20 @@ absl::StatusOr<RdmaSelection> SelectRdmaDevice(
       if (dev != nullptr && &d != dev) continue;
       for (const PortInfo& p : d.ports) {
         if (s.port != 0 && p.port != s.port) continue;
-        absl::StrAppend(&states, states.empty() ? "" : ", ", d.name, " port ",
-                        p.port, " ", p.state);
+        absl::StrAppend(&states, states.empty() ? "" : ", ", d.name, " port ", p.port, " ",
+                        p.state);
       }
     }
     if (states.empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "cluster.rdma.port ", s.port, " does not exist on ",
-          dev != nullptr ? dev->name : DeviceNames(devices),
-          "; fix: set it to an existing port (1-based) or 0 to choose"));
+      return absl::NotFoundError(
+          absl::StrCat("cluster.rdma.port ", s.port, " does not exist on ",
+                       dev != nullptr ? dev->name : DeviceNames(devices),
+                       "; fix: set it to an existing port (1-based) or 0 to choose"));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no ACTIVE RDMA port (", states,
-        "); fix: bring the link up (`ip link set <netdev> up`, "
-        "cable, subnet manager for InfiniBand) and check `ibv_devinfo`"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no ACTIVE RDMA port (", states,
+                     "); fix: bring the link up (`ip link set <netdev> up`, "
+                     "cable, subnet manager for InfiniBand) and check `ibv_devinfo`"));
   }
   RdmaSelection sel;
   sel.device = dev->name;
@@ -131,12 +125,12 @@ absl::StatusOr<RdmaSelection> SelectRdmaDevice(
   }
   if (gid == nullptr) {
     if (port->link_layer == "Ethernet" || s.gid_index >= 0) {
-      return absl::NotFoundError(absl::StrCat(
-          dev->name, " port ", port->port, " has no GID at index ",
-          sel.gid_index, port->gids.empty() ? " (its GID table is empty)" : "",
-          "; fix: give the RoCE netdev an IP address (`ip addr add ... dev "
-          "<netdev>`) "
-          "or set cluster.rdma.gid_index to an entry of `ibv_devinfo -v`"));
+      return absl::NotFoundError(
+          absl::StrCat(dev->name, " port ", port->port, " has no GID at index ", sel.gid_index,
+                       port->gids.empty() ? " (its GID table is empty)" : "",
+                       "; fix: give the RoCE netdev an IP address (`ip addr add ... dev "
+                       "<netdev>`) "
+                       "or set cluster.rdma.gid_index to an entry of `ibv_devinfo -v`"));
     }
   } else {
     sel.gid = gid->gid;
@@ -160,74 +154,62 @@ std::string PreflightReport::ToString() const {
   return out;
 }
 
-PreflightReport RdmaPreflight(const std::vector<DeviceInfo>& devices,
-                              const RdmaSettings& settings,
-                              uint64_t memlock_limit_bytes,
-                              uint64_t register_bytes) {
+PreflightReport RdmaPreflight(const std::vector<DeviceInfo>& devices, const RdmaSettings& settings,
+                              uint64_t memlock_limit_bytes, uint64_t register_bytes) {
   PreflightReport r;
   if (devices.empty()) {
-    r.findings.push_back(
-        {false, "devices", "no RDMA device on this host", kNoDeviceFix});
+    r.findings.push_back({false, "devices", "no RDMA device on this host", kNoDeviceFix});
   } else {
     r.findings.push_back({true, "devices", DeviceNames(devices), ""});
     absl::StatusOr<RdmaSelection> sel = SelectRdmaDevice(devices, settings);
     if (!sel.ok()) {
       const std::string msg(sel.status().message());
       const size_t fix = msg.find("; fix: ");
-      r.findings.push_back(
-          {false, absl::IsNotFound(sel.status()) ? "selection" : "port",
-           msg.substr(0, fix),
-           fix == std::string::npos ? "" : msg.substr(fix + 7)});
+      r.findings.push_back({false, absl::IsNotFound(sel.status()) ? "selection" : "port",
+                            msg.substr(0, fix),
+                            fix == std::string::npos ? "" : msg.substr(fix + 7)});
     } else {
-      r.findings.push_back(
-          {true, "port",
-           absl::StrCat(sel->device, " port ", sel->port, " ACTIVE, ",
-                        FindPort(*std::find_if(devices.begin(), devices.end(),
-                                               [&](const DeviceInfo& d) {
-                                                 return d.name == sel->device;
-                                               }),
-                                 sel->port)
-                            ->link_layer),
-           ""});
+      r.findings.push_back({true, "port",
+                            absl::StrCat(sel->device, " port ", sel->port, " ACTIVE, ",
+                                         FindPort(*std::find_if(devices.begin(), devices.end(),
+                                                                [&](const DeviceInfo& d) {
+                                                                  return d.name == sel->device;
+                                                                }),
+                                                  sel->port)
+                                             ->link_layer),
+                            ""});
       r.findings.push_back(
           {true, "gid",
-           sel->gid.empty()
-               ? absl::StrCat("index ", sel->gid_index,
-                              " (InfiniBand: LID routing)")
-               : absl::StrCat("index ", sel->gid_index, " ", sel->gid, " (",
-                              GidTypeName(sel->gid_type), ")"),
+           sel->gid.empty() ? absl::StrCat("index ", sel->gid_index, " (InfiniBand: LID routing)")
+                            : absl::StrCat("index ", sel->gid_index, " ", sel->gid, " (",
+                                           GidTypeName(sel->gid_type), ")"),
            ""});
       const bool mtu_ok = sel->active_mtu >= 1024;
-      r.findings.push_back(
-          {mtu_ok, "mtu",
-           absl::StrCat("active MTU ", sel->active_mtu, " bytes"),
-           mtu_ok ? ""
-                  : "raise the netdev's MTU (RoCE uses the largest of "
-                    "256..4096 that fits "
-                    "the Ethernet MTU minus headers; `ip link set <netdev> mtu "
-                    "9000` or 1500)"});
+      r.findings.push_back({mtu_ok, "mtu", absl::StrCat("active MTU ", sel->active_mtu, " bytes"),
+                            mtu_ok ? ""
+                                   : "raise the netdev's MTU (RoCE uses the largest of "
+                                     "256..4096 that fits "
+                                     "the Ethernet MTU minus headers; `ip link set <netdev> mtu "
+                                     "9000` or 1500)"});
     }
   }
   const bool mem_ok = memlock_limit_bytes >= register_bytes;
-  r.findings.push_back(
-      {mem_ok, "memlock",
-       absl::StrCat("locked-memory limit ", Bytes(memlock_limit_bytes),
-                    ", this process will "
-                    "register ",
-                    Bytes(register_bytes)),
-       mem_ok
-           ? ""
-           : "raise it: `ulimit -l unlimited` in the launching shell, "
-             "LimitMEMLOCK=infinity in the systemd unit, or a memlock line in "
-             "/etc/security/limits.conf"});
+  r.findings.push_back({mem_ok, "memlock",
+                        absl::StrCat("locked-memory limit ", Bytes(memlock_limit_bytes),
+                                     ", this process will "
+                                     "register ",
+                                     Bytes(register_bytes)),
+                        mem_ok ? ""
+                               : "raise it: `ulimit -l unlimited` in the launching shell, "
+                                 "LimitMEMLOCK=infinity in the systemd unit, or a memlock line in "
+                                 "/etc/security/limits.conf"});
   return r;
 }
 
 uint64_t MemlockLimitBytes() {
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 0;
-  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX
-                                      : static_cast<uint64_t>(rl.rlim_cur);
+  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<uint64_t>(rl.rlim_cur);
 }
 
 std::string FormatRdmaDoctorReport(const std::vector<DeviceInfo>& devices,
@@ -236,20 +218,17 @@ std::string FormatRdmaDoctorReport(const std::vector<DeviceInfo>& devices,
   for (const DeviceInfo& d : devices) {
     absl::StrAppend(&out, "  ", d.name, " (node GUID ", d.node_guid, ")\n");
     for (const PortInfo& p : d.ports) {
-      absl::StrAppend(&out, "    port ", p.port, ": ", p.state, ", ",
-                      p.link_layer, ", MTU ", p.active_mtu, " (max ", p.max_mtu,
-                      ")");
+      absl::StrAppend(&out, "    port ", p.port, ": ", p.state, ", ", p.link_layer, ", MTU ",
+                      p.active_mtu, " (max ", p.max_mtu, ")");
       if (p.link_layer == "InfiniBand") absl::StrAppend(&out, ", LID ", p.lid);
       out += "\n";
       for (const GidEntry& g : p.gids) {
-        absl::StrAppend(&out, "      gid[", g.index, "] ", g.gid, " ",
-                        GidTypeName(g.type), "\n");
+        absl::StrAppend(&out, "      gid[", g.index, "] ", g.gid, " ", GidTypeName(g.type), "\n");
       }
     }
   }
   absl::StrAppend(&out, "\npreflight:\n", report.ToString());
-  absl::StrAppend(&out, report.ok() ? "RDMA: ready\n"
-                                    : "RDMA: NOT ready (see FAIL lines)\n");
+  absl::StrAppend(&out, report.ok() ? "RDMA: ready\n" : "RDMA: NOT ready (see FAIL lines)\n");
   return out;
 }
 

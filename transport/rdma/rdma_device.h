@@ -65,8 +65,8 @@ struct RdmaSelection {
 // list order) with an ACTIVE port; on Ethernet (RoCE) the RoCE v2 GID of
 // an IPv4 address if there is one, else any RoCE v2 GID, else index 0; on
 // InfiniBand index 0. Errors say what is missing and how to fix it.
-absl::StatusOr<RdmaSelection> SelectRdmaDevice(
-    const std::vector<DeviceInfo>& devices, const RdmaSettings& settings);
+absl::StatusOr<RdmaSelection> SelectRdmaDevice(const std::vector<DeviceInfo>& devices,
+                                               const RdmaSettings& settings);
 
 struct PreflightFinding {
   bool ok = true;      // false: the rdma transport cannot run like this
@@ -85,10 +85,8 @@ struct PreflightReport {
 // `memlock_limit_bytes`: RLIMIT_MEMLOCK's soft limit (UINT64_MAX for
 // unlimited); `register_bytes`: what the process will register (its share
 // of the model's tensors plus buffer pools).
-PreflightReport RdmaPreflight(const std::vector<DeviceInfo>& devices,
-                              const RdmaSettings& settings,
-                              uint64_t memlock_limit_bytes,
-                              uint64_t register_bytes);
+PreflightReport RdmaPreflight(const std::vector<DeviceInfo>& devices, const RdmaSettings& settings,
+                              uint64_t memlock_limit_bytes, uint64_t register_bytes);
 
 // The devices of this host, read through libibverbs. An empty list when
 // there are none (no RDMA hardware, no rxe/siw link, or the kernel lacks

@@ -45,8 +45,7 @@ proto::RdmaHello RegionHello(uint32_t handle, uint64_t addr, uint64_t length, ui
 // out of range (version, qpn, psn, gid, lid, mtu, recv_slots, slot_bytes).
 // A not-ready hello needs only a valid version; a region announcement a
 // handle and a length that does not wrap (region.handle, region.length).
-absl::StatusOr<proto::RdmaHello> ParsePeerHello(std::string_view bytes,
-                                                const std::string& peer);
+absl::StatusOr<proto::RdmaHello> ParsePeerHello(std::string_view bytes, const std::string& peer);
 
 // The queue-pair details of a checked, ready hello.
 HelloQp HelloQpOf(const proto::RdmaHello& hello);

@@ -25,12 +25,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/status_macros.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "transport/data_plane_auth.h"
 #include "transport/rdma/rdma_device.h"
@@ -235,7 +235,6 @@ struct ChannelListener {
   virtual void Run(std::vector<std::function<void()>> work) = 0;
 };
 
-
 // ---------------------------------------------------------------------------
 // One RC connection, either side. Thread-safe: callers on any thread, the
 // completion thread in PollOnce. Callbacks (response callbacks, the request
@@ -309,8 +308,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     frame_room_ = std::min(slot_bytes_, remote.slot_bytes);
     state_ = ConnectionState::kReady;
     VLOG(1) << "rdma: connection with " << peer_ << " READY (local "
-            << DescribeQpInfo(qp_->local_info()) << ", remote "
-            << DescribeQpInfo(info) << ")";
+            << DescribeQpInfo(qp_->local_info()) << ", remote " << DescribeQpInfo(info) << ")";
     return absl::OkStatus();
   }
 
@@ -327,10 +325,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
         return probe_acked_ || state_ != ConnectionState::kReady;
       };
       if (!mu_.AwaitWithTimeout(absl::Condition(&answered), timeout)) {
-        result = absl::DeadlineExceededError(absl::StrCat(
-            "rdma connection with ", peer_, ": no answer to the path check within ",
-            absl::FormatDuration(timeout), " (check the GID, the route and the MTU: "
-            "`strata doctor`)"));
+        result = absl::DeadlineExceededError(absl::StrCat("rdma connection with ", peer_,
+                                                          ": no answer to the path check within ",
+                                                          absl::FormatDuration(timeout),
+                                                          " (check the GID, the route and the MTU: "
+                                                          "`strata doctor`)"));
       } else if (!probe_acked_) {
         result = FailureLocked();
       }
@@ -374,9 +373,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
       return nullptr;
     }
     if (found != regions_.end()) {
-      VLOG(1) << "rdma connection with " << peer_ << ": region at " << static_cast<const void*>(base)
-              << " registered again for key epoch " << epoch << " (rkey "
-              << found->second->mr->rkey() << " retired)";
+      VLOG(1) << "rdma connection with " << peer_ << ": region at "
+              << static_cast<const void*>(base) << " registered again for key epoch " << epoch
+              << " (rkey " << found->second->mr->rkey() << " retired)";
       ++stats_region_rotations_;
     }
     auto fresh = std::make_shared<PeerRegion>();
@@ -438,8 +437,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
       return absl::FailedPreconditionError(
           absl::StrCat("rdma region from ", peer_, ": the connection is not serving"));
     }
-    if (remote_regions_.size() >= kMaxRemoteRegions &&
-        remote_regions_.count(r.handle()) == 0) {
+    if (remote_regions_.size() >= kMaxRemoteRegions && remote_regions_.count(r.handle()) == 0) {
       remote_regions_.erase(remote_regions_.begin());  // the oldest
     }
     remote_regions_[r.handle()] = RemoteRegion{r.addr(), r.length(), r.rkey()};
@@ -559,9 +557,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
           uint64_t progress = sends_completed_;
           while (!mu_.AwaitWithTimeout(absl::Condition(&sent), kSendStallTimeout)) {
             if (sends_completed_ == progress) {
-              FailLocked(absl::UnavailableError(absl::StrCat(
-                  "rdma connection with ", peer_, ": no progress sending for ",
-                  absl::FormatDuration(kSendStallTimeout))));
+              FailLocked(absl::UnavailableError(
+                  absl::StrCat("rdma connection with ", peer_, ": no progress sending for ",
+                               absl::FormatDuration(kSendStallTimeout))));
               break;
             }
             progress = sends_completed_;
@@ -578,21 +576,19 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Server: sends the response to `request` (finished by OnceResponder),
   // by RDMA WRITE into `target` when it holds a successful payload of the
   // target's size.
-  void Respond(const MessageHeader& request, Message response,
-               const WriteTarget& target) {
+  void Respond(const MessageHeader& request, Message response, const WriteTarget& target) {
     std::vector<std::function<void()>> work;
     {
       absl::MutexLock l(&mu_);
       if (state_ != ConnectionState::kReady) {
-        VLOG(1) << "rdma: dropping the response to request " << request.request_id
-                << " from " << peer_ << ": " << FailureLocked();
+        VLOG(1) << "rdma: dropping the response to request " << request.request_id << " from "
+                << peer_ << ": " << FailureLocked();
         return;
       }
       Outgoing out;
       out.frame.kind = kMessage;
       const size_t size = response.payload_size();
-      if (target.valid && response.header.status == 0 && size > 0 &&
-          size == target.len) {
+      if (target.valid && response.header.status == 0 && size > 0 && size == target.len) {
         out.frame.kind = kWritten;
         out.write = target;
       }
@@ -638,8 +634,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
       ibv_wc wc[32];
       absl::StatusOr<int> got = cq_->Poll(wc, 32);
       if (!got.ok()) {
-        FailLocked(absl::UnavailableError(absl::StrCat(
-            "rdma connection with ", peer_, ": ", got.status().message())));
+        FailLocked(absl::UnavailableError(
+            absl::StrCat("rdma connection with ", peer_, ": ", got.status().message())));
       } else {
         n = *got;
         for (int i = 0; i < n && cq_ != nullptr; ++i) OnCompletion(wc[i]);
@@ -670,14 +666,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // A message on its way out.
   struct Outgoing {
     char header[kMsgHeaderBytes];
-    Frame frame;               // kMessage or kWritten, with dest_* for requests
-    std::string owned;         // the payload, when owned
+    Frame frame;        // kMessage or kWritten, with dest_* for requests
+    std::string owned;  // the payload, when owned
     const char* data = nullptr;
     size_t size = 0;
-    bool borrowed = false;     // data points at the caller's memory
-    size_t sent = 0;           // payload bytes posted
-    bool started = false;      // the first frame was posted
-    WriteTarget write;         // kWritten: where the payload goes
+    bool borrowed = false;                // data points at the caller's memory
+    size_t sent = 0;                      // payload bytes posted
+    bool started = false;                 // the first frame was posted
+    WriteTarget write;                    // kWritten: where the payload goes
     std::shared_ptr<ZeroCopy> zero_copy;  // SENDs gather from `data` itself
   };
   // The message being received.
@@ -701,9 +697,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
         CompletionQueue::Create(dev, depth, ctx_->events.get());
     if (!cq.ok()) return Named(cq.status());
     cq_ = std::move(cq).value();
-    absl::StatusOr<std::unique_ptr<RcQueuePair>> qp = RcQueuePair::Create(
-        dev, cq_.get(), cq_.get(), static_cast<int>(send_slots_ + 1),
-        static_cast<int>(posted), peer_, pd_->pd());
+    absl::StatusOr<std::unique_ptr<RcQueuePair>> qp =
+        RcQueuePair::Create(dev, cq_.get(), cq_.get(), static_cast<int>(send_slots_ + 1),
+                            static_cast<int>(posted), peer_, pd_->pd());
     if (!qp.ok()) return qp.status();
     qp_ = std::move(qp).value();
     for (auto [mem, mr, count, access] :
@@ -714,8 +710,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
       mem->reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
       if (*mem == nullptr) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "rdma connection with ", peer_, ": cannot allocate ", bytes,
-            " bytes of slots"));
+            "rdma connection with ", peer_, ": cannot allocate ", bytes, " bytes of slots"));
       }
       absl::StatusOr<std::unique_ptr<MemoryRegion>> r =
           MemoryRegion::Register(dev, mem->get(), bytes, access, pd_->pd());
@@ -735,8 +730,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   }
 
   absl::Status Named(const absl::Status& s) const {
-    return absl::Status(s.code(), absl::StrCat("rdma connection with ", peer_,
-                                               ": ", s.message()));
+    return absl::Status(s.code(), absl::StrCat("rdma connection with ", peer_, ": ", s.message()));
   }
 
   // Frees every verbs resource, QP first (so nothing DMAs into freed slots).
@@ -759,23 +753,21 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   absl::Status FailureLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!failure_.ok()) return failure_;
-    return absl::UnavailableError(
-        absl::StrCat("rdma connection with ", peer_, " is not ready (",
-                     ConnectionStateName(state_), ")"));
+    return absl::UnavailableError(absl::StrCat("rdma connection with ", peer_, " is not ready (",
+                                               ConnectionStateName(state_), ")"));
   }
 
   // `warn`: a verbs error or a bad frame (logged as a warning), rather
   // than a close (released, shut down, the peer went away).
-  void FailLocked(const absl::Status& reason, bool warn = true)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void FailLocked(const absl::Status& reason, bool warn = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (state_ == ConnectionState::kFailed) return;
     const bool was_ready = state_ == ConnectionState::kReady;
     state_ = ConnectionState::kFailed;
     // Every later call sees a broken connection: Unavailable, whatever
     // broke it (a bad frame is DataLoss at the point it was found).
-    failure_ = reason.ok() ? absl::UnavailableError(absl::StrCat(
-                                 "rdma connection with ", peer_, " closed"))
-                           : absl::UnavailableError(reason.message());
+    failure_ = reason.ok()
+                   ? absl::UnavailableError(absl::StrCat("rdma connection with ", peer_, " closed"))
+                   : absl::UnavailableError(reason.message());
     if (was_ready && warn) {
       LOG(WARNING) << "rdma: connection with " << peer_ << " FAILED: " << failure_;
       deferred_.push_back([listener = listener_] { listener->CountFailure(); });
@@ -851,8 +843,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // when the queue waits for credits: the peer may be waiting for ours).
   void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     PumpQueue();
-    if (state_ == ConnectionState::kReady &&
-        to_return_ >= std::max<uint32_t>(1, recv_slots_ / 2) && !free_send_.empty()) {
+    if (state_ == ConnectionState::kReady && to_return_ >= std::max<uint32_t>(1, recv_slots_ / 2) &&
+        !free_send_.empty()) {
       Frame f;
       f.kind = kCredit;
       if (PostFrame(f, nullptr, nullptr, 0)) ++stats_.credit_frames;
@@ -872,12 +864,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
         while (o.sent < o.size) {
           if (free_send_.empty()) return;
           const uint32_t slot = TakeSendSlot();
-          const uint32_t n =
-              static_cast<uint32_t>(std::min<size_t>(slot_bytes_, o.size - o.sent));
+          const uint32_t n = static_cast<uint32_t>(std::min<size_t>(slot_bytes_, o.size - o.sent));
           std::memcpy(SendSlot(slot), o.data + o.sent, n);
-          absl::Status s = qp_->PostWrite(kWrSend | slot, SendSlot(slot), n,
-                                          send_mr_->lkey(), o.write.addr + o.sent,
-                                          o.write.rkey, /*signaled=*/true);
+          absl::Status s = qp_->PostWrite(kWrSend | slot, SendSlot(slot), n, send_mr_->lkey(),
+                                          o.write.addr + o.sent, o.write.rkey, /*signaled=*/true);
           if (!s.ok()) return FailLocked(s);
           o.sent += n;
         }
@@ -976,8 +966,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   }
 
   absl::Status Bad(const std::string& what) const {
-    return absl::DataLossError(
-        absl::StrCat("rdma frame from ", peer_, ": ", what));
+    return absl::DataLossError(absl::StrCat("rdma frame from ", peer_, ": ", what));
   }
 
   // One received frame (a slot's bytes); the slot is reposted after.
@@ -996,8 +985,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     const size_t head =
         kFrameBytes + (f.kind == kMessage || f.kind == kWritten ? kMsgHeaderBytes : 0);
     if (len != head + f.chunk_bytes) {
-      return Bad(absl::StrCat("frame of ", len, " bytes says ", head, " + ",
-                              f.chunk_bytes));
+      return Bad(absl::StrCat("frame of ", len, " bytes says ", head, " + ", f.chunk_bytes));
     }
     switch (f.kind) {
       case kCredit:
@@ -1023,12 +1011,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
         if (incoming_.active) return Bad("a new message before the last one ended");
         MessageHeader h;
         uint64_t payload_bytes = 0;
-        absl::Status s = tcp::DecodeFrameHeader(p + kFrameBytes, max_payload_bytes_,
-                                                &h, &payload_bytes);
+        absl::Status s =
+            tcp::DecodeFrameHeader(p + kFrameBytes, max_payload_bytes_, &h, &payload_bytes);
         if (!s.ok()) return Bad(std::string(s.message()));
         if (payload_bytes != f.total_bytes) {
-          return Bad(absl::StrCat("message header says ", payload_bytes,
-                                  " payload bytes, frame ", f.total_bytes));
+          return Bad(absl::StrCat("message header says ", payload_bytes, " payload bytes, frame ",
+                                  f.total_bytes));
         }
         if (f.chunk_bytes > f.total_bytes) return Bad("chunk beyond the payload");
         if (role_ == kServer && bound_node_.has_value() && h.sender_id != *bound_node_) {
@@ -1039,8 +1027,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
         incoming_.active = true;
         incoming_.message.header = h;
         incoming_.total = f.total_bytes;
-        if (role_ == kServer && (f.flags & kFlagHasDest) != 0 &&
-            f.dest_len <= max_payload_bytes_) {
+        if (role_ == kServer && (f.flags & kFlagHasDest) != 0 && f.dest_len <= max_payload_bytes_) {
           // Only inside a region the client announced on the bootstrap;
           // else the answer goes by SEND (the client copies it in place).
           auto r = remote_regions_.find(f.dest_region);
@@ -1053,9 +1040,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
         }
         if (role_ == kClient) {
           auto it = pending_.find(h.request_id);
-          const bool fits = it != pending_.end() && it->second.dest != nullptr &&
-                            h.status == 0 && it->second.dest_size == f.total_bytes &&
-                            f.total_bytes > 0;
+          const bool fits = it != pending_.end() && it->second.dest != nullptr && h.status == 0 &&
+                            it->second.dest_size == f.total_bytes && f.total_bytes > 0;
           if (f.kind == kWritten) {
             if (role_ != kClient || !fits) {
               return Bad("a written response that matches no destination");
@@ -1140,7 +1126,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::function<void()> closer_ ABSL_GUARDED_BY(mu_);
-  std::weak_ptr<Connection> bootstrap_ ABSL_GUARDED_BY(mu_);               // client
+  std::weak_ptr<Connection> bootstrap_ ABSL_GUARDED_BY(mu_);              // client
   std::map<uint32_t, RemoteRegion> remote_regions_ ABSL_GUARDED_BY(mu_);  // server
   bool probe_acked_ ABSL_GUARDED_BY(mu_) = false;
   RdmaConnectionStats stats_ ABSL_GUARDED_BY(mu_);
@@ -1151,8 +1137,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
 // The server's responder for one request that came over rdma.
 class RdmaResponder final : public OnceResponder {
  public:
-  RdmaResponder(std::weak_ptr<Channel> channel, const MessageHeader& request,
-                std::string peer, const WriteTarget& target)
+  RdmaResponder(std::weak_ptr<Channel> channel, const MessageHeader& request, std::string peer,
+                const WriteTarget& target)
       : OnceResponder(request, std::move(peer), "rdma"),
         channel_(std::move(channel)),
         target_(target) {}
@@ -1174,14 +1160,14 @@ void Channel::Deliver() {
   incoming_ = Incoming();
   in.message.payload_in_destination = in.message.payload_in_destination || in.dest != nullptr;
   if (role_ == kServer) {
-    auto responder = std::make_shared<RdmaResponder>(
-        weak_from_this(), in.message.header, peer_, in.reply_target);
+    auto responder = std::make_shared<RdmaResponder>(weak_from_this(), in.message.header, peer_,
+                                                     in.reply_target);
     const MessageType t = in.message.header.type;
     if (t == MessageType::kRdmaHello || t == MessageType::kRdmaHelloReply) {
       deferred_.push_back([responder, h = in.message.header] {
-        responder->Respond(MakeErrorResponse(
-            h, MessageType::kRdmaHelloReply,
-            absl::FailedPreconditionError("this connection is joined already")));
+        responder->Respond(
+            MakeErrorResponse(h, MessageType::kRdmaHelloReply,
+                              absl::FailedPreconditionError("this connection is joined already")));
       });
       return;
     }
@@ -1193,12 +1179,13 @@ void Channel::Deliver() {
   }
   auto it = pending_.find(in.message.header.request_id);
   if (it == pending_.end()) {
-    VLOG(1) << "rdma: response " << in.message.header.request_id << " from "
-            << peer_ << " matches no pending call";
+    VLOG(1) << "rdma: response " << in.message.header.request_id << " from " << peer_
+            << " matches no pending call";
     return;
   }
-  deferred_.push_back([done = std::move(it->second.done),
-                       m = std::move(in.message)]() mutable { done(std::move(m)); });
+  deferred_.push_back([done = std::move(it->second.done), m = std::move(in.message)]() mutable {
+    done(std::move(m));
+  });
   pending_.erase(it);
 }
 
@@ -1216,16 +1203,15 @@ class RdmaConnection : public Connection {
       : fallback_(std::move(fallback)), fallback_why_(std::move(why)) {}
   ~RdmaConnection() override {
     if (channel_ != nullptr) {
-      channel_->Fail(absl::UnavailableError(absl::StrCat(
-          "connection to ", channel_->peer(), " was released")));
+      channel_->Fail(absl::UnavailableError(
+          absl::StrCat("connection to ", channel_->peer(), " was released")));
     }
   }
 
   void Call(Message request, ResponseCallback done) override {
     CallInto(std::move(request), nullptr, 0, std::move(done));
   }
-  void CallInto(Message request, char* dest, size_t dest_size,
-                ResponseCallback done) override {
+  void CallInto(Message request, char* dest, size_t dest_size, ResponseCallback done) override {
     if (fallback_ != nullptr) {
       if (dest == nullptr) return fallback_->Call(std::move(request), std::move(done));
       return fallback_->CallInto(std::move(request), dest, dest_size, std::move(done));
@@ -1233,9 +1219,8 @@ class RdmaConnection : public Connection {
     const MessageType t = request.header.type;
     if (!IsValidMessageType(t) || t == MessageType::kRdmaHello ||
         t == MessageType::kRdmaHelloReply) {
-      done(absl::InvalidArgumentError(
-          absl::StrCat("call to ", peer(), ": cannot send message type ",
-                       static_cast<uint16_t>(t))));
+      done(absl::InvalidArgumentError(absl::StrCat(
+          "call to ", peer(), ": cannot send message type ", static_cast<uint16_t>(t))));
       return;
     }
     // The caller's registered memory, registered for this peer and the
@@ -1390,8 +1375,8 @@ class RdmaTransport : public Transport, public ChannelListener {
     absl::StatusOr<Message> reply =
         bootstrap->CallSync(std::move(hello), options_.rdma.connect_timeout);
     if (!reply.ok()) {
-      return absl::UnavailableError(absl::StrCat("rdma connection set-up with ", address,
-                                                 ": ", reply.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat("rdma connection set-up with ", address, ": ", reply.status().message()));
     }
     if (absl::Status s = ResponseStatus(*reply); !s.ok()) {
       return Fallback(std::move(bootstrap), address,
@@ -1449,9 +1434,9 @@ class RdmaTransport : public Transport, public ChannelListener {
     // Registered per connection at its first use there (Channel::RegionFor);
     // here once with the device and released, so that a region beyond the
     // locked-memory limit is refused now, naming the fix.
-    absl::StatusOr<std::unique_ptr<MemoryRegion>> probe = MemoryRegion::Register(
-        ctx_->device.get(), addr, size,
-        remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
+    absl::StatusOr<std::unique_ptr<MemoryRegion>> probe =
+        MemoryRegion::Register(ctx_->device.get(), addr, size,
+                               remote_write ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
     if (!probe.ok()) return probe.status();
     probe->reset();
     return registry_->Register(addr, size, remote_write);
@@ -1531,10 +1516,10 @@ class RdmaTransport : public Transport, public ChannelListener {
                                                        const std::string& address,
                                                        const std::string& why, bool is_error) {
     if (required_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rdma connection to ", address, " FAILED: ", why,
-          " (transport: rdma requires rdma on both sides; transport: auto "
-          "falls back to TCP)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rdma connection to ", address, " FAILED: ", why,
+                       " (transport: rdma requires rdma on both sides; transport: auto "
+                       "falls back to TCP)"));
     }
     if (is_error) {
       LOG(WARNING) << "rdma: connection to " << address << " falls back to TCP: " << why;
@@ -1561,11 +1546,11 @@ class RdmaTransport : public Transport, public ChannelListener {
       auto it = channels_by_endpoint_.find(endpoint.get());
       if (it != channels_by_endpoint_.end()) channel = it->second.lock();
     }
-    absl::Status s = channel != nullptr
-                         ? channel->AddRemoteRegion(region)
-                         : absl::FailedPreconditionError(absl::StrCat(
-                               "rdma region from ", responder->peer(),
-                               ": this connection has no queue pair"));
+    absl::Status s =
+        channel != nullptr
+            ? channel->AddRemoteRegion(region)
+            : absl::FailedPreconditionError(absl::StrCat("rdma region from ", responder->peer(),
+                                                         ": this connection has no queue pair"));
     if (!s.ok()) {
       responder->Respond(MakeErrorResponse(request, MessageType::kRdmaHelloReply, s));
       return;
@@ -1583,11 +1568,11 @@ class RdmaTransport : public Transport, public ChannelListener {
       return;
     }
     if (!hello.ok() || !hello->rdma_ready()) {
-      responder->Respond(MakeErrorResponse(
-          request.header, MessageType::kRdmaHelloReply,
-          hello.ok() ? absl::InvalidArgumentError(absl::StrCat(
-                           "rdma hello from ", peer, " offers no rdma"))
-                     : hello.status()));
+      responder->Respond(MakeErrorResponse(request.header, MessageType::kRdmaHelloReply,
+                                           hello.ok()
+                                               ? absl::InvalidArgumentError(absl::StrCat(
+                                                     "rdma hello from ", peer, " offers no rdma"))
+                                               : hello.status()));
       return;
     }
     std::shared_ptr<tcp::Endpoint> endpoint = tcp::EndpointOf(*responder);
@@ -1605,15 +1590,15 @@ class RdmaTransport : public Transport, public ChannelListener {
     if (joined_already) {
       // One queue pair per bootstrap connection: a second hello would pin
       // another set of slots for nothing.
-      responder->Respond(MakeErrorResponse(
-          request.header, MessageType::kRdmaHelloReply,
-          absl::FailedPreconditionError(
-              absl::StrCat("rdma hello from ", peer, ": this connection is joined already"))));
+      responder->Respond(
+          MakeErrorResponse(request.header, MessageType::kRdmaHelloReply,
+                            absl::FailedPreconditionError(absl::StrCat(
+                                "rdma hello from ", peer, ": this connection is joined already"))));
       return;
     }
     if (ctx_ == nullptr || handler == nullptr) {
-      reply.payload = NotReadyHello(ctx_ == nullptr ? no_device_ : "not listening")
-                          .SerializeAsString();
+      reply.payload =
+          NotReadyHello(ctx_ == nullptr ? no_device_ : "not listening").SerializeAsString();
       responder->Respond(std::move(reply));
       return;
     }
@@ -1657,9 +1642,9 @@ class RdmaTransport : public Transport, public ChannelListener {
       }
     }
     if (channel != nullptr) {
-      channel->Fail(absl::UnavailableError(
-          absl::StrCat("rdma connection with ", channel->peer(),
-                       ": its TCP bootstrap connection closed (", reason.message(), ")")));
+      channel->Fail(absl::UnavailableError(absl::StrCat("rdma connection with ", channel->peer(),
+                                                        ": its TCP bootstrap connection closed (",
+                                                        reason.message(), ")")));
     }
   }
 
@@ -1682,11 +1667,10 @@ class RdmaTransport : public Transport, public ChannelListener {
       for (auto& w : work) w();
       if (changed_.exchange(false, std::memory_order_acq_rel)) {
         absl::MutexLock l(&mu_);
-        channels_.erase(std::remove_if(channels_.begin(), channels_.end(),
-                                       [](const std::shared_ptr<Channel>& c) {
-                                         return c->failed();
-                                       }),
-                        channels_.end());
+        channels_.erase(
+            std::remove_if(channels_.begin(), channels_.end(),
+                           [](const std::shared_ptr<Channel>& c) { return c->failed(); }),
+            channels_.end());
         live = channels_;
       }
       int n = 0;
@@ -1700,8 +1684,8 @@ class RdmaTransport : public Transport, public ChannelListener {
       // that came before the arming raises no event).
       for (auto& ch : live) {
         if (absl::Status s = ch->Arm(); !s.ok()) {
-          ch->Fail(absl::UnavailableError(absl::StrCat("rdma connection with ", ch->peer(),
-                                                       ": ", s.message())),
+          ch->Fail(absl::UnavailableError(
+                       absl::StrCat("rdma connection with ", ch->peer(), ": ", s.message())),
                    /*warn=*/true);
         }
       }
@@ -1760,8 +1744,8 @@ absl::Status CheckSettings(const RdmaTransportSettings& s) {
         absl::StrCat("rdma send_slots is ", s.send_slots, ", not in [2, 4096]"));
   }
   if (s.slot_bytes < 4096 || s.slot_bytes > (16u << 20) || s.slot_bytes % 64 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rdma slot_bytes is ", s.slot_bytes, ", not a multiple of 64 in [4096, 16 MiB]"));
+    return absl::InvalidArgumentError(absl::StrCat("rdma slot_bytes is ", s.slot_bytes,
+                                                   ", not a multiple of 64 in [4096, 16 MiB]"));
   }
   return absl::OkStatus();
 }
@@ -1808,8 +1792,8 @@ absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptio
     no_device = std::string(ctx.status().message());
     LOG(INFO) << "transport auto: using TCP (" << no_device << ")";
   }
-  auto t = std::make_unique<RdmaTransport>(
-      options, ctx.ok() ? std::move(ctx).value() : nullptr, no_device);
+  auto t = std::make_unique<RdmaTransport>(options, ctx.ok() ? std::move(ctx).value() : nullptr,
+                                           no_device);
   if (absl::Status s = t->Start(); !s.ok()) return s;
   return std::unique_ptr<Transport>(std::move(t));
 }

@@ -49,17 +49,16 @@ const char* ConnectionStateName(ConnectionState state);
 // "rdma" fails here, with the preflight's findings and their fixes, when
 // this host has no usable device, or when Strata was built without
 // libibverbs; "auto" then gives a transport whose connections all use TCP.
-absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(
-    const TransportOptions& options);
+absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptions& options);
 
 // Introspection, for tests and logs. `connection` must come from an rdma
 // transport's Connect (else: kFailed / zero counters).
 ConnectionState StateOf(const Connection& connection);
 struct RdmaConnectionStats {
-  uint64_t sends = 0;            // SEND frames posted by this side
+  uint64_t sends = 0;              // SEND frames posted by this side
   uint64_t responses_written = 0;  // responses that arrived by RDMA WRITE
-  uint64_t credit_frames = 0;    // credit-only frames sent
-  uint64_t zero_copy_sends = 0;  // SENDs gathered from the caller's registered memory
+  uint64_t credit_frames = 0;      // credit-only frames sent
+  uint64_t zero_copy_sends = 0;    // SENDs gathered from the caller's registered memory
   // The caller's regions registered for this peer (in its protection
   // domain), and how many were registered again for a new key epoch.
   uint64_t peer_regions = 0;

@@ -62,31 +62,26 @@ absl::StatusOr<std::vector<DeviceInfo>> ListRdmaDevices() {
   if (list == nullptr) {
     // ENOSYS: the kernel has no RDMA support at all; that is "no device".
     if (errno == ENOSYS || errno == 0) return std::vector<DeviceInfo>();
-    return absl::UnavailableError(
-        absl::StrCat("ibv_get_device_list: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("ibv_get_device_list: ", std::strerror(errno)));
   }
-  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> owner(
-      list, ibv_free_device_list);
+  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> owner(list, ibv_free_device_list);
   std::vector<DeviceInfo> out;
   for (int i = 0; i < n; ++i) {
     DeviceInfo d;
     d.name = ibv_get_device_name(list[i]);
-    d.node_guid =
-        absl::StrFormat("%016x", be64toh(ibv_get_device_guid(list[i])));
+    d.node_guid = absl::StrFormat("%016x", be64toh(ibv_get_device_guid(list[i])));
     ibv_context* ctx = ibv_open_device(list[i]);
     if (ctx == nullptr) {
       // One device we cannot open must not hide the others.
-      LOG(WARNING)
-          << "ibv_open_device(" << d.name << "): " << std::strerror(errno)
-          << (errno == EACCES || errno == EPERM
-                  ? " (no access to /dev/infiniband/uverbs*: run as a user in "
-                    "the rdma group)"
-                  : "")
-          << "; leaving it out";
+      LOG(WARNING) << "ibv_open_device(" << d.name << "): " << std::strerror(errno)
+                   << (errno == EACCES || errno == EPERM
+                           ? " (no access to /dev/infiniband/uverbs*: run as a user in "
+                             "the rdma group)"
+                           : "")
+                   << "; leaving it out";
       continue;
     }
-    std::unique_ptr<ibv_context, int (*)(ibv_context*)> ctx_owner(
-        ctx, ibv_close_device);
+    std::unique_ptr<ibv_context, int (*)(ibv_context*)> ctx_owner(ctx, ibv_close_device);
     ibv_device_attr attr{};
     if (int rc = ibv_query_device(ctx, &attr); rc != 0) {
       return absl::UnavailableError(
@@ -95,27 +90,25 @@ absl::StatusOr<std::vector<DeviceInfo>> ListRdmaDevices() {
     for (int p = 1; p <= attr.phys_port_cnt; ++p) {
       ibv_port_attr pa{};
       if (int rc = ibv_query_port(ctx, static_cast<uint8_t>(p), &pa); rc != 0) {
-        return absl::UnavailableError(absl::StrCat(
-            "ibv_query_port(", d.name, ", ", p, "): ", std::strerror(rc)));
+        return absl::UnavailableError(
+            absl::StrCat("ibv_query_port(", d.name, ", ", p, "): ", std::strerror(rc)));
       }
       PortInfo port;
       port.port = p;
       port.state = PortState(pa.state);
       port.active = pa.state == IBV_PORT_ACTIVE;
-      port.link_layer =
-          pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand";
+      port.link_layer = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand";
       port.active_mtu = MtuBytes(pa.active_mtu);
       port.max_mtu = MtuBytes(pa.max_mtu);
       port.lid = pa.lid;
       for (int g = 0; g < pa.gid_tbl_len; ++g) {
         ibv_gid_entry entry{};
-        if (ibv_query_gid_ex(ctx, static_cast<uint32_t>(p),
-                             static_cast<uint32_t>(g), &entry, 0) != 0) {
+        if (ibv_query_gid_ex(ctx, static_cast<uint32_t>(p), static_cast<uint32_t>(g), &entry, 0) !=
+            0) {
           continue;  // an empty slot
         }
         static const ibv_gid kZero{};
-        if (std::memcmp(entry.gid.raw, kZero.raw, sizeof(kZero.raw)) == 0)
-          continue;
+        if (std::memcmp(entry.gid.raw, kZero.raw, sizeof(kZero.raw)) == 0) continue;
         GidEntry ge;
         ge.index = g;
         ge.gid = FormatGid(entry.gid);

@@ -14,9 +14,7 @@
 namespace strata::transport::rdma {
 namespace {
 
-std::string Errno(int e) {
-  return absl::StrCat(std::strerror(e), " (errno ", e, ")");
-}
+std::string Errno(int e) { return absl::StrCat(std::strerror(e), " (errno ", e, ")"); }
 
 ibv_mtu MtuEnum(int bytes) {
   if (bytes >= 4096) return IBV_MTU_4096;
@@ -69,29 +67,25 @@ const char* OpcodeName(ibv_wc_opcode op) {
 std::string DescribeQpInfo(const QpInfo& info) {
   char gid[INET6_ADDRSTRLEN] = {0};
   inet_ntop(AF_INET6, info.gid.data(), gid, sizeof(gid));
-  return absl::StrFormat("qpn 0x%x psn 0x%x gid %s lid %d mtu %d", info.qpn,
-                         info.psn, gid, info.lid, info.mtu);
+  return absl::StrFormat("qpn 0x%x psn 0x%x gid %s lid %d mtu %d", info.qpn, info.psn, gid,
+                         info.lid, info.mtu);
 }
 
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(
-    const RdmaSelection& sel) {
+absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(const RdmaSelection& sel) {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (list == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_get_device_list: ", Errno(errno)));
+    return absl::UnavailableError(absl::StrCat("ibv_get_device_list: ", Errno(errno)));
   }
-  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> owner(
-      list, ibv_free_device_list);
+  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> owner(list, ibv_free_device_list);
   ibv_device* dev = nullptr;
   for (int i = 0; i < n; ++i) {
     if (sel.device == ibv_get_device_name(list[i])) dev = list[i];
   }
   if (dev == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("RDMA device ", sel.device, " is gone"));
+    return absl::NotFoundError(absl::StrCat("RDMA device ", sel.device, " is gone"));
   }
   std::unique_ptr<VerbsDevice> d(new VerbsDevice());
   d->selection_ = sel;
@@ -102,23 +96,19 @@ absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(
   }
   d->pd_ = ibv_alloc_pd(d->ctx_);
   if (d->pd_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_alloc_pd(", sel.device, "): ", Errno(errno)));
+    return absl::UnavailableError(absl::StrCat("ibv_alloc_pd(", sel.device, "): ", Errno(errno)));
   }
   ibv_port_attr pa{};
-  if (int rc = ibv_query_port(d->ctx_, static_cast<uint8_t>(sel.port), &pa);
-      rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "ibv_query_port(", sel.device, ", ", sel.port, "): ", Errno(rc)));
+  if (int rc = ibv_query_port(d->ctx_, static_cast<uint8_t>(sel.port), &pa); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("ibv_query_port(", sel.device, ", ", sel.port, "): ", Errno(rc)));
   }
   d->lid_ = pa.lid;
   ibv_gid gid{};
-  if (int rc = ibv_query_gid(d->ctx_, static_cast<uint8_t>(sel.port),
-                             sel.gid_index, &gid);
+  if (int rc = ibv_query_gid(d->ctx_, static_cast<uint8_t>(sel.port), sel.gid_index, &gid);
       rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_query_gid(", sel.device, ", port ", sel.port,
-                     ", index ", sel.gid_index, "): ", Errno(rc)));
+    return absl::UnavailableError(absl::StrCat("ibv_query_gid(", sel.device, ", port ", sel.port,
+                                               ", index ", sel.gid_index, "): ", Errno(rc)));
   }
   std::memcpy(d->gid_.data(), gid.raw, sizeof(gid.raw));
   return d;
@@ -127,8 +117,7 @@ absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(
 VerbsDevice::~VerbsDevice() {
   if (pd_ != nullptr) {
     if (int rc = ibv_dealloc_pd(pd_); rc != 0) {
-      LOG(WARNING) << "ibv_dealloc_pd(" << selection_.device
-                   << "): " << Errno(rc)
+      LOG(WARNING) << "ibv_dealloc_pd(" << selection_.device << "): " << Errno(rc)
                    << " (a region, queue pair or CQ of it still exists)";
     }
   }
@@ -137,8 +126,7 @@ VerbsDevice::~VerbsDevice() {
 
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<ProtectionDomain>> ProtectionDomain::Allocate(
-    VerbsDevice* device) {
+absl::StatusOr<std::unique_ptr<ProtectionDomain>> ProtectionDomain::Allocate(VerbsDevice* device) {
   ibv_pd* pd = ibv_alloc_pd(device->context());
   if (pd == nullptr) {
     return absl::ResourceExhaustedError(
@@ -154,21 +142,21 @@ ProtectionDomain::~ProtectionDomain() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(
-    VerbsDevice* device, void* addr, size_t length, int access, ibv_pd* pd) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(VerbsDevice* device,
+                                                                     void* addr, size_t length,
+                                                                     int access, ibv_pd* pd) {
   ibv_mr* mr = ibv_reg_mr(pd != nullptr ? pd : device->pd(), addr, length, access);
   if (mr == nullptr) {
     const int e = errno;
-    std::string why = absl::StrCat("ibv_reg_mr(", device->selection().device,
-                                   ", ", length, " bytes): ", Errno(e));
+    std::string why = absl::StrCat("ibv_reg_mr(", device->selection().device, ", ", length,
+                                   " bytes): ", Errno(e));
     if (e == ENOMEM || e == EPERM || e == EAGAIN) {
-      absl::StrAppend(
-          &why, "; the locked-memory limit is ",
-          MemlockLimitBytes() == UINT64_MAX
-              ? std::string("unlimited")
-              : absl::StrCat(MemlockLimitBytes(), " bytes"),
-          ": raise it (`ulimit -l unlimited`, LimitMEMLOCK=infinity in the "
-          "systemd unit) and see `strata doctor`");
+      absl::StrAppend(&why, "; the locked-memory limit is ",
+                      MemlockLimitBytes() == UINT64_MAX
+                          ? std::string("unlimited")
+                          : absl::StrCat(MemlockLimitBytes(), " bytes"),
+                      ": raise it (`ulimit -l unlimited`, LimitMEMLOCK=infinity in the "
+                      "systemd unit) and see `strata doctor`");
     }
     return absl::ResourceExhaustedError(why);
   }
@@ -176,27 +164,23 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(
 }
 
 MemoryRegion::~MemoryRegion() {
-  if (int rc = ibv_dereg_mr(mr_); rc != 0)
-    LOG(WARNING) << "ibv_dereg_mr: " << Errno(rc);
+  if (int rc = ibv_dereg_mr(mr_); rc != 0) LOG(WARNING) << "ibv_dereg_mr: " << Errno(rc);
 }
 
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<CompletionChannel>> CompletionChannel::Create(
-    VerbsDevice* device) {
+absl::StatusOr<std::unique_ptr<CompletionChannel>> CompletionChannel::Create(VerbsDevice* device) {
   ibv_comp_channel* ch = ibv_create_comp_channel(device->context());
   if (ch == nullptr) {
-    return absl::UnavailableError(absl::StrCat("ibv_create_comp_channel(",
-                                               device->selection().device,
-                                               "): ", Errno(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_create_comp_channel(", device->selection().device, "): ", Errno(errno)));
   }
   const int flags = fcntl(ch->fd, F_GETFL);
   if (flags < 0 || fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
     const int err = errno;
     ibv_destroy_comp_channel(ch);
-    return absl::UnavailableError(
-        absl::StrCat("fcntl(O_NONBLOCK) on the completion channel of ",
-                     device->selection().device, ": ", Errno(err)));
+    return absl::UnavailableError(absl::StrCat("fcntl(O_NONBLOCK) on the completion channel of ",
+                                               device->selection().device, ": ", Errno(err)));
   }
   return std::unique_ptr<CompletionChannel>(new CompletionChannel(ch));
 }
@@ -221,28 +205,24 @@ int CompletionChannel::DrainEvents() {
 
 absl::StatusOr<std::unique_ptr<CompletionQueue>> CompletionQueue::Create(
     VerbsDevice* device, int depth, CompletionChannel* channel) {
-  ibv_cq* cq =
-      ibv_create_cq(device->context(), depth, nullptr,
-                    channel != nullptr ? channel->channel() : nullptr, 0);
+  ibv_cq* cq = ibv_create_cq(device->context(), depth, nullptr,
+                             channel != nullptr ? channel->channel() : nullptr, 0);
   if (cq == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_create_cq(", device->selection().device, ", depth ",
-                     depth, "): ", Errno(errno)));
+    return absl::UnavailableError(absl::StrCat("ibv_create_cq(", device->selection().device,
+                                               ", depth ", depth, "): ", Errno(errno)));
   }
   return std::unique_ptr<CompletionQueue>(new CompletionQueue(cq));
 }
 
 CompletionQueue::~CompletionQueue() {
   if (int rc = ibv_destroy_cq(cq_); rc != 0) {
-    LOG(WARNING) << "ibv_destroy_cq: " << Errno(rc)
-                 << " (a queue pair still uses it)";
+    LOG(WARNING) << "ibv_destroy_cq: " << Errno(rc) << " (a queue pair still uses it)";
   }
 }
 
 absl::StatusOr<int> CompletionQueue::Poll(ibv_wc* wc, int n) {
   const int got = ibv_poll_cq(cq_, n, wc);
-  if (got < 0)
-    return absl::UnavailableError(absl::StrCat("ibv_poll_cq: returned ", got));
+  if (got < 0) return absl::UnavailableError(absl::StrCat("ibv_poll_cq: returned ", got));
   return got;
 }
 
@@ -254,17 +234,19 @@ absl::Status CompletionQueue::Arm() {
 
 absl::Status CompletionStatus(const ibv_wc& wc, const std::string& peer) {
   if (wc.status == IBV_WC_SUCCESS) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(
-      OpcodeName(wc.opcode), " with ", peer, " failed: ",
-      ibv_wc_status_str(wc.status), " (wc status ", static_cast<int>(wc.status),
-      ", vendor error 0x", absl::Hex(wc.vendor_err), ")"));
+  return absl::UnavailableError(absl::StrCat(OpcodeName(wc.opcode), " with ", peer,
+                                             " failed: ", ibv_wc_status_str(wc.status),
+                                             " (wc status ", static_cast<int>(wc.status),
+                                             ", vendor error 0x", absl::Hex(wc.vendor_err), ")"));
 }
 
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<RcQueuePair>> RcQueuePair::Create(
-    VerbsDevice* device, CompletionQueue* send_cq, CompletionQueue* recv_cq,
-    int max_send_wr, int max_recv_wr, std::string peer, ibv_pd* pd) {
+absl::StatusOr<std::unique_ptr<RcQueuePair>> RcQueuePair::Create(VerbsDevice* device,
+                                                                 CompletionQueue* send_cq,
+                                                                 CompletionQueue* recv_cq,
+                                                                 int max_send_wr, int max_recv_wr,
+                                                                 std::string peer, ibv_pd* pd) {
   ibv_qp_init_attr init{};
   init.send_cq = send_cq->cq();
   init.recv_cq = recv_cq->cq();
@@ -275,14 +257,12 @@ absl::StatusOr<std::unique_ptr<RcQueuePair>> RcQueuePair::Create(
   init.cap.max_recv_sge = 1;
   ibv_qp* qp = ibv_create_qp(pd != nullptr ? pd : device->pd(), &init);
   if (qp == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_create_qp(", device->selection().device, ") for ",
-                     peer, ": ", Errno(errno)));
+    return absl::UnavailableError(absl::StrCat("ibv_create_qp(", device->selection().device,
+                                               ") for ", peer, ": ", Errno(errno)));
   }
   std::random_device rd;
   const uint32_t psn = rd() & 0xffffff;
-  return std::unique_ptr<RcQueuePair>(
-      new RcQueuePair(device, qp, psn, std::move(peer)));
+  return std::unique_ptr<RcQueuePair>(new RcQueuePair(device, qp, psn, std::move(peer)));
 }
 
 RcQueuePair::~RcQueuePair() {
@@ -309,12 +289,11 @@ absl::Status RcQueuePair::Init() {
   a.pkey_index = 0;
   a.port_num = static_cast<uint8_t>(sel.port);
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-  if (int rc = ibv_modify_qp(
-          qp_, &a,
-          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (int rc = ibv_modify_qp(qp_, &a,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
       rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "ibv_modify_qp(RESET -> INIT) for ", peer_, ": ", Errno(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_modify_qp(RESET -> INIT) for ", peer_, ": ", Errno(rc)));
   }
   initialized_ = true;
   return absl::OkStatus();
@@ -337,14 +316,13 @@ absl::Status RcQueuePair::Connect(const QpInfo& remote) {
   a.ah_attr.dlid = remote.lid;
   a.ah_attr.sl = 0;
   a.ah_attr.port_num = static_cast<uint8_t>(sel.port);
-  if (int rc = ibv_modify_qp(
-          qp_, &a,
-          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (int rc = ibv_modify_qp(qp_, &a,
+                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
       rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_modify_qp(INIT -> RTR) for ", peer_, " (remote ",
-                     DescribeQpInfo(remote), "): ", Errno(rc)));
+    return absl::UnavailableError(absl::StrCat("ibv_modify_qp(INIT -> RTR) for ", peer_,
+                                               " (remote ", DescribeQpInfo(remote),
+                                               "): ", Errno(rc)));
   }
   a = ibv_qp_attr{};
   a.qp_state = IBV_QPS_RTS;
@@ -354,9 +332,8 @@ absl::Status RcQueuePair::Connect(const QpInfo& remote) {
   a.sq_psn = psn_;
   a.max_rd_atomic = 1;
   if (int rc = ibv_modify_qp(qp_, &a,
-                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                 IBV_QP_MAX_QP_RD_ATOMIC);
+                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
       rc != 0) {
     return absl::UnavailableError(
         absl::StrCat("ibv_modify_qp(RTR -> RTS) for ", peer_, ": ", Errno(rc)));
@@ -364,8 +341,7 @@ absl::Status RcQueuePair::Connect(const QpInfo& remote) {
   return absl::OkStatus();
 }
 
-absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length,
-                                   uint32_t lkey) {
+absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length, uint32_t lkey) {
   ibv_sge sge{reinterpret_cast<uint64_t>(addr), length, lkey};
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
@@ -373,18 +349,16 @@ absl::Status RcQueuePair::PostRecv(uint64_t wr_id, char* addr, uint32_t length,
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
   if (int rc = ibv_post_recv(qp_, &wr, &bad); rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "ibv_post_recv for ", peer_, " (QP ", StateName(), "): ", Errno(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("ibv_post_recv for ", peer_, " (QP ", StateName(), "): ", Errno(rc)));
   }
   return absl::OkStatus();
 }
 
-absl::Status RcQueuePair::PostSendWr(ibv_wr_opcode opcode, const char* what,
-                                     uint64_t wr_id, const char* addr,
-                                     uint32_t length, uint32_t lkey,
-                                     bool signaled, uint32_t imm,
-                                     uint64_t remote_addr, uint32_t rkey,
-                                     const ibv_sge* second) {
+absl::Status RcQueuePair::PostSendWr(ibv_wr_opcode opcode, const char* what, uint64_t wr_id,
+                                     const char* addr, uint32_t length, uint32_t lkey,
+                                     bool signaled, uint32_t imm, uint64_t remote_addr,
+                                     uint32_t rkey, const ibv_sge* second) {
   ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(addr), length, lkey}, {}};
   if (second != nullptr) sge[1] = *second;
   ibv_send_wr wr{};
@@ -398,44 +372,38 @@ absl::Status RcQueuePair::PostSendWr(ibv_wr_opcode opcode, const char* what,
   wr.wr.rdma.rkey = rkey;
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("ibv_post_send(", what, ") to ",
-                                               peer_, " (QP ", StateName(),
-                                               "): ", Errno(rc)));
+    return absl::UnavailableError(absl::StrCat("ibv_post_send(", what, ") to ", peer_, " (QP ",
+                                               StateName(), "): ", Errno(rc)));
   }
   return absl::OkStatus();
 }
 
-absl::Status RcQueuePair::PostSend(uint64_t wr_id, const char* addr,
-                                   uint32_t length, uint32_t lkey,
+absl::Status RcQueuePair::PostSend(uint64_t wr_id, const char* addr, uint32_t length, uint32_t lkey,
                                    bool signaled) {
   return PostSendWr(IBV_WR_SEND, "SEND", wr_id, addr, length, lkey, signaled,
                     /*imm=*/0, /*remote_addr=*/0, /*rkey=*/0);
 }
 
-absl::Status RcQueuePair::PostSendGather(uint64_t wr_id, const char* head,
-                                          uint32_t head_length, uint32_t head_lkey,
-                                          const char* body, uint32_t body_length,
-                                          uint32_t body_lkey, bool signaled) {
+absl::Status RcQueuePair::PostSendGather(uint64_t wr_id, const char* head, uint32_t head_length,
+                                         uint32_t head_lkey, const char* body, uint32_t body_length,
+                                         uint32_t body_lkey, bool signaled) {
   const ibv_sge second{reinterpret_cast<uint64_t>(body), body_length, body_lkey};
   return PostSendWr(IBV_WR_SEND, "SEND", wr_id, head, head_length, head_lkey, signaled,
                     /*imm=*/0, /*remote_addr=*/0, /*rkey=*/0, &second);
 }
 
-absl::Status RcQueuePair::PostWriteWithImm(uint64_t wr_id, const char* addr,
-                                           uint32_t length, uint32_t lkey,
-                                           uint64_t remote_addr, uint32_t rkey,
+absl::Status RcQueuePair::PostWriteWithImm(uint64_t wr_id, const char* addr, uint32_t length,
+                                           uint32_t lkey, uint64_t remote_addr, uint32_t rkey,
                                            uint32_t imm, bool signaled) {
-  return PostSendWr(IBV_WR_RDMA_WRITE_WITH_IMM, "RDMA WRITE with immediate",
-                    wr_id, addr, length, lkey, signaled, imm, remote_addr,
-                    rkey);
+  return PostSendWr(IBV_WR_RDMA_WRITE_WITH_IMM, "RDMA WRITE with immediate", wr_id, addr, length,
+                    lkey, signaled, imm, remote_addr, rkey);
 }
 
-absl::Status RcQueuePair::PostWrite(uint64_t wr_id, const char* addr,
-                                    uint32_t length, uint32_t lkey,
-                                    uint64_t remote_addr, uint32_t rkey,
+absl::Status RcQueuePair::PostWrite(uint64_t wr_id, const char* addr, uint32_t length,
+                                    uint32_t lkey, uint64_t remote_addr, uint32_t rkey,
                                     bool signaled) {
-  return PostSendWr(IBV_WR_RDMA_WRITE, "RDMA WRITE", wr_id, addr, length, lkey,
-                    signaled, /*imm=*/0, remote_addr, rkey);
+  return PostSendWr(IBV_WR_RDMA_WRITE, "RDMA WRITE", wr_id, addr, length, lkey, signaled, /*imm=*/0,
+                    remote_addr, rkey);
 }
 
 absl::Status RcQueuePair::ForceError() {

@@ -38,8 +38,7 @@ std::string DescribeQpInfo(const QpInfo& info);
 class VerbsDevice {
  public:
   // Opens `selection.device` (as chosen by SelectRdmaDevice).
-  static absl::StatusOr<std::unique_ptr<VerbsDevice>> Open(
-      const RdmaSelection& selection);
+  static absl::StatusOr<std::unique_ptr<VerbsDevice>> Open(const RdmaSelection& selection);
   ~VerbsDevice();
   VerbsDevice(const VerbsDevice&) = delete;
   VerbsDevice& operator=(const VerbsDevice&) = delete;
@@ -84,8 +83,9 @@ class MemoryRegion {
   // `access`: IBV_ACCESS_* flags; the narrowest that the use needs. `pd`:
   // the protection domain (null: the device's). A failure names ibv_reg_mr
   // and, for ENOMEM/EPERM, the locked-memory limit with its fix.
-  static absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(
-      VerbsDevice* device, void* addr, size_t length, int access, ibv_pd* pd = nullptr);
+  static absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(VerbsDevice* device, void* addr,
+                                                                size_t length, int access,
+                                                                ibv_pd* pd = nullptr);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -104,8 +104,7 @@ class MemoryRegion {
 // armed CQ attached to it gets a completion (event-driven completion).
 class CompletionChannel {
  public:
-  static absl::StatusOr<std::unique_ptr<CompletionChannel>> Create(
-      VerbsDevice* device);
+  static absl::StatusOr<std::unique_ptr<CompletionChannel>> Create(VerbsDevice* device);
   ~CompletionChannel();
   CompletionChannel(const CompletionChannel&) = delete;
   CompletionChannel& operator=(const CompletionChannel&) = delete;
@@ -152,8 +151,8 @@ class RcQueuePair {
  public:
   // `pd`: the protection domain (null: the device's).
   static absl::StatusOr<std::unique_ptr<RcQueuePair>> Create(
-      VerbsDevice* device, CompletionQueue* send_cq, CompletionQueue* recv_cq,
-      int max_send_wr, int max_recv_wr, std::string peer, ibv_pd* pd = nullptr);
+      VerbsDevice* device, CompletionQueue* send_cq, CompletionQueue* recv_cq, int max_send_wr,
+      int max_recv_wr, std::string peer, ibv_pd* pd = nullptr);
   ~RcQueuePair();
   RcQueuePair(const RcQueuePair&) = delete;
   RcQueuePair& operator=(const RcQueuePair&) = delete;
@@ -167,11 +166,10 @@ class RcQueuePair {
   // done); the path MTU is the smaller of the two.
   absl::Status Connect(const QpInfo& remote);
 
-  absl::Status PostRecv(uint64_t wr_id, char* addr, uint32_t length,
-                        uint32_t lkey);
+  absl::Status PostRecv(uint64_t wr_id, char* addr, uint32_t length, uint32_t lkey);
   // SEND of [addr, addr + length) into the receive the peer posted next.
-  absl::Status PostSend(uint64_t wr_id, const char* addr, uint32_t length,
-                        uint32_t lkey, bool signaled);
+  absl::Status PostSend(uint64_t wr_id, const char* addr, uint32_t length, uint32_t lkey,
+                        bool signaled);
   // One SEND gathered from two registered pieces (a header from one region,
   // a payload chunk from another), into the receive the peer posted next.
   absl::Status PostSendGather(uint64_t wr_id, const char* head, uint32_t head_length,
@@ -180,14 +178,11 @@ class RcQueuePair {
   // RDMA WRITE with immediate: `length` bytes into the peer's registered
   // memory at remote_addr/rkey; the peer gets a receive completion carrying
   // `imm` (it must have a receive posted).
-  absl::Status PostWriteWithImm(uint64_t wr_id, const char* addr,
-                                uint32_t length, uint32_t lkey,
-                                uint64_t remote_addr, uint32_t rkey,
-                                uint32_t imm, bool signaled);
+  absl::Status PostWriteWithImm(uint64_t wr_id, const char* addr, uint32_t length, uint32_t lkey,
+                                uint64_t remote_addr, uint32_t rkey, uint32_t imm, bool signaled);
   // RDMA WRITE (no immediate: the peer sees no completion).
-  absl::Status PostWrite(uint64_t wr_id, const char* addr, uint32_t length,
-                         uint32_t lkey, uint64_t remote_addr, uint32_t rkey,
-                         bool signaled);
+  absl::Status PostWrite(uint64_t wr_id, const char* addr, uint32_t length, uint32_t lkey,
+                         uint64_t remote_addr, uint32_t rkey, bool signaled);
   // Moves the QP to the error state (tests; a failing peer does the same).
   absl::Status ForceError();
   // "RESET", "INIT", "RTR", "RTS", "ERR", ... (ibv_query_qp).
@@ -197,11 +192,9 @@ class RcQueuePair {
   RcQueuePair(VerbsDevice* device, ibv_qp* qp, uint32_t psn, std::string peer)
       : device_(device), qp_(qp), psn_(psn), peer_(std::move(peer)) {}
   // One work request on the send queue; `what` names it in errors.
-  absl::Status PostSendWr(ibv_wr_opcode opcode, const char* what,
-                          uint64_t wr_id, const char* addr, uint32_t length,
-                          uint32_t lkey, bool signaled, uint32_t imm,
-                          uint64_t remote_addr, uint32_t rkey,
-                          const ibv_sge* second = nullptr);
+  absl::Status PostSendWr(ibv_wr_opcode opcode, const char* what, uint64_t wr_id, const char* addr,
+                          uint32_t length, uint32_t lkey, bool signaled, uint32_t imm,
+                          uint64_t remote_addr, uint32_t rkey, const ibv_sge* second = nullptr);
 
   VerbsDevice* const device_;
   ibv_qp* const qp_;

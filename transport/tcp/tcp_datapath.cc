@@ -21,9 +21,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "transport/tcp/tcp_transport.h"
-
 #include "openssl/crypto.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace strata::transport::tcp {
 namespace {
@@ -70,8 +69,7 @@ uint64_t GetU64(const char* p) {
 // Thread-safe.
 class TcpResponder final : public OnceResponder {
  public:
-  TcpResponder(std::weak_ptr<Endpoint> endpoint, const MessageHeader& request,
-               std::string peer)
+  TcpResponder(std::weak_ptr<Endpoint> endpoint, const MessageHeader& request, std::string peer)
       : OnceResponder(request, std::move(peer), "tcp"), endpoint_(std::move(endpoint)) {}
   ~TcpResponder() override { AnswerIfDropped(); }
 
@@ -85,8 +83,7 @@ class TcpResponder final : public OnceResponder {
       return;
     }
     const absl::Status s =
-        endpoint->WriteFrame(response.header, response.payload_data(),
-                             response.payload_size());
+        endpoint->WriteFrame(response.header, response.payload_data(), response.payload_size());
     if (!s.ok()) VLOG(1) << "tcp: dropping response: " << s;
   }
 
@@ -121,9 +118,8 @@ void EncodeFrameHeader(const MessageHeader& h, uint64_t payload_bytes,
   PutU64(out + 64, payload_bytes);
 }
 
-absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes],
-                               uint64_t max_payload_bytes, MessageHeader* h,
-                               uint64_t* payload_bytes) {
+absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes], uint64_t max_payload_bytes,
+                               MessageHeader* h, uint64_t* payload_bytes) {
   const uint32_t magic = GetU32(in + 0);
   if (magic != kFrameMagic) {
     return absl::DataLossError(
@@ -131,20 +127,17 @@ absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes],
   }
   const uint16_t version = GetU16(in + 4);
   if (version != kProtocolVersion) {
-    return absl::DataLossError(absl::StrCat("unsupported protocol version ",
-                                            version, " (want ",
-                                            kProtocolVersion, ")"));
+    return absl::DataLossError(
+        absl::StrCat("unsupported protocol version ", version, " (want ", kProtocolVersion, ")"));
   }
   const auto type = static_cast<MessageType>(GetU16(in + 6));
   if (!IsValidMessageType(type)) {
-    return absl::DataLossError(
-        absl::StrCat("unknown message type ", static_cast<uint16_t>(type)));
+    return absl::DataLossError(absl::StrCat("unknown message type ", static_cast<uint16_t>(type)));
   }
   const uint64_t bytes = GetU64(in + 64);
   if (bytes > max_payload_bytes) {
-    return absl::DataLossError(absl::StrCat("payload_bytes ", bytes,
-                                            " exceeds max_payload_bytes ",
-                                            max_payload_bytes));
+    return absl::DataLossError(
+        absl::StrCat("payload_bytes ", bytes, " exceeds max_payload_bytes ", max_payload_bytes));
   }
   h->type = type;
   h->status = GetU16(in + 8);
@@ -173,8 +166,8 @@ void Endpoint::StartEncryption(std::string send_key, std::string recv_key) {
   encrypted_recv_.store(true, std::memory_order_release);
 }
 
-absl::Status Endpoint::WriteFrame(const MessageHeader& header,
-                                  const char* payload, size_t payload_size) {
+absl::Status Endpoint::WriteFrame(const MessageHeader& header, const char* payload,
+                                  size_t payload_size) {
   char head[kFrameHeaderBytes];
   iovec iov[2];
   iov[0].iov_base = head;
@@ -182,8 +175,7 @@ absl::Status Endpoint::WriteFrame(const MessageHeader& header,
 
   absl::MutexLock l(&write_mu_);
   if (!fd_open_) {
-    return absl::UnavailableError(
-        absl::StrCat("connection with ", peer_, " is closed"));
+    return absl::UnavailableError(absl::StrCat("connection with ", peer_, " is closed"));
   }
   if (send_cipher_ != nullptr) {
     // The payload sealed, the header (with the sealed length) authenticated,
@@ -229,30 +221,25 @@ absl::Status Endpoint::WriteAllLocked(iovec* iov, int iovcnt) {
         --msg.msg_iovlen;
       }
       if (msg.msg_iovlen > 0) {
-        msg.msg_iov[0].iov_base =
-            static_cast<char*>(msg.msg_iov[0].iov_base) + left;
+        msg.msg_iov[0].iov_base = static_cast<char*>(msg.msg_iov[0].iov_base) + left;
         msg.msg_iov[0].iov_len -= left;
       }
       continue;
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return absl::UnavailableError(
-          absl::StrCat("write to ", peer_, ": ", std::strerror(errno)));
+      return absl::UnavailableError(absl::StrCat("write to ", peer_, ": ", std::strerror(errno)));
     }
     // Socket buffer full: wait until the peer drains some, but not forever.
     pollfd p{fd_, POLLOUT, 0};
-    const int rc = ::poll(
-        &p, 1,
-        static_cast<int>(absl::ToInt64Milliseconds(write_stall_timeout_)));
+    const int rc = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(write_stall_timeout_)));
     if (rc == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("write to ", peer_, " stalled for ",
-                       absl::FormatDuration(write_stall_timeout_)));
+      return absl::UnavailableError(absl::StrCat("write to ", peer_, " stalled for ",
+                                                 absl::FormatDuration(write_stall_timeout_)));
     }
     if (rc < 0 && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("poll for write to ", peer_,
-                                                 ": ", std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("poll for write to ", peer_, ": ", std::strerror(errno)));
     }
     // Writable, or POLLERR/POLLHUP: the next sendmsg reports which.
   }
@@ -279,18 +266,17 @@ absl::Status Endpoint::OnReadable(char* scratch, size_t scratch_size) {
     if (n == 0) {
       if (local_shutdown_.load(std::memory_order_acquire)) {
         return absl::UnavailableError(absl::StrCat(
-            "connection with ", peer_,
-            " closed locally (connection released or a write failed)"));
+            "connection with ", peer_, " closed locally (connection released or a write failed)"));
       }
-      return absl::UnavailableError(absl::StrCat(
-          "connection with ", peer_, " closed by the peer",
-          (in_payload_ || header_got_ > 0) ? " in the middle of a frame" : ""));
+      return absl::UnavailableError(
+          absl::StrCat("connection with ", peer_, " closed by the peer",
+                       (in_payload_ || header_got_ > 0) ? " in the middle of a frame" : ""));
     }
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::OkStatus();
-      return absl::UnavailableError(absl::StrCat(
-          "connection with ", peer_, " failed: ", std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("connection with ", peer_, " failed: ", std::strerror(errno)));
     }
     budget -= std::min(budget, static_cast<size_t>(n));
     if (direct) {
@@ -325,24 +311,22 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       uint64_t payload_bytes = 0;
       // (Sealed or not is decided here, once per frame.)
       const bool sealed = encrypted_recv_.load(std::memory_order_acquire);
-      absl::Status s = DecodeFrameHeader(header_buf_,
-                                         max_payload_bytes_ + (sealed ? kFrameTagBytes : 0),
-                                         &incoming_.header, &payload_bytes);
+      absl::Status s =
+          DecodeFrameHeader(header_buf_, max_payload_bytes_ + (sealed ? kFrameTagBytes : 0),
+                            &incoming_.header, &payload_bytes);
       if (s.ok()) s = CheckHeader(incoming_.header, payload_bytes);
       if (!s.ok()) {
         LOG(WARNING) << "tcp: bad frame from " << peer_ << ": " << s.message()
                      << "; closing the connection";
-        return absl::DataLossError(
-            absl::StrCat("bad frame from ", peer_, ": ", s.message()));
+        return absl::DataLossError(absl::StrCat("bad frame from ", peer_, ": ", s.message()));
       }
       // A sealed frame is opened in a buffer of its own (its tag follows
       // the payload); its header is kept to authenticate it.
       incoming_sealed_ = sealed;
       if (sealed) {
         if (payload_bytes < kFrameTagBytes) {
-          return absl::DataLossError(
-              absl::StrCat("bad frame from ", peer_, ": a sealed payload of ", payload_bytes,
-                           " bytes"));
+          return absl::DataLossError(absl::StrCat(
+              "bad frame from ", peer_, ": a sealed payload of ", payload_bytes, " bytes"));
         }
         std::memcpy(sealed_header_, header_buf_, kFrameHeaderBytes);
       }
@@ -373,8 +357,7 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       continue;
     }
     GrowPayloadRoom();
-    const size_t take = static_cast<size_t>(
-        std::min<uint64_t>(n, payload_room_ - payload_got_));
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, payload_room_ - payload_got_));
     std::memcpy(payload_buf_ + payload_got_, data, take);
     payload_got_ += take;
     data += take;
@@ -391,9 +374,8 @@ void Endpoint::GrowPayloadRoom() {
   if (payload_got_ < payload_room_ || payload_room_ == payload_size_) return;
   // Doubling, but straight to the whole frame when that is little more (a
   // sealed frame's tag must not cost one more copy of the payload).
-  payload_room_ = payload_size_ <= payload_room_ * 2 + payload_room_ / 4
-                      ? payload_size_
-                      : payload_room_ * 2;
+  payload_room_ =
+      payload_size_ <= payload_room_ * 2 + payload_room_ / 4 ? payload_size_ : payload_room_ * 2;
   incoming_.payload.resize(payload_room_);
   payload_buf_ = incoming_.payload.data();
 }
@@ -413,9 +395,9 @@ absl::Status Endpoint::DeliverIncoming() {
                             dest != nullptr ? dest : message.payload.data())) {
       LOG(WARNING) << "tcp: a frame from " << peer_
                    << " does not authenticate; closing the connection";
-      return absl::DataLossError(
-          absl::StrCat("a frame from ", peer_, " does not authenticate (changed, replayed "
-                       "or out of order)"));
+      return absl::DataLossError(absl::StrCat("a frame from ", peer_,
+                                              " does not authenticate (changed, replayed "
+                                              "or out of order)"));
     }
     if (dest != nullptr) {
       message.payload.clear();
@@ -435,8 +417,7 @@ absl::Status Endpoint::DeliverIncoming() {
 // ---------------------------------------------------------------------------
 // Server side.
 
-ServerEndpoint::ServerEndpoint(int fd, std::string peer,
-                               const TcpOptions& options,
+ServerEndpoint::ServerEndpoint(int fd, std::string peer, const TcpOptions& options,
                                std::shared_ptr<const RequestHandler> handler)
     : Endpoint(fd, std::move(peer), options),
       handler_(std::move(handler)),
@@ -454,10 +435,10 @@ absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
   if (h.type == MessageType::kAuthHello && server_nonce_.empty()) {
     const bool wants_encryption = (h.flags & kFlagEncrypt) != 0;
     if (wants_encryption != encrypt_) {
-      const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
-          "data-plane encryption is ", encrypt_ ? "on" : "off", " here and ",
-          wants_encryption ? "on" : "off", " at ", peer(),
-          ": the nodes run different configs (security.encrypt_data_plane)"));
+      const absl::Status refused = absl::FailedPreconditionError(
+          absl::StrCat("data-plane encryption is ", encrypt_ ? "on" : "off", " here and ",
+                       wants_encryption ? "on" : "off", " at ", peer(),
+                       ": the nodes run different configs (security.encrypt_data_plane)"));
       LOG_EVERY_N(WARNING, 10) << "tcp: " << refused.message();
       responder()->Respond(MakeErrorResponse(h, MessageType::kAuthHelloReply, refused));
       return refused;
@@ -483,13 +464,13 @@ absl::Status ServerEndpoint::OnHandshakeFrame(Message request) {
     if (!key.ok()) {
       refused = key.status();
     } else {
-      const std::string want = HandshakeMac(*key, /*server=*/false, claimed_node_,
-                                            claimed_epoch_, server_nonce_, client_nonce_);
+      const std::string want = HandshakeMac(*key, /*server=*/false, claimed_node_, claimed_epoch_,
+                                            server_nonce_, client_nonce_);
       if (request.payload.size() != want.size() ||
           CRYPTO_memcmp(request.payload.data(), want.data(), want.size()) != 0) {
-        refused = absl::PermissionDeniedError(absl::StrCat(
-            "data-plane handshake of node ", claimed_node_, " from ", peer(),
-            ": the proof does not verify (not a member, or a replayed handshake)"));
+        refused = absl::PermissionDeniedError(
+            absl::StrCat("data-plane handshake of node ", claimed_node_, " from ", peer(),
+                         ": the proof does not verify (not a member, or a replayed handshake)"));
       }
     }
     if (!refused.ok()) {
@@ -526,9 +507,9 @@ absl::Status ServerEndpoint::CheckHeader(const MessageHeader& h, uint64_t payloa
   if (!authenticated_) {
     const bool handshake = h.type == MessageType::kAuthHello || h.type == MessageType::kAuthProof;
     if (!handshake || payload_bytes > kAuthNonceBytes + kAuthMacBytes) {
-      const absl::Status dropped = absl::PermissionDeniedError(absl::StrCat(
-          MessageTypeName(h.type), " from ", peer(), " (", payload_bytes,
-          " bytes) before the data-plane handshake: connection closed unserved"));
+      const absl::Status dropped = absl::PermissionDeniedError(
+          absl::StrCat(MessageTypeName(h.type), " from ", peer(), " (", payload_bytes,
+                       " bytes) before the data-plane handshake: connection closed unserved"));
       LOG_EVERY_N(WARNING, 10) << "tcp: " << dropped.message();
       return dropped;
     }
@@ -536,9 +517,9 @@ absl::Status ServerEndpoint::CheckHeader(const MessageHeader& h, uint64_t payloa
   }
   // (The rdma set-up is the transport's own, not a node's request.)
   if (h.sender_id != claimed_node_ && h.type != MessageType::kRdmaHello) {
-    const absl::Status forged = absl::PermissionDeniedError(absl::StrCat(
-        MessageTypeName(h.type), " from ", peer(), " says it is node ", h.sender_id,
-        " but the connection belongs to node ", claimed_node_, ": connection closed"));
+    const absl::Status forged = absl::PermissionDeniedError(
+        absl::StrCat(MessageTypeName(h.type), " from ", peer(), " says it is node ", h.sender_id,
+                     " but the connection belongs to node ", claimed_node_, ": connection closed"));
     LOG_EVERY_N(WARNING, 10) << "tcp: " << forged.message();
     return forged;
   }
@@ -547,8 +528,8 @@ absl::Status ServerEndpoint::CheckHeader(const MessageHeader& h, uint64_t payloa
 
 absl::Status ServerEndpoint::OnFrame(Message request) {
   if (membership_ != nullptr && !authenticated_) return OnHandshakeFrame(std::move(request));
-  auto responder = std::make_shared<TcpResponder>(
-      std::weak_ptr<Endpoint>(shared_from_this()), request.header, peer());
+  auto responder = std::make_shared<TcpResponder>(std::weak_ptr<Endpoint>(shared_from_this()),
+                                                  request.header, peer());
   switch (request.header.type) {
     case MessageType::kAuthHello:
     case MessageType::kAuthProof:
@@ -570,8 +551,7 @@ absl::Status ServerEndpoint::OnFrame(Message request) {
     } else {
       responder->Respond(MakeErrorResponse(
           request.header, MessageType::kRdmaHelloReply,
-          absl::FailedPreconditionError(
-              "this peer serves transport tcp: no rdma here")));
+          absl::FailedPreconditionError("this peer serves transport tcp: no rdma here")));
     }
     return absl::OkStatus();
   }
@@ -586,16 +566,13 @@ void ServerEndpoint::OnClosed(const absl::Status& reason) {
 // ---------------------------------------------------------------------------
 // Client side.
 
-ClientEndpoint::ClientEndpoint(int fd, std::string peer,
-                               const TcpOptions& options)
+ClientEndpoint::ClientEndpoint(int fd, std::string peer, const TcpOptions& options)
     : Endpoint(fd, std::move(peer), options) {}
 
-void ClientEndpoint::Call(Message request, ResponseCallback done, char* dest,
-                          size_t dest_size) {
+void ClientEndpoint::Call(Message request, ResponseCallback done, char* dest, size_t dest_size) {
   if (!IsValidMessageType(request.header.type)) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("call to ", peer(), ": cannot send message type ",
-                     static_cast<uint16_t>(request.header.type))));
+    done(absl::InvalidArgumentError(absl::StrCat("call to ", peer(), ": cannot send message type ",
+                                                 static_cast<uint16_t>(request.header.type))));
     return;
   }
   uint64_t id = 0;
@@ -610,13 +587,12 @@ void ClientEndpoint::Call(Message request, ResponseCallback done, char* dest,
     }
   }
   if (!broken.ok()) {
-    done(absl::UnavailableError(absl::StrCat(
-        "connection to ", peer(), " is broken: ", broken.message())));
+    done(absl::UnavailableError(
+        absl::StrCat("connection to ", peer(), " is broken: ", broken.message())));
     return;
   }
   request.header.request_id = id;
-  const absl::Status s =
-      WriteFrame(request.header, request.payload_data(), request.payload_size());
+  const absl::Status s = WriteFrame(request.header, request.payload_data(), request.payload_size());
   if (s.ok()) return;
   ResponseCallback callback;
   {
@@ -640,13 +616,11 @@ bool ClientEndpoint::healthy() const {
   return !broken_ && !closed();
 }
 
-char* ClientEndpoint::PayloadDestination(const MessageHeader& header,
-                                         uint64_t payload_bytes) {
+char* ClientEndpoint::PayloadDestination(const MessageHeader& header, uint64_t payload_bytes) {
   if (header.status != 0) return nullptr;  // error text goes to payload
   absl::MutexLock l(&mu_);
   auto it = pending_.find(header.request_id);
-  if (it == pending_.end() || it->second.dest == nullptr ||
-      it->second.dest_size != payload_bytes) {
+  if (it == pending_.end() || it->second.dest == nullptr || it->second.dest_size != payload_bytes) {
     return nullptr;
   }
   return it->second.dest;
@@ -664,8 +638,8 @@ absl::Status ClientEndpoint::OnFrame(Message response) {
   }
   if (!callback) {
     // E.g. the call's write failed and it was already answered.
-    VLOG(1) << "tcp: dropping response from " << peer()
-            << " to unknown request " << response.header.request_id;
+    VLOG(1) << "tcp: dropping response from " << peer() << " to unknown request "
+            << response.header.request_id;
     return absl::OkStatus();
   }
   callback(std::move(response));
@@ -683,8 +657,7 @@ void ClientEndpoint::OnClosed(const absl::Status& reason) {
     pending.swap(pending_);
   }
   if (!pending.empty()) {
-    VLOG(1) << "tcp: failing " << pending.size()
-            << " pending calls: " << reason;
+    VLOG(1) << "tcp: failing " << pending.size() << " pending calls: " << reason;
   }
   for (auto& entry : pending) entry.second.done(reason);
 }

@@ -26,9 +26,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "absl/synchronization/notification.h"
 #include "openssl/crypto.h"
 
 namespace strata::transport::tcp {
@@ -78,28 +78,28 @@ absl::Status ClientHandshake(ClientEndpoint* e, const MembershipKeys& keys, bool
   absl::StatusOr<Message> reply = HandshakeCall(e, std::move(hello), deadline);
   if (!reply.ok()) return reply.status();
   if (reply->payload.size() != kAuthNonceBytes) {
-    return absl::DataLossError(
-        absl::StrCat("a server nonce of ", reply->payload.size(), " bytes"));
+    return absl::DataLossError(absl::StrCat("a server nonce of ", reply->payload.size(), " bytes"));
   }
   const std::string server_nonce = reply->payload;
   Message proof;
   proof.header.type = MessageType::kAuthProof;
   proof.header.sender_id = own->node_id;
   proof.header.epoch = own->epoch;
-  proof.payload = HandshakeMac(own->key, /*server=*/false, own->node_id, own->epoch,
-                               server_nonce, client_nonce);
+  proof.payload = HandshakeMac(own->key, /*server=*/false, own->node_id, own->epoch, server_nonce,
+                               client_nonce);
   reply = HandshakeCall(e, std::move(proof), deadline);
   if (!reply.ok()) return reply.status();
-  const std::string want = HandshakeMac(own->key, /*server=*/true, own->node_id, own->epoch,
-                                        server_nonce, client_nonce);
+  const std::string want =
+      HandshakeMac(own->key, /*server=*/true, own->node_id, own->epoch, server_nonce, client_nonce);
   if (reply->payload.size() != want.size() ||
       CRYPTO_memcmp(reply->payload.data(), want.data(), want.size()) != 0) {
     return absl::PermissionDeniedError(
         "the server's proof does not verify: it does not hold this cluster's keys");
   }
   if (encrypt) {
-    e->StartEncryption(SessionKey(own->key, /*client_to_server=*/true, server_nonce, client_nonce),
-                       SessionKey(own->key, /*client_to_server=*/false, server_nonce, client_nonce));
+    e->StartEncryption(
+        SessionKey(own->key, /*client_to_server=*/true, server_nonce, client_nonce),
+        SessionKey(own->key, /*client_to_server=*/false, server_nonce, client_nonce));
   }
   return absl::OkStatus();
 }
@@ -139,20 +139,20 @@ struct AddrInfoDeleter {
 };
 using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
-absl::StatusOr<AddrInfoPtr> Resolve(const std::string& host, int port,
-                                    bool passive, const std::string& what) {
+absl::StatusOr<AddrInfoPtr> Resolve(const std::string& host, int port, bool passive,
+                                    const std::string& what) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   const std::string service = std::to_string(port);
   addrinfo* result = nullptr;
-  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(),
-                               service.c_str(), &hints, &result);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result);
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        what, ": cannot resolve \"", host,
-        "\": ", rc == EAI_SYSTEM ? ErrnoText(errno) : ::gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat(what, ": cannot resolve \"", host,
+                     "\": ", rc == EAI_SYSTEM ? ErrnoText(errno) : ::gai_strerror(rc)));
   }
   return AddrInfoPtr(result);
 }
@@ -161,8 +161,7 @@ absl::StatusOr<AddrInfoPtr> Resolve(const std::string& host, int port,
 // or -1 with `*error` set.
 int ConnectOne(const addrinfo* ai, absl::Time deadline, std::string* error) {
   const int fd =
-      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-               ai->ai_protocol);
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
   if (fd < 0) {
     *error = absl::StrCat("socket: ", ErrnoText(errno));
     return -1;
@@ -185,8 +184,7 @@ int ConnectOne(const addrinfo* ai, absl::Time deadline, std::string* error) {
         return -1;
       }
       pollfd p{fd, POLLOUT, 0};
-      const int n =
-          ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      const int n = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         *error = absl::StrCat("poll: ", ErrnoText(errno));
@@ -209,12 +207,10 @@ int ConnectOne(const addrinfo* ai, absl::Time deadline, std::string* error) {
 
 }  // namespace
 
-absl::Status SplitHostPort(const std::string& address, std::string* host,
-                           int* port) {
+absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address \"", address, "\" is not host:port"));
+    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" is not host:port"));
   }
   std::string h = address.substr(0, colon);
   if (h.size() >= 2 && h.front() == '[' && h.back() == ']') {
@@ -222,16 +218,14 @@ absl::Status SplitHostPort(const std::string& address, std::string* host,
   }
   int p = 0;
   if (!absl::SimpleAtoi(address.substr(colon + 1), &p) || p < 0 || p > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address \"", address, "\" has a bad port"));
+    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" has a bad port"));
   }
   *host = std::move(h);
   *port = p;
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
-    const TcpOptions& options) {
+absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(const TcpOptions& options) {
   auto transport = TcpTransport::Create(options);
   if (!transport.ok()) return transport.status();
   return std::unique_ptr<Transport>(std::move(transport).value());
@@ -292,19 +286,16 @@ void Endpoint::RequestClose() {
 // ---------------------------------------------------------------------------
 // TcpTransport.
 
-absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
-    const TcpOptions& options) {
+absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const TcpOptions& options) {
   const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("tcp transport: epoll_create1: ", ErrnoText(errno)));
+    return absl::InternalError(absl::StrCat("tcp transport: epoll_create1: ", ErrnoText(errno)));
   }
   const int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd < 0) {
     const int err = errno;
     ::close(epoll_fd);
-    return absl::InternalError(
-        absl::StrCat("tcp transport: eventfd: ", ErrnoText(err)));
+    return absl::InternalError(absl::StrCat("tcp transport: eventfd: ", ErrnoText(err)));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -313,11 +304,9 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
     const int err = errno;
     ::close(wake_fd);
     ::close(epoll_fd);
-    return absl::InternalError(
-        absl::StrCat("tcp transport: epoll_ctl(eventfd): ", ErrnoText(err)));
+    return absl::InternalError(absl::StrCat("tcp transport: epoll_ctl(eventfd): ", ErrnoText(err)));
   }
-  return std::unique_ptr<TcpTransport>(
-      new TcpTransport(options, epoll_fd, wake_fd));
+  return std::unique_ptr<TcpTransport>(new TcpTransport(options, epoll_fd, wake_fd));
 }
 
 TcpTransport::TcpTransport(const TcpOptions& options, int epoll_fd, int wake_fd)
@@ -328,8 +317,7 @@ TcpTransport::TcpTransport(const TcpOptions& options, int epoll_fd, int wake_fd)
 
 TcpTransport::~TcpTransport() { Shutdown(); }
 
-absl::Status TcpTransport::Listen(const std::string& host, int port,
-                                  RequestHandler handler) {
+absl::Status TcpTransport::Listen(const std::string& host, int port, RequestHandler handler) {
   const std::string address = absl::StrCat(host, ":", port);
   const std::string what = absl::StrCat("listen on ", address);
   if (port < 0 || port > 65535) {
@@ -338,8 +326,7 @@ absl::Status TcpTransport::Listen(const std::string& host, int port,
   {
     absl::MutexLock l(&mu_);
     if (stopping_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": transport is shut down"));
+      return absl::FailedPreconditionError(absl::StrCat(what, ": transport is shut down"));
     }
     if (listen_fd_ >= 0) {
       return absl::FailedPreconditionError(
@@ -352,8 +339,7 @@ absl::Status TcpTransport::Listen(const std::string& host, int port,
   int fd = -1;
   std::string error = "no address";
   for (const addrinfo* ai = resolved->get(); ai != nullptr; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                  ai->ai_protocol);
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
       error = absl::StrCat("socket: ", ErrnoText(errno));
       continue;
@@ -377,8 +363,7 @@ absl::Status TcpTransport::Listen(const std::string& host, int port,
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
     const int err = errno;
     ::close(fd);
-    return absl::InternalError(
-        absl::StrCat(what, ": getsockname: ", ErrnoText(err)));
+    return absl::InternalError(absl::StrCat(what, ": getsockname: ", ErrnoText(err)));
   }
 
   absl::MutexLock l(&mu_);
@@ -397,8 +382,7 @@ absl::Status TcpTransport::Listen(const std::string& host, int port,
     const int err = errno;
     ::close(fd);
     listen_fd_ = -1;
-    return absl::InternalError(
-        absl::StrCat(what, ": epoll_ctl: ", ErrnoText(err)));
+    return absl::InternalError(absl::StrCat(what, ": epoll_ctl: ", ErrnoText(err)));
   }
   VLOG(1) << "tcp: listening on " << listen_address_;
   return absl::OkStatus();
@@ -409,8 +393,7 @@ std::string TcpTransport::listen_address() const {
   return listen_address_;
 }
 
-absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
-    const std::string& address) {
+absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const std::string& address) {
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   for (;;) {
     absl::StatusOr<std::shared_ptr<Connection>> conn = ConnectOnce(address, deadline);
@@ -418,8 +401,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(
     // keys yet; they come with the next heartbeat, and a member's own key
     // is read afresh): tried again until the deadline, never taken for a
     // dead peer.
-    if (conn.ok() || !IsKeyEpochRefusal(conn.status()) ||
-        stop_.load(std::memory_order_acquire) ||
+    if (conn.ok() || !IsKeyEpochRefusal(conn.status()) || stop_.load(std::memory_order_acquire) ||
         absl::Now() + absl::Milliseconds(100) >= deadline) {
       return conn;
     }
@@ -435,8 +417,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectOnce(const std:
   absl::Status s = SplitHostPort(address, &host, &port);
   if (!s.ok()) return s;
   if (stop_.load(std::memory_order_acquire)) {
-    return absl::UnavailableError(
-        absl::StrCat("connect to ", address, ": transport is shut down"));
+    return absl::UnavailableError(absl::StrCat("connect to ", address, ": transport is shut down"));
   }
   const std::string what = absl::StrCat("connect to ", address);
   auto resolved = Resolve(host, port, /*passive=*/false, what);
@@ -444,8 +425,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectOnce(const std:
 
   int fd = -1;
   std::string error = "no address";
-  for (const addrinfo* ai = resolved->get(); ai != nullptr && fd < 0;
-       ai = ai->ai_next) {
+  for (const addrinfo* ai = resolved->get(); ai != nullptr && fd < 0; ai = ai->ai_next) {
     fd = ConnectOne(ai, deadline, &error);
   }
   if (fd < 0) return absl::UnavailableError(absl::StrCat(what, ": ", error));
@@ -460,9 +440,10 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectOnce(const std:
   if (options_.membership != nullptr) {
     if (std::this_thread::get_id() == loop_thread_id_) {
       endpoint->RequestClose();
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": Connect with the data-plane handshake waits for an answer; it cannot run "
-                "on this transport's own thread (a handler or callback)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what,
+                       ": Connect with the data-plane handshake waits for an answer; it cannot run "
+                       "on this transport's own thread (a handler or callback)"));
     }
     s = ClientHandshake(endpoint.get(), *options_.membership, options_.encrypt, deadline);
     if (!s.ok()) {
@@ -471,8 +452,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectOnce(const std:
     }
   }
   VLOG(1) << "tcp: connected to " << address;
-  return std::shared_ptr<Connection>(
-      std::make_shared<TcpConnection>(std::move(endpoint)));
+  return std::shared_ptr<Connection>(std::make_shared<TcpConnection>(std::move(endpoint)));
 }
 
 int TcpTransport::DisconnectNode(uint32_t node) {
@@ -494,25 +474,23 @@ int TcpTransport::DisconnectNode(uint32_t node) {
 absl::Status TcpTransport::Register(std::shared_ptr<Endpoint> endpoint) {
   absl::MutexLock l(&mu_);
   if (stopping_) {
-    return absl::UnavailableError(absl::StrCat(
-        "connection with ", endpoint->peer(), ": transport is shut down"));
+    return absl::UnavailableError(
+        absl::StrCat("connection with ", endpoint->peer(), ": transport is shut down"));
   }
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
   ev.data.ptr = endpoint.get();
   if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, endpoint->fd(), &ev) != 0) {
-    return absl::InternalError(absl::StrCat("connection with ",
-                                            endpoint->peer(),
-                                            ": epoll_ctl: ", ErrnoText(errno)));
+    return absl::InternalError(
+        absl::StrCat("connection with ", endpoint->peer(), ": epoll_ctl: ", ErrnoText(errno)));
   }
   Endpoint* key = endpoint.get();
   endpoints_.emplace(key, std::move(endpoint));
   return absl::OkStatus();
 }
 
-void TcpTransport::CloseEndpoint(
-    Endpoint* endpoint, const absl::Status& reason,
-    std::vector<std::shared_ptr<Endpoint>>* graveyard) {
+void TcpTransport::CloseEndpoint(Endpoint* endpoint, const absl::Status& reason,
+                                 std::vector<std::shared_ptr<Endpoint>>* graveyard) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, endpoint->fd(), nullptr);
   {
     absl::MutexLock l(&mu_);
@@ -537,18 +515,17 @@ void TcpTransport::AcceptAll() {
   for (;;) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len,
-                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    const int fd =
+        ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      LOG_EVERY_N(WARNING, 100)
-          << "tcp: accept on " << listen_address() << ": " << ErrnoText(errno);
+      LOG_EVERY_N(WARNING, 100) << "tcp: accept on " << listen_address() << ": "
+                                << ErrnoText(errno);
       return;
     }
     SetNoDelay(fd);
-    auto endpoint = std::make_shared<ServerEndpoint>(fd, FormatSockaddr(ss),
-                                                     options_, handler);
+    auto endpoint = std::make_shared<ServerEndpoint>(fd, FormatSockaddr(ss), options_, handler);
     VLOG(1) << "tcp: accepted connection from " << endpoint->peer();
     if (absl::Status limit = CheckPeerLimits(endpoint->peer_host()); !limit.ok()) {
       LOG_EVERY_N(WARNING, 100) << "tcp: " << listen_address() << ": " << limit.message();
@@ -574,15 +551,15 @@ absl::Status TcpTransport::CheckPeerLimits(const std::string& host) {
     }
   }
   if (all >= options_.max_connections_per_host) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a connection from ", host, " refused: it holds ", all, " already (at most ",
-        options_.max_connections_per_host, " a host)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a connection from ", host, " refused: it holds ", all, " already (at most ",
+                     options_.max_connections_per_host, " a host)"));
   }
   if (options_.membership != nullptr && pending >= options_.max_pending_handshakes_per_host) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a connection from ", host, " refused: ", pending,
-        " of its connections are still in the data-plane handshake (at most ",
-        options_.max_pending_handshakes_per_host, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a connection from ", host, " refused: ", pending,
+                     " of its connections are still in the data-plane handshake (at most ",
+                     options_.max_pending_handshakes_per_host, ")"));
   }
   return absl::OkStatus();
 }
@@ -597,9 +574,9 @@ void TcpTransport::CloseOverdueHandshakes(std::vector<std::shared_ptr<Endpoint>>
     }
   }
   for (Endpoint* e : overdue) {
-    const absl::Status reason = absl::DeadlineExceededError(absl::StrCat(
-        "connection from ", e->peer(), " closed: no data-plane handshake within ",
-        absl::FormatDuration(options_.handshake_timeout)));
+    const absl::Status reason = absl::DeadlineExceededError(
+        absl::StrCat("connection from ", e->peer(), " closed: no data-plane handshake within ",
+                     absl::FormatDuration(options_.handshake_timeout)));
     LOG_EVERY_N(WARNING, 10) << "tcp: " << reason.message();
     CloseEndpoint(e, reason, graveyard);
   }
@@ -623,8 +600,7 @@ void TcpTransport::EventLoop() {
     const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, wait_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
-      LOG(ERROR) << "tcp: epoll_wait: " << ErrnoText(errno)
-                 << "; transport stops serving";
+      LOG(ERROR) << "tcp: epoll_wait: " << ErrnoText(errno) << "; transport stops serving";
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -682,8 +658,7 @@ void TcpTransport::Shutdown() {
   if (listen_fd >= 0) ::close(listen_fd);
   for (auto& entry : endpoints) {
     entry.second->Close(absl::UnavailableError(
-        absl::StrCat("connection with ", entry.second->peer(),
-                     " closed: transport shut down")));
+        absl::StrCat("connection with ", entry.second->peer(), " closed: transport shut down")));
   }
   endpoints.clear();
   ::close(epoll_fd_);

@@ -57,8 +57,7 @@ void EncodeFrameHeader(const MessageHeader& header, uint64_t payload_bytes,
 // Parses a wire header. DataLoss describing the problem when the magic or
 // protocol version is wrong, the type is not a valid MessageType, or
 // payload_bytes exceeds `max_payload_bytes`.
-absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes],
-                               uint64_t max_payload_bytes,
+absl::Status DecodeFrameHeader(const char in[kFrameHeaderBytes], uint64_t max_payload_bytes,
                                MessageHeader* header, uint64_t* payload_bytes);
 
 // ---------------------------------------------------------------------------
@@ -97,12 +96,10 @@ struct TcpOptions {
   int max_pending_handshakes_per_host = 16;
 };
 
-absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(
-    const TcpOptions& options);
+absl::StatusOr<std::unique_ptr<Transport>> NewTcpTransport(const TcpOptions& options);
 
 // Splits "host:port" or "[v6addr]:port". InvalidArgument naming `address`.
-absl::Status SplitHostPort(const std::string& address, std::string* host,
-                           int* port);
+absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
 
 // ---------------------------------------------------------------------------
 // Implementation classes (shared by tcp_transport.cc and tcp_datapath.cc).
@@ -144,8 +141,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // when the socket is closed or the write fails; a failed write also shuts
   // the socket down so the epoll thread closes the connection.
   // Thread-safe.
-  absl::Status WriteFrame(const MessageHeader& header, const char* payload,
-                          size_t payload_size);
+  absl::Status WriteFrame(const MessageHeader& header, const char* payload, size_t payload_size);
 
   // Epoll thread only: reads what the socket has (bounded per call, epoll is
   // level-triggered), handing complete frames to OnFrame. `scratch` is the
@@ -179,8 +175,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   virtual absl::Status CheckHeader(const MessageHeader& header, uint64_t payload_bytes) {
     return absl::OkStatus();
   }
-  virtual char* PayloadDestination(const MessageHeader& header,
-                                   uint64_t payload_bytes) {
+  virtual char* PayloadDestination(const MessageHeader& header, uint64_t payload_bytes) {
     return nullptr;
   }
 
@@ -214,7 +209,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::unique_ptr<FrameCipher> recv_cipher_;
   std::atomic<bool> encrypted_recv_{false};
   char sealed_header_[kFrameHeaderBytes];  // the current frame's, to open it
-  bool incoming_sealed_ = false;            // the current frame is sealed
+  bool incoming_sealed_ = false;           // the current frame is sealed
 
   // Frame parser state; touched only by the epoll thread.
   char header_buf_[kFrameHeaderBytes];
@@ -274,15 +269,13 @@ class ClientEndpoint : public Endpoint {
   ClientEndpoint(int fd, std::string peer, const TcpOptions& options);
 
   // Connection::Call / CallInto (dest == nullptr: no destination).
-  void Call(Message request, ResponseCallback done, char* dest = nullptr,
-            size_t dest_size = 0);
+  void Call(Message request, ResponseCallback done, char* dest = nullptr, size_t dest_size = 0);
   bool healthy() const;
 
  protected:
   absl::Status OnFrame(Message response) override;
   void OnClosed(const absl::Status& reason) override;
-  char* PayloadDestination(const MessageHeader& header,
-                           uint64_t payload_bytes) override;
+  char* PayloadDestination(const MessageHeader& header, uint64_t payload_bytes) override;
 
  private:
   struct Pending {
@@ -311,8 +304,7 @@ class TcpConnection : public Connection {
   void Call(Message request, ResponseCallback done) override {
     endpoint_->Call(std::move(request), std::move(done));
   }
-  void CallInto(Message request, char* dest, size_t dest_size,
-                ResponseCallback done) override {
+  void CallInto(Message request, char* dest, size_t dest_size, ResponseCallback done) override {
     endpoint_->Call(std::move(request), std::move(done), dest, dest_size);
   }
   std::string peer() const override { return endpoint_->peer(); }
@@ -334,17 +326,14 @@ std::shared_ptr<Endpoint> EndpointOf(const Responder& responder);
 // response callback of this transport.
 class TcpTransport : public Transport {
  public:
-  static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(
-      const TcpOptions& options);
+  static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(const TcpOptions& options);
   ~TcpTransport() override;
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
 
-  absl::Status Listen(const std::string& host, int port,
-                      RequestHandler handler) override;
+  absl::Status Listen(const std::string& host, int port, RequestHandler handler) override;
   std::string listen_address() const override;
-  absl::StatusOr<std::shared_ptr<Connection>> Connect(
-      const std::string& address) override;
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address) override;
   int DisconnectNode(uint32_t node) override;
   // Stops the epoll thread, closes every socket and fails pending calls
   // with Unavailable. Idempotent.
@@ -373,8 +362,8 @@ class TcpTransport : public Transport {
 
   const TcpOptions options_;
   const int epoll_fd_;
-  const int wake_fd_;        // eventfd that wakes the epoll thread for Shutdown
-  std::thread loop_thread_;  // joined by Shutdown, under shutdown_mu_
+  const int wake_fd_;               // eventfd that wakes the epoll thread for Shutdown
+  std::thread loop_thread_;         // joined by Shutdown, under shutdown_mu_
   std::thread::id loop_thread_id_;  // written once in the constructor
   std::atomic<bool> stop_{false};
 
@@ -388,8 +377,7 @@ class TcpTransport : public Transport {
   std::shared_ptr<const RequestHandler> handler_ ABSL_GUARDED_BY(mu_);
   // Every registered endpoint; an endpoint leaves the table before its
   // socket is closed, so sockets in the table are open.
-  std::unordered_map<Endpoint*, std::shared_ptr<Endpoint>> endpoints_
-      ABSL_GUARDED_BY(mu_);
+  std::unordered_map<Endpoint*, std::shared_ptr<Endpoint>> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::transport::tcp

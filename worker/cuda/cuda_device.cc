@@ -23,13 +23,13 @@
 namespace strata::worker::cuda {
 
 // A failed CUDA call in Init: FAILED_PRECONDITION naming the GPU and call.
-#define RETURN_IF_CUDA(expr, what)                                                      \
-  do {                                                                                  \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) {                                   \
-      cudaGetLastError();                                                               \
-      return absl::FailedPreconditionError(                                             \
-          absl::StrCat("cuda:", gpu_, ": ", what, ": ", cudaGetErrorString(e_)));      \
-    }                                                                                   \
+#define RETURN_IF_CUDA(expr, what)                                                \
+  do {                                                                            \
+    if (cudaError_t e_ = (expr); e_ != cudaSuccess) {                             \
+      cudaGetLastError();                                                         \
+      return absl::FailedPreconditionError(                                       \
+          absl::StrCat("cuda:", gpu_, ": ", what, ": ", cudaGetErrorString(e_))); \
+    }                                                                             \
   } while (0)
 
 int VisibleGpuCount(std::string* why) {
@@ -74,9 +74,9 @@ struct Cublas {
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
   // (The C++ header overloads cublasGemmEx: the 32-bit-size one.)
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*,
-                            cudaDataType, int, const void*, void*, cudaDataType, int,
-                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
 };
 
 #define STRATA_STR2(x) #x
@@ -95,9 +95,9 @@ absl::StatusOr<const Cublas*> LoadCublas() {
     }
 #endif
     if (lib == nullptr) {
-      return new absl::StatusOr<const Cublas*>(absl::FailedPreconditionError(absl::StrCat(
-          "cannot load cuBLAS (", why, "); install the CUDA toolkit's cuBLAS ", soname,
-          " where the loader finds it (ldconfig, or LD_LIBRARY_PATH)")));
+      return new absl::StatusOr<const Cublas*>(absl::FailedPreconditionError(
+          absl::StrCat("cannot load cuBLAS (", why, "); install the CUDA toolkit's cuBLAS ", soname,
+                       " where the loader finds it (ldconfig, or LD_LIBRARY_PATH)")));
     }
     auto* c = new Cublas;
     bool ok = true;
@@ -121,14 +121,22 @@ absl::StatusOr<const Cublas*> LoadCublas() {
 
 const char* CublasName(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "cuBLAS error";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "cuBLAS error";
   }
 }
 
@@ -155,9 +163,8 @@ class CudaDevice : public Device {
     const int n = VisibleGpuCount(&why);
     if (n == 0) return absl::FailedPreconditionError(why);
     if (gpu_ < 0 || gpu_ >= n) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker.gpu is ", gpu_, " but this machine has ", n, " GPU(s) (0..",
-                       n - 1, ")"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker.gpu is ", gpu_, " but this machine has ", n, " GPU(s) (0..", n - 1, ")"));
     }
     RETURN_IF_CUDA(cudaSetDevice(gpu_), "cudaSetDevice");
     cudaDeviceProp prop;
@@ -183,8 +190,8 @@ class CudaDevice : public Device {
       return absl::FailedPreconditionError(absl::StrCat("cublasCreate: ", CublasName(s)));
     }
     cublas_->set_stream(blas_, compute_);
-    cublas_->set_math_mode(blas_, precision_ == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                 : CUBLAS_DEFAULT_MATH);
+    cublas_->set_math_mode(
+        blas_, precision_ == Precision::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
     // The loss accumulator (double) and the correct count, on the GPU and
     // pinned on the host to read them back.
     // [0, 16) for a loss read at once, [16, 32) for the pending sum.
@@ -207,9 +214,8 @@ class CudaDevice : public Device {
       size_t free_b = 0, total_b = 0;
       if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "%s: cannot allocate %d bytes of GPU memory (%s; %.2f GiB of %.2f GiB free)",
-          describe_, bytes, cudaGetErrorString(e), free_b / 1073741824.0,
-          total_b / 1073741824.0));
+          "%s: cannot allocate %d bytes of GPU memory (%s; %.2f GiB of %.2f GiB free)", describe_,
+          bytes, cudaGetErrorString(e), free_b / 1073741824.0, total_b / 1073741824.0));
     }
     return p;
   }
@@ -315,19 +321,18 @@ class CudaDevice : public Device {
       uint16_t* b16 = bf16_ + b_at;
       Note(ToBf16(compute_, ar, ac, a, lda, a16), "ToBf16");
       Note(ToBf16(compute_, br, bc, b, ldb, b16), "ToBf16");
-      s = cublas_->gemm_ex(blas_, opb, opa, n, m, k, &alpha, b16, CUDA_R_16BF, bc, a16,
-                       CUDA_R_16BF, ac, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT);
+      s = cublas_->gemm_ex(blas_, opb, opa, n, m, k, &alpha, b16, CUDA_R_16BF, bc, a16, CUDA_R_16BF,
+                           ac, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     } else {
-      s = cublas_->gemm_ex(blas_, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
-                       &beta, c, CUDA_R_32F, ldc,
-                       precision_ == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                      : CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT);
+      s = cublas_->gemm_ex(
+          blas_, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+          CUDA_R_32F, ldc,
+          precision_ == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT);
     }
     if (s != CUBLAS_STATUS_SUCCESS && status_.ok()) {
-      status_ = absl::InternalError(absl::StrCat(describe_, ": cublasGemmEx (", m, "x", n, "x",
-                                                 k, "): ", CublasName(s)));
+      status_ = absl::InternalError(
+          absl::StrCat(describe_, ": cublasGemmEx (", m, "x", n, "x", k, "): ", CublasName(s)));
     }
   }
 
@@ -341,8 +346,7 @@ class CudaDevice : public Device {
     Note(cuda::ActivationForward(compute_, static_cast<int>(act), n, x), "ActivationForward");
   }
   void ActivationBackward(Activation act, int64_t n, const float* y, float* g) override {
-    Note(cuda::ActivationBackward(compute_, static_cast<int>(act), n, y, g),
-         "ActivationBackward");
+    Note(cuda::ActivationBackward(compute_, static_cast<int>(act), n, y, g), "ActivationBackward");
   }
 
   double SoftmaxCrossEntropy(int rows, int classes, const float* logits, const int32_t* labels,
@@ -353,10 +357,10 @@ class CudaDevice : public Device {
          "SoftmaxCrossEntropy");
     return ReadScalars(correct);
   }
-  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits,
-                                  const int32_t* labels, float* grad) override {
-    Note(cuda::SoftmaxCrossEntropy(compute_, rows, classes, logits, labels, grad,
-                                   LossAcc() + 2, CorrectAcc() + 2),
+  void SoftmaxCrossEntropyPending(int rows, int classes, const float* logits, const int32_t* labels,
+                                  float* grad) override {
+    Note(cuda::SoftmaxCrossEntropy(compute_, rows, classes, logits, labels, grad, LossAcc() + 2,
+                                   CorrectAcc() + 2),
          "SoftmaxCrossEntropy");
   }
   double TakePendingLoss(int64_t* correct) override {
@@ -377,8 +381,7 @@ class CudaDevice : public Device {
   double SigmoidCrossEntropy(int rows, const float* logits, const float* labels, float* grad,
                              int64_t* correct) override {
     ZeroScalars();
-    Note(cuda::SigmoidCrossEntropy(compute_, rows, logits, labels, grad, LossAcc(),
-                                   CorrectAcc()),
+    Note(cuda::SigmoidCrossEntropy(compute_, rows, logits, labels, grad, LossAcc(), CorrectAcc()),
          "SigmoidCrossEntropy");
     return ReadScalars(correct);
   }
@@ -387,8 +390,7 @@ class CudaDevice : public Device {
   }
   void GatherRows(int rows, int fields, int dim, const float* table, const uint32_t* slot,
                   float* out, int out_stride) override {
-    Note(cuda::GatherRows(compute_, rows, fields, dim, table, slot, out, out_stride),
-         "GatherRows");
+    Note(cuda::GatherRows(compute_, rows, fields, dim, table, slot, out, out_stride), "GatherRows");
   }
   void ScatterAddRows(int rows, int fields, int dim, const float* in, int in_stride,
                       const uint32_t* slot, float* table_grad) override {

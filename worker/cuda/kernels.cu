@@ -48,18 +48,24 @@ __global__ void ColumnSumKernel(int rows, int cols, const float* __restrict__ g,
 
 __device__ float Apply(int act, float v) {
   switch (act) {
-    case kActRelu: return v > 0.f ? v : 0.f;
-    case kActTanh: return tanhf(v);
-    default: return 1.f / (1.f + expf(-v));
+    case kActRelu:
+      return v > 0.f ? v : 0.f;
+    case kActTanh:
+      return tanhf(v);
+    default:
+      return 1.f / (1.f + expf(-v));
   }
 }
 
 // The derivative from the activation's output y.
 __device__ float Derivative(int act, float y) {
   switch (act) {
-    case kActRelu: return y > 0.f ? 1.f : 0.f;
-    case kActTanh: return 1.f - y * y;
-    default: return y * (1.f - y);
+    case kActRelu:
+      return y > 0.f ? 1.f : 0.f;
+    case kActTanh:
+      return 1.f - y * y;
+    default:
+      return y * (1.f - y);
   }
 }
 
@@ -234,9 +240,8 @@ cudaError_t SoftmaxCrossEntropy(cudaStream_t s, int rows, int classes, const flo
   return cudaGetLastError();
 }
 
-cudaError_t SigmoidCrossEntropy(cudaStream_t s, int rows, const float* logits,
-                                const float* labels, float* grad, double* loss_acc,
-                                unsigned long long* correct_acc) {
+cudaError_t SigmoidCrossEntropy(cudaStream_t s, int rows, const float* logits, const float* labels,
+                                float* grad, double* loss_acc, unsigned long long* correct_acc) {
   if (rows == 0) return cudaSuccess;
   SigmoidCrossEntropyKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, s>>>(
       rows, logits, labels, grad, loss_acc, correct_acc);

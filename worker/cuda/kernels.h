@@ -24,9 +24,8 @@ cudaError_t ActivationBackward(cudaStream_t s, int act, int64_t n, const float* 
 cudaError_t SoftmaxCrossEntropy(cudaStream_t s, int rows, int classes, const float* logits,
                                 const int32_t* labels, float* grad, double* loss_acc,
                                 unsigned long long* correct_acc);
-cudaError_t SigmoidCrossEntropy(cudaStream_t s, int rows, const float* logits,
-                                const float* labels, float* grad, double* loss_acc,
-                                unsigned long long* correct_acc);
+cudaError_t SigmoidCrossEntropy(cudaStream_t s, int rows, const float* logits, const float* labels,
+                                float* grad, double* loss_acc, unsigned long long* correct_acc);
 cudaError_t Sigmoid(cudaStream_t s, int64_t n, const float* logits, float* probs);
 
 cudaError_t GatherRows(cudaStream_t s, int rows, int fields, int dim, const float* table,

@@ -1,4 +1,5 @@
-// Writing JSON by hand (summary.json, the CLI's --json): string escaping.
+// Writing JSON, HTML and XML by hand (summary.json, the CLI's --json, the
+// status page, S3 requests): string escaping.
 #ifndef STRATA_COMMON_JSON_H_
 #define STRATA_COMMON_JSON_H_
 
@@ -22,6 +23,34 @@ inline std::string JsonEscape(absl::string_view in) {
       out += absl::StrFormat("\\u%04x", c);
     } else {
       out += c;
+    }
+  }
+  return out;
+}
+
+// `in` as HTML or XML text or attribute value: & < > " ' escaped.
+inline std::string MarkupEscape(absl::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (char c : in) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;

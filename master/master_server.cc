@@ -19,6 +19,7 @@
 #include "common/grpc_status.h"
 #include "common/json.h"
 #include "common/model_spec.h"
+#include "common/proto_names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/struct.pb.h"
@@ -34,19 +35,6 @@ namespace strata::master {
 namespace {
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
-
-const char* RoleName(proto::Role r) {
-  switch (r) {
-    case proto::MASTER:
-      return "master";
-    case proto::PSERVER:
-      return "pserver";
-    case proto::WORKER:
-      return "worker";
-    default:
-      return "unknown";
-  }
-}
 
 // Out of the cluster: declared dead, or drained on request.
 bool Gone(const proto::NodeInfo& n) {
@@ -695,7 +683,7 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
       JsonEscape(options_.config.job.name), kind, JsonEscape(what));
   if (node != nullptr) {
     absl::StrAppendFormat(&line, ", \"role\": \"%s\", \"index\": %d, \"node\": %d",
-                          RoleName(node->role()), node->index(), node->id());
+                          NodeRoleName(node->role()), node->index(), node->id());
   }
   line += "}\n";
   absl::MutexLock el(&event_mu_);
@@ -706,7 +694,7 @@ void MasterServer::LogEventLocked(const char* kind, const std::string& what,
     r.action = kind;
     if (node != nullptr) {
       r.target =
-          absl::StrCat(RoleName(node->role()), " ", node->index(), " (node ", node->id(), ")");
+          absl::StrCat(NodeRoleName(node->role()), " ", node->index(), " (node ", node->id(), ")");
     }
     r.result = "ok";
     r.detail = what;
@@ -798,7 +786,7 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
   if (Gone(*n)) return;
   n->set_state(proto::DEAD);
   RotateDataKeyLocked();  // its key stops working
-  EventLocked(absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
+  EventLocked(absl::StrCat(NodeRoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
                            n->host(), ") declared dead: ", why),
               "node_dead", n);
   if (n->role() == proto::WORKER) {
@@ -833,7 +821,7 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
   proto::NodeInfo* n = FindNodeLocked(req.node_id());
   if (n == nullptr) return absl::NotFoundError(absl::StrCat("no node ", req.node_id()));
   const std::string name =
-      absl::StrCat(RoleName(n->role()), " ", n->index(), " (node ", n->id(), ")");
+      absl::StrCat(NodeRoleName(n->role()), " ", n->index(), " (node ", n->id(), ")");
   const std::string why = req.reason().empty() ? "request" : req.reason();
   proto::DrainResponse resp;
   if (n->role() == proto::MASTER) {
@@ -1324,7 +1312,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
     if (who.role != want) {
       return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
                                                       who.ToString(), " cannot register a ",
-                                                      RoleName(req.role())));
+                                                      NodeRoleName(req.role())));
     }
     const size_t at = who.name.find('@');
     if (at == std::string::npos || who.name.substr(at + 1) != req.host()) {
@@ -1337,7 +1325,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
     if (const int index = CertificateIndex(who.name); index >= 0 && index != req.index()) {
       return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
                                                       who.ToString(), " cannot register ",
-                                                      RoleName(req.role()), " ", req.index()));
+                                                      NodeRoleName(req.role()), " ", req.index()));
     }
     identity = who.ToString();
   }
@@ -1348,7 +1336,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
     if (n.role() == req.role() && n.index() == req.index() && !Gone(n) &&
         n.identity() != identity) {
       return absl::AlreadyExistsError(absl::StrCat(
-          "register from ", peer, ": ", RoleName(req.role()), " ", req.index(),
+          "register from ", peer, ": ", NodeRoleName(req.role()), " ", req.index(),
           " is alive as node ", n.id(), " of ", n.identity().empty() ? "plaintext" : n.identity(),
           "; it cannot be replaced by ", identity.empty() ? "plaintext" : identity));
     }
@@ -1376,10 +1364,10 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
         NewControlChannel(req.grpc_address(), options_.security.ForPServers(),
                           options_.config.cluster.control_connect_ms));
   }
-  LOG(INFO) << RoleName(req.role()) << " " << req.index() << " registered as node " << n->id()
+  LOG(INFO) << NodeRoleName(req.role()) << " " << req.index() << " registered as node " << n->id()
             << " from " << peer;
   AddNodeMetricsLocked(req.role(), req.index());
-  const std::string joined = absl::StrCat(RoleName(req.role()), " ", req.index(),
+  const std::string joined = absl::StrCat(NodeRoleName(req.role()), " ", req.index(),
                                           " joined as node ", n->id(), " from ", req.host());
   if (view_.ready()) {
     EventLocked(joined, "node_join", n);
@@ -1928,7 +1916,7 @@ bool MasterServer::WaitForJobEnd(absl::Duration timeout) {
 void MasterServer::AddNodeMetricsLocked(proto::Role role, uint32_t index) {
   // Per node, by role and index (stable across a node's restarts): its
   // newest instance's heartbeat age and whether it is alive.
-  const MetricLabels labels = {{"role", RoleName(role)}, {"index", std::to_string(index)}};
+  const MetricLabels labels = {{"role", NodeRoleName(role)}, {"index", std::to_string(index)}};
   auto newest = [this, role, index]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const proto::NodeInfo* found = nullptr;
     for (const auto& m : view_.members()) {
@@ -1977,7 +1965,7 @@ void MasterServer::RegisterMetrics() {
     metrics_.AddCallbackGauge(
         "strata_master_nodes_alive", "Nodes alive (workers: training or finished)",
         locked([this, role]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return CountLocked(role, true); }),
-        {{"role", RoleName(role)}});
+        {{"role", NodeRoleName(role)}});
   }
   metrics_.AddCallbackGauge("strata_master_nodes_dead", "Nodes declared dead",
                             locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {

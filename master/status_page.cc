@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/json.h"
+#include "common/proto_names.h"
 
 namespace strata::master {
 namespace {
@@ -16,19 +18,6 @@ namespace {
 // have thousands of virtual partitions; /status has them all).
 constexpr int kMaxPartitionRows = 200;
 constexpr int kMaxEvents = 50;
-
-const char* RoleText(proto::Role r) {
-  switch (r) {
-    case proto::MASTER:
-      return "master";
-    case proto::PSERVER:
-      return "pserver";
-    case proto::WORKER:
-      return "worker";
-    default:
-      return "unknown";
-  }
-}
 
 const char* StateText(proto::NodeState s) {
   switch (s) {
@@ -198,7 +187,8 @@ std::string ChartsSection(const proto::JobStatus& j) {
 std::string NodeLabel(const std::map<uint32_t, const proto::NodeInfo*>& nodes, uint32_t id) {
   auto it = nodes.find(id);
   if (it == nodes.end()) return absl::StrCat("node ", id);
-  return absl::StrCat(RoleText(it->second->role()), " ", it->second->index(), " (node ", id, ")");
+  return absl::StrCat(NodeRoleName(it->second->role()), " ", it->second->index(), " (node ", id,
+                      ")");
 }
 
 std::string NodesSection(const proto::GetStatusResponse& st, int64_t now_ms) {
@@ -254,8 +244,8 @@ std::string NodesSection(const proto::GetStatusResponse& st, int64_t now_ms) {
       pages = absl::StrCat("<a href=\"", HtmlEscape(base), "/metrics\">metrics</a> <a href=\"",
                            HtmlEscape(base), "/logs\">logs</a>");
     }
-    absl::StrAppend(&out, "<tr class=\"node ", RoleText(n->role()), "\">",
-                    Cell(RoleText(n->role())), Cell(absl::StrCat(n->index()), "num"),
+    absl::StrAppend(&out, "<tr class=\"node ", NodeRoleName(n->role()), "\">",
+                    Cell(NodeRoleName(n->role())), Cell(absl::StrCat(n->index()), "num"),
                     Cell(absl::StrCat(n->id()), "num"), Cell(n->host()), Cell(address),
                     Cell(state, state), Cell(age, "num"), Cell(work), Cell(rate, "num"),
                     Cell(loss, "num"), Cell(comm, "num"), "<td>", pages, "</td></tr>");
@@ -321,32 +311,7 @@ std::string EventsSection(const proto::JobStatus& j) {
 
 }  // namespace
 
-std::string HtmlEscape(absl::string_view in) {
-  std::string out;
-  out.reserve(in.size());
-  for (char c : in) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
+std::string HtmlEscape(absl::string_view in) { return MarkupEscape(in); }
 
 std::string SvgLineChart(const Chart& c, int width, int height) {
   const double x0 = 58, x1 = width - 18, y0 = 30, y1 = height - 30;

@@ -481,21 +481,20 @@ do_status() {
   "$STRATA" status --master "$(master_address)"
 }
 
-# Streams the workers' progress lines to stdout until killed.
+# Streams the job's progress to stdout until killed: one line for the whole
+# job from the master (epoch, step, samples/s, loss, accuracy, time left),
+# redrawn in place on a terminal and a line every 3 s otherwise; from the
+# workers' logs only their evaluations and errors (each worker's own
+# progress lines stay in its log).
 stream_progress() {
-  if [[ -f "$RUN_DIR/systemd" ]]; then
-    # The logs are in the hosts' journals: the job's progress line from the
-    # master every 2 s instead (when it changed).
-    local last="" line
-    while true; do
-      line="$("$STRATA" status --master "$(master_address)" 2>/dev/null | sed -n '2s/^ *//p')" || true
-      [[ -n "$line" && "$line" != "$last" ]] && echo "progress: $line"
-      last="$line"
-      sleep 2
-    done
-  fi
+  local redraw=()
+  [[ -t 1 ]] && redraw=(--redraw)
+  "$STRATA" wait --master "$(master_address)" --progress-only "${redraw[@]}" \
+    --timeout "$TIMEOUT" 2>/dev/null &
+  # The logs are in the hosts' journals under systemd.
+  [[ -f "$RUN_DIR/systemd" ]] && { wait; return; }
   cd "$RUN_DIR/logs" && tail -n +1 -F worker-*.log 2>/dev/null |
-    grep --line-buffered -E 'progress:|evaluation:|ERROR|^E[0-9]{4}' |
+    grep --line-buffered -E 'evaluation:|ERROR|^E[0-9]{4}' |
     sed -u -E 's/^[IWEF][0-9]{4,8} [0-9:.]+ +[0-9]+ [^]]+\] //'
 }
 

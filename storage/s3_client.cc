@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/json.h"
 #include "glog/logging.h"
 #include "storage/s3_sign.h"
 
@@ -116,28 +117,7 @@ std::string XmlFirst(absl::string_view xml, absl::string_view tag) {
   return all.empty() ? "" : all.front();
 }
 
-std::string XmlEscape(absl::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
-}
+std::string XmlEscape(absl::string_view s) { return MarkupEscape(s); }
 
 // Where a response body goes: a 2xx body into the caller's buffer when it
 // gave one, anything else (an error's XML) into the string.

@@ -29,6 +29,7 @@
 #include "common/http_client.h"
 #include "common/json.h"
 #include "common/model_spec.h"
+#include "common/proto_names.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "common/threads.h"
@@ -99,8 +100,10 @@ constexpr char kUsage[] =
     "  stop     --master HOST:PORT [--no-checkpoint] [--reason TEXT] [--json]\n"
     "           stop the job, after a checkpoint when checkpoints are on\n"
     "  wait     --master HOST:PORT [--timeout SECONDS] [--until running|end] [--progress]\n"
-    "           [--json]\n"
-    "           wait for the job to end; exit 0 if it succeeded\n"
+    "           [--progress-only] [--every SECONDS] [--redraw] [--json]\n"
+    "           wait for the job to end; exit 0 if it succeeded. --progress shows the\n"
+    "           job's progress line every few seconds (--redraw: in place, on a\n"
+    "           terminal); --progress-only shows only that, not the end\n"
     "  validate --config FILE [--hosts FILE] [--offline] [--remote-cmd CMD] [--json]\n"
     "           [--remote-all] [--strata-path PATH]\n"
     "           check a config and a host file before a launch: the files, no two\n"
@@ -149,7 +152,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFlags(const std::vector<
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
     } else if (key != "json" && key != "stop" && key != "no-checkpoint" && key != "no-wait" &&
-               key != "offline" && key != "remote-all" && key != "progress" && key != "plaintext") {
+               key != "offline" && key != "remote-all" && key != "progress" &&
+               key != "progress-only" && key != "redraw" && key != "plaintext") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -171,18 +175,6 @@ absl::StatusOr<proto::GetStatusResponse> FetchStatus(const std::string& master) 
   return resp;
 }
 
-const char* RoleName(proto::Role r) {
-  switch (r) {
-    case proto::MASTER:
-      return "master";
-    case proto::PSERVER:
-      return "pserver";
-    case proto::WORKER:
-      return "worker";
-    default:
-      return "?";
-  }
-}
 const char* StateName(proto::NodeState s) {
   switch (s) {
     case proto::ALIVE:
@@ -197,6 +189,29 @@ const char* StateName(proto::NodeState s) {
       return "?";
   }
 }
+
+}  // namespace
+
+std::string JobProgressLine(const proto::JobStatus& j) {
+  std::string s = absl::StrFormat("epoch %d/%d  step %d  tasks %d/%d  samples/s %.0f  loss %.4f",
+                                  std::min(j.epoch() + 1, j.epochs()), j.epochs(), j.steps(),
+                                  j.tasks_done(), j.tasks_total(), j.samples_per_sec(), j.loss());
+  if (j.train_accuracy() > 0) absl::StrAppendFormat(&s, "  accuracy %.3f", j.train_accuracy());
+  if (j.has_test_accuracy()) absl::StrAppendFormat(&s, "  test accuracy %.4f", j.test_accuracy());
+  if (j.comm_share() > 0) absl::StrAppendFormat(&s, "  comm %.0f%%", 100 * j.comm_share());
+  if (j.state() == "evaluating") {
+    absl::StrAppend(&s, "  evaluating");
+  } else if (j.tasks_done() > 0 && j.tasks_total() > j.tasks_done() && j.wall_seconds() > 0) {
+    // The rest at the pace so far (tasks are of one size).
+    const double eta = j.wall_seconds() * static_cast<double>(j.tasks_total() - j.tasks_done()) /
+                       static_cast<double>(j.tasks_done());
+    const int64_t secs = static_cast<int64_t>(eta + 0.5);
+    absl::StrAppendFormat(&s, "  eta %d:%02d", secs / 60, secs % 60);
+  }
+  return s;
+}
+
+namespace {
 
 void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
   const proto::JobStatus& j = st.job();
@@ -233,8 +248,9 @@ void PrintStatus(const proto::GetStatusResponse& st, std::ostream& out) {
   for (const auto& p : v.partitions()) bytes_by_owner[p.owner()] += p.length() * 4;
   for (const auto& n : v.members()) {
     const std::string addr = n.data_address().empty() ? n.grpc_address() : n.data_address();
-    out << absl::StrFormat("%-5d %-8s %-5d %-16s %-9s %-8s %-22s %d\n", n.id(), RoleName(n.role()),
-                           n.index(), n.host(), n.draining() ? "draining" : StateName(n.state()),
+    out << absl::StrFormat("%-5d %-8s %-5d %-16s %-9s %-8s %-22s %d\n", n.id(),
+                           NodeRoleName(n.role()), n.index(), n.host(),
+                           n.draining() ? "draining" : StateName(n.state()),
                            absl::StrFormat("%.1fs", (now_ms - n.last_heartbeat_unix_ms()) / 1000.0),
                            addr.empty() ? "-" : addr, n.http_port());
   }
@@ -304,7 +320,7 @@ const proto::NodeInfo* FindNode(const proto::GetStatusResponse& st, const std::s
   uint32_t id = 0;
   const bool by_id = absl::SimpleAtoi(name, &id);
   for (const auto& m : st.view().members()) {
-    const std::string full = absl::StrCat(RoleName(m.role()), "-", m.index());
+    const std::string full = absl::StrCat(NodeRoleName(m.role()), "-", m.index());
     const bool match =
         by_id ? m.id() == id : full == name || (m.role() == proto::MASTER && name == "master");
     if (match && (found == nullptr || m.id() > found->id())) found = &m;
@@ -354,7 +370,7 @@ int Logs(const std::vector<std::string>& args, const std::map<std::string, std::
     out << absl::StrFormat(
         "{\"node\": \"%s-%d\", \"node_id\": %d, \"state\": \"%s\", "
         "\"lines\": [%s]}\n",
-        RoleName(n->role()), n->index(), n->id(), StateName(n->state()),
+        NodeRoleName(n->role()), n->index(), n->id(), StateName(n->state()),
         absl::StrJoin(lines, ", "));
     return 0;
   }
@@ -457,7 +473,7 @@ int Top(const std::map<std::string, std::string>& f, std::ostream& out, std::ost
           pull = rate("strata_pserver_bytes_sent_total");      // pulls out
         }
         const double mem = gauge("process_resident_memory_bytes");
-        const std::string name = absl::StrCat(RoleName(n.role()), "-", n.index());
+        const std::string name = absl::StrCat(NodeRoleName(n.role()), "-", n.index());
         if (json) {
           absl::StrAppendFormat(
               &rows,
@@ -568,7 +584,7 @@ int Drain(const std::vector<std::string>& args, const std::map<std::string, std:
   }
   const uint32_t id = n->id();
   const proto::Role role = n->role();
-  const std::string name = absl::StrCat(RoleName(n->role()), "-", n->index());
+  const std::string name = absl::StrCat(NodeRoleName(n->role()), "-", n->index());
   auto stub = proto::Master::NewStub(ControlChannel(master));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
@@ -665,20 +681,51 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     err << "strata wait: --until must be 'running' or 'end'\n";
     return 2;
   }
-  const bool progress = (until == "running" || f.count("progress")) && !f.count("json");
+  // --progress-only: the job's progress line alone, until the job ends
+  // (launch.sh shows it while another `strata wait` reports the end).
+  const bool only = f.count("progress-only") > 0;
+  const bool progress = (until == "running" || f.count("progress") || only) && !f.count("json");
+  // The job's progress line, once training runs: every --every seconds (3
+  // by default), or with --redraw (a terminal) redrawn in place twice a
+  // second.
+  const bool redraw = f.count("redraw") > 0;
+  double every = redraw ? 0.5 : 3;
+  if (f.count("every") && (!absl::SimpleAtod(f.at("every"), &every) || every <= 0)) {
+    err << "strata wait: --every must be a positive number of seconds\n";
+    return 2;
+  }
   const absl::Time deadline = absl::Now() + absl::Seconds(timeout);
   absl::Status last;
   std::string shown;
+  absl::Time next_line = absl::InfinitePast();
+  bool drawn = false;  // a redrawn line is on the screen, without its newline
+  auto end_drawn = [&]() {
+    if (drawn) out << "\n";
+    drawn = false;
+  };
   while (absl::Now() < deadline) {
     auto st = FetchStatus(it->second);
     if (st.ok()) {
       const std::string& state = st->job().state();
-      if (progress && st->job().phase() != shown &&
-          (state == "waiting" ||
-           (until == "end" && (state == "running" || state == "evaluating")))) {
+      const bool training = state == "running" || state == "evaluating";
+      if (progress && !only && st->job().phase() != shown &&
+          (state == "waiting" || (until == "end" && training))) {
         shown = st->job().phase();
         // (A phase's own figures change all the time: a line per phase.)
+        end_drawn();
         out << (state == "waiting" ? "bring-up: " : "progress: ") << shown << "\n" << std::flush;
+      }
+      if (progress && until == "end" && training && absl::Now() >= next_line) {
+        next_line = absl::Now() + absl::Seconds(every);
+        if (redraw) {
+          out << "\r\033[K";
+          drawn = true;
+        }
+        out << "progress: " << JobProgressLine(st->job()) << (redraw ? "" : "\n") << std::flush;
+      }
+      if (only && (state == "succeeded" || state == "failed" || state == "stopped")) {
+        end_drawn();
+        return state == "succeeded" ? 0 : 1;
       }
       if (until == "running" && (state == "running" || state == "evaluating")) {
         if (f.count("json")) {
@@ -690,6 +737,7 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
         return 0;
       }
       if (state == "succeeded" || state == "failed" || state == "stopped") {
+        end_drawn();
         if (f.count("json")) {
           out << absl::StrFormat("{\"job\": \"%s\", \"state\": \"%s\", \"message\": \"%s\"}\n",
                                  JsonEscape(st->job().name()), state,
@@ -705,6 +753,7 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
     }
     absl::SleepFor(absl::Milliseconds(250));
   }
+  end_drawn();
   err << "strata wait: timed out after " << timeout << " s"
       << (last.ok() ? "" : absl::StrCat(" (last error: ", last.message(), ")")) << "\n";
   return 1;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/strata.pb.h"
+
 namespace strata::tools {
 
 // Runs `strata <args...>` (args excludes the program name), writing to
@@ -16,6 +18,12 @@ namespace strata::tools {
 // credentials file; null means none.
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
            const std::function<const char*(const char*)>& getenv = nullptr);
+
+// The job's progress in one line, as `strata wait --progress` (and so
+// scripts/launch.sh) shows it: epoch, step, tasks, samples/s, loss, the
+// workers' training accuracy, the test accuracy once known, the
+// communication share, and the time left at the pace so far.
+std::string JobProgressLine(const proto::JobStatus& job);
 
 }  // namespace strata::tools
 

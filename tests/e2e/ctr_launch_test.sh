@@ -109,7 +109,11 @@ auc="$(json_field "$s" final_test_auc)"
 planted="$(json_field "$s" planted_test_auc)"
 python3 -c "import sys; sys.exit(0 if 0.6 < $auc and $planted - $auc < $max_gap else 1)" ||
   fail "test AUC $auc is not within $max_gap of the planted model's $planted"
-grep -q 'progress: worker' "$work/out" || fail "no progress lines shown"
+grep -qE '^progress: epoch [0-9]+/[0-9]+  step [0-9]+  tasks [0-9]+/[0-9]+  samples/s' "$work/out" ||
+  fail "no job progress lines shown"
+# The workers' own progress lines stay in their logs.
+! grep -q 'progress: worker' "$work/out" || fail "per-worker progress lines shown"
+grep -q 'progress: worker' "$work/run/logs/worker-0.log" || fail "no progress lines in worker 0's log"
 # The master cut the text file by bytes (it read only its start); each
 # worker read its tasks' ranges, not the whole file.
 cat "$work"/run/logs/master*.log > "$work/master.log"

@@ -29,7 +29,11 @@ python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.84 else 1)" ||
   fail "test accuracy $acc < 0.84"
 python3 -c "import sys; c=float('$(json_field "$s" comm_share)'); sys.exit(0 if 0 < c < 1 else 1)" ||
   fail "comm_share out of (0, 1)"
-grep -q 'progress: worker' "$work/out" || fail "no progress lines shown"
+grep -qE '^progress: epoch [0-9]+/[0-9]+  step [0-9]+  tasks [0-9]+/[0-9]+  samples/s' "$work/out" ||
+  fail "no job progress lines shown"
+# The workers' own progress lines stay in their logs.
+! grep -q 'progress: worker' "$work/out" || fail "per-worker progress lines shown"
+grep -q 'progress: worker' "$work/run/logs/worker-0.log" || fail "no progress lines in worker 0's log"
 for d in master-0 pserver-0 pserver-1 worker-0 worker-1; do
   [[ -s "$work/run/logs/$d.log" ]] || fail "no log for $d"
 done

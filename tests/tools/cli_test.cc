@@ -73,6 +73,39 @@ Result RunStrata(const std::vector<std::string>& args) {
   return {code, out.str(), err.str()};
 }
 
+TEST(CliTest, TheJobProgressLineHasTheFiguresAndTheTimeLeft) {
+  proto::JobStatus j;
+  j.set_state("running");
+  j.set_epoch(1);
+  j.set_epochs(3);
+  j.set_steps(420);
+  j.set_tasks_done(30);
+  j.set_tasks_total(90);
+  j.set_samples_per_sec(5210.4);
+  j.set_loss(0.42131);
+  j.set_train_accuracy(0.8534);
+  j.set_comm_share(0.123);
+  j.set_wall_seconds(30);  // 1 s a task: 60 tasks left
+  EXPECT_EQ(JobProgressLine(j),
+            "epoch 2/3  step 420  tasks 30/90  samples/s 5210  loss 0.4213  accuracy 0.853  "
+            "comm 12%  eta 1:00");
+  // Evaluating: no time left to guess; the test accuracy once known.
+  j.set_state("evaluating");
+  j.set_epoch(3);
+  j.set_tasks_done(90);
+  j.set_has_test_accuracy(true);
+  j.set_test_accuracy(0.8611);
+  EXPECT_EQ(JobProgressLine(j),
+            "epoch 3/3  step 420  tasks 90/90  samples/s 5210  loss 0.4213  accuracy 0.853  "
+            "test accuracy 0.8611  comm 12%  evaluating");
+  // Before any task is done: no guess either.
+  proto::JobStatus fresh;
+  fresh.set_state("running");
+  fresh.set_epochs(1);
+  fresh.set_tasks_total(10);
+  EXPECT_EQ(JobProgressLine(fresh), "epoch 1/1  step 0  tasks 0/10  samples/s 0  loss 0.0000");
+}
+
 TEST(CliTest, PlanListsEveryDaemonWithItsPorts) {
   const std::string cfg = WriteTemp("plan.yaml", kConfig);
   const std::string hosts = WriteTemp("plan.hosts", kHosts);

@@ -2,6 +2,7 @@
 // take one, the bsp cut, collecting every pserver's files into a manifest,
 // retention, and finding and checking the checkpoint a job resumes from.
 #include <algorithm>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -207,6 +208,20 @@ std::vector<MasterServer::PServerTarget> MasterServer::OwnersLocked() {
   std::vector<PServerTarget> targets;
   for (uint32_t id : owners) targets.emplace_back(id, pserver_stubs_[id].get());
   return targets;
+}
+
+bool MasterServer::CheckpointAndStopWithin(absl::Duration grace) {
+  LOG(INFO) << "SIGTERM: checkpointing before stopping (grace " << absl::FormatDuration(grace)
+            << ")";
+  // The checkpoint runs on a thread of its own, which outlives this call
+  // when it takes too long (the caller then exits the process).
+  auto done = std::make_shared<absl::Notification>();
+  std::thread([this, done] {
+    auto r = Checkpoint("sigterm on master", /*stop_after=*/true);
+    if (!r.ok()) LOG(WARNING) << "no checkpoint before stopping: " << r.status();
+    done->Notify();
+  }).detach();
+  return done->WaitForNotificationWithTimeout(grace);
 }
 
 absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason,

@@ -112,6 +112,12 @@ class MasterServer {
   // pserver or of the disk otherwise (the previous checkpoint stays the
   // latest).
   absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason, bool stop_after);
+  // A preemption notice (SIGTERM on the master): a checkpoint, then the job
+  // stopped cleanly, within `grace`. False when the checkpoint has not
+  // completed by then (it goes on; the previous checkpoint stays the
+  // latest until a manifest is written). A failed checkpoint is logged and
+  // counts as done.
+  bool CheckpointAndStopWithin(absl::Duration grace);
   // Stops the job: after a checkpoint when checkpoints are on (unless
   // `no_checkpoint`); FailedPrecondition when it has already ended.
   absl::StatusOr<proto::StopResponse> Stop(const std::string& reason, bool no_checkpoint);

@@ -1,5 +1,11 @@
 #include "master/state_log.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +14,29 @@
 #include "glog/logging.h"
 
 namespace strata::master {
+
+absl::StatusOr<std::unique_ptr<StateDirLock>> StateDirLock::Acquire(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": ", std::strerror(errno)));
+  }
+  const std::string path = dir + "/LOCK";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) return absl::FailedPreconditionError(absl::StrCat(path, ": ", std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    (void)!::pread(fd, holder, sizeof(holder) - 1, 0);
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": held by another strata-master (pid ", holder,
+                     "); two masters never act on one state directory"));
+  }
+  const std::string pid = std::to_string(::getpid());
+  (void)!::ftruncate(fd, 0);
+  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return std::unique_ptr<StateDirLock>(new StateDirLock(fd));
+}
+
+StateDirLock::~StateDirLock() { ::close(fd_); }  // (closing releases the lock)
 
 std::string EncodeStateRecord(const proto::MasterState& state) {
   const std::string bytes = state.SerializeAsString();

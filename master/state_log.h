@@ -60,6 +60,23 @@ class StateLog {
   uint64_t seq_ = 0;  // of the last record written
 };
 
+// Holds DIR/LOCK (flock, with this process's pid in it) while it lives, so
+// that two masters never act on one state directory (docs/reliability.md).
+// Creates DIR when missing. FailedPrecondition naming the lock file and the
+// holder's pid when another process holds it; the errno otherwise.
+// Not thread-safe; one per process.
+class StateDirLock {
+ public:
+  static absl::StatusOr<std::unique_ptr<StateDirLock>> Acquire(const std::string& dir);
+  ~StateDirLock();
+  StateDirLock(const StateDirLock&) = delete;
+  StateDirLock& operator=(const StateDirLock&) = delete;
+
+ private:
+  explicit StateDirLock(int fd) : fd_(fd) {}
+  const int fd_;
+};
+
 // One record's bytes, and the records in `bytes` (of file `path`, for
 // errors): the good ones before the first bad one, and the reason it is bad.
 std::string EncodeStateRecord(const proto::MasterState& state);

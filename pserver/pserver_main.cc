@@ -1,17 +1,12 @@
 // strata-pserver: holds parameter partitions, aggregates and applies updates.
 #include <csignal>
-#include <memory>
+#include <cstdlib>
 
-#include "absl/strings/str_cat.h"
-#include "common/config.h"
 #include "common/daemon.h"
-#include "common/grpc_channel.h"
-#include "common/security.h"
+#include "common/daemon_env.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "pserver/pserver.h"
-#include "storage/file_system.h"
-#include "storage/s3_file_system.h"
 #include "transport/transport_config.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
@@ -32,60 +27,34 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-pserver --config C --master HOST:PORT --index I");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   strata::InitDaemon(argv[0]);
-
-  auto config = strata::LoadJobConfig(FLAGS_config);
-  if (!config.ok()) {
-    LOG(ERROR) << config.status().message();
-    return 2;
-  }
-  const auto& ports = config->cluster.ports;
+  strata::DaemonEnvOptions eo;
+  eo.role = "pserver";
+  eo.index = FLAGS_index;
+  eo.config_path = FLAGS_config;
+  eo.tls_dir = FLAGS_tls_dir;
+  eo.failpoints = FLAGS_failpoint;
+  eo.check_checkpoint_root = true;
+  eo.getenv = ::getenv;
+  int code = 0;
+  auto env = strata::LoadDaemonEnv(eo, &code);
+  if (!env.ok()) return strata::StartFailed("pserver", env.status(), code);
+  const auto& ports = env->config.cluster.ports;
   strata::pserver::PServerOptions opts;
-  opts.config = *config;
+  opts.config = env->config;
   opts.master_address = FLAGS_master;
   opts.index = FLAGS_index;
   opts.host = FLAGS_host;
   opts.port = FLAGS_port >= 0 ? FLAGS_port : ports.pserver + FLAGS_index;
   opts.data_port = FLAGS_data_port >= 0 ? FLAGS_data_port : ports.pserver_data + FLAGS_index;
   opts.http_port = FLAGS_http_port >= -1 ? FLAGS_http_port : ports.pserver_http + FLAGS_index;
-  opts.transport = strata::transport::TransportOptionsFor(config->cluster);
+  opts.transport = strata::transport::TransportOptionsFor(env->config.cluster);
   opts.apply_threads = FLAGS_apply_threads;
-  {
-    // Refuses to start on a key readable by others or a missing certificate.
-    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "pserver", FLAGS_index);
-    if (!security.ok()) {
-      LOG(ERROR) << "cannot start pserver: " << security.status().message();
-      return 2;
-    }
-    opts.security = *std::move(security);
-  }
-  std::string fs_note;
-  auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
-  if (!fs.ok()) {
-    LOG(ERROR) << "cannot start pserver: " << fs.status().message();
-    return 2;
-  }
-  if (!fs_note.empty()) LOG(INFO) << fs_note;
-  if (auto s = strata::storage::CheckCheckpointRoot(fs->get(), config->checkpoint); !s.ok()) {
-    LOG(ERROR) << "cannot start pserver: " << s.message();
-    return 1;
-  }
-  opts.fs = fs->get();
-  auto failpoints = strata::Failpoints::Parse(FLAGS_failpoint);
-  if (!failpoints.ok()) {
-    LOG(ERROR) << failpoints.status().message();
-    return 2;
-  }
-  opts.failpoints = failpoints->get();
-
+  opts.security = env->security;
+  opts.fs = env->fs.get();
+  opts.failpoints = env->failpoints.get();
   auto server = strata::pserver::PServer::Create(std::move(opts));
-  if (!server.ok()) {
-    LOG(ERROR) << "cannot start pserver: " << server.status().message();
-    return 1;
-  }
-  if (auto s = (*server)->Start(); !s.ok()) {
-    LOG(ERROR) << "cannot start pserver: " << s.message();
-    return 1;
-  }
+  if (!server.ok()) return strata::StartFailed("pserver", server.status());
+  if (auto s = (*server)->Start(); !s.ok()) return strata::StartFailed("pserver", s);
   const int sig = strata::WaitForTerminationSignal([&server] { return (*server)->fenced(); });
   if (sig == 0 && (*server)->drained()) {
     (*server)->Shutdown();
@@ -98,17 +67,10 @@ int main(int argc, char** argv) {
     (*server)->Shutdown();
     return 75;
   }
-  if (sig == SIGTERM && config->checkpoint.enabled) {
-    // A preemption notice: the job is checkpointed and stopped first.
-    LOG(INFO) << "SIGTERM: asking the master for a checkpoint and a clean stop (grace "
-              << config->checkpoint.grace_seconds << " s)";
-    absl::Status s =
-        (*server)->RequestCheckpointAndStop(absl::Seconds(config->checkpoint.grace_seconds));
-    if (absl::IsFailedPrecondition(s)) {
-      LOG(INFO) << "no checkpoint before stopping: " << s.message();  // the job is over
-    } else if (!s.ok()) {
-      LOG(WARNING) << "no checkpoint before stopping: " << s;
-    }
+  if (sig == SIGTERM && env->config.checkpoint.enabled) {
+    strata::CheckpointBeforeStopping(env->config, [&](absl::Duration grace) {
+      return (*server)->RequestCheckpointAndStop(grace);
+    });
   }
   LOG(INFO) << "signal received; shutting down";
   (*server)->Shutdown();

@@ -1,18 +1,14 @@
 // strata-worker: trains on leased data tasks, pulling parameters and pushing
 // gradients; evaluates the final model when the master asks.
 #include <csignal>
-#include <memory>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "common/config.h"
 #include "common/daemon.h"
-#include "common/grpc_channel.h"
-#include "common/security.h"
+#include "common/daemon_env.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "storage/file_system.h"
-#include "storage/s3_file_system.h"
 #include "transport/transport_config.h"
 #include "worker/worker.h"
 
@@ -36,51 +32,33 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-worker --config C --master HOST:PORT --index I");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   strata::InitDaemon(argv[0]);
-
-  auto config = strata::LoadJobConfig(FLAGS_config);
-  if (!config.ok()) {
-    LOG(ERROR) << config.status().message();
-    return 2;
-  }
-  std::string fs_note;
-  auto fs = strata::storage::NewFileSystemForConfig(config->s3, ::getenv, &fs_note);
-  if (!fs.ok()) {
-    LOG(ERROR) << "cannot start worker: " << fs.status().message();
-    return 2;
-  }
-  if (!fs_note.empty()) LOG(INFO) << fs_note;
+  strata::DaemonEnvOptions eo;
+  eo.role = "worker";
+  eo.index = FLAGS_index;
+  eo.config_path = FLAGS_config;
+  eo.tls_dir = FLAGS_tls_dir;
+  eo.security = !FLAGS_local;
+  eo.getenv = ::getenv;
+  int code = 0;
+  auto env = strata::LoadDaemonEnv(eo, &code);
+  if (!env.ok()) return strata::StartFailed("worker", env.status(), code);
   strata::worker::WorkerOptions opts;
-  opts.config = *config;
+  opts.config = env->config;
   opts.master_address = FLAGS_master;
   opts.index = FLAGS_index;
   opts.trace_path = FLAGS_trace;
   opts.trace_max_steps = FLAGS_trace_max_steps;
   opts.host = FLAGS_host;
   opts.http_port =
-      FLAGS_http_port >= -1 ? FLAGS_http_port : config->cluster.ports.worker_http + FLAGS_index;
-  opts.transport = strata::transport::TransportOptionsFor(config->cluster);
-  opts.fs = fs->get();
+      FLAGS_http_port >= -1 ? FLAGS_http_port : env->config.cluster.ports.worker_http + FLAGS_index;
+  opts.transport = strata::transport::TransportOptionsFor(env->config.cluster);
+  opts.fs = env->fs.get();
   opts.local_only = FLAGS_local;
   opts.cpu_threads = FLAGS_cpu_threads;
-  if (!FLAGS_local) {
-    // Refuses to start on a key readable by others or a missing certificate.
-    auto security = strata::DaemonSecurity(config->security, FLAGS_tls_dir, "worker", FLAGS_index);
-    if (!security.ok()) {
-      LOG(ERROR) << "cannot start worker: " << security.status().message();
-      return 2;
-    }
-    opts.security = *std::move(security);
-  }
-
+  opts.security = env->security;
   auto worker = strata::worker::Worker::Create(std::move(opts));
-  if (!worker.ok()) {
-    LOG(ERROR) << "cannot start worker: " << worker.status().message();
-    return 1;
-  }
-  if (auto s = (*worker)->Start(); !s.ok()) {
-    LOG(ERROR) << "cannot start worker: " << s.message();
-    return 1;
-  }
+  if (!worker.ok()) return strata::StartFailed("worker", worker.status());
+  if (auto s = (*worker)->Start(); !s.ok()) return strata::StartFailed("worker", s);
   // Training runs on its own thread so a signal can stop it between steps.
   absl::Status result;
   absl::Notification finished;
@@ -89,23 +67,16 @@ int main(int argc, char** argv) {
     finished.Notify();
   });
   const int sig = strata::WaitForTerminationSignal([&] { return finished.HasBeenNotified(); });
-  if (sig == SIGTERM && config->checkpoint.enabled && !FLAGS_local) {
-    // A preemption notice: the job is checkpointed and stopped first.
-    LOG(INFO) << "SIGTERM: asking the master for a checkpoint and a clean stop (grace "
-              << config->checkpoint.grace_seconds << " s)";
-    absl::Status s =
-        (*worker)->RequestCheckpointAndStop(absl::Seconds(config->checkpoint.grace_seconds));
-    if (absl::IsFailedPrecondition(s)) {
-      LOG(INFO) << "no checkpoint before stopping: " << s.message();  // the job is over
-    } else if (!s.ok()) {
-      LOG(WARNING) << "no checkpoint before stopping: " << s;
-    }
+  if (sig == SIGTERM && env->config.checkpoint.enabled && !FLAGS_local) {
+    strata::CheckpointBeforeStopping(env->config, [&](absl::Duration grace) {
+      return (*worker)->RequestCheckpointAndStop(grace);
+    });
   } else if (sig != 0) {
     LOG(INFO) << "signal received; stopping";
   }
   (*worker)->Shutdown();
   trainer.join();
-  (*worker)->Shutdown();
+  (*worker)->Shutdown();  // (what Run started after the first)
   if (!result.ok() && sig == 0) {
     LOG(ERROR) << "worker failed: " << result.message();
     return 1;

@@ -1,5 +1,7 @@
 #include "master/state_log.h"
 
+#include <unistd.h>
+
 #include <optional>
 #include <string>
 
@@ -13,6 +15,7 @@ namespace {
 
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 proto::MasterState State(const std::string& job_state, uint32_t next_node_id) {
@@ -92,6 +95,33 @@ TEST_F(StateLogTest, ABadSnapshotIsAnErrorNamingIt) {
   std::optional<proto::MasterState> state;
   EXPECT_THAT(StateLog::Open(fs_.get(), "/state", &state).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("/state/snapshot")));
+}
+
+}  // namespace
+}  // namespace strata::master
+
+namespace strata::master {
+namespace {
+
+// The state directory's lock (moved here from master_main.cc): a second
+// holder is refused, naming the file and the holder's pid, until the first
+// lets go.
+TEST(StateDirLockTest, OneHolderAtATime) {
+  const std::string dir = ::testing::TempDir() + "/state_dir_lock_test";
+  auto first = StateDirLock::Acquire(dir);
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_THAT(
+      StateDirLock::Acquire(dir).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr(dir + "/LOCK"), HasSubstr("held by another strata-master (pid " +
+                                                         std::to_string(::getpid()) + ")"))));
+  first->reset();
+  EXPECT_THAT(StateDirLock::Acquire(dir).status(), IsOk());
+}
+
+TEST(StateDirLockTest, ADirectoryThatCannotBeMadeIsAnErrorNamingIt) {
+  EXPECT_THAT(StateDirLock::Acquire("/proc/strata-no-such/state").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("/proc/strata-no-such")));
 }
 
 }  // namespace

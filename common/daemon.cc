@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/http_server.h"
+#include "common/metrics.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 
@@ -60,6 +61,18 @@ HttpResponse LogsPage(const HttpRequest& request) {
   std::string body = absl::StrJoin(RecentLogLines(n), "\n");
   if (!body.empty()) body += "\n";
   return HttpResponse{200, "text/plain; charset=utf-8", std::move(body)};
+}
+
+void ServeStandardEndpoints(HttpServer* http, const MetricsRegistry* metrics,
+                            std::function<HttpResponse()> status) {
+  http->Handle("/metrics", [metrics](const HttpRequest&) {
+    return HttpResponse{200, "text/plain; version=0.0.4", metrics->RenderPrometheus()};
+  });
+  http->Handle("/logs", LogsPage);  // this process's recent log lines
+  http->Handle("/healthz", [](const HttpRequest&) {
+    return HttpResponse{200, "text/plain", "ok\n"};
+  });
+  http->Handle("/status", [status = std::move(status)](const HttpRequest&) { return status(); });
 }
 
 void InitDaemon(const char* argv0) {

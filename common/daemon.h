@@ -24,6 +24,15 @@ struct HttpRequest;
 struct HttpResponse;
 HttpResponse LogsPage(const HttpRequest& request);
 
+// The endpoints every daemon serves (docs/operations.md, "HTTP endpoints"):
+// /metrics (`metrics` in Prometheus' text format), /healthz ("ok"), /logs
+// (LogsPage) and /status (what `status` returns, JSON). `metrics` is
+// borrowed and must outlive `http`'s serving. Before http->Start().
+class HttpServer;
+class MetricsRegistry;
+void ServeStandardEndpoints(HttpServer* http, const MetricsRegistry* metrics,
+                            std::function<HttpResponse()> status);
+
 // Waits until SIGTERM or SIGINT arrives, or `done()` returns true (polled
 // every 100 ms; may be empty). Returns the signal number, or 0 when done().
 int WaitForTerminationSignal(const std::function<bool()>& done = {});

@@ -19,6 +19,7 @@
 #include "common/grpc_status.h"
 #include "common/json.h"
 #include "common/model_spec.h"
+#include "common/proto_json.h"
 #include "common/proto_names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -386,13 +387,7 @@ absl::Status MasterServer::Start() {
   }
   if (options_.http_port >= 0) {
     RegisterMetrics();
-    http_.Handle("/metrics", [this](const HttpRequest&) {
-      return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
-    });
-    http_.Handle("/logs", LogsPage);  // this process's recent log lines
-    http_.Handle("/healthz", [](const HttpRequest&) {
-      return HttpResponse{200, "text/plain", "ok\n"};
-    });
+    ServeStandardEndpoints(&http_, &metrics_, [this] { return ProtoJsonResponse(GetStatus()); });
     http_.Handle("/", [this](const HttpRequest& req) {
       // ?refresh=N sets the page's reload interval (0: none); 5 s by default.
       int refresh = 5;
@@ -402,15 +397,6 @@ absl::Status MasterServer::Start() {
       return HttpResponse{
           200, "text/html; charset=utf-8",
           RenderStatusPage(GetStatus(), ToUnixMs(clock_->Now()), std::clamp(refresh, 0, 3600))};
-    });
-    http_.Handle("/status", [this](const HttpRequest&) {
-      std::string json;
-      google::protobuf::util::JsonPrintOptions opts;
-      opts.always_print_primitive_fields = true;
-      opts.add_whitespace = true;
-      auto s = google::protobuf::util::MessageToJsonString(GetStatus(), &json, opts);
-      if (!s.ok()) return HttpResponse{500, "text/plain", s.ToString()};
-      return HttpResponse{200, "application/json", json};
     });
     STRATA_RETURN_IF_ERROR(
         SecureHttp(options_.security, &http_,

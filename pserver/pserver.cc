@@ -11,11 +11,11 @@
 #include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
+#include "common/proto_json.h"
 #include "common/row_optimizer.h"
 #include "common/status_macros.h"
 #include "common/threads.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
 #include "pserver/partition_files.h"
 #include "storage/checkpoint_format.h"
 #include "transport/data_plane_auth.h"
@@ -136,21 +136,7 @@ absl::Status PServer::Start() {
     return absl::UnavailableError(absl::StrCat("pserver: cannot listen on ", addr));
   }
   if (options_.http_port >= 0) {
-    http_.Handle("/metrics", [this](const HttpRequest&) {
-      return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
-    });
-    http_.Handle("/logs", LogsPage);  // this process's recent log lines
-    http_.Handle("/healthz", [](const HttpRequest&) {
-      return HttpResponse{200, "text/plain", "ok\n"};
-    });
-    http_.Handle("/status", [this](const HttpRequest&) {
-      std::string json;
-      google::protobuf::util::JsonPrintOptions o;
-      o.always_print_primitive_fields = true;
-      o.add_whitespace = true;
-      (void)google::protobuf::util::MessageToJsonString(Status(), &json, o);
-      return HttpResponse{200, "application/json", json};
-    });
+    ServeStandardEndpoints(&http_, &metrics_, [this] { return ProtoJsonResponse(Status()); });
     STRATA_RETURN_IF_ERROR(SecureHttp(options_.security, &http_));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }

@@ -276,14 +276,7 @@ absl::Status Worker::Start() {
       metrics_.AddCallbackGauge("strata_worker_row_cache_misses", "Sparse keys pulled",
                                 [this] { return static_cast<double>(row_cache_misses_.load()); });
     }
-    http_.Handle("/metrics", [this](const HttpRequest&) {
-      return HttpResponse{200, "text/plain; version=0.0.4", metrics_.RenderPrometheus()};
-    });
-    http_.Handle("/logs", LogsPage);  // this process's recent log lines
-    http_.Handle("/healthz", [](const HttpRequest&) {
-      return HttpResponse{200, "text/plain", "ok\n"};
-    });
-    http_.Handle("/status", [this](const HttpRequest&) {
+    ServeStandardEndpoints(&http_, &metrics_, [this] {
       Stats s = stats();
       return HttpResponse{
           200, "application/json",

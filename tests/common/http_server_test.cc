@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon.h"
+#include "common/metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -20,6 +22,7 @@ namespace {
 
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -213,6 +216,31 @@ TEST(HttpGetTest, ClosedPortIsUnavailableNamingTheAddress) {
   EXPECT_THAT(
       HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(2)),
       StatusIs(absl::StatusCode::kUnavailable, HasSubstr(absl::StrCat("127.0.0.1:", port))));
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// The endpoints every daemon serves, from one function (common/daemon.h).
+TEST(StandardEndpointsTest, MetricsHealthStatusAndLogs) {
+  MetricsRegistry metrics;
+  metrics.GetCounter("strata_test_things_total", "Things")->Increment();
+  HttpServer http;
+  ServeStandardEndpoints(&http, &metrics, [] {
+    return HttpResponse{200, "application/json", "{\"node_id\": 7}\n"};
+  });
+  ASSERT_THAT(http.Start("127.0.0.1", 0), ::strata::testing::IsOk());
+  auto get = [&](const std::string& path) {
+    return RawExchange(http.port(), "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  };
+  EXPECT_THAT(get("/metrics"), AllOf(HasSubstr("200 OK"), HasSubstr("strata_test_things_total 1")));
+  EXPECT_THAT(get("/healthz"), AllOf(HasSubstr("200 OK"), HasSubstr("\r\n\r\nok\n")));
+  EXPECT_THAT(get("/status"), AllOf(HasSubstr("application/json"), HasSubstr("{\"node_id\": 7}")));
+  EXPECT_THAT(get("/logs?lines=bad"), HasSubstr("400"));
+  http.Shutdown();
 }
 
 }  // namespace

@@ -22,8 +22,8 @@ JOBS="${STRATA_JOBS:-$(nproc)}"
 # target:max_len. Inputs are kept small so that a run does many of them; the
 # parsers' size checks do not depend on size beyond that (a frame's length
 # field claims 2 GiB in 72 bytes).
-TARGETS=(frame:4096 message:4096 config:4096 host_file:1024 checkpoint_manifest:2048
-         checkpoint_block:4096 idx:4096 criteo:4096)
+TARGETS=(frame:4096 rdma_frame:4096 message:4096 config:4096 host_file:1024
+         checkpoint_manifest:2048 checkpoint_block:4096 idx:4096 criteo:4096)
 
 seconds=20
 runs=""

@@ -1,5 +1,6 @@
-// The rdma backend (rdma_transport.h has the design). Layout of this file:
-// frame encoding, the per-connection Channel (credits, fragmentation, the
+// The rdma backend (rdma_transport.h has the design). Layout of this file
+// (the frames and their checks on receipt are in rdma_frames.h): the
+// per-connection Channel (credits, fragmentation, the
 // write path, completions), the connection handed to users, and the
 // transport (bootstrap over TCP, the hello, the completion thread).
 #include "transport/rdma/rdma_transport.h"
@@ -34,6 +35,7 @@
 #include "glog/logging.h"
 #include "transport/data_plane_auth.h"
 #include "transport/rdma/rdma_device.h"
+#include "transport/rdma/rdma_frames.h"
 #include "transport/rdma/rdma_hello.h"
 #include "transport/rdma/verbs.h"
 #include "transport/tcp/tcp_transport.h"
@@ -41,72 +43,6 @@
 namespace strata::transport::rdma {
 
 namespace {
-
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "the rdma frame header is written in host order");
-
-// ---------------------------------------------------------------------------
-// Frames (docs/wire-protocol.md, "rdma frames"). Every SEND starts with a
-// 48-byte frame header; message frames then carry the 72-byte message
-// header of the tcp framing; message and continuation frames then a chunk
-// of the payload.
-
-constexpr uint32_t kFrameMagic = 0x31445253;  // "SRD1"
-constexpr size_t kFrameBytes = 48;
-constexpr size_t kMsgHeaderBytes = tcp::kFrameHeaderBytes;
-
-enum FrameKind : uint16_t {
-  kCredit = 1,    // credits only
-  kMessage = 2,   // first frame of a message: header + first chunk
-  kMore = 3,      // a further chunk of the message in progress
-  kWritten = 4,   // a message whose payload was RDMA-written to the
-                  // destination the request named
-  kProbe = 5,     // the path check: the client's first frame once joined
-  kProbeAck = 6,  // and the server's answer (never handed to a handler)
-};
-constexpr uint16_t kFlagHasDest = 1;  // request: dest_* name a registered
-                                      // destination for the response: an
-                                      // address range in the region the
-                                      // client announced as dest_region
-
-struct Frame {
-  uint16_t kind = 0;
-  uint16_t flags = 0;
-  uint32_t credits = 0;
-  uint32_t chunk_bytes = 0;
-  uint64_t total_bytes = 0;
-  uint64_t dest_addr = 0;
-  uint64_t dest_len = 0;
-  uint32_t dest_region = 0;  // the region's handle (RdmaRegion), never its key
-};
-
-void EncodeFrame(const Frame& f, char* out) {
-  std::memset(out, 0, kFrameBytes);
-  std::memcpy(out + 0, &kFrameMagic, 4);
-  std::memcpy(out + 4, &f.kind, 2);
-  std::memcpy(out + 6, &f.flags, 2);
-  std::memcpy(out + 8, &f.credits, 4);
-  std::memcpy(out + 12, &f.chunk_bytes, 4);
-  std::memcpy(out + 16, &f.total_bytes, 8);
-  std::memcpy(out + 24, &f.dest_addr, 8);
-  std::memcpy(out + 32, &f.dest_len, 8);
-  std::memcpy(out + 40, &f.dest_region, 4);
-}
-
-bool DecodeFrame(const char* in, Frame* f) {
-  uint32_t magic;
-  std::memcpy(&magic, in, 4);
-  if (magic != kFrameMagic) return false;
-  std::memcpy(&f->kind, in + 4, 2);
-  std::memcpy(&f->flags, in + 6, 2);
-  std::memcpy(&f->credits, in + 8, 4);
-  std::memcpy(&f->chunk_bytes, in + 12, 4);
-  std::memcpy(&f->total_bytes, in + 16, 8);
-  std::memcpy(&f->dest_addr, in + 24, 8);
-  std::memcpy(&f->dest_len, in + 32, 8);
-  std::memcpy(&f->dest_region, in + 40, 4);
-  return f->kind >= kCredit && f->kind <= kProbeAck;
-}
 
 // Receive slots beyond the advertised credits, for credit-only frames
 // (which take no credit). Receiver-not-ready retries cover the rest.
@@ -198,25 +134,9 @@ struct PeerRegion {
   ~PeerRegion() { mr.reset(); }
 };
 
-// Server: a destination a client announced (by handle), and its key.
-struct RemoteRegion {
-  uint64_t addr = 0;
-  uint64_t length = 0;
-  uint32_t rkey = 0;
-};
 // Announced regions a connection keeps; past it the oldest is forgotten
 // (a request naming it is answered by SEND, as without a destination).
 constexpr size_t kMaxRemoteRegions = 1024;
-
-// Where a response goes by RDMA WRITE: the destination a request named.
-// Client: `region` the announced region's handle; server: `rkey` its key.
-struct WriteTarget {
-  bool valid = false;
-  uint64_t addr = 0;
-  uint64_t len = 0;
-  uint32_t rkey = 0;
-  uint32_t region = 0;
-};
 
 class Channel;
 
@@ -676,15 +596,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
     WriteTarget write;                    // kWritten: where the payload goes
     std::shared_ptr<ZeroCopy> zero_copy;  // SENDs gather from `data` itself
   };
-  // The message being received.
-  struct Incoming {
-    bool active = false;
-    Message message;
-    uint64_t total = 0;
-    uint64_t got = 0;
-    char* dest = nullptr;      // client: CallInto destination in use
-    WriteTarget reply_target;  // server: the request's destination
-  };
 
   absl::Status AllocateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     VerbsDevice* dev = ctx_->device.get();
@@ -776,7 +687,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     }
     ReleaseLocked();
     queue_.clear();
-    incoming_ = Incoming();
+    reader_.Reset();
     for (auto& [id, p] : pending_) {
       deferred_.push_back([done = std::move(p.done), why = failure_] { done(why); });
     }
@@ -965,120 +876,35 @@ class Channel : public std::enable_shared_from_this<Channel> {
     if (took_credit) ++to_return_;
   }
 
-  absl::Status Bad(const std::string& what) const {
-    return absl::DataLossError(absl::StrCat("rdma frame from ", peer_, ": ", what));
-  }
-
   // One received frame (a slot's bytes); the slot is reposted after.
   absl::Status OnReceive(const char* p, uint32_t len, bool* took_credit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Frame f;
-    if (len < kFrameBytes || !DecodeFrame(p, &f)) {
-      return Bad(absl::StrCat("not a frame (", len, " bytes, bad magic or kind)"));
-    }
-    *took_credit = f.kind != kCredit;
-    if (f.credits > peer_recv_slots_ - peer_credits_) {
-      return Bad(absl::StrCat("returns ", f.credits, " credits, only ",
-                              peer_recv_slots_ - peer_credits_, " are out"));
-    }
-    peer_credits_ += f.credits;
-    const size_t head =
-        kFrameBytes + (f.kind == kMessage || f.kind == kWritten ? kMsgHeaderBytes : 0);
-    if (len != head + f.chunk_bytes) {
-      return Bad(absl::StrCat("frame of ", len, " bytes says ", head, " + ", f.chunk_bytes));
-    }
-    switch (f.kind) {
-      case kCredit:
-        return absl::OkStatus();
-      case kProbe:
-        if (role_ != kServer || f.chunk_bytes != 0) return Bad("unexpected path check");
-        EnqueueControl(kProbeAck);
-        return absl::OkStatus();
-      case kProbeAck:
-        if (role_ != kClient || f.chunk_bytes != 0) return Bad("unexpected path check answer");
-        probe_acked_ = true;
-        return absl::OkStatus();
-      case kMore: {
-        if (!incoming_.active) return Bad("continuation without a message");
-        if (f.chunk_bytes > incoming_.total - incoming_.got) {
-          return Bad("continuation beyond the message's payload");
-        }
-        AppendChunk(p + kFrameBytes, f.chunk_bytes);
-        break;
-      }
-      case kMessage:
-      case kWritten: {
-        if (incoming_.active) return Bad("a new message before the last one ended");
-        MessageHeader h;
-        uint64_t payload_bytes = 0;
-        absl::Status s =
-            tcp::DecodeFrameHeader(p + kFrameBytes, max_payload_bytes_, &h, &payload_bytes);
-        if (!s.ok()) return Bad(std::string(s.message()));
-        if (payload_bytes != f.total_bytes) {
-          return Bad(absl::StrCat("message header says ", payload_bytes, " payload bytes, frame ",
-                                  f.total_bytes));
-        }
-        if (f.chunk_bytes > f.total_bytes) return Bad("chunk beyond the payload");
-        if (role_ == kServer && bound_node_.has_value() && h.sender_id != *bound_node_) {
-          return Bad(absl::StrCat(MessageTypeName(h.type), " says it is node ", h.sender_id,
-                                  " but the connection belongs to node ", *bound_node_));
-        }
-        incoming_ = Incoming();
-        incoming_.active = true;
-        incoming_.message.header = h;
-        incoming_.total = f.total_bytes;
-        if (role_ == kServer && (f.flags & kFlagHasDest) != 0 && f.dest_len <= max_payload_bytes_) {
-          // Only inside a region the client announced on the bootstrap;
-          // else the answer goes by SEND (the client copies it in place).
-          auto r = remote_regions_.find(f.dest_region);
-          if (r != remote_regions_.end() && f.dest_addr >= r->second.addr &&
-              f.dest_len <= r->second.length &&
-              f.dest_addr - r->second.addr <= r->second.length - f.dest_len) {
-            incoming_.reply_target =
-                WriteTarget{true, f.dest_addr, f.dest_len, r->second.rkey, f.dest_region};
-          }
-        }
-        if (role_ == kClient) {
-          auto it = pending_.find(h.request_id);
-          const bool fits = it != pending_.end() && it->second.dest != nullptr && h.status == 0 &&
-                            it->second.dest_size == f.total_bytes && f.total_bytes > 0;
-          if (f.kind == kWritten) {
-            if (role_ != kClient || !fits) {
-              return Bad("a written response that matches no destination");
-            }
-            incoming_.got = incoming_.total;  // already in place
-            incoming_.message.payload_in_destination = true;
-            ++stats_.responses_written;
-          } else if (fits) {
-            incoming_.dest = it->second.dest;
-          }
-        } else if (f.kind == kWritten) {
-          return Bad("a written frame sent to a server");
-        }
-        if (f.kind == kMessage) {
-          if (incoming_.dest == nullptr) {
-            incoming_.message.payload.reserve(
-                std::min<uint64_t>(f.total_bytes, uint64_t{64} << 20));
-          }
-          AppendChunk(p + kFrameBytes + kMsgHeaderBytes, f.chunk_bytes);
-        }
-        break;
-      }
-    }
-    if (incoming_.got == incoming_.total) Deliver();
+    FrameReader::Context c;
+    c.server = role_ == kServer;
+    c.peer = peer_;
+    c.max_payload_bytes = max_payload_bytes_;
+    c.credits_out = peer_recv_slots_ - peer_credits_;
+    c.bound_node = bound_node_;
+    c.remote_regions = &remote_regions_;
+    c.destination = [this](uint64_t request_id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      // (Called by OnFrame, under mu_.)
+      auto it = pending_.find(request_id);
+      return it == pending_.end()
+                 ? std::pair<char*, uint64_t>(nullptr, 0)
+                 : std::pair<char*, uint64_t>(it->second.dest, it->second.dest_size);
+    };
+    FrameReader::Result r;
+    STRATA_RETURN_IF_ERROR(reader_.OnFrame(c, p, len, &r));
+    *took_credit = r.took_credit;
+    peer_credits_ += r.credits;
+    if (r.send_probe_ack) EnqueueControl(kProbeAck);
+    if (r.probe_acked) probe_acked_ = true;
+    if (r.written) ++stats_.responses_written;
+    if (r.delivered.has_value()) Deliver(std::move(*r.delivered));
     return absl::OkStatus();
   }
 
-  void AppendChunk(const char* chunk, uint32_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (incoming_.dest != nullptr) {
-      std::memcpy(incoming_.dest + incoming_.got, chunk, n);
-    } else {
-      incoming_.message.payload.append(chunk, n);
-    }
-    incoming_.got += n;
-  }
-
-  void Deliver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Deliver(IncomingMessage in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<DeviceContext> ctx_;
   const Role role_;
@@ -1122,7 +948,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint32_t to_return_ ABSL_GUARDED_BY(mu_) = 0;        // slots reposted, not yet reported
   uint32_t frame_room_ ABSL_GUARDED_BY(mu_) = 0;       // bytes per SEND
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
-  Incoming incoming_ ABSL_GUARDED_BY(mu_);
+  FrameReader reader_ ABSL_GUARDED_BY(mu_);  // the frames received
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::function<void()> closer_ ABSL_GUARDED_BY(mu_);
@@ -1155,9 +981,7 @@ class RdmaResponder final : public OnceResponder {
   const WriteTarget target_;
 };
 
-void Channel::Deliver() {
-  Incoming in = std::move(incoming_);
-  incoming_ = Incoming();
+void Channel::Deliver(IncomingMessage in) {
   in.message.payload_in_destination = in.message.payload_in_destination || in.dest != nullptr;
   if (role_ == kServer) {
     auto responder = std::make_shared<RdmaResponder>(weak_from_this(), in.message.header, peer_,

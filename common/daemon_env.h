@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,6 +24,15 @@
 namespace strata {
 
 struct DaemonEnvOptions {
+  DaemonEnvOptions() = default;
+  DaemonEnvOptions(std::string role, int index, std::string config_path, std::string tls_dir,
+                   std::function<const char*(const char*)> getenv)
+      : role(std::move(role)),
+        index(index),
+        config_path(std::move(config_path)),
+        tls_dir(std::move(tls_dir)),
+        getenv(std::move(getenv)) {}
+
   std::string role;         // "master", "pserver", "worker": certificates and messages
   int index = -1;           // the instance index; -1 for the master
   std::string config_path;  // --config

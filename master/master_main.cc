@@ -47,13 +47,9 @@ int main(int argc, char** argv) {
     if (!locked.ok()) return strata::StartFailed("master", locked.status());
     lock = *std::move(locked);
   }
-  strata::DaemonEnvOptions eo;
-  eo.role = "master";
-  eo.config_path = FLAGS_config;
-  eo.tls_dir = FLAGS_tls_dir;
+  strata::DaemonEnvOptions eo("master", -1, FLAGS_config, FLAGS_tls_dir, ::getenv);
   eo.failpoints = FLAGS_failpoint;
   eo.check_checkpoint_root = true;
-  eo.getenv = ::getenv;
   int code = 0;
   auto env = strata::LoadDaemonEnv(eo, &code);
   if (!env.ok()) return strata::StartFailed("master", env.status(), code);

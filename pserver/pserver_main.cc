@@ -27,14 +27,9 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-pserver --config C --master HOST:PORT --index I");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   strata::InitDaemon(argv[0]);
-  strata::DaemonEnvOptions eo;
-  eo.role = "pserver";
-  eo.index = FLAGS_index;
-  eo.config_path = FLAGS_config;
-  eo.tls_dir = FLAGS_tls_dir;
+  strata::DaemonEnvOptions eo("pserver", FLAGS_index, FLAGS_config, FLAGS_tls_dir, ::getenv);
   eo.failpoints = FLAGS_failpoint;
   eo.check_checkpoint_root = true;
-  eo.getenv = ::getenv;
   int code = 0;
   auto env = strata::LoadDaemonEnv(eo, &code);
   if (!env.ok()) return strata::StartFailed("pserver", env.status(), code);

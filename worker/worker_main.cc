@@ -32,13 +32,8 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage("strata-worker --config C --master HOST:PORT --index I");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   strata::InitDaemon(argv[0]);
-  strata::DaemonEnvOptions eo;
-  eo.role = "worker";
-  eo.index = FLAGS_index;
-  eo.config_path = FLAGS_config;
-  eo.tls_dir = FLAGS_tls_dir;
+  strata::DaemonEnvOptions eo("worker", FLAGS_index, FLAGS_config, FLAGS_tls_dir, ::getenv);
   eo.security = !FLAGS_local;
-  eo.getenv = ::getenv;
   int code = 0;
   auto env = strata::LoadDaemonEnv(eo, &code);
   if (!env.ok()) return strata::StartFailed("worker", env.status(), code);

@@ -775,32 +775,6 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   return CrossCheck(*config);
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    const int err = errno;
-    const std::string why = std::generic_category().message(err);
-    if (err == ENOENT || err == ENOTDIR) {
-      return absl::NotFoundError(absl::StrCat(path, ": ", why));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
-  }
-  std::ifstream in(path, std::ios::in | std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot open: ", std::generic_category().message(errno)));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": read failed"));
-  }
-  return text.str();
-}
-
 // Reads a YAML stream's events without building nodes: notes where the
 // second document's root node is. Not thread-safe; one per stream.
 class SecondDocumentFinder : public YAML::EventHandler {
@@ -881,8 +855,34 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::str
   return config;
 }
 
+absl::StatusOr<std::string> ReadLocalFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string why = std::generic_category().message(err);
+    if (err == ENOENT || err == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(path, ": ", why));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
+  }
+  std::ifstream in(path, std::ios::in | std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open: ", std::generic_category().message(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": read failed"));
+  }
+  return text.str();
+}
+
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadLocalFile(path));
   STRATA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(text, path));
   config.source = path;
   return config;

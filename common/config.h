@@ -254,6 +254,11 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::str
 // InvalidArgument naming the path.
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 
+// The whole of a local file (a config, a host file): NotFound for a path
+// that is not there, InvalidArgument for a directory or a file that cannot
+// be read; the error names the path.
+absl::StatusOr<std::string> ReadLocalFile(const std::string& path);
+
 }  // namespace strata
 
 #endif  // STRATA_COMMON_CONFIG_H_

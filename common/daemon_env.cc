@@ -2,7 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/error_reason.h"
+#include "common/grpc_status.h"
 #include "glog/logging.h"
 #include "storage/s3_file_system.h"
 
@@ -45,6 +48,18 @@ absl::StatusOr<DaemonEnv> LoadDaemonEnv(const DaemonEnvOptions& o, int* exit_cod
 int StartFailed(const std::string& role, const absl::Status& s, int exit_code) {
   LOG(ERROR) << "cannot start " << role << ": " << s.message();
   return exit_code;
+}
+
+absl::Status AskMasterToCheckpointAndStop(proto::Master::StubInterface* master,
+                                          const std::string& master_address, const std::string& who,
+                                          absl::Duration grace) {
+  proto::CheckpointRequest req;
+  req.set_reason(absl::StrCat("sigterm on ", who));
+  req.set_stop_after(true);
+  proto::CheckpointResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
+  return FromGrpcStatus(master->Checkpoint(&ctx, req, &resp), "master " + master_address);
 }
 
 void CheckpointBeforeStopping(const JobConfig& config,

@@ -19,6 +19,7 @@
 #include "common/config.h"
 #include "common/failpoint.h"
 #include "common/security.h"
+#include "proto/strata.grpc.pb.h"
 #include "storage/file_system.h"
 
 namespace strata {
@@ -64,6 +65,14 @@ absl::StatusOr<DaemonEnv> LoadDaemonEnv(const DaemonEnvOptions& options, int* ex
 // Logs "cannot start ROLE: MESSAGE" and returns `exit_code`: main's
 // `return StartFailed(...)`.
 int StartFailed(const std::string& role, const absl::Status& s, int exit_code = 1);
+
+// Asks the master (`master`, at `master_address`) for a checkpoint and then
+// a clean stop, answered within `grace`; `who` ("pserver 1") goes into the
+// checkpoint's reason. The master's refusal carries its reason
+// (REASON_JOB_NOT_RUNNING when the job is over).
+absl::Status AskMasterToCheckpointAndStop(proto::Master::StubInterface* master,
+                                          const std::string& master_address, const std::string& who,
+                                          absl::Duration grace);
 
 // A node's SIGTERM when checkpoints are on (a preemption notice): asks the
 // master for a checkpoint and a clean stop within checkpoint.grace_seconds

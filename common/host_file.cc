@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/config.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -68,32 +69,6 @@ bool ParseCount(absl::string_view text, int* out) {
     if (!absl::ascii_isdigit(c)) return false;
   }
   return absl::SimpleAtoi(text, out);
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    const int err = errno;
-    const std::string why = std::generic_category().message(err);
-    if (err == ENOENT || err == ENOTDIR) {
-      return absl::NotFoundError(absl::StrCat(path, ": ", why));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
-  }
-  std::ifstream in(path, std::ios::in | std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot open: ", std::generic_category().message(errno)));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": read failed"));
-  }
-  return text.str();
 }
 
 }  // namespace
@@ -203,7 +178,7 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
 }
 
 absl::StatusOr<HostFile> LoadHostFile(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadLocalFile(path));
   STRATA_ASSIGN_OR_RETURN(HostFile file, ParseHostFile(text, path));
   file.source = path;
   return file;

@@ -225,10 +225,11 @@ int64_t TaskScheduler::RecordsDone() const {
   return n;
 }
 
-int TaskScheduler::ReleaseNode(uint32_t node, std::vector<uint64_t>* ids) {
+int TaskScheduler::RequeueLeases(const std::function<bool(const LeaseInfo&)>& which,
+                                 std::vector<uint64_t>* ids) {
   int n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.node == node) {
+    if (which(it->second)) {
       if (ids != nullptr) ids->push_back(it->first);
       queue_.push_front(it->first);
       it = leases_.erase(it);
@@ -240,18 +241,12 @@ int TaskScheduler::ReleaseNode(uint32_t node, std::vector<uint64_t>* ids) {
   return n;
 }
 
+int TaskScheduler::ReleaseNode(uint32_t node, std::vector<uint64_t>* ids) {
+  return RequeueLeases([node](const LeaseInfo& l) { return l.node == node; }, ids);
+}
+
 int TaskScheduler::ExpireLeases(absl::Time now) {
-  int n = 0;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.expires <= now) {
-      queue_.push_front(it->first);
-      it = leases_.erase(it);
-      ++n;
-    } else {
-      ++it;
-    }
-  }
-  return n;
+  return RequeueLeases([now](const LeaseInfo& l) { return l.expires <= now; }, nullptr);
 }
 
 int TaskScheduler::current_epoch() const {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -102,6 +103,9 @@ class TaskScheduler {
     uint32_t node;
     absl::Time expires;
   };
+  // Puts the tasks of the leases `which` picks back at the front of the
+  // queue (their ids appended to *ids when given); how many.
+  int RequeueLeases(const std::function<bool(const LeaseInfo&)>& which, std::vector<uint64_t>* ids);
   absl::Duration lease_timeout_;
   int epochs_;
   std::vector<proto::DataTask> tasks_;  // index == task id

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon.h"
+#include "common/daemon_env.h"
 #include "common/error_reason.h"
 #include "common/grpc_channel.h"
 #include "common/grpc_status.h"
@@ -569,14 +570,8 @@ absl::Status PServer::ServingStatus() const {
 }
 
 absl::Status PServer::RequestCheckpointAndStop(absl::Duration grace) {
-  proto::CheckpointRequest req;
-  req.set_reason(absl::StrCat("sigterm on pserver ", options_.index));
-  req.set_stop_after(true);
-  proto::CheckpointResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
-  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp),
-                        "master " + options_.master_address);
+  return AskMasterToCheckpointAndStop(master().get(), options_.master_address,
+                                      absl::StrCat("pserver ", options_.index), grace);
 }
 
 absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(

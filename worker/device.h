@@ -161,6 +161,13 @@ absl::StatusOr<std::unique_ptr<Device>> NewDevice(const DeviceChoice& choice,
 // copies still work, only slower. UnpinTensors undoes it.
 void PinTensors(Device* device, std::vector<std::vector<float>>* tensors);
 void UnpinTensors(Device* device, std::vector<std::vector<float>>* tensors);
+// A model's parameters and gradients, pinned (PinModelTensors) and, at its
+// end, unpinned once the device has finished with them (UnpinModelTensors:
+// it waits for the device first; nothing on the CPU).
+void PinModelTensors(Device* device, std::vector<std::vector<float>>* params,
+                     std::vector<std::vector<float>>* grads);
+void UnpinModelTensors(Device* device, std::vector<std::vector<float>>* params,
+                       std::vector<std::vector<float>>* grads);
 
 // A typed array of device memory, released with its owner.
 template <typename T>

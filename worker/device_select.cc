@@ -89,4 +89,18 @@ void UnpinTensors(Device* device, std::vector<std::vector<float>>* tensors) {
   }
 }
 
+void PinModelTensors(Device* device, std::vector<std::vector<float>>* params,
+                     std::vector<std::vector<float>>* grads) {
+  PinTensors(device, params);
+  PinTensors(device, grads);
+}
+
+void UnpinModelTensors(Device* device, std::vector<std::vector<float>>* params,
+                       std::vector<std::vector<float>>* grads) {
+  if (device->host_memory()) return;
+  (void)device->Synchronize();
+  UnpinTensors(device, params);
+  UnpinTensors(device, grads);
+}
+
 }  // namespace strata::worker

@@ -40,15 +40,12 @@ Mlp::Mlp(std::vector<int> layers, Activation activation, Device* device)
   }
   // Pulls land in params_ and pushes leave from grads_: pinned, their
   // copies to and from the GPU run beside the compute.
-  PinTensors(device_, &params_);
-  PinTensors(device_, &grads_);
+  PinModelTensors(device_, &params_, &grads_);
 }
 
 Mlp::~Mlp() {
   if (host_) return;
-  (void)device_->Synchronize();
-  UnpinTensors(device_, &params_);
-  UnpinTensors(device_, &grads_);
+  UnpinModelTensors(device_, &params_, &grads_);
   for (InputSlot& in : inputs_) {
     if (!in.stage_x.empty()) device_->UnpinHost(in.stage_x.data());
     if (!in.stage_y.empty()) device_->UnpinHost(in.stage_y.data());

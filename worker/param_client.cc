@@ -686,20 +686,7 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
         m.payload_ref_until_response = true;
         return m;
       },
-      [this, result](const Route& r, const Message& resp) -> absl::Status {
-        absl::Status s = transport::ResponseStatus(resp);
-        if (HasReason(s, proto::REASON_STALE_GRADIENT)) {  // dropped by design
-          ++result->stale_partitions;
-          VLOG(1) << s;
-          return absl::OkStatus();
-        }
-        if (!s.ok()) {
-          return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
-        }
-        absl::MutexLock l(&mu_);
-        ++acked_pushes_[r.partition];
-        return absl::OkStatus();
-      },
+      [this, result](const Route& r, const Message& resp) { return OnPushAnswer(r, resp, result); },
       Destination());
 }
 
@@ -809,19 +796,7 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePush(
         m.payload = (*payloads)[r.offset];
         return m;
       },
-      [this, result](const Route& r, const Message& resp) -> absl::Status {
-        absl::Status s = transport::ResponseStatus(resp);
-        if (HasReason(s, proto::REASON_STALE_GRADIENT)) {  // dropped by design
-          ++result->stale_partitions;
-          return absl::OkStatus();
-        }
-        if (!s.ok()) {
-          return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
-        }
-        absl::MutexLock l(&mu_);
-        ++acked_pushes_[r.partition];
-        return absl::OkStatus();
-      },
+      [this, result](const Route& r, const Message& resp) { return OnPushAnswer(r, resp, result); },
       Destination(), static_cast<int>(table), keys, every_partition);
 }
 
@@ -830,6 +805,20 @@ absl::StatusOr<uint64_t> ParamClient::PullAll(uint64_t min_version,
   uint64_t lowest = 0;
   STRATA_RETURN_IF_ERROR(StartPull(min_version, tables, &lowest)->Finish());
   return lowest;
+}
+
+absl::Status ParamClient::OnPushAnswer(const Route& r, const Message& resp, PushResult* result) {
+  absl::Status s = transport::ResponseStatus(resp);
+  if (HasReason(s, proto::REASON_STALE_GRADIENT)) {  // dropped by design
+    ++result->stale_partitions;
+    VLOG(1) << s;
+    return absl::OkStatus();
+  }
+  if (!s.ok())
+    return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
+  absl::MutexLock l(&mu_);
+  ++acked_pushes_[r.partition];
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> ParamClient::PushThenPull(const std::vector<std::vector<float>>& grads,

@@ -234,6 +234,10 @@ class ParamClient {
                                             bool every_partition, PushResult* result);
 
  private:
+  // A push's answer: acknowledged (counted per partition), a stale gradient
+  // dropped by design (counted in *result), or the error, naming the
+  // pserver.
+  absl::Status OnPushAnswer(const Route& r, const transport::Message& resp, PushResult* result);
   // One Exchange over every partition, settled.
   absl::Status CallAll(const MakeRequest& make_request, const OnResponse& on_response,
                        const Destination& destination = {});

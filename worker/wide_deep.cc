@@ -40,16 +40,10 @@ WideDeep::WideDeep(const ModelSection& model, Activation activation, Device* dev
     *a = DeviceArray<float>(device_);
   }
   d_slot_ = DeviceArray<uint32_t>(device_);
-  PinTensors(device_, &params_);
-  PinTensors(device_, &grads_);
+  PinModelTensors(device_, &params_, &grads_);
 }
 
-WideDeep::~WideDeep() {
-  if (host_) return;
-  (void)device_->Synchronize();
-  UnpinTensors(device_, &params_);
-  UnpinTensors(device_, &grads_);
-}
+WideDeep::~WideDeep() { UnpinModelTensors(device_, &params_, &grads_); }
 
 template <typename T>
 absl::Status WideDeep::ToDevice(const T* host, size_t n, DeviceArray<T>* a, const T** out) {

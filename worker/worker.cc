@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/daemon.h"
+#include "common/daemon_env.h"
 #include "common/data_tasks.h"
 #include "common/error_reason.h"
 #include "common/grpc_channel.h"
@@ -381,14 +382,8 @@ absl::Status Worker::CallMaster(const std::function<grpc::Status(grpc::ClientCon
 }
 
 absl::Status Worker::RequestCheckpointAndStop(absl::Duration grace) {
-  proto::CheckpointRequest req;
-  req.set_reason(absl::StrCat("sigterm on worker ", options_.index));
-  req.set_stop_after(true);
-  proto::CheckpointResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + grace));
-  return FromGrpcStatus(master()->Checkpoint(&ctx, req, &resp),
-                        "master " + options_.master_address);
+  return AskMasterToCheckpointAndStop(master().get(), options_.master_address,
+                                      absl::StrCat("worker ", options_.index), grace);
 }
 
 absl::StatusOr<proto::ClusterView> Worker::FetchView() {

@@ -216,6 +216,14 @@ class DeviceArray {
   size_t capacity_ = 0;
 };
 
+// Device arrays for each of a model's tensors, sized once: nothing when
+// *d_params is not empty. RESOURCE_EXHAUSTED (naming the size) when the
+// device has no room.
+absl::Status ReserveModelArrays(Device* device, const std::vector<std::vector<float>>& params,
+                                const std::vector<std::vector<float>>& grads,
+                                std::vector<DeviceArray<float>>* d_params,
+                                std::vector<DeviceArray<float>>* d_grads);
+
 }  // namespace strata::worker
 
 #endif  // STRATA_WORKER_DEVICE_H_

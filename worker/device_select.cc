@@ -1,6 +1,7 @@
 // Choosing the worker's device (worker.device in the config): the CPU, the
 // GPU, or the GPU when there is one.
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "worker/device.h"
 
@@ -101,6 +102,20 @@ void UnpinModelTensors(Device* device, std::vector<std::vector<float>>* params,
   (void)device->Synchronize();
   UnpinTensors(device, params);
   UnpinTensors(device, grads);
+}
+
+absl::Status ReserveModelArrays(Device* device, const std::vector<std::vector<float>>& params,
+                                const std::vector<std::vector<float>>& grads,
+                                std::vector<DeviceArray<float>>* d_params,
+                                std::vector<DeviceArray<float>>* d_grads) {
+  if (!d_params->empty()) return absl::OkStatus();
+  for (size_t t = 0; t < params.size(); ++t) {
+    d_params->emplace_back(device);
+    d_grads->emplace_back(device);
+    STRATA_RETURN_IF_ERROR(d_params->back().Reserve(params[t].size()));
+    STRATA_RETURN_IF_ERROR(d_grads->back().Reserve(grads[t].size()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace strata::worker

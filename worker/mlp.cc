@@ -129,14 +129,7 @@ absl::Status Mlp::Prepare(const float* x, const int32_t* y, int batch) {
     STRATA_RETURN_IF_ERROR(device_->Synchronize());
     pending_grads_.clear();
   }
-  if (d_params_.empty()) {
-    for (size_t t = 0; t < params_.size(); ++t) {
-      d_params_.emplace_back(device_);
-      d_grads_.emplace_back(device_);
-      STRATA_RETURN_IF_ERROR(d_params_.back().Reserve(params_[t].size()));
-      STRATA_RETURN_IF_ERROR(d_grads_.back().Reserve(grads_[t].size()));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(ReserveModelArrays(device_, params_, grads_, &d_params_, &d_grads_));
   // The batch: prefetched, or copied up now.
   int slot;
   if (!prefetched_.empty()) {

@@ -68,14 +68,7 @@ absl::Status WideDeep::Forward(const float* dense, const uint32_t* slot, const f
   STRATA_RETURN_IF_ERROR(ToDevice(wide_rows, unique, &d_wide_rows_, &wide_rows_));
   STRATA_RETURN_IF_ERROR(ToDevice(emb_rows, unique * dim_, &d_emb_rows_, &emb_rows_));
   if (!host_) {
-    if (d_params_.empty()) {
-      for (size_t t = 0; t < params_.size(); ++t) {
-        d_params_.emplace_back(device_);
-        d_grads_.emplace_back(device_);
-        STRATA_RETURN_IF_ERROR(d_params_.back().Reserve(params_[t].size()));
-        STRATA_RETURN_IF_ERROR(d_grads_.back().Reserve(grads_[t].size()));
-      }
-    }
+    STRATA_RETURN_IF_ERROR(ReserveModelArrays(device_, params_, grads_, &d_params_, &d_grads_));
     for (size_t t = 0; t < params_.size(); ++t) {
       if (params_[t].empty()) continue;  // a sparse table: rows come per batch
       device_->ComputeAfter(device_->Upload(d_params_[t].data(), params_[t].data(),

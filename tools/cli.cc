@@ -715,7 +715,9 @@ int Wait(const std::map<std::string, std::string>& f, std::ostream& out, std::os
         end_drawn();
         out << (state == "waiting" ? "bring-up: " : "progress: ") << shown << "\n" << std::flush;
       }
-      if (progress && until == "end" && training && absl::Now() >= next_line) {
+      // (From the first step on: before it the figures are all zero.)
+      if (progress && until == "end" && training && st->job().steps() > 0 &&
+          absl::Now() >= next_line) {
         next_line = absl::Now() + absl::Seconds(every);
         if (redraw) {
           out << "\r\033[K";

@@ -73,6 +73,14 @@ Result RunStrata(const std::vector<std::string>& args) {
   return {code, out.str(), err.str()};
 }
 
+TEST(CliTest, WaitRefusesABadProgressInterval) {
+  for (const char* every : {"0", "-1", "soon"}) {
+    const Result r = RunStrata({"wait", "--master", "127.0.0.1:1", "--every", every});
+    EXPECT_EQ(r.code, 2) << every;
+    EXPECT_THAT(r.err, HasSubstr("--every must be a positive number of seconds")) << every;
+  }
+}
+
 TEST(CliTest, TheJobProgressLineHasTheFiguresAndTheTimeLeft) {
   proto::JobStatus j;
   j.set_state("running");

@@ -307,8 +307,8 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     last_checkpoint_time_ = clock_->Now();  // not again at once
     LOG(ERROR) << "checkpoint " << seq << " (" << reason << ") failed: " << s
                << "; the previous checkpoint stays the latest";
-    LogEventLocked("checkpoint_failed",
-                   absl::StrCat("checkpoint ", seq, " (", reason, ") failed: ", s.message()));
+    sink_->Event("checkpoint_failed",
+                 absl::StrCat("checkpoint ", seq, " (", reason, ") failed: ", s.message()));
     return s;
   };
 
@@ -526,10 +526,10 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       seq, reason, m.incremental() ? absl::StrCat(", incremental over ", base_seq) : ", full",
       bsp ? absl::StrCat("step ", m.step()) : "the partitions' own versions", written / 1e6,
       m.raw_bytes() / 1e6, m.write_seconds(), stall * 1e3, dir);
-  LogEventLocked("checkpoint",
-                 absl::StrFormat("checkpoint %d (%s%s) at step %d: %d bytes in %.3f s: %s", seq,
-                                 reason, m.incremental() ? ", incremental" : ", full", m.step(),
-                                 written, m.write_seconds(), dir));
+  sink_->Event("checkpoint",
+               absl::StrFormat("checkpoint %d (%s%s) at step %d: %d bytes in %.3f s: %s", seq,
+                               reason, m.incremental() ? ", incremental" : ", full", m.step(),
+                               written, m.write_seconds(), dir));
   last_manifest_ = std::move(m);
   if (stop_after && !IsTerminalState(job_state_)) {
     FinishJobLocked("stopped", absl::StrCat("stopped after checkpoint ", seq, " (", reason, ")"));

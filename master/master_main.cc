@@ -11,6 +11,7 @@
 #include "glog/logging.h"
 #include "master/master_server.h"
 #include "master/state_log.h"
+#include "storage/file_system.h"
 
 DEFINE_string(config, "", "job config (YAML), required");
 DEFINE_string(tls_dir, "",
@@ -41,9 +42,11 @@ int main(int argc, char** argv) {
   strata::InitDaemon(argv[0]);
   auto hosts = strata::LoadHostFile(FLAGS_hosts);
   if (!hosts.ok()) return strata::StartFailed("master", hosts.status(), 2);
+  // (Before anything else: a second master says why it may not start.)
+  const auto local = strata::storage::NewPosixFileSystem();
   std::unique_ptr<strata::master::StateDirLock> lock;  // held for the life of the process
   if (!FLAGS_state_dir.empty()) {
-    auto locked = strata::master::StateDirLock::Acquire(FLAGS_state_dir);
+    auto locked = strata::master::StateDirLock::Acquire(local.get(), FLAGS_state_dir);
     if (!locked.ok()) return strata::StartFailed("master", locked.status());
     lock = *std::move(locked);
   }

@@ -304,12 +304,15 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
                             storage::ListCheckpoints(options.fs, options.config.checkpoint.dir));
     if (!existing.empty()) next_seq = existing.back().seq + 1;
   }
-  std::unique_ptr<storage::AuditLog> audit;
-  if (!options.audit_log.empty()) {
-    STRATA_ASSIGN_OR_RETURN(audit, storage::AuditLog::Open(options.audit_log));
-  }
+  EventSink::Options so;
+  so.fs = options.fs;
+  so.event_log = options.event_log;
+  so.audit_log = options.audit_log;
+  so.job = options.config.job.name;
+  so.clock = options.clock;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EventSink> sink, EventSink::Open(std::move(so)));
   std::unique_ptr<MasterServer> m(new MasterServer(std::move(options), n, split, planted));
-  m->audit_ = std::move(audit);
+  m->sink_ = std::move(sink);
   {
     absl::MutexLock w(&m->write_mu_);
     m->state_log_ = std::move(state_log);
@@ -360,7 +363,7 @@ MasterServer::MasterServer(MasterOptions options, int64_t num_records,
 MasterServer::~MasterServer() { Shutdown(); }
 
 absl::Status MasterServer::Start() {
-  if (!options_.security.plaintext && audit_ != nullptr) {
+  if (!options_.security.plaintext && sink_->auditing()) {
     tls_listener_ = ListenForTlsFailures([this](const std::string& reason) {
       absl::MutexLock l(&tls_failures_mu_);
       if (tls_failures_.size() < 64) {
@@ -442,7 +445,7 @@ void MasterServer::Shutdown() {
     StopListeningForTlsFailures(std::exchange(tls_listener_, -1));
     AuditTlsFailures();
   }
-  FlushEventLog();  // what the last RPCs logged
+  sink_->Flush();  // what the last RPCs logged
 }
 
 void MasterServer::AuditTlsFailures() {
@@ -473,9 +476,7 @@ void MasterServer::BackgroundLoop() {
   while (!stop_.WaitForNotificationWithTimeout(tick)) {
     Tick();
     AuditTlsFailures();
-    FlushEventLog();
   }
-  FlushEventLog();
 }
 
 void MasterServer::Tick() {
@@ -655,47 +656,15 @@ void MasterServer::EventLocked(const std::string& what, const char* kind,
       start_time_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(clock_->Now() - start_time_);
   events_.push_back(absl::StrFormat("%.1fs %s", t, what));
   LOG(WARNING) << what;
-  LogEventLocked(kind, what, node);
-}
-
-void MasterServer::LogEventLocked(const char* kind, const std::string& what,
-                                  const proto::NodeInfo* node) {
-  if (options_.event_log.empty() && audit_ == nullptr) return;
-  const absl::Time now = clock_->Now();
-  std::string line = absl::StrFormat(
-      "{\"unix_ms\": %d, \"time\": \"%s\", \"job\": \"%s\", \"kind\": \"%s\", "
-      "\"message\": \"%s\"",
-      ToUnixMs(now), absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone()),
-      JsonEscape(options_.config.job.name), kind, JsonEscape(what));
-  if (node != nullptr) {
-    absl::StrAppendFormat(&line, ", \"role\": \"%s\", \"index\": %d, \"node\": %d",
-                          NodeRoleName(node->role()), node->index(), node->id());
-  }
-  line += "}\n";
-  absl::MutexLock el(&event_mu_);
-  if (!options_.event_log.empty()) pending_events_ += line;
-  if (audit_ != nullptr) {
-    storage::AuditRecord r;
-    r.who = "master";
-    r.action = kind;
-    if (node != nullptr) {
-      r.target =
-          absl::StrCat(NodeRoleName(node->role()), " ", node->index(), " (node ", node->id(), ")");
-    }
-    r.result = "ok";
-    r.detail = what;
-    pending_audit_.emplace_back(std::move(r), now);
-  }
+  sink_->Event(kind, what, node);
 }
 
 void MasterServer::Audit(const std::string& who, const std::string& from, const std::string& action,
                          const std::string& target, const std::string& result,
                          const std::string& detail) {
-  if (audit_ == nullptr) return;
-  FlushEventLog();  // (what happened before it, first)
-  absl::MutexLock fl(&file_mu_);
-  absl::Status s = audit_->Append({who, from, action, target, result, detail}, clock_->Now());
-  if (!s.ok()) LOG(ERROR) << s;
+  if (!sink_->auditing()) return;
+  sink_->Audit({who, from, action, target, result, detail});
+  sink_->Flush();
 }
 
 void MasterServer::AuditRefusal(const std::string& who, const std::string& peer,
@@ -722,36 +691,6 @@ void MasterServer::AuditRefusal(const std::string& who, const std::string& peer,
   }
   Audit(who.empty() ? "unauthenticated" : who, peer, action, "", result,
         skipped ? absl::StrCat(skipped, " more like it in the second before") : "");
-}
-
-void MasterServer::FlushEventLog() {
-  // One writer at a time, in order (file_mu_); the lines are only taken
-  // under event_mu_, which LogEventLocked takes under mu_: the file is
-  // written with neither held.
-  absl::MutexLock fl(&file_mu_);
-  std::string lines;
-  std::vector<std::pair<storage::AuditRecord, absl::Time>> audit;
-  {
-    absl::MutexLock el(&event_mu_);
-    lines.swap(pending_events_);
-    audit.swap(pending_audit_);
-  }
-  for (const auto& [record, at] : audit) {
-    absl::Status s = audit_->Append(record, at);
-    if (!s.ok()) LOG(ERROR) << s;
-  }
-  if (lines.empty() || options_.event_log.empty()) return;
-  // Appended whole (O_APPEND): lines of a restarted master follow the old.
-  std::FILE* f = std::fopen(options_.event_log.c_str(), "a");
-  const bool ok = f != nullptr && std::fputs(lines.c_str(), f) >= 0;
-  if (f != nullptr && std::fclose(f) != 0 && ok) {
-    LOG(WARNING) << "event log " << options_.event_log << ": close failed";
-  }
-  if (!ok && !event_log_failed_) {
-    event_log_failed_ = true;
-    LOG(WARNING) << "event log " << options_.event_log << ": cannot append ("
-                 << std::strerror(errno) << "); events are still in the master's log";
-  }
 }
 
 void MasterServer::RotateDataKeyLocked() {
@@ -1358,7 +1297,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
   if (view_.ready()) {
     EventLocked(joined, "node_join", n);
   } else {
-    LogEventLocked("node_join", joined, n);
+    sink_->Event("node_join", joined, n);
   }
   BumpEpochLocked();
   UpdateJobStateLocked();
@@ -1571,15 +1510,14 @@ void MasterServer::UpdateJobStateLocked() {
     job_state_ = "running";
     LOG(INFO) << "cluster ready at epoch " << view_.epoch() << ": job '" << options_.config.job.name
               << "' running";
-    LogEventLocked("job_state",
-                   absl::StrCat("job running: cluster ready at epoch ", view_.epoch()));
+    sink_->Event("job_state", absl::StrCat("job running: cluster ready at epoch ", view_.epoch()));
   }
   if (job_state_ == "running" && tasks_.AllDone()) {
     job_state_ = "evaluating";
     train_end_time_ = clock_->Now();
     LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
-    LogEventLocked("job_state",
-                   absl::StrCat("job evaluating: all ", tasks_.total(), " data tasks done"));
+    sink_->Event("job_state",
+                 absl::StrCat("job evaluating: all ", tasks_.total(), " data tasks done"));
     const CheckpointSection& c = options_.config.checkpoint;
     if (c.enabled && c.on_finish && !final_checkpoint_done_) {
       // The trained model is saved before it is evaluated.
@@ -1602,7 +1540,7 @@ void MasterServer::FinishJobLocked(const std::string& state, const std::string& 
   job_message_ = message;
   end_time_ = clock_->Now();
   SampleHistoryLocked(/*force=*/true);  // the end of the charts
-  LogEventLocked("job_state", absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
+  sink_->Event("job_state", absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
   if (state == "failed") LOG(ERROR) << "job failed: " << message;
   PersistLocked();  // (synced by the caller's AwaitPersisted, or the next tick)
   if (!options_.summary_path.empty()) {
@@ -1729,8 +1667,8 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_security(options_.security.plaintext                   ? options_.security.ModeString()
                   : options_.config.security.encrypt_data_plane ? "mtls, data plane sealed"
                                                                 : "mtls");
-  if (audit_ != nullptr) {
-    const storage::AuditHead head = audit_->head();  // (a leaf lock)
+  if (sink_->auditing()) {
+    const storage::AuditHead head = sink_->audit_head();  // (a leaf lock)
     js.set_audit_records(head.seq);
     js.set_audit_head(head.hash);
   }

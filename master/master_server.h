@@ -21,6 +21,7 @@
 #include "common/metrics.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
+#include "master/event_sink.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
 #include "proto/strata.grpc.pb.h"
@@ -163,14 +164,10 @@ class MasterServer {
   void RecoverLostPartitions() ABSL_LOCKS_EXCLUDED(mu_);
   void ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
   // A cluster event: in the job's event list (status, summary), logged, and
-  // in the event log.
-  // `node`: the node it is about, when one is.
+  // in the event log and the audit log (sink_->Event alone puts it in those
+  // two only). `node`: the node it is about, when one is.
   void EventLocked(const std::string& what, const char* kind = "event",
                    const proto::NodeInfo* node = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One line of the event log only (options_.event_log): {"unix_ms", "time",
-  // "job", "kind", "message", and "role", "index", "node" when given}.
-  void LogEventLocked(const char* kind, const std::string& what,
-                      const proto::NodeInfo* node = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The state log (docs/reliability.md). PersistLocked queues a record of
   // the state when it changed since the last one queued, and returns the
   // ticket of the newest record queued (0: no state directory); the state
@@ -359,20 +356,11 @@ class MasterServer {
   bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
 
   MetricsRegistry metrics_;
-  // Event-log lines made under mu_, appended to the file by
-  // FlushEventLog without it (a slow disk never holds up the RPCs).
-  absl::Mutex file_mu_;  // the writer's, held while the file is written
-  absl::Mutex event_mu_ ABSL_ACQUIRED_AFTER(mu_, file_mu_);
-  std::string pending_events_ ABSL_GUARDED_BY(event_mu_);
-  std::unique_ptr<storage::AuditLog> audit_;  // null without options_.audit_log
-  // Audit records of the cluster's events, made under mu_ and appended
-  // (each synced) by FlushEventLog.
-  std::vector<std::pair<storage::AuditRecord, absl::Time>> pending_audit_
-      ABSL_GUARDED_BY(event_mu_);
-  bool event_log_failed_ ABSL_GUARDED_BY(file_mu_) = false;  // warned once
-  void FlushEventLog() ABSL_LOCKS_EXCLUDED(mu_, event_mu_, file_mu_);
-  // Appends an audit record now (synced), outside mu_. A failure to write
-  // it is logged (the action has happened).
+  // The event log and the audit log (master/event_sink.h): posted to under
+  // any lock, written by the sink's own thread.
+  std::unique_ptr<EventSink> sink_;
+  // Appends an audit record, and returns once it is written (synced). A
+  // failure to write it is logged (the action has happened).
   void Audit(const std::string& who, const std::string& from, const std::string& action,
              const std::string& target, const std::string& result, const std::string& detail)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,10 +1,5 @@
 #include "master/state_log.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 
@@ -15,28 +10,28 @@
 
 namespace strata::master {
 
-absl::StatusOr<std::unique_ptr<StateDirLock>> StateDirLock::Acquire(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrCat(dir, ": ", std::strerror(errno)));
+absl::StatusOr<std::unique_ptr<StateDirLock>> StateDirLock::Acquire(storage::FileSystem* fs,
+                                                                    const std::string& dir) {
+  if (absl::Status s = fs->CreateDirs(dir); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("state directory: ", s.message()));
   }
-  const std::string path = dir + "/LOCK";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
-  if (fd < 0) return absl::FailedPreconditionError(absl::StrCat(path, ": ", std::strerror(errno)));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char holder[32] = {0};
-    (void)!::pread(fd, holder, sizeof(holder) - 1, 0);
-    ::close(fd);
+  absl::StatusOr<std::unique_ptr<storage::FileLock>> lock =
+      fs->LockFile(storage::JoinPath(dir, "LOCK"));
+  if (absl::IsFailedPrecondition(lock.status())) {
+    // ("lock D/LOCK: held by pid N")
+    const absl::string_view m = lock.status().message();
+    const size_t by = m.find(": held by pid ");
     return absl::FailedPreconditionError(
-        absl::StrCat(path, ": held by another strata-master (pid ", holder,
+        absl::StrCat(m.substr(0, by), ": held by another strata-master (pid ",
+                     by == absl::string_view::npos ? "unknown" : m.substr(by + 14),
                      "); two masters never act on one state directory"));
   }
-  const std::string pid = std::to_string(::getpid());
-  (void)!::ftruncate(fd, 0);
-  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
-  return std::unique_ptr<StateDirLock>(new StateDirLock(fd));
+  if (!lock.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state directory: ", lock.status().message()));
+  }
+  return std::unique_ptr<StateDirLock>(new StateDirLock(*std::move(lock)));
 }
-
-StateDirLock::~StateDirLock() { ::close(fd_); }  // (closing releases the lock)
 
 std::string EncodeStateRecord(const proto::MasterState& state) {
   const std::string bytes = state.SerializeAsString();

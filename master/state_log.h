@@ -60,21 +60,22 @@ class StateLog {
   uint64_t seq_ = 0;  // of the last record written
 };
 
-// Holds DIR/LOCK (flock, with this process's pid in it) while it lives, so
-// that two masters never act on one state directory (docs/reliability.md).
-// Creates DIR when missing. FailedPrecondition naming the lock file and the
-// holder's pid when another process holds it; the errno otherwise.
-// Not thread-safe; one per process.
+// Holds DIR/LOCK (FileSystem::LockFile: flock, with this process's pid in
+// it) while it lives, so that two masters never act on one state directory
+// (docs/reliability.md). Creates DIR when missing. FailedPrecondition naming
+// the lock file and the holder's pid when another process holds it, and
+// naming what failed otherwise. Not thread-safe; one per process.
 class StateDirLock {
  public:
-  static absl::StatusOr<std::unique_ptr<StateDirLock>> Acquire(const std::string& dir);
-  ~StateDirLock();
+  // `fs` is borrowed; the lock does not need it after Acquire.
+  static absl::StatusOr<std::unique_ptr<StateDirLock>> Acquire(storage::FileSystem* fs,
+                                                               const std::string& dir);
   StateDirLock(const StateDirLock&) = delete;
   StateDirLock& operator=(const StateDirLock&) = delete;
 
  private:
-  explicit StateDirLock(int fd) : fd_(fd) {}
-  const int fd_;
+  explicit StateDirLock(std::unique_ptr<storage::FileLock> lock) : lock_(std::move(lock)) {}
+  const std::unique_ptr<storage::FileLock> lock_;
 };
 
 // One record's bytes, and the records in `bytes` (of file `path`, for

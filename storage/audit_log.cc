@@ -1,17 +1,12 @@
 #include "storage/audit_log.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "glog/logging.h"
 #include "storage/s3_sign.h"
 
 namespace strata::storage {
@@ -31,18 +26,6 @@ bool IsHex64(absl::string_view s) {
     if (!absl::ascii_isdigit(c) && !(c >= 'a' && c <= 'f')) return false;
   }
   return true;
-}
-
-absl::Status WriteAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(std::strerror(errno));
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -116,61 +99,55 @@ absl::StatusOr<AuditHead> VerifyAuditLog(absl::string_view contents, const std::
   return head;
 }
 
-absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-  if (fd < 0) {
+absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(FileSystem* fs, const std::string& path) {
+  absl::StatusOr<std::string> contents = fs->ReadFile(path);
+  if (absl::IsNotFound(contents.status())) contents = std::string();
+  if (!contents.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("audit log ", path, ": cannot open: ", std::strerror(errno)));
+        absl::StrCat("audit log ", path, ": cannot read: ", contents.status().message()));
   }
-  std::string contents;
-  char buf[1 << 16];
-  for (off_t at = 0;;) {
-    const ssize_t n = pread(fd, buf, sizeof(buf), at);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      close(fd);
-      return absl::UnavailableError(
-          absl::StrCat("audit log ", path, ": cannot read: ", std::strerror(e)));
-    }
-    if (n == 0) break;
-    contents.append(buf, static_cast<size_t>(n));
-    at += n;
-  }
-  absl::StatusOr<AuditHead> head = VerifyAuditLog(contents, path);
+  absl::StatusOr<AuditHead> head = VerifyAuditLog(*contents, path);
   if (!head.ok()) {
-    close(fd);
     return absl::DataLossError(absl::StrCat(
         head.status().message(),
         " (the audit log does not verify: keep it as evidence and move it aside to start a "
         "new one)"));
   }
-  return std::unique_ptr<AuditLog>(new AuditLog(path, fd, std::move(*head)));
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs->NewAppendableFile(path);
+  if (!file.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("audit log ", path, ": cannot open: ", file.status().message()));
+  }
+  return std::unique_ptr<AuditLog>(
+      new AuditLog(path, std::move(*file), contents->size(), std::move(*head)));
 }
 
-AuditLog::AuditLog(std::string path, int fd, AuditHead head)
-    : path_(std::move(path)), fd_(fd), head_(std::move(head)) {}
+AuditLog::AuditLog(std::string path, std::unique_ptr<WritableFile> file, uint64_t size,
+                   AuditHead head)
+    : path_(std::move(path)), file_(std::move(file)), size_(size), head_(std::move(head)) {}
 
 AuditLog::~AuditLog() {
   absl::MutexLock l(&mu_);
-  if (fd_ >= 0) close(fd_);
+  absl::Status s = file_->Close();
+  if (!s.ok()) LOG(WARNING) << "audit log " << path_ << ": " << s;
 }
 
 absl::Status AuditLog::Append(const AuditRecord& record, absl::Time now) {
   absl::MutexLock l(&mu_);
   std::string hash;
   const std::string line = AuditLine(record, now, head_, &hash);
-  const off_t size = lseek(fd_, 0, SEEK_END);
-  absl::Status s = WriteAll(fd_, line);
-  if (s.ok() && fdatasync(fd_) != 0) s = absl::InternalError(std::strerror(errno));
+  absl::Status s = file_->Append(line);
+  if (s.ok()) s = file_->Sync();
   if (!s.ok()) {
     // No torn record left for the next one to follow.
-    if (size >= 0 && ftruncate(fd_, size) != 0) {
-      s = absl::InternalError(absl::StrCat(s.message(), "; and cannot cut the torn record off"));
+    if (absl::Status cut = file_->Truncate(size_); !cut.ok()) {
+      s = absl::InternalError(
+          absl::StrCat(s.message(), "; and cannot cut the torn record off: ", cut.message()));
     }
     return absl::UnavailableError(
         absl::StrCat("audit log ", path_, ": cannot append: ", s.message()));
   }
+  size_ += line.size();
   ++head_.seq;
   head_.hash = std::move(hash);
   return absl::OkStatus();

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "storage/file_system.h"
 
 namespace strata::storage {
 
@@ -51,26 +52,30 @@ absl::StatusOr<AuditHead> VerifyAuditLog(absl::string_view contents, const std::
 // Thread-safe.
 class AuditLog {
  public:
-  // Opens (creating, mode 0640) the log at `path` and verifies what it
-  // holds, to carry the chain on. A log that does not verify is refused
-  // (keep it as evidence; move it aside to start a new one).
-  static absl::StatusOr<std::unique_ptr<AuditLog>> Open(const std::string& path);
+  // Opens (creating, mode 0640) the log at `path` on `fs` (borrowed; it
+  // outlives the log) and verifies what it holds, to carry the chain on. A
+  // log that does not verify is refused (keep it as evidence; move it aside
+  // to start a new one).
+  static absl::StatusOr<std::unique_ptr<AuditLog>> Open(FileSystem* fs, const std::string& path);
   ~AuditLog();
   AuditLog(const AuditLog&) = delete;
   AuditLog& operator=(const AuditLog&) = delete;
 
-  // Appends one record and syncs it to disk before returning.
+  // Appends one record and syncs it to disk before returning. A failure
+  // (Unavailable, naming the log) cuts what was written of the record off
+  // again, so the chain stays whole.
   absl::Status Append(const AuditRecord& record, absl::Time now);
 
   AuditHead head() const;
   const std::string& path() const { return path_; }
 
  private:
-  AuditLog(std::string path, int fd, AuditHead head);
+  AuditLog(std::string path, std::unique_ptr<WritableFile> file, uint64_t size, AuditHead head);
 
   const std::string path_;
   mutable absl::Mutex mu_;
-  int fd_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<WritableFile> file_ ABSL_GUARDED_BY(mu_);
+  uint64_t size_ ABSL_GUARDED_BY(mu_);  // bytes of whole records in the file
   AuditHead head_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -11,8 +11,10 @@ namespace strata::storage {
 // Forwards to the base file, asking the file system before each operation.
 class FaultyFileSystem::File : public WritableFile {
  public:
-  File(FaultyFileSystem* fs, std::string path, std::unique_ptr<WritableFile> base)
-      : fs_(fs), path_(std::move(path)), base_(std::move(base)) {}
+  // `size`: what the file holds already (appending to it).
+  File(FaultyFileSystem* fs, std::string path, std::unique_ptr<WritableFile> base,
+       uint64_t size = 0)
+      : fs_(fs), path_(std::move(path)), base_(std::move(base)), size_(size) {}
 
   absl::Status Append(absl::string_view data) override {
     STRATA_RETURN_IF_ERROR(fs_->Check(FsOp::kAppend, path_));
@@ -31,6 +33,13 @@ class FaultyFileSystem::File : public WritableFile {
     fs_->Synced(path_, size_);
     return absl::OkStatus();
   }
+  absl::Status Truncate(uint64_t size) override {
+    STRATA_RETURN_IF_ERROR(fs_->Check(FsOp::kTruncate, path_));
+    STRATA_RETURN_IF_ERROR(base_->Truncate(size));
+    size_ = std::min(size_, size);
+    fs_->Truncated(path_, size_);
+    return absl::OkStatus();
+  }
   absl::Status Close() override {
     STRATA_RETURN_IF_ERROR(fs_->Check(FsOp::kClose, path_));
     return base_->Close();
@@ -40,7 +49,7 @@ class FaultyFileSystem::File : public WritableFile {
   FaultyFileSystem* const fs_;  // outlives its files
   const std::string path_;
   const std::unique_ptr<WritableFile> base_;
-  uint64_t size_ = 0;
+  uint64_t size_;
 };
 
 void FaultyFileSystem::FailOp(FsOp op, std::string path_part, absl::Status error, int count) {
@@ -107,6 +116,12 @@ void FaultyFileSystem::Synced(const std::string& path, uint64_t size) {
   if (it != tracked_.end()) it->second.synced = size;
 }
 
+void FaultyFileSystem::Truncated(const std::string& path, uint64_t size) {
+  absl::MutexLock l(&mu_);
+  auto it = tracked_.find(path);
+  if (it != tracked_.end()) it->second.synced = std::min(it->second.synced, size);
+}
+
 absl::StatusOr<std::string> FaultyFileSystem::ReadFile(const std::string& path) {
   STRATA_RETURN_IF_ERROR(Check(FsOp::kRead, path));
   return base_->ReadFile(path);
@@ -141,6 +156,29 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultyFileSystem::NewWritableFile(
     if (!watched) t.entry_durable = existed;
   }
   return std::unique_ptr<WritableFile>(new File(this, path, std::move(f)));
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultyFileSystem::NewAppendableFile(
+    const std::string& path) {
+  STRATA_RETURN_IF_ERROR(Check(FsOp::kOpen, path));
+  const bool existed = base_->Exists(path);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, base_->NewAppendableFile(path));
+  const uint64_t size = existed ? base_->FileSize(path).value_or(0) : 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (tracked_.count(path) == 0) {
+      // What it held before we watched it is durable.
+      Tracked& t = tracked_[path];
+      t.synced = size;
+      t.entry_durable = existed;
+    }
+  }
+  return std::unique_ptr<WritableFile>(new File(this, path, std::move(f), size));
+}
+
+absl::StatusOr<std::unique_ptr<FileLock>> FaultyFileSystem::LockFile(const std::string& path) {
+  STRATA_RETURN_IF_ERROR(Check(FsOp::kLock, path));
+  return base_->LockFile(path);
 }
 
 absl::Status FaultyFileSystem::RenameFile(const std::string& from, const std::string& to) {

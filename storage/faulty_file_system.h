@@ -18,7 +18,19 @@
 
 namespace strata::storage {
 
-enum class FsOp { kRead, kOpen, kAppend, kSync, kClose, kRename, kSyncDir, kDelete, kMkdir };
+enum class FsOp {
+  kRead,
+  kOpen,  // NewWritableFile and NewAppendableFile
+  kAppend,
+  kSync,
+  kClose,
+  kTruncate,
+  kRename,
+  kSyncDir,
+  kDelete,
+  kMkdir,
+  kLock,
+};
 
 // Thread-safe. Files opened through it must be closed or destroyed before it.
 // Simplifications: deletions and new directories are durable at once; a
@@ -40,8 +52,8 @@ class FaultyFileSystem : public FileSystem {
   // been killed there. < 0: no crash.
   void CrashAfter(int64_t n);
   bool crashed() const;
-  // Write operations (open, append, sync, close, rename, sync dir, delete,
-  // mkdir) that went through so far.
+  // Write operations (open, append, sync, close, truncate, rename, sync dir,
+  // delete, mkdir, lock) that went through so far.
   int64_t write_ops() const;
   // Models the machine going down: appends not synced are lost (with
   // `torn`, the first half of them is kept, as a torn write leaves it), and
@@ -56,6 +68,8 @@ class FaultyFileSystem : public FileSystem {
   bool IsDirectory(const std::string& path) override { return base_->IsDirectory(path); }
   absl::Status CreateDirs(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override;
   absl::Status RenameFile(const std::string& from, const std::string& to) override;
   absl::Status SyncDir(const std::string& dir) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
@@ -85,6 +99,8 @@ class FaultyFileSystem : public FileSystem {
   // Bytes of an append that fit the space limit (consumes them).
   size_t Reserve(size_t n) ABSL_LOCKS_EXCLUDED(mu_);
   void Synced(const std::string& path, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  // A file cut to `size`: no more than that of it is durable.
+  void Truncated(const std::string& path, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
 
   FileSystem* const base_;
   mutable absl::Mutex mu_;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -42,6 +43,21 @@ absl::StatusOr<std::string> FileSystem::ReadFileRange(const std::string& path, u
   STRATA_ASSIGN_OR_RETURN(std::string all, ReadFile(path));
   if (offset >= all.size()) return std::string();
   return all.substr(offset, n);
+}
+
+absl::Status WritableFile::Truncate(uint64_t) {
+  return absl::UnimplementedError("this file system cannot cut a file it writes");
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FileSystem::NewAppendableFile(
+    const std::string& path) {
+  return absl::UnimplementedError(
+      absl::StrCat("append to ", path, ": this file system has no appendable files"));
+}
+
+absl::StatusOr<std::unique_ptr<FileLock>> FileSystem::LockFile(const std::string& path) {
+  return absl::UnimplementedError(
+      absl::StrCat("lock ", path, ": this file system has no file locks"));
 }
 
 absl::Status FileSystem::WriteFileAtomic(const std::string& path, absl::string_view contents) {
@@ -116,6 +132,14 @@ class PosixWritableFile : public WritableFile {
     return absl::OkStatus();
   }
 
+  absl::Status Truncate(uint64_t size) override {
+    if (fd_ < 0) return Closed();
+    if (ftruncate(fd_, static_cast<off_t>(size)) != 0) return PosixError("truncate", path_, errno);
+    // (A file opened without O_APPEND writes at its offset.)
+    if (lseek(fd_, static_cast<off_t>(size), SEEK_SET) < 0) return PosixError("seek", path_, errno);
+    return absl::OkStatus();
+  }
+
   absl::Status Close() override {
     if (fd_ < 0) return absl::OkStatus();
     const int rc = CloseRetryingIntr(fd_);
@@ -130,6 +154,17 @@ class PosixWritableFile : public WritableFile {
   }
   const std::string path_;
   int fd_;
+};
+
+// flock(2) on an open descriptor: released by close, or by the process's
+// death.
+class PosixFileLock : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override { close(fd_); }
+
+ private:
+  const int fd_;
 };
 
 // POSIX file system. Thread-safe: holds no state.
@@ -231,6 +266,36 @@ class PosixFileSystem : public FileSystem {
     int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return PosixError("open", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
+      const std::string& path) override {
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0) return PosixError("open", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0) return PosixError("open", path, errno);
+    // (An flock is per open file description: a second LockFile in this
+    // process conflicts too.)
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char holder[32] = {0};
+      const ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+      close(fd);
+      if (err != EWOULDBLOCK) return PosixError("lock", path, err);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "lock ", path, ": held by pid ", n > 0 ? absl::string_view(holder) : "(unknown)"));
+    }
+    const std::string pid = std::to_string(getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+      const int err = errno;
+      close(fd);
+      return PosixError("write the pid into", path, err);
+    }
+    return std::unique_ptr<FileLock>(new PosixFileLock(fd));
   }
 
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
@@ -347,6 +412,32 @@ class MemoryFileSystem : public FileSystem {
     return std::unique_ptr<WritableFile>(new File(this, path));
   }
 
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
+      const std::string& path) override {
+    if (path.empty() || path.back() == '/') {
+      return absl::InvalidArgumentError(absl::StrCat("open ", path, ": Is a directory"));
+    }
+    absl::MutexLock lock(&mu_);
+    if (IsDirLocked(path)) {
+      return absl::FailedPreconditionError(absl::StrCat("open ", path, ": Is a directory"));
+    }
+    files_[path];  // (created when missing, kept otherwise)
+    return std::unique_ptr<WritableFile>(new File(this, path));
+  }
+
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    absl::MutexLock lock(&mu_);
+    if (IsDirLocked(path)) {
+      return absl::FailedPreconditionError(absl::StrCat("lock ", path, ": Is a directory"));
+    }
+    const std::string pid = std::to_string(getpid());
+    if (!locked_.insert(path).second) {
+      return absl::FailedPreconditionError(absl::StrCat("lock ", path, ": held by pid ", pid));
+    }
+    files_[path] = pid;
+    return std::unique_ptr<FileLock>(new Lock(this, path));
+  }
+
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
     absl::MutexLock lock(&mu_);
     auto it = files_.find(from);
@@ -422,6 +513,15 @@ class MemoryFileSystem : public FileSystem {
       return absl::OkStatus();
     }
     absl::Status Sync() override { return absl::OkStatus(); }
+    absl::Status Truncate(uint64_t size) override {
+      if (closed_) {
+        return absl::FailedPreconditionError(absl::StrCat("truncate ", path_, ": file is closed"));
+      }
+      absl::MutexLock lock(&fs_->mu_);
+      std::string& data = fs_->files_[path_];
+      if (size < data.size()) data.resize(size);
+      return absl::OkStatus();
+    }
     absl::Status Close() override {
       closed_ = true;
       return absl::OkStatus();
@@ -431,6 +531,19 @@ class MemoryFileSystem : public FileSystem {
     MemoryFileSystem* const fs_;  // outlives its files
     const std::string path_;
     bool closed_ = false;
+  };
+
+  class Lock : public FileLock {
+   public:
+    Lock(MemoryFileSystem* fs, std::string path) : fs_(fs), path_(std::move(path)) {}
+    ~Lock() override {
+      absl::MutexLock lock(&fs_->mu_);
+      fs_->locked_.erase(path_);
+    }
+
+   private:
+    MemoryFileSystem* const fs_;  // outlives its locks
+    const std::string path_;
   };
 
   // True when `path` was created by CreateDirs, is a parent of one that
@@ -450,6 +563,7 @@ class MemoryFileSystem : public FileSystem {
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> locked_ ABSL_GUARDED_BY(mu_);  // paths a Lock holds
 };
 
 }  // namespace

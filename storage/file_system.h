@@ -26,6 +26,17 @@ class WritableFile {
   virtual absl::Status Sync() = 0;
   // Idempotent. Appending after Close is FailedPrecondition.
   virtual absl::Status Close() = 0;
+  // Cuts the file to its first `size` bytes (a torn record off the end) and
+  // appends carry on from there. The default is Unimplemented (an object
+  // store's upload cannot be cut).
+  virtual absl::Status Truncate(uint64_t size);
+};
+
+// An exclusive lock on a file, from FileSystem::LockFile; released when it
+// is destroyed (or when the process dies).
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
 };
 
 // Implementations are thread-safe. Errors name the path and, for the POSIX
@@ -51,6 +62,16 @@ class FileSystem {
   // durable only after SyncDir of the parent.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path) = 0;
+  // Opens `path` to append to what it holds, creating it (empty) when
+  // missing. The default is Unimplemented (an object store has no appends).
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path);
+  // Takes an exclusive lock on the file `path` (creating it), held while the
+  // returned lock lives, and writes this process's pid into it. Another
+  // holder, in this process or another, makes it FailedPrecondition naming
+  // the file and the holder's pid ("lock /d/LOCK: held by pid 123"). Locks
+  // are advisory: only other LockFile calls see them. The default is
+  // Unimplemented.
+  virtual absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path);
   // Atomically replaces `to` with the file `from` (rename(2)).
   virtual absl::Status RenameFile(const std::string& from, const std::string& to) = 0;
   // Makes the directory's entries (creations, renames, deletions) durable.

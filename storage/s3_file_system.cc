@@ -393,6 +393,15 @@ class RoutingFileSystem : public FileSystem {
     STRATA_ASSIGN_OR_RETURN(FileSystem * fs, For(path));
     return fs->NewWritableFile(path);
   }
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
+      const std::string& path) override {
+    STRATA_ASSIGN_OR_RETURN(FileSystem * fs, For(path));
+    return fs->NewAppendableFile(path);
+  }
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    STRATA_ASSIGN_OR_RETURN(FileSystem * fs, For(path));
+    return fs->LockFile(path);
+  }
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
     if (IsS3Path(from) != IsS3Path(to)) {
       return absl::InvalidArgumentError(

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/faulty_file_system.h"
 #include "storage/file_system.h"
 #include "tests/testing/status_matchers.h"
 
@@ -108,19 +109,36 @@ namespace {
 // lets go.
 TEST(StateDirLockTest, OneHolderAtATime) {
   const std::string dir = ::testing::TempDir() + "/state_dir_lock_test";
-  auto first = StateDirLock::Acquire(dir);
+  auto fs = storage::NewPosixFileSystem();
+  auto first = StateDirLock::Acquire(fs.get(), dir);
   ASSERT_THAT(first.status(), IsOk());
   EXPECT_THAT(
-      StateDirLock::Acquire(dir).status(),
+      StateDirLock::Acquire(fs.get(), dir).status(),
       StatusIs(absl::StatusCode::kFailedPrecondition,
                AllOf(HasSubstr(dir + "/LOCK"), HasSubstr("held by another strata-master (pid " +
                                                          std::to_string(::getpid()) + ")"))));
   first->reset();
-  EXPECT_THAT(StateDirLock::Acquire(dir).status(), IsOk());
+  EXPECT_THAT(StateDirLock::Acquire(fs.get(), dir).status(), IsOk());
+}
+
+// The lock goes through the file-system seam, so a test can fail it.
+TEST(StateDirLockTest, AFailedLockIsAnErrorNamingIt) {
+  auto mem = storage::NewMemoryFileSystem();
+  storage::FaultyFileSystem fs(mem.get());
+  fs.FailOp(storage::FsOp::kLock, "LOCK", absl::PermissionDeniedError("lock /s/LOCK: denied"));
+  EXPECT_THAT(StateDirLock::Acquire(&fs, "/s").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lock /s/LOCK: denied")));
+  fs.ClearFaults();
+  auto first = StateDirLock::Acquire(&fs, "/s");
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_THAT(StateDirLock::Acquire(&fs, "/s").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("/s/LOCK: held by another strata-master")));
 }
 
 TEST(StateDirLockTest, ADirectoryThatCannotBeMadeIsAnErrorNamingIt) {
-  EXPECT_THAT(StateDirLock::Acquire("/proc/strata-no-such/state").status(),
+  auto fs = storage::NewPosixFileSystem();
+  EXPECT_THAT(StateDirLock::Acquire(fs.get(), "/proc/strata-no-such/state").status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("/proc/strata-no-such")));
 }
 

@@ -13,6 +13,8 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/faulty_file_system.h"
+#include "storage/file_system.h"
 
 namespace strata::storage {
 namespace {
@@ -40,7 +42,7 @@ class AuditLogTest : public ::testing::Test {
   }
   // A log of n records.
   std::vector<std::string> MakeLog(int n) {
-    auto log = AuditLog::Open(path_);
+    auto log = AuditLog::Open(fs_.get(), path_);
     EXPECT_TRUE(log.ok()) << log.status();
     for (int i = 0; i < n; ++i) {
       AuditRecord r{absl::StrCat("operator:node", i),
@@ -53,6 +55,7 @@ class AuditLogTest : public ::testing::Test {
     }
     return absl::StrSplit(Read(path_), '\n', absl::SkipEmpty());
   }
+  std::unique_ptr<FileSystem> fs_ = NewPosixFileSystem();
   std::string path_;
 };
 
@@ -86,7 +89,7 @@ TEST_F(AuditLogTest, RecordsChainAndVerify) {
 TEST_F(AuditLogTest, AReopenedLogCarriesTheChainOn) {
   MakeLog(3);
   {
-    auto log = AuditLog::Open(path_);
+    auto log = AuditLog::Open(fs_.get(), path_);
     ASSERT_TRUE(log.ok()) << log.status();
     EXPECT_EQ((*log)->head().seq, 3u);
     ASSERT_TRUE(
@@ -147,10 +150,51 @@ TEST_F(AuditLogTest, OpenRefusesALogThatDoesNotVerify) {
   std::vector<std::string> lines = MakeLog(3);
   lines.erase(lines.begin());
   Write(path_, absl::StrJoin(lines, "\n") + "\n");
-  auto log = AuditLog::Open(path_);
+  auto log = AuditLog::Open(fs_.get(), path_);
   EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(log.status().message(),
               AllOf(HasSubstr(path_ + ":1: seq 2 where 1 was due"), HasSubstr("move it aside")));
+}
+
+// A disk that fills mid-record, or an fsync that fails: the append is
+// refused and what was written of it is cut off, so the chain stays whole and
+// the next record follows the last good one.
+TEST(AuditLogFaultTest, AFailedAppendLeavesNoTornRecord) {
+  std::unique_ptr<FileSystem> mem = NewMemoryFileSystem();
+  FaultyFileSystem fs(mem.get());
+  const std::string path = "/logs/audit.jsonl";
+  auto log = AuditLog::Open(&fs, path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  const AuditRecord r{"operator:alice", "ipv4:10.0.0.1:5000", "drain", "worker 1", "ok", ""};
+  ASSERT_TRUE((*log)->Append(r, absl::FromUnixMillis(1764590000000)).ok());
+
+  fs.SetSpaceLimit(10);  // part of the next line fits
+  absl::Status full = (*log)->Append(r, absl::FromUnixMillis(1764590000001));
+  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(full.message(), AllOf(HasSubstr("audit log /logs/audit.jsonl: cannot append"),
+                                    HasSubstr("No space left")));
+  fs.ClearFaults();
+  fs.FailOp(FsOp::kSync, "audit", absl::DataLossError("fsync: Input/output error"), 1);
+  EXPECT_EQ((*log)->Append(r, absl::FromUnixMillis(1764590000002)).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*log)->head().seq, 1u);
+  auto head = VerifyAuditLog(*mem->ReadFile(path), path);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->seq, 1u);
+
+  ASSERT_TRUE((*log)->Append(r, absl::FromUnixMillis(1764590000003)).ok());
+  head = VerifyAuditLog(*mem->ReadFile(path), path);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->seq, 2u);
+}
+
+TEST(AuditLogFaultTest, AnUnopenableLogIsUnavailable) {
+  std::unique_ptr<FileSystem> mem = NewMemoryFileSystem();
+  FaultyFileSystem fs(mem.get());
+  fs.FailOp(FsOp::kOpen, "audit", absl::PermissionDeniedError("open: Permission denied"));
+  auto log = AuditLog::Open(&fs, "/logs/audit.jsonl");
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(log.status().message(), HasSubstr("audit log /logs/audit.jsonl: cannot open"));
 }
 
 }  // namespace

@@ -78,6 +78,31 @@ TEST_F(FaultyFileSystemTest, FailedSyncReturnsTheErrorAndMakesNothingDurable) {
   EXPECT_EQ(Contents("/d/f"), "abc");
 }
 
+// An appendable file: what it held is durable, what is appended after it only
+// once synced; a cut also cuts what is durable.
+TEST_F(FaultyFileSystemTest, AppendableFilesKeepTheirDurablePart) {
+  ASSERT_THAT(base_->WriteFileAtomic("/d/log", "old\n"), IsOk());
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_.NewAppendableFile("/d/log"));
+  ASSERT_THAT(f->Append("new\n"), IsOk());
+  fs_.FailOp(FsOp::kTruncate, "/d/log", absl::InternalError("injected truncate error"), 1);
+  EXPECT_THAT(f->Truncate(4),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("injected truncate error")));
+  ASSERT_THAT(f->Truncate(4), IsOk());
+  ASSERT_THAT(f->Append("x"), IsOk());
+  ASSERT_THAT(f->Sync(), IsOk());
+  ASSERT_THAT(f->Append("lost"), IsOk());
+  EXPECT_EQ(Contents("/d/log"), "old\nxlost");
+  fs_.DropUnsyncedData();
+  EXPECT_EQ(Contents("/d/log"), "old\nx");
+}
+
+TEST_F(FaultyFileSystemTest, FailedLockIsTheInjectedError) {
+  fs_.FailOp(FsOp::kLock, "LOCK", absl::PermissionDeniedError("injected lock error"), 1);
+  EXPECT_THAT(fs_.LockFile("/d/LOCK").status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("injected lock error")));
+  EXPECT_THAT(fs_.LockFile("/d/LOCK").status(), IsOk());
+}
+
 TEST_F(FaultyFileSystemTest, FailedRenameLeavesTheSourceInPlace) {
   ASSERT_THAT(fs_.WriteFileAtomic("/d/a", "A"), IsOk());
   fs_.FailOp(FsOp::kRename, "/d/", absl::PermissionDeniedError("injected rename error"));

@@ -21,6 +21,7 @@ namespace {
 
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -338,6 +339,48 @@ TEST_P(FileSystemTest, WriteFileAtomicLeavesNoTempFileInTheDirectory) {
   auto names = fs_->ListDir(Path("d"));
   ASSERT_THAT(names, IsOk());
   EXPECT_THAT(*names, ElementsAre("x"));
+}
+
+TEST_P(FileSystemTest, AnAppendableFileKeepsWhatTheFileHeldAndCanBeCut) {
+  const std::string path = Path("log");
+  {
+    STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_->NewAppendableFile(path));
+    ASSERT_THAT(f->Append("one\n"), IsOk());
+    ASSERT_THAT(f->Close(), IsOk());
+  }
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_->NewAppendableFile(path));
+  ASSERT_THAT(f->Append("two\n"), IsOk());
+  ASSERT_THAT(f->Sync(), IsOk());
+  EXPECT_EQ(*fs_->ReadFile(path), "one\ntwo\n");
+  // A torn record cut off; the next append follows what is left.
+  ASSERT_THAT(f->Append("thr"), IsOk());
+  ASSERT_THAT(f->Truncate(8), IsOk());
+  ASSERT_THAT(f->Append("three\n"), IsOk());
+  ASSERT_THAT(f->Close(), IsOk());
+  EXPECT_EQ(*fs_->ReadFile(path), "one\ntwo\nthree\n");
+  EXPECT_THAT(f->Truncate(0), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_P(FileSystemTest, TruncateOfAWritableFileMovesItsEnd) {
+  const std::string path = Path("f");
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> f, fs_->NewWritableFile(path));
+  ASSERT_THAT(f->Append("abcdef"), IsOk());
+  ASSERT_THAT(f->Truncate(2), IsOk());
+  ASSERT_THAT(f->Append("XY"), IsOk());
+  ASSERT_THAT(f->Close(), IsOk());
+  EXPECT_EQ(*fs_->ReadFile(path), "abXY");
+}
+
+TEST_P(FileSystemTest, OneLockHolderAtATime) {
+  const std::string path = Path("LOCK");
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileLock> lock, fs_->LockFile(path));
+  EXPECT_EQ(*fs_->ReadFile(path), std::to_string(getpid()));
+  EXPECT_THAT(fs_->LockFile(path).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("lock " + path),
+                             HasSubstr("held by pid " + std::to_string(getpid())))));
+  lock.reset();
+  EXPECT_THAT(fs_->LockFile(path).status(), IsOk());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFileSystems, FileSystemTest,

@@ -500,7 +500,8 @@ TEST(CliTest, AuditVerifyChecksTheChainAndNamesTheBrokenLine) {
   const std::string path = ::testing::TempDir() + "/cli_test_audit.jsonl";
   std::remove(path.c_str());
   {
-    auto log = storage::AuditLog::Open(path);
+    std::unique_ptr<storage::FileSystem> fs = storage::NewPosixFileSystem();
+    auto log = storage::AuditLog::Open(fs.get(), path);
     ASSERT_TRUE(log.ok()) << log.status();
     for (int i = 0; i < 3; ++i) {
       ASSERT_TRUE(

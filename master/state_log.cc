@@ -15,15 +15,14 @@ absl::StatusOr<std::unique_ptr<StateDirLock>> StateDirLock::Acquire(storage::Fil
   if (absl::Status s = fs->CreateDirs(dir); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("state directory: ", s.message()));
   }
-  absl::StatusOr<std::unique_ptr<storage::FileLock>> lock =
-      fs->LockFile(storage::JoinPath(dir, "LOCK"));
+  const std::string path = storage::JoinPath(dir, "LOCK");
+  absl::StatusOr<std::unique_ptr<storage::FileLock>> lock = fs->LockFile(path);
   if (absl::IsFailedPrecondition(lock.status())) {
-    // ("lock D/LOCK: held by pid N")
-    const absl::string_view m = lock.status().message();
-    const size_t by = m.find(": held by pid ");
+    // The holder wrote its pid into the file.
+    const absl::StatusOr<std::string> holder = fs->ReadFile(path);
     return absl::FailedPreconditionError(
-        absl::StrCat(m.substr(0, by), ": held by another strata-master (pid ",
-                     by == absl::string_view::npos ? "unknown" : m.substr(by + 14),
+        absl::StrCat(path, ": held by another strata-master (pid ",
+                     holder.ok() && !holder->empty() ? *holder : "unknown",
                      "); two masters never act on one state directory"));
   }
   if (!lock.ok()) {

@@ -159,7 +159,11 @@ TEST_F(CheckpointClusterTest, TheMasterCheckpointsEveryIntervalWhileTrainingGoes
 }
 
 TEST_F(CheckpointClusterTest, BadCheckpointsAreRefusedNamingTheFile) {
-  const JobConfig config = Config(Consistency::kBsp);
+  JobConfig config = Config(Consistency::kBsp);
+  // Each checkpoint writes its own files: an incremental one would share a
+  // partition that did not change in between (a loaded machine may not
+  // step between the two), and damaging it would damage both.
+  config.checkpoint.incremental = false;
   {
     STRATA_ASSERT_OK_AND_ASSIGN(auto cluster, StartCluster(config));
     cluster->RunWorkers();

@@ -345,6 +345,7 @@ MasterServer::MasterServer(MasterOptions options, int64_t num_records,
                               options_.config.job.epochs, options_.config.job.seed,
                               absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))) {
   absl::MutexLock l(&mu_);
+  if (!options_.state_dir.empty()) tasks_.TrackChanges();  // for the state log's records
   view_.set_epoch(1);
   view_.set_seed(options_.config.job.seed);
   for (auto& t : MakeTableInfos(ModelTables(options_.config.model),
@@ -527,15 +528,13 @@ void MasterServer::Tick() {
   TakeLedger();
 }
 
-proto::MasterState MasterServer::StateLocked() const {
+proto::MasterState MasterServer::SmallStateLocked() const {
   proto::MasterState st;
   *st.mutable_view() = view_;
   st.set_next_node_id(next_node_id_);
   st.set_placed(placed_);
   st.set_job_state(job_state_);
   st.set_job_message(job_message_);
-  for (uint64_t id : tasks_.DoneIds()) st.add_tasks_done(id);
-  for (const auto& [id, node] : tasks_.Leases()) (*st.mutable_task_leases())[id] = node;
   st.set_max_last_step(max_last_step_);
   st.set_next_checkpoint_seq(next_checkpoint_seq_);
   st.set_checkpoints_done(checkpoints_done_);
@@ -544,7 +543,6 @@ proto::MasterState MasterServer::StateLocked() const {
   st.set_steps_lost(steps_lost_);
   st.set_tasks_requeued(tasks_requeued_);
   st.set_records_requeued(records_requeued_);
-  for (const std::string& e : events_) st.add_events(e);
   st.set_resumed_from_seq(resumed_from_seq_);
   st.set_samples_base(samples_base_);
   if (start_time_ != absl::InfinitePast()) st.set_start_unix_ms(ToUnixMs(start_time_));
@@ -554,17 +552,48 @@ proto::MasterState MasterServer::StateLocked() const {
   return st;
 }
 
+proto::MasterState MasterServer::StateLocked() const {
+  proto::MasterState st = SmallStateLocked();
+  for (uint64_t id : tasks_.DoneIds()) st.add_tasks_done(id);
+  for (const auto& [id, node] : tasks_.Leases()) (*st.mutable_task_leases())[id] = node;
+  for (const std::string& e : events_) st.add_events(e);
+  return st;
+}
+
 uint64_t MasterServer::PersistLocked() {
   if (options_.state_dir.empty()) return 0;
-  proto::MasterState st = StateLocked();
-  std::string bytes = st.SerializeAsString();
+  // What changed since the last record: O(nodes + changes), never O(tasks)
+  // (only the first record is the whole state).
+  proto::MasterState st = SmallStateLocked();
+  std::string view = st.view().SerializeAsString();
+  st.clear_view();
+  std::string small = st.SerializeAsString();
+  TaskScheduler::Changes changes = tasks_.TakeChanges();
   absl::MutexLock l(&persist_mu_);
-  if (bytes != queued_bytes_) {
-    queued_ = std::move(st);
-    queued_bytes_ = std::move(bytes);
-    ++queued_seq_;
+  const bool changed = record_whole_ || rerecord_ || !changes.empty() ||
+                       events_.size() != events_recorded_ || view != recorded_view_ ||
+                       small != recorded_small_;
+  if (!changed) return queued_seq_;
+  if (record_whole_) {
+    st = StateLocked();
+  } else {
+    st.set_delta(true);
+    if (view != recorded_view_) {
+      *st.mutable_view() = view_;
+      for (auto& n : *st.mutable_view()->mutable_members()) n.clear_last_heartbeat_unix_ms();
+    }
+    for (uint64_t id : changes.done) st.add_tasks_done(id);
+    for (const auto& [id, node] : changes.leased) (*st.mutable_task_leases())[id] = node;
+    for (uint64_t id : changes.ended) st.add_leases_ended(id);
+    for (size_t i = events_recorded_; i < events_.size(); ++i) st.add_events(events_[i]);
   }
-  return queued_seq_;
+  record_whole_ = false;
+  rerecord_ = false;
+  recorded_view_ = std::move(view);
+  recorded_small_ = std::move(small);
+  events_recorded_ = events_.size();
+  queued_.push_back(std::move(st));
+  return ++queued_seq_;
 }
 
 absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
@@ -576,18 +605,17 @@ absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
         proto::REASON_NOT_PERSISTED);
   };
   absl::MutexLock w(&write_mu_);
-  proto::MasterState st;
+  std::vector<proto::MasterState> records;
   uint64_t seq = 0;
   {
     absl::MutexLock l(&persist_mu_);
     if (durable_seq_ >= ticket) return absl::OkStatus();
-    if (failed_seq_ >= ticket || !queued_.has_value()) return refused(persist_error_);
-    st = std::move(*queued_);
-    queued_.reset();
+    if (failed_seq_ >= ticket || queued_.empty()) return refused(persist_error_);
+    records.swap(queued_);
     seq = queued_seq_;
   }
   absl::Status s = state_log_ == nullptr ? absl::InternalError("no state log")
-                                         : state_log_->Append(std::move(st));
+                                         : state_log_->Append(std::move(records));
   absl::MutexLock l(&persist_mu_);
   if (s.ok()) {
     durable_seq_ = std::max(durable_seq_, seq);
@@ -597,7 +625,7 @@ absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
                          << "; answering UNAVAILABLE until it can";
   failed_seq_ = std::max(failed_seq_, seq);
   persist_error_ = s;
-  queued_bytes_.clear();  // the next change, or a retry, queues the state again
+  rerecord_ = true;  // the next change, or a retry, queues a record again
   return refused(s);
 }
 
@@ -1361,6 +1389,10 @@ proto::ClusterView MasterServer::View() {
 
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     const proto::LeaseTaskRequest& req) {
+  // The update ledger is read before anyone evaluates, so that the summary
+  // written at the end has it (the background tick takes it too, but an
+  // evaluation may end before its next turn).
+  TakeLedger();
   uint64_t ticket = 0;
   absl::StatusOr<proto::LeaseTaskResponse> r = LeaseTaskUnpersisted(req, &ticket);
   STRATA_RETURN_IF_ERROR(AwaitPersisted(ticket));  // before the worker hears of its task
@@ -1438,7 +1470,10 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
     BumpEpochLocked();
   }
   UpdateJobStateLocked();
-  if (job_state_ == "evaluating" && !final_checkpoint_pending_) {
+  // The evaluation waits for the ledger (a moment: LeaseTask reads it),
+  // unless the pservers do not answer for it within 10 s.
+  const bool ledger_or_late = ledger_taken_ || clock_->Now() - train_end_time_ > absl::Seconds(10);
+  if (job_state_ == "evaluating" && !final_checkpoint_pending_ && ledger_or_late) {
     proto::NodeInfo* ev = evaluator_ ? FindNodeLocked(evaluator_) : nullptr;
     if (ev == nullptr || Gone(*ev)) evaluator_ = n->id();
     if (evaluator_ == n->id()) {

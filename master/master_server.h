@@ -169,15 +169,16 @@ class MasterServer {
   void EventLocked(const std::string& what, const char* kind = "event",
                    const proto::NodeInfo* node = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The state log (docs/reliability.md). PersistLocked queues a record of
-  // the state when it changed since the last one queued, and returns the
-  // ticket of the newest record queued (0: no state directory); the state
-  // the caller saw is durable once that record is. AwaitPersisted(ticket),
-  // called without mu_, returns once it is synced: it writes and syncs the
-  // newest queued record itself unless another caller already did (group
-  // commit; every record holds the whole state, so the ones before it need
-  // not be written). When the disk refuses, it is UNAVAILABLE with
-  // REASON_NOT_PERSISTED: nothing may be acknowledged, and the caller
-  // retries. No disk write is ever done under mu_.
+  // what changed since the last record queued (the whole state for the
+  // first one), when something did, and returns the ticket of the newest
+  // record queued (0: no state directory); the state the caller saw is
+  // durable once that record is. AwaitPersisted(ticket), called without
+  // mu_, returns once it is synced: it writes and syncs all the records
+  // queued itself unless another caller already did (group commit). When
+  // the disk refuses, it is UNAVAILABLE with REASON_NOT_PERSISTED: nothing
+  // may be acknowledged, and the caller retries (its retry queues a record
+  // again, and the state log then writes the whole state). No disk write
+  // is ever done under mu_.
   uint64_t PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(persist_mu_);
   absl::Status AwaitPersisted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_, write_mu_, persist_mu_);
   // The bodies of the RPCs that change the state: each sets *ticket to its
@@ -191,7 +192,10 @@ class MasterServer {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<proto::DrainResponse> DrainUnpersisted(const proto::DrainRequest& req,
                                                         uint64_t* ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // The whole state; and its small part (no tasks, leases or events:
+  // O(nodes), not O(tasks)).
   proto::MasterState StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  proto::MasterState SmallStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A restarted master takes up `state` (replayed from its state directory).
   void RestoreLocked(const proto::MasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::NodeInfo* FindNodeLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -313,12 +317,18 @@ class MasterServer {
   // never together with mu_.
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
   std::unique_ptr<StateLog> state_log_ ABSL_GUARDED_BY(write_mu_);
+  // What the last record queued said (PersistLocked's baseline): the
+  // first record is the whole state.
+  bool record_whole_ ABSL_GUARDED_BY(mu_) = true;
+  std::string recorded_view_ ABSL_GUARDED_BY(mu_);   // serialized
+  std::string recorded_small_ ABSL_GUARDED_BY(mu_);  // the rest of SmallStateLocked, serialized
+  size_t events_recorded_ ABSL_GUARDED_BY(mu_) = 0;
   // Records queued for the writer. A leaf lock, taken under mu_ or
   // write_mu_ for a moment.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::optional<proto::MasterState> queued_ ABSL_GUARDED_BY(persist_mu_);  // not written yet
-  std::string queued_bytes_ ABSL_GUARDED_BY(persist_mu_);    // serialized, the newest queued
-  uint64_t queued_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // its ticket
+  std::vector<proto::MasterState> queued_ ABSL_GUARDED_BY(persist_mu_);  // not written yet
+  bool rerecord_ ABSL_GUARDED_BY(persist_mu_) = false;       // a write failed: queue one again
+  uint64_t queued_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // the newest one's ticket
   uint64_t durable_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;    // newest ticket synced
   uint64_t failed_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // newest ticket refused by the disk
   absl::Status persist_error_ ABSL_GUARDED_BY(persist_mu_);  // why

@@ -1,7 +1,9 @@
 #include "master/state_log.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
@@ -75,9 +77,35 @@ StateRecords DecodeStateRecords(const std::string& path, absl::string_view bytes
   return r;
 }
 
+void ApplyStateRecord(proto::MasterState record, proto::MasterState* state) {
+  if (!record.delta()) {
+    *state = std::move(record);
+    return;
+  }
+  // The record's small fields are whole; the state's tasks, leases and
+  // events are carried over (swapped, not copied) and the changes applied.
+  proto::MasterState next = std::move(record);
+  next.set_delta(false);
+  if (!next.has_view()) next.mutable_view()->Swap(state->mutable_view());
+  proto::MasterState changes;
+  changes.mutable_tasks_done()->Swap(next.mutable_tasks_done());
+  changes.mutable_task_leases()->swap(*next.mutable_task_leases());
+  changes.mutable_leases_ended()->Swap(next.mutable_leases_ended());
+  changes.mutable_events()->Swap(next.mutable_events());
+  next.mutable_tasks_done()->Swap(state->mutable_tasks_done());
+  next.mutable_task_leases()->swap(*state->mutable_task_leases());
+  next.mutable_events()->Swap(state->mutable_events());
+  for (uint64_t id : changes.tasks_done()) next.add_tasks_done(id);
+  for (uint64_t id : changes.leases_ended()) next.mutable_task_leases()->erase(id);
+  for (const auto& [id, node] : changes.task_leases()) (*next.mutable_task_leases())[id] = node;
+  for (std::string& e : *changes.mutable_events()) next.add_events(std::move(e));
+  *state = std::move(next);
+}
+
 absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(storage::FileSystem* fs,
                                                          const std::string& dir,
-                                                         std::optional<proto::MasterState>* state) {
+                                                         std::optional<proto::MasterState>* state,
+                                                         Options options) {
   STRATA_RETURN_IF_ERROR(fs->CreateDirs(dir));
   state->reset();
   const std::string snapshot = storage::JoinPath(dir, "snapshot");
@@ -85,11 +113,13 @@ absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(storage::FileSystem* fs
     STRATA_ASSIGN_OR_RETURN(std::string bytes, fs->ReadFile(snapshot));
     StateRecords r = DecodeStateRecords(snapshot, bytes);
     // The snapshot is written atomically: a bad one is not a torn write.
-    if (!r.bad.empty() || r.states.size() != 1) {
-      return absl::DataLossError(absl::StrCat(
-          r.bad.empty() ? absl::StrCat(snapshot, ": ", r.states.size(), " records, expected 1")
-                        : r.bad,
-          "; move the state directory ", dir, " away to start the master afresh"));
+    if (!r.bad.empty() || r.states.size() != 1 || r.states[0].delta()) {
+      return absl::DataLossError(
+          absl::StrCat(!r.bad.empty() ? r.bad
+                       : r.states.size() != 1
+                           ? absl::StrCat(snapshot, ": ", r.states.size(), " records, expected 1")
+                           : absl::StrCat(snapshot, ": a record of changes, not a state"),
+                       "; move the state directory ", dir, " away to start the master afresh"));
     }
     *state = std::move(r.states[0]);
   }
@@ -102,18 +132,32 @@ absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(storage::FileSystem* fs
                    << " good record(s) before it)";
     }
     for (proto::MasterState& s : r.states) {
-      if (!state->has_value() || s.record_seq() > (*state)->record_seq()) *state = std::move(s);
+      const uint64_t seq = state->has_value() ? (*state)->record_seq() : 0;
+      if (s.record_seq() <= seq && state->has_value()) continue;  // in the snapshot
+      if (s.delta() && (!state->has_value() || s.record_seq() != seq + 1)) {
+        // Changes to a state that is not there: the log ends before them.
+        LOG(WARNING) << log << ": record " << s.record_seq() << " follows record " << seq
+                     << ": the log ends there";
+        break;
+      }
+      if (!state->has_value()) state->emplace();
+      ApplyStateRecord(std::move(s), &**state);
     }
   }
-  std::unique_ptr<StateLog> sl(new StateLog(fs, dir));
-  if (state->has_value()) sl->seq_ = (*state)->record_seq();
-  if (state->has_value()) STRATA_RETURN_IF_ERROR(sl->WriteSnapshot(**state));
+  std::unique_ptr<StateLog> sl(new StateLog(fs, dir, options));
+  if (state->has_value()) {
+    sl->seq_ = (*state)->record_seq();
+    sl->state_ = **state;
+    STRATA_RETURN_IF_ERROR(sl->WriteSnapshot());
+  }
   STRATA_RETURN_IF_ERROR(sl->StartLog());
   return sl;
 }
 
-absl::Status StateLog::WriteSnapshot(const proto::MasterState& state) {
-  return fs_->WriteFileAtomic(storage::JoinPath(dir_, "snapshot"), EncodeStateRecord(state));
+absl::Status StateLog::WriteSnapshot() {
+  const std::string bytes = EncodeStateRecord(state_);
+  snapshot_bytes_ = bytes.size();
+  return fs_->WriteFileAtomic(storage::JoinPath(dir_, "snapshot"), bytes);
 }
 
 absl::Status StateLog::StartLog() {
@@ -127,22 +171,43 @@ absl::Status StateLog::StartLog() {
   STRATA_ASSIGN_OR_RETURN(log_, fs_->NewWritableFile(log));
   STRATA_RETURN_IF_ERROR(log_->Sync());
   STRATA_RETURN_IF_ERROR(fs_->SyncDir(dir_));
-  records_ = 0;
+  log_bytes_ = 0;
   return absl::OkStatus();
 }
 
-absl::Status StateLog::Append(proto::MasterState state) {
-  state.set_record_seq(++seq_);
-  if (records_ >= kSnapshotEvery) {
-    STRATA_RETURN_IF_ERROR(WriteSnapshot(state));
-    return StartLog();
+absl::Status StateLog::Append(proto::MasterState record) {
+  std::vector<proto::MasterState> one;
+  one.push_back(std::move(record));
+  return Append(std::move(one));
+}
+
+absl::Status StateLog::Append(std::vector<proto::MasterState> records) {
+  if (records.empty()) return absl::OkStatus();
+  bool snapshot = broken_;
+  std::string bytes;
+  for (proto::MasterState& r : records) {
+    r.set_record_seq(++seq_);
+    if (!r.delta()) snapshot = true;  // the whole state: the records before it need not be written
+    if (!snapshot) bytes += EncodeStateRecord(r);
+    ApplyStateRecord(std::move(r), &state_);
   }
-  const std::string log = storage::JoinPath(dir_, "log");
-  absl::Status s = log_->Append(EncodeStateRecord(state));
-  if (s.ok()) s = log_->Sync();
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(log, ": ", s.message()));
-  ++records_;
-  return absl::OkStatus();
+  if (!snapshot &&
+      log_bytes_ + bytes.size() >= std::max<uint64_t>(options_.min_log_bytes, snapshot_bytes_)) {
+    snapshot = true;
+  }
+  absl::Status s;
+  if (snapshot) {
+    s = WriteSnapshot();
+    if (s.ok()) s = StartLog();
+  } else {
+    const std::string log = storage::JoinPath(dir_, "log");
+    s = log_ == nullptr ? absl::FailedPreconditionError("no log open") : log_->Append(bytes);
+    if (s.ok()) s = log_->Sync();
+    if (!s.ok()) s = absl::Status(s.code(), absl::StrCat(log, ": ", s.message()));
+    if (s.ok()) log_bytes_ += bytes.size();
+  }
+  broken_ = !s.ok();
+  return s;
 }
 
 }  // namespace strata::master

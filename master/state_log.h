@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/strata.pb.h"
@@ -15,50 +16,83 @@
 
 namespace strata::master {
 
-// Files: DIR/snapshot (one record) and DIR/log (records after it). A record
-// is [u32 length][u32 crc32c of the bytes][bytes: a proto::MasterState],
-// little-endian. Each record holds the whole state (small: the view and the
-// completed tasks) and a record_seq; the good record with the highest seq,
-// in the snapshot or the log, is the state, so a crash between writing a
-// snapshot and starting the log anew loses nothing, and a torn or corrupt
-// tail (a crash in the middle of an append) only loses that record.
+// Files: DIR/snapshot (one record: the whole state) and DIR/log (records
+// after it). A record is [u32 length][u32 crc32c of the bytes][bytes: a
+// proto::MasterState], little-endian, with a record_seq. A record is either
+// the whole state or, mostly, what changed since the record before
+// (MasterState.delta: the tasks completed, the leases given and ended, the
+// events added, the view when it changed, the small fields whole), so that
+// a completed task costs a record of O(what changed), not O(tasks).
 //
-// Not thread-safe: the master calls it under its lock.
+// Replay takes the snapshot and applies the log's records after it in
+// order (those at or below the snapshot's seq are skipped: a crash between
+// writing a snapshot and starting the log anew loses nothing); a torn or
+// corrupt tail (a crash in the middle of an append) loses only that
+// record, and replay ends at it. The log is replaced by a snapshot of the
+// state once it has grown to the snapshot's size (at least min_log_bytes),
+// so replay reads at most about twice the state, and the snapshots' cost
+// per record stays O(what changed), amortised.
+//
+// Not thread-safe: the master calls it from one writer at a time.
 class StateLog {
  public:
-  // Records per log before a snapshot replaces it.
-  static constexpr int kSnapshotEvery = 64;
+  struct Options {
+    // The log is not replaced by a snapshot before it holds this much.
+    uint64_t min_log_bytes = 1 << 20;
+  };
 
-  // Opens (creating) `dir` on `fs` (borrowed; outlives this) and reads the
-  // newest good state into *state (nullopt when there is none). A bad
-  // record ends the replay there, logged with the file and offset; a
-  // snapshot that does not parse is an error naming it. Then writes what
-  // it found as the new snapshot and starts an empty log.
+  // Opens (creating) `dir` on `fs` (borrowed; outlives this) and replays
+  // the state into *state (nullopt when there is none). A bad record ends
+  // the replay there, logged with the file and offset; a snapshot that
+  // does not parse is an error naming it. Then writes what it found as the
+  // new snapshot and starts an empty log.
   static absl::StatusOr<std::unique_ptr<StateLog>> Open(storage::FileSystem* fs,
                                                         const std::string& dir,
-                                                        std::optional<proto::MasterState>* state);
+                                                        std::optional<proto::MasterState>* state,
+                                                        Options options);
+  static absl::StatusOr<std::unique_ptr<StateLog>> Open(storage::FileSystem* fs,
+                                                        const std::string& dir,
+                                                        std::optional<proto::MasterState>* state) {
+    return Open(fs, dir, state, Options());
+  }
   StateLog(const StateLog&) = delete;
   StateLog& operator=(const StateLog&) = delete;
 
-  // Appends `state` (its record_seq set here) to the log and syncs it;
-  // every kSnapshotEvery records
-  // the snapshot is rewritten (atomically) and the log started anew.
-  // Disk errors name the file.
-  absl::Status Append(proto::MasterState state);
+  // Writes `records` (their record_seq set here), in order, and syncs once
+  // for all of them (group commit). A whole state replaces the state and is
+  // written as the snapshot, the log started anew; a delta is applied to
+  // the state and appended to the log. After a failed write, the next
+  // Append writes the whole state as the snapshot (nothing is appended
+  // after a tail that may be torn), so the records of a failed Append are
+  // durable once a later one succeeds. Disk errors name the file.
+  absl::Status Append(std::vector<proto::MasterState> records);
+  absl::Status Append(proto::MasterState record);
 
+  // The state the records so far make (what a replay would find, once
+  // they are durable).
+  const proto::MasterState& state() const { return state_; }
   const std::string& dir() const { return dir_; }
 
  private:
-  StateLog(storage::FileSystem* fs, std::string dir) : fs_(fs), dir_(std::move(dir)) {}
-  absl::Status WriteSnapshot(const proto::MasterState& state);
+  StateLog(storage::FileSystem* fs, std::string dir, Options options)
+      : fs_(fs), dir_(std::move(dir)), options_(options) {}
+  absl::Status WriteSnapshot();
   absl::Status StartLog();
 
   storage::FileSystem* const fs_;
   const std::string dir_;
+  const Options options_;
   std::unique_ptr<storage::WritableFile> log_;
-  int records_ = 0;
-  uint64_t seq_ = 0;  // of the last record written
+  proto::MasterState state_;
+  uint64_t seq_ = 0;             // of the last record
+  uint64_t log_bytes_ = 0;       // in the log since the snapshot
+  uint64_t snapshot_bytes_ = 0;  // of the last snapshot
+  bool broken_ = false;          // the last write failed
 };
+
+// Applies `delta` (a record of changes) to `state`; a record that is the
+// whole state replaces it.
+void ApplyStateRecord(proto::MasterState record, proto::MasterState* state);
 
 // Holds DIR/LOCK (FileSystem::LockFile: flock, with this process's pid in
 // it) while it lives, so that two masters never act on one state directory

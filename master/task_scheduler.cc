@@ -63,6 +63,7 @@ std::optional<proto::DataTask> TaskScheduler::Lease(uint32_t node, absl::Time no
   uint64_t id = queue_.front();
   queue_.pop_front();
   leases_[id] = LeaseInfo{node, now + lease_timeout_};
+  Touched(id);
   if (first_step.has_value()) {
     first_step_[id] = *first_step;
   } else {
@@ -100,7 +101,9 @@ absl::Status TaskScheduler::Complete(uint32_t node, uint64_t task_id, uint64_t l
         proto::REASON_LEASE_LOST);
   }
   leases_.erase(it);
+  Touched(task_id);
   completed_[task_id] = true;
+  Completed(task_id);
   last_step_[task_id] = last_step;
   if (records.has_value() && *records >= 0 && tasks_[task_id].by_bytes()) {
     reported_records_[task_id] = *records;
@@ -161,6 +164,7 @@ absl::Status TaskScheduler::Resume(const std::vector<uint64_t>& done,
     }
     if (!completed_[id]) {
       completed_[id] = true;
+      Completed(id);
       ++done_;
     }
   }
@@ -176,6 +180,7 @@ absl::Status TaskScheduler::Resume(const std::vector<uint64_t>& done,
     }
     if (records >= t.end() - t.begin() && !completed_[id]) {
       completed_[id] = true;
+      Completed(id);
       ++done_;
     }
     t.set_skip_records(std::clamp<int64_t>(records, 0, t.end() - t.begin()));
@@ -206,6 +211,7 @@ void TaskScheduler::RestoreLeases(const std::map<uint64_t, uint32_t>& leases, ab
     auto it = std::find(queue_.begin(), queue_.end(), id);
     if (it != queue_.end()) queue_.erase(it);
     leases_[id] = LeaseInfo{node, now + lease_timeout_};
+    Touched(id);
   }
 }
 
@@ -232,6 +238,7 @@ int TaskScheduler::RequeueLeases(const std::function<bool(const LeaseInfo&)>& wh
     if (which(it->second)) {
       if (ids != nullptr) ids->push_back(it->first);
       queue_.push_front(it->first);
+      Touched(it->first);
       it = leases_.erase(it);
       ++n;
     } else {
@@ -247,6 +254,21 @@ int TaskScheduler::ReleaseNode(uint32_t node, std::vector<uint64_t>* ids) {
 
 int TaskScheduler::ExpireLeases(absl::Time now) {
   return RequeueLeases([now](const LeaseInfo& l) { return l.expires <= now; }, nullptr);
+}
+
+TaskScheduler::Changes TaskScheduler::TakeChanges() {
+  Changes c;
+  c.done.swap(done_since_);
+  for (uint64_t id : leases_touched_) {
+    auto it = leases_.find(id);
+    if (it != leases_.end()) {
+      c.leased[id] = it->second.node;
+    } else {
+      c.ended.push_back(id);
+    }
+  }
+  leases_touched_.clear();
+  return c;
 }
 
 int TaskScheduler::current_epoch() const {

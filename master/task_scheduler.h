@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -67,6 +68,21 @@ class TaskScheduler {
   // Returns expired leases to the queue; their count.
   int ExpireLeases(absl::Time now);
 
+  // What changed since the last call (for the state log's records of
+  // changes, master/state_log.h): tasks completed, leases given (task ->
+  // node, the holder now), leases ended (completed or taken back). O(what
+  // changed), not O(tasks).
+  struct Changes {
+    std::vector<uint64_t> done;
+    std::map<uint64_t, uint32_t> leased;
+    std::vector<uint64_t> ended;
+    bool empty() const { return done.empty() && leased.empty() && ended.empty(); }
+  };
+  Changes TakeChanges();
+  // Changes are kept for TakeChanges from now on (not before: a master
+  // without a state log would only pile them up).
+  void TrackChanges() { track_changes_ = true; }
+
   bool AllDone() const { return done_ == tasks_.size(); }
   uint64_t total() const { return tasks_.size(); }
   uint64_t done() const { return done_; }
@@ -118,6 +134,17 @@ class TaskScheduler {
   std::deque<uint64_t> queue_;  // pending task ids
   std::map<uint64_t, LeaseInfo> leases_;
   uint64_t done_ = 0;
+  // Since the last TakeChanges: tasks completed, and tasks whose lease
+  // was given or ended.
+  bool track_changes_ = false;
+  std::vector<uint64_t> done_since_;
+  std::set<uint64_t> leases_touched_;
+  void Touched(uint64_t id) {
+    if (track_changes_) leases_touched_.insert(id);
+  }
+  void Completed(uint64_t id) {
+    if (track_changes_) done_since_.push_back(id);
+  }
 };
 
 }  // namespace strata::master

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "master/state_log.h"
 #include "proto/strata.grpc.pb.h"
 #include "storage/faulty_file_system.h"
 #include "storage/file_system.h"
@@ -641,6 +642,42 @@ TEST_F(MasterServerTest, ARestartedMasterCarriesOnFromItsStateDirectory) {
   EXPECT_EQ(master_->GetStatus().job().tasks_done(), 2u);
   // New nodes get ids after the old ones.
   EXPECT_GT(RegisterWorker(1), w);
+}
+
+// The state log records changes (master/state_log.h): after the first
+// record (the whole state), a completed task is a small record however
+// many tasks the job has, and a restart adds them up to the same state.
+TEST_F(MasterServerTest, TheStateLogRecordsChangesAndARestartAddsThemUp) {
+  options_.state_dir = "/master-state";
+  options_.config.data.task_records = 1;  // 10 tasks
+  options_.config.job.epochs = 30;        // 300
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  for (int i = 0; i < 20; ++i) {
+    auto t = Lease(w);
+    ASSERT_THAT(t, IsOk());
+    ASSERT_EQ(t->outcome(), proto::LeaseTaskResponse::TASK);
+    ASSERT_THAT(Complete(w, t->task().id(), i), IsOk());
+  }
+  auto held = Lease(w);
+  ASSERT_THAT(held, IsOk());
+  auto log = fs_->ReadFile("/master-state/log");
+  ASSERT_THAT(log, IsOk());
+  StateRecords records = DecodeStateRecords("/master-state/log", *log);
+  ASSERT_TRUE(records.bad.empty()) << records.bad;
+  ASSERT_GE(records.states.size(), 20u);
+  for (const proto::MasterState& r : records.states) {
+    EXPECT_TRUE(r.delta());
+    EXPECT_LE(r.tasks_done_size(), 1);
+    EXPECT_LE(r.task_leases_size(), 1);
+  }
+  master_.reset();
+  CreateMaster();
+  EXPECT_EQ(master_->GetStatus().job().tasks_done(), 20u);
+  auto again = Lease(w);  // the lease in flight survived
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->task().id(), held->task().id());
 }
 
 // Found by the master-kill fault test: the master recorded a lease and was

@@ -27,11 +27,26 @@ proto::MasterState State(const std::string& job_state, uint32_t next_node_id) {
   return s;
 }
 
+// A record of changes: task `done` completed, task `leased` leased to node
+// 7, `ended`'s lease ended.
+proto::MasterState Delta(uint32_t next_node_id, std::optional<uint64_t> done,
+                         std::optional<uint64_t> leased = std::nullopt,
+                         std::optional<uint64_t> ended = std::nullopt) {
+  proto::MasterState s;
+  s.set_delta(true);
+  s.set_job_state("running");
+  s.set_next_node_id(next_node_id);
+  if (done.has_value()) s.add_tasks_done(*done);
+  if (leased.has_value()) (*s.mutable_task_leases())[*leased] = 7;
+  if (ended.has_value()) s.add_leases_ended(*ended);
+  return s;
+}
+
 class StateLogTest : public ::testing::Test {
  protected:
-  std::optional<proto::MasterState> Reopen() {
+  std::optional<proto::MasterState> Reopen(StateLog::Options o = StateLog::Options()) {
     std::optional<proto::MasterState> state;
-    auto log = StateLog::Open(fs_.get(), "/state", &state);
+    auto log = StateLog::Open(fs_.get(), "/state", &state, o);
     EXPECT_THAT(log.status(), IsOk());
     if (log.ok()) log_ = std::move(*log);
     return state;
@@ -54,40 +69,132 @@ TEST_F(StateLogTest, AnEmptyDirectoryHasNoStateAndTheNewestRecordWins) {
   EXPECT_EQ(Reopen()->job_state(), "evaluating");
 }
 
-TEST_F(StateLogTest, ManyRecordsRollIntoSnapshotsAndNothingIsLost) {
+TEST_F(StateLogTest, RecordsOfChangesAddUpToTheState) {
   Reopen();
-  for (uint32_t i = 1; i <= 3 * StateLog::kSnapshotEvery + 5; ++i) {
-    ASSERT_THAT(log_->Append(State("running", i)), IsOk());
+  proto::MasterState whole = State("running", 2);
+  *whole.mutable_view()->add_members() = proto::NodeInfo();
+  whole.mutable_view()->set_epoch(4);
+  whole.add_events("first");
+  ASSERT_THAT(log_->Append(whole), IsOk());
+  ASSERT_THAT(log_->Append(Delta(3, std::nullopt, /*leased=*/5)), IsOk());
+  proto::MasterState d = Delta(4, /*done=*/5, /*leased=*/6, /*ended=*/5);
+  d.add_events("second");
+  d.set_job_message("");  // a small field back to its default is whole too
+  ASSERT_THAT(log_->Append(d), IsOk());
+  // The view changes only when a record carries one.
+  proto::MasterState v = Delta(4, std::nullopt);
+  v.mutable_view()->set_epoch(5);
+  ASSERT_THAT(log_->Append(v), IsOk());
+  // The log holds the changes, not the state (the snapshot does).
+  auto bytes = fs_->ReadFile("/state/log");
+  ASSERT_THAT(bytes.status(), IsOk());
+  StateRecords r = DecodeStateRecords("/state/log", *bytes);
+  ASSERT_EQ(r.states.size(), 3u) << r.bad;
+  EXPECT_TRUE(r.states[0].delta());
+  EXPECT_EQ(r.states[0].record_seq(), 2u);
+  EXPECT_EQ(r.states[0].tasks_done_size(), 0);
+  // What the log holds in memory, and what a replay finds.
+  for (bool replay : {false, true}) {
+    SCOPED_TRACE(replay ? "replayed" : "in memory");
+    std::optional<proto::MasterState> replayed = replay ? Reopen() : log_->state();
+    ASSERT_TRUE(replayed.has_value());
+    const proto::MasterState* state = &*replayed;
+    EXPECT_FALSE(state->delta());
+    EXPECT_EQ(state->record_seq(), 4u);
+    EXPECT_EQ(state->next_node_id(), 4u);
+    EXPECT_THAT(state->tasks_done(), ::testing::ElementsAre(3, 5));
+    EXPECT_EQ(state->task_leases().size(), 1u);
+    EXPECT_EQ(state->task_leases().at(6), 7u);
+    EXPECT_THAT(state->events(), ::testing::ElementsAre("first", "second"));
+    EXPECT_EQ(state->view().epoch(), 5u);
+    EXPECT_EQ(state->view().members_size(), 0);
   }
-  auto log = fs_->ReadFile("/state/log");
-  ASSERT_THAT(log.status(), IsOk());
-  // The log holds the records since the last snapshot only.
-  EXPECT_LT(log->size(), 20 * EncodeStateRecord(State("running", 1)).size());
-  EXPECT_EQ(Reopen()->next_node_id(), 3u * StateLog::kSnapshotEvery + 5);
+}
+
+TEST_F(StateLogTest, TheLogRollsIntoASnapshotOnceItIsAsBigAndNothingIsLost) {
+  StateLog::Options o;
+  o.min_log_bytes = 256;
+  Reopen(o);
+  proto::MasterState whole = State("running", 1);
+  for (uint64_t t = 100; t < 150; ++t) whole.add_tasks_done(t);  // a snapshot of ~60 bytes
+  ASSERT_THAT(log_->Append(whole), IsOk());
+  for (uint32_t i = 1; i <= 500; ++i) {
+    ASSERT_THAT(log_->Append(Delta(i, 1000 + i)), IsOk());
+    auto log = fs_->ReadFile("/state/log");
+    ASSERT_THAT(log.status(), IsOk());
+    auto snapshot = fs_->ReadFile("/state/snapshot");
+    ASSERT_THAT(snapshot.status(), IsOk());
+    // Replay reads at most about twice the state.
+    ASSERT_LE(log->size(), std::max<size_t>(o.min_log_bytes, snapshot->size())) << i;
+  }
+  auto state = Reopen(o);
+  ASSERT_TRUE(state.has_value());
+  EXPECT_EQ(state->next_node_id(), 500u);
+  EXPECT_EQ(state->tasks_done_size(), 1 + 50 + 500);
+  EXPECT_EQ(state->tasks_done(state->tasks_done_size() - 1), 1500u);
 }
 
 TEST_F(StateLogTest, ATornOrCorruptTailLosesOnlyThatRecord) {
   Reopen();
-  ASSERT_THAT(log_->Append(State("running", 2)), IsOk());
-  ASSERT_THAT(log_->Append(State("running", 3)), IsOk());
+  ASSERT_THAT(log_->Append(State("running", 1)), IsOk());  // the snapshot
+  ASSERT_THAT(log_->Append(Delta(2, 10)), IsOk());
+  ASSERT_THAT(log_->Append(Delta(3, 11)), IsOk());
   log_.reset();
   auto bytes = fs_->ReadFile("/state/log");
   ASSERT_THAT(bytes.status(), IsOk());
-  const size_t one = EncodeStateRecord(State("running", 3)).size();
+  auto snapshot = fs_->ReadFile("/state/snapshot");
+  ASSERT_THAT(snapshot.status(), IsOk());
+  const size_t one = EncodeStateRecord(Delta(3, 11)).size();
   // Every truncation of the last record, and a flipped bit in it.
-  for (size_t cut = 1; cut < one; cut += 7) {
+  for (size_t cut = 1; cut < one; cut += 3) {
     ASSERT_THAT(fs_->WriteFileAtomic("/state/log", bytes->substr(0, bytes->size() - cut)), IsOk());
     auto state = Reopen();
     ASSERT_TRUE(state.has_value());
     EXPECT_EQ(state->next_node_id(), 2u) << cut;
+    EXPECT_THAT(state->tasks_done(), ::testing::ElementsAre(3, 10)) << cut;
     log_.reset();
-    // Put the two records back for the next round (the reopen rewrote them).
-    ASSERT_THAT(fs_->DeleteFile("/state/snapshot"), IsOk());
+    // Put the snapshot back for the next round (the reopen rewrote it).
+    ASSERT_THAT(fs_->WriteFileAtomic("/state/snapshot", *snapshot), IsOk());
   }
   std::string flipped = *bytes;
   flipped[flipped.size() - 3] ^= 0x10;
   ASSERT_THAT(fs_->WriteFileAtomic("/state/log", flipped), IsOk());
   EXPECT_EQ(Reopen()->next_node_id(), 2u);
+}
+
+TEST_F(StateLogTest, ARecordOfChangesWithoutItsPredecessorEndsTheReplay) {
+  Reopen();
+  ASSERT_THAT(log_->Append(State("running", 1)), IsOk());
+  log_.reset();
+  proto::MasterState gap = Delta(9, 20);
+  gap.set_record_seq(5);  // records 2 to 4 are missing
+  ASSERT_THAT(fs_->WriteFileAtomic("/state/log", EncodeStateRecord(gap)), IsOk());
+  auto state = Reopen();
+  ASSERT_TRUE(state.has_value());
+  EXPECT_EQ(state->next_node_id(), 1u);
+  EXPECT_THAT(state->tasks_done(), ::testing::ElementsAre(3));
+}
+
+// A failed append leaves a tail that may be torn: nothing is appended
+// after it; the next append writes the whole state as the snapshot, the
+// failed records' changes included.
+TEST_F(StateLogTest, AfterAFailedWriteTheNextRecordIsTheWholeState) {
+  storage::FaultyFileSystem faulty(fs_.get());
+  std::optional<proto::MasterState> state;
+  auto log = StateLog::Open(&faulty, "/state", &state);
+  ASSERT_THAT(log.status(), IsOk());
+  ASSERT_THAT((*log)->Append(State("running", 1)), IsOk());
+  ASSERT_THAT((*log)->Append(Delta(2, 10)), IsOk());
+  faulty.SetSpaceLimit(5);  // the disk fills part-way through the record
+  EXPECT_THAT((*log)->Append(Delta(3, 11)),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("/state/log")));
+  faulty.ClearFaults();
+  ASSERT_THAT((*log)->Append(Delta(4, 12)), IsOk());
+  log->reset();
+  state = Reopen();
+  ASSERT_TRUE(state.has_value());
+  EXPECT_EQ(state->next_node_id(), 4u);
+  EXPECT_THAT(state->tasks_done(), ::testing::ElementsAre(3, 10, 11, 12));
 }
 
 TEST_F(StateLogTest, ABadSnapshotIsAnErrorNamingIt) {

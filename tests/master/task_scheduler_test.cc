@@ -189,6 +189,38 @@ TEST(TaskSchedulerTest, ExpireLeasesAtTheLeaseTimeout) {
   EXPECT_THAT(s.Complete(3, again->id()), IsOk());
 }
 
+// The state log records what changed (master/state_log.h): completions,
+// leases given (with their holder now) and ended, and nothing twice.
+TEST(TaskSchedulerTest, TakeChangesSaysWhatChangedSinceTheLastCall) {
+  TaskScheduler s(20, 4, 1, 1, kLease);  // 5 tasks
+  auto untracked = s.Lease(1, kT0);
+  ASSERT_TRUE(untracked.has_value());
+  EXPECT_TRUE(s.TakeChanges().empty());  // nothing kept before TrackChanges
+  s.TrackChanges();
+  auto a = s.Lease(1, kT0), b = s.Lease(2, kT0);
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(s.Complete(1, untracked->id()), IsOk());
+  TaskScheduler::Changes c = s.TakeChanges();
+  EXPECT_THAT(c.done, ElementsAre(untracked->id()));
+  EXPECT_THAT(c.leased, UnorderedElementsAre(Pair(a->id(), 1u), Pair(b->id(), 2u)));
+  EXPECT_THAT(c.ended, ElementsAre(untracked->id()));
+  EXPECT_TRUE(s.TakeChanges().empty());
+  // A lease taken back and given to another node is one change: its holder.
+  EXPECT_EQ(s.ReleaseNode(1), 1);
+  auto again = s.Lease(3, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->id(), a->id());
+  EXPECT_EQ(s.ExpireLeases(kT0 + kLease), 1);           // b's
+  ASSERT_THAT(s.Complete(1, untracked->id()), IsOk());  // again: no change
+  c = s.TakeChanges();
+  EXPECT_TRUE(c.done.empty());
+  EXPECT_THAT(c.leased, ElementsAre(Pair(a->id(), 3u)));
+  EXPECT_THAT(c.ended, ElementsAre(b->id()));
+  // Resuming from a checkpoint's cut completes tasks too.
+  ASSERT_THAT(s.Resume({b->id()}, {}), IsOk());
+  EXPECT_THAT(s.TakeChanges().done, ElementsAre(b->id()));
+}
+
 TEST(TaskSchedulerTest, AllDoneAndCurrentEpoch) {
   TaskScheduler s(10, 4, 2, 3, kLease);  // 3 tasks per epoch, 2 epochs
   EXPECT_EQ(s.current_epoch(), 0);

@@ -85,12 +85,6 @@ class PServer::AdminService final : public proto::PServerAdmin::Service {
   PeerCallLimiter calls_{kMaxCallsPerPeerHost};
 };
 
-void PServer::TakeDataKey(const proto::DataPlaneKey& k) {
-  if (membership_ != nullptr && !k.key().empty()) {
-    membership_->Update(node_id_, k.epoch(), k.key(), k.secret());
-  }
-}
-
 absl::StatusOr<std::unique_ptr<PServer>> PServer::Create(PServerOptions options) {
   if (options.master_address.empty()) {
     return absl::InvalidArgumentError("pserver: master address is required");
@@ -155,9 +149,9 @@ absl::Status PServer::Start() {
         suspects_.emplace(backup, why);
       },
       absl::Milliseconds(std::max(500, options_.config.cluster.dead_timeout_ms / 2)));
-  master_conn_ =
-      std::make_unique<ReconnectingChannel>(options_.master_address, options_.security.client,
-                                            options_.config.cluster.control_connect_ms);
+  agent_ = std::make_unique<NodeAgent>(NodeAgent::DaemonOptions(
+      options_.config.cluster, options_.master_address, options_.security.client,
+      absl::StrCat("pserver ", options_.index), membership_));
   proto::RegisterRequest req;
   req.set_role(proto::PSERVER);
   req.set_index(options_.index);
@@ -165,27 +159,11 @@ absl::Status PServer::Start() {
   req.set_grpc_address(admin_address());
   req.set_data_address(data_address());
   req.set_http_port(options_.http_port >= 0 ? http_.port() : 0);
-  const absl::Time deadline = absl::Now() + options_.register_timeout;
-  absl::Status last;
-  while (true) {
-    proto::RegisterResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    last =
-        FromGrpcStatus(master()->Register(&ctx, req, &resp), "master " + options_.master_address);
-    if (last.ok()) {
-      node_id_ = resp.node_id();
-      TakeDataKey(resp.data_key());
-      epoch_ = resp.view().epoch();
-      RenewLease(absl::Now());
-      break;
-    }
-    if (absl::Now() > deadline || stop_.HasBeenNotified()) {
-      return absl::UnavailableError(
-          absl::StrCat("pserver ", options_.index, ": cannot register: ", last.message()));
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
+  STRATA_ASSIGN_OR_RETURN(proto::RegisterResponse resp,
+                          agent_->Register(req, options_.register_timeout, stop_));
+  node_id_ = resp.node_id();
+  epoch_ = resp.view().epoch();
+  RenewLease(absl::Now());
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   started_ = true;
   LOG(INFO) << "pserver " << options_.index << " is node " << node_id_ << ": data "
@@ -773,11 +751,7 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
 
 absl::Status PServer::RefreshView() {
   proto::ClusterView view;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  STRATA_RETURN_IF_ERROR(
-      FromGrpcStatus(master()->GetClusterView(&ctx, proto::GetClusterViewRequest(), &view),
-                     "master " + options_.master_address));
+  STRATA_RETURN_IF_ERROR(agent_->FetchView(absl::Seconds(5), &view));
   // The heartbeat thread never waits behind a view being applied (a
   // restore reads a whole checkpoint): it tries again next round.
   if (!apply_mu_.TryLock()) {
@@ -815,22 +789,13 @@ void PServer::HeartbeatLoop() {
       absl::Time& last = reported[node];
       if (absl::Now() - last < interval) continue;
       last = absl::Now();
-      proto::ReportSuspectRequest req;
-      req.set_node_id(node_id_);
-      req.set_suspect(node);
-      req.set_reason(absl::StrCat("replication: ", why));
-      proto::ReportSuspectResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
-      absl::Status s = FromGrpcStatus(master()->ReportSuspect(&ctx, req, &resp),
-                                      "master " + options_.master_address);
+      absl::Status s = agent_->ReportSuspect(node, absl::StrCat("replication: ", why), interval);
       if (!s.ok()) LOG(WARNING) << "cannot report node " << node << ": " << s;
     }
     suspects.clear();
     if (absl::Now() >= next) {
       next = absl::Now() + interval;
       proto::HeartbeatRequest req;
-      req.set_node_id(node_id_);
       req.set_epoch(epoch_);
       req.set_applies(apply_seconds_->count());
       req.set_apply_seconds(apply_seconds_->sum());
@@ -841,12 +806,8 @@ void PServer::HeartbeatLoop() {
         }
       }
       proto::HeartbeatResponse resp;
-      grpc::ClientContext ctx;
       const absl::Time sent = absl::Now();
-      ctx.set_deadline(absl::ToChronoTime(sent + interval));
-      absl::Status s = FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp),
-                                      "master " + options_.master_address);
-      master_conn_->Report(s);
+      absl::Status s = agent_->Heartbeat(std::move(req), interval, &resp);
       if (HasReason(s, proto::REASON_DECLARED_DEAD) || HasReason(s, proto::REASON_UNKNOWN_NODE)) {
         // Declared dead while alive (paused, or cut off): others own our
         // partitions now. Serve nothing more; the process exits.
@@ -857,7 +818,6 @@ void PServer::HeartbeatLoop() {
         }
         break;
       }
-      if (s.ok()) TakeDataKey(resp.data_key());
       if (!s.ok()) {
         LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
       } else if (resp.drained()) {

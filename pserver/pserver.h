@@ -21,6 +21,7 @@
 #include "common/grpc_channel.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/node_agent.h"
 #include "common/security.h"
 #include "common/sharded_executor.h"
 #include "grpcpp/grpcpp.h"
@@ -109,8 +110,6 @@ class PServer {
 
  private:
   class AdminService;
-  // The data-plane key the master sent (mtls clusters).
-  void TakeDataKey(const proto::DataPlaneKey& k);
   // This node's data-plane keys (mtls clusters; null in plain text).
   std::shared_ptr<transport::MembershipKeys> membership_;
   explicit PServer(PServerOptions options);
@@ -144,13 +143,10 @@ class PServer {
   Histogram* apply_seconds_ = nullptr;         // set by RegisterMetrics, before Listen
   // Outgoing replication (created once registered: it needs the node id).
   std::unique_ptr<ReplicaStreams> replicas_;
-  // The master's control channel (made anew after failures in a row);
-  // null until Start registers.
-  std::unique_ptr<ReconnectingChannel> master_conn_;
-  // A stub on the channel now (cheap to make).
-  std::unique_ptr<proto::Master::Stub> master() const {
-    return proto::Master::NewStub(master_conn_->Get());
-  }
+  // Membership with the master (register, heartbeats, keys); null until
+  // Start registers.
+  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<proto::Master::Stub> master() const { return agent_->master(); }
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> admin_server_;
   int admin_port_ = 0;

@@ -292,30 +292,17 @@ absl::Status Worker::Start() {
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
   }
   if (options_.local_only) return absl::OkStatus();
-  master_conn_ =
-      std::make_unique<ReconnectingChannel>(options_.master_address, options_.security.client,
-                                            options_.config.cluster.control_connect_ms);
+  agent_ = std::make_unique<NodeAgent>(NodeAgent::DaemonOptions(
+      options_.config.cluster, options_.master_address, options_.security.client,
+      absl::StrCat("worker ", options_.index), membership_));
   proto::RegisterRequest req;
   req.set_role(proto::WORKER);
   req.set_index(options_.index);
   req.set_host(options_.host);
   req.set_http_port(options_.http_port >= 0 ? http_.port() : 0);
-  const absl::Time deadline = absl::Now() + options_.register_timeout;
-  proto::RegisterResponse resp;
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    absl::Status s =
-        FromGrpcStatus(master()->Register(&ctx, req, &resp), "master " + options_.master_address);
-    if (s.ok()) break;
-    if (absl::Now() > deadline || stop_.HasBeenNotified()) {
-      return absl::UnavailableError(
-          absl::StrCat("worker ", options_.index, ": cannot register: ", s.message()));
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
+  STRATA_ASSIGN_OR_RETURN(proto::RegisterResponse resp,
+                          agent_->Register(req, options_.register_timeout, stop_));
   node_id_ = resp.node_id();
-  TakeDataKey(resp.data_key());
   params_ = std::make_unique<ParamClient>(
       transport_.get(), node_id_, [this] { return FetchView(); },
       absl::Milliseconds(options_.config.cluster.request_timeout_ms));
@@ -329,15 +316,7 @@ absl::Status Worker::Start() {
         absl::Time& last = suspect_reported_[node];
         if (now - last < absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) return;
         last = now;
-        proto::ReportSuspectRequest req;
-        req.set_node_id(node_id_);
-        req.set_suspect(node);
-        req.set_reason(why);
-        proto::ReportSuspectResponse resp;
-        grpc::ClientContext ctx;
-        ctx.set_deadline(absl::ToChronoTime(now + absl::Seconds(1)));
-        absl::Status s = FromGrpcStatus(master()->ReportSuspect(&ctx, req, &resp),
-                                        "master " + options_.master_address);
+        absl::Status s = agent_->ReportSuspect(node, why, absl::Seconds(1));
         if (!s.ok()) {
           LOG_EVERY_N(WARNING, 10) << "cannot report pserver node " << node << ": " << s;
         }
@@ -358,27 +337,8 @@ absl::Status Worker::Start() {
   return absl::OkStatus();
 }
 
-void Worker::TakeDataKey(const proto::DataPlaneKey& k) {
-  if (membership_ != nullptr && !k.key().empty()) {
-    membership_->Update(node_id_, k.epoch(), k.key(), k.secret());
-  }
-}
-
 absl::Status Worker::CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call) {
-  const absl::Time deadline =
-      absl::Now() + absl::Milliseconds(options_.config.cluster.request_timeout_ms);
-  absl::Duration backoff = absl::Milliseconds(100);
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    absl::Status s = FromGrpcStatus(call(&ctx), "master " + options_.master_address);
-    master_conn_->Report(s);
-    const bool transient = absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
-    if (!transient || absl::Now() + backoff > deadline || stop_.HasBeenNotified()) return s;
-    LOG_EVERY_N(WARNING, 5) << s << "; retrying";
-    stop_.WaitForNotificationWithTimeout(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
-  }
+  return agent_->Call(call, &stop_);
 }
 
 absl::Status Worker::RequestCheckpointAndStop(absl::Duration grace) {
@@ -398,14 +358,9 @@ void Worker::HeartbeatLoop() {
   const absl::Duration interval = absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms);
   while (!stop_.WaitForNotificationWithTimeout(interval)) {
     proto::HeartbeatRequest req;
-    req.set_node_id(node_id_);
     req.set_epoch(params_->epoch());
     proto::HeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
-    absl::Status s =
-        FromGrpcStatus(master()->Heartbeat(&ctx, req, &resp), "master " + options_.master_address);
-    master_conn_->Report(s);
+    absl::Status s = agent_->Heartbeat(std::move(req), interval, &resp);
     if (HasReason(s, proto::REASON_DECLARED_DEAD)) {
       LOG(ERROR) << s;
       declared_dead_ = true;
@@ -415,23 +370,16 @@ void Worker::HeartbeatLoop() {
       LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
       continue;
     }
-    TakeDataKey(resp.data_key());
     if (resp.epoch() != params_->epoch()) {
       // One try: this thread must go on heartbeating.
       proto::ClusterView view;
-      grpc::ClientContext vctx;
-      vctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
-      absl::Status vs =
-          FromGrpcStatus(master()->GetClusterView(&vctx, proto::GetClusterViewRequest(), &view),
-                         "master " + options_.master_address);
-      master_conn_->Report(vs);
-      if (vs.ok()) params_->SetView(view);
+      if (agent_->FetchView(interval, &view).ok()) params_->SetView(view);
     }
   }
 }
 
 absl::Status Worker::WaitForReadyView() {
-  if (master_conn_ == nullptr) return absl::OkStatus();
+  if (agent_ == nullptr) return absl::OkStatus();
   while (!stop_.HasBeenNotified()) {
     STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, FetchView());
     if (view.ready()) {
@@ -848,7 +796,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   window_loss_ = 0;
   window_correct_ = 0;
   window_steps_ = 0;
-  if (master_conn_ == nullptr || options_.local_only) return;
+  if (agent_ == nullptr || options_.local_only) return;
   proto::ReportProgressRequest req;
   req.set_node_id(node_id_);
   if (task_start_.has_value()) {

@@ -21,6 +21,7 @@
 #include "common/grpc_channel.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/node_agent.h"
 #include "common/optimizer.h"
 #include "common/security.h"
 #include "common/trace.h"
@@ -174,12 +175,10 @@ class Worker {
   absl::Status Settle();
   absl::Status WaitForReadyView();
   absl::Status CheckViewMatchesModel(const proto::ClusterView& view) const;
-  // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
-  // for up to cluster.request_timeout_ms.
-  // The data-plane key the master sent (mtls clusters).
-  void TakeDataKey(const proto::DataPlaneKey& k);
   // This node's data-plane keys (mtls clusters; null in plain text).
   std::shared_ptr<transport::MembershipKeys> membership_;
+  // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
+  // for up to cluster.request_timeout_ms (NodeAgent::Call).
   absl::Status CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call);
   absl::Status Evaluate(uint64_t min_version);
   // Test-set accuracy and mean loss of the model's current parameters.
@@ -205,13 +204,10 @@ class Worker {
   std::unique_ptr<WideDeep> wide_deep_;    // wide_deep
   std::unique_ptr<RowCache> row_cache_;    // wide_deep with sparse.cache.rows > 0
   std::unique_ptr<transport::Transport> transport_;
-  // The master's control channel (made anew after failures in a row);
-  // null until Start registers.
-  std::unique_ptr<ReconnectingChannel> master_conn_;
-  // A stub on the channel now (cheap to make).
-  std::unique_ptr<proto::Master::Stub> master() const {
-    return proto::Master::NewStub(master_conn_->Get());
-  }
+  // Membership with the master (register, heartbeats, keys, calls); null
+  // until Start registers (and in a --local run).
+  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<proto::Master::Stub> master() const { return agent_->master(); }
   std::unique_ptr<ParamClient> params_;
   std::unique_ptr<TaskSource> tasks_;
   std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only

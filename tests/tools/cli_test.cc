@@ -612,6 +612,8 @@ TEST(CliTest, CheckpointListShowsCompleteAndUnfinishedOnes) {
   EXPECT_THAT(r.out, HasSubstr("2        unfinished  no MANIFEST"));
   r = RunStrata({"checkpoint", "list", "--dir", root, "--json"});
   EXPECT_EQ(r.code, 0) << r.err;
+  // One JSON array: each manifest's JSON as protobuf prints it, nothing before.
+  EXPECT_THAT(r.out, StartsWith("[{\n"));
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"job\": \"cli-test\""), HasSubstr("\"seq\": 2")));
   EXPECT_EQ(RunStrata({"checkpoint", "list"}).code, 2);
 }

@@ -14,8 +14,10 @@ namespace strata::tools {
 // Runs `strata <args...>` (args excludes the program name), writing to
 // out/err. Returns the process exit code: 0 ok, 1 failure (job failed,
 // unreachable master), 2 usage or invalid input. `getenv` (main passes
-// ::getenv) gives the object store's AWS_* keys when a config names no
-// credentials file; null means none.
+// ::getenv) is the environment the CLI reads, and the only one: the object
+// store's AWS_* keys when a config names no credentials file,
+// STRATA_TLS_DIR, STRATA_TOKEN_FILE, HOME (for ~/.strata/tls) and
+// STRATA_REMOTE_CMD; null means an empty environment.
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
            const std::function<const char*(const char*)>& getenv = nullptr);
 

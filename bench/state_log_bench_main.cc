@@ -78,7 +78,7 @@ proto::MasterState Small(const proto::ClusterView& view, uint64_t done) {
   *st.mutable_view() = view;
   st.set_next_node_id(FLAGS_pservers + FLAGS_workers + 1);
   st.set_placed(true);
-  st.set_job_state("running");
+  st.set_job_state(proto::JOB_RUNNING);
   st.set_max_last_step(done * 4);
   st.set_next_checkpoint_seq(3);
   st.set_start_unix_ms(1764633600000);

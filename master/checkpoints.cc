@@ -12,6 +12,7 @@
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/model_spec.h"
+#include "common/proto_names.h"
 #include "common/status_macros.h"
 #include "common/threads.h"
 #include "glog/logging.h"
@@ -21,10 +22,6 @@
 
 namespace strata::master {
 namespace {
-
-bool IsTerminalState(const std::string& state) {
-  return state == "succeeded" || state == "failed" || state == "stopped";
-}
 
 // The tables this job's config makes, as a checkpoint records them.
 std::vector<proto::CheckpointTable> ConfigTables(const JobConfig& config) {
@@ -229,10 +226,10 @@ absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason
   bool checkpoint = false;
   {
     absl::MutexLock l(&mu_);
-    if (IsTerminalState(job_state_)) {
-      return WithReason(
-          absl::FailedPreconditionError(absl::StrCat("the job has already ended: it ", job_state_)),
-          proto::REASON_JOB_NOT_RUNNING);
+    if (IsJobOver(job_state_)) {
+      return WithReason(absl::FailedPreconditionError(absl::StrCat("the job has already ended: it ",
+                                                                   JobStateName(job_state_))),
+                        proto::REASON_JOB_NOT_RUNNING);
     }
     checkpoint = options_.config.checkpoint.enabled && !no_checkpoint && placed_ && view_.ready();
   }
@@ -250,8 +247,8 @@ absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason
     return resp;
   }
   absl::MutexLock l(&mu_);
-  if (!IsTerminalState(job_state_)) {
-    FinishJobLocked("stopped", absl::StrCat("stopped on request (", reason, ")"));
+  if (!IsJobOver(job_state_)) {
+    FinishJobLocked(proto::JOB_STOPPED, absl::StrCat("stopped on request (", reason, ")"));
   }
   return resp;
 }
@@ -271,11 +268,11 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
       return absl::FailedPreconditionError(
           "checkpoints are off: the job's config has no checkpoint section");
     }
-    if (!placed_ || !view_.ready() || IsTerminalState(job_state_)) {
-      return WithReason(
-          absl::FailedPreconditionError(absl::StrCat("no checkpoint: the job is ", job_state_,
-                                                     placed_ ? "" : " (partitions not placed)")),
-          proto::REASON_JOB_NOT_RUNNING);
+    if (!placed_ || !view_.ready() || IsJobOver(job_state_)) {
+      return WithReason(absl::FailedPreconditionError(
+                            absl::StrCat("no checkpoint: the job is ", JobStateName(job_state_),
+                                         placed_ ? "" : " (partitions not placed)")),
+                        proto::REASON_JOB_NOT_RUNNING);
     }
     view = view_;
     targets = OwnersLocked();
@@ -284,7 +281,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
         increments_since_full_ + 1 < cfg.full_every) {
       base_seq = last_manifest_->seq();
     }
-    training_over = job_state_ == "evaluating";
+    training_over = job_state_ == proto::JOB_EVALUATING;
     checkpoint_op_ = LongOp{seq, 0, static_cast<int>(targets.size()), 0, clock_->Now()};
   }
   // (No checkpoint in progress once this returns, however it returns.)
@@ -393,7 +390,7 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     if (cancelled && bsp && !training_over && attempt < 3) {
       // Training ended before reaching the cut: set it where it stopped.
       absl::MutexLock l(&mu_);
-      training_over = job_state_ == "evaluating";
+      training_over = job_state_ == proto::JOB_EVALUATING;
       if (training_over) continue;
     }
     if (!past_cut || attempt == 3) return fail(first_error);
@@ -531,8 +528,9 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
                                reason, m.incremental() ? ", incremental" : ", full", m.step(),
                                written, m.write_seconds(), dir));
   last_manifest_ = std::move(m);
-  if (stop_after && !IsTerminalState(job_state_)) {
-    FinishJobLocked("stopped", absl::StrCat("stopped after checkpoint ", seq, " (", reason, ")"));
+  if (stop_after && !IsJobOver(job_state_)) {
+    FinishJobLocked(proto::JOB_STOPPED,
+                    absl::StrCat("stopped after checkpoint ", seq, " (", reason, ")"));
   }
   return resp;
 }
@@ -551,7 +549,7 @@ void MasterServer::CheckpointLoop() {
       std::vector<PServerTarget> targets;
       {
         absl::MutexLock l(&mu_);
-        if (placed_ && job_state_ == "running") targets = OwnersLocked();
+        if (placed_ && job_state_ == proto::JOB_RUNNING) targets = OwnersLocked();
       }
       if (!targets.empty()) {
         absl::StatusOr<uint64_t> newest = NewestVersion(targets);
@@ -560,7 +558,7 @@ void MasterServer::CheckpointLoop() {
     }
     {
       absl::MutexLock l(&mu_);
-      if (!placed_ || !view_.ready() || IsTerminalState(job_state_)) continue;
+      if (!placed_ || !view_.ready() || IsJobOver(job_state_)) continue;
       const absl::Time now = clock_->Now();
       if (last_checkpoint_time_ == absl::InfinitePast()) last_checkpoint_time_ = now;
       if (next_step_trigger_ == 0 && cfg.every_steps > 0) {
@@ -568,7 +566,7 @@ void MasterServer::CheckpointLoop() {
       }
       if (final_checkpoint_pending_) {
         reason = "final";
-      } else if (job_state_ == "running") {
+      } else if (job_state_ == proto::JOB_RUNNING) {
         if (cfg.every_steps > 0 && step >= next_step_trigger_) {
           reason = "steps";
           next_step_trigger_ = (step / cfg.every_steps + 1) * cfg.every_steps;

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     std::_Exit(1);
   }
   LOG(INFO) << (sig ? "signal received" : "job ended") << "; shutting down";
-  const bool succeeded = (*master)->GetStatus().job().state() == "succeeded";
+  const bool succeeded = (*master)->GetStatus().job().job_state() == strata::proto::JOB_SUCCEEDED;
   (*master)->Shutdown();
   return (sig == 0 && !succeeded) ? 1 : 0;
 }

@@ -42,10 +42,6 @@ bool Gone(const proto::NodeInfo& n) {
   return n.state() == proto::DEAD || n.state() == proto::DRAINED;
 }
 
-bool IsTerminal(const std::string& state) {
-  return state == "succeeded" || state == "failed" || state == "stopped";
-}
-
 }  // namespace
 
 // gRPC front end: converts between proto calls and MasterServer methods.
@@ -514,7 +510,7 @@ void MasterServer::Tick() {
     }
     int expired = tasks_.ExpireLeases(now);
     if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
-    if (placed_ && !IsTerminal(job_state_) && options_.config.cluster.replication > 0) {
+    if (placed_ && !IsJobOver(job_state_) && options_.config.cluster.replication > 0) {
       TopUpBackupsLocked();
     }
     UpdateJobStateLocked();
@@ -646,7 +642,11 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   BumpEpochLocked();
   next_node_id_ = std::max(next_node_id_, st.next_node_id());
   placed_ = st.placed();
-  job_state_ = st.job_state().empty() ? job_state_ : st.job_state();
+  // (A state directory of before JobState has the state's name only.)
+  const proto::JobState recorded = st.job_state() != proto::JOB_STATE_UNSPECIFIED
+                                       ? st.job_state()
+                                       : ParseJobStateName(st.job_state_name());
+  if (recorded != proto::JOB_STATE_UNSPECIFIED) job_state_ = recorded;
   job_message_ = st.job_message();
   absl::Status s =
       tasks_.Resume(std::vector<uint64_t>(st.tasks_done().begin(), st.tasks_done().end()), {});
@@ -669,12 +669,12 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   resumed_from_seq_ = st.resumed_from_seq();
   samples_base_ = st.samples_base();
   if (st.start_unix_ms() != 0) start_time_ = absl::FromUnixMillis(st.start_unix_ms());
-  if (IsTerminal(job_state_)) end_time_ = clock_->Now();
+  if (IsJobOver(job_state_)) end_time_ = clock_->Now();
   restarts_ = st.restarts() + 1;
   EventLocked(
       absl::StrCat("master restarted (restart ", restarts_, "): state of epoch ", st.view().epoch(),
                    " replayed from ", options_.state_dir, "; ", tasks_.done(), " of ",
-                   tasks_.total(), " data tasks done, job ", job_state_),
+                   tasks_.total(), " data tasks done, job ", JobStateName(job_state_)),
       "master_restart");
 }
 
@@ -756,7 +756,7 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
   if (n->role() == proto::PSERVER) {
     synced_replicas_.erase(n->id());
     suspects_.erase(n->id());
-    if (placed_ && !IsTerminal(job_state_)) FailoverLocked(n->id());
+    if (placed_ && !IsJobOver(job_state_)) FailoverLocked(n->id());
   }
   BumpEpochLocked();
 }
@@ -789,9 +789,9 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
   if (n->state() == proto::DEAD) {
     return absl::FailedPreconditionError(absl::StrCat(name, " is dead: nothing to drain"));
   }
-  if (IsTerminal(job_state_)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the job has already ended (", job_state_, "): nothing to drain"));
+  if (IsJobOver(job_state_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job has already ended (", JobStateName(job_state_), "): nothing to drain"));
   }
   if (n->role() == proto::WORKER) {
     if (n->draining()) {
@@ -799,7 +799,7 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
       resp.set_message(absl::StrCat(name, " is already draining"));
       return resp;
     }
-    if (job_state_ == "evaluating" && n->id() == evaluator_) {
+    if (job_state_ == proto::JOB_EVALUATING && n->id() == evaluator_) {
       return absl::FailedPreconditionError(
           absl::StrCat(name, " is evaluating the trained model; it leaves when the job ends"));
     }
@@ -928,7 +928,7 @@ void MasterServer::FailoverLocked(uint32_t dead) {
     if (!last_manifest_.has_value()) {
       const proto::NodeInfo* n = FindNodeLocked(dead);
       FinishJobLocked(
-          "failed",
+          proto::JOB_FAILED,
           absl::StrCat(
               "pserver ", n ? n->index() : -1, " (node ", dead, ", ", n ? n->host() : "?",
               ") died with ", lost.size(), " partition(s) and no replica to take over",
@@ -954,7 +954,7 @@ void MasterServer::RecoverLostPartitions() {
   std::vector<PServerTarget> targets;
   {
     absl::MutexLock l(&mu_);
-    if (lost_.empty() || IsTerminal(job_state_) || !last_manifest_.has_value()) return;
+    if (lost_.empty() || IsJobOver(job_state_) || !last_manifest_.has_value()) return;
     for (const PServerTarget& t : OwnersLocked()) {
       const proto::NodeInfo* n = FindNodeLocked(t.first);
       if (n != nullptr && n->state() == proto::ALIVE) targets.push_back(t);
@@ -974,7 +974,7 @@ void MasterServer::RecoverLostPartitions() {
     newest = *v;
   }
   absl::MutexLock l(&mu_);
-  if (lost_.empty() || IsTerminal(job_state_) || !last_manifest_.has_value()) return;
+  if (lost_.empty() || IsJobOver(job_state_) || !last_manifest_.has_value()) return;
   std::map<uint32_t, uint64_t> saved;  // partition -> version in the checkpoint
   for (const auto& e : last_manifest_->partitions()) saved[e.id()] = e.version();
   std::map<uint32_t, uint64_t> load;
@@ -991,8 +991,9 @@ void MasterServer::RecoverLostPartitions() {
     if (lost_.count(p.id()) == 0) continue;
     auto it = saved.find(p.id());
     if (it == saved.end()) {
-      FinishJobLocked("failed", absl::StrCat("partition ", p.id(), " was lost and checkpoint ",
-                                             last_manifest_->seq(), " does not hold it"));
+      FinishJobLocked(proto::JOB_FAILED,
+                      absl::StrCat("partition ", p.id(), " was lost and checkpoint ",
+                                   last_manifest_->seq(), " does not hold it"));
       return;
     }
     uint32_t best = load.begin()->first;
@@ -1088,7 +1089,7 @@ void MasterServer::TakeLedger() {
   {
     absl::MutexLock l(&mu_);
     // Once every data task is done no push is left: the counts are final.
-    if (ledger_taken_ || job_state_ != "evaluating") return;
+    if (ledger_taken_ || job_state_ != proto::JOB_EVALUATING) return;
     targets = OwnersLocked();
   }
   std::map<uint32_t, std::map<uint32_t, uint64_t>> applied;
@@ -1120,7 +1121,7 @@ void MasterServer::MaybePlacePartitions() {
   std::string restore_root;
   {
     absl::MutexLock l(&mu_);
-    if (placed_ || IsTerminal(job_state_)) return;
+    if (placed_ || IsJobOver(job_state_)) return;
     std::vector<uint32_t> ids;
     for (const auto& n : view_.members()) {
       if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) ids.push_back(n.id());
@@ -1130,7 +1131,7 @@ void MasterServer::MaybePlacePartitions() {
         PlacePartitions(std::vector<proto::TableInfo>(view_.tables().begin(), view_.tables().end()),
                         options_.config.cluster.slice_bytes, ids);
     if (!parts.ok()) {
-      FinishJobLocked("failed", parts.status().ToString());
+      FinishJobLocked(proto::JOB_FAILED, parts.status().ToString());
       return;
     }
     // The candidate view becomes the master's only once every pserver has
@@ -1170,8 +1171,9 @@ void MasterServer::MaybePlacePartitions() {
     if (!s.ok() && restore.has_value() && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       absl::MutexLock l(&mu_);
-      FinishJobLocked("failed", absl::StrCat("pserver node ", id, " cannot restore checkpoint ",
-                                             restore->seq(), ": ", s.error_message()));
+      FinishJobLocked(proto::JOB_FAILED,
+                      absl::StrCat("pserver node ", id, " cannot restore checkpoint ",
+                                   restore->seq(), ": ", s.error_message()));
       return;
     }
     if (!s.ok()) {
@@ -1413,11 +1415,11 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   }
   STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
   proto::LeaseTaskResponse resp;
-  if (!view_.ready() || job_state_ == "waiting") {
+  if (!view_.ready() || job_state_ == proto::JOB_WAITING) {
     resp.set_outcome(proto::LeaseTaskResponse::WAIT);
     return resp;
   }
-  if (IsTerminal(job_state_)) {
+  if (IsJobOver(job_state_)) {
     resp.set_outcome(proto::LeaseTaskResponse::DONE);
     return resp;
   }
@@ -1473,7 +1475,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   // The evaluation waits for the ledger (a moment: LeaseTask reads it),
   // unless the pservers do not answer for it within 10 s.
   const bool ledger_or_late = ledger_taken_ || clock_->Now() - train_end_time_ > absl::Seconds(10);
-  if (job_state_ == "evaluating" && !final_checkpoint_pending_ && ledger_or_late) {
+  if (job_state_ == proto::JOB_EVALUATING && !final_checkpoint_pending_ && ledger_or_late) {
     proto::NodeInfo* ev = evaluator_ ? FindNodeLocked(evaluator_) : nullptr;
     if (ev == nullptr || Gone(*ev)) evaluator_ = n->id();
     if (evaluator_ == n->id()) {
@@ -1509,8 +1511,8 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
   }
   workers_[n->id()].last = req;
   if (req.has_task_start()) tasks_.SetFirstStep(n->id(), req.task_id(), req.task_first_step());
-  if (!req.error().empty() && !IsTerminal(job_state_)) {
-    FinishJobLocked("failed",
+  if (!req.error().empty() && !IsJobOver(job_state_)) {
+    FinishJobLocked(proto::JOB_FAILED,
                     absl::StrCat("worker ", n->index(), " (node ", n->id(), "): ", req.error()));
     return absl::OkStatus();
   }
@@ -1531,24 +1533,24 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
       LOG(INFO) << absl::StrFormat("final test accuracy %.4f (loss %.4f)", test_accuracy_,
                                    test_loss_);
     }
-    FinishJobLocked("succeeded", "");
+    FinishJobLocked(proto::JOB_SUCCEEDED, "");
   }
   return absl::OkStatus();
 }
 
 void MasterServer::UpdateJobStateLocked() {
-  if (IsTerminal(job_state_)) return;
+  if (IsJobOver(job_state_)) return;
   if (!view_.ready() && placed_ && CountLocked(proto::WORKER, true) >= options_.expected_workers) {
     view_.set_ready(true);
     BumpEpochLocked();
     start_time_ = clock_->Now();
-    job_state_ = "running";
+    job_state_ = proto::JOB_RUNNING;
     LOG(INFO) << "cluster ready at epoch " << view_.epoch() << ": job '" << options_.config.job.name
               << "' running";
     sink_->Event("job_state", absl::StrCat("job running: cluster ready at epoch ", view_.epoch()));
   }
-  if (job_state_ == "running" && tasks_.AllDone()) {
-    job_state_ = "evaluating";
+  if (job_state_ == proto::JOB_RUNNING && tasks_.AllDone()) {
+    job_state_ = proto::JOB_EVALUATING;
     train_end_time_ = clock_->Now();
     LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
     sink_->Event("job_state",
@@ -1561,22 +1563,23 @@ void MasterServer::UpdateJobStateLocked() {
     absl::MutexLock il(&inflight_mu_);
     for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
   }
-  if (job_state_ == "running" || job_state_ == "evaluating") {
+  if (job_state_ == proto::JOB_RUNNING || job_state_ == proto::JOB_EVALUATING) {
     if (CountLocked(proto::WORKER, true) == 0) {
-      FinishJobLocked("failed",
+      FinishJobLocked(proto::JOB_FAILED,
                       absl::StrCat("no live worker left with ", tasks_.total() - tasks_.done(),
                                    " data task(s) unfinished"));
     }
   }
 }
 
-void MasterServer::FinishJobLocked(const std::string& state, const std::string& message) {
+void MasterServer::FinishJobLocked(proto::JobState state, const std::string& message) {
   job_state_ = state;
   job_message_ = message;
   end_time_ = clock_->Now();
   SampleHistoryLocked(/*force=*/true);  // the end of the charts
-  sink_->Event("job_state", absl::StrCat("job ", state, message.empty() ? "" : ": ", message));
-  if (state == "failed") LOG(ERROR) << "job failed: " << message;
+  sink_->Event("job_state",
+               absl::StrCat("job ", JobStateName(state), message.empty() ? "" : ": ", message));
+  if (state == proto::JOB_FAILED) LOG(ERROR) << "job failed: " << message;
   PersistLocked();  // (synced by the caller's AwaitPersisted, or the next tick)
   if (!options_.summary_path.empty()) {
     absl::Status s = options_.fs->WriteFileAtomic(options_.summary_path, SummaryJsonLocked());
@@ -1590,7 +1593,7 @@ void MasterServer::FinishJobLocked(const std::string& state, const std::string& 
 void MasterServer::SampleHistoryLocked(bool force) {
   constexpr size_t kMaxHistory = 600;
   if (start_time_ == absl::InfinitePast()) return;
-  if (!force && IsTerminal(job_state_)) return;  // (the last point was taken at the end)
+  if (!force && IsJobOver(job_state_)) return;  // (the last point was taken at the end)
   const absl::Time now = clock_->Now();
   if (!force && now - last_sample_ < history_interval_) return;
   proto::JobStatus js = JobStatusLocked();
@@ -1614,7 +1617,8 @@ void MasterServer::SampleHistoryLocked(bool force) {
 proto::JobStatus MasterServer::JobStatusLocked() const {
   proto::JobStatus js;
   js.set_name(options_.config.job.name);
-  js.set_state(job_state_);
+  js.set_job_state(job_state_);
+  js.set_state(JobStateName(job_state_));
   js.set_message(job_message_);
   js.set_consistency(ConsistencyName(options_.config.job.consistency));
   js.set_epoch(tasks_.current_epoch());
@@ -1678,7 +1682,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_pservers_expected(options_.expected_pservers);
   js.set_workers_registered(workers);
   js.set_workers_expected(options_.expected_workers);
-  if (job_state_ == "waiting") {
+  if (job_state_ == proto::JOB_WAITING) {
     if (pservers < options_.expected_pservers) {
       js.set_phase(absl::StrCat("waiting for pservers: ", pservers, " of ",
                                 options_.expected_pservers, " registered"));
@@ -1692,12 +1696,12 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
       js.set_phase(absl::StrCat("waiting for workers: ", workers, " of ", options_.expected_workers,
                                 " registered"));
     }
-  } else if (job_state_ == "running") {
+  } else if (job_state_ == proto::JOB_RUNNING) {
     js.set_phase(absl::StrFormat("training: epoch %d of %d, %d of %d data tasks",
                                  std::min(tasks_.current_epoch() + 1, options_.config.job.epochs),
                                  options_.config.job.epochs, tasks_.done(), tasks_.total()));
   } else {
-    js.set_phase(job_state_);
+    js.set_phase(JobStateName(job_state_));
   }
   js.set_security(options_.security.plaintext                   ? options_.security.ModeString()
                   : options_.config.security.encrypt_data_plane ? "mtls, data plane sealed"
@@ -1715,7 +1719,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
     js.set_checkpoint_seconds_so_far(absl::ToDoubleSeconds(clock_->Now() - checkpoint_op_.start));
   }
   for (const proto::JobSample& s : history_) *js.add_history() = s;
-  const absl::Time end = IsTerminal(job_state_) ? end_time_ : clock_->Now();
+  const absl::Time end = IsJobOver(job_state_) ? end_time_ : clock_->Now();
   const double wall =
       start_time_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(end - start_time_);
   js.set_wall_seconds(wall);
@@ -1724,8 +1728,8 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
                            ? 0
                            : absl::ToDoubleSeconds(std::min(end, train_end_time_) - start_time_);
   js.set_train_seconds(train);
-  js.set_samples_per_sec(IsTerminal(job_state_) || sps == 0 ? (train > 0 ? samples / train : 0)
-                                                            : sps);
+  js.set_samples_per_sec(IsJobOver(job_state_) || sps == 0 ? (train > 0 ? samples / train : 0)
+                                                           : sps);
   js.set_comm_share(busy > 0 ? comm / busy : 0);
   js.set_has_test_accuracy(has_accuracy_);
   js.set_test_accuracy(test_accuracy_);
@@ -1868,7 +1872,7 @@ std::string MasterServer::SummaryJsonLocked() const {
 
 bool MasterServer::WaitForJobEnd(absl::Duration timeout) {
   absl::MutexLock l(&mu_);
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return IsTerminal(job_state_); };
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return IsJobOver(job_state_); };
   return mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
 }
 

@@ -202,7 +202,7 @@ class MasterServer {
   absl::StatusOr<proto::NodeInfo*> LiveWorkerLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int CountLocked(proto::Role role, bool include_finished) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishJobLocked(const std::string& state, const std::string& message)
+  void FinishJobLocked(proto::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SummaryJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -257,7 +257,7 @@ class MasterServer {
   uint64_t key_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool placed_ ABSL_GUARDED_BY(mu_) = false;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
-  std::string job_state_ ABSL_GUARDED_BY(mu_) = "waiting";
+  proto::JobState job_state_ ABSL_GUARDED_BY(mu_) = proto::JOB_WAITING;
   std::string job_message_ ABSL_GUARDED_BY(mu_);
   absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);

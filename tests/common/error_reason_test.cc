@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "common/grpc_status.h"
+#include "common/proto_names.h"
 #include "gtest/gtest.h"
 #include "proto/strata.pb.h"
 
@@ -62,6 +63,20 @@ TEST(ErrorReasonTest, TheReasonCrossesGrpc) {
   EXPECT_EQ(ReasonOf(FromGrpcStatus(
                 grpc::Status(grpc::StatusCode::UNAVAILABLE, "u", std::string("\xff\xff", 2)))),
             proto::REASON_UNSPECIFIED);
+}
+
+// The job state's names are what people and scripts read (JobStatus.state,
+// summary.json), and what state directories of before JobState recorded.
+TEST(ProtoNamesTest, EveryJobStateHasItsNameAndTheNameGivesItBack) {
+  EXPECT_STREQ(JobStateName(proto::JOB_RUNNING), "running");
+  EXPECT_STREQ(JobStateName(proto::JOB_SUCCEEDED), "succeeded");
+  for (int s = proto::JOB_WAITING; s <= proto::JOB_STOPPED; ++s) {
+    const auto state = static_cast<proto::JobState>(s);
+    EXPECT_EQ(ParseJobStateName(JobStateName(state)), state) << s;
+    EXPECT_EQ(IsJobOver(state), s >= proto::JOB_SUCCEEDED) << s;
+  }
+  EXPECT_EQ(ParseJobStateName("RUNNING"), proto::JOB_STATE_UNSPECIFIED);
+  EXPECT_EQ(ParseJobStateName(""), proto::JOB_STATE_UNSPECIFIED);
 }
 
 }  // namespace

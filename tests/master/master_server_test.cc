@@ -304,7 +304,7 @@ TEST_F(MasterServerTest, HeartbeatReturnsEpochAndJobState) {
   req.set_node_id(w);
   STRATA_ASSERT_OK_AND_ASSIGN(auto resp, master_->Heartbeat(req));
   EXPECT_EQ(resp.epoch(), 2u);
-  EXPECT_EQ(resp.job_state(), "waiting");
+  EXPECT_EQ(resp.job_state(), proto::JOB_WAITING);
   clock_.Advance(absl::Milliseconds(1234));
   ASSERT_THAT(Heartbeat(w), IsOk());
   EXPECT_EQ(master_->View().members(1).last_heartbeat_unix_ms(), 1234);

@@ -19,7 +19,7 @@ using ::strata::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-proto::MasterState State(const std::string& job_state, uint32_t next_node_id) {
+proto::MasterState State(proto::JobState job_state, uint32_t next_node_id) {
   proto::MasterState s;
   s.set_job_state(job_state);
   s.set_next_node_id(next_node_id);
@@ -34,7 +34,7 @@ proto::MasterState Delta(uint32_t next_node_id, std::optional<uint64_t> done,
                          std::optional<uint64_t> ended = std::nullopt) {
   proto::MasterState s;
   s.set_delta(true);
-  s.set_job_state("running");
+  s.set_job_state(proto::JOB_RUNNING);
   s.set_next_node_id(next_node_id);
   if (done.has_value()) s.add_tasks_done(*done);
   if (leased.has_value()) (*s.mutable_task_leases())[*leased] = 7;
@@ -57,21 +57,21 @@ class StateLogTest : public ::testing::Test {
 
 TEST_F(StateLogTest, AnEmptyDirectoryHasNoStateAndTheNewestRecordWins) {
   EXPECT_FALSE(Reopen().has_value());
-  ASSERT_THAT(log_->Append(State("waiting", 2)), IsOk());
-  ASSERT_THAT(log_->Append(State("running", 5)), IsOk());
+  ASSERT_THAT(log_->Append(State(proto::JOB_WAITING, 2)), IsOk());
+  ASSERT_THAT(log_->Append(State(proto::JOB_RUNNING, 5)), IsOk());
   auto state = Reopen();
   ASSERT_TRUE(state.has_value());
-  EXPECT_EQ(state->job_state(), "running");
+  EXPECT_EQ(state->job_state(), proto::JOB_RUNNING);
   EXPECT_EQ(state->next_node_id(), 5u);
   // Reopening wrote it as the snapshot: it survives another reopen, and
   // records appended after it are newer.
-  ASSERT_THAT(log_->Append(State("evaluating", 6)), IsOk());
-  EXPECT_EQ(Reopen()->job_state(), "evaluating");
+  ASSERT_THAT(log_->Append(State(proto::JOB_EVALUATING, 6)), IsOk());
+  EXPECT_EQ(Reopen()->job_state(), proto::JOB_EVALUATING);
 }
 
 TEST_F(StateLogTest, RecordsOfChangesAddUpToTheState) {
   Reopen();
-  proto::MasterState whole = State("running", 2);
+  proto::MasterState whole = State(proto::JOB_RUNNING, 2);
   *whole.mutable_view()->add_members() = proto::NodeInfo();
   whole.mutable_view()->set_epoch(4);
   whole.add_events("first");
@@ -115,7 +115,7 @@ TEST_F(StateLogTest, TheLogRollsIntoASnapshotOnceItIsAsBigAndNothingIsLost) {
   StateLog::Options o;
   o.min_log_bytes = 256;
   Reopen(o);
-  proto::MasterState whole = State("running", 1);
+  proto::MasterState whole = State(proto::JOB_RUNNING, 1);
   for (uint64_t t = 100; t < 150; ++t) whole.add_tasks_done(t);  // a snapshot of ~60 bytes
   ASSERT_THAT(log_->Append(whole), IsOk());
   for (uint32_t i = 1; i <= 500; ++i) {
@@ -136,7 +136,7 @@ TEST_F(StateLogTest, TheLogRollsIntoASnapshotOnceItIsAsBigAndNothingIsLost) {
 
 TEST_F(StateLogTest, ATornOrCorruptTailLosesOnlyThatRecord) {
   Reopen();
-  ASSERT_THAT(log_->Append(State("running", 1)), IsOk());  // the snapshot
+  ASSERT_THAT(log_->Append(State(proto::JOB_RUNNING, 1)), IsOk());  // the snapshot
   ASSERT_THAT(log_->Append(Delta(2, 10)), IsOk());
   ASSERT_THAT(log_->Append(Delta(3, 11)), IsOk());
   log_.reset();
@@ -164,7 +164,7 @@ TEST_F(StateLogTest, ATornOrCorruptTailLosesOnlyThatRecord) {
 
 TEST_F(StateLogTest, ARecordOfChangesWithoutItsPredecessorEndsTheReplay) {
   Reopen();
-  ASSERT_THAT(log_->Append(State("running", 1)), IsOk());
+  ASSERT_THAT(log_->Append(State(proto::JOB_RUNNING, 1)), IsOk());
   log_.reset();
   proto::MasterState gap = Delta(9, 20);
   gap.set_record_seq(5);  // records 2 to 4 are missing
@@ -183,7 +183,7 @@ TEST_F(StateLogTest, AfterAFailedWriteTheNextRecordIsTheWholeState) {
   std::optional<proto::MasterState> state;
   auto log = StateLog::Open(&faulty, "/state", &state);
   ASSERT_THAT(log.status(), IsOk());
-  ASSERT_THAT((*log)->Append(State("running", 1)), IsOk());
+  ASSERT_THAT((*log)->Append(State(proto::JOB_RUNNING, 1)), IsOk());
   ASSERT_THAT((*log)->Append(Delta(2, 10)), IsOk());
   faulty.SetSpaceLimit(5);  // the disk fills part-way through the record
   EXPECT_THAT((*log)->Append(Delta(3, 11)),

@@ -84,6 +84,7 @@ TEST(CliTest, WaitRefusesABadProgressInterval) {
 TEST(CliTest, TheJobProgressLineHasTheFiguresAndTheTimeLeft) {
   proto::JobStatus j;
   j.set_state("running");
+  j.set_job_state(proto::JOB_RUNNING);
   j.set_epoch(1);
   j.set_epochs(3);
   j.set_steps(420);
@@ -99,6 +100,7 @@ TEST(CliTest, TheJobProgressLineHasTheFiguresAndTheTimeLeft) {
             "comm 12%  eta 1:00");
   // Evaluating: no time left to guess; the test accuracy once known.
   j.set_state("evaluating");
+  j.set_job_state(proto::JOB_EVALUATING);
   j.set_epoch(3);
   j.set_tasks_done(90);
   j.set_has_test_accuracy(true);
@@ -109,6 +111,7 @@ TEST(CliTest, TheJobProgressLineHasTheFiguresAndTheTimeLeft) {
   // Before any task is done: no guess either.
   proto::JobStatus fresh;
   fresh.set_state("running");
+  fresh.set_job_state(proto::JOB_RUNNING);
   fresh.set_epochs(1);
   fresh.set_tasks_total(10);
   EXPECT_EQ(JobProgressLine(fresh), "epoch 1/1  step 0  tasks 0/10  samples/s 0  loss 0.0000");

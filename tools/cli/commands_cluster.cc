@@ -29,7 +29,7 @@ std::string JobProgressLine(const proto::JobStatus& j) {
   if (j.train_accuracy() > 0) absl::StrAppendFormat(&s, "  accuracy %.3f", j.train_accuracy());
   if (j.has_test_accuracy()) absl::StrAppendFormat(&s, "  test accuracy %.4f", j.test_accuracy());
   if (j.comm_share() > 0) absl::StrAppendFormat(&s, "  comm %.0f%%", 100 * j.comm_share());
-  if (j.state() == "evaluating") {
+  if (j.job_state() == proto::JOB_EVALUATING) {
     absl::StrAppend(&s, "  evaluating");
   } else if (j.tasks_done() > 0 && j.tasks_total() > j.tasks_done() && j.wall_seconds() > 0) {
     // The rest at the pace so far (tasks are of one size).
@@ -48,10 +48,6 @@ namespace {
 // redrawn in place).
 bool IsTerminal(const std::ostream& out) { return &out == &std::cout && isatty(STDOUT_FILENO); }
 
-bool JobEnded(const std::string& state) {
-  return state == "succeeded" || state == "failed" || state == "stopped";
-}
-
 std::string StatusText(const proto::GetStatusResponse& st) {
   std::ostringstream out;
   const proto::JobStatus& j = st.job();
@@ -62,7 +58,8 @@ std::string StatusText(const proto::GetStatusResponse& st) {
       std::min(j.epoch() + 1, j.epochs()), j.epochs(), j.tasks_done(), j.tasks_total(), j.steps(),
       j.samples(), j.samples_per_sec(), j.loss(), 100 * j.comm_share(), j.wall_seconds(),
       j.has_test_accuracy() ? absl::StrFormat("%.4f", j.test_accuracy()) : "-");
-  if (j.state() == "waiting" && !j.phase().empty()) out << "  bring-up: " << j.phase() << "\n";
+  if (j.job_state() == proto::JOB_WAITING && !j.phase().empty())
+    out << "  bring-up: " << j.phase() << "\n";
   if (!j.security().empty()) {
     out << "  security: "
         << (absl::StartsWith(j.security(), "mtls") ? j.security()
@@ -409,8 +406,8 @@ CliResult WaitUntilDrained(const Invocation& in, Draining d) {
       return Failure(1, absl::StrCat("strata drain: ", d.name,
                                      " died before it had drained (see strata logs ", d.name, ")"));
     }
-    const std::string& job = now->job().state();
-    if (d.node.state() != proto::DRAINED && JobEnded(job)) {
+    const std::string& job = now->job().state();  // (its name)
+    if (d.node.state() != proto::DRAINED && IsJobOver(now->job().job_state())) {
       end_line();
       CliResult r =
           TextResult(absl::StrCat("the job ended (", job, ") while ", d.name, " was draining\n"));
@@ -556,14 +553,15 @@ CliResult Wait(const Invocation& in) {
       absl::SleepFor(absl::Milliseconds(250));
       continue;
     }
-    const std::string& state = st->job().state();
-    const bool training = state == "running" || state == "evaluating";
+    const proto::JobState state = st->job().job_state();
+    const bool training = state == proto::JOB_RUNNING || state == proto::JOB_EVALUATING;
     if (progress && !only && st->job().phase() != shown &&
-        (state == "waiting" || (until == "end" && training))) {
+        (state == proto::JOB_WAITING || (until == "end" && training))) {
       shown = st->job().phase();
       // (A phase's own figures change all the time: a line per phase.)
       end_drawn();
-      out << (state == "waiting" ? "bring-up: " : "progress: ") << shown << "\n" << std::flush;
+      out << (state == proto::JOB_WAITING ? "bring-up: " : "progress: ") << shown << "\n"
+          << std::flush;
     }
     // (From the first step on: before it the figures are all zero.)
     if (progress && until == "end" && training && st->job().steps() > 0 &&
@@ -575,16 +573,16 @@ CliResult Wait(const Invocation& in) {
       }
       out << "progress: " << JobProgressLine(st->job()) << (redraw ? "" : "\n") << std::flush;
     }
-    if (only && JobEnded(state)) {
+    if (only && IsJobOver(state)) {
       end_drawn();
       CliResult r;
-      r.exit_code = state == "succeeded" ? 0 : 1;
+      r.exit_code = state == proto::JOB_SUCCEEDED ? 0 : 1;
       return r;
     }
     if (until == "running" && training) return JobStateResult(st->job(), false, 0);
-    if (JobEnded(state)) {
+    if (IsJobOver(state)) {
       end_drawn();
-      return JobStateResult(st->job(), true, state == "succeeded" ? 0 : 1);
+      return JobStateResult(st->job(), true, state == proto::JOB_SUCCEEDED ? 0 : 1);
     }
     absl::SleepFor(absl::Milliseconds(250));
   }

@@ -253,6 +253,30 @@ absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason
   return resp;
 }
 
+namespace {
+
+// What a checkpoint's manifest says of the job, before its partitions.
+proto::CheckpointManifest ManifestHeader(const JobConfig& config, uint64_t seq,
+                                         const std::string& reason, uint64_t step,
+                                         uint64_t cluster_epoch) {
+  proto::CheckpointManifest m;
+  m.set_format_version(storage::kCheckpointFormatVersion);
+  m.set_job(config.job.name);
+  m.set_seq(seq);
+  m.set_consistency(ConsistencyName(config.job.consistency));
+  m.set_step(step);
+  m.set_cluster_epoch(cluster_epoch);
+  m.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  m.set_reason(reason);
+  for (auto& t : ConfigTables(config)) *m.add_tables() = std::move(t);
+  m.set_optimizer(config.optimizer.type);
+  m.set_sparse_optimizer(config.sparse.optimizer.type);
+  m.set_slice_bytes(config.cluster.slice_bytes);
+  return m;
+}
+
+}  // namespace
+
 absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::string& reason,
                                                                    bool stop_after) {
   absl::MutexLock cl(&checkpoint_mu_);
@@ -316,171 +340,27 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   req.set_root(cfg.dir);
   req.set_zstd_level(cfg.compression_level);
   req.set_timeout_ms(static_cast<int64_t>(cfg.timeout_seconds) * 1000);
-  std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results;
-  // Steps ahead of the newest version for the bsp cut: training goes on
-  // while partitions wait for it, so a wide margin costs nothing, and one
-  // too narrow (a fast job passing the cut before it is set) a retry.
-  uint64_t margin = 16;
-  for (int attempt = 0;; ++attempt) {
-    if (stop_.HasBeenNotified()) return fail(absl::CancelledError("the master is shutting down"));
-    if (bsp) {
-      // The cut: `margin` steps after the newest version now; once training
-      // is over, the newest (a partition still applying the last step
-      // reaches it by itself).
-      absl::StatusOr<uint64_t> newest = NewestVersion(targets);
-      if (!newest.ok()) return fail(newest.status());
-      req.set_at_version(true);
-      req.set_version(training_over ? *newest : *newest + margin);
-    }
-    results.assign(targets.size(), absl::UnknownError("no answer"));
-    {
-      absl::MutexLock l(&mu_);  // (a retry starts over)
-      checkpoint_op_.done = 0;
-      checkpoint_op_.bytes = 0;
-    }
-    std::vector<std::thread> calls;
-    for (size_t i = 0; i < targets.size(); ++i) {
-      auto call = [&, i] {
-        proto::CheckpointPartitionsResponse resp;
-        grpc::ClientContext ctx;
-        ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(cfg.timeout_seconds + 5)));
-        {
-          absl::MutexLock il(&inflight_mu_);
-          if (stopping_) {
-            results[i] = absl::CancelledError("the master is shutting down");
-            return;
-          }
-          inflight_.insert(&ctx);
-        }
-        absl::Status s = FromGrpcStatus(targets[i].second->CheckpointPartitions(&ctx, req, &resp),
-                                        absl::StrCat("pserver node ", targets[i].first));
-        {
-          absl::MutexLock il(&inflight_mu_);
-          inflight_.erase(&ctx);
-        }
-        if (s.ok()) {
-          absl::MutexLock l(&mu_);
-          ++checkpoint_op_.done;
-          checkpoint_op_.bytes += resp.bytes_written();
-        }
-        if (s.ok()) {
-          results[i] = std::move(resp);
-        } else {
-          results[i] = s;
-        }
-      };
-      if (!TryAddThread(&calls, call)) call();
-    }
-    for (auto& t : calls) t.join();
-    bool past_cut = false, cancelled = false, busy = false;
-    absl::Status first_error;
-    for (const auto& r : results) {
-      if (r.ok()) continue;
-      past_cut |= HasReason(r.status(), proto::REASON_CUT_PASSED);
-      // A pserver still finishing an earlier attempt: try again shortly.
-      busy |= HasReason(r.status(), proto::REASON_CHECKPOINT_BUSY);
-      cancelled |= absl::IsCancelled(r.status());
-      if (first_error.ok()) first_error = r.status();
-    }
-    if (first_error.ok()) break;
-    if (busy && attempt < 3) {
-      stop_.WaitForNotificationWithTimeout(absl::Seconds(1));
-      continue;
-    }
-    if (cancelled && bsp && !training_over && attempt < 3) {
-      // Training ended before reaching the cut: set it where it stopped.
-      absl::MutexLock l(&mu_);
-      training_over = job_state_ == proto::JOB_EVALUATING;
-      if (training_over) continue;
-    }
-    if (!past_cut || attempt == 3) return fail(first_error);
-    // Training outran the cut while it was being set: aim further ahead.
-    margin *= 4;
-    VLOG(1) << "checkpoint " << seq << ": training passed the cut; again " << margin
-            << " steps ahead";
-  }
+  absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> results =
+      WriteCheckpointPartitions(targets, training_over, &req);
+  if (!results.ok()) return fail(results.status());
 
   // The manifest: each partition's new file on top of its chain.
-  proto::CheckpointManifest m;
-  m.set_format_version(storage::kCheckpointFormatVersion);
-  m.set_job(options_.config.job.name);
-  m.set_seq(seq);
-  m.set_consistency(ConsistencyName(options_.config.job.consistency));
-  m.set_step(bsp ? req.version() : 0);
-  m.set_cluster_epoch(view.epoch());
-  m.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
-  m.set_reason(reason);
-  for (auto& t : ConfigTables(options_.config)) *m.add_tables() = std::move(t);
-  m.set_optimizer(options_.config.optimizer.type);
-  m.set_sparse_optimizer(options_.config.sparse.optimizer.type);
-  m.set_slice_bytes(options_.config.cluster.slice_bytes);
+  proto::CheckpointManifest m =
+      ManifestHeader(options_.config, seq, reason, bsp ? req.version() : 0, view.epoch());
   std::map<uint32_t, proto::CheckpointPartition> got;
   double stall = 0;
   uint64_t written = 0;
-  for (auto& r : results) {
-    stall = std::max(stall, r->max_stall_seconds());
-    written += r->bytes_written();
-    for (auto& p : *r->mutable_partitions()) got[p.id()] = std::move(p);
+  for (auto& r : *results) {
+    stall = std::max(stall, r.max_stall_seconds());
+    written += r.bytes_written();
+    for (auto& p : *r.mutable_partitions()) got[p.id()] = std::move(p);
   }
-  std::map<uint32_t, const proto::CheckpointPartition*> previous;
   absl::Status merged;
   {
     absl::MutexLock l(&mu_);
-    if (last_manifest_.has_value()) {
-      for (const auto& p : last_manifest_->partitions()) previous[p.id()] = &p;
-    }
-    bool incremental = false;
-    for (const proto::PartitionInfo& info : view.partitions()) {
-      auto it = got.find(info.id());
-      if (it == got.end()) {
-        merged = absl::InternalError(absl::StrCat("no pserver wrote partition ", info.id()));
-        break;
-      }
-      proto::CheckpointPartition entry = it->second;
-      entry.set_table_id(info.table_id());
-      entry.set_offset(info.offset());
-      entry.set_length(info.length());
-      auto prev = previous.find(info.id());
-      const bool has_new = entry.files_size() > 0;
-      if (!has_new || !entry.files(0).full()) {
-        if (prev == previous.end() || base_seq == 0) {
-          merged = absl::InternalError(absl::StrCat("partition ", info.id(), " wrote ",
-                                                    has_new ? "a delta" : "nothing",
-                                                    " with no previous checkpoint to build on"));
-          break;
-        }
-        incremental = true;
-        proto::CheckpointPartition chained = *prev->second;
-        chained.set_version(entry.version());
-        chained.set_rows(entry.rows());
-        chained.set_raw_bytes(entry.raw_bytes());
-        for (const auto& f : entry.files()) *chained.add_files() = f;
-        entry = std::move(chained);
-        entry.set_table_id(info.table_id());
-        entry.set_offset(info.offset());
-        entry.set_length(info.length());
-      }
-      m.set_raw_bytes(m.raw_bytes() + entry.raw_bytes());
-      *m.add_partitions() = std::move(entry);
-    }
-    m.set_incremental(incremental);
-    m.set_base_seq(incremental ? base_seq : 0);
-    const TaskScheduler::Cut cut =
-        tasks_.CutAt(bsp ? std::optional<uint64_t>(req.version()) : std::nullopt,
-                     options_.config.job.batch_size);
-    for (uint64_t id : cut.done) m.add_tasks_done(id);
-    for (const auto& [id, records] : cut.partial) {
-      proto::CheckpointTask* t = m.add_tasks_partial();
-      t->set_id(id);
-      t->set_trained_records(records);
-    }
-    // The samples in the parameters at the cut: the records of the tasks
-    // done and of the parts trained.
-    uint64_t samples = 0;
-    for (uint64_t id : cut.done) samples += tasks_.RecordsOf(id);
-    for (const auto& [id, records] : cut.partial) samples += records;
-    m.set_samples(samples);
-    m.set_next_node_id(next_node_id_);
+    merged = FillManifestLocked(view, base_seq,
+                                bsp ? std::optional<uint64_t>(req.version()) : std::nullopt,
+                                std::move(got), &m);
   }
   if (!merged.ok()) return fail(merged);
   m.set_bytes_written(written);
@@ -509,6 +389,175 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     checkpoint_bytes_->Observe(static_cast<double>(written));
   }
   absl::MutexLock l(&mu_);
+  CheckpointDoneLocked(reason, dir, std::move(m));
+  if (stop_after && !IsJobOver(job_state_)) {
+    FinishJobLocked(proto::JOB_STOPPED,
+                    absl::StrCat("stopped after checkpoint ", seq, " (", reason, ")"));
+  }
+  return resp;
+}
+
+std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> MasterServer::CheckpointCalls(
+    const std::vector<PServerTarget>& targets, const proto::CheckpointPartitionsRequest& req) {
+  std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results(
+      targets.size(), absl::UnknownError("no answer"));
+  {
+    absl::MutexLock l(&mu_);  // (a retry starts over)
+    checkpoint_op_.done = 0;
+    checkpoint_op_.bytes = 0;
+  }
+  const int timeout_seconds = options_.config.checkpoint.timeout_seconds;
+  std::vector<std::thread> calls;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    auto call = [&, i] {
+      proto::CheckpointPartitionsResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(timeout_seconds + 5)));
+      {
+        absl::MutexLock il(&inflight_mu_);
+        if (stopping_) {
+          results[i] = absl::CancelledError("the master is shutting down");
+          return;
+        }
+        inflight_.insert(&ctx);
+      }
+      absl::Status s = FromGrpcStatus(targets[i].second->CheckpointPartitions(&ctx, req, &resp),
+                                      absl::StrCat("pserver node ", targets[i].first));
+      {
+        absl::MutexLock il(&inflight_mu_);
+        inflight_.erase(&ctx);
+      }
+      if (s.ok()) {
+        absl::MutexLock l(&mu_);
+        ++checkpoint_op_.done;
+        checkpoint_op_.bytes += resp.bytes_written();
+      }
+      if (s.ok()) {
+        results[i] = std::move(resp);
+      } else {
+        results[i] = s;
+      }
+    };
+    if (!TryAddThread(&calls, call)) call();
+  }
+  for (auto& t : calls) t.join();
+  return results;
+}
+
+absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>>
+MasterServer::WriteCheckpointPartitions(const std::vector<PServerTarget>& targets,
+                                        bool training_over,
+                                        proto::CheckpointPartitionsRequest* req) {
+  const bool bsp = options_.config.job.consistency == Consistency::kBsp;
+  // Steps ahead of the newest version for the bsp cut: training goes on
+  // while partitions wait for it, so a wide margin costs nothing, and one
+  // too narrow (a fast job passing the cut before it is set) a retry.
+  uint64_t margin = 16;
+  for (int attempt = 0;; ++attempt) {
+    if (stop_.HasBeenNotified()) return absl::CancelledError("the master is shutting down");
+    if (bsp) {
+      // The cut: `margin` steps after the newest version now; once training
+      // is over, the newest (a partition still applying the last step
+      // reaches it by itself).
+      STRATA_ASSIGN_OR_RETURN(uint64_t newest, NewestVersion(targets));
+      req->set_at_version(true);
+      req->set_version(training_over ? newest : newest + margin);
+    }
+    std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results =
+        CheckpointCalls(targets, *req);
+    bool past_cut = false, cancelled = false, busy = false;
+    absl::Status first_error;
+    for (const auto& r : results) {
+      if (r.ok()) continue;
+      past_cut |= HasReason(r.status(), proto::REASON_CUT_PASSED);
+      // A pserver still finishing an earlier attempt: try again shortly.
+      busy |= HasReason(r.status(), proto::REASON_CHECKPOINT_BUSY);
+      cancelled |= absl::IsCancelled(r.status());
+      if (first_error.ok()) first_error = r.status();
+    }
+    if (first_error.ok()) {
+      std::vector<proto::CheckpointPartitionsResponse> out;
+      for (auto& r : results) out.push_back(*std::move(r));
+      return out;
+    }
+    if (busy && attempt < 3) {
+      stop_.WaitForNotificationWithTimeout(absl::Seconds(1));
+      continue;
+    }
+    if (cancelled && bsp && !training_over && attempt < 3) {
+      // Training ended before reaching the cut: set it where it stopped.
+      absl::MutexLock l(&mu_);
+      training_over = job_state_ == proto::JOB_EVALUATING;
+      if (training_over) continue;
+    }
+    if (!past_cut || attempt == 3) return first_error;
+    // Training outran the cut while it was being set: aim further ahead.
+    margin *= 4;
+    VLOG(1) << "checkpoint " << req->seq() << ": training passed the cut; again " << margin
+            << " steps ahead";
+  }
+}
+
+absl::Status MasterServer::FillManifestLocked(const proto::ClusterView& view, uint64_t base_seq,
+                                              std::optional<uint64_t> cut_step,
+                                              std::map<uint32_t, proto::CheckpointPartition> got,
+                                              proto::CheckpointManifest* m) {
+  std::map<uint32_t, const proto::CheckpointPartition*> previous;
+  if (last_manifest_.has_value()) {
+    for (const auto& p : last_manifest_->partitions()) previous[p.id()] = &p;
+  }
+  bool incremental = false;
+  for (const proto::PartitionInfo& info : view.partitions()) {
+    auto it = got.find(info.id());
+    if (it == got.end()) {
+      return absl::InternalError(absl::StrCat("no pserver wrote partition ", info.id()));
+    }
+    proto::CheckpointPartition entry = std::move(it->second);
+    auto prev = previous.find(info.id());
+    const bool has_new = entry.files_size() > 0;
+    if (!has_new || !entry.files(0).full()) {
+      if (prev == previous.end() || base_seq == 0) {
+        return absl::InternalError(absl::StrCat("partition ", info.id(), " wrote ",
+                                                has_new ? "a delta" : "nothing",
+                                                " with no previous checkpoint to build on"));
+      }
+      incremental = true;
+      proto::CheckpointPartition chained = *prev->second;
+      chained.set_version(entry.version());
+      chained.set_rows(entry.rows());
+      chained.set_raw_bytes(entry.raw_bytes());
+      for (const auto& f : entry.files()) *chained.add_files() = f;
+      entry = std::move(chained);
+    }
+    entry.set_table_id(info.table_id());
+    entry.set_offset(info.offset());
+    entry.set_length(info.length());
+    m->set_raw_bytes(m->raw_bytes() + entry.raw_bytes());
+    *m->add_partitions() = std::move(entry);
+  }
+  m->set_incremental(incremental);
+  m->set_base_seq(incremental ? base_seq : 0);
+  const TaskScheduler::Cut cut = tasks_.CutAt(cut_step, options_.config.job.batch_size);
+  for (uint64_t id : cut.done) m->add_tasks_done(id);
+  for (const auto& [id, records] : cut.partial) {
+    proto::CheckpointTask* t = m->add_tasks_partial();
+    t->set_id(id);
+    t->set_trained_records(records);
+  }
+  // The samples in the parameters at the cut: the records of the tasks
+  // done and of the parts trained.
+  uint64_t samples = 0;
+  for (uint64_t id : cut.done) samples += tasks_.RecordsOf(id);
+  for (const auto& [id, records] : cut.partial) samples += records;
+  m->set_samples(samples);
+  m->set_next_node_id(next_node_id_);
+  return absl::OkStatus();
+}
+
+void MasterServer::CheckpointDoneLocked(const std::string& reason, const std::string& dir,
+                                        proto::CheckpointManifest m) {
+  const uint64_t written = m.bytes_written();
+  const double stall = m.max_stall_seconds();
   increments_since_full_ = m.incremental() ? increments_since_full_ + 1 : 0;
   ++checkpoints_done_;
   checkpoint_bytes_total_ += written;
@@ -517,22 +566,19 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   checkpoint_max_stall_ = std::max(checkpoint_max_stall_, stall);
   checkpoint_seconds_total_ += m.write_seconds();
   last_checkpoint_time_ = clock_->Now();
+  const bool bsp = options_.config.job.consistency == Consistency::kBsp;
   LOG(INFO) << absl::StrFormat(
       "checkpoint %d (%s%s) at %s: %.2f MB written, %.2f MB raw state, in %.2f s; longest "
       "stall %.2f ms; %s",
-      seq, reason, m.incremental() ? absl::StrCat(", incremental over ", base_seq) : ", full",
+      m.seq(), reason,
+      m.incremental() ? absl::StrCat(", incremental over ", m.base_seq()) : ", full",
       bsp ? absl::StrCat("step ", m.step()) : "the partitions' own versions", written / 1e6,
       m.raw_bytes() / 1e6, m.write_seconds(), stall * 1e3, dir);
   sink_->Event("checkpoint",
-               absl::StrFormat("checkpoint %d (%s%s) at step %d: %d bytes in %.3f s: %s", seq,
+               absl::StrFormat("checkpoint %d (%s%s) at step %d: %d bytes in %.3f s: %s", m.seq(),
                                reason, m.incremental() ? ", incremental" : ", full", m.step(),
                                written, m.write_seconds(), dir));
   last_manifest_ = std::move(m);
-  if (stop_after && !IsJobOver(job_state_)) {
-    FinishJobLocked(proto::JOB_STOPPED,
-                    absl::StrCat("stopped after checkpoint ", seq, " (", reason, ")"));
-  }
-  return resp;
 }
 
 void MasterServer::CheckpointLoop() {

@@ -192,21 +192,16 @@ class MasterServer::Service final : public proto::Master::Service {
   MasterServer* const m_;  // owns this service
 };
 
-absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions options) {
-  if (options.fs == nullptr) {
-    return absl::InvalidArgumentError("MasterOptions.fs is required");
-  }
-  if (options.expected_pservers < 1 || options.expected_workers < 1) {
-    return absl::InvalidArgumentError("the cluster needs at least one pserver and one worker");
-  }
-  if (options.config.cluster.replication >= options.expected_pservers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(options.config.source.empty() ? "config" : options.config.source,
-                     ": cluster.replication ", options.config.cluster.replication,
-                     " needs at least ", options.config.cluster.replication + 1,
-                     " pservers; the cluster has ", options.expected_pservers));
-  }
-  const DataSection& data = options.config.data;
+namespace {
+
+// The training set's size in records, and (a plain-text CTR file) its cut
+// by bytes.
+struct TrainingSetSize {
+  int64_t records = 0;
+  std::optional<TaskScheduler::ByteSplit> split;
+};
+
+absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data) {
   int64_t n = 0;
   std::optional<TaskScheduler::ByteSplit> split;
   if (data.format == "criteo") {
@@ -221,9 +216,9 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
     read.bad_lines =
         data.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
     STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
-                            storage::ProbeCriteoFile(options.fs, data.train, read));
+                            storage::ProbeCriteoFile(fs, data.train, read));
     if (shape.gzipped || data.train_limit > 0) {
-      STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(options.fs, data.train));
+      STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(fs, data.train));
       if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
     } else {
       split = TaskScheduler::ByteSplit{
@@ -241,13 +236,13 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
     // read whole here (the data may be on a shared file system or in an
     // object store; the workers read it).
     STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> labels,
-                            storage::ReadIdxShape(options.fs, data.train_labels));
+                            storage::ReadIdxShape(fs, data.train_labels));
     if (labels.size() != 1 || labels[0] == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(data.train_labels, ": expected a non-empty 1-d label file"));
     }
     STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> images,
-                            storage::ReadIdxShape(options.fs, data.train_images));
+                            storage::ReadIdxShape(fs, data.train_images));
     if (images.empty() || images[0] != labels[0]) {
       return absl::InvalidArgumentError(
           absl::StrCat(data.train_images, " has ", images.empty() ? 0 : images[0], " examples but ",
@@ -256,26 +251,54 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
     n = labels[0];
   }
   if (data.train_limit > 0) n = std::min<int64_t>(n, data.train_limit);
+  return TrainingSetSize{n, split};
+}
+
+}  // namespace
+
+absl::StatusOr<MasterServer::Planted> MasterServer::ReadPlanted(storage::FileSystem* fs,
+                                                                const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, fs->ReadFile(path));
+  google::protobuf::Struct json;
+  auto parsed = google::protobuf::util::JsonStringToMessage(text, &json);
+  const auto& f = json.fields();
+  auto number = [&f](const char* key) -> const google::protobuf::Value* {
+    auto it = f.find(key);
+    return it != f.end() && it->second.has_number_value() ? &it->second : nullptr;
+  };
+  if (!parsed.ok() || number("planted_test_auc") == nullptr ||
+      number("planted_test_logloss") == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " (data.planted): expected a JSON object with numbers "
+                     "planted_test_auc and planted_test_logloss (strata-gen-ctr writes it)",
+                     parsed.ok() ? "" : absl::StrCat(": ", parsed.ToString())));
+  }
+  return Planted{true, number("planted_test_auc")->number_value(),
+                 number("planted_test_logloss")->number_value()};
+}
+
+absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions options) {
+  if (options.fs == nullptr) {
+    return absl::InvalidArgumentError("MasterOptions.fs is required");
+  }
+  if (options.expected_pservers < 1 || options.expected_workers < 1) {
+    return absl::InvalidArgumentError("the cluster needs at least one pserver and one worker");
+  }
+  if (options.config.cluster.replication >= options.expected_pservers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.config.source.empty() ? "config" : options.config.source,
+                     ": cluster.replication ", options.config.cluster.replication,
+                     " needs at least ", options.config.cluster.replication + 1,
+                     " pservers; the cluster has ", options.expected_pservers));
+  }
+  const DataSection& data = options.config.data;
+  STRATA_ASSIGN_OR_RETURN(const TrainingSetSize size, SizeTrainingSet(options.fs, data));
+  const int64_t n = size.records;
+  const std::optional<TaskScheduler::ByteSplit>& split = size.split;
   Planted planted;
   if (!data.planted.empty()) {
-    STRATA_ASSIGN_OR_RETURN(std::string text, options.fs->ReadFile(data.planted));
-    google::protobuf::Struct json;
-    auto parsed = google::protobuf::util::JsonStringToMessage(text, &json);
-    const auto& f = json.fields();
-    auto number = [&f](const char* key) -> const google::protobuf::Value* {
-      auto it = f.find(key);
-      return it != f.end() && it->second.has_number_value() ? &it->second : nullptr;
-    };
-    if (!parsed.ok() || number("planted_test_auc") == nullptr ||
-        number("planted_test_logloss") == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(data.planted,
-                       " (data.planted): expected a JSON object with numbers "
-                       "planted_test_auc and planted_test_logloss (strata-gen-ctr writes it)",
-                       parsed.ok() ? "" : absl::StrCat(": ", parsed.ToString())));
-    }
-    planted = {true, number("planted_test_auc")->number_value(),
-               number("planted_test_logloss")->number_value()};
+    STRATA_ASSIGN_OR_RETURN(planted, ReadPlanted(options.fs, data.planted));
   }
   // A restarted master: its state directory says where the job is.
   std::optional<proto::MasterState> saved;
@@ -1625,56 +1648,14 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_epochs(options_.config.job.epochs);
   js.set_tasks_total(tasks_.total());
   js.set_tasks_done(tasks_.done());
-  uint64_t steps = 0, samples = 0;
-  double busy = 0, comm = 0, loss_sum = 0, acc_sum = 0, loss_all = 0, acc_all = 0, sps = 0;
-  int n_loss = 0, n_all = 0;
-  for (const auto& [id, w] : workers_) {
-    const auto& p = w.last;
-    steps += p.steps_done();
-    samples += p.samples();
-    busy += p.busy_seconds();
-    comm += p.comm_seconds();
-    const proto::NodeInfo* node = nullptr;
-    for (const auto& m : view_.members())
-      if (m.id() == id) node = &m;
-    // The loss and accuracy now: of the workers still in the job (a dead or
-    // drained one's last report goes stale), or of all when none is.
-    if (p.steps_done() > 0) {
-      const bool in_job = node != nullptr && !Gone(*node);
-      loss_all += p.loss();
-      acc_all += p.train_accuracy();
-      ++n_all;
-      if (in_job) {
-        loss_sum += p.loss();
-        acc_sum += p.train_accuracy();
-        ++n_loss;
-      }
-    }
-    if (node && node->state() == proto::ALIVE) sps += p.samples_per_sec();
-    proto::WorkerProgress* wp = js.add_workers();
-    wp->set_node_id(id);
-    wp->set_index(node ? node->index() : -1);
-    wp->set_epoch(p.epoch());
-    wp->set_step(p.step());
-    wp->set_steps_done(p.steps_done());
-    wp->set_samples(p.samples());
-    wp->set_loss(p.loss());
-    wp->set_train_accuracy(p.train_accuracy());
-    wp->set_samples_per_sec(p.samples_per_sec());
-    wp->set_comm_share(p.busy_seconds() > 0 ? p.comm_seconds() / p.busy_seconds() : 0);
-  }
+  const WorkerTotals w = WorkerProgressLocked(&js);
   // BSP: one optimizer step per synchronous step; ASP: one per push.
   js.set_steps(options_.config.job.consistency == Consistency::kBsp
-                   ? (steps > 0 ? max_last_step_ + 1 : 0)
-                   : steps);
-  js.set_samples(samples + samples_base_);
-  if (n_loss == 0) {
-    loss_sum = loss_all;
-    acc_sum = acc_all;
-    n_loss = n_all;
-  }
-  js.set_loss(n_loss ? loss_sum / n_loss : 0);
-  js.set_train_accuracy(n_loss ? acc_sum / n_loss : 0);
+                   ? (w.steps > 0 ? max_last_step_ + 1 : 0)
+                   : w.steps);
+  js.set_samples(w.samples + samples_base_);
+  js.set_loss(w.loss);
+  js.set_train_accuracy(w.accuracy);
   // Where bring-up stands, and what runs now.
   const int pservers = CountLocked(proto::PSERVER, false);
   const int workers = CountLocked(proto::WORKER, true);
@@ -1682,27 +1663,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_pservers_expected(options_.expected_pservers);
   js.set_workers_registered(workers);
   js.set_workers_expected(options_.expected_workers);
-  if (job_state_ == proto::JOB_WAITING) {
-    if (pservers < options_.expected_pservers) {
-      js.set_phase(absl::StrCat("waiting for pservers: ", pservers, " of ",
-                                options_.expected_pservers, " registered"));
-    } else if (!placed_ && restore_op_.seq > 0) {
-      js.set_phase(absl::StrFormat("restoring checkpoint %d: %d of %d pserver(s) loaded",
-                                   restore_op_.seq, restore_op_.done, restore_op_.total));
-    } else if (!placed_) {
-      js.set_phase(
-          absl::StrCat("placing ", view_.tables_size(), " table(s) on ", pservers, " pserver(s)"));
-    } else {
-      js.set_phase(absl::StrCat("waiting for workers: ", workers, " of ", options_.expected_workers,
-                                " registered"));
-    }
-  } else if (job_state_ == proto::JOB_RUNNING) {
-    js.set_phase(absl::StrFormat("training: epoch %d of %d, %d of %d data tasks",
-                                 std::min(tasks_.current_epoch() + 1, options_.config.job.epochs),
-                                 options_.config.job.epochs, tasks_.done(), tasks_.total()));
-  } else {
-    js.set_phase(JobStateName(job_state_));
-  }
+  js.set_phase(PhaseLocked(pservers, workers));
   js.set_security(options_.security.plaintext                   ? options_.security.ModeString()
                   : options_.config.security.encrypt_data_plane ? "mtls, data plane sealed"
                                                                 : "mtls");
@@ -1728,9 +1689,10 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
                            ? 0
                            : absl::ToDoubleSeconds(std::min(end, train_end_time_) - start_time_);
   js.set_train_seconds(train);
-  js.set_samples_per_sec(IsJobOver(job_state_) || sps == 0 ? (train > 0 ? samples / train : 0)
-                                                           : sps);
-  js.set_comm_share(busy > 0 ? comm / busy : 0);
+  js.set_samples_per_sec(IsJobOver(job_state_) || w.samples_per_sec == 0
+                             ? (train > 0 ? w.samples / train : 0)
+                             : w.samples_per_sec);
+  js.set_comm_share(w.busy > 0 ? w.comm / w.busy : 0);
   js.set_has_test_accuracy(has_accuracy_);
   js.set_test_accuracy(test_accuracy_);
   js.set_has_test_auc(has_auc_);
@@ -1751,6 +1713,78 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
   js.set_tasks_requeued(tasks_requeued_);
   for (const std::string& e : events_) js.add_events(e);
   return js;
+}
+
+MasterServer::WorkerTotals MasterServer::WorkerProgressLocked(proto::JobStatus* js) const {
+  WorkerTotals t;
+  double loss_sum = 0, acc_sum = 0, loss_all = 0, acc_all = 0;
+  int n_loss = 0, n_all = 0;
+  for (const auto& [id, w] : workers_) {
+    const auto& p = w.last;
+    t.steps += p.steps_done();
+    t.samples += p.samples();
+    t.busy += p.busy_seconds();
+    t.comm += p.comm_seconds();
+    const proto::NodeInfo* node = nullptr;
+    for (const auto& m : view_.members())
+      if (m.id() == id) node = &m;
+    // The loss and accuracy now: of the workers still in the job (a dead or
+    // drained one's last report goes stale), or of all when none is.
+    if (p.steps_done() > 0) {
+      const bool in_job = node != nullptr && !Gone(*node);
+      loss_all += p.loss();
+      acc_all += p.train_accuracy();
+      ++n_all;
+      if (in_job) {
+        loss_sum += p.loss();
+        acc_sum += p.train_accuracy();
+        ++n_loss;
+      }
+    }
+    if (node && node->state() == proto::ALIVE) t.samples_per_sec += p.samples_per_sec();
+    proto::WorkerProgress* wp = js->add_workers();
+    wp->set_node_id(id);
+    wp->set_index(node ? node->index() : -1);
+    wp->set_epoch(p.epoch());
+    wp->set_step(p.step());
+    wp->set_steps_done(p.steps_done());
+    wp->set_samples(p.samples());
+    wp->set_loss(p.loss());
+    wp->set_train_accuracy(p.train_accuracy());
+    wp->set_samples_per_sec(p.samples_per_sec());
+    wp->set_comm_share(p.busy_seconds() > 0 ? p.comm_seconds() / p.busy_seconds() : 0);
+  }
+  // The loss and accuracy now: of the workers in the job when some are.
+  if (n_loss == 0) {
+    loss_sum = loss_all;
+    acc_sum = acc_all;
+    n_loss = n_all;
+  }
+  t.loss = n_loss ? loss_sum / n_loss : 0;
+  t.accuracy = n_loss ? acc_sum / n_loss : 0;
+  return t;
+}
+
+std::string MasterServer::PhaseLocked(int pservers, int workers) const {
+  if (job_state_ == proto::JOB_RUNNING) {
+    return absl::StrFormat("training: epoch %d of %d, %d of %d data tasks",
+                           std::min(tasks_.current_epoch() + 1, options_.config.job.epochs),
+                           options_.config.job.epochs, tasks_.done(), tasks_.total());
+  }
+  if (job_state_ != proto::JOB_WAITING) return JobStateName(job_state_);
+  if (pservers < options_.expected_pservers) {
+    return absl::StrCat("waiting for pservers: ", pservers, " of ", options_.expected_pservers,
+                        " registered");
+  }
+  if (!placed_ && restore_op_.seq > 0) {
+    return absl::StrFormat("restoring checkpoint %d: %d of %d pserver(s) loaded", restore_op_.seq,
+                           restore_op_.done, restore_op_.total);
+  }
+  if (!placed_) {
+    return absl::StrCat("placing ", view_.tables_size(), " table(s) on ", pservers, " pserver(s)");
+  }
+  return absl::StrCat("waiting for workers: ", workers, " of ", options_.expected_workers,
+                      " registered");
 }
 
 proto::GetStatusResponse MasterServer::GetStatus() {

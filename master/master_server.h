@@ -205,6 +205,17 @@ class MasterServer {
   void FinishJobLocked(proto::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers' progress into js->workers, and their sums: steps,
+  // samples, busy and comm seconds, the samples/s of the live ones, and
+  // the mean loss and accuracy of those still in the job (of all when
+  // none is).
+  struct WorkerTotals {
+    uint64_t steps = 0, samples = 0;
+    double busy = 0, comm = 0, samples_per_sec = 0, loss = 0, accuracy = 0;
+  };
+  WorkerTotals WorkerProgressLocked(proto::JobStatus* js) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the job does now, in a few words (JobStatus.phase).
+  std::string PhaseLocked(int pservers, int workers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SummaryJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a point to history_ when history_interval_ has passed since the
   // last one (or `force`), once some worker has reported.
@@ -231,6 +242,28 @@ class MasterServer {
   std::vector<PServerTarget> OwnersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The newest partition version of those pservers now.
   static absl::StatusOr<uint64_t> NewestVersion(const std::vector<PServerTarget>& targets);
+  // One round of a checkpoint's calls: every target at once.
+  std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> CheckpointCalls(
+      const std::vector<PServerTarget>& targets, const proto::CheckpointPartitionsRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
+  // Has every target write its partitions of checkpoint req->seq(): again
+  // while a pserver is busy with an earlier attempt, and (bsp) with the cut
+  // set further ahead when training outran it, or where training stopped
+  // when it ended first. The cut chosen is left in *req.
+  absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> WriteCheckpointPartitions(
+      const std::vector<PServerTarget>& targets, bool training_over,
+      proto::CheckpointPartitionsRequest* req) ABSL_LOCKS_EXCLUDED(mu_);
+  // The manifest's partitions (each one's new file on top of its chain in
+  // the last checkpoint, base_seq), and the tasks and samples in the
+  // parameters at the cut (`cut_step`; none: asp).
+  absl::Status FillManifestLocked(const proto::ClusterView& view, uint64_t base_seq,
+                                  std::optional<uint64_t> cut_step,
+                                  std::map<uint32_t, proto::CheckpointPartition> got,
+                                  proto::CheckpointManifest* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts checkpoint `m` (its manifest written), says so in the log and
+  // the events, and makes it the base of the next.
+  void CheckpointDoneLocked(const std::string& reason, const std::string& dir,
+                            proto::CheckpointManifest m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The planted model's own test figures (data.planted), for the summary.
   struct Planted {
@@ -238,6 +271,8 @@ class MasterServer {
     double auc = 0;
     double logloss = 0;
   };
+  // data.planted, checked: its figures, or why it is not such a file.
+  static absl::StatusOr<Planted> ReadPlanted(storage::FileSystem* fs, const std::string& path);
   // `split`: the training set is text cut by bytes (num_records then an
   // estimate).
   MasterServer(MasterOptions options, int64_t num_records,

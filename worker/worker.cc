@@ -4,7 +4,6 @@
 #include <numeric>
 #include <random>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/daemon.h"
@@ -19,6 +18,8 @@
 #include "glog/logging.h"
 #include "transport/data_plane_auth.h"
 #include "transport/transport_metrics.h"
+#include "worker/ctr_trainer.h"
+#include "worker/mlp_trainer.h"
 
 namespace strata::worker {
 
@@ -57,19 +58,6 @@ class Worker::MasterTaskSource : public TaskSource {
 
 namespace {
 
-absl::Status CheckLabelsFor(const storage::LabeledDataset& data, const std::string& file,
-                            const ModelSection& model) {
-  const int classes = model.layers.back();
-  for (int64_t i = 0; i < data.num_examples; ++i) {
-    if (data.labels[i] < 0 || data.labels[i] >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat(file, ": record ", i, " has label ",
-                                                     data.labels[i], " outside [0, ", classes,
-                                                     ") (the last entry of model.layers)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // The worker's device from worker.* in the config (docs/gpu.md).
 absl::StatusOr<std::unique_ptr<Device>> ChooseDevice(const WorkerOptions& options) {
   const WorkerSection& w = options.config.worker;
@@ -86,13 +74,6 @@ absl::StatusOr<std::unique_ptr<Device>> ChooseDevice(const WorkerOptions& option
 
 }  // namespace
 
-storage::CriteoReadOptions CtrReadOptions(const DataSection& d) {
-  storage::CriteoReadOptions read;
-  read.bad_lines =
-      d.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
-  return read;
-}
-
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   if (options.fs == nullptr) return absl::InvalidArgumentError("WorkerOptions.fs is required");
   if (options.master_address.empty() && !options.local_only) {
@@ -102,76 +83,23 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   // The device first: a worker told to use a GPU it does not have fails
   // here, saying why, before it loads anything.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, ChooseDevice(options));
-  const auto& d = options.config.data;
-  if (options.config.model.type == "wide_deep") {
-    if (options.local_only) {
-      return absl::UnimplementedError(
-          "training a wide_deep model alone (--local) is not supported: its sparse tables "
-          "live on pservers");
-    }
-    // A plain-text training file is read per task (its byte range: see
-    // DataTask.by_bytes), as the master cuts it; its start is checked here,
-    // so a missing or foreign file fails now. A gzipped one, or the first
-    // data.train_limit records, is read whole.
-    storage::CriteoReadOptions read = CtrReadOptions(d);
-    read.limit = d.train_limit;
-    STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
-                            storage::ProbeCriteoFile(options.fs, d.train, read));
-    storage::CtrDataset ctr;
-    storage::CriteoReadStats stats;
-    if (shape.gzipped || d.train_limit > 0) {
-      STRATA_ASSIGN_OR_RETURN(ctr, storage::LoadCriteoFile(options.fs, d.train, read, &stats));
-      if (stats.skipped > 0) {
-        LOG(WARNING) << d.train << ": skipped " << stats.skipped
-                     << " bad line(s); first: " << stats.first_error;
-      }
-    }
-    return std::unique_ptr<Worker>(new Worker(std::move(options), std::move(device),
-                                              storage::LabeledDataset(), std::move(ctr),
-                                              stats.skipped));
+  const bool ctr = options.config.model.type == "wide_deep";
+  if (ctr && options.local_only) {
+    return absl::UnimplementedError(
+        "training a wide_deep model alone (--local) is not supported: its sparse tables "
+        "live on pservers");
   }
-  STRATA_ASSIGN_OR_RETURN(
-      storage::LabeledDataset train,
-      storage::LoadIdxDataset(options.fs, d.train_images, d.train_labels, d.train_limit));
-  if (train.feature_dim != options.config.model.layers.front()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(d.train_images, ": examples have ", train.feature_dim,
-                     " features but model.layers[0] is ", options.config.model.layers.front()));
-  }
-  STRATA_RETURN_IF_ERROR(CheckLabelsFor(train, d.train_labels, options.config.model));
-  return std::unique_ptr<Worker>(
-      new Worker(std::move(options), std::move(device), std::move(train), storage::CtrDataset()));
+  std::unique_ptr<Worker> worker(new Worker(std::move(options), std::move(device)));
+  // The model family, chosen here once: nothing else asks which it is.
+  STRATA_ASSIGN_OR_RETURN(worker->trainer_,
+                          ctr ? CtrTrainer::Create(worker.get(), worker->device_.get())
+                              : MlpTrainer::Create(worker.get(), worker->device_.get()));
+  return worker;
 }
 
-Worker::Worker(WorkerOptions options, std::unique_ptr<Device> device, storage::LabeledDataset train,
-               storage::CtrDataset ctr_train, int64_t ctr_skipped)
-    : options_(std::move(options)),
-      train_(std::move(train)),
-      ctr_train_(std::move(ctr_train)),
-      ctr_train_skipped_(ctr_skipped),
-      device_(std::move(device)) {
-  const ModelSection& model = options_.config.model;
-  const Activation act = *ParseActivation(model.activation);
-  if (model.type == "wide_deep") {
-    wide_deep_ = std::make_unique<WideDeep>(model, act, device_.get());
-    const RowCacheSection& cache = options_.config.sparse.cache;
-    if (cache.rows > 0) {
-      row_cache_ = std::make_unique<RowCache>(cache.rows, cache.staleness_steps,
-                                              std::vector<int>{1, model.embedding_dim});
-    }
-  } else {
-    model_ = std::make_unique<Mlp>(model.layers, act, device_.get());
-    model_->SetRecompute(options_.config.worker.recompute_every);
-  }
+Worker::Worker(WorkerOptions options, std::unique_ptr<Device> device)
+    : options_(std::move(options)), device_(std::move(device)) {
   tasks_ = std::move(options_.task_source);
-}
-
-std::vector<std::vector<float>>& Worker::ModelParams() {
-  return wide_deep_ ? wide_deep_->params() : model_->params();
-}
-
-const std::vector<std::vector<float>>& Worker::ModelGrads() const {
-  return wide_deep_ ? wide_deep_->grads() : model_->grads();
 }
 
 Worker::~Worker() { Shutdown(); }
@@ -200,28 +128,20 @@ Worker::Stats Worker::stats() const {
   return stats_;
 }
 
-absl::Status Worker::Start() {
-  // An mtls cluster's data plane serves members only (docs/security.md).
-  transport::TransportOptions topts = options_.transport;
-  if (!options_.security.plaintext && !options_.local_only) {
-    membership_ = std::make_shared<transport::MembershipKeys>();
-    topts.membership = membership_;
-    topts.encrypt_data_plane = options_.config.security.encrypt_data_plane;
-  }
-  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
+void Worker::RegisterModelMemory() {
   // The parameter tensors are where pulls land, the gradient tensors what
   // pushes send: registered once, an rdma pull response is written straight
   // into the parameters and a push is sent straight from the gradients (a
   // no-op on tcp).
   using Use = transport::Transport::MemoryUse;
   absl::Status registered;
-  for (const auto& table : ModelParams()) {
+  for (const auto& table : trainer_->params()) {
     if (!registered.ok()) break;
     if (table.empty()) continue;  // a sparse table: its rows come per batch
     registered = transport_->RegisterMemory(const_cast<float*>(table.data()),
                                             table.size() * sizeof(float), Use::kReceiveDestination);
   }
-  for (const auto& table : ModelGrads()) {
+  for (const auto& table : trainer_->grads()) {
     if (!registered.ok()) break;
     if (table.empty()) continue;
     // Registration pins the memory; kSendSource lets nothing write to it.
@@ -232,6 +152,18 @@ absl::Status Worker::Start() {
     LOG(WARNING) << "worker " << options_.index
                  << ": pushes and pulls will be copied: " << registered.message();
   }
+}
+
+absl::Status Worker::Start() {
+  // An mtls cluster's data plane serves members only (docs/security.md).
+  transport::TransportOptions topts = options_.transport;
+  if (!options_.security.plaintext && !options_.local_only) {
+    membership_ = std::make_shared<transport::MembershipKeys>();
+    topts.membership = membership_;
+    topts.encrypt_data_plane = options_.config.security.encrypt_data_plane;
+  }
+  STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
+  RegisterModelMemory();
   if (!options_.trace_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options_.trace_path, options_.index + 1,
                                                       absl::StrCat("worker ", options_.index)));
@@ -268,15 +200,7 @@ absl::Status Worker::Start() {
     metrics_.AddCallbackGauge("strata_worker_loss", "Recent mean training loss",
                               stat(&Stats::recent_loss));
     transport::AddTransportGauges(&metrics_, "strata_worker", [this] { return transport_.get(); });
-    if (row_cache_ != nullptr) {
-      // Read by the HTTP thread while the training thread updates them:
-      // plain counters, a torn read is at worst one step off.
-      metrics_.AddCallbackGauge("strata_worker_row_cache_hits",
-                                "Sparse keys served by the row cache",
-                                [this] { return static_cast<double>(row_cache_hits_.load()); });
-      metrics_.AddCallbackGauge("strata_worker_row_cache_misses", "Sparse keys pulled",
-                                [this] { return static_cast<double>(row_cache_misses_.load()); });
-    }
+    trainer_->AddMetrics(&metrics_);
     ServeStandardEndpoints(&http_, &metrics_, [this] {
       Stats s = stats();
       return HttpResponse{
@@ -328,12 +252,7 @@ absl::Status Worker::Start() {
   if (tasks_ == nullptr) tasks_ = std::make_unique<MasterTaskSource>(this);
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   LOG(INFO) << "worker " << options_.index << " is node " << node_id_ << "; http port "
-            << http_.port() << "; "
-            << (wide_deep_ && ctr_train_.num_examples == 0
-                    ? absl::StrCat("training records read per data task from ",
-                                   options_.config.data.train)
-                    : absl::StrCat(wide_deep_ ? ctr_train_.num_examples : train_.num_examples,
-                                   " training examples loaded"));
+            << http_.port() << "; " << trainer_->DescribeData();
   return absl::OkStatus();
 }
 
@@ -461,16 +380,17 @@ absl::Status Worker::RunLoop() {
     }
     STRATA_ASSIGN_OR_RETURN(TaskSource::Lease lease, tasks_->Next());
     switch (lease.outcome) {
-      case proto::LeaseTaskResponse::TASK:
+      case proto::LeaseTaskResponse::TASK: {
         if (!lease_had_next_step_ && options_.config.job.consistency == Consistency::kBsp) {
           task_start_unknown_ = lease.task.id();
         }
-        STRATA_RETURN_IF_ERROR(TrainTask(lease.task, /*local=*/false));
+        STRATA_ASSIGN_OR_RETURN(const int64_t records,
+                                trainer_->TrainTask(lease.task, /*local=*/nullptr));
         task_start_unknown_.reset();
         // The task is done when its last gradient is acknowledged: before
         // telling the master (which may then end our part in the step set).
         STRATA_RETURN_IF_ERROR(SettlePush());
-        if (absl::Status s = tasks_->Complete(lease.task, task_records_, stats().last_step);
+        if (absl::Status s = tasks_->Complete(lease.task, records, stats().last_step);
             HasReason(s, proto::REASON_LEASE_LOST)) {
           // The lease went elsewhere (expired while the master could not
           // hear us); the other holder completes it.
@@ -480,6 +400,7 @@ absl::Status Worker::RunLoop() {
         }
         ReportProgress(false, 0, 0);
         break;
+      }
       case proto::LeaseTaskResponse::EVALUATE:
         STRATA_RETURN_IF_ERROR(Settle());
         ReportProgress(false, 0, 0);
@@ -507,7 +428,7 @@ absl::Status Worker::RunLoop() {
 
 absl::Status Worker::RunLocal() {
   const std::vector<TableSpec> tables = ModelTables(options_.config.model);
-  auto& params = model_->params();
+  auto& params = trainer_->params();
   for (size_t t = 0; t < tables.size(); ++t) {
     STRATA_RETURN_IF_ERROR(
         InitializeSlice(InitSpec{tables[t].init, tables[t].fan_in, tables[t].fan_out,
@@ -518,7 +439,7 @@ absl::Status Worker::RunLocal() {
     local_optimizers_.push_back(std::move(opt));
   }
   // The master's tasks, in its order, trained by this process alone.
-  const int64_t n = train_.num_examples;
+  const int64_t n = trainer_->loaded_examples();
   const int64_t per = options_.config.data.task_records;
   const absl::Time start = absl::Now();
   window_start_ = start;
@@ -530,34 +451,34 @@ absl::Status Worker::RunLocal() {
       task.set_epoch(e);
       task.set_begin(b);
       task.set_end(end);
-      STRATA_RETURN_IF_ERROR(TrainTask(task, /*local=*/true));
+      STRATA_RETURN_IF_ERROR(trainer_->TrainTask(task, &local_optimizers_).status());
     }
   }
   ReportProgress(false, 0, 0);
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-  STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());
-  local_test_accuracy_ = acc.first;
+  STRATA_ASSIGN_OR_RETURN(const EvalMetrics m, trainer_->Evaluate(std::nullopt));
+  local_test_accuracy_ = m.accuracy;
   const Stats s = stats();
   LOG(INFO) << absl::StrFormat(
       "local: %d samples in %.2f s: %.0f samples/s; test accuracy %.4f, test loss %.4f", s.samples,
-      secs, s.samples / secs, acc.first, acc.second);
+      secs, s.samples / secs, m.accuracy, m.loss);
   return absl::OkStatus();
 }
 
 absl::Status Worker::SettlePush() {
-  if (push_ == nullptr) return absl::OkStatus();
-  absl::Status s = push_->Finish();
-  push_.reset();
+  if (exchanges_.push == nullptr) return absl::OkStatus();
+  absl::Status s = exchanges_.push->Finish();
+  exchanges_.push.reset();
   absl::MutexLock l(&mu_);
-  stats_.stale_pushes += push_result_.stale_partitions > 0;
+  stats_.stale_pushes += exchanges_.push_result.stale_partitions > 0;
   return s;
 }
 
 absl::Status Worker::Settle() {
   absl::Status s = SettlePush();
-  if (pull_ != nullptr) {
-    s.Update(pull_->Finish());
-    pull_.reset();
+  if (exchanges_.pull != nullptr) {
+    s.Update(exchanges_.pull->Finish());
+    exchanges_.pull.reset();
   }
   return s;
 }
@@ -576,159 +497,6 @@ std::vector<int64_t> Worker::TaskRecordOrder(const proto::DataTask& task, int64_
   return order;
 }
 
-absl::Status Worker::TrainTask(const proto::DataTask& task, bool local) {
-  if (wide_deep_ != nullptr) return TrainCtrTask(task);
-  if (task.begin() < 0 || task.end() > train_.num_examples || task.begin() >= task.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data task ", task.id(), " [", task.begin(), ", ", task.end(),
-                     ") is outside the training set of ", train_.num_examples, " records"));
-  }
-  current_epoch_ = task.epoch();
-  task_records_ = task.end() - task.begin();
-  const std::vector<int64_t> order = TaskRecordOrder(task, task.begin(), task.end());
-  const int dim = train_.feature_dim;
-  const int batch_size = options_.config.job.batch_size;
-  const bool bsp = options_.config.job.consistency == Consistency::kBsp;
-  // Batches in two buffers used in turn: the next one is put together, and
-  // on a GPU copied up (Mlp::Prefetch), while this one computes.
-  std::vector<float> xs[2];
-  std::vector<int32_t> ys[2];
-  auto assemble = [&](size_t b, int k) {
-    const int n = static_cast<int>(std::min<size_t>(batch_size, order.size() - b));
-    xs[k].resize(static_cast<size_t>(n) * dim);
-    ys[k].resize(n);
-    for (int i = 0; i < n; ++i) {
-      const int64_t r = order[b + i];
-      std::copy_n(train_.features.data() + r * dim, dim,
-                  xs[k].data() + static_cast<size_t>(i) * dim);
-      ys[k][i] = train_.labels[r];
-    }
-    return model_->Prefetch(xs[k].data(), ys[k].data(), n);
-  };
-  model_->DropPrefetched();  // (any left by a task that stopped early)
-  if (!order.empty()) STRATA_RETURN_IF_ERROR(assemble(0, 0));
-  int cur = 0;
-  for (size_t b = 0; b < order.size(); b += batch_size, cur ^= 1) {
-    if (stop_.HasBeenNotified()) return absl::CancelledError("worker shut down");
-    if (b + batch_size < order.size()) STRATA_RETURN_IF_ERROR(assemble(b + batch_size, cur ^ 1));
-    const std::vector<float>& x = xs[cur];
-    const std::vector<int32_t>& y = ys[cur];
-    const int n = static_cast<int>(y.size());
-    const absl::Time t0 = absl::Now();
-    uint64_t version = next_step_;
-    double loss = 0;
-    absl::Duration comm;
-    if (local) {
-      STRATA_ASSIGN_OR_RETURN(loss, model_->TrainStep(x.data(), y.data(), n));
-      for (size_t t = 0; t < local_optimizers_.size(); ++t) {
-        local_optimizers_[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(), 1.0f / n,
-                                    model_->params()[t].size());
-      }
-    } else {
-      // Communication overlaps computation (docs/performance.md): each
-      // block of a weight's gradient is pushed as soon as the backward pass
-      // has it, and the next step's pull of it right behind (once the
-      // backward pass no longer reads those parameters); the forward pass
-      // waits only for the block of parameters it reads next. A push is
-      // settled (acks, retries) in the next step: a block's ack is awaited
-      // just before its pull, which follows it on the same connection, and
-      // the rest after the forward pass, before the gradients change (or at
-      // once, when a pull needs a retry that could wait on it); the last
-      // push of a task before the task is reported done.
-      const int n_tables = static_cast<int>(model_->params().size());
-      for (int t = 0; t < n_tables; ++t) {
-        model_->SetPartitionStarts(t, params_->PartitionStarts(t));
-      }
-      if (pull_ == nullptr) {
-        pull_ = params_->StartPull(bsp ? next_step_ : 0, &model_->params(), &pulled_version_);
-        pull_->IssueAll();
-      } else {
-        pull_->RenewDeadline();  // carried over: the timeout counts from now
-      }
-      if (push_ != nullptr) push_->RenewDeadline();
-      std::unique_ptr<ParamClient::Exchange> next_pull;
-      std::vector<uint64_t> pushed(n_tables, 0);
-      std::vector<bool> released(n_tables, false);
-      auto timed = [&comm](const std::function<absl::Status()>& fn) {
-        const absl::Time w = absl::Now();
-        absl::Status st = fn();
-        comm += absl::Now() - w;
-        return st;
-      };
-      // The trace's spans: compute between the hooks, waits inside them.
-      absl::Time mark = t0;
-      auto table_arg = [](int table) { return absl::StrCat("\"table\": ", table); };
-      Mlp::Hooks hooks;
-      hooks.need_params = [&](int table, uint64_t end) {
-        if (trace_ != nullptr) mark = TraceSpan("forward", "compute", mark, table_arg(table));
-        absl::Cleanup waited = [&] {
-          if (trace_ != nullptr) mark = TraceSpan("wait for pull", "wait", mark, table_arg(table));
-        };
-        return timed([&]() -> absl::Status {
-          if (push_ != nullptr) STRATA_RETURN_IF_ERROR(push_->WaitRange(table, end));
-          STRATA_ASSIGN_OR_RETURN(bool good, pull_->AwaitRange(table, end));
-          if (good) return absl::OkStatus();
-          // A pull to retry (a new view, a lagging pserver): its answer may
-          // wait on any of our pushes (bsp), so settle them all first.
-          STRATA_RETURN_IF_ERROR(SettlePush());
-          return pull_->Finish();
-        });
-      };
-      hooks.after_forward = [&]() {
-        if (trace_ != nullptr) mark = TraceSpan("forward", "compute", mark);
-        absl::Cleanup waited = [&] {
-          if (trace_ != nullptr) mark = TraceSpan("wait to settle", "wait", mark);
-        };
-        STRATA_RETURN_IF_ERROR(timed([&] { return SettlePush(); }));
-        STRATA_RETURN_IF_ERROR(timed([&] { return pull_->Finish(); }));
-        pull_.reset();
-        version = pulled_version_;
-        push_ = params_->StartPush(&model_->grads(), version, n, &push_result_);
-        next_pull = params_->StartPull(bsp ? version + 1 : 0, &model_->params(), &pulled_version_);
-        return absl::OkStatus();
-      };
-      hooks.grads_ready = [&](int table, uint64_t end) {
-        if (trace_ != nullptr) mark = TraceSpan("backward", "compute", mark, table_arg(table));
-        push_->IssueRange(table, end);
-        pushed[table] = end;
-        if (released[table]) next_pull->IssueRange(table, end);
-        return absl::OkStatus();
-      };
-      hooks.params_released = [&](int table) {
-        released[table] = true;
-        next_pull->IssueRange(table, pushed[table]);
-        return absl::OkStatus();
-      };
-      absl::StatusOr<double> l = model_->TrainStep(x.data(), y.data(), n, hooks);
-      if (!l.ok()) {
-        pull_.reset();
-        push_.reset();
-        return l.status();
-      }
-      loss = *l;
-      if (trace_ != nullptr) TraceSpan("backward", "compute", mark);
-      if (!activation_memory_logged_ && options_.config.worker.recompute_every >= 2) {
-        activation_memory_logged_ = true;
-        const Mlp::ActivationMemory m = model_->activation_memory();
-        LOG(INFO) << absl::StrFormat(
-            "activation recomputation (every %d layers): %.2f MiB of activations held instead "
-            "of %.2f MiB (%.0f%% saved)",
-            options_.config.worker.recompute_every, m.held / 1048576.0,
-            m.without_recompute / 1048576.0,
-            m.without_recompute == 0 ? 0.0 : 100.0 * (1.0 - double(m.held) / m.without_recompute));
-      }
-      // pull_ carries over to the next data task (see Settle).
-      pull_ = std::move(next_pull);
-    }
-    const absl::Time t3 = absl::Now();
-    next_step_ = version + 1;
-    if (!local)
-      TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
-    RecordStep(n, version, loss, model_->last_correct(), t3 - t0, comm, /*stale=*/false);
-  }
-  return absl::OkStatus();
-}
-
 void Worker::RecordStep(int n, uint64_t version, double loss, int64_t correct, absl::Duration busy,
                         absl::Duration comm, bool stale) {
   {
@@ -740,6 +508,7 @@ void Worker::RecordStep(int n, uint64_t version, double loss, int64_t correct, a
     stats_.busy_seconds += absl::ToDoubleSeconds(busy);
     stats_.comm_seconds += absl::ToDoubleSeconds(comm);
   }
+  next_step_ = version + 1;
   if (trace_ != nullptr && options_.trace_max_steps > 0 &&
       stats().steps >= static_cast<uint64_t>(options_.trace_max_steps) && trace_->enabled()) {
     trace_->set_enabled(false);
@@ -833,40 +602,18 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   if (!st.ok()) LOG(WARNING) << "progress report failed: " << st;
 }
 
-absl::StatusOr<std::pair<double, double>> Worker::TestAccuracy() {
-  const auto& d = options_.config.data;
-  STRATA_ASSIGN_OR_RETURN(storage::LabeledDataset test,
-                          storage::LoadIdxDataset(options_.fs, d.test_images, d.test_labels));
-  if (test.feature_dim != train_.feature_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        d.test_images, ": ", test.feature_dim, " features, training set has ", train_.feature_dim));
-  }
-  STRATA_RETURN_IF_ERROR(CheckLabelsFor(test, d.test_labels, options_.config.model));
-  double loss = 0;
-  int64_t correct = 0;
-  const int chunk = 1000;
-  for (int64_t b = 0; b < test.num_examples; b += chunk) {
-    const int n = static_cast<int>(std::min<int64_t>(chunk, test.num_examples - b));
-    STRATA_RETURN_IF_ERROR(model_->Evaluate(test.features.data() + b * test.feature_dim,
-                                            test.labels.data() + b, n, &loss, &correct));
-  }
-  return std::make_pair(static_cast<double>(correct) / test.num_examples, loss / test.num_examples);
-}
-
 absl::Status Worker::Evaluate(uint64_t min_version) {
-  if (wide_deep_ != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(CtrMetrics m, CtrTestMetrics(min_version));
+  STRATA_ASSIGN_OR_RETURN(const EvalMetrics m, trainer_->Evaluate(min_version));
+  if (m.auc.has_value()) {
     LOG(INFO) << absl::StrFormat(
-        "evaluation: test AUC %.4f, log-loss %.4f, accuracy %.4f over %d examples", m.auc,
-        m.logloss, m.accuracy, m.examples);
-    ReportProgress(true, m.accuracy, m.logloss, "", &m.auc);
+        "evaluation: test AUC %.4f, log-loss %.4f, accuracy %.4f over %d examples", *m.auc, m.loss,
+        m.accuracy, m.examples);
+    ReportProgress(true, m.accuracy, m.loss, "", &*m.auc);
     return absl::OkStatus();
   }
-  STRATA_RETURN_IF_ERROR(params_->PullAll(min_version, &model_->params()).status());
-  STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());
-  LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f", acc.first,
-                               acc.second);
-  ReportProgress(true, acc.first, acc.second);
+  LOG(INFO) << absl::StrFormat("evaluation: test accuracy %.4f, test loss %.4f", m.accuracy,
+                               m.loss);
+  ReportProgress(true, m.accuracy, m.loss);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // The worker daemon's library: registers with the master, heartbeats,
-// leases data tasks, trains the model with pull -> compute -> push steps,
-// reports progress, and evaluates the final model when asked.
+// leases data tasks, has its model family's Trainer (trainer.h) train them
+// with pull -> compute -> push steps, reports progress, and evaluates the
+// final model when asked.
 #ifndef STRATA_WORKER_WORKER_H_
 #define STRATA_WORKER_WORKER_H_
 
@@ -27,15 +28,11 @@
 #include "common/trace.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/strata.grpc.pb.h"
-#include "storage/criteo_reader.h"
 #include "storage/file_system.h"
-#include "storage/idx_reader.h"
 #include "transport/transport.h"
 #include "worker/device.h"
-#include "worker/mlp.h"
 #include "worker/param_client.h"
-#include "worker/row_cache.h"
-#include "worker/wide_deep.h"
+#include "worker/trainer.h"
 
 namespace strata::worker {
 
@@ -83,15 +80,15 @@ struct WorkerOptions {
   ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
 };
 
-// The reader options of a CTR job's data files (data.bad_lines).
-storage::CriteoReadOptions CtrReadOptions(const DataSection& d);
-
-// Thread-safe where noted: Run() on one thread; Shutdown() from any.
-class Worker {
+// Thread-safe where noted: Run() on one thread; Shutdown() from any. The
+// model family is a Trainer chosen in Create by model.type; the Worker is
+// its TrainerContext (privately: only the trainer sees it so).
+class Worker : private TrainerContext {
  public:
-  // Loads the training set. Errors name the data file.
+  // Chooses the trainer by model.type and loads the training set. Errors
+  // name the data file.
   static absl::StatusOr<std::unique_ptr<Worker>> Create(WorkerOptions options);
-  ~Worker();
+  ~Worker() override;
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
@@ -111,6 +108,8 @@ class Worker {
   // Test accuracy measured at the end of a local_only run.
   double local_test_accuracy() const { return local_test_accuracy_; }
   int http_port() const { return http_.port(); }
+  // model.type of the trainer chosen: "mlp", "wide_deep".
+  std::string_view model_family() const { return trainer_->family(); }
   // Pulls the current parameters (all tables).
   absl::StatusOr<std::vector<std::vector<float>>> PullParams(uint64_t min_version = 0);
 
@@ -128,49 +127,32 @@ class Worker {
 
  private:
   class MasterTaskSource;
-  Worker(WorkerOptions options, std::unique_ptr<Device> device, storage::LabeledDataset train,
-         storage::CtrDataset ctr_train, int64_t ctr_skipped = 0);
-  // The model's tensors (one per table; a sparse table's are empty).
-  std::vector<std::vector<float>>& ModelParams();
-  const std::vector<std::vector<float>>& ModelGrads() const;
-  // A CTR (wide_deep) training step per batch of the task: pull the dense
-  // tables and the batch's sparse rows, compute, push, all partitions in
-  // parallel (docs/sparse.md).
-  absl::Status TrainCtrTask(const proto::DataTask& task);
-  // Counts a finished training step of `n` samples, `correct` of them
-  // predicted right (stats, the progress window) and reports progress
-  // every job.progress_every_steps.
+  Worker(WorkerOptions options, std::unique_ptr<Device> device);
+
+  // TrainerContext, for trainer_ (trainer.h says what each does).
+  const JobConfig& config() const override { return options_.config; }
+  storage::FileSystem* fs() const override { return options_.fs; }
+  ParamClient* params() override { return params_.get(); }
+  bool stopping() const override { return stop_.HasBeenNotified(); }
+  std::vector<int64_t> TaskRecordOrder(const proto::DataTask& task, int64_t begin,
+                                       int64_t end) const override;
+  void SetEpoch(int epoch) override { current_epoch_ = epoch; }
+  uint64_t next_step() const override { return next_step_; }
   void RecordStep(int n, uint64_t version, double loss, int64_t correct, absl::Duration busy,
-                  absl::Duration comm, bool stale);
-  // A CTR model on the test set: AUC, log-loss and accuracy at 0.5, with
-  // the sparse rows pulled at version >= min_version.
-  struct CtrMetrics {
-    double auc = 0, logloss = 0, accuracy = 0;
-    int64_t examples = 0;
-  };
-  absl::StatusOr<CtrMetrics> CtrTestMetrics(uint64_t min_version);
-  // The rows of both sparse tables for distinct `keys` (any order) into
-  // wide_rows[i] and emb_rows[i * dim], pulled at version >= min_version;
-  // with the row cache (training), fresh cached rows are not pulled and
-  // pulled ones are cached as of `step`. Adds the time spent waiting to
-  // *comm.
-  // With `barrier` (bsp) every virtual partition is asked, with keys or
-  // not, so that each has reached min_version before this worker pushes to
-  // it (also when every key came from the cache). The cache's clock is
-  // this worker's own step count (`step`).
-  absl::Status PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version, bool barrier,
-                              bool use_cache, uint64_t step, float* wide_rows, float* emb_rows,
-                              absl::Duration* comm);
+                  absl::Duration comm, bool stale) override;
+  StepExchanges& exchanges() override { return exchanges_; }
+  // Settles the last step's push (acks, retries), if any.
+  absl::Status SettlePush() override;
+  bool tracing() const override { return trace_ != nullptr; }
+  absl::Time TraceSpan(const char* name, const char* category, absl::Time from,
+                       const std::string& args) override;
+
+  // Registers the model's tensors with the transport (rdma: pulls land in
+  // the parameters, pushes are sent from the gradients); logs when they
+  // cannot be, and pushes and pulls are copied instead.
+  void RegisterModelMemory();
   absl::Status RunLoop();
   absl::Status RunLocal();
-  // The training step: pull, compute, push (or, local, apply in place).
-  absl::Status TrainTask(const proto::DataTask& task, bool local);
-  // The records of `task` below `end` in training order (shuffled by the
-  // job seed when shuffle_within_task), less its first skip_records.
-  std::vector<int64_t> TaskRecordOrder(const proto::DataTask& task, int64_t begin,
-                                       int64_t end) const;
-  // Settles the last step's push (acks, retries), if any.
-  absl::Status SettlePush();
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.
   absl::Status Settle();
   absl::Status WaitForReadyView();
@@ -180,9 +162,8 @@ class Worker {
   // Calls the master, retrying Unavailable/DeadlineExceeded with back-off
   // for up to cluster.request_timeout_ms (NodeAgent::Call).
   absl::Status CallMaster(const std::function<grpc::Status(grpc::ClientContext*)>& call);
+  // The trainer's test-set figures, logged and reported to the master.
   absl::Status Evaluate(uint64_t min_version);
-  // Test-set accuracy and mean loss of the model's current parameters.
-  absl::StatusOr<std::pair<double, double>> TestAccuracy();
   // Logs a progress line and reports to the master; `error` non-empty
   // reports a fatal input error instead.
   void ReportProgress(bool has_eval, double accuracy, double test_loss,
@@ -191,18 +172,10 @@ class Worker {
   absl::StatusOr<proto::ClusterView> FetchView();
 
   WorkerOptions options_;
-  storage::LabeledDataset train_;  // mlp
-  storage::CtrDataset ctr_train_;  // wide_deep
-  // wide_deep, the whole training file: loaded when it is gzipped or
-  // data.train_limit is set; else empty, and each task's byte range is read.
-  int64_t ctr_train_skipped_ = 0;  // lines skipped as bad (data.bad_lines: skip)
-  int64_t task_records_ = 0;       // training thread: records of the last task trained
-  uint64_t ctr_steps_ = 0;         // training thread: this worker's CTR steps (cache clock)
   std::unique_ptr<Device> device_;
-  std::unique_ptr<Mlp> model_;             // mlp
-  bool activation_memory_logged_ = false;  // training thread
-  std::unique_ptr<WideDeep> wide_deep_;    // wide_deep
-  std::unique_ptr<RowCache> row_cache_;    // wide_deep with sparse.cache.rows > 0
+  // The model family: its model and data. Set once in Create; borrows
+  // device_ and this worker (as its TrainerContext).
+  std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<transport::Transport> transport_;
   // Membership with the master (register, heartbeats, keys, calls); null
   // until Start registers (and in a --local run).
@@ -214,10 +187,6 @@ class Worker {
   HttpServer http_;
   MetricsRegistry metrics_;
   std::unique_ptr<TraceWriter> trace_;  // with options_.trace_path
-  // Training thread: a trace span from `from` to now on the steps lane,
-  // when tracing; returns now.
-  absl::Time TraceSpan(const char* name, const char* category, absl::Time from,
-                       const std::string& args = "");
   // Set in Start, before training: each step's time split, and the
   // progress window's rate and communication share.
   Histogram* step_compute_seconds_ = nullptr;
@@ -236,17 +205,10 @@ class Worker {
   bool lease_had_next_step_ = false;
   std::optional<uint64_t> task_start_unknown_;
   std::optional<std::pair<uint64_t, uint64_t>> task_start_;  // (task, first step)
-  // The pull of the next step's parameters, sent ahead during the backward
-  // pass, and the last step's push, settled during the next step or before
-  // its task is reported done (training thread). The pull carries over to
-  // the next data task; when the master has no task for us (wait, evaluate,
-  // done) it is settled first (Settle), so a later task starts from a fresh
-  // pull of the current version rather than from parameters that went
-  // stale meanwhile.
-  std::unique_ptr<ParamClient::Exchange> pull_;
-  std::unique_ptr<ParamClient::Exchange> push_;
-  PushResult push_result_;
-  uint64_t pulled_version_ = 0;
+  // The exchanges a pipelined step leaves in flight (trainer.h), settled
+  // between tasks (Settle). Declared after params_ and transport_, so that
+  // they go before them. Training thread only.
+  StepExchanges exchanges_;
   int current_epoch_ = 0;    // training thread only
   absl::Time window_start_;  // training thread only: throughput window
   uint64_t window_samples_ = 0;
@@ -254,8 +216,6 @@ class Worker {
   int64_t window_correct_ = 0;
   uint64_t window_steps_ = 0;
   double recent_sps_ = 0;
-  std::atomic<uint64_t> row_cache_hits_{0};  // mirrors row_cache_ for /metrics
-  std::atomic<uint64_t> row_cache_misses_{0};
   double local_test_accuracy_ = 0;
 
   mutable absl::Mutex mu_;

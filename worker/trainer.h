@@ -1,0 +1,144 @@
+// The worker's model family as an interface: one Trainer per family (the
+// MLP on image data, mlp_trainer.h; Wide & Deep on CTR data,
+// ctr_trainer.h), chosen once by model.type when the Worker is created.
+// The Worker core (registration, heartbeats, leases, progress reports)
+// knows nothing of the model; a trainer knows nothing of the master.
+//
+// A trainer owns its model (the parameter and gradient tensors, which the
+// worker registers with the transport once), its training data and
+// whatever else the family needs between steps (the CTR row cache). It
+// reaches the rest of the worker only through the TrainerContext it is
+// handed: the ParamClient, the config, the step bookkeeping and the trace.
+//
+// Thread safety: a trainer is called from the worker's training thread
+// only (Worker::Run), except where a method says otherwise. This is the
+// seam where the Python worker (issue 25) plugs in: a trainer whose steps
+// run in a Python process.
+#ifndef STRATA_WORKER_TRAINER_H_
+#define STRATA_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/metrics.h"
+#include "common/optimizer.h"
+#include "proto/strata.pb.h"
+#include "storage/file_system.h"
+#include "worker/param_client.h"
+
+namespace strata::worker {
+
+// The exchanges a pipelined step leaves in flight (docs/performance.md):
+// the pull of the next step's parameters, sent ahead during the backward
+// pass, and the last step's push, settled during the next step or before
+// its task is reported done. The pull carries over to the next data task;
+// when the master has no task for us (wait, evaluate, done) the worker
+// settles it first, so a later task starts from a fresh pull of the current
+// version rather than from parameters that went stale meanwhile. Owned by
+// the worker (it settles them between tasks); training thread only.
+struct StepExchanges {
+  std::unique_ptr<ParamClient::Exchange> pull;
+  std::unique_ptr<ParamClient::Exchange> push;
+  PushResult push_result;
+  uint64_t pulled_version = 0;
+};
+
+// What a trainer needs of the worker core. Implemented by the Worker (and
+// by fakes in tests); borrowed by the trainer for the worker's lifetime.
+// Training thread only.
+class TrainerContext {
+ public:
+  virtual ~TrainerContext() = default;
+
+  virtual const JobConfig& config() const = 0;
+  // The file system the data is read through (WorkerOptions.fs).
+  virtual storage::FileSystem* fs() const = 0;
+  // The pservers' client: null until the worker has registered, and in a
+  // local_only run.
+  virtual ParamClient* params() = 0;
+  // True once the worker is shutting down: a task stops at its next step.
+  virtual bool stopping() const = 0;
+
+  // The records of `task` in [begin, end) in training order (shuffled by
+  // the job seed when the worker shuffles within tasks), less its first
+  // skip_records.
+  virtual std::vector<int64_t> TaskRecordOrder(const proto::DataTask& task, int64_t begin,
+                                               int64_t end) const = 0;
+  // The epoch being trained, for progress reports.
+  virtual void SetEpoch(int epoch) = 0;
+  // The version (bsp: the step) the next step starts from.
+  virtual uint64_t next_step() const = 0;
+  // Counts a finished training step at `version` of `n` samples, `correct`
+  // of them predicted right (stats, the progress window), reports progress
+  // every job.progress_every_steps, and makes version + 1 the next step.
+  virtual void RecordStep(int n, uint64_t version, double loss, int64_t correct,
+                          absl::Duration busy, absl::Duration comm, bool stale) = 0;
+
+  // The exchanges a pipelined step leaves in flight, and the settling of
+  // the push among them (acks, retries; a stale push is counted).
+  virtual StepExchanges& exchanges() = 0;
+  virtual absl::Status SettlePush() = 0;
+
+  // True when the steps are traced (WorkerOptions.trace_path).
+  virtual bool tracing() const = 0;
+  // A trace span from `from` to now on the steps lane, when tracing;
+  // returns now.
+  virtual absl::Time TraceSpan(const char* name, const char* category, absl::Time from,
+                               const std::string& args) = 0;
+};
+
+// The test-set figures of a model, as reported to the master.
+struct EvalMetrics {
+  double accuracy = 0;
+  double loss = 0;            // mean test loss (the log-loss of a CTR model)
+  std::optional<double> auc;  // CTR models
+  int64_t examples = 0;
+};
+
+// One model family's training. See the file comment.
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+
+  // model.type of the family: "mlp", "wide_deep".
+  virtual std::string_view family() const = 0;
+  // For the start-up log: what training data is held (or where it is read).
+  virtual std::string DescribeData() const = 0;
+  // Training records loaded at start-up (0 when they are read per task).
+  virtual int64_t loaded_examples() const = 0;
+
+  // The model's tensors, one per table (a sparse table's are empty). Their
+  // storage stays put for the trainer's lifetime: the worker registers it
+  // with the transport.
+  virtual std::vector<std::vector<float>>& params() = 0;
+  virtual const std::vector<std::vector<float>>& grads() const = 0;
+
+  // Registers the family's own /metrics gauges, if any. The gauges are
+  // read on the HTTP thread.
+  virtual void AddMetrics(MetricsRegistry* metrics) {}
+
+  // Trains every batch of `task`. With `local` (local_only) the gradients
+  // are applied in place by those optimizers, one per table; else each
+  // step pulls from and pushes to the pservers. Returns the records of the
+  // task (what the master is told when it completes). InvalidArgument for
+  // a task outside the training data; Cancelled when the worker stops.
+  virtual absl::StatusOr<int64_t> TrainTask(const proto::DataTask& task,
+                                            std::vector<std::unique_ptr<Optimizer>>* local) = 0;
+
+  // The model on the test set. With `min_version` the parameters are
+  // pulled at version >= it first; without (local_only) they are evaluated
+  // as they are.
+  virtual absl::StatusOr<EvalMetrics> Evaluate(std::optional<uint64_t> min_version) = 0;
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_TRAINER_H_

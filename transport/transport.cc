@@ -16,6 +16,7 @@
 #include "common/error_reason.h"
 #include "glog/logging.h"
 #include "transport/inproc/inproc_transport.h"
+#include "transport/once_responder.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -208,6 +209,17 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
   return absl::InvalidArgumentError(
       absl::StrCat("unknown transport kind \"", options.kind,
                    "\" (known: \"tcp\", \"rdma\", \"auto\", \"inproc\")"));
+}
+
+absl::Status CheckCallType(MessageType type, const std::string& peer) {
+  if (IsValidMessageType(type)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("call to ", peer, ": cannot send message type ", static_cast<uint16_t>(type)));
+}
+
+absl::Status BrokenConnectionError(const std::string& peer, const absl::Status& why) {
+  return absl::UnavailableError(
+      absl::StrCat("connection to ", peer, " is broken: ", why.message()));
 }
 
 }  // namespace strata::transport

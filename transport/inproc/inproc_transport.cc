@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "transport/once_responder.h"
 
 namespace strata::transport {
 namespace inproc {
@@ -125,10 +126,8 @@ InProcConnection::~InProcConnection() {
 
 void InProcConnection::Call(Message request, ResponseCallback done) {
   request.OwnPayload();  // delivered later, on another thread
-  if (!IsValidMessageType(request.header.type)) {
-    done(
-        absl::InvalidArgumentError(absl::StrCat("call to ", address_, ": cannot send message type ",
-                                                static_cast<uint16_t>(request.header.type))));
+  if (absl::Status s = CheckCallType(request.header.type, address_); !s.ok()) {
+    done(s);
     return;
   }
   uint64_t id = 0;
@@ -143,8 +142,7 @@ void InProcConnection::Call(Message request, ResponseCallback done) {
     }
   }
   if (!broken.ok()) {
-    done(absl::UnavailableError(
-        absl::StrCat("connection to ", address_, " is broken: ", broken.message())));
+    done(BrokenConnectionError(address_, broken));
     return;
   }
   request.header.request_id = id;

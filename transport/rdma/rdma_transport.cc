@@ -1,8 +1,9 @@
 // The rdma backend (rdma_transport.h has the design). Layout of this file
-// (the frames and their checks on receipt are in rdma_frames.h): the
-// per-connection Channel (credits, fragmentation, the
-// write path, completions), the connection handed to users, and the
-// transport (bootstrap over TCP, the hello, the completion thread).
+// (the frames and their checks on receipt are in rdma_frames.h, the
+// caller's registered regions in rdma_regions.h): the per-connection
+// Channel (credits, fragmentation, the write path, completions), the
+// connection handed to users, and the transport (bootstrap over TCP, the
+// hello, the completion thread).
 #include "transport/rdma/rdma_transport.h"
 
 #include <poll.h>
@@ -34,9 +35,11 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "transport/data_plane_auth.h"
+#include "transport/once_responder.h"
 #include "transport/rdma/rdma_device.h"
 #include "transport/rdma/rdma_frames.h"
 #include "transport/rdma/rdma_hello.h"
+#include "transport/rdma/rdma_regions.h"
 #include "transport/rdma/verbs.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -54,89 +57,6 @@ constexpr absl::Duration kSendStallTimeout = absl::Seconds(60);
 constexpr uint64_t kWrRecv = 1ull << 56;
 constexpr uint64_t kWrSend = 2ull << 56;
 constexpr uint64_t kWrSlotMask = (1ull << 32) - 1;
-
-struct FreeDeleter {
-  void operator()(char* p) const { std::free(p); }
-};
-using SlotMemory = std::unique_ptr<char, FreeDeleter>;
-
-// ---------------------------------------------------------------------------
-// What outlives the transport for as long as a connection handle does.
-
-struct DeviceContext {
-  std::unique_ptr<VerbsDevice> device;
-  std::unique_ptr<CompletionChannel> events;
-};
-
-// Memory the caller named through Transport::RegisterMemory. It is
-// registered with the device per connection (Channel::RegionFor), in that
-// connection's protection domain, at its first use there: a peer's keys
-// reach only what was registered for it.
-class Registry {
- public:
-  // `remote_write`: a destination peers may RDMA-WRITE into; otherwise a
-  // send source (local reads need no access flag).
-  absl::Status Register(void* addr, size_t size, bool remote_write) {
-    absl::MutexLock l(&mu_);
-    const char* base;
-    size_t bytes;
-    if (FindLocked(static_cast<const char*>(addr), size, remote_write, &base, &bytes)) {
-      return absl::OkStatus();
-    }
-    regions_.emplace(reinterpret_cast<uintptr_t>(addr), Region{size, remote_write});
-    return absl::OkStatus();
-  }
-
-  // The registered region holding [addr, addr + size), if any.
-  bool Find(const char* addr, size_t size, bool remote_write, const char** base, size_t* bytes) {
-    absl::MutexLock l(&mu_);
-    return FindLocked(addr, size, remote_write, base, bytes);
-  }
-
- private:
-  struct Region {
-    size_t size;
-    bool remote_write;
-  };
-
-  bool FindLocked(const char* addr, size_t size, bool remote_write, const char** base,
-                  size_t* bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const auto a = reinterpret_cast<uintptr_t>(addr);
-    // Regions starting at or before `addr`, nearest first (few: a worker
-    // registers one per table).
-    for (auto it = regions_.upper_bound(a); it != regions_.begin();) {
-      --it;
-      if (a + size <= it->first + it->second.size && (!remote_write || it->second.remote_write)) {
-        *base = reinterpret_cast<const char*>(it->first);
-        *bytes = it->second.size;
-        return true;
-      }
-    }
-    return false;
-  }
-
-  absl::Mutex mu_;
-  std::multimap<uintptr_t, Region> regions_ ABSL_GUARDED_BY(mu_);
-};
-
-// A caller's region registered in one connection's protection domain, for
-// one key epoch. Calls using its keys hold it; the domain outlives it.
-struct PeerRegion {
-  std::shared_ptr<DeviceContext> ctx;  // (destroyed last)
-  std::shared_ptr<ProtectionDomain> pd;
-  std::unique_ptr<MemoryRegion> mr;  // (destroyed first)
-  uint64_t epoch = 0;
-  // Destinations: the connection's number for it, and whether the server
-  // has its key (Channel::Announce): 0 not yet, 1 yes, -1 it cannot.
-  uint32_t handle = 0;
-  absl::Mutex announce_mu;
-  int announced ABSL_GUARDED_BY(announce_mu) = 0;
-  ~PeerRegion() { mr.reset(); }
-};
-
-// Announced regions a connection keeps; past it the oldest is forgotten
-// (a request naming it is answered by SEND, as without a destination).
-constexpr size_t kMaxRemoteRegions = 1024;
 
 class Channel;
 

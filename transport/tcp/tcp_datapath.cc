@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "openssl/crypto.h"
+#include "transport/once_responder.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace strata::transport::tcp {
@@ -570,9 +571,8 @@ ClientEndpoint::ClientEndpoint(int fd, std::string peer, const TcpOptions& optio
     : Endpoint(fd, std::move(peer), options) {}
 
 void ClientEndpoint::Call(Message request, ResponseCallback done, char* dest, size_t dest_size) {
-  if (!IsValidMessageType(request.header.type)) {
-    done(absl::InvalidArgumentError(absl::StrCat("call to ", peer(), ": cannot send message type ",
-                                                 static_cast<uint16_t>(request.header.type))));
+  if (absl::Status s = CheckCallType(request.header.type, peer()); !s.ok()) {
+    done(s);
     return;
   }
   uint64_t id = 0;
@@ -587,8 +587,7 @@ void ClientEndpoint::Call(Message request, ResponseCallback done, char* dest, si
     }
   }
   if (!broken.ok()) {
-    done(absl::UnavailableError(
-        absl::StrCat("connection to ", peer(), " is broken: ", broken.message())));
+    done(BrokenConnectionError(peer(), broken));
     return;
   }
   request.header.request_id = id;

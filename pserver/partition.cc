@@ -35,6 +35,37 @@ Partition::Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable
       consistency_(consistency),
       rows_(std::move(rows)) {}
 
+Partition::~Partition() {
+  std::vector<Reply> replies;
+  std::vector<SnapshotDone> snapshots;
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Status moved = WithReason(
+        absl::UnavailableError(absl::StrCat("partition ", id_,
+                                            " left this pserver before answering; retry at its "
+                                            "new owner")),
+        proto::REASON_NOT_SERVED);
+    auto refuse = [&](std::shared_ptr<transport::Responder> responder,
+                      const transport::MessageHeader& h) {
+      replies.emplace_back(std::move(responder), Answer(h, h.type, moved));
+    };
+    for (auto& [request, responder] : waiting_pulls_) {
+      refuse(std::move(responder), request.header);
+    }
+    for (Held& held : held_) {
+      for (Reply& r : held.replies) refuse(std::move(r.first), r.second.header);
+    }
+    for (Reply& r : step_acks_) refuse(std::move(r.first), r.second.header);
+    for (auto& [request, done] : waiting_snapshots_) snapshots.push_back(std::move(done));
+  }
+  // (A pull waiting here has its request type; its answer the response's.)
+  for (Reply& r : replies) r.second.header.type = transport::ResponseTypeFor(r.second.header.type);
+  Send(&replies);
+  for (SnapshotDone& done : snapshots) {
+    done(absl::UnavailableError(absl::StrCat("partition ", id_, " left this pserver")));
+  }
+}
+
 Message Partition::Answer(const transport::MessageHeader& request, MessageType type,
                           const absl::Status& s) {
   if (!s.ok()) return transport::MakeErrorResponse(request, type, s);

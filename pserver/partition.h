@@ -74,7 +74,9 @@ class ReplicaSink {
   // queued for that backup before; resends until the backup holds it or the
   // backup leaves the view. When it holds it, the sink calls
   // partition->OnReplicaAck(backup, record.header.seq). Never blocks; called
-  // with the partition's lock held.
+  // with the partition's lock held. A sink that keeps the partition past
+  // the call (ReplicaStreams) shares its ownership (weak_from_this), so the
+  // partition must then be owned by a std::shared_ptr.
   virtual void Send(class Partition* partition, uint32_t backup, transport::Message record) = 0;
 };
 
@@ -86,7 +88,10 @@ enum class PartitionRole {
 // Thread-safe: any transport thread may call Pull/Push concurrently.
 // Responses are sent while the partition lock is held: pull responses go
 // out straight from the values (no copy), which must not change meanwhile.
-class Partition {
+// The PServer owns its partitions through std::shared_ptr: a request in
+// flight, a replication record or a checkpoint holds its partition, which
+// is freed when the last of them lets go after it moved away.
+class Partition : public std::enable_shared_from_this<Partition> {
  public:
   // `values` are the initial parameters (moved in); `optimizer` owned.
   Partition(uint32_t id, std::string table, std::vector<float> values,
@@ -97,6 +102,12 @@ class Partition {
   // A backup starts without state of its own: it is useless until the
   // primary's copy arrives (ApplyReplica).
   void MakeBackup();
+  // Requests still waiting here (a bsp pull for a version not reached,
+  // acks held for the backups or for the step) are answered UNAVAILABLE
+  // with REASON_NOT_SERVED, not dropped: the partition moved away, and
+  // their senders retry at its new owner (a push applied there already is
+  // known by its seq).
+  ~Partition();
   Partition(const Partition&) = delete;
   Partition& operator=(const Partition&) = delete;
 

@@ -183,10 +183,25 @@ void PServer::Shutdown() {
   started_ = false;
 }
 
-Partition* PServer::FindPartition(uint32_t id) const {
+std::shared_ptr<Partition> PServer::FindPartition(uint32_t id) const {
   absl::MutexLock l(&mu_);
   auto it = partitions_.find(id);
-  return it == partitions_.end() ? nullptr : it->second.get();
+  return it == partitions_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Partition> PServer::Share(std::unique_ptr<Partition> part) const {
+  held_->fetch_add(1);
+  return std::shared_ptr<Partition>(part.release(), [held = held_](Partition* p) {
+    delete p;
+    held->fetch_sub(1);
+  });
+}
+
+std::vector<std::shared_ptr<const Partition>> PServer::Partitions() const {
+  absl::MutexLock l(&mu_);
+  std::vector<std::shared_ptr<const Partition>> parts;
+  for (const auto& [id, p] : partitions_) parts.push_back(p);
+  return parts;
 }
 
 absl::Status PServer::ApplyView(const proto::ClusterView& view,
@@ -312,27 +327,32 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     for (std::thread& t : loaders) t.join();
     for (const absl::Status& s : loaded) STRATA_RETURN_IF_ERROR(s);
   }
-  std::vector<Partition*> all;
-  std::vector<std::pair<Partition*, std::vector<uint32_t>>> primaries;
+  std::vector<std::shared_ptr<Partition>> all;
+  std::vector<std::pair<std::shared_ptr<Partition>, std::vector<uint32_t>>> primaries;
   std::map<uint32_t, std::string> backup_addresses;
+  // Partitions that moved away, released after mu_: the last reference
+  // frees a whole table, which must not hold up lookups.
+  std::vector<std::shared_ptr<Partition>> left;
   {
     absl::MutexLock l(&mu_);
     for (auto& [id, part] : created) {
       if (part->sparse() && sparse_metrics_.insert(part->table()).second) {
         AddSparseMetrics(part->table());
       }
-      partitions_[id] = std::move(part);
+      partitions_[id] = Share(std::move(part));
     }
     if (restore != nullptr && !created.empty()) {
       LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint "
                 << restore->seq() << " under " << checkpoint_root;
     }
-    // Partitions this node neither owns nor backs any more stop serving.
+    // Partitions this node neither owns nor backs any more stop serving;
+    // each is freed once the requests, replication records and checkpoint
+    // still holding it let go.
     for (auto it = partitions_.begin(); it != partitions_.end();) {
       if (owned.count(it->first) == 0 && backing.count(it->first) == 0) {
         LOG(INFO) << "partition " << it->first << " (" << it->second->table()
                   << ") left this pserver in view epoch " << view.epoch();
-        retired_.push_back(std::move(it->second));
+        left.push_back(std::move(it->second));
         it = partitions_.erase(it);
       } else {
         ++it;
@@ -348,10 +368,10 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       if (it == partitions_.end()) continue;
       std::vector<uint32_t> backups(p.backups().begin(), p.backups().end());
       for (uint32_t b : backups) backup_addresses[b] = data_address[b];
-      primaries.emplace_back(it->second.get(), std::move(backups));
+      primaries.emplace_back(it->second, std::move(backups));
     }
     owned_ = std::move(owned);
-    for (auto& [id, part] : partitions_) all.push_back(part.get());
+    for (auto& [id, part] : partitions_) all.push_back(part);
     epoch_ = std::max(epoch_.load(), view.epoch());
   }
   if (replicas_) replicas_->SetBackups(backup_addresses);
@@ -359,7 +379,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     part->Promote();  // a backup whose primary died
     if (replicas_) part->SetBackups(backups, replicas_.get());
   }
-  for (Partition* p : all) p->SetStepWorkers(step_workers);
+  for (const auto& p : all) p->SetStepWorkers(step_workers);
   return absl::OkStatus();
 }
 
@@ -368,7 +388,8 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   if (req.root().empty() || req.seq() == 0) {
     return absl::InvalidArgumentError("CheckpointPartitions: root and seq are required");
   }
-  std::vector<Partition*> parts;
+  // Held for the whole checkpoint: a partition may move away meanwhile.
+  std::vector<std::shared_ptr<Partition>> parts;
   {
     absl::MutexLock l(&mu_);
     // An earlier attempt given up by the master may still be finishing.
@@ -381,7 +402,7 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     checkpointing_ = true;
     for (uint32_t id : owned_) {
       auto it = partitions_.find(id);
-      if (it != partitions_.end()) parts.push_back(it->second.get());
+      if (it != partitions_.end()) parts.push_back(it->second);
     }
   }
   struct Done {
@@ -400,7 +421,7 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   if (req.at_version()) {
     // A cut some partition has passed already fails at once, before any
     // partition copies itself for nothing.
-    for (Partition* p : parts) {
+    for (const auto& p : parts) {
       const uint64_t v = p->stats().version;
       if (v > req.version()) {
         status = WithReason(absl::FailedPreconditionError(absl::StrCat(
@@ -416,8 +437,10 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   if (status.ok()) status = options_.fs->SyncDir(req.root());
   size_t requested = 0;
   if (status.ok()) {
-    for (Partition* p : parts) {
+    for (const auto& shared : parts) {
       ++requested;
+      // Borrowed: `parts` holds it until the snapshots are all handled.
+      Partition* p = shared.get();
       p->RequestSnapshot(sreq, [done, p](absl::StatusOr<PartitionSnapshot> snap) {
         absl::MutexLock l(&done->mu);
         done->ready.emplace_back(p, std::move(snap));
@@ -481,7 +504,7 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   if (!status.ok()) {
     // Snapshots still waiting for the cut are dropped; the partitions'
     // next checkpoint is a full one (their baseline moved on).
-    for (Partition* p : parts) p->CancelSnapshot(req.seq());
+    for (const auto& p : parts) p->CancelSnapshot(req.seq());
   } else {
     status = options_.fs->SyncDir(dir);
     HitFailpoint(options_.failpoints, "pserver.checkpoint.before_reply");
@@ -584,18 +607,15 @@ absl::StatusOr<std::unique_ptr<SparseTable>> PServer::MakeSparseTable(
 void PServer::AddSparseMetrics(const std::string& table) {
   auto sum = [this, table](uint64_t SparseTableStats::*field) {
     return [this, table, field]() {
-      // Partitions live as long as the PServer: read their stats without
-      // holding mu_, so a scrape never stalls FindPartition behind a
-      // partition busy applying.
-      std::vector<const Partition*> parts;
-      {
-        absl::MutexLock l(&mu_);
-        for (const auto& [id, p] : partitions_) {
-          if (p->sparse() && p->table() == table) parts.push_back(p.get());
+      // Stats are read without holding mu_ (the copy keeps the partitions
+      // alive), so a scrape never stalls FindPartition behind a partition
+      // busy applying.
+      double total = 0;
+      for (const auto& p : Partitions()) {
+        if (p->sparse() && p->table() == table) {
+          total += static_cast<double>(p->sparse_stats().*field);
         }
       }
-      double total = 0;
-      for (const Partition* p : parts) total += static_cast<double>(p->sparse_stats().*field);
       return total;
     };
   };
@@ -673,7 +693,9 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
     responder->Respond(std::move(err));
     return;
   }
-  Partition* part = FindPartition(h.partition);
+  // Shared with the tasks posted below: the partition may move away
+  // before they run.
+  std::shared_ptr<Partition> part = FindPartition(h.partition);
   if (replicate) {
     absl::Status fit;
     {
@@ -845,17 +867,12 @@ proto::PServerStatusResponse PServer::Status() const {
   proto::PServerStatusResponse resp;
   resp.set_node_id(node_id_);
   resp.set_epoch(epoch_);
-  // Partitions live as long as the PServer: their stats are read without
-  // mu_, so a partition busy (a snapshot's copy) never holds up lookups.
-  std::vector<std::pair<uint32_t, const Partition*>> parts;
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& [id, p] : partitions_) parts.emplace_back(id, p.get());
-  }
-  for (const auto& [id, p] : parts) {
+  // Stats are read without mu_ (the copy keeps the partitions alive), so
+  // a partition busy (a snapshot's copy) never holds up lookups.
+  for (const auto& p : Partitions()) {
     PartitionStats st = p->stats();
     proto::PartitionStatus* ps = resp.add_partitions();
-    ps->set_id(id);
+    ps->set_id(p->id());
     ps->set_table(p->table());
     ps->set_length(p->length());
     ps->set_version(st.version);
@@ -942,6 +959,11 @@ void PServer::RegisterMetrics() {
     absl::MutexLock l(&mu_);
     return static_cast<double>(partitions_.size());
   });
+  metrics_.AddCallbackGauge(
+      "strata_pserver_partitions_held",
+      "Partitions in memory: those served, and those that moved away while a request, "
+      "replication record or checkpoint still holds them",
+      [this]() { return static_cast<double>(partitions_held()); });
   metrics_.AddCallbackGauge("strata_pserver_view_epoch", "Cluster view epoch held",
                             [this]() { return static_cast<double>(epoch_.load()); });
 }

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -105,8 +106,15 @@ class PServer {
   // clean stop, waiting at most `grace`.
   absl::Status RequestCheckpointAndStop(absl::Duration grace);
   proto::PServerStatusResponse Status() const;
-  // A partition by id, or nullptr. The pointer lives as long as the PServer.
-  Partition* FindPartition(uint32_t id) const;
+  // A partition by id, or null. Shared: a partition that moves away lives
+  // on while someone holds it, and is freed when the last holder lets go.
+  // Its replication sink is this PServer's: send it nothing after the
+  // PServer is gone.
+  std::shared_ptr<Partition> FindPartition(uint32_t id) const;
+  // Partition objects alive: those served plus those that moved away and
+  // are still held (a request in flight, a replication record, a
+  // checkpoint). The strata_pserver_partitions_held gauge.
+  int64_t partitions_held() const { return held_->load(); }
 
  private:
   class AdminService;
@@ -135,6 +143,11 @@ class PServer {
                                                                const proto::PartitionInfo& p) const;
   // /metrics gauges of one sparse table (rows, bytes, admission, eviction).
   void AddSparseMetrics(const std::string& table);
+  // Takes `part` into shared ownership, counted in held_ until freed.
+  std::shared_ptr<Partition> Share(std::unique_ptr<Partition> part) const;
+  // The partitions served now, for reading without mu_ (they stay alive
+  // while the copy holds them).
+  std::vector<std::shared_ptr<const Partition>> Partitions() const;
 
   const PServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
@@ -165,11 +178,13 @@ class PServer {
   // Nodes that left whose data connections were closed (DisconnectNode).
   std::set<uint32_t> disconnected_ ABSL_GUARDED_BY(apply_mu_);
   mutable absl::Mutex mu_;
-  std::map<uint32_t, std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
+  // Shared with whoever uses a partition past the lookup (see
+  // FindPartition): dropping one here frees it once its last user is done.
+  std::map<uint32_t, std::shared_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> owned_ ABSL_GUARDED_BY(mu_);  // of the view applied last
-  // Partitions this node no longer holds, kept alive: requests already
-  // queued may still point at them.
-  std::vector<std::unique_ptr<Partition>> retired_ ABSL_GUARDED_BY(mu_);
+  // Partitions alive (partitions_held()). Shared with each partition's
+  // deleter: a partition may outlive the PServer in its last holder.
+  const std::shared_ptr<std::atomic<int64_t>> held_ = std::make_shared<std::atomic<int64_t>>(0);
   // Replication: the owner of every partition in the view applied last
   // (a record is taken only from the partition's primary).
   std::map<uint32_t, uint32_t> owner_of_ ABSL_GUARDED_BY(mu_);

@@ -40,11 +40,18 @@ void ReplicaStreams::Shutdown() {
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  absl::MutexLock l(&mu_);
-  streams_.clear();
+  // The records' partitions are released without mu_ held.
+  std::map<uint32_t, Stream> streams;
+  {
+    absl::MutexLock l(&mu_);
+    streams.swap(streams_);
+  }
 }
 
 void ReplicaStreams::SetBackups(const std::map<uint32_t, std::string>& addresses) {
+  // Destroyed after mu_ is released (declared first): a dropped record may
+  // hold the last reference to a partition that moved away.
+  std::vector<Stream> dropped_streams;
   std::vector<std::shared_ptr<transport::Connection>> dropped;
   absl::MutexLock l(&mu_);
   for (auto it = streams_.begin(); it != streams_.end();) {
@@ -54,6 +61,7 @@ void ReplicaStreams::SetBackups(const std::map<uint32_t, std::string>& addresses
                   << " record(s) unacknowledged (it left the view)";
       }
       dropped.push_back(std::move(it->second.conn));
+      dropped_streams.push_back(std::move(it->second));
       it = streams_.erase(it);
     } else {
       ++it;
@@ -71,11 +79,14 @@ void ReplicaStreams::SetBackups(const std::map<uint32_t, std::string>& addresses
 }
 
 void ReplicaStreams::Send(Partition* partition, uint32_t backup, Message record) {
+  std::shared_ptr<Partition> shared = partition->weak_from_this().lock();
+  CHECK(shared != nullptr) << "ReplicaStreams::Send: partition " << partition->id()
+                           << " is not owned by a std::shared_ptr";
   absl::MutexLock l(&mu_);
   if (stop_) return;
   Stream& s = streams_[backup];
   stats_.queued_bytes += record.payload.size();
-  s.queue.push_back(Entry{partition, std::move(record)});
+  s.queue.push_back(Entry{std::move(shared), std::move(record)});
   wake_ = true;
 }
 
@@ -190,7 +201,9 @@ void ReplicaStreams::Loop() {
 void ReplicaStreams::OnAnswer(uint32_t backup, uint64_t generation, uint32_t partition,
                               uint64_t seq, absl::StatusOr<Message> answer) {
   absl::Status status = answer.ok() ? transport::ResponseStatus(*answer) : answer.status();
-  std::vector<std::pair<Partition*, uint64_t>> acked;
+  // Released after mu_ (declared first): it may hold the last reference
+  // to a partition that moved away.
+  std::vector<std::pair<std::shared_ptr<Partition>, uint64_t>> acked;
   bool stale = false;
   {
     absl::MutexLock l(&mu_);
@@ -207,7 +220,7 @@ void ReplicaStreams::OnAnswer(uint32_t backup, uint64_t generation, uint32_t par
       }
       while (!s.queue.empty() && s.queue.front().acked) {
         Entry& e = s.queue.front();
-        acked.emplace_back(e.partition, e.record.header.seq);
+        acked.emplace_back(std::move(e.partition), e.record.header.seq);
         stats_.queued_bytes -= std::min<uint64_t>(stats_.queued_bytes, e.record.payload.size());
         s.queue.pop_front();
       }

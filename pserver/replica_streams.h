@@ -51,6 +51,8 @@ class ReplicaStreams final : public ReplicaSink {
   // The backups of the current view and their data addresses: streams to
   // other nodes are dropped with their records.
   void SetBackups(const std::map<uint32_t, std::string>& addresses);
+  // REQUIRES: `partition` is owned by a std::shared_ptr (its entry shares
+  // it until acknowledged).
   void Send(Partition* partition, uint32_t backup, transport::Message record) override;
 
   struct Stats {
@@ -65,7 +67,10 @@ class ReplicaStreams final : public ReplicaSink {
 
  private:
   struct Entry {
-    Partition* partition;  // lives as long as the PServer
+    // Shared: a record still queued keeps its partition alive after it
+    // moved away from this node, until the backup acknowledges it or
+    // leaves the view.
+    std::shared_ptr<Partition> partition;
     transport::Message record;
     bool sent = false;
     bool acked = false;

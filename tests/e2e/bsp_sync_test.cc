@@ -3,6 +3,7 @@
 // (each synchronous step averages the gradients over all 2b samples).
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -75,7 +76,7 @@ class CheckingTaskSource : public FixedTaskSource {
     const proto::ClusterView view = c->master()->View();
     for (const auto& p : view.partitions()) {
       for (int i = 0; i < 2; ++i) {
-        const pserver::Partition* part = c->pserver(i)->FindPartition(p.id());
+        std::shared_ptr<const pserver::Partition> part = c->pserver(i)->FindPartition(p.id());
         if (part != nullptr && part->stats().version <= last_step) {
           problems_->push_back("task " + std::to_string(task.id()) + ": partition " +
                                std::to_string(p.id()) + " at version " +

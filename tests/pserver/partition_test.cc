@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pserver/replica_streams.h"
+#include "tests/testing/recording_responder.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/transport.h"
@@ -22,6 +23,7 @@ namespace strata::pserver {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::strata::testing::RecordingResponder;
 using ::strata::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -34,26 +36,6 @@ using transport::MessageType;
 
 constexpr uint32_t kPartitionId = 7;
 constexpr float kTol = 1e-6f;
-
-// Records every response it is given. Thread-safe.
-class RecordingResponder : public transport::Responder {
- public:
-  void Respond(Message response) override {
-    // A borrowed payload is only valid during Respond, as in the transports.
-    response.OwnPayload();
-    absl::MutexLock l(&mu_);
-    responses_.push_back(std::move(response));
-  }
-  std::string peer() const override { return "fake:0"; }
-  std::vector<Message> responses() const {
-    absl::MutexLock l(&mu_);
-    return responses_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<Message> responses_ ABSL_GUARDED_BY(mu_);
-};
 
 std::string FloatBytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
@@ -566,6 +548,39 @@ TEST(ReplicationTest, BspStepIsAcknowledgedAndServedOnlyOnceTheBackupHoldsIt) {
   EXPECT_EQ(backup->applied_by_sender(), primary->applied_by_sender());
 }
 
+// Found by drain_test: a partition that moves away is freed once its last
+// user lets go, and what still waited in it (acks held for a backup, a
+// pull of a version not reached) is answered UNAVAILABLE with
+// REASON_NOT_SERVED, so that the senders retry at its new owner. Dropped,
+// they would be an Internal error that fails the worker.
+TEST(ReplicationTest, APartitionThatGoesAwayAnswersWhatWaitsInIt) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kBsp);
+  auto backup = MakePartition(Consistency::kBsp);
+  backup->MakeBackup();
+  primary->SetStepWorkers({1, 2});
+  primary->SetBackups({5}, &sink);
+  Replicate(sink, *primary, *backup);  // the copy
+  auto r1 = std::make_shared<RecordingResponder>();
+  auto r2 = std::make_shared<RecordingResponder>();
+  auto pull = std::make_shared<RecordingResponder>();
+  primary->Push(PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f}), r1);
+  primary->Push(PushMsg(2, 1, 0, 1, {0.f, 2.f, 4.f}), r2);  // held for the backup
+  primary->Pull(PullMsg(1, 5, 9), pull);                    // a version far ahead
+  ASSERT_THAT(r1->responses(), IsEmpty());
+  ASSERT_THAT(pull->responses(), IsEmpty());
+  primary.reset();
+  for (const auto* r : {r1.get(), r2.get(), pull.get()}) {
+    auto got = r->responses();
+    ASSERT_THAT(got, SizeIs(1));
+    const absl::Status s = transport::ResponseStatus(got[0]);
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("left this pserver")));
+    EXPECT_EQ(ReasonOf(s), proto::REASON_NOT_SERVED);
+  }
+  EXPECT_EQ(pull->responses()[0].header.type, MessageType::kPullResponse);
+  EXPECT_EQ(r1->responses()[0].header.type, MessageType::kPushResponse);
+}
+
 TEST(ReplicationTest, PromotedBackupServesAndKnowsThePushesItHolds) {
   QueueSink sink;
   auto primary = MakePartition(Consistency::kAsp);
@@ -696,7 +711,8 @@ TEST(ReplicaStreamsTest, RecordLeftUnansweredIsSentAgainAfterTheAckTimeout) {
   };
   auto backup_transport = make();
   auto primary_transport = make();
-  auto primary = MakePartition(Consistency::kBsp);
+  // Shared: ReplicaStreams shares the partition of each record it queues.
+  std::shared_ptr<Partition> primary = MakePartition(Consistency::kBsp);
   auto backup = MakePartition(Consistency::kBsp);
   backup->MakeBackup();
 

@@ -2,17 +2,25 @@
 // placement (no partitions), fetched by a heartbeat's refresh while a slow
 // restore was installing the placed view, must not take the restored
 // partitions away (they would come back empty: the model silently lost).
+// And partitions that move away: freed once nothing holds them, not before.
+#include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "pserver/pserver.h"
 #include "storage/file_system.h"
+#include "tests/testing/recording_responder.h"
 #include "tests/testing/status_matchers.h"
 
 namespace strata::pserver {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::strata::testing::RecordingResponder;
+using transport::Message;
+using transport::MessageType;
 
 proto::ClusterView PlacedView(uint64_t epoch) {
   proto::ClusterView view;
@@ -35,28 +43,112 @@ proto::ClusterView PlacedView(uint64_t epoch) {
   return view;
 }
 
-TEST(PServerViewTest, AViewFromBeforePlacementDoesNotDropPartitions) {
-  auto fs = storage::NewMemoryFileSystem();
+// PlacedView plus partition 1: all of a sparse table of dim 4.
+proto::ClusterView PlacedViewWithSparse(uint64_t epoch) {
+  proto::ClusterView view = PlacedView(epoch);
+  proto::TableInfo* t = view.add_tables();
+  t->set_id(1);
+  t->set_name("emb");
+  t->set_sparse(true);
+  t->set_dim(4);
+  t->set_partitions(1);
+  proto::PartitionInfo* p = view.add_partitions();
+  p->set_id(1);
+  p->set_table_id(1);
+  p->set_offset(0);
+  p->set_owner(0);
+  return view;
+}
+
+// The view of `epoch` in which every partition of `view` moved to node 42.
+proto::ClusterView MovedAway(proto::ClusterView view, uint64_t epoch) {
+  view.set_epoch(epoch);
+  for (auto& p : *view.mutable_partitions()) p.set_owner(42);
+  return view;
+}
+
+// A PServer that is never started (its master is never contacted): views
+// are applied to it directly.
+std::unique_ptr<PServer> Unstarted(storage::FileSystem* fs) {
   PServerOptions o;
-  o.master_address = "127.0.0.1:1";  // never contacted: not started
-  o.fs = fs.get();
+  o.master_address = "127.0.0.1:1";
+  o.fs = fs;
   o.http_port = -1;
   auto server = PServer::Create(std::move(o));
-  ASSERT_THAT(server.status(), IsOk());
-  ASSERT_THAT((*server)->ApplyView(PlacedView(5)), IsOk());
-  ASSERT_NE((*server)->FindPartition(0), nullptr);
+  EXPECT_THAT(server.status(), IsOk());
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+TEST(PServerViewTest, AViewFromBeforePlacementDoesNotDropPartitions) {
+  auto fs = storage::NewMemoryFileSystem();
+  std::unique_ptr<PServer> server = Unstarted(fs.get());
+  ASSERT_NE(server, nullptr);
+  ASSERT_THAT(server->ApplyView(PlacedView(5)), IsOk());
+  ASSERT_NE(server->FindPartition(0), nullptr);
 
   proto::ClusterView unplaced = PlacedView(5);  // same epoch: a node joined meanwhile
   unplaced.clear_partitions();
-  ASSERT_THAT((*server)->ApplyView(unplaced), IsOk());
-  EXPECT_NE((*server)->FindPartition(0), nullptr) << "an unplaced view took the partition away";
-  EXPECT_EQ((*server)->Status().partitions_size(), 1);
+  ASSERT_THAT(server->ApplyView(unplaced), IsOk());
+  EXPECT_NE(server->FindPartition(0), nullptr) << "an unplaced view took the partition away";
+  EXPECT_EQ(server->Status().partitions_size(), 1);
 
   // A placed view that moves the partition elsewhere still does.
   proto::ClusterView moved = PlacedView(6);
   moved.mutable_partitions(0)->set_owner(42);
-  ASSERT_THAT((*server)->ApplyView(moved), IsOk());
-  EXPECT_EQ((*server)->Status().partitions_size(), 0);
+  ASSERT_THAT(server->ApplyView(moved), IsOk());
+  EXPECT_EQ(server->Status().partitions_size(), 0);
+}
+
+TEST(PServerViewTest, PartitionsThatMoveAwayAreFreed) {
+  auto fs = storage::NewMemoryFileSystem();
+  std::unique_ptr<PServer> server = Unstarted(fs.get());
+  ASSERT_NE(server, nullptr);
+  ASSERT_THAT(server->ApplyView(PlacedViewWithSparse(5)), IsOk());
+  EXPECT_EQ(server->partitions_held(), 2);
+  std::weak_ptr<Partition> dense = server->FindPartition(0);
+  std::weak_ptr<Partition> sparse = server->FindPartition(1);
+  ASSERT_FALSE(dense.expired());
+  ASSERT_FALSE(sparse.expired());
+  ASSERT_TRUE(sparse.lock()->sparse());
+
+  ASSERT_THAT(server->ApplyView(MovedAway(PlacedViewWithSparse(5), 6)), IsOk());
+  EXPECT_EQ(server->FindPartition(0), nullptr);
+  EXPECT_TRUE(dense.expired()) << "a dense partition that moved away is still in memory";
+  EXPECT_TRUE(sparse.expired()) << "a sparse partition that moved away is still in memory";
+  EXPECT_EQ(server->partitions_held(), 0);
+}
+
+TEST(PServerViewTest, ARequestInFlightKeepsAPartitionThatMovedAway) {
+  auto fs = storage::NewMemoryFileSystem();
+  std::unique_ptr<PServer> server = Unstarted(fs.get());
+  ASSERT_NE(server, nullptr);
+  ASSERT_THAT(server->ApplyView(PlacedView(5)), IsOk());
+  // What a request handler holds between its lookup and its apply.
+  std::shared_ptr<Partition> in_flight = server->FindPartition(0);
+  ASSERT_NE(in_flight, nullptr);
+
+  ASSERT_THAT(server->ApplyView(MovedAway(PlacedView(5), 6)), IsOk());
+  EXPECT_EQ(server->FindPartition(0), nullptr);
+  EXPECT_EQ(server->Status().partitions_size(), 0);
+  EXPECT_EQ(server->partitions_held(), 1) << "freed while a request still held it";
+
+  // The request completes on the partition it found.
+  Message pull;
+  pull.header.type = MessageType::kPullRequest;
+  pull.header.request_id = 9;
+  pull.header.partition = 0;
+  auto responder = std::make_shared<RecordingResponder>();
+  in_flight->Pull(pull, responder);
+  const std::vector<Message> responses = responder->responses();
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_THAT(transport::ResponseStatus(responses[0]), IsOk());
+  ASSERT_EQ(responses[0].payload.size(), 8 * sizeof(float));
+  std::vector<float> values(8, 1.f);
+  std::memcpy(values.data(), responses[0].payload.data(), responses[0].payload.size());
+  EXPECT_EQ(values, std::vector<float>(8, 0.f));  // the "zeros" initializer
+
+  in_flight.reset();  // the request is done: the last holder lets go
+  EXPECT_EQ(server->partitions_held(), 0);
 }
 
 }  // namespace

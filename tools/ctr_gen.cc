@@ -293,16 +293,18 @@ void AppendCriteoLine(const CriteoRawRow& row, std::string* out) {
   }
 }
 
-absl::Status GenerateCtrData(const CtrGenOptions& options, storage::FileSystem* fs,
-                             CtrGenSummary* summary) {
-  CtrGenSummary local_summary;
-  if (summary == nullptr) summary = &local_summary;
-  *summary = CtrGenSummary();
-  STRATA_RETURN_IF_ERROR(ValidateCtrGenOptions(options));
-  const std::string train_path = JoinPath(options.out_dir, "train.txt");
-  const std::string test_path = JoinPath(options.out_dir, "test.txt");
-  const std::string probs_path = JoinPath(options.out_dir, "test.probs");
-  const std::string json_path = JoinPath(options.out_dir, "planted.json");
+namespace {
+
+// Whether out_dir already holds data generated with these options: with
+// if_missing, a rerun (a launch script, a benchmark) reuses it rather than
+// spending minutes writing the same bytes again.
+bool CtrDataUpToDate(const CtrGenOptions& options, storage::FileSystem* fs,
+                     const std::string& train_path, const std::string& test_path,
+                     const std::string& json_path) {
+  if (!options.if_missing || !fs->Exists(train_path) || !fs->Exists(test_path) ||
+      !fs->Exists(json_path)) {
+    return false;
+  }
   // What planted.json records of the options: data generated with other
   // options is not "already there".
   const std::vector<std::string> recorded = {
@@ -318,84 +320,89 @@ absl::Status GenerateCtrData(const CtrGenOptions& options, storage::FileSystem* 
       absl::StrCat("\"dense_missing_rate\": ", JsonNumber(options.dense_missing_rate), ","),
       absl::StrCat("\"vocab_sizes\": [", absl::StrJoin(options.vocab_sizes, ", "), "],"),
   };
-  if (options.if_missing && fs->Exists(train_path) && fs->Exists(test_path) &&
-      fs->Exists(json_path)) {
-    auto existing = fs->ReadFile(json_path);
-    std::string differs;
-    for (const std::string& line : recorded) {
-      if (existing.ok() && existing->find(line) == std::string::npos) {
-        differs = line.substr(0, line.find(':'));
-        break;
-      }
+  auto existing = fs->ReadFile(json_path);
+  std::string differs;
+  for (const std::string& line : recorded) {
+    if (existing.ok() && existing->find(line) == std::string::npos) {
+      differs = line.substr(0, line.find(':'));
+      break;
     }
-    if (existing.ok() && differs.empty()) {
-      LOG(INFO) << "CTR data already in " << options.out_dir
-                << " (train.txt, test.txt, planted.json); not regenerating";
-      summary->already_existed = true;
-      return absl::OkStatus();
-    }
-    LOG(INFO) << "CTR data in " << options.out_dir << " was generated with other options ("
-              << (existing.ok() ? differs : existing.status().ToString()) << "); regenerating";
   }
+  if (existing.ok() && differs.empty()) {
+    LOG(INFO) << "CTR data already in " << options.out_dir
+              << " (train.txt, test.txt, planted.json); not regenerating";
+    return true;
+  }
+  LOG(INFO) << "CTR data in " << options.out_dir << " was generated with other options ("
+            << (existing.ok() ? differs : existing.status().ToString()) << "); regenerating";
+  return false;
+}
 
-  STRATA_ASSIGN_OR_RETURN(PlantedCtrModel model, PlantedCtrModel::Create(options));
-  STRATA_RETURN_IF_ERROR(fs->CreateDirs(options.out_dir));
-
+// Writes the training rows to `path`; returns their clicks. The file is
+// built in memory and published atomically: a crash leaves no half file
+// that a later if_missing run would take for finished data.
+absl::StatusOr<int64_t> WriteCtrTrainRows(const PlantedCtrModel& model,
+                                          const CtrGenOptions& options, storage::FileSystem* fs,
+                                          const std::string& path, CtrGenSummary* summary) {
   int64_t clicks = 0;
-  {
-    std::string text;
-    text.reserve(options.train_rows * 200);
-    for (int64_t i = 0; i < options.train_rows; ++i) {
-      const CriteoRawRow row = model.SampleRow(kCtrTrainStream, i);
-      AppendCriteoLine(row, &text);
-      text.push_back('\n');
-      clicks += row.label;
-    }
-    STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(train_path, text));
-    summary->bytes_written += text.size();
+  std::string text;
+  text.reserve(options.train_rows * 200);
+  for (int64_t i = 0; i < options.train_rows; ++i) {
+    const CriteoRawRow row = model.SampleRow(kCtrTrainStream, i);
+    AppendCriteoLine(row, &text);
+    text.push_back('\n');
+    clicks += row.label;
   }
+  STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(path, text));
+  summary->bytes_written += text.size();
+  return clicks;
+}
 
-  std::vector<float> probs(options.test_rows), labels(options.test_rows);
-  {
-    std::string text, probs_text;
-    text.reserve(options.test_rows * 200);
-    probs_text.reserve(options.test_rows * 12);
-    for (int64_t i = 0; i < options.test_rows; ++i) {
-      const CriteoRawRow row = model.SampleRow(kCtrTestStream, i);
-      AppendCriteoLine(row, &text);
-      text.push_back('\n');
-      clicks += row.label;
-      labels[i] = static_cast<float>(row.label);
-      probs[i] = model.Probability(row);
-      // %.9g of a float reads back as the same float.
-      char buf[32];
-      const int n = std::snprintf(buf, sizeof(buf), "%.9g\n", static_cast<double>(probs[i]));
-      probs_text.append(buf, n);
-    }
-    STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(test_path, text));
-    STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(probs_path, probs_text));
-    summary->bytes_written += text.size() + probs_text.size();
+// Writes the test rows and, beside them, each row's planted probability
+// (what an ideal model predicts, for the AUC a trained one should reach);
+// fills *probs and *labels and returns the clicks.
+absl::StatusOr<int64_t> WriteCtrTestRows(const PlantedCtrModel& model, const CtrGenOptions& options,
+                                         storage::FileSystem* fs, const std::string& test_path,
+                                         const std::string& probs_path, std::vector<float>* probs,
+                                         std::vector<float>* labels, CtrGenSummary* summary) {
+  int64_t clicks = 0;
+  std::string text, probs_text;
+  text.reserve(options.test_rows * 200);
+  probs_text.reserve(options.test_rows * 12);
+  for (int64_t i = 0; i < options.test_rows; ++i) {
+    const CriteoRawRow row = model.SampleRow(kCtrTestStream, i);
+    AppendCriteoLine(row, &text);
+    text.push_back('\n');
+    clicks += row.label;
+    (*labels)[i] = static_cast<float>(row.label);
+    (*probs)[i] = model.Probability(row);
+    // %.9g of a float reads back as the same float.
+    char buf[32];
+    const int n = std::snprintf(buf, sizeof(buf), "%.9g\n", static_cast<double>((*probs)[i]));
+    probs_text.append(buf, n);
   }
+  STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(test_path, text));
+  STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(probs_path, probs_text));
+  summary->bytes_written += text.size() + probs_text.size();
+  return clicks;
+}
 
-  summary->train_rows = options.train_rows;
-  summary->test_rows = options.test_rows;
-  summary->mean_ctr =
-      static_cast<double>(clicks) / static_cast<double>(options.train_rows + options.test_rows);
-  summary->planted_test_auc = Auc(probs, labels);
-  summary->planted_test_logloss = LogLoss(probs, labels);
-  summary->bias = model.bias();
-
+// planted.json: the options and the planted model's parameters, so that a
+// run's results can be judged against the truth (and CtrDataUpToDate can
+// tell which options made the data).
+std::string PlantedJson(const CtrGenOptions& options, const PlantedCtrModel& model,
+                        const CtrGenSummary& summary) {
   std::vector<std::string> dense_weights, log_means, log_stds;
   for (int j = 0; j < kCriteoDense; ++j) {
     dense_weights.push_back(JsonNumber(model.DenseWeight(j)));
     log_means.push_back(JsonNumber(kCtrDenseLogMean[j]));
     log_stds.push_back(JsonNumber(kCtrDenseLogStd[j]));
   }
-  const std::string json = absl::StrCat(
-      "{\n", "  \"planted_test_auc\": ", JsonNumber(summary->planted_test_auc), ",\n",
-      "  \"planted_test_logloss\": ", JsonNumber(summary->planted_test_logloss), ",\n",
+  return absl::StrCat(
+      "{\n", "  \"planted_test_auc\": ", JsonNumber(summary.planted_test_auc), ",\n",
+      "  \"planted_test_logloss\": ", JsonNumber(summary.planted_test_logloss), ",\n",
       "  \"train_rows\": ", options.train_rows, ",\n", "  \"test_rows\": ", options.test_rows,
-      ",\n", "  \"seed\": ", options.seed, ",\n", "  \"mean_ctr\": ", JsonNumber(summary->mean_ctr),
+      ",\n", "  \"seed\": ", options.seed, ",\n", "  \"mean_ctr\": ", JsonNumber(summary.mean_ctr),
       ",\n", "  \"target_ctr\": ", JsonNumber(options.target_ctr), ",\n",
       "  \"bias\": ", JsonNumber(model.bias()), ",\n", "  \"zipf_s\": ", JsonNumber(options.zipf_s),
       ",\n", "  \"weight_scale\": ", JsonNumber(options.weight_scale), ",\n",
@@ -406,6 +413,43 @@ absl::Status GenerateCtrData(const CtrGenOptions& options, storage::FileSystem* 
       "  \"dense_weights\": [", absl::StrJoin(dense_weights, ", "), "],\n",
       "  \"dense_log_mean\": [", absl::StrJoin(log_means, ", "), "],\n", "  \"dense_log_std\": [",
       absl::StrJoin(log_stds, ", "), "]\n", "}\n");
+}
+
+}  // namespace
+
+absl::Status GenerateCtrData(const CtrGenOptions& options, storage::FileSystem* fs,
+                             CtrGenSummary* summary) {
+  CtrGenSummary local_summary;
+  if (summary == nullptr) summary = &local_summary;
+  *summary = CtrGenSummary();
+  STRATA_RETURN_IF_ERROR(ValidateCtrGenOptions(options));
+  const std::string train_path = JoinPath(options.out_dir, "train.txt");
+  const std::string test_path = JoinPath(options.out_dir, "test.txt");
+  const std::string probs_path = JoinPath(options.out_dir, "test.probs");
+  const std::string json_path = JoinPath(options.out_dir, "planted.json");
+  if (CtrDataUpToDate(options, fs, train_path, test_path, json_path)) {
+    summary->already_existed = true;
+    return absl::OkStatus();
+  }
+
+  STRATA_ASSIGN_OR_RETURN(PlantedCtrModel model, PlantedCtrModel::Create(options));
+  STRATA_RETURN_IF_ERROR(fs->CreateDirs(options.out_dir));
+  STRATA_ASSIGN_OR_RETURN(const int64_t train_clicks,
+                          WriteCtrTrainRows(model, options, fs, train_path, summary));
+  std::vector<float> probs(options.test_rows), labels(options.test_rows);
+  STRATA_ASSIGN_OR_RETURN(
+      const int64_t test_clicks,
+      WriteCtrTestRows(model, options, fs, test_path, probs_path, &probs, &labels, summary));
+
+  summary->train_rows = options.train_rows;
+  summary->test_rows = options.test_rows;
+  summary->mean_ctr = static_cast<double>(train_clicks + test_clicks) /
+                      static_cast<double>(options.train_rows + options.test_rows);
+  summary->planted_test_auc = Auc(probs, labels);
+  summary->planted_test_logloss = LogLoss(probs, labels);
+  summary->bias = model.bias();
+
+  const std::string json = PlantedJson(options, model, *summary);
   STRATA_RETURN_IF_ERROR(fs->WriteFileAtomic(json_path, json));
   summary->bytes_written += json.size();
   LOG(INFO) << "wrote CTR data to " << options.out_dir << ": " << options.train_rows

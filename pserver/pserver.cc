@@ -638,6 +638,30 @@ void PServer::AddSparseMetrics(const std::string& table) {
                             {{"table", table}, {"reason", "capacity"}});
 }
 
+Message PServer::EpochMismatchResponse(const transport::MessageHeader& h, MessageType answer_type,
+                                       uint64_t epoch) {
+  Message err;
+  if (h.epoch < epoch) {
+    err = transport::MakeErrorResponse(
+        h, answer_type,
+        WithReason(absl::FailedPreconditionError(absl::StrCat("STALE_EPOCH: request epoch ",
+                                                              h.epoch, " < pserver epoch ", epoch)),
+                   proto::REASON_STALE_EPOCH));
+  } else {
+    {
+      absl::MutexLock l(&mu_);
+      refresh_wanted_ = true;
+    }
+    err = transport::MakeErrorResponse(
+        h, answer_type,
+        WithReason(absl::UnavailableError(absl::StrCat(
+                       "pserver epoch ", epoch, " behind request epoch ", h.epoch, "; retry")),
+                   proto::REASON_EPOCH_AHEAD));
+  }
+  err.header.epoch = epoch;
+  return err;
+}
+
 void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responder> responder) {
   requests_total_->Increment();
   bytes_in_->Increment(static_cast<double>(request.payload.size()));
@@ -671,25 +695,7 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
   const uint64_t epoch = epoch_.load();
   if (h.epoch != epoch) {
     stale_epoch_total_->Increment();
-    Message err;
-    if (h.epoch < epoch) {
-      err = transport::MakeErrorResponse(
-          h, answer_type,
-          WithReason(absl::FailedPreconditionError(absl::StrCat(
-                         "STALE_EPOCH: request epoch ", h.epoch, " < pserver epoch ", epoch)),
-                     proto::REASON_STALE_EPOCH));
-    } else {
-      {
-        absl::MutexLock l(&mu_);
-        refresh_wanted_ = true;
-      }
-      err = transport::MakeErrorResponse(
-          h, answer_type,
-          WithReason(absl::UnavailableError(absl::StrCat(
-                         "pserver epoch ", epoch, " behind request epoch ", h.epoch, "; retry")),
-                     proto::REASON_EPOCH_AHEAD));
-    }
-    err.header.epoch = epoch;
+    Message err = EpochMismatchResponse(h, answer_type, epoch);
     responder->Respond(std::move(err));
     return;
   }

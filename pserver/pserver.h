@@ -122,6 +122,11 @@ class PServer {
   std::shared_ptr<transport::MembershipKeys> membership_;
   explicit PServer(PServerOptions options);
   void HandleRequest(transport::Message request, std::shared_ptr<transport::Responder> responder);
+  // The answer to a request of another view epoch than ours: an older one
+  // is stale (the sender refreshes); a newer one means this node is behind,
+  // so it asks the heartbeat thread to refresh, and the sender retries.
+  transport::Message EpochMismatchResponse(const transport::MessageHeader& h,
+                                           transport::MessageType answer_type, uint64_t epoch);
   void HeartbeatLoop();
   absl::Status RefreshView();
   absl::Status ApplyViewLocked(const proto::ClusterView& view,

@@ -211,9 +211,7 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view,
   return ApplyViewLocked(view, restore, checkpoint_root);
 }
 
-absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
-                                      const proto::CheckpointManifest* restore,
-                                      const std::string& checkpoint_root) {
+std::set<uint32_t> PServer::StepWorkersDisconnectingTheGone(const proto::ClusterView& view) {
   std::set<uint32_t> step_workers;
   for (const auto& m : view.members()) {
     if (m.role() == proto::WORKER && m.state() == proto::ALIVE) step_workers.insert(m.id());
@@ -225,6 +223,69 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       transport_->DisconnectNode(m.id());
     }
   }
+  return step_workers;
+}
+
+absl::StatusOr<std::unique_ptr<Partition>> PServer::NewPartition(const proto::ClusterView& view,
+                                                                 const proto::PartitionInfo& p) {
+  if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition ", p.id(), " names table ", p.table_id(), " not in the view"));
+  }
+  const proto::TableInfo& t = view.tables(p.table_id());
+  if (t.sparse()) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> rows, MakeSparseTable(view, t, p));
+    VLOG(1) << "serving partition " << p.id() << " (" << t.name() << ", virtual partition "
+            << p.offset() << " of " << t.partitions() << ")";
+    return std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
+                                       options_.config.job.consistency);
+  }
+  std::vector<float> values(p.length());
+  STRATA_RETURN_IF_ERROR(
+      InitializeSlice(InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()}, p.offset(),
+                      p.length(), values.data()));
+  STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
+  VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " [" << p.offset() << ", "
+          << p.offset() + p.length() << "))";
+  return std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
+                                     options_.config.job.consistency);
+}
+
+absl::Status PServer::LoadPartitions(
+    const std::vector<std::pair<const proto::CheckpointPartition*, Partition*>>& to_load,
+    const std::string& checkpoint_root, uint64_t seq) {
+  // Each load holds its files and their decoded streams (about twice the
+  // files' bytes): as many at once as keep that under 1 GiB, 1 to 4.
+  uint64_t largest = 1;
+  for (const auto& [entry, part] : to_load) {
+    uint64_t bytes = 0;
+    for (const auto& f : entry->files()) bytes += f.size();
+    largest = std::max(largest, bytes);
+  }
+  const size_t kParallelLoads =
+      static_cast<size_t>(std::clamp<uint64_t>((uint64_t{1} << 30) / (2 * largest), 1, 4));
+  std::vector<absl::Status> loaded(to_load.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < to_load.size(); i = next++) {
+      loaded[i] =
+          LoadPartition(options_.fs, checkpoint_root, *to_load[i].first, seq, to_load[i].second);
+    }
+  };
+  std::vector<std::thread> loaders;
+  for (size_t t = 1; t < std::min(kParallelLoads, to_load.size()); ++t) {
+    if (!TryAddThread(&loaders, work)) break;
+  }
+  work();
+  for (std::thread& t : loaders) t.join();
+  for (const absl::Status& s : loaded) STRATA_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
+                                      const proto::CheckpointManifest* restore,
+                                      const std::string& checkpoint_root) {
+  const std::set<uint32_t> step_workers = StepWorkersDisconnectingTheGone(view);
   std::map<uint32_t, const proto::CheckpointPartition*> saved;
   if (restore != nullptr) {
     for (const auto& p : restore->partitions()) saved[p.id()] = &p;
@@ -261,29 +322,8 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   std::vector<std::pair<const proto::CheckpointPartition*, Partition*>> to_load;
   for (const proto::PartitionInfo* pi : to_create) {
     const proto::PartitionInfo& p = *pi;
-    if (p.table_id() >= static_cast<uint32_t>(view.tables_size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("partition ", p.id(), " names table ", p.table_id(), " not in the view"));
-    }
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Partition> part, NewPartition(view, p));
     const proto::TableInfo& t = view.tables(p.table_id());
-    std::unique_ptr<Partition> part;
-    if (t.sparse()) {
-      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> rows, MakeSparseTable(view, t, p));
-      part = std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
-                                         options_.config.job.consistency);
-      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << ", virtual partition "
-              << p.offset() << " of " << t.partitions() << ")";
-    } else {
-      std::vector<float> values(p.length());
-      STRATA_RETURN_IF_ERROR(
-          InitializeSlice(InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
-                          p.offset(), p.length(), values.data()));
-      STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
-      part = std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
-                                         options_.config.job.consistency);
-      VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " [" << p.offset() << ", "
-              << p.offset() + p.length() << "))";
-    }
     if (p.owner() != self) {
       part->MakeBackup();  // its state comes from the primary
     } else if (p.restore_seq() != 0) {
@@ -301,31 +341,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     created[p.id()] = std::move(part);
   }
   if (!to_load.empty()) {
-    // Each load holds its files and their decoded streams (about twice the
-    // files' bytes): as many at once as keep that under 1 GiB, 1 to 4.
-    uint64_t largest = 1;
-    for (const auto& [entry, part] : to_load) {
-      uint64_t bytes = 0;
-      for (const auto& f : entry->files()) bytes += f.size();
-      largest = std::max(largest, bytes);
-    }
-    const size_t kParallelLoads =
-        static_cast<size_t>(std::clamp<uint64_t>((uint64_t{1} << 30) / (2 * largest), 1, 4));
-    std::vector<absl::Status> loaded(to_load.size());
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i = next++; i < to_load.size(); i = next++) {
-        loaded[i] = LoadPartition(options_.fs, checkpoint_root, *to_load[i].first, restore->seq(),
-                                  to_load[i].second);
-      }
-    };
-    std::vector<std::thread> loaders;
-    for (size_t t = 1; t < std::min(kParallelLoads, to_load.size()); ++t) {
-      if (!TryAddThread(&loaders, work)) break;
-    }
-    work();
-    for (std::thread& t : loaders) t.join();
-    for (const absl::Status& s : loaded) STRATA_RETURN_IF_ERROR(s);
+    STRATA_RETURN_IF_ERROR(LoadPartitions(to_load, checkpoint_root, restore->seq()));
   }
   std::vector<std::shared_ptr<Partition>> all;
   std::vector<std::pair<std::shared_ptr<Partition>, std::vector<uint32_t>>> primaries;
@@ -383,6 +399,44 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   return absl::OkStatus();
 }
 
+absl::Status PServer::CutNotPassed(const std::vector<std::shared_ptr<Partition>>& parts,
+                                   uint64_t version) {
+  for (const auto& p : parts) {
+    const uint64_t v = p->stats().version;
+    if (v > version) {
+      return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                            "partition ", p->id(), " (", p->table(), ") is at version ", v,
+                            ", past the checkpoint's cut at version ", version)),
+                        proto::REASON_CUT_PASSED);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PServer::WriteSnapshot(const Partition& p, const PartitionSnapshot& snap,
+                                    const proto::CheckpointPartitionsRequest& req,
+                                    proto::CheckpointPartitionsResponse* resp) {
+  proto::CheckpointPartition* e = resp->add_partitions();
+  e->set_id(p.id());
+  e->set_table(p.table());
+  e->set_length(p.length());
+  e->set_sparse(p.sparse());
+  e->set_dim(static_cast<uint32_t>(p.sparse_dim()));
+  e->set_version(snap.header.version());
+  e->set_rows(snap.header.rows());
+  e->set_raw_bytes(snap.raw_bytes);
+  resp->set_max_stall_seconds(
+      std::max(resp->max_stall_seconds(), absl::ToDoubleSeconds(snap.stall)));
+  if (snap.unchanged) return absl::OkStatus();
+  HitFailpoint(options_.failpoints, "pserver.checkpoint.before_file");
+  STRATA_ASSIGN_OR_RETURN(proto::CheckpointFile file,
+                          WritePartitionFile(options_.fs, req.root(), snap, req.zstd_level()));
+  HitFailpoint(options_.failpoints, "pserver.checkpoint.after_file");
+  resp->set_bytes_written(resp->bytes_written() + file.size());
+  *e->add_files() = std::move(file);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
     const proto::CheckpointPartitionsRequest& req, const std::function<bool()>& cancelled) {
   if (req.root().empty() || req.seq() == 0) {
@@ -417,21 +471,9 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
   sreq.at_version = req.at_version();
   sreq.version = req.version();
   const std::string dir = storage::JoinPath(req.root(), storage::CheckpointDirName(req.seq()));
-  absl::Status status;
-  if (req.at_version()) {
-    // A cut some partition has passed already fails at once, before any
-    // partition copies itself for nothing.
-    for (const auto& p : parts) {
-      const uint64_t v = p->stats().version;
-      if (v > req.version()) {
-        status = WithReason(absl::FailedPreconditionError(absl::StrCat(
-                                "partition ", p->id(), " (", p->table(), ") is at version ", v,
-                                ", past the checkpoint's cut at version ", req.version())),
-                            proto::REASON_CUT_PASSED);
-        break;
-      }
-    }
-  }
+  // A cut some partition has passed already fails at once, before any
+  // partition copies itself for nothing.
+  absl::Status status = req.at_version() ? CutNotPassed(parts, req.version()) : absl::OkStatus();
   if (status.ok()) status = options_.fs->CreateDirs(dir);
   // The new directory's entry must survive a crash too.
   if (status.ok()) status = options_.fs->SyncDir(req.root());
@@ -478,27 +520,7 @@ absl::StatusOr<proto::CheckpointPartitionsResponse> PServer::Checkpoint(
         status = snap.status();
         continue;
       }
-      proto::CheckpointPartition* e = resp.add_partitions();
-      e->set_id(p->id());
-      e->set_table(p->table());
-      e->set_length(p->length());
-      e->set_sparse(p->sparse());
-      e->set_dim(static_cast<uint32_t>(p->sparse_dim()));
-      e->set_version(snap->header.version());
-      e->set_rows(snap->header.rows());
-      e->set_raw_bytes(snap->raw_bytes);
-      resp.set_max_stall_seconds(
-          std::max(resp.max_stall_seconds(), absl::ToDoubleSeconds(snap->stall)));
-      if (snap->unchanged) continue;
-      HitFailpoint(options_.failpoints, "pserver.checkpoint.before_file");
-      auto file = WritePartitionFile(options_.fs, req.root(), *snap, req.zstd_level());
-      if (!file.ok()) {
-        status = file.status();
-        continue;
-      }
-      HitFailpoint(options_.failpoints, "pserver.checkpoint.after_file");
-      resp.set_bytes_written(resp.bytes_written() + file->size());
-      *e->add_files() = std::move(*file);
+      status = WriteSnapshot(*p, *snap, req, &resp);
     }
   }
   if (!status.ok()) {

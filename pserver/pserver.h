@@ -133,6 +133,27 @@ class PServer {
                                const proto::CheckpointManifest* restore,
                                const std::string& checkpoint_root)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // ApplyViewLocked's steps. The workers of the bsp step set (the live
+  // ones), the data connections of nodes that left closed on the way.
+  std::set<uint32_t> StepWorkersDisconnectingTheGone(const proto::ClusterView& view)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // Partition p of the view, new: a sparse table's rows, or a dense
+  // slice's initial values and its optimizer.
+  absl::StatusOr<std::unique_ptr<Partition>> NewPartition(const proto::ClusterView& view,
+                                                          const proto::PartitionInfo& p);
+  // Loads each (checkpoint entry, partition) of checkpoint `seq` under
+  // `checkpoint_root`, a few at once.
+  absl::Status LoadPartitions(
+      const std::vector<std::pair<const proto::CheckpointPartition*, Partition*>>& to_load,
+      const std::string& checkpoint_root, uint64_t seq);
+  // Checkpoint's steps: FailedPrecondition (REASON_CUT_PASSED) when some
+  // partition is past the cut at `version`; a partition's snapshot into
+  // the response, its file written unless it did not change.
+  static absl::Status CutNotPassed(const std::vector<std::shared_ptr<Partition>>& parts,
+                                   uint64_t version);
+  absl::Status WriteSnapshot(const Partition& p, const PartitionSnapshot& snap,
+                             const proto::CheckpointPartitionsRequest& req,
+                             proto::CheckpointPartitionsResponse* resp);
   void RegisterMetrics();
   // Why this node may not serve now (its lease expired, or it was fenced),
   // or OK.

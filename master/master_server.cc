@@ -584,8 +584,10 @@ uint64_t MasterServer::PersistLocked() {
   // What changed since the last record: O(nodes + changes), never O(tasks)
   // (only the first record is the whole state).
   proto::MasterState st = SmallStateLocked();
-  std::string view = st.view().SerializeAsString();
+  proto::ClusterView record_view;  // (its heartbeat times cleared)
+  record_view.Swap(st.mutable_view());
   st.clear_view();
+  std::string view = record_view.SerializeAsString();
   std::string small = st.SerializeAsString();
   TaskScheduler::Changes changes = tasks_.TakeChanges();
   absl::MutexLock l(&persist_mu_);
@@ -597,10 +599,7 @@ uint64_t MasterServer::PersistLocked() {
     st = StateLocked();
   } else {
     st.set_delta(true);
-    if (view != recorded_view_) {
-      *st.mutable_view() = view_;
-      for (auto& n : *st.mutable_view()->mutable_members()) n.clear_last_heartbeat_unix_ms();
-    }
+    if (view != recorded_view_) *st.mutable_view() = std::move(record_view);
     for (uint64_t id : changes.done) st.add_tasks_done(id);
     for (const auto& [id, node] : changes.leased) (*st.mutable_task_leases())[id] = node;
     for (uint64_t id : changes.ended) st.add_leases_ended(id);

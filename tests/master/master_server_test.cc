@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -678,6 +679,31 @@ TEST_F(MasterServerTest, TheStateLogRecordsChangesAndARestartAddsThemUp) {
   auto again = Lease(w);  // the lease in flight survived
   ASSERT_THAT(again, IsOk());
   EXPECT_EQ(again->task().id(), held->task().id());
+}
+
+// A state directory written before JobState has the job state's name
+// only (MasterState.job_state_name): a master started on it still carries
+// on in that state.
+TEST_F(MasterServerTest, AStateDirectoryFromBeforeTheJobStateEnumIsStillRead) {
+  options_.state_dir = "/master-state";
+  CreateMaster();
+  uint32_t ps, w;
+  StartRunningJob(&ps, &w);
+  master_.reset();
+  std::optional<proto::MasterState> st;
+  {
+    auto log = StateLog::Open(fs_.get(), "/master-state", &st);  // the state, as a snapshot
+    ASSERT_THAT(log.status(), IsOk());
+  }
+  ASSERT_TRUE(st.has_value());
+  ASSERT_EQ(st->job_state(), proto::JOB_RUNNING);
+  st->clear_job_state();
+  st->set_job_state_name("running");
+  ASSERT_THAT(fs_->WriteFileAtomic("/master-state/snapshot", EncodeStateRecord(*st)), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic("/master-state/log", ""), IsOk());
+  CreateMaster();
+  EXPECT_EQ(JobState(), "running");
+  EXPECT_EQ(master_->GetStatus().job().job_state(), proto::JOB_RUNNING);
 }
 
 // Found by the master-kill fault test: the master recorded a lease and was

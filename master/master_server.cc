@@ -256,28 +256,6 @@ absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const D
 
 }  // namespace
 
-absl::StatusOr<MasterServer::Planted> MasterServer::ReadPlanted(storage::FileSystem* fs,
-                                                                const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, fs->ReadFile(path));
-  google::protobuf::Struct json;
-  auto parsed = google::protobuf::util::JsonStringToMessage(text, &json);
-  const auto& f = json.fields();
-  auto number = [&f](const char* key) -> const google::protobuf::Value* {
-    auto it = f.find(key);
-    return it != f.end() && it->second.has_number_value() ? &it->second : nullptr;
-  };
-  if (!parsed.ok() || number("planted_test_auc") == nullptr ||
-      number("planted_test_logloss") == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path,
-                     " (data.planted): expected a JSON object with numbers "
-                     "planted_test_auc and planted_test_logloss (strata-gen-ctr writes it)",
-                     parsed.ok() ? "" : absl::StrCat(": ", parsed.ToString())));
-  }
-  return Planted{true, number("planted_test_auc")->number_value(),
-                 number("planted_test_logloss")->number_value()};
-}
-
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions options) {
   if (options.fs == nullptr) {
     return absl::InvalidArgumentError("MasterOptions.fs is required");
@@ -306,15 +284,14 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
   if (!options.state_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(state_log, StateLog::Open(options.fs, options.state_dir, &saved));
   }
-  std::optional<Resumed> resumed;
+  std::optional<ResumePoint> resumed;
   if (saved.has_value() && options.config.checkpoint.enabled) {
     // Its last checkpoint is the base of the next (and what a lost
     // partition is restored from).
-    MasterOptions latest = options;
-    latest.resume = "latest";
-    STRATA_ASSIGN_OR_RETURN(resumed, FindResumeCheckpoint(latest));
+    STRATA_ASSIGN_OR_RETURN(resumed, FindResumeCheckpoint(options.config, options.fs, "latest"));
   } else if (!saved.has_value()) {
-    STRATA_ASSIGN_OR_RETURN(resumed, FindResumeCheckpoint(options));
+    STRATA_ASSIGN_OR_RETURN(resumed,
+                            FindResumeCheckpoint(options.config, options.fs, options.resume));
   }
   uint64_t next_seq = 1;
   if (options.config.checkpoint.enabled) {
@@ -330,32 +307,36 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
   so.job = options.config.job.name;
   so.clock = options.clock;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EventSink> sink, EventSink::Open(std::move(so)));
-  std::unique_ptr<MasterServer> m(new MasterServer(std::move(options), n, split, planted));
-  m->sink_ = std::move(sink);
+  std::unique_ptr<MasterServer> m(
+      new MasterServer(std::move(options), n, split, planted, std::move(sink)));
   {
     absl::MutexLock w(&m->write_mu_);
     m->state_log_ = std::move(state_log);
   }
-  {
+  m->checkpoints_->set_next_seq(next_seq);
+  if (saved.has_value()) {
+    m->checkpoints_->Restore(*saved, std::move(resumed));
     absl::MutexLock l(&m->mu_);
-    m->next_checkpoint_seq_ = next_seq;
-    if (saved.has_value()) {
-      m->RestoreLocked(*saved);
-      if (resumed.has_value()) m->last_manifest_ = resumed->manifest;
-      m->next_checkpoint_seq_ = std::max(next_seq, saved->next_checkpoint_seq());
-      return m;
-    }
+    m->RestoreLocked(*saved);
+    return m;
   }
   if (resumed.has_value()) STRATA_RETURN_IF_ERROR(m->ApplyResume(*resumed));
   return m;
 }
 
 MasterServer::MasterServer(MasterOptions options, int64_t num_records,
-                           std::optional<TaskScheduler::ByteSplit> split, Planted planted)
+                           std::optional<TaskScheduler::ByteSplit> split, Planted planted,
+                           std::unique_ptr<EventSink> sink)
     : options_(std::move(options)),
       num_records_(num_records),
-      planted_(planted),
       clock_(options_.clock ? options_.clock : RealClock()),
+      sink_(std::move(sink)),
+      job_(JobTracker::Options{options_.config.job.name, options_.config.job.consistency,
+                               options_.config.job.epochs, planted, clock_, sink_.get()}),
+      checkpoints_(std::make_unique<CheckpointCoordinator>(
+          CheckpointCoordinator::Options{options_.config, options_.fs, clock_, sink_.get(),
+                                         options_.failpoints},
+          static_cast<CheckpointCoordinator::Master*>(this))),
       tasks_(
           split.has_value()
               ? TaskScheduler(*split, options_.config.job.epochs, options_.config.job.seed,
@@ -431,9 +412,7 @@ absl::Status MasterServer::Start() {
     view_.mutable_members(0)->set_http_port(http_.port());
   }
   background_ = std::thread([this] { BackgroundLoop(); });
-  if (options_.config.checkpoint.enabled) {
-    checkpoint_thread_ = std::thread([this] { CheckpointLoop(); });
-  }
+  checkpoints_->Start();
   started_ = true;
   uint64_t total_tasks = 0;
   {
@@ -452,13 +431,7 @@ void MasterServer::Shutdown() {
   started_ = false;
   stop_.Notify();
   if (background_.joinable()) background_.join();
-  {
-    // A checkpoint waiting on pservers gives up now.
-    absl::MutexLock il(&inflight_mu_);
-    stopping_ = true;
-    for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
-  }
-  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+  checkpoints_->Shutdown();  // (a checkpoint waiting on pservers gives up)
   http_.Shutdown();
   if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (tls_listener_ >= 0) {
@@ -533,7 +506,7 @@ void MasterServer::Tick() {
     }
     int expired = tasks_.ExpireLeases(now);
     if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
-    if (placed_ && !IsJobOver(job_state_) && options_.config.cluster.replication > 0) {
+    if (placed_ && !job_.over() && options_.config.cluster.replication > 0) {
       TopUpBackupsLocked();
     }
     UpdateJobStateLocked();
@@ -552,20 +525,13 @@ proto::MasterState MasterServer::SmallStateLocked() const {
   *st.mutable_view() = view_;
   st.set_next_node_id(next_node_id_);
   st.set_placed(placed_);
-  st.set_job_state(job_state_);
-  st.set_job_message(job_message_);
-  st.set_max_last_step(max_last_step_);
-  st.set_next_checkpoint_seq(next_checkpoint_seq_);
-  st.set_checkpoints_done(checkpoints_done_);
+  job_.Save(&st);
+  checkpoints_->Save(&st);
   st.set_failovers(failovers_);
   st.set_partitions_restored(partitions_restored_);
   st.set_steps_lost(steps_lost_);
   st.set_tasks_requeued(tasks_requeued_);
   st.set_records_requeued(records_requeued_);
-  st.set_resumed_from_seq(resumed_from_seq_);
-  st.set_samples_base(samples_base_);
-  if (start_time_ != absl::InfinitePast()) st.set_start_unix_ms(ToUnixMs(start_time_));
-  st.set_restarts(restarts_);
   // Heartbeat times change all the time and mean nothing to a successor.
   for (auto& n : *st.mutable_view()->mutable_members()) n.clear_last_heartbeat_unix_ms();
   return st;
@@ -575,7 +541,7 @@ proto::MasterState MasterServer::StateLocked() const {
   proto::MasterState st = SmallStateLocked();
   for (uint64_t id : tasks_.DoneIds()) st.add_tasks_done(id);
   for (const auto& [id, node] : tasks_.Leases()) (*st.mutable_task_leases())[id] = node;
-  for (const std::string& e : events_) st.add_events(e);
+  for (std::string& e : job_.EventsFrom(0)) st.add_events(std::move(e));
   return st;
 }
 
@@ -590,9 +556,10 @@ uint64_t MasterServer::PersistLocked() {
   std::string view = record_view.SerializeAsString();
   std::string small = st.SerializeAsString();
   TaskScheduler::Changes changes = tasks_.TakeChanges();
+  const size_t events = job_.events_size();
   absl::MutexLock l(&persist_mu_);
   const bool changed = record_whole_ || rerecord_ || !changes.empty() ||
-                       events_.size() != events_recorded_ || view != recorded_view_ ||
+                       events != events_recorded_ || view != recorded_view_ ||
                        small != recorded_small_;
   if (!changed) return queued_seq_;
   if (record_whole_) {
@@ -603,13 +570,13 @@ uint64_t MasterServer::PersistLocked() {
     for (uint64_t id : changes.done) st.add_tasks_done(id);
     for (const auto& [id, node] : changes.leased) (*st.mutable_task_leases())[id] = node;
     for (uint64_t id : changes.ended) st.add_leases_ended(id);
-    for (size_t i = events_recorded_; i < events_.size(); ++i) st.add_events(events_[i]);
+    for (std::string& e : job_.EventsFrom(events_recorded_)) st.add_events(std::move(e));
   }
   record_whole_ = false;
   rerecord_ = false;
   recorded_view_ = std::move(view);
   recorded_small_ = std::move(small);
-  events_recorded_ = events_.size();
+  events_recorded_ = events;
   queued_.push_back(std::move(st));
   return ++queued_seq_;
 }
@@ -664,12 +631,7 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   BumpEpochLocked();
   next_node_id_ = std::max(next_node_id_, st.next_node_id());
   placed_ = st.placed();
-  // (A state directory of before JobState has the state's name only.)
-  const proto::JobState recorded = st.job_state() != proto::JOB_STATE_UNSPECIFIED
-                                       ? st.job_state()
-                                       : ParseJobStateName(st.job_state_name());
-  if (recorded != proto::JOB_STATE_UNSPECIFIED) job_state_ = recorded;
-  job_message_ = st.job_message();
+  const uint32_t restarts = job_.Restore(st);
   absl::Status s =
       tasks_.Resume(std::vector<uint64_t>(st.tasks_done().begin(), st.tasks_done().end()), {});
   if (!s.ok()) LOG(ERROR) << "the recorded state's data tasks: " << s;
@@ -680,33 +642,16 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
     if (n != nullptr && !Gone(*n)) leases[id] = node;
   }
   tasks_.RestoreLeases(leases, clock_->Now());
-  max_last_step_ = st.max_last_step();
-  checkpoints_done_ = st.checkpoints_done();
   failovers_ = st.failovers();
   partitions_restored_ = st.partitions_restored();
   steps_lost_ = st.steps_lost();
   tasks_requeued_ = st.tasks_requeued();
   records_requeued_ = st.records_requeued();
-  events_.assign(st.events().begin(), st.events().end());
-  resumed_from_seq_ = st.resumed_from_seq();
-  samples_base_ = st.samples_base();
-  if (st.start_unix_ms() != 0) start_time_ = absl::FromUnixMillis(st.start_unix_ms());
-  if (IsJobOver(job_state_)) end_time_ = clock_->Now();
-  restarts_ = st.restarts() + 1;
-  EventLocked(
-      absl::StrCat("master restarted (restart ", restarts_, "): state of epoch ", st.view().epoch(),
+  job_.Event(
+      absl::StrCat("master restarted (restart ", restarts, "): state of epoch ", st.view().epoch(),
                    " replayed from ", options_.state_dir, "; ", tasks_.done(), " of ",
-                   tasks_.total(), " data tasks done, job ", JobStateName(job_state_)),
+                   tasks_.total(), " data tasks done, job ", JobStateName(job_.state())),
       "master_restart");
-}
-
-void MasterServer::EventLocked(const std::string& what, const char* kind,
-                               const proto::NodeInfo* node) {
-  const double t =
-      start_time_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(clock_->Now() - start_time_);
-  events_.push_back(absl::StrFormat("%.1fs %s", t, what));
-  LOG(WARNING) << what;
-  sink_->Event(kind, what, node);
 }
 
 void MasterServer::Audit(const std::string& who, const std::string& from, const std::string& action,
@@ -761,16 +706,16 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
   if (Gone(*n)) return;
   n->set_state(proto::DEAD);
   RotateDataKeyLocked();  // its key stops working
-  EventLocked(absl::StrCat(NodeRoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
-                           n->host(), ") declared dead: ", why),
-              "node_dead", n);
+  job_.Event(absl::StrCat(NodeRoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
+                          n->host(), ") declared dead: ", why),
+             "node_dead", n);
   if (n->role() == proto::WORKER) {
     std::vector<uint64_t> ids;
     const int released = tasks_.ReleaseNode(n->id(), &ids);
     for (uint64_t id : ids) records_requeued_ += tasks_.RecordsOf(id);
     if (released > 0) {
       tasks_requeued_ += static_cast<uint64_t>(released);
-      EventLocked(
+      job_.Event(
           absl::StrCat(released, " data task(s) of worker ", n->index(), " returned to the queue"),
           "tasks_requeued", n);
     }
@@ -778,7 +723,7 @@ void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
   if (n->role() == proto::PSERVER) {
     synced_replicas_.erase(n->id());
     suspects_.erase(n->id());
-    if (placed_ && !IsJobOver(job_state_)) FailoverLocked(n->id());
+    if (placed_ && !job_.over()) FailoverLocked(n->id());
   }
   BumpEpochLocked();
 }
@@ -811,9 +756,9 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
   if (n->state() == proto::DEAD) {
     return absl::FailedPreconditionError(absl::StrCat(name, " is dead: nothing to drain"));
   }
-  if (IsJobOver(job_state_)) {
+  if (job_.over()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the job has already ended (", JobStateName(job_state_), "): nothing to drain"));
+        "the job has already ended (", JobStateName(job_.state()), "): nothing to drain"));
   }
   if (n->role() == proto::WORKER) {
     if (n->draining()) {
@@ -821,7 +766,7 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
       resp.set_message(absl::StrCat(name, " is already draining"));
       return resp;
     }
-    if (job_state_ == proto::JOB_EVALUATING && n->id() == evaluator_) {
+    if (job_.state() == proto::JOB_EVALUATING && n->id() == job_.evaluator()) {
       return absl::FailedPreconditionError(
           absl::StrCat(name, " is evaluating the trained model; it leaves when the job ends"));
     }
@@ -836,8 +781,8 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
                        "(`strata stop` ends the job, with a checkpoint)"));
     }
     n->set_draining(true);
-    EventLocked(absl::StrCat(name, " draining (", why, "): it leaves after its current data task"),
-                "node_draining", n);
+    job_.Event(absl::StrCat(name, " draining (", why, "): it leaves after its current data task"),
+               "node_draining", n);
     BumpEpochLocked();  // (the view shows it draining)
     *ticket = PersistLocked();
     *resp.mutable_node() = *n;
@@ -888,9 +833,9 @@ absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto:
   synced_replicas_.erase(n->id());
   suspects_.erase(n->id());
   FailoverLocked(n->id());  // its backups take over; it is no one's backup now
-  EventLocked(absl::StrCat(name, " drained (", why, "): ", primaries.size(),
-                           " partition(s) taken over by their backups"),
-              "node_drained", n);
+  job_.Event(absl::StrCat(name, " drained (", why, "): ", primaries.size(),
+                          " partition(s) taken over by their backups"),
+             "node_drained", n);
   BumpEpochLocked();
   *ticket = PersistLocked();
   *resp.mutable_node() = *n;
@@ -935,19 +880,19 @@ void MasterServer::FailoverLocked(uint32_t dead) {
     std::string where;
     for (const auto& [node, n] : to)
       absl::StrAppend(&where, where.empty() ? "" : ", ", n, " to node ", node);
-    EventLocked(absl::StrCat(promoted, " partition(s) of node ", dead,
-                             " failed over to their backups (", where, ")"),
-                "failover");
+    job_.Event(absl::StrCat(promoted, " partition(s) of node ", dead,
+                            " failed over to their backups (", where, ")"),
+               "failover");
   }
   if (!lost.empty()) {
     lost_.insert(lost.begin(), lost.end());
-    EventLocked(absl::StrCat(
-                    lost.size(), " partition(s) of node ", dead, " lost with it (no synced backup)",
-                    last_manifest_.has_value()
-                        ? absl::StrCat("; restoring them from checkpoint ", last_manifest_->seq())
-                        : ""),
-                "partitions_lost");
-    if (!last_manifest_.has_value()) {
+    const std::optional<proto::CheckpointManifest> last = checkpoints_->last_manifest();
+    job_.Event(
+        absl::StrCat(
+            lost.size(), " partition(s) of node ", dead, " lost with it (no synced backup)",
+            last.has_value() ? absl::StrCat("; restoring them from checkpoint ", last->seq()) : ""),
+        "partitions_lost");
+    if (!last.has_value()) {
       const proto::NodeInfo* n = FindNodeLocked(dead);
       FinishJobLocked(
           proto::JOB_FAILED,
@@ -976,7 +921,7 @@ void MasterServer::RecoverLostPartitions() {
   std::vector<PServerTarget> targets;
   {
     absl::MutexLock l(&mu_);
-    if (lost_.empty() || IsJobOver(job_state_) || !last_manifest_.has_value()) return;
+    if (lost_.empty() || job_.over()) return;
     for (const PServerTarget& t : OwnersLocked()) {
       const proto::NodeInfo* n = FindNodeLocked(t.first);
       if (n != nullptr && n->state() == proto::ALIVE) targets.push_back(t);
@@ -987,7 +932,7 @@ void MasterServer::RecoverLostPartitions() {
   // is lost, and counted.
   uint64_t newest = 0;
   if (options_.config.job.consistency == Consistency::kBsp) {
-    auto v = NewestVersion(targets);
+    auto v = NewestPartitionVersion(targets);
     if (!v.ok()) {
       LOG_EVERY_N(WARNING, 10) << "cannot read the partitions' versions to restore lost ones: "
                                << v.status();
@@ -995,10 +940,12 @@ void MasterServer::RecoverLostPartitions() {
     }
     newest = *v;
   }
+  const std::optional<proto::CheckpointManifest> last_manifest = checkpoints_->last_manifest();
+  if (!last_manifest.has_value()) return;
   absl::MutexLock l(&mu_);
-  if (lost_.empty() || IsJobOver(job_state_) || !last_manifest_.has_value()) return;
+  if (lost_.empty() || job_.over()) return;
   std::map<uint32_t, uint64_t> saved;  // partition -> version in the checkpoint
-  for (const auto& e : last_manifest_->partitions()) saved[e.id()] = e.version();
+  for (const auto& e : last_manifest->partitions()) saved[e.id()] = e.version();
   std::map<uint32_t, uint64_t> load;
   for (const auto& n : view_.members()) {
     if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) load[n.id()] = 0;
@@ -1015,7 +962,7 @@ void MasterServer::RecoverLostPartitions() {
     if (it == saved.end()) {
       FinishJobLocked(proto::JOB_FAILED,
                       absl::StrCat("partition ", p.id(), " was lost and checkpoint ",
-                                   last_manifest_->seq(), " does not hold it"));
+                                   last_manifest->seq(), " does not hold it"));
       return;
     }
     uint32_t best = load.begin()->first;
@@ -1024,7 +971,7 @@ void MasterServer::RecoverLostPartitions() {
     }
     load[best] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
     p.set_owner(best);
-    p.set_restore_seq(last_manifest_->seq());
+    p.set_restore_seq(last_manifest->seq());
     const uint64_t version = std::max(newest, it->second);
     p.set_restore_version(version);
     lost_steps += version - it->second;
@@ -1032,10 +979,10 @@ void MasterServer::RecoverLostPartitions() {
   }
   partitions_restored_ += lost_.size();
   steps_lost_ += lost_steps;
-  EventLocked(absl::StrCat(lost_.size(), " lost partition(s) restored from checkpoint ",
-                           last_manifest_->seq(), " (step ", last_manifest_->step(),
-                           "): ", lost_steps, " partition-step(s) of updates lost"),
-              "recovery");
+  job_.Event(absl::StrCat(lost_.size(), " lost partition(s) restored from checkpoint ",
+                          last_manifest->seq(), " (step ", last_manifest->step(), "): ", lost_steps,
+                          " partition-step(s) of updates lost"),
+             "recovery");
   lost_.clear();
   TopUpBackupsLocked();
   BumpEpochLocked();
@@ -1111,7 +1058,7 @@ void MasterServer::TakeLedger() {
   {
     absl::MutexLock l(&mu_);
     // Once every data task is done no push is left: the counts are final.
-    if (ledger_taken_ || job_state_ != proto::JOB_EVALUATING) return;
+    if (job_.ledger_taken() || job_.state() != proto::JOB_EVALUATING) return;
     targets = OwnersLocked();
   }
   std::map<uint32_t, std::map<uint32_t, uint64_t>> applied;
@@ -1131,9 +1078,7 @@ void MasterServer::TakeLedger() {
       for (const auto& [sender, n] : ps.applied_by_sender()) applied[ps.id()][sender] = n;
     }
   }
-  absl::MutexLock l(&mu_);
-  ledger_applied_ = std::move(applied);
-  ledger_taken_ = true;
+  job_.SetLedger(std::move(applied));
 }
 
 void MasterServer::MaybePlacePartitions() {
@@ -1143,7 +1088,7 @@ void MasterServer::MaybePlacePartitions() {
   std::string restore_root;
   {
     absl::MutexLock l(&mu_);
-    if (placed_ || IsJobOver(job_state_)) return;
+    if (placed_ || job_.over()) return;
     std::vector<uint32_t> ids;
     for (const auto& n : view_.members()) {
       if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) ids.push_back(n.id());
@@ -1174,7 +1119,7 @@ void MasterServer::MaybePlacePartitions() {
   }
   if (restore.has_value()) {
     absl::MutexLock l(&mu_);
-    restore_op_ = LongOp{restore->seq(), 0, static_cast<int>(targets.size()), 0, clock_->Now()};
+    restore_op_ = LongOp{restore->seq(), 0, static_cast<int>(targets.size()), clock_->Now()};
   }
   // Outgoing RPCs without the lock. Stubs live as long as the server.
   for (auto& [id, stub] : targets) {
@@ -1347,7 +1292,7 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
   const std::string joined = absl::StrCat(NodeRoleName(req.role()), " ", req.index(),
                                           " joined as node ", n->id(), " from ", req.host());
   if (view_.ready()) {
-    EventLocked(joined, "node_join", n);
+    job_.Event(joined, "node_join", n);
   } else {
     sink_->Event("node_join", joined, n);
   }
@@ -1388,20 +1333,20 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   if (n->state() == proto::DRAINED) {  // it leaves
     proto::HeartbeatResponse resp;
     resp.set_epoch(view_.epoch());
-    resp.set_job_state(job_state_);
+    resp.set_job_state(job_.state());
     resp.set_drained(true);
     return resp;
   }
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (n->role() == proto::PSERVER) {
     synced_replicas_[n->id()] = std::set<uint32_t>(req.replicas().begin(), req.replicas().end());
-    pserver_applies_[n->id()] = {req.applies(), req.apply_seconds()};
+    job_.RecordApplies(n->id(), req.applies(), req.apply_seconds());
   }
   // A live worker keeps its data-task leases.
   if (n->role() == proto::WORKER) tasks_.RenewLeases(n->id(), clock_->Now());
   proto::HeartbeatResponse resp;
   resp.set_epoch(view_.epoch());
-  resp.set_job_state(job_state_);
+  resp.set_job_state(job_.state());
   FillDataKeyLocked(*n, resp.mutable_data_key());
   return resp;
 }
@@ -1437,11 +1382,11 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   }
   STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
   proto::LeaseTaskResponse resp;
-  if (!view_.ready() || job_state_ == proto::JOB_WAITING) {
+  if (!view_.ready() || job_.state() == proto::JOB_WAITING) {
     resp.set_outcome(proto::LeaseTaskResponse::WAIT);
     return resp;
   }
-  if (IsJobOver(job_state_)) {
+  if (job_.over()) {
     resp.set_outcome(proto::LeaseTaskResponse::DONE);
     return resp;
   }
@@ -1465,9 +1410,9 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
     n->set_state(proto::DRAINED);
     n->set_draining(false);
     RotateDataKeyLocked();  // its key stops working
-    EventLocked(absl::StrCat("worker ", n->index(), " (node ", n->id(), ", ", n->host(),
-                             ") drained: left after its data task"),
-                "node_drained", n);
+    job_.Event(absl::StrCat("worker ", n->index(), " (node ", n->id(), ", ", n->host(),
+                            ") drained: left after its data task"),
+               "node_drained", n);
     BumpEpochLocked();  // out of the step set
     UpdateJobStateLocked();
     *ticket = PersistLocked();
@@ -1496,14 +1441,15 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   UpdateJobStateLocked();
   // The evaluation waits for the ledger (a moment: LeaseTask reads it),
   // unless the pservers do not answer for it within 10 s.
-  const bool ledger_or_late = ledger_taken_ || clock_->Now() - train_end_time_ > absl::Seconds(10);
-  if (job_state_ == proto::JOB_EVALUATING && !final_checkpoint_pending_ && ledger_or_late) {
-    proto::NodeInfo* ev = evaluator_ ? FindNodeLocked(evaluator_) : nullptr;
-    if (ev == nullptr || Gone(*ev)) evaluator_ = n->id();
-    if (evaluator_ == n->id()) {
+  if (job_.state() == proto::JOB_EVALUATING && !checkpoints_->final_pending() &&
+      job_.ReadyToEvaluate()) {
+    const uint32_t evaluator = job_.evaluator();
+    proto::NodeInfo* ev = evaluator ? FindNodeLocked(evaluator) : nullptr;
+    if (ev == nullptr || Gone(*ev)) job_.set_evaluator(n->id());
+    if (job_.evaluator() == n->id()) {
       resp.set_outcome(proto::LeaseTaskResponse::EVALUATE);
-      resp.set_min_version(options_.config.job.consistency == Consistency::kBsp ? max_last_step_ + 1
-                                                                                : 0);
+      resp.set_min_version(
+          options_.config.job.consistency == Consistency::kBsp ? job_.max_last_step() + 1 : 0);
       return resp;
     }
   }
@@ -1517,7 +1463,7 @@ absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
     absl::MutexLock l(&mu_);
     STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
     STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id(), req.last_step(), req.records()));
-    max_last_step_ = std::max(max_last_step_, req.last_step());
+    job_.TaskCompleted(req.last_step());
     UpdateJobStateLocked();
     ticket = PersistLocked();
   }
@@ -1527,65 +1473,38 @@ absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
 absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& req) {
   absl::MutexLock l(&mu_);
   STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
-  if (req.has_test_accuracy() && n->id() != evaluator_) {
+  if (req.has_test_accuracy() && n->id() != job_.evaluator()) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", n->id(), " reported a test accuracy but is not the evaluator"));
   }
-  workers_[n->id()].last = req;
+  job_.RecordProgress(n->id(), req);
   if (req.has_task_start()) tasks_.SetFirstStep(n->id(), req.task_id(), req.task_first_step());
-  if (!req.error().empty() && !IsJobOver(job_state_)) {
+  if (!req.error().empty() && !job_.over()) {
     FinishJobLocked(proto::JOB_FAILED,
                     absl::StrCat("worker ", n->index(), " (node ", n->id(), "): ", req.error()));
     return absl::OkStatus();
   }
   if (req.has_test_accuracy()) {
-    has_accuracy_ = true;
-    test_accuracy_ = req.test_accuracy();
-    test_loss_ = req.test_loss();
-    has_auc_ = req.has_test_auc();
-    test_auc_ = req.test_auc();
-    if (has_auc_) {
-      LOG(INFO) << absl::StrFormat(
-          "final test AUC %.4f, log-loss %.4f, accuracy %.4f%s", test_auc_, test_loss_,
-          test_accuracy_,
-          planted_.present ? absl::StrFormat(" (planted model: AUC %.4f, log-loss %.4f)",
-                                             planted_.auc, planted_.logloss)
-                           : "");
-    } else {
-      LOG(INFO) << absl::StrFormat("final test accuracy %.4f (loss %.4f)", test_accuracy_,
-                                   test_loss_);
-    }
+    job_.Evaluated(req);
     FinishJobLocked(proto::JOB_SUCCEEDED, "");
   }
   return absl::OkStatus();
 }
 
 void MasterServer::UpdateJobStateLocked() {
-  if (IsJobOver(job_state_)) return;
+  if (job_.over()) return;
   if (!view_.ready() && placed_ && CountLocked(proto::WORKER, true) >= options_.expected_workers) {
     view_.set_ready(true);
     BumpEpochLocked();
-    start_time_ = clock_->Now();
-    job_state_ = proto::JOB_RUNNING;
-    LOG(INFO) << "cluster ready at epoch " << view_.epoch() << ": job '" << options_.config.job.name
-              << "' running";
-    sink_->Event("job_state", absl::StrCat("job running: cluster ready at epoch ", view_.epoch()));
+    job_.Start(view_.epoch());
   }
-  if (job_state_ == proto::JOB_RUNNING && tasks_.AllDone()) {
-    job_state_ = proto::JOB_EVALUATING;
-    train_end_time_ = clock_->Now();
-    LOG(INFO) << "all " << tasks_.total() << " data tasks done; evaluating";
-    sink_->Event("job_state",
-                 absl::StrCat("job evaluating: all ", tasks_.total(), " data tasks done"));
-    const CheckpointSection& c = options_.config.checkpoint;
-    if (c.enabled && c.on_finish && !final_checkpoint_done_) {
-      // The trained model is saved before it is evaluated.
-      final_checkpoint_pending_ = true;
-    }
-    absl::MutexLock il(&inflight_mu_);
-    for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
+  if (job_.state() == proto::JOB_RUNNING && tasks_.AllDone()) {
+    job_.TrainingDone(tasks_.total());
+    // (The trained model is saved before it is evaluated.)
+    checkpoints_->TrainingDone();
   }
-  if (job_state_ == proto::JOB_RUNNING || job_state_ == proto::JOB_EVALUATING) {
+  if (const proto::JobState state = job_.state();
+      state == proto::JOB_RUNNING || state == proto::JOB_EVALUATING) {
     if (CountLocked(proto::WORKER, true) == 0) {
       FinishJobLocked(proto::JOB_FAILED,
                       absl::StrCat("no live worker left with ", tasks_.total() - tasks_.done(),
@@ -1595,16 +1514,12 @@ void MasterServer::UpdateJobStateLocked() {
 }
 
 void MasterServer::FinishJobLocked(proto::JobState state, const std::string& message) {
-  job_state_ = state;
-  job_message_ = message;
-  end_time_ = clock_->Now();
+  job_.Finish(state, message);
   SampleHistoryLocked(/*force=*/true);  // the end of the charts
-  sink_->Event("job_state",
-               absl::StrCat("job ", JobStateName(state), message.empty() ? "" : ": ", message));
-  if (state == proto::JOB_FAILED) LOG(ERROR) << "job failed: " << message;
-  PersistLocked();  // (synced by the caller's AwaitPersisted, or the next tick)
+  PersistLocked();                      // (synced by the caller's AwaitPersisted, or the next tick)
   if (!options_.summary_path.empty()) {
-    absl::Status s = options_.fs->WriteFileAtomic(options_.summary_path, SummaryJsonLocked());
+    absl::Status s =
+        options_.fs->WriteFileAtomic(options_.summary_path, SummaryJson(SummaryLocked()));
     if (!s.ok())
       LOG(ERROR) << "cannot write summary: " << s;
     else
@@ -1613,48 +1528,17 @@ void MasterServer::FinishJobLocked(proto::JobState state, const std::string& mes
 }
 
 void MasterServer::SampleHistoryLocked(bool force) {
-  constexpr size_t kMaxHistory = 600;
-  if (start_time_ == absl::InfinitePast()) return;
-  if (!force && IsJobOver(job_state_)) return;  // (the last point was taken at the end)
-  const absl::Time now = clock_->Now();
-  if (!force && now - last_sample_ < history_interval_) return;
-  proto::JobStatus js = JobStatusLocked();
-  if (js.steps() == 0) return;  // nothing to chart before the first report
-  last_sample_ = now;
-  if (history_.size() >= kMaxHistory) {
-    size_t kept = 0;
-    for (size_t i = 0; i < history_.size(); i += 2) history_[kept++] = history_[i];
-    history_.resize(kept);
-    history_interval_ *= 2;
-  }
-  proto::JobSample s;
-  s.set_t(absl::ToDoubleSeconds(now - start_time_));
-  s.set_loss(js.loss());
-  s.set_train_accuracy(js.train_accuracy());
-  s.set_samples_per_sec(js.samples_per_sec());
-  s.set_steps(js.steps());
-  history_.push_back(std::move(s));
+  job_.SampleHistory(force, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // (called here, under mu_)
+    return JobStatusLocked();
+  });
 }
 
 proto::JobStatus MasterServer::JobStatusLocked() const {
   proto::JobStatus js;
-  js.set_name(options_.config.job.name);
-  js.set_job_state(job_state_);
-  js.set_state(JobStateName(job_state_));
-  js.set_message(job_message_);
-  js.set_consistency(ConsistencyName(options_.config.job.consistency));
+  job_.FillStatus(view_, &js);
   js.set_epoch(tasks_.current_epoch());
-  js.set_epochs(options_.config.job.epochs);
   js.set_tasks_total(tasks_.total());
   js.set_tasks_done(tasks_.done());
-  const WorkerTotals w = WorkerProgressLocked(&js);
-  // BSP: one optimizer step per synchronous step; ASP: one per push.
-  js.set_steps(options_.config.job.consistency == Consistency::kBsp
-                   ? (w.steps > 0 ? max_last_step_ + 1 : 0)
-                   : w.steps);
-  js.set_samples(w.samples + samples_base_);
-  js.set_loss(w.loss);
-  js.set_train_accuracy(w.accuracy);
   // Where bring-up stands, and what runs now.
   const int pservers = CountLocked(proto::PSERVER, false);
   const int workers = CountLocked(proto::WORKER, true);
@@ -1671,106 +1555,22 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
     js.set_audit_records(head.seq);
     js.set_audit_head(head.hash);
   }
-  if (checkpoint_op_.seq > 0) {
-    js.set_checkpoint_in_progress(checkpoint_op_.seq);
-    js.set_checkpoint_pservers_done(checkpoint_op_.done);
-    js.set_checkpoint_pservers_total(checkpoint_op_.total);
-    js.set_checkpoint_bytes_so_far(checkpoint_op_.bytes);
-    js.set_checkpoint_seconds_so_far(absl::ToDoubleSeconds(clock_->Now() - checkpoint_op_.start));
-  }
-  for (const proto::JobSample& s : history_) *js.add_history() = s;
-  const absl::Time end = IsJobOver(job_state_) ? end_time_ : clock_->Now();
-  const double wall =
-      start_time_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(end - start_time_);
-  js.set_wall_seconds(wall);
-  // Training throughput: the final evaluation is not training.
-  const double train = start_time_ == absl::InfinitePast()
-                           ? 0
-                           : absl::ToDoubleSeconds(std::min(end, train_end_time_) - start_time_);
-  js.set_train_seconds(train);
-  js.set_samples_per_sec(IsJobOver(job_state_) || w.samples_per_sec == 0
-                             ? (train > 0 ? w.samples / train : 0)
-                             : w.samples_per_sec);
-  js.set_comm_share(w.busy > 0 ? w.comm / w.busy : 0);
-  js.set_has_test_accuracy(has_accuracy_);
-  js.set_test_accuracy(test_accuracy_);
-  js.set_has_test_auc(has_auc_);
-  js.set_test_auc(test_auc_);
-  js.set_test_loss(test_loss_);
-  js.set_checkpoints(checkpoints_done_);
-  js.set_checkpoint_failures(checkpoint_failures_);
-  if (last_manifest_.has_value()) {
-    js.set_last_checkpoint_seq(last_manifest_->seq());
-    js.set_last_checkpoint_step(last_manifest_->step());
-    js.set_last_checkpoint_dir(storage::JoinPath(
-        options_.config.checkpoint.dir, storage::CheckpointDirName(last_manifest_->seq())));
-  }
-  js.set_resumed_from_seq(resumed_from_seq_);
+  checkpoints_->FillStatus(&js);
   js.set_failovers(failovers_);
   js.set_partitions_restored(partitions_restored_);
   js.set_steps_lost(steps_lost_);
   js.set_tasks_requeued(tasks_requeued_);
-  for (const std::string& e : events_) js.add_events(e);
   return js;
 }
 
-MasterServer::WorkerTotals MasterServer::WorkerProgressLocked(proto::JobStatus* js) const {
-  WorkerTotals t;
-  double loss_sum = 0, acc_sum = 0, loss_all = 0, acc_all = 0;
-  int n_loss = 0, n_all = 0;
-  for (const auto& [id, w] : workers_) {
-    const auto& p = w.last;
-    t.steps += p.steps_done();
-    t.samples += p.samples();
-    t.busy += p.busy_seconds();
-    t.comm += p.comm_seconds();
-    const proto::NodeInfo* node = nullptr;
-    for (const auto& m : view_.members())
-      if (m.id() == id) node = &m;
-    // The loss and accuracy now: of the workers still in the job (a dead or
-    // drained one's last report goes stale), or of all when none is.
-    if (p.steps_done() > 0) {
-      const bool in_job = node != nullptr && !Gone(*node);
-      loss_all += p.loss();
-      acc_all += p.train_accuracy();
-      ++n_all;
-      if (in_job) {
-        loss_sum += p.loss();
-        acc_sum += p.train_accuracy();
-        ++n_loss;
-      }
-    }
-    if (node && node->state() == proto::ALIVE) t.samples_per_sec += p.samples_per_sec();
-    proto::WorkerProgress* wp = js->add_workers();
-    wp->set_node_id(id);
-    wp->set_index(node ? node->index() : -1);
-    wp->set_epoch(p.epoch());
-    wp->set_step(p.step());
-    wp->set_steps_done(p.steps_done());
-    wp->set_samples(p.samples());
-    wp->set_loss(p.loss());
-    wp->set_train_accuracy(p.train_accuracy());
-    wp->set_samples_per_sec(p.samples_per_sec());
-    wp->set_comm_share(p.busy_seconds() > 0 ? p.comm_seconds() / p.busy_seconds() : 0);
-  }
-  // The loss and accuracy now: of the workers in the job when some are.
-  if (n_loss == 0) {
-    loss_sum = loss_all;
-    acc_sum = acc_all;
-    n_loss = n_all;
-  }
-  t.loss = n_loss ? loss_sum / n_loss : 0;
-  t.accuracy = n_loss ? acc_sum / n_loss : 0;
-  return t;
-}
-
 std::string MasterServer::PhaseLocked(int pservers, int workers) const {
-  if (job_state_ == proto::JOB_RUNNING) {
+  const proto::JobState state = job_.state();
+  if (state == proto::JOB_RUNNING) {
     return absl::StrFormat("training: epoch %d of %d, %d of %d data tasks",
                            std::min(tasks_.current_epoch() + 1, options_.config.job.epochs),
                            options_.config.job.epochs, tasks_.done(), tasks_.total());
   }
-  if (job_state_ != proto::JOB_WAITING) return JobStateName(job_state_);
+  if (state != proto::JOB_WAITING) return JobStateName(state);
   if (pservers < options_.expected_pservers) {
     return absl::StrCat("waiting for pservers: ", pservers, " of ", options_.expected_pservers,
                         " registered");
@@ -1795,119 +1595,23 @@ proto::GetStatusResponse MasterServer::GetStatus() {
   return resp;
 }
 
-std::string MasterServer::SummaryJsonLocked() const {
+proto::JobSummary MasterServer::SummaryLocked() const {
   const proto::JobStatus js = JobStatusLocked();
-  // A CTR job: AUC and log-loss, beside the planted model's own.
-  std::string ctr;
-  if (has_auc_) {
-    ctr += absl::StrFormat("  \"final_test_auc\": %.6f,\n  \"final_test_logloss\": %.6f,\n",
-                           test_auc_, test_loss_);
-  }
-  if (options_.config.checkpoint.enabled) {
-    // checkpoint_bytes: mean bytes written per checkpoint of this run;
-    // checkpoint_raw_bytes: mean size of a full uncompressed dump of the
-    // same states (parameters and optimizer state); their ratio.
-    const uint64_t n = checkpoints_done_;
-    ctr += absl::StrFormat(
-        "  \"checkpoints\": %d,\n  \"checkpoint_failures\": %d,\n"
-        "  \"checkpoint_bytes\": %d,\n  \"checkpoint_raw_bytes\": %d,\n"
-        "  \"checkpoint_bytes_ratio\": %.4f,\n"
-        "  \"checkpoint_seconds_mean\": %.3f,\n  \"checkpoint_max_stall_seconds\": %.6f,\n"
-        "  \"last_checkpoint\": %d,\n  \"resumed_from\": %d,\n",
-        n, checkpoint_failures_, n ? checkpoint_bytes_total_ / n : 0,
-        n ? checkpoint_raw_total_ / n : 0,
-        checkpoint_raw_total_ ? static_cast<double>(checkpoint_bytes_total_) / checkpoint_raw_total_
-                              : 0.0,
-        checkpoints_done_ ? checkpoint_seconds_total_ / checkpoints_done_ : 0.0,
-        checkpoint_max_stall_, last_manifest_ ? last_manifest_->seq() : 0, resumed_from_seq_);
-  }
-  if (planted_.present) {
-    ctr += absl::StrFormat("  \"planted_test_auc\": %.6f,\n  \"planted_test_logloss\": %.6f,\n",
-                           planted_.auc, planted_.logloss);
-  }
-  // Recovery: what failed and what it cost; the update ledger compares
-  // what each finished worker had acknowledged with what the partitions
-  // hold (docs/reliability.md).
-  std::string events;
-  for (const std::string& e : events_) {
-    absl::StrAppend(&events, events.empty() ? "" : ", ", "\"", JsonEscape(e), "\"");
-  }
-  ctr += absl::StrFormat(
-      "  \"replication\": %d,\n  \"failovers\": %d,\n  \"partitions_restored\": %d,\n"
-      "  \"steps_lost\": %d,\n  \"tasks_requeued\": %d,\n  \"records_requeued\": %d,\n"
-      "  \"records_done\": %d,\n  \"events\": [%s],\n",
-      options_.config.cluster.replication, failovers_, partitions_restored_, steps_lost_,
-      tasks_requeued_, records_requeued_, tasks_.RecordsDone(), events);
-  if (ledger_taken_) {
-    uint64_t acked = 0, held = 0, lost = 0, extra = 0;
-    for (const auto& [id, w] : workers_) {
-      bool live = false;
-      for (const auto& m : view_.members())
-        live = live ||
-               (m.id() == id && m.state() != proto::DEAD);  // (a drained one's report is its last)
-      if (!live) continue;                                  // its last counts may be old
-      for (const auto& [partition, count] : w.last.acked_pushes()) {
-        auto p = ledger_applied_.find(partition);
-        uint64_t have = 0;
-        if (p != ledger_applied_.end()) {
-          auto it = p->second.find(id);
-          if (it != p->second.end()) have = it->second;
-        }
-        acked += count;
-        held += std::min(have, count);
-        if (count > have) lost += count - have;
-        if (have > count) extra += have - count;
-      }
-    }
-    ctr += absl::StrFormat(
-        "  \"ledger\": {\"acked\": %d, \"held\": %d, \"lost\": %d, \"unacked_applied\": %d},\n",
-        acked, held, lost, extra);
-  }
-  // Where a step's time goes, per step on average over the workers, and a
-  // push's apply on the pservers.
-  double busy = 0, comm = 0, apply_seconds = 0;
-  uint64_t steps = 0, applies = 0;
-  for (const auto& [id, w] : workers_) {
-    busy += w.last.busy_seconds();
-    comm += w.last.comm_seconds();
-    steps += w.last.steps_done();
-  }
-  for (const auto& [id, a] : pserver_applies_) {
-    applies += a.first;
-    apply_seconds += a.second;
-  }
-  ctr += absl::StrFormat(
-      "  \"step_phases\": {\"step_seconds\": %.6f, \"compute_seconds\": %.6f, "
-      "\"wait_seconds\": %.6f, \"apply_seconds_per_push\": %.6f, \"pushes_applied\": %d},\n",
-      steps ? busy / steps : 0.0, steps ? (busy - comm) / steps : 0.0, steps ? comm / steps : 0.0,
-      applies ? apply_seconds / applies : 0.0, applies);
-  std::string workers;
-  for (const auto& w : js.workers()) {
-    if (!workers.empty()) workers += ",\n";
-    workers += absl::StrFormat(
-        "    {\"node_id\": %d, \"index\": %d, \"steps\": %d, \"samples\": %d, "
-        "\"comm_share\": %.4f}",
-        w.node_id(), w.index(), w.steps_done(), w.samples(), w.comm_share());
-  }
-  return absl::StrFormat(
-      "{\n  \"job\": \"%s\",\n  \"state\": \"%s\",\n  \"message\": \"%s\",\n"
-      "  \"consistency\": \"%s\",\n  \"epochs\": %d,\n"
-      "  \"final_test_accuracy\": %.6f,\n  \"final_test_loss\": %.6f,\n"
-      "  \"steps\": %d,\n  \"samples\": %d,\n  \"samples_per_sec\": %.2f,\n"
-      "  \"comm_share\": %.4f,\n  \"wall_seconds\": %.3f,\n  \"train_seconds\": %.3f,\n"
-      "  \"tasks_total\": %d,\n  \"tasks_done\": %d,\n%s"
-      "  \"workers\": [\n%s\n  ]\n}\n",
-      JsonEscape(js.name()), js.state(), JsonEscape(js.message()), js.consistency(), js.epochs(),
-      js.test_accuracy(), test_loss_, js.steps(), js.samples(), js.samples_per_sec(),
-      js.comm_share(), js.wall_seconds(), js.train_seconds(), js.tasks_total(), js.tasks_done(),
-      ctr, workers);
+  proto::JobSummary s = job_.Summary(js, view_);
+  checkpoints_->FillSummary(&s);
+  if (options_.config.checkpoint.enabled)
+    s.set_resumed_from(static_cast<double>(js.resumed_from_seq()));
+  s.set_replication(options_.config.cluster.replication);
+  s.set_failovers(static_cast<double>(failovers_));
+  s.set_partitions_restored(static_cast<double>(partitions_restored_));
+  s.set_steps_lost(static_cast<double>(steps_lost_));
+  s.set_tasks_requeued(static_cast<double>(tasks_requeued_));
+  s.set_records_requeued(static_cast<double>(records_requeued_));
+  s.set_records_done(static_cast<double>(tasks_.RecordsDone()));
+  return s;
 }
 
-bool MasterServer::WaitForJobEnd(absl::Duration timeout) {
-  absl::MutexLock l(&mu_);
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return IsJobOver(job_state_); };
-  return mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
-}
+bool MasterServer::WaitForJobEnd(absl::Duration timeout) { return job_.AwaitEnd(timeout); }
 
 void MasterServer::AddNodeMetricsLocked(proto::Role role, uint32_t index) {
   // Per node, by role and index (stable across a node's restarts): its
@@ -1943,11 +1647,7 @@ void MasterServer::AddNodeMetricsLocked(proto::Role role, uint32_t index) {
 
 void MasterServer::RegisterMetrics() {
   AddProcessMetrics(&metrics_);
-  checkpoint_seconds_ = metrics_.GetHistogram(
-      "strata_master_checkpoint_seconds", "Time a checkpoint took, from its cut to its manifest",
-      Histogram::LatencyBounds());
-  checkpoint_bytes_ = metrics_.GetHistogram("strata_master_checkpoint_bytes",
-                                            "Bytes a checkpoint wrote", Histogram::ByteBounds());
+  checkpoints_->RegisterMetrics(&metrics_);
   auto locked = [this](auto fn) {
     return [this, fn]() {
       absl::MutexLock l(&mu_);
@@ -1988,29 +1688,134 @@ void MasterServer::RegisterMetrics() {
   metrics_.AddCallbackGauge(
       "strata_job_samples", "Samples trained",
       locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return JobStatusLocked().samples(); }));
-  metrics_.AddCallbackGauge(
-      "strata_master_checkpoints", "Checkpoints completed by this run",
-      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoints_done_; }));
-  metrics_.AddCallbackGauge(
-      "strata_master_checkpoint_failures", "Checkpoints that failed",
-      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_failures_; }));
-  metrics_.AddCallbackGauge(
-      "strata_master_checkpoint_bytes_written", "Bytes written by this run's checkpoints",
-      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_bytes_total_; }));
-  metrics_.AddCallbackGauge(
-      "strata_master_checkpoint_raw_bytes",
-      "Bytes of a full uncompressed dump of the last checkpoint's state",
-      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return checkpoint_raw_bytes_; }));
-  metrics_.AddCallbackGauge("strata_master_checkpoint_last_seconds",
-                            "Time the last checkpoint took",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                              return last_manifest_ ? last_manifest_->write_seconds() : 0.0;
-                            }));
-  metrics_.AddCallbackGauge("strata_master_checkpoint_last_step",
-                            "BSP step of the last checkpoint's cut",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                              return last_manifest_ ? last_manifest_->step() : 0;
-                            }));
+}
+
+// Checkpoints (master/checkpoint_coordinator.h): the coordinator's calls,
+// and the master's part of them.
+
+absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::string& reason,
+                                                                   bool stop_after) {
+  return checkpoints_->Checkpoint(reason, stop_after);
+}
+
+bool MasterServer::CheckpointAndStopWithin(absl::Duration grace) {
+  LOG(INFO) << "SIGTERM: checkpointing before stopping (grace " << absl::FormatDuration(grace)
+            << ")";
+  // The checkpoint runs on a thread of its own, which outlives this call
+  // when it takes too long (the caller then exits the process).
+  auto done = std::make_shared<absl::Notification>();
+  std::thread([this, done] {
+    auto r = Checkpoint("sigterm on master", /*stop_after=*/true);
+    if (!r.ok()) LOG(WARNING) << "no checkpoint before stopping: " << r.status();
+    done->Notify();
+  }).detach();
+  return done->WaitForNotificationWithTimeout(grace);
+}
+
+absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason,
+                                                       bool no_checkpoint) {
+  bool checkpoint = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (job_.over()) {
+      return WithReason(absl::FailedPreconditionError(absl::StrCat("the job has already ended: it ",
+                                                                   JobStateName(job_.state()))),
+                        proto::REASON_JOB_NOT_RUNNING);
+    }
+    checkpoint = options_.config.checkpoint.enabled && !no_checkpoint && placed_ && view_.ready();
+  }
+  proto::StopResponse resp;
+  if (checkpoint) {
+    absl::StatusOr<proto::CheckpointResponse> c = Checkpoint(reason, /*stop_after=*/true);
+    if (!c.ok()) {
+      return absl::Status(
+          c.status().code(),
+          absl::StrCat("not stopped: the checkpoint before the stop failed (", c.status().message(),
+                       "); the job goes on (stop without one: no_checkpoint)"));
+    }
+    resp.set_checkpointed(true);
+    *resp.mutable_checkpoint() = std::move(*c);
+    return resp;
+  }
+  absl::MutexLock l(&mu_);
+  if (!job_.over()) {
+    FinishJobLocked(proto::JOB_STOPPED, absl::StrCat("stopped on request (", reason, ")"));
+  }
+  return resp;
+}
+
+absl::Status MasterServer::ApplyResume(const ResumePoint& r) {
+  checkpoints_->Resume(r);
+  absl::MutexLock l(&mu_);
+  const proto::CheckpointManifest& m = r.manifest;
+  std::vector<uint64_t> done(m.tasks_done().begin(), m.tasks_done().end());
+  std::vector<std::pair<uint64_t, int64_t>> partial;
+  for (const auto& t : m.tasks_partial()) partial.emplace_back(t.id(), t.trained_records());
+  STRATA_RETURN_IF_ERROR(tasks_.Resume(done, partial));
+  restore_ = r;
+  job_.Resume(m.seq(), m.samples(), m.step() > 0 ? m.step() - 1 : 0);
+  next_node_id_ = std::max(next_node_id_, m.next_node_id());
+  LOG(INFO) << "resuming from checkpoint " << m.seq() << " (" << m.reason() << ", step " << m.step()
+            << "): " << tasks_.done() << " of " << tasks_.total() << " data tasks done, "
+            << partial.size() << " partly";
+  return absl::OkStatus();
+}
+
+std::vector<PServerTarget> MasterServer::OwnersLocked() {
+  std::set<uint32_t> owners;
+  for (const auto& p : view_.partitions()) owners.insert(p.owner());
+  std::vector<PServerTarget> targets;
+  for (uint32_t id : owners) targets.emplace_back(id, pserver_stubs_[id].get());
+  return targets;
+}
+
+CheckpointCoordinator::Master::Cluster MasterServer::CheckpointCluster() {
+  absl::MutexLock l(&mu_);
+  Cluster c;
+  const proto::JobState state = job_.state();
+  c.ready = placed_ && view_.ready() && !IsJobOver(state);
+  if (!c.ready) {
+    c.why_not =
+        absl::StrCat("the job is ", JobStateName(state), placed_ ? "" : " (partitions not placed)");
+    return c;
+  }
+  c.running = state == proto::JOB_RUNNING;
+  c.training_over = state == proto::JOB_EVALUATING;
+  c.view = view_;
+  c.owners = OwnersLocked();
+  return c;
+}
+
+void MasterServer::FillManifestTasks(std::optional<uint64_t> cut_step,
+                                     proto::CheckpointManifest* m) {
+  absl::MutexLock l(&mu_);
+  const TaskScheduler::Cut cut = tasks_.CutAt(cut_step, options_.config.job.batch_size);
+  for (uint64_t id : cut.done) m->add_tasks_done(id);
+  for (const auto& [id, records] : cut.partial) {
+    proto::CheckpointTask* t = m->add_tasks_partial();
+    t->set_id(id);
+    t->set_trained_records(records);
+  }
+  // The samples in the parameters at the cut: the records of the tasks
+  // done and of the parts trained.
+  uint64_t samples = 0;
+  for (uint64_t id : cut.done) samples += tasks_.RecordsOf(id);
+  for (const auto& [id, records] : cut.partial) samples += records;
+  m->set_samples(samples);
+  m->set_next_node_id(next_node_id_);
+}
+
+void MasterServer::StopAfterCheckpoint(uint64_t seq, const std::string& reason) {
+  absl::MutexLock l(&mu_);
+  if (!job_.over()) {
+    FinishJobLocked(proto::JOB_STOPPED,
+                    absl::StrCat("stopped after checkpoint ", seq, " (", reason, ")"));
+  }
+}
+
+void MasterServer::FinalCheckpointDone() {
+  absl::MutexLock l(&mu_);
+  UpdateJobStateLocked();
 }
 
 }  // namespace strata::master

@@ -21,7 +21,9 @@
 #include "common/metrics.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
+#include "master/checkpoint_coordinator.h"
 #include "master/event_sink.h"
+#include "master/job_tracker.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
 #include "proto/strata.grpc.pb.h"
@@ -65,13 +67,13 @@ struct MasterOptions {
 
 // Thread-safe. All state is guarded by one mutex; RPC handlers hold it only
 // briefly and never across outgoing RPCs.
-class MasterServer {
+class MasterServer : private CheckpointCoordinator::Master {
  public:
   // Validates options and reads the training-set size from the labels
   // file. With options.resume, finds and checks the checkpoint to resume
   // from: errors name the checkpoint file and what is wrong with it.
   static absl::StatusOr<std::unique_ptr<MasterServer>> Create(MasterOptions options);
-  ~MasterServer();
+  ~MasterServer() override;
   MasterServer(const MasterServer&) = delete;
   MasterServer& operator=(const MasterServer&) = delete;
 
@@ -138,9 +140,6 @@ class MasterServer {
 
  private:
   class Service;
-  struct WorkerStats {
-    proto::ReportProgressRequest last;
-  };
 
   void BackgroundLoop();
   void Tick();
@@ -163,11 +162,6 @@ class MasterServer {
   void TopUpBackupsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecoverLostPartitions() ABSL_LOCKS_EXCLUDED(mu_);
   void ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
-  // A cluster event: in the job's event list (status, summary), logged, and
-  // in the event log and the audit log (sink_->Event alone puts it in those
-  // two only). `node`: the node it is about, when one is.
-  void EventLocked(const std::string& what, const char* kind = "event",
-                   const proto::NodeInfo* node = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The state log (docs/reliability.md). PersistLocked queues a record of
   // what changed since the last record queued (the whole state for the
   // first one), when something did, and returns the ticket of the newest
@@ -205,83 +199,44 @@ class MasterServer {
   void FinishJobLocked(proto::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The workers' progress into js->workers, and their sums: steps,
-  // samples, busy and comm seconds, the samples/s of the live ones, and
-  // the mean loss and accuracy of those still in the job (of all when
-  // none is).
-  struct WorkerTotals {
-    uint64_t steps = 0, samples = 0;
-    double busy = 0, comm = 0, samples_per_sec = 0, loss = 0, accuracy = 0;
-  };
-  WorkerTotals WorkerProgressLocked(proto::JobStatus* js) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the job does now, in a few words (JobStatus.phase).
   std::string PhaseLocked(int pservers, int workers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string SummaryJsonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a point to history_ when history_interval_ has passed since the
-  // last one (or `force`), once some worker has reported.
+  proto::JobSummary SummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A point of the status page's charts, when one is due (or `force`).
   void SampleHistoryLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
   // Heartbeat age and liveness gauges of node (role, index); idempotent.
   void AddNodeMetricsLocked(proto::Role role, uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checkpoints (master/checkpoints.cc).
-  void CheckpointLoop();
-  // The checkpoint to resume from, checked; nullopt when `latest` finds none.
-  struct Resumed {
-    std::string root;
-    proto::CheckpointManifest manifest;
-  };
-  static absl::StatusOr<std::optional<Resumed>> FindResumeCheckpoint(const MasterOptions& o);
-  // Why `m` (read from `dir`) cannot resume this job, or OK.
-  static absl::Status CheckCheckpointFits(const MasterOptions& o, const std::string& root,
-                                          const std::string& dir,
-                                          const proto::CheckpointManifest& m);
-  absl::Status ApplyResume(const Resumed& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // The checkpoint coordinator's view of the rest of the master.
+  Cluster CheckpointCluster() override ABSL_LOCKS_EXCLUDED(mu_);
+  void FillManifestTasks(std::optional<uint64_t> cut_step, proto::CheckpointManifest* m) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void StopAfterCheckpoint(uint64_t seq, const std::string& reason) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void FinalCheckpointDone() override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ApplyResume(const ResumePoint& r) ABSL_LOCKS_EXCLUDED(mu_);
   // The pservers owning partitions, with their stubs (which live as long
   // as the server).
-  using PServerTarget = std::pair<uint32_t, proto::PServerAdmin::Stub*>;
   std::vector<PServerTarget> OwnersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The newest partition version of those pservers now.
-  static absl::StatusOr<uint64_t> NewestVersion(const std::vector<PServerTarget>& targets);
-  // One round of a checkpoint's calls: every target at once.
-  std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> CheckpointCalls(
-      const std::vector<PServerTarget>& targets, const proto::CheckpointPartitionsRequest& req)
-      ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
-  // Has every target write its partitions of checkpoint req->seq(): again
-  // while a pserver is busy with an earlier attempt, and (bsp) with the cut
-  // set further ahead when training outran it, or where training stopped
-  // when it ended first. The cut chosen is left in *req.
-  absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> WriteCheckpointPartitions(
-      const std::vector<PServerTarget>& targets, bool training_over,
-      proto::CheckpointPartitionsRequest* req) ABSL_LOCKS_EXCLUDED(mu_);
-  // The manifest's partitions (each one's new file on top of its chain in
-  // the last checkpoint, base_seq), and the tasks and samples in the
-  // parameters at the cut (`cut_step`; none: asp).
-  absl::Status FillManifestLocked(const proto::ClusterView& view, uint64_t base_seq,
-                                  std::optional<uint64_t> cut_step,
-                                  std::map<uint32_t, proto::CheckpointPartition> got,
-                                  proto::CheckpointManifest* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts checkpoint `m` (its manifest written), says so in the log and
-  // the events, and makes it the base of the next.
-  void CheckpointDoneLocked(const std::string& reason, const std::string& dir,
-                            proto::CheckpointManifest m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The planted model's own test figures (data.planted), for the summary.
-  struct Planted {
-    bool present = false;
-    double auc = 0;
-    double logloss = 0;
-  };
-  // data.planted, checked: its figures, or why it is not such a file.
-  static absl::StatusOr<Planted> ReadPlanted(storage::FileSystem* fs, const std::string& path);
   // `split`: the training set is text cut by bytes (num_records then an
   // estimate).
   MasterServer(MasterOptions options, int64_t num_records,
-               std::optional<TaskScheduler::ByteSplit> split, Planted planted);
+               std::optional<TaskScheduler::ByteSplit> split, Planted planted,
+               std::unique_ptr<EventSink> sink);
 
   const MasterOptions options_;
   const int64_t num_records_;
-  const Planted planted_;
   Clock* const clock_;
+  // The event log and the audit log (master/event_sink.h): posted to under
+  // any lock, written by the sink's own thread.
+  const std::unique_ptr<EventSink> sink_;
+  // The job's state, progress, events and summary (master/job_tracker.h):
+  // its own lock, a leaf under mu_.
+  JobTracker job_;
+  // Checkpoints (master/checkpoint_coordinator.h): its own locks, mu_ a
+  // leaf under this mu_.
+  std::unique_ptr<CheckpointCoordinator> checkpoints_;
 
   mutable absl::Mutex mu_;
   proto::ClusterView view_ ABSL_GUARDED_BY(mu_);
@@ -292,21 +247,6 @@ class MasterServer {
   uint64_t key_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool placed_ ABSL_GUARDED_BY(mu_) = false;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
-  proto::JobState job_state_ ABSL_GUARDED_BY(mu_) = proto::JOB_WAITING;
-  std::string job_message_ ABSL_GUARDED_BY(mu_);
-  absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time end_time_ ABSL_GUARDED_BY(mu_);
-  absl::Time train_end_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  uint32_t evaluator_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t max_last_step_ ABSL_GUARDED_BY(mu_) = 0;
-  bool has_accuracy_ ABSL_GUARDED_BY(mu_) = false;
-  double test_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
-  double test_loss_ ABSL_GUARDED_BY(mu_) = 0;
-  bool has_auc_ ABSL_GUARDED_BY(mu_) = false;
-  double test_auc_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint32_t, WorkerStats> workers_ ABSL_GUARDED_BY(mu_);
-  // Each pserver's (pushes taken in, seconds), from its last heartbeat.
-  std::map<uint32_t, std::pair<uint64_t, double>> pserver_applies_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<proto::PServerAdmin::Stub>> pserver_stubs_
       ABSL_GUARDED_BY(mu_);
 
@@ -326,27 +266,15 @@ class MasterServer {
   uint64_t steps_lost_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tasks_requeued_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t records_requeued_ ABSL_GUARDED_BY(mu_) = 0;  // of those tasks
-  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
-  // The job's progress over time, for the status page's charts: at most
-  // kMaxHistory points; when full, every other one is dropped and the
-  // interval doubles. Not persisted: a restarted master starts anew.
-  std::vector<proto::JobSample> history_ ABSL_GUARDED_BY(mu_);
-  // Progress of the long operations, for JobStatus: a checkpoint being
-  // written (seq 0: none) and a checkpoint being restored at placement.
+  // A checkpoint being restored at placement (seq 0: none), for JobStatus.
   struct LongOp {
     uint64_t seq = 0;
     int done = 0, total = 0;
-    uint64_t bytes = 0;
     absl::Time start;
   };
-  LongOp checkpoint_op_ ABSL_GUARDED_BY(mu_);
   LongOp restore_op_ ABSL_GUARDED_BY(mu_);
-  absl::Duration history_interval_ ABSL_GUARDED_BY(mu_) = absl::Milliseconds(500);
-  absl::Time last_sample_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // The update ledger: each partition's applied pushes by sender, read
-  // from the primaries once training is over.
-  bool ledger_taken_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<uint32_t, std::map<uint32_t, uint64_t>> ledger_applied_ ABSL_GUARDED_BY(mu_);
+  // The update ledger (JobTracker::SetLedger), read from the primaries
+  // once training is over.
   void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);
   // The state log's writer: held while a record is written and synced,
   // never together with mu_.
@@ -367,43 +295,11 @@ class MasterServer {
   uint64_t durable_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;    // newest ticket synced
   uint64_t failed_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // newest ticket refused by the disk
   absl::Status persist_error_ ABSL_GUARDED_BY(persist_mu_);  // why
-  uint32_t restarts_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Checkpoints. checkpoint_mu_ is held across a whole checkpoint (one at
-  // a time) and taken before mu_.
-  absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  uint64_t next_checkpoint_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  // The last complete checkpoint (of this run or resumed from): the base
-  // of the next incremental one.
-  std::optional<proto::CheckpointManifest> last_manifest_ ABSL_GUARDED_BY(mu_);
-  int increments_since_full_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t checkpoints_done_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t checkpoint_failures_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t checkpoint_bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t checkpoint_raw_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of the last one
-  uint64_t checkpoint_raw_total_ ABSL_GUARDED_BY(mu_) = 0;  // over this run's
-  double checkpoint_max_stall_ ABSL_GUARDED_BY(mu_) = 0;
-  double checkpoint_seconds_total_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_checkpoint_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  uint64_t next_step_trigger_ ABSL_GUARDED_BY(mu_) = 0;
-  bool final_checkpoint_pending_ ABSL_GUARDED_BY(mu_) = false;
-  bool final_checkpoint_done_ ABSL_GUARDED_BY(mu_) = false;
   // Resume: the checkpoint the partitions are placed from (until placed).
-  std::optional<Resumed> restore_ ABSL_GUARDED_BY(mu_);
-  uint64_t resumed_from_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t samples_base_ ABSL_GUARDED_BY(mu_) = 0;  // trained before the resume
-  std::thread checkpoint_thread_;
-  // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
-  // when training ends first (the cut is then set again, where training
-  // stopped). A leaf lock.
-  absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::set<grpc::ClientContext*> inflight_ ABSL_GUARDED_BY(inflight_mu_);
-  bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
+  std::optional<ResumePoint> restore_ ABSL_GUARDED_BY(mu_);
 
   MetricsRegistry metrics_;
-  // The event log and the audit log (master/event_sink.h): posted to under
-  // any lock, written by the sink's own thread.
-  std::unique_ptr<EventSink> sink_;
   // Appends an audit record, and returns once it is written (synced). A
   // failure to write it is logged (the action has happened).
   void Audit(const std::string& who, const std::string& from, const std::string& action,
@@ -428,9 +324,6 @@ class MasterServer {
   std::vector<std::string> tls_failures_ ABSL_GUARDED_BY(tls_failures_mu_);
   uint64_t tls_failures_dropped_ ABSL_GUARDED_BY(tls_failures_mu_) = 0;
   void AuditTlsFailures() ABSL_LOCKS_EXCLUDED(mu_, tls_failures_mu_);
-  // Set by RegisterMetrics (null without an HTTP port).
-  Histogram* checkpoint_seconds_ = nullptr;
-  Histogram* checkpoint_bytes_ = nullptr;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int bound_port_ = 0;

@@ -15,6 +15,8 @@
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "master/state_log.h"
@@ -37,6 +39,13 @@ using ::testing::SizeIs;
 
 constexpr char kLabels[] = "/data/train-labels-idx1-ubyte";
 constexpr char kSummary[] = "/out/summary.json";
+
+// summary.json, parsed.
+google::protobuf::Struct ParseJson(const std::string& text) {
+  google::protobuf::Struct json;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(text, &json).ok()) << text;
+  return json;
+}
 
 // IDX label file: magic 0,0,8,1, big-endian count, then one byte per label.
 std::string IdxLabels(uint32_t n) {
@@ -872,12 +881,17 @@ TEST_F(MasterServerTest, JobRunsToEvaluationAndSucceeds) {
   EXPECT_DOUBLE_EQ(job.comm_share(), 0.5);       // (0.5 + 1.5) / (2 + 2)
 
   STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
-  EXPECT_THAT(summary,
-              AllOf(HasSubstr("\"job\": \"unit-job\""), HasSubstr("\"state\": \"succeeded\""),
-                    HasSubstr("\"final_test_accuracy\": 0.875000"),
-                    HasSubstr("\"final_test_loss\": 0.250000"), HasSubstr("\"steps\": 8"),
-                    HasSubstr("\"samples\": 10"), HasSubstr("\"tasks_done\": 3"),
-                    HasSubstr("\"wall_seconds\": 3.000"), HasSubstr("\"train_seconds\": 2.000")));
+  const google::protobuf::Struct json = ParseJson(summary);
+  const auto& f = json.fields();
+  EXPECT_EQ(f.at("job").string_value(), "unit-job");
+  EXPECT_EQ(f.at("state").string_value(), "succeeded");
+  EXPECT_DOUBLE_EQ(f.at("final_test_accuracy").number_value(), 0.875);
+  EXPECT_DOUBLE_EQ(f.at("final_test_loss").number_value(), 0.25);
+  EXPECT_DOUBLE_EQ(f.at("steps").number_value(), 8);
+  EXPECT_DOUBLE_EQ(f.at("samples").number_value(), 10);
+  EXPECT_DOUBLE_EQ(f.at("tasks_done").number_value(), 3);
+  EXPECT_DOUBLE_EQ(f.at("wall_seconds").number_value(), 3);
+  EXPECT_DOUBLE_EQ(f.at("train_seconds").number_value(), 2);
 
   // Everyone is told to exit.
   STRATA_ASSERT_OK_AND_ASSIGN(auto done, Lease(a));
@@ -979,10 +993,12 @@ TEST_F(MasterServerTest, CtrJobReportsAucBesideThePlantedModel) {
   EXPECT_EQ(JobState(), "succeeded");
   EXPECT_TRUE(master_->GetStatus().job().has_test_auc());
   STRATA_ASSERT_OK_AND_ASSIGN(std::string summary, fs_->ReadFile(kSummary));
-  EXPECT_THAT(summary, AllOf(HasSubstr("\"final_test_auc\": 0.750000"),
-                             HasSubstr("\"final_test_logloss\": 0.470000"),
-                             HasSubstr("\"planted_test_auc\": 0.780000"),
-                             HasSubstr("\"planted_test_logloss\": 0.460000")));
+  const google::protobuf::Struct json = ParseJson(summary);
+  const auto& f = json.fields();
+  EXPECT_DOUBLE_EQ(f.at("final_test_auc").number_value(), 0.75);
+  EXPECT_DOUBLE_EQ(f.at("final_test_logloss").number_value(), 0.47);
+  EXPECT_DOUBLE_EQ(f.at("planted_test_auc").number_value(), 0.78);
+  EXPECT_DOUBLE_EQ(f.at("planted_test_logloss").number_value(), 0.46);
 }
 
 TEST_F(MasterServerTest, AspEvaluatorNeedsNoMinimumVersion) {

@@ -1,6 +1,5 @@
-// The master's side of checkpoints (docs/checkpoint-format.md): when to
-// take one, the bsp cut, collecting every pserver's files into a manifest,
-// retention, and finding and checking the checkpoint a job resumes from.
+#include "master/checkpoint_coordinator.h"
+
 #include <algorithm>
 #include <memory>
 #include <thread>
@@ -16,7 +15,6 @@
 #include "common/status_macros.h"
 #include "common/threads.h"
 #include "glog/logging.h"
-#include "master/master_server.h"
 #include "master/placement.h"
 #include "storage/checkpoint_format.h"
 
@@ -66,13 +64,11 @@ absl::Status VerifyFiles(storage::FileSystem* fs, const std::string& root,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status MasterServer::CheckCheckpointFits(const MasterOptions& o, const std::string& root,
-                                               const std::string& dir,
-                                               const proto::CheckpointManifest& m) {
+// Why `m` (read from `dir`, under `root`) cannot resume a job of `c`, or OK.
+absl::Status CheckCheckpointFits(const JobConfig& c, storage::FileSystem* fs,
+                                 const std::string& root, const std::string& dir,
+                                 const proto::CheckpointManifest& m) {
   const std::string manifest = storage::JoinPath(dir, storage::kManifestName);
-  const JobConfig& c = o.config;
   if (!m.precision().empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(manifest, ": an inference export in ", m.precision(),
@@ -114,36 +110,40 @@ absl::Status MasterServer::CheckCheckpointFits(const MasterOptions& o, const std
         absl::StrCat(manifest, ": dense partitions cut at ", m.slice_bytes(),
                      " bytes, the config says ", c.cluster.slice_bytes, " (cluster.slice_bytes)"));
   }
-  return VerifyFiles(o.fs, root, m);
+  return VerifyFiles(fs, root, m);
 }
 
-absl::StatusOr<std::optional<MasterServer::Resumed>> MasterServer::FindResumeCheckpoint(
-    const MasterOptions& o) {
-  if (o.resume.empty()) return std::optional<Resumed>();
-  if (o.resume != "latest") {
+}  // namespace
+
+absl::StatusOr<std::optional<ResumePoint>> FindResumeCheckpoint(const JobConfig& config,
+                                                                storage::FileSystem* fs,
+                                                                const std::string& resume) {
+  using Resumed = ResumePoint;
+  if (resume.empty()) return std::optional<Resumed>();
+  if (resume != "latest") {
     // One checkpoint, named: it is used or the job does not start.
-    std::string dir = o.resume;
+    std::string dir = resume;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    STRATA_ASSIGN_OR_RETURN(proto::CheckpointManifest m, storage::ReadManifest(o.fs, dir));
+    STRATA_ASSIGN_OR_RETURN(proto::CheckpointManifest m, storage::ReadManifest(fs, dir));
     const std::string root = storage::ParentDir(dir);
-    STRATA_RETURN_IF_ERROR(CheckCheckpointFits(o, root, dir, m));
+    STRATA_RETURN_IF_ERROR(CheckCheckpointFits(config, fs, root, dir, m));
     return std::optional<Resumed>(Resumed{root, std::move(m)});
   }
-  if (!o.config.checkpoint.enabled) {
+  if (!config.checkpoint.enabled) {
     return absl::InvalidArgumentError(absl::StrCat(
-        o.config.source, ": --resume latest needs a checkpoint section (checkpoint.dir)"));
+        config.source, ": --resume latest needs a checkpoint section (checkpoint.dir)"));
   }
-  const std::string& root = o.config.checkpoint.dir;
+  const std::string& root = config.checkpoint.dir;
   STRATA_ASSIGN_OR_RETURN(std::vector<storage::CheckpointEntry> all,
-                          storage::ListCheckpoints(o.fs, root));
+                          storage::ListCheckpoints(fs, root));
   std::vector<std::string> refused;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (!it->complete) {
       LOG(WARNING) << it->dir << ": no manifest (an unfinished checkpoint): skipped";
       continue;
     }
-    absl::StatusOr<proto::CheckpointManifest> m = storage::ReadManifest(o.fs, it->dir);
-    absl::Status s = m.ok() ? CheckCheckpointFits(o, root, it->dir, *m) : m.status();
+    absl::StatusOr<proto::CheckpointManifest> m = storage::ReadManifest(fs, it->dir);
+    absl::Status s = m.ok() ? CheckCheckpointFits(config, fs, root, it->dir, *m) : m.status();
     if (s.ok()) {
       if (!refused.empty()) {
         LOG(WARNING) << "resuming from " << it->dir << ", the newest good checkpoint";
@@ -161,32 +161,7 @@ absl::StatusOr<std::optional<MasterServer::Resumed>> MasterServer::FindResumeChe
   return std::optional<Resumed>();
 }
 
-absl::Status MasterServer::ApplyResume(const Resumed& r) {
-  absl::MutexLock l(&mu_);
-  const proto::CheckpointManifest& m = r.manifest;
-  std::vector<uint64_t> done(m.tasks_done().begin(), m.tasks_done().end());
-  std::vector<std::pair<uint64_t, int64_t>> partial;
-  for (const auto& t : m.tasks_partial()) partial.emplace_back(t.id(), t.trained_records());
-  STRATA_RETURN_IF_ERROR(tasks_.Resume(done, partial));
-  restore_ = r;
-  if (r.root == options_.config.checkpoint.dir) {
-    // The next checkpoints build on it (their chains name its files).
-    last_manifest_ = m;
-    int chain = 0;
-    for (const auto& p : m.partitions()) chain = std::max(chain, p.files_size() - 1);
-    increments_since_full_ = chain;
-  }
-  resumed_from_seq_ = m.seq();
-  samples_base_ = m.samples();
-  next_node_id_ = std::max(next_node_id_, m.next_node_id());
-  max_last_step_ = m.step() > 0 ? m.step() - 1 : 0;
-  LOG(INFO) << "resuming from checkpoint " << m.seq() << " (" << m.reason() << ", step " << m.step()
-            << "): " << tasks_.done() << " of " << tasks_.total() << " data tasks done, "
-            << partial.size() << " partly";
-  return absl::OkStatus();
-}
-
-absl::StatusOr<uint64_t> MasterServer::NewestVersion(const std::vector<PServerTarget>& targets) {
+absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>& targets) {
   uint64_t newest = 0;
   for (const auto& [id, stub] : targets) {
     proto::PServerStatusResponse st;
@@ -197,60 +172,6 @@ absl::StatusOr<uint64_t> MasterServer::NewestVersion(const std::vector<PServerTa
     for (const auto& p : st.partitions()) newest = std::max(newest, p.version());
   }
   return newest;
-}
-
-std::vector<MasterServer::PServerTarget> MasterServer::OwnersLocked() {
-  std::set<uint32_t> owners;
-  for (const auto& p : view_.partitions()) owners.insert(p.owner());
-  std::vector<PServerTarget> targets;
-  for (uint32_t id : owners) targets.emplace_back(id, pserver_stubs_[id].get());
-  return targets;
-}
-
-bool MasterServer::CheckpointAndStopWithin(absl::Duration grace) {
-  LOG(INFO) << "SIGTERM: checkpointing before stopping (grace " << absl::FormatDuration(grace)
-            << ")";
-  // The checkpoint runs on a thread of its own, which outlives this call
-  // when it takes too long (the caller then exits the process).
-  auto done = std::make_shared<absl::Notification>();
-  std::thread([this, done] {
-    auto r = Checkpoint("sigterm on master", /*stop_after=*/true);
-    if (!r.ok()) LOG(WARNING) << "no checkpoint before stopping: " << r.status();
-    done->Notify();
-  }).detach();
-  return done->WaitForNotificationWithTimeout(grace);
-}
-
-absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason,
-                                                       bool no_checkpoint) {
-  bool checkpoint = false;
-  {
-    absl::MutexLock l(&mu_);
-    if (IsJobOver(job_state_)) {
-      return WithReason(absl::FailedPreconditionError(absl::StrCat("the job has already ended: it ",
-                                                                   JobStateName(job_state_))),
-                        proto::REASON_JOB_NOT_RUNNING);
-    }
-    checkpoint = options_.config.checkpoint.enabled && !no_checkpoint && placed_ && view_.ready();
-  }
-  proto::StopResponse resp;
-  if (checkpoint) {
-    absl::StatusOr<proto::CheckpointResponse> c = Checkpoint(reason, /*stop_after=*/true);
-    if (!c.ok()) {
-      return absl::Status(
-          c.status().code(),
-          absl::StrCat("not stopped: the checkpoint before the stop failed (", c.status().message(),
-                       "); the job goes on (stop without one: no_checkpoint)"));
-    }
-    resp.set_checkpointed(true);
-    *resp.mutable_checkpoint() = std::move(*c);
-    return resp;
-  }
-  absl::MutexLock l(&mu_);
-  if (!IsJobOver(job_state_)) {
-    FinishJobLocked(proto::JOB_STOPPED, absl::StrCat("stopped on request (", reason, ")"));
-  }
-  return resp;
 }
 
 namespace {
@@ -277,76 +198,84 @@ proto::CheckpointManifest ManifestHeader(const JobConfig& config, uint64_t seq,
 
 }  // namespace
 
-absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::string& reason,
-                                                                   bool stop_after) {
-  absl::MutexLock cl(&checkpoint_mu_);
-  const CheckpointSection& cfg = options_.config.checkpoint;
+CheckpointCoordinator::CheckpointCoordinator(Options options, Master* master)
+    : options_(std::move(options)),
+      cfg_(options_.config.checkpoint),
+      clock_(options_.clock),
+      master_(master) {}
+
+CheckpointCoordinator::~CheckpointCoordinator() { Shutdown(); }
+
+void CheckpointCoordinator::Start() {
+  if (!cfg_.enabled || thread_.joinable()) return;
+  thread_ = std::thread([this] {
+    // By steps, the pservers are asked often: a fast job does hundreds of
+    // steps a second.
+    const absl::Duration tick = absl::Milliseconds(cfg_.every_steps > 0 ? 20 : 200);
+    while (!stop_.WaitForNotificationWithTimeout(tick)) Tick();
+  });
+}
+
+void CheckpointCoordinator::Shutdown() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  {
+    // A checkpoint waiting on pservers gives up now.
+    absl::MutexLock il(&inflight_mu_);
+    stopping_ = true;
+    for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
+    const std::string& reason, bool stop_after) {
+  absl::MutexLock run(&run_mu_);
+  if (!cfg_.enabled) {
+    return absl::FailedPreconditionError(
+        "checkpoints are off: the job's config has no checkpoint section");
+  }
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
-  std::vector<PServerTarget> targets;
-  proto::ClusterView view;
+  Master::Cluster cluster = master_->CheckpointCluster();
+  if (!cluster.ready) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat("no checkpoint: ", cluster.why_not)),
+        proto::REASON_JOB_NOT_RUNNING);
+  }
   uint64_t seq = 0, base_seq = 0;
-  bool training_over = false;
   {
     absl::MutexLock l(&mu_);
-    if (!cfg.enabled) {
-      return absl::FailedPreconditionError(
-          "checkpoints are off: the job's config has no checkpoint section");
-    }
-    if (!placed_ || !view_.ready() || IsJobOver(job_state_)) {
-      return WithReason(absl::FailedPreconditionError(
-                            absl::StrCat("no checkpoint: the job is ", JobStateName(job_state_),
-                                         placed_ ? "" : " (partitions not placed)")),
-                        proto::REASON_JOB_NOT_RUNNING);
-    }
-    view = view_;
-    targets = OwnersLocked();
-    seq = next_checkpoint_seq_++;
-    if (cfg.incremental && last_manifest_.has_value() &&
-        increments_since_full_ + 1 < cfg.full_every) {
+    seq = next_seq_++;
+    if (cfg_.incremental && last_manifest_.has_value() &&
+        increments_since_full_ + 1 < cfg_.full_every) {
       base_seq = last_manifest_->seq();
     }
-    training_over = job_state_ == proto::JOB_EVALUATING;
-    checkpoint_op_ = LongOp{seq, 0, static_cast<int>(targets.size()), 0, clock_->Now()};
+    progress_ = Progress{seq, 0, static_cast<int>(cluster.owners.size()), 0, clock_->Now()};
   }
   // (No checkpoint in progress once this returns, however it returns.)
-  struct EndOp {
-    MasterServer* m;
-    ~EndOp() {
-      absl::MutexLock l(&m->mu_);
-      m->checkpoint_op_ = LongOp();
+  struct EndProgress {
+    CheckpointCoordinator* c;
+    ~EndProgress() {
+      absl::MutexLock l(&c->mu_);
+      c->progress_ = Progress();
     }
-  } end_op{this};
+  } end_progress{this};
   const absl::Time start = absl::Now();
-  const std::string dir = storage::JoinPath(cfg.dir, storage::CheckpointDirName(seq));
-  auto fail = [&](const absl::Status& s) -> absl::Status {
-    // The partial directory is garbage: no manifest, so no checkpoint.
-    if (absl::Status d = options_.fs->DeleteRecursively(dir); !d.ok()) {
-      LOG(WARNING) << "cannot remove " << dir << ": " << d;
-    }
-    absl::MutexLock l(&mu_);
-    ++checkpoint_failures_;
-    last_checkpoint_time_ = clock_->Now();  // not again at once
-    LOG(ERROR) << "checkpoint " << seq << " (" << reason << ") failed: " << s
-               << "; the previous checkpoint stays the latest";
-    sink_->Event("checkpoint_failed",
-                 absl::StrCat("checkpoint ", seq, " (", reason, ") failed: ", s.message()));
-    return s;
-  };
+  const std::string dir = storage::JoinPath(cfg_.dir, storage::CheckpointDirName(seq));
 
   proto::CheckpointPartitionsRequest req;
   req.set_job(options_.config.job.name);
   req.set_seq(seq);
   req.set_base_seq(base_seq);
-  req.set_root(cfg.dir);
-  req.set_zstd_level(cfg.compression_level);
-  req.set_timeout_ms(static_cast<int64_t>(cfg.timeout_seconds) * 1000);
+  req.set_root(cfg_.dir);
+  req.set_zstd_level(cfg_.compression_level);
+  req.set_timeout_ms(static_cast<int64_t>(cfg_.timeout_seconds) * 1000);
   absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> results =
-      WriteCheckpointPartitions(targets, training_over, &req);
-  if (!results.ok()) return fail(results.status());
+      WriteCheckpointPartitions(cluster.owners, cluster.training_over, &req);
+  if (!results.ok()) return Failed(seq, reason, dir, results.status());
 
   // The manifest: each partition's new file on top of its chain.
   proto::CheckpointManifest m =
-      ManifestHeader(options_.config, seq, reason, bsp ? req.version() : 0, view.epoch());
+      ManifestHeader(options_.config, seq, reason, bsp ? req.version() : 0, cluster.view.epoch());
   std::map<uint32_t, proto::CheckpointPartition> got;
   double stall = 0;
   uint64_t written = 0;
@@ -355,24 +284,22 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
     written += r.bytes_written();
     for (auto& p : *r.mutable_partitions()) got[p.id()] = std::move(p);
   }
-  absl::Status merged;
-  {
-    absl::MutexLock l(&mu_);
-    merged = FillManifestLocked(view, base_seq,
-                                bsp ? std::optional<uint64_t>(req.version()) : std::nullopt,
-                                std::move(got), &m);
+  if (absl::Status s = ChainPartitions(cluster.view, base_seq, std::move(got), &m); !s.ok()) {
+    return Failed(seq, reason, dir, s);
   }
-  if (!merged.ok()) return fail(merged);
+  master_->FillManifestTasks(bsp ? std::optional<uint64_t>(req.version()) : std::nullopt, &m);
   m.set_bytes_written(written);
   m.set_max_stall_seconds(stall);
   m.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   HitFailpoint(options_.failpoints, "master.checkpoint.before_manifest");
-  if (absl::Status s = storage::WriteManifest(options_.fs, dir, m); !s.ok()) return fail(s);
+  if (absl::Status s = storage::WriteManifest(options_.fs, dir, m); !s.ok()) {
+    return Failed(seq, reason, dir, s);
+  }
   HitFailpoint(options_.failpoints, "master.checkpoint.after_manifest");
 
-  auto deleted = storage::ApplyRetention(options_.fs, cfg.dir, cfg.keep_last);
+  auto deleted = storage::ApplyRetention(options_.fs, cfg_.dir, cfg_.keep_last);
   if (!deleted.ok()) {
-    LOG(WARNING) << "checkpoint retention under " << cfg.dir << ": " << deleted.status();
+    LOG(WARNING) << "checkpoint retention under " << cfg_.dir << ": " << deleted.status();
   } else {
     for (const auto& d : *deleted) VLOG(1) << "retention: removed " << d;
   }
@@ -384,29 +311,44 @@ absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::st
   resp.set_incremental(m.incremental());
   resp.set_bytes_written(written);
   resp.set_write_seconds(m.write_seconds());
-  if (checkpoint_seconds_ != nullptr) {
-    checkpoint_seconds_->Observe(m.write_seconds());
-    checkpoint_bytes_->Observe(static_cast<double>(written));
+  if (seconds_histogram_ != nullptr) {
+    seconds_histogram_->Observe(m.write_seconds());
+    bytes_histogram_->Observe(static_cast<double>(written));
   }
-  absl::MutexLock l(&mu_);
-  CheckpointDoneLocked(reason, dir, std::move(m));
-  if (stop_after && !IsJobOver(job_state_)) {
-    FinishJobLocked(proto::JOB_STOPPED,
-                    absl::StrCat("stopped after checkpoint ", seq, " (", reason, ")"));
-  }
+  Done(reason, dir, std::move(m));
+  if (stop_after) master_->StopAfterCheckpoint(seq, reason);
   return resp;
 }
 
-std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> MasterServer::CheckpointCalls(
-    const std::vector<PServerTarget>& targets, const proto::CheckpointPartitionsRequest& req) {
+absl::Status CheckpointCoordinator::Failed(uint64_t seq, const std::string& reason,
+                                           const std::string& dir, const absl::Status& why) {
+  // The partial directory is garbage: no manifest, so no checkpoint.
+  if (absl::Status d = options_.fs->DeleteRecursively(dir); !d.ok()) {
+    LOG(WARNING) << "cannot remove " << dir << ": " << d;
+  }
+  {
+    absl::MutexLock l(&mu_);
+    ++failures_;
+    last_time_ = clock_->Now();  // not again at once
+  }
+  LOG(ERROR) << "checkpoint " << seq << " (" << reason << ") failed: " << why
+             << "; the previous checkpoint stays the latest";
+  options_.sink->Event("checkpoint_failed",
+                       absl::StrCat("checkpoint ", seq, " (", reason, ") failed: ", why.message()));
+  return why;
+}
+
+std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>>
+CheckpointCoordinator::CheckpointCalls(const std::vector<PServerTarget>& targets,
+                                       const proto::CheckpointPartitionsRequest& req) {
   std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results(
       targets.size(), absl::UnknownError("no answer"));
   {
     absl::MutexLock l(&mu_);  // (a retry starts over)
-    checkpoint_op_.done = 0;
-    checkpoint_op_.bytes = 0;
+    progress_.done = 0;
+    progress_.bytes = 0;
   }
-  const int timeout_seconds = options_.config.checkpoint.timeout_seconds;
+  const int timeout_seconds = cfg_.timeout_seconds;
   std::vector<std::thread> calls;
   for (size_t i = 0; i < targets.size(); ++i) {
     auto call = [&, i] {
@@ -429,8 +371,8 @@ std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> MasterServer::C
       }
       if (s.ok()) {
         absl::MutexLock l(&mu_);
-        ++checkpoint_op_.done;
-        checkpoint_op_.bytes += resp.bytes_written();
+        ++progress_.done;
+        progress_.bytes += resp.bytes_written();
       }
       if (s.ok()) {
         results[i] = std::move(resp);
@@ -445,9 +387,9 @@ std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> MasterServer::C
 }
 
 absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>>
-MasterServer::WriteCheckpointPartitions(const std::vector<PServerTarget>& targets,
-                                        bool training_over,
-                                        proto::CheckpointPartitionsRequest* req) {
+CheckpointCoordinator::WriteCheckpointPartitions(const std::vector<PServerTarget>& targets,
+                                                 bool training_over,
+                                                 proto::CheckpointPartitionsRequest* req) {
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
   // Steps ahead of the newest version for the bsp cut: training goes on
   // while partitions wait for it, so a wide margin costs nothing, and one
@@ -459,7 +401,7 @@ MasterServer::WriteCheckpointPartitions(const std::vector<PServerTarget>& target
       // The cut: `margin` steps after the newest version now; once training
       // is over, the newest (a partition still applying the last step
       // reaches it by itself).
-      STRATA_ASSIGN_OR_RETURN(uint64_t newest, NewestVersion(targets));
+      STRATA_ASSIGN_OR_RETURN(uint64_t newest, NewestPartitionVersion(targets));
       req->set_at_version(true);
       req->set_version(training_over ? newest : newest + margin);
     }
@@ -486,8 +428,7 @@ MasterServer::WriteCheckpointPartitions(const std::vector<PServerTarget>& target
     }
     if (cancelled && bsp && !training_over && attempt < 3) {
       // Training ended before reaching the cut: set it where it stopped.
-      absl::MutexLock l(&mu_);
-      training_over = job_state_ == proto::JOB_EVALUATING;
+      training_over = master_->CheckpointCluster().training_over;
       if (training_over) continue;
     }
     if (!past_cut || attempt == 3) return first_error;
@@ -498,10 +439,10 @@ MasterServer::WriteCheckpointPartitions(const std::vector<PServerTarget>& target
   }
 }
 
-absl::Status MasterServer::FillManifestLocked(const proto::ClusterView& view, uint64_t base_seq,
-                                              std::optional<uint64_t> cut_step,
-                                              std::map<uint32_t, proto::CheckpointPartition> got,
-                                              proto::CheckpointManifest* m) {
+absl::Status CheckpointCoordinator::ChainPartitions(
+    const proto::ClusterView& view, uint64_t base_seq,
+    std::map<uint32_t, proto::CheckpointPartition> got, proto::CheckpointManifest* m) const {
+  absl::MutexLock l(&mu_);
   std::map<uint32_t, const proto::CheckpointPartition*> previous;
   if (last_manifest_.has_value()) {
     for (const auto& p : last_manifest_->partitions()) previous[p.id()] = &p;
@@ -537,35 +478,13 @@ absl::Status MasterServer::FillManifestLocked(const proto::ClusterView& view, ui
   }
   m->set_incremental(incremental);
   m->set_base_seq(incremental ? base_seq : 0);
-  const TaskScheduler::Cut cut = tasks_.CutAt(cut_step, options_.config.job.batch_size);
-  for (uint64_t id : cut.done) m->add_tasks_done(id);
-  for (const auto& [id, records] : cut.partial) {
-    proto::CheckpointTask* t = m->add_tasks_partial();
-    t->set_id(id);
-    t->set_trained_records(records);
-  }
-  // The samples in the parameters at the cut: the records of the tasks
-  // done and of the parts trained.
-  uint64_t samples = 0;
-  for (uint64_t id : cut.done) samples += tasks_.RecordsOf(id);
-  for (const auto& [id, records] : cut.partial) samples += records;
-  m->set_samples(samples);
-  m->set_next_node_id(next_node_id_);
   return absl::OkStatus();
 }
 
-void MasterServer::CheckpointDoneLocked(const std::string& reason, const std::string& dir,
-                                        proto::CheckpointManifest m) {
+void CheckpointCoordinator::Done(const std::string& reason, const std::string& dir,
+                                 proto::CheckpointManifest m) {
   const uint64_t written = m.bytes_written();
   const double stall = m.max_stall_seconds();
-  increments_since_full_ = m.incremental() ? increments_since_full_ + 1 : 0;
-  ++checkpoints_done_;
-  checkpoint_bytes_total_ += written;
-  checkpoint_raw_bytes_ = m.raw_bytes();
-  checkpoint_raw_total_ += m.raw_bytes();
-  checkpoint_max_stall_ = std::max(checkpoint_max_stall_, stall);
-  checkpoint_seconds_total_ += m.write_seconds();
-  last_checkpoint_time_ = clock_->Now();
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
   LOG(INFO) << absl::StrFormat(
       "checkpoint %d (%s%s) at %s: %.2f MB written, %.2f MB raw state, in %.2f s; longest "
@@ -574,63 +493,180 @@ void MasterServer::CheckpointDoneLocked(const std::string& reason, const std::st
       m.incremental() ? absl::StrCat(", incremental over ", m.base_seq()) : ", full",
       bsp ? absl::StrCat("step ", m.step()) : "the partitions' own versions", written / 1e6,
       m.raw_bytes() / 1e6, m.write_seconds(), stall * 1e3, dir);
-  sink_->Event("checkpoint",
-               absl::StrFormat("checkpoint %d (%s%s) at step %d: %d bytes in %.3f s: %s", m.seq(),
-                               reason, m.incremental() ? ", incremental" : ", full", m.step(),
-                               written, m.write_seconds(), dir));
+  options_.sink->Event(
+      "checkpoint", absl::StrFormat("checkpoint %d (%s%s) at step %d: %d bytes in %.3f s: %s",
+                                    m.seq(), reason, m.incremental() ? ", incremental" : ", full",
+                                    m.step(), written, m.write_seconds(), dir));
+  absl::MutexLock l(&mu_);
+  increments_since_full_ = m.incremental() ? increments_since_full_ + 1 : 0;
+  ++done_;
+  bytes_total_ += written;
+  raw_bytes_ = m.raw_bytes();
+  raw_total_ += m.raw_bytes();
+  max_stall_ = std::max(max_stall_, stall);
+  seconds_total_ += m.write_seconds();
+  last_time_ = clock_->Now();
   last_manifest_ = std::move(m);
 }
 
-void MasterServer::CheckpointLoop() {
-  const CheckpointSection& cfg = options_.config.checkpoint;
-  // By steps, the pservers are asked often: a fast job does hundreds of
-  // steps a second.
-  const absl::Duration tick = absl::Milliseconds(cfg.every_steps > 0 ? 20 : 200);
-  while (!stop_.WaitForNotificationWithTimeout(tick)) {
-    std::string reason;
-    // The step now: the newest partition version (bsp: the step; asp: the
-    // updates of the busiest partition), asked of the pservers.
-    uint64_t step = 0;
-    if (cfg.every_steps > 0) {
-      std::vector<PServerTarget> targets;
-      {
-        absl::MutexLock l(&mu_);
-        if (placed_ && job_state_ == proto::JOB_RUNNING) targets = OwnersLocked();
-      }
-      if (!targets.empty()) {
-        absl::StatusOr<uint64_t> newest = NewestVersion(targets);
-        if (newest.ok()) step = *newest;
-      }
-    }
+std::string CheckpointCoordinator::Due(uint64_t step, bool running) {
+  absl::MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  if (last_time_ == absl::InfinitePast()) last_time_ = now;
+  if (next_step_trigger_ == 0 && cfg_.every_steps > 0) {
+    next_step_trigger_ = (step / cfg_.every_steps + 1) * cfg_.every_steps;
+  }
+  if (final_pending_) return "final";
+  if (!running) return "";
+  if (cfg_.every_steps > 0 && step >= next_step_trigger_) {
+    next_step_trigger_ = (step / cfg_.every_steps + 1) * cfg_.every_steps;
+    return "steps";
+  }
+  if (cfg_.every_seconds > 0 && now - last_time_ >= absl::Seconds(cfg_.every_seconds)) {
+    return "interval";
+  }
+  return "";
+}
+
+void CheckpointCoordinator::Tick() {
+  const Master::Cluster c = master_->CheckpointCluster();
+  if (!c.ready) return;
+  // The step now: the newest partition version (bsp: the step; asp: the
+  // updates of the busiest partition), asked of the pservers.
+  uint64_t step = 0;
+  if (cfg_.every_steps > 0 && c.running && !c.owners.empty()) {
+    absl::StatusOr<uint64_t> newest = NewestPartitionVersion(c.owners);
+    if (newest.ok()) step = *newest;
+  }
+  const std::string reason = Due(step, c.running);
+  if (reason.empty()) return;
+  auto r = Checkpoint(reason, /*stop_after=*/false);
+  if (reason == "final") {
     {
       absl::MutexLock l(&mu_);
-      if (!placed_ || !view_.ready() || IsJobOver(job_state_)) continue;
-      const absl::Time now = clock_->Now();
-      if (last_checkpoint_time_ == absl::InfinitePast()) last_checkpoint_time_ = now;
-      if (next_step_trigger_ == 0 && cfg.every_steps > 0) {
-        next_step_trigger_ = (step / cfg.every_steps + 1) * cfg.every_steps;
-      }
-      if (final_checkpoint_pending_) {
-        reason = "final";
-      } else if (job_state_ == proto::JOB_RUNNING) {
-        if (cfg.every_steps > 0 && step >= next_step_trigger_) {
-          reason = "steps";
-          next_step_trigger_ = (step / cfg.every_steps + 1) * cfg.every_steps;
-        } else if (cfg.every_seconds > 0 &&
-                   now - last_checkpoint_time_ >= absl::Seconds(cfg.every_seconds)) {
-          reason = "interval";
-        }
-      }
+      final_pending_ = false;
+      final_done_ = true;
     }
-    if (reason.empty()) continue;
-    auto r = Checkpoint(reason, /*stop_after=*/false);
-    if (reason == "final") {
-      absl::MutexLock l(&mu_);
-      final_checkpoint_pending_ = false;
-      final_checkpoint_done_ = true;
-      UpdateJobStateLocked();
-    }
+    master_->FinalCheckpointDone();
   }
+}
+
+void CheckpointCoordinator::TrainingDone() {
+  {
+    absl::MutexLock l(&mu_);
+    // The trained model is saved before it is evaluated.
+    if (cfg_.enabled && cfg_.on_finish && !final_done_) final_pending_ = true;
+  }
+  absl::MutexLock il(&inflight_mu_);
+  for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
+}
+
+bool CheckpointCoordinator::final_pending() const {
+  absl::MutexLock l(&mu_);
+  return final_pending_;
+}
+
+void CheckpointCoordinator::Resume(const ResumePoint& r) {
+  if (r.root != cfg_.dir) return;
+  // The next checkpoints build on it (their chains name its files).
+  absl::MutexLock l(&mu_);
+  last_manifest_ = r.manifest;
+  int chain = 0;
+  for (const auto& p : r.manifest.partitions()) chain = std::max(chain, p.files_size() - 1);
+  increments_since_full_ = chain;
+}
+
+std::optional<proto::CheckpointManifest> CheckpointCoordinator::last_manifest() const {
+  absl::MutexLock l(&mu_);
+  return last_manifest_;
+}
+
+void CheckpointCoordinator::set_next_seq(uint64_t seq) {
+  absl::MutexLock l(&mu_);
+  next_seq_ = seq;
+}
+
+void CheckpointCoordinator::Save(proto::MasterState* st) const {
+  absl::MutexLock l(&mu_);
+  st->set_next_checkpoint_seq(next_seq_);
+  st->set_checkpoints_done(done_);
+}
+
+void CheckpointCoordinator::Restore(const proto::MasterState& st, std::optional<ResumePoint> last) {
+  absl::MutexLock l(&mu_);
+  done_ = st.checkpoints_done();
+  next_seq_ = std::max(next_seq_, st.next_checkpoint_seq());
+  if (last.has_value()) last_manifest_ = std::move(last->manifest);
+}
+
+void CheckpointCoordinator::FillStatus(proto::JobStatus* js) const {
+  absl::MutexLock l(&mu_);
+  if (progress_.seq > 0) {
+    js->set_checkpoint_in_progress(progress_.seq);
+    js->set_checkpoint_pservers_done(progress_.done);
+    js->set_checkpoint_pservers_total(progress_.total);
+    js->set_checkpoint_bytes_so_far(progress_.bytes);
+    js->set_checkpoint_seconds_so_far(absl::ToDoubleSeconds(clock_->Now() - progress_.start));
+  }
+  js->set_checkpoints(done_);
+  js->set_checkpoint_failures(failures_);
+  if (last_manifest_.has_value()) {
+    js->set_last_checkpoint_seq(last_manifest_->seq());
+    js->set_last_checkpoint_step(last_manifest_->step());
+    js->set_last_checkpoint_dir(
+        storage::JoinPath(cfg_.dir, storage::CheckpointDirName(last_manifest_->seq())));
+  }
+}
+
+void CheckpointCoordinator::FillSummary(proto::JobSummary* s) const {
+  if (!cfg_.enabled) return;
+  absl::MutexLock l(&mu_);
+  // checkpoint_bytes: mean bytes written per checkpoint of this run;
+  // checkpoint_raw_bytes: mean size of a full uncompressed dump of the
+  // same states (parameters and optimizer state); their ratio.
+  s->set_checkpoints(static_cast<double>(done_));
+  s->set_checkpoint_failures(static_cast<double>(failures_));
+  s->set_checkpoint_bytes(done_ ? static_cast<double>(bytes_total_ / done_) : 0);
+  s->set_checkpoint_raw_bytes(done_ ? static_cast<double>(raw_total_ / done_) : 0);
+  s->set_checkpoint_bytes_ratio(
+      raw_total_ ? static_cast<double>(bytes_total_) / static_cast<double>(raw_total_) : 0.0);
+  s->set_checkpoint_seconds_mean(done_ ? seconds_total_ / static_cast<double>(done_) : 0.0);
+  s->set_checkpoint_max_stall_seconds(max_stall_);
+  s->set_last_checkpoint(last_manifest_ ? static_cast<double>(last_manifest_->seq()) : 0);
+}
+
+void CheckpointCoordinator::RegisterMetrics(MetricsRegistry* metrics) {
+  seconds_histogram_ = metrics->GetHistogram("strata_master_checkpoint_seconds",
+                                             "Time a checkpoint took, from its cut to its manifest",
+                                             Histogram::LatencyBounds());
+  bytes_histogram_ = metrics->GetHistogram("strata_master_checkpoint_bytes",
+                                           "Bytes a checkpoint wrote", Histogram::ByteBounds());
+  auto locked = [this](auto fn) {
+    return [this, fn]() {
+      absl::MutexLock l(&mu_);
+      return static_cast<double>(fn());
+    };
+  };
+  metrics->AddCallbackGauge("strata_master_checkpoints", "Checkpoints completed by this run",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_; }));
+  metrics->AddCallbackGauge("strata_master_checkpoint_failures", "Checkpoints that failed",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return failures_; }));
+  metrics->AddCallbackGauge(
+      "strata_master_checkpoint_bytes_written", "Bytes written by this run's checkpoints",
+      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return bytes_total_; }));
+  metrics->AddCallbackGauge("strata_master_checkpoint_raw_bytes",
+                            "Bytes of a full uncompressed dump of the last checkpoint's state",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return raw_bytes_; }));
+  metrics->AddCallbackGauge("strata_master_checkpoint_last_seconds",
+                            "Time the last checkpoint took",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                              return last_manifest_ ? last_manifest_->write_seconds() : 0.0;
+                            }));
+  metrics->AddCallbackGauge("strata_master_checkpoint_last_step",
+                            "BSP step of the last checkpoint's cut",
+                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                              return last_manifest_ ? last_manifest_->step() : 0;
+                            }));
 }
 
 }  // namespace strata::master

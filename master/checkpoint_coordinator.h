@@ -1,0 +1,229 @@
+// The checkpoint coordinator (docs/checkpoint-format.md): when to take a
+// checkpoint (every N steps, every N seconds, the final one, on request),
+// the bsp cut, the pservers' calls that write each partition's files, the
+// manifest that makes them one checkpoint, retention; and finding and
+// checking the checkpoint a job resumes from.
+//
+// What it owns, under its lock mu_: the next sequence number; the last
+// complete manifest (the base of the next incremental checkpoint, and what
+// a lost partition is restored from); the counts, sizes and times of this
+// run's checkpoints; when the next one is due; the final checkpoint's
+// state; the progress of the one being written. run_mu_ is held across a
+// whole checkpoint (one at a time); inflight_mu_ guards the pserver calls
+// that a bsp checkpoint cancels when training ends before its cut.
+//
+// Lock order: run_mu_ → the master's lock (MasterServer::mu_) → mu_ →
+// inflight_mu_. The coordinator calls the rest of the master (its Master)
+// holding run_mu_ at most, and the master calls the coordinator under its
+// own lock: mu_ is held only inside the coordinator's own methods.
+#ifndef STRATA_MASTER_CHECKPOINT_COORDINATOR_H_
+#define STRATA_MASTER_CHECKPOINT_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/failpoint.h"
+#include "common/metrics.h"
+#include "grpcpp/grpcpp.h"
+#include "master/event_sink.h"
+#include "proto/checkpoint.pb.h"
+#include "proto/strata.grpc.pb.h"
+#include "storage/file_system.h"
+
+namespace strata::master {
+
+// A pserver the coordinator calls: its node id and its stub (which lives
+// as long as the master).
+using PServerTarget = std::pair<uint32_t, proto::PServerAdmin::Stub*>;
+
+// The newest partition version of those pservers now (bsp: the step).
+absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>& targets);
+
+// A checkpoint a job resumes from: the checkpoint root it is under, and
+// its manifest.
+struct ResumePoint {
+  std::string root;
+  proto::CheckpointManifest manifest;
+};
+// The checkpoint to resume from (`resume`: "latest", the newest good one
+// under checkpoint.dir; or a checkpoint directory; "" = none), checked
+// against `config`; nullopt when there is none to resume from. Errors name
+// the checkpoint file and what is wrong with it.
+absl::StatusOr<std::optional<ResumePoint>> FindResumeCheckpoint(const JobConfig& config,
+                                                                storage::FileSystem* fs,
+                                                                const std::string& resume);
+
+// Thread-safe.
+class CheckpointCoordinator {
+ public:
+  // What the coordinator needs of the rest of the master. Called holding
+  // none of the coordinator's locks but run_mu_.
+  class Master {
+   public:
+    virtual ~Master() = default;
+    struct Cluster {
+      // A checkpoint can be taken: the partitions placed, the cluster
+      // ready, the job not ended; else why not, in a few words.
+      bool ready = false;
+      std::string why_not;
+      bool running = false;        // the job trains (JOB_RUNNING)
+      bool training_over = false;  // every data task done (JOB_EVALUATING)
+      proto::ClusterView view;
+      std::vector<PServerTarget> owners;  // the pservers owning partitions
+    };
+    virtual Cluster CheckpointCluster() = 0;
+    // The data tasks and samples in the parameters at the cut
+    // (`cut_step`; none: asp), and the next node id, into `m`.
+    virtual void FillManifestTasks(std::optional<uint64_t> cut_step,
+                                   proto::CheckpointManifest* m) = 0;
+    // Checkpoint `seq`, asked for with a stop, is complete: stop the job.
+    virtual void StopAfterCheckpoint(uint64_t seq, const std::string& reason) = 0;
+    // The final checkpoint is done (or failed): the job may evaluate.
+    virtual void FinalCheckpointDone() = 0;
+  };
+
+  struct Options {
+    JobConfig config;                        // its checkpoint section, job and model
+    storage::FileSystem* fs = nullptr;       // borrowed, required
+    Clock* clock = nullptr;                  // borrowed, required
+    EventSink* sink = nullptr;               // borrowed, required
+    const Failpoints* failpoints = nullptr;  // borrowed, may be null
+  };
+  CheckpointCoordinator(Options options, Master* master);
+  ~CheckpointCoordinator();
+  CheckpointCoordinator(const CheckpointCoordinator&) = delete;
+  CheckpointCoordinator& operator=(const CheckpointCoordinator&) = delete;
+
+  // Starts the thread that takes the checkpoints the config asks for
+  // (when checkpoints are on). Shutdown stops it, and a checkpoint
+  // waiting on pservers gives up. Idempotent.
+  void Start();
+  void Shutdown() ABSL_LOCKS_EXCLUDED(inflight_mu_);
+
+  // Takes a checkpoint now and answers when it is complete: every
+  // pserver's files synced, then the manifest. With `stop_after`, the job
+  // then stops. FailedPrecondition when checkpoints are off or the job is
+  // not running; the failure of any pserver or of the disk otherwise (the
+  // previous checkpoint stays the latest).
+  absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason, bool stop_after)
+      ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
+  // One turn of the checkpoint thread: asks the pservers the step when
+  // checkpoints go by steps, and takes the checkpoint that is due, if one
+  // is.
+  void Tick() ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
+  // Why a checkpoint is due now at step `step` ("steps", "interval",
+  // "final"), or "" when none is; `running`: the job trains.
+  std::string Due(uint64_t step, bool running) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every data task is done: a bsp checkpoint waiting for its cut sets it
+  // again, where training stopped; and the final checkpoint, when the
+  // config asks for one, is due before the evaluation.
+  void TrainingDone() ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
+  // The final checkpoint is due or being written.
+  bool final_pending() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The job resumes from `r`: when it is under this job's checkpoint.dir,
+  // the next checkpoints build on it (their chains name its files).
+  void Resume(const ResumePoint& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // The last complete checkpoint (of this run or resumed from).
+  std::optional<proto::CheckpointManifest> last_manifest() const ABSL_LOCKS_EXCLUDED(mu_);
+  void set_next_seq(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The state log: the coordinator's part of the master's state, and a
+  // restarted master taking it up (`last`: its last checkpoint, found on
+  // disk).
+  void Save(proto::MasterState* st) const ABSL_LOCKS_EXCLUDED(mu_);
+  void Restore(const proto::MasterState& st, std::optional<ResumePoint> last)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Its part of JobStatus (the one being written, the counts, the last
+  // one) and of the summary (with checkpoints on).
+  void FillStatus(proto::JobStatus* js) const ABSL_LOCKS_EXCLUDED(mu_);
+  void FillSummary(proto::JobSummary* s) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Its metrics: the strata_master_checkpoint_* gauges and histograms.
+  void RegisterMetrics(MetricsRegistry* metrics) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // One round of a checkpoint's calls: every target at once.
+  std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> CheckpointCalls(
+      const std::vector<PServerTarget>& targets, const proto::CheckpointPartitionsRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
+  // Has every target write its partitions of checkpoint req->seq(): again
+  // while a pserver is busy with an earlier attempt, and (bsp) with the cut
+  // set further ahead when training outran it, or where training stopped
+  // when it ended first. The cut chosen is left in *req.
+  absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> WriteCheckpointPartitions(
+      const std::vector<PServerTarget>& targets, bool training_over,
+      proto::CheckpointPartitionsRequest* req) ABSL_LOCKS_EXCLUDED(mu_);
+  // The manifest's partitions: each one's new file on top of its chain in
+  // the last checkpoint (base_seq).
+  absl::Status ChainPartitions(const proto::ClusterView& view, uint64_t base_seq,
+                               std::map<uint32_t, proto::CheckpointPartition> got,
+                               proto::CheckpointManifest* m) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts checkpoint `m` (its manifest written), says so in the log and
+  // the events, and makes it the base of the next.
+  void Done(const std::string& reason, const std::string& dir, proto::CheckpointManifest m)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts a failed checkpoint (its partial directory `dir` removed).
+  absl::Status Failed(uint64_t seq, const std::string& reason, const std::string& dir,
+                      const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Options options_;
+  const CheckpointSection& cfg_;  // options_.config.checkpoint
+  Clock* const clock_;
+  Master* const master_;
+
+  absl::Mutex run_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one checkpoint at a time
+  mutable absl::Mutex mu_;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::optional<proto::CheckpointManifest> last_manifest_ ABSL_GUARDED_BY(mu_);
+  int increments_since_full_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t raw_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of the last one
+  uint64_t raw_total_ ABSL_GUARDED_BY(mu_) = 0;  // over this run's
+  double max_stall_ ABSL_GUARDED_BY(mu_) = 0;
+  double seconds_total_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t next_step_trigger_ ABSL_GUARDED_BY(mu_) = 0;
+  bool final_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_done_ ABSL_GUARDED_BY(mu_) = false;
+  // The checkpoint being written (seq 0: none): pservers done of all, the
+  // bytes they wrote, since when.
+  struct Progress {
+    uint64_t seq = 0;
+    int done = 0, total = 0;
+    uint64_t bytes = 0;
+    absl::Time start;
+  };
+  Progress progress_ ABSL_GUARDED_BY(mu_);
+  // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
+  // when training ends first (the cut is then set again, where training
+  // stopped). A leaf lock.
+  absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::set<grpc::ClientContext*> inflight_ ABSL_GUARDED_BY(inflight_mu_);
+  bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
+  // Set by RegisterMetrics (null without metrics).
+  Histogram* seconds_histogram_ = nullptr;
+  Histogram* bytes_histogram_ = nullptr;
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+}  // namespace strata::master
+
+#endif  // STRATA_MASTER_CHECKPOINT_COORDINATOR_H_

@@ -1,0 +1,385 @@
+#include "master/checkpoint_coordinator.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/crc32c.h"
+#include "common/error_reason.h"
+#include "common/grpc_status.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "storage/checkpoint_format.h"
+#include "storage/file_system.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::master {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kRoot[] = "/ckpt";
+
+// A pserver's admin service that writes its partitions' files into the
+// shared (memory) file system, as a real one does: a full image the first
+// time, a delta after, and nothing when told its partition did not change.
+class FakePServer final : public proto::PServerAdmin::Service {
+ public:
+  FakePServer(storage::FileSystem* fs, std::vector<uint32_t> partitions)
+      : fs_(fs), partitions_(std::move(partitions)) {}
+
+  grpc::Status GetStatus(grpc::ServerContext*, const proto::PServerStatusRequest*,
+                         proto::PServerStatusResponse* resp) override {
+    absl::MutexLock l(&mu_);
+    for (uint32_t id : partitions_) {
+      proto::PartitionStatus* p = resp->add_partitions();
+      p->set_id(id);
+      p->set_version(version_);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status CheckpointPartitions(grpc::ServerContext*,
+                                    const proto::CheckpointPartitionsRequest* req,
+                                    proto::CheckpointPartitionsResponse* resp) override {
+    absl::MutexLock l(&mu_);
+    requests_.push_back(*req);
+    if (!fail_.ok()) return ToGrpcStatus(fail_);
+    if (cut_passed_ > 0) {
+      --cut_passed_;
+      return ToGrpcStatus(
+          WithReason(absl::FailedPreconditionError("cut passed"), proto::REASON_CUT_PASSED));
+    }
+    for (uint32_t id : partitions_) {
+      proto::CheckpointPartition* p = resp->add_partitions();
+      p->set_id(id);
+      p->set_version(req->at_version() ? req->version() : version_);
+      p->set_raw_bytes(100);
+      if (unchanged_) continue;  // nothing new since base_seq
+      const bool full = req->base_seq() == 0;
+      const std::string path =
+          storage::JoinPath(storage::CheckpointDirName(req->seq()), absl::StrCat("p", id, ".blk"));
+      const std::string data = absl::StrCat("partition ", id, " of ", req->seq());
+      absl::Status s = fs_->WriteFileAtomic(storage::JoinPath(req->root(), path), data);
+      if (!s.ok()) return ToGrpcStatus(s);
+      proto::CheckpointFile* f = p->add_files();
+      f->set_path(path);
+      f->set_size(data.size());
+      f->set_crc32c(Crc32c(data));
+      f->set_seq(req->seq());
+      f->set_full(full);
+      resp->set_bytes_written(resp->bytes_written() + data.size());
+    }
+    return grpc::Status::OK;
+  }
+
+  void set_version(uint64_t v) {
+    absl::MutexLock l(&mu_);
+    version_ = v;
+  }
+  void Fail(absl::Status s) {
+    absl::MutexLock l(&mu_);
+    fail_ = std::move(s);
+  }
+  void PassCut(int times) {
+    absl::MutexLock l(&mu_);
+    cut_passed_ = times;
+  }
+  void set_unchanged(bool u) {
+    absl::MutexLock l(&mu_);
+    unchanged_ = u;
+  }
+  std::vector<proto::CheckpointPartitionsRequest> requests() {
+    absl::MutexLock l(&mu_);
+    return requests_;
+  }
+
+ private:
+  storage::FileSystem* const fs_;
+  const std::vector<uint32_t> partitions_;
+  absl::Mutex mu_;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status fail_ ABSL_GUARDED_BY(mu_);
+  int cut_passed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool unchanged_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<proto::CheckpointPartitionsRequest> requests_ ABSL_GUARDED_BY(mu_);
+};
+
+// The rest of the master, as the coordinator sees it: two pservers owning
+// partitions {0, 1} and {2}.
+class FakeMaster final : public CheckpointCoordinator::Master {
+ public:
+  Cluster CheckpointCluster() override {
+    absl::MutexLock l(&mu_);
+    Cluster c;
+    c.ready = ready;
+    c.why_not = "the job is waiting (partitions not placed)";
+    c.running = running;
+    c.training_over = training_over;
+    for (uint32_t id : {0u, 1u, 2u}) {
+      proto::PartitionInfo* p = c.view.add_partitions();
+      p->set_id(id);
+      p->set_owner(id < 2 ? 1 : 2);
+      p->set_length(10);
+    }
+    c.view.set_epoch(7);
+    c.owners = owners;
+    return c;
+  }
+  void FillManifestTasks(std::optional<uint64_t> cut_step, proto::CheckpointManifest* m) override {
+    absl::MutexLock l(&mu_);
+    cuts.push_back(cut_step);
+    m->add_tasks_done(11);
+    m->set_samples(640);
+    m->set_next_node_id(5);
+  }
+  void StopAfterCheckpoint(uint64_t seq, const std::string& reason) override {
+    absl::MutexLock l(&mu_);
+    stopped_after = seq;
+  }
+  void FinalCheckpointDone() override {
+    absl::MutexLock l(&mu_);
+    ++final_done;
+  }
+
+  absl::Mutex mu_;
+  bool ready ABSL_GUARDED_BY(mu_) = true;
+  bool running ABSL_GUARDED_BY(mu_) = true;
+  bool training_over ABSL_GUARDED_BY(mu_) = false;
+  std::vector<PServerTarget> owners ABSL_GUARDED_BY(mu_);
+  std::vector<std::optional<uint64_t>> cuts ABSL_GUARDED_BY(mu_);
+  uint64_t stopped_after ABSL_GUARDED_BY(mu_) = 0;
+  int final_done ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class CheckpointCoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&ps1_);
+    server1_ = b.BuildAndStart();
+    stub1_ = proto::PServerAdmin::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    grpc::ServerBuilder b2;
+    int port2 = 0;
+    b2.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port2);
+    b2.RegisterService(&ps2_);
+    server2_ = b2.BuildAndStart();
+    stub2_ = proto::PServerAdmin::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port2), grpc::InsecureChannelCredentials()));
+    absl::MutexLock l(&master_.mu_);
+    master_.owners = {{1, stub1_.get()}, {2, stub2_.get()}};
+
+    config_.job.name = "unit";
+    config_.checkpoint.enabled = true;
+    config_.checkpoint.dir = kRoot;
+    config_.checkpoint.every_seconds = 60;
+    config_.checkpoint.timeout_seconds = 5;
+    EventSink::Options so;
+    so.fs = fs_.get();
+    so.clock = &clock_;
+    sink_ = *EventSink::Open(std::move(so));
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    server1_->Shutdown();
+    server2_->Shutdown();
+  }
+  CheckpointCoordinator& Make() {
+    coordinator_ = std::make_unique<CheckpointCoordinator>(
+        CheckpointCoordinator::Options{config_, fs_.get(), &clock_, sink_.get(), nullptr},
+        &master_);
+    return *coordinator_;
+  }
+  proto::JobStatus Status() {
+    proto::JobStatus js;
+    coordinator_->FillStatus(&js);
+    return js;
+  }
+
+  JobConfig config_;
+  FakeClock clock_{absl::FromUnixMillis(1764590000000)};
+  std::unique_ptr<storage::FileSystem> fs_ = storage::NewMemoryFileSystem();
+  std::unique_ptr<EventSink> sink_;
+  FakePServer ps1_{fs_.get(), {0, 1}};
+  FakePServer ps2_{fs_.get(), {2}};
+  std::unique_ptr<grpc::Server> server1_, server2_;
+  std::unique_ptr<proto::PServerAdmin::Stub> stub1_, stub2_;
+  FakeMaster master_;
+  std::unique_ptr<CheckpointCoordinator> coordinator_;
+};
+
+TEST_F(CheckpointCoordinatorTest, DueByTimeBySteps_AndTheFinalOneFirst) {
+  config_.checkpoint.every_steps = 100;
+  CheckpointCoordinator& c = Make();
+  EXPECT_EQ(c.Due(/*step=*/30, /*running=*/true), "");  // the clock starts; next at 100
+  EXPECT_EQ(c.Due(99, true), "");
+  EXPECT_EQ(c.Due(100, true), "steps");
+  EXPECT_EQ(c.Due(150, true), "");  // next at 200
+  clock_.Advance(absl::Seconds(59));
+  EXPECT_EQ(c.Due(150, true), "");
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(c.Due(150, true), "interval");
+  EXPECT_EQ(c.Due(250, false), "");  // not training: none by steps or time
+  c.TrainingDone();
+  EXPECT_TRUE(c.final_pending());
+  EXPECT_EQ(c.Due(250, false), "final");
+}
+
+TEST_F(CheckpointCoordinatorTest, WritesAManifestOfEveryPartitionWithTheMastersTasks) {
+  CheckpointCoordinator& c = Make();
+  ps1_.set_version(41);
+  ps2_.set_version(40);
+  auto r = c.Checkpoint("request", /*stop_after=*/false);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->seq(), 1u);
+  EXPECT_FALSE(r->incremental());
+  // bsp: the cut 16 steps after the newest version.
+  EXPECT_EQ(r->step(), 57u);
+  ASSERT_THAT(ps2_.requests(), ::testing::SizeIs(1));
+  EXPECT_EQ(ps2_.requests()[0].version(), 57u);
+  auto m =
+      storage::ReadManifest(fs_.get(), storage::JoinPath(kRoot, storage::CheckpointDirName(1)));
+  ASSERT_THAT(m.status(), IsOk());
+  EXPECT_EQ(m->partitions_size(), 3);
+  EXPECT_EQ(m->cluster_epoch(), 7u);
+  EXPECT_THAT(m->tasks_done(), ElementsAre(11u));
+  EXPECT_EQ(m->samples(), 640u);
+  EXPECT_EQ(m->raw_bytes(), 300u);
+  {
+    absl::MutexLock l(&master_.mu_);
+    ASSERT_EQ(master_.cuts.size(), 1u);
+    EXPECT_EQ(master_.cuts[0], std::optional<uint64_t>(57));
+    EXPECT_EQ(master_.stopped_after, 0u);
+  }
+  const proto::JobStatus js = Status();
+  EXPECT_EQ(js.checkpoints(), 1u);
+  EXPECT_EQ(js.last_checkpoint_seq(), 1u);
+  EXPECT_EQ(js.checkpoint_in_progress(), 0u);  // none now
+  proto::MasterState st;
+  c.Save(&st);
+  EXPECT_EQ(st.next_checkpoint_seq(), 2u);
+}
+
+TEST_F(CheckpointCoordinatorTest, TheNextOneChainsOnTheLastAndUnchangedPartitionsKeepTheirFiles) {
+  CheckpointCoordinator& c = Make();
+  ASSERT_THAT(c.Checkpoint("request", false).status(), IsOk());
+  ps2_.set_unchanged(true);  // partition 2 did not change
+  auto r = c.Checkpoint("request", false);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_TRUE(r->incremental());
+  auto m =
+      storage::ReadManifest(fs_.get(), storage::JoinPath(kRoot, storage::CheckpointDirName(2)));
+  ASSERT_THAT(m.status(), IsOk());
+  EXPECT_EQ(m->base_seq(), 1u);
+  for (const auto& p : m->partitions()) {
+    ASSERT_GE(p.files_size(), 1) << p.id();
+    EXPECT_TRUE(p.files(0).full());
+    EXPECT_EQ(p.files(0).seq(), 1u);
+    // 0 and 1: a delta of checkpoint 2 on top; 2: checkpoint 1's file only.
+    EXPECT_EQ(p.files_size(), p.id() == 2 ? 1 : 2) << p.id();
+  }
+  // The manifest of the first checkpoint to resume from, read back.
+  auto found = FindResumeCheckpoint(config_, fs_.get(), "latest");
+  ASSERT_THAT(found.status(), IsOk());
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->manifest.seq(), 2u);
+}
+
+TEST_F(CheckpointCoordinatorTest, AFailingPServerFailsItAndThePreviousStaysTheLatest) {
+  CheckpointCoordinator& c = Make();
+  ASSERT_THAT(c.Checkpoint("request", false).status(), IsOk());
+  ps2_.Fail(absl::UnavailableError("disk full"));
+  auto r = c.Checkpoint("request", false);
+  EXPECT_THAT(r.status().message(), HasSubstr("disk full"));
+  EXPECT_FALSE(fs_->Exists(storage::JoinPath(kRoot, storage::CheckpointDirName(2))));
+  const proto::JobStatus js = Status();
+  EXPECT_EQ(js.checkpoints(), 1u);
+  EXPECT_EQ(js.checkpoint_failures(), 1u);
+  EXPECT_EQ(js.last_checkpoint_seq(), 1u);
+  ASSERT_TRUE(c.last_manifest().has_value());
+  EXPECT_EQ(c.last_manifest()->seq(), 1u);
+}
+
+TEST_F(CheckpointCoordinatorTest, ACutTrainingPassedIsSetFurtherAhead) {
+  CheckpointCoordinator& c = Make();
+  ps1_.set_version(100);
+  ps1_.PassCut(1);
+  auto r = c.Checkpoint("request", false);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->step(), 164u);  // 100 + 16 passed; then 100 + 64
+  ASSERT_EQ(ps1_.requests().size(), 2u);
+  EXPECT_EQ(ps1_.requests()[0].version(), 116u);
+}
+
+TEST_F(CheckpointCoordinatorTest, RefusedWhenOffOrTheJobIsNotRunning_StopsTheJobWhenAsked) {
+  config_.checkpoint.enabled = false;
+  EXPECT_THAT(Make().Checkpoint("request", false).status().message(),
+              HasSubstr("checkpoints are off"));
+  config_.checkpoint.enabled = true;
+  CheckpointCoordinator& c = Make();
+  {
+    absl::MutexLock l(&master_.mu_);
+    master_.ready = false;
+  }
+  auto refused = c.Checkpoint("request", false);
+  EXPECT_TRUE(HasReason(refused.status(), proto::REASON_JOB_NOT_RUNNING)) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("partitions not placed"));
+  {
+    absl::MutexLock l(&master_.mu_);
+    master_.ready = true;
+  }
+  auto r = c.Checkpoint("sigterm", /*stop_after=*/true);
+  ASSERT_THAT(r.status(), IsOk());
+  absl::MutexLock l(&master_.mu_);
+  EXPECT_EQ(master_.stopped_after, r->seq());
+}
+
+TEST_F(CheckpointCoordinatorTest, TickTakesTheFinalCheckpointThenLetsTheJobEvaluate) {
+  CheckpointCoordinator& c = Make();
+  c.Tick();  // nothing due
+  EXPECT_TRUE(ps1_.requests().empty());
+  {
+    absl::MutexLock l(&master_.mu_);
+    master_.running = false;
+    master_.training_over = true;
+  }
+  c.TrainingDone();
+  c.Tick();
+  EXPECT_FALSE(c.final_pending());
+  ASSERT_EQ(ps1_.requests().size(), 1u);
+  {
+    absl::MutexLock l(&master_.mu_);
+    EXPECT_EQ(master_.final_done, 1);
+  }
+  c.TrainingDone();  // (once only)
+  EXPECT_FALSE(c.final_pending());
+}
+
+TEST_F(CheckpointCoordinatorTest, ARestartedMasterCarriesOnTheSequenceAndTheCounts) {
+  CheckpointCoordinator& c = Make();
+  proto::MasterState st;
+  st.set_next_checkpoint_seq(9);
+  st.set_checkpoints_done(4);
+  c.set_next_seq(3);
+  ResumePoint last{kRoot, proto::CheckpointManifest()};
+  last.manifest.set_seq(8);
+  c.Restore(st, last);
+  proto::MasterState saved;
+  c.Save(&saved);
+  EXPECT_EQ(saved.next_checkpoint_seq(), 9u);
+  EXPECT_EQ(saved.checkpoints_done(), 4u);
+  EXPECT_EQ(Status().last_checkpoint_seq(), 8u);
+}
+
+}  // namespace
+}  // namespace strata::master

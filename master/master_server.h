@@ -139,7 +139,9 @@ class MasterServer : private CheckpointCoordinator::Master {
       const proto::ReportSuspectRequest& req);
 
  private:
+  // The gRPC service (master/master_service.cc).
   class Service;
+  std::unique_ptr<grpc::Service> NewService();
 
   void BackgroundLoop();
   void Tick();
@@ -324,7 +326,7 @@ class MasterServer : private CheckpointCoordinator::Master {
   std::vector<std::string> tls_failures_ ABSL_GUARDED_BY(tls_failures_mu_);
   uint64_t tls_failures_dropped_ ABSL_GUARDED_BY(tls_failures_mu_) = 0;
   void AuditTlsFailures() ABSL_LOCKS_EXCLUDED(mu_, tls_failures_mu_);
-  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int bound_port_ = 0;
   HttpServer http_;

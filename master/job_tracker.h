@@ -63,6 +63,9 @@ class JobTracker {
   JobTracker(const JobTracker&) = delete;
   JobTracker& operator=(const JobTracker&) = delete;
 
+  // The event sink it posts to (for events that are not the job's own).
+  EventSink* sink() const { return options_.sink; }
+
   proto::JobState state() const ABSL_LOCKS_EXCLUDED(mu_);
   // Succeeded, failed or stopped.
   bool over() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -37,11 +37,6 @@ namespace {
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
-// Out of the cluster: declared dead, or drained on request.
-bool Gone(const proto::NodeInfo& n) {
-  return n.state() == proto::DEAD || n.state() == proto::DRAINED;
-}
-
 }  // namespace
 
 namespace {
@@ -185,6 +180,12 @@ MasterServer::MasterServer(MasterOptions options, int64_t num_records,
       sink_(std::move(sink)),
       job_(JobTracker::Options{options_.config.job.name, options_.config.job.consistency,
                                options_.config.job.epochs, planted, clock_, sink_.get()}),
+      nodes_(NodeManager::Options{
+          options_.host, options_.expected_pservers, options_.expected_workers,
+          options_.config.cluster, options_.config.job.seed,
+          MakeTableInfos(ModelTables(options_.config.model),
+                         static_cast<uint32_t>(options_.config.sparse.partitions)),
+          &options_.security, clock_, &job_, &metrics_}),
       checkpoints_(std::make_unique<CheckpointCoordinator>(
           CheckpointCoordinator::Options{options_.config, options_.fs, clock_, sink_.get(),
                                          options_.failpoints},
@@ -198,19 +199,6 @@ MasterServer::MasterServer(MasterOptions options, int64_t num_records,
                               absl::Milliseconds(options_.config.cluster.task_lease_timeout_ms))) {
   absl::MutexLock l(&mu_);
   if (!options_.state_dir.empty()) tasks_.TrackChanges();  // for the state log's records
-  view_.set_epoch(1);
-  view_.set_seed(options_.config.job.seed);
-  for (auto& t : MakeTableInfos(ModelTables(options_.config.model),
-                                static_cast<uint32_t>(options_.config.sparse.partitions))) {
-    *view_.add_tables() = std::move(t);
-  }
-  proto::NodeInfo* self = view_.add_members();
-  self->set_id(0);
-  self->set_role(proto::MASTER);
-  self->set_host(options_.host);
-  self->set_state(proto::ALIVE);
-  self->set_registered_unix_ms(ToUnixMs(clock_->Now()));
-  self->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
 }
 
 MasterServer::~MasterServer() { Shutdown(); }
@@ -237,10 +225,7 @@ absl::Status MasterServer::Start() {
     return absl::UnavailableError(
         absl::StrCat("master: cannot listen on ", addr, " (port in use?)"));
   }
-  {
-    absl::MutexLock l(&mu_);
-    view_.mutable_members(0)->set_grpc_address(address());
-  }
+  nodes_.SetMasterAddress(address());
   if (options_.http_port >= 0) {
     RegisterMetrics();
     ServeStandardEndpoints(&http_, &metrics_, [this] { return ProtoJsonResponse(GetStatus()); });
@@ -260,8 +245,7 @@ absl::Status MasterServer::Start() {
                      AuditRefusal(who, req.peer, absl::StrCat("http GET ", req.path), why);
                    }));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
-    absl::MutexLock l(&mu_);
-    view_.mutable_members(0)->set_http_port(http_.port());
+    nodes_.SetMasterHttpPort(http_.port());
   }
   background_ = std::thread([this] { BackgroundLoop(); });
   checkpoints_->Start();
@@ -328,39 +312,12 @@ void MasterServer::Tick() {
   uint64_t ticket = 0;
   {
     absl::MutexLock l(&mu_);
-    const absl::Time now = clock_->Now();
-    const int64_t dead_ms = options_.config.cluster.dead_timeout_ms;
-    std::vector<proto::NodeInfo*> dead;
-    for (proto::NodeInfo& n : *view_.mutable_members()) {
-      if (n.role() == proto::MASTER || Gone(n)) continue;
-      if (ToUnixMs(now) - n.last_heartbeat_unix_ms() > dead_ms) dead.push_back(&n);
+    for (const auto& [id, why] : nodes_.Unresponsive()) {
+      if (auto d = nodes_.DeclareDead(id, why, job_.over())) DepartedLocked(*d);
     }
-    for (proto::NodeInfo* n : dead) {
-      DeclareDeadLocked(n, absl::StrCat("missed heartbeats for ", dead_ms, " ms"));
-    }
-    // A pserver the workers keep reporting unreachable (though the master
-    // hears it) is as good as dead to the job.
-    std::vector<std::pair<proto::NodeInfo*, std::string>> unreachable;
-    for (auto it = suspects_.begin(); it != suspects_.end();) {
-      proto::NodeInfo* n = FindNodeLocked(it->first);
-      if (n == nullptr || Gone(*n) || now - it->second.last > absl::Seconds(2)) {
-        it = suspects_.erase(it);
-        continue;
-      }
-      if (now - it->second.first > absl::Milliseconds(dead_ms)) {
-        unreachable.emplace_back(n, it->second.reason);
-      }
-      ++it;
-    }
-    for (auto& [n, reason] : unreachable) {  // (this erases their suspicions)
-      DeclareDeadLocked(
-          n, absl::StrCat("unreachable from workers for ", dead_ms, " ms (", reason, ")"));
-    }
-    int expired = tasks_.ExpireLeases(now);
+    int expired = tasks_.ExpireLeases(clock_->Now());
     if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
-    if (placed_ && !job_.over() && options_.config.cluster.replication > 0) {
-      TopUpBackupsLocked();
-    }
+    if (!job_.over()) nodes_.TopUpBackups();
     UpdateJobStateLocked();
     SampleHistoryLocked(/*force=*/false);
     ticket = PersistLocked();
@@ -374,18 +331,11 @@ void MasterServer::Tick() {
 
 proto::MasterState MasterServer::SmallStateLocked() const {
   proto::MasterState st;
-  *st.mutable_view() = view_;
-  st.set_next_node_id(next_node_id_);
-  st.set_placed(placed_);
+  nodes_.Save(&st);
   job_.Save(&st);
   checkpoints_->Save(&st);
-  st.set_failovers(failovers_);
-  st.set_partitions_restored(partitions_restored_);
-  st.set_steps_lost(steps_lost_);
   st.set_tasks_requeued(tasks_requeued_);
   st.set_records_requeued(records_requeued_);
-  // Heartbeat times change all the time and mean nothing to a successor.
-  for (auto& n : *st.mutable_view()->mutable_members()) n.clear_last_heartbeat_unix_ms();
   return st;
 }
 
@@ -467,22 +417,7 @@ absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
 }
 
 void MasterServer::RestoreLocked(const proto::MasterState& st) {
-  view_ = st.view();
-  // Everyone gets twice the dead timeout from now to reconnect, and a new
-  // epoch to fetch.
-  const int64_t now = ToUnixMs(clock_->Now()) + options_.config.cluster.dead_timeout_ms;
-  for (proto::NodeInfo& n : *view_.mutable_members()) {
-    n.set_last_heartbeat_unix_ms(now);
-    if (n.role() == proto::PSERVER && !Gone(n)) {
-      pserver_stubs_[n.id()] = proto::PServerAdmin::NewStub(
-          NewControlChannel(n.grpc_address(), options_.security.ForPServers(),
-                            options_.config.cluster.control_connect_ms));
-    }
-  }
-  view_.mutable_members(0)->set_state(proto::ALIVE);
-  BumpEpochLocked();
-  next_node_id_ = std::max(next_node_id_, st.next_node_id());
-  placed_ = st.placed();
+  nodes_.Restore(st);
   const uint32_t restarts = job_.Restore(st);
   absl::Status s =
       tasks_.Resume(std::vector<uint64_t>(st.tasks_done().begin(), st.tasks_done().end()), {});
@@ -490,13 +425,9 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   // Live workers keep the tasks they hold; a dead one's go back.
   std::map<uint64_t, uint32_t> leases;
   for (const auto& [id, node] : st.task_leases()) {
-    const proto::NodeInfo* n = FindNodeLocked(node);
-    if (n != nullptr && !Gone(*n)) leases[id] = node;
+    if (nodes_.InJob(node)) leases[id] = node;
   }
   tasks_.RestoreLeases(leases, clock_->Now());
-  failovers_ = st.failovers();
-  partitions_restored_ = st.partitions_restored();
-  steps_lost_ = st.steps_lost();
   tasks_requeued_ = st.tasks_requeued();
   records_requeued_ = st.records_requeued();
   job_.Event(
@@ -540,44 +471,37 @@ void MasterServer::AuditRefusal(const std::string& who, const std::string& peer,
         skipped ? absl::StrCat(skipped, " more like it in the second before") : "");
 }
 
-void MasterServer::RotateDataKeyLocked() {
-  if (options_.security.plaintext) return;
-  data_secret_ = transport::RandomBytes(32);
-  key_epoch_ = std::max(key_epoch_ + 1, view_.epoch());
-}
-
-void MasterServer::FillDataKeyLocked(const proto::NodeInfo& n, proto::DataPlaneKey* key) {
-  if (options_.security.plaintext) return;
-  if (data_secret_.empty()) RotateDataKeyLocked();
-  key->set_epoch(key_epoch_);
-  key->set_key(transport::DeriveNodeKey(data_secret_, n.id()));
-  if (n.role() == proto::PSERVER) key->set_secret(data_secret_);
-}
-
-void MasterServer::DeclareDeadLocked(proto::NodeInfo* n, const std::string& why) {
-  if (Gone(*n)) return;
-  n->set_state(proto::DEAD);
-  RotateDataKeyLocked();  // its key stops working
-  job_.Event(absl::StrCat(NodeRoleName(n->role()), " ", n->index(), " (node ", n->id(), ", ",
-                          n->host(), ") declared dead: ", why),
-             "node_dead", n);
-  if (n->role() == proto::WORKER) {
+void MasterServer::DepartedLocked(const NodeManager::Departure& d) {
+  const proto::NodeInfo& n = d.node;
+  if (n.role() == proto::WORKER) {
     std::vector<uint64_t> ids;
-    const int released = tasks_.ReleaseNode(n->id(), &ids);
+    const int released = tasks_.ReleaseNode(n.id(), &ids);
     for (uint64_t id : ids) records_requeued_ += tasks_.RecordsOf(id);
     if (released > 0) {
       tasks_requeued_ += static_cast<uint64_t>(released);
       job_.Event(
-          absl::StrCat(released, " data task(s) of worker ", n->index(), " returned to the queue"),
-          "tasks_requeued", n);
+          absl::StrCat(released, " data task(s) of worker ", n.index(), " returned to the queue"),
+          "tasks_requeued", &n);
     }
   }
-  if (n->role() == proto::PSERVER) {
-    synced_replicas_.erase(n->id());
-    suspects_.erase(n->id());
-    if (placed_ && !job_.over()) FailoverLocked(n->id());
-  }
-  BumpEpochLocked();
+  if (d.lost.empty()) return;
+  // Restored from the last checkpoint by RecoverLostPartitions, or the job
+  // fails.
+  const std::optional<proto::CheckpointManifest> last = checkpoints_->last_manifest();
+  job_.Event(
+      absl::StrCat(
+          d.lost.size(), " partition(s) of node ", n.id(), " lost with it (no synced backup)",
+          last.has_value() ? absl::StrCat("; restoring them from checkpoint ", last->seq()) : ""),
+      "partitions_lost");
+  if (last.has_value()) return;
+  FinishJobLocked(
+      proto::JOB_FAILED,
+      absl::StrCat("pserver ", n.index(), " (node ", n.id(), ", ", n.host(), ") died with ",
+                   d.lost.size(), " partition(s) and no replica to take over",
+                   options_.config.checkpoint.enabled
+                       ? " and no checkpoint yet to restore them from; restart the job"
+                       : "; set cluster.replication or a checkpoint section so that the job can "
+                         "go on"));
 }
 
 absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainRequest& req) {
@@ -590,201 +514,23 @@ absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainReque
 absl::StatusOr<proto::DrainResponse> MasterServer::DrainUnpersisted(const proto::DrainRequest& req,
                                                                     uint64_t* ticket) {
   absl::MutexLock l(&mu_);
-  proto::NodeInfo* n = FindNodeLocked(req.node_id());
-  if (n == nullptr) return absl::NotFoundError(absl::StrCat("no node ", req.node_id()));
-  const std::string name =
-      absl::StrCat(NodeRoleName(n->role()), " ", n->index(), " (node ", n->id(), ")");
-  const std::string why = req.reason().empty() ? "request" : req.reason();
-  proto::DrainResponse resp;
-  if (n->role() == proto::MASTER) {
-    return absl::FailedPreconditionError(
-        "the master cannot be drained; `strata stop` ends the job");
-  }
-  if (n->state() == proto::DRAINED) {
-    *resp.mutable_node() = *n;
-    resp.set_message(absl::StrCat(name, " was already drained"));
-    return resp;
-  }
-  if (n->state() == proto::DEAD) {
-    return absl::FailedPreconditionError(absl::StrCat(name, " is dead: nothing to drain"));
-  }
-  if (job_.over()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the job has already ended (", JobStateName(job_.state()), "): nothing to drain"));
-  }
-  if (n->role() == proto::WORKER) {
-    if (n->draining()) {
-      *resp.mutable_node() = *n;
-      resp.set_message(absl::StrCat(name, " is already draining"));
-      return resp;
-    }
-    if (job_.state() == proto::JOB_EVALUATING && n->id() == job_.evaluator()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(name, " is evaluating the trained model; it leaves when the job ends"));
-    }
-    int others = 0;
-    for (const auto& m : view_.members()) {
-      others += m.role() == proto::WORKER && m.id() != n->id() && !Gone(m) && !m.draining();
-    }
-    if (others == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(name,
-                       " is the last worker: draining it would stop training "
-                       "(`strata stop` ends the job, with a checkpoint)"));
-    }
-    n->set_draining(true);
-    job_.Event(absl::StrCat(name, " draining (", why, "): it leaves after its current data task"),
-               "node_draining", n);
-    BumpEpochLocked();  // (the view shows it draining)
-    *ticket = PersistLocked();
-    *resp.mutable_node() = *n;
-    resp.set_message(absl::StrCat(name, " is draining: it leaves after its current data task"));
-    return resp;
-  }
-  // A pserver: each of its partitions goes to a backup holding its copy.
-  if (!placed_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, ": the partitions are not placed yet; drain it once the job runs"));
-  }
-  std::vector<uint32_t> primaries, unsafe;
-  for (const proto::PartitionInfo& p : view_.partitions()) {
-    if (p.owner() != n->id()) continue;
-    primaries.push_back(p.id());
-    bool backed = false;
-    for (uint32_t b : p.backups()) {
-      const proto::NodeInfo* bn = FindNodeLocked(b);
-      auto held = synced_replicas_.find(b);
-      backed = backed || (bn != nullptr && bn->state() == proto::ALIVE &&
-                          held != synced_replicas_.end() && held->second.count(p.id()) > 0);
-    }
-    if (!backed) unsafe.push_back(p.id());
-  }
-  if (!unsafe.empty()) {
-    if (options_.config.cluster.replication == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, " holds the only copy of ", unsafe.size(),
-          " partition(s) (cluster.replication is 0): draining it would lose them. Run with "
-          "cluster.replication >= 1, or checkpoint and stop the job (`strata stop`)"));
-    }
-    std::vector<std::string> ids;
-    for (size_t i = 0; i < unsafe.size() && i < 8; ++i) ids.push_back(absl::StrCat(unsafe[i]));
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, ": ", unsafe.size(), " of its ", primaries.size(),
-        " partition(s) have no backup in sync yet (", absl::StrJoin(ids, ", "),
-        unsafe.size() > ids.size() ? ", ..." : "", "); try again once the backups caught up"));
-  }
-  int others = 0;
-  for (const auto& m : view_.members()) {
-    others += m.role() == proto::PSERVER && m.id() != n->id() && m.state() == proto::ALIVE;
-  }
-  if (others == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(name, " is the last pserver"));
-  }
-  n->set_state(proto::DRAINED);
-  RotateDataKeyLocked();  // its key stops working
-  synced_replicas_.erase(n->id());
-  suspects_.erase(n->id());
-  FailoverLocked(n->id());  // its backups take over; it is no one's backup now
-  job_.Event(absl::StrCat(name, " drained (", why, "): ", primaries.size(),
-                          " partition(s) taken over by their backups"),
-             "node_drained", n);
-  BumpEpochLocked();
-  *ticket = PersistLocked();
-  *resp.mutable_node() = *n;
-  resp.set_message(absl::StrCat(name, " drained: its ", primaries.size(),
-                                " partition(s) were taken over by their backups; it exits"));
-  return resp;
-}
-
-void MasterServer::FailoverLocked(uint32_t dead) {
-  int promoted = 0;
-  std::set<uint32_t> lost;
-  std::map<uint32_t, int> to;  // new owner -> partitions
-  for (proto::PartitionInfo& p : *view_.mutable_partitions()) {
-    auto* b = p.mutable_backups();
-    for (int i = b->size() - 1; i >= 0; --i) {
-      if (b->Get(i) == dead) b->erase(b->begin() + i);
-    }
-    if (p.owner() != dead) continue;
-    // The first live backup holding the primary's copy takes over.
-    int chosen = -1;
-    for (int i = 0; i < b->size() && chosen < 0; ++i) {
-      const proto::NodeInfo* n = FindNodeLocked(b->Get(i));
-      auto held = synced_replicas_.find(b->Get(i));
-      if (n != nullptr && n->state() == proto::ALIVE && held != synced_replicas_.end() &&
-          held->second.count(p.id())) {
-        chosen = i;
-      }
-    }
-    if (chosen >= 0) {
-      p.set_owner(b->Get(chosen));
-      p.set_restore_seq(0);
-      p.set_restore_version(0);
-      b->erase(b->begin() + chosen);
-      ++promoted;
-      ++to[p.owner()];
-    } else {
-      lost.insert(p.id());
-    }
-  }
-  failovers_ += static_cast<uint64_t>(promoted);
-  if (promoted > 0) {
-    std::string where;
-    for (const auto& [node, n] : to)
-      absl::StrAppend(&where, where.empty() ? "" : ", ", n, " to node ", node);
-    job_.Event(absl::StrCat(promoted, " partition(s) of node ", dead,
-                            " failed over to their backups (", where, ")"),
-               "failover");
-  }
-  if (!lost.empty()) {
-    lost_.insert(lost.begin(), lost.end());
-    const std::optional<proto::CheckpointManifest> last = checkpoints_->last_manifest();
-    job_.Event(
-        absl::StrCat(
-            lost.size(), " partition(s) of node ", dead, " lost with it (no synced backup)",
-            last.has_value() ? absl::StrCat("; restoring them from checkpoint ", last->seq()) : ""),
-        "partitions_lost");
-    if (!last.has_value()) {
-      const proto::NodeInfo* n = FindNodeLocked(dead);
-      FinishJobLocked(
-          proto::JOB_FAILED,
-          absl::StrCat(
-              "pserver ", n ? n->index() : -1, " (node ", dead, ", ", n ? n->host() : "?",
-              ") died with ", lost.size(), " partition(s) and no replica to take over",
-              options_.config.checkpoint.enabled
-                  ? " and no checkpoint yet to restore them from; restart the job"
-                  : "; set cluster.replication or a checkpoint section so that the job can go on"));
-    }
-  }
-  TopUpBackupsLocked();
-}
-
-void MasterServer::TopUpBackupsLocked() {
-  const int k = options_.config.cluster.replication;
-  if (k == 0 || !placed_) return;
-  std::vector<uint32_t> live;
-  for (const auto& n : view_.members()) {
-    if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) live.push_back(n.id());
-  }
-  if (TopUpBackups(view_.mutable_partitions(), live, k) > 0) BumpEpochLocked();
+  STRATA_ASSIGN_OR_RETURN(NodeManager::Drained d,
+                          nodes_.Drain(req, job_.state(), job_.evaluator()));
+  if (d.departure.has_value()) DepartedLocked(*d.departure);
+  if (d.changed) *ticket = PersistLocked();
+  return std::move(d.response);
 }
 
 void MasterServer::RecoverLostPartitions() {
-  std::vector<PServerTarget> targets;
-  {
-    absl::MutexLock l(&mu_);
-    if (lost_.empty() || job_.over()) return;
-    for (const PServerTarget& t : OwnersLocked()) {
-      const proto::NodeInfo* n = FindNodeLocked(t.first);
-      if (n != nullptr && n->state() == proto::ALIVE) targets.push_back(t);
-    }
-  }
+  if (!nodes_.has_lost() || job_.over()) return;
+  const std::optional<proto::CheckpointManifest> last = checkpoints_->last_manifest();
+  if (!last.has_value()) return;
   // A restored partition rejoins at the step the others reached (bsp: the
   // workers push that step next); what it trained since the checkpoint
   // is lost, and counted.
   uint64_t newest = 0;
   if (options_.config.job.consistency == Consistency::kBsp) {
-    auto v = NewestPartitionVersion(targets);
+    auto v = NewestPartitionVersion(nodes_.LiveOwners());
     if (!v.ok()) {
       LOG_EVERY_N(WARNING, 10) << "cannot read the partitions' versions to restore lost ones: "
                                << v.status();
@@ -792,66 +538,15 @@ void MasterServer::RecoverLostPartitions() {
     }
     newest = *v;
   }
-  const std::optional<proto::CheckpointManifest> last_manifest = checkpoints_->last_manifest();
-  if (!last_manifest.has_value()) return;
   absl::MutexLock l(&mu_);
-  if (lost_.empty() || job_.over()) return;
-  std::map<uint32_t, uint64_t> saved;  // partition -> version in the checkpoint
-  for (const auto& e : last_manifest->partitions()) saved[e.id()] = e.version();
-  std::map<uint32_t, uint64_t> load;
-  for (const auto& n : view_.members()) {
-    if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) load[n.id()] = 0;
+  if (job_.over()) return;
+  if (absl::Status s = nodes_.RestoreLost(*last, newest); !s.ok()) {
+    FinishJobLocked(proto::JOB_FAILED, std::string(s.message()));
   }
-  if (load.empty()) return;  // none to put them on yet
-  for (const auto& p : view_.partitions()) {
-    if (load.count(p.owner()))
-      load[p.owner()] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
-  }
-  uint64_t lost_steps = 0;
-  for (proto::PartitionInfo& p : *view_.mutable_partitions()) {
-    if (lost_.count(p.id()) == 0) continue;
-    auto it = saved.find(p.id());
-    if (it == saved.end()) {
-      FinishJobLocked(proto::JOB_FAILED,
-                      absl::StrCat("partition ", p.id(), " was lost and checkpoint ",
-                                   last_manifest->seq(), " does not hold it"));
-      return;
-    }
-    uint32_t best = load.begin()->first;
-    for (const auto& [id, bytes] : load) {
-      if (bytes < load[best]) best = id;
-    }
-    load[best] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
-    p.set_owner(best);
-    p.set_restore_seq(last_manifest->seq());
-    const uint64_t version = std::max(newest, it->second);
-    p.set_restore_version(version);
-    lost_steps += version - it->second;
-    p.clear_backups();
-  }
-  partitions_restored_ += lost_.size();
-  steps_lost_ += lost_steps;
-  job_.Event(absl::StrCat(lost_.size(), " lost partition(s) restored from checkpoint ",
-                          last_manifest->seq(), " (step ", last_manifest->step(), "): ", lost_steps,
-                          " partition-step(s) of updates lost"),
-             "recovery");
-  lost_.clear();
-  TopUpBackupsLocked();
-  BumpEpochLocked();
 }
 
 void MasterServer::ProbeSuspects() {
-  std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>> probes;
-  {
-    absl::MutexLock l(&mu_);
-    for (auto& [id, s] : suspects_) {
-      if (!s.probe_due) continue;
-      s.probe_due = false;
-      auto stub = pserver_stubs_.find(id);
-      if (stub != pserver_stubs_.end()) probes.emplace_back(id, stub->second.get());
-    }
-  }
-  for (auto& [id, stub] : probes) {
+  for (const auto& [id, stub] : nodes_.DueProbes()) {
     grpc::ClientContext ctx;
     // Long enough for a new connection (its TLS handshake included) to
     // the pserver: a slow handshake is not a dead pserver.
@@ -863,62 +558,29 @@ void MasterServer::ProbeSuspects() {
     grpc::Status s = stub->GetStatus(&ctx, proto::PServerStatusRequest(), &resp);
     if (s.ok()) continue;
     absl::MutexLock l(&mu_);
-    proto::NodeInfo* n = FindNodeLocked(id);
-    auto it = suspects_.find(id);
-    if (n == nullptr || Gone(*n) || it == suspects_.end()) continue;
-    DeclareDeadLocked(n, absl::StrCat("reported unreachable (", it->second.reason,
-                                      ") and the master's probe failed too: ", s.error_message()));
+    const std::optional<std::string> reason = nodes_.Suspicion(id);
+    if (!reason.has_value()) continue;
+    if (auto d = nodes_.DeclareDead(
+            id,
+            absl::StrCat("reported unreachable (", *reason,
+                         ") and the master's probe failed too: ", s.error_message()),
+            job_.over())) {
+      DepartedLocked(*d);
+    }
   }
 }
 
 absl::StatusOr<proto::ReportSuspectResponse> MasterServer::ReportSuspect(
     const proto::ReportSuspectRequest& req) {
-  absl::MutexLock l(&mu_);
-  proto::ReportSuspectResponse resp;
-  const proto::NodeInfo* reporter = FindNodeLocked(req.node_id());
-  if (reporter == nullptr || Gone(*reporter)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("suspicion report from node ", req.node_id(), ", which is not a live member"));
-  }
-  proto::NodeInfo* n = FindNodeLocked(req.suspect());
-  if (n == nullptr || n->role() != proto::PSERVER) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("suspicion report about node ", req.suspect(), ", which is not a pserver"));
-  }
-  if (Gone(*n)) {
-    resp.set_declared_dead(true);
-    return resp;
-  }
-  const absl::Time now = clock_->Now();
-  auto [it, added] = suspects_.try_emplace(req.suspect(), Suspicion{now, now, req.reason()});
-  if (added) {
-    LOG(WARNING) << "node " << req.node_id() << " cannot reach pserver node " << req.suspect()
-                 << ": " << req.reason() << "; probing it";
-  } else {
-    it->second.last = now;
-    // One probe per heartbeat interval at most.
-    if (now - it->second.first >
-        absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) {
-      it->second.probe_due = true;
-    }
-  }
-  return resp;
+  return nodes_.ReportSuspect(req);
 }
 
 void MasterServer::TakeLedger() {
-  std::vector<PServerTarget> targets;
-  {
-    absl::MutexLock l(&mu_);
-    // Once every data task is done no push is left: the counts are final.
-    if (job_.ledger_taken() || job_.state() != proto::JOB_EVALUATING) return;
-    targets = OwnersLocked();
-  }
+  // Once every data task is done no push is left: the counts are final.
+  if (job_.ledger_taken() || job_.state() != proto::JOB_EVALUATING) return;
+  const std::vector<PServerTarget> targets = nodes_.Owners();
+  std::map<uint32_t, uint32_t> owner = nodes_.PartitionOwners();
   std::map<uint32_t, std::map<uint32_t, uint64_t>> applied;
-  std::map<uint32_t, uint32_t> owner;
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& p : view_.partitions()) owner[p.id()] = p.owner();
-  }
   for (const auto& [id, stub] : targets) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -935,32 +597,22 @@ void MasterServer::TakeLedger() {
 
 void MasterServer::MaybePlacePartitions() {
   proto::ClusterView view;
-  std::vector<std::pair<uint32_t, proto::PServerAdmin::Stub*>> targets;
+  std::vector<PServerTarget> targets;
   std::optional<proto::CheckpointManifest> restore;
   std::string restore_root;
   {
     absl::MutexLock l(&mu_);
-    if (placed_ || job_.over()) return;
-    std::vector<uint32_t> ids;
-    for (const auto& n : view_.members()) {
-      if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) ids.push_back(n.id());
-    }
-    if (static_cast<int>(ids.size()) < options_.expected_pservers) return;
-    auto parts =
-        PlacePartitions(std::vector<proto::TableInfo>(view_.tables().begin(), view_.tables().end()),
-                        options_.config.cluster.slice_bytes, ids);
-    if (!parts.ok()) {
-      FinishJobLocked(proto::JOB_FAILED, parts.status().ToString());
+    if (job_.over()) return;
+    absl::StatusOr<std::optional<NodeManager::Placement>> plan = nodes_.PlanPlacement();
+    if (!plan.ok()) {
+      FinishJobLocked(proto::JOB_FAILED, plan.status().ToString());
       return;
     }
+    if (!plan->has_value()) return;
     // The candidate view becomes the master's only once every pserver has
     // accepted its partitions.
-    view = view_;
-    view.clear_partitions();
-    for (auto& p : *parts) *view.add_partitions() = std::move(p);
-    TopUpBackups(view.mutable_partitions(), ids, options_.config.cluster.replication);
-    view.set_epoch(view_.epoch() + 1);
-    for (uint32_t id : ids) targets.emplace_back(id, pserver_stubs_[id].get());
+    view = std::move((*plan)->view);
+    targets = std::move((*plan)->targets);
     if (restore_.has_value()) {
       // The pservers need the partitions' chains only.
       restore.emplace();
@@ -1011,9 +663,7 @@ void MasterServer::MaybePlacePartitions() {
   {
     absl::MutexLock l(&mu_);
     restore_op_ = LongOp();
-    *view_.mutable_partitions() = view.partitions();
-    BumpEpochLocked();
-    placed_ = true;
+    nodes_.CommitPlacement(view);
     restore_.reset();
     LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of " << view.tables_size()
               << " table(s) on " << targets.size() << " pserver(s)";
@@ -1021,43 +671,6 @@ void MasterServer::MaybePlacePartitions() {
     ticket = PersistLocked();
   }
   AwaitPersisted(ticket).IgnoreError();  // (logged; the next tick tries again)
-}
-
-void MasterServer::BumpEpochLocked() { view_.set_epoch(view_.epoch() + 1); }
-
-proto::NodeInfo* MasterServer::FindNodeLocked(uint32_t id) {
-  for (proto::NodeInfo& n : *view_.mutable_members()) {
-    if (n.id() == id) return &n;
-  }
-  return nullptr;
-}
-
-absl::StatusOr<proto::NodeInfo*> MasterServer::LiveWorkerLocked(uint32_t id) {
-  proto::NodeInfo* n = FindNodeLocked(id);
-  if (n == nullptr || n->role() != proto::WORKER) {
-    return WithReason(absl::NotFoundError(absl::StrCat("node ", id, " is not a registered worker")),
-                      proto::REASON_UNKNOWN_NODE);
-  }
-  if (n->state() == proto::DEAD) {
-    return WithReason(absl::FailedPreconditionError(
-                          absl::StrCat("worker node ", id, " was declared dead; register again")),
-                      proto::REASON_DECLARED_DEAD);
-  }
-  if (n->state() == proto::DRAINED) {
-    return WithReason(absl::FailedPreconditionError(
-                          absl::StrCat("worker node ", id, " was drained: it has left the job")),
-                      proto::REASON_DECLARED_DEAD);
-  }
-  return n;
-}
-
-int MasterServer::CountLocked(proto::Role role, bool include_finished) const {
-  int c = 0;
-  for (const auto& n : view_.members()) {
-    if (n.role() != role) continue;
-    if (n.state() == proto::ALIVE || (include_finished && n.state() == proto::FINISHED)) ++c;
-  }
-  return c;
 }
 
 absl::StatusOr<proto::RegisterResponse> MasterServer::Register(const proto::RegisterRequest& req,
@@ -1072,141 +685,50 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(const proto::Regi
 absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
     const proto::RegisterRequest& req, const std::string& peer, const Identity& who,
     uint64_t* ticket) {
-  if (req.role() != proto::PSERVER && req.role() != proto::WORKER) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("register from ", peer, ": role must be PSERVER or WORKER"));
-  }
-  if (req.role() == proto::PSERVER && (req.grpc_address().empty() || req.data_address().empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "register from ", peer, ": a pserver must give grpc_address and data_address"));
-  }
-  std::string identity;
-  if (who.source == "certificate") {
-    const Role want = req.role() == proto::PSERVER ? Role::kPServer : Role::kWorker;
-    if (who.role != want) {
-      return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
-                                                      who.ToString(), " cannot register a ",
-                                                      NodeRoleName(req.role())));
-    }
-    const size_t at = who.name.find('@');
-    if (at == std::string::npos || who.name.substr(at + 1) != req.host()) {
-      return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
-                                                      who.ToString(), " cannot register host ",
-                                                      req.host()));
-    }
-    // An instance's own certificate ("worker-3@host") registers that
-    // index only; a host-wide one ("worker@host") any index on its host.
-    if (const int index = CertificateIndex(who.name); index >= 0 && index != req.index()) {
-      return absl::PermissionDeniedError(absl::StrCat("register from ", peer, ": certificate of ",
-                                                      who.ToString(), " cannot register ",
-                                                      NodeRoleName(req.role()), " ", req.index()));
-    }
-    identity = who.ToString();
-  }
+  STRATA_ASSIGN_OR_RETURN(const std::string identity, RegistrationIdentity(req, peer, who));
   absl::MutexLock l(&mu_);
-  // A live instance of this role and index is replaced only by the same
-  // identity (its restart), never by another node's certificate.
-  for (const proto::NodeInfo& n : view_.members()) {
-    if (n.role() == req.role() && n.index() == req.index() && !Gone(n) &&
-        n.identity() != identity) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "register from ", peer, ": ", NodeRoleName(req.role()), " ", req.index(),
-          " is alive as node ", n.id(), " of ", n.identity().empty() ? "plaintext" : n.identity(),
-          "; it cannot be replaced by ", identity.empty() ? "plaintext" : identity));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(nodes_.CheckReplaceable(req, identity, peer));
   // A restarted instance replaces its predecessor.
-  for (proto::NodeInfo& n : *view_.mutable_members()) {
-    if (n.role() == req.role() && n.index() == req.index() && !Gone(n)) {
-      DeclareDeadLocked(&n, "a new instance registered");
+  for (uint32_t id : nodes_.LiveInstances(req.role(), req.index())) {
+    if (auto d = nodes_.DeclareDead(id, "a new instance registered", job_.over())) {
+      DepartedLocked(*d);
     }
   }
-  proto::NodeInfo* n = view_.add_members();
-  n->set_id(next_node_id_++);
-  n->set_role(req.role());
-  n->set_index(req.index());
-  n->set_host(req.host());
-  n->set_grpc_address(req.grpc_address());
-  n->set_data_address(req.data_address());
-  n->set_http_port(req.http_port());
-  n->set_identity(identity);
-  n->set_state(proto::ALIVE);
-  n->set_registered_unix_ms(ToUnixMs(clock_->Now()));
-  n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
-  if (req.role() == proto::PSERVER) {
-    pserver_stubs_[n->id()] = proto::PServerAdmin::NewStub(
-        NewControlChannel(req.grpc_address(), options_.security.ForPServers(),
-                          options_.config.cluster.control_connect_ms));
-  }
-  LOG(INFO) << NodeRoleName(req.role()) << " " << req.index() << " registered as node " << n->id()
-            << " from " << peer;
-  AddNodeMetricsLocked(req.role(), req.index());
-  const std::string joined = absl::StrCat(NodeRoleName(req.role()), " ", req.index(),
-                                          " joined as node ", n->id(), " from ", req.host());
-  if (view_.ready()) {
-    job_.Event(joined, "node_join", n);
-  } else {
-    sink_->Event("node_join", joined, n);
-  }
-  BumpEpochLocked();
+  const proto::NodeInfo n = nodes_.Add(req, identity, peer);
   UpdateJobStateLocked();
   *ticket = PersistLocked();
   proto::RegisterResponse resp;
-  resp.set_node_id(n->id());
-  *resp.mutable_view() = view_;
-  FillDataKeyLocked(*n, resp.mutable_data_key());
+  resp.set_node_id(n.id());
+  *resp.mutable_view() = nodes_.View();
+  *resp.mutable_data_key() = nodes_.DataKey(n.id());
   return resp;
 }
 
 absl::Status MasterServer::CheckNodeCaller(uint32_t node_id, const Identity& who) {
-  if (who.source == "plaintext") return absl::OkStatus();
-  absl::MutexLock l(&mu_);
-  const proto::NodeInfo* n = FindNodeLocked(node_id);
-  if (n == nullptr || n->identity() == who.ToString()) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat(who.ToString(), " cannot speak for node ", node_id, " (registered by ",
-                   n->identity().empty() ? "a plaintext caller" : n->identity(), ")"));
+  return nodes_.CheckCaller(node_id, who);
 }
 
 absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
     const proto::HeartbeatRequest& req) {
   absl::MutexLock l(&mu_);
-  proto::NodeInfo* n = FindNodeLocked(req.node_id());
-  if (n == nullptr) {
-    return WithReason(
-        absl::NotFoundError(absl::StrCat("heartbeat from unknown node ", req.node_id())),
-        proto::REASON_UNKNOWN_NODE);
-  }
-  if (n->state() == proto::DEAD) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "node ", req.node_id(), " was declared dead; it must register again")),
-                      proto::REASON_DECLARED_DEAD);
-  }
-  if (n->state() == proto::DRAINED) {  // it leaves
-    proto::HeartbeatResponse resp;
-    resp.set_epoch(view_.epoch());
-    resp.set_job_state(job_.state());
+  STRATA_ASSIGN_OR_RETURN(NodeManager::Beat beat, nodes_.Heartbeat(req));
+  proto::HeartbeatResponse resp;
+  resp.set_epoch(beat.epoch);
+  resp.set_job_state(job_.state());
+  if (beat.drained) {  // it leaves
     resp.set_drained(true);
     return resp;
   }
-  n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
-  if (n->role() == proto::PSERVER) {
-    synced_replicas_[n->id()] = std::set<uint32_t>(req.replicas().begin(), req.replicas().end());
-    job_.RecordApplies(n->id(), req.applies(), req.apply_seconds());
+  if (beat.role == proto::PSERVER) {
+    job_.RecordApplies(req.node_id(), req.applies(), req.apply_seconds());
   }
   // A live worker keeps its data-task leases.
-  if (n->role() == proto::WORKER) tasks_.RenewLeases(n->id(), clock_->Now());
-  proto::HeartbeatResponse resp;
-  resp.set_epoch(view_.epoch());
-  resp.set_job_state(job_.state());
-  FillDataKeyLocked(*n, resp.mutable_data_key());
+  if (beat.role == proto::WORKER) tasks_.RenewLeases(req.node_id(), clock_->Now());
+  *resp.mutable_data_key() = std::move(beat.key);
   return resp;
 }
 
-proto::ClusterView MasterServer::View() {
-  absl::MutexLock l(&mu_);
-  return view_;
-}
+proto::ClusterView MasterServer::View() { return nodes_.View(); }
 
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     const proto::LeaseTaskRequest& req) {
@@ -1223,8 +745,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
     const proto::LeaseTaskRequest& req, uint64_t* ticket) {
   absl::MutexLock l(&mu_);
-  if (const proto::NodeInfo* d = FindNodeLocked(req.node_id());
-      d != nullptr && d->role() == proto::WORKER && d->state() == proto::DRAINED) {
+  if (nodes_.IsDrainedWorker(req.node_id())) {
     // Drained, and asking again (its answer was lost): the same answer,
     // so that it leaves rather than fails and is restarted.
     proto::LeaseTaskResponse resp;
@@ -1232,9 +753,9 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
     resp.set_drained(true);
     return resp;
   }
-  STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
+  STRATA_ASSIGN_OR_RETURN(const proto::NodeInfo n, nodes_.LiveWorker(req.node_id()));
   proto::LeaseTaskResponse resp;
-  if (!view_.ready() || job_.state() == proto::JOB_WAITING) {
+  if (!nodes_.ready() || job_.state() == proto::JOB_WAITING) {
     resp.set_outcome(proto::LeaseTaskResponse::WAIT);
     return resp;
   }
@@ -1245,60 +766,48 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   // Where the task's batches start (bsp), unless the worker is coming back
   // from the finished ones (the steps went on without it).
   std::optional<uint64_t> first_step;
-  if (req.has_next_step() && n->state() == proto::ALIVE) first_step = req.next_step();
+  if (req.has_next_step() && n.state() == proto::ALIVE) first_step = req.next_step();
   // A worker holds one data task at a time and asks for the next once it
   // has completed it. One that asks while it still holds a task never got
   // the answer that leased it (this master went down between recording the
   // lease and answering): it gets that task again, else the task would
   // stay leased to a live worker that does not know it, and the job would
   // never finish.
-  std::optional<proto::DataTask> task = tasks_.Held(n->id(), clock_->Now(), first_step);
+  std::optional<proto::DataTask> task = tasks_.Held(n.id(), clock_->Now(), first_step);
   if (task.has_value()) {
-    LOG(WARNING) << "worker " << n->index() << " (node " << n->id() << ") asks for a task "
+    LOG(WARNING) << "worker " << n.index() << " (node " << n.id() << ") asks for a task "
                  << "but holds data task " << task->id() << ": its lease answer was lost; "
                  << "the same task again";
-  } else if (n->draining()) {
+  } else if (n.draining()) {
     // Drained: its last data task is done; it leaves, the job goes on.
-    n->set_state(proto::DRAINED);
-    n->set_draining(false);
-    RotateDataKeyLocked();  // its key stops working
-    job_.Event(absl::StrCat("worker ", n->index(), " (node ", n->id(), ", ", n->host(),
-                            ") drained: left after its data task"),
-               "node_drained", n);
-    BumpEpochLocked();  // out of the step set
+    nodes_.WorkerDrained(n.id());
     UpdateJobStateLocked();
     *ticket = PersistLocked();
     resp.set_outcome(proto::LeaseTaskResponse::DONE);
     resp.set_drained(true);
     return resp;
   } else {
-    task = tasks_.Lease(n->id(), clock_->Now(), first_step);
+    task = tasks_.Lease(n.id(), clock_->Now(), first_step);
   }
   if (task.has_value()) {
-    if (n->state() == proto::FINISHED) {
-      n->set_state(proto::ALIVE);  // back in the step set
-      BumpEpochLocked();
-    }
+    // (A finished worker is back in the step set.)
+    if (n.state() == proto::FINISHED) nodes_.SetWorkerState(n.id(), proto::ALIVE);
     *ticket = PersistLocked();
     resp.set_outcome(proto::LeaseTaskResponse::TASK);
     *resp.mutable_task() = *task;
     return resp;
   }
   // No training work left for this worker: it leaves the step set.
-  if (n->state() == proto::ALIVE) {
-    n->set_state(proto::FINISHED);
-    LOG(INFO) << "worker " << n->index() << " (node " << n->id() << ") has no more data tasks";
-    BumpEpochLocked();
-  }
+  if (n.state() == proto::ALIVE) nodes_.SetWorkerState(n.id(), proto::FINISHED);
   UpdateJobStateLocked();
   // The evaluation waits for the ledger (a moment: LeaseTask reads it),
   // unless the pservers do not answer for it within 10 s.
   if (job_.state() == proto::JOB_EVALUATING && !checkpoints_->final_pending() &&
       job_.ReadyToEvaluate()) {
-    const uint32_t evaluator = job_.evaluator();
-    proto::NodeInfo* ev = evaluator ? FindNodeLocked(evaluator) : nullptr;
-    if (ev == nullptr || Gone(*ev)) job_.set_evaluator(n->id());
-    if (job_.evaluator() == n->id()) {
+    if (const uint32_t ev = job_.evaluator(); ev == 0 || !nodes_.InJob(ev)) {
+      job_.set_evaluator(n.id());  // none yet, or it left
+    }
+    if (job_.evaluator() == n.id()) {
       resp.set_outcome(proto::LeaseTaskResponse::EVALUATE);
       resp.set_min_version(
           options_.config.job.consistency == Consistency::kBsp ? job_.max_last_step() + 1 : 0);
@@ -1313,8 +822,8 @@ absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
   uint64_t ticket = 0;
   {
     absl::MutexLock l(&mu_);
-    STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
-    STRATA_RETURN_IF_ERROR(tasks_.Complete(n->id(), req.task_id(), req.last_step(), req.records()));
+    STRATA_ASSIGN_OR_RETURN(const proto::NodeInfo n, nodes_.LiveWorker(req.node_id()));
+    STRATA_RETURN_IF_ERROR(tasks_.Complete(n.id(), req.task_id(), req.last_step(), req.records()));
     job_.TaskCompleted(req.last_step());
     UpdateJobStateLocked();
     ticket = PersistLocked();
@@ -1324,16 +833,16 @@ absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
 
 absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& req) {
   absl::MutexLock l(&mu_);
-  STRATA_ASSIGN_OR_RETURN(proto::NodeInfo * n, LiveWorkerLocked(req.node_id()));
-  if (req.has_test_accuracy() && n->id() != job_.evaluator()) {
+  STRATA_ASSIGN_OR_RETURN(const proto::NodeInfo n, nodes_.LiveWorker(req.node_id()));
+  if (req.has_test_accuracy() && n.id() != job_.evaluator()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("node ", n->id(), " reported a test accuracy but is not the evaluator"));
+        absl::StrCat("node ", n.id(), " reported a test accuracy but is not the evaluator"));
   }
-  job_.RecordProgress(n->id(), req);
-  if (req.has_task_start()) tasks_.SetFirstStep(n->id(), req.task_id(), req.task_first_step());
+  job_.RecordProgress(n.id(), req);
+  if (req.has_task_start()) tasks_.SetFirstStep(n.id(), req.task_id(), req.task_first_step());
   if (!req.error().empty() && !job_.over()) {
     FinishJobLocked(proto::JOB_FAILED,
-                    absl::StrCat("worker ", n->index(), " (node ", n->id(), "): ", req.error()));
+                    absl::StrCat("worker ", n.index(), " (node ", n.id(), "): ", req.error()));
     return absl::OkStatus();
   }
   if (req.has_test_accuracy()) {
@@ -1345,11 +854,7 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
 
 void MasterServer::UpdateJobStateLocked() {
   if (job_.over()) return;
-  if (!view_.ready() && placed_ && CountLocked(proto::WORKER, true) >= options_.expected_workers) {
-    view_.set_ready(true);
-    BumpEpochLocked();
-    job_.Start(view_.epoch());
-  }
+  if (const std::optional<uint64_t> epoch = nodes_.MarkReady()) job_.Start(*epoch);
   if (job_.state() == proto::JOB_RUNNING && tasks_.AllDone()) {
     job_.TrainingDone(tasks_.total());
     // (The trained model is saved before it is evaluated.)
@@ -1357,7 +862,7 @@ void MasterServer::UpdateJobStateLocked() {
   }
   if (const proto::JobState state = job_.state();
       state == proto::JOB_RUNNING || state == proto::JOB_EVALUATING) {
-    if (CountLocked(proto::WORKER, true) == 0) {
+    if (nodes_.Count(proto::WORKER, true) == 0) {
       FinishJobLocked(proto::JOB_FAILED,
                       absl::StrCat("no live worker left with ", tasks_.total() - tasks_.done(),
                                    " data task(s) unfinished"));
@@ -1387,13 +892,13 @@ void MasterServer::SampleHistoryLocked(bool force) {
 
 proto::JobStatus MasterServer::JobStatusLocked() const {
   proto::JobStatus js;
-  job_.FillStatus(view_, &js);
+  job_.FillStatus(nodes_.View(), &js);
   js.set_epoch(tasks_.current_epoch());
   js.set_tasks_total(tasks_.total());
   js.set_tasks_done(tasks_.done());
   // Where bring-up stands, and what runs now.
-  const int pservers = CountLocked(proto::PSERVER, false);
-  const int workers = CountLocked(proto::WORKER, true);
+  const int pservers = nodes_.Count(proto::PSERVER, false);
+  const int workers = nodes_.Count(proto::WORKER, true);
   js.set_pservers_registered(pservers);
   js.set_pservers_expected(options_.expected_pservers);
   js.set_workers_registered(workers);
@@ -1408,9 +913,7 @@ proto::JobStatus MasterServer::JobStatusLocked() const {
     js.set_audit_head(head.hash);
   }
   checkpoints_->FillStatus(&js);
-  js.set_failovers(failovers_);
-  js.set_partitions_restored(partitions_restored_);
-  js.set_steps_lost(steps_lost_);
+  nodes_.FillStatus(&js);
   js.set_tasks_requeued(tasks_requeued_);
   return js;
 }
@@ -1427,12 +930,13 @@ std::string MasterServer::PhaseLocked(int pservers, int workers) const {
     return absl::StrCat("waiting for pservers: ", pservers, " of ", options_.expected_pservers,
                         " registered");
   }
-  if (!placed_ && restore_op_.seq > 0) {
+  const bool placed = nodes_.placed();
+  if (!placed && restore_op_.seq > 0) {
     return absl::StrFormat("restoring checkpoint %d: %d of %d pserver(s) loaded", restore_op_.seq,
                            restore_op_.done, restore_op_.total);
   }
-  if (!placed_) {
-    return absl::StrCat("placing ", view_.tables_size(), " table(s) on ", pservers, " pserver(s)");
+  if (!placed) {
+    return absl::StrCat("placing ", nodes_.tables(), " table(s) on ", pservers, " pserver(s)");
   }
   return absl::StrCat("waiting for workers: ", workers, " of ", options_.expected_workers,
                       " registered");
@@ -1440,23 +944,19 @@ std::string MasterServer::PhaseLocked(int pservers, int workers) const {
 
 proto::GetStatusResponse MasterServer::GetStatus() {
   absl::MutexLock l(&mu_);
-  view_.mutable_members(0)->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   proto::GetStatusResponse resp;
-  *resp.mutable_view() = view_;
+  *resp.mutable_view() = nodes_.StatusView();
   *resp.mutable_job() = JobStatusLocked();
   return resp;
 }
 
 proto::JobSummary MasterServer::SummaryLocked() const {
   const proto::JobStatus js = JobStatusLocked();
-  proto::JobSummary s = job_.Summary(js, view_);
+  proto::JobSummary s = job_.Summary(js, nodes_.View());
   checkpoints_->FillSummary(&s);
   if (options_.config.checkpoint.enabled)
     s.set_resumed_from(static_cast<double>(js.resumed_from_seq()));
-  s.set_replication(options_.config.cluster.replication);
-  s.set_failovers(static_cast<double>(failovers_));
-  s.set_partitions_restored(static_cast<double>(partitions_restored_));
-  s.set_steps_lost(static_cast<double>(steps_lost_));
+  nodes_.FillSummary(&s);
   s.set_tasks_requeued(static_cast<double>(tasks_requeued_));
   s.set_records_requeued(static_cast<double>(records_requeued_));
   s.set_records_done(static_cast<double>(tasks_.RecordsDone()));
@@ -1465,62 +965,16 @@ proto::JobSummary MasterServer::SummaryLocked() const {
 
 bool MasterServer::WaitForJobEnd(absl::Duration timeout) { return job_.AwaitEnd(timeout); }
 
-void MasterServer::AddNodeMetricsLocked(proto::Role role, uint32_t index) {
-  // Per node, by role and index (stable across a node's restarts): its
-  // newest instance's heartbeat age and whether it is alive.
-  const MetricLabels labels = {{"role", NodeRoleName(role)}, {"index", std::to_string(index)}};
-  auto newest = [this, role, index]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const proto::NodeInfo* found = nullptr;
-    for (const auto& m : view_.members()) {
-      if (m.role() == role && m.index() == index && (found == nullptr || m.id() > found->id())) {
-        found = &m;
-      }
-    }
-    return found;
-  };
-  metrics_.AddCallbackGauge(
-      "strata_master_heartbeat_age_seconds", "Seconds since the node's last heartbeat",
-      [this, newest]() {
-        absl::MutexLock l(&mu_);
-        const proto::NodeInfo* n = newest();
-        if (n == nullptr) return std::nan("");
-        return (ToUnixMs(clock_->Now()) - n->last_heartbeat_unix_ms()) / 1000.0;
-      },
-      labels);
-  metrics_.AddCallbackGauge(
-      "strata_master_node_up", "1 while the node is alive, 0 once declared dead",
-      [this, newest]() {
-        absl::MutexLock l(&mu_);
-        const proto::NodeInfo* n = newest();
-        return n != nullptr && !Gone(*n) ? 1.0 : 0.0;
-      },
-      labels);
-}
-
 void MasterServer::RegisterMetrics() {
   AddProcessMetrics(&metrics_);
   checkpoints_->RegisterMetrics(&metrics_);
+  nodes_.RegisterMetrics();
   auto locked = [this](auto fn) {
     return [this, fn]() {
       absl::MutexLock l(&mu_);
       return static_cast<double>(fn());
     };
   };
-  metrics_.AddCallbackGauge(
-      "strata_master_view_epoch", "Cluster view epoch",
-      locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return view_.epoch(); }));
-  for (proto::Role role : {proto::PSERVER, proto::WORKER}) {
-    metrics_.AddCallbackGauge(
-        "strata_master_nodes_alive", "Nodes alive (workers: training or finished)",
-        locked([this, role]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return CountLocked(role, true); }),
-        {{"role", NodeRoleName(role)}});
-  }
-  metrics_.AddCallbackGauge("strata_master_nodes_dead", "Nodes declared dead",
-                            locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                              int c = 0;
-                              for (const auto& n : view_.members()) c += n.state() == proto::DEAD;
-                              return c;
-                            }));
   metrics_.AddCallbackGauge(
       "strata_master_tasks_total", "Data tasks of the job",
       locked([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tasks_.total(); }));
@@ -1574,7 +1028,8 @@ absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason
                                                                    JobStateName(job_.state()))),
                         proto::REASON_JOB_NOT_RUNNING);
     }
-    checkpoint = options_.config.checkpoint.enabled && !no_checkpoint && placed_ && view_.ready();
+    checkpoint =
+        options_.config.checkpoint.enabled && !no_checkpoint && nodes_.placed() && nodes_.ready();
   }
   proto::StopResponse resp;
   if (checkpoint) {
@@ -1606,35 +1061,28 @@ absl::Status MasterServer::ApplyResume(const ResumePoint& r) {
   STRATA_RETURN_IF_ERROR(tasks_.Resume(done, partial));
   restore_ = r;
   job_.Resume(m.seq(), m.samples(), m.step() > 0 ? m.step() - 1 : 0);
-  next_node_id_ = std::max(next_node_id_, m.next_node_id());
+  nodes_.ReserveNodeIds(m.next_node_id());
   LOG(INFO) << "resuming from checkpoint " << m.seq() << " (" << m.reason() << ", step " << m.step()
             << "): " << tasks_.done() << " of " << tasks_.total() << " data tasks done, "
             << partial.size() << " partly";
   return absl::OkStatus();
 }
 
-std::vector<PServerTarget> MasterServer::OwnersLocked() {
-  std::set<uint32_t> owners;
-  for (const auto& p : view_.partitions()) owners.insert(p.owner());
-  std::vector<PServerTarget> targets;
-  for (uint32_t id : owners) targets.emplace_back(id, pserver_stubs_[id].get());
-  return targets;
-}
-
 CheckpointCoordinator::Master::Cluster MasterServer::CheckpointCluster() {
   absl::MutexLock l(&mu_);
   Cluster c;
   const proto::JobState state = job_.state();
-  c.ready = placed_ && view_.ready() && !IsJobOver(state);
+  const bool placed = nodes_.placed();
+  c.ready = placed && nodes_.ready() && !IsJobOver(state);
   if (!c.ready) {
     c.why_not =
-        absl::StrCat("the job is ", JobStateName(state), placed_ ? "" : " (partitions not placed)");
+        absl::StrCat("the job is ", JobStateName(state), placed ? "" : " (partitions not placed)");
     return c;
   }
   c.running = state == proto::JOB_RUNNING;
   c.training_over = state == proto::JOB_EVALUATING;
-  c.view = view_;
-  c.owners = OwnersLocked();
+  c.view = nodes_.View();
+  c.owners = nodes_.Owners();
   return c;
 }
 
@@ -1654,7 +1102,7 @@ void MasterServer::FillManifestTasks(std::optional<uint64_t> cut_step,
   for (uint64_t id : cut.done) samples += tasks_.RecordsOf(id);
   for (const auto& [id, records] : cut.partial) samples += records;
   m->set_samples(samples);
-  m->set_next_node_id(next_node_id_);
+  m->set_next_node_id(nodes_.next_node_id());
 }
 
 void MasterServer::StopAfterCheckpoint(uint64_t seq, const std::string& reason) {

@@ -24,6 +24,7 @@
 #include "master/checkpoint_coordinator.h"
 #include "master/event_sink.h"
 #include "master/job_tracker.h"
+#include "master/node_manager.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
 #include "proto/strata.grpc.pb.h"
@@ -146,22 +147,11 @@ class MasterServer : private CheckpointCoordinator::Master {
   void BackgroundLoop();
   void Tick();
   void MaybePlacePartitions();
-  void BumpEpochLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Recovery (docs/reliability.md). Marks `n` dead: a worker's data tasks
-  // go back to the queue; a pserver's partitions fail over to their backups
-  // (FailoverLocked). Bumps the epoch.
-  // A new data-plane secret: the keys of nodes that left stop working.
-  void RotateDataKeyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Node `n`'s data-plane key (and a pserver's secret), in mtls clusters.
-  void FillDataKeyLocked(const proto::NodeInfo& n, proto::DataPlaneKey* key)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeclareDeadLocked(proto::NodeInfo* n, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Promotes a synced backup of each partition pserver `dead` owned; the
-  // ones without go to lost_ (restored from the last checkpoint by
-  // RecoverLostPartitions, or the job fails). Then tops up the backups.
-  void FailoverLocked(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TopUpBackupsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovery (docs/reliability.md): what a node's departure means beyond
+  // the membership: a worker's data tasks go back to the queue; a pserver's
+  // lost partitions wait for RecoverLostPartitions (the last checkpoint),
+  // or the job fails when there is none.
+  void DepartedLocked(const NodeManager::Departure& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecoverLostPartitions() ABSL_LOCKS_EXCLUDED(mu_);
   void ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
   // The state log (docs/reliability.md). PersistLocked queues a record of
@@ -194,9 +184,6 @@ class MasterServer : private CheckpointCoordinator::Master {
   proto::MasterState SmallStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A restarted master takes up `state` (replayed from its state directory).
   void RestoreLocked(const proto::MasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  proto::NodeInfo* FindNodeLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<proto::NodeInfo*> LiveWorkerLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int CountLocked(proto::Role role, bool include_finished) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(proto::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,8 +194,6 @@ class MasterServer : private CheckpointCoordinator::Master {
   // A point of the status page's charts, when one is due (or `force`).
   void SampleHistoryLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
-  // Heartbeat age and liveness gauges of node (role, index); idempotent.
-  void AddNodeMetricsLocked(proto::Role role, uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checkpoint coordinator's view of the rest of the master.
   Cluster CheckpointCluster() override ABSL_LOCKS_EXCLUDED(mu_);
   void FillManifestTasks(std::optional<uint64_t> cut_step, proto::CheckpointManifest* m) override
@@ -217,9 +202,6 @@ class MasterServer : private CheckpointCoordinator::Master {
       ABSL_LOCKS_EXCLUDED(mu_);
   void FinalCheckpointDone() override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplyResume(const ResumePoint& r) ABSL_LOCKS_EXCLUDED(mu_);
-  // The pservers owning partitions, with their stubs (which live as long
-  // as the server).
-  std::vector<PServerTarget> OwnersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // `split`: the training set is text cut by bytes (num_records then an
   // estimate).
@@ -236,36 +218,17 @@ class MasterServer : private CheckpointCoordinator::Master {
   // The job's state, progress, events and summary (master/job_tracker.h):
   // its own lock, a leaf under mu_.
   JobTracker job_;
+  // The members and the view (master/node_manager.h): its own lock, a leaf
+  // under mu_ (above the job tracker's).
+  MetricsRegistry metrics_;
+  NodeManager nodes_;
   // Checkpoints (master/checkpoint_coordinator.h): its own locks, mu_ a
   // leaf under this mu_.
   std::unique_ptr<CheckpointCoordinator> checkpoints_;
 
   mutable absl::Mutex mu_;
-  proto::ClusterView view_ ABSL_GUARDED_BY(mu_);
-  uint32_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
-  // The data plane's membership keys (transport/data_plane_auth.h): a new
-  // secret and key epoch whenever a node leaves; empty in plain text.
-  std::string data_secret_ ABSL_GUARDED_BY(mu_);
-  uint64_t key_epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  bool placed_ ABSL_GUARDED_BY(mu_) = false;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, std::unique_ptr<proto::PServerAdmin::Stub>> pserver_stubs_
-      ABSL_GUARDED_BY(mu_);
-
-  // Recovery.
-  // Partitions each pserver holds as a synced backup (its last heartbeat).
-  std::map<uint32_t, std::set<uint32_t>> synced_replicas_ ABSL_GUARDED_BY(mu_);
-  std::set<uint32_t> lost_ ABSL_GUARDED_BY(mu_);  // partitions with no live copy
-  struct Suspicion {
-    absl::Time first;
-    absl::Time last;
-    std::string reason;
-    bool probe_due = true;
-  };
-  std::map<uint32_t, Suspicion> suspects_ ABSL_GUARDED_BY(mu_);
-  uint64_t failovers_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t partitions_restored_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t steps_lost_ ABSL_GUARDED_BY(mu_) = 0;
+  // Recovery: data tasks of departed workers leased again.
   uint64_t tasks_requeued_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t records_requeued_ ABSL_GUARDED_BY(mu_) = 0;  // of those tasks
   // A checkpoint being restored at placement (seq 0: none), for JobStatus.
@@ -301,7 +264,6 @@ class MasterServer : private CheckpointCoordinator::Master {
   // Resume: the checkpoint the partitions are placed from (until placed).
   std::optional<ResumePoint> restore_ ABSL_GUARDED_BY(mu_);
 
-  MetricsRegistry metrics_;
   // Appends an audit record, and returns once it is written (synced). A
   // failure to write it is logged (the action has happened).
   void Audit(const std::string& who, const std::string& from, const std::string& action,

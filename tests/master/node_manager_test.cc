@@ -1,0 +1,362 @@
+#include "master/node_manager.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/error_reason.h"
+#include "common/model_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "master/placement.h"
+#include "storage/file_system.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::master {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+
+class NodeManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EventSink::Options so;
+    so.fs = fs_.get();
+    so.event_log = "/events.jsonl";
+    so.clock = &clock_;
+    sink_ = *EventSink::Open(std::move(so));
+    job_ = std::make_unique<JobTracker>(
+        JobTracker::Options{"unit", Consistency::kBsp, 1, Planted(), &clock_, sink_.get()});
+  }
+  NodeManager& Make(int pservers, int workers, int replication = 0) {
+    cluster_.replication = replication;
+    cluster_.slice_bytes = 64;  // several partitions of the model's tables
+    JobConfig config;
+    nodes_ = std::make_unique<NodeManager>(NodeManager::Options{
+        "master-host", pservers, workers, cluster_, 7, MakeTableInfos(ModelTables(config.model), 2),
+        &security_, &clock_, job_.get(), &metrics_});
+    return *nodes_;
+  }
+  // Registers (role, index) and returns its node id.
+  uint32_t Join(proto::Role role, int index) {
+    proto::RegisterRequest r;
+    r.set_role(role);
+    r.set_index(index);
+    r.set_host("h");
+    if (role == proto::PSERVER) {
+      r.set_grpc_address(absl::StrCat("127.0.0.1:", 40000 + index));
+      r.set_data_address(absl::StrCat("127.0.0.1:", 41000 + index));
+    }
+    EXPECT_THAT(nodes_->CheckReplaceable(r, "", "peer"), IsOk());
+    return nodes_->Add(r, "", "peer").id();
+  }
+  absl::Status Beat(uint32_t id, std::vector<uint32_t> replicas = {}) {
+    proto::HeartbeatRequest h;
+    h.set_node_id(id);
+    for (uint32_t p : replicas) h.add_replicas(p);
+    return nodes_->Heartbeat(h).status();
+  }
+  // Places the partitions on the pservers registered.
+  proto::ClusterView Place() {
+    auto plan = nodes_->PlanPlacement();
+    EXPECT_THAT(plan.status(), IsOk());
+    if (!plan.ok() || !plan->has_value()) {
+      ADD_FAILURE() << "nothing to place";
+      return proto::ClusterView();
+    }
+    nodes_->CommitPlacement((*plan)->view);
+    return nodes_->View();
+  }
+  std::vector<std::string> Events() { return job_->EventsFrom(0); }
+
+  ClusterSection cluster_;
+  FakeClock clock_{absl::FromUnixMillis(1764590000000)};
+  std::unique_ptr<storage::FileSystem> fs_ = storage::NewMemoryFileSystem();
+  std::unique_ptr<EventSink> sink_;
+  std::unique_ptr<JobTracker> job_;
+  ControlPlaneSecurity security_ = ControlPlaneSecurity::Plaintext();
+  MetricsRegistry metrics_;
+  std::unique_ptr<NodeManager> nodes_;
+};
+
+TEST_F(NodeManagerTest, SilentNodesAreDeclaredDeadAfterTheTimeoutOnItsClock) {
+  NodeManager& n = Make(1, 2);
+  const uint32_t ps = Join(proto::PSERVER, 0);
+  const uint32_t w0 = Join(proto::WORKER, 0);
+  const uint32_t w1 = Join(proto::WORKER, 1);
+  EXPECT_EQ(n.Count(proto::WORKER, false), 2);
+  clock_.Advance(absl::Milliseconds(cluster_.dead_timeout_ms - 100));
+  ASSERT_THAT(Beat(ps), IsOk());
+  ASSERT_THAT(Beat(w0), IsOk());
+  EXPECT_THAT(n.Unresponsive(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(200));  // worker 1 silent for longer than the timeout
+  auto silent = n.Unresponsive();
+  ASSERT_THAT(silent, ElementsAre(Pair(w1, HasSubstr("missed heartbeats"))));
+  const uint64_t epoch = n.View().epoch();
+  auto d = n.DeclareDead(w1, silent[0].second, /*job_over=*/false);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->node.index(), 1);
+  EXPECT_THAT(d->lost, IsEmpty());
+  EXPECT_GT(n.View().epoch(), epoch);
+  EXPECT_FALSE(n.InJob(w1));
+  EXPECT_FALSE(n.DeclareDead(w1, "again", false).has_value());  // once
+  EXPECT_TRUE(HasReason(Beat(w1), proto::REASON_DECLARED_DEAD));
+  EXPECT_TRUE(HasReason(n.LiveWorker(w1).status(), proto::REASON_DECLARED_DEAD));
+  proto::HeartbeatRequest unknown;
+  unknown.set_node_id(99);
+  EXPECT_TRUE(HasReason(n.Heartbeat(unknown).status(), proto::REASON_UNKNOWN_NODE));
+  EXPECT_THAT(Events().back(), HasSubstr("worker 1 (node 3, h) declared dead: missed heartbeats"));
+}
+
+TEST_F(NodeManagerTest, ReadyOncePlacedAndEveryWorkerRegistered) {
+  NodeManager& n = Make(2, 1);
+  Join(proto::PSERVER, 0);
+  auto early = n.PlanPlacement();
+  ASSERT_THAT(early.status(), IsOk());
+  EXPECT_FALSE(early->has_value());  // one pserver of two
+  Join(proto::PSERVER, 1);
+  EXPECT_FALSE(n.MarkReady().has_value());  // not placed
+  const proto::ClusterView v = Place();
+  EXPECT_GT(v.partitions_size(), 2);
+  EXPECT_TRUE(n.placed());
+  EXPECT_FALSE(n.MarkReady().has_value());  // no worker
+  Join(proto::WORKER, 0);
+  const std::optional<uint64_t> epoch = n.MarkReady();
+  ASSERT_TRUE(epoch.has_value());
+  EXPECT_EQ(*epoch, n.View().epoch());
+  EXPECT_TRUE(n.ready());
+  EXPECT_FALSE(n.MarkReady().has_value());  // once
+}
+
+TEST_F(NodeManagerTest, APServersPartitionsFailOverToSyncedBackupsOrAreLostAndRestored) {
+  NodeManager& n = Make(3, 1, /*replication=*/1);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  const uint32_t b = Join(proto::PSERVER, 1);
+  const uint32_t c = Join(proto::PSERVER, 2);
+  const proto::ClusterView v = Place();
+  // Every backup in sync, except those that pserver c holds.
+  std::map<uint32_t, std::vector<uint32_t>> held;
+  for (const auto& p : v.partitions()) {
+    for (uint32_t backup : p.backups()) held[backup].push_back(p.id());
+  }
+  ASSERT_THAT(Beat(a, held[a]), IsOk());
+  ASSERT_THAT(Beat(b, held[b]), IsOk());
+  ASSERT_THAT(Beat(c, {}), IsOk());
+  int owned_by_a = 0, backed_by_c = 0;
+  for (const auto& p : v.partitions()) {
+    if (p.owner() != a) continue;
+    ++owned_by_a;
+    backed_by_c += p.backups(0) == c;
+  }
+  ASSERT_GT(owned_by_a, 0);
+  auto d = n.DeclareDead(a, "killed", /*job_over=*/false);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(static_cast<int>(d->lost.size()), backed_by_c);
+  proto::JobStatus js;
+  n.FillStatus(&js);
+  EXPECT_EQ(static_cast<int>(js.failovers()), owned_by_a - backed_by_c);
+  const proto::ClusterView after_failover = n.View();
+  for (const auto& p : after_failover.partitions()) {
+    if (d->lost.count(p.id())) continue;
+    EXPECT_NE(p.owner(), a) << p.id();
+    for (uint32_t backup : p.backups()) EXPECT_NE(backup, a) << p.id();
+  }
+  EXPECT_EQ(n.has_lost(), backed_by_c > 0);
+  if (backed_by_c == 0) return;
+  // Restored from a checkpoint that holds them at version 5, rejoining at 9.
+  proto::CheckpointManifest m;
+  m.set_seq(3);
+  for (const auto& p : v.partitions()) {
+    proto::CheckpointPartition* e = m.add_partitions();
+    e->set_id(p.id());
+    e->set_version(5);
+  }
+  ASSERT_THAT(n.RestoreLost(m, /*newest=*/9), IsOk());
+  EXPECT_FALSE(n.has_lost());
+  const proto::ClusterView restored = n.View();
+  for (const auto& p : restored.partitions()) {
+    if (!d->lost.count(p.id())) continue;
+    EXPECT_NE(p.owner(), a);
+    EXPECT_EQ(p.restore_seq(), 3u);
+    EXPECT_EQ(p.restore_version(), 9u);
+  }
+  proto::JobStatus after;
+  n.FillStatus(&after);
+  EXPECT_EQ(static_cast<int>(after.partitions_restored()), backed_by_c);
+  EXPECT_EQ(static_cast<int>(after.steps_lost()), 4 * backed_by_c);
+}
+
+TEST_F(NodeManagerTest, ALostPartitionTheCheckpointLacksIsAnError) {
+  NodeManager& n = Make(2, 1);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  Join(proto::PSERVER, 1);
+  Place();
+  auto d = n.DeclareDead(a, "killed", false);
+  ASSERT_TRUE(d.has_value());
+  ASSERT_FALSE(d->lost.empty());  // no backups at all
+  proto::CheckpointManifest empty;
+  empty.set_seq(1);
+  EXPECT_THAT(n.RestoreLost(empty, 0).message(), HasSubstr("checkpoint 1 does not hold it"));
+}
+
+TEST_F(NodeManagerTest, SuspectsAreProbedOnceThenDeclaredWhenReportsGoOn) {
+  NodeManager& n = Make(1, 1);
+  const uint32_t ps = Join(proto::PSERVER, 0);
+  const uint32_t w = Join(proto::WORKER, 0);
+  proto::ReportSuspectRequest r;
+  r.set_node_id(w);
+  r.set_suspect(ps);
+  r.set_reason("connection refused");
+  ASSERT_THAT(n.ReportSuspect(r).status(), IsOk());
+  EXPECT_EQ(n.DueProbes().size(), 1u);
+  EXPECT_TRUE(n.DueProbes().empty());  // one probe, not one per call
+  EXPECT_EQ(n.Suspicion(ps), std::optional<std::string>("connection refused"));
+  // Reports for longer than the dead timeout (the master hears it all along).
+  for (int t = 0; t < cluster_.dead_timeout_ms; t += 1000) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_THAT(Beat(ps), IsOk());
+    ASSERT_THAT(Beat(w), IsOk());
+    ASSERT_THAT(n.ReportSuspect(r).status(), IsOk());
+  }
+  clock_.Advance(absl::Milliseconds(100));
+  EXPECT_THAT(n.Unresponsive(), ElementsAre(Pair(ps, HasSubstr("unreachable from workers"))));
+  // Reports that stop are forgotten.
+  clock_.Advance(absl::Seconds(3));
+  ASSERT_THAT(Beat(ps), IsOk());
+  ASSERT_THAT(Beat(w), IsOk());
+  EXPECT_THAT(n.Unresponsive(), IsEmpty());
+  EXPECT_FALSE(n.Suspicion(ps).has_value());
+  // About a node that is not a pserver: refused.
+  r.set_suspect(w);
+  EXPECT_FALSE(n.ReportSuspect(r).ok());
+}
+
+TEST_F(NodeManagerTest, DrainRefusesWhatWouldLoseWorkAndTakesTheRest) {
+  NodeManager& n = Make(2, 2);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  Join(proto::PSERVER, 1);
+  const uint32_t w0 = Join(proto::WORKER, 0);
+  const uint32_t w1 = Join(proto::WORKER, 1);
+  Place();
+  proto::DrainRequest req;
+  req.set_node_id(0);
+  EXPECT_THAT(n.Drain(req, proto::JOB_RUNNING, 0).status().message(),
+              HasSubstr("the master cannot be drained"));
+  req.set_node_id(a);
+  EXPECT_THAT(n.Drain(req, proto::JOB_RUNNING, 0).status().message(),
+              HasSubstr("cluster.replication is 0"));
+  req.set_node_id(w0);
+  auto drained = n.Drain(req, proto::JOB_RUNNING, 0);
+  ASSERT_THAT(drained.status(), IsOk());
+  EXPECT_TRUE(drained->changed);
+  EXPECT_TRUE(n.LiveWorker(w0)->draining());
+  req.set_node_id(w1);  // the last one not draining
+  EXPECT_THAT(n.Drain(req, proto::JOB_RUNNING, 0).status().message(),
+              HasSubstr("is the last worker"));
+  n.WorkerDrained(w0);
+  EXPECT_TRUE(n.IsDrainedWorker(w0));
+  EXPECT_TRUE(HasReason(n.LiveWorker(w0).status(), proto::REASON_DECLARED_DEAD));
+  req.set_node_id(w0);
+  auto again = n.Drain(req, proto::JOB_RUNNING, 0);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_FALSE(again->changed);
+  EXPECT_THAT(again->response.message(), HasSubstr("already drained"));
+  auto after_end = n.Drain(req, proto::JOB_SUCCEEDED, 0);  // (said even once the job ended)
+  ASSERT_THAT(after_end.status(), IsOk());
+  EXPECT_THAT(after_end->response.message(), HasSubstr("already drained"));
+  req.set_node_id(w1);
+  EXPECT_THAT(n.Drain(req, proto::JOB_SUCCEEDED, 0).status().message(),
+              HasSubstr("has already ended"));
+}
+
+TEST_F(NodeManagerTest, APServerWithSyncedBackupsDrainsAndItsBackupsTakeOver) {
+  NodeManager& n = Make(2, 1, /*replication=*/1);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  const uint32_t b = Join(proto::PSERVER, 1);
+  Join(proto::WORKER, 0);
+  const proto::ClusterView v = Place();
+  std::vector<uint32_t> on_b;
+  for (const auto& p : v.partitions()) {
+    if (p.owner() == a) on_b.push_back(p.id());
+  }
+  proto::DrainRequest req;
+  req.set_node_id(a);
+  EXPECT_THAT(n.Drain(req, proto::JOB_RUNNING, 0).status().message(),
+              HasSubstr("no backup in sync yet"));
+  ASSERT_THAT(Beat(b, on_b), IsOk());
+  auto drained = n.Drain(req, proto::JOB_RUNNING, 0);
+  ASSERT_THAT(drained.status(), IsOk());
+  ASSERT_TRUE(drained->departure.has_value());
+  EXPECT_THAT(drained->departure->lost, IsEmpty());
+  const proto::ClusterView after = n.View();
+  for (const auto& p : after.partitions()) EXPECT_EQ(p.owner(), b) << p.id();
+  proto::HeartbeatRequest h;
+  h.set_node_id(a);
+  auto beat = n.Heartbeat(h);
+  ASSERT_THAT(beat.status(), IsOk());
+  EXPECT_TRUE(beat->drained);
+}
+
+TEST_F(NodeManagerTest, ACertificateRegistersOnlyItsRoleHostAndIndex) {
+  proto::RegisterRequest r;
+  r.set_role(proto::WORKER);
+  r.set_index(3);
+  r.set_host("node-b");
+  Identity who;
+  who.source = "certificate";
+  who.role = Role::kWorker;
+  who.name = "worker-3@node-b";
+  auto ok = RegistrationIdentity(r, "peer", who);
+  ASSERT_THAT(ok.status(), IsOk());
+  EXPECT_EQ(*ok, who.ToString());
+  r.set_index(4);
+  EXPECT_EQ(RegistrationIdentity(r, "peer", who).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  r.set_index(3);
+  r.set_host("node-c");
+  EXPECT_EQ(RegistrationIdentity(r, "peer", who).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  r.set_role(proto::PSERVER);
+  EXPECT_EQ(RegistrationIdentity(r, "peer", who).status().code(),
+            absl::StatusCode::kInvalidArgument);  // a pserver gives its addresses
+  // A live instance is replaced by the same identity only.
+  NodeManager& n = Make(1, 1);
+  proto::RegisterRequest w;
+  w.set_role(proto::WORKER);
+  w.set_index(0);
+  n.Add(w, "worker-0@h", "peer");
+  EXPECT_EQ(n.CheckReplaceable(w, "worker-1@h", "peer").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(n.CheckReplaceable(w, "worker-0@h", "peer"), IsOk());
+  EXPECT_THAT(n.LiveInstances(proto::WORKER, 0), ::testing::SizeIs(1));
+}
+
+TEST_F(NodeManagerTest, ARestartedMasterGivesEveryoneTimeToReconnect) {
+  NodeManager& n = Make(1, 1);
+  Join(proto::PSERVER, 0);
+  const uint32_t w = Join(proto::WORKER, 0);
+  Place();
+  proto::MasterState st;
+  n.Save(&st);
+  for (const auto& m : st.view().members()) EXPECT_EQ(m.last_heartbeat_unix_ms(), 0);
+  clock_.Advance(absl::Minutes(5));  // the master was down
+  NodeManager& again = Make(1, 1);
+  again.Restore(st);
+  EXPECT_TRUE(again.placed());
+  EXPECT_GT(again.View().epoch(), st.view().epoch());
+  EXPECT_EQ(again.next_node_id(), st.next_node_id());
+  clock_.Advance(absl::Milliseconds(cluster_.dead_timeout_ms));
+  EXPECT_THAT(again.Unresponsive(), IsEmpty());  // twice the timeout from the restart
+  clock_.Advance(absl::Milliseconds(cluster_.dead_timeout_ms + 1));
+  EXPECT_EQ(again.Unresponsive().size(), 2u);
+  EXPECT_TRUE(again.InJob(w));
+}
+
+}  // namespace
+}  // namespace strata::master

@@ -139,4 +139,37 @@ void EventSink::Write(const std::vector<Item>& batch) {
   }
 }
 
+void EventSink::AuditAction(storage::AuditRecord record) {
+  if (!auditing()) return;
+  Audit(std::move(record));
+  Flush();
+}
+
+void EventSink::AuditRefusal(const std::string& who, const std::string& peer,
+                             const std::string& action, const absl::Status& s) {
+  if (!auditing()) return;
+  const std::string result =
+      absl::StrCat("refused: ", absl::StatusCodeToString(s.code()), ": ", s.message());
+  int skipped = 0;
+  {
+    absl::MutexLock l(&refusals_mu_);
+    // (Unauthenticated callers by host, not by connection: each new
+    // connection's refusal must not be synced to disk.)
+    const std::string from =
+        who.empty() ? std::string(absl::string_view(peer).substr(0, peer.rfind(':'))) : peer;
+    Refusal& r = refusals_[absl::StrCat(who, " ", from, " ", action, " ", s.code(), " ",
+                                        who.empty() ? s.message() : "")];
+    const absl::Time now = absl::Now();
+    if (now - r.last < absl::Seconds(1)) {
+      ++r.skipped;
+      return;
+    }
+    r.last = now;
+    skipped = std::exchange(r.skipped, 0);
+    if (refusals_.size() > 4096) refusals_.clear();  // (bounded)
+  }
+  AuditAction({who.empty() ? "unauthenticated" : who, peer, action, "", result,
+               skipped ? absl::StrCat(skipped, " more like it in the second before") : ""});
+}
+
 }  // namespace strata::master

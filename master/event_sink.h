@@ -15,6 +15,7 @@
 #define STRATA_MASTER_EVENT_SINK_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,16 @@ class EventSink {
   void Audit(storage::AuditRecord record) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns once everything posted before the call is written.
   void Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  // An admin action's audit record, returned once it is written (synced);
+  // nothing without an audit log. A failure to write it is logged (the
+  // action has happened).
+  void AuditAction(storage::AuditRecord record) ABSL_LOCKS_EXCLUDED(mu_);
+  // Audits a refused request (gRPC or HTTP; `who` "" when unauthenticated:
+  // counted by host, not by connection), the same refusal of the same
+  // caller at most once a second, with how many were left out before it:
+  // a node retrying in a loop does not flood the log.
+  void AuditRefusal(const std::string& who, const std::string& peer, const std::string& action,
+                    const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_, refusals_mu_);
 
   bool auditing() const { return audit_ != nullptr; }
   // The audit log's head (seq 0 without an audit log).
@@ -90,6 +101,13 @@ class EventSink {
   uint64_t wanted_ ABSL_GUARDED_BY(mu_) = 0;   // a Flush waits for this many
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
+  // The refusals audited lately (AuditRefusal): a leaf lock of its own.
+  struct Refusal {
+    absl::Time last = absl::InfinitePast();
+    int skipped = 0;
+  };
+  absl::Mutex refusals_mu_;
+  std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
 };
 
 }  // namespace strata::master

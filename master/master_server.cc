@@ -39,70 +39,6 @@ int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
 }  // namespace
 
-namespace {
-
-// The training set's size in records, and (a plain-text CTR file) its cut
-// by bytes.
-struct TrainingSetSize {
-  int64_t records = 0;
-  std::optional<TaskScheduler::ByteSplit> split;
-};
-
-absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data) {
-  int64_t n = 0;
-  std::optional<TaskScheduler::ByteSplit> split;
-  if (data.format == "criteo") {
-    // Records are lines. A plain-text file is cut into byte ranges from its
-    // size alone (each task is the lines starting in its range; a worker
-    // reads just that): only its first MiB is read here, to check it and
-    // to estimate the record count. A gzipped one cannot be cut so, nor
-    // can the first data.train_limit records be found without counting:
-    // then the lines are counted, not parsed (a worker's bad-line policy
-    // may skip some; their tasks are then a little shorter).
-    storage::CriteoReadOptions read;
-    read.bad_lines =
-        data.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
-    STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
-                            storage::ProbeCriteoFile(fs, data.train, read));
-    if (shape.gzipped || data.train_limit > 0) {
-      STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(fs, data.train));
-      if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
-    } else {
-      split = TaskScheduler::ByteSplit{
-          static_cast<int64_t>(shape.file_bytes),
-          std::max<int64_t>(1, std::llround(data.task_records * shape.bytes_per_record)),
-          shape.bytes_per_record};
-      n = std::max<int64_t>(1, std::llround(shape.file_bytes / shape.bytes_per_record));
-      LOG(INFO) << data.train << ": " << shape.file_bytes << " bytes, about " << n << " records ("
-                << absl::StrFormat("%.1f", shape.bytes_per_record) << " bytes each in its first "
-                << shape.sample_bytes << " bytes); cut into data tasks of " << split->task_bytes
-                << " bytes";
-    }
-  } else {
-    // The training-set size from the files' headers and sizes: nothing is
-    // read whole here (the data may be on a shared file system or in an
-    // object store; the workers read it).
-    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> labels,
-                            storage::ReadIdxShape(fs, data.train_labels));
-    if (labels.size() != 1 || labels[0] == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(data.train_labels, ": expected a non-empty 1-d label file"));
-    }
-    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> images,
-                            storage::ReadIdxShape(fs, data.train_images));
-    if (images.empty() || images[0] != labels[0]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(data.train_images, " has ", images.empty() ? 0 : images[0], " examples but ",
-                       data.train_labels, " has ", labels[0], " labels"));
-    }
-    n = labels[0];
-  }
-  if (data.train_limit > 0) n = std::min<int64_t>(n, data.train_limit);
-  return TrainingSetSize{n, split};
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions options) {
   if (options.fs == nullptr) {
     return absl::InvalidArgumentError("MasterOptions.fs is required");
@@ -156,10 +92,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EventSink> sink, EventSink::Open(std::move(so)));
   std::unique_ptr<MasterServer> m(
       new MasterServer(std::move(options), n, split, planted, std::move(sink)));
-  {
-    absl::MutexLock w(&m->write_mu_);
-    m->state_log_ = std::move(state_log);
-  }
+  m->recorder_ = std::make_unique<StateRecorder>(std::move(state_log));
   m->checkpoints_->set_next_seq(next_seq);
   if (saved.has_value()) {
     m->checkpoints_->Restore(*saved, std::move(resumed));
@@ -242,7 +175,7 @@ absl::Status MasterServer::Start() {
     STRATA_RETURN_IF_ERROR(
         SecureHttp(options_.security, &http_,
                    [this](const std::string& who, const HttpRequest& req, const absl::Status& why) {
-                     AuditRefusal(who, req.peer, absl::StrCat("http GET ", req.path), why);
+                     sink_->AuditRefusal(who, req.peer, absl::StrCat("http GET ", req.path), why);
                    }));
     STRATA_RETURN_IF_ERROR(http_.Start(options_.host, options_.http_port));
     nodes_.SetMasterHttpPort(http_.port());
@@ -290,8 +223,8 @@ void MasterServer::AuditTlsFailures() {
   }
   // (gRPC does not say from where; one record a second per reason.)
   for (const std::string& reason : failures) {
-    AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)", "tls handshake",
-                 absl::UnauthenticatedError(reason));
+    sink_->AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)",
+                        "tls handshake", absl::UnauthenticatedError(reason));
   }
 }
 
@@ -349,71 +282,19 @@ proto::MasterState MasterServer::StateLocked() const {
 
 uint64_t MasterServer::PersistLocked() {
   if (options_.state_dir.empty()) return 0;
-  // What changed since the last record: O(nodes + changes), never O(tasks)
-  // (only the first record is the whole state).
-  proto::MasterState st = SmallStateLocked();
-  proto::ClusterView record_view;  // (its heartbeat times cleared)
-  record_view.Swap(st.mutable_view());
-  st.clear_view();
-  std::string view = record_view.SerializeAsString();
-  std::string small = st.SerializeAsString();
   TaskScheduler::Changes changes = tasks_.TakeChanges();
-  const size_t events = job_.events_size();
-  absl::MutexLock l(&persist_mu_);
-  const bool changed = record_whole_ || rerecord_ || !changes.empty() ||
-                       events != events_recorded_ || view != recorded_view_ ||
-                       small != recorded_small_;
-  if (!changed) return queued_seq_;
-  if (record_whole_) {
-    st = StateLocked();
-  } else {
-    st.set_delta(true);
-    if (view != recorded_view_) *st.mutable_view() = std::move(record_view);
-    for (uint64_t id : changes.done) st.add_tasks_done(id);
-    for (const auto& [id, node] : changes.leased) (*st.mutable_task_leases())[id] = node;
-    for (uint64_t id : changes.ended) st.add_leases_ended(id);
-    for (std::string& e : job_.EventsFrom(events_recorded_)) st.add_events(std::move(e));
-  }
-  record_whole_ = false;
-  rerecord_ = false;
-  recorded_view_ = std::move(view);
-  recorded_small_ = std::move(small);
-  events_recorded_ = events;
-  queued_.push_back(std::move(st));
-  return ++queued_seq_;
+  proto::MasterState tasks;
+  for (uint64_t id : changes.done) tasks.add_tasks_done(id);
+  for (const auto& [id, node] : changes.leased) (*tasks.mutable_task_leases())[id] = node;
+  for (uint64_t id : changes.ended) tasks.add_leases_ended(id);
+  return recorder_->Record(
+      SmallStateLocked(), std::move(tasks), job_.events_size(),
+      [this](size_t from) { return job_.EventsFrom(from); },
+      [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return StateLocked(); });  // (under mu_)
 }
 
 absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
-  if (ticket == 0) return absl::OkStatus();
-  auto refused = [](const absl::Status& why) {
-    return WithReason(
-        absl::UnavailableError(absl::StrCat("the master cannot record its state (", why.message(),
-                                            "): nothing was acknowledged; retry")),
-        proto::REASON_NOT_PERSISTED);
-  };
-  absl::MutexLock w(&write_mu_);
-  std::vector<proto::MasterState> records;
-  uint64_t seq = 0;
-  {
-    absl::MutexLock l(&persist_mu_);
-    if (durable_seq_ >= ticket) return absl::OkStatus();
-    if (failed_seq_ >= ticket || queued_.empty()) return refused(persist_error_);
-    records.swap(queued_);
-    seq = queued_seq_;
-  }
-  absl::Status s = state_log_ == nullptr ? absl::InternalError("no state log")
-                                         : state_log_->Append(std::move(records));
-  absl::MutexLock l(&persist_mu_);
-  if (s.ok()) {
-    durable_seq_ = std::max(durable_seq_, seq);
-    return absl::OkStatus();
-  }
-  LOG_EVERY_N(ERROR, 20) << "cannot record the master's state: " << s
-                         << "; answering UNAVAILABLE until it can";
-  failed_seq_ = std::max(failed_seq_, seq);
-  persist_error_ = s;
-  rerecord_ = true;  // the next change, or a retry, queues a record again
-  return refused(s);
+  return recorder_->AwaitDurable(ticket);
 }
 
 void MasterServer::RestoreLocked(const proto::MasterState& st) {
@@ -435,40 +316,6 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
                    " replayed from ", options_.state_dir, "; ", tasks_.done(), " of ",
                    tasks_.total(), " data tasks done, job ", JobStateName(job_.state())),
       "master_restart");
-}
-
-void MasterServer::Audit(const std::string& who, const std::string& from, const std::string& action,
-                         const std::string& target, const std::string& result,
-                         const std::string& detail) {
-  if (!sink_->auditing()) return;
-  sink_->Audit({who, from, action, target, result, detail});
-  sink_->Flush();
-}
-
-void MasterServer::AuditRefusal(const std::string& who, const std::string& peer,
-                                const std::string& action, const absl::Status& s) {
-  const std::string result =
-      absl::StrCat("refused: ", absl::StatusCodeToString(s.code()), ": ", s.message());
-  int skipped = 0;
-  {
-    absl::MutexLock l(&refusals_mu_);
-    // (Unauthenticated callers by host, not by connection: each new
-    // connection's refusal must not be synced to disk.)
-    const std::string from =
-        who.empty() ? std::string(absl::string_view(peer).substr(0, peer.rfind(':'))) : peer;
-    Refusal& r = refusals_[absl::StrCat(who, " ", from, " ", action, " ", s.code(), " ",
-                                        who.empty() ? s.message() : "")];
-    const absl::Time now = absl::Now();
-    if (now - r.last < absl::Seconds(1)) {
-      ++r.skipped;
-      return;
-    }
-    r.last = now;
-    skipped = std::exchange(r.skipped, 0);
-    if (refusals_.size() > 4096) refusals_.clear();  // (bounded)
-  }
-  Audit(who.empty() ? "unauthenticated" : who, peer, action, "", result,
-        skipped ? absl::StrCat(skipped, " more like it in the second before") : "");
 }
 
 void MasterServer::DepartedLocked(const NodeManager::Departure& d) {

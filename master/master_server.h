@@ -165,8 +165,8 @@ class MasterServer : private CheckpointCoordinator::Master {
   // may be acknowledged, and the caller retries (its retry queues a record
   // again, and the state log then writes the whole state). No disk write
   // is ever done under mu_.
-  uint64_t PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(persist_mu_);
-  absl::Status AwaitPersisted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_, write_mu_, persist_mu_);
+  uint64_t PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AwaitPersisted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // The bodies of the RPCs that change the state: each sets *ticket to its
   // PersistLocked's, and the public call awaits it before answering.
   absl::StatusOr<proto::RegisterResponse> RegisterUnpersisted(const proto::RegisterRequest& req,
@@ -241,46 +241,12 @@ class MasterServer : private CheckpointCoordinator::Master {
   // The update ledger (JobTracker::SetLedger), read from the primaries
   // once training is over.
   void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);
-  // The state log's writer: held while a record is written and synced,
-  // never together with mu_.
-  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
-  std::unique_ptr<StateLog> state_log_ ABSL_GUARDED_BY(write_mu_);
-  // What the last record queued said (PersistLocked's baseline): the
-  // first record is the whole state.
-  bool record_whole_ ABSL_GUARDED_BY(mu_) = true;
-  std::string recorded_view_ ABSL_GUARDED_BY(mu_);   // serialized
-  std::string recorded_small_ ABSL_GUARDED_BY(mu_);  // the rest of SmallStateLocked, serialized
-  size_t events_recorded_ ABSL_GUARDED_BY(mu_) = 0;
-  // Records queued for the writer. A leaf lock, taken under mu_ or
-  // write_mu_ for a moment.
-  absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::vector<proto::MasterState> queued_ ABSL_GUARDED_BY(persist_mu_);  // not written yet
-  bool rerecord_ ABSL_GUARDED_BY(persist_mu_) = false;       // a write failed: queue one again
-  uint64_t queued_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // the newest one's ticket
-  uint64_t durable_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;    // newest ticket synced
-  uint64_t failed_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // newest ticket refused by the disk
-  absl::Status persist_error_ ABSL_GUARDED_BY(persist_mu_);  // why
+  // The state log's records and their group commit (master/state_log.h).
+  std::unique_ptr<StateRecorder> recorder_;
 
   // Resume: the checkpoint the partitions are placed from (until placed).
   std::optional<ResumePoint> restore_ ABSL_GUARDED_BY(mu_);
 
-  // Appends an audit record, and returns once it is written (synced). A
-  // failure to write it is logged (the action has happened).
-  void Audit(const std::string& who, const std::string& from, const std::string& action,
-             const std::string& target, const std::string& result, const std::string& detail)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Audits a refused request (gRPC or HTTP; `who` "" when unauthenticated),
-  // the same refusal of the same caller at most once a second, with how
-  // many were left out before it: a node retrying in a loop does not
-  // flood the log.
-  void AuditRefusal(const std::string& who, const std::string& peer, const std::string& action,
-                    const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_, refusals_mu_);
-  struct Refusal {
-    absl::Time last = absl::InfinitePast();
-    int skipped = 0;
-  };
-  absl::Mutex refusals_mu_;
-  std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
   // Failed TLS handshakes (ListenForTlsFailures), audited by Tick: the
   // listener runs on gRPC's threads and only queues them.
   int tls_listener_ = -1;

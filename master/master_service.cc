@@ -27,7 +27,7 @@ class MasterServer::Service final : public proto::Master::Service {
   // loop does not flood the log.)
   grpc::Status Answer(grpc::ServerContext* ctx, const std::string& who, const char* method,
                       const absl::Status& s) {
-    if (!s.ok()) m_->AuditRefusal(who, ctx->peer(), method, s);
+    if (!s.ok()) m_->sink_->AuditRefusal(who, ctx->peer(), method, s);
     return ToGrpcStatus(s);
   }
   template <typename Response>
@@ -111,20 +111,19 @@ class MasterServer::Service final : public proto::Master::Service {
     STRATA_CALLER(who, ctx, "Stop", "stop");
     const std::string reason = req->reason().empty() ? "request" : req->reason();
     auto r = m_->Stop(reason, req->no_checkpoint());
-    m_->Audit(who.ToString(), ctx->peer(), "stop", "job", ResultOf(r.status()),
-              absl::StrCat("reason: ", reason, req->no_checkpoint() ? ", no checkpoint" : "",
-                           r.ok() && r->checkpointed()
-                               ? absl::StrCat(", after checkpoint ", r->checkpoint().seq())
-                               : ""));
+    Audit(who.ToString(), ctx->peer(), "stop", "job", ResultOf(r.status()),
+          absl::StrCat("reason: ", reason, req->no_checkpoint() ? ", no checkpoint" : "",
+                       r.ok() && r->checkpointed()
+                           ? absl::StrCat(", after checkpoint ", r->checkpoint().seq())
+                           : ""));
     return Reply(r, resp);
   }
   grpc::Status Drain(grpc::ServerContext* ctx, const proto::DrainRequest* req,
                      proto::DrainResponse* resp) override {
     STRATA_CALLER(who, ctx, "Drain", "drain");
     auto r = m_->Drain(*req);
-    m_->Audit(who.ToString(), ctx->peer(), "drain", absl::StrCat("node ", req->node_id()),
-              ResultOf(r.status()),
-              r.ok() ? r->message() : absl::StrCat("reason: ", req->reason()));
+    Audit(who.ToString(), ctx->peer(), "drain", absl::StrCat("node ", req->node_id()),
+          ResultOf(r.status()), r.ok() ? r->message() : absl::StrCat("reason: ", req->reason()));
     return Reply(r, resp);
   }
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const proto::CheckpointRequest* req,
@@ -132,17 +131,23 @@ class MasterServer::Service final : public proto::Master::Service {
     STRATA_CALLER(who, ctx, "Checkpoint", "checkpoint");
     const std::string reason = req->reason().empty() ? "request" : req->reason();
     auto r = m_->Checkpoint(reason, req->stop_after());
-    m_->Audit(who.ToString(), ctx->peer(), req->stop_after() ? "checkpoint_and_stop" : "checkpoint",
-              "job", ResultOf(r.status()),
-              r.ok() ? absl::StrFormat("checkpoint %d (%s) at step %d, %d bytes: %s", r->seq(),
-                                       r->incremental() ? "incremental" : "full", r->step(),
-                                       r->bytes_written(), r->dir())
-                     : absl::StrCat("reason: ", reason));
+    Audit(who.ToString(), ctx->peer(), req->stop_after() ? "checkpoint_and_stop" : "checkpoint",
+          "job", ResultOf(r.status()),
+          r.ok() ? absl::StrFormat("checkpoint %d (%s) at step %d, %d bytes: %s", r->seq(),
+                                   r->incremental() ? "incremental" : "full", r->step(),
+                                   r->bytes_written(), r->dir())
+                 : absl::StrCat("reason: ", reason));
     return Reply(r, resp);
   }
 #undef STRATA_CALLER
 
  private:
+  // An admin action, recorded (synced) before it is answered.
+  void Audit(const std::string& who, const std::string& from, const std::string& action,
+             const std::string& target, const std::string& result, const std::string& detail) {
+    m_->sink_->AuditAction({who, from, action, target, result, detail});
+  }
+
   // Calls in progress per peer host (docs/security.md).
   PeerCallLimiter calls_{kMaxCallsPerPeerHost};
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/error_reason.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -208,6 +209,78 @@ absl::Status StateLog::Append(std::vector<proto::MasterState> records) {
   }
   broken_ = !s.ok();
   return s;
+}
+
+StateRecorder::StateRecorder(std::unique_ptr<StateLog> log) : log_(std::move(log)) {}
+
+uint64_t StateRecorder::Record(proto::MasterState small, proto::MasterState tasks, size_t events,
+                               const std::function<std::vector<std::string>(size_t)>& events_from,
+                               const std::function<proto::MasterState()>& whole) {
+  if (log_ == nullptr) return 0;
+  // What changed since the last record: O(nodes + changes), never O(tasks)
+  // (only the first record is the whole state).
+  proto::ClusterView record_view;
+  record_view.Swap(small.mutable_view());
+  small.clear_view();
+  std::string view = record_view.SerializeAsString();
+  std::string rest = small.SerializeAsString();
+  const bool tasks_changed =
+      tasks.tasks_done_size() > 0 || tasks.task_leases_size() > 0 || tasks.leases_ended_size() > 0;
+  absl::MutexLock l(&persist_mu_);
+  const bool changed = record_whole_ || rerecord_ || tasks_changed || events != events_recorded_ ||
+                       view != recorded_view_ || rest != recorded_small_;
+  if (!changed) return queued_seq_;
+  proto::MasterState st;
+  if (record_whole_) {
+    st = whole();
+  } else {
+    st = std::move(small);
+    st.set_delta(true);
+    if (view != recorded_view_) *st.mutable_view() = std::move(record_view);
+    *st.mutable_tasks_done() = std::move(*tasks.mutable_tasks_done());
+    *st.mutable_task_leases() = std::move(*tasks.mutable_task_leases());
+    *st.mutable_leases_ended() = std::move(*tasks.mutable_leases_ended());
+    for (std::string& e : events_from(events_recorded_)) st.add_events(std::move(e));
+  }
+  record_whole_ = false;
+  rerecord_ = false;
+  recorded_view_ = std::move(view);
+  recorded_small_ = std::move(rest);
+  events_recorded_ = events;
+  queued_.push_back(std::move(st));
+  return ++queued_seq_;
+}
+
+absl::Status StateRecorder::AwaitDurable(uint64_t ticket) {
+  if (ticket == 0) return absl::OkStatus();
+  auto refused = [](const absl::Status& why) {
+    return WithReason(
+        absl::UnavailableError(absl::StrCat("the master cannot record its state (", why.message(),
+                                            "): nothing was acknowledged; retry")),
+        proto::REASON_NOT_PERSISTED);
+  };
+  absl::MutexLock w(&write_mu_);
+  std::vector<proto::MasterState> records;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock l(&persist_mu_);
+    if (durable_seq_ >= ticket) return absl::OkStatus();
+    if (failed_seq_ >= ticket || queued_.empty()) return refused(persist_error_);
+    records.swap(queued_);
+    seq = queued_seq_;
+  }
+  absl::Status s = log_->Append(std::move(records));
+  absl::MutexLock l(&persist_mu_);
+  if (s.ok()) {
+    durable_seq_ = std::max(durable_seq_, seq);
+    return absl::OkStatus();
+  }
+  LOG_EVERY_N(ERROR, 20) << "cannot record the master's state: " << s
+                         << "; answering UNAVAILABLE until it can";
+  failed_seq_ = std::max(failed_seq_, seq);
+  persist_error_ = s;
+  rerecord_ = true;  // the next change, or a retry, queues a record again
+  return refused(s);
 }
 
 }  // namespace strata::master

@@ -5,12 +5,15 @@
 #ifndef STRATA_MASTER_STATE_LOG_H_
 #define STRATA_MASTER_STATE_LOG_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/strata.pb.h"
 #include "storage/file_system.h"
 
@@ -88,6 +91,58 @@ class StateLog {
   uint64_t log_bytes_ = 0;       // in the log since the snapshot
   uint64_t snapshot_bytes_ = 0;  // of the last snapshot
   bool broken_ = false;          // the last write failed
+};
+
+// The master's side of its state log: what each record holds, and when it
+// is durable. Record is called under the master's lock and only queues (its
+// lock, persist_mu_, is a leaf there); AwaitDurable, called without the
+// master's lock, writes and syncs what is queued (group commit; write_mu_
+// is held while a batch is written, never with the master's lock).
+//
+// Owns: the state log (under write_mu_); the queue, the tickets, the last
+// write's failure, and what the last record queued said (under
+// persist_mu_). Thread-safe.
+class StateRecorder {
+ public:
+  // `log` null: nothing is kept (Record returns 0).
+  explicit StateRecorder(std::unique_ptr<StateLog> log);
+  StateRecorder(const StateRecorder&) = delete;
+  StateRecorder& operator=(const StateRecorder&) = delete;
+
+  // Queues a record of what changed since the last record queued, when
+  // something did, and returns the ticket of the newest record queued (0:
+  // nothing kept); the state the caller saw is durable once that record
+  // is. `small`: the state without tasks, leases or events (its view's
+  // heartbeat times cleared), compared whole with the last; `tasks`: the
+  // data tasks completed (tasks_done), leased (task_leases) and ended
+  // (leases_ended) since; `events`: how many the job has, and
+  // `events_from(i)` those from the ith. The first record, and the first
+  // after a failed write, is the whole state: `whole()`.
+  uint64_t Record(proto::MasterState small, proto::MasterState tasks, size_t events,
+                  const std::function<std::vector<std::string>(size_t)>& events_from,
+                  const std::function<proto::MasterState()>& whole)
+      ABSL_LOCKS_EXCLUDED(persist_mu_);
+  // Returns once record `ticket` is synced, writing what is queued itself
+  // unless another caller already did. When the disk refuses, UNAVAILABLE
+  // with REASON_NOT_PERSISTED: nothing may be acknowledged, and the
+  // caller retries (its retry queues a record again, which is then the
+  // whole state).
+  absl::Status AwaitDurable(uint64_t ticket) ABSL_LOCKS_EXCLUDED(write_mu_, persist_mu_);
+
+ private:
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
+  const std::unique_ptr<StateLog> log_ ABSL_PT_GUARDED_BY(write_mu_);
+  absl::Mutex persist_mu_;
+  bool record_whole_ ABSL_GUARDED_BY(persist_mu_) = true;
+  std::string recorded_view_ ABSL_GUARDED_BY(persist_mu_);   // serialized
+  std::string recorded_small_ ABSL_GUARDED_BY(persist_mu_);  // the rest, serialized
+  size_t events_recorded_ ABSL_GUARDED_BY(persist_mu_) = 0;
+  std::vector<proto::MasterState> queued_ ABSL_GUARDED_BY(persist_mu_);  // not written yet
+  bool rerecord_ ABSL_GUARDED_BY(persist_mu_) = false;       // a write failed: queue one again
+  uint64_t queued_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // the newest one's ticket
+  uint64_t durable_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;    // newest ticket synced
+  uint64_t failed_seq_ ABSL_GUARDED_BY(persist_mu_) = 0;     // newest ticket refused by the disk
+  absl::Status persist_error_ ABSL_GUARDED_BY(persist_mu_);  // why
 };
 
 // Applies `delta` (a record of changes) to `state`; a record that is the

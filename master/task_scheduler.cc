@@ -5,8 +5,13 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/data_tasks.h"
 #include "common/error_reason.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "storage/criteo_reader.h"
+#include "storage/idx_reader.h"
 
 namespace strata::master {
 
@@ -276,6 +281,59 @@ int TaskScheduler::current_epoch() const {
     if (!completed_[i]) return tasks_[i].epoch();
   }
   return epochs_;
+}
+
+absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data) {
+  int64_t n = 0;
+  std::optional<TaskScheduler::ByteSplit> split;
+  if (data.format == "criteo") {
+    // Records are lines. A plain-text file is cut into byte ranges from its
+    // size alone (each task is the lines starting in its range; a worker
+    // reads just that): only its first MiB is read here, to check it and
+    // to estimate the record count. A gzipped one cannot be cut so, nor
+    // can the first data.train_limit records be found without counting:
+    // then the lines are counted, not parsed (a worker's bad-line policy
+    // may skip some; their tasks are then a little shorter).
+    storage::CriteoReadOptions read;
+    read.bad_lines =
+        data.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
+    STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
+                            storage::ProbeCriteoFile(fs, data.train, read));
+    if (shape.gzipped || data.train_limit > 0) {
+      STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(fs, data.train));
+      if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
+    } else {
+      split = TaskScheduler::ByteSplit{
+          static_cast<int64_t>(shape.file_bytes),
+          std::max<int64_t>(1, std::llround(data.task_records * shape.bytes_per_record)),
+          shape.bytes_per_record};
+      n = std::max<int64_t>(1, std::llround(shape.file_bytes / shape.bytes_per_record));
+      LOG(INFO) << data.train << ": " << shape.file_bytes << " bytes, about " << n << " records ("
+                << absl::StrFormat("%.1f", shape.bytes_per_record) << " bytes each in its first "
+                << shape.sample_bytes << " bytes); cut into data tasks of " << split->task_bytes
+                << " bytes";
+    }
+  } else {
+    // The training-set size from the files' headers and sizes: nothing is
+    // read whole here (the data may be on a shared file system or in an
+    // object store; the workers read it).
+    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> labels,
+                            storage::ReadIdxShape(fs, data.train_labels));
+    if (labels.size() != 1 || labels[0] == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(data.train_labels, ": expected a non-empty 1-d label file"));
+    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> images,
+                            storage::ReadIdxShape(fs, data.train_images));
+    if (images.empty() || images[0] != labels[0]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(data.train_images, " has ", images.empty() ? 0 : images[0], " examples but ",
+                       data.train_labels, " has ", labels[0], " labels"));
+    }
+    n = labels[0];
+  }
+  if (data.train_limit > 0) n = std::min<int64_t>(n, data.train_limit);
+  return TrainingSetSize{n, split};
 }
 
 }  // namespace strata::master

@@ -12,8 +12,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/config.h"
 #include "proto/strata.pb.h"
+#include "storage/file_system.h"
 
 namespace strata::master {
 
@@ -146,6 +149,17 @@ class TaskScheduler {
     if (track_changes_) done_since_.push_back(id);
   }
 };
+
+// The training set's size in records, and (a plain-text CTR file) its cut
+// by bytes: from the files' headers and sizes (of a CTR text file, its
+// first MiB), never read whole — the data may be on a shared file system or
+// in an object store, and the workers read it. A gzipped CTR file, or one
+// with data.train_limit, has its lines counted. Errors name the file.
+struct TrainingSetSize {
+  int64_t records = 0;
+  std::optional<TaskScheduler::ByteSplit> split;
+};
+absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data);
 
 }  // namespace strata::master
 

@@ -473,38 +473,21 @@ void MasterServer::MaybePlacePartitions() {
     restore_op_ = LongOp{restore->seq(), 0, static_cast<int>(targets.size()), clock_->Now()};
   }
   // Outgoing RPCs without the lock. Stubs live as long as the server.
-  for (auto& [id, stub] : targets) {
-    proto::AssignPartitionsRequest req;
-    *req.mutable_view() = view;
-    req.set_node_id(id);
-    if (restore.has_value()) {
-      *req.mutable_restore() = *restore;
-      req.set_checkpoint_root(restore_root);
-    }
-    proto::AssignPartitionsResponse resp;
-    grpc::ClientContext ctx;
-    // Loading a checkpoint takes as long as reading it.
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(restore ? 600 : 10)));
-    grpc::Status s = stub->AssignPartitions(&ctx, req, &resp);
-    if (!s.ok() && restore.has_value() && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      absl::MutexLock l(&mu_);
-      FinishJobLocked(proto::JOB_FAILED,
-                      absl::StrCat("pserver node ", id, " cannot restore checkpoint ",
-                                   restore->seq(), ": ", s.error_message()));
-      return;
-    }
-    if (!s.ok()) {
-      LOG(WARNING) << "AssignPartitions to pserver node " << id << " failed: " << s.error_message()
-                   << "; will retry";
-      return;
-    }
-    if (restore.has_value()) {
-      absl::MutexLock l(&mu_);
-      ++restore_op_.done;
-      LOG(INFO) << "restoring checkpoint " << restore->seq() << ": " << restore_op_.done << " of "
-                << restore_op_.total << " pserver(s) loaded their partitions";
-    }
+  absl::Status sent =
+      SendPlacement(view, targets, restore.has_value() ? &*restore : nullptr, restore_root, [&] {
+        absl::MutexLock l(&mu_);
+        ++restore_op_.done;
+        LOG(INFO) << "restoring checkpoint " << restore->seq() << ": " << restore_op_.done << " of "
+                  << restore_op_.total << " pserver(s) loaded their partitions";
+      });
+  if (absl::IsUnavailable(sent)) {
+    LOG(WARNING) << sent.message() << "; will retry";
+    return;
+  }
+  if (!sent.ok()) {
+    absl::MutexLock l(&mu_);
+    FinishJobLocked(proto::JOB_FAILED, std::string(sent.message()));
+    return;
   }
   uint64_t ticket = 0;
   {

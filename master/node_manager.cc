@@ -61,6 +61,38 @@ absl::StatusOr<std::string> RegistrationIdentity(const proto::RegisterRequest& r
   return who.ToString();
 }
 
+absl::Status SendPlacement(const proto::ClusterView& view,
+                           const std::vector<PServerTarget>& targets,
+                           const proto::CheckpointManifest* restore, const std::string& root,
+                           const std::function<void()>& loaded) {
+  for (const auto& [id, stub] : targets) {
+    proto::AssignPartitionsRequest req;
+    *req.mutable_view() = view;
+    req.set_node_id(id);
+    if (restore != nullptr) {
+      *req.mutable_restore() = *restore;
+      req.set_checkpoint_root(root);
+    }
+    proto::AssignPartitionsResponse resp;
+    grpc::ClientContext ctx;
+    // Loading a checkpoint takes as long as reading it.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(restore ? 600 : 10)));
+    grpc::Status s = stub->AssignPartitions(&ctx, req, &resp);
+    if (!s.ok() && restore != nullptr && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::FailedPreconditionError(absl::StrCat("pserver node ", id,
+                                                        " cannot restore checkpoint ",
+                                                        restore->seq(), ": ", s.error_message()));
+    }
+    if (!s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("AssignPartitions to pserver node ", id, " failed: ", s.error_message()));
+    }
+    if (restore != nullptr) loaded();
+  }
+  return absl::OkStatus();
+}
+
 NodeManager::NodeManager(Options options)
     : options_(std::move(options)), clock_(options_.clock), job_(options_.job) {
   absl::MutexLock l(&mu_);

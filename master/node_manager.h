@@ -19,6 +19,7 @@
 #define STRATA_MASTER_NODE_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +52,17 @@ bool Gone(const proto::NodeInfo& n);
 // or PermissionDenied.
 absl::StatusOr<std::string> RegistrationIdentity(const proto::RegisterRequest& req,
                                                  const std::string& peer, const Identity& who);
+
+// Sends each pserver of `targets` its partitions of `view`
+// (AssignPartitions), with `restore` (a checkpoint's partition chains,
+// under `root`) when the job resumes; `loaded` is called as each pserver
+// that restores has loaded its partitions. OK once all accepted;
+// UNAVAILABLE (naming the pserver) to try again later; FailedPrecondition
+// when a pserver cannot restore the checkpoint (the job cannot go on).
+absl::Status SendPlacement(const proto::ClusterView& view,
+                           const std::vector<PServerTarget>& targets,
+                           const proto::CheckpointManifest* restore, const std::string& root,
+                           const std::function<void()>& loaded);
 
 // Thread-safe.
 class NodeManager {

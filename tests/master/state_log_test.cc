@@ -4,7 +4,9 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "common/error_reason.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/faulty_file_system.h"
@@ -214,6 +216,77 @@ namespace {
 // The state directory's lock (moved here from master_main.cc): a second
 // holder is refused, naming the file and the holder's pid, until the first
 // lets go.
+// The master's side: what each record holds, and the group commit.
+class StateRecorderTest : public StateLogTest {
+ protected:
+  // The small state of a master whose view is at `epoch`.
+  static proto::MasterState Small(uint64_t epoch, uint32_t next_node_id) {
+    proto::MasterState s;
+    s.mutable_view()->set_epoch(epoch);
+    s.set_next_node_id(next_node_id);
+    s.set_job_state(proto::JOB_RUNNING);
+    return s;
+  }
+  static proto::MasterState Tasks(std::vector<uint64_t> done) {
+    proto::MasterState t;
+    for (uint64_t id : done) t.add_tasks_done(id);
+    return t;
+  }
+  uint64_t Record(StateRecorder* r, proto::MasterState small, proto::MasterState tasks) {
+    return r->Record(
+        std::move(small), std::move(tasks), events_.size(),
+        [this](size_t from) {
+          return std::vector<std::string>(events_.begin() + static_cast<ptrdiff_t>(from),
+                                          events_.end());
+        },
+        [this] {
+          ++wholes_;
+          proto::MasterState w = Small(1, 1);
+          for (const auto& e : events_) w.add_events(e);
+          return w;
+        });
+  }
+  std::vector<std::string> events_;
+  int wholes_ = 0;
+};
+
+TEST_F(StateRecorderTest, RecordsWhatChangedOnceAndSyncsThemTogether) {
+  storage::FaultyFileSystem faulty(fs_.get());
+  std::optional<proto::MasterState> state;
+  auto log = StateLog::Open(&faulty, "/state", &state);
+  ASSERT_THAT(log.status(), IsOk());
+  StateRecorder r(*std::move(log));
+  const uint64_t first = Record(&r, Small(1, 1), Tasks({}));
+  EXPECT_EQ(wholes_, 1);                                 // the first record is the whole state
+  EXPECT_EQ(Record(&r, Small(1, 1), Tasks({})), first);  // nothing changed: no record
+  events_.push_back("0.1s worker 0 joined");
+  const uint64_t second = Record(&r, Small(2, 2), Tasks({5}));
+  const uint64_t third = Record(&r, Small(2, 3), Tasks({6}));
+  EXPECT_EQ(third, second + 1);
+  EXPECT_EQ(wholes_, 1);
+  ASSERT_THAT(r.AwaitDurable(third), IsOk());  // one write for all three
+  EXPECT_THAT(r.AwaitDurable(second), IsOk());
+  EXPECT_THAT(r.AwaitDurable(0), IsOk());  // (no record)
+  // A disk that refuses: UNAVAILABLE, REASON_NOT_PERSISTED; the retry
+  // queues a record again (the state log then writes its whole state), and
+  // the one refused is durable with it.
+  faulty.SetSpaceLimit(5);
+  const uint64_t refused = Record(&r, Small(3, 4), Tasks({7}));
+  const absl::Status s = r.AwaitDurable(refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(HasReason(s, proto::REASON_NOT_PERSISTED)) << s;
+  EXPECT_EQ(r.AwaitDurable(refused).code(), absl::StatusCode::kUnavailable);  // still
+  faulty.ClearFaults();
+  const uint64_t retried = Record(&r, Small(3, 4), Tasks({}));
+  EXPECT_GT(retried, refused);
+  EXPECT_THAT(r.AwaitDurable(retried), IsOk());
+  state = Reopen();
+  ASSERT_TRUE(state.has_value());
+  EXPECT_THAT(state->events(), ::testing::ElementsAre("0.1s worker 0 joined"));
+  EXPECT_THAT(state->tasks_done(), ::testing::ElementsAre(5, 6, 7));
+  EXPECT_EQ(state->next_node_id(), 4u);
+}
+
 TEST(StateDirLockTest, OneHolderAtATime) {
   const std::string dir = ::testing::TempDir() + "/state_dir_lock_test";
   auto fs = storage::NewPosixFileSystem();

@@ -235,7 +235,7 @@ absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
         "checkpoints are off: the job's config has no checkpoint section");
   }
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
-  Master::Cluster cluster = master_->CheckpointCluster();
+  Master::Cluster cluster = master_->CheckpointCluster(/*with_view=*/true);
   if (!cluster.ready) {
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat("no checkpoint: ", cluster.why_not)),
@@ -428,7 +428,7 @@ CheckpointCoordinator::WriteCheckpointPartitions(const std::vector<PServerTarget
     }
     if (cancelled && bsp && !training_over && attempt < 3) {
       // Training ended before reaching the cut: set it where it stopped.
-      training_over = master_->CheckpointCluster().training_over;
+      training_over = master_->CheckpointCluster(/*with_view=*/false).training_over;
       if (training_over) continue;
     }
     if (!past_cut || attempt == 3) return first_error;
@@ -529,7 +529,7 @@ std::string CheckpointCoordinator::Due(uint64_t step, bool running) {
 }
 
 void CheckpointCoordinator::Tick() {
-  const Master::Cluster c = master_->CheckpointCluster();
+  const Master::Cluster c = master_->CheckpointCluster(/*with_view=*/false);
   if (!c.ready) return;
   // The step now: the newest partition version (bsp: the step; asp: the
   // updates of the busiest partition), asked of the pservers.

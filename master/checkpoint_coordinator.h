@@ -79,12 +79,14 @@ class CheckpointCoordinator {
       // ready, the job not ended; else why not, in a few words.
       bool ready = false;
       std::string why_not;
-      bool running = false;        // the job trains (JOB_RUNNING)
-      bool training_over = false;  // every data task done (JOB_EVALUATING)
-      proto::ClusterView view;
+      bool running = false;               // the job trains (JOB_RUNNING)
+      bool training_over = false;         // every data task done (JOB_EVALUATING)
+      proto::ClusterView view;            // with_view only
       std::vector<PServerTarget> owners;  // the pservers owning partitions
     };
-    virtual Cluster CheckpointCluster() = 0;
+    // `with_view`: the view too (a checkpoint's manifest needs it; the
+    // checkpoint thread's frequent turns do not).
+    virtual Cluster CheckpointCluster(bool with_view) = 0;
     // The data tasks and samples in the parameters at the cut
     // (`cut_step`; none: asp), and the next node id, into `m`.
     virtual void FillManifestTasks(std::optional<uint64_t> cut_step,

@@ -14,11 +14,6 @@
 namespace strata::master {
 namespace {
 
-// Out of the cluster: declared dead, or drained on request.
-bool Gone(const proto::NodeInfo& n) {
-  return n.state() == proto::DEAD || n.state() == proto::DRAINED;
-}
-
 const proto::NodeInfo* FindMember(const proto::ClusterView& view, uint32_t id) {
   for (const auto& m : view.members()) {
     if (m.id() == id) return &m;

@@ -35,6 +35,11 @@
 
 namespace strata::master {
 
+// Out of the cluster: declared dead, or drained on request.
+inline bool Gone(const proto::NodeInfo& n) {
+  return n.state() == proto::DEAD || n.state() == proto::DRAINED;
+}
+
 // The planted model's own test figures (data.planted), for the summary.
 struct Planted {
   bool present = false;

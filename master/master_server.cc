@@ -898,7 +898,7 @@ absl::Status MasterServer::ApplyResume(const ResumePoint& r) {
   return absl::OkStatus();
 }
 
-CheckpointCoordinator::Master::Cluster MasterServer::CheckpointCluster() {
+CheckpointCoordinator::Master::Cluster MasterServer::CheckpointCluster(bool with_view) {
   absl::MutexLock l(&mu_);
   Cluster c;
   const proto::JobState state = job_.state();
@@ -911,7 +911,7 @@ CheckpointCoordinator::Master::Cluster MasterServer::CheckpointCluster() {
   }
   c.running = state == proto::JOB_RUNNING;
   c.training_over = state == proto::JOB_EVALUATING;
-  c.view = nodes_.View();
+  if (with_view) c.view = nodes_.View();
   c.owners = nodes_.Owners();
   return c;
 }

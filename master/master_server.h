@@ -66,8 +66,11 @@ struct MasterOptions {
   ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
 };
 
-// Thread-safe. All state is guarded by one mutex; RPC handlers hold it only
-// briefly and never across outgoing RPCs.
+// The gRPC facade over the master's components (node manager, job tracker,
+// checkpoint coordinator, task scheduler, event sink; docs/architecture.md).
+// Thread-safe: mu_ orders the calls that change more than one component and
+// guards the data tasks; each component has its own lock, taken after mu_.
+// RPC handlers hold mu_ only briefly and never across outgoing RPCs.
 class MasterServer : private CheckpointCoordinator::Master {
  public:
   // Validates options and reads the training-set size from the labels
@@ -195,7 +198,7 @@ class MasterServer : private CheckpointCoordinator::Master {
   void SampleHistoryLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
   // The checkpoint coordinator's view of the rest of the master.
-  Cluster CheckpointCluster() override ABSL_LOCKS_EXCLUDED(mu_);
+  Cluster CheckpointCluster(bool with_view) override ABSL_LOCKS_EXCLUDED(mu_);
   void FillManifestTasks(std::optional<uint64_t> cut_step, proto::CheckpointManifest* m) override
       ABSL_LOCKS_EXCLUDED(mu_);
   void StopAfterCheckpoint(uint64_t seq, const std::string& reason) override

@@ -24,10 +24,6 @@ std::string Name(const proto::NodeInfo& n) {
 
 }  // namespace
 
-bool Gone(const proto::NodeInfo& n) {
-  return n.state() == proto::DEAD || n.state() == proto::DRAINED;
-}
-
 absl::StatusOr<std::string> RegistrationIdentity(const proto::RegisterRequest& req,
                                                  const std::string& peer, const Identity& who) {
   if (req.role() != proto::PSERVER && req.role() != proto::WORKER) {

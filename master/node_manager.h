@@ -43,9 +43,6 @@
 
 namespace strata::master {
 
-// Out of the cluster: declared dead, or drained on request.
-bool Gone(const proto::NodeInfo& n);
-
 // Who may register what (docs/security.md): a certificate's role must be
 // the one registered, and its name "role@host" (or "role-N@host": index N
 // only) the host registered. The identity to record ("" in plain text),

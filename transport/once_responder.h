@@ -5,6 +5,7 @@
 #define STRATA_TRANSPORT_ONCE_RESPONDER_H_
 
 #include <atomic>
+#include <functional>
 #include <string>
 
 #include "transport/transport.h"
@@ -47,6 +48,13 @@ class OnceResponder : public Responder {
 absl::Status CheckCallType(MessageType type, const std::string& peer);
 // What a call on a connection to `peer` that broke with `why` gets.
 absl::Status BrokenConnectionError(const std::string& peer, const absl::Status& why);
+// The start of a client call of `type` on a connection to `peer`: checks
+// the type (CheckCallType), then has `add` register the call as pending —
+// `add` takes *done and returns OK, or returns why the connection broke
+// and leaves *done alone. True once registered; else *done is answered
+// (InvalidArgument, or BrokenConnectionError) and false returned.
+bool StartCall(MessageType type, const std::string& peer, ResponseCallback* done,
+               const std::function<absl::Status()>& add);
 
 }  // namespace strata::transport
 

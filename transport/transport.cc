@@ -222,4 +222,15 @@ absl::Status BrokenConnectionError(const std::string& peer, const absl::Status& 
       absl::StrCat("connection to ", peer, " is broken: ", why.message()));
 }
 
+bool StartCall(MessageType type, const std::string& peer, ResponseCallback* done,
+               const std::function<absl::Status()>& add) {
+  absl::Status s = CheckCallType(type, peer);
+  if (s.ok()) {
+    if (absl::Status broken = add(); !broken.ok()) s = BrokenConnectionError(peer, broken);
+  }
+  if (s.ok()) return true;
+  (*done)(s);
+  return false;
+}
+
 }  // namespace strata::transport

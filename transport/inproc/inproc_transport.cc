@@ -126,23 +126,14 @@ InProcConnection::~InProcConnection() {
 
 void InProcConnection::Call(Message request, ResponseCallback done) {
   request.OwnPayload();  // delivered later, on another thread
-  if (absl::Status s = CheckCallType(request.header.type, address_); !s.ok()) {
-    done(s);
-    return;
-  }
   uint64_t id = 0;
-  absl::Status broken;
-  {
-    absl::MutexLock l(&mu_);
-    if (broken_) {
-      broken = broken_reason_;
-    } else {
-      id = ++next_request_id_;
-      pending_.emplace(id, std::move(done));
-    }
-  }
-  if (!broken.ok()) {
-    done(BrokenConnectionError(address_, broken));
+  if (!StartCall(request.header.type, address_, &done, [&] {
+        absl::MutexLock l(&mu_);
+        if (broken_) return broken_reason_;
+        id = ++next_request_id_;
+        pending_.emplace(id, std::move(done));
+        return absl::OkStatus();
+      })) {
     return;
   }
   request.header.request_id = id;

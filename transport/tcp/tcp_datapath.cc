@@ -571,23 +571,14 @@ ClientEndpoint::ClientEndpoint(int fd, std::string peer, const TcpOptions& optio
     : Endpoint(fd, std::move(peer), options) {}
 
 void ClientEndpoint::Call(Message request, ResponseCallback done, char* dest, size_t dest_size) {
-  if (absl::Status s = CheckCallType(request.header.type, peer()); !s.ok()) {
-    done(s);
-    return;
-  }
   uint64_t id = 0;
-  absl::Status broken;
-  {
-    absl::MutexLock l(&mu_);
-    if (broken_) {
-      broken = broken_reason_;
-    } else {
-      id = ++next_request_id_;
-      pending_.emplace(id, Pending{std::move(done), dest, dest_size});
-    }
-  }
-  if (!broken.ok()) {
-    done(BrokenConnectionError(peer(), broken));
+  if (!StartCall(request.header.type, peer(), &done, [&] {
+        absl::MutexLock l(&mu_);
+        if (broken_) return broken_reason_;
+        id = ++next_request_id_;
+        pending_.emplace(id, Pending{std::move(done), dest, dest_size});
+        return absl::OkStatus();
+      })) {
     return;
   }
   request.header.request_id = id;

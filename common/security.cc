@@ -631,6 +631,23 @@ void ApplyServerLimits(grpc::ServerBuilder* builder, int connect_ms) {
   builder->SetResourceQuota(quota);
 }
 
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartControlServer(
+    const std::string& who, const std::string& host, int port,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials, grpc::Service* service,
+    int connect_ms, int* bound_port) {
+  grpc::ServerBuilder builder;
+  const std::string addr = absl::StrCat(host, ":", port);
+  builder.AddListeningPort(addr, credentials, bound_port);
+  ApplyServerLimits(&builder, connect_ms);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *bound_port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat(who, ": cannot listen on ", addr, " (port in use?)"));
+  }
+  return server;
+}
+
 namespace {
 
 struct TlsFailureListeners {

@@ -189,6 +189,14 @@ inline constexpr int kMaxControlThreads = 256;
 // `connect_ms`: cluster.control_connect_ms (a slow TLS handshake is given
 // twice that, and at least 10 s).
 void ApplyServerLimits(grpc::ServerBuilder* builder, int connect_ms);
+// A control-plane server of `service` (borrowed; outlives the server) on
+// host:port (0: a free one) with `credentials` and ApplyServerLimits's
+// limits; its bound port in *bound_port. UNAVAILABLE naming `who` and the
+// address when it cannot listen (the port in use).
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartControlServer(
+    const std::string& who, const std::string& host, int port,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials, grpc::Service* service,
+    int connect_ms, int* bound_port);
 
 // gRPC refuses a caller whose TLS handshake fails (plain text, not TLS at
 // all, no cipher in common) before any handler runs, and only logs it,

@@ -161,17 +161,22 @@ absl::StatusOr<std::optional<ResumePoint>> FindResumeCheckpoint(const JobConfig&
   return std::optional<Resumed>();
 }
 
-absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>& targets) {
-  uint64_t newest = 0;
-  for (const auto& [id, stub] : targets) {
-    proto::PServerStatusResponse st;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    STRATA_RETURN_IF_ERROR(FromGrpcStatus(stub->GetStatus(&ctx, proto::PServerStatusRequest(), &st),
-                                          absl::StrCat("pserver node ", id)));
-    for (const auto& p : st.partitions()) newest = std::max(newest, p.version());
+absl::StatusOr<CheckpointStart> FindCheckpointStart(const JobConfig& config,
+                                                    storage::FileSystem* fs,
+                                                    const std::string& resume, bool restarted) {
+  CheckpointStart start;
+  if (restarted && config.checkpoint.enabled) {
+    // Its last checkpoint is the base of the next (and what a lost
+    // partition is restored from).
+    STRATA_ASSIGN_OR_RETURN(start.resumed, FindResumeCheckpoint(config, fs, "latest"));
+  } else if (!restarted) {
+    STRATA_ASSIGN_OR_RETURN(start.resumed, FindResumeCheckpoint(config, fs, resume));
   }
-  return newest;
+  if (config.checkpoint.enabled) {
+    STRATA_ASSIGN_OR_RETURN(auto existing, storage::ListCheckpoints(fs, config.checkpoint.dir));
+    if (!existing.empty()) start.next_seq = existing.back().seq + 1;
+  }
+  return start;
 }
 
 namespace {
@@ -566,10 +571,71 @@ bool CheckpointCoordinator::final_pending() const {
   return final_pending_;
 }
 
+absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::CheckpointBeforeStop(
+    const std::string& reason) {
+  absl::StatusOr<proto::CheckpointResponse> c = Checkpoint(reason, /*stop_after=*/true);
+  if (c.ok()) return c;
+  return absl::Status(
+      c.status().code(),
+      absl::StrCat("not stopped: the checkpoint before the stop failed (", c.status().message(),
+                   "); the job goes on (stop without one: no_checkpoint)"));
+}
+
+bool CheckpointCoordinator::CheckpointAndStopWithin(absl::Duration grace) {
+  LOG(INFO) << "SIGTERM: checkpointing before stopping (grace " << absl::FormatDuration(grace)
+            << ")";
+  // The checkpoint runs on a thread of its own, which outlives this call
+  // when it takes too long (the caller then exits the process).
+  auto done = std::make_shared<absl::Notification>();
+  std::thread([this, done] {
+    auto r = Checkpoint("sigterm on master", /*stop_after=*/true);
+    if (!r.ok()) LOG(WARNING) << "no checkpoint before stopping: " << r.status();
+    done->Notify();
+  }).detach();
+  return done->WaitForNotificationWithTimeout(grace);
+}
+
+std::optional<CheckpointCoordinator::PlacementRestore> CheckpointCoordinator::placement_restore()
+    const {
+  absl::MutexLock l(&mu_);
+  if (!to_place_.has_value()) return std::nullopt;
+  PlacementRestore r{proto::CheckpointManifest(), to_place_->root};
+  r.chains.set_seq(to_place_->manifest.seq());
+  *r.chains.mutable_partitions() = to_place_->manifest.partitions();
+  return r;
+}
+
+void CheckpointCoordinator::RestoreBegun(int total) {
+  absl::MutexLock l(&mu_);
+  if (to_place_.has_value())
+    restore_ = Progress{to_place_->manifest.seq(), 0, total, 0, clock_->Now()};
+}
+
+void CheckpointCoordinator::RestoreLoaded() {
+  absl::MutexLock l(&mu_);
+  ++restore_.done;
+  LOG(INFO) << "restoring checkpoint " << restore_.seq << ": " << restore_.done << " of "
+            << restore_.total << " pserver(s) loaded their partitions";
+}
+
+void CheckpointCoordinator::RestorePlaced() {
+  absl::MutexLock l(&mu_);
+  restore_ = Progress();
+  to_place_.reset();
+}
+
+std::string CheckpointCoordinator::RestorePhase() const {
+  absl::MutexLock l(&mu_);
+  if (restore_.seq == 0) return "";
+  return absl::StrFormat("restoring checkpoint %d: %d of %d pserver(s) loaded", restore_.seq,
+                         restore_.done, restore_.total);
+}
+
 void CheckpointCoordinator::Resume(const ResumePoint& r) {
+  absl::MutexLock l(&mu_);
+  to_place_ = r;
   if (r.root != cfg_.dir) return;
   // The next checkpoints build on it (their chains name its files).
-  absl::MutexLock l(&mu_);
   last_manifest_ = r.manifest;
   int chain = 0;
   for (const auto& p : r.manifest.partitions()) chain = std::max(chain, p.files_size() - 1);

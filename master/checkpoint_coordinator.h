@@ -39,18 +39,12 @@
 #include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "master/event_sink.h"
+#include "master/pserver_calls.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/strata.grpc.pb.h"
 #include "storage/file_system.h"
 
 namespace strata::master {
-
-// A pserver the coordinator calls: its node id and its stub (which lives
-// as long as the master).
-using PServerTarget = std::pair<uint32_t, proto::PServerAdmin::Stub*>;
-
-// The newest partition version of those pservers now (bsp: the step).
-absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>& targets);
 
 // A checkpoint a job resumes from: the checkpoint root it is under, and
 // its manifest.
@@ -65,6 +59,19 @@ struct ResumePoint {
 absl::StatusOr<std::optional<ResumePoint>> FindResumeCheckpoint(const JobConfig& config,
                                                                 storage::FileSystem* fs,
                                                                 const std::string& resume);
+
+// Where a starting master's checkpoints stand: the checkpoint it resumes
+// from (a restarted master, `restarted`: its own last one, with checkpoints
+// on; a fresh one: `resume`'s, as FindResumeCheckpoint), and the seq of
+// its next one (after every directory under checkpoint.dir, complete or
+// not).
+struct CheckpointStart {
+  std::optional<ResumePoint> resumed;
+  uint64_t next_seq = 1;
+};
+absl::StatusOr<CheckpointStart> FindCheckpointStart(const JobConfig& config,
+                                                    storage::FileSystem* fs,
+                                                    const std::string& resume, bool restarted);
 
 // Thread-safe.
 class CheckpointCoordinator {
@@ -137,9 +144,36 @@ class CheckpointCoordinator {
   // The final checkpoint is due or being written.
   bool final_pending() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The job resumes from `r`: when it is under this job's checkpoint.dir,
-  // the next checkpoints build on it (their chains name its files).
+  // The checkpoint before a requested stop (`strata stop`): Checkpoint
+  // with stop_after; its failure says that the job was not stopped and
+  // goes on.
+  absl::StatusOr<proto::CheckpointResponse> CheckpointBeforeStop(const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
+  // A preemption notice (SIGTERM on the master): a checkpoint, then the
+  // job stopped, within `grace`. False when the checkpoint has not
+  // completed by then (it goes on, on a thread of its own). A failed
+  // checkpoint is logged and counts as done.
+  bool CheckpointAndStopWithin(absl::Duration grace) ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
+
+  // The job resumes from `r`: its partitions are placed from it
+  // (PlacementRestore); when it is under this job's checkpoint.dir, the
+  // next checkpoints build on it (their chains name its files).
   void Resume(const ResumePoint& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // The checkpoint the partitions are to be placed from, until
+  // RestorePlaced: its seq and the partitions' chains only (what the
+  // pservers load), and the checkpoint root they are under.
+  struct PlacementRestore {
+    proto::CheckpointManifest chains;
+    std::string root;
+  };
+  std::optional<PlacementRestore> placement_restore() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Its loading by `total` pservers: begun, one more done, and placed
+  // (the restore is over). RestorePhase says how far it is ("" when no
+  // restore is under way), for JobStatus.phase.
+  void RestoreBegun(int total) ABSL_LOCKS_EXCLUDED(mu_);
+  void RestoreLoaded() ABSL_LOCKS_EXCLUDED(mu_);
+  void RestorePlaced() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string RestorePhase() const ABSL_LOCKS_EXCLUDED(mu_);
   // The last complete checkpoint (of this run or resumed from).
   std::optional<proto::CheckpointManifest> last_manifest() const ABSL_LOCKS_EXCLUDED(mu_);
   void set_next_seq(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
@@ -213,6 +247,10 @@ class CheckpointCoordinator {
     absl::Time start;
   };
   Progress progress_ ABSL_GUARDED_BY(mu_);
+  // Resume: the checkpoint the partitions are placed from (until placed),
+  // and its loading (seq 0: not begun).
+  std::optional<ResumePoint> to_place_ ABSL_GUARDED_BY(mu_);
+  Progress restore_ ABSL_GUARDED_BY(mu_);
   // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
   // when training ends first (the cut is then set again, where training
   // stopped). A leaf lock.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/json.h"
 #include "common/proto_names.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -29,6 +30,7 @@ EventSink::EventSink(Options options, std::unique_ptr<storage::AuditLog> audit)
 }
 
 EventSink::~EventSink() {
+  StopWatchingTlsHandshakes();
   {
     absl::MutexLock l(&mu_);
     stop_ = true;
@@ -143,6 +145,20 @@ void EventSink::AuditAction(storage::AuditRecord record) {
   if (!auditing()) return;
   Audit(std::move(record));
   Flush();
+}
+
+void EventSink::WatchTlsHandshakes() {
+  if (!auditing() || tls_listener_ >= 0) return;
+  // The listener runs on gRPC's threads: AuditRefusal only queues, and
+  // keeps one record a second per reason (gRPC does not say from where).
+  tls_listener_ = ListenForTlsFailures([this](const std::string& reason) {
+    AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)", "tls handshake",
+                 absl::UnauthenticatedError(reason));
+  });
+}
+
+void EventSink::StopWatchingTlsHandshakes() {
+  if (tls_listener_ >= 0) StopListeningForTlsFailures(std::exchange(tls_listener_, -1));
 }
 
 void EventSink::AuditRefusal(const std::string& who, const std::string& peer,

@@ -73,6 +73,13 @@ class EventSink {
   void AuditRefusal(const std::string& who, const std::string& peer, const std::string& action,
                     const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_, refusals_mu_);
 
+  // Audits each failed TLS handshake of this process's gRPC servers as a
+  // refusal (common/security.h ListenForTlsFailures), until
+  // StopWatchingTlsHandshakes or the sink's end; nothing without an audit
+  // log. Not thread-safe: called by the owner's start and stop.
+  void WatchTlsHandshakes();
+  void StopWatchingTlsHandshakes();
+
   bool auditing() const { return audit_ != nullptr; }
   // The audit log's head (seq 0 without an audit log).
   storage::AuditHead audit_head() const;
@@ -108,6 +115,7 @@ class EventSink {
   };
   absl::Mutex refusals_mu_;
   std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
+  int tls_listener_ = -1;  // WatchTlsHandshakes's; -1 = none
 };
 
 }  // namespace strata::master

@@ -44,6 +44,27 @@ absl::StatusOr<Planted> ReadPlanted(storage::FileSystem* fs, const std::string& 
                  number("planted_test_logloss")->number_value()};
 }
 
+std::string JobPhase(const proto::JobStatus& js, bool placed, int tables,
+                     const std::string& restoring) {
+  const proto::JobState state = js.job_state();
+  if (state == proto::JOB_RUNNING) {
+    return absl::StrFormat("training: epoch %d of %d, %d of %d data tasks",
+                           std::min(js.epoch() + 1, js.epochs()), js.epochs(), js.tasks_done(),
+                           js.tasks_total());
+  }
+  if (state != proto::JOB_WAITING) return JobStateName(state);
+  if (js.pservers_registered() < js.pservers_expected()) {
+    return absl::StrCat("waiting for pservers: ", js.pservers_registered(), " of ",
+                        js.pservers_expected(), " registered");
+  }
+  if (placed) {
+    return absl::StrCat("waiting for workers: ", js.workers_registered(), " of ",
+                        js.workers_expected(), " registered");
+  }
+  if (!restoring.empty()) return restoring;
+  return absl::StrCat("placing ", tables, " table(s) on ", js.pservers_registered(), " pserver(s)");
+}
+
 std::string SummaryJson(const proto::JobSummary& summary) {
   google::protobuf::util::JsonPrintOptions o;
   o.always_print_primitive_fields = true;
@@ -139,7 +160,19 @@ void JobTracker::set_evaluator(uint32_t node) {
 
 bool JobTracker::ReadyToEvaluate() const {
   absl::MutexLock l(&mu_);
+  return ReadyToEvaluateLocked();
+}
+
+bool JobTracker::ReadyToEvaluateLocked() const {
   return ledger_taken_ || clock_->Now() - train_end_time_ > absl::Seconds(10);
+}
+
+std::optional<uint64_t> JobTracker::ClaimEvaluation(uint32_t node, bool evaluator_in_job) {
+  absl::MutexLock l(&mu_);
+  if (state_ != proto::JOB_EVALUATING || !ReadyToEvaluateLocked()) return std::nullopt;
+  if (evaluator_ == 0 || !evaluator_in_job) evaluator_ = node;  // none yet, or it left
+  if (evaluator_ != node) return std::nullopt;
+  return options_.consistency == Consistency::kBsp ? max_last_step_ + 1 : 0;
 }
 
 void JobTracker::TaskCompleted(uint64_t last_step) {
@@ -199,6 +232,25 @@ void JobTracker::Resume(uint64_t seq, uint64_t samples, uint64_t max_last_step) 
   resumed_from_seq_ = seq;
   samples_base_ = samples;
   max_last_step_ = max_last_step;
+}
+
+void JobTracker::RegisterMetrics(MetricsRegistry* metrics,
+                                 std::function<proto::ClusterView()> view) {
+  auto gauge = [this, view](double (*field)(const proto::JobStatus&)) {
+    return [this, view, field] {
+      proto::JobStatus js;
+      FillStatus(view(), &js);
+      return field(js);
+    };
+  };
+  metrics->AddCallbackGauge("strata_job_samples_per_second", "Job training throughput",
+                            gauge([](const proto::JobStatus& js) { return js.samples_per_sec(); }));
+  metrics->AddCallbackGauge("strata_job_comm_share",
+                            "Share of worker step time waiting on push/pull",
+                            gauge([](const proto::JobStatus& js) { return js.comm_share(); }));
+  metrics->AddCallbackGauge(
+      "strata_job_samples", "Samples trained",
+      gauge([](const proto::JobStatus& js) { return static_cast<double>(js.samples()); }));
 }
 
 void JobTracker::FillStatus(const proto::ClusterView& view, proto::JobStatus* js) const {

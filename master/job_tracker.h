@@ -19,7 +19,9 @@
 #define STRATA_MASTER_JOB_TRACKER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/metrics.h"
 #include "master/event_sink.h"
 #include "proto/strata.pb.h"
 #include "storage/file_system.h"
@@ -48,6 +51,14 @@ struct Planted {
 };
 // data.planted, checked: its figures, or why it is not such a file.
 absl::StatusOr<Planted> ReadPlanted(storage::FileSystem* fs, const std::string& path);
+
+// What the job does now, in a few words (JobStatus.phase), from its
+// status `js` (state, epoch, tasks, the nodes registered and expected):
+// while it waits, what it waits for — pservers, the placement of `tables`
+// tables (`placed`: done), the restore of a checkpoint (`restoring`, as
+// CheckpointCoordinator::RestorePhase says; "" none), workers.
+std::string JobPhase(const proto::JobStatus& js, bool placed, int tables,
+                     const std::string& restoring);
 
 // The summary as summary.json: protobuf's JSON printer, every field of it
 // printed (the optional ones when set), with the proto's field names.
@@ -93,6 +104,13 @@ class JobTracker {
   // The events from the `from`th on.
   std::vector<std::string> EventsFrom(size_t from) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Worker `node`, out of data tasks, asks for work: when the job
+  // evaluates and the evaluation may start (ReadyToEvaluate), it becomes
+  // the evaluator unless another is (one that left the job,
+  // `!evaluator_in_job`, is replaced). The version the evaluator must
+  // pull (bsp: past the newest step trained; asp: 0) when `node` is it.
+  std::optional<uint64_t> ClaimEvaluation(uint32_t node, bool evaluator_in_job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The evaluator (0: none chosen yet).
   uint32_t evaluator() const ABSL_LOCKS_EXCLUDED(mu_);
   void set_evaluator(uint32_t node) ABSL_LOCKS_EXCLUDED(mu_);
@@ -139,6 +157,11 @@ class JobTracker {
   proto::JobSummary Summary(const proto::JobStatus& js, const proto::ClusterView& view) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Its gauges (strata_job_samples_per_second, strata_job_comm_share,
+  // strata_job_samples): from the workers' reports, members as `view`
+  // says at each scrape (called without mu_).
+  void RegisterMetrics(MetricsRegistry* metrics, std::function<proto::ClusterView()> view);
+
   // The state log (docs/reliability.md): the job's part of the master's
   // state (no events: EventsFrom), and a restarted master taking it up
   // (returns the master's restarts so far, this one included).
@@ -155,6 +178,7 @@ class JobTracker {
   void LedgerLocked(const proto::ClusterView& view, proto::JobSummary* s) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HistoryDue(bool force) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool ReadyToEvaluateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddHistory(const proto::JobStatus& js) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;

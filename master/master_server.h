@@ -156,7 +156,6 @@ class MasterServer : private CheckpointCoordinator::Master {
   // or the job fails when there is none.
   void DepartedLocked(const NodeManager::Departure& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecoverLostPartitions() ABSL_LOCKS_EXCLUDED(mu_);
-  void ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
   // The state log (docs/reliability.md). PersistLocked queues a record of
   // what changed since the last record queued (the whole state for the
   // first one), when something did, and returns the ticket of the newest
@@ -170,8 +169,17 @@ class MasterServer : private CheckpointCoordinator::Master {
   // is ever done under mu_.
   uint64_t PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AwaitPersisted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
-  // The bodies of the RPCs that change the state: each sets *ticket to its
-  // PersistLocked's, and the public call awaits it before answering.
+  // Runs `body(&ticket)` (which sets ticket to its PersistLocked's) and
+  // returns what it returned once that record is durable; the disk's
+  // refusal instead when it is not.
+  template <typename Body>
+  auto Durably(Body body) ABSL_LOCKS_EXCLUDED(mu_) {
+    uint64_t ticket = 0;
+    auto r = body(&ticket);
+    if (absl::Status s = AwaitPersisted(ticket); !s.ok()) return decltype(r)(s);
+    return r;
+  }
+  // The bodies of Register and LeaseTask (Durably's).
   absl::StatusOr<proto::RegisterResponse> RegisterUnpersisted(const proto::RegisterRequest& req,
                                                               const std::string& peer,
                                                               const Identity& who, uint64_t* ticket)
@@ -179,8 +187,6 @@ class MasterServer : private CheckpointCoordinator::Master {
   absl::StatusOr<proto::LeaseTaskResponse> LeaseTaskUnpersisted(const proto::LeaseTaskRequest& req,
                                                                 uint64_t* ticket)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<proto::DrainResponse> DrainUnpersisted(const proto::DrainRequest& req,
-                                                        uint64_t* ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // The whole state; and its small part (no tasks, leases or events:
   // O(nodes), not O(tasks)).
   proto::MasterState StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,8 +197,6 @@ class MasterServer : private CheckpointCoordinator::Master {
   void FinishJobLocked(proto::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What the job does now, in a few words (JobStatus.phase).
-  std::string PhaseLocked(int pservers, int workers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   proto::JobSummary SummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A point of the status page's charts, when one is due (or `force`).
   void SampleHistoryLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -206,10 +210,8 @@ class MasterServer : private CheckpointCoordinator::Master {
   void FinalCheckpointDone() override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplyResume(const ResumePoint& r) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // `split`: the training set is text cut by bytes (num_records then an
-  // estimate).
-  MasterServer(MasterOptions options, int64_t num_records,
-               std::optional<TaskScheduler::ByteSplit> split, Planted planted,
+  // `size`: of the training set (SizeTrainingSet).
+  MasterServer(MasterOptions options, const TrainingSetSize& size, Planted planted,
                std::unique_ptr<EventSink> sink);
 
   const MasterOptions options_;
@@ -231,32 +233,12 @@ class MasterServer : private CheckpointCoordinator::Master {
 
   mutable absl::Mutex mu_;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
-  // Recovery: data tasks of departed workers leased again.
-  uint64_t tasks_requeued_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t records_requeued_ ABSL_GUARDED_BY(mu_) = 0;  // of those tasks
-  // A checkpoint being restored at placement (seq 0: none), for JobStatus.
-  struct LongOp {
-    uint64_t seq = 0;
-    int done = 0, total = 0;
-    absl::Time start;
-  };
-  LongOp restore_op_ ABSL_GUARDED_BY(mu_);
   // The update ledger (JobTracker::SetLedger), read from the primaries
   // once training is over.
   void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);
   // The state log's records and their group commit (master/state_log.h).
   std::unique_ptr<StateRecorder> recorder_;
 
-  // Resume: the checkpoint the partitions are placed from (until placed).
-  std::optional<ResumePoint> restore_ ABSL_GUARDED_BY(mu_);
-
-  // Failed TLS handshakes (ListenForTlsFailures), audited by Tick: the
-  // listener runs on gRPC's threads and only queues them.
-  int tls_listener_ = -1;
-  absl::Mutex tls_failures_mu_;
-  std::vector<std::string> tls_failures_ ABSL_GUARDED_BY(tls_failures_mu_);
-  uint64_t tls_failures_dropped_ ABSL_GUARDED_BY(tls_failures_mu_) = 0;
-  void AuditTlsFailures() ABSL_LOCKS_EXCLUDED(mu_, tls_failures_mu_);
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int bound_port_ = 0;

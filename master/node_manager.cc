@@ -57,38 +57,6 @@ absl::StatusOr<std::string> RegistrationIdentity(const proto::RegisterRequest& r
   return who.ToString();
 }
 
-absl::Status SendPlacement(const proto::ClusterView& view,
-                           const std::vector<PServerTarget>& targets,
-                           const proto::CheckpointManifest* restore, const std::string& root,
-                           const std::function<void()>& loaded) {
-  for (const auto& [id, stub] : targets) {
-    proto::AssignPartitionsRequest req;
-    *req.mutable_view() = view;
-    req.set_node_id(id);
-    if (restore != nullptr) {
-      *req.mutable_restore() = *restore;
-      req.set_checkpoint_root(root);
-    }
-    proto::AssignPartitionsResponse resp;
-    grpc::ClientContext ctx;
-    // Loading a checkpoint takes as long as reading it.
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(restore ? 600 : 10)));
-    grpc::Status s = stub->AssignPartitions(&ctx, req, &resp);
-    if (!s.ok() && restore != nullptr && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::FailedPreconditionError(absl::StrCat("pserver node ", id,
-                                                        " cannot restore checkpoint ",
-                                                        restore->seq(), ": ", s.error_message()));
-    }
-    if (!s.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("AssignPartitions to pserver node ", id, " failed: ", s.error_message()));
-    }
-    if (restore != nullptr) loaded();
-  }
-  return absl::OkStatus();
-}
-
 NodeManager::NodeManager(Options options)
     : options_(std::move(options)), clock_(options_.clock), job_(options_.job) {
   absl::MutexLock l(&mu_);
@@ -322,6 +290,27 @@ std::optional<std::string> NodeManager::Suspicion(uint32_t id) const {
   auto it = suspects_.find(id);
   if (n == nullptr || Gone(*n) || it == suspects_.end()) return std::nullopt;
   return it->second.reason;
+}
+
+std::vector<NodeManager::Departure> NodeManager::ProbeSuspects(bool job_over) {
+  // Long enough for a new connection (its TLS handshake included) to the
+  // pserver: a slow handshake is not a dead pserver.
+  const absl::Duration deadline = absl::Milliseconds(
+      std::max({200, options_.cluster.heartbeat_interval_ms, options_.cluster.control_connect_ms}));
+  std::vector<Departure> departed;
+  for (const PServerTarget& target : DueProbes()) {
+    const absl::Status s = ProbePServer(target, deadline);
+    if (s.ok()) continue;
+    const std::optional<std::string> reason = Suspicion(target.first);
+    if (!reason.has_value()) continue;
+    if (auto d = DeclareDead(target.first,
+                             absl::StrCat("reported unreachable (", *reason,
+                                          ") and the master's probe failed too: ", s.message()),
+                             job_over)) {
+      departed.push_back(*std::move(d));
+    }
+  }
+  return departed;
 }
 
 // --- Drain.

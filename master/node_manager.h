@@ -36,8 +36,8 @@
 #include "common/config.h"
 #include "common/metrics.h"
 #include "common/security.h"
-#include "master/checkpoint_coordinator.h"
 #include "master/job_tracker.h"
+#include "master/pserver_calls.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/strata.grpc.pb.h"
 
@@ -49,17 +49,6 @@ namespace strata::master {
 // or PermissionDenied.
 absl::StatusOr<std::string> RegistrationIdentity(const proto::RegisterRequest& req,
                                                  const std::string& peer, const Identity& who);
-
-// Sends each pserver of `targets` its partitions of `view`
-// (AssignPartitions), with `restore` (a checkpoint's partition chains,
-// under `root`) when the job resumes; `loaded` is called as each pserver
-// that restores has loaded its partitions. OK once all accepted;
-// UNAVAILABLE (naming the pserver) to try again later; FailedPrecondition
-// when a pserver cannot restore the checkpoint (the job cannot go on).
-absl::Status SendPlacement(const proto::ClusterView& view,
-                           const std::vector<PServerTarget>& targets,
-                           const proto::CheckpointManifest* restore, const std::string& root,
-                           const std::function<void()>& loaded);
 
 // Thread-safe.
 class NodeManager {
@@ -133,6 +122,10 @@ class NodeManager {
   std::vector<PServerTarget> DueProbes() ABSL_LOCKS_EXCLUDED(mu_);
   // Why pserver `id` is suspected, while it is (and alive).
   std::optional<std::string> Suspicion(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Probes the suspects due a probe (their admin service's status, with
+  // no lock held) and declares dead those still suspected whose probe
+  // failed too; their departures (the master handles what they mean).
+  std::vector<Departure> ProbeSuspects(bool job_over) ABSL_LOCKS_EXCLUDED(mu_);
 
   // `strata drain` (MasterServer::Drain says when it is refused). `state`
   // and `evaluator`: the job's now. changed: the state changed (the

@@ -5,9 +5,12 @@
 #include <map>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/json.h"
 #include "common/proto_names.h"
 
@@ -427,6 +430,19 @@ std::string RenderStatusPage(const proto::GetStatusResponse& st, int64_t now_uni
                   "<a href=\"/metrics\">/metrics</a>, <a href=\"/logs\">/logs</a>.</footer>\n"
                   "</body></html>\n");
   return out;
+}
+
+void ServeStatusPage(HttpServer* http, std::function<proto::GetStatusResponse()> status,
+                     Clock* clock) {
+  http->Handle("/", [status = std::move(status), clock](const HttpRequest& req) {
+    int refresh = 5;
+    for (absl::string_view kv : absl::StrSplit(req.query, '&')) {
+      if (absl::ConsumePrefix(&kv, "refresh=") && !absl::SimpleAtoi(kv, &refresh)) refresh = 5;
+    }
+    return HttpResponse{
+        200, "text/html; charset=utf-8",
+        RenderStatusPage(status(), absl::ToUnixMillis(clock->Now()), std::clamp(refresh, 0, 3600))};
+  });
 }
 
 }  // namespace strata::master

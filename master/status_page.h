@@ -6,12 +6,15 @@
 #define STRATA_MASTER_STATUS_PAGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "common/clock.h"
+#include "common/http_server.h"
 #include "proto/strata.pb.h"
 
 namespace strata::master {
@@ -40,6 +43,11 @@ std::string SvgLineChart(const Chart& chart, int width = 560, int height = 220);
 // is the page's own reload interval (0: none).
 std::string RenderStatusPage(const proto::GetStatusResponse& status, int64_t now_unix_ms,
                              int refresh_seconds);
+
+// Serves the page at GET / of `http` (?refresh=N sets its reload interval,
+// 0 none, 5 s by default), from `status` as it is at each request.
+void ServeStatusPage(HttpServer* http, std::function<proto::GetStatusResponse()> status,
+                     Clock* clock);
 
 }  // namespace strata::master
 

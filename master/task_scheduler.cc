@@ -160,6 +160,61 @@ TaskScheduler::Cut TaskScheduler::CutAt(std::optional<uint64_t> step, int batch_
   return cut;
 }
 
+void TaskScheduler::Save(proto::MasterState* st, bool whole) const {
+  st->set_tasks_requeued(requeued_);
+  st->set_records_requeued(records_requeued_);
+  if (!whole) return;
+  for (uint64_t id : DoneIds()) st->add_tasks_done(id);
+  for (const auto& [id, lease] : leases_) (*st->mutable_task_leases())[id] = lease.node;
+}
+
+proto::MasterState TaskScheduler::TakeChangeRecord() {
+  const Changes changes = TakeChanges();
+  proto::MasterState r;
+  for (uint64_t id : changes.done) r.add_tasks_done(id);
+  for (const auto& [id, node] : changes.leased) (*r.mutable_task_leases())[id] = node;
+  for (uint64_t id : changes.ended) r.add_leases_ended(id);
+  return r;
+}
+
+absl::Status TaskScheduler::Restore(const proto::MasterState& st,
+                                    const std::function<bool(uint32_t)>& in_job, absl::Time now) {
+  absl::Status s =
+      Resume(std::vector<uint64_t>(st.tasks_done().begin(), st.tasks_done().end()), {});
+  std::map<uint64_t, uint32_t> leases;
+  for (const auto& [id, node] : st.task_leases()) {
+    if (in_job(node)) leases[id] = node;
+  }
+  RestoreLeases(leases, now);
+  requeued_ = st.tasks_requeued();
+  records_requeued_ = st.records_requeued();
+  return s;
+}
+
+void TaskScheduler::FillStatus(proto::JobStatus* js) const {
+  js->set_epoch(current_epoch());
+  js->set_tasks_total(total());
+  js->set_tasks_done(done());
+  js->set_tasks_requeued(requeued());
+}
+
+void TaskScheduler::FillManifest(std::optional<uint64_t> step, int batch_size,
+                                 proto::CheckpointManifest* m) const {
+  const Cut cut = CutAt(step, batch_size);
+  uint64_t samples = 0;
+  for (uint64_t id : cut.done) {
+    m->add_tasks_done(id);
+    samples += RecordsOf(id);
+  }
+  for (const auto& [id, records] : cut.partial) {
+    proto::CheckpointTask* t = m->add_tasks_partial();
+    t->set_id(id);
+    t->set_trained_records(records);
+    samples += records;
+  }
+  m->set_samples(samples);
+}
+
 absl::Status TaskScheduler::Resume(const std::vector<uint64_t>& done,
                                    const std::vector<std::pair<uint64_t, int64_t>>& partial) {
   for (uint64_t id : done) {
@@ -253,8 +308,12 @@ int TaskScheduler::RequeueLeases(const std::function<bool(const LeaseInfo&)>& wh
   return n;
 }
 
-int TaskScheduler::ReleaseNode(uint32_t node, std::vector<uint64_t>* ids) {
-  return RequeueLeases([node](const LeaseInfo& l) { return l.node == node; }, ids);
+int TaskScheduler::ReleaseNode(uint32_t node) {
+  std::vector<uint64_t> ids;
+  const int n = RequeueLeases([node](const LeaseInfo& l) { return l.node == node; }, &ids);
+  requeued_ += static_cast<uint64_t>(n);
+  for (uint64_t id : ids) records_requeued_ += RecordsOf(id);
+  return n;
 }
 
 int TaskScheduler::ExpireLeases(absl::Time now) {
@@ -334,6 +393,15 @@ absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const D
   }
   if (data.train_limit > 0) n = std::min<int64_t>(n, data.train_limit);
   return TrainingSetSize{n, split};
+}
+
+TaskScheduler JobTasks(const TrainingSetSize& size, const JobConfig& config) {
+  const absl::Duration lease = absl::Milliseconds(config.cluster.task_lease_timeout_ms);
+  if (size.split.has_value()) {
+    return TaskScheduler(*size.split, config.job.epochs, config.job.seed, lease);
+  }
+  return TaskScheduler(size.records, config.data.task_records, config.job.epochs, config.job.seed,
+                       lease);
 }
 
 }  // namespace strata::master

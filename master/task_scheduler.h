@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/config.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/strata.pb.h"
 #include "storage/file_system.h"
 
@@ -56,9 +57,13 @@ class TaskScheduler {
                         std::optional<int64_t> records = std::nullopt);
   // Extends all of `node`'s leases to now + lease_timeout (the node is alive).
   void RenewLeases(uint32_t node, absl::Time now);
-  // Returns all of `node`'s leases to the front of the queue; their count.
-  // Their ids are appended to *ids when given.
-  int ReleaseNode(uint32_t node, std::vector<uint64_t>* ids = nullptr);
+  // Returns all of `node`'s leases to the front of the queue (the node
+  // left the job); their count. Counted in requeued() and
+  // records_requeued().
+  int ReleaseNode(uint32_t node);
+  // Tasks of departed nodes leased again (ReleaseNode), and their records.
+  uint64_t requeued() const { return requeued_; }
+  int64_t records_requeued() const { return records_requeued_; }
   // Records of all the completed tasks.
   int64_t RecordsDone() const;
   // Ids of the completed tasks, ascending.
@@ -82,6 +87,17 @@ class TaskScheduler {
     bool empty() const { return done.empty() && leased.empty() && ended.empty(); }
   };
   Changes TakeChanges();
+  // The state log's part of the master's state (docs/reliability.md): the
+  // requeue counts, and with `whole` the tasks done and the leases (O(tasks));
+  // TakeChanges as a record of changes (tasks_done, task_leases,
+  // leases_ended); and a restarted master taking it up, the leases of the
+  // nodes still in the job (`in_job`) kept until now + lease_timeout, the
+  // others' tasks back in the queue. Restore's error names what of the
+  // state is not this job's (the rest is taken up).
+  void Save(proto::MasterState* st, bool whole) const;
+  proto::MasterState TakeChangeRecord();
+  absl::Status Restore(const proto::MasterState& st, const std::function<bool(uint32_t)>& in_job,
+                       absl::Time now);
   // Changes are kept for TakeChanges from now on (not before: a master
   // without a state log would only pile them up).
   void TrackChanges() { track_changes_ = true; }
@@ -101,6 +117,8 @@ class TaskScheduler {
   void SetFirstStep(uint32_t node, uint64_t task_id, uint64_t first_step);
   // Lowest epoch that still has unfinished tasks (epochs when all done).
   int current_epoch() const;
+  // Its part of JobStatus: the epoch, the tasks done of all, requeued.
+  void FillStatus(proto::JobStatus* js) const;
 
   // Checkpoints. The tasks whose records are all in the parameters at the
   // bsp cut `step` (every step < `step` applied), and those partly in
@@ -111,6 +129,11 @@ class TaskScheduler {
     std::vector<std::pair<uint64_t, int64_t>> partial;  // (task, records trained)
   };
   Cut CutAt(std::optional<uint64_t> step, int batch_size) const;
+  // A checkpoint manifest's part: CutAt's tasks, and the samples in the
+  // parameters at the cut (the records of the tasks done and of the parts
+  // trained).
+  void FillManifest(std::optional<uint64_t> step, int batch_size,
+                    proto::CheckpointManifest* m) const;
   // Resumes from a checkpoint's cut: `done` tasks are finished, `partial`
   // ones skip their first records when leased. InvalidArgument for a task
   // id this job does not have.
@@ -137,6 +160,8 @@ class TaskScheduler {
   std::deque<uint64_t> queue_;  // pending task ids
   std::map<uint64_t, LeaseInfo> leases_;
   uint64_t done_ = 0;
+  uint64_t requeued_ = 0;
+  int64_t records_requeued_ = 0;
   // Since the last TakeChanges: tasks completed, and tasks whose lease
   // was given or ended.
   bool track_changes_ = false;
@@ -160,6 +185,10 @@ struct TrainingSetSize {
   std::optional<TaskScheduler::ByteSplit> split;
 };
 absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data);
+// The data tasks of a job over a training set of `size`: by records
+// (data.task_records each) or by bytes (size.split), for job.epochs,
+// shuffled by job.seed, leased for cluster.task_lease_timeout_ms.
+TaskScheduler JobTasks(const TrainingSetSize& size, const JobConfig& config);
 
 }  // namespace strata::master
 

@@ -121,15 +121,10 @@ absl::Status PServer::Start() {
                            HandleRequest(std::move(req), std::move(r));
                          }));
   admin_service_ = std::make_unique<AdminService>(this);
-  grpc::ServerBuilder builder;
-  const std::string addr = absl::StrCat(options_.host, ":", options_.port);
-  builder.AddListeningPort(addr, options_.security.server, &admin_port_);
-  ApplyServerLimits(&builder, options_.config.cluster.control_connect_ms);
-  builder.RegisterService(admin_service_.get());
-  admin_server_ = builder.BuildAndStart();
-  if (admin_server_ == nullptr || admin_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("pserver: cannot listen on ", addr));
-  }
+  STRATA_ASSIGN_OR_RETURN(
+      admin_server_, StartControlServer("pserver", options_.host, options_.port,
+                                        options_.security.server, admin_service_.get(),
+                                        options_.config.cluster.control_connect_ms, &admin_port_));
   if (options_.http_port >= 0) {
     ServeStandardEndpoints(&http_, &metrics_, [this] { return ProtoJsonResponse(Status()); });
     STRATA_RETURN_IF_ERROR(SecureHttp(options_.security, &http_));

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "master/pserver_calls.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
 #include "tests/testing/status_matchers.h"
@@ -43,6 +44,7 @@ class FakePServer final : public proto::PServerAdmin::Service {
       proto::PartitionStatus* p = resp->add_partitions();
       p->set_id(id);
       p->set_version(version_);
+      (*p->mutable_applied_by_sender())[9] = version_ * 10 + id;  // the update ledger's
     }
     return grpc::Status::OK;
   }
@@ -364,6 +366,102 @@ TEST_F(CheckpointCoordinatorTest, TickTakesTheFinalCheckpointThenLetsTheJobEvalu
   }
   c.TrainingDone();  // (once only)
   EXPECT_FALSE(c.final_pending());
+}
+
+// A job resuming from a checkpoint places its partitions from it: the
+// pservers get the partitions' chains only, the phase says how far the
+// loading is, and once placed there is nothing left to restore.
+TEST_F(CheckpointCoordinatorTest, AResumedJobsPartitionsArePlacedFromTheCheckpoint) {
+  CheckpointCoordinator& c = Make();
+  ASSERT_THAT(c.Checkpoint("request", false).status(), IsOk());
+  auto start = FindCheckpointStart(config_, fs_.get(), "latest", /*restarted=*/false);
+  ASSERT_THAT(start.status(), IsOk());
+  ASSERT_TRUE(start->resumed.has_value());
+  EXPECT_EQ(start->resumed->manifest.seq(), 1u);
+  EXPECT_EQ(start->next_seq, 2u);
+
+  CheckpointCoordinator& resumed = Make();
+  EXPECT_FALSE(resumed.placement_restore().has_value());
+  resumed.Resume(*start->resumed);
+  auto restore = resumed.placement_restore();
+  ASSERT_TRUE(restore.has_value());
+  EXPECT_EQ(restore->root, kRoot);
+  EXPECT_EQ(restore->chains.seq(), 1u);
+  EXPECT_EQ(restore->chains.partitions_size(), 3);
+  EXPECT_TRUE(restore->chains.tables().empty());  // chains only
+  EXPECT_EQ(resumed.RestorePhase(), "");
+  resumed.RestoreBegun(2);
+  resumed.RestoreLoaded();
+  EXPECT_EQ(resumed.RestorePhase(), "restoring checkpoint 1: 1 of 2 pserver(s) loaded");
+  resumed.RestorePlaced();
+  EXPECT_EQ(resumed.RestorePhase(), "");
+  EXPECT_FALSE(resumed.placement_restore().has_value());
+  // Under this job's checkpoint.dir: the next one builds on it.
+  ASSERT_TRUE(resumed.last_manifest().has_value());
+  EXPECT_EQ(resumed.last_manifest()->seq(), 1u);
+}
+
+// A restarted master carries on from its own last checkpoint (its resume
+// flag is then ignored); a fresh one with nothing to resume from starts
+// after every directory there, complete or not.
+TEST_F(CheckpointCoordinatorTest, FindCheckpointStartForARestartedOrAFreshMaster) {
+  auto fresh = FindCheckpointStart(config_, fs_.get(), "", /*restarted=*/false);
+  ASSERT_THAT(fresh.status(), IsOk());
+  EXPECT_FALSE(fresh->resumed.has_value());
+  EXPECT_EQ(fresh->next_seq, 1u);
+  ASSERT_THAT(Make().Checkpoint("request", false).status(), IsOk());
+  ASSERT_THAT(fs_->WriteFileAtomic(
+                  storage::JoinPath(kRoot, storage::CheckpointDirName(5) + "/p0.blk"), "partial"),
+              IsOk());
+  auto restarted = FindCheckpointStart(config_, fs_.get(), "/elsewhere", /*restarted=*/true);
+  ASSERT_THAT(restarted.status(), IsOk());
+  ASSERT_TRUE(restarted->resumed.has_value());
+  EXPECT_EQ(restarted->resumed->manifest.seq(), 1u);
+  EXPECT_EQ(restarted->next_seq, 6u);
+  EXPECT_FALSE(FindCheckpointStart(config_, fs_.get(), "/missing", false).ok());
+}
+
+TEST_F(CheckpointCoordinatorTest, AFailedCheckpointBeforeAStopSaysTheJobGoesOn) {
+  CheckpointCoordinator& c = Make();
+  ps1_.Fail(absl::UnavailableError("disk full"));
+  auto r = c.CheckpointBeforeStop("operator");
+  EXPECT_THAT(r.status().message(), HasSubstr("not stopped"));
+  EXPECT_THAT(r.status().message(), HasSubstr("disk full"));
+  {
+    absl::MutexLock l(&master_.mu_);
+    EXPECT_EQ(master_.stopped_after, 0u);
+  }
+  ps1_.Fail(absl::OkStatus());
+  r = c.CheckpointBeforeStop("operator");
+  ASSERT_THAT(r.status(), IsOk());
+  absl::MutexLock l(&master_.mu_);
+  EXPECT_EQ(master_.stopped_after, r->seq());
+}
+
+// What the master asks of pservers (master/pserver_calls.h), against the
+// fake pservers: the newest version, the ledger from primaries only, the
+// probe of one that answers and one that does not.
+TEST_F(CheckpointCoordinatorTest, PServerCallsReadVersionsTheLedgerAndProbe) {
+  ps1_.set_version(7);
+  ps2_.set_version(9);
+  const std::vector<PServerTarget> both = {{1, stub1_.get()}, {2, stub2_.get()}};
+  auto newest = NewestPartitionVersion(both);
+  ASSERT_THAT(newest.status(), IsOk());
+  EXPECT_EQ(*newest, 9u);
+  // Partition 1's primary is node 2 (node 1 holds a backup's copy): only
+  // partitions 0 and 2 are counted, from their primaries.
+  auto ledger = ReadLedger(both, {{0, 1}, {1, 2}, {2, 2}});
+  ASSERT_THAT(ledger.status(), IsOk());
+  EXPECT_EQ(ledger->size(), 2u);
+  EXPECT_EQ(ledger->count(1), 0u);
+  EXPECT_EQ((*ledger)[0][9], 70u);
+  EXPECT_EQ((*ledger)[2][9], 92u);
+  EXPECT_THAT(ProbePServer(both[0], absl::Seconds(5)), IsOk());
+  server2_->Shutdown();
+  const absl::Status down = ProbePServer(both[1], absl::Milliseconds(500));
+  EXPECT_FALSE(down.ok());
+  EXPECT_THAT(down.message(), HasSubstr("pserver node 2"));
+  EXPECT_FALSE(ReadLedger(both, {{0, 1}}).ok());
 }
 
 TEST_F(CheckpointCoordinatorTest, ARestartedMasterCarriesOnTheSequenceAndTheCounts) {

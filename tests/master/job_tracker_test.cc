@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -192,6 +193,68 @@ TEST_F(JobTrackerTest, TheEvaluationWaitsForTheLedgerAtMostTenSeconds) {
   other->SetLedger({});
   EXPECT_TRUE(other->ledger_taken());
   EXPECT_TRUE(other->ReadyToEvaluate());
+}
+
+// A worker out of data tasks becomes the evaluator when there is none, or
+// the one chosen has left; bsp evaluates past the newest step trained.
+TEST_F(JobTrackerTest, ClaimEvaluationPicksOneEvaluatorAndReplacesOneThatLeft) {
+  auto job = Make();
+  EXPECT_FALSE(job->ClaimEvaluation(1, false).has_value());  // not evaluating
+  job->Start(1);
+  job->TaskCompleted(41);
+  job->TrainingDone(4);
+  job->SetLedger({});
+  EXPECT_EQ(job->ClaimEvaluation(1, /*evaluator_in_job=*/false), std::optional<uint64_t>(42));
+  EXPECT_EQ(job->evaluator(), 1u);
+  EXPECT_FALSE(job->ClaimEvaluation(2, /*evaluator_in_job=*/true).has_value());
+  EXPECT_EQ(job->ClaimEvaluation(1, true), std::optional<uint64_t>(42));  // asks again
+  EXPECT_EQ(job->ClaimEvaluation(2, /*evaluator_in_job=*/false), std::optional<uint64_t>(42));
+  EXPECT_EQ(job->evaluator(), 2u);
+
+  auto asp = Make(Consistency::kAsp);
+  asp->Start(1);
+  asp->TrainingDone(4);
+  EXPECT_FALSE(asp->ClaimEvaluation(1, false).has_value());  // the ledger is not read yet
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_EQ(asp->ClaimEvaluation(1, false), std::optional<uint64_t>(0));
+}
+
+TEST_F(JobTrackerTest, PhaseSaysWhatTheJobWaitsForOrDoes) {
+  proto::JobStatus js;
+  js.set_job_state(proto::JOB_WAITING);
+  js.set_pservers_registered(1);
+  js.set_pservers_expected(2);
+  js.set_workers_registered(0);
+  js.set_workers_expected(3);
+  EXPECT_EQ(JobPhase(js, false, 2, ""), "waiting for pservers: 1 of 2 registered");
+  js.set_pservers_registered(2);
+  EXPECT_EQ(JobPhase(js, false, 2, ""), "placing 2 table(s) on 2 pserver(s)");
+  EXPECT_EQ(JobPhase(js, false, 2, "restoring checkpoint 4: 1 of 2 pserver(s) loaded"),
+            "restoring checkpoint 4: 1 of 2 pserver(s) loaded");
+  EXPECT_EQ(JobPhase(js, true, 2, ""), "waiting for workers: 0 of 3 registered");
+  js.set_job_state(proto::JOB_RUNNING);
+  js.set_epoch(1);
+  js.set_epochs(2);
+  js.set_tasks_done(5);
+  js.set_tasks_total(8);
+  EXPECT_EQ(JobPhase(js, true, 2, ""), "training: epoch 2 of 2, 5 of 8 data tasks");
+  js.set_epoch(2);  // all done
+  EXPECT_EQ(JobPhase(js, true, 2, ""), "training: epoch 2 of 2, 5 of 8 data tasks");
+  js.set_job_state(proto::JOB_EVALUATING);
+  EXPECT_EQ(JobPhase(js, true, 2, ""), "evaluating");
+}
+
+TEST_F(JobTrackerTest, GaugesAreReadFromTheWorkersReportsAtEachScrape) {
+  auto job = Make();
+  MetricsRegistry metrics;
+  job->RegisterMetrics(&metrics, [] { return View(); });
+  job->Start(1);
+  job->RecordProgress(1, Report(10, 640, 0.5, 4, 1));
+  job->RecordProgress(2, Report(10, 360, 0.7, 4, 3));
+  const std::string text = metrics.RenderPrometheus();
+  EXPECT_THAT(text, HasSubstr("strata_job_samples 1000"));
+  EXPECT_THAT(text, HasSubstr("strata_job_comm_share 0.5"));
+  EXPECT_THAT(text, HasSubstr("strata_job_samples_per_second 200"));
 }
 
 TEST_F(JobTrackerTest, SummaryIsTheProtoPrintedAsJsonWithNumbersAndOptionalParts) {

@@ -221,6 +221,102 @@ TEST(TaskSchedulerTest, TakeChangesSaysWhatChangedSinceTheLastCall) {
   EXPECT_THAT(s.TakeChanges().done, ElementsAre(b->id()));
 }
 
+// Tasks taken back from a departed node are counted with their records;
+// an expired lease is not a departure and is not counted.
+TEST(TaskSchedulerTest, ReleaseNodeCountsTheTasksRequeuedAndTheirRecords) {
+  TaskScheduler s(10, 4, 1, 1, kLease);  // tasks of 4, 4 and 2 records
+  auto a = s.Lease(1, kT0), b = s.Lease(1, kT0), c = s.Lease(2, kT0);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(s.ExpireLeases(kT0 + kLease), 3);
+  EXPECT_EQ(s.requeued(), 0u);
+  a = s.Lease(1, kT0 + kLease);
+  b = s.Lease(1, kT0 + kLease);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(s.ReleaseNode(1), 2);
+  EXPECT_EQ(s.requeued(), 2u);
+  EXPECT_EQ(s.records_requeued(), s.RecordsOf(a->id()) + s.RecordsOf(b->id()));
+  proto::JobStatus js;
+  s.FillStatus(&js);
+  EXPECT_EQ(js.tasks_requeued(), 2u);
+  EXPECT_EQ(js.tasks_total(), 3u);
+  EXPECT_EQ(js.tasks_done(), 0u);
+}
+
+// The state log's part: saved (small and whole), recorded as changes,
+// and taken up by a restarted master, which keeps the leases of the nodes
+// still in the job only.
+TEST(TaskSchedulerTest, SaveRecordAndRestoreTheTasksAndLeases) {
+  TaskScheduler s(20, 4, 1, 1, kLease);  // 5 tasks
+  s.TrackChanges();
+  auto a = s.Lease(1, kT0), b = s.Lease(2, kT0), c = s.Lease(3, kT0);
+  ASSERT_TRUE(a && b && c);
+  ASSERT_THAT(s.Complete(1, a->id()), IsOk());
+  EXPECT_EQ(s.ReleaseNode(3), 1);
+  const proto::MasterState record = s.TakeChangeRecord();
+  EXPECT_THAT(record.tasks_done(), ElementsAre(a->id()));
+  EXPECT_THAT(record.task_leases(), UnorderedElementsAre(Pair(b->id(), 2u)));
+  EXPECT_THAT(record.leases_ended(), UnorderedElementsAre(a->id(), c->id()));
+  EXPECT_EQ(s.TakeChangeRecord().ByteSizeLong(), 0u);
+
+  proto::MasterState small;
+  s.Save(&small, /*whole=*/false);
+  EXPECT_EQ(small.tasks_requeued(), 1u);
+  EXPECT_EQ(small.tasks_done_size(), 0);
+  EXPECT_EQ(small.task_leases_size(), 0);
+  proto::MasterState whole;
+  s.Save(&whole, /*whole=*/true);
+  EXPECT_THAT(whole.tasks_done(), ElementsAre(a->id()));
+  EXPECT_THAT(whole.task_leases(), UnorderedElementsAre(Pair(b->id(), 2u)));
+  (*whole.mutable_task_leases())[c->id()] = 3;  // node 3 has left the job
+
+  TaskScheduler restarted(20, 4, 1, 1, kLease);
+  ASSERT_THAT(restarted.Restore(
+                  whole, [](uint32_t node) { return node != 3; }, kT0 + absl::Seconds(1)),
+              IsOk());
+  EXPECT_EQ(restarted.done(), 1u);
+  EXPECT_EQ(restarted.requeued(), 1u);
+  EXPECT_THAT(restarted.Leases(), ElementsAre(Pair(b->id(), 2u)));
+  EXPECT_EQ(restarted.pending(), 3u);  // c's task is pending again
+  proto::MasterState bad = whole;
+  bad.add_tasks_done(99);
+  TaskScheduler other(20, 4, 1, 1, kLease);
+  EXPECT_THAT(other.Restore(
+                  bad, [](uint32_t) { return true; }, kT0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// A checkpoint's manifest: the tasks done and partly done at the cut, and
+// the samples in the parameters there.
+TEST(TaskSchedulerTest, FillManifestCountsTheSamplesAtTheCut) {
+  TaskScheduler s(20, 4, 1, 1, kLease);  // 5 tasks of 4 records
+  auto a = s.Lease(1, kT0, /*first_step=*/0);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_THAT(s.Complete(1, a->id(), /*last_step=*/1), IsOk());  // steps 0, 1 (batch 2)
+  auto b = s.Lease(1, kT0, /*first_step=*/2);
+  ASSERT_TRUE(b.has_value());
+  proto::CheckpointManifest m;
+  s.FillManifest(/*step=*/3, /*batch_size=*/2, &m);  // steps 0..2 applied
+  EXPECT_THAT(m.tasks_done(), ElementsAre(a->id()));
+  ASSERT_EQ(m.tasks_partial_size(), 1);
+  EXPECT_EQ(m.tasks_partial(0).id(), b->id());
+  EXPECT_EQ(m.tasks_partial(0).trained_records(), 2);
+  EXPECT_EQ(m.samples(), 6u);
+}
+
+TEST(TaskSchedulerTest, JobTasksCutByRecordsOrByBytes) {
+  JobConfig config;
+  config.job.epochs = 2;
+  config.data.task_records = 4;
+  config.cluster.task_lease_timeout_ms = 1000;
+  TrainingSetSize by_records;
+  by_records.records = 10;
+  EXPECT_EQ(JobTasks(by_records, config).total(), 6u);  // 3 per epoch
+  TrainingSetSize by_bytes;
+  by_bytes.records = 100;
+  by_bytes.split = TaskScheduler::ByteSplit{1000, 250, 10};
+  EXPECT_EQ(JobTasks(by_bytes, config).total(), 8u);  // 4 per epoch
+}
+
 TEST(TaskSchedulerTest, AllDoneAndCurrentEpoch) {
   TaskScheduler s(10, 4, 2, 3, kLease);  // 3 tasks per epoch, 2 epochs
   EXPECT_EQ(s.current_epoch(), 0);

@@ -881,6 +881,21 @@ absl::StatusOr<std::string> ReadLocalFile(const std::string& path) {
   return text.str();
 }
 
+absl::Status CheckClusterSize(const JobConfig& config, int pservers, int workers) {
+  if (pservers < 1 || workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cluster needs at least one pserver and one worker; it has ", pservers,
+                     " pserver(s) and ", workers, " worker(s)"));
+  }
+  const int replication = config.cluster.replication;
+  if (replication >= pservers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source.empty() ? "config" : config.source, ": cluster.replication ", replication,
+        " needs at least ", replication + 1, " pservers; the cluster has ", pservers));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadLocalFile(path));
   STRATA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(text, path));

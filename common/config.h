@@ -254,6 +254,12 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::str
 // InvalidArgument naming the path.
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 
+// Whether `config` can run on a cluster of `pservers` and `workers` (the
+// host file's): at least one of each, and more pservers than
+// cluster.replication (each partition's backups on other pservers).
+// InvalidArgument naming the config and the field otherwise.
+absl::Status CheckClusterSize(const JobConfig& config, int pservers, int workers);
+
 // The whole of a local file (a config, a host file): NotFound for a path
 // that is not there, InvalidArgument for a directory or a file that cannot
 // be read; the error names the path.

@@ -595,33 +595,32 @@ bool CheckpointCoordinator::CheckpointAndStopWithin(absl::Duration grace) {
   return done->WaitForNotificationWithTimeout(grace);
 }
 
-std::optional<CheckpointCoordinator::PlacementRestore> CheckpointCoordinator::placement_restore()
-    const {
-  absl::MutexLock l(&mu_);
-  if (!to_place_.has_value()) return std::nullopt;
-  PlacementRestore r{proto::CheckpointManifest(), to_place_->root};
-  r.chains.set_seq(to_place_->manifest.seq());
-  *r.chains.mutable_partitions() = to_place_->manifest.partitions();
-  return r;
-}
-
-void CheckpointCoordinator::RestoreBegun(int total) {
-  absl::MutexLock l(&mu_);
-  if (to_place_.has_value())
-    restore_ = Progress{to_place_->manifest.seq(), 0, total, 0, clock_->Now()};
-}
-
-void CheckpointCoordinator::RestoreLoaded() {
-  absl::MutexLock l(&mu_);
-  ++restore_.done;
-  LOG(INFO) << "restoring checkpoint " << restore_.seq << ": " << restore_.done << " of "
-            << restore_.total << " pserver(s) loaded their partitions";
-}
-
-void CheckpointCoordinator::RestorePlaced() {
-  absl::MutexLock l(&mu_);
-  restore_ = Progress();
-  to_place_.reset();
+absl::Status CheckpointCoordinator::PlacePartitions(const proto::ClusterView& view,
+                                                    const std::vector<PServerTarget>& targets) {
+  std::optional<proto::CheckpointManifest> chains;
+  std::string root;
+  {
+    absl::MutexLock l(&mu_);
+    if (to_place_.has_value()) {
+      chains.emplace();
+      chains->set_seq(to_place_->manifest.seq());
+      *chains->mutable_partitions() = to_place_->manifest.partitions();
+      root = to_place_->root;
+      restore_ = Progress{chains->seq(), 0, static_cast<int>(targets.size()), 0, clock_->Now()};
+    }
+  }
+  absl::Status s = SendPlacement(view, targets, chains ? &*chains : nullptr, root, [this] {
+    absl::MutexLock l(&mu_);
+    ++restore_.done;
+    LOG(INFO) << "restoring checkpoint " << restore_.seq << ": " << restore_.done << " of "
+              << restore_.total << " pserver(s) loaded their partitions";
+  });
+  if (s.ok()) {
+    absl::MutexLock l(&mu_);
+    restore_ = Progress();
+    to_place_.reset();
+  }
+  return s;
 }
 
 std::string CheckpointCoordinator::RestorePhase() const {

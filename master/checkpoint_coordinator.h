@@ -159,20 +159,15 @@ class CheckpointCoordinator {
   // (PlacementRestore); when it is under this job's checkpoint.dir, the
   // next checkpoints build on it (their chains name its files).
   void Resume(const ResumePoint& r) ABSL_LOCKS_EXCLUDED(mu_);
-  // The checkpoint the partitions are to be placed from, until
-  // RestorePlaced: its seq and the partitions' chains only (what the
-  // pservers load), and the checkpoint root they are under.
-  struct PlacementRestore {
-    proto::CheckpointManifest chains;
-    std::string root;
-  };
-  std::optional<PlacementRestore> placement_restore() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Its loading by `total` pservers: begun, one more done, and placed
-  // (the restore is over). RestorePhase says how far it is ("" when no
-  // restore is under way), for JobStatus.phase.
-  void RestoreBegun(int total) ABSL_LOCKS_EXCLUDED(mu_);
-  void RestoreLoaded() ABSL_LOCKS_EXCLUDED(mu_);
-  void RestorePlaced() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends each pserver of `targets` its partitions of `view`
+  // (SendPlacement), restored from the checkpoint the job resumes from
+  // while there is one (the partitions' chains only; its loading counted
+  // for RestorePhase). Once they are placed (OK), nothing is left to
+  // restore. SendPlacement's errors.
+  absl::Status PlacePartitions(const proto::ClusterView& view,
+                               const std::vector<PServerTarget>& targets) ABSL_LOCKS_EXCLUDED(mu_);
+  // How far the restore at placement is ("" when none is under way), for
+  // JobStatus.phase.
   std::string RestorePhase() const ABSL_LOCKS_EXCLUDED(mu_);
   // The last complete checkpoint (of this run or resumed from).
   std::optional<proto::CheckpointManifest> last_manifest() const ABSL_LOCKS_EXCLUDED(mu_);

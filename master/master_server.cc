@@ -11,6 +11,7 @@
 #include "common/proto_names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "master/master_parts.h"
 #include "master/placement.h"
 #include "master/pserver_calls.h"
 #include "master/status_page.h"
@@ -26,22 +27,20 @@ proto::LeaseTaskResponse LeaseAnswer(proto::LeaseTaskResponse::Outcome outcome,
   return resp;
 }
 
+// JobStatus.security.
+std::string SecurityMode(const MasterOptions& o) {
+  if (o.security.plaintext) return o.security.ModeString();
+  return o.config.security.encrypt_data_plane ? "mtls, data plane sealed" : "mtls";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions options) {
   if (options.fs == nullptr) {
     return absl::InvalidArgumentError("MasterOptions.fs is required");
   }
-  if (options.expected_pservers < 1 || options.expected_workers < 1) {
-    return absl::InvalidArgumentError("the cluster needs at least one pserver and one worker");
-  }
-  if (options.config.cluster.replication >= options.expected_pservers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(options.config.source.empty() ? "config" : options.config.source,
-                     ": cluster.replication ", options.config.cluster.replication,
-                     " needs at least ", options.config.cluster.replication + 1,
-                     " pservers; the cluster has ", options.expected_pservers));
-  }
+  STRATA_RETURN_IF_ERROR(
+      CheckClusterSize(options.config, options.expected_pservers, options.expected_workers));
   const DataSection& data = options.config.data;
   STRATA_ASSIGN_OR_RETURN(const TrainingSetSize size, SizeTrainingSet(options.fs, data));
   Planted planted;
@@ -95,6 +94,15 @@ MasterServer::MasterServer(MasterOptions options, const TrainingSetSize& size, P
       tasks_(JobTasks(size, options_.config)) {
   absl::MutexLock l(&mu_);
   if (!options_.state_dir.empty()) tasks_.TrackChanges();  // for the state log's records
+  parts_ = MasterParts{&nodes_,
+                       &job_,
+                       checkpoints_.get(),
+                       &tasks_,
+                       sink_.get(),
+                       options_.expected_pservers,
+                       options_.expected_workers,
+                       SecurityMode(options_),
+                       options_.config.checkpoint.enabled};
 }
 
 MasterServer::~MasterServer() { Shutdown(); }
@@ -123,15 +131,11 @@ absl::Status MasterServer::Start() {
   background_ = std::thread([this] { BackgroundLoop(); });
   checkpoints_->Start();
   started_ = true;
-  uint64_t total_tasks = 0;
-  {
-    absl::MutexLock l(&mu_);
-    total_tasks = tasks_.total();
-  }
+  absl::MutexLock l(&mu_);
   LOG(INFO) << "master listening on " << address() << ", http port " << http_port()
             << "; waiting for " << options_.expected_pservers << " pserver(s) and "
             << options_.expected_workers << " worker(s); " << num_records_ << " training records, "
-            << total_tasks << " data tasks";
+            << tasks_.total() << " data tasks";
   return absl::OkStatus();
 }
 
@@ -183,32 +187,14 @@ void MasterServer::Tick() {
   TakeLedger();
 }
 
-proto::MasterState MasterServer::SmallStateLocked() const {
-  proto::MasterState st;
-  nodes_.Save(&st);
-  job_.Save(&st);
-  checkpoints_->Save(&st);
-  tasks_.Save(&st, /*whole=*/false);
-  return st;
-}
-
-proto::MasterState MasterServer::StateLocked() const {
-  proto::MasterState st = SmallStateLocked();
-  tasks_.Save(&st, /*whole=*/true);
-  for (std::string& e : job_.EventsFrom(0)) st.add_events(std::move(e));
-  return st;
-}
-
 uint64_t MasterServer::PersistLocked() {
   if (options_.state_dir.empty()) return 0;
   return recorder_->Record(
-      SmallStateLocked(), tasks_.TakeChangeRecord(), job_.events_size(),
+      SaveMasterState(parts_, /*whole=*/false), tasks_.TakeChangeRecord(), job_.events_size(),
       [this](size_t from) { return job_.EventsFrom(from); },
-      [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return StateLocked(); });  // (under mu_)
-}
-
-absl::Status MasterServer::AwaitPersisted(uint64_t ticket) {
-  return recorder_->AwaitDurable(ticket);
+      [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // (called here, under mu_)
+        return SaveMasterState(parts_, /*whole=*/true);
+      });
 }
 
 void MasterServer::RestoreLocked(const proto::MasterState& st) {
@@ -266,32 +252,15 @@ absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainReque
 }
 
 void MasterServer::RecoverLostPartitions() {
-  if (!nodes_.has_lost() || job_.over()) return;
+  if (job_.over()) return;
   const std::optional<proto::CheckpointManifest> last = checkpoints_->last_manifest();
   if (!last.has_value()) return;
-  // A restored partition rejoins at the step the others reached (bsp: the
-  // workers push that step next); what it trained since the checkpoint
-  // is lost, and counted.
-  uint64_t newest = 0;
-  if (options_.config.job.consistency == Consistency::kBsp) {
-    auto v = NewestPartitionVersion(nodes_.LiveOwners());
-    if (!v.ok()) {
-      LOG_EVERY_N(WARNING, 10) << "cannot read the partitions' versions to restore lost ones: "
-                               << v.status();
-      return;
-    }
-    newest = *v;
-  }
+  const absl::Status s =
+      nodes_.RecoverLost(*last, options_.config.job.consistency == Consistency::kBsp);
+  LOG_IF_EVERY_N(WARNING, absl::IsUnavailable(s), 10) << s.message();
+  if (s.ok() || absl::IsUnavailable(s)) return;
   absl::MutexLock l(&mu_);
-  if (job_.over()) return;
-  if (absl::Status s = nodes_.RestoreLost(*last, newest); !s.ok()) {
-    FinishJobLocked(proto::JOB_FAILED, std::string(s.message()));
-  }
-}
-
-absl::StatusOr<proto::ReportSuspectResponse> MasterServer::ReportSuspect(
-    const proto::ReportSuspectRequest& req) {
-  return nodes_.ReportSuspect(req);
+  if (!job_.over()) FinishJobLocked(proto::JOB_FAILED, std::string(s.message()));
 }
 
 void MasterServer::TakeLedger() {
@@ -319,12 +288,7 @@ void MasterServer::MaybePlacePartitions() {
     targets = std::move((*plan)->targets);
   }
   // Outgoing RPCs without the lock. Stubs live as long as the server.
-  const std::optional<CheckpointCoordinator::PlacementRestore> restore =
-      checkpoints_->placement_restore();
-  if (restore.has_value()) checkpoints_->RestoreBegun(static_cast<int>(targets.size()));
-  absl::Status sent =
-      SendPlacement(view, targets, restore ? &restore->chains : nullptr,
-                    restore ? restore->root : "", [this] { checkpoints_->RestoreLoaded(); });
+  const absl::Status sent = checkpoints_->PlacePartitions(view, targets);
   if (absl::IsUnavailable(sent)) {
     LOG(WARNING) << sent.message() << "; will retry";
     return;
@@ -333,7 +297,6 @@ void MasterServer::MaybePlacePartitions() {
   {
     absl::MutexLock l(&mu_);
     if (!sent.ok()) return FinishJobLocked(proto::JOB_FAILED, std::string(sent.message()));
-    checkpoints_->RestorePlaced();
     nodes_.CommitPlacement(view);
     LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of " << view.tables_size()
               << " table(s) on " << targets.size() << " pserver(s)";
@@ -347,33 +310,15 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(const proto::Regi
                                                                const std::string& peer,
                                                                const Identity& who) {
   // Durable before the node learns its id.
-  return Durably([&](uint64_t* ticket) { return RegisterUnpersisted(req, peer, who, ticket); });
-}
-
-absl::StatusOr<proto::RegisterResponse> MasterServer::RegisterUnpersisted(
-    const proto::RegisterRequest& req, const std::string& peer, const Identity& who,
-    uint64_t* ticket) {
-  STRATA_ASSIGN_OR_RETURN(const std::string identity, RegistrationIdentity(req, peer, who));
-  absl::MutexLock l(&mu_);
-  STRATA_RETURN_IF_ERROR(nodes_.CheckReplaceable(req, identity, peer));
-  // A restarted instance replaces its predecessor.
-  for (uint32_t id : nodes_.LiveInstances(req.role(), req.index())) {
-    if (auto d = nodes_.DeclareDead(id, "a new instance registered", job_.over())) {
-      DepartedLocked(*d);
-    }
-  }
-  const proto::NodeInfo n = nodes_.Add(req, identity, peer);
-  UpdateJobStateLocked();
-  *ticket = PersistLocked();
-  proto::RegisterResponse resp;
-  resp.set_node_id(n.id());
-  *resp.mutable_view() = nodes_.View();
-  *resp.mutable_data_key() = nodes_.DataKey(n.id());
-  return resp;
-}
-
-absl::Status MasterServer::CheckNodeCaller(uint32_t node_id, const Identity& who) {
-  return nodes_.CheckCaller(node_id, who);
+  return Durably([&](uint64_t* ticket) -> absl::StatusOr<proto::RegisterResponse> {
+    absl::MutexLock l(&mu_);
+    STRATA_ASSIGN_OR_RETURN(NodeManager::Registered r,
+                            nodes_.Register(req, peer, who, job_.over()));
+    for (const NodeManager::Departure& d : r.replaced) DepartedLocked(d);
+    UpdateJobStateLocked();
+    *ticket = PersistLocked();
+    return std::move(r.response);
+  });
 }
 
 absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
@@ -383,20 +328,15 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   proto::HeartbeatResponse resp;
   resp.set_epoch(beat.epoch);
   resp.set_job_state(job_.state());
-  if (beat.drained) {  // it leaves
-    resp.set_drained(true);
-    return resp;
-  }
-  if (beat.role == proto::PSERVER) {
+  resp.set_drained(beat.drained);
+  if (beat.drained) return resp;  // it leaves
+  if (beat.role == proto::PSERVER)
     job_.RecordApplies(req.node_id(), req.applies(), req.apply_seconds());
-  }
   // A live worker keeps its data-task leases.
   if (beat.role == proto::WORKER) tasks_.RenewLeases(req.node_id(), clock_->Now());
   *resp.mutable_data_key() = std::move(beat.key);
   return resp;
 }
-
-proto::ClusterView MasterServer::View() { return nodes_.View(); }
 
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
     const proto::LeaseTaskRequest& req) {
@@ -521,42 +461,17 @@ void MasterServer::FinishJobLocked(proto::JobState state, const std::string& mes
   job_.Finish(state, message);
   SampleHistoryLocked(/*force=*/true);  // the end of the charts
   PersistLocked();                      // (synced by the caller's AwaitPersisted, or the next tick)
-  if (!options_.summary_path.empty()) {
-    absl::Status s =
-        options_.fs->WriteFileAtomic(options_.summary_path, SummaryJson(SummaryLocked()));
-    if (!s.ok())
-      LOG(ERROR) << "cannot write summary: " << s;
-    else
-      LOG(INFO) << "wrote " << options_.summary_path;
-  }
+  if (options_.summary_path.empty()) return;
+  const absl::Status s =
+      options_.fs->WriteFileAtomic(options_.summary_path, SummaryJson(SummaryLocked()));
+  LOG_IF(ERROR, !s.ok()) << "cannot write summary: " << s;
+  LOG_IF(INFO, s.ok()) << "wrote " << options_.summary_path;
 }
 
 void MasterServer::SampleHistoryLocked(bool force) {
   job_.SampleHistory(force, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // (called here, under mu_)
     return JobStatusLocked();
   });
-}
-
-proto::JobStatus MasterServer::JobStatusLocked() const {
-  proto::JobStatus js;
-  job_.FillStatus(nodes_.View(), &js);
-  tasks_.FillStatus(&js);
-  checkpoints_->FillStatus(&js);
-  nodes_.FillStatus(&js);
-  js.set_pservers_registered(nodes_.Count(proto::PSERVER, false));
-  js.set_pservers_expected(options_.expected_pservers);
-  js.set_workers_registered(nodes_.Count(proto::WORKER, true));
-  js.set_workers_expected(options_.expected_workers);
-  js.set_phase(JobPhase(js, nodes_.placed(), nodes_.tables(), checkpoints_->RestorePhase()));
-  js.set_security(options_.security.plaintext                   ? options_.security.ModeString()
-                  : options_.config.security.encrypt_data_plane ? "mtls, data plane sealed"
-                                                                : "mtls");
-  if (sink_->auditing()) {
-    const storage::AuditHead head = sink_->audit_head();  // (a leaf lock)
-    js.set_audit_records(head.seq);
-    js.set_audit_head(head.hash);
-  }
-  return js;
 }
 
 proto::GetStatusResponse MasterServer::GetStatus() {
@@ -566,21 +481,6 @@ proto::GetStatusResponse MasterServer::GetStatus() {
   *resp.mutable_job() = JobStatusLocked();
   return resp;
 }
-
-proto::JobSummary MasterServer::SummaryLocked() const {
-  const proto::JobStatus js = JobStatusLocked();
-  proto::JobSummary s = job_.Summary(js, nodes_.View());
-  checkpoints_->FillSummary(&s);
-  if (options_.config.checkpoint.enabled)
-    s.set_resumed_from(static_cast<double>(js.resumed_from_seq()));
-  nodes_.FillSummary(&s);
-  s.set_tasks_requeued(static_cast<double>(tasks_.requeued()));
-  s.set_records_requeued(static_cast<double>(tasks_.records_requeued()));
-  s.set_records_done(static_cast<double>(tasks_.RecordsDone()));
-  return s;
-}
-
-bool MasterServer::WaitForJobEnd(absl::Duration timeout) { return job_.AwaitEnd(timeout); }
 
 void MasterServer::RegisterMetrics() {
   AddProcessMetrics(&metrics_);
@@ -603,15 +503,6 @@ void MasterServer::RegisterMetrics() {
 
 // Checkpoints (master/checkpoint_coordinator.h): the coordinator's calls,
 // and the master's part of them.
-
-absl::StatusOr<proto::CheckpointResponse> MasterServer::Checkpoint(const std::string& reason,
-                                                                   bool stop_after) {
-  return checkpoints_->Checkpoint(reason, stop_after);
-}
-
-bool MasterServer::CheckpointAndStopWithin(absl::Duration grace) {
-  return checkpoints_->CheckpointAndStopWithin(grace);
-}
 
 absl::StatusOr<proto::StopResponse> MasterServer::Stop(const std::string& reason,
                                                        bool no_checkpoint) {
@@ -643,15 +534,12 @@ absl::Status MasterServer::ApplyResume(const ResumePoint& r) {
   checkpoints_->Resume(r);
   absl::MutexLock l(&mu_);
   const proto::CheckpointManifest& m = r.manifest;
-  std::vector<uint64_t> done(m.tasks_done().begin(), m.tasks_done().end());
-  std::vector<std::pair<uint64_t, int64_t>> partial;
-  for (const auto& t : m.tasks_partial()) partial.emplace_back(t.id(), t.trained_records());
-  STRATA_RETURN_IF_ERROR(tasks_.Resume(done, partial));
+  STRATA_RETURN_IF_ERROR(tasks_.ResumeFrom(m));
   job_.Resume(m.seq(), m.samples(), m.step() > 0 ? m.step() - 1 : 0);
   nodes_.ReserveNodeIds(m.next_node_id());
   LOG(INFO) << "resuming from checkpoint " << m.seq() << " (" << m.reason() << ", step " << m.step()
             << "): " << tasks_.done() << " of " << tasks_.total() << " data tasks done, "
-            << partial.size() << " partly";
+            << m.tasks_partial_size() << " partly";
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #include "master/checkpoint_coordinator.h"
 #include "master/event_sink.h"
 #include "master/job_tracker.h"
+#include "master/master_parts.h"
 #include "master/node_manager.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
@@ -91,7 +92,7 @@ class MasterServer : private CheckpointCoordinator::Master {
 
   // Blocks until the job has succeeded or failed, or `timeout` passed;
   // true when it ended.
-  bool WaitForJobEnd(absl::Duration timeout);
+  bool WaitForJobEnd(absl::Duration timeout) { return job_.AwaitEnd(timeout); }
   proto::GetStatusResponse GetStatus();
   // Runs one pass of failure detection and placement now.
   void TickForTesting() { Tick(); }
@@ -106,9 +107,11 @@ class MasterServer : private CheckpointCoordinator::Master {
                                                    const Identity& who = Identity());
   // OK unless node `node_id` was registered by an identity other than `who`
   // (PermissionDenied): a node speaks only for itself.
-  absl::Status CheckNodeCaller(uint32_t node_id, const Identity& who);
+  absl::Status CheckNodeCaller(uint32_t node_id, const Identity& who) {
+    return nodes_.CheckCaller(node_id, who);
+  }
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(const proto::HeartbeatRequest& req);
-  proto::ClusterView View();
+  proto::ClusterView View() { return nodes_.View(); }
   absl::StatusOr<proto::LeaseTaskResponse> LeaseTask(const proto::LeaseTaskRequest& req);
   absl::Status CompleteTask(const proto::CompleteTaskRequest& req);
   absl::Status ReportProgress(const proto::ReportProgressRequest& req);
@@ -118,13 +121,17 @@ class MasterServer : private CheckpointCoordinator::Master {
   // when checkpoints are off or the job is not running; the failure of any
   // pserver or of the disk otherwise (the previous checkpoint stays the
   // latest).
-  absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason, bool stop_after);
+  absl::StatusOr<proto::CheckpointResponse> Checkpoint(const std::string& reason, bool stop_after) {
+    return checkpoints_->Checkpoint(reason, stop_after);
+  }
   // A preemption notice (SIGTERM on the master): a checkpoint, then the job
   // stopped cleanly, within `grace`. False when the checkpoint has not
   // completed by then (it goes on; the previous checkpoint stays the
   // latest until a manifest is written). A failed checkpoint is logged and
   // counts as done.
-  bool CheckpointAndStopWithin(absl::Duration grace);
+  bool CheckpointAndStopWithin(absl::Duration grace) {
+    return checkpoints_->CheckpointAndStopWithin(grace);
+  }
   // Stops the job: after a checkpoint when checkpoints are on (unless
   // `no_checkpoint`); FailedPrecondition when it has already ended.
   absl::StatusOr<proto::StopResponse> Stop(const std::string& reason, bool no_checkpoint);
@@ -140,7 +147,9 @@ class MasterServer : private CheckpointCoordinator::Master {
   // suspect is probed at once and declared dead when the probe fails, or
   // when such reports go on for longer than dead_timeout_ms.
   absl::StatusOr<proto::ReportSuspectResponse> ReportSuspect(
-      const proto::ReportSuspectRequest& req);
+      const proto::ReportSuspectRequest& req) {
+    return nodes_.ReportSuspect(req);
+  }
 
  private:
   // The gRPC service (master/master_service.cc).
@@ -168,7 +177,9 @@ class MasterServer : private CheckpointCoordinator::Master {
   // again, and the state log then writes the whole state). No disk write
   // is ever done under mu_.
   uint64_t PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AwaitPersisted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AwaitPersisted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_) {
+    return recorder_->AwaitDurable(ticket);
+  }
   // Runs `body(&ticket)` (which sets ticket to its PersistLocked's) and
   // returns what it returned once that record is durable; the disk's
   // refusal instead when it is not.
@@ -179,25 +190,22 @@ class MasterServer : private CheckpointCoordinator::Master {
     if (absl::Status s = AwaitPersisted(ticket); !s.ok()) return decltype(r)(s);
     return r;
   }
-  // The bodies of Register and LeaseTask (Durably's).
-  absl::StatusOr<proto::RegisterResponse> RegisterUnpersisted(const proto::RegisterRequest& req,
-                                                              const std::string& peer,
-                                                              const Identity& who, uint64_t* ticket)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The body of LeaseTask (Durably's).
   absl::StatusOr<proto::LeaseTaskResponse> LeaseTaskUnpersisted(const proto::LeaseTaskRequest& req,
                                                                 uint64_t* ticket)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The whole state; and its small part (no tasks, leases or events:
-  // O(nodes), not O(tasks)).
-  proto::MasterState StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  proto::MasterState SmallStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A restarted master takes up `state` (replayed from its state directory).
   void RestoreLocked(const proto::MasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(proto::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  proto::JobSummary SummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The status and the summary (master/master_parts.h).
+  proto::JobStatus JobStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return MasterJobStatus(parts_);
+  }
+  proto::JobSummary SummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return MasterJobSummary(parts_);
+  }
   // A point of the status page's charts, when one is due (or `force`).
   void SampleHistoryLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterMetrics();
@@ -233,6 +241,9 @@ class MasterServer : private CheckpointCoordinator::Master {
 
   mutable absl::Mutex mu_;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
+  // The components as one bundle, for the state and the status; read
+  // under mu_ (it points at tasks_).
+  MasterParts parts_ ABSL_GUARDED_BY(mu_);
   // The update ledger (JobTracker::SetLedger), read from the primaries
   // once training is over.
   void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);

@@ -9,6 +9,7 @@
 #include "common/error_reason.h"
 #include "common/grpc_channel.h"
 #include "common/proto_names.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "master/placement.h"
 #include "transport/data_plane_auth.h"
@@ -148,6 +149,25 @@ proto::NodeInfo NodeManager::Add(const proto::RegisterRequest& req, const std::s
   }
   AddNodeMetrics(req.role(), static_cast<uint32_t>(req.index()));
   return added;
+}
+
+absl::StatusOr<NodeManager::Registered> NodeManager::Register(const proto::RegisterRequest& req,
+                                                              const std::string& peer,
+                                                              const Identity& who, bool job_over) {
+  STRATA_ASSIGN_OR_RETURN(const std::string identity, RegistrationIdentity(req, peer, who));
+  STRATA_RETURN_IF_ERROR(CheckReplaceable(req, identity, peer));
+  Registered r;
+  // A restarted instance replaces its predecessor.
+  for (uint32_t id : LiveInstances(req.role(), req.index())) {
+    if (auto d = DeclareDead(id, "a new instance registered", job_over)) {
+      r.replaced.push_back(*std::move(d));
+    }
+  }
+  const proto::NodeInfo n = Add(req, identity, peer);
+  r.response.set_node_id(n.id());
+  *r.response.mutable_view() = View();
+  *r.response.mutable_data_key() = DataKey(n.id());
+  return r;
 }
 
 absl::Status NodeManager::CheckCaller(uint32_t node_id, const Identity& who) const {
@@ -636,6 +656,23 @@ std::set<uint32_t> NodeManager::FailoverLocked(uint32_t gone) {
 bool NodeManager::has_lost() const {
   absl::MutexLock l(&mu_);
   return !lost_.empty();
+}
+
+absl::Status NodeManager::RecoverLost(const proto::CheckpointManifest& m, bool bsp) {
+  if (!has_lost()) return absl::OkStatus();
+  // A restored partition rejoins at the step the others reached (bsp: the
+  // workers push that step next); what it trained since the checkpoint is
+  // lost, and counted.
+  uint64_t newest = 0;
+  if (bsp) {
+    absl::StatusOr<uint64_t> v = NewestPartitionVersion(LiveOwners());
+    if (!v.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot read the partitions' versions to restore lost ones: ", v.status().message()));
+    }
+    newest = *v;
+  }
+  return RestoreLost(m, newest);
 }
 
 absl::Status NodeManager::RestoreLost(const proto::CheckpointManifest& m, uint64_t newest) {

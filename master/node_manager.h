@@ -91,6 +91,17 @@ class NodeManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   proto::NodeInfo Add(const proto::RegisterRequest& req, const std::string& identity,
                       const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  // The whole of a registration: the caller's identity checked
+  // (RegistrationIdentity, CheckReplaceable), the live instances it
+  // replaces declared dead (their departures in `replaced`, for the master
+  // to handle), the new member added; the answer: its id, the view, its
+  // data-plane key.
+  struct Registered {
+    proto::RegisterResponse response;
+    std::vector<Departure> replaced;
+  };
+  absl::StatusOr<Registered> Register(const proto::RegisterRequest& req, const std::string& peer,
+                                      const Identity& who, bool job_over) ABSL_LOCKS_EXCLUDED(mu_);
   // OK unless node `node_id` was registered by an identity other than
   // `who` (PermissionDenied): a node speaks only for itself.
   absl::Status CheckCaller(uint32_t node_id, const Identity& who) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -183,6 +194,11 @@ class NodeManager {
   bool has_lost() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RestoreLost(const proto::CheckpointManifest& m, uint64_t newest)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // RestoreLost from `m` when partitions are lost, at the newest version
+  // the live pservers hold (bsp; asp: 0), read from them first with no
+  // lock held. UNAVAILABLE when they do not answer (try again later);
+  // FailedPrecondition as RestoreLost.
+  absl::Status RecoverLost(const proto::CheckpointManifest& m, bool bsp) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The view (the master's heartbeat time set to now with `now`).
   proto::ClusterView View() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -215,6 +215,12 @@ void TaskScheduler::FillManifest(std::optional<uint64_t> step, int batch_size,
   m->set_samples(samples);
 }
 
+absl::Status TaskScheduler::ResumeFrom(const proto::CheckpointManifest& m) {
+  std::vector<std::pair<uint64_t, int64_t>> partial;
+  for (const auto& t : m.tasks_partial()) partial.emplace_back(t.id(), t.trained_records());
+  return Resume(std::vector<uint64_t>(m.tasks_done().begin(), m.tasks_done().end()), partial);
+}
+
 absl::Status TaskScheduler::Resume(const std::vector<uint64_t>& done,
                                    const std::vector<std::pair<uint64_t, int64_t>>& partial) {
   for (uint64_t id : done) {

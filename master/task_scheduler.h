@@ -139,6 +139,8 @@ class TaskScheduler {
   // id this job does not have.
   absl::Status Resume(const std::vector<uint64_t>& done,
                       const std::vector<std::pair<uint64_t, int64_t>>& partial);
+  // Resume from what FillManifest put in a checkpoint's manifest.
+  absl::Status ResumeFrom(const proto::CheckpointManifest& m);
 
  private:
   struct LeaseInfo {

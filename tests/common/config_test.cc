@@ -661,5 +661,19 @@ TEST(LoadJobConfigTest, ErrorsNameThePath) {
   std::remove(path.c_str());
 }
 
+TEST(CheckClusterSizeTest, NeedsOneOfEachAndMorePServersThanReplicas) {
+  JobConfig c;
+  c.source = "job.yaml";
+  EXPECT_TRUE(CheckClusterSize(c, 1, 1).ok());
+  EXPECT_THAT(CheckClusterSize(c, 0, 1).message(),
+              HasSubstr("at least one pserver and one worker"));
+  EXPECT_FALSE(CheckClusterSize(c, 1, 0).ok());
+  c.cluster.replication = 2;
+  EXPECT_THAT(CheckClusterSize(c, 2, 4).message(),
+              HasSubstr("job.yaml: cluster.replication 2 needs at least 3 pservers; the cluster "
+                        "has 2"));
+  EXPECT_TRUE(CheckClusterSize(c, 3, 1).ok());
+}
+
 }  // namespace
 }  // namespace strata

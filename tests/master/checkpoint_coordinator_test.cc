@@ -82,9 +82,24 @@ class FakePServer final : public proto::PServerAdmin::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status AssignPartitions(grpc::ServerContext*, const proto::AssignPartitionsRequest* req,
+                                proto::AssignPartitionsResponse*) override {
+    absl::MutexLock l(&mu_);
+    assigns_.push_back(*req);
+    return ToGrpcStatus(assign_fail_);
+  }
+
   void set_version(uint64_t v) {
     absl::MutexLock l(&mu_);
     version_ = v;
+  }
+  void FailAssign(absl::Status s) {
+    absl::MutexLock l(&mu_);
+    assign_fail_ = std::move(s);
+  }
+  std::vector<proto::AssignPartitionsRequest> assigns() {
+    absl::MutexLock l(&mu_);
+    return assigns_;
   }
   void Fail(absl::Status s) {
     absl::MutexLock l(&mu_);
@@ -112,6 +127,8 @@ class FakePServer final : public proto::PServerAdmin::Service {
   int cut_passed_ ABSL_GUARDED_BY(mu_) = 0;
   bool unchanged_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<proto::CheckpointPartitionsRequest> requests_ ABSL_GUARDED_BY(mu_);
+  absl::Status assign_fail_ ABSL_GUARDED_BY(mu_);
+  std::vector<proto::AssignPartitionsRequest> assigns_ ABSL_GUARDED_BY(mu_);
 };
 
 // The rest of the master, as the coordinator sees it: two pservers owning
@@ -381,21 +398,33 @@ TEST_F(CheckpointCoordinatorTest, AResumedJobsPartitionsArePlacedFromTheCheckpoi
   EXPECT_EQ(start->next_seq, 2u);
 
   CheckpointCoordinator& resumed = Make();
-  EXPECT_FALSE(resumed.placement_restore().has_value());
   resumed.Resume(*start->resumed);
-  auto restore = resumed.placement_restore();
-  ASSERT_TRUE(restore.has_value());
-  EXPECT_EQ(restore->root, kRoot);
-  EXPECT_EQ(restore->chains.seq(), 1u);
-  EXPECT_EQ(restore->chains.partitions_size(), 3);
-  EXPECT_TRUE(restore->chains.tables().empty());  // chains only
-  EXPECT_EQ(resumed.RestorePhase(), "");
-  resumed.RestoreBegun(2);
-  resumed.RestoreLoaded();
+  proto::ClusterView view;
+  view.set_epoch(3);
+  const std::vector<PServerTarget> targets = {{1, stub1_.get()}, {2, stub2_.get()}};
+  // Pserver 2 cannot load it: the job cannot go on; one of two had loaded.
+  ps2_.FailAssign(absl::DataLossError("p2.blk: bad crc"));
+  const absl::Status failed = resumed.PlacePartitions(view, targets);
+  EXPECT_TRUE(absl::IsFailedPrecondition(failed)) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("cannot restore checkpoint 1"));
   EXPECT_EQ(resumed.RestorePhase(), "restoring checkpoint 1: 1 of 2 pserver(s) loaded");
-  resumed.RestorePlaced();
+  // Unreachable: again later, from the start.
+  ps2_.FailAssign(absl::UnavailableError("restarting"));
+  EXPECT_TRUE(absl::IsUnavailable(resumed.PlacePartitions(view, targets)));
+  ps2_.FailAssign(absl::OkStatus());
+  ASSERT_THAT(resumed.PlacePartitions(view, targets), IsOk());
   EXPECT_EQ(resumed.RestorePhase(), "");
-  EXPECT_FALSE(resumed.placement_restore().has_value());
+  const std::vector<proto::AssignPartitionsRequest> got = ps1_.assigns();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got.back().node_id(), 1u);
+  EXPECT_EQ(got.back().view().epoch(), 3u);
+  EXPECT_EQ(got.back().checkpoint_root(), kRoot);
+  EXPECT_EQ(got.back().restore().seq(), 1u);
+  EXPECT_EQ(got.back().restore().partitions_size(), 3);
+  EXPECT_EQ(got.back().restore().tables_size(), 0);  // the chains only
+  // Placed: a later placement (new backups, say) restores nothing.
+  ASSERT_THAT(resumed.PlacePartitions(view, targets), IsOk());
+  EXPECT_FALSE(ps1_.assigns().back().has_restore());
   // Under this job's checkpoint.dir: the next one builds on it.
   ASSERT_TRUE(resumed.last_manifest().has_value());
   EXPECT_EQ(resumed.last_manifest()->seq(), 1u);

@@ -301,6 +301,17 @@ TEST(TaskSchedulerTest, FillManifestCountsTheSamplesAtTheCut) {
   EXPECT_EQ(m.tasks_partial(0).id(), b->id());
   EXPECT_EQ(m.tasks_partial(0).trained_records(), 2);
   EXPECT_EQ(m.samples(), 6u);
+  // A job resumed from it: a done, b's first two records skipped.
+  TaskScheduler resumed(20, 4, 1, 1, kLease);
+  ASSERT_THAT(resumed.ResumeFrom(m), IsOk());
+  EXPECT_EQ(resumed.done(), 1u);
+  bool found = false;
+  while (auto t = resumed.Lease(2, kT0)) {
+    if (t->id() != b->id()) continue;
+    EXPECT_EQ(t->skip_records(), 2);
+    found = true;
+  }
+  EXPECT_TRUE(found);
 }
 
 TEST(TaskSchedulerTest, JobTasksCutByRecordsOrByBytes) {

@@ -244,6 +244,17 @@ TEST(CliTest, ValidateBadHostFileExitsTwoNamingFileAndLine) {
   EXPECT_THAT(r.err, AllOf(StartsWith(hosts + ":2:"), HasSubstr("gpu")));
 }
 
+// A config whose replication the host file's pservers cannot hold is
+// refused before anything starts (the master would refuse it too).
+TEST(CliTest, ValidateRefusesMoreReplicasThanTheHostFilesPServers) {
+  const std::string cfg = WriteTemp("replicated.yaml", std::string(kConfig) + "  replication: 1\n");
+  const std::string hosts = WriteTemp("one-pserver.hosts", "127.0.0.1 master pserver worker\n");
+  const Result r = RunStrata({"validate", "--config", cfg, "--hosts", hosts, "--offline"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr(cfg + ": cluster.replication 1 needs at least 2 pservers"),
+                           HasSubstr(hosts)));
+}
+
 TEST(CliTest, ValidateMissingConfigExitsTwoNamingThePath) {
   const std::string missing = ::testing::TempDir() + "/cli_test_does_not_exist.yaml";
   const Result r = RunStrata({"validate", "--config", missing});

@@ -100,6 +100,11 @@ absl::StatusOr<LaunchPlan> LoadPlan(const Flags& f, const char* command) {
   LaunchPlan plan;
   STRATA_ASSIGN_OR_RETURN(plan.config, LoadJobConfig(f.at("config")));
   STRATA_ASSIGN_OR_RETURN(plan.hosts, LoadHostFile(f.at("hosts")));
+  if (absl::Status s =
+          CheckClusterSize(plan.config, plan.hosts.total_pservers(), plan.hosts.total_workers());
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(s.message(), " (", f.at("hosts"), ")"));
+  }
   const auto& p = plan.config.cluster.ports;
   std::vector<PlannedDaemon>& d = plan.daemons;
   d.push_back({"master", 0, plan.hosts.master_host().host, p.master, -1, p.master_http});

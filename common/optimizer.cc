@@ -1,5 +1,6 @@
 #include "common/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -74,9 +75,12 @@ absl::Status RestoreVectors(absl::string_view in, const char* name, uint64_t* t,
 class Sgd : public Optimizer {
  public:
   explicit Sgd(const OptimizerSection& c) : lr_(c.learning_rate), wd_(c.weight_decay) {}
-  void Apply(float* p, const float* g, float scale, size_t n) override {
+  void ApplyRange(size_t, float* p, const float* g, float scale, size_t n,
+                  uint64_t update) override {
     SgdKernel(p, g, scale, lr_, wd_, n);
+    t_ = std::max(t_, update);
   }
+  uint64_t updates() const override { return t_; }
   const char* name() const override { return "sgd"; }
   size_t state_bytes_per_param() const override { return 0; }
   std::string SaveState() const override { return ""; }
@@ -86,6 +90,7 @@ class Sgd : public Optimizer {
 
  private:
   const float lr_, wd_;
+  uint64_t t_ = 0;  // (not state: sgd's math does not use it)
 };
 
 // v = mu * v + (g + wd * p); p -= lr * v   (PyTorch SGD with momentum)
@@ -93,9 +98,12 @@ class Momentum : public Optimizer {
  public:
   Momentum(const OptimizerSection& c, size_t n)
       : lr_(c.learning_rate), mu_(c.momentum), wd_(c.weight_decay), v_(n, 0.f) {}
-  void Apply(float* p, const float* g, float scale, size_t n) override {
-    MomentumKernel(p, g, v_.data(), scale, lr_, mu_, wd_, n);
+  void ApplyRange(size_t offset, float* p, const float* g, float scale, size_t n,
+                  uint64_t update) override {
+    MomentumKernel(p, g, v_.data() + offset, scale, lr_, mu_, wd_, n);
+    t_ = std::max(t_, update);
   }
+  uint64_t updates() const override { return t_; }
   const char* name() const override { return "momentum"; }
   size_t state_bytes_per_param() const override { return 4; }
   std::string SaveState() const override { return SaveVectors(0, false, {&v_}); }
@@ -105,6 +113,7 @@ class Momentum : public Optimizer {
 
  private:
   const float lr_, mu_, wd_;
+  uint64_t t_ = 0;  // (not state: momentum's math does not use it)
   std::vector<float> v_;
 };
 
@@ -121,14 +130,18 @@ class Adam : public Optimizer {
         wd_(c.weight_decay),
         m_(n, 0.f),
         v_(n, 0.f) {}
-  void Apply(float* p, const float* g, float scale, size_t n) override {
-    ++t_;
-    const double c1 = 1.0 - std::pow(b1_, static_cast<double>(t_));
-    const double c2 = 1.0 - std::pow(b2_, static_cast<double>(t_));
-    AdamKernel(p, g, m_.data(), v_.data(), scale, static_cast<float>(lr_ / c1),
+  // The bias correction is the update's (`update`), so every chunk of one
+  // update is corrected alike.
+  void ApplyRange(size_t offset, float* p, const float* g, float scale, size_t n,
+                  uint64_t update) override {
+    t_ = std::max(t_, update);
+    const double c1 = 1.0 - std::pow(b1_, static_cast<double>(update));
+    const double c2 = 1.0 - std::pow(b2_, static_cast<double>(update));
+    AdamKernel(p, g, m_.data() + offset, v_.data() + offset, scale, static_cast<float>(lr_ / c1),
                static_cast<float>(1.0 / std::sqrt(c2)), static_cast<float>(b1_),
                static_cast<float>(b2_), static_cast<float>(eps_), static_cast<float>(wd_), n);
   }
+  uint64_t updates() const override { return t_; }
   const char* name() const override { return "adam"; }
   size_t state_bytes_per_param() const override { return 8; }
   std::string SaveState() const override { return SaveVectors(t_, true, {&m_, &v_}); }

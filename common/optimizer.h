@@ -24,9 +24,23 @@ class Optimizer {
   // (a partition passes its summed gradient and 1/samples, so no scaled
   // copy is made). Loops are vectorised (AVX2 where the CPU has it).
   // REQUIRES: n == the size given to Create; params and grad do not overlap.
-  virtual void Apply(float* params, const float* grad, float grad_scale, size_t n) = 0;
+  void Apply(float* params, const float* grad, float grad_scale, size_t n) {
+    ApplyRange(0, params, grad, grad_scale, n, updates() + 1);
+  }
   // Apply with grad_scale 1.
   void Apply(float* params, const float* grad, size_t n) { Apply(params, grad, 1.f, n); }
+  // One update of a part of the parameters: params[0..n) are the
+  // parameters [offset, offset + n) of those given to Create, updated with
+  // grad_scale * grad[0..n) as their `update`th update (1-based). A
+  // partition that applies an update chunk by chunk, as its bytes arrive,
+  // calls it once per chunk with the same `update`: in any order and at any
+  // chunk size, the chunks of one update give bit for bit what Apply gives.
+  // REQUIRES: offset + n <= the size given to Create; update >= 1.
+  virtual void ApplyRange(size_t offset, float* params, const float* grad, float grad_scale,
+                          size_t n, uint64_t update) = 0;
+  // The newest update applied (to any part; Adam's step count), 0 before
+  // the first.
+  virtual uint64_t updates() const = 0;
   virtual const char* name() const = 0;
   // Bytes of optimizer state per parameter.
   virtual size_t state_bytes_per_param() const = 0;

@@ -1,5 +1,6 @@
 #include "common/optimizer.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -154,6 +155,46 @@ TEST(OptimizerTest, NamesAndStateBytes) {
     ASSERT_TRUE(opt.ok()) << c.type << ": " << opt.status();
     EXPECT_STREQ((*opt)->name(), c.type);
     EXPECT_EQ((*opt)->state_bytes_per_param(), c.state_bytes) << c.type;
+  }
+}
+
+// A partition applying a push chunk by chunk (issue 30): the chunks of one
+// update, in any order and at any chunk size — larger than the parameters,
+// not dividing them, one float — give bit for bit what whole updates give,
+// Adam's bias correction included, even when a chunk runs ahead to the next
+// update before another has had this one.
+TEST(OptimizerTest, ApplyRangeInChunksIsBitIdenticalToWholeUpdates) {
+  const size_t n = 37;
+  std::vector<std::vector<float>> grads(3, std::vector<float>(n));
+  for (size_t s = 0; s < grads.size(); ++s) {
+    for (size_t i = 0; i < n; ++i)
+      grads[s][i] = 0.01f * static_cast<float>((i * 7 + s * 3) % 11) - 0.05f;
+  }
+  for (const char* type : {"sgd", "momentum", "adam"}) {
+    OptimizerSection c = Section(type, 0.05);
+    c.weight_decay = 0.01;
+    std::vector<float> whole(n, 0.5f);
+    auto ref = Optimizer::Create(c, n);
+    ASSERT_TRUE(ref.ok());
+    for (const auto& g : grads) (*ref)->Apply(whole.data(), g.data(), 0.5f, n);
+    for (size_t chunk : {size_t{64}, size_t{10}, size_t{1}}) {
+      std::vector<float> p(n, 0.5f);
+      auto opt = Optimizer::Create(c, n);
+      ASSERT_TRUE(opt.ok());
+      // The chunks from the last to the first; each chunk takes all three
+      // updates before the next chunk has its first.
+      for (size_t begin = (n - 1) / chunk * chunk;; begin -= chunk) {
+        const size_t len = std::min(chunk, n - begin);
+        for (uint64_t u = 1; u <= grads.size(); ++u) {
+          (*opt)->ApplyRange(begin, p.data() + begin, grads[u - 1].data() + begin, 0.5f, len, u);
+        }
+        if (begin == 0) break;
+      }
+      EXPECT_EQ(p, whole) << type << ", chunks of " << chunk;
+      EXPECT_EQ((*opt)->updates(), 3u) << type;
+      // Its state carries on as the whole-update optimizer's does.
+      EXPECT_EQ((*opt)->SaveState(), (*ref)->SaveState()) << type << ", chunks of " << chunk;
+    }
   }
 }
 

@@ -615,12 +615,13 @@ absl::Status CheckpointCoordinator::PlacePartitions(const proto::ClusterView& vi
     LOG(INFO) << "restoring checkpoint " << restore_.seq << ": " << restore_.done << " of "
               << restore_.total << " pserver(s) loaded their partitions";
   });
-  if (s.ok()) {
-    absl::MutexLock l(&mu_);
-    restore_ = Progress();
-    to_place_.reset();
-  }
   return s;
+}
+
+void CheckpointCoordinator::RestorePlaced() {
+  absl::MutexLock l(&mu_);
+  restore_ = Progress();
+  to_place_.reset();
 }
 
 std::string CheckpointCoordinator::RestorePhase() const {

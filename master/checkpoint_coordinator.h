@@ -162,10 +162,11 @@ class CheckpointCoordinator {
   // Sends each pserver of `targets` its partitions of `view`
   // (SendPlacement), restored from the checkpoint the job resumes from
   // while there is one (the partitions' chains only; its loading counted
-  // for RestorePhase). Once they are placed (OK), nothing is left to
-  // restore. SendPlacement's errors.
+  // for RestorePhase). SendPlacement's errors. Once the master has made
+  // the placement its view, RestorePlaced: nothing is left to restore.
   absl::Status PlacePartitions(const proto::ClusterView& view,
                                const std::vector<PServerTarget>& targets) ABSL_LOCKS_EXCLUDED(mu_);
+  void RestorePlaced() ABSL_LOCKS_EXCLUDED(mu_);
   // How far the restore at placement is ("" when none is under way), for
   // JobStatus.phase.
   std::string RestorePhase() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -149,16 +149,38 @@ void EventSink::AuditAction(storage::AuditRecord record) {
 
 void EventSink::WatchTlsHandshakes() {
   if (!auditing() || tls_listener_ >= 0) return;
-  // The listener runs on gRPC's threads: AuditRefusal only queues, and
-  // keeps one record a second per reason (gRPC does not say from where).
   tls_listener_ = ListenForTlsFailures([this](const std::string& reason) {
-    AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)", "tls handshake",
-                 absl::UnauthenticatedError(reason));
+    absl::MutexLock l(&tls_mu_);
+    if (tls_failures_.size() < 64) {
+      tls_failures_.push_back(reason);
+    } else {
+      ++tls_failures_dropped_;
+    }
   });
 }
 
 void EventSink::StopWatchingTlsHandshakes() {
-  if (tls_listener_ >= 0) StopListeningForTlsFailures(std::exchange(tls_listener_, -1));
+  if (tls_listener_ < 0) return;
+  StopListeningForTlsFailures(std::exchange(tls_listener_, -1));
+  AuditTlsFailures();  // the last ones
+}
+
+void EventSink::AuditTlsFailures() {
+  std::vector<std::string> failures;
+  uint64_t dropped = 0;
+  {
+    absl::MutexLock l(&tls_mu_);
+    failures.swap(tls_failures_);
+    dropped = std::exchange(tls_failures_dropped_, 0);
+  }
+  if (dropped > 0) {
+    LOG(WARNING) << dropped << " more failed TLS handshake(s) not audited one by one";
+  }
+  // (gRPC does not say from where; one record a second per reason.)
+  for (const std::string& reason : failures) {
+    AuditRefusal("", "unknown (gRPC does not name the peer of a failed handshake)", "tls handshake",
+                 absl::UnauthenticatedError(reason));
+  }
 }
 
 void EventSink::AuditRefusal(const std::string& who, const std::string& peer,

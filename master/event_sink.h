@@ -73,12 +73,16 @@ class EventSink {
   void AuditRefusal(const std::string& who, const std::string& peer, const std::string& action,
                     const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_, refusals_mu_);
 
-  // Audits each failed TLS handshake of this process's gRPC servers as a
-  // refusal (common/security.h ListenForTlsFailures), until
+  // Failed TLS handshakes of this process's gRPC servers
+  // (common/security.h ListenForTlsFailures), from WatchTlsHandshakes until
   // StopWatchingTlsHandshakes or the sink's end; nothing without an audit
-  // log. Not thread-safe: called by the owner's start and stop.
-  void WatchTlsHandshakes();
-  void StopWatchingTlsHandshakes();
+  // log. The listener runs on gRPC's threads and only queues them (64 at
+  // most, the rest counted); AuditTlsFailures audits what is queued, each
+  // as a refusal, and is called by the owner's background thread. Watch
+  // and StopWatching are not thread-safe: the owner's start and stop.
+  void WatchTlsHandshakes() ABSL_LOCKS_EXCLUDED(tls_mu_);
+  void StopWatchingTlsHandshakes() ABSL_LOCKS_EXCLUDED(tls_mu_);
+  void AuditTlsFailures() ABSL_LOCKS_EXCLUDED(tls_mu_, mu_, refusals_mu_);
 
   bool auditing() const { return audit_ != nullptr; }
   // The audit log's head (seq 0 without an audit log).
@@ -116,6 +120,9 @@ class EventSink {
   absl::Mutex refusals_mu_;
   std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(refusals_mu_);
   int tls_listener_ = -1;  // WatchTlsHandshakes's; -1 = none
+  absl::Mutex tls_mu_;     // a leaf lock
+  std::vector<std::string> tls_failures_ ABSL_GUARDED_BY(tls_mu_);
+  uint64_t tls_failures_dropped_ ABSL_GUARDED_BY(tls_mu_) = 0;
 };
 
 }  // namespace strata::master

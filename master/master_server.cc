@@ -160,6 +160,7 @@ void MasterServer::BackgroundLoop() {
                absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms) / 2);
   while (!stop_.WaitForNotificationWithTimeout(tick)) {
     Tick();
+    sink_->AuditTlsFailures();
   }
 }
 
@@ -178,9 +179,9 @@ void MasterServer::Tick() {
     ticket = PersistLocked();
   }
   AwaitPersisted(ticket).IgnoreError();  // (logged; the next tick tries again)
-  for (const NodeManager::Departure& d : nodes_.ProbeSuspects(job_.over())) {
+  for (const auto& [id, probe] : nodes_.ProbeSuspects()) {
     absl::MutexLock l(&mu_);
-    DepartedLocked(d);
+    if (auto d = nodes_.DeclareUnreachable(id, probe, job_.over())) DepartedLocked(*d);
   }
   RecoverLostPartitions();
   MaybePlacePartitions();
@@ -252,15 +253,21 @@ absl::StatusOr<proto::DrainResponse> MasterServer::Drain(const proto::DrainReque
 }
 
 void MasterServer::RecoverLostPartitions() {
-  if (job_.over()) return;
+  if (!nodes_.has_lost() || job_.over()) return;
   const std::optional<proto::CheckpointManifest> last = checkpoints_->last_manifest();
   if (!last.has_value()) return;
-  const absl::Status s =
-      nodes_.RecoverLost(*last, options_.config.job.consistency == Consistency::kBsp);
-  LOG_IF_EVERY_N(WARNING, absl::IsUnavailable(s), 10) << s.message();
-  if (s.ok() || absl::IsUnavailable(s)) return;
+  // A restored partition rejoins at the step the others reached (bsp: the
+  // workers push that step next); what it trained since the checkpoint is
+  // lost, and counted.
+  const absl::StatusOr<uint64_t> newest =
+      nodes_.RestoreVersion(options_.config.job.consistency == Consistency::kBsp);
+  LOG_IF_EVERY_N(WARNING, !newest.ok(), 10) << newest.status().message();
+  if (!newest.ok()) return;
   absl::MutexLock l(&mu_);
-  if (!job_.over()) FinishJobLocked(proto::JOB_FAILED, std::string(s.message()));
+  if (job_.over()) return;
+  if (absl::Status s = nodes_.RestoreLost(*last, *newest); !s.ok()) {
+    FinishJobLocked(proto::JOB_FAILED, std::string(s.message()));
+  }
 }
 
 void MasterServer::TakeLedger() {
@@ -298,6 +305,7 @@ void MasterServer::MaybePlacePartitions() {
     absl::MutexLock l(&mu_);
     if (!sent.ok()) return FinishJobLocked(proto::JOB_FAILED, std::string(sent.message()));
     nodes_.CommitPlacement(view);
+    checkpoints_->RestorePlaced();
     LOG(INFO) << "placed " << view.partitions_size() << " partition(s) of " << view.tables_size()
               << " table(s) on " << targets.size() << " pserver(s)";
     UpdateJobStateLocked();
@@ -312,12 +320,19 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(const proto::Regi
   // Durable before the node learns its id.
   return Durably([&](uint64_t* ticket) -> absl::StatusOr<proto::RegisterResponse> {
     absl::MutexLock l(&mu_);
-    STRATA_ASSIGN_OR_RETURN(NodeManager::Registered r,
-                            nodes_.Register(req, peer, who, job_.over()));
-    for (const NodeManager::Departure& d : r.replaced) DepartedLocked(d);
+    STRATA_ASSIGN_OR_RETURN(
+        const proto::NodeInfo n,
+        nodes_.Register(req, peer, who, job_.over(),
+                        [this](const NodeManager::Departure& d) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                          DepartedLocked(d);  // (called here, under mu_)
+                        }));
     UpdateJobStateLocked();
     *ticket = PersistLocked();
-    return std::move(r.response);
+    proto::RegisterResponse resp;
+    resp.set_node_id(n.id());
+    *resp.mutable_view() = nodes_.View();
+    *resp.mutable_data_key() = nodes_.DataKey(n.id());
+    return resp;
   });
 }
 

@@ -151,23 +151,16 @@ proto::NodeInfo NodeManager::Add(const proto::RegisterRequest& req, const std::s
   return added;
 }
 
-absl::StatusOr<NodeManager::Registered> NodeManager::Register(const proto::RegisterRequest& req,
-                                                              const std::string& peer,
-                                                              const Identity& who, bool job_over) {
+absl::StatusOr<proto::NodeInfo> NodeManager::Register(
+    const proto::RegisterRequest& req, const std::string& peer, const Identity& who, bool job_over,
+    const std::function<void(const Departure&)>& departed) {
   STRATA_ASSIGN_OR_RETURN(const std::string identity, RegistrationIdentity(req, peer, who));
   STRATA_RETURN_IF_ERROR(CheckReplaceable(req, identity, peer));
-  Registered r;
   // A restarted instance replaces its predecessor.
   for (uint32_t id : LiveInstances(req.role(), req.index())) {
-    if (auto d = DeclareDead(id, "a new instance registered", job_over)) {
-      r.replaced.push_back(*std::move(d));
-    }
+    if (auto d = DeclareDead(id, "a new instance registered", job_over)) departed(*d);
   }
-  const proto::NodeInfo n = Add(req, identity, peer);
-  r.response.set_node_id(n.id());
-  *r.response.mutable_view() = View();
-  *r.response.mutable_data_key() = DataKey(n.id());
-  return r;
+  return Add(req, identity, peer);
 }
 
 absl::Status NodeManager::CheckCaller(uint32_t node_id, const Identity& who) const {
@@ -312,25 +305,28 @@ std::optional<std::string> NodeManager::Suspicion(uint32_t id) const {
   return it->second.reason;
 }
 
-std::vector<NodeManager::Departure> NodeManager::ProbeSuspects(bool job_over) {
+std::vector<std::pair<uint32_t, absl::Status>> NodeManager::ProbeSuspects() {
   // Long enough for a new connection (its TLS handshake included) to the
   // pserver: a slow handshake is not a dead pserver.
   const absl::Duration deadline = absl::Milliseconds(
       std::max({200, options_.cluster.heartbeat_interval_ms, options_.cluster.control_connect_ms}));
-  std::vector<Departure> departed;
+  std::vector<std::pair<uint32_t, absl::Status>> failed;
   for (const PServerTarget& target : DueProbes()) {
-    const absl::Status s = ProbePServer(target, deadline);
-    if (s.ok()) continue;
-    const std::optional<std::string> reason = Suspicion(target.first);
-    if (!reason.has_value()) continue;
-    if (auto d = DeclareDead(target.first,
-                             absl::StrCat("reported unreachable (", *reason,
-                                          ") and the master's probe failed too: ", s.message()),
-                             job_over)) {
-      departed.push_back(*std::move(d));
-    }
+    absl::Status s = ProbePServer(target, deadline);
+    if (!s.ok()) failed.emplace_back(target.first, std::move(s));
   }
-  return departed;
+  return failed;
+}
+
+std::optional<NodeManager::Departure> NodeManager::DeclareUnreachable(uint32_t id,
+                                                                      const absl::Status& probe,
+                                                                      bool job_over) {
+  const std::optional<std::string> reason = Suspicion(id);
+  if (!reason.has_value()) return std::nullopt;
+  return DeclareDead(id,
+                     absl::StrCat("reported unreachable (", *reason,
+                                  ") and the master's probe failed too: ", probe.message()),
+                     job_over);
 }
 
 // --- Drain.
@@ -658,21 +654,14 @@ bool NodeManager::has_lost() const {
   return !lost_.empty();
 }
 
-absl::Status NodeManager::RecoverLost(const proto::CheckpointManifest& m, bool bsp) {
-  if (!has_lost()) return absl::OkStatus();
-  // A restored partition rejoins at the step the others reached (bsp: the
-  // workers push that step next); what it trained since the checkpoint is
-  // lost, and counted.
-  uint64_t newest = 0;
-  if (bsp) {
-    absl::StatusOr<uint64_t> v = NewestPartitionVersion(LiveOwners());
-    if (!v.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot read the partitions' versions to restore lost ones: ", v.status().message()));
-    }
-    newest = *v;
+absl::StatusOr<uint64_t> NodeManager::RestoreVersion(bool bsp) const {
+  if (!bsp) return 0;
+  absl::StatusOr<uint64_t> v = NewestPartitionVersion(LiveOwners());
+  if (!v.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot read the partitions' versions to restore lost ones: ", v.status().message()));
   }
-  return RestoreLost(m, newest);
+  return *v;
 }
 
 absl::Status NodeManager::RestoreLost(const proto::CheckpointManifest& m, uint64_t newest) {

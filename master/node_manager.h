@@ -93,15 +93,14 @@ class NodeManager {
                       const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
   // The whole of a registration: the caller's identity checked
   // (RegistrationIdentity, CheckReplaceable), the live instances it
-  // replaces declared dead (their departures in `replaced`, for the master
-  // to handle), the new member added; the answer: its id, the view, its
-  // data-plane key.
-  struct Registered {
-    proto::RegisterResponse response;
-    std::vector<Departure> replaced;
-  };
-  absl::StatusOr<Registered> Register(const proto::RegisterRequest& req, const std::string& peer,
-                                      const Identity& who, bool job_over) ABSL_LOCKS_EXCLUDED(mu_);
+  // replaces declared dead — each departure handed to `departed` (called
+  // without this lock, before the new member is added: the master handles
+  // it there) — and the new member added, alive, with a new id.
+  absl::StatusOr<proto::NodeInfo> Register(const proto::RegisterRequest& req,
+                                           const std::string& peer, const Identity& who,
+                                           bool job_over,
+                                           const std::function<void(const Departure&)>& departed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // OK unless node `node_id` was registered by an identity other than
   // `who` (PermissionDenied): a node speaks only for itself.
   absl::Status CheckCaller(uint32_t node_id, const Identity& who) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -134,9 +133,14 @@ class NodeManager {
   // Why pserver `id` is suspected, while it is (and alive).
   std::optional<std::string> Suspicion(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Probes the suspects due a probe (their admin service's status, with
-  // no lock held) and declares dead those still suspected whose probe
-  // failed too; their departures (the master handles what they mean).
-  std::vector<Departure> ProbeSuspects(bool job_over) ABSL_LOCKS_EXCLUDED(mu_);
+  // no lock held): the failed probes, by node. The master then declares
+  // each dead with DeclareUnreachable, under its own lock, and handles the
+  // departure there.
+  std::vector<std::pair<uint32_t, absl::Status>> ProbeSuspects() ABSL_LOCKS_EXCLUDED(mu_);
+  // Declares pserver `id` dead when it is still suspected (nullopt
+  // otherwise), its failed `probe` in the reason.
+  std::optional<Departure> DeclareUnreachable(uint32_t id, const absl::Status& probe, bool job_over)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // `strata drain` (MasterServer::Drain says when it is refused). `state`
   // and `evaluator`: the job's now. changed: the state changed (the
@@ -194,11 +198,10 @@ class NodeManager {
   bool has_lost() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RestoreLost(const proto::CheckpointManifest& m, uint64_t newest)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // RestoreLost from `m` when partitions are lost, at the newest version
-  // the live pservers hold (bsp; asp: 0), read from them first with no
-  // lock held. UNAVAILABLE when they do not answer (try again later);
-  // FailedPrecondition as RestoreLost.
-  absl::Status RecoverLost(const proto::CheckpointManifest& m, bool bsp) ABSL_LOCKS_EXCLUDED(mu_);
+  // The version a restored partition rejoins at (RestoreLost's `newest`):
+  // bsp, the newest the live pservers hold, read from them with no lock
+  // held (UNAVAILABLE, saying so, when they do not answer: later); asp 0.
+  absl::StatusOr<uint64_t> RestoreVersion(bool bsp) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The view (the master's heartbeat time set to now with `now`).
   proto::ClusterView View() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -413,6 +413,8 @@ TEST_F(CheckpointCoordinatorTest, AResumedJobsPartitionsArePlacedFromTheCheckpoi
   EXPECT_TRUE(absl::IsUnavailable(resumed.PlacePartitions(view, targets)));
   ps2_.FailAssign(absl::OkStatus());
   ASSERT_THAT(resumed.PlacePartitions(view, targets), IsOk());
+  EXPECT_EQ(resumed.RestorePhase(), "restoring checkpoint 1: 2 of 2 pserver(s) loaded");
+  resumed.RestorePlaced();  // (the master, once the placement is its view)
   EXPECT_EQ(resumed.RestorePhase(), "");
   const std::vector<proto::AssignPartitionsRequest> got = ps1_.assigns();
   ASSERT_EQ(got.size(), 3u);

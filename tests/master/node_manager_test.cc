@@ -358,5 +358,55 @@ TEST_F(NodeManagerTest, ARestartedMasterGivesEveryoneTimeToReconnect) {
   EXPECT_TRUE(again.InJob(w));
 }
 
+// A restarted instance's registration: its predecessor is declared dead
+// and handed over (the master requeues its tasks) before the new member
+// is added; another identity may not replace a live instance.
+TEST_F(NodeManagerTest, RegisterReplacesThePredecessorBeforeAddingTheNewInstance) {
+  NodeManager& n = Make(1, 1);
+  Join(proto::PSERVER, 0);
+  const uint32_t old_worker = Join(proto::WORKER, 0);
+  proto::RegisterRequest r;
+  r.set_role(proto::WORKER);
+  r.set_index(0);
+  r.set_host("h");
+  std::vector<uint32_t> departed;
+  int members_when_departed = -1;
+  auto fresh =
+      n.Register(r, "peer", Identity(), /*job_over=*/false, [&](const NodeManager::Departure& d) {
+        departed.push_back(d.node.id());
+        members_when_departed = n.View().members_size();
+      });
+  ASSERT_THAT(fresh.status(), IsOk());
+  EXPECT_THAT(departed, ElementsAre(old_worker));
+  EXPECT_EQ(members_when_departed, 3);  // master, pserver, the old worker
+  EXPECT_NE(fresh->id(), old_worker);
+  EXPECT_TRUE(n.InJob(fresh->id()));
+  EXPECT_FALSE(n.InJob(old_worker));
+  proto::RegisterRequest bad = r;
+  bad.set_role(proto::MASTER);
+  EXPECT_FALSE(
+      n.Register(bad, "peer", Identity(), false, [](const NodeManager::Departure&) {}).ok());
+}
+
+// A failed probe declares a pserver dead only while it is still suspected.
+TEST_F(NodeManagerTest, DeclareUnreachableOnlyWhileSuspected) {
+  NodeManager& n = Make(1, 1);
+  const uint32_t ps = Join(proto::PSERVER, 0);
+  const uint32_t w = Join(proto::WORKER, 0);
+  const absl::Status probe = absl::UnavailableError("pserver node 1: connection refused");
+  EXPECT_FALSE(n.DeclareUnreachable(ps, probe, false).has_value());  // nobody reported it
+  proto::ReportSuspectRequest r;
+  r.set_node_id(w);
+  r.set_suspect(ps);
+  r.set_reason("connection refused");
+  ASSERT_THAT(n.ReportSuspect(r).status(), IsOk());
+  auto d = n.DeclareUnreachable(ps, probe, false);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->node.id(), ps);
+  EXPECT_FALSE(n.InJob(ps));
+  EXPECT_THAT(Events().back(), HasSubstr("the master's probe failed too"));
+  EXPECT_FALSE(n.DeclareUnreachable(ps, probe, false).has_value());  // once
+}
+
 }  // namespace
 }  // namespace strata::master

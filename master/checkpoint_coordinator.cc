@@ -601,21 +601,18 @@ absl::Status CheckpointCoordinator::PlacePartitions(const proto::ClusterView& vi
   std::string root;
   {
     absl::MutexLock l(&mu_);
-    if (to_place_.has_value()) {
-      chains.emplace();
-      chains->set_seq(to_place_->manifest.seq());
-      *chains->mutable_partitions() = to_place_->manifest.partitions();
-      root = to_place_->root;
+    chains = to_place_;
+    root = to_place_root_;
+    if (chains.has_value()) {
       restore_ = Progress{chains->seq(), 0, static_cast<int>(targets.size()), 0, clock_->Now()};
     }
   }
-  absl::Status s = SendPlacement(view, targets, chains ? &*chains : nullptr, root, [this] {
+  return SendPlacement(view, targets, chains ? &*chains : nullptr, root, [this] {
     absl::MutexLock l(&mu_);
     ++restore_.done;
     LOG(INFO) << "restoring checkpoint " << restore_.seq << ": " << restore_.done << " of "
               << restore_.total << " pserver(s) loaded their partitions";
   });
-  return s;
 }
 
 void CheckpointCoordinator::RestorePlaced() {
@@ -633,7 +630,11 @@ std::string CheckpointCoordinator::RestorePhase() const {
 
 void CheckpointCoordinator::Resume(const ResumePoint& r) {
   absl::MutexLock l(&mu_);
-  to_place_ = r;
+  // The pservers load the partitions' chains only.
+  to_place_.emplace();
+  to_place_->set_seq(r.manifest.seq());
+  *to_place_->mutable_partitions() = r.manifest.partitions();
+  to_place_root_ = r.root;
   if (r.root != cfg_.dir) return;
   // The next checkpoints build on it (their chains name its files).
   last_manifest_ = r.manifest;

@@ -156,7 +156,7 @@ class CheckpointCoordinator {
   bool CheckpointAndStopWithin(absl::Duration grace) ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
 
   // The job resumes from `r`: its partitions are placed from it
-  // (PlacementRestore); when it is under this job's checkpoint.dir, the
+  // (PlacePartitions); when it is under this job's checkpoint.dir, the
   // next checkpoints build on it (their chains name its files).
   void Resume(const ResumePoint& r) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends each pserver of `targets` its partitions of `view`
@@ -243,9 +243,12 @@ class CheckpointCoordinator {
     absl::Time start;
   };
   Progress progress_ ABSL_GUARDED_BY(mu_);
-  // Resume: the checkpoint the partitions are placed from (until placed),
-  // and its loading (seq 0: not begun).
-  std::optional<ResumePoint> to_place_ ABSL_GUARDED_BY(mu_);
+  // Resume: what the pservers load of the checkpoint the partitions are
+  // placed from (its seq and the partitions' chains, under
+  // to_place_root_) until they are placed, and the loading (seq 0: not
+  // begun).
+  std::optional<proto::CheckpointManifest> to_place_ ABSL_GUARDED_BY(mu_);
+  std::string to_place_root_ ABSL_GUARDED_BY(mu_);
   Progress restore_ ABSL_GUARDED_BY(mu_);
   // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
   // when training ends first (the cut is then set again, where training

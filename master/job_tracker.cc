@@ -153,16 +153,6 @@ uint32_t JobTracker::evaluator() const {
   return evaluator_;
 }
 
-void JobTracker::set_evaluator(uint32_t node) {
-  absl::MutexLock l(&mu_);
-  evaluator_ = node;
-}
-
-bool JobTracker::ReadyToEvaluate() const {
-  absl::MutexLock l(&mu_);
-  return ReadyToEvaluateLocked();
-}
-
 bool JobTracker::ReadyToEvaluateLocked() const {
   return ledger_taken_ || clock_->Now() - train_end_time_ > absl::Seconds(10);
 }

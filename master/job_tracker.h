@@ -105,7 +105,9 @@ class JobTracker {
   std::vector<std::string> EventsFrom(size_t from) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Worker `node`, out of data tasks, asks for work: when the job
-  // evaluates and the evaluation may start (ReadyToEvaluate), it becomes
+  // evaluates and the evaluation may start (the ledger is read, or the
+  // pservers did not answer for it within 10 s of the end of training), it
+  // becomes
   // the evaluator unless another is (one that left the job,
   // `!evaluator_in_job`, is replaced). The version the evaluator must
   // pull (bsp: past the newest step trained; asp: 0) when `node` is it.
@@ -113,10 +115,6 @@ class JobTracker {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The evaluator (0: none chosen yet).
   uint32_t evaluator() const ABSL_LOCKS_EXCLUDED(mu_);
-  void set_evaluator(uint32_t node) ABSL_LOCKS_EXCLUDED(mu_);
-  // The evaluation may start: the ledger is read, or the pservers did not
-  // answer for it within 10 s of the end of training.
-  bool ReadyToEvaluate() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A data task completed at bsp step `last_step`.
   void TaskCompleted(uint64_t last_step) ABSL_LOCKS_EXCLUDED(mu_);

@@ -345,8 +345,9 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   resp.set_job_state(job_.state());
   resp.set_drained(beat.drained);
   if (beat.drained) return resp;  // it leaves
-  if (beat.role == proto::PSERVER)
+  if (beat.role == proto::PSERVER) {
     job_.RecordApplies(req.node_id(), req.applies(), req.apply_seconds());
+  }
   // A live worker keeps its data-task leases.
   if (beat.role == proto::WORKER) tasks_.RenewLeases(req.node_id(), clock_->Now());
   *resp.mutable_data_key() = std::move(beat.key);

@@ -183,16 +183,16 @@ TEST_F(JobTrackerTest, TheEvaluationWaitsForTheLedgerAtMostTenSeconds) {
   auto job = Make();
   job->Start(1);
   job->TrainingDone(4);
-  EXPECT_FALSE(job->ReadyToEvaluate());
+  EXPECT_FALSE(job->ClaimEvaluation(1, false).has_value());
   clock_.Advance(absl::Seconds(11));
-  EXPECT_TRUE(job->ReadyToEvaluate());
+  EXPECT_TRUE(job->ClaimEvaluation(1, false).has_value());
 
   auto other = Make();
   other->Start(1);
   other->TrainingDone(4);
   other->SetLedger({});
   EXPECT_TRUE(other->ledger_taken());
-  EXPECT_TRUE(other->ReadyToEvaluate());
+  EXPECT_TRUE(other->ClaimEvaluation(1, false).has_value());
 }
 
 // A worker out of data tasks becomes the evaluator when there is none, or
@@ -278,7 +278,6 @@ TEST_F(JobTrackerTest, SummaryIsTheProtoPrintedAsJsonWithNumbersAndOptionalParts
   eval.set_test_loss(0.5);
   eval.set_has_test_auc(true);
   eval.set_test_auc(0.8);
-  job->set_evaluator(2);
   job->Evaluated(eval);
   clock_.Advance(absl::Seconds(4));
   job->Finish(proto::JOB_SUCCEEDED, "");

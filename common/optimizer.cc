@@ -1,6 +1,5 @@
 #include "common/optimizer.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -75,12 +74,9 @@ absl::Status RestoreVectors(absl::string_view in, const char* name, uint64_t* t,
 class Sgd : public Optimizer {
  public:
   explicit Sgd(const OptimizerSection& c) : lr_(c.learning_rate), wd_(c.weight_decay) {}
-  void ApplyRange(size_t, float* p, const float* g, float scale, size_t n,
-                  uint64_t update) override {
+  void Update(size_t, float* p, const float* g, float scale, size_t n, uint64_t) override {
     SgdKernel(p, g, scale, lr_, wd_, n);
-    t_ = std::max(t_, update);
   }
-  uint64_t updates() const override { return t_; }
   const char* name() const override { return "sgd"; }
   size_t state_bytes_per_param() const override { return 0; }
   std::string SaveState() const override { return ""; }
@@ -90,7 +86,6 @@ class Sgd : public Optimizer {
 
  private:
   const float lr_, wd_;
-  uint64_t t_ = 0;  // (not state: sgd's math does not use it)
 };
 
 // v = mu * v + (g + wd * p); p -= lr * v   (PyTorch SGD with momentum)
@@ -98,12 +93,9 @@ class Momentum : public Optimizer {
  public:
   Momentum(const OptimizerSection& c, size_t n)
       : lr_(c.learning_rate), mu_(c.momentum), wd_(c.weight_decay), v_(n, 0.f) {}
-  void ApplyRange(size_t offset, float* p, const float* g, float scale, size_t n,
-                  uint64_t update) override {
+  void Update(size_t offset, float* p, const float* g, float scale, size_t n, uint64_t) override {
     MomentumKernel(p, g, v_.data() + offset, scale, lr_, mu_, wd_, n);
-    t_ = std::max(t_, update);
   }
-  uint64_t updates() const override { return t_; }
   const char* name() const override { return "momentum"; }
   size_t state_bytes_per_param() const override { return 4; }
   std::string SaveState() const override { return SaveVectors(0, false, {&v_}); }
@@ -113,7 +105,6 @@ class Momentum : public Optimizer {
 
  private:
   const float lr_, mu_, wd_;
-  uint64_t t_ = 0;  // (not state: momentum's math does not use it)
   std::vector<float> v_;
 };
 
@@ -132,26 +123,23 @@ class Adam : public Optimizer {
         v_(n, 0.f) {}
   // The bias correction is the update's (`update`), so every chunk of one
   // update is corrected alike.
-  void ApplyRange(size_t offset, float* p, const float* g, float scale, size_t n,
-                  uint64_t update) override {
-    t_ = std::max(t_, update);
+  void Update(size_t offset, float* p, const float* g, float scale, size_t n,
+              uint64_t update) override {
     const double c1 = 1.0 - std::pow(b1_, static_cast<double>(update));
     const double c2 = 1.0 - std::pow(b2_, static_cast<double>(update));
     AdamKernel(p, g, m_.data() + offset, v_.data() + offset, scale, static_cast<float>(lr_ / c1),
                static_cast<float>(1.0 / std::sqrt(c2)), static_cast<float>(b1_),
                static_cast<float>(b2_), static_cast<float>(eps_), static_cast<float>(wd_), n);
   }
-  uint64_t updates() const override { return t_; }
   const char* name() const override { return "adam"; }
   size_t state_bytes_per_param() const override { return 8; }
-  std::string SaveState() const override { return SaveVectors(t_, true, {&m_, &v_}); }
+  std::string SaveState() const override { return SaveVectors(updates_, true, {&m_, &v_}); }
   absl::Status RestoreState(absl::string_view s) override {
-    return RestoreVectors(s, "adam", &t_, {&m_, &v_});
+    return RestoreVectors(s, "adam", &updates_, {&m_, &v_});
   }
 
  private:
   const double lr_, b1_, b2_, eps_, wd_;
-  uint64_t t_ = 0;
   std::vector<float> m_, v_;
 };
 

@@ -6,7 +6,9 @@
 #ifndef STRATA_COMMON_OPTIMIZER_H_
 #define STRATA_COMMON_OPTIMIZER_H_
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -25,7 +27,7 @@ class Optimizer {
   // copy is made). Loops are vectorised (AVX2 where the CPU has it).
   // REQUIRES: n == the size given to Create; params and grad do not overlap.
   void Apply(float* params, const float* grad, float grad_scale, size_t n) {
-    ApplyRange(0, params, grad, grad_scale, n, updates() + 1);
+    ApplyRange(0, params, grad, grad_scale, n, updates_ + 1);
   }
   // Apply with grad_scale 1.
   void Apply(float* params, const float* grad, size_t n) { Apply(params, grad, 1.f, n); }
@@ -36,11 +38,15 @@ class Optimizer {
   // calls it once per chunk with the same `update`: in any order and at any
   // chunk size, the chunks of one update give bit for bit what Apply gives.
   // REQUIRES: offset + n <= the size given to Create; update >= 1.
-  virtual void ApplyRange(size_t offset, float* params, const float* grad, float grad_scale,
-                          size_t n, uint64_t update) = 0;
-  // The newest update applied (to any part; Adam's step count), 0 before
-  // the first.
-  virtual uint64_t updates() const = 0;
+  void ApplyRange(size_t offset, float* params, const float* grad, float grad_scale, size_t n,
+                  uint64_t update) {
+    updates_ = std::max(updates_, update);
+    Update(offset, params, grad, grad_scale, n, update);
+  }
+  // The newest update applied (to any part), 0 before the first. Saved
+  // and restored with the state only where the math uses it (Adam's bias
+  // correction): a caller that numbers chunked updates keeps its own count.
+  uint64_t updates() const { return updates_; }
   virtual const char* name() const = 0;
   // Bytes of optimizer state per parameter.
   virtual size_t state_bytes_per_param() const = 0;
@@ -55,6 +61,12 @@ class Optimizer {
   // sgd | momentum | adam for `n` parameters. InvalidArgument for others.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerSection& config,
                                                            size_t n);
+
+ protected:
+  // The kernel of ApplyRange.
+  virtual void Update(size_t offset, float* params, const float* grad, float grad_scale, size_t n,
+                      uint64_t update) = 0;
+  uint64_t updates_ = 0;
 };
 
 }  // namespace strata

@@ -642,8 +642,8 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartControlServer(
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *bound_port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat(who, ": cannot listen on ", addr, " (port in use?)"));
+    return absl::UnavailableError(absl::StrCat(
+        who, ": cannot listen on ", addr, " (the port in use, or not an address of this host?)"));
   }
   return server;
 }

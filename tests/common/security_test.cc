@@ -334,5 +334,22 @@ TEST(RpcPolicyTest, RoleNames) {
   EXPECT_EQ(ParseRole(""), Role::kNone);
 }
 
+// A control-plane server that cannot listen says who and where.
+TEST(StartControlServerTest, AnAddressItCannotListenOnIsUnavailableNamingIt) {
+  proto::PServerAdmin::Service service;
+  int port = 0;
+  auto server = StartControlServer("pserver", "203.0.113.250", 0, grpc::InsecureServerCredentials(),
+                                   &service, 1000, &port);
+  EXPECT_THAT(server.status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("pserver: cannot listen on 203.0.113.250:0 (the port in use, or "
+                                 "not an address of this host?)")));
+  auto ok = StartControlServer("master", "127.0.0.1", 0, grpc::InsecureServerCredentials(),
+                               &service, 1000, &port);
+  ASSERT_THAT(ok.status(), IsOk());
+  EXPECT_GT(port, 0);
+  (*ok)->Shutdown();
+}
+
 }  // namespace
 }  // namespace strata

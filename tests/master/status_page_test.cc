@@ -196,5 +196,32 @@ TEST(RenderStatusPageTest, PlainTextIsSaid) {
   EXPECT_FALSE(absl::StrContains(page, "plain text"));
 }
 
+// GET / serves the page from the status at each request, its reload
+// interval from ?refresh=N: 5 s when absent or not a number, within 0..3600.
+TEST(ServeStatusPageTest, RefreshComesFromTheQueryWithinBounds) {
+  HttpServer http;
+  int requests = 0;
+  ServeStatusPage(
+      &http,
+      [&requests] {
+        ++requests;
+        return proto::GetStatusResponse();
+      },
+      RealClock());
+  ASSERT_TRUE(http.Start("127.0.0.1", 0).ok());
+  auto refresh_of = [&](const std::string& path) {
+    absl::StatusOr<std::string> page = HttpGet("127.0.0.1", http.port(), path);
+    EXPECT_TRUE(page.ok()) << page.status();
+    return page.ok() ? *page : std::string();
+  };
+  EXPECT_TRUE(absl::StrContains(refresh_of("/"), "content=\"5\""));
+  EXPECT_TRUE(absl::StrContains(refresh_of("/?refresh=7"), "content=\"7\""));
+  EXPECT_TRUE(absl::StrContains(refresh_of("/?refresh=seven"), "content=\"5\""));
+  EXPECT_TRUE(absl::StrContains(refresh_of("/?x=1&refresh=99999"), "content=\"3600\""));
+  EXPECT_FALSE(absl::StrContains(refresh_of("/?refresh=0"), "http-equiv=\"refresh\""));
+  EXPECT_EQ(requests, 5);
+  http.Shutdown();
+}
+
 }  // namespace
 }  // namespace strata::master

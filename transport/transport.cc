@@ -195,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
     tcp_options.encrypt = options.encrypt_data_plane;
     tcp_options.handshake_timeout = options.handshake_timeout;
     tcp_options.connect_timeout = options.tcp_connect_timeout;
+    tcp_options.lend_request_payloads = options.lend_request_payloads;
     return tcp::NewTcpTransport(tcp_options);
   }
   if (options.kind == "inproc") {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -372,6 +373,60 @@ TEST(TcpTransportTest, PayloadInSmallPiecesIsReassembled) {
   ::close(fd);
   EXPECT_EQ(ReadLe(back.data() + 24, 8), 77u);  // request_id echoed
   EXPECT_TRUE(back.substr(kFrameHeaderBytes) == payload);
+}
+
+// TransportOptions::lend_request_payloads (the pserver's): a push's or a
+// replication record's payload up to 16 MiB arrives in the connection's
+// buffer, lent for the handler's call (the same buffer each time, its bytes
+// those sent); other requests and larger payloads arrive owned as before.
+TEST(TcpTransportTest, LentRequestPayloadsArriveInTheConnectionsBuffer) {
+  TransportOptions options;
+  options.kind = "tcp";
+  options.lend_request_payloads = true;
+  auto server = std::move(CreateTransport(options)).value();
+  struct Seen {
+    MessageType type;
+    const char* lent;  // payload_ref, or null when owned
+    std::string bytes;
+  };
+  absl::Mutex mu;
+  std::vector<Seen> seen;
+  ASSERT_THAT(server->Listen("127.0.0.1", 0,
+                             [&](Message m, std::shared_ptr<Responder> r) {
+                               {
+                                 absl::MutexLock l(&mu);
+                                 seen.push_back({m.header.type, m.payload_ref,
+                                                 std::string(m.payload_data(), m.payload_size())});
+                               }
+                               Message ack;
+                               ack.header.type = ResponseTypeFor(m.header.type);
+                               r->Respond(std::move(ack));
+                             }),
+              IsOk());
+  auto client = NewTcp();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto conn, client->Connect(server->listen_address()));
+  const std::vector<std::pair<MessageType, size_t>> sent = {
+      {MessageType::kPushRequest, 300 << 10}, {MessageType::kPushRequest, 1000},
+      {MessageType::kReplicate, 5000},        {MessageType::kPullRequest, 800},
+      {MessageType::kPushRequest, 17 << 20},  {MessageType::kPushRequest, 0}};
+  for (size_t i = 0; i < sent.size(); ++i) {
+    Message m;
+    m.header.type = sent[i].first;
+    m.payload = Pattern(sent[i].second, static_cast<uint32_t>(i));
+    ASSERT_THAT(conn->CallSync(std::move(m), kWait).status(), IsOk());
+  }
+  absl::MutexLock l(&mu);
+  ASSERT_EQ(seen.size(), sent.size());
+  for (size_t i = 0; i < sent.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(seen[i].type, sent[i].first);
+    EXPECT_TRUE(seen[i].bytes == Pattern(sent[i].second, static_cast<uint32_t>(i)));
+  }
+  ASSERT_NE(seen[0].lent, nullptr);
+  EXPECT_EQ(seen[1].lent, seen[0].lent);  // one buffer, reused
+  EXPECT_EQ(seen[2].lent, seen[0].lent);
+  EXPECT_EQ(seen[3].lent, nullptr);  // a pull: owned
+  EXPECT_EQ(seen[4].lent, nullptr);  // over 16 MiB: owned
 }
 
 TEST(TcpTransportTest, OversizedRequestIsRejectedByServer) {

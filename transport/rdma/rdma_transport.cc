@@ -168,6 +168,7 @@ class RdmaTransport : public Transport, public ChannelListener {
     // under keys the master handed out over mTLS (docs/security.md).
     t.encrypt = options_.encrypt_data_plane || options_.membership != nullptr;
     t.handshake_timeout = options_.handshake_timeout;
+    t.lend_request_payloads = options_.lend_request_payloads;
     t.rdma_hello_handler = [this](Message m, std::shared_ptr<Responder> r) {
       OnHello(std::move(m), std::move(r));
     };

@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewRdmaTransport(const TransportOptio
   t.membership = options.membership;
   // (Sealed under the membership handshake, as the verbs build's bootstrap.)
   t.encrypt = options.encrypt_data_plane || options.membership != nullptr;
+  t.lend_request_payloads = options.lend_request_payloads;
   return tcp::NewTcpTransport(t);
 }
 

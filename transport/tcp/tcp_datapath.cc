@@ -31,6 +31,11 @@ namespace {
 // Payload remainders at least this large are read straight into the
 // message instead of through the scratch buffer.
 constexpr uint64_t kDirectReadMinBytes = 64 << 10;
+// A header read after a large frame: the header and a little of a payload.
+constexpr size_t kHeaderReadBytes = 4 << 10;
+// The largest request payload lent from a connection's buffer
+// (TcpOptions::lend_request_payloads); larger ones get their own.
+constexpr uint64_t kMaxLentBytes = 16 << 20;
 // Bytes read from one socket per epoll wakeup, so that one busy peer cannot
 // starve the others (epoll is level-triggered: the rest comes next round).
 constexpr size_t kReadBudgetBytes = 4 << 20;
@@ -255,7 +260,8 @@ absl::Status Endpoint::OnReadable(char* scratch, size_t scratch_size) {
   while (budget > 0) {
     const uint64_t remaining = in_payload_ ? payload_size_ - payload_got_ : 0;
     char* dst = scratch;
-    size_t want = scratch_size;
+    size_t want =
+        large_frames_ && !in_payload_ ? std::min(scratch_size, kHeaderReadBytes) : scratch_size;
     const bool direct = remaining >= kDirectReadMinBytes;
     if (direct) {
       GrowPayloadRoom();
@@ -336,7 +342,18 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       // frame's size, allocated only now that the header checked out.
       char* dest = sealed ? nullptr : PayloadDestination(incoming_.header, payload_bytes);
       incoming_.payload_in_destination = dest != nullptr;
+      const MessageType type = incoming_.header.type;
+      lent_ = dest == nullptr && !sealed && lend_requests_ && payload_bytes <= kMaxLentBytes &&
+              (type == MessageType::kPushRequest || type == MessageType::kReplicate);
+      if (lent_) {
+        if (lent_capacity_ < payload_bytes) {
+          lent_buf_.reset(new char[payload_bytes]);  // (not cleared: written before read)
+          lent_capacity_ = payload_bytes;
+        }
+        dest = lent_buf_.get();
+      }
       payload_size_ = payload_bytes;
+      large_frames_ = payload_bytes >= kDirectReadMinBytes;
       if (dest == nullptr) {
         // The buffer grows as bytes arrive, so a frame that claims a huge
         // payload and never sends it costs nothing.
@@ -384,6 +401,11 @@ void Endpoint::GrowPayloadRoom() {
 absl::Status Endpoint::DeliverIncoming() {
   Message message = std::move(incoming_);
   incoming_ = Message();
+  if (lent_) {
+    lent_ = false;
+    message.payload_ref = lent_buf_.get();
+    message.payload_ref_size = payload_size_;
+  }
   if (incoming_sealed_) {
     incoming_sealed_ = false;
     message.payload.resize(payload_size_);

@@ -248,7 +248,8 @@ Endpoint::Endpoint(int fd, std::string peer, const TcpOptions& options)
       peer_(std::move(peer)),
       max_payload_bytes_(options.max_payload_bytes),
       on_close_(options.on_close),
-      write_stall_timeout_(options.write_stall_timeout) {}
+      write_stall_timeout_(options.write_stall_timeout),
+      lend_requests_(options.lend_request_payloads) {}
 
 Endpoint::~Endpoint() {
   // Normally Close() ran; this only covers an endpoint that never got that far.

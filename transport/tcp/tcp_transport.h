@@ -88,6 +88,8 @@ struct TcpOptions {
   // An accepted connection that has not passed the handshake this long
   // after it opened is closed (with `membership` only).
   absl::Duration handshake_timeout = absl::Seconds(5);
+  // TransportOptions::lend_request_payloads.
+  bool lend_request_payloads = false;
   // Connections accepted from one peer host: at most this many in all, and
   // at most `max_pending_handshakes_per_host` of them still in the
   // handshake. One more is closed at once, unread (a rate-limited warning
@@ -168,13 +170,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   virtual absl::Status OnFrame(Message message) = 0;
   // Called once from Close().
   virtual void OnClosed(const absl::Status& reason) = 0;
-  // Epoll thread: where the payload of a frame with this (valid) header
-  // should be written, or nullptr for a fresh buffer in Message::payload.
   // Epoll thread: a frame's header arrived; a non-OK status closes the
   // connection before any of its payload is read (or buffered).
   virtual absl::Status CheckHeader(const MessageHeader& header, uint64_t payload_bytes) {
     return absl::OkStatus();
   }
+  // Epoll thread: where the payload of a frame with this (valid) header
+  // should be written, or nullptr for a fresh buffer in Message::payload.
   virtual char* PayloadDestination(const MessageHeader& header, uint64_t payload_bytes) {
     return nullptr;
   }
@@ -220,6 +222,16 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   uint64_t payload_size_ = 0;    // the frame's payload bytes
   uint64_t payload_room_ = 0;    // bytes of payload_buf_ allocated so far
   uint64_t payload_got_ = 0;
+  // The last frame's payload was large (read straight into its buffer):
+  // the next header is read with a small read, so that little of the
+  // payload behind it is copied through the scratch buffer.
+  bool large_frames_ = false;
+  // Lent request payloads (TcpOptions::lend_request_payloads): the buffer,
+  // and whether the frame being read goes there.
+  const bool lend_requests_;
+  std::unique_ptr<char[]> lent_buf_;
+  uint64_t lent_capacity_ = 0;
+  bool lent_ = false;
 };
 
 // Server side of an accepted socket: each request frame goes to the handler

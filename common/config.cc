@@ -577,6 +577,7 @@ std::vector<ConfigReader::Field> ConfigReader::ClusterFields(ClusterSection* clu
   return {
       Enum("transport", &cluster->transport, {"tcp", "rdma", "auto", "inproc"}),
       Int64("slice_bytes", &cluster->slice_bytes, IntAtLeast(4)),
+      Int64("chunk_bytes", &cluster->chunk_bytes, IntAtLeast(0)),
       Int("heartbeat_interval_ms", &cluster->heartbeat_interval_ms, IntAtLeast(1)),
       Int("dead_timeout_ms", &cluster->dead_timeout_ms, IntAtLeast(1)),
       Int("task_lease_timeout_ms", &cluster->task_lease_timeout_ms, IntAtLeast(1)),
@@ -679,6 +680,21 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
     return PathError(mark, "cluster.dead_timeout_ms",
                      absl::StrCat("must be > cluster.heartbeat_interval_ms (",
                                   c.heartbeat_interval_ms, "), got ", c.dead_timeout_ms));
+  }
+  if (c.chunk_bytes != 0) {
+    auto it = marks_.find("cluster.chunk_bytes");
+    const YAML::Mark mark = it != marks_.end() ? it->second : YAML::Mark::null_mark();
+    if (c.chunk_bytes % 4 != 0) {
+      return PathError(mark, "cluster.chunk_bytes",
+                       absl::StrCat("must be a multiple of 4 (whole floats), got ", c.chunk_bytes));
+    }
+    const int64_t chunks = (c.slice_bytes + c.chunk_bytes - 1) / c.chunk_bytes;
+    if (chunks > static_cast<int64_t>(kMaxChunksPerPartition)) {
+      return PathError(mark, "cluster.chunk_bytes",
+                       absl::StrCat(c.chunk_bytes, " cuts a slice of cluster.slice_bytes ",
+                                    c.slice_bytes, " into ", chunks, " chunks; at most ",
+                                    kMaxChunksPerPartition, " are allowed"));
+    }
   }
   return absl::OkStatus();
 }

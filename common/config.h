@@ -153,9 +153,18 @@ struct RdmaSection {
   int busy_poll_us = 50;  // busy polling after the last completion, >= 0
 };
 
+// The most chunks one dense partition is cut into (the chunk index is 16
+// bits of the data plane's header flags, docs/wire-protocol.md).
+inline constexpr uint32_t kMaxChunksPerPartition = 1u << 16;
+
 struct ClusterSection {
-  std::string transport = "tcp";       // tcp | rdma | auto | inproc
-  int64_t slice_bytes = 4 << 20;       // max bytes of one dense partition, >= 4
+  std::string transport = "tcp";  // tcp | rdma | auto | inproc
+  int64_t slice_bytes = 4 << 20;  // max bytes of one dense partition, >= 4
+  // The data plane's grain inside a dense partition (docs/performance.md):
+  // pushes and pulls go as chunks of this many bytes, each applied and
+  // answered on its own as it arrives. A multiple of 4; 0 = whole
+  // partitions. At most kMaxChunksPerPartition chunks per slice.
+  int64_t chunk_bytes = 1 << 20;
   int heartbeat_interval_ms = 500;     // > 0
   int dead_timeout_ms = 5000;          // > heartbeat_interval_ms
   int task_lease_timeout_ms = 120000;  // > 0

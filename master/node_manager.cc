@@ -63,6 +63,9 @@ NodeManager::NodeManager(Options options)
   absl::MutexLock l(&mu_);
   view_.set_epoch(1);
   view_.set_seed(options_.seed);
+  // (A restarted master keeps the chunk size of the state it restores: the
+  // pservers' partitions were cut with it.)
+  view_.set_chunk_bytes(static_cast<uint64_t>(options_.cluster.chunk_bytes));
   for (const auto& t : options_.tables) *view_.add_tables() = t;
   proto::NodeInfo* self = view_.add_members();
   self->set_id(0);

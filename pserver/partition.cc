@@ -12,16 +12,35 @@ namespace strata::pserver {
 using transport::Message;
 using transport::MessageType;
 
+std::vector<Partition::Chunk> Partition::MakeChunks(uint64_t length, uint64_t chunk_floats) {
+  if (chunk_floats == 0 || chunk_floats >= length) chunk_floats = std::max<uint64_t>(length, 1);
+  std::vector<Partition::Chunk> chunks;
+  for (uint64_t b = 0; b < length || chunks.empty(); b += chunk_floats) {
+    Partition::Chunk c;
+    c.begin = b;
+    c.end = std::min(length, b + chunk_floats);
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
 Partition::Partition(uint32_t id, std::string table, std::vector<float> values,
-                     std::unique_ptr<Optimizer> optimizer, Consistency consistency)
+                     std::unique_ptr<Optimizer> optimizer, Consistency consistency,
+                     uint64_t chunk_floats)
     : id_(id),
       table_(std::move(table)),
       length_(values.size()),
       sparse_(false),
       dim_(0),
+      chunk_floats_(chunk_floats == 0 || chunk_floats >= length_ ? std::max<uint64_t>(length_, 1)
+                                                                 : chunk_floats),
+      num_chunks_(static_cast<uint32_t>((std::max<uint64_t>(length_, 1) + chunk_floats_ - 1) /
+                                        chunk_floats_)),
       consistency_(consistency),
       values_(std::move(values)),
-      optimizer_(std::move(optimizer)) {
+      optimizer_(std::move(optimizer)),
+      chunks_(MakeChunks(length_, chunk_floats_)),
+      ledger_(static_cast<uint32_t>(chunks_.size())) {
   if (consistency_ == Consistency::kBsp) grad_sum_.assign(length_, 0.f);
 }
 
@@ -32,8 +51,12 @@ Partition::Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable
       length_(0),
       sparse_(true),
       dim_(rows->dim()),
+      chunk_floats_(1),
+      num_chunks_(1),
       consistency_(consistency),
-      rows_(std::move(rows)) {}
+      rows_(std::move(rows)),
+      chunks_(MakeChunks(0, 0)),
+      ledger_(1) {}
 
 Partition::~Partition() {
   std::vector<Reply> replies;
@@ -81,18 +104,32 @@ void Partition::Send(std::vector<Reply>* replies) {
   replies->clear();
 }
 
-absl::Status Partition::CheckRequest(const Message& request) const {
+absl::Status Partition::CheckRequest(const Message& request, uint32_t* first, uint32_t* end) const {
   const auto& h = request.header;
   const bool sparse_request = (h.flags & transport::kFlagSparse) != 0;
+  const bool push = h.type == MessageType::kPushRequest;
   const char* kind = sparse_ ? "sparse" : "dense";
   if (sparse_request != sparse_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(sparse_request ? "sparse " : "dense ",
-                     h.type == MessageType::kPullRequest ? "pull" : "push", " request from node ",
-                     h.sender_id, " to ", kind, " partition ", id_, " (", table_, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        sparse_request ? "sparse " : "dense ", push ? "push" : "pull", " request from node ",
+        h.sender_id, " to ", kind, " partition ", id_, " (", table_, ")"));
+  }
+  *first = 0;
+  *end = num_chunks_;
+  if ((h.flags & transport::kFlagChunk) != 0) {
+    const uint32_t c = transport::ChunkIndex(h.flags);
+    if (sparse_ || c >= num_chunks_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(push ? "push" : "pull", " of chunk ", c, " from node ", h.sender_id,
+                       " to partition ", id_, " (", table_, "), which has ", num_chunks_,
+                       " chunk(s) of ", chunk_floats_ * sizeof(float),
+                       " bytes (is cluster.chunk_bytes the same for every node?)"));
+    }
+    *first = c;
+    *end = c + 1;
   }
   const size_t size = request.payload_size();
-  if (h.type == MessageType::kPullRequest) {
+  if (!push) {
     if (sparse_ && size % sizeof(uint64_t) != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("sparse pull from node ", h.sender_id, " to partition ", id_, " (", table_,
@@ -112,15 +149,25 @@ absl::Status Partition::CheckRequest(const Message& request) const {
           "sparse push to partition ", id_, " (", table_, ") from node ", h.sender_id, ": ", size,
           " bytes is not a whole number of (key, ", dim_, " floats) rows of ", row, " bytes"));
     }
-  } else if (size != length_ * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat("push to partition ", id_, " (", table_,
-                                                   ") from node ", h.sender_id, ": expected ",
-                                                   length_ * sizeof(float),
-                                                   " bytes of gradient over >= 1 "
-                                                   "sample, got ",
-                                                   size, " bytes over ", h.count));
+    return absl::OkStatus();
+  }
+  const uint64_t want =
+      (std::min(length_, uint64_t{*end} * chunk_floats_) - uint64_t{*first} * chunk_floats_) *
+      sizeof(float);
+  if (size != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push to partition ", id_, " (", table_, ")",
+                     *end - *first < num_chunks_ ? absl::StrCat(" chunk ", *first) : "",
+                     " from node ", h.sender_id, ": expected ", want,
+                     " bytes of gradient over >= 1 sample, got ", size, " bytes over ", h.count));
   }
   return absl::OkStatus();
+}
+
+uint64_t Partition::PullFloats(const transport::MessageHeader& h) const {
+  if ((h.flags & transport::kFlagChunk) == 0) return length_;
+  const uint64_t begin = uint64_t{transport::ChunkIndex(h.flags)} * chunk_floats_;
+  return begin < length_ ? std::min(chunk_floats_, length_ - begin) : 0;
 }
 
 Message Partition::PullResponseLocked(const Message& req) const {
@@ -137,13 +184,21 @@ Message Partition::PullResponseLocked(const Message& req) const {
     return resp;
   }
   // Sent straight from the values, under the partition lock (see Send).
-  resp.payload_ref = reinterpret_cast<const char*>(values_.data());
-  resp.payload_ref_size = values_.size() * sizeof(float);
+  uint64_t begin = 0, end = length_;
+  if ((req.header.flags & transport::kFlagChunk) != 0) {
+    const Chunk& c = chunks_[transport::ChunkIndex(req.header.flags)];  // (checked)
+    begin = c.begin;
+    end = c.end;
+    resp.header.version = c.version;
+  }
+  resp.payload_ref = reinterpret_cast<const char*>(values_.data() + begin);
+  resp.payload_ref_size = (end - begin) * sizeof(float);
   return resp;
 }
 
 void Partition::Pull(const Message& request, std::shared_ptr<transport::Responder> responder) {
-  if (absl::Status s = CheckRequest(request); !s.ok()) {
+  uint32_t first = 0, end = 0;
+  if (absl::Status s = CheckRequest(request, &first, &end); !s.ok()) {
     responder->Respond(transport::MakeErrorResponse(request.header, MessageType::kPullResponse, s));
     return;
   }
@@ -154,7 +209,7 @@ void Partition::Pull(const Message& request, std::shared_ptr<transport::Responde
         absl::UnavailableError(absl::StrCat("partition ", id_, " is a backup on this pserver"))));
     return;
   }
-  if (consistency_ == Consistency::kBsp && request.header.version > ServedVersionLocked()) {
+  if (consistency_ == Consistency::kBsp && request.header.version > ServedForLocked(first, end)) {
     Message waiting;
     waiting.header = request.header;
     waiting.payload.assign(request.payload_data(), request.payload_size());
@@ -180,169 +235,217 @@ void Partition::AccumulateSparseLocked(const uint64_t* keys, const float* grads,
 void Partition::Push(const Message& request, std::shared_ptr<transport::Responder> responder) {
   const auto& h = request.header;
   std::vector<Reply> replies;
-  auto reply = [&](const absl::Status& s) {
-    replies.emplace_back(responder, Answer(h, MessageType::kPushResponse, s));
-  };
-  {
-    absl::MutexLock l(&mu_);
-    const absl::Status fit = CheckRequest(request);
+  absl::MutexLock l(&mu_);
+  uint32_t first = 0, end = 0;
+  absl::Status s = CheckRequest(request, &first, &end);
+  Hold hold = Hold::kNone;
+  if (role_ != PartitionRole::kPrimary) {
+    s = absl::UnavailableError(absl::StrCat("partition ", id_, " is a backup on this pserver"));
+  } else if (!s.ok()) {
+    ++stats_.rejected_pushes;
+  } else {
     const char* payload = request.payload_data();
     const size_t sparse_n =
         sparse_ ? request.payload_size() / (sizeof(uint64_t) + sizeof(float) * dim_) : 0;
-    const auto* keys = reinterpret_cast<const uint64_t*>(payload);
-    const auto* rows = reinterpret_cast<const float*>(payload + sparse_n * sizeof(uint64_t));
-    const bool replicating = !backup_acked_.empty();
-    if (role_ != PartitionRole::kPrimary) {
-      reply(
-          absl::UnavailableError(absl::StrCat("partition ", id_, " is a backup on this pserver")));
-    } else if (!fit.ok()) {
-      ++stats_.rejected_pushes;
-      reply(fit);
-    } else if (auto it = last_seq_.find(h.sender_id);
-               it != last_seq_.end() && h.seq <= it->second) {
-      ++stats_.duplicate_pushes;
-      reply(absl::OkStatus());
-      // Acknowledged only once what it was part of is replicated.
-      if (replicating && contributors_.count(h.sender_id) != 0) {
-        step_acks_.push_back(std::move(replies.back()));
-        replies.pop_back();
-      } else if (replicating && !held_.empty()) {
-        held_.back().replies.push_back(std::move(replies.back()));
-        replies.pop_back();
-      }
-    } else if (consistency_ == Consistency::kAsp) {
-      last_seq_[h.sender_id] = h.seq;
-      ++stats_.pushes_applied;
-      ++applied_by_sender_[h.sender_id];
-      const float scale = static_cast<float>(1.0 / static_cast<double>(h.count));
-      if (sparse_) {
-        rows_->Update(keys, sparse_n, rows, scale);
-      } else {
-        optimizer_->Apply(values_.data(), reinterpret_cast<const float*>(payload), scale, length_);
-      }
-      ++stats_.updates_applied;
-      ++stats_.version;
-      reply(absl::OkStatus());
-      if (replicating) {
-        ReplicaUpdate u;
-        u.scale = scale;
-        u.pushes.emplace_back(h.sender_id, h.seq);
-        if (sparse_) {
-          u.keys.assign(keys, keys + sparse_n);
-          u.grads.assign(rows, rows + sparse_n * dim_);
-        } else {
-          const auto* g = reinterpret_cast<const float*>(payload);
-          u.grads.assign(g, g + length_);
-        }
-        ReplicateLocked(u, &replies);
-      }
-    } else if (h.version < stats_.version) {
-      ++stats_.rejected_pushes;
-      last_seq_[h.sender_id] = h.seq;
-      reply(WithReason(
-          absl::FailedPreconditionError(absl::StrCat(
-              "push to partition ", id_, " from node ", h.sender_id, " is for step ", h.version,
-              " but the partition is at version ", stats_.version, ": stale gradient dropped")),
-          proto::REASON_STALE_GRADIENT));
-    } else if (h.version > stats_.version) {
-      ++stats_.rejected_pushes;
-      reply(absl::OutOfRangeError(absl::StrCat("push to partition ", id_, " from node ",
-                                               h.sender_id, " is for step ", h.version,
-                                               " ahead of version ", stats_.version)));
-    } else if (step_workers_.count(h.sender_id) == 0) {
-      reply(WithReason(
-          absl::UnavailableError(absl::StrCat("node ", h.sender_id, " is not in partition ", id_,
-                                              "'s step set yet; retry after the view update")),
-          proto::REASON_NOT_IN_STEP_SET));
-    } else {
-      last_seq_[h.sender_id] = h.seq;
-      if (contributors_.insert(h.sender_id).second) {
-        ++stats_.pushes_applied;
-        ++applied_by_sender_[h.sender_id];
-        step_pushes_.emplace_back(h.sender_id, h.seq);
-        const float* g = reinterpret_cast<const float*>(payload);
-        // The step's first gradient is copied, later ones added: the sum
-        // needs no clearing between steps.
-        if (sparse_) {
-          AccumulateSparseLocked(keys, rows, sparse_n);
-        } else if (contributors_.size() == 1) {
-          std::memcpy(grad_sum_.data(), g, length_ * sizeof(float));
-        } else {
-          AddInto(grad_sum_.data(), g, length_);
-        }
-        count_sum_ += static_cast<double>(h.count);
-      } else {
-        ++stats_.duplicate_pushes;
-      }
-      // The ack goes out before the step's update is applied: the pusher
-      // need not wait for the optimizer, only for the next pull. With
-      // backups it waits until they hold the step's update.
-      reply(absl::OkStatus());
-      if (replicating) {
-        step_acks_.push_back(std::move(replies.back()));
-        replies.pop_back();
-      }
-      Send(&replies);
-      MaybeCompleteStepLocked(&replies);
+    for (uint32_t c = first; c < end && s.ok(); ++c) {
+      const size_t at = sparse_ ? 0 : (chunks_[c].begin - chunks_[first].begin) * sizeof(float);
+      s = PushChunkLocked(h, c, payload + at, sparse_n, &hold);
     }
+  }
+  // The ack goes out before a bsp step's update is applied: the pusher
+  // need not wait for the optimizer, only for the next pull. With backups
+  // it waits until they hold what it was part of.
+  Reply reply(responder, Answer(h, MessageType::kPushResponse, s));
+  if (hold == Hold::kStep) {
+    step_acks_.push_back(std::move(reply));
+  } else if (hold == Hold::kRecord && !held_.empty()) {
+    held_.back().replies.push_back(std::move(reply));
+  } else {
+    replies.push_back(std::move(reply));
+  }
+  Send(&replies);
+  // (Also after a refusal: a whole push may have added some chunks first.)
+  if (consistency_ == Consistency::kBsp && role_ == PartitionRole::kPrimary && first < end) {
+    for (uint32_t c = first; c < end; ++c) MaybeCompleteChunkStepLocked(c, &replies);
     Send(&replies);
   }
 }
 
-void Partition::ApplyStepLocked(ReplicaUpdate* record) {
-  const float scale = static_cast<float>(1.0 / count_sum_);
-  if (record != nullptr) {
-    record->scale = scale;
-    record->pushes = step_pushes_;
+absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint32_t c,
+                                        const char* data, size_t sparse_n, Hold* hold) {
+  Chunk& k = chunks_[c];
+  const bool replicating = !backup_acked_.empty();
+  const auto* keys = reinterpret_cast<const uint64_t*>(data);
+  const auto* grad =
+      reinterpret_cast<const float*>(sparse_ ? data + sparse_n * sizeof(uint64_t) : data);
+  const uint64_t n = k.end - k.begin;
+  auto raise = [hold](Hold h) { *hold = std::max(*hold, h); };
+  const bool in_step = k.contributors.count(h.sender_id) != 0;
+  if (ledger_.Seen(h.sender_id, h.seq, c) || in_step) {
+    ++stats_.duplicate_pushes;
+    // Acknowledged only once what it was part of is replicated.
+    if (replicating) raise(in_step ? Hold::kStep : Hold::kRecord);
+    return absl::OkStatus();
+  }
+  const std::string where = chunks_.size() > 1 ? absl::StrCat("chunk ", c, " of partition ", id_)
+                                               : absl::StrCat("partition ", id_);
+  if (consistency_ == Consistency::kAsp) {
+    const float scale = static_cast<float>(1.0 / static_cast<double>(h.count));
     if (sparse_) {
-      record->keys = step_keys_;
-      record->grads = step_grads_;
+      rows_->Update(keys, sparse_n, grad, scale);
     } else {
-      record->grads = grad_sum_;
+      optimizer_->ApplyRange(k.begin, values_.data() + k.begin, grad, scale, n, k.version + 1);
+    }
+    ++k.version;
+    ++changes_;
+    ledger_.Resolve(h.sender_id, h.seq, c, true);
+    if (c == 0) ++stats_.pushes_applied;  // (a push counted by its first chunk)
+    AdvanceLocked();
+    if (replicating) {
+      ReplicaUpdate u;
+      u.scale = scale;
+      u.chunk = c;
+      u.version = k.version;
+      u.pushes.emplace_back(h.sender_id, h.seq);
+      if (sparse_) {
+        u.keys.assign(keys, keys + sparse_n);
+        u.grads.assign(grad, grad + sparse_n * dim_);
+      } else {
+        u.grads.assign(grad, grad + n);
+      }
+      std::vector<Reply> none;
+      ReplicateLocked(u, k.version - 1, &none);
+      raise(Hold::kRecord);
+    }
+    return absl::OkStatus();
+  }
+  if (h.version < k.version) {
+    ++stats_.rejected_pushes;
+    ledger_.Resolve(h.sender_id, h.seq, c, false);
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "push to ", where, " from node ", h.sender_id, " is for step ", h.version,
+                          " but it is at version ", k.version, ": stale gradient dropped")),
+                      proto::REASON_STALE_GRADIENT);
+  }
+  if (h.version > k.version) {
+    ++stats_.rejected_pushes;
+    return absl::OutOfRangeError(absl::StrCat("push to ", where, " from node ", h.sender_id,
+                                              " is for step ", h.version, " ahead of version ",
+                                              k.version));
+  }
+  if (step_workers_.count(h.sender_id) == 0) {
+    return WithReason(
+        absl::UnavailableError(absl::StrCat("node ", h.sender_id, " is not in partition ", id_,
+                                            "'s step set yet; retry after the view update")),
+        proto::REASON_NOT_IN_STEP_SET);
+  }
+  k.contributors.insert(h.sender_id);
+  k.pushes.emplace_back(h.sender_id, h.seq);
+  // The step's first gradient is copied, later ones added: the sum needs
+  // no clearing between steps.
+  if (sparse_) {
+    AccumulateSparseLocked(keys, grad, sparse_n);
+  } else if (k.contributors.size() == 1) {
+    std::memcpy(grad_sum_.data() + k.begin, grad, n * sizeof(float));
+  } else {
+    AddInto(grad_sum_.data() + k.begin, grad, n);
+  }
+  k.count_sum += static_cast<double>(h.count);
+  if (c == 0) ++stats_.pushes_applied;
+  if (replicating) raise(Hold::kStep);
+  return absl::OkStatus();
+}
+
+void Partition::MaybeCompleteChunkStepLocked(uint32_t c, std::vector<Reply>* replies) {
+  Chunk& k = chunks_[c];
+  if (k.contributors.empty()) return;
+  for (uint32_t w : step_workers_) {
+    if (k.contributors.count(w) == 0) return;
+  }
+  const bool replicating = !backup_acked_.empty();
+  const float scale = static_cast<float>(1.0 / k.count_sum);
+  ReplicaUpdate record;
+  if (replicating) {
+    record.scale = scale;
+    record.chunk = c;
+    record.version = k.version + 1;
+    record.pushes = k.pushes;
+    if (sparse_) {
+      record.keys = step_keys_;
+      record.grads = step_grads_;
+    } else {
+      record.grads.assign(grad_sum_.begin() + static_cast<std::ptrdiff_t>(k.begin),
+                          grad_sum_.begin() + static_cast<std::ptrdiff_t>(k.end));
     }
   }
-  step_pushes_.clear();
   if (sparse_) {
     rows_->Update(step_keys_.data(), step_keys_.size(), step_grads_.data(), scale);
     step_slot_.clear();
     step_keys_.clear();
     step_grads_.clear();
   } else {
-    optimizer_->Apply(values_.data(), grad_sum_.data(), scale, length_);
+    optimizer_->ApplyRange(k.begin, values_.data() + k.begin, grad_sum_.data() + k.begin, scale,
+                           k.end - k.begin, k.version + 1);
   }
-  ++stats_.updates_applied;
-  ++stats_.version;
-  if (!waiting_snapshots_.empty()) TakeDueSnapshotsLocked();
-}
-
-void Partition::MaybeCompleteStepLocked(std::vector<Reply>* replies) {
-  if (contributors_.empty()) return;
-  for (uint32_t w : step_workers_) {
-    if (contributors_.count(w) == 0) return;
-  }
-  const bool replicating = !backup_acked_.empty();
-  ReplicaUpdate record;
-  ApplyStepLocked(replicating ? &record : nullptr);
-  count_sum_ = 0;
-  contributors_.clear();
-  std::vector<Reply> acks;
-  acks.swap(step_acks_);
+  ++k.version;
+  ++changes_;
+  for (const auto& [sender, seq] : k.pushes) ledger_.Resolve(sender, seq, c, true);
+  k.pushes.clear();
+  k.contributors.clear();
+  k.count_sum = 0;
+  const bool step_done = AdvanceLocked();
   if (replicating) {
-    ReplicateLocked(record, &acks);
-  } else {
-    for (Reply& r : acks) replies->push_back(std::move(r));
+    // The step's acks wait for its last chunk's record.
+    std::vector<Reply> acks;
+    if (step_done) acks.swap(step_acks_);
+    ReplicateLocked(record, k.version - 1, &acks);
   }
   ServeWaitingPullsLocked(replies);
 }
 
+bool Partition::AdvanceLocked() {
+  uint64_t all = UINT64_MAX;
+  for (const Chunk& k : chunks_) all = std::min(all, k.version);
+  if (all <= stats_.version) return false;
+  stats_.updates_applied += all - stats_.version;
+  stats_.version = all;
+  if (!waiting_snapshots_.empty()) TakeDueSnapshotsLocked();
+  return true;
+}
+
+uint64_t Partition::NewestChunkVersionLocked() const {
+  uint64_t newest = 0;
+  for (const Chunk& k : chunks_) newest = std::max(newest, k.version);
+  return newest;
+}
+
+uint64_t Partition::ServedChunkVersionLocked(uint32_t c) const {
+  // The first record of the chunk not held by every backup yet.
+  for (const Held& h : held_) {
+    if (h.chunk == c) return h.before;
+  }
+  return chunks_[c].version;
+}
+
 uint64_t Partition::ServedVersionLocked() const {
-  // Every record moves the version on by one.
-  return held_.empty() ? stats_.version : held_.front().version - 1;
+  if (held_.empty()) return stats_.version;
+  uint64_t served = UINT64_MAX;
+  for (uint32_t c = 0; c < chunks_.size(); ++c) {
+    served = std::min(served, ServedChunkVersionLocked(c));
+  }
+  return served;
+}
+
+uint64_t Partition::ServedForLocked(uint32_t first, uint32_t end) const {
+  return end - first == chunks_.size() ? ServedVersionLocked() : ServedChunkVersionLocked(first);
 }
 
 void Partition::ServeWaitingPullsLocked(std::vector<Reply>* replies) {
-  const uint64_t served = ServedVersionLocked();
   for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
+    const uint32_t flags = it->first.header.flags;
+    const bool chunk = (flags & transport::kFlagChunk) != 0;
+    const uint64_t served =
+        chunk ? ServedChunkVersionLocked(transport::ChunkIndex(flags)) : ServedVersionLocked();
     if (it->first.header.version <= served) {
       ++stats_.pulls_served;
       replies->emplace_back(std::move(it->second), PullResponseLocked(it->first));
@@ -357,13 +460,18 @@ void Partition::SetStepWorkers(const std::set<uint32_t>& workers) {
   std::vector<Reply> replies;
   absl::MutexLock l(&mu_);
   step_workers_ = workers;
-  if (consistency_ == Consistency::kBsp) MaybeCompleteStepLocked(&replies);
+  if (consistency_ == Consistency::kBsp) {
+    for (uint32_t c = 0; c < chunks_.size(); ++c) MaybeCompleteChunkStepLocked(c, &replies);
+  }
   Send(&replies);
 }
 
 PartitionStats Partition::stats() const {
   absl::MutexLock l(&mu_);
-  return stats_;
+  PartitionStats s = stats_;
+  s.newest_chunk_version = NewestChunkVersionLocked();
+  s.chunks = static_cast<uint32_t>(chunks_.size());
+  return s;
 }
 
 SparseTableStats Partition::sparse_stats() const {
@@ -400,7 +508,7 @@ PartitionSnapshot Partition::SnapshotLocked(const SnapshotRequest& req) {
     rows_->ExportPending(&snap.pending);
     rows_->MarkClean();
   } else {
-    if (incremental && stats_.version == baseline_version_) {
+    if (incremental && changes_ == baseline_changes_) {
       snap.unchanged = true;
     } else {
       snap.values.assign(reinterpret_cast<const char*>(values_.data()),
@@ -409,14 +517,22 @@ PartitionSnapshot Partition::SnapshotLocked(const SnapshotRequest& req) {
     }
   }
   baseline_seq_ = req.seq;
-  baseline_version_ = stats_.version;
+  baseline_changes_ = changes_;
   snap.stall = absl::Now() - start;
   return snap;
 }
 
 void Partition::TakeDueSnapshotsLocked() {
+  const uint64_t newest = NewestChunkVersionLocked();
   for (auto it = waiting_snapshots_.begin(); it != waiting_snapshots_.end();) {
-    if (it->first.version == stats_.version) {
+    if (newest > it->first.version) {  // (a chunk went on before the others got there)
+      it->second(
+          WithReason(absl::FailedPreconditionError(absl::StrCat(
+                         "partition ", id_, " (", table_, ") has a chunk at version ", newest,
+                         ", past the checkpoint's cut at version ", it->first.version)),
+                     proto::REASON_CUT_PASSED));
+      it = waiting_snapshots_.erase(it);
+    } else if (it->first.version == stats_.version) {
       it->second(SnapshotLocked(it->first));
       it = waiting_snapshots_.erase(it);
     } else {
@@ -427,15 +543,21 @@ void Partition::TakeDueSnapshotsLocked() {
 
 void Partition::RequestSnapshot(const SnapshotRequest& req, SnapshotDone done) {
   absl::MutexLock l(&mu_);
-  if (!req.at_version || req.version == stats_.version) {
+  if (!req.at_version) {
     done(SnapshotLocked(req));
     return;
   }
-  if (req.version < stats_.version) {
-    done(WithReason(absl::FailedPreconditionError(absl::StrCat(
-                        "partition ", id_, " (", table_, ") is at version ", stats_.version,
-                        ", past the checkpoint's cut at version ", req.version)),
+  // Past the cut when any chunk is (an update applied chunk by chunk).
+  const uint64_t newest = NewestChunkVersionLocked();
+  if (req.version < newest) {
+    done(WithReason(absl::FailedPreconditionError(
+                        absl::StrCat("partition ", id_, " (", table_, ") is at version ", newest,
+                                     ", past the checkpoint's cut at version ", req.version)),
                     proto::REASON_CUT_PASSED));
+    return;
+  }
+  if (req.version == stats_.version) {
+    done(SnapshotLocked(req));
     return;
   }
   waiting_snapshots_.emplace_back(req, std::move(done));
@@ -517,17 +639,21 @@ absl::Status Partition::ApplyStreamsLocked(const std::map<storage::BlockType, st
     std::memcpy(values_.data(), values.data(), values.size());
   }
   stats_.version = h.version();
-  last_seq_.clear();
-  for (const auto& [sender, seq] : h.last_seq()) last_seq_[sender] = seq;
-  applied_by_sender_.clear();
-  for (const auto& [sender, n] : h.applied_by_sender()) applied_by_sender_[sender] = n;
+  // Chunk versions as saved, if it was cut into the same chunks.
+  const bool same_chunks = static_cast<size_t>(h.chunk_versions_size()) == chunks_.size();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    chunks_[c].version =
+        same_chunks ? std::max(h.chunk_versions(static_cast<int>(c)), h.version()) : h.version();
+  }
+  ledger_.Load(h);
+  ++changes_;
   return absl::OkStatus();
 }
 
 void Partition::FinishRestore(uint64_t seq) {
   absl::MutexLock l(&mu_);
   baseline_seq_ = seq;
-  baseline_version_ = stats_.version;
+  baseline_changes_ = changes_;
   if (sparse_) rows_->MarkClean();
 }
 
@@ -553,12 +679,13 @@ bool Partition::synced() const {
 
 std::map<uint32_t, uint64_t> Partition::applied_by_sender() const {
   absl::MutexLock l(&mu_);
-  return applied_by_sender_;
+  return ledger_.applied_by_sender();
 }
 
 void Partition::FastForward(uint64_t version) {
   absl::MutexLock l(&mu_);
-  if (version > stats_.version) stats_.version = version;
+  for (Chunk& k : chunks_) k.version = std::max(k.version, version);
+  stats_.version = std::max(stats_.version, version);
 }
 
 void Partition::Promote() {
@@ -582,8 +709,10 @@ void Partition::FillHeaderLocked(proto::CheckpointPartitionHeader* h) const {
   h->set_sparse(sparse_);
   h->set_dim(static_cast<uint32_t>(dim_));
   h->set_version(stats_.version);
-  for (const auto& [sender, seq] : last_seq_) (*h->mutable_last_seq())[sender] = seq;
-  for (const auto& [sender, n] : applied_by_sender_) (*h->mutable_applied_by_sender())[sender] = n;
+  if (NewestChunkVersionLocked() != stats_.version) {
+    for (const Chunk& k : chunks_) h->add_chunk_versions(k.version);
+  }
+  ledger_.Save(h);
   if (sparse_) {
     h->set_optimizer(rows_->optimizer_name());
     h->set_row_bytes(static_cast<uint32_t>(rows_->row_bytes()));
@@ -645,7 +774,8 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
   Send(&replies);
 }
 
-void Partition::ReplicateLocked(const ReplicaUpdate& update, std::vector<Reply>* replies) {
+void Partition::ReplicateLocked(const ReplicaUpdate& update, uint64_t before,
+                                std::vector<Reply>* replies) {
   ++record_index_;
   transport::Message m;
   m.header.type = MessageType::kReplicate;
@@ -662,7 +792,7 @@ void Partition::ReplicateLocked(const ReplicaUpdate& update, std::vector<Reply>*
     copy.payload = --left == 0 ? std::move(m.payload) : m.payload;
     sink_->Send(this, b, std::move(copy));
   }
-  held_.push_back(Held{record_index_, stats_.version, std::move(*replies)});
+  held_.push_back(Held{record_index_, update.chunk, before, std::move(*replies)});
   replies->clear();
 }
 
@@ -695,6 +825,11 @@ void Partition::OnReplicaAck(uint32_t backup, uint64_t index) {
 }
 
 absl::Status Partition::ApplyUpdateLocked(const ReplicaUpdate& u) {
+  if (u.chunk >= chunks_.size()) {
+    return absl::DataLossError(absl::StrCat("replication record for chunk ", u.chunk,
+                                            " of partition ", id_, ", which has ", chunks_.size()));
+  }
+  Chunk& k = chunks_[u.chunk];
   if (sparse_) {
     if (u.grads.size() != u.keys.size() * static_cast<size_t>(dim_)) {
       return absl::DataLossError(absl::StrCat("replication record for sparse partition ", id_, ": ",
@@ -703,21 +838,19 @@ absl::Status Partition::ApplyUpdateLocked(const ReplicaUpdate& u) {
     }
     rows_->Update(u.keys.data(), u.keys.size(), u.grads.data(), u.scale);
   } else {
-    if (u.grads.size() != length_) {
-      return absl::DataLossError(absl::StrCat("replication record for partition ", id_, ": ",
-                                              u.grads.size(), " floats for ", length_,
-                                              " parameters"));
+    if (u.grads.size() != k.end - k.begin) {
+      return absl::DataLossError(absl::StrCat("replication record for chunk ", u.chunk,
+                                              " of partition ", id_, ": ", u.grads.size(),
+                                              " floats for ", k.end - k.begin, " parameters"));
     }
-    optimizer_->Apply(values_.data(), u.grads.data(), u.scale, length_);
+    optimizer_->ApplyRange(k.begin, values_.data() + k.begin, u.grads.data(), u.scale,
+                           k.end - k.begin, std::max<uint64_t>(u.version, 1));
   }
-  for (const auto& [sender, seq] : u.pushes) {
-    uint64_t& last = last_seq_[sender];
-    last = std::max(last, seq);
-    ++applied_by_sender_[sender];
-  }
-  stats_.pushes_applied += u.pushes.size();
-  ++stats_.updates_applied;
-  ++stats_.version;
+  k.version = std::max(k.version, u.version);
+  ++changes_;
+  for (const auto& [sender, seq] : u.pushes) ledger_.Resolve(sender, seq, u.chunk, true);
+  if (u.chunk == 0) stats_.pushes_applied += u.pushes.size();
+  AdvanceLocked();
   return absl::OkStatus();
 }
 

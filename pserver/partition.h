@@ -22,6 +22,7 @@
 #include "common/config.h"
 #include "common/optimizer.h"
 #include "proto/checkpoint.pb.h"
+#include "pserver/push_ledger.h"
 #include "pserver/replica_record.h"
 #include "pserver/sparse_table.h"
 #include "storage/checkpoint_format.h"
@@ -30,8 +31,13 @@
 namespace strata::pserver {
 
 struct PartitionStats {
+  // The version every chunk has reached (the partition's version).
   uint64_t version = 0;
-  uint64_t pushes_applied = 0;    // gradients accepted (each counted once)
+  // The newest chunk's version: above `version` while an update is
+  // applied chunk by chunk (cluster.chunk_bytes).
+  uint64_t newest_chunk_version = 0;
+  uint32_t chunks = 1;
+  uint64_t pushes_applied = 0;    // gradients accepted (each counted once, by its chunk 0)
   uint64_t updates_applied = 0;   // optimizer steps
   uint64_t duplicate_pushes = 0;  // (worker, seq) seen before: acked, not applied
   uint64_t rejected_pushes = 0;   // stale step, bad size, ...
@@ -94,8 +100,11 @@ enum class PartitionRole {
 class Partition : public std::enable_shared_from_this<Partition> {
  public:
   // `values` are the initial parameters (moved in); `optimizer` owned.
+  // Pushes and pulls may address it by chunks of `chunk_floats` floats
+  // (the view's chunk_bytes / 4; 0 = the whole partition is one chunk).
   Partition(uint32_t id, std::string table, std::vector<float> values,
-            std::unique_ptr<Optimizer> optimizer, Consistency consistency);
+            std::unique_ptr<Optimizer> optimizer, Consistency consistency,
+            uint64_t chunk_floats = 0);
   // A sparse partition over `rows` (owned).
   Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable> rows,
             Consistency consistency);
@@ -113,7 +122,8 @@ class Partition : public std::enable_shared_from_this<Partition> {
 
   // kPullRequest: answers with the values once version >= header.version
   // (BSP); ASP answers at once. Sparse (kFlagSparse): the rows of the keys
-  // in the payload, in their order.
+  // in the payload, in their order. A chunk's pull (kFlagChunk) waits only
+  // for that chunk's version and is answered with its floats.
   void Pull(const transport::Message& request, std::shared_ptr<transport::Responder> responder);
   // kPushRequest: payload is the gradient summed over header.count samples
   // for step header.version. Applied at most once per (sender, seq). BSP:
@@ -121,6 +131,10 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // over all samples and applied once; ASP: averaged and applied at once.
   // Sparse (kFlagSparse): n keys then their n gradient rows; in BSP the
   // rows of a key pushed by several workers are summed.
+  // A chunk's push (kFlagChunk) carries that chunk's gradient; each chunk
+  // is applied on its own (BSP: once every worker of the step pushed it),
+  // and de-duplicated per (sender, seq, chunk). The partition's version is
+  // the version all its chunks have reached.
   void Push(const transport::Message& request, std::shared_ptr<transport::Responder> responder);
 
   // The workers a BSP step waits for (live, training workers of the current
@@ -155,6 +169,9 @@ class Partition : public std::enable_shared_from_this<Partition> {
   const std::string& table() const { return table_; }
   // Dense: elements. Sparse: 0.
   uint64_t length() const { return length_; }
+  // Dense: the floats a pull with this header is answered with (a chunk's
+  // or the whole partition's; 0 for a chunk it does not have).
+  uint64_t PullFloats(const transport::MessageHeader& h) const;
   bool sparse() const { return sparse_; }
   int sparse_dim() const { return dim_; }
   PartitionStats stats() const;
@@ -186,15 +203,41 @@ class Partition : public std::enable_shared_from_this<Partition> {
 
  private:
   using Reply = std::pair<std::shared_ptr<transport::Responder>, transport::Message>;
-  void MaybeCompleteStepLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies the BSP step's summed gradient (dense or sparse); fills
-  // *record (may be null) with it for the backups.
-  void ApplyStepLocked(ReplicaUpdate* record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The part of a partition that pushes and pulls address on their own:
+  // elements [begin, end) of a dense partition (a sparse one is a single
+  // chunk), its version and its BSP step in progress.
+  struct Chunk {
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    uint64_t version = 0;
+    std::set<uint32_t> contributors;                    // pushed this step
+    std::vector<std::pair<uint32_t, uint64_t>> pushes;  // their (sender, seq)
+    double count_sum = 0;                               // samples summed
+  };
+  // A dense partition of `length` floats cut into chunks of `chunk_floats`
+  // (0: one chunk); a sparse one (length 0) is one chunk.
+  static std::vector<Chunk> MakeChunks(uint64_t length, uint64_t chunk_floats);
+  // Where a push's answer waits: sent at once, until the last replication
+  // record is held by every backup, or until the BSP step is replicated.
+  enum class Hold { kNone, kRecord, kStep };
+  // One chunk of a push: applied (ASP) or added to the step (BSP), or the
+  // reason it is not. Raises *hold to what its answer must wait for.
+  absl::Status PushChunkLocked(const transport::MessageHeader& h, uint32_t c, const char* data,
+                               size_t sparse_n, Hold* hold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BSP: applies chunk c's step once every worker of the step set pushed it.
+  void MaybeCompleteChunkStepLocked(uint32_t c, std::vector<Reply>* replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The partition's version catches up with its chunks'; true when it
+  // moved (bsp snapshots waiting for it are taken).
+  bool AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t NewestChunkVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a sparse push's rows to the BSP step's sums.
   void AccumulateSparseLocked(const uint64_t* keys, const float* grads, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a request does not fit this partition (kind, payload size), or OK.
-  absl::Status CheckRequest(const transport::Message& request) const;
+  // Why a request does not fit this partition (kind, chunk, payload
+  // size), or OK with the chunks it addresses: [*first, *end).
+  absl::Status CheckRequest(const transport::Message& request, uint32_t* first,
+                            uint32_t* end) const;
   transport::Message PullResponseLocked(const transport::Message& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Called with mu_ held (pull responses borrow values_).
@@ -206,10 +249,10 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // Takes the bsp snapshots waiting for the version now reached.
   void TakeDueSnapshotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RawBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Replication: sends `update` (just applied, bringing the partition to
-  // its version now) to every backup, and holds `replies` back until they
-  // all have it. Without backups the replies go out at once.
-  void ReplicateLocked(const ReplicaUpdate& update, std::vector<Reply>* replies)
+  // Replication: sends `update` (just applied to its chunk, which was at
+  // version `before`) to every backup, and holds `replies` back until they
+  // all have it.
+  void ReplicateLocked(const ReplicaUpdate& update, uint64_t before, std::vector<Reply>* replies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the held updates every backup has acknowledged.
   void ReleaseLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -225,14 +268,20 @@ class Partition : public std::enable_shared_from_this<Partition> {
   absl::Status ApplyUpdateLocked(const ReplicaUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyStreamsLocked(const std::map<storage::BlockType, std::string>& streams,
                                   const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The version pulls may see: the last one every backup holds.
+  // The version pulls may see: the last one every backup holds, of chunk
+  // c or of the whole partition.
+  uint64_t ServedChunkVersionLocked(uint32_t c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ServedVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a pull of chunks [first, end) may see.
+  uint64_t ServedForLocked(uint32_t first, uint32_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t id_;
   const std::string table_;
   const uint64_t length_;
   const bool sparse_;
-  const int dim_;  // sparse: floats per row
+  const int dim_;                // sparse: floats per row
+  const uint64_t chunk_floats_;  // dense: floats per chunk (the last may be shorter)
+  const uint32_t num_chunks_;    // chunks_.size()
   const Consistency consistency_;
 
   mutable absl::Mutex mu_;
@@ -240,22 +289,23 @@ class Partition : public std::enable_shared_from_this<Partition> {
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<SparseTable> rows_ ABSL_GUARDED_BY(mu_);  // sparse only
   std::vector<float> grad_sum_ ABSL_GUARDED_BY(mu_);        // BSP step accumulator
+  std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);          // >= 1; set once
+  PushLedger ledger_ ABSL_GUARDED_BY(mu_);
   // Sparse BSP step accumulator: key -> its place in step_keys_/step_grads_.
   absl::flat_hash_map<uint64_t, uint32_t> step_slot_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> step_keys_ ABSL_GUARDED_BY(mu_);
   std::vector<float> step_grads_ ABSL_GUARDED_BY(mu_);
-  double count_sum_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<uint32_t> contributors_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> step_workers_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, uint64_t> last_seq_ ABSL_GUARDED_BY(mu_);
   // BSP pulls of a version not reached yet (sparse ones keep their keys).
   std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> waiting_pulls_
       ABSL_GUARDED_BY(mu_);
   PartitionStats stats_ ABSL_GUARDED_BY(mu_);
-  // Checkpoint baseline: the checkpoint of the last snapshot or restore,
-  // and the version then.
+  // Changes to the values (chunk updates applied, restores), for the
+  // checkpoint baseline: the checkpoint of the last snapshot or restore,
+  // and the changes then.
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t baseline_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t baseline_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t baseline_changes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<SnapshotRequest, SnapshotDone>> waiting_snapshots_ ABSL_GUARDED_BY(mu_);
 
   // Replication.
@@ -266,11 +316,13 @@ class Partition : public std::enable_shared_from_this<Partition> {
   uint64_t record_index_ ABSL_GUARDED_BY(mu_) = 0;
   // Primary: each backup's highest acknowledged record.
   std::map<uint32_t, uint64_t> backup_acked_ ABSL_GUARDED_BY(mu_);
-  // Updates sent but not yet held by every backup: record index, version
-  // after it, and the replies held back until then.
+  // Updates sent but not yet held by every backup: record index, the
+  // chunk it updates and that chunk's version before it, and the replies
+  // held back until then.
   struct Held {
     uint64_t index;
-    uint64_t version;
+    uint32_t chunk;
+    uint64_t before;
     std::vector<Reply> replies;
   };
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
@@ -278,9 +330,6 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // update is replicated (a primary dying before then loses nothing
   // acknowledged: the pushes come again).
   std::vector<Reply> step_acks_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, uint64_t> applied_by_sender_ ABSL_GUARDED_BY(mu_);
-  // Bsp step in progress: the (sender, seq) of its pushes, for the record.
-  std::vector<std::pair<uint32_t, uint64_t>> step_pushes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::pserver

@@ -109,6 +109,9 @@ absl::Status PServer::Start() {
   if (threads > 1) executor_ = std::make_unique<ShardedExecutor>(threads);
   // An mtls cluster's data plane serves members only (docs/security.md).
   transport::TransportOptions topts = options_.transport;
+  // Pushes are applied from the connection's buffer (owned first where a
+  // request is posted to the executor).
+  topts.lend_request_payloads = true;
   if (!options_.security.plaintext) {
     membership_ = std::make_shared<transport::MembershipKeys>();
     topts.membership = membership_;
@@ -243,7 +246,8 @@ absl::StatusOr<std::unique_ptr<Partition>> PServer::NewPartition(const proto::Cl
   VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " [" << p.offset() << ", "
           << p.offset() + p.length() << "))";
   return std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
-                                     options_.config.job.consistency);
+                                     options_.config.job.consistency,
+                                     view.chunk_bytes() / sizeof(float));
 }
 
 absl::Status PServer::LoadPartitions(
@@ -397,7 +401,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
 absl::Status PServer::CutNotPassed(const std::vector<std::shared_ptr<Partition>>& parts,
                                    uint64_t version) {
   for (const auto& p : parts) {
-    const uint64_t v = p->stats().version;
+    const uint64_t v = p->stats().newest_chunk_version;
     if (v > version) {
       return WithReason(absl::FailedPreconditionError(absl::StrCat(
                             "partition ", p->id(), " (", p->table(), ") is at version ", v,
@@ -681,7 +685,7 @@ Message PServer::EpochMismatchResponse(const transport::MessageHeader& h, Messag
 
 void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responder> responder) {
   requests_total_->Increment();
-  bytes_in_->Increment(static_cast<double>(request.payload.size()));
+  bytes_in_->Increment(static_cast<double>(request.payload_size()));
   const auto& h = request.header;
   const MessageType resp_type =
       h.type == MessageType::kPullRequest ? MessageType::kPullResponse : MessageType::kPushResponse;
@@ -741,6 +745,7 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
       part->ApplyReplica(request, std::move(responder));
       return;
     }
+    request.OwnPayload();  // (lent by the transport until we return)
     auto req = std::make_shared<Message>(std::move(request));
     executor_->Post(h.partition, [part, req, responder = std::move(responder)]() {
       part->ApplyReplica(*req, responder);
@@ -762,9 +767,9 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
   }
   if (h.type == MessageType::kPullRequest) {
     // A sparse pull returns dim floats for each 8-byte key.
-    const double out = part->sparse() ? static_cast<double>(request.payload.size()) / 8.0 *
+    const double out = part->sparse() ? static_cast<double>(request.payload_size()) / 8.0 *
                                             part->sparse_dim() * sizeof(float)
-                                      : static_cast<double>(part->length() * sizeof(float));
+                                      : static_cast<double>(part->PullFloats(h) * sizeof(float));
     bytes_out_->Increment(out);
   }
   Histogram* const apply_seconds = apply_seconds_;
@@ -780,6 +785,7 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
   }
   // Partitions apply in parallel; one partition's requests keep their order.
   const uint32_t partition = h.partition;
+  request.OwnPayload();  // (lent by the transport until we return)
   auto req = std::make_shared<Message>(std::move(request));
   queued_.fetch_add(1, std::memory_order_relaxed);
   executor_->Post(partition, [this, part, req, apply_seconds, responder = std::move(responder)]() {

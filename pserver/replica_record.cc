@@ -39,11 +39,13 @@ class Reader {
 
 std::string EncodeReplicaUpdate(const ReplicaUpdate& u) {
   std::string out;
-  out.reserve(16 + u.pushes.size() * 12 + u.keys.size() * 8 + u.grads.size() * 4);
+  out.reserve(28 + u.pushes.size() * 12 + u.keys.size() * 8 + u.grads.size() * 4);
   Put<uint32_t>(&out, static_cast<uint32_t>(u.pushes.size()));
   Put<uint32_t>(&out, static_cast<uint32_t>(u.keys.size()));
   Put<float>(&out, u.scale);
   Put<uint32_t>(&out, static_cast<uint32_t>(u.grads.size()));
+  Put<uint32_t>(&out, u.chunk);
+  Put<uint64_t>(&out, u.version);
   for (const auto& [sender, seq] : u.pushes) {
     Put<uint32_t>(&out, sender);
     Put<uint64_t>(&out, seq);
@@ -57,7 +59,8 @@ absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes) {
   Reader r(bytes);
   uint32_t pushes = 0, keys = 0, grads = 0;
   ReplicaUpdate u;
-  if (!r.Get(&pushes) || !r.Get(&keys) || !r.Get(&u.scale) || !r.Get(&grads)) {
+  if (!r.Get(&pushes) || !r.Get(&keys) || !r.Get(&u.scale) || !r.Get(&grads) || !r.Get(&u.chunk) ||
+      !r.Get(&u.version)) {
     return absl::DataLossError(
         absl::StrCat("replication record of ", bytes.size(), " bytes: truncated header"));
   }

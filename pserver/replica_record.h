@@ -25,14 +25,19 @@ namespace strata::pserver {
 
 struct ReplicaUpdate {
   float scale = 0;  // the optimizer's gradient scale (1 / samples)
+  // The chunk of the partition it updates (cluster.chunk_bytes; 0 for a
+  // sparse partition or one of a single chunk) and that chunk's version
+  // after it, which is also the optimizer's update number.
+  uint32_t chunk = 0;
+  uint64_t version = 0;
   // The pushes summed into the gradient: (sender node id, push seq).
   std::vector<std::pair<uint32_t, uint64_t>> pushes;
   std::vector<uint64_t> keys;  // sparse only
-  std::vector<float> grads;    // dense: length floats; sparse: keys * dim
+  std::vector<float> grads;    // dense: the chunk's floats; sparse: keys * dim
 };
 
-// [u32 pushes][u32 keys][f32 scale][u32 grads] then (u32 sender, u64 seq)
-// per push, the keys, the grads; little-endian.
+// [u32 pushes][u32 keys][f32 scale][u32 grads][u32 chunk][u64 version]
+// then (u32 sender, u64 seq) per push, the keys, the grads; little-endian.
 std::string EncodeReplicaUpdate(const ReplicaUpdate& u);
 // DataLoss naming the sizes when `bytes` is not a whole record.
 absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes);

@@ -78,6 +78,14 @@ inline constexpr uint32_t kFlagReplicaCopy = 2;
 // MessageHeader::flags bit 2, kAuthHello only: the client seals its frames
 // after the handshake (TransportOptions::encrypt_data_plane).
 inline constexpr uint32_t kFlagEncrypt = 4;
+// MessageHeader::flags bit 3, dense kPullRequest / kPushRequest (and their
+// responses): the request is for one chunk of the partition (the view's
+// chunk_bytes, docs/wire-protocol.md), whose index is in flags bits 16-31.
+// Its payload (push) or response (pull) is that chunk's floats only.
+inline constexpr uint32_t kFlagChunk = 8;
+inline constexpr int kChunkIndexShift = 16;
+inline uint32_t ChunkFlags(uint32_t chunk) { return kFlagChunk | (chunk << kChunkIndexShift); }
+inline uint32_t ChunkIndex(uint32_t flags) { return flags >> kChunkIndexShift; }
 
 struct Message {
   MessageHeader header;

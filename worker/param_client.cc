@@ -36,6 +36,7 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   sparse_dims_.clear();
   sparse_partitions_ = 0;
   view_error_ = absl::OkStatus();
+  chunk_floats_ = view.chunk_bytes() / sizeof(float);
   for (const auto& t : view.tables()) {
     if (!t.sparse()) continue;
     if (t.dim() == 0 || t.partitions() == 0) {
@@ -157,6 +158,9 @@ void ParamClient::DropConnections(const std::set<std::string>& addresses) {
   // Released here, outside mu_: that closes them.
 }
 
+// PushThenPull sends the pulls right behind the pushes up to this size.
+constexpr uint64_t kPullBehindPushMaxBytes = 1 << 20;
+
 // Exchanges up to this size spin briefly before sleeping on an answer.
 constexpr uint64_t kSpinMaxBytes = 256 << 10;
 
@@ -174,14 +178,14 @@ bool AnsweredOk(const absl::StatusOr<Message>& answer) {
 
 struct ParamClient::Round {
   absl::Mutex mu;
-  std::map<uint32_t, absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
+  std::map<RouteId, absl::StatusOr<Message>> results ABSL_GUARDED_BY(mu);
   int outstanding ABSL_GUARDED_BY(mu) = 0;
   // Per partition: the attempt whose answer counts (an abandoned one's
   // late answer is dropped), and those awaiting an answer.
-  std::map<uint32_t, uint64_t> attempt ABSL_GUARDED_BY(mu);
-  std::set<uint32_t> pending ABSL_GUARDED_BY(mu);
-  std::map<uint32_t, absl::Time> sent_at ABSL_GUARDED_BY(mu);   // of the pending attempt
-  std::map<uint32_t, uint64_t> sent_epoch ABSL_GUARDED_BY(mu);  // the view epoch it carried
+  std::map<RouteId, uint64_t> attempt ABSL_GUARDED_BY(mu);
+  std::set<RouteId> pending ABSL_GUARDED_BY(mu);
+  std::map<RouteId, absl::Time> sent_at ABSL_GUARDED_BY(mu);   // of the pending attempt
+  std::map<RouteId, uint64_t> sent_epoch ABSL_GUARDED_BY(mu);  // the view epoch it carried
   // Answers so far, readable without the lock (for a short spin).
   std::atomic<uint64_t> answered{0};
 };
@@ -218,9 +222,22 @@ void ParamClient::Exchange::LoadRoutes() {
   total_bytes_ = 0;
   epoch_ = client_->epoch_;
   if (sparse_table_ < 0) {
+    // Partitions larger than a chunk go chunk by chunk: the pserver applies
+    // and answers each as it arrives (docs/performance.md).
+    const uint64_t chunk = client_->chunk_floats_;
     for (const Route& r : client_->routes_) {
-      routes_[r.partition] = r;
       total_bytes_ += r.length * sizeof(float);
+      if (chunk == 0 || r.length <= chunk) {
+        routes_[RouteId{r.partition} << 32] = r;
+        continue;
+      }
+      Route c = r;
+      c.chunks = static_cast<uint32_t>((r.length + chunk - 1) / chunk);
+      for (c.chunk = 0; c.chunk < c.chunks; ++c.chunk) {
+        c.offset = r.offset + c.chunk * chunk;
+        c.length = std::min(chunk, r.offset + r.length - c.offset);
+        routes_[RouteId{r.partition} << 32 | c.chunk] = c;
+      }
     }
     return;
   }
@@ -241,27 +258,28 @@ void ParamClient::Exchange::LoadRoutes() {
     if (n == 0 && !every_partition_) continue;
     Route r = it->second[v];
     r.length = n * static_cast<uint64_t>(dim);
-    routes_[r.partition] = r;
+    routes_[RouteId{r.partition} << 32] = r;
     total_bytes_ += r.length * sizeof(float);
   }
 }
 
-void ParamClient::Exchange::Send(uint32_t partition) {
-  const Route& r = routes_.at(partition);
+void ParamClient::Exchange::Send(RouteId id) {
+  const Route& r = routes_.at(id);
   Message req = make_request_(r);
   req.header.sender_id = client_->node_id_;
   req.header.epoch = epoch_;
   req.header.partition = r.partition;
+  if (r.chunks > 1) req.header.flags |= transport::ChunkFlags(r.chunk);
   std::shared_ptr<Round> round = round_;
   uint64_t attempt;
   const absl::Time sent = absl::Now();  // (one reading: the round's and the metrics')
   {
     absl::MutexLock l(&round->mu);
     ++round->outstanding;
-    attempt = ++round->attempt[partition];
-    round->pending.insert(partition);
-    round->sent_at[partition] = sent;
-    round->sent_epoch[partition] = epoch_;
+    attempt = ++round->attempt[id];
+    round->pending.insert(id);
+    round->sent_at[id] = sent;
+    round->sent_epoch[id] = epoch_;
   }
   // Metrics of this request: its kind, size and when it left.
   const bool push = req.header.type == transport::MessageType::kPushRequest;
@@ -272,8 +290,9 @@ void ParamClient::Exchange::Send(uint32_t partition) {
       destination_ ? destination_(r) : std::pair<char*, size_t>(nullptr, 0);
   const size_t destination_bytes = dest.second;
   TraceWriter* const trace = client_->trace_;
-  auto finish = [round, partition, attempt, seconds, bytes, push, request_bytes, destination_bytes,
-                 sent, trace](absl::StatusOr<Message> resp) {
+  const uint32_t partition = r.partition;
+  auto finish = [round, id, partition, attempt, seconds, bytes, push, request_bytes,
+                 destination_bytes, sent, trace](absl::StatusOr<Message> resp) {
     // Only answers that did the work: a refusal (a stale epoch, retried)
     // is neither a push's or pull's latency nor bytes moved.
     if (resp.ok() && resp->header.status == 0 && (seconds != nullptr || trace != nullptr)) {
@@ -291,9 +310,9 @@ void ParamClient::Exchange::Send(uint32_t partition) {
       }
     }
     absl::MutexLock l(&round->mu);
-    if (round->attempt[partition] != attempt) return;  // abandoned
-    round->results.insert_or_assign(partition, std::move(resp));
-    round->pending.erase(partition);
+    if (round->attempt[id] != attempt) return;  // abandoned
+    round->results.insert_or_assign(id, std::move(resp));
+    round->pending.erase(id);
     --round->outstanding;
     round->answered.fetch_add(1, std::memory_order_release);
   };
@@ -322,13 +341,14 @@ void ParamClient::Exchange::IssueRange(uint32_t table, uint64_t end) {
 void ParamClient::Exchange::IssueAll() {
   if (!view_error_.ok() || finished_) return;
   // Tables are numbered first layer first: ask in that order.
-  std::vector<const Route*> order;
-  for (const auto& [id, r] : routes_) order.push_back(&r);
-  std::stable_sort(order.begin(), order.end(), [](const Route* a, const Route* b) {
-    return a->table != b->table ? a->table < b->table : a->offset < b->offset;
+  std::vector<std::pair<const Route*, RouteId>> order;
+  for (const auto& [id, r] : routes_) order.emplace_back(&r, id);
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.first->table != b.first->table ? a.first->table < b.first->table
+                                            : a.first->offset < b.first->offset;
   });
-  for (const Route* r : order) {
-    if (issued_.insert(r->partition).second) Send(r->partition);
+  for (const auto& [r, id] : order) {
+    if (issued_.insert(id).second) Send(id);
   }
 }
 
@@ -360,7 +380,7 @@ absl::Status ParamClient::Exchange::Await(const std::function<bool()>& done) {
       }
       if (absl::Now() > deadline_) {
         std::string which;
-        for (uint32_t id : round_->pending) {
+        for (RouteId id : round_->pending) {
           const Route& r = routes_.at(id);
           absl::StrAppend(&which, which.empty() ? "" : ", ", "partition ", r.partition, " at ",
                           r.address, " (node ", r.owner, ")");
@@ -383,7 +403,7 @@ void ParamClient::Exchange::ProbeSlowOwners() {
   std::map<uint32_t, std::string> slow;  // owner -> address
   {
     absl::MutexLock l(&round_->mu);
-    for (uint32_t id : round_->pending) {
+    for (RouteId id : round_->pending) {
       auto at = round_->sent_at.find(id);
       if (at == round_->sent_at.end() || now - at->second < client_->suspect_after_) continue;
       const Route& r = routes_.at(id);
@@ -443,7 +463,7 @@ std::string ParamClient::CurrentAddressLocked(const Route& r, int sparse_table) 
 }
 
 void ParamClient::Exchange::AbandonMoved() {
-  std::map<uint32_t, std::string> now_at;
+  std::map<RouteId, std::string> now_at;
   {
     absl::MutexLock l(&client_->mu_);
     if (client_->epoch_ == epoch_) return;
@@ -461,8 +481,8 @@ void ParamClient::Exchange::AbandonMoved() {
       }
       ++round_->attempt[*it];  // its answer, if one ever comes, is dropped
       round_->results.insert_or_assign(
-          *it, absl::UnavailableError(
-                   absl::StrCat("partition ", *it, " moved from ", r.address, " in a newer view")));
+          *it, absl::UnavailableError(absl::StrCat("partition ", r.partition, " moved from ",
+                                                   r.address, " in a newer view")));
       --round_->outstanding;
       round_->answered.fetch_add(1, std::memory_order_release);
       left.insert(r.address);
@@ -488,7 +508,7 @@ absl::StatusOr<bool> ParamClient::Exchange::AwaitRange(uint32_t table, uint64_t 
     STRATA_RETURN_IF_ERROR(finish_status_);
     return true;
   }
-  std::vector<uint32_t> needed;
+  std::vector<RouteId> needed;
   for (const auto& [id, r] : routes_) {
     if (r.table != table || r.offset >= end) continue;
     needed.push_back(id);
@@ -496,7 +516,7 @@ absl::StatusOr<bool> ParamClient::Exchange::AwaitRange(uint32_t table, uint64_t 
   }
   std::shared_ptr<Round> round = round_;
   STRATA_RETURN_IF_ERROR(Await([round, &needed]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (uint32_t id : needed) {
+    for (RouteId id : needed) {
       if (round->results.count(id) == 0) return false;
     }
     return true;
@@ -504,7 +524,7 @@ absl::StatusOr<bool> ParamClient::Exchange::AwaitRange(uint32_t table, uint64_t 
   bool all_good = true;
   {
     absl::MutexLock l(&round_->mu);
-    for (uint32_t id : needed) {
+    for (RouteId id : needed) {
       auto it = round_->results.find(id);
       all_good = all_good && it != round_->results.end() && AnsweredOk(it->second) &&
                  (!destination_ || it->second->payload_in_destination);
@@ -542,8 +562,8 @@ absl::Status ParamClient::Exchange::FinishOnce() {
       }
       return false;
     }));
-    std::map<uint32_t, absl::StatusOr<Message>> results;
-    std::map<uint32_t, uint64_t> sent_epoch;
+    std::map<RouteId, absl::StatusOr<Message>> results;
+    std::map<RouteId, uint64_t> sent_epoch;
     bool all_answered;
     {
       absl::MutexLock l(&round_->mu);
@@ -551,7 +571,7 @@ absl::Status ParamClient::Exchange::FinishOnce() {
       sent_epoch = round_->sent_epoch;
       all_answered = round_->outstanding == 0;
     }
-    std::vector<uint32_t> retry;
+    std::vector<RouteId> retry;
     bool refresh = false;
     std::set<uint32_t> suspected;
     for (auto& [id, o] : results) {
@@ -609,16 +629,16 @@ absl::Status ParamClient::Exchange::FinishOnce() {
       AbandonMoved();
       LoadRoutes();  // owners may have moved
       STRATA_RETURN_IF_ERROR(view_error_);
-      for (uint32_t id : retry) {
+      for (RouteId id : retry) {
         if (routes_.count(id) == 0) {
           return absl::FailedPreconditionError(
-              absl::StrCat("partition ", id, " is no longer in the cluster view"));
+              absl::StrCat("partition ", id >> 32, " is no longer in the cluster view"));
         }
       }
     } else {
       absl::SleepFor(absl::Milliseconds(std::min(200, 10 * (attempt + 1))));
     }
-    for (uint32_t id : retry) Send(id);
+    for (RouteId id : retry) Send(id);
   }
 }
 
@@ -810,12 +830,14 @@ absl::StatusOr<uint64_t> ParamClient::PullAll(uint64_t min_version,
 absl::Status ParamClient::OnPushAnswer(const Route& r, const Message& resp, PushResult* result) {
   absl::Status s = transport::ResponseStatus(resp);
   if (HasReason(s, proto::REASON_STALE_GRADIENT)) {  // dropped by design
-    ++result->stale_partitions;
+    if (result->stale.insert(r.partition).second) ++result->stale_partitions;
     VLOG(1) << s;
     return absl::OkStatus();
   }
   if (!s.ok())
     return absl::Status(s.code(), absl::StrCat("push to ", r.address, ": ", s.message()));
+  // A push is acknowledged once every chunk of it is.
+  if (r.chunks > 1 && ++result->chunks_acked[r.partition] < r.chunks) return absl::OkStatus();
   absl::MutexLock l(&mu_);
   ++acked_pushes_[r.partition];
   return absl::OkStatus();
@@ -830,12 +852,14 @@ absl::StatusOr<uint64_t> ParamClient::PushThenPull(const std::vector<std::vector
   uint64_t lowest = 0;
   auto push = StartPush(&grads, step, count, &pushed);
   auto pull = StartPull(min_version, tables, &lowest);
-  // Every push, then every pull: no round trip between the two, and the
-  // pserver's transport thread is not asked to send a large pull while
-  // the pushes behind it still arrive (on a shared-core loopback that
-  // contention cost more than the overlap gained).
+  // Small exchanges: every pull right behind the pushes, no round trip
+  // between the two. Large ones: the pulls once the pushes are answered,
+  // so that the pserver does not send large pulls while the pushes behind
+  // them still arrive (three busy threads on two cores: on a shared-core
+  // loopback that contention cost more than the overlap gained; a bsp pull
+  // waits for the step anyway).
   push->IssueAll();
-  pull->IssueAll();
+  if (push->total_bytes() <= kPullBehindPushMaxBytes) pull->IssueAll();
   absl::Status pushed_status = push->Finish();
   // Settled even when the push failed: the pulls write into *tables.
   absl::Status pulled_status = pull->Finish();

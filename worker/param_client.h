@@ -26,6 +26,10 @@ namespace strata::worker {
 
 struct PushResult {
   int stale_partitions = 0;  // partitions that dropped the gradient as stale
+  // The exchange's bookkeeping of partitions pushed in chunks: chunks
+  // acknowledged so far, and those with a stale chunk (counted once).
+  std::map<uint32_t, uint32_t> chunks_acked;
+  std::set<uint32_t> stale;
 };
 
 // Thread-safe: SetView may run on the heartbeat thread while the training
@@ -98,7 +102,14 @@ class ParamClient {
     uint64_t length;  // dense: elements; sparse (in an exchange): the keys' floats
     std::string address;
     uint32_t owner = 0;  // the primary's node id
+    // In an exchange, a dense partition larger than the view's chunk_bytes
+    // goes as `chunks` requests, this one for chunk `chunk` (offset and
+    // length are the chunk's); chunks == 1: the whole partition.
+    uint32_t chunk = 0;
+    uint32_t chunks = 1;
   };
+  // An exchange's request: partition id << 32 | chunk.
+  using RouteId = uint64_t;
 
   // A batch's keys of the sparse tables (docs/sparse.md), deduplicated and
   // grouped by virtual partition: the keys of partition v are
@@ -149,6 +160,10 @@ class ParamClient {
     // Sends the first attempt (once) for the partitions of `table` that lie
     // within its elements [0, end).
     void IssueRange(uint32_t table, uint64_t end);
+    // Where each request's elements end, (table, offset + length), in the
+    // order IssueAll sends them.
+    // Payload bytes of all its requests.
+    uint64_t total_bytes() const { return total_bytes_; }
     void IssueAll();
     // Waits until the partitions of `table` that hold any of its elements
     // [0, end) are answered successfully (issuing those not yet sent); if
@@ -165,7 +180,7 @@ class ParamClient {
 
    private:
     void LoadRoutes();
-    void Send(uint32_t partition);
+    void Send(RouteId id);
     // After a view change: gives up waiting on requests to partitions that
     // moved to another pserver (their old owner may never answer: paused),
     // so that they are sent again to the new one.
@@ -190,11 +205,11 @@ class ParamClient {
     const Destination destination_;
     absl::Time deadline_;
     std::shared_ptr<Round> round_;
-    std::map<uint32_t, Route> routes_;  // by partition id
+    std::map<RouteId, Route> routes_;
     uint64_t epoch_ = 0;
     uint64_t total_bytes_ = 0;  // payload of all partitions
     absl::Status view_error_;
-    std::set<uint32_t> issued_;  // partitions sent at least once
+    std::set<RouteId> issued_;  // routes sent at least once
     // Where calls went that touch the caller's memory until their answer.
     std::set<std::string> borrowing_;
     bool finished_ = false;
@@ -275,6 +290,7 @@ class ParamClient {
   std::map<std::string, std::shared_ptr<transport::Connection>> conns_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint32_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
+  uint64_t chunk_floats_ ABSL_GUARDED_BY(mu_) = 0;  // the view's chunk_bytes / 4
 };
 
 }  // namespace strata::worker

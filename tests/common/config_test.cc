@@ -160,6 +160,7 @@ TEST(ParseJobConfigTest, DataOnlyGetsAllDefaults) {
   EXPECT_EQ(c.data.train_limit, 0);
   EXPECT_EQ(c.cluster.transport, "tcp");
   EXPECT_EQ(c.cluster.slice_bytes, 4 << 20);
+  EXPECT_EQ(c.cluster.chunk_bytes, 1 << 20);
   EXPECT_EQ(c.cluster.heartbeat_interval_ms, 500);
   EXPECT_EQ(c.cluster.dead_timeout_ms, 5000);
   EXPECT_EQ(c.cluster.ports.master, 7070);
@@ -581,6 +582,23 @@ TEST(ParseJobConfigTest, LayersNeedTwoPositiveEntries) {
 TEST(ParseJobConfigTest, SliceBytesAtLeastFour) {
   ExpectError(ParseWithData("cluster:\n  slice_bytes: 3\n"),
               "local.yaml:7:16: ", "cluster.slice_bytes: must be >= 4, got 3");
+}
+
+TEST(ParseJobConfigTest, ChunkBytesAreWholeFloatsAndFewEnoughChunks) {
+  ExpectError(ParseWithData("cluster:\n  chunk_bytes: 6\n"), "local.yaml:7:16: ",
+              "cluster.chunk_bytes: must be a multiple of 4 (whole floats), got 6");
+  ExpectError(ParseWithData("cluster:\n  chunk_bytes: -4\n"),
+              "local.yaml:7:16: ", "cluster.chunk_bytes: must be >= 0, got -4");
+  // 4 MiB slices in 4-byte chunks: a million chunks.
+  ExpectError(ParseWithData("cluster:\n  chunk_bytes: 4\n"), "local.yaml:7:16: ",
+              "cluster.chunk_bytes: 4 cuts a slice of cluster.slice_bytes 4194304 into 1048576 "
+              "chunks; at most 65536 are allowed");
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig off,
+                              ParseWithData("cluster:\n  chunk_bytes: 0\n  slice_bytes: 64\n"));
+  EXPECT_EQ(off.cluster.chunk_bytes, 0);
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig one_float,
+                              ParseWithData("cluster:\n  chunk_bytes: 4\n  slice_bytes: 64\n"));
+  EXPECT_EQ(one_float.cluster.chunk_bytes, 4);
 }
 
 TEST(ParseJobConfigTest, DeadTimeoutMustExceedHeartbeat) {

@@ -769,5 +769,316 @@ TEST(ReplicaStreamsTest, RecordLeftUnansweredIsSentAgainAfterTheAckTimeout) {
   backup_transport->Shutdown();
 }
 
+// Chunks (cluster.chunk_bytes): a partition of 5 floats, Adam (its state
+// per element and its bias correction by update number), pushed and pulled
+// chunk by chunk.
+constexpr uint64_t kChunkedLength = 5;
+
+std::unique_ptr<Partition> MakeChunked(Consistency consistency, uint64_t chunk_floats) {
+  OptimizerSection c;
+  c.type = "adam";
+  c.learning_rate = 0.1;
+  auto opt = Optimizer::Create(c, kChunkedLength);
+  CHECK(opt.ok()) << opt.status();
+  return std::make_unique<Partition>(kPartitionId, "fc0.weight",
+                                     std::vector<float>{1.f, -2.f, 3.f, 0.5f, 7.f}, std::move(*opt),
+                                     consistency, chunk_floats);
+}
+
+uint32_t ChunksOf(uint64_t chunk_floats) {
+  if (chunk_floats == 0 || chunk_floats >= kChunkedLength) return 1;
+  return static_cast<uint32_t>((kChunkedLength + chunk_floats - 1) / chunk_floats);
+}
+
+// Chunk c of a push of `grad` (the whole partition's gradient).
+Message ChunkPush(uint32_t sender, uint64_t seq, uint64_t step, uint64_t count,
+                  const std::vector<float>& grad, uint64_t chunk_floats, uint32_t c) {
+  const uint64_t per = ChunksOf(chunk_floats) == 1 ? kChunkedLength : chunk_floats;
+  const uint64_t begin = c * per, end = std::min(kChunkedLength, begin + per);
+  Message m = PushMsg(sender, seq, step, count,
+                      std::vector<float>(grad.begin() + begin, grad.begin() + end));
+  m.header.flags = transport::ChunkFlags(c);
+  return m;
+}
+
+Message ChunkPull(uint32_t sender, uint64_t min_version, uint32_t c) {
+  Message m = PullMsg(sender, min_version, 500 + c);
+  m.header.flags = transport::ChunkFlags(c);
+  return m;
+}
+
+std::vector<float> StepGradient(uint32_t worker, uint64_t step) {
+  std::vector<float> g(kChunkedLength);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = 0.25f * static_cast<float>(i + 1) * (worker == 1 ? 1.f : -0.5f) +
+           0.125f * static_cast<float>(step);
+  }
+  return g;
+}
+
+// Every chunk size (one float, not dividing the partition, dividing it,
+// the partition's, larger than it) gives bit for bit what whole pushes
+// give, in bsp (the chunks of the two workers interleaved in opposite
+// orders) and asp (each chunk's pushes in the whole pushes' order); the
+// pulls of the chunks put the partition together.
+TEST(ChunkedPartitionTest, EveryChunkSizeGivesWhatWholePushesGive) {
+  for (Consistency mode : {Consistency::kBsp, Consistency::kAsp}) {
+    for (uint64_t cf : {1u, 2u, 3u, 5u, 8u}) {
+      SCOPED_TRACE(::testing::Message() << (mode == Consistency::kBsp ? "bsp" : "asp")
+                                        << ", chunks of " << cf << " floats");
+      auto whole = MakeChunked(mode, 0);
+      auto chunked = MakeChunked(mode, cf);
+      whole->SetStepWorkers({1, 2});
+      chunked->SetStepWorkers({1, 2});
+      const uint32_t n = ChunksOf(cf);
+      EXPECT_EQ(chunked->stats().chunks, n);
+      for (uint64_t step = 0; step < 3; ++step) {
+        const uint64_t v = mode == Consistency::kBsp ? step : 2 * step;  // asp: 2 pushes a step
+        for (uint32_t w : {1u, 2u}) {
+          ExpectPushAck(
+              PushAndGetResponse(*whole, PushMsg(w, step + 1, v, w, StepGradient(w, step))), w,
+              step + 1);
+        }
+        for (uint32_t i = 0; i < n; ++i) {
+          ExpectPushAck(PushAndGetResponse(
+                            *chunked, ChunkPush(1, step + 1, v, 1, StepGradient(1, step), cf, i)),
+                        1, step + 1);
+          ExpectPushAck(
+              PushAndGetResponse(*chunked, ChunkPush(2, step + 1, v, 2, StepGradient(2, step), cf,
+                                                     mode == Consistency::kBsp ? n - 1 - i : i)),
+              2, step + 1);
+        }
+        std::vector<float> pulled;
+        for (uint32_t i = 0; i < n; ++i) {
+          auto r = std::make_shared<RecordingResponder>();
+          chunked->Pull(ChunkPull(1, mode == Consistency::kBsp ? step + 1 : 0, i), r);
+          ASSERT_THAT(r->responses(), SizeIs(1));
+          EXPECT_EQ(r->responses()[0].header.flags, transport::ChunkFlags(i));
+          for (float f : BytesToFloats(r->responses()[0].payload)) pulled.push_back(f);
+        }
+        EXPECT_EQ(pulled, whole->ValuesForTesting());
+        EXPECT_EQ(chunked->stats().version, whole->stats().version);
+        EXPECT_EQ(chunked->stats().newest_chunk_version, whole->stats().version);
+      }
+      EXPECT_EQ(chunked->ValuesForTesting(), whole->ValuesForTesting());
+      EXPECT_EQ(chunked->applied_by_sender(), whole->applied_by_sender());
+      EXPECT_EQ(chunked->stats().pushes_applied, whole->stats().pushes_applied);
+      EXPECT_EQ(chunked->stats().updates_applied, whole->stats().updates_applied);
+    }
+  }
+}
+
+// A pull that overtakes the push it waits for (bsp): a chunk's pull is
+// answered as soon as that chunk is at the version, not the partition;
+// the whole partition's pull once every chunk is.
+TEST(ChunkedPartitionTest, BspPullOfAChunkWaitsForThatChunkOnly) {
+  auto p = MakeChunked(Consistency::kBsp, 2);  // chunks [0, 2) [2, 4) [4, 5)
+  p->SetStepWorkers({1});
+  auto chunk1 = std::make_shared<RecordingResponder>();
+  auto all = std::make_shared<RecordingResponder>();
+  p->Pull(ChunkPull(1, 1, 1), chunk1);
+  p->Pull(PullMsg(1, 1, 77), all);
+  EXPECT_THAT(chunk1->responses(), IsEmpty());
+  ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 1)), 1, 1);
+  ASSERT_THAT(chunk1->responses(), SizeIs(1));
+  EXPECT_EQ(chunk1->responses()[0].header.version, 1u);
+  const std::vector<float> got = BytesToFloats(chunk1->responses()[0].payload);
+  ASSERT_THAT(got, SizeIs(2));
+  const std::vector<float> now = p->ValuesForTesting();
+  EXPECT_EQ(got, std::vector<float>(now.begin() + 2, now.begin() + 4));
+  EXPECT_NE(got[0], 3.f);  // updated
+  EXPECT_THAT(all->responses(), IsEmpty());
+  EXPECT_EQ(p->stats().version, 0u);
+  EXPECT_EQ(p->stats().newest_chunk_version, 1u);
+  // A chunk at the version answers at once; one that is not, waits.
+  auto chunk1_again = std::make_shared<RecordingResponder>();
+  auto chunk0 = std::make_shared<RecordingResponder>();
+  p->Pull(ChunkPull(1, 1, 1), chunk1_again);
+  p->Pull(ChunkPull(1, 1, 0), chunk0);
+  EXPECT_THAT(chunk1_again->responses(), SizeIs(1));
+  EXPECT_THAT(chunk0->responses(), IsEmpty());
+  ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 0)), 1, 1);
+  EXPECT_THAT(chunk0->responses(), SizeIs(1));
+  EXPECT_THAT(all->responses(), IsEmpty());
+  ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 2)), 1, 1);
+  ASSERT_THAT(all->responses(), SizeIs(1));
+  EXPECT_EQ(all->responses()[0].header.version, 1u);
+  EXPECT_EQ(BytesToFloats(all->responses()[0].payload), p->ValuesForTesting());
+  EXPECT_EQ(p->stats().version, 1u);
+  EXPECT_EQ(p->stats().updates_applied, 1u);
+}
+
+// The sender's connection closed after some chunks of a push: the retry
+// (same seq, chunk by chunk or whole) applies only the chunks not applied
+// yet, and the ledger counts the push once, when it is complete.
+TEST(ChunkedPartitionTest, ARetriedPushAppliesOnlyTheChunksNotAppliedYet) {
+  for (bool whole_retry : {false, true}) {
+    SCOPED_TRACE(whole_retry ? "whole retry" : "chunked retry");
+    auto reference = MakeChunked(Consistency::kAsp, 0);
+    ExpectPushAck(PushAndGetResponse(*reference, PushMsg(1, 1, 0, 2, StepGradient(1, 0))), 1, 1);
+    auto p = MakeChunked(Consistency::kAsp, 2);
+    ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 2, StepGradient(1, 0), 2, 0)), 1, 1);
+    EXPECT_THAT(p->applied_by_sender(), IsEmpty());  // not complete
+    EXPECT_EQ(p->stats().version, 0u);
+    EXPECT_EQ(p->stats().newest_chunk_version, 1u);
+    if (whole_retry) {
+      ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 2, StepGradient(1, 0))), 1, 1);
+    } else {
+      for (uint32_t c : {0u, 1u, 2u}) {
+        ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 2, StepGradient(1, 0), 2, c)), 1,
+                      1);
+      }
+    }
+    EXPECT_EQ(p->stats().duplicate_pushes, 1u);
+    EXPECT_EQ(p->ValuesForTesting(), reference->ValuesForTesting());
+    EXPECT_EQ(p->applied_by_sender(), reference->applied_by_sender());
+    EXPECT_EQ(p->stats().version, 1u);
+    // Complete now: any chunk of it again is a duplicate.
+    ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 2, StepGradient(1, 0), 2, 2)), 1, 1);
+    EXPECT_EQ(p->stats().duplicate_pushes, 2u);
+    EXPECT_EQ(p->ValuesForTesting(), reference->ValuesForTesting());
+  }
+}
+
+// An asp checkpoint taken between the chunks of a push keeps each chunk's
+// version and the push's applied chunks: a partition restored from it
+// applies only the rest when the push comes again.
+TEST(ChunkedPartitionTest, SnapshotBetweenChunksRestoresChunkVersionsAndPartialPushes) {
+  auto reference = MakeChunked(Consistency::kAsp, 0);
+  ExpectPushAck(PushAndGetResponse(*reference, PushMsg(3, 4, 0, 1, StepGradient(1, 1))), 3, 4);
+  auto p = MakeChunked(Consistency::kAsp, 2);
+  ExpectPushAck(PushAndGetResponse(*p, ChunkPush(3, 4, 0, 1, StepGradient(1, 1), 2, 1)), 3, 4);
+  absl::StatusOr<PartitionSnapshot> snap = absl::UnknownError("not taken");
+  SnapshotRequest req;
+  req.job = "j";
+  req.seq = 1;
+  p->RequestSnapshot(req, [&](absl::StatusOr<PartitionSnapshot> s) { snap = std::move(s); });
+  ASSERT_THAT(snap.status(), IsOk());
+  EXPECT_EQ(snap->header.version(), 0u);
+  EXPECT_THAT(snap->header.chunk_versions(), ElementsAre(0u, 1u, 0u));
+  ASSERT_EQ(snap->header.partial_pushes_size(), 1);
+  EXPECT_EQ(snap->header.partial_pushes(0).sender(), 3u);
+  EXPECT_EQ(snap->header.partial_pushes(0).seq(), 4u);
+  EXPECT_THAT(snap->header.partial_pushes(0).chunks(), ElementsAre(1u));
+
+  auto restored = MakeChunked(Consistency::kAsp, 2);
+  ASSERT_THAT(restored->ApplyCheckpointFile(
+                  {{storage::BlockType::kHeader, snap->header.SerializeAsString()},
+                   {storage::BlockType::kDenseValues, snap->values},
+                   {storage::BlockType::kOptimizerState, snap->optimizer_state}},
+                  "snap"),
+              IsOk());
+  EXPECT_EQ(restored->stats().newest_chunk_version, 1u);
+  ExpectPushAck(PushAndGetResponse(*restored, PushMsg(3, 4, 0, 1, StepGradient(1, 1))), 3, 4);
+  EXPECT_EQ(restored->stats().duplicate_pushes, 1u);
+  EXPECT_EQ(restored->ValuesForTesting(), reference->ValuesForTesting());
+  EXPECT_EQ(restored->applied_by_sender(), reference->applied_by_sender());
+  EXPECT_EQ(restored->stats().version, 1u);
+}
+
+// A bsp checkpoint's cut: the snapshot waits until every chunk reached it;
+// a cut some chunk has passed is refused.
+TEST(ChunkedPartitionTest, BspCutWaitsForEveryChunkAndRefusesOneAChunkPassed) {
+  auto p = MakeChunked(Consistency::kBsp, 2);
+  p->SetStepWorkers({1});
+  int taken = 0;
+  uint64_t taken_at = 0;
+  SnapshotRequest at1;
+  at1.seq = 1;
+  at1.at_version = true;
+  at1.version = 1;
+  p->RequestSnapshot(at1, [&](absl::StatusOr<PartitionSnapshot> s) {
+    ASSERT_THAT(s.status(), IsOk());
+    ++taken;
+    taken_at = s->header.version();
+  });
+  ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 0)), 1, 1);
+  EXPECT_EQ(taken, 0);
+  SnapshotRequest at0 = at1;
+  at0.seq = 2;
+  at0.version = 0;
+  absl::Status refused;
+  p->RequestSnapshot(at0, [&](absl::StatusOr<PartitionSnapshot> s) { refused = s.status(); });
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("past the checkpoint's cut at version 0")));
+  EXPECT_TRUE(HasReason(refused, proto::REASON_CUT_PASSED));
+  ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 1)), 1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 2)), 1, 1);
+  EXPECT_EQ(taken, 1);
+  EXPECT_EQ(taken_at, 1u);
+}
+
+TEST(ChunkedPartitionTest, ChunkRequestsThatDoNotFitAreRefusedNamingTheChunk) {
+  auto p = MakeChunked(Consistency::kAsp, 2);
+  Message beyond = ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 0);
+  beyond.header.flags = transport::ChunkFlags(3);
+  EXPECT_THAT(
+      transport::ResponseStatus(PushAndGetResponse(*p, beyond)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("chunk 3"), HasSubstr("partition 7"),
+                     HasSubstr("3 chunk(s) of 8 bytes"), HasSubstr("cluster.chunk_bytes"))));
+  Message short_last = ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 1);  // 2 floats
+  short_last.header.flags = transport::ChunkFlags(2);                    // holds 1
+  EXPECT_THAT(transport::ResponseStatus(PushAndGetResponse(*p, short_last)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("chunk 2"), HasSubstr("expected 4 bytes"))));
+  auto pull = std::make_shared<RecordingResponder>();
+  p->Pull(ChunkPull(1, 0, 9), pull);
+  ASSERT_THAT(pull->responses(), SizeIs(1));
+  EXPECT_THAT(transport::ResponseStatus(pull->responses()[0]),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pull of chunk 9")));
+  EXPECT_EQ(p->stats().rejected_pushes, 2u);
+  EXPECT_EQ(p->ValuesForTesting(), MakeChunked(Consistency::kAsp, 2)->ValuesForTesting());
+}
+
+// Replication chunk by chunk: each chunk's update is its own record; a
+// chunk's pull is served, and the step's acks go, once the backup holds
+// it; the backup ends with the primary's values, versions and ledger, and
+// promoted, knows which chunks of a push it holds.
+TEST(ChunkedPartitionTest, ReplicatesChunkByChunk) {
+  for (Consistency mode : {Consistency::kBsp, Consistency::kAsp}) {
+    SCOPED_TRACE(mode == Consistency::kBsp ? "bsp" : "asp");
+    QueueSink sink;
+    auto primary = MakeChunked(mode, 2);
+    auto backup = MakeChunked(mode, 2);
+    backup->MakeBackup();
+    primary->SetStepWorkers({1});
+    primary->SetBackups({5}, &sink);
+    Replicate(sink, *primary, *backup);  // the copy
+    auto ack0 = std::make_shared<RecordingResponder>();
+    auto pull0 = std::make_shared<RecordingResponder>();
+    primary->Push(ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 0), ack0);
+    primary->Pull(ChunkPull(1, 1, 0), pull0);
+    EXPECT_THAT(ack0->responses(), IsEmpty());
+    if (mode == Consistency::kBsp) EXPECT_THAT(pull0->responses(), IsEmpty());
+    Replicate(sink, *primary, *backup);
+    ASSERT_THAT(pull0->responses(), SizeIs(1));
+    // Bsp: the step's acks wait for its last chunk.
+    EXPECT_THAT(ack0->responses(), SizeIs(mode == Consistency::kBsp ? 0 : 1));
+    auto ack1 = std::make_shared<RecordingResponder>();
+    primary->Push(ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 1), ack1);
+    Replicate(sink, *primary, *backup);
+    EXPECT_THAT(ack1->responses(), SizeIs(mode == Consistency::kBsp ? 0 : 1));
+    // The primary dies here: the backup holds chunks 0 and 1 of the push.
+    backup->Promote();
+    backup->SetStepWorkers({1});
+    for (uint32_t c : {0u, 1u, 2u}) {
+      ExpectPushAck(PushAndGetResponse(*backup, ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, c)), 1,
+                    1);
+    }
+    EXPECT_EQ(backup->stats().duplicate_pushes, 2u);
+    EXPECT_EQ(backup->stats().version, 1u);
+    auto reference = MakeChunked(mode, 0);
+    reference->SetStepWorkers({1});
+    ExpectPushAck(PushAndGetResponse(*reference, PushMsg(1, 1, 0, 1, StepGradient(1, 0))), 1, 1);
+    EXPECT_EQ(backup->ValuesForTesting(), reference->ValuesForTesting());
+    EXPECT_EQ(backup->applied_by_sender(), reference->applied_by_sender());
+    // And the primary, had it lived, holds the same once its last chunk is in.
+    primary->Push(ChunkPush(1, 1, 0, 1, StepGradient(1, 0), 2, 2), ack1);
+    EXPECT_EQ(primary->ValuesForTesting(), reference->ValuesForTesting());
+    primary.reset();  // answers what it held back (as a partition moving away does)
+  }
+}
+
 }  // namespace
 }  // namespace strata::pserver

@@ -16,12 +16,16 @@ using ::testing::Pair;
 TEST(ReplicaRecordTest, UpdateRoundTrips) {
   ReplicaUpdate u;
   u.scale = 0.25f;
+  u.chunk = 5;
+  u.version = 1ull << 40;
   u.pushes = {{3, 17}, {4, 9}};
   u.keys = {1, 1ull << 63};
   u.grads = {1.5f, -2.f, 0.f, 3.f};
   auto back = DecodeReplicaUpdate(EncodeReplicaUpdate(u));
   ASSERT_THAT(back.status(), IsOk());
   EXPECT_EQ(back->scale, 0.25f);
+  EXPECT_EQ(back->chunk, 5u);
+  EXPECT_EQ(back->version, 1ull << 40);
   EXPECT_THAT(back->pushes, ElementsAre(Pair(3u, 17u), Pair(4u, 9u)));
   EXPECT_EQ(back->keys, u.keys);
   EXPECT_EQ(back->grads, u.grads);
@@ -41,7 +45,7 @@ TEST(ReplicaRecordTest, EveryTruncationOrExtensionIsDataLoss) {
   EXPECT_THAT(DecodeReplicaUpdate(bytes + "x").status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("1 pushes, 0 keys and 3 floats")));
   // Counts that would overflow a 32-bit size do not.
-  std::string huge(16, '\xff');
+  std::string huge(28, '\xff');
   EXPECT_THAT(DecodeReplicaUpdate(huge).status(), StatusIs(absl::StatusCode::kDataLoss));
 }
 

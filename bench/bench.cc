@@ -345,7 +345,8 @@ absl::StatusOr<MemoryResult> RunMemory(uint64_t model_bytes, const std::string& 
 }
 
 absl::StatusOr<PushPullResult> RunPushPull(const PushPullCase& c) {
-  const JobConfig config = BenchConfig(c.bytes, "sgd", c.slice_bytes);
+  JobConfig config = BenchConfig(c.bytes, "sgd", c.slice_bytes);
+  config.cluster.chunk_bytes = c.chunk_bytes;
 
   auto fs = storage::NewMemoryFileSystem();
   STRATA_RETURN_IF_ERROR(WriteBenchLabels(fs.get()));

@@ -30,10 +30,11 @@ struct PushPullCase {
   int servers = 1;
   std::string transport = "tcp";
   int64_t slice_bytes = 4 << 20;
-  double seconds = 1.0;        // measuring time per case (at least 5 operations)
-  int apply_threads = 1;       // PServerOptions::apply_threads
-  int rdma_slot_kib = 64;      // cluster.rdma.slot_kib (transport rdma/auto)
-  int rdma_busy_poll_us = 50;  // cluster.rdma.busy_poll_us
+  int64_t chunk_bytes = 1 << 20;  // cluster.chunk_bytes (0: whole partitions)
+  double seconds = 1.0;           // measuring time per case (at least 5 operations)
+  int apply_threads = 1;          // PServerOptions::apply_threads
+  int rdma_slot_kib = 64;         // cluster.rdma.slot_kib (transport rdma/auto)
+  int rdma_busy_poll_us = 50;     // cluster.rdma.busy_poll_us
   // Register the client's gradient and parameter tensors with the transport,
   // as a worker does (rdma: zero-copy pushes, pulls written in place).
   bool register_tensors = true;

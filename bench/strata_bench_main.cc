@@ -27,6 +27,7 @@ DEFINE_int32(workers, 1, "workers (client threads, each with its own transport)"
 DEFINE_int32(servers, 1, "pservers (in this process)");
 DEFINE_string(transport, "tcp", "tcp | rdma | auto | inproc");
 DEFINE_int64(slice_bytes, 4 << 20, "partition size");
+DEFINE_int64(chunk_bytes, 1 << 20, "cluster.chunk_bytes: the grain inside a partition (0: whole)");
 DEFINE_double(seconds, 1.0, "measuring time per case (sparse: per op and way, default 3)");
 DEFINE_int32(pserver_apply_threads, 1,
              "pserver apply threads (1 = transport thread, 0 = one per core)");
@@ -280,6 +281,7 @@ int main(int argc, char** argv) {
       c.servers = FLAGS_servers;
       c.transport = FLAGS_transport;
       c.slice_bytes = FLAGS_slice_bytes;
+      c.chunk_bytes = FLAGS_chunk_bytes;
       c.seconds = FLAGS_seconds;
       c.apply_threads = FLAGS_pserver_apply_threads;
       c.rdma_slot_kib = FLAGS_rdma_slot_kib;
@@ -298,9 +300,11 @@ int main(int argc, char** argv) {
             "{\"mode\": \"%s\", \"bytes\": %d, \"workers\": %d, \"servers\": %d, "
             "\"transport\": \"%s\", \"gbps\": %.4f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
             "\"baseline_gbps\": %.4f, \"baseline_p50_us\": %.1f, \"ratio_gbps\": %.4f, "
-            "\"ratio_p50\": %.4f, \"operations\": %d, \"slice_bytes\": %d}",
+            "\"ratio_p50\": %.4f, \"operations\": %d, \"slice_bytes\": %d, "
+            "\"chunk_bytes\": %d}",
             mode, bytes, c.workers, c.servers, c.transport, r->gbps, r->latency.p50_us,
-            r->latency.p99_us, raw_gbps, pp->p50_us, ratio, lratio, r->operations, c.slice_bytes);
+            r->latency.p99_us, raw_gbps, pp->p50_us, ratio, lratio, r->operations, c.slice_bytes,
+            c.chunk_bytes);
       } else {
         std::printf("%-9s %-8s %3d %3d  %9.3f %7.3f  %9.1f %9.1f %9.1f %7.2f\n", mode.c_str(),
                     Human(bytes).c_str(), c.workers, c.servers, r->gbps, ratio, r->latency.p50_us,

@@ -55,7 +55,7 @@ make_config 1024 "$EPOCHS" "$WORK/b1024.yaml"
 make_config 64 "$DDP_EPOCHS" "$WORK/b64.yaml"
 
 json_field() {  # file key
-  sed -nE "s/^  \"$2\": ([0-9.eE+-]+),?$/\1/p" "$1" | head -1
+  sed -nE "s/^ *\"$2\": ([0-9.eE+-]+),?$/\1/p" "$1" | head -1
 }
 
 cluster() {  # config -> "samples_per_sec comm_share"

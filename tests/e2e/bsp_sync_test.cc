@@ -1,6 +1,7 @@
 // Synchronisation check: with bsp, 2 workers at batch b reach the same
 // parameters after 50 steps as 1 worker at batch 2b over the same records
 // (each synchronous step averages the gradients over all 2b samples).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -27,9 +28,11 @@ proto::DataTask Task(uint64_t id, int64_t begin, int64_t end) {
 
 // Trains kSteps steps with `workers` workers at batch 2b/workers; worker k's
 // step-s batch is records [2b s + k (2b/workers), ...). Returns the final
-// parameters.
+// parameters. `chunk_bytes`: cluster.chunk_bytes; `replication`: backups
+// per partition.
 std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
-                                      int apply_threads = 1) {
+                                      int apply_threads = 1, int64_t chunk_bytes = 1 << 20,
+                                      int replication = 0, uint32_t* most_chunks = nullptr) {
   InProcClusterOptions opts;
   opts.config = SmallFashionMnistConfig();
   opts.config.job.consistency = Consistency::kBsp;
@@ -40,6 +43,8 @@ std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
   opts.pservers = 2;
   opts.shuffle_within_task = false;
   opts.pserver_apply_threads = apply_threads;
+  opts.config.cluster.chunk_bytes = chunk_bytes;
+  opts.config.cluster.replication = replication;
   const int per = 2 * kBatch / workers;
   for (int k = 0; k < workers; ++k) {
     std::vector<proto::DataTask> tasks;
@@ -56,6 +61,15 @@ std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
   EXPECT_THAT((*cluster)->JoinWorkers(), IsOk());
   for (int k = 0; k < workers; ++k) {
     EXPECT_EQ((*cluster)->worker(k)->stats().steps, static_cast<uint64_t>(kSteps));
+  }
+  if (most_chunks != nullptr) {  // the partitions as the pservers cut them
+    *most_chunks = 0;
+    const proto::ClusterView view = (*cluster)->master()->View();
+    for (const auto& p : view.partitions()) {
+      auto part = (*cluster)->pserver(0)->FindPartition(p.id());
+      if (part == nullptr) part = (*cluster)->pserver(1)->FindPartition(p.id());
+      if (part != nullptr) *most_chunks = std::max(*most_chunks, part->stats().chunks);
+    }
   }
   auto params = (*cluster)->worker(0)->PullParams(kSteps);
   EXPECT_THAT(params, IsOk());
@@ -151,6 +165,20 @@ TEST(BspSyncParallelApplyTest, ParallelApplyChangesNothing) {
   const auto parallel = Train(2, "adam", 3);
   ASSERT_FALSE(serial.empty());
   EXPECT_EQ(serial, parallel);
+}
+
+// Partitions pushed, applied, replicated and pulled in chunks of 4 KiB (a
+// 64 KiB slice in 16, the first layer's last slice in 8.5, a bias in one)
+// give exactly the parameters of whole partitions, with and without a
+// backup of each partition on the other pserver.
+TEST(BspSyncChunkTest, ChunksChangeNothing) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const auto whole = Train(2, "adam", 1, /*chunk_bytes=*/0);
+  ASSERT_FALSE(whole.empty());
+  uint32_t chunks = 0;
+  EXPECT_EQ(Train(2, "adam", 1, /*chunk_bytes=*/4096, 0, &chunks), whole);
+  EXPECT_EQ(chunks, 16u);
+  EXPECT_EQ(Train(2, "adam", 1, /*chunk_bytes=*/4096, /*replication=*/1), whole);
 }
 
 }  // namespace

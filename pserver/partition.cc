@@ -287,8 +287,11 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
     if (replicating) raise(in_step ? Hold::kStep : Hold::kRecord);
     return absl::OkStatus();
   }
-  const std::string where = chunks_.size() > 1 ? absl::StrCat("chunk ", c, " of partition ", id_)
-                                               : absl::StrCat("partition ", id_);
+  // (For the refusals below only: not built for every chunk.)
+  auto where = [&] {
+    return num_chunks_ > 1 ? absl::StrCat("chunk ", c, " of partition ", id_)
+                           : absl::StrCat("partition ", id_);
+  };
   if (consistency_ == Consistency::kAsp) {
     const float scale = static_cast<float>(1.0 / static_cast<double>(h.count));
     if (sparse_) {
@@ -322,14 +325,15 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
   if (h.version < k.version) {
     ++stats_.rejected_pushes;
     ledger_.Resolve(h.sender_id, h.seq, c, false);
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "push to ", where, " from node ", h.sender_id, " is for step ", h.version,
-                          " but it is at version ", k.version, ": stale gradient dropped")),
-                      proto::REASON_STALE_GRADIENT);
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "push to ", where(), " from node ", h.sender_id, " is for step ", h.version,
+            " but it is at version ", k.version, ": stale gradient dropped")),
+        proto::REASON_STALE_GRADIENT);
   }
   if (h.version > k.version) {
     ++stats_.rejected_pushes;
-    return absl::OutOfRangeError(absl::StrCat("push to ", where, " from node ", h.sender_id,
+    return absl::OutOfRangeError(absl::StrCat("push to ", where(), " from node ", h.sender_id,
                                               " is for step ", h.version, " ahead of version ",
                                               k.version));
   }

@@ -30,6 +30,9 @@ if [[ $FOR == test ]]; then
   # llvm-symbolizer for their reports; clang-format for the layout check
   # (scripts/format.sh --check).
   PACKAGES+=(libgtest-dev libgmock-dev clang-14 libclang-rt-14-dev llvm-14 clang-format-14)
+  # The Python package (python/, docs/python.md): built against Debian's
+  # python3 and pybind11, tested with pytest and PyTorch.
+  PACKAGES+=(python3-dev pybind11-dev python3-pytest python3-torch python3-numpy python3-yaml)
   # For the Soft-RoCE guest of tests/rdma (a real verbs device under QEMU).
   # Best effort: without them that one test is skipped, saying why.
   VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)

@@ -6,6 +6,8 @@
 #
 # install puts
 #   the daemons and the CLI         PREFIX/bin/strata{,-master,-pserver,-worker,-gen-ctr}
+#   the Python package, when built  PREFIX/lib/python3.X/dist-packages/strata (Debian's
+#   (build/python/strata)           python3 finds it there: docs/python.md)
 #   the units                       /etc/systemd/system/strata-master.service,
 #                                   strata-pserver@.service, strata-worker@.service
 #   example configs (never over     /etc/strata/strata.yaml, hosts, strata.env,
@@ -41,6 +43,11 @@ UNITS=(strata-master.service strata-pserver@.service strata-worker@.service)
 UNIT_DIR="$DEST/etc/systemd/system"
 ETC="$DEST/etc/strata"
 DOC="$DEST$PREFIX/share/doc/strata"
+# The Python package built beside the binaries (STRATA_WITH_PYTHON), for
+# Debian's python3.
+PY_SRC="$BIN_DIR/../python/strata"
+PY_VERSION="$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)"
+PY_DIR="$DEST$PREFIX/lib/python${PY_VERSION}/dist-packages/strata"
 # systemctl only on a live system booted with systemd.
 live_systemd() { [[ -z $DEST && -d /run/systemd/system ]]; }
 
@@ -64,6 +71,11 @@ install_all() {
     mv "$UNIT_DIR/$u.tmp" "$UNIT_DIR/$u"
   done
   install -m 0644 "$ROOT_DIR"/docs/*.md "$DOC/"
+  if [[ -n $PY_VERSION && -d $PY_SRC ]]; then
+    install -d -m 0755 "$PY_DIR"
+    install -m 0644 "$PY_SRC"/*.py "$PY_DIR/"
+    install -m 0644 "$PY_SRC"/_core*.so "$PY_DIR/"
+  fi
   install -d -m 0755 "$ETC"
   install -d -m 0700 "$ETC/credentials"
   # The units load it as the systemd credential "s3" (LoadCredential= needs
@@ -109,6 +121,7 @@ uninstall_all() {
   for b in "${BINARIES[@]}"; do rm -f "$DEST$PREFIX/bin/$b"; done
   for u in "${UNITS[@]}"; do rm -f "$UNIT_DIR/$u"; done
   rm -rf "$DOC"
+  [[ -n $PY_VERSION ]] && rm -rf "$PY_DIR"
   if [[ $PURGE == 1 ]]; then
     rm -rf "$ETC" "$DEST/var/lib/strata" "$DEST/var/log/strata"
     if [[ -z $DEST ]] && getent passwd strata > /dev/null; then userdel strata || true; fi

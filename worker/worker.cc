@@ -91,6 +91,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
   }
   std::unique_ptr<Worker> worker(new Worker(std::move(options), std::move(device)));
   // The model family, chosen here once: nothing else asks which it is.
+  if (worker->options_.script) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ScriptTrainer> script,
+                            ScriptTrainer::Create(worker.get()));
+    worker->script_ = script.get();
+    worker->trainer_ = std::move(script);
+    return worker;
+  }
   STRATA_ASSIGN_OR_RETURN(worker->trainer_,
                           ctr ? CtrTrainer::Create(worker.get(), worker->device_.get())
                               : MlpTrainer::Create(worker.get(), worker->device_.get()));

@@ -32,6 +32,7 @@
 #include "transport/transport.h"
 #include "worker/device.h"
 #include "worker/param_client.h"
+#include "worker/script_trainer.h"
 #include "worker/trainer.h"
 
 namespace strata::worker {
@@ -78,6 +79,10 @@ struct WorkerOptions {
   int64_t trace_max_steps = 2000;
   // Control-plane credentials (docs/security.md); plain text unless set.
   ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
+  // The model's steps run in a training script (the Python package,
+  // docs/python.md): the trainer is a ScriptTrainer, whose script side
+  // script_trainer() gives.
+  bool script = false;
 };
 
 // Thread-safe where noted: Run() on one thread; Shutdown() from any. The
@@ -108,8 +113,10 @@ class Worker : private TrainerContext {
   // Test accuracy measured at the end of a local_only run.
   double local_test_accuracy() const { return local_test_accuracy_; }
   int http_port() const { return http_.port(); }
-  // model.type of the trainer chosen: "mlp", "wide_deep".
+  // model.type of the trainer chosen: "mlp", "wide_deep"; "script".
   std::string_view model_family() const { return trainer_->family(); }
+  // With WorkerOptions.script: the trainer, for the script's side of it.
+  ScriptTrainer* script_trainer() const { return script_; }
   // Pulls the current parameters (all tables).
   absl::StatusOr<std::vector<std::vector<float>>> PullParams(uint64_t min_version = 0);
 
@@ -176,6 +183,7 @@ class Worker : private TrainerContext {
   // The model family: its model and data. Set once in Create; borrows
   // device_ and this worker (as its TrainerContext).
   std::unique_ptr<Trainer> trainer_;
+  ScriptTrainer* script_ = nullptr;  // trainer_, with options_.script
   std::unique_ptr<transport::Transport> transport_;
   // Membership with the master (register, heartbeats, keys, calls); null
   // until Start registers (and in a --local run).

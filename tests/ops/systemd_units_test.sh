@@ -30,6 +30,15 @@ for u in "${units[@]}"; do
   [[ -f "$root/etc/systemd/system/$u" ]] || fail "install did not put $u in /etc/systemd/system"
 done
 for f in strata.yaml hosts strata.env nftables-strata.nft; do [[ -f "$root/etc/strata/$f" ]] || fail "no /etc/strata/$f"; done
+# The Python package, where it was built: importable from where it went.
+if [[ -d "$BUILD_DIR/python/strata" ]]; then
+  pyver="$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  pydir="$root/usr/local/lib/python$pyver/dist-packages"
+  [[ -f "$pydir/strata/torch.py" ]] && ls "$pydir"/strata/_core*.so > /dev/null ||
+    fail "install did not put the Python package in $pydir"
+  PYTHONPATH="$pydir" /usr/bin/python3 -c 'import strata._core' ||
+    fail "the installed Python package does not import"
+fi
 [[ -f "$root/usr/local/share/doc/strata/operations.md" ]] || fail "no docs installed"
 mode() { stat -c %a "$1"; }
 [[ $(mode "$root/etc/strata/credentials") == 700 ]] || fail "/etc/strata/credentials is not mode 0700"
@@ -98,6 +107,7 @@ done
 touch "$root/var/lib/strata/keep-me"
 install_sh uninstall > /dev/null || fail "uninstall failed"
 [[ ! -e "$root/usr/local/bin/strata-master" ]] || fail "uninstall left strata-master"
+[[ ! -e "${pydir:-/nonexistent}/strata" ]] || fail "uninstall left the Python package"
 [[ ! -e "$root/etc/systemd/system/strata-master.service" ]] || fail "uninstall left the master unit"
 [[ -f "$root/etc/strata/strata.yaml" && -f "$root/var/lib/strata/keep-me" ]] ||
   fail "uninstall removed configs or state"

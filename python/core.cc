@@ -1,0 +1,160 @@
+// strata._core: the worker core for a Python training script (docs/python.md).
+// A Worker registers with the master, heartbeats and leases data tasks as
+// the C++ worker does (worker/worker.h), on threads of its own; its
+// ScriptTrainer (worker/script_trainer.h) hands the script each task's
+// records and runs each step the script asks for. The script's tensors
+// alias the worker's parameter and gradient memory (numpy arrays over it),
+// so nothing is copied between them.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/daemon_env.h"
+#include "transport/transport_config.h"
+#include "worker/worker.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+void ThrowIfError(const absl::Status& s) {
+  if (s.ok()) return;
+  if (absl::IsInvalidArgument(s)) throw py::value_error(std::string(s.message()));
+  throw std::runtime_error(std::string(s.message()));
+}
+
+class PyWorker {
+ public:
+  PyWorker(const std::string& config, const std::string& master, int index,
+           const std::string& tls_dir, const std::string& host, int http_port) {
+    DaemonEnvOptions eo("worker", index, config, tls_dir, ::getenv);
+    int code = 0;
+    absl::StatusOr<DaemonEnv> env = LoadDaemonEnv(eo, &code);
+    ThrowIfError(env.status());
+    env_ = std::make_unique<DaemonEnv>(*std::move(env));
+    worker::WorkerOptions o;
+    o.config = env_->config;
+    o.master_address = master;
+    o.index = index;
+    o.host = host;
+    o.http_port = http_port >= -1 ? http_port : env_->config.cluster.ports.worker_http + index;
+    o.transport = transport::TransportOptionsFor(env_->config.cluster);
+    o.fs = env_->fs.get();
+    o.security = env_->security;
+    o.script = true;
+    absl::StatusOr<std::unique_ptr<worker::Worker>> w = worker::Worker::Create(std::move(o));
+    ThrowIfError(w.status());
+    worker_ = *std::move(w);
+    script_ = worker_->script_trainer();
+    {
+      py::gil_scoped_release release;
+      ThrowIfError(worker_->Start());
+    }
+    run_ = std::thread([this] {
+      status_ = worker_->Run();
+      script_->Close(status_);
+    });
+  }
+  ~PyWorker() { Stop(); }
+
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> Tables() const {
+    std::vector<std::pair<std::string, std::vector<uint64_t>>> out;
+    for (const TableSpec& t : script_->tables()) out.emplace_back(t.name, t.shape);
+    return out;
+  }
+  uint32_t node_id() const { return worker_->node_id(); }
+
+  // Table i's parameters (or gradient), as a flat float32 array over the
+  // worker's own memory; `self` keeps the worker alive while it is used.
+  static py::array View(py::object self, int i, bool grad) {
+    PyWorker& w = self.cast<PyWorker&>();
+    auto& tensors = grad ? const_cast<std::vector<std::vector<float>>&>(w.script_->grads())
+                         : w.script_->params();
+    if (i < 0 || i >= static_cast<int>(tensors.size())) {
+      throw py::index_error(absl::StrCat("table ", i, " of ", tensors.size()));
+    }
+    std::vector<float>& v = tensors[i];
+    return py::array_t<float>({static_cast<py::ssize_t>(v.size())}, {sizeof(float)}, v.data(),
+                              self);
+  }
+
+  py::object NextTask() {
+    absl::StatusOr<std::optional<std::vector<int64_t>>> task;
+    {
+      py::gil_scoped_release release;
+      task = script_->NextTask();
+    }
+    ThrowIfError(task.status());
+    if (!task->has_value()) return py::none();
+    std::vector<int64_t>& order = **task;
+    py::array_t<int64_t> out(static_cast<py::ssize_t>(order.size()));
+    std::copy(order.begin(), order.end(), out.mutable_data());
+    return std::move(out);
+  }
+
+  void Step(int n, double loss, int64_t correct) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = script_->Step(n, loss, correct);
+    }
+    ThrowIfError(s);
+  }
+  void TaskDone() { ThrowIfError(script_->TaskDone()); }
+  void Finish(const std::map<std::string, double>& metrics) { script_->Finish(metrics); }
+
+  // Waits for the worker to end (the job done, or failed: raised).
+  void Join() {
+    {
+      py::gil_scoped_release release;
+      if (run_.joinable()) run_.join();
+    }
+    ThrowIfError(status_);
+  }
+  void Stop() {
+    py::gil_scoped_release release;
+    if (worker_ != nullptr) worker_->Shutdown();
+    if (run_.joinable()) run_.join();
+  }
+
+ private:
+  std::unique_ptr<DaemonEnv> env_;
+  std::unique_ptr<worker::Worker> worker_;
+  worker::ScriptTrainer* script_ = nullptr;
+  std::thread run_;
+  absl::Status status_;
+};
+
+}  // namespace
+}  // namespace strata::python
+
+PYBIND11_MODULE(_core, m) {
+  using strata::python::PyWorker;
+  m.doc() = "Strata's worker core for a training script (docs/python.md)";
+  py::class_<PyWorker>(m, "Worker")
+      .def(py::init<const std::string&, const std::string&, int, const std::string&,
+                    const std::string&, int>(),
+           py::arg("config"), py::arg("master"), py::arg("index"), py::arg("tls_dir") = "",
+           py::arg("host") = "127.0.0.1", py::arg("http_port") = -1)
+      .def("tables", &PyWorker::Tables)
+      .def_property_readonly("node_id", &PyWorker::node_id)
+      .def("param", [](py::object self, int i) { return PyWorker::View(self, i, false); })
+      .def("grad", [](py::object self, int i) { return PyWorker::View(self, i, true); })
+      .def("next_task", &PyWorker::NextTask)
+      .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0)
+      .def("task_done", &PyWorker::TaskDone)
+      .def("finish", &PyWorker::Finish)
+      .def("join", &PyWorker::Join)
+      .def("stop", &PyWorker::Stop);
+}

@@ -1,0 +1,146 @@
+"""A real Strata cluster for the Python package's tests: strata-master and
+strata-pserver processes from the build tree (STRATA_BIN), on free ports
+of 127.0.0.1, with the job's config written for each test."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+BIN = os.environ.get("STRATA_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_config(path, workers=1, steps_records=3200, layers=(784, 32, 10), consistency="bsp",
+               chunk_bytes=16384):
+    ports = {k: free_port() for k in ("master", "master_http")}
+    with open(path, "w") as f:
+        f.write("""job:
+  name: pytest
+  consistency: %s
+  epochs: 1
+  batch_size: 64
+  progress_every_steps: 1000000
+  seed: 7
+model:
+  type: mlp
+  layers: [%s]
+  activation: relu
+optimizer:
+  type: adam
+  learning_rate: 0.002
+data:
+  format: idx
+  train_images: %s/train-images-idx3-ubyte.gz
+  train_labels: %s/train-labels-idx1-ubyte.gz
+  test_images: %s/t10k-images-idx3-ubyte.gz
+  test_labels: %s/t10k-labels-idx1-ubyte.gz
+  task_records: 640
+  train_limit: %d
+cluster:
+  slice_bytes: 65536
+  chunk_bytes: %d
+  heartbeat_interval_ms: 200
+  dead_timeout_ms: 3000
+  ports: {master: %d, master_http: %d, pserver: 0, pserver_data: 0, pserver_http: 0, worker_http: 0}
+security:
+  mode: plaintext
+""" % (consistency, ", ".join(str(x) for x in layers), FMNIST, FMNIST, FMNIST, FMNIST,
+       steps_records, chunk_bytes, ports["master"], ports["master_http"]))
+    return "127.0.0.1:%d" % ports["master"]
+
+
+class Cluster:
+    """A master and pservers; workers are the test's."""
+
+    def __init__(self, tmp, workers=1, pservers=1, **config):
+        self.dir = str(tmp)
+        os.makedirs(self.dir, exist_ok=True)
+        self.config = os.path.join(self.dir, "job.yaml")
+        self.master = job_config(self.config, workers=workers, **config)
+        self.summary = os.path.join(self.dir, "summary.json")
+        with open(os.path.join(self.dir, "hosts"), "w") as f:
+            f.write("127.0.0.1 master pserver=%d worker=%d\n" % (pservers, workers))
+        self.procs = []
+        self._start("master", [os.path.join(BIN, "strata-master"), "--config", self.config,
+                               "--hosts", os.path.join(self.dir, "hosts"), "--summary",
+                               self.summary, "--state_dir", os.path.join(self.dir, "state")])
+        for i in range(pservers):
+            self._start("pserver-%d" % i,
+                        [os.path.join(BIN, "strata-pserver"), "--config", self.config,
+                         "--master", self.master, "--index", str(i), "--port", "0",
+                         "--data_port", "0", "--http_port", "-1"])
+
+    def _start(self, name, argv):
+        log = open(os.path.join(self.dir, name + ".log"), "w")
+        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+
+    def worker(self, index, argv=None, env=None):
+        """A C++ worker (argv None) or a script, as a process."""
+        e = dict(os.environ)
+        e.update({"STRATA_CONFIG": self.config, "STRATA_MASTER": self.master,
+                  "STRATA_INDEX": str(index),
+                  "PYTHONPATH": os.path.join(BIN, "..", "python")})
+        e.update(env or {})
+        if argv is None:
+            argv = [os.path.join(BIN, "strata-worker"), "--config", self.config, "--master",
+                    self.master, "--index", str(index), "--http_port", "-1"]
+        log = open(os.path.join(self.dir, "worker-%d.log" % index), "w")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=e)
+        self.procs.append(p)
+        return p
+
+    def wait_summary(self, timeout=120):
+        import json
+        end = time.time() + timeout
+        while time.time() < end:
+            if os.path.exists(self.summary):
+                with open(self.summary) as f:
+                    text = f.read()
+                if text.strip().endswith("}"):
+                    return json.loads(text)
+            time.sleep(0.1)
+        raise AssertionError("no summary.json after %d s; logs in %s" % (timeout, self.dir))
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made = []
+
+    def make(**kw):
+        c = Cluster(tmp_path / ("c%d" % len(made)), **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def pytest_configure(config):
+    sys.path.insert(0, os.path.join(BIN, "..", "python"))
+    # What ctest's SKIP_REGULAR_EXPRESSION looks for (tests/CMakeLists.txt).
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.__stdout__.write("python_package_test skipped: python3-torch is not installed "
+                             "(scripts/install-deps.sh --test installs it)\n")
+    if not os.path.isdir(FMNIST):
+        sys.__stdout__.write("python_package_test skipped: dataset-fashion-mnist is not "
+                             "installed\n")

@@ -1,0 +1,96 @@
+// A model family whose steps run in a training script rather than in C++:
+// the Python package (python/strata, docs/python.md) makes a PyTorch script
+// a Strata worker through it. The worker core is unchanged: its training
+// thread (Worker::Run) registers, leases tasks, reports progress and
+// evaluates as for the built-in families, and calls TrainTask, which hands
+// the task's records to the script and runs each step the script asks for:
+// the push of the gradient the script computed, then the pull of the next
+// step's parameters, straight from and into the tensors the script computes
+// with (params() and grads(), which the script's tensors alias).
+//
+// The script's side (NextTask, Step, TaskDone, Finish) may be called from
+// one other thread at a time; it blocks until the training thread did what
+// was asked. Close() ends it (Worker::Run returned).
+#ifndef STRATA_WORKER_SCRIPT_TRAINER_H_
+#define STRATA_WORKER_SCRIPT_TRAINER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model_spec.h"
+#include "worker/trainer.h"
+
+namespace strata::worker {
+
+class ScriptTrainer : public Trainer {
+ public:
+  // The tables of the config's model (dense only for now). `ctx` is
+  // borrowed and outlives the trainer.
+  static absl::StatusOr<std::unique_ptr<ScriptTrainer>> Create(TrainerContext* ctx);
+  ScriptTrainer(const ScriptTrainer&) = delete;
+  ScriptTrainer& operator=(const ScriptTrainer&) = delete;
+
+  // Trainer, on the training thread.
+  std::string_view family() const override { return "script"; }
+  std::string DescribeData() const override { return "the training script's own"; }
+  int64_t loaded_examples() const override { return 0; }
+  std::vector<std::vector<float>>& params() override { return params_; }
+  const std::vector<std::vector<float>>& grads() const override { return grads_; }
+  absl::StatusOr<int64_t> TrainTask(const proto::DataTask& task,
+                                    std::vector<std::unique_ptr<Optimizer>>* local) override;
+  absl::StatusOr<EvalMetrics> Evaluate(std::optional<uint64_t> min_version) override;
+
+  // The script's side.
+  const std::vector<TableSpec>& tables() const { return tables_; }
+  // The records of the next data task in training order, the parameters
+  // already pulled for its first step; nullopt once there is no task to
+  // train: the job wants the final model evaluated (Finish gives the
+  // figures) or this worker is done (Close).
+  absl::StatusOr<std::optional<std::vector<int64_t>>> NextTask();
+  // One step over `n` records whose summed gradient is in grads(): pushed,
+  // then the next step's parameters pulled into params(). `loss` (mean)
+  // and `correct` go to the progress reports.
+  absl::Status Step(int n, double loss, int64_t correct);
+  // The task from NextTask is trained (its remaining records skipped).
+  absl::Status TaskDone();
+  // The test figures of the final model: "test_accuracy", "test_loss",
+  // "test_auc" (each optional). Delivered to the evaluation that waits for
+  // them, if any.
+  void Finish(const std::map<std::string, double>& metrics);
+  // The training thread has stopped with `status`: the script's waits end.
+  void Close(const absl::Status& status);
+
+ private:
+  explicit ScriptTrainer(TrainerContext* ctx, std::vector<TableSpec> tables);
+
+  enum class Phase { kIdle, kTask, kStepAsked, kTaskDone, kEvaluating, kClosed };
+
+  TrainerContext* const ctx_;
+  const std::vector<TableSpec> tables_;
+  std::vector<std::vector<float>> params_;
+  std::vector<std::vector<float>> grads_;
+
+  absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kIdle;
+  // A task handed over and not yet taken by NextTask.
+  std::optional<std::vector<int64_t>> offered_ ABSL_GUARDED_BY(mu_);
+  bool evaluate_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<std::map<std::string, double>> metrics_ ABSL_GUARDED_BY(mu_);
+  // The step asked for, and its outcome.
+  int step_n_ ABSL_GUARDED_BY(mu_) = 0;
+  double step_loss_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t step_correct_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::Status> step_done_ ABSL_GUARDED_BY(mu_);
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_SCRIPT_TRAINER_H_

@@ -165,6 +165,8 @@ class ConfigReader {
   Field String(const std::string& key, std::string* out, Check<std::string> check);
   Field Enum(const std::string& key, std::string* out, std::vector<std::string> allowed);
   Field Bool(const std::string& key, bool* out);
+  // A sequence of non-empty strings.
+  Field StringList(const std::string& key, std::vector<std::string>* out);
   Field Section(const std::string& key, std::function<std::vector<Field>()> fields);
 
   absl::StatusOr<int64_t> ParseInt(const YAML::Node& key, const YAML::Node& value,
@@ -392,6 +394,29 @@ ConfigReader::Field ConfigReader::Bool(const std::string& key, bool* out) {
             }
             return PathError(ValueMark(k, v), path,
                              absl::StrCat("expected true or false, got ", Describe(v)));
+          }};
+}
+
+ConfigReader::Field ConfigReader::StringList(const std::string& key,
+                                             std::vector<std::string>* out) {
+  return {key,
+          [this, out](const YAML::Node& k, const YAML::Node& v,
+                      const std::string& path) -> absl::Status {
+            if (!v.IsSequence()) {
+              return PathError(ValueMark(k, v), path,
+                               absl::StrCat("expected a list of strings, got ", Describe(v)));
+            }
+            std::vector<std::string> items;
+            for (const YAML::Node& item : v) {
+              const std::string at = absl::StrCat(path, "[", items.size(), "]");
+              if (!item.IsScalar() || item.Scalar().empty()) {
+                return PathError(ValueMark(k, item), at,
+                                 absl::StrCat("expected a non-empty string, got ", Describe(item)));
+              }
+              items.push_back(item.Scalar());
+            }
+            *out = std::move(items);
+            return absl::OkStatus();
           }};
 }
 
@@ -643,6 +668,7 @@ std::vector<ConfigReader::Field> ConfigReader::WorkerFields(WorkerSection* w) {
       Int("gpu", &w->gpu, IntAtLeast(0)),
       Enum("precision", &w->precision, {"fp32", "tf32", "bf16"}),
       Int("recompute_every", &w->recompute_every, IntAtLeast(0)),
+      StringList("command", &w->command),
   };
 }
 

@@ -223,6 +223,12 @@ struct WorkerSection {
   // output in the forward pass and recompute the others in the backward
   // pass; 0 = off, 1 = every layer kept (the same as off).
   int recompute_every = 0;  // >= 0
+  // A training script that is the worker instead of the built-in model
+  // (docs/python.md): the program and its arguments, e.g.
+  // [/usr/bin/python3, examples/torch/fmnist_mlp.py]. strata-worker runs
+  // it in its place (exec), with STRATA_CONFIG, STRATA_MASTER,
+  // STRATA_INDEX, STRATA_TLS_DIR and PYTHONPATH set. Empty: the built-in model.
+  std::vector<std::string> command;
 };
 
 // Who may talk to the cluster (docs/security.md).

@@ -32,7 +32,9 @@ def init(config=None, master=None, index=None, tls_dir=None):
 
     Arguments default to what the launcher sets: STRATA_CONFIG (the job's
     config file), STRATA_MASTER (host:port), STRATA_INDEX (this worker's
-    index), STRATA_TLS_DIR (an mtls cluster's certificates).
+    index), STRATA_TLS_DIR (an mtls cluster's certificates); and
+    STRATA_HOST, STRATA_HTTP_PORT (the worker's status page and /metrics;
+    -1 = none).
     """
     config = config if config is not None else os.environ.get("STRATA_CONFIG")
     master = master if master is not None else os.environ.get("STRATA_MASTER")
@@ -48,7 +50,9 @@ def init(config=None, master=None, index=None, tls_dir=None):
     except ValueError:
         raise ValueError("strata.torch.init(): STRATA_INDEX=%r is not a worker index" % index)
     tls_dir = tls_dir if tls_dir is not None else os.environ.get("STRATA_TLS_DIR", "")
-    return Job(_core.Worker(config, master, index, tls_dir))
+    host = os.environ.get("STRATA_HOST", "127.0.0.1")
+    http_port = int(os.environ.get("STRATA_HTTP_PORT", "-1"))
+    return Job(_core.Worker(config, master, index, tls_dir, host, http_port))
 
 
 class Job:

@@ -601,6 +601,18 @@ TEST(ParseJobConfigTest, ChunkBytesAreWholeFloatsAndFewEnoughChunks) {
   EXPECT_EQ(one_float.cluster.chunk_bytes, 4);
 }
 
+TEST(ParseJobConfigTest, WorkerCommandIsAListOfStrings) {
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c,
+      ParseWithData("worker:\n  command: [/usr/bin/python3, examples/torch/x.py, --flag]\n"));
+  EXPECT_EQ(c.worker.command,
+            (std::vector<std::string>{"/usr/bin/python3", "examples/torch/x.py", "--flag"}));
+  ExpectError(ParseWithData("worker:\n  command: python3 x.py\n"), "local.yaml:7:12: ",
+              "worker.command: expected a list of strings, got 'python3 x.py'");
+  ExpectError(ParseWithData("worker:\n  command: [python3, [x]]\n"), "",
+              "worker.command[1]: expected a non-empty string");
+}
+
 TEST(ParseJobConfigTest, DeadTimeoutMustExceedHeartbeat) {
   ExpectError(ParseWithData("cluster:\n  dead_timeout_ms: 500\n"), "local.yaml:7:20: ",
               "cluster.dead_timeout_ms: must be > "

@@ -1,0 +1,67 @@
+"""Training scripts as the workers of a cluster brought up by
+scripts/launch.sh from a config (worker.command), as a user runs it."""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+pytest.importorskip("torch", reason="python3-torch not installed (install-deps.sh --test)")
+
+from conftest import BIN, FMNIST, ROOT, free_port  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(FMNIST),
+                                reason="dataset-fashion-mnist not installed")
+
+
+def torch_config(tmp_path, command=None, records=6400):
+    """conf/torch.yaml for one short epoch on free ports, in tmp_path."""
+    with open(os.path.join(ROOT, "conf", "torch.yaml")) as f:
+        text = f.read()
+    text = re.sub(r"(?m)^  epochs: \d+", "  epochs: 1", text)
+    text = re.sub(r"(?m)^  task_records: \d+", "  task_records: 640\n  train_limit: %d" % records,
+                  text)
+    text = re.sub(r"(?m)^  dir: .*", "  dir: %s" % (tmp_path / "checkpoints"), text)
+    for key in ("master", "master_http", "pserver", "pserver_data", "pserver_http",
+                "worker_http"):
+        text = re.sub(r"(?m)^    %s: \d+" % key, "    %s: %d" % (key, free_port() + 0), text)
+    if command is not None:
+        text = re.sub(r"(?m)^  command: .*", "  command: [%s]" % ", ".join(command), text)
+    path = tmp_path / "torch.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def launch(config, tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run([os.path.join(ROOT, "scripts", "launch.sh"), "run", "--config", config,
+                        "--hosts", os.path.join(ROOT, "conf", "hosts.local"), "--run-dir", str(run),
+                        "--quiet"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, STRATA_BIN_DIR=BIN))
+    with open(run / "summary.json") as f:
+        return r, json.load(f), run
+
+
+def test_launch_runs_the_configs_training_scripts(tmp_path):
+    r, summary, run = launch(torch_config(tmp_path), tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert summary["state"] == "succeeded"
+    assert summary["final_test_accuracy"] > 0.7
+    for i in (0, 1):
+        log = (run / "logs" / ("worker-%d.log" % i)).read_text()
+        assert "running the training script /usr/bin/python3 " in log
+        assert "examples/torch/fmnist_mlp.py" in log
+
+
+def test_a_script_that_raises_is_restarted_and_its_task_requeued(tmp_path):
+    script = os.path.join(ROOT, "tests", "python", "crash_once.py")
+    r, summary, run = launch(torch_config(tmp_path, ["/usr/bin/python3", script]), tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert summary["state"] == "succeeded"
+    assert summary["tasks_requeued"] >= 1
+    log = (run / "logs" / "worker-0.log").read_text()
+    assert "Traceback (most recent call last)" in log
+    assert "RuntimeError: a crash for the test" in log
+    assert "worker-0 failed" in r.stdout + r.stderr

@@ -3,6 +3,7 @@ strata-pserver processes from the build tree (STRATA_BIN), on free ports
 of 127.0.0.1, with the job's config written for each test."""
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -15,15 +16,28 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def port_base():
+    """A base for a cluster's ports (base + 0, 1 for the master; + 10, 20,
+    30, 40 and the next ones for pservers and workers), below the ephemeral
+    range so that no outgoing connection takes one meanwhile, and free now
+    (as tests/e2e/lib.sh's pick_port_base)."""
+    base = 20000
+    for _ in range(50):
+        base = 20000 + random.randrange(120) * 100
+        try:
+            for off in (0, 1, 10, 11, 20, 21, 30, 31, 40, 41):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + off))
+            return base
+        except OSError:
+            continue
+    return base
 
 
 def job_config(path, workers=1, steps_records=3200, layers=(784, 32, 10), consistency="bsp",
                chunk_bytes=16384):
-    ports = {k: free_port() for k in ("master", "master_http")}
+    base = port_base()
+    ports = {"master": base, "master_http": base + 1}
     with open(path, "w") as f:
         f.write("""job:
   name: pytest

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch", reason="python3-torch not installed (install-deps.sh --test)")
 
-from conftest import BIN, FMNIST, ROOT, free_port  # noqa: E402
+from conftest import BIN, FMNIST, ROOT, port_base  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(FMNIST),
                                 reason="dataset-fashion-mnist not installed")
@@ -24,9 +24,10 @@ def torch_config(tmp_path, command=None, records=6400):
     text = re.sub(r"(?m)^  task_records: \d+", "  task_records: 640\n  train_limit: %d" % records,
                   text)
     text = re.sub(r"(?m)^  dir: .*", "  dir: %s" % (tmp_path / "checkpoints"), text)
-    for key in ("master", "master_http", "pserver", "pserver_data", "pserver_http",
-                "worker_http"):
-        text = re.sub(r"(?m)^    %s: \d+" % key, "    %s: %d" % (key, free_port() + 0), text)
+    base = port_base()
+    for key, off in (("master", 0), ("master_http", 1), ("pserver", 10), ("pserver_data", 20),
+                     ("pserver_http", 30), ("worker_http", 40)):
+        text = re.sub(r"(?m)^    %s: \d+" % key, "    %s: %d" % (key, base + off), text)
     if command is not None:
         text = re.sub(r"(?m)^  command: .*", "  command: [%s]" % ", ".join(command), text)
     path = tmp_path / "torch.yaml"
@@ -40,7 +41,9 @@ def launch(config, tmp_path):
                         "--hosts", os.path.join(ROOT, "conf", "hosts.local"), "--run-dir", str(run),
                         "--quiet"], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, STRATA_BIN_DIR=BIN))
-    with open(run / "summary.json") as f:
+    summary = run / "summary.json"
+    assert summary.exists(), "launch.sh wrote no summary:\n" + r.stdout + r.stderr
+    with open(summary) as f:
         return r, json.load(f), run
 
 

@@ -4,6 +4,7 @@ scripts/launch.sh from a config (worker.command), as a user runs it."""
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -30,7 +31,14 @@ def torch_config(tmp_path, command=None, records=6400):
         text = re.sub(r"(?m)^    %s: \d+" % key, "    %s: %d" % (key, base + off), text)
     if command is not None:
         text = re.sub(r"(?m)^  command: .*", "  command: [%s]" % ", ".join(command), text)
-    path = tmp_path / "torch.yaml"
+    # As in a repository: conf/torch.yaml beside examples/, the command's
+    # relative path found from the config's parent directory (whatever the
+    # working directory: ctest runs in build/tests).
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "examples" / "torch").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "examples", "torch", "fmnist_mlp.py"),
+                tmp_path / "examples" / "torch" / "fmnist_mlp.py")
+    path = tmp_path / "conf" / "torch.yaml"
     path.write_text(text)
     return str(path)
 
@@ -55,7 +63,7 @@ def test_launch_runs_the_configs_training_scripts(tmp_path):
     for i in (0, 1):
         log = (run / "logs" / ("worker-%d.log" % i)).read_text()
         assert "running the training script /usr/bin/python3 " in log
-        assert "examples/torch/fmnist_mlp.py" in log
+        assert str(tmp_path / "examples" / "torch" / "fmnist_mlp.py") in log
 
 
 def test_a_script_that_raises_is_restarted_and_its_task_requeued(tmp_path):

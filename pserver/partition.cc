@@ -13,7 +13,6 @@ using transport::Message;
 using transport::MessageType;
 
 std::vector<Partition::Chunk> Partition::MakeChunks(uint64_t length, uint64_t chunk_floats) {
-  if (chunk_floats == 0 || chunk_floats >= length) chunk_floats = std::max<uint64_t>(length, 1);
   std::vector<Partition::Chunk> chunks;
   for (uint64_t b = 0; b < length || chunks.empty(); b += chunk_floats) {
     Partition::Chunk c;
@@ -55,7 +54,7 @@ Partition::Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable
       num_chunks_(1),
       consistency_(consistency),
       rows_(std::move(rows)),
-      chunks_(MakeChunks(0, 0)),
+      chunks_(MakeChunks(0, 1)),
       ledger_(1) {}
 
 Partition::~Partition() {

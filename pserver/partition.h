@@ -215,7 +215,7 @@ class Partition : public std::enable_shared_from_this<Partition> {
     double count_sum = 0;                               // samples summed
   };
   // A dense partition of `length` floats cut into chunks of `chunk_floats`
-  // (0: one chunk); a sparse one (length 0) is one chunk.
+  // (>= 1, as chunk_floats_); a sparse one (length 0) is one chunk.
   static std::vector<Chunk> MakeChunks(uint64_t length, uint64_t chunk_floats);
   // Where a push's answer waits: sent at once, until the last replication
   // record is held by every backup, or until the BSP step is replicated.

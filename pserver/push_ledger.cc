@@ -13,7 +13,7 @@ bool PushLedger::Seen(uint32_t sender, uint64_t seq, uint32_t chunk) const {
   return p != per->second.end() && chunk < p->second.done.size() && p->second.done[chunk];
 }
 
-bool PushLedger::Resolve(uint32_t sender, uint64_t seq, uint32_t chunk, bool applied) {
+void PushLedger::Resolve(uint32_t sender, uint64_t seq, uint32_t chunk, bool applied) {
   if (chunks_ > 1) {
     auto& per = partial_[sender];
     Partial& p = per[seq];
@@ -23,16 +23,14 @@ bool PushLedger::Resolve(uint32_t sender, uint64_t seq, uint32_t chunk, bool app
       ++p.resolved;
     }
     p.applied = p.applied && applied;
-    if (p.resolved < chunks_) return false;
+    if (p.resolved < chunks_) return;
     applied = p.applied;
     per.erase(per.begin(), per.upper_bound(seq));
     if (per.empty()) partial_.erase(sender);
   }
   uint64_t& last = last_seq_[sender];
   last = std::max(last, seq);
-  if (!applied) return false;
-  ++applied_by_sender_[sender];
-  return true;
+  if (applied) ++applied_by_sender_[sender];
 }
 
 void PushLedger::Save(proto::CheckpointPartitionHeader* h) const {

@@ -26,8 +26,8 @@ class PushLedger {
   // or refused for good (a stale gradient). Once every chunk is, the push
   // is complete: it becomes the sender's last seq, partial pushes older
   // than it are forgotten, and it counts in the ledger if every chunk was
-  // applied. Returns true exactly then.
-  bool Resolve(uint32_t sender, uint64_t seq, uint32_t chunk, bool applied);
+  // applied.
+  void Resolve(uint32_t sender, uint64_t seq, uint32_t chunk, bool applied);
 
   const std::map<uint32_t, uint64_t>& applied_by_sender() const { return applied_by_sender_; }
 

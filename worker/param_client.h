@@ -160,8 +160,6 @@ class ParamClient {
     // Sends the first attempt (once) for the partitions of `table` that lie
     // within its elements [0, end).
     void IssueRange(uint32_t table, uint64_t end);
-    // Where each request's elements end, (table, offset + length), in the
-    // order IssueAll sends them.
     // Payload bytes of all its requests.
     uint64_t total_bytes() const { return total_bytes_; }
     void IssueAll();

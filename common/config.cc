@@ -176,6 +176,9 @@ class ConfigReader {
 
   std::vector<Field> JobFields(JobSection* job);
   std::vector<Field> ModelFields(ModelSection* model);
+  // One entry of model.tables at `at` (k: the model.tables key).
+  absl::StatusOr<ScriptTableSection> ReadScriptTable(const YAML::Node& k, const YAML::Node& item,
+                                                     const std::string& at);
   std::vector<Field> OptimizerFields(OptimizerSection* optimizer);
   std::vector<Field> SparseFields(SparseSection* sparse);
   std::vector<Field> DataFields(DataSection* data);
@@ -452,7 +455,7 @@ std::vector<ConfigReader::Field> ConfigReader::JobFields(JobSection* job) {
 
 std::vector<ConfigReader::Field> ConfigReader::ModelFields(ModelSection* model) {
   return {
-      Enum("type", &model->type, {"mlp", "wide_deep"}),
+      Enum("type", &model->type, {"mlp", "wide_deep", "script"}),
       Int("embedding_dim", &model->embedding_dim, IntInRange(1, 4096)),
       {"hidden",
        [this, model](const YAML::Node& k, const YAML::Node& v,
@@ -495,7 +498,103 @@ std::vector<ConfigReader::Field> ConfigReader::ModelFields(ModelSection* model) 
          return absl::OkStatus();
        }},
       Enum("activation", &model->activation, {"relu", "tanh", "sigmoid"}),
+      {"tables",
+       [this, model](const YAML::Node& k, const YAML::Node& v,
+                     const std::string& path) -> absl::Status {
+         if (!v.IsSequence() || v.size() == 0) {
+           return PathError(ValueMark(k, v), path,
+                            absl::StrCat("expected a non-empty list of tables ({name, shape} or "
+                                         "{name, dim}), got ",
+                                         Describe(v)));
+         }
+         std::vector<ScriptTableSection> tables;
+         std::map<std::string, size_t> names;
+         for (const YAML::Node& item : v) {
+           const std::string at = absl::StrCat(path, "[", tables.size(), "]");
+           STRATA_ASSIGN_OR_RETURN(ScriptTableSection t, ReadScriptTable(k, item, at));
+           if (auto [it, fresh] = names.emplace(t.name, tables.size()); !fresh) {
+             return PathError(item.Mark(), at,
+                              absl::StrCat("table '", t.name, "' is also ", path, "[", it->second,
+                                           "]: table names must be unique"));
+           }
+           tables.push_back(std::move(t));
+         }
+         model->tables = std::move(tables);
+         return absl::OkStatus();
+       }},
   };
+}
+
+absl::StatusOr<ScriptTableSection> ConfigReader::ReadScriptTable(const YAML::Node& k,
+                                                                 const YAML::Node& item,
+                                                                 const std::string& at) {
+  ScriptTableSection t;
+  bool has_shape = false;
+  std::vector<Field> fields = {
+      String("name", &t.name,
+             [](const std::string& s) -> std::optional<std::string> {
+               if (s.empty()) return "must not be empty";
+               return std::nullopt;
+             }),
+      {"shape",
+       [this, &t, &has_shape](const YAML::Node& sk, const YAML::Node& sv,
+                              const std::string& path) -> absl::Status {
+         if (!sv.IsSequence() || sv.size() == 0) {
+           return PathError(ValueMark(sk, sv), path,
+                            absl::StrCat("expected a non-empty list of sizes, got ", Describe(sv)));
+         }
+         for (const YAML::Node& d : sv) {
+           const std::string dp = absl::StrCat(path, "[", t.shape.size(), "]");
+           STRATA_ASSIGN_OR_RETURN(int64_t n, ParseInt(sk, d, dp));
+           if (n < 1) return PathError(d.Mark(), dp, absl::StrCat("must be > 0, got ", n));
+           t.shape.push_back(static_cast<uint64_t>(n));
+         }
+         has_shape = true;
+         return absl::OkStatus();
+       }},
+      Int("dim", &t.dim, IntInRange(1, 65536)),
+      Enum("init", &t.init, {"torch_default", "glorot_uniform", "zeros"}),
+      Uint64("fan_in", &t.fan_in),
+      Uint64("fan_out", &t.fan_out),
+  };
+  if (!item.IsMap()) {
+    return PathError(
+        ValueMark(k, item), at,
+        absl::StrCat("expected a map {name, shape} or {name, dim}, got ", Describe(item)));
+  }
+  STRATA_RETURN_IF_ERROR(ReadMap(item, item.Mark(), at, fields));
+  auto fail = [&](absl::string_view why) {
+    return PathError(
+        item.Mark(), at,
+        absl::StrCat(t.name.empty() ? "" : absl::StrCat("table '", t.name, "': "), why));
+  };
+  if (t.name.empty()) return fail("needs a name (the script's parameter or embedding name)");
+  if (has_shape == (t.dim > 0)) {
+    return fail("needs either shape (a dense table) or dim (a sparse table's row width)");
+  }
+  if (t.dim > 0) {  // sparse: rows initialised as sparse.init says, or zeros
+    if (t.init != "" && t.init != "zeros") {
+      return fail("a sparse table's init is zeros or left out (sparse.init)");
+    }
+    if (t.fan_in != 0 || t.fan_out != 0) return fail("fan_in and fan_out are for dense tables");
+    return t;
+  }
+  // Fans as PyTorch counts them: a weight {out, in, k...} has fan_in
+  // in * prod(k) and fan_out out * prod(k); a 1-d table has none of its own.
+  if (t.shape.size() >= 2) {
+    uint64_t receptive = 1;
+    for (size_t i = 2; i < t.shape.size(); ++i) receptive *= t.shape[i];
+    if (t.fan_in == 0) t.fan_in = t.shape[1] * receptive;
+    if (t.fan_out == 0) t.fan_out = t.shape[0] * receptive;
+  }
+  if (t.init.empty()) t.init = t.fan_in > 0 ? "torch_default" : "zeros";
+  if (t.init == "torch_default" && t.fan_in == 0) {
+    return fail("init torch_default needs fan_in for a 1-d table (its layer's inputs)");
+  }
+  if (t.init == "glorot_uniform" && (t.fan_in == 0 || t.fan_out == 0)) {
+    return fail("init glorot_uniform needs fan_in and fan_out for a 1-d table");
+  }
+  return t;
 }
 
 std::vector<ConfigReader::Field> ConfigReader::OptimizerFields(OptimizerSection* opt) {
@@ -691,6 +790,27 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                      "security.encrypt_data_plane",
                      "needs security.mode mtls (the keys come over the mTLS control plane)");
   }
+  auto mark_of = [this](const char* key) {
+    auto it = marks_.find(key);
+    return it != marks_.end() ? it->second : YAML::Mark::null_mark();
+  };
+  const bool script = config.model.type == "script";
+  if (script && config.model.tables.empty()) {
+    return PathError(mark_of("model.type"), "model.type",
+                     "a script model needs model.tables: the training script's parameters "
+                     "({name, shape}) and embeddings ({name, dim}) (docs/python.md)");
+  }
+  if (script && config.worker.command.empty()) {
+    return PathError(mark_of("model.type"), "model.type",
+                     "a script model is trained by a training script: set worker.command "
+                     "(e.g. [/usr/bin/python3, examples/torch/fmnist_cnn.py])");
+  }
+  if (!script && !config.model.tables.empty()) {
+    return PathError(mark_of("model.tables"), "model.tables",
+                     absl::StrCat("is for model.type script (a training script's tables); "
+                                  "model.type ",
+                                  config.model.type, " has tables of its own"));
+  }
   const ClusterSection& c = config.cluster;
   if (c.dead_timeout_ms <= c.heartbeat_interval_ms) {
     // Point at whichever of the two the file set (dead_timeout_ms first).
@@ -806,8 +926,9 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
   }
   // The model reads what the data format gives: an MLP images (idx), a
   // wide & deep model CTR rows (criteo).
+  // A training script's model (type script) reads what its script reads.
   const bool wide_deep = config->model.type == "wide_deep";
-  if (wide_deep != criteo) {
+  if (config->model.type != "script" && wide_deep != criteo) {
     auto it = marks_.find("model.type");
     return PathError(
         it != marks_.end() ? it->second : data->second, "model.type",

@@ -26,8 +26,21 @@ struct JobSection {
   uint64_t seed = 1;
 };
 
+// One table of a model.type "script" model (docs/config.md, model.tables):
+// a dense tensor of `shape`, or a sparse table of rows of `dim` floats.
+struct ScriptTableSection {
+  std::string name;
+  std::vector<uint64_t> shape;  // dense: each > 0
+  int dim = 0;                  // sparse: > 0 (then shape is empty)
+  // Dense: "torch_default" | "glorot_uniform" | "zeros"; sparse: "" (the
+  // config's sparse.init) | "zeros".
+  std::string init;
+  uint64_t fan_in = 0;  // 0: from the shape (PyTorch's convention)
+  uint64_t fan_out = 0;
+};
+
 struct ModelSection {
-  // "mlp" | "wide_deep" (YAML); "dense" (programs)
+  // "mlp" | "wide_deep" | "script" (YAML); "dense" (programs)
   std::string type = "mlp";
   std::vector<int> layers{784, 256, 128, 10};  // mlp: >= 2 entries, each > 0
   std::string activation = "relu";             // relu | tanh | sigmoid
@@ -40,6 +53,8 @@ struct ModelSection {
   // type "dense" only, set by programs (bench/), not by YAML: one
   // zero-initialised fp32 table "dense<i>" of dense_tables[i] elements each.
   std::vector<uint64_t> dense_tables;
+  // type "script": the training script's tables (worker.command), in order.
+  std::vector<ScriptTableSection> tables;
 };
 
 struct OptimizerSection {

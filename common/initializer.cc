@@ -1,5 +1,6 @@
 #include "common/initializer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +12,13 @@ absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n, 
     for (uint64_t i = 0; i < n; ++i) out[i] = 0.f;
     return absl::OkStatus();
   }
-  if (spec.init == "glorot_uniform") {
-    const double limit = std::sqrt(6.0 / static_cast<double>(spec.fan_in + spec.fan_out));
+  if (spec.init == "glorot_uniform" || spec.init == "torch_default") {
+    // torch_default: what nn.Linear and nn.Conv*d give their weights and
+    // biases, U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    const double limit =
+        spec.init == "torch_default"
+            ? 1.0 / std::sqrt(static_cast<double>(std::max<uint64_t>(spec.fan_in, 1)))
+            : std::sqrt(6.0 / static_cast<double>(spec.fan_in + spec.fan_out));
     const uint64_t base = SplitMix64(spec.seed ^ SplitMix64(spec.table_id + 1));
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t r = SplitMix64(base + offset + i);

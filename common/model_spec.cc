@@ -20,6 +20,15 @@ std::vector<TableSpec> ModelTables(const ModelSection& model) {
     }
     return tables;
   }
+  if (model.type == "script") {
+    for (const ScriptTableSection& t : model.tables) {
+      TableSpec spec{t.name, t.shape, t.init, t.fan_in, t.fan_out};
+      spec.sparse = t.dim > 0;
+      spec.dim = t.dim;
+      tables.push_back(std::move(spec));
+    }
+    return tables;
+  }
   std::vector<int> layers = model.layers;
   std::string prefix;
   if (model.type == "wide_deep") {

@@ -15,7 +15,7 @@ namespace strata {
 struct TableSpec {
   std::string name;             // "fc0.weight", "fc0.bias", ...
   std::vector<uint64_t> shape;  // weight: {in, out} row-major; bias: {out}
-  std::string init;             // dense: "glorot_uniform" | "zeros";
+  std::string init;             // dense: "glorot_uniform" | "torch_default" | "zeros";
                                 // sparse: "zeros" | "" (the config's sparse.init)
   uint64_t fan_in = 0;
   uint64_t fan_out = 0;
@@ -39,6 +39,8 @@ inline constexpr int kCtrFields = 26;
 // dim embedding_dim, sparse.init), "wide.dense" {13} zeros (the wide part's
 // dense weights), then the deep MLP's "deep.fc<i>.weight" / "deep.fc<i>.bias"
 // over widths [26 * embedding_dim + 13, hidden..., 1].
+// For model.type "script": model.tables as the config gives them (init and
+// fans resolved by the config reader).
 std::vector<TableSpec> ModelTables(const ModelSection& model);
 // The deep part's layer widths of a wide_deep model.
 std::vector<int> DeepLayers(const ModelSection& model);

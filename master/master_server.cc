@@ -36,13 +36,12 @@ std::string SecurityMode(const MasterOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions options) {
-  if (options.fs == nullptr) {
-    return absl::InvalidArgumentError("MasterOptions.fs is required");
-  }
+  if (options.fs == nullptr) return absl::InvalidArgumentError("MasterOptions.fs is required");
   STRATA_RETURN_IF_ERROR(
       CheckClusterSize(options.config, options.expected_pservers, options.expected_workers));
   const DataSection& data = options.config.data;
-  STRATA_ASSIGN_OR_RETURN(const TrainingSetSize size, SizeTrainingSet(options.fs, data));
+  STRATA_ASSIGN_OR_RETURN(const TrainingSetSize size,
+                          SizeTrainingSet(options.fs, data, options.config.model.type == "script"));
   Planted planted;
   if (!data.planted.empty()) {
     STRATA_ASSIGN_OR_RETURN(planted, ReadPlanted(options.fs, data.planted));

@@ -348,7 +348,8 @@ int TaskScheduler::current_epoch() const {
   return epochs_;
 }
 
-absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data) {
+absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data,
+                                                bool by_records) {
   int64_t n = 0;
   std::optional<TaskScheduler::ByteSplit> split;
   if (data.format == "criteo") {
@@ -364,7 +365,7 @@ absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const D
         data.bad_lines == "skip" ? storage::BadLinePolicy::kSkip : storage::BadLinePolicy::kFail;
     STRATA_ASSIGN_OR_RETURN(storage::CriteoTextShape shape,
                             storage::ProbeCriteoFile(fs, data.train, read));
-    if (shape.gzipped || data.train_limit > 0) {
+    if (shape.gzipped || data.train_limit > 0 || by_records) {
       STRATA_ASSIGN_OR_RETURN(n, storage::CountCriteoLines(fs, data.train));
       if (n == 0) return absl::InvalidArgumentError(absl::StrCat(data.train, ": no records"));
     } else {

@@ -180,13 +180,15 @@ class TaskScheduler {
 // The training set's size in records, and (a plain-text CTR file) its cut
 // by bytes: from the files' headers and sizes (of a CTR text file, its
 // first MiB), never read whole — the data may be on a shared file system or
-// in an object store, and the workers read it. A gzipped CTR file, or one
-// with data.train_limit, has its lines counted. Errors name the file.
+// in an object store, and the workers read it. A gzipped CTR file, one
+// with data.train_limit, or one read by a training script (by_records: it
+// indexes records, not bytes) has its lines counted. Errors name the file.
 struct TrainingSetSize {
   int64_t records = 0;
   std::optional<TaskScheduler::ByteSplit> split;
 };
-absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data);
+absl::StatusOr<TrainingSetSize> SizeTrainingSet(storage::FileSystem* fs, const DataSection& data,
+                                                bool by_records = false);
 // The data tasks of a job over a training set of `size`: by records
 // (data.task_records each) or by bytes (size.split), for job.epochs,
 // shuffled by job.seed, leased for cluster.task_lease_timeout_ms.

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,10 +69,40 @@ class PyWorker {
   }
   ~PyWorker() { Stop(); }
 
-  std::vector<std::pair<std::string, std::vector<uint64_t>>> Tables() const {
-    std::vector<std::pair<std::string, std::vector<uint64_t>>> out;
-    for (const TableSpec& t : script_->tables()) out.emplace_back(t.name, t.shape);
+  // (name, shape, dim): a dense table's shape with dim 0, or a sparse
+  // table's row width with an empty shape.
+  std::vector<std::tuple<std::string, std::vector<uint64_t>, int>> Tables() const {
+    std::vector<std::tuple<std::string, std::vector<uint64_t>, int>> out;
+    for (const TableSpec& t : script_->tables()) out.emplace_back(t.name, t.shape, t.dim);
     return out;
+  }
+
+  // The rows of sparse table `table` for distinct keys (uint64), as a new
+  // float32 array {n, dim}.
+  py::array_t<float> Lookup(int table, py::array_t<uint64_t, py::array::c_style> keys) {
+    const int dim = TableDim(table);
+    const size_t n = static_cast<size_t>(keys.size());
+    py::array_t<float> rows({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(dim)});
+    float* out = rows.mutable_data();
+    const uint64_t* k = keys.data();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = script_->Lookup(static_cast<uint32_t>(table), k, n, out);
+    }
+    ThrowIfError(s);
+    return rows;
+  }
+  void AddRowGrads(int table, py::array_t<uint64_t, py::array::c_style> keys,
+                   py::array_t<float, py::array::c_style> grads) {
+    const int dim = TableDim(table);
+    const size_t n = static_cast<size_t>(keys.size());
+    if (static_cast<size_t>(grads.size()) != n * dim) {
+      throw py::value_error(absl::StrCat("table ", script_->tables()[table].name, ": ", n,
+                                         " keys and ", grads.size(), " gradient values (dim ", dim,
+                                         ")"));
+    }
+    ThrowIfError(script_->AddRowGrads(static_cast<uint32_t>(table), keys.data(), n, grads.data()));
   }
   uint32_t node_id() const { return worker_->node_id(); }
 
@@ -87,6 +118,17 @@ class PyWorker {
     std::vector<float>& v = tensors[i];
     return py::array_t<float>({static_cast<py::ssize_t>(v.size())}, {sizeof(float)}, v.data(),
                               self);
+  }
+
+  int TableDim(int table) const {
+    const auto& tables = script_->tables();
+    if (table < 0 || table >= static_cast<int>(tables.size())) {
+      throw py::index_error(absl::StrCat("table ", table, " of ", tables.size()));
+    }
+    if (!tables[table].sparse) {
+      throw py::value_error(absl::StrCat("table ", tables[table].name, " is dense, not sparse"));
+    }
+    return tables[table].dim;
   }
 
   py::object NextTask() {
@@ -111,6 +153,7 @@ class PyWorker {
     }
     ThrowIfError(s);
   }
+  bool Evaluating() { return script_->evaluating(); }
   void TaskDone() { ThrowIfError(script_->TaskDone()); }
   void Finish(const std::map<std::string, double>& metrics) { script_->Finish(metrics); }
 
@@ -151,9 +194,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("node_id", &PyWorker::node_id)
       .def("param", [](py::object self, int i) { return PyWorker::View(self, i, false); })
       .def("grad", [](py::object self, int i) { return PyWorker::View(self, i, true); })
+      .def("lookup", &PyWorker::Lookup, py::arg("table"), py::arg("keys"))
+      .def("add_row_grads", &PyWorker::AddRowGrads, py::arg("table"), py::arg("keys"),
+           py::arg("grads"))
       .def("next_task", &PyWorker::NextTask)
       .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0)
       .def("task_done", &PyWorker::TaskDone)
+      .def_property_readonly("evaluating", &PyWorker::Evaluating)
       .def("finish", &PyWorker::Finish)
       .def("join", &PyWorker::Join)
       .def("stop", &PyWorker::Stop);

@@ -1,5 +1,7 @@
 #include "worker/script_trainer.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,13 +11,6 @@ namespace strata::worker {
 
 absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(TrainerContext* ctx) {
   std::vector<TableSpec> tables = ModelTables(ctx->config().model);
-  for (const TableSpec& t : tables) {
-    if (t.sparse) {
-      return absl::UnimplementedError(
-          absl::StrCat("a training script's worker holds dense tables only so far; table ", t.name,
-                       " of model.type ", ctx->config().model.type, " is sparse"));
-    }
-  }
   if (tables.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.type ", ctx->config().model.type, " of ", ctx->config().source,
@@ -26,10 +21,17 @@ absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(TrainerCont
 
 ScriptTrainer::ScriptTrainer(TrainerContext* ctx, std::vector<TableSpec> tables)
     : ctx_(ctx), tables_(std::move(tables)) {
-  for (const TableSpec& t : tables_) {
-    params_.emplace_back(t.num_elements(), 0.f);
-    grads_.emplace_back(t.num_elements(), 0.f);
+  absl::MutexLock l(&mu_);
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    // A sparse table's tensors are empty: its rows come by key (Lookup).
+    params_.emplace_back(tables_[t].num_elements(), 0.f);
+    grads_.emplace_back(tables_[t].num_elements(), 0.f);
+    if (tables_[t].sparse) row_grads_[static_cast<uint32_t>(t)];
   }
+}
+
+int ScriptTrainer::SparseDim(uint32_t table) const {
+  return table < tables_.size() && tables_[table].sparse ? tables_[table].dim : 0;
 }
 
 absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
@@ -48,7 +50,19 @@ absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
     if (phase_ == Phase::kClosed) return absl::CancelledError("the training script's side closed");
     offered_ = ctx_->TaskRecordOrder(task, task.begin(), task.end());
     phase_ = Phase::kTask;
+    lookup_version_ = bsp ? ctx_->next_step() : 0;
+    lookup_barrier_ = bsp;
+    for (auto& [t, g] : row_grads_) g = RowGrads();
   }
+  // Outside a task, lookups read the latest rows.
+  struct EndLookups {
+    ScriptTrainer* self;
+    ~EndLookups() {
+      absl::MutexLock l(&self->mu_);
+      self->lookup_version_ = 0;
+      self->lookup_barrier_ = false;
+    }
+  } end_lookups{this};
   absl::Time since = absl::Now();  // the script's compute starts
   while (true) {
     int n;
@@ -79,10 +93,18 @@ absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
     const uint64_t version = ctx_->next_step();
     const absl::Time t0 = absl::Now();
     PushResult pushed;
-    absl::Status s = params
-                         ->PushThenPull(grads_, version, static_cast<uint64_t>(n),
-                                        bsp ? version + 1 : 0, &params_, &pushed)
-                         .status();
+    std::vector<std::unique_ptr<ParamClient::Exchange>> sparse;
+    std::vector<ParamClient::SparseKeys> grouped;
+    std::vector<PushResult> sparse_pushed;
+    absl::Status s = IssueSparsePushes(version, n, bsp, &sparse, &grouped, &sparse_pushed);
+    if (s.ok()) {
+      s = params
+              ->PushThenPull(grads_, version, static_cast<uint64_t>(n), bsp ? version + 1 : 0,
+                             &params_, &pushed)
+              .status();
+    }
+    for (auto& e : sparse) s.Update(e->Finish());
+    for (const PushResult& r : sparse_pushed) pushed.stale_partitions += r.stale_partitions;
     const absl::Time t1 = absl::Now();
     if (s.ok()) {
       ctx_->TraceSpan("step", "step", since,
@@ -93,8 +115,114 @@ absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
     absl::MutexLock l(&mu_);
     step_done_ = s;
     phase_ = Phase::kTask;
+    lookup_version_ = bsp ? ctx_->next_step() : 0;
     if (!s.ok()) return s;
   }
+}
+
+absl::Status ScriptTrainer::IssueSparsePushes(
+    uint64_t version, int n, bool bsp,
+    std::vector<std::unique_ptr<ParamClient::Exchange>>* exchanges,
+    std::vector<ParamClient::SparseKeys>* grouped, std::vector<PushResult>* results) {
+  std::map<uint32_t, RowGrads> step;
+  {
+    absl::MutexLock l(&mu_);
+    if (row_grads_.empty()) return absl::OkStatus();
+    for (auto& [t, g] : row_grads_) step[t] = std::exchange(g, RowGrads());
+  }
+  ParamClient* const params = ctx_->params();
+  // Stable addresses: each exchange borrows its keys and result.
+  grouped->resize(step.size());
+  results->resize(step.size());
+  size_t i = 0;
+  for (auto& [table, g] : step) {
+    const int dim = SparseDim(table);
+    if (bsp && !g.looked_up) {
+      // The partitions at this step first, as a lookup would have waited
+      // for: a bsp push must not run ahead of a partition's step.
+      ParamClient::SparseKeys none;
+      std::vector<uint32_t> perm;
+      STRATA_RETURN_IF_ERROR(params->GroupKeys({}, &none, &perm));
+      float unused = 0;
+      STRATA_RETURN_IF_ERROR(
+          params->StartSparsePull(table, &none, &unused, version, /*every_partition=*/true)
+              ->Finish());
+    }
+    if (!bsp && g.keys.empty()) {
+      ++i;
+      continue;
+    }
+    std::vector<uint32_t> perm;
+    STRATA_RETURN_IF_ERROR(params->GroupKeys(g.keys, &(*grouped)[i], &perm));
+    // One row per key in the grouping's order, the mean loss's gradient
+    // times n: a push carries the gradient summed over its records.
+    std::vector<float> rows(g.grads.size());
+    for (size_t u = 0; u < g.keys.size(); ++u) {
+      const float* from = g.grads.data() + u * dim;
+      float* to = rows.data() + static_cast<size_t>(perm[u]) * dim;
+      for (int j = 0; j < dim; ++j) to[j] = from[j] * static_cast<float>(n);
+    }
+    exchanges->push_back(params->StartSparsePush(table, &(*grouped)[i], rows.data(), version,
+                                                 static_cast<uint64_t>(n), bsp, &(*results)[i]));
+    exchanges->back()->IssueAll();
+    ++i;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScriptTrainer::Lookup(uint32_t table, const uint64_t* keys, size_t n, float* rows) {
+  const int dim = SparseDim(table);
+  if (dim == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table < tables_.size() ? tables_[table].name : std::to_string(table),
+                     " is not a sparse table of the job"));
+  }
+  uint64_t version;
+  bool barrier;
+  {
+    absl::MutexLock l(&mu_);
+    if (phase_ == Phase::kClosed) {
+      return closed_.ok() ? absl::FailedPreconditionError("the worker has stopped") : closed_;
+    }
+    version = lookup_version_;
+    barrier = lookup_barrier_;
+    row_grads_[table].looked_up |= barrier;
+  }
+  if (n == 0 && !barrier) return absl::OkStatus();
+  ParamClient* const params = ctx_->params();
+  ParamClient::SparseKeys grouped;
+  std::vector<uint32_t> perm;
+  STRATA_RETURN_IF_ERROR(params->GroupKeys(std::vector<uint64_t>(keys, keys + n), &grouped, &perm));
+  std::vector<float> got(std::max<size_t>(n, 1) * dim);
+  STRATA_RETURN_IF_ERROR(
+      params->StartSparsePull(table, &grouped, got.data(), version, barrier)->Finish());
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(rows + i * dim, got.data() + static_cast<size_t>(perm[i]) * dim,
+                sizeof(float) * dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScriptTrainer::AddRowGrads(uint32_t table, const uint64_t* keys, size_t n,
+                                        const float* grads) {
+  const int dim = SparseDim(table);
+  if (dim == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table < tables_.size() ? tables_[table].name : std::to_string(table),
+                     " is not a sparse table of the job"));
+  }
+  absl::MutexLock l(&mu_);
+  RowGrads& g = row_grads_[table];
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, fresh] = g.index.emplace(keys[i], static_cast<uint32_t>(g.keys.size()));
+    if (fresh) {
+      g.keys.push_back(keys[i]);
+      g.grads.resize(g.grads.size() + dim, 0.f);
+    }
+    float* to = g.grads.data() + static_cast<size_t>(it->second) * dim;
+    for (int j = 0; j < dim; ++j) to[j] += grads[i * dim + j];
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_version) {
@@ -121,6 +249,7 @@ absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_
   m.accuracy = get("test_accuracy").value_or(0);
   m.loss = get("test_loss").value_or(0);
   m.auc = get("test_auc");
+  m.examples = static_cast<int64_t>(get("test_examples").value_or(0));
   return m;
 }
 
@@ -160,6 +289,11 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct) {
   mu_.Await(absl::Condition(&done));
   if (step_done_.has_value()) return *step_done_;
   return closed_.ok() ? absl::CancelledError("the worker stopped during the step") : closed_;
+}
+
+bool ScriptTrainer::evaluating() {
+  absl::MutexLock l(&mu_);
+  return evaluate_wanted_ && !metrics_.has_value() && phase_ != Phase::kClosed;
 }
 
 absl::Status ScriptTrainer::TaskDone() {

@@ -22,17 +22,19 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/model_spec.h"
+#include "worker/param_client.h"
 #include "worker/trainer.h"
 
 namespace strata::worker {
 
 class ScriptTrainer : public Trainer {
  public:
-  // The tables of the config's model (dense only for now). `ctx` is
-  // borrowed and outlives the trainer.
+  // The tables of the config's model (model.tables for model.type script).
+  // `ctx` is borrowed and outlives the trainer.
   static absl::StatusOr<std::unique_ptr<ScriptTrainer>> Create(TrainerContext* ctx);
   ScriptTrainer(const ScriptTrainer&) = delete;
   ScriptTrainer& operator=(const ScriptTrainer&) = delete;
@@ -58,10 +60,22 @@ class ScriptTrainer : public Trainer {
   // then the next step's parameters pulled into params(). `loss` (mean)
   // and `correct` go to the progress reports.
   absl::Status Step(int n, double loss, int64_t correct);
+  // The rows of sparse table `table` for the n distinct `keys` into
+  // rows[0 .. n * dim): in a task, the rows of the step the script
+  // computes (bsp: every worker's previous step applied); outside one, the
+  // latest. InvalidArgument naming the table when it is not a sparse one.
+  absl::Status Lookup(uint32_t table, const uint64_t* keys, size_t n, float* rows);
+  // Adds the gradient rows grads[i * dim ..] of keys[i] (i < n; the mean
+  // loss's, as autograd gives them) to the step's gradient of sparse table
+  // `table`, which the next Step pushes (times its n).
+  absl::Status AddRowGrads(uint32_t table, const uint64_t* keys, size_t n, const float* grads);
   // The task from NextTask is trained (its remaining records skipped).
   absl::Status TaskDone();
+  // Whether the job waits for this worker's test figures of the final
+  // model (NextTask ended for that), until Finish gives them.
+  bool evaluating() ABSL_LOCKS_EXCLUDED(mu_);
   // The test figures of the final model: "test_accuracy", "test_loss",
-  // "test_auc" (each optional). Delivered to the evaluation that waits for
+  // "test_auc", "test_examples" (each optional). Delivered to the evaluation that waits for
   // them, if any.
   void Finish(const std::map<std::string, double>& metrics);
   // The training thread has stopped with `status`: the script's waits end.
@@ -72,10 +86,32 @@ class ScriptTrainer : public Trainer {
 
   enum class Phase { kIdle, kTask, kStepAsked, kTaskDone, kEvaluating, kClosed };
 
+  // A step's gradient of one sparse table: one summed row per distinct key.
+  struct RowGrads {
+    absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> its place in keys
+    std::vector<uint64_t> keys;
+    std::vector<float> grads;  // keys.size() * dim
+    bool looked_up = false;    // pulled from in this step (bsp: at its version)
+  };
+  // The sparse tables' pushes for step `version` over n records (bsp: to
+  // every virtual partition, after a pull at the step's version from any
+  // table the script did not look up); issued, then settled by
+  // FinishSparsePushes. Training thread.
+  absl::Status IssueSparsePushes(uint64_t version, int n, bool bsp,
+                                 std::vector<std::unique_ptr<ParamClient::Exchange>>* exchanges,
+                                 std::vector<ParamClient::SparseKeys>* grouped,
+                                 std::vector<PushResult>* results);
+  int SparseDim(uint32_t table) const;
+
   TrainerContext* const ctx_;
   const std::vector<TableSpec> tables_;
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
+  std::map<uint32_t, RowGrads> row_grads_ ABSL_GUARDED_BY(mu_);  // sparse tables
+  // The version a lookup pulls at (bsp, in a task: the step's), whether a
+  // task is being trained.
+  uint64_t lookup_version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool lookup_barrier_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Mutex mu_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kIdle;

@@ -89,6 +89,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(WorkerOptions options) {
         "training a wide_deep model alone (--local) is not supported: its sparse tables "
         "live on pservers");
   }
+  if (options.config.model.type == "script" && !options.script) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.config.source,
+                     ": model.type script is trained by the training script of "
+                     "worker.command, not by strata-worker's built-in models"));
+  }
   std::unique_ptr<Worker> worker(new Worker(std::move(options), std::move(device)));
   // The model family, chosen here once: nothing else asks which it is.
   if (worker->options_.script) {

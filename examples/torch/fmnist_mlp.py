@@ -5,38 +5,20 @@ on the job's pservers (the optimizer runs there, as the config says), its
 data comes as tasks of record ranges from the master.
 
 Started by the launcher as a worker (STRATA_CONFIG, STRATA_MASTER and
-STRATA_INDEX set), or by hand:
-    PYTHONPATH=build/python /usr/bin/python3 examples/torch/fmnist_mlp.py \
-        --config conf/local.yaml --master 127.0.0.1:7070 --index 0
+STRATA_INDEX set), or by hand against a running cluster:
+    STRATA_CONFIG=conf/torch.yaml STRATA_MASTER=127.0.0.1:7070 STRATA_INDEX=0 \
+        PYTHONPATH=build/python /usr/bin/python3 examples/torch/fmnist_mlp.py
 """
 
-import argparse
-import gzip
-import struct
-
-import numpy as np
 import torch
-import yaml
 
 import strata.torch as st
-
-
-def read_idx(path):
-    """An IDX file (gzip or not) as a numpy array."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    zero, dtype, dims = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype != 0x08:
-        raise ValueError("%s: not an unsigned-byte IDX file" % path)
-    shape = struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims])
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+from strata.data import read_idx_pair
 
 
 def load(images, labels):
-    x = read_idx(images).reshape(-1, 28 * 28).astype(np.float32) / 255.0
-    y = read_idx(labels).astype(np.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
+    x, y = read_idx_pair(images, labels)
+    return torch.from_numpy(x.reshape(len(x), -1)), torch.from_numpy(y)
 
 
 class Mlp(torch.nn.Module):
@@ -65,19 +47,12 @@ class Mlp(torch.nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config")
-    ap.add_argument("--master")
-    ap.add_argument("--index", type=int)
-    args = ap.parse_args()
     torch.set_num_threads(1)
-    job = st.init(config=args.config, master=args.master, index=args.index)
-    with open(args.config or __import__("os").environ["STRATA_CONFIG"]) as f:
-        config = yaml.safe_load(f)
-    data = config["data"]
-    batch = config["job"]["batch_size"]
+    job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
+    data = job.config["data"]
+    batch = job.batch_size
     x, y = load(data["train_images"], data["train_labels"])
-    model = job.distribute(Mlp(config["model"]["layers"]))
+    model = job.distribute(Mlp(job.config["model"]["layers"]))
     loss_fn = torch.nn.CrossEntropyLoss()
     for records in job.tasks():
         for b in range(0, len(records), batch):
@@ -87,13 +62,16 @@ def main():
             loss.backward()
             correct = int((out.argmax(1) == y[idx]).sum())
             job.step(len(idx), loss=loss.item(), correct=correct)
+    if not job.evaluating:  # another worker gives the final test figures
+        job.finish()
+        return
     tx, ty = load(data["test_images"], data["test_labels"])
     with torch.no_grad():
         out = model(tx)
         acc = float((out.argmax(1) == ty).float().mean())
         test_loss = float(loss_fn(out, ty))
     print("test accuracy %.4f" % acc, flush=True)
-    job.finish(metrics={"test_accuracy": acc, "test_loss": test_loss})
+    job.finish(metrics={"test_accuracy": acc, "test_loss": test_loss, "test_examples": len(ty)})
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ parameters in place and a push is sent from the gradients, with no copy.
 
 import os
 
+import numpy as np
 import torch
 
 from . import _core
@@ -52,53 +53,129 @@ def init(config=None, master=None, index=None, tls_dir=None):
     tls_dir = tls_dir if tls_dir is not None else os.environ.get("STRATA_TLS_DIR", "")
     host = os.environ.get("STRATA_HOST", "127.0.0.1")
     http_port = int(os.environ.get("STRATA_HTTP_PORT", "-1"))
-    return Job(_core.Worker(config, master, index, tls_dir, host, http_port))
+    return Job(_core.Worker(config, master, index, tls_dir, host, http_port), config)
+
+
+def tables_yaml(model, embeddings=None):
+    """The model.tables entries (YAML) for a model's parameters, in order,
+    and for sparse tables {name: dim} (embeddings): paste them into the
+    config. A 1-d parameter (a bias) takes the fan_in of the parameter
+    before it (its layer's weight), as PyTorch initialises it."""
+    lines = []
+    fan_in = 0
+    for name, p in model.named_parameters():
+        shape = list(p.shape)
+        if len(shape) >= 2:
+            fan_in = shape[1] * int(torch.tensor(shape[2:]).prod()) if len(shape) > 2 else shape[1]
+            lines.append("    - {name: %s, shape: %s}" % (name, shape))
+        elif fan_in:
+            lines.append("    - {name: %s, shape: %s, fan_in: %d}" % (name, shape, fan_in))
+        else:
+            lines.append("    - {name: %s, shape: %s, init: zeros}" % (name, shape))
+    for name, dim in (embeddings or {}).items():
+        lines.append("    - {name: %s, dim: %d}" % (name, dim))
+    return "\n".join(["  tables:"] + lines) + "\n"
 
 
 class Job:
     """This process's part of a Strata job, as a worker."""
 
-    def __init__(self, core):
+    def __init__(self, core, config_path=None):
         self._core = core
-        self._tables = core.tables()
+        self._config_path = config_path
+        self._config = None
+        self._tables = core.tables()  # (name, shape, dim)
+        self._index = {name: i for i, (name, _, _) in enumerate(self._tables)}
         self._grads = []
+        self._embeddings = {}
         self._finished = False
 
     @property
+    def config(self):
+        """The job's config file as a dict (its data section says where the
+        script's data is, job.batch_size the batch per worker)."""
+        if self._config is None:
+            import yaml
+            with open(self._config_path) as f:
+                self._config = yaml.safe_load(f)
+        return self._config
+
+    @property
+    def batch_size(self):
+        """job.batch_size of the config: the records of one step here."""
+        return int((self.config.get("job") or {}).get("batch_size", 64))
+
+    @property
     def tables(self):
-        """The job's tables: (name, shape) in order."""
-        return [(name, tuple(shape)) for name, shape in self._tables]
+        """The job's tables in order: (name, shape) for a dense one,
+        (name, dim) for a sparse one."""
+        return [(name, tuple(shape)) if not dim else (name, dim)
+                for name, shape, dim in self._tables]
 
     def distribute(self, model):
-        """Makes the model's parameters the job's dense tables, in order.
+        """Makes the model's parameters the job's dense tables, by name.
 
-        Each parameter must be float32 and contiguous, and have its table's
-        shape; it is then a view of the worker's memory, into which the
-        job's values are pulled (from the first task on: the model's own
-        initial values are not used), and its gradient a view of the memory
-        pushes are sent from.
+        Every parameter (model.named_parameters()) must be a dense table of
+        the job of the same name and shape, float32 and contiguous, and
+        every dense table a parameter. The parameter then is a view of the
+        worker's memory, into which the job's values are pulled (from the
+        first task on: the model's own initial values are not used), and
+        its gradient a view of the memory pushes are sent from. Embeddings
+        (job.embedding) inside the model are not parameters.
         """
+        dense = {name: (i, tuple(shape)) for i, (name, shape, dim) in enumerate(self._tables)
+                 if not dim}
+        sparse = [name for name, _, dim in self._tables if dim]
         params = list(model.named_parameters())
-        if len(params) != len(self._tables):
-            raise ValueError("the model has %d parameters, the job %d tables (%s)"
-                             % (len(params), len(self._tables),
-                                ", ".join(n for n, _ in self._tables)))
+        seen = set()
         self._grads = []
-        for i, ((name, p), (table, shape)) in enumerate(zip(params, self._tables)):
+        for name, p in params:
+            if name not in dense:
+                if name in sparse:
+                    raise ValueError("parameter %s: the job's table %s is sparse; look its rows "
+                                     "up with job.embedding(%r)" % (name, name, name))
+                raise ValueError("parameter %s (shape %s) is not a table of the job; its dense "
+                                 "tables: %s (the config's model.tables)"
+                                 % (name, tuple(p.shape), ", ".join(dense) or "none"))
+            i, shape = dense[name]
             if p.dtype != torch.float32:
                 raise TypeError("parameter %s is %s; Strata's tables are float32" % (name, p.dtype))
             if not p.is_contiguous():
                 raise ValueError("parameter %s is not contiguous" % name)
-            if tuple(p.shape) != tuple(shape):
-                raise ValueError("parameter %s has shape %s, the job's table %d (%s) has %s"
-                                 % (name, tuple(p.shape), i, table, tuple(shape)))
+            if tuple(p.shape) != shape:
+                raise ValueError("parameter %s has shape %s, the job's table %s has %s"
+                                 % (name, tuple(p.shape), name, shape))
+            if p.device.type != "cpu":
+                raise ValueError("parameter %s is on %s; distribute() takes the model on the "
+                                 "CPU" % (name, p.device))
+            seen.add(name)
             values = torch.from_numpy(self._core.param(i)).view(p.shape)
             grad = torch.from_numpy(self._core.grad(i)).view(p.shape)
             p.data = values
             grad.zero_()
             p.grad = grad
             self._grads.append(grad)
+        missing = [name for name in dense if name not in seen]
+        if missing:
+            raise ValueError("the job's table %s is not a parameter of the model (its parameters: "
+                             "%s)" % (missing[0], ", ".join(n for n, _ in params) or "none"))
         return model
+
+    def embedding(self, name):
+        """The sparse table `name` as a module: emb(ids) gives the rows of
+        the ids (an int64 tensor of any shape; result shape ids.shape +
+        (dim,)), pulled from the pservers; backward adds their gradient to
+        the step's push. See Embedding."""
+        if name not in self._index:
+            raise ValueError("no table %s in the job (its tables: %s)"
+                             % (name, ", ".join(self._index)))
+        i = self._index[name]
+        if not self._tables[i][2]:
+            raise ValueError("table %s is dense (shape %s): a parameter for distribute(), not an "
+                             "embedding" % (name, tuple(self._tables[i][1])))
+        if name not in self._embeddings:
+            self._embeddings[name] = Embedding(self._core, i, name, self._tables[i][2])
+        return self._embeddings[name]
 
     def tasks(self):
         """Data tasks leased from the master: each a tensor of record indices
@@ -120,8 +197,8 @@ class Job:
         then the next step's parameters pulled into the parameters in place
         (bsp: once every worker's step is applied). `loss` and `correct` go
         to the progress reports. The gradients are zeroed for the next step."""
-        if not self._grads:
-            raise RuntimeError("step() before distribute(model)")
+        if not self._grads and not self._embeddings:
+            raise RuntimeError("step() before distribute(model) or job.embedding(name)")
         n = int(batch_size)
         with torch.no_grad():
             for g in self._grads:
@@ -131,10 +208,19 @@ class Job:
             for g in self._grads:
                 g.zero_()
 
+    @property
+    def evaluating(self):
+        """True once job.tasks() has ended when the job asks this worker for
+        the final model's test figures (one worker is asked): compute them
+        and give them to finish(). The others skip their test pass (their
+        worker has left the job: a lookup would fail)."""
+        return self._core.evaluating
+
     def finish(self, metrics=None):
         """Gives the final model's test figures ("test_accuracy",
-        "test_loss", "test_auc") to the job's summary when this worker is
-        the one asked to evaluate, and waits for the worker to end."""
+        "test_loss", "test_auc", "test_examples") to the job's summary when
+        this worker is the one asked (job.evaluating), and waits for the
+        worker to end."""
         if self._finished:
             return
         self._finished = True
@@ -150,3 +236,65 @@ class Job:
     @property
     def node_id(self):
         return self._core.node_id
+
+
+class _Lookup(torch.autograd.Function):
+    """rows = table[ids]; backward adds the rows' gradient, summed per
+    distinct id, to the step's push of the table."""
+
+    @staticmethod
+    def forward(ctx, anchor, emb, ids):
+        flat = ids.reshape(-1)
+        unique, inverse = torch.unique(flat, sorted=False, return_inverse=True)
+        rows = torch.from_numpy(emb._core.lookup(emb._table, unique.numpy().view(np.uint64)))
+        ctx.emb = emb
+        ctx.save_for_backward(unique, inverse)
+        return rows[inverse].reshape(tuple(ids.shape) + (emb.dim,))
+
+    @staticmethod
+    def backward(ctx, grad):
+        unique, inverse = ctx.saved_tensors
+        emb = ctx.emb
+        if unique.numel() > 0:
+            summed = torch.zeros(unique.numel(), emb.dim, dtype=torch.float32)
+            summed.index_add_(0, inverse, grad.reshape(-1, emb.dim).to(torch.float32))
+            emb._core.add_row_grads(emb._table, unique.numpy().view(np.uint64),
+                                    summed.contiguous().numpy())
+        return None, None, None
+
+
+class Embedding(torch.nn.Module):
+    """A sparse table of the job (job.embedding(name)): emb(ids) gives the
+    rows of `ids` (int64 or int32, any shape; an id is an unsigned 64-bit
+    key, so a negative one is 2^64 + id, as hashed keys are) as a float32
+    tensor of shape
+    ids.shape + (dim,). In a data task the rows are those of the step being
+    computed (bsp: every worker's previous step applied); outside one, the
+    latest. The rows' gradient (backward) is summed per distinct id and
+    pushed with job.step(); the table's optimizer (sparse.optimizer) runs on
+    the pservers."""
+
+    def __init__(self, core, table, name, dim):
+        super().__init__()
+        self._core = core
+        self._table = table
+        self.name = name
+        self.dim = dim
+        # The Function's backward runs only when an input requires grad:
+        # this empty tensor is that input (not a parameter of the model).
+        self._anchor = torch.empty(0, requires_grad=True)
+
+    def forward(self, ids):
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError("embedding %s: ids must be a tensor of int64, got %s"
+                            % (self.name, type(ids).__name__))
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError("embedding %s: ids must be int64 (or int32), got %s"
+                            % (self.name, ids.dtype))
+        if ids.device.type != "cpu":
+            ids = ids.cpu()
+        ids = ids.to(torch.int64).contiguous()
+        return _Lookup.apply(self._anchor, self, ids)
+
+    def extra_repr(self):
+        return "%s, dim=%d" % (self.name, self.dim)

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/model_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -298,6 +299,62 @@ TEST(ParseJobConfigTest, WorkerSectionChoosesTheDeviceAndIsCheckedByField) {
               "local.yaml:7:20: ", "worker.recompute_every");
 }
 
+TEST(ParseJobConfigTest, ScriptModelTablesResolveInitAndFansAsPyTorch) {
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c, ParseWithData("model:\n"
+                                 "  type: script\n"
+                                 "  tables:\n"
+                                 "    - {name: conv.weight, shape: [16, 3, 5, 5]}\n"
+                                 "    - {name: conv.bias, shape: [16], fan_in: 75}\n"
+                                 "    - {name: scale, shape: [4]}\n"
+                                 "    - {name: fc.weight, shape: [10, 20], init: glorot_uniform}\n"
+                                 "    - {name: item, dim: 8}\n"
+                                 "worker:\n  command: [/usr/bin/python3, x.py]\n"));
+  const std::vector<TableSpec> t = ModelTables(c.model);
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_EQ(t[0].name, "conv.weight");
+  EXPECT_EQ(t[0].shape, (std::vector<uint64_t>{16, 3, 5, 5}));
+  EXPECT_EQ(t[0].init, "torch_default");
+  EXPECT_EQ(t[0].fan_in, 75u);  // in * 5 * 5
+  EXPECT_EQ(t[0].fan_out, 400u);
+  EXPECT_EQ(t[1].init, "torch_default");
+  EXPECT_EQ(t[1].fan_in, 75u);
+  EXPECT_EQ(t[2].init, "zeros");  // 1-d without a fan_in
+  EXPECT_EQ(t[3].init, "glorot_uniform");
+  EXPECT_EQ(t[3].fan_in, 20u);
+  EXPECT_EQ(t[3].fan_out, 10u);
+  EXPECT_TRUE(t[4].sparse);
+  EXPECT_EQ(t[4].dim, 8);
+  EXPECT_EQ(t[4].num_elements(), 0u);
+}
+
+TEST(ParseJobConfigTest, ScriptModelTablesErrorsNameTheTable) {
+  const std::string script = "model:\n  type: script\n  tables:\n";
+  const std::string command = "worker:\n  command: [/usr/bin/python3, x.py]\n";
+  ExpectError(ParseWithData(script + "    - {name: a, shape: [2, 0]}\n" + command),
+              "local.yaml:9:", "model.tables[0].shape[1]", "must be > 0");
+  ExpectError(ParseWithData(script + "    - {name: a, shape: [2], dim: 4}\n" + command),
+              "local.yaml:9:", "model.tables[0]", "table 'a'", "either shape", "or dim");
+  ExpectError(ParseWithData(script + "    - {shape: [2]}\n" + command),
+              "local.yaml:9:", "model.tables[0]", "needs a name");
+  ExpectError(
+      ParseWithData(script + "    - {name: a, shape: [2]}\n    - {name: a, dim: 2}\n" + command),
+      "local.yaml:10:", "model.tables[1]", "table 'a' is also model.tables[0]");
+  ExpectError(
+      ParseWithData(script + "    - {name: b, shape: [3], init: torch_default}\n" + command),
+      "local.yaml:9:", "table 'b'", "init torch_default needs fan_in");
+  ExpectError(ParseWithData(script + "    - {name: e, dim: 4, init: glorot_uniform}\n" + command),
+              "local.yaml:9:", "table 'e'", "a sparse table's init is zeros");
+  ExpectError(ParseWithData(script + "    - {name: a, shap: [2]}\n" + command),
+              "local.yaml:9:", "unknown key 'model.tables[0].shap'");
+  ExpectError(ParseWithData("model:\n  type: script\n" + command), "local.yaml:7:", "model.type",
+              "needs model.tables");
+  ExpectError(ParseWithData(script + "    - {name: a, shape: [2]}\n"),
+              "local.yaml:7:", "model.type", "set worker.command");
+  ExpectError(ParseWithData("model:\n  tables:\n    - {name: a, shape: [2]}\n"),
+              "local.yaml:8:", "model.tables", "is for model.type script");
+}
+
 TEST(ParseJobConfigTest, CheckpointSectionIsOffUnlessPresentAndReadsEveryKey) {
   STRATA_ASSERT_OK_AND_ASSIGN(JobConfig off, ParseWithData(""));
   EXPECT_FALSE(off.checkpoint.enabled);
@@ -523,8 +580,8 @@ TEST(ParseJobConfigTest, WideDeepOnCriteoData) {
 }
 
 TEST(ParseJobConfigTest, UnknownEnumsNameAllowedValues) {
-  ExpectError(ParseWithData("model:\n  type: cnn\n"),
-              "local.yaml:7:9: ", "model.type: unknown value 'cnn' (allowed: mlp, wide_deep)");
+  ExpectError(ParseWithData("model:\n  type: cnn\n"), "local.yaml:7:9: ",
+              "model.type: unknown value 'cnn' (allowed: mlp, wide_deep, script)");
   ExpectError(ParseWithData("model:\n  activation: gelu\n"), "local.yaml:7:15: ",
               "model.activation: unknown value 'gelu' (allowed: relu, tanh, "
               "sigmoid)");

@@ -69,6 +69,20 @@ TEST(InitializerTest, GlorotUniformStaysWithinLimitAndCentresOnZero) {
   EXPECT_NE(v[0], v[1]);
 }
 
+TEST(InitializerTest, TorchDefaultIsUniformOverOneOverRootFanIn) {
+  // nn.Linear / nn.Conv*d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)); fan_out unused.
+  InitSpec spec = Glorot(400, 7, 2, 3);
+  spec.init = "torch_default";
+  const float bound = static_cast<float>(1.0 / std::sqrt(400.0));  // 0.05
+  const std::vector<float> v = Slice(spec, 0, 100000);
+  for (float x : v) {
+    ASSERT_GE(x, -bound);
+    ASSERT_LE(x, bound);
+  }
+  EXPECT_LT(*std::min_element(v.begin(), v.end()), -0.99 * bound);
+  EXPECT_GT(*std::max_element(v.begin(), v.end()), 0.99 * bound);
+}
+
 TEST(InitializerTest, SliceValuesDoNotDependOnHowTheTableIsCut) {
   const InitSpec spec = Glorot(100, 10, 3, 42);
   const std::vector<float> whole = Slice(spec, 0, 1000);

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-BIN = os.environ.get("STRATA_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+BIN = os.path.abspath(os.environ.get("STRATA_BIN",
+                                     os.path.join(os.path.dirname(__file__), "../../build/bin")))
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -35,33 +36,26 @@ def port_base():
 
 
 def job_config(path, workers=1, steps_records=3200, layers=(784, 32, 10), consistency="bsp",
-               chunk_bytes=16384):
+               chunk_bytes=16384, model=None, data=None, extra="", epochs=1, batch_size=64,
+               learning_rate=0.002):
+    """`model`, `data`: YAML of those sections in place of the MLP on
+    Fashion-MNIST; `extra`: more sections."""
     base = port_base()
     ports = {"master": base, "master_http": base + 1}
     with open(path, "w") as f:
         f.write("""job:
   name: pytest
   consistency: %s
-  epochs: 1
-  batch_size: 64
+  epochs: %d
+  batch_size: %d
   progress_every_steps: 1000000
   seed: 7
-model:
-  type: mlp
-  layers: [%s]
-  activation: relu
+%s
 optimizer:
   type: adam
-  learning_rate: 0.002
-data:
-  format: idx
-  train_images: %s/train-images-idx3-ubyte.gz
-  train_labels: %s/train-labels-idx1-ubyte.gz
-  test_images: %s/t10k-images-idx3-ubyte.gz
-  test_labels: %s/t10k-labels-idx1-ubyte.gz
-  task_records: 640
-  train_limit: %d
-cluster:
+  learning_rate: %g
+%s
+%scluster:
   slice_bytes: 65536
   chunk_bytes: %d
   heartbeat_interval_ms: 200
@@ -69,8 +63,19 @@ cluster:
   ports: {master: %d, master_http: %d, pserver: 0, pserver_data: 0, pserver_http: 0, worker_http: 0}
 security:
   mode: plaintext
-""" % (consistency, ", ".join(str(x) for x in layers), FMNIST, FMNIST, FMNIST, FMNIST,
-       steps_records, chunk_bytes, ports["master"], ports["master_http"]))
+""" % (consistency, epochs, batch_size,
+       model or "model:\n  type: mlp\n  layers: [%s]\n  activation: relu"
+       % ", ".join(str(x) for x in layers),
+       learning_rate,
+       data or """data:
+  format: idx
+  train_images: %s/train-images-idx3-ubyte.gz
+  train_labels: %s/train-labels-idx1-ubyte.gz
+  test_images: %s/t10k-images-idx3-ubyte.gz
+  test_labels: %s/t10k-labels-idx1-ubyte.gz
+  task_records: 640
+  train_limit: %d""" % (FMNIST, FMNIST, FMNIST, FMNIST, steps_records),
+       extra, chunk_bytes, ports["master"], ports["master_http"]))
     return "127.0.0.1:%d" % ports["master"]
 
 
@@ -118,6 +123,11 @@ class Cluster:
         import json
         end = time.time() + timeout
         while time.time() < end:
+            if self.procs[0].poll() is not None and not os.path.exists(self.summary):
+                with open(os.path.join(self.dir, "master.log")) as f:
+                    tail = f.read()[-2000:]
+                raise AssertionError("the master exited (%d) without a summary:\n%s"
+                                     % (self.procs[0].returncode, tail))
             if os.path.exists(self.summary):
                 with open(self.summary) as f:
                     text = f.read()

@@ -33,7 +33,7 @@ def torch_config(tmp_path, command=None, records=6400):
         text = re.sub(r"(?m)^  command: .*", "  command: [%s]" % ", ".join(command), text)
     # As in a repository: conf/torch.yaml beside examples/, the command's
     # relative path found from the config's parent directory (whatever the
-    # working directory: ctest runs in build/tests).
+    # working directory: launch() runs in conf/).
     (tmp_path / "conf").mkdir()
     (tmp_path / "examples" / "torch").mkdir(parents=True)
     shutil.copy(os.path.join(ROOT, "examples", "torch", "fmnist_mlp.py"),
@@ -48,7 +48,7 @@ def launch(config, tmp_path):
     r = subprocess.run([os.path.join(ROOT, "scripts", "launch.sh"), "run", "--config", config,
                         "--hosts", os.path.join(ROOT, "conf", "hosts.local"), "--run-dir", str(run),
                         "--quiet"], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, STRATA_BIN_DIR=BIN))
+                       env=dict(os.environ, STRATA_BIN_DIR=BIN), cwd=str(tmp_path / "conf"))
     summary = run / "summary.json"
     assert summary.exists(), "launch.sh wrote no summary:\n" + r.stdout + r.stderr
     with open(summary) as f:
@@ -76,3 +76,16 @@ def test_a_script_that_raises_is_restarted_and_its_task_requeued(tmp_path):
     assert "Traceback (most recent call last)" in log
     assert "RuntimeError: a crash for the test" in log
     assert "worker-0 failed" in r.stdout + r.stderr
+
+
+def test_every_shipped_config_validates():
+    """conf/*.yaml (the README's and the examples' configs) pass `strata
+    validate --offline` against conf/hosts.local."""
+    confs = sorted(f for f in os.listdir(os.path.join(ROOT, "conf")) if f.endswith(".yaml"))
+    assert "torch-cnn.yaml" in confs and "torch-dlrm.yaml" in confs
+    for name in confs:
+        r = subprocess.run([os.path.join(BIN, "strata"), "validate", "--config",
+                            os.path.join(ROOT, "conf", name), "--hosts",
+                            os.path.join(ROOT, "conf", "hosts.local"), "--offline"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, name + ":\n" + r.stdout + r.stderr

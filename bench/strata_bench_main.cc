@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
+#include "common/vector_ops.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 
@@ -191,6 +192,7 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_minloglevel = 2;  // the daemons' INFO/WARNING lines would drown the table
   google::InitGoogleLogging(argv[0]);
+  strata::FlushDenormalsToZero();  // as the daemons (InitDaemon)
 
   std::vector<std::string> modes;
   for (auto m : absl::StrSplit(FLAGS_mode, ',')) {

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/vector_ops.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 
@@ -76,6 +77,7 @@ void ServeStandardEndpoints(HttpServer* http, const MetricsRegistry* metrics,
 }
 
 void InitDaemon(const char* argv0) {
+  FlushDenormalsToZero();  // before any thread: they inherit it
   if (FLAGS_log_dir.empty()) FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv0);
   google::InstallFailureSignalHandler();

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace strata {
 
 // Cloned for AVX2 and picked at load time by the CPU.
@@ -34,6 +38,16 @@ STRATA_VECTOR_KERNEL void SumRows(const float* __restrict g, float* __restrict o
     const float* __restrict row = g + r * cols;
     for (size_t c = 0; c < cols; ++c) out[c] += row[c];
   }
+}
+
+STRATA_VECTOR_KERNEL void Scale(float* __restrict x, float s, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void FlushDenormalsToZero() {
+#if defined(__SSE__)
+  _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+#endif
 }
 
 }  // namespace strata

@@ -18,6 +18,18 @@ void ReluBackward(const float* y, float* g, size_t n);
 void AddBiasRows(float* x, const float* bias, size_t rows, size_t cols);
 // out[c] = sum over rows of g[r][c]
 void SumRows(const float* g, float* out, size_t rows, size_t cols);
+// x[i] *= s
+void Scale(float* x, float s, size_t n);
+
+// Makes this thread, and the threads it creates from now on (they inherit
+// its floating-point environment), treat denormal floats as zero, in and
+// out (x86 MXCSR FTZ and DAZ; elsewhere nothing). An optimizer's state of a
+// parameter whose gradient stays zero (Adam's m and v decaying geometrically,
+// e.g. the weights of an image's always-black border pixels) reaches the
+// denormal range after some hundred steps, where each operation costs a
+// hundred times more: flushed, such values are zero. Called by InitDaemon
+// before any thread starts.
+void FlushDenormalsToZero();
 
 }  // namespace strata
 

@@ -1,6 +1,7 @@
 #include "common/vector_ops.h"
 
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -64,6 +65,22 @@ TEST(VectorOpsTest, BiasRowsAndColumnSums) {
       EXPECT_EQ(x, want) << rows << "x" << cols;
     }
   }
+}
+
+TEST(FlushDenormalsToZeroTest, DenormalsBecomeZeroInThisThreadAndItsChildren) {
+  // On a thread of its own: the mode is per thread.
+  std::thread([] {
+    volatile float tiny = 1e-39f;  // denormal: below FLT_MIN (1.18e-38)
+    ASSERT_NE(tiny * 1.0f, 0.f);
+    FlushDenormalsToZero();
+#if defined(__SSE__)
+    EXPECT_EQ(tiny * 1.0f, 0.f);
+    volatile float small = 1e-30f;
+    EXPECT_EQ(small * 1e-10f, 0.f);                            // a denormal result is flushed too
+    std::thread([&] { EXPECT_EQ(tiny * 1.0f, 0.f); }).join();  // inherited
+#endif
+    EXPECT_EQ(static_cast<float>(1e-30f) * 2.f, 2e-30f);  // normal values unchanged
+  }).join();
 }
 
 }  // namespace

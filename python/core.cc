@@ -154,6 +154,15 @@ class PyWorker {
     ThrowIfError(s);
   }
   bool Evaluating() { return script_->evaluating(); }
+  // The worker's step counters: steps, samples, and the seconds of its
+  // steps (busy) and of their exchanges with the pservers (comm).
+  std::map<std::string, double> Stats() const {
+    const worker::Worker::Stats st = worker_->stats();
+    return {{"steps", static_cast<double>(st.steps)},
+            {"samples", static_cast<double>(st.samples)},
+            {"busy_seconds", st.busy_seconds},
+            {"comm_seconds", st.comm_seconds}};
+  }
   void TaskDone() { ThrowIfError(script_->TaskDone()); }
   void Finish(const std::map<std::string, double>& metrics) { script_->Finish(metrics); }
 
@@ -201,6 +210,7 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0)
       .def("task_done", &PyWorker::TaskDone)
       .def_property_readonly("evaluating", &PyWorker::Evaluating)
+      .def("stats", &PyWorker::Stats)
       .def("finish", &PyWorker::Finish)
       .def("join", &PyWorker::Join)
       .def("stop", &PyWorker::Stop);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/vector_ops.h"
 
 namespace strata::worker {
 
@@ -40,84 +41,48 @@ absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
     return absl::UnimplementedError(
         "a training script's worker trains against pservers (no --local run)");
   }
-  ParamClient* const params = ctx_->params();
   const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
   ctx_->SetEpoch(task.epoch());
   // The task's first step starts from the parameters of its version.
-  STRATA_RETURN_IF_ERROR(params->PullAll(bsp ? ctx_->next_step() : 0, &params_).status());
-  {
-    absl::MutexLock l(&mu_);
-    if (phase_ == Phase::kClosed) return absl::CancelledError("the training script's side closed");
-    offered_ = ctx_->TaskRecordOrder(task, task.begin(), task.end());
-    phase_ = Phase::kTask;
-    lookup_version_ = bsp ? ctx_->next_step() : 0;
-    lookup_barrier_ = bsp;
-    for (auto& [t, g] : row_grads_) g = RowGrads();
+  STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(bsp ? ctx_->next_step() : 0, &params_).status());
+  absl::MutexLock l(&mu_);
+  if (phase_ == Phase::kClosed) return absl::CancelledError("the training script's side closed");
+  offered_ = ctx_->TaskRecordOrder(task, task.begin(), task.end());
+  phase_ = Phase::kTask;
+  lookup_version_ = bsp ? ctx_->next_step() : 0;
+  lookup_barrier_ = bsp;
+  for (auto& [t, g] : row_grads_) g = RowGrads();
+  step_error_ = absl::OkStatus();
+  step_since_ = absl::Now();  // the script's compute starts
+  // The script's thread trains the task now (Step), in this thread's place:
+  // this one waits until it is done, failed, or the worker stops.
+  auto over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return phase_ == Phase::kTaskDone || phase_ == Phase::kClosed || !step_error_.ok();
+  };
+  absl::Status status;
+  while (!mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100))) {
+    if (ctx_->stopping()) {
+      status = absl::CancelledError("worker shut down");
+      break;
+    }
   }
-  // Outside a task, lookups read the latest rows.
-  struct EndLookups {
-    ScriptTrainer* self;
-    ~EndLookups() {
-      absl::MutexLock l(&self->mu_);
-      self->lookup_version_ = 0;
-      self->lookup_barrier_ = false;
-    }
-  } end_lookups{this};
-  absl::Time since = absl::Now();  // the script's compute starts
-  while (true) {
-    int n;
-    double loss;
-    int64_t correct;
-    {
-      absl::MutexLock l(&mu_);
-      auto asked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return phase_ == Phase::kStepAsked || phase_ == Phase::kTaskDone ||
-               phase_ == Phase::kClosed;
-      };
-      while (!mu_.AwaitWithTimeout(absl::Condition(&asked), absl::Milliseconds(100))) {
-        if (ctx_->stopping()) return absl::CancelledError("worker shut down");
-      }
-      if (phase_ == Phase::kClosed)
-        return absl::CancelledError("the training script's side closed");
-      if (phase_ == Phase::kTaskDone) {
-        phase_ = Phase::kIdle;
-        offered_.reset();
-        return task.end() - task.begin();
-      }
-      n = step_n_;
-      loss = step_loss_;
-      correct = step_correct_;
-    }
-    // The gradient the script left in grads_ goes out, the next step's
-    // parameters come back into params_ (in place: the script's tensors).
-    const uint64_t version = ctx_->next_step();
-    const absl::Time t0 = absl::Now();
-    PushResult pushed;
-    std::vector<std::unique_ptr<ParamClient::Exchange>> sparse;
-    std::vector<ParamClient::SparseKeys> grouped;
-    std::vector<PushResult> sparse_pushed;
-    absl::Status s = IssueSparsePushes(version, n, bsp, &sparse, &grouped, &sparse_pushed);
-    if (s.ok()) {
-      s = params
-              ->PushThenPull(grads_, version, static_cast<uint64_t>(n), bsp ? version + 1 : 0,
-                             &params_, &pushed)
-              .status();
-    }
-    for (auto& e : sparse) s.Update(e->Finish());
-    for (const PushResult& r : sparse_pushed) pushed.stale_partitions += r.stale_partitions;
-    const absl::Time t1 = absl::Now();
-    if (s.ok()) {
-      ctx_->TraceSpan("step", "step", since,
-                      absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
-      ctx_->RecordStep(n, version, loss, correct, t1 - since, t1 - t0, pushed.stale_partitions > 0);
-    }
-    since = t1;
-    absl::MutexLock l(&mu_);
-    step_done_ = s;
-    phase_ = Phase::kTask;
-    lookup_version_ = bsp ? ctx_->next_step() : 0;
-    if (!s.ok()) return s;
+  if (status.ok() && phase_ == Phase::kClosed) {
+    status = absl::CancelledError("the training script's side closed");
   }
+  if (status.ok()) status = step_error_;
+  // Nothing of the script's may still use the worker once this returns.
+  AwaitCallsLocked();
+  if (phase_ != Phase::kClosed) phase_ = Phase::kIdle;
+  offered_.reset();
+  lookup_version_ = 0;
+  lookup_barrier_ = false;
+  if (!status.ok()) return status;
+  return task.end() - task.begin();
+}
+
+void ScriptTrainer::AwaitCallsLocked() {
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_calls_ == 0; };
+  mu_.Await(absl::Condition(&idle));
 }
 
 absl::Status ScriptTrainer::IssueSparsePushes(
@@ -187,20 +152,22 @@ absl::Status ScriptTrainer::Lookup(uint32_t table, const uint64_t* keys, size_t 
     version = lookup_version_;
     barrier = lookup_barrier_;
     row_grads_[table].looked_up |= barrier;
+    if (n == 0 && !barrier) return absl::OkStatus();
+    ++in_calls_;
   }
-  if (n == 0 && !barrier) return absl::OkStatus();
   ParamClient* const params = ctx_->params();
   ParamClient::SparseKeys grouped;
   std::vector<uint32_t> perm;
-  STRATA_RETURN_IF_ERROR(params->GroupKeys(std::vector<uint64_t>(keys, keys + n), &grouped, &perm));
+  absl::Status s = params->GroupKeys(std::vector<uint64_t>(keys, keys + n), &grouped, &perm);
   std::vector<float> got(std::max<size_t>(n, 1) * dim);
-  STRATA_RETURN_IF_ERROR(
-      params->StartSparsePull(table, &grouped, got.data(), version, barrier)->Finish());
-  for (size_t i = 0; i < n; ++i) {
+  if (s.ok()) s = params->StartSparsePull(table, &grouped, got.data(), version, barrier)->Finish();
+  for (size_t i = 0; s.ok() && i < n; ++i) {
     std::memcpy(rows + i * dim, got.data() + static_cast<size_t>(perm[i]) * dim,
                 sizeof(float) * dim);
   }
-  return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  --in_calls_;
+  return s;
 }
 
 absl::Status ScriptTrainer::AddRowGrads(uint32_t table, const uint64_t* keys, size_t n,
@@ -235,9 +202,14 @@ absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_
     return metrics_.has_value() || phase_ == Phase::kClosed;
   };
   while (!mu_.AwaitWithTimeout(absl::Condition(&given), absl::Milliseconds(100))) {
-    if (ctx_->stopping()) return absl::CancelledError("worker shut down");
+    if (ctx_->stopping()) {
+      evaluate_wanted_ = false;
+      AwaitCallsLocked();  // (a lookup of the test pass)
+      return absl::CancelledError("worker shut down");
+    }
   }
   evaluate_wanted_ = false;
+  AwaitCallsLocked();
   if (!metrics_.has_value()) {
     return absl::CancelledError("the training script ended without giving the test figures");
   }
@@ -270,25 +242,56 @@ absl::StatusOr<std::optional<std::vector<int64_t>>> ScriptTrainer::NextTask() {
 }
 
 absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct) {
+  const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
+  absl::Time since;
+  {
+    absl::MutexLock l(&mu_);
+    if (phase_ == Phase::kClosed) {
+      return closed_.ok() ? absl::FailedPreconditionError("the worker has stopped") : closed_;
+    }
+    if (phase_ != Phase::kTask || offered_.has_value()) {
+      return absl::FailedPreconditionError("step() outside a data task (iterate job.tasks())");
+    }
+    if (!step_error_.ok()) return step_error_;
+    if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("step() over ", n, " records"));
+    ++in_calls_;
+    since = step_since_;
+  }
+  // On this thread, in the training thread's place (it waits in TrainTask
+  // until the task is over): the gradient the script left in grads_ goes
+  // out, the next step's parameters come back into params_, in place.
+  ParamClient* const params = ctx_->params();
+  const uint64_t version = ctx_->next_step();
+  for (std::vector<float>& g : grads_) Scale(g.data(), static_cast<float>(n), g.size());
+  const absl::Time t0 = absl::Now();
+  PushResult pushed;
+  std::vector<std::unique_ptr<ParamClient::Exchange>> sparse;
+  std::vector<ParamClient::SparseKeys> grouped;
+  std::vector<PushResult> sparse_pushed;
+  absl::Status s = IssueSparsePushes(version, n, bsp, &sparse, &grouped, &sparse_pushed);
+  if (s.ok()) {
+    s = params
+            ->PushThenPull(grads_, version, static_cast<uint64_t>(n), bsp ? version + 1 : 0,
+                           &params_, &pushed)
+            .status();
+  }
+  for (auto& e : sparse) s.Update(e->Finish());
+  sparse.clear();
+  for (const PushResult& r : sparse_pushed) pushed.stale_partitions += r.stale_partitions;
+  const absl::Time t1 = absl::Now();
+  // Settled: the transport no longer reads the gradients.
+  for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.f);
+  if (s.ok()) {
+    ctx_->TraceSpan("step", "step", since,
+                    absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
+    ctx_->RecordStep(n, version, loss, correct, t1 - since, t1 - t0, pushed.stale_partitions > 0);
+  }
   absl::MutexLock l(&mu_);
-  if (phase_ == Phase::kClosed) {
-    return closed_.ok() ? absl::FailedPreconditionError("the worker has stopped") : closed_;
-  }
-  if (phase_ != Phase::kTask || offered_.has_value()) {
-    return absl::FailedPreconditionError("step() outside a data task (iterate job.tasks())");
-  }
-  if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("step() over ", n, " records"));
-  step_n_ = n;
-  step_loss_ = loss;
-  step_correct_ = correct;
-  step_done_.reset();
-  phase_ = Phase::kStepAsked;
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return step_done_.has_value() || phase_ == Phase::kClosed;
-  };
-  mu_.Await(absl::Condition(&done));
-  if (step_done_.has_value()) return *step_done_;
-  return closed_.ok() ? absl::CancelledError("the worker stopped during the step") : closed_;
+  --in_calls_;
+  step_since_ = t1;
+  lookup_version_ = bsp ? ctx_->next_step() : 0;
+  if (!s.ok()) step_error_ = s;  // the task fails with it (TrainTask)
+  return s;
 }
 
 bool ScriptTrainer::evaluating() {

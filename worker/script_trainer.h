@@ -3,14 +3,19 @@
 // a Strata worker through it. The worker core is unchanged: its training
 // thread (Worker::Run) registers, leases tasks, reports progress and
 // evaluates as for the built-in families, and calls TrainTask, which hands
-// the task's records to the script and runs each step the script asks for:
-// the push of the gradient the script computed, then the pull of the next
-// step's parameters, straight from and into the tensors the script computes
-// with (params() and grads(), which the script's tensors alias).
+// the task's records to the script and waits while the script's thread
+// trains it in its place: each Step pushes the gradient the script
+// computed and pulls the next step's parameters, straight from and into
+// the tensors the script computes with (params() and grads(), which the
+// script's tensors alias), with no thread hand-off per step. Lookup pulls
+// the sparse rows the script asks for, AddRowGrads collects their
+// gradients for the step's push.
 //
-// The script's side (NextTask, Step, TaskDone, Finish) may be called from
-// one other thread at a time; it blocks until the training thread did what
-// was asked. Close() ends it (Worker::Run returned).
+// The script's side (NextTask, Step, Lookup, AddRowGrads, TaskDone,
+// Finish) may be called from one other thread at a time. The training
+// thread does not return from TrainTask or Evaluate while a Step or Lookup
+// is running, so nothing of the script's uses the worker after it moved
+// on. Close() ends the script's side (Worker::Run returned).
 #ifndef STRATA_WORKER_SCRIPT_TRAINER_H_
 #define STRATA_WORKER_SCRIPT_TRAINER_H_
 
@@ -56,9 +61,11 @@ class ScriptTrainer : public Trainer {
   // train: the job wants the final model evaluated (Finish gives the
   // figures) or this worker is done (Close).
   absl::StatusOr<std::optional<std::vector<int64_t>>> NextTask();
-  // One step over `n` records whose summed gradient is in grads(): pushed,
-  // then the next step's parameters pulled into params(). `loss` (mean)
-  // and `correct` go to the progress reports.
+  // One step over `n` records whose gradient of the mean loss is in
+  // grads(): pushed as the sum over the records (grads() times n, the
+  // pservers' convention), then the next step's parameters pulled into
+  // params(), and grads() zeroed for the next step. `loss` (mean) and
+  // `correct` go to the progress reports.
   absl::Status Step(int n, double loss, int64_t correct);
   // The rows of sparse table `table` for the n distinct `keys` into
   // rows[0 .. n * dim): in a task, the rows of the step the script
@@ -84,7 +91,9 @@ class ScriptTrainer : public Trainer {
  private:
   explicit ScriptTrainer(TrainerContext* ctx, std::vector<TableSpec> tables);
 
-  enum class Phase { kIdle, kTask, kStepAsked, kTaskDone, kEvaluating, kClosed };
+  enum class Phase { kIdle, kTask, kTaskDone, kClosed };
+  // Waits until no Step or Lookup runs.
+  void AwaitCallsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A step's gradient of one sparse table: one summed row per distinct key.
   struct RowGrads {
@@ -95,8 +104,8 @@ class ScriptTrainer : public Trainer {
   };
   // The sparse tables' pushes for step `version` over n records (bsp: to
   // every virtual partition, after a pull at the step's version from any
-  // table the script did not look up); issued, then settled by
-  // FinishSparsePushes. Training thread.
+  // table the script did not look up); issued, then settled by the caller
+  // (Step).
   absl::Status IssueSparsePushes(uint64_t version, int n, bool bsp,
                                  std::vector<std::unique_ptr<ParamClient::Exchange>>* exchanges,
                                  std::vector<ParamClient::SparseKeys>* grouped,
@@ -119,11 +128,12 @@ class ScriptTrainer : public Trainer {
   std::optional<std::vector<int64_t>> offered_ ABSL_GUARDED_BY(mu_);
   bool evaluate_wanted_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<std::map<std::string, double>> metrics_ ABSL_GUARDED_BY(mu_);
-  // The step asked for, and its outcome.
-  int step_n_ ABSL_GUARDED_BY(mu_) = 0;
-  double step_loss_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t step_correct_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<absl::Status> step_done_ ABSL_GUARDED_BY(mu_);
+  // Steps and lookups running on the script's thread.
+  int in_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the step being computed started (the previous one ended), and
+  // the first error of a step of the task (which then fails with it).
+  absl::Time step_since_ ABSL_GUARDED_BY(mu_);
+  absl::Status step_error_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -11,9 +11,11 @@
 // handed: the ParamClient, the config, the step bookkeeping and the trace.
 //
 // Thread safety: a trainer is called from the worker's training thread
-// only (Worker::Run), except where a method says otherwise. This is the
-// seam where the Python worker (issue 25) plugs in: a trainer whose steps
-// run in a Python process.
+// only (Worker::Run), except where a method says otherwise. A trainer may
+// lend a task to another thread while the training thread waits for it
+// inside TrainTask (ScriptTrainer: the Python script's thread runs the
+// steps); that thread then uses the TrainerContext in its place, and
+// TrainTask returns only once it has stopped.
 #ifndef STRATA_WORKER_TRAINER_H_
 #define STRATA_WORKER_TRAINER_H_
 

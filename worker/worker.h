@@ -206,7 +206,9 @@ class Worker : private TrainerContext {
   std::atomic<bool> declared_dead_{false};
   // Training thread only: when each pserver was last reported unreachable.
   std::map<uint32_t, absl::Time> suspect_reported_;
-  uint64_t next_step_ = 0;  // training thread only
+  // The training thread's, or a thread's it lends a task to while it waits
+  // (ScriptTrainer: the script's).
+  uint64_t next_step_ = 0;
   // bsp: a task leased without the step it starts at (the first one): its
   // first step goes to the master with the next progress report, sent at
   // once. Training thread only.

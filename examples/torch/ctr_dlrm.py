@@ -44,9 +44,10 @@ class Dlrm(torch.nn.Module):
 
 def main():
     torch.set_num_threads(1)
-    job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
-    data = job.config["data"]
+    data = st.config()["data"]  # the job's config file (STRATA_CONFIG)
+    # Read before joining: the job waits for its workers.
     dense, keys, labels = (torch.from_numpy(a) for a in read_criteo(data["train"]))
+    job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
     model = job.distribute(Dlrm(job.embedding("embedding")))
     loss_fn = torch.nn.BCEWithLogitsLoss()
     batch = job.batch_size

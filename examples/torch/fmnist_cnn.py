@@ -43,9 +43,9 @@ def load(images, labels):
 
 def main():
     torch.set_num_threads(1)  # one core per worker; the pservers need theirs
+    data = st.config()["data"]  # the job's config file (STRATA_CONFIG)
+    x, y = load(data["train_images"], data["train_labels"])  # before joining: the job waits
     job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
-    data = job.config["data"]
-    x, y = load(data["train_images"], data["train_labels"])
     model = job.distribute(Net())
     loss_fn = torch.nn.CrossEntropyLoss()
     batch = job.batch_size

@@ -48,11 +48,12 @@ class Mlp(torch.nn.Module):
 
 def main():
     torch.set_num_threads(1)
+    config = st.config()  # the job's config file (STRATA_CONFIG)
+    data = config["data"]
+    x, y = load(data["train_images"], data["train_labels"])  # before joining: the job waits
     job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
-    data = job.config["data"]
     batch = job.batch_size
-    x, y = load(data["train_images"], data["train_labels"])
-    model = job.distribute(Mlp(job.config["model"]["layers"]))
+    model = job.distribute(Mlp(config["model"]["layers"]))
     loss_fn = torch.nn.CrossEntropyLoss()
     for records in job.tasks():
         for b in range(0, len(records), batch):

@@ -28,6 +28,19 @@ _HOW_TO_LAUNCH = (
 )
 
 
+def config(path=None):
+    """The job's config file (path, or STRATA_CONFIG) as a dict, before
+    init(): a script loads its data first (the data section says where),
+    then joins the job, so the job does not wait on the loading."""
+    path = path if path is not None else os.environ.get("STRATA_CONFIG")
+    if not path:
+        raise RuntimeError("strata.torch.config(): not in a Strata cluster (STRATA_CONFIG not "
+                           "set): " + _HOW_TO_LAUNCH)
+    import yaml
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
 def init(config=None, master=None, index=None, tls_dir=None):
     """Joins the job as a worker; returns the Job.
 
@@ -95,9 +108,7 @@ class Job:
         """The job's config file as a dict (its data section says where the
         script's data is, job.batch_size the batch per worker)."""
         if self._config is None:
-            import yaml
-            with open(self._config_path) as f:
-                self._config = yaml.safe_load(f)
+            self._config = globals()["config"](self._config_path)
         return self._config
 
     @property
@@ -200,13 +211,10 @@ class Job:
         if not self._grads and not self._embeddings:
             raise RuntimeError("step() before distribute(model) or job.embedding(name)")
         n = int(batch_size)
-        with torch.no_grad():
-            for g in self._grads:
-                g.mul_(n)  # pushes carry the gradient summed over the batch
-        self._core.step(n, float(loss) * n, int(correct))  # (reports take the batch's sum)
-        with torch.no_grad():
-            for g in self._grads:
-                g.zero_()
+        # The core pushes the gradients times n (a push carries the sum over
+        # its records) and zeroes them once sent; reports take the batch's
+        # summed loss.
+        self._core.step(n, float(loss) * n, int(correct))
 
     @property
     def evaluating(self):
@@ -232,6 +240,12 @@ class Job:
         stops; a task it held goes back to the queue)."""
         self._finished = True
         self._core.stop()
+
+    def stats(self):
+        """This worker's step counters: steps, samples, busy_seconds (its
+        steps' wall time) and comm_seconds (the part spent in exchanges
+        with the pservers)."""
+        return self._core.stats()
 
     @property
     def node_id(self):

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/daemon_env.h"
+#include "glog/logging.h"
 #include "transport/transport_config.h"
 #include "worker/worker.h"
 
@@ -137,6 +139,7 @@ class PyWorker {
       py::gil_scoped_release release;
       task = script_->NextTask();
     }
+    if (!task.ok() && preempted_) return py::none();
     ThrowIfError(task.status());
     if (!task->has_value()) return py::none();
     std::vector<int64_t>& order = **task;
@@ -151,8 +154,31 @@ class PyWorker {
       py::gil_scoped_release release;
       s = script_->Step(n, loss, correct);
     }
+    if (!s.ok() && preempted_) return;  // stopped for the preemption: the task ends
     ThrowIfError(s);
   }
+
+  // A preemption notice (the script's SIGTERM), as strata-worker takes
+  // one: on a thread of its own, while the script trains on (a bsp cut
+  // needs this worker's steps), asks the master for a checkpoint and a
+  // clean stop of the job when checkpoints are on, then stops the worker.
+  // The script's tasks() then ends, step() does nothing, and finish()
+  // returns without raising. Once.
+  void Preempt() {
+    if (preempt_.joinable()) return;
+    preempt_ = std::thread([this] {
+      if (env_->config.checkpoint.enabled) {
+        CheckpointBeforeStopping(env_->config, [this](absl::Duration grace) {
+          return worker_->RequestCheckpointAndStop(grace);
+        });
+      } else {
+        LOG(INFO) << "SIGTERM: stopping (checkpoints are off)";
+      }
+      preempted_ = true;
+      worker_->Shutdown();
+    });
+  }
+  bool preempted() const { return preempted_; }
   bool Evaluating() { return script_->evaluating(); }
   // The worker's step counters: steps, samples, and the seconds of its
   // steps (busy) and of their exchanges with the pservers (comm).
@@ -172,10 +198,11 @@ class PyWorker {
       py::gil_scoped_release release;
       if (run_.joinable()) run_.join();
     }
-    ThrowIfError(status_);
+    if (!preempted_) ThrowIfError(status_);
   }
   void Stop() {
     py::gil_scoped_release release;
+    if (preempt_.joinable()) preempt_.join();
     if (worker_ != nullptr) worker_->Shutdown();
     if (run_.joinable()) run_.join();
   }
@@ -186,6 +213,8 @@ class PyWorker {
   worker::ScriptTrainer* script_ = nullptr;
   std::thread run_;
   absl::Status status_;
+  std::thread preempt_;
+  std::atomic<bool> preempted_{false};
 };
 
 }  // namespace
@@ -209,6 +238,8 @@ PYBIND11_MODULE(_core, m) {
       .def("next_task", &PyWorker::NextTask)
       .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0)
       .def("task_done", &PyWorker::TaskDone)
+      .def("preempt", &PyWorker::Preempt)
+      .def_property_readonly("preempted", &PyWorker::preempted)
       .def_property_readonly("evaluating", &PyWorker::Evaluating)
       .def("stats", &PyWorker::Stats)
       .def("finish", &PyWorker::Finish)

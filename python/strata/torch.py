@@ -66,7 +66,24 @@ def init(config=None, master=None, index=None, tls_dir=None):
     tls_dir = tls_dir if tls_dir is not None else os.environ.get("STRATA_TLS_DIR", "")
     host = os.environ.get("STRATA_HOST", "127.0.0.1")
     http_port = int(os.environ.get("STRATA_HTTP_PORT", "-1"))
-    return Job(_core.Worker(config, master, index, tls_dir, host, http_port), config)
+    job = Job(_core.Worker(config, master, index, tls_dir, host, http_port), config)
+    _take_sigterm(job)
+    return job
+
+
+def _take_sigterm(job):
+    """SIGTERM (a preemption notice: systemd, Slurm, launch.sh stop) is
+    taken as strata-worker takes it: a checkpoint and a clean stop of the
+    job are asked for while the script trains on, then tasks() ends and the
+    script finishes (exit status 0). Only where the script left SIGTERM's
+    default and from the main thread (Python's rule for handlers)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: job._core.preempt())
 
 
 def tables_yaml(model, embeddings=None):
@@ -208,6 +225,8 @@ class Job:
         then the next step's parameters pulled into the parameters in place
         (bsp: once every worker's step is applied). `loss` and `correct` go
         to the progress reports. The gradients are zeroed for the next step."""
+        if self._core.preempted:
+            return  # stopped by a preemption notice: the task ends here
         if not self._grads and not self._embeddings:
             raise RuntimeError("step() before distribute(model) or job.embedding(name)")
         n = int(batch_size)

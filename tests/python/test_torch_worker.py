@@ -2,8 +2,11 @@
 and pserver processes (tests/python/conftest.py)."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -122,3 +125,50 @@ def test_distribute_refuses_parameters_that_do_not_fit_naming_them(cluster_facto
     assert not torch.equal(model.ps[3].detach(), before)  # pulled in place
     assert float(model.ps[3].grad.abs().sum()) == 0  # zeroed for the next step
     job.close()
+
+
+def steps_of(cluster):
+    r = subprocess.run([os.path.join(BIN, "strata"), "status", "--master", cluster.master,
+                        "--json", "--plaintext"], capture_output=True, text=True, timeout=30)
+    m = re.search(r'"steps": "(\d+)"', r.stdout)
+    return int(m.group(1)) if m else 0
+
+
+def test_sigterm_checkpoints_and_stops_the_job_as_for_a_cpp_worker(cluster_factory, tmp_path):
+    """A preemption notice to a script worker: the master checkpoints the
+    job and stops it cleanly; the script's tasks() ends and it exits 0."""
+    c = cluster_factory(steps_records=60000, epochs=3,
+                        extra="checkpoint:\n  dir: %s\n  every_seconds: 3600\n"
+                              % (tmp_path / "ck"))
+    w = run_example(c)
+    end = time.time() + 120
+    while steps_of(c) < 30:
+        assert time.time() < end and w.poll() is None, "the worker did not train"
+        time.sleep(0.1)
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=120) == 0
+    summary = c.wait_summary()
+    assert summary["state"] == "stopped", summary
+    assert summary["checkpoints"] == 1, summary
+    with open(os.path.join(c.dir, "master.log")) as f:
+        assert "sigterm on worker 0" in f.read()
+    with open(os.path.join(c.dir, "worker-0.log")) as f:
+        assert "SIGTERM: asking the master for a checkpoint and a clean stop" in f.read()
+
+
+def test_a_drained_script_worker_leaves_and_the_job_goes_on(cluster_factory):
+    c = cluster_factory(workers=2, steps_records=19200)
+    ws = [run_example(c, i) for i in range(2)]
+    end = time.time() + 120
+    while steps_of(c) < 20:
+        assert time.time() < end and all(w.poll() is None for w in ws), "no training"
+        time.sleep(0.1)
+    r = subprocess.run([os.path.join(BIN, "strata"), "drain", "worker-1", "--master", c.master,
+                        "--plaintext", "--timeout", "120"], capture_output=True, text=True,
+                       timeout=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ws[1].wait(timeout=60) == 0  # its tasks() ended: the script finished
+    summary = c.wait_summary()
+    assert ws[0].wait(timeout=60) == 0
+    assert summary["state"] == "succeeded", summary
+    assert summary["records_done"] == 19200, summary

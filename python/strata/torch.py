@@ -117,6 +117,11 @@ class Job:
         self._tables = core.tables()  # (name, shape, dim)
         self._index = {name: i for i, (name, _, _) in enumerate(self._tables)}
         self._grads = []
+        # Parameters not in the worker's memory (CUDA ones): (parameter,
+        # its values' host copy, its gradient's host copy), and the stream
+        # of the copies between them.
+        self._staged = []
+        self._stream = None
         self._embeddings = {}
         self._finished = False
 
@@ -140,16 +145,20 @@ class Job:
         return [(name, tuple(shape)) if not dim else (name, dim)
                 for name, shape, dim in self._tables]
 
-    def distribute(self, model):
+    def distribute(self, model, _stage=False):
         """Makes the model's parameters the job's dense tables, by name.
 
         Every parameter (model.named_parameters()) must be a dense table of
         the job of the same name and shape, float32 and contiguous, and
-        every dense table a parameter. The parameter then is a view of the
-        worker's memory, into which the job's values are pulled (from the
-        first task on: the model's own initial values are not used), and
-        its gradient a view of the memory pushes are sent from. Embeddings
-        (job.embedding) inside the model are not parameters.
+        every dense table a parameter. On the CPU the parameter then is a
+        view of the worker's memory, into which the job's values are
+        pulled (from the first task on: the model's own initial values are
+        not used), and its gradient a view of the memory pushes are sent
+        from. A CUDA parameter stays on its GPU: the worker's memory is its
+        pinned host copy (cudaHostRegister), the gradient copied into it
+        and the pulled values out of it on a side stream, the model's
+        stream waiting for those copies only. Embeddings (job.embedding)
+        inside the model are not parameters.
         """
         dense = {name: (i, tuple(shape)) for i, (name, shape, dim) in enumerate(self._tables)
                  if not dim}
@@ -157,6 +166,7 @@ class Job:
         params = list(model.named_parameters())
         seen = set()
         self._grads = []
+        self._staged = []
         for name, p in params:
             if name not in dense:
                 if name in sparse:
@@ -173,16 +183,25 @@ class Job:
             if tuple(p.shape) != shape:
                 raise ValueError("parameter %s has shape %s, the job's table %s has %s"
                                  % (name, tuple(p.shape), name, shape))
-            if p.device.type != "cpu":
-                raise ValueError("parameter %s is on %s; distribute() takes the model on the "
-                                 "CPU" % (name, p.device))
+            if p.device.type not in ("cpu", "cuda"):
+                raise ValueError("parameter %s is on %s; distribute() takes a model on the CPU "
+                                 "or on a CUDA device" % (name, p.device))
             seen.add(name)
             values = torch.from_numpy(self._core.param(i)).view(p.shape)
             grad = torch.from_numpy(self._core.grad(i)).view(p.shape)
-            p.data = values
             grad.zero_()
-            p.grad = grad
             self._grads.append(grad)
+            if p.device.type == "cpu" and not _stage:
+                p.data = values
+                p.grad = grad
+            else:
+                self._staged.append((p, values, grad))
+        if any(p.device.type == "cuda" for p, _, _ in self._staged):
+            self._stream = torch.cuda.Stream(device=self._staged[0][0].device)
+            cudart = torch.cuda.cudart()
+            for _, values, grad in self._staged:
+                for t in (values, grad):  # the copies' host side: pinned in place
+                    cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
         missing = [name for name in dense if name not in seen]
         if missing:
             raise ValueError("the job's table %s is not a parameter of the model (its parameters: "
@@ -211,9 +230,12 @@ class Job:
         parameters hold the task's first step's values when it is yielded.
         Ends when there is no more training for this worker."""
         while True:
+            if self._stream is not None:
+                self._stream.synchronize()  # the copies from the host values: done before a pull
             records = self._core.next_task()
             if records is None:
                 return
+            self._values_to_device()
             try:
                 yield torch.from_numpy(records)
             finally:
@@ -230,10 +252,52 @@ class Job:
         if not self._grads and not self._embeddings:
             raise RuntimeError("step() before distribute(model) or job.embedding(name)")
         n = int(batch_size)
+        self._grads_from_device()
         # The core pushes the gradients times n (a push carries the sum over
         # its records) and zeroes them once sent; reports take the batch's
         # summed loss.
         self._core.step(n, float(loss) * n, int(correct))
+        self._values_to_device()
+
+    def _grads_from_device(self):
+        """The staged parameters' gradients into the worker's memory (on
+        the side stream, after the model's work; waited for: the push reads
+        them), each then zeroed on its device for the next backward."""
+        if not self._staged:
+            return
+        with torch.no_grad():
+            if self._stream is not None:
+                self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
+                with torch.cuda.stream(self._stream):
+                    for p, _, grad in self._staged:
+                        if p.grad is not None:
+                            grad.copy_(p.grad, non_blocking=True)
+                self._stream.synchronize()
+            else:
+                for p, _, grad in self._staged:
+                    if p.grad is not None:
+                        grad.copy_(p.grad)
+            for p, _, _ in self._staged:
+                if p.grad is not None:
+                    p.grad.zero_()
+
+    def _values_to_device(self):
+        """The pulled values into the staged parameters: on the side
+        stream, the model's stream waiting for it (not this thread)."""
+        if not self._staged:
+            return
+        with torch.no_grad():
+            if self._stream is not None:
+                with torch.cuda.stream(self._stream):
+                    for p, values, _ in self._staged:
+                        p.copy_(values, non_blocking=True)
+                torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+                # The host copies are rewritten by the next pull only after
+                # the next step's push: by then this copy has long finished,
+                # and step() synchronises the stream before that push.
+            else:
+                for p, values, _ in self._staged:
+                    p.copy_(values)
 
     @property
     def evaluating(self):
@@ -282,7 +346,8 @@ class _Lookup(torch.autograd.Function):
         rows = torch.from_numpy(emb._core.lookup(emb._table, unique.numpy().view(np.uint64)))
         ctx.emb = emb
         ctx.save_for_backward(unique, inverse)
-        return rows[inverse].reshape(tuple(ids.shape) + (emb.dim,))
+        out = rows[inverse].reshape(tuple(ids.shape) + (emb.dim,))
+        return out if emb._device is None else out.to(emb._device, non_blocking=True)
 
     @staticmethod
     def backward(ctx, grad):
@@ -290,7 +355,7 @@ class _Lookup(torch.autograd.Function):
         emb = ctx.emb
         if unique.numel() > 0:
             summed = torch.zeros(unique.numel(), emb.dim, dtype=torch.float32)
-            summed.index_add_(0, inverse, grad.reshape(-1, emb.dim).to(torch.float32))
+            summed.index_add_(0, inverse, grad.reshape(-1, emb.dim).to("cpu", torch.float32))
             emb._core.add_row_grads(emb._table, unique.numpy().view(np.uint64),
                                     summed.contiguous().numpy())
         return None, None, None
@@ -316,6 +381,7 @@ class Embedding(torch.nn.Module):
         # The Function's backward runs only when an input requires grad:
         # this empty tensor is that input (not a parameter of the model).
         self._anchor = torch.empty(0, requires_grad=True)
+        self._device = None
 
     def forward(self, ids):
         if not isinstance(ids, torch.Tensor):
@@ -324,9 +390,10 @@ class Embedding(torch.nn.Module):
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError("embedding %s: ids must be int64 (or int32), got %s"
                             % (self.name, ids.dtype))
-        if ids.device.type != "cpu":
-            ids = ids.cpu()
-        ids = ids.to(torch.int64).contiguous()
+        # Rows are pulled into host memory; on a GPU they go to the ids'
+        # device, their gradient comes back to the host.
+        self._device = ids.device if ids.device.type != "cpu" else None
+        ids = ids.to("cpu", torch.int64).contiguous()
         return _Lookup.apply(self._anchor, self, ids)
 
     def extra_repr(self):

@@ -172,3 +172,44 @@ def test_a_drained_script_worker_leaves_and_the_job_goes_on(cluster_factory):
     assert ws[0].wait(timeout=60) == 0
     assert summary["state"] == "succeeded", summary
     assert summary["records_done"] == 19200, summary
+
+
+def staged_step_matches_the_job(job, model, device):
+    """A few steps of a model whose parameters are copies of the worker's
+    memory (staged): each step's pulled values reach the parameters, the
+    gradients reach the push and are zeroed."""
+    shapes = [s for _, s in job.tables]
+    tasks = job.tasks()
+    next(tasks)
+    host = [torch.from_numpy(job._core.param(i)).view(s) for i, s in enumerate(shapes)]
+    for p, h in zip(model.ps, host):
+        assert p.device.type == device
+        assert torch.equal(p.detach().cpu(), h)  # the task's values, copied in
+    assert model.ps[0].abs().sum() > 0
+    x = torch.ones(4, 784, device=device)
+    for _ in range(3):
+        before = model.ps[3].detach().clone()
+        out = torch.relu(x @ model.ps[0] + model.ps[1]) @ model.ps[2] + model.ps[3]
+        out.sum().backward()
+        job.step(4, loss=1.0)
+        assert not torch.equal(model.ps[3].detach(), before)  # moved by the step
+        for p, h in zip(model.ps, host):
+            assert torch.equal(p.detach().cpu(), h)
+            assert float(p.grad.abs().sum()) == 0  # zeroed for the next step
+    job.close()
+
+
+def test_a_staged_model_trains_through_copies_of_the_worker_memory(cluster_factory):
+    """The CUDA path's copies, on the CPU (distribute(_stage=True))."""
+    c = cluster_factory(steps_records=640)
+    job = st.init(config=c.config, master=c.master, index=0)
+    model = job.distribute(Wrong([s for _, s in job.tables]), _stage=True)
+    staged_step_matches_the_job(job, model, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_a_cuda_model_trains_through_pinned_host_copies(cluster_factory):
+    c = cluster_factory(steps_records=640)
+    job = st.init(config=c.config, master=c.master, index=0)
+    model = job.distribute(Wrong([s for _, s in job.tables]).cuda())
+    staged_step_matches_the_job(job, model, "cuda")

@@ -56,6 +56,13 @@ class PyWorker {
     o.fs = env_->fs.get();
     o.security = env_->security;
     o.script = true;
+    // strata-worker --trace passes its trace file on (worker_main.cc).
+    if (const char* trace = ::getenv("STRATA_TRACE"); trace != nullptr && *trace != '\0') {
+      o.trace_path = trace;
+      if (const char* max = ::getenv("STRATA_TRACE_MAX_STEPS"); max != nullptr) {
+        o.trace_max_steps = std::atoll(max);
+      }
+    }
     absl::StatusOr<std::unique_ptr<worker::Worker>> w = worker::Worker::Create(std::move(o));
     ThrowIfError(w.status());
     worker_ = *std::move(w);

@@ -67,6 +67,10 @@ int ExecTrainingScript(const strata::JobConfig& config) {
   const int http_port =
       FLAGS_http_port >= -1 ? FLAGS_http_port : config.cluster.ports.worker_http + FLAGS_index;
   setenv("STRATA_HTTP_PORT", std::to_string(http_port).c_str(), 1);
+  if (!FLAGS_trace.empty()) {  // the worker core traces the script's steps
+    setenv("STRATA_TRACE", fs::absolute(FLAGS_trace).c_str(), 1);
+    setenv("STRATA_TRACE_MAX_STEPS", std::to_string(FLAGS_trace_max_steps).c_str(), 1);
+  }
   // The package beside these binaries (a build tree's build/python) first.
   std::error_code ec;
   const fs::path package = fs::canonical("/proc/self/exe", ec).parent_path() / ".." / "python";

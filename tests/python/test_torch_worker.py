@@ -213,3 +213,18 @@ def test_a_cuda_model_trains_through_pinned_host_copies(cluster_factory):
     job = st.init(config=c.config, master=c.master, index=0)
     model = job.distribute(Wrong([s for _, s in job.tables]).cuda())
     staged_step_matches_the_job(job, model, "cuda")
+
+
+def test_strata_worker_traces_a_scripts_steps(cluster_factory, tmp_path):
+    """strata-worker --trace for a worker.command script: the worker core
+    traces the script's steps into the file."""
+    c = cluster_factory(steps_records=1280,
+                        extra="worker:\n  command: [/usr/bin/python3, %s]\n" % EXAMPLE)
+    trace = tmp_path / "trace.json"
+    w = c.worker(0, [os.path.join(BIN, "strata-worker"), "--config", c.config, "--master",
+                     c.master, "--index", "0", "--http_port", "-1", "--trace", str(trace)])
+    summary = c.wait_summary()
+    assert w.wait(timeout=60) == 0
+    assert summary["state"] == "succeeded", summary
+    text = trace.read_text()
+    assert text.count('"name": "step"') == 20, text[:500]

@@ -165,6 +165,20 @@ class PyWorker {
     ThrowIfError(s);
   }
 
+  void BeginStep(int n) { ThrowIfError(script_->BeginStep(n)); }
+  void PushTable(int table) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = script_->PushTable(static_cast<uint32_t>(table));
+    }
+    ThrowIfError(s);
+  }
+  void AbandonStep() {
+    py::gil_scoped_release release;
+    script_->AbandonStep();
+  }
+
   // A preemption notice (the script's SIGTERM), as strata-worker takes
   // one: on a thread of its own, while the script trains on (a bsp cut
   // needs this worker's steps), asks the master for a checkpoint and a
@@ -209,6 +223,7 @@ class PyWorker {
   }
   void Stop() {
     py::gil_scoped_release release;
+    script_->AbandonStep();  // (a step begun by backward() and never finished)
     if (preempt_.joinable()) preempt_.join();
     if (worker_ != nullptr) worker_->Shutdown();
     if (run_.joinable()) run_.join();
@@ -244,6 +259,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("grads"))
       .def("next_task", &PyWorker::NextTask)
       .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0)
+      .def("begin_step", &PyWorker::BeginStep, py::arg("n"))
+      .def("push_table", &PyWorker::PushTable, py::arg("table"))
+      .def("abandon_step", &PyWorker::AbandonStep)
       .def("task_done", &PyWorker::TaskDone)
       .def("preempt", &PyWorker::Preempt)
       .def_property_readonly("preempted", &PyWorker::preempted)

@@ -848,25 +848,41 @@ absl::StatusOr<uint64_t> ParamClient::PushThenPull(const std::vector<std::vector
                                                    uint64_t min_version,
                                                    std::vector<std::vector<float>>* tables,
                                                    PushResult* result) {
-  PushResult pushed;
-  uint64_t lowest = 0;
-  auto push = StartPush(&grads, step, count, &pushed);
-  auto pull = StartPull(min_version, tables, &lowest);
-  // Small exchanges: every pull right behind the pushes, no round trip
+  return PushPull(this, &grads, step, count, min_version, tables).Finish(result);
+}
+
+ParamClient::PushPull::PushPull(ParamClient* client, const std::vector<std::vector<float>>* grads,
+                                uint64_t step, uint64_t count, uint64_t min_version,
+                                std::vector<std::vector<float>>* tables)
+    : push_(client->StartPush(grads, step, count, &pushed_)),
+      pull_(client->StartPull(min_version, tables, &lowest_)),
+      grads_(grads) {
+  // Small exchanges: every pull right behind its push, no round trip
   // between the two. Large ones: the pulls once the pushes are answered,
   // so that the pserver does not send large pulls while the pushes behind
   // them still arrive (three busy threads on two cores: on a shared-core
   // loopback that contention cost more than the overlap gained; a bsp pull
   // waits for the step anyway).
-  push->IssueAll();
-  if (push->total_bytes() <= kPullBehindPushMaxBytes) pull->IssueAll();
-  absl::Status pushed_status = push->Finish();
+  pull_behind_ = push_->total_bytes() <= kPullBehindPushMaxBytes;
+}
+
+void ParamClient::PushPull::Issue(uint32_t table) {
+  if (table >= grads_->size()) return;
+  const uint64_t end = (*grads_)[table].size();
+  push_->IssueRange(table, end);
+  if (pull_behind_) pull_->IssueRange(table, end);
+}
+
+absl::StatusOr<uint64_t> ParamClient::PushPull::Finish(PushResult* result) {
+  push_->IssueAll();
+  if (pull_behind_) pull_->IssueAll();
+  absl::Status pushed_status = push_->Finish();
   // Settled even when the push failed: the pulls write into *tables.
-  absl::Status pulled_status = pull->Finish();
+  absl::Status pulled_status = pull_->Finish();
   STRATA_RETURN_IF_ERROR(pushed_status);
   STRATA_RETURN_IF_ERROR(pulled_status);
-  if (result != nullptr) *result = pushed;
-  return lowest;
+  if (result != nullptr) *result = pushed_;
+  return lowest_;
 }
 
 absl::StatusOr<PushResult> ParamClient::PushAll(const std::vector<std::vector<float>>& grads,

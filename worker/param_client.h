@@ -94,6 +94,7 @@ class ParamClient {
                                         uint64_t count, uint64_t min_version,
                                         std::vector<std::vector<float>>* tables,
                                         PushResult* result = nullptr);
+  class PushPull;
 
   struct Route {
     uint32_t partition;
@@ -228,6 +229,28 @@ class ParamClient {
   // answer: Message::payload_ref_until_response).
   std::unique_ptr<Exchange> StartPush(const std::vector<std::vector<float>>* grads, uint64_t step,
                                       uint64_t count, PushResult* result);
+
+  // PushThenPull issued table by table: a table's push (and, in a small
+  // exchange, its pull right behind) goes out as soon as its gradient is
+  // ready (Issue), while the caller computes the others'; Finish sends the
+  // rest and settles both. Used by one thread; `grads` and `tables` must
+  // outlive it, and a table's gradient must not change once issued.
+  class PushPull {
+   public:
+    PushPull(ParamClient* client, const std::vector<std::vector<float>>* grads, uint64_t step,
+             uint64_t count, uint64_t min_version, std::vector<std::vector<float>>* tables);
+    void Issue(uint32_t table);
+    // The lowest version pulled; *result gets the push's outcome.
+    absl::StatusOr<uint64_t> Finish(PushResult* result = nullptr);
+
+   private:
+    PushResult pushed_;
+    uint64_t lowest_ = 0;
+    std::unique_ptr<Exchange> push_;
+    std::unique_ptr<Exchange> pull_;
+    bool pull_behind_;
+    const std::vector<std::vector<float>>* const grads_;
+  };
 
   // A pull of the rows of sparse table `table` for keys->keys into
   // rows[0 .. keys->keys.size() * dim) (responses land in place), at

@@ -241,40 +241,88 @@ absl::StatusOr<std::optional<std::vector<int64_t>>> ScriptTrainer::NextTask() {
   return std::optional<std::vector<int64_t>>();
 }
 
+absl::Status ScriptTrainer::EnterStepLocked(int n) {
+  if (phase_ == Phase::kClosed) {
+    return closed_.ok() ? absl::FailedPreconditionError("the worker has stopped") : closed_;
+  }
+  if (phase_ != Phase::kTask || offered_.has_value()) {
+    return absl::FailedPreconditionError("step() outside a data task (iterate job.tasks())");
+  }
+  if (!step_error_.ok()) return step_error_;
+  if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("step() over ", n, " records"));
+  ++in_calls_;
+  return absl::OkStatus();
+}
+
+absl::Status ScriptTrainer::BeginStep(int n) {
+  if (begun_ != nullptr) {
+    return absl::FailedPreconditionError("a step was begun and not finished (call step())");
+  }
+  {
+    absl::MutexLock l(&mu_);
+    STRATA_RETURN_IF_ERROR(EnterStepLocked(n));  // left by Step or AbandonStep
+  }
+  const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
+  const uint64_t version = ctx_->next_step();
+  begun_ = std::make_unique<Begun>(Begun{
+      n, version,
+      std::make_unique<ParamClient::PushPull>(ctx_->params(), &grads_, version,
+                                              static_cast<uint64_t>(n), bsp ? version + 1 : 0,
+                                              &params_)});
+  return absl::OkStatus();
+}
+
+absl::Status ScriptTrainer::PushTable(uint32_t table) {
+  if (begun_ == nullptr) return absl::FailedPreconditionError("push outside a begun step");
+  begun_->exchange->Issue(table);
+  return absl::OkStatus();
+}
+
+void ScriptTrainer::AbandonStep() {
+  if (begun_ == nullptr) return;
+  begun_.reset();  // (drops the connections of calls still borrowing grads_ and params_)
+  absl::MutexLock l(&mu_);
+  --in_calls_;
+}
+
 absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct) {
   const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
+  std::unique_ptr<Begun> begun = std::move(begun_);
   absl::Time since;
   {
     absl::MutexLock l(&mu_);
-    if (phase_ == Phase::kClosed) {
-      return closed_.ok() ? absl::FailedPreconditionError("the worker has stopped") : closed_;
-    }
-    if (phase_ != Phase::kTask || offered_.has_value()) {
-      return absl::FailedPreconditionError("step() outside a data task (iterate job.tasks())");
-    }
-    if (!step_error_.ok()) return step_error_;
-    if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("step() over ", n, " records"));
-    ++in_calls_;
+    if (begun == nullptr) STRATA_RETURN_IF_ERROR(EnterStepLocked(n));
     since = step_since_;
   }
   // On this thread, in the training thread's place (it waits in TrainTask
   // until the task is over): the gradient the script left in grads_ goes
   // out, the next step's parameters come back into params_, in place.
-  ParamClient* const params = ctx_->params();
-  const uint64_t version = ctx_->next_step();
-  for (std::vector<float>& g : grads_) Scale(g.data(), static_cast<float>(n), g.size());
+  // A begun step's pushes went out table by table during the backward
+  // pass, its gradients already summed over the records.
+  absl::Status s;
+  if (begun != nullptr && begun->n != n) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat("step() over ", n, " records, the backward pass was over ", begun->n));
+  }
+  if (begun == nullptr) {
+    for (std::vector<float>& g : grads_) Scale(g.data(), static_cast<float>(n), g.size());
+  }
+  const uint64_t version = begun != nullptr ? begun->version : ctx_->next_step();
   const absl::Time t0 = absl::Now();
   PushResult pushed;
   std::vector<std::unique_ptr<ParamClient::Exchange>> sparse;
   std::vector<ParamClient::SparseKeys> grouped;
   std::vector<PushResult> sparse_pushed;
-  absl::Status s = IssueSparsePushes(version, n, bsp, &sparse, &grouped, &sparse_pushed);
-  if (s.ok()) {
-    s = params
+  if (s.ok()) s = IssueSparsePushes(version, n, bsp, &sparse, &grouped, &sparse_pushed);
+  if (s.ok() && begun == nullptr) {
+    s = ctx_->params()
             ->PushThenPull(grads_, version, static_cast<uint64_t>(n), bsp ? version + 1 : 0,
                            &params_, &pushed)
             .status();
+  } else if (s.ok()) {
+    s = begun->exchange->Finish(&pushed).status();
   }
+  begun.reset();
   for (auto& e : sparse) s.Update(e->Finish());
   sparse.clear();
   for (const PushResult& r : sparse_pushed) pushed.stale_partitions += r.stale_partitions;

@@ -63,10 +63,18 @@ class ScriptTrainer : public Trainer {
   absl::StatusOr<std::optional<std::vector<int64_t>>> NextTask();
   // One step over `n` records whose gradient of the mean loss is in
   // grads(): pushed as the sum over the records (grads() times n, the
-  // pservers' convention), then the next step's parameters pulled into
-  // params(), and grads() zeroed for the next step. `loss` (mean) and
-  // `correct` go to the progress reports.
+  // pservers' convention; a begun step's are summed already), then the
+  // next step's parameters pulled into params(), and grads() zeroed for
+  // the next step. `loss` (mean) and `correct` go to the progress reports.
   absl::Status Step(int n, double loss, int64_t correct);
+  // A step whose dense pushes go out table by table while the script's
+  // backward pass runs: BeginStep(n) before it, PushTable(t) once table
+  // t's gradient (of the mean loss, times n: summed over the records) is
+  // in grads()[t], then Step(n, ...) sends the rest and settles it, or
+  // AbandonStep() drops it (the script gave up: its calls are cut).
+  absl::Status BeginStep(int n);
+  absl::Status PushTable(uint32_t table);
+  void AbandonStep();
   // The rows of sparse table `table` for the n distinct `keys` into
   // rows[0 .. n * dim): in a task, the rows of the step the script
   // computes (bsp: every worker's previous step applied); outside one, the
@@ -94,6 +102,16 @@ class ScriptTrainer : public Trainer {
   enum class Phase { kIdle, kTask, kTaskDone, kClosed };
   // Waits until no Step or Lookup runs.
   void AwaitCallsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step may start now: counts it in in_calls_.
+  absl::Status EnterStepLocked(int n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A begun step (BeginStep): the script's thread's only.
+  struct Begun {
+    int n;
+    uint64_t version;
+    std::unique_ptr<ParamClient::PushPull> exchange;
+  };
+  std::unique_ptr<Begun> begun_;
 
   // A step's gradient of one sparse table: one summed row per distinct key.
   struct RowGrads {

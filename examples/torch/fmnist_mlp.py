@@ -60,7 +60,7 @@ def main():
             idx = records[b:b + batch]
             out = model(x[idx])
             loss = loss_fn(out, y[idx])
-            loss.backward()
+            job.backward(loss, len(idx))  # loss.backward(), each gradient pushed as it comes
             correct = int((out.argmax(1) == y[idx]).sum())
             job.step(len(idx), loss=loss.item(), correct=correct)
     if not job.evaluating:  # another worker gives the final test figures

@@ -15,6 +15,7 @@ The model's tensors alias the worker's memory: a pull lands in the
 parameters in place and a push is sent from the gradients, with no copy.
 """
 
+import functools
 import os
 
 import numpy as np
@@ -122,6 +123,11 @@ class Job:
         # of the copies between them.
         self._staged = []
         self._stream = None
+        # The parameters in the worker's memory: (table, parameter, its
+        # gradient buffer); and the records of the backward() under way.
+        self._direct = []
+        self._backward_n = None
+        self._begun = False
         self._embeddings = {}
         self._finished = False
 
@@ -167,6 +173,7 @@ class Job:
         seen = set()
         self._grads = []
         self._staged = []
+        self._direct = []
         for name, p in params:
             if name not in dense:
                 if name in sparse:
@@ -194,6 +201,8 @@ class Job:
             if p.device.type == "cpu" and not _stage:
                 p.data = values
                 p.grad = grad
+                self._direct.append((i, p, grad))
+                p.register_hook(functools.partial(self._on_grad, i, grad))
             else:
                 self._staged.append((p, values, grad))
         if any(p.device.type == "cuda" for p, _, _ in self._staged):
@@ -241,14 +250,60 @@ class Job:
             finally:
                 self._core.task_done()
 
+    def backward(self, loss, batch_size):
+        """loss.backward() with each parameter's gradient pushed to the
+        pservers as autograd produces it, while the rest of the backward
+        pass runs (the last layers' first); job.step(batch_size, ...) then
+        sends what is left and settles the step. `loss` is the mean over
+        the batch's `batch_size` records. The parameters' .grad hold the
+        gradients afterwards (PyTorch's tensors, not the worker's memory,
+        until step()): changing them (clipping) no longer changes what was
+        pushed. A model on a GPU pushes at step() (its gradients are copied
+        first)."""
+        if self._staged or not self._direct or self._core.preempted:
+            loss.backward()
+            return
+        n = int(batch_size)
+        self._core.begin_step(n)
+        self._begun = True
+        for _, p, _ in self._direct:
+            p.grad = None  # autograd hands its tensor over; the hook copies it
+        self._backward_n = n
+        try:
+            loss.backward()
+        except BaseException:
+            self._core.abandon_step()
+            self._begun = False
+            self._restore_grads()
+            raise
+        finally:
+            self._backward_n = None
+
+    def _on_grad(self, table, buf, grad):
+        """A parameter's gradient, as autograd produces it: in backward(),
+        times the batch size into the worker's memory and pushed."""
+        n = self._backward_n
+        if n is not None:
+            torch.mul(grad, n, out=buf.view_as(grad))
+            self._core.push_table(table)
+        return None
+
+    def _restore_grads(self):
+        for _, p, buf in self._direct:
+            p.grad = buf
+
     def step(self, batch_size, loss=0.0, correct=0):
         """One training step over `batch_size` records whose gradient (of the
         mean loss over them) autograd left in the parameters' .grad: pushed,
         then the next step's parameters pulled into the parameters in place
         (bsp: once every worker's step is applied). `loss` and `correct` go
         to the progress reports. The gradients are zeroed for the next step."""
-        if self._core.preempted:
-            return  # stopped by a preemption notice: the task ends here
+        if self._core.preempted:  # stopped by a preemption notice: the task ends here
+            if self._begun:
+                self._core.abandon_step()
+                self._begun = False
+                self._restore_grads()
+            return
         if not self._grads and not self._embeddings:
             raise RuntimeError("step() before distribute(model) or job.embedding(name)")
         n = int(batch_size)
@@ -256,7 +311,12 @@ class Job:
         # The core pushes the gradients times n (a push carries the sum over
         # its records) and zeroes them once sent; reports take the batch's
         # summed loss.
-        self._core.step(n, float(loss) * n, int(correct))
+        try:
+            self._core.step(n, float(loss) * n, int(correct))
+        finally:
+            if self._begun:
+                self._begun = False
+                self._restore_grads()  # (zeroed by the core)
         self._values_to_device()
 
     def _grads_from_device(self):

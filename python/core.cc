@@ -210,6 +210,10 @@ class PyWorker {
             {"busy_seconds", st.busy_seconds},
             {"comm_seconds", st.comm_seconds}};
   }
+  void LeaveTask() {
+    py::gil_scoped_release release;
+    script_->LeaveTask();
+  }
   void TaskDone() { ThrowIfError(script_->TaskDone()); }
   void Finish(const std::map<std::string, double>& metrics) { script_->Finish(metrics); }
 
@@ -263,6 +267,7 @@ PYBIND11_MODULE(_core, m) {
       .def("push_table", &PyWorker::PushTable, py::arg("table"))
       .def("abandon_step", &PyWorker::AbandonStep)
       .def("task_done", &PyWorker::TaskDone)
+      .def("leave_task", &PyWorker::LeaveTask)
       .def("preempt", &PyWorker::Preempt)
       .def_property_readonly("preempted", &PyWorker::preempted)
       .def_property_readonly("evaluating", &PyWorker::Evaluating)

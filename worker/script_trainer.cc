@@ -264,11 +264,11 @@ absl::Status ScriptTrainer::BeginStep(int n) {
   }
   const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
   const uint64_t version = ctx_->next_step();
-  begun_ = std::make_unique<Begun>(Begun{
-      n, version,
-      std::make_unique<ParamClient::PushPull>(ctx_->params(), &grads_, version,
-                                              static_cast<uint64_t>(n), bsp ? version + 1 : 0,
-                                              &params_)});
+  begun_ =
+      std::make_unique<Begun>(Begun{n, version,
+                                    std::make_unique<ParamClient::PushPull>(
+                                        ctx_->params(), &grads_, version, static_cast<uint64_t>(n),
+                                        bsp ? version + 1 : 0, &params_)});
   return absl::OkStatus();
 }
 
@@ -352,6 +352,17 @@ absl::Status ScriptTrainer::TaskDone() {
   if (phase_ != Phase::kTask) return absl::OkStatus();
   phase_ = Phase::kTaskDone;
   return absl::OkStatus();
+}
+
+void ScriptTrainer::LeaveTask() {
+  AbandonStep();
+  absl::MutexLock l(&mu_);
+  if (phase_ != Phase::kTask || !step_error_.ok()) return;
+  // Not trained to its end: not completed, so the master gives it to
+  // another worker (or this one's next instance) once this one has left.
+  step_error_ = absl::AbortedError(
+      "the training script left its data task before its end (an exception or a break out of "
+      "job.tasks())");
 }
 
 void ScriptTrainer::Finish(const std::map<std::string, double>& metrics) {

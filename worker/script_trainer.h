@@ -84,6 +84,10 @@ class ScriptTrainer : public Trainer {
   // loss's, as autograd gives them) to the step's gradient of sparse table
   // `table`, which the next Step pushes (times its n).
   absl::Status AddRowGrads(uint32_t table, const uint64_t* keys, size_t n, const float* grads);
+  // The script left the task from NextTask before its end (an exception):
+  // the task fails (TrainTask returns Aborted), is not completed, and goes
+  // back to the master's queue once this worker has left.
+  void LeaveTask();
   // The task from NextTask is trained (its remaining records skipped).
   absl::Status TaskDone();
   // Whether the job waits for this worker's test figures of the final

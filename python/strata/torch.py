@@ -237,7 +237,9 @@ class Job:
         """Data tasks leased from the master: each a tensor of record indices
         (int64) into the script's dataset, in training order. The
         parameters hold the task's first step's values when it is yielded.
-        Ends when there is no more training for this worker."""
+        Ends when there is no more training for this worker. Leaving the
+        loop mid-task (an exception, a break) fails the task: the worker
+        stops (finish() raises) and the master requeues the task."""
         while True:
             if self._stream is not None:
                 self._stream.synchronize()  # the copies from the host values: done before a pull
@@ -247,8 +249,13 @@ class Job:
             self._values_to_device()
             try:
                 yield torch.from_numpy(records)
-            finally:
-                self._core.task_done()
+            except GeneratorExit:
+                # The loop was left mid-task (an exception, a break): the
+                # task is not trained, so it is not completed; the master
+                # requeues it once this worker has left.
+                self._core.leave_task()
+                raise
+            self._core.task_done()
 
     def backward(self, loss, batch_size):
         """loss.backward() with each parameter's gradient pushed to the

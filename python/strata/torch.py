@@ -128,6 +128,7 @@ class Job:
         self._direct = []
         self._backward_n = None
         self._begun = False
+        self._begun_n = 0
         self._embeddings = {}
         self._finished = False
 
@@ -273,6 +274,7 @@ class Job:
         n = int(batch_size)
         self._core.begin_step(n)
         self._begun = True
+        self._begun_n = n
         for _, p, _ in self._direct:
             p.grad = None  # autograd hands its tensor over; the hook copies it
         self._backward_n = n
@@ -299,12 +301,13 @@ class Job:
         for _, p, buf in self._direct:
             p.grad = buf
 
-    def step(self, batch_size, loss=0.0, correct=0):
+    def step(self, batch_size=None, loss=0.0, correct=0):
         """One training step over `batch_size` records whose gradient (of the
         mean loss over them) autograd left in the parameters' .grad: pushed,
         then the next step's parameters pulled into the parameters in place
         (bsp: once every worker's step is applied). `loss` and `correct` go
-        to the progress reports. The gradients are zeroed for the next step."""
+        to the progress reports. The gradients are zeroed for the next step.
+        `batch_size` defaults to backward()'s, else to job.batch_size."""
         if self._core.preempted:  # stopped by a preemption notice: the task ends here
             if self._begun:
                 self._core.abandon_step()
@@ -313,6 +316,8 @@ class Job:
             return
         if not self._grads and not self._embeddings:
             raise RuntimeError("step() before distribute(model) or job.embedding(name)")
+        if batch_size is None:
+            batch_size = self._begun_n if self._begun else self.batch_size
         n = int(batch_size)
         self._grads_from_device()
         # The core pushes the gradients times n (a push carries the sum over

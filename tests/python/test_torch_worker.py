@@ -124,6 +124,15 @@ def test_distribute_refuses_parameters_that_do_not_fit_naming_them(cluster_facto
     job.step(4, loss=1.0)
     assert not torch.equal(model.ps[3].detach(), before)  # pulled in place
     assert float(model.ps[3].grad.abs().sum()) == 0  # zeroed for the next step
+    # backward(): pushed from the hooks; step() takes its batch size.
+    before = model.ps[3].detach().clone()
+    out = torch.relu(x @ model.ps[0] + model.ps[1]) @ model.ps[2] + model.ps[3]
+    job.backward(out.sum(), 4)
+    assert float(model.ps[3].grad.abs().sum()) > 0  # PyTorch's gradient until step()
+    job.step()
+    assert not torch.equal(model.ps[3].detach(), before)
+    assert model.ps[3].grad.data_ptr() == job._core.grad(3).__array_interface__["data"][0]
+    assert float(model.ps[3].grad.abs().sum()) == 0
     job.close()
 
 

@@ -579,6 +579,14 @@ absl::StatusOr<ScriptTableSection> ConfigReader::ReadScriptTable(const YAML::Nod
     if (t.fan_in != 0 || t.fan_out != 0) return fail("fan_in and fan_out are for dense tables");
     return t;
   }
+  constexpr uint64_t kMaxElements = uint64_t{1} << 40;  // 4 TiB of floats
+  uint64_t elements = 1;
+  for (uint64_t d : t.shape) {
+    if (d > kMaxElements || elements > kMaxElements / d) {
+      return fail(absl::StrCat("shape has more than 2^40 elements"));
+    }
+    elements *= d;
+  }
   // Fans as PyTorch counts them: a weight {out, in, k...} has fan_in
   // in * prod(k) and fan_out out * prod(k); a 1-d table has none of its own.
   if (t.shape.size() >= 2) {

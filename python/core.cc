@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/daemon_env.h"
 #include "glog/logging.h"
 #include "transport/transport_config.h"
@@ -74,6 +75,7 @@ class PyWorker {
     run_ = std::thread([this] {
       status_ = worker_->Run();
       script_->Close(status_);
+      run_done_.Notify();
     });
   }
   ~PyWorker() { Stop(); }
@@ -142,9 +144,15 @@ class PyWorker {
 
   py::object NextTask() {
     absl::StatusOr<std::optional<std::vector<int64_t>>> task;
-    {
-      py::gil_scoped_release release;
-      task = script_->NextTask();
+    while (true) {
+      {
+        py::gil_scoped_release release;
+        task = script_->NextTask(absl::Milliseconds(200));
+      }
+      if (!absl::IsDeadlineExceeded(task.status())) break;
+      // Runs the script's signal handlers (SIGTERM: the preemption
+      // notice) while the worker waits for a task.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     if (!task.ok() && preempted_) return py::none();
     ThrowIfError(task.status());
@@ -219,6 +227,13 @@ class PyWorker {
 
   // Waits for the worker to end (the job done, or failed: raised).
   void Join() {
+    while (!run_done_.HasBeenNotified()) {
+      {
+        py::gil_scoped_release release;
+        run_done_.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // (SIGTERM)
+    }
     {
       py::gil_scoped_release release;
       if (run_.joinable()) run_.join();
@@ -238,7 +253,8 @@ class PyWorker {
   std::unique_ptr<worker::Worker> worker_;
   worker::ScriptTrainer* script_ = nullptr;
   std::thread run_;
-  absl::Status status_;
+  absl::Status status_;  // Run's, once run_done_
+  absl::Notification run_done_;
   std::thread preempt_;
   std::atomic<bool> preempted_{false};
 };

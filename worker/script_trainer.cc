@@ -198,6 +198,9 @@ absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_
   }
   absl::MutexLock l(&mu_);
   evaluate_wanted_ = true;
+  // The test pass's lookups read the rows of the evaluated version.
+  lookup_version_ = min_version.value_or(0);
+  lookup_barrier_ = false;
   auto given = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return metrics_.has_value() || phase_ == Phase::kClosed;
   };
@@ -205,11 +208,13 @@ absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_
     if (ctx_->stopping()) {
       evaluate_wanted_ = false;
       AwaitCallsLocked();  // (a lookup of the test pass)
+      lookup_version_ = 0;
       return absl::CancelledError("worker shut down");
     }
   }
   evaluate_wanted_ = false;
   AwaitCallsLocked();
+  lookup_version_ = 0;
   if (!metrics_.has_value()) {
     return absl::CancelledError("the training script ended without giving the test figures");
   }
@@ -225,13 +230,16 @@ absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_
   return m;
 }
 
-absl::StatusOr<std::optional<std::vector<int64_t>>> ScriptTrainer::NextTask() {
+absl::StatusOr<std::optional<std::vector<int64_t>>> ScriptTrainer::NextTask(absl::Duration wait) {
+  if (begun_ != nullptr) FailBegunStep("a step begun by backward() was not finished by step()");
   absl::MutexLock l(&mu_);
   if (phase_ == Phase::kTask && !offered_.has_value()) phase_ = Phase::kTaskDone;  // (implied)
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return offered_.has_value() || evaluate_wanted_ || phase_ == Phase::kClosed;
   };
-  mu_.Await(absl::Condition(&ready));
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), wait)) {
+    return absl::DeadlineExceededError("no data task yet");
+  }
   if (offered_.has_value() && phase_ == Phase::kTask) {
     std::optional<std::vector<int64_t>> out = std::move(offered_);
     offered_.reset();
@@ -279,10 +287,18 @@ absl::Status ScriptTrainer::PushTable(uint32_t table) {
 }
 
 void ScriptTrainer::AbandonStep() {
+  FailBegunStep("the step begun by backward() was abandoned after some of its pushes went out");
+}
+
+void ScriptTrainer::FailBegunStep(const std::string& why) {
   if (begun_ == nullptr) return;
   begun_.reset();  // (drops the connections of calls still borrowing grads_ and params_)
+  for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.f);
   absl::MutexLock l(&mu_);
   --in_calls_;
+  // Some tables' gradients may have reached the pservers: the step cannot
+  // be taken again at its version, so the task fails (and is requeued).
+  if (step_error_.ok()) step_error_ = absl::AbortedError(why);
 }
 
 absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct) {
@@ -348,6 +364,7 @@ bool ScriptTrainer::evaluating() {
 }
 
 absl::Status ScriptTrainer::TaskDone() {
+  if (begun_ != nullptr) FailBegunStep("a step begun by backward() was not finished by step()");
   absl::MutexLock l(&mu_);
   if (phase_ != Phase::kTask) return absl::OkStatus();
   phase_ = Phase::kTaskDone;

@@ -60,7 +60,10 @@ class ScriptTrainer : public Trainer {
   // already pulled for its first step; nullopt once there is no task to
   // train: the job wants the final model evaluated (Finish gives the
   // figures) or this worker is done (Close).
-  absl::StatusOr<std::optional<std::vector<int64_t>>> NextTask();
+  // Waits at most `wait` (then DeadlineExceeded: ask again), so that the
+  // caller can attend to signals meanwhile.
+  absl::StatusOr<std::optional<std::vector<int64_t>>> NextTask(
+      absl::Duration wait = absl::InfiniteDuration());
   // One step over `n` records whose gradient of the mean loss is in
   // grads(): pushed as the sum over the records (grads() times n, the
   // pservers' convention; a begun step's are summed already), then the
@@ -71,7 +74,9 @@ class ScriptTrainer : public Trainer {
   // backward pass runs: BeginStep(n) before it, PushTable(t) once table
   // t's gradient (of the mean loss, times n: summed over the records) is
   // in grads()[t], then Step(n, ...) sends the rest and settles it, or
-  // AbandonStep() drops it (the script gave up: its calls are cut).
+  // AbandonStep() drops it (the script gave up: its calls are cut, and
+  // the task fails, since some of its pushes may have been applied). A
+  // task ended with a step begun and not finished fails the same way.
   absl::Status BeginStep(int n);
   absl::Status PushTable(uint32_t table);
   void AbandonStep();
@@ -106,6 +111,9 @@ class ScriptTrainer : public Trainer {
   enum class Phase { kIdle, kTask, kTaskDone, kClosed };
   // Waits until no Step or Lookup runs.
   void AwaitCallsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a begun step (its exchanges cut, grads() zeroed) and fails the
+  // task with `why`: some of its pushes may have been applied.
+  void FailBegunStep(const std::string& why);
   // A step may start now: counts it in in_calls_.
   absl::Status EnterStepLocked(int n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -256,6 +256,14 @@ class Job:
                 # requeues it once this worker has left.
                 self._core.leave_task()
                 raise
+            if self._stream is not None:
+                self._stream.synchronize()  # the last copies from the host values
+            if self._begun:
+                self._begun = False
+                self._restore_grads()
+                self._core.task_done()  # (fails the task: see the message)
+                raise RuntimeError("job.backward() at the end of a data task was not followed "
+                                   "by job.step(): the task fails")
             self._core.task_done()
 
     def backward(self, loss, batch_size):
@@ -309,10 +317,12 @@ class Job:
         to the progress reports. The gradients are zeroed for the next step.
         `batch_size` defaults to backward()'s, else to job.batch_size."""
         if self._core.preempted:  # stopped by a preemption notice: the task ends here
-            if self._begun:
-                self._core.abandon_step()
+            if self._begun:  # its pushes are out: settled (or cut) by the core
                 self._begun = False
-                self._restore_grads()
+                try:
+                    self._core.step(self._begun_n, float(loss) * self._begun_n, int(correct))
+                finally:
+                    self._restore_grads()
             return
         if not self._grads and not self._embeddings:
             raise RuntimeError("step() before distribute(model) or job.embedding(name)")

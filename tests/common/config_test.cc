@@ -338,6 +338,9 @@ TEST(ParseJobConfigTest, ScriptModelTablesErrorsNameTheTable) {
   ExpectError(ParseWithData(script + "    - {shape: [2]}\n" + command),
               "local.yaml:9:", "model.tables[0]", "needs a name");
   ExpectError(
+      ParseWithData(script + "    - {name: h, shape: [4294967296, 4294967296]}\n" + command),
+      "local.yaml:9:", "table 'h'", "more than 2^40 elements");
+  ExpectError(
       ParseWithData(script + "    - {name: a, shape: [2]}\n    - {name: a, dim: 2}\n" + command),
       "local.yaml:10:", "model.tables[1]", "table 'a' is also model.tables[0]");
   ExpectError(

@@ -237,3 +237,20 @@ def test_strata_worker_traces_a_scripts_steps(cluster_factory, tmp_path):
     assert summary["state"] == "succeeded", summary
     text = trace.read_text()
     assert text.count('"name": "step"') == 20, text[:500]
+
+
+def test_backward_without_step_at_a_task_end_fails_the_task(cluster_factory):
+    """A step begun by backward() and never finished: the task fails (its
+    pushes may have been applied), nothing hangs, and the next step says
+    why."""
+    c = cluster_factory(steps_records=1280)
+    job = st.init(config=c.config, master=c.master, index=0)
+    model = job.distribute(Wrong([s for _, s in job.tables]))
+    x = torch.ones(4, 784)
+    with pytest.raises(RuntimeError, match="not followed by job.step"):
+        for _ in job.tasks():
+            out = torch.relu(x @ model.ps[0] + model.ps[1]) @ model.ps[2] + model.ps[3]
+            job.backward(out.sum(), 4)
+    assert float(model.ps[3].grad.abs().sum()) == 0  # the worker's buffers again, zeroed
+    with pytest.raises(RuntimeError, match="not finished by step"):
+        job.finish()

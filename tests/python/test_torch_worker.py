@@ -4,10 +4,12 @@ and pserver processes (tests/python/conftest.py)."""
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="python3-torch not installed (install-deps.sh --test)")
@@ -34,20 +36,63 @@ def test_the_readme_mlp_in_pytorch_trains_as_a_worker(cluster_factory):
     assert summary["final_test_accuracy"] > 0.7
 
 
-def test_same_parameters_as_the_cpp_worker(cluster_factory):
+def checkpoint_values(root):
+    """The fp32 values (stream 2) of every partition file of the one
+    checkpoint under `root`, by file name (docs/checkpoint-format.md;
+    blocks uncompressed: checkpoint.compression_level 0)."""
+    (ckpt,) = [d for d in os.listdir(root) if d.startswith("ckpt-")]
+    out = {}
+    for name in sorted(os.listdir(os.path.join(root, ckpt))):
+        if not name.endswith(".blk"):
+            continue
+        with open(os.path.join(root, ckpt, name), "rb") as f:
+            data = f.read()
+        assert data[:8] == b"STRATAPF", name
+        at, values = 16, b""
+        while at < len(data):
+            magic, stream, codec, filt, _, raw, stored, _ = struct.unpack_from("<IBBBBIII", data, at)
+            assert magic == 0x4B4C4253 and codec == 0, (name, magic, codec)
+            payload = data[at + 20:at + 20 + stored]
+            if filt == 1:  # shuffle4: byte k of every word grouped
+                words = raw // 4
+                payload = (np.frombuffer(payload[:words * 4], np.uint8).reshape(4, words).T
+                           .tobytes() + payload[words * 4:])
+            if stream == 2:
+                values += payload
+            at += 20 + stored
+        out[name] = np.frombuffer(values, np.float32)
+    return out
+
+
+def test_same_parameters_as_the_cpp_worker(cluster_factory, tmp_path):
     """50 bsp steps of the MLP through the Python path end where the C++
     worker ends from the same initial values (the pservers', by the job's
-    seed) and data order (the worker core's): the same test figures."""
-    results = []
+    seed) and data order (the worker core's): the same parameters, read
+    from each job's final checkpoint, to float tolerance; the same test
+    figures."""
+    results, params = [], []
     for python in (True, False):
-        c = cluster_factory(steps_records=3200)
+        root = tmp_path / ("ck-py" if python else "ck-cpp")
+        c = cluster_factory(steps_records=3200,
+                            extra="checkpoint:\n  dir: %s\n  every_seconds: 3600\n"
+                                  "  compression_level: 0\n" % root)
         w = run_example(c) if python else c.worker(0)
         summary = c.wait_summary()
         assert w.wait(timeout=60) == 0
         assert summary["state"] == "succeeded"
         assert summary["steps"] == 50
         results.append(summary)
+        params.append(checkpoint_values(str(root)))
     py, cpp = results
+    assert sorted(params[0]) == sorted(params[1]) and params[0]
+    total = 0
+    for name in params[0]:
+        a, b = params[0][name], params[1][name]
+        assert a.shape == b.shape and a.size > 0, name
+        assert not np.array_equal(a, np.zeros_like(a)), name
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5, err_msg=name)  # (measured: 1.1e-6)
+        total += a.size
+    assert total == 784 * 32 + 32 + 32 * 10 + 10  # every parameter of the job
     assert abs(py["final_test_accuracy"] - cpp["final_test_accuracy"]) <= 0.002, (py, cpp)
     assert abs(py["final_test_loss"] - cpp["final_test_loss"]) <= 1e-3, (py, cpp)
 

@@ -803,11 +803,6 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
     return it != marks_.end() ? it->second : YAML::Mark::null_mark();
   };
   const bool script = config.model.type == "script";
-  if (script && config.model.tables.empty()) {
-    return PathError(mark_of("model.type"), "model.type",
-                     "a script model needs model.tables: the training script's parameters "
-                     "({name, shape}) and embeddings ({name, dim}) (docs/python.md)");
-  }
   if (script && config.worker.command.empty()) {
     return PathError(mark_of("model.type"), "model.type",
                      "a script model is trained by a training script: set worker.command "

@@ -53,7 +53,9 @@ struct ModelSection {
   // type "dense" only, set by programs (bench/), not by YAML: one
   // zero-initialised fp32 table "dense<i>" of dense_tables[i] elements each.
   std::vector<uint64_t> dense_tables;
-  // type "script": the training script's tables (worker.command), in order.
+  // type "script": the training script's tables (worker.command), in order;
+  // empty: the script declares them (its distribute(), docs/python.md) and
+  // the first worker's values initialise them.
   std::vector<ScriptTableSection> tables;
 };
 

@@ -8,7 +8,9 @@
 
 namespace strata {
 absl::Status InitializeSlice(const InitSpec& spec, uint64_t offset, uint64_t n, float* out) {
-  if (spec.init == "zeros") {
+  // worker: a table declared by a training script, whose first worker
+  // writes the initial values (docs/python.md); zeros until then.
+  if (spec.init == "zeros" || spec.init == "worker") {
     for (uint64_t i = 0; i < n; ++i) out[i] = 0.f;
     return absl::OkStatus();
   }

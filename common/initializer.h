@@ -14,7 +14,8 @@
 namespace strata {
 
 struct InitSpec {
-  std::string init;  // "glorot_uniform" | "torch_default" | "zeros"
+  std::string init;  // "glorot_uniform" | "torch_default" | "zeros" | "worker" (zeros:
+                     // the script's first worker writes the values)
   uint64_t fan_in = 0;
   uint64_t fan_out = 0;
   uint32_t table_id = 0;

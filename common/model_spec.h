@@ -42,6 +42,11 @@ inline constexpr int kCtrFields = 26;
 // For model.type "script": model.tables as the config gives them (init and
 // fans resolved by the config reader).
 std::vector<TableSpec> ModelTables(const ModelSection& model);
+// model.type script without model.tables: the training script declares
+// its tables when it starts (docs/python.md) and ModelTables is empty.
+inline bool ScriptDeclaresTables(const ModelSection& model) {
+  return model.type == "script" && model.tables.empty();
+}
 // The deep part's layer widths of a wide_deep model.
 std::vector<int> DeepLayers(const ModelSection& model);
 

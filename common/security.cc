@@ -753,6 +753,7 @@ const std::map<std::string, std::vector<Role>>& RpcPolicy() {
       {"/strata.proto.Master/CompleteTask", {R::kWorker}},
       {"/strata.proto.Master/ReportProgress", {R::kWorker}},
       {"/strata.proto.Master/ReportSuspect", {R::kPServer, R::kWorker}},
+      {"/strata.proto.Master/DeclareTables", {R::kWorker}},
       // Reading the cluster's state: every daemon and every person.
       {"/strata.proto.Master/GetClusterView",
        {R::kPServer, R::kWorker, R::kAdmin, R::kOperator, R::kViewer}},

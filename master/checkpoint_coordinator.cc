@@ -21,18 +21,23 @@
 namespace strata::master {
 namespace {
 
+// A table as a checkpoint records it.
+proto::CheckpointTable CheckpointTableOf(const proto::TableInfo& t) {
+  proto::CheckpointTable c;
+  c.set_name(t.name());
+  *c.mutable_shape() = t.shape();
+  c.set_sparse(t.sparse());
+  c.set_dim(t.dim());
+  c.set_partitions(t.partitions());
+  return c;
+}
+
 // The tables this job's config makes, as a checkpoint records them.
 std::vector<proto::CheckpointTable> ConfigTables(const JobConfig& config) {
   std::vector<proto::CheckpointTable> out;
   for (const proto::TableInfo& t :
        MakeTableInfos(ModelTables(config.model), static_cast<uint32_t>(config.sparse.partitions))) {
-    proto::CheckpointTable c;
-    c.set_name(t.name());
-    *c.mutable_shape() = t.shape();
-    c.set_sparse(t.sparse());
-    c.set_dim(t.dim());
-    c.set_partitions(t.partitions());
-    out.push_back(std::move(c));
+    out.push_back(CheckpointTableOf(t));
   }
   return out;
 }
@@ -78,7 +83,12 @@ absl::Status CheckCheckpointFits(const JobConfig& c, storage::FileSystem* fs,
     return absl::FailedPreconditionError(absl::StrCat(manifest, ": a checkpoint of job '", m.job(),
                                                       "', not of this job '", c.job.name, "'"));
   }
-  const std::vector<proto::CheckpointTable> want = ConfigTables(c);
+  // (Tables a training script declares are the checkpoint's: the
+  // workers' declarations are checked against them.)
+  const bool declared = ScriptDeclaresTables(c.model);
+  const std::vector<proto::CheckpointTable> want =
+      declared ? std::vector<proto::CheckpointTable>(m.tables().begin(), m.tables().end())
+               : ConfigTables(c);
   bool any_sparse = false, any_dense = false;
   for (size_t i = 0; i < want.size(); ++i) {
     any_sparse |= want[i].sparse();
@@ -184,7 +194,8 @@ namespace {
 // What a checkpoint's manifest says of the job, before its partitions.
 proto::CheckpointManifest ManifestHeader(const JobConfig& config, uint64_t seq,
                                          const std::string& reason, uint64_t step,
-                                         uint64_t cluster_epoch) {
+                                         const proto::ClusterView& view) {
+  const uint64_t cluster_epoch = view.epoch();
   proto::CheckpointManifest m;
   m.set_format_version(storage::kCheckpointFormatVersion);
   m.set_job(config.job.name);
@@ -194,7 +205,7 @@ proto::CheckpointManifest ManifestHeader(const JobConfig& config, uint64_t seq,
   m.set_cluster_epoch(cluster_epoch);
   m.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   m.set_reason(reason);
-  for (auto& t : ConfigTables(config)) *m.add_tables() = std::move(t);
+  for (const proto::TableInfo& t : view.tables()) *m.add_tables() = CheckpointTableOf(t);
   m.set_optimizer(config.optimizer.type);
   m.set_sparse_optimizer(config.sparse.optimizer.type);
   m.set_slice_bytes(config.cluster.slice_bytes);
@@ -280,7 +291,7 @@ absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
 
   // The manifest: each partition's new file on top of its chain.
   proto::CheckpointManifest m =
-      ManifestHeader(options_.config, seq, reason, bsp ? req.version() : 0, cluster.view.epoch());
+      ManifestHeader(options_.config, seq, reason, bsp ? req.version() : 0, cluster.view);
   std::map<uint32_t, proto::CheckpointPartition> got;
   double stall = 0;
   uint64_t written = 0;

@@ -62,6 +62,7 @@ std::string JobPhase(const proto::JobStatus& js, bool placed, int tables,
                         js.workers_expected(), " registered");
   }
   if (!restoring.empty()) return restoring;
+  if (tables == 0) return "waiting for a worker's training script to declare the tables";
   return absl::StrCat("placing ", tables, " table(s) on ", js.pservers_registered(), " pserver(s)");
 }
 

@@ -85,7 +85,9 @@ MasterServer::MasterServer(MasterOptions options, const TrainingSetSize& size, P
           options_.config.cluster, options_.config.job.seed,
           MakeTableInfos(ModelTables(options_.config.model),
                          static_cast<uint32_t>(options_.config.sparse.partitions)),
-          &options_.security, clock_, &job_, &metrics_}),
+          ScriptDeclaresTables(options_.config.model),
+          static_cast<uint32_t>(options_.config.sparse.partitions), &options_.security, clock_,
+          &job_, &metrics_}),
       checkpoints_(std::make_unique<CheckpointCoordinator>(
           CheckpointCoordinator::Options{options_.config, options_.fs, clock_, sink_.get(),
                                          options_.failpoints},
@@ -221,8 +223,7 @@ void MasterServer::DepartedLocked(const NodeManager::Departure& d) {
     }
   }
   if (d.lost.empty()) return;
-  // Restored from the last checkpoint by RecoverLostPartitions, or the job
-  // fails.
+  // Restored from the last checkpoint by RecoverLostPartitions, or the job fails.
   const std::optional<proto::CheckpointManifest> last = checkpoints_->last_manifest();
   job_.Event(
       absl::StrCat(
@@ -551,7 +552,7 @@ absl::Status MasterServer::ApplyResume(const ResumePoint& r) {
   const proto::CheckpointManifest& m = r.manifest;
   STRATA_RETURN_IF_ERROR(tasks_.ResumeFrom(m));
   job_.Resume(m.seq(), m.samples(), m.step() > 0 ? m.step() - 1 : 0);
-  nodes_.ReserveNodeIds(m.next_node_id());
+  nodes_.Resume(m);
   LOG(INFO) << "resuming from checkpoint " << m.seq() << " (" << m.reason() << ", step " << m.step()
             << "): " << tasks_.done() << " of " << tasks_.total() << " data tasks done, "
             << m.tasks_partial_size() << " partly";

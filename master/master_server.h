@@ -150,6 +150,11 @@ class MasterServer : private CheckpointCoordinator::Master {
       const proto::ReportSuspectRequest& req) {
     return nodes_.ReportSuspect(req);
   }
+  // A training script's tables (NodeManager::DeclareTables), durable
+  // before the answer when they changed the view.
+  // (In master_service.cc.)
+  absl::StatusOr<proto::DeclareTablesResponse> DeclareTables(const proto::DeclareTablesRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The gRPC service (master/master_service.cc).

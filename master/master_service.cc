@@ -13,6 +13,17 @@
 
 namespace strata::master {
 
+absl::StatusOr<proto::DeclareTablesResponse> MasterServer::DeclareTables(
+    const proto::DeclareTablesRequest& req) {
+  return Durably([&](uint64_t* ticket) -> absl::StatusOr<proto::DeclareTablesResponse> {
+    absl::MutexLock l(&mu_);
+    bool changed = false;
+    auto r = nodes_.DeclareTables(req, &changed);
+    if (changed) *ticket = PersistLocked();
+    return r;
+  });
+}
+
 // gRPC front end: converts between proto calls and MasterServer methods.
 class MasterServer::Service final : public proto::Master::Service {
  public:
@@ -96,6 +107,14 @@ class MasterServer::Service final : public proto::Master::Service {
     STRATA_CALLER(who, ctx, "GetStatus", "get_status");
     *resp = m_->GetStatus();
     return grpc::Status::OK;
+  }
+  grpc::Status DeclareTables(grpc::ServerContext* ctx, const proto::DeclareTablesRequest* req,
+                             proto::DeclareTablesResponse* resp) override {
+    STRATA_CALLER(who, ctx, "DeclareTables", "declare_tables");
+    if (absl::Status s = m_->CheckNodeCaller(req->node_id(), who); !s.ok()) {
+      return Answer(ctx, who.ToString(), "declare_tables", s);
+    }
+    return Answer(ctx, who.ToString(), "declare_tables", m_->DeclareTables(*req), resp);
   }
   grpc::Status ReportSuspect(grpc::ServerContext* ctx, const proto::ReportSuspectRequest* req,
                              proto::ReportSuspectResponse* resp) override {

@@ -11,6 +11,7 @@
 #include "common/proto_names.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "master/declared_tables.h"
 #include "master/placement.h"
 #include "transport/data_plane_auth.h"
 
@@ -288,6 +289,72 @@ absl::StatusOr<proto::ReportSuspectResponse> NodeManager::ReportSuspect(
   return resp;
 }
 
+absl::StatusOr<proto::DeclareTablesResponse> NodeManager::DeclareTables(
+    const proto::DeclareTablesRequest& req, bool* changed) {
+  absl::MutexLock l(&mu_);
+  *changed = false;
+  const proto::NodeInfo* n = FindLocked(req.node_id());
+  if (n == nullptr || Gone(*n) || n->role() != proto::WORKER) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tables declared by node ", req.node_id(), ", which is not a live worker"));
+  }
+  auto describe = [this](uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const proto::NodeInfo* w = FindLocked(id);
+    return w == nullptr ? absl::StrCat("node ", id)
+                        : absl::StrCat("worker ", w->index(), " (node ", id, ")");
+  };
+  const std::string who = describe(req.node_id());
+  STRATA_ASSIGN_OR_RETURN(std::vector<proto::TableInfo> declared,
+                          MakeDeclaredTables(req.tables(), options_.sparse_partitions, who));
+  proto::DeclareTablesResponse resp;
+  if (!options_.script_tables) {
+    STRATA_RETURN_IF_ERROR(
+        CompareDeclaredTables(view_.tables(), declared, "the config's model.tables", who));
+    resp.set_initialised(true);
+    return resp;
+  }
+  if (view_.tables().empty()) {
+    for (auto& t : declared) *view_.add_tables() = std::move(t);
+    view_.set_tables_declared_by(req.node_id());
+    BumpEpochLocked();
+    *changed = true;
+    LOG(INFO) << "the job's " << view_.tables_size() << " table(s) are the model of " << who
+              << ", which writes their initial values";
+    resp.set_initialise(true);
+    return resp;
+  }
+  STRATA_RETURN_IF_ERROR(CompareDeclaredTables(
+      view_.tables(), declared,
+      view_.tables_declared_by() == 0  // (Resume)
+          ? "the tables of the checkpoint the job resumed from"
+          : absl::StrCat("the tables declared by ", describe(view_.tables_declared_by())),
+      who));
+  if (view_.tables_initialised()) {
+    resp.set_initialised(true);
+    return resp;
+  }
+  const proto::NodeInfo* writer = FindLocked(view_.tables_declared_by());
+  if (writer == nullptr || Gone(*writer)) {
+    // It left before its values were in: this worker's initialise them.
+    LOG(INFO) << describe(view_.tables_declared_by()) << " left before writing the tables' "
+              << "initial values; " << who << " writes its own";
+    view_.set_tables_declared_by(req.node_id());
+    BumpEpochLocked();
+    *changed = true;
+  }
+  if (view_.tables_declared_by() != req.node_id()) return resp;  // (wait and ask again)
+  if (req.initialised() && placed_) {
+    view_.set_tables_initialised(true);
+    BumpEpochLocked();
+    *changed = true;
+    LOG(INFO) << "the tables hold the initial values of " << who;
+    resp.set_initialised(true);
+    return resp;
+  }
+  resp.set_initialise(true);
+  return resp;
+}
+
 std::vector<PServerTarget> NodeManager::DueProbes() {
   absl::MutexLock l(&mu_);
   std::vector<PServerTarget> probes;
@@ -537,7 +604,8 @@ int NodeManager::CountLocked(proto::Role role, bool include_finished) const {
 
 std::optional<uint64_t> NodeManager::MarkReady() {
   absl::MutexLock l(&mu_);
-  if (view_.ready() || !placed_ || CountLocked(proto::WORKER, true) < options_.expected_workers) {
+  if (view_.ready() || !placed_ || CountLocked(proto::WORKER, true) < options_.expected_workers ||
+      (options_.script_tables && !view_.tables_initialised())) {
     return std::nullopt;
   }
   view_.set_ready(true);
@@ -564,7 +632,8 @@ int NodeManager::tables() const {
 
 absl::StatusOr<std::optional<NodeManager::Placement>> NodeManager::PlanPlacement() {
   absl::MutexLock l(&mu_);
-  if (placed_) return std::optional<Placement>();
+  // (Tables a training script declares: placed once declared.)
+  if (placed_ || view_.tables().empty()) return std::optional<Placement>();
   std::vector<uint32_t> ids;
   for (const auto& n : view_.members()) {
     if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) ids.push_back(n.id());
@@ -770,9 +839,28 @@ uint32_t NodeManager::next_node_id() const {
   return next_node_id_;
 }
 
-void NodeManager::ReserveNodeIds(uint32_t next) {
+void NodeManager::Resume(const proto::CheckpointManifest& m) {
   absl::MutexLock l(&mu_);
-  next_node_id_ = std::max(next_node_id_, next);
+  next_node_id_ = std::max(next_node_id_, m.next_node_id());
+  if (!options_.script_tables || !view_.tables().empty()) return;
+  for (int i = 0; i < m.tables_size(); ++i) {
+    const proto::CheckpointTable& c = m.tables(i);
+    proto::TableInfo* t = view_.add_tables();
+    t->set_id(static_cast<uint32_t>(i));
+    t->set_name(c.name());
+    *t->mutable_shape() = c.shape();
+    if (c.sparse()) {
+      t->set_sparse(true);
+      t->set_dim(c.dim());
+      t->set_partitions(c.partitions());
+    } else {
+      uint64_t n = 1;
+      for (uint64_t d : c.shape()) n *= d;
+      t->set_num_elements(n);
+      t->set_init("worker");
+    }
+  }
+  view_.set_tables_initialised(true);
 }
 
 void NodeManager::FillStatus(proto::JobStatus* js) const {

@@ -60,6 +60,11 @@ class NodeManager {
     ClusterSection cluster;  // heartbeats, timeouts, replication, slices
     uint64_t seed = 0;
     std::vector<proto::TableInfo> tables;
+    // The training script declares the tables (model.type script without
+    // model.tables; `tables` is empty): DeclareTables fixes them, with
+    // sparse_partitions virtual partitions per sparse table.
+    bool script_tables = false;
+    uint32_t sparse_partitions = 0;
     const ControlPlaneSecurity* security = nullptr;  // borrowed, required
     Clock* clock = nullptr;                          // borrowed, required
     JobTracker* job = nullptr;                       // borrowed, required: events
@@ -127,6 +132,16 @@ class NodeManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   // A node cannot reach pserver req.suspect: recorded; the master probes.
   absl::StatusOr<proto::ReportSuspectResponse> ReportSuspect(const proto::ReportSuspectRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A worker's tables (its training script's model): with script_tables,
+  // the first declaration becomes the job's tables and its worker writes
+  // their initial values (then calls again with req.initialised), or the
+  // next worker to call when that one left first; otherwise they are
+  // checked against the config's. FailedPrecondition naming the first
+  // table that differs; InvalidArgument for a malformed declaration.
+  // *changed: the view changed (the state log records it).
+  absl::StatusOr<proto::DeclareTablesResponse> DeclareTables(const proto::DeclareTablesRequest& req,
+                                                             bool* changed)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The suspects due a probe (one per heartbeat interval at most).
   std::vector<PServerTarget> DueProbes() ABSL_LOCKS_EXCLUDED(mu_);
@@ -214,8 +229,10 @@ class NodeManager {
   std::vector<PServerTarget> LiveOwners() const ABSL_LOCKS_EXCLUDED(mu_);
   std::map<uint32_t, uint32_t> PartitionOwners() const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t next_node_id() const ABSL_LOCKS_EXCLUDED(mu_);
-  // A resumed job's ids go on after the checkpoint's.
-  void ReserveNodeIds(uint32_t next) ABSL_LOCKS_EXCLUDED(mu_);
+  // A job resumed from checkpoint `m`: its node ids go on after the
+  // checkpoint's, and tables a script declares are the checkpoint's, their
+  // values restored from it (the workers' declarations must match them).
+  void Resume(const proto::CheckpointManifest& m) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Its part of JobStatus (recovery counts) and of the state log: Save
   // (the view without heartbeat times), Restore (a restarted master:

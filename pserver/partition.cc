@@ -1,5 +1,6 @@
 #include "pserver/partition.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -242,6 +243,9 @@ void Partition::Push(const Message& request, std::shared_ptr<transport::Responde
     s = absl::UnavailableError(absl::StrCat("partition ", id_, " is a backup on this pserver"));
   } else if (!s.ok()) {
     ++stats_.rejected_pushes;
+  } else if ((h.flags & transport::kFlagInitialValues) != 0) {
+    s = InitialValuesLocked(h, first, end, request.payload_data(), &hold);
+    first = end;  // (no step to complete)
   } else {
     const char* payload = request.payload_data();
     const size_t sparse_n =
@@ -268,6 +272,37 @@ void Partition::Push(const Message& request, std::shared_ptr<transport::Responde
     for (uint32_t c = first; c < end; ++c) MaybeCompleteChunkStepLocked(c, &replies);
     Send(&replies);
   }
+}
+
+absl::Status Partition::InitialValuesLocked(const transport::MessageHeader& h, uint32_t first,
+                                            uint32_t end, const char* data, Hold* hold) {
+  if (sparse_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial values from node ", h.sender_id, " for sparse partition ", id_, " (",
+                     table_, "): a sparse table's rows start from sparse.init"));
+  }
+  for (uint32_t c = first; c < end; ++c) {
+    if (chunks_[c].version != 0 || !chunks_[c].contributors.empty() || stats_.pushes_applied != 0) {
+      ++stats_.rejected_pushes;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "initial values from node ", h.sender_id, " for partition ", id_, " (", table_,
+          "), which is trained already (version ", chunks_[c].version, "): refused"));
+    }
+  }
+  const uint64_t begin = chunks_[first].begin;
+  std::memcpy(values_.data() + begin, data, (chunks_[end - 1].end - begin) * sizeof(float));
+  ++changes_;
+  if (backup_acked_.empty()) return absl::OkStatus();
+  for (uint32_t c = first; c < end; ++c) {
+    ReplicaUpdate u;
+    u.chunk = c;
+    u.grads.assign(values_.begin() + static_cast<std::ptrdiff_t>(chunks_[c].begin),
+                   values_.begin() + static_cast<std::ptrdiff_t>(chunks_[c].end));
+    std::vector<Reply> none;
+    ReplicateLocked(u, 0, &none, transport::kFlagInitialValues);
+  }
+  *hold = std::max(*hold, Hold::kRecord);
+  return absl::OkStatus();
 }
 
 absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint32_t c,
@@ -778,14 +813,14 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
 }
 
 void Partition::ReplicateLocked(const ReplicaUpdate& update, uint64_t before,
-                                std::vector<Reply>* replies) {
+                                std::vector<Reply>* replies, uint32_t flags) {
   ++record_index_;
   transport::Message m;
   m.header.type = MessageType::kReplicate;
   m.header.partition = id_;
   m.header.seq = record_index_;
   m.header.version = stats_.version;
-  m.header.flags = sparse_ ? transport::kFlagSparse : 0;
+  m.header.flags = (sparse_ ? transport::kFlagSparse : 0) | flags;
   m.payload = EncodeReplicaUpdate(update);
   size_t left = backup_acked_.size();
   for (const auto& [b, acked] : backup_acked_) {
@@ -857,6 +892,19 @@ absl::Status Partition::ApplyUpdateLocked(const ReplicaUpdate& u) {
   return absl::OkStatus();
 }
 
+absl::Status Partition::TakeValuesLocked(const ReplicaUpdate& u) {
+  if (sparse_ || u.chunk >= chunks_.size() ||
+      u.grads.size() != chunks_[u.chunk].end - chunks_[u.chunk].begin) {
+    return absl::DataLossError(absl::StrCat("initial values record for chunk ", u.chunk,
+                                            " of partition ", id_, " with ", u.grads.size(),
+                                            " floats: not a chunk of it"));
+  }
+  std::copy(u.grads.begin(), u.grads.end(),
+            values_.begin() + static_cast<std::ptrdiff_t>(chunks_[u.chunk].begin));
+  ++changes_;
+  return absl::OkStatus();
+}
+
 void Partition::ApplyReplica(const Message& record,
                              std::shared_ptr<transport::Responder> responder) {
   const auto& h = record.header;
@@ -902,7 +950,9 @@ void Partition::ApplyReplica(const Message& record,
                                                    id_, " after record ", record_index_)));
   }
   auto u = DecodeReplicaUpdate(absl::string_view(record.payload_data(), record.payload_size()));
-  absl::Status s = u.ok() ? ApplyUpdateLocked(*u) : u.status();
+  absl::Status s = !u.ok()                                          ? u.status()
+                   : (h.flags & transport::kFlagInitialValues) == 0 ? ApplyUpdateLocked(*u)
+                                                                    : TakeValuesLocked(*u);
   if (!s.ok()) {
     LOG(ERROR) << s;
     return answer(s);

@@ -252,8 +252,14 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // Replication: sends `update` (just applied to its chunk, which was at
   // version `before`) to every backup, and holds `replies` back until they
   // all have it.
-  void ReplicateLocked(const ReplicaUpdate& update, uint64_t before, std::vector<Reply>* replies)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `flags`: the record's header flags besides kFlagSparse
+  // (kFlagInitialValues: `update` holds values to take, not a gradient).
+  void ReplicateLocked(const ReplicaUpdate& update, uint64_t before, std::vector<Reply>* replies,
+                       uint32_t flags = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push of initial values (transport::kFlagInitialValues) for chunks
+  // [first, end): taken while the partition is untrained, replicated.
+  absl::Status InitialValuesLocked(const transport::MessageHeader& h, uint32_t first, uint32_t end,
+                                   const char* data, Hold* hold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the held updates every backup has acknowledged.
   void ReleaseLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers the bsp pulls waiting for a version now released.
@@ -266,6 +272,8 @@ class Partition : public std::enable_shared_from_this<Partition> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a decoded update record as the primary applied it.
   absl::Status ApplyUpdateLocked(const ReplicaUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a record of initial values (kFlagInitialValues) as the chunk's.
+  absl::Status TakeValuesLocked(const ReplicaUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyStreamsLocked(const std::map<storage::BlockType, std::string>& streams,
                                   const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The version pulls may see: the last one every backup holds, of chunk

@@ -117,6 +117,39 @@ class PyWorker {
   }
   uint32_t node_id() const { return worker_->node_id(); }
 
+  // The config has no model.tables: the script declares them (Declare).
+  bool DeclaresTables() const { return ScriptDeclaresTables(env_->config.model); }
+  // The script's model as the job's tables, (name, shape, dim) each: dense
+  // with dim 0, sparse with an empty shape (Worker::DeclareTables).
+  void Declare(const std::vector<std::tuple<std::string, std::vector<uint64_t>, int>>& tables) {
+    std::vector<TableSpec> specs;
+    for (const auto& [name, shape, dim] : tables) {
+      TableSpec t;
+      t.name = name;
+      t.shape = shape;
+      t.sparse = dim > 0;
+      t.dim = dim;
+      t.init = t.sparse ? "" : "worker";
+      specs.push_back(std::move(t));
+    }
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = worker_->DeclareTables(std::move(specs));
+    }
+    ThrowIfError(s);
+  }
+  // Worker::ShareInitialValues: the values in param(i) are this worker's
+  // model's; returns once the job's tables hold the first worker's.
+  void ShareInitialValues() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = worker_->ShareInitialValues();
+    }
+    ThrowIfError(s);
+  }
+
   // Table i's parameters (or gradient), as a flat float32 array over the
   // worker's own memory; `self` keeps the worker alive while it is used.
   static py::array View(py::object self, int i, bool grad) {
@@ -271,6 +304,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("config"), py::arg("master"), py::arg("index"), py::arg("tls_dir") = "",
            py::arg("host") = "127.0.0.1", py::arg("http_port") = -1)
       .def("tables", &PyWorker::Tables)
+      .def_property_readonly("declares_tables", &PyWorker::DeclaresTables)
+      .def("declare", &PyWorker::Declare, py::arg("tables"))
+      .def("share_initial_values", &PyWorker::ShareInitialValues)
       .def_property_readonly("node_id", &PyWorker::node_id)
       .def("param", [](py::object self, int i) { return PyWorker::View(self, i, false); })
       .def("grad", [](py::object self, int i) { return PyWorker::View(self, i, true); })

@@ -83,6 +83,12 @@ inline constexpr uint32_t kFlagEncrypt = 4;
 // chunk_bytes, docs/wire-protocol.md), whose index is in flags bits 16-31.
 // Its payload (push) or response (pull) is that chunk's floats only.
 inline constexpr uint32_t kFlagChunk = 8;
+// MessageHeader::flags bit 4, dense kPushRequest (and kReplicate): the
+// payload is the partition's initial values, not a gradient: a training
+// script's first worker writes its model's values into the tables it
+// declared (docs/python.md). Taken only while the partition is untrained
+// (version 0, no push applied); count is 1.
+inline constexpr uint32_t kFlagInitialValues = 16;
 inline constexpr int kChunkIndexShift = 16;
 inline uint32_t ChunkFlags(uint32_t chunk) { return kFlagChunk | (chunk << kChunkIndexShift); }
 inline uint32_t ChunkIndex(uint32_t flags) { return flags >> kChunkIndexShift; }

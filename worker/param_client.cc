@@ -710,6 +710,25 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartPush(
       Destination());
 }
 
+absl::Status ParamClient::PushInitialValues(const std::vector<std::vector<float>>& values) {
+  return CallAll(
+      [&values](const Route& r) {
+        Message m;
+        m.header.type = MessageType::kPushRequest;
+        m.header.flags = transport::kFlagInitialValues;
+        m.header.count = 1;
+        m.payload_ref = reinterpret_cast<const char*>(values[r.table].data() + r.offset);
+        m.payload_ref_size = r.length * sizeof(float);
+        return m;
+      },
+      [](const Route& r, const Message& resp) {
+        absl::Status s = transport::ResponseStatus(resp);
+        if (s.ok()) return s;
+        return absl::Status(s.code(),
+                            absl::StrCat("initial values to ", r.address, ": ", s.message()));
+      });
+}
+
 int ParamClient::SparseDim(uint32_t table) const {
   absl::MutexLock l(&mu_);
   auto it = sparse_dims_.find(table);

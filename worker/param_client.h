@@ -86,6 +86,11 @@ class ParamClient {
   // at most once.
   absl::StatusOr<PushResult> PushAll(const std::vector<std::vector<float>>& grads, uint64_t step,
                                      uint64_t count);
+  // Writes `values` (one tensor per table; sparse tables' are empty) as
+  // the dense partitions' initial values (transport::kFlagInitialValues):
+  // a training script's first worker, for the tables it declared
+  // (docs/python.md). Refused by a partition that has been trained.
+  absl::Status PushInitialValues(const std::vector<std::vector<float>>& values);
   // PushAll then PullAll(min_version, tables) without a round trip between
   // them: the pulls are sent right behind the pushes on the same
   // connections (a pserver answers a pull after the pushes before it, in

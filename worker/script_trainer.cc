@@ -11,24 +11,43 @@
 namespace strata::worker {
 
 absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(TrainerContext* ctx) {
-  std::vector<TableSpec> tables = ModelTables(ctx->config().model);
-  if (tables.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.type ", ctx->config().model.type, " of ", ctx->config().source,
-                     " has no tables for a training script to train"));
+  auto trainer = std::unique_ptr<ScriptTrainer>(new ScriptTrainer(ctx));
+  // (Tables the script declares come with Declare.)
+  if (!ScriptDeclaresTables(ctx->config().model)) {
+    STRATA_RETURN_IF_ERROR(trainer->Declare(ModelTables(ctx->config().model)));
   }
-  return std::unique_ptr<ScriptTrainer>(new ScriptTrainer(ctx, std::move(tables)));
+  return trainer;
 }
 
-ScriptTrainer::ScriptTrainer(TrainerContext* ctx, std::vector<TableSpec> tables)
-    : ctx_(ctx), tables_(std::move(tables)) {
+ScriptTrainer::ScriptTrainer(TrainerContext* ctx) : ctx_(ctx) {}
+
+absl::Status ScriptTrainer::Declare(std::vector<TableSpec> tables) {
   absl::MutexLock l(&mu_);
+  if (declared_.HasBeenNotified()) {
+    bool same = tables.size() == tables_.size();
+    for (size_t t = 0; same && t < tables.size(); ++t) {
+      same = tables[t].name == tables_[t].name && tables[t].shape == tables_[t].shape &&
+             tables[t].sparse == tables_[t].sparse && tables[t].dim == tables_[t].dim;
+    }
+    if (same) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "this worker's tables are declared already, as another model's (one distribute() per "
+        "job)");
+  }
+  if (tables.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.type ", ctx_->config().model.type, " of ", ctx_->config().source,
+                     ": no tables for a training script to train (a model without parameters?)"));
+  }
+  tables_ = std::move(tables);
   for (size_t t = 0; t < tables_.size(); ++t) {
     // A sparse table's tensors are empty: its rows come by key (Lookup).
     params_.emplace_back(tables_[t].num_elements(), 0.f);
     grads_.emplace_back(tables_[t].num_elements(), 0.f);
     if (tables_[t].sparse) row_grads_[static_cast<uint32_t>(t)];
   }
+  declared_.Notify();
+  return absl::OkStatus();
 }
 
 int ScriptTrainer::SparseDim(uint32_t table) const {

@@ -30,6 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/model_spec.h"
 #include "worker/param_client.h"
 #include "worker/trainer.h"
@@ -38,9 +39,16 @@ namespace strata::worker {
 
 class ScriptTrainer : public Trainer {
  public:
-  // The tables of the config's model (model.tables for model.type script).
-  // `ctx` is borrowed and outlives the trainer.
+  // The tables of the config's model (model.tables for model.type script),
+  // or none until the script declares them (Declare). `ctx` is borrowed
+  // and outlives the trainer.
   static absl::StatusOr<std::unique_ptr<ScriptTrainer>> Create(TrainerContext* ctx);
+  // The model's tables: params() and grads() get their tensors (zeros).
+  // Once: a second call with other tables is FailedPrecondition (the same
+  // tables again are OK). Before any other call of the script's side, and
+  // before the training thread uses the tables (declared() tells it).
+  absl::Status Declare(std::vector<TableSpec> tables) ABSL_LOCKS_EXCLUDED(mu_);
+  const absl::Notification& declared() const { return declared_; }
   ScriptTrainer(const ScriptTrainer&) = delete;
   ScriptTrainer& operator=(const ScriptTrainer&) = delete;
 
@@ -106,7 +114,7 @@ class ScriptTrainer : public Trainer {
   void Close(const absl::Status& status);
 
  private:
-  explicit ScriptTrainer(TrainerContext* ctx, std::vector<TableSpec> tables);
+  explicit ScriptTrainer(TrainerContext* ctx);
 
   enum class Phase { kIdle, kTask, kTaskDone, kClosed };
   // Waits until no Step or Lookup runs.
@@ -143,7 +151,9 @@ class ScriptTrainer : public Trainer {
   int SparseDim(uint32_t table) const;
 
   TrainerContext* const ctx_;
-  const std::vector<TableSpec> tables_;
+  // Set once by Declare, before declared_ is notified; read-only after.
+  std::vector<TableSpec> tables_;
+  absl::Notification declared_;
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
   std::map<uint32_t, RowGrads> row_grads_ ABSL_GUARDED_BY(mu_);  // sparse tables

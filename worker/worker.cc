@@ -310,8 +310,73 @@ void Worker::HeartbeatLoop() {
   }
 }
 
+absl::StatusOr<proto::DeclareTablesResponse> Worker::CallDeclareTables(
+    const std::vector<TableSpec>& tables, bool initialised) {
+  proto::DeclareTablesRequest req;
+  req.set_node_id(node_id_);
+  req.set_initialised(initialised);
+  for (const TableSpec& t : tables) {
+    proto::TableInfo* d = req.add_tables();
+    d->set_name(t.name);
+    for (uint64_t e : t.shape) d->add_shape(e);
+    d->set_sparse(t.sparse);
+    d->set_dim(static_cast<uint32_t>(t.dim));
+  }
+  proto::DeclareTablesResponse resp;
+  STRATA_RETURN_IF_ERROR(CallMaster(
+      [&](grpc::ClientContext* ctx) { return master()->DeclareTables(ctx, req, &resp); }));
+  return resp;
+}
+
+absl::Status Worker::DeclareTables(std::vector<TableSpec> tables) {
+  if (script_ == nullptr || !ScriptDeclaresTables(options_.config.model)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(options_.config.source,
+                     " declares the job's tables (model.tables): the script's model "
+                     "must match them, it does not declare its own"));
+  }
+  // The master's check first: tables it refuses are not this worker's.
+  STRATA_RETURN_IF_ERROR(CallDeclareTables(tables, false).status());
+  const bool first = !script_->declared().HasBeenNotified();
+  STRATA_RETURN_IF_ERROR(script_->Declare(std::move(tables)));
+  if (first) RegisterModelMemory();
+  return absl::OkStatus();
+}
+
+absl::Status Worker::ShareInitialValues() {
+  if (script_ == nullptr || !script_->declared().HasBeenNotified()) {
+    return absl::FailedPreconditionError("no tables declared (DeclareTables) to share values of");
+  }
+  while (!stop_.HasBeenNotified()) {
+    STRATA_ASSIGN_OR_RETURN(proto::DeclareTablesResponse resp,
+                            CallDeclareTables(script_->tables(), false));
+    if (resp.initialised()) return absl::OkStatus();
+    if (resp.initialise()) {
+      STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, FetchView());
+      if (view.partitions_size() > 0) {  // placed: the pservers hold the partitions
+        params_->SetView(view);
+        STRATA_RETURN_IF_ERROR(params_->PushInitialValues(script_->params()));
+        STRATA_ASSIGN_OR_RETURN(resp, CallDeclareTables(script_->tables(), true));
+        if (resp.initialised()) {
+          LOG(INFO) << "worker " << options_.index << ": its model's values initialise the job's "
+                    << script_->tables().size() << " table(s)";
+          return absl::OkStatus();
+        }
+      }
+    }
+    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+  }
+  return absl::CancelledError("worker shut down");
+}
+
 absl::Status Worker::WaitForReadyView() {
   if (agent_ == nullptr) return absl::OkStatus();
+  // Tables the script declares: known here once it has (distribute()).
+  while (script_ != nullptr && !script_->declared().HasBeenNotified()) {
+    if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+      return absl::CancelledError("worker shut down");
+    }
+  }
   while (!stop_.HasBeenNotified()) {
     STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, FetchView());
     if (view.ready()) {
@@ -325,7 +390,8 @@ absl::Status Worker::WaitForReadyView() {
 }
 
 absl::Status Worker::CheckViewMatchesModel(const proto::ClusterView& view) const {
-  const std::vector<TableSpec> mine = ModelTables(options_.config.model);
+  const std::vector<TableSpec> mine =
+      script_ != nullptr ? script_->tables() : ModelTables(options_.config.model);
   std::string mismatch;
   if (static_cast<size_t>(view.tables_size()) != mine.size()) {
     mismatch = absl::StrCat(mine.size(), " tables here, ", view.tables_size(), " in the job");

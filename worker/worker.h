@@ -117,6 +117,17 @@ class Worker : private TrainerContext {
   std::string_view model_family() const { return trainer_->family(); }
   // With WorkerOptions.script: the trainer, for the script's side of it.
   ScriptTrainer* script_trainer() const { return script_; }
+  // A training script's tables, when the config has no model.tables
+  // (docs/python.md). DeclareTables gives the script trainer tensors for
+  // them and declares them to the master: FailedPrecondition naming the
+  // table when they differ from the job's (another worker's). Once the
+  // script has put its model's values into the trainer's params(),
+  // ShareInitialValues writes them as the tables' initial values if this
+  // worker is the one to (the first to declare, or the next when that one
+  // left before it was done), and returns once the job's tables hold the
+  // initial values (the first worker's).
+  absl::Status DeclareTables(std::vector<TableSpec> tables);
+  absl::Status ShareInitialValues();
   // Pulls the current parameters (all tables).
   absl::StatusOr<std::vector<std::vector<float>>> PullParams(uint64_t min_version = 0);
 
@@ -177,6 +188,9 @@ class Worker : private TrainerContext {
                       const std::string& error = "", const double* auc = nullptr);
   void HeartbeatLoop();
   absl::StatusOr<proto::ClusterView> FetchView();
+  // The master's DeclareTables with `tables`.
+  absl::StatusOr<proto::DeclareTablesResponse> CallDeclareTables(
+      const std::vector<TableSpec>& tables, bool initialised);
 
   WorkerOptions options_;
   std::unique_ptr<Device> device_;

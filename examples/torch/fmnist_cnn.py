@@ -1,15 +1,12 @@
 #!/usr/bin/python3
 """A convolutional network on Fashion-MNIST (a model the built-in MLP
-cannot express), trained as a Strata worker: its parameters are the dense
-tables of conf/torch-cnn.yaml's model.tables, kept on the job's pservers
-(the optimizer runs there); its data comes as tasks of record ranges from
-the master. Copy it, change Net and model.tables together, and train your
-own model:
+cannot express), trained as a Strata worker: its parameters become the
+job's dense tables on the pservers (the optimizer runs there), initialised
+with the first worker's values; its data comes as tasks of record ranges
+from the master. Copy it, change Net, and train your own model on the same
+config (conf/torch-cnn.yaml declares no tables: the script's model does):
 
     scripts/launch.sh run --config conf/torch-cnn.yaml --hosts conf/hosts.local
-
-model.tables lists each parameter of Net().named_parameters() with its
-shape (print them: python3 -c 'from fmnist_cnn import Net; ...').
 """
 
 
@@ -46,7 +43,8 @@ def main():
     data = st.config()["data"]  # the job's config file (STRATA_CONFIG)
     x, y = load(data["train_images"], data["train_labels"])  # before joining: the job waits
     job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
-    model = job.distribute(Net())
+    torch.manual_seed(0)  # (only the first worker's initial values are used)
+    model = job.distribute(Net())  # its parameters: the job's tables
     loss_fn = torch.nn.CrossEntropyLoss()
     batch = job.batch_size
     for records in job.tasks():

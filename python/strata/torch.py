@@ -167,6 +167,9 @@ class Job:
         stream waiting for those copies only. Embeddings (job.embedding)
         inside the model are not parameters.
         """
+        declaring = self._core.declares_tables and not self._tables
+        if declaring:
+            self._declare(model)
         dense = {name: (i, tuple(shape)) for i, (name, shape, dim) in enumerate(self._tables)
                  if not dim}
         sparse = [name for name, _, dim in self._tables if dim]
@@ -188,7 +191,7 @@ class Job:
                 raise TypeError("parameter %s is %s; Strata's tables are float32" % (name, p.dtype))
             if not p.is_contiguous():
                 raise ValueError("parameter %s is not contiguous" % name)
-            if tuple(p.shape) != shape:
+            if tuple(p.shape) != shape and not (p.dim() == 0 and shape == (1,)):
                 raise ValueError("parameter %s has shape %s, the job's table %s has %s"
                                  % (name, tuple(p.shape), name, shape))
             if p.device.type not in ("cpu", "cuda"):
@@ -198,6 +201,9 @@ class Job:
             values = torch.from_numpy(self._core.param(i)).view(p.shape)
             grad = torch.from_numpy(self._core.grad(i)).view(p.shape)
             grad.zero_()
+            if declaring:  # the model's own values: the job's if this worker is the first
+                with torch.no_grad():
+                    values.copy_(p.detach().to("cpu"))
             self._grads.append(grad)
             if p.device.type == "cpu" and not _stage:
                 p.data = values
@@ -216,20 +222,68 @@ class Job:
         if missing:
             raise ValueError("the job's table %s is not a parameter of the model (its parameters: "
                              "%s)" % (missing[0], ", ".join(n for n, _ in params) or "none"))
+        if declaring:
+            # The first worker's values become the tables' (the others wait
+            # for them); from the first task on every worker pulls them.
+            self._core.share_initial_values()
         return model
 
-    def embedding(self, name):
+    def _declare(self, model):
+        """The job's tables are this model's (a config without
+        model.tables): its parameters in named_parameters() order, then the
+        embeddings made so far (job.embedding(name, dim)). The master takes
+        the first worker's declaration and refuses a different one, naming
+        the table."""
+        tables = []
+        for name, p in model.named_parameters():
+            if p.dtype != torch.float32:
+                raise TypeError("parameter %s is %s; Strata's tables are float32" % (name, p.dtype))
+            if not p.is_contiguous():
+                raise ValueError("parameter %s is not contiguous" % name)
+            tables.append((name, [int(d) for d in p.shape] or [1], 0))
+        for name, emb in self._embeddings.items():
+            tables.append((name, [], emb.dim))
+        self._core.declare(tables)
+        self._tables = self._core.tables()
+        self._index = {name: i for i, (name, _, _) in enumerate(self._tables)}
+        for name, emb in self._embeddings.items():
+            emb._table = self._index[name]
+
+    def embedding(self, name, dim=None):
         """The sparse table `name` as a module: emb(ids) gives the rows of
         the ids (an int64 tensor of any shape; result shape ids.shape +
         (dim,)), pulled from the pservers; backward adds their gradient to
-        the step's push. See Embedding."""
+        the step's push. See Embedding.
+
+        When the config declares no tables (no model.tables), the script
+        does: give the row width `dim`, and make the embeddings before
+        distribute(model), which declares them with the model's
+        parameters. Otherwise `dim`, if given, must be the table's."""
+        if self._core.declares_tables and not self._tables:
+            if name in self._embeddings:
+                emb = self._embeddings[name]
+                if dim is not None and int(dim) != emb.dim:
+                    raise ValueError("embedding %s has dim %d, not %s" % (name, emb.dim, dim))
+                return emb
+            if dim is None or int(dim) <= 0:
+                raise ValueError("embedding %s: the config declares no tables, so the script "
+                                 "does: give its row width, job.embedding(%r, dim=N)"
+                                 % (name, name))
+            self._embeddings[name] = Embedding(self._core, None, name, int(dim))
+            return self._embeddings[name]
         if name not in self._index:
+            if self._core.declares_tables:
+                raise ValueError("no table %s in the job: make the embeddings before "
+                                 "distribute(model), which declares the tables" % name)
             raise ValueError("no table %s in the job (its tables: %s)"
                              % (name, ", ".join(self._index)))
         i = self._index[name]
         if not self._tables[i][2]:
             raise ValueError("table %s is dense (shape %s): a parameter for distribute(), not an "
                              "embedding" % (name, tuple(self._tables[i][1])))
+        if dim is not None and int(dim) != self._tables[i][2]:
+            raise ValueError("embedding %s: dim %s, the job's table has dim %d"
+                             % (name, dim, self._tables[i][2]))
         if name not in self._embeddings:
             self._embeddings[name] = Embedding(self._core, i, name, self._tables[i][2])
         return self._embeddings[name]
@@ -472,6 +526,9 @@ class Embedding(torch.nn.Module):
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError("embedding %s: ids must be int64 (or int32), got %s"
                             % (self.name, ids.dtype))
+        if self._table is None:
+            raise RuntimeError("embedding %s is not a table of the job yet: distribute(model) "
+                               "declares it" % self.name)
         # Rows are pulled into host memory; on a GPU they go to the ids'
         # device, their gradient comes back to the host.
         self._device = ids.device if ids.device.type != "cpu" else None

@@ -350,8 +350,11 @@ TEST(ParseJobConfigTest, ScriptModelTablesErrorsNameTheTable) {
               "local.yaml:9:", "table 'e'", "a sparse table's init is zeros");
   ExpectError(ParseWithData(script + "    - {name: a, shap: [2]}\n" + command),
               "local.yaml:9:", "unknown key 'model.tables[0].shap'");
-  ExpectError(ParseWithData("model:\n  type: script\n" + command), "local.yaml:7:", "model.type",
-              "needs model.tables");
+  // Without model.tables the script declares them (docs/python.md).
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig declared,
+                              ParseWithData("model:\n  type: script\n" + command));
+  EXPECT_TRUE(ScriptDeclaresTables(declared.model));
+  EXPECT_TRUE(ModelTables(declared.model).empty());
   ExpectError(ParseWithData(script + "    - {name: a, shape: [2]}\n"),
               "local.yaml:7:", "model.type", "set worker.command");
   ExpectError(ParseWithData("model:\n  tables:\n    - {name: a, shape: [2]}\n"),

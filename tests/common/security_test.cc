@@ -215,6 +215,7 @@ const std::map<std::string, std::set<Role>>& ExpectedPolicy() {
       {"/strata.proto.Master/Stop", {R::kAdmin}},
       {"/strata.proto.Master/Drain", {R::kAdmin, R::kOperator}},
       {"/strata.proto.Master/ReportSuspect", {R::kPServer, R::kWorker}},
+      {"/strata.proto.Master/DeclareTables", {R::kWorker}},
       {"/strata.proto.PServerAdmin/AssignPartitions", {R::kMaster}},
       {"/strata.proto.PServerAdmin/GetStatus", {R::kMaster, R::kAdmin, R::kOperator, R::kViewer}},
       {"/strata.proto.PServerAdmin/CheckpointPartitions", {R::kMaster}},

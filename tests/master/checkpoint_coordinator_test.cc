@@ -12,9 +12,11 @@
 #include "common/crc32c.h"
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
+#include "common/model_spec.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "master/placement.h"
 #include "master/pserver_calls.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
@@ -149,6 +151,10 @@ class FakeMaster final : public CheckpointCoordinator::Master {
       p->set_id(id);
       p->set_owner(id < 2 ? 1 : 2);
       p->set_length(10);
+    }
+    // The view's tables (a manifest records them): the default config's.
+    for (const auto& t : MakeTableInfos(ModelTables(JobConfig().model), 2)) {
+      *c.view.add_tables() = t;
     }
     c.view.set_epoch(7);
     return c;

@@ -35,14 +35,36 @@ class NodeManagerTest : public ::testing::Test {
     job_ = std::make_unique<JobTracker>(
         JobTracker::Options{"unit", Consistency::kBsp, 1, Planted(), &clock_, sink_.get()});
   }
-  NodeManager& Make(int pservers, int workers, int replication = 0) {
+  // script_tables: the tables are declared by the workers (DeclareTables).
+  NodeManager& Make(int pservers, int workers, int replication = 0, bool script_tables = false) {
     cluster_.replication = replication;
     cluster_.slice_bytes = 64;  // several partitions of the model's tables
     JobConfig config;
-    nodes_ = std::make_unique<NodeManager>(NodeManager::Options{
-        "master-host", pservers, workers, cluster_, 7, MakeTableInfos(ModelTables(config.model), 2),
-        &security_, &clock_, job_.get(), &metrics_});
+    nodes_ = std::make_unique<NodeManager>(
+        NodeManager::Options{"master-host", pservers, workers, cluster_, 7,
+                             script_tables ? std::vector<proto::TableInfo>()
+                                           : MakeTableInfos(ModelTables(config.model), 2),
+                             script_tables, 2, &security_, &clock_, job_.get(), &metrics_});
     return *nodes_;
+  }
+  // A DeclareTables request of `node`: dense tables {name, shape} and a
+  // sparse one "emb" of dim 4.
+  static proto::DeclareTablesRequest Declaration(
+      uint32_t node, const std::vector<std::pair<std::string, std::vector<uint64_t>>>& dense,
+      bool initialised = false) {
+    proto::DeclareTablesRequest r;
+    r.set_node_id(node);
+    r.set_initialised(initialised);
+    for (const auto& [name, shape] : dense) {
+      proto::TableInfo* t = r.add_tables();
+      t->set_name(name);
+      for (uint64_t d : shape) t->add_shape(d);
+    }
+    proto::TableInfo* e = r.add_tables();
+    e->set_name("emb");
+    e->set_sparse(true);
+    e->set_dim(4);
+    return r;
   }
   // Registers (role, index) and returns its node id.
   uint32_t Join(proto::Role role, int index) {
@@ -406,6 +428,106 @@ TEST_F(NodeManagerTest, DeclareUnreachableOnlyWhileSuspected) {
   EXPECT_FALSE(n.InJob(ps));
   EXPECT_THAT(Events().back(), HasSubstr("the master's probe failed too"));
   EXPECT_FALSE(n.DeclareUnreachable(ps, probe, false).has_value());  // once
+}
+
+}  // namespace
+}  // namespace strata::master
+
+namespace strata::master {
+namespace {
+
+TEST_F(NodeManagerTest, TheFirstDeclarationIsTheJobsTablesAndItsWorkerWritesTheirValues) {
+  NodeManager& n = Make(1, 2, 0, /*script_tables=*/true);
+  const uint32_t ps = Join(proto::PSERVER, 0);
+  const uint32_t w0 = Join(proto::WORKER, 0);
+  const uint32_t w1 = Join(proto::WORKER, 1);
+  // Nothing to place before a worker declares the tables.
+  auto none = n.PlanPlacement();
+  ASSERT_THAT(none.status(), IsOk());
+  EXPECT_FALSE(none->has_value());
+  const std::vector<std::pair<std::string, std::vector<uint64_t>>> model = {{"fc.weight", {8, 4}},
+                                                                            {"fc.bias", {8}}};
+  bool changed = false;
+  auto first = n.DeclareTables(Declaration(w1, model), &changed);
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_TRUE(first->initialise());
+  EXPECT_FALSE(first->initialised());
+  EXPECT_TRUE(changed);
+  const proto::ClusterView declared = n.View();
+  ASSERT_EQ(declared.tables_size(), 3);
+  EXPECT_EQ(declared.tables(0).num_elements(), 32u);
+  EXPECT_EQ(declared.tables(0).init(), "worker");
+  EXPECT_EQ(declared.tables(2).partitions(), 2u);
+  EXPECT_EQ(declared.tables_declared_by(), w1);
+  // The other worker waits for the values; a different model is refused
+  // naming the table.
+  auto other = n.DeclareTables(Declaration(w0, model), &changed);
+  ASSERT_THAT(other.status(), IsOk());
+  EXPECT_FALSE(other->initialise() || other->initialised());
+  EXPECT_FALSE(changed);
+  auto wrong =
+      n.DeclareTables(Declaration(w0, {{"fc.weight", {8, 4}}, {"fc.bias", {9}}}), &changed);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("table 1 is fc.bias (dense [9]) in the model of worker 0 (node 2), "
+                        "fc.bias (dense [8]) in the tables declared by worker 1 (node 3)"));
+  auto fewer = n.DeclareTables(Declaration(w0, {{"fc.weight", {8, 4}}}), &changed);
+  EXPECT_THAT(fewer.status().message(), HasSubstr("table 1 is emb (sparse of dim 4)"));
+  // Malformed declarations are named.
+  auto bad = n.DeclareTables(Declaration(w0, {{"fc.weight", {8, 0}}}), &changed);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("worker 0 (node 2): table 0 (fc.weight): shape"));
+  auto twice = n.DeclareTables(Declaration(w0, {{"emb", {2}}}), &changed);
+  EXPECT_THAT(twice.status().message(), HasSubstr("table 1 (emb): declared twice"));
+  // Values "written" before placement do not count; after it they do, and
+  // only then is the view ready.
+  auto early = n.DeclareTables(Declaration(w1, model, true), &changed);
+  ASSERT_THAT(early.status(), IsOk());
+  EXPECT_FALSE(early->initialised());
+  const proto::ClusterView placed = Place();
+  EXPECT_GT(placed.partitions_size(), 2);
+  EXPECT_FALSE(n.MarkReady().has_value());
+  auto done = n.DeclareTables(Declaration(w1, model, true), &changed);
+  ASSERT_THAT(done.status(), IsOk());
+  EXPECT_TRUE(done->initialised());
+  EXPECT_TRUE(changed);
+  EXPECT_TRUE(n.MarkReady().has_value());
+  auto later = n.DeclareTables(Declaration(w0, model), &changed);
+  ASSERT_THAT(later.status(), IsOk());
+  EXPECT_TRUE(later->initialised());
+  EXPECT_FALSE(later->initialise());
+  // A pserver is no worker: its declaration is refused.
+  auto from_ps = n.DeclareTables(Declaration(ps, model), &changed);
+  EXPECT_EQ(from_ps.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(NodeManagerTest, WhenTheDeclaringWorkerLeavesFirstTheNextWritesTheValues) {
+  NodeManager& n = Make(1, 2, 0, /*script_tables=*/true);
+  Join(proto::PSERVER, 0);
+  const uint32_t w0 = Join(proto::WORKER, 0);
+  const uint32_t w1 = Join(proto::WORKER, 1);
+  const std::vector<std::pair<std::string, std::vector<uint64_t>>> model = {{"w", {3}}};
+  bool changed = false;
+  ASSERT_TRUE(n.DeclareTables(Declaration(w0, model), &changed)->initialise());
+  EXPECT_FALSE(n.DeclareTables(Declaration(w1, model), &changed)->initialise());
+  ASSERT_TRUE(n.DeclareDead(w0, "killed", false).has_value());
+  auto next = n.DeclareTables(Declaration(w1, model), &changed);
+  ASSERT_THAT(next.status(), IsOk());
+  EXPECT_TRUE(next->initialise());
+  EXPECT_TRUE(changed);
+  EXPECT_EQ(n.View().tables_declared_by(), w1);
+  EXPECT_THAT(n.DeclareTables(Declaration(w0, model), &changed).status().message(),
+              HasSubstr("not a live worker"));
+}
+
+TEST_F(NodeManagerTest, TablesOfTheConfigAreCheckedNotReplaced) {
+  NodeManager& n = Make(1, 1);
+  const uint32_t w0 = Join(proto::WORKER, 0);
+  bool changed = false;
+  auto r = n.DeclareTables(Declaration(w0, {{"fc0.weight", {784, 256}}}), &changed);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("in the config's model.tables"));
+  EXPECT_FALSE(changed);
 }
 
 }  // namespace

@@ -1082,3 +1082,60 @@ TEST(ChunkedPartitionTest, ReplicatesChunkByChunk) {
 
 }  // namespace
 }  // namespace strata::pserver
+
+namespace strata::pserver {
+namespace {
+
+// A training script's first worker writes its model's values into the
+// tables it declared (transport::kFlagInitialValues): taken while the
+// partition is untrained, replicated to its backup, refused once trained.
+TEST(InitialValuesTest, TakenWhileUntrainedReplicatedAndRefusedAfterwards) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kBsp);
+  auto backup = MakePartition(Consistency::kBsp);
+  backup->MakeBackup();
+  primary->SetStepWorkers({1, 2});
+  primary->SetBackups({5}, &sink);
+  Replicate(sink, *primary, *backup);  // the copy
+  Message init = PushMsg(1, 0, 0, 1, {7.f, 8.f, 9.f});
+  init.header.flags = transport::kFlagInitialValues;
+  auto r = std::make_shared<RecordingResponder>();
+  primary->Push(init, r);
+  EXPECT_THAT(r->responses(), IsEmpty());  // held until the backup has them
+  Replicate(sink, *primary, *backup);
+  ASSERT_THAT(r->responses(), SizeIs(1));
+  EXPECT_THAT(transport::ResponseStatus(r->responses()[0]), IsOk());
+  EXPECT_THAT(primary->ValuesForTesting(), ElementsAre(7.f, 8.f, 9.f));
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+  // Written again (a second writer after the first left): still untrained.
+  init.payload = FloatBytes({1.f, 1.f, 1.f});
+  primary->Push(init, std::make_shared<RecordingResponder>());
+  Replicate(sink, *primary, *backup);
+  EXPECT_THAT(backup->ValuesForTesting(), ElementsAre(1.f, 1.f, 1.f));
+  EXPECT_EQ(primary->stats().version, 0u);
+  EXPECT_EQ(primary->stats().pushes_applied, 0u);  // (not an update: the ledger counts none)
+  // A step trains it (sgd 0.5 over the mean {2, 2, 2}); then values are refused.
+  primary->Push(PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f}), std::make_shared<RecordingResponder>());
+  primary->Push(PushMsg(2, 1, 0, 1, {2.f, 2.f, 2.f}), std::make_shared<RecordingResponder>());
+  Replicate(sink, *primary, *backup);
+  EXPECT_THAT(backup->ValuesForTesting(), ElementsAre(0.f, 0.f, 0.f));
+  const Message refused = PushAndGetResponse(*primary, init);
+  EXPECT_EQ(transport::ResponseStatus(refused).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(transport::ResponseStatus(refused).message(),
+              HasSubstr("initial values from node 1 for partition 7 (fc0.weight), which is "
+                        "trained already (version 1): refused"));
+  EXPECT_THAT(primary->ValuesForTesting(), ElementsAre(0.f, 0.f, 0.f));
+}
+
+TEST(InitialValuesTest, ASparsePartitionRefusesThem) {
+  auto p = MakeSparsePartition(Consistency::kAsp);
+  Message init = PushMsg(1, 0, 0, 1, {});
+  init.header.flags = transport::kFlagInitialValues | transport::kFlagSparse;
+  const Message refused = PushAndGetResponse(*p, init);
+  EXPECT_EQ(transport::ResponseStatus(refused).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(transport::ResponseStatus(refused).message(),
+              HasSubstr("a sparse table's rows start from sparse.init"));
+}
+
+}  // namespace
+}  // namespace strata::pserver

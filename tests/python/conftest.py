@@ -82,7 +82,7 @@ security:
 class Cluster:
     """A master and pservers; workers are the test's."""
 
-    def __init__(self, tmp, workers=1, pservers=1, **config):
+    def __init__(self, tmp, workers=1, pservers=1, master_args=(), **config):
         self.dir = str(tmp)
         os.makedirs(self.dir, exist_ok=True)
         self.config = os.path.join(self.dir, "job.yaml")
@@ -93,7 +93,8 @@ class Cluster:
         self.procs = []
         self._start("master", [os.path.join(BIN, "strata-master"), "--config", self.config,
                                "--hosts", os.path.join(self.dir, "hosts"), "--summary",
-                               self.summary, "--state_dir", os.path.join(self.dir, "state")])
+                               self.summary, "--state_dir", os.path.join(self.dir, "state"),
+                               *master_args])
         for i in range(pservers):
             self._start("pserver-%d" % i,
                         [os.path.join(BIN, "strata-pserver"), "--config", self.config,

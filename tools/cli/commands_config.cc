@@ -493,7 +493,8 @@ std::vector<HostReport> CheckHosts(const HostChecker& checker,
 struct ValidateReport {
   std::string config_file, job, consistency;
   uint64_t params = 0;
-  std::string sparse;  // "name (dim D), ..."
+  bool script_tables = false;  // declared by the training script: none here
+  std::string sparse;          // "name (dim D), ..."
   int sparse_partitions = 0;
   std::string data_note;
   // With --hosts:
@@ -508,8 +509,9 @@ struct ValidateReport {
 
 std::string ValidateText(const ValidateReport& v) {
   std::string text =
-      absl::StrCat(v.config_file, ": ok (job '", v.job, "', ", v.consistency, ", ", v.params,
-                   " dense parameters",
+      absl::StrCat(v.config_file, ": ok (job '", v.job, "', ", v.consistency, ", ",
+                   v.script_tables ? "tables declared by the training script"
+                                   : absl::StrCat(v.params, " dense parameters"),
                    v.sparse.empty() ? ""
                                     : absl::StrCat("; sparse tables ", v.sparse, " in ",
                                                    v.sparse_partitions, " partitions each"),
@@ -535,7 +537,8 @@ JsonValue ValidateJson(const ValidateReport& v) {
                        .Set("file", JsonValue::String(v.config_file))
                        .Set("ok", JsonValue::Bool(true))
                        .Set("job", JsonValue::String(v.job))
-                       .Set("dense_parameters", JsonValue::Int(v.params)))
+                       .Set("dense_parameters", JsonValue::Int(v.params))
+                       .Set("tables_declared_by_script", JsonValue::Bool(v.script_tables)))
       .Set("data", JsonValue::String(v.data_note));
   if (!v.has_hosts) return js;
   js.Set("hosts", JsonValue::Object()
@@ -583,6 +586,7 @@ absl::StatusOr<ValidateReport> ValidateConfig(const Invocation& in) {
   v.job = cfg.job.name;
   v.consistency = ConsistencyName(cfg.job.consistency);
   v.sparse_partitions = cfg.sparse.partitions;
+  v.script_tables = ScriptDeclaresTables(cfg.model);
   for (const auto& t : ModelTables(cfg.model)) {
     v.params += t.num_elements();
     if (t.sparse) {

@@ -143,10 +143,16 @@ class PyWorker {
   // model's; returns once the job's tables hold the first worker's.
   void ShareInitialValues() {
     absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = worker_->ShareInitialValues();
+    while (true) {
+      {
+        py::gil_scoped_release release;
+        s = worker_->ShareInitialValues(absl::Now() + absl::Milliseconds(500));
+      }
+      if (!absl::IsDeadlineExceeded(s)) break;
+      // The script's signal handlers (SIGTERM) run while it waits.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
+    if (!s.ok() && preempted_) return;  // stopped: tasks() ends at once
     ThrowIfError(s);
   }
 

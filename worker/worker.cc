@@ -343,7 +343,7 @@ absl::Status Worker::DeclareTables(std::vector<TableSpec> tables) {
   return absl::OkStatus();
 }
 
-absl::Status Worker::ShareInitialValues() {
+absl::Status Worker::ShareInitialValues(absl::Time deadline) {
   if (script_ == nullptr || !script_->declared().HasBeenNotified()) {
     return absl::FailedPreconditionError("no tables declared (DeclareTables) to share values of");
   }
@@ -363,6 +363,9 @@ absl::Status Worker::ShareInitialValues() {
           return absl::OkStatus();
         }
       }
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("the tables' initial values are not in yet");
     }
     stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
   }

@@ -127,7 +127,9 @@ class Worker : private TrainerContext {
   // left before it was done), and returns once the job's tables hold the
   // initial values (the first worker's).
   absl::Status DeclareTables(std::vector<TableSpec> tables);
-  absl::Status ShareInitialValues();
+  // Gives up at `deadline` (DeadlineExceeded: call again), so that the
+  // caller can attend to signals meanwhile.
+  absl::Status ShareInitialValues(absl::Time deadline = absl::InfiniteFuture());
   // Pulls the current parameters (all tables).
   absl::StatusOr<std::vector<std::vector<float>>> PullParams(uint64_t min_version = 0);
 

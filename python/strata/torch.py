@@ -117,7 +117,6 @@ class Job:
         self._config = None
         self._tables = core.tables()  # (name, shape, dim)
         self._index = {name: i for i, (name, _, _) in enumerate(self._tables)}
-        self._grads = []
         # Parameters not in the worker's memory (CUDA ones): (parameter,
         # its values' host copy, its gradient's host copy), and the stream
         # of the copies between them.
@@ -175,7 +174,6 @@ class Job:
         sparse = [name for name, _, dim in self._tables if dim]
         params = list(model.named_parameters())
         seen = set()
-        self._grads = []
         self._staged = []
         self._direct = []
         for name, p in params:
@@ -204,7 +202,6 @@ class Job:
             if declaring:  # the model's own values: the job's if this worker is the first
                 with torch.no_grad():
                     values.copy_(p.detach().to("cpu"))
-            self._grads.append(grad)
             if p.device.type == "cpu" and not _stage:
                 p.data = values
                 p.grad = grad
@@ -378,7 +375,7 @@ class Job:
                 finally:
                     self._restore_grads()
             return
-        if not self._grads and not self._embeddings:
+        if not self._direct and not self._staged and not self._embeddings:
             raise RuntimeError("step() before distribute(model) or job.embedding(name)")
         if batch_size is None:
             batch_size = self._begun_n if self._begun else self.batch_size

@@ -299,3 +299,19 @@ def test_backward_without_step_at_a_task_end_fails_the_task(cluster_factory):
     assert float(model.ps[3].grad.abs().sum()) == 0  # the worker's buffers again, zeroed
     with pytest.raises(RuntimeError, match="not finished by step"):
         job.finish()
+
+
+def test_step_over_other_records_than_backward_fails_the_task_saying_so(cluster_factory):
+    c = cluster_factory(steps_records=1280)
+    job = st.init(config=c.config, master=c.master, index=0)
+    model = job.distribute(Wrong([s for _, s in job.tables]))
+    x = torch.ones(4, 784)
+    tasks = job.tasks()
+    next(tasks)
+    out = torch.relu(x @ model.ps[0] + model.ps[1]) @ model.ps[2] + model.ps[3]
+    job.backward(out.sum(), 4)
+    with pytest.raises(ValueError, match="step\\(\\) over 8 records, the backward pass was over 4"):
+        job.step(8)
+    assert float(model.ps[3].grad.abs().sum()) == 0  # the worker's buffers again, zeroed
+    tasks.close()
+    job.close()

@@ -96,6 +96,10 @@ std::map<std::string, Call> MasterCalls() {
     proto::ReportSuspectResponse r;
     return stub(ch)->ReportSuspect(ctx().get(), Node999<proto::ReportSuspectRequest>(), &r);
   };
+  m["/strata.proto.Master/DeclareTables"] = [=](auto ch) {
+    proto::DeclareTablesResponse r;
+    return stub(ch)->DeclareTables(ctx().get(), Node999<proto::DeclareTablesRequest>(), &r);
+  };
   return m;
 }
 

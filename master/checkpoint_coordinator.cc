@@ -86,6 +86,10 @@ absl::Status CheckCheckpointFits(const JobConfig& c, storage::FileSystem* fs,
   // (Tables a training script declares are the checkpoint's: the
   // workers' declarations are checked against them.)
   const bool declared = ScriptDeclaresTables(c.model);
+  if (declared && m.tables().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(manifest, ": no tables in the checkpoint to resume the script's from"));
+  }
   const std::vector<proto::CheckpointTable> want =
       declared ? std::vector<proto::CheckpointTable>(m.tables().begin(), m.tables().end())
                : ConfigTables(c);

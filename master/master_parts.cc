@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace strata::master {
 
 proto::MasterState SaveMasterState(const MasterParts& parts, bool whole) {
@@ -28,6 +30,10 @@ proto::JobStatus MasterJobStatus(const MasterParts& parts) {
   js.set_workers_expected(parts.expected_workers);
   js.set_phase(JobPhase(js, parts.nodes->placed(), parts.nodes->tables(),
                         parts.checkpoints->RestorePhase()));
+  if (const auto writer = parts.nodes->AwaitedInitialValues();
+      writer.has_value() && js.job_state() == proto::JOB_WAITING && parts.nodes->placed()) {
+    js.set_phase(absl::StrCat("waiting for ", *writer, " to write the tables' initial values"));
+  }
   js.set_security(parts.security);
   if (parts.sink->auditing()) {
     const storage::AuditHead head = parts.sink->audit_head();  // (a leaf lock)

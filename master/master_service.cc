@@ -17,6 +17,7 @@ absl::StatusOr<proto::DeclareTablesResponse> MasterServer::DeclareTables(
     const proto::DeclareTablesRequest& req) {
   return Durably([&](uint64_t* ticket) -> absl::StatusOr<proto::DeclareTablesResponse> {
     absl::MutexLock l(&mu_);
+    if (job_.over()) return absl::FailedPreconditionError("the job is over");
     bool changed = false;
     auto r = nodes_.DeclareTables(req, &changed);
     if (changed) *ticket = PersistLocked();

@@ -355,6 +355,16 @@ absl::StatusOr<proto::DeclareTablesResponse> NodeManager::DeclareTables(
   return resp;
 }
 
+std::optional<std::string> NodeManager::AwaitedInitialValues() const {
+  absl::MutexLock l(&mu_);
+  if (!options_.script_tables || view_.tables().empty() || view_.tables_initialised()) {
+    return std::nullopt;
+  }
+  const proto::NodeInfo* w = FindLocked(view_.tables_declared_by());
+  return w == nullptr ? absl::StrCat("node ", view_.tables_declared_by())
+                      : absl::StrCat("worker ", w->index(), " (node ", w->id(), ")");
+}
+
 std::vector<PServerTarget> NodeManager::DueProbes() {
   absl::MutexLock l(&mu_);
   std::vector<PServerTarget> probes;

@@ -143,6 +143,9 @@ class NodeManager {
   absl::StatusOr<proto::DeclareTablesResponse> DeclareTables(const proto::DeclareTablesRequest& req,
                                                              bool* changed)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // While tables a script declared wait for their initial values: who
+  // writes them ("worker 0 (node 3)"); nullopt otherwise.
+  std::optional<std::string> AwaitedInitialValues() const ABSL_LOCKS_EXCLUDED(mu_);
   // The suspects due a probe (one per heartbeat interval at most).
   std::vector<PServerTarget> DueProbes() ABSL_LOCKS_EXCLUDED(mu_);
   // Why pserver `id` is suspected, while it is (and alive).

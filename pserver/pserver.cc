@@ -387,6 +387,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     }
     owned_ = std::move(owned);
     for (auto& [id, part] : partitions_) all.push_back(part);
+    if (view.epoch() >= epoch_.load()) values_writer_ = view.tables_declared_by();
     epoch_ = std::max(epoch_.load(), view.epoch());
   }
   if (replicas_) replicas_->SetBackups(backup_addresses);
@@ -763,6 +764,16 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
             proto::REASON_NOT_SERVED));
     err.header.epoch = epoch;
     responder->Respond(std::move(err));
+    return;
+  }
+  if ((h.flags & transport::kFlagInitialValues) != 0 && h.sender_id != values_writer_.load()) {
+    // Only the writer the view names (a worker declared dead but alive in
+    // a plaintext cluster must not mix its values into its successor's).
+    responder->Respond(transport::MakeErrorResponse(
+        h, resp_type,
+        absl::FailedPreconditionError(absl::StrCat(
+            "initial values for partition ", h.partition, " from node ", h.sender_id,
+            ": the view of epoch ", epoch, " has node ", values_writer_.load(), " write them"))));
     return;
   }
   if (h.type == MessageType::kPullRequest) {

@@ -198,6 +198,9 @@ class PServer {
 
   std::atomic<uint32_t> node_id_{0};
   std::atomic<uint64_t> epoch_{0};
+  // The worker that writes a script's declared tables' initial values, as
+  // the view of epoch_ says (0: none).
+  std::atomic<uint32_t> values_writer_{0};
   // Held across ApplyView (which may read a checkpoint for minutes) so
   // views apply one at a time; mu_ only briefly inside it. Taken before mu_.
   absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(mu_);

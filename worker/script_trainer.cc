@@ -15,6 +15,7 @@ absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(TrainerCont
   // (Tables the script declares come with Declare.)
   if (!ScriptDeclaresTables(ctx->config().model)) {
     STRATA_RETURN_IF_ERROR(trainer->Declare(ModelTables(ctx->config().model)));
+    trainer->ValuesIn();  // (the pservers initialise them)
   }
   return trainer;
 }

@@ -46,9 +46,16 @@ class ScriptTrainer : public Trainer {
   // The model's tables: params() and grads() get their tensors (zeros).
   // Once: a second call with other tables is FailedPrecondition (the same
   // tables again are OK). Before any other call of the script's side, and
-  // before the training thread uses the tables (declared() tells it).
+  // before the training thread uses the tables (values_in() tells it).
   absl::Status Declare(std::vector<TableSpec> tables) ABSL_LOCKS_EXCLUDED(mu_);
   const absl::Notification& declared() const { return declared_; }
+  // The tables hold their initial values (declared by the config, or the
+  // script's shared by Worker::ShareInitialValues): the training thread
+  // may pull into params() from now on, the script no longer writes them.
+  void ValuesIn() {
+    if (!values_in_.HasBeenNotified()) values_in_.Notify();
+  }
+  const absl::Notification& values_in() const { return values_in_; }
   ScriptTrainer(const ScriptTrainer&) = delete;
   ScriptTrainer& operator=(const ScriptTrainer&) = delete;
 
@@ -154,6 +161,7 @@ class ScriptTrainer : public Trainer {
   // Set once by Declare, before declared_ is notified; read-only after.
   std::vector<TableSpec> tables_;
   absl::Notification declared_;
+  absl::Notification values_in_;
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
   std::map<uint32_t, RowGrads> row_grads_ ABSL_GUARDED_BY(mu_);  // sparse tables

@@ -350,7 +350,10 @@ absl::Status Worker::ShareInitialValues(absl::Time deadline) {
   while (!stop_.HasBeenNotified()) {
     STRATA_ASSIGN_OR_RETURN(proto::DeclareTablesResponse resp,
                             CallDeclareTables(script_->tables(), false));
-    if (resp.initialised()) return absl::OkStatus();
+    if (resp.initialised()) {
+      script_->ValuesIn();
+      return absl::OkStatus();
+    }
     if (resp.initialise()) {
       STRATA_ASSIGN_OR_RETURN(proto::ClusterView view, FetchView());
       if (view.partitions_size() > 0) {  // placed: the pservers hold the partitions
@@ -360,6 +363,7 @@ absl::Status Worker::ShareInitialValues(absl::Time deadline) {
         if (resp.initialised()) {
           LOG(INFO) << "worker " << options_.index << ": its model's values initialise the job's "
                     << script_->tables().size() << " table(s)";
+          script_->ValuesIn();
           return absl::OkStatus();
         }
       }
@@ -367,15 +371,17 @@ absl::Status Worker::ShareInitialValues(absl::Time deadline) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError("the tables' initial values are not in yet");
     }
-    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200));
   }
   return absl::CancelledError("worker shut down");
 }
 
 absl::Status Worker::WaitForReadyView() {
   if (agent_ == nullptr) return absl::OkStatus();
-  // Tables the script declares: known here once it has (distribute()).
-  while (script_ != nullptr && !script_->declared().HasBeenNotified()) {
+  // Tables the script declares: known here once it has (distribute()),
+  // and pulled into only once its values are shared (the script writes
+  // them until then).
+  while (script_ != nullptr && !script_->values_in().HasBeenNotified()) {
     if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
       return absl::CancelledError("worker shut down");
     }
@@ -417,9 +423,14 @@ absl::Status Worker::CheckViewMatchesModel(const proto::ClusterView& view) const
   if (!mismatch.empty()) {
     // FailedPrecondition: this worker is misconfigured, the job is not.
     return absl::FailedPreconditionError(absl::StrCat(
-        options_.config.model.type == "mlp" ? "model.layers of " : "the model section of ",
-        options_.config.source.empty() ? "the worker's config" : options_.config.source,
-        " does not match the job at master ", options_.master_address, " (", mismatch,
+        ScriptDeclaresTables(options_.config.model)
+            ? "the tables this worker's script declared do not"
+            : absl::StrCat(
+                  options_.config.model.type == "mlp" ? "model.layers of "
+                                                      : "the model section of ",
+                  options_.config.source.empty() ? "the worker's config" : options_.config.source,
+                  " does not"),
+        " match the job at master ", options_.master_address, " (", mismatch,
         "): the worker and the master must use the same model config"));
   }
   for (const auto& p : view.partitions()) {

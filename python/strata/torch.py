@@ -130,6 +130,7 @@ class Job:
         self._begun_n = 0
         self._embeddings = {}
         self._finished = False
+        self._shared = False  # this worker's part of declaring the tables is done
 
     @property
     def config(self):
@@ -156,23 +157,37 @@ class Job:
 
         Every parameter (model.named_parameters()) must be a dense table of
         the job of the same name and shape, float32 and contiguous, and
-        every dense table a parameter. On the CPU the parameter then is a
+        every dense table a parameter. When the config lists no tables
+        (model.tables), this declares them first: the model's parameters
+        and the embeddings made so far are the job's tables, and the first
+        worker's values their initial values (a different model is refused
+        naming the table). On the CPU the parameter then is a
         view of the worker's memory, into which the job's values are
-        pulled (from the first task on: the model's own initial values are
-        not used), and its gradient a view of the memory pushes are sent
-        from. A CUDA parameter stays on its GPU: the worker's memory is its
+        pulled (from the first task on: the first worker's, or those the
+        pservers initialised as model.tables says), and its gradient a
+        view of the memory pushes are sent from. A CUDA parameter stays on its GPU: the worker's memory is its
         pinned host copy (cudaHostRegister), the gradient copied into it
         and the pulled values out of it on a side stream, the model's
         stream waiting for those copies only. Embeddings (job.embedding)
         inside the model are not parameters.
         """
-        declaring = self._core.declares_tables and not self._tables
-        if declaring:
+        params = list(model.named_parameters())
+        for name, p in params:  # (before a declaration: nothing refused after it)
+            if p.dtype != torch.float32:
+                raise TypeError("parameter %s is %s; Strata's tables are float32" % (name, p.dtype))
+            if not p.is_contiguous():
+                raise ValueError("parameter %s is not contiguous" % name)
+            if p.device.type not in ("cpu", "cuda"):
+                raise ValueError("parameter %s is on %s; distribute() takes a model on the CPU "
+                                 "or on a CUDA device" % (name, p.device))
+        declaring = self._core.declares_tables and not self._shared
+        if declaring and not self._tables:
             self._declare(model)
+        whose = ("declared by the job's first worker" if self._core.declares_tables
+                 else "the config's model.tables")
         dense = {name: (i, tuple(shape)) for i, (name, shape, dim) in enumerate(self._tables)
                  if not dim}
         sparse = [name for name, _, dim in self._tables if dim]
-        params = list(model.named_parameters())
         seen = set()
         self._staged = []
         self._direct = []
@@ -182,19 +197,12 @@ class Job:
                     raise ValueError("parameter %s: the job's table %s is sparse; look its rows "
                                      "up with job.embedding(%r)" % (name, name, name))
                 raise ValueError("parameter %s (shape %s) is not a table of the job; its dense "
-                                 "tables: %s (the config's model.tables)"
-                                 % (name, tuple(p.shape), ", ".join(dense) or "none"))
+                                 "tables: %s (%s)"
+                                 % (name, tuple(p.shape), ", ".join(dense) or "none", whose))
             i, shape = dense[name]
-            if p.dtype != torch.float32:
-                raise TypeError("parameter %s is %s; Strata's tables are float32" % (name, p.dtype))
-            if not p.is_contiguous():
-                raise ValueError("parameter %s is not contiguous" % name)
             if tuple(p.shape) != shape and not (p.dim() == 0 and shape == (1,)):
                 raise ValueError("parameter %s has shape %s, the job's table %s has %s"
                                  % (name, tuple(p.shape), name, shape))
-            if p.device.type not in ("cpu", "cuda"):
-                raise ValueError("parameter %s is on %s; distribute() takes a model on the CPU "
-                                 "or on a CUDA device" % (name, p.device))
             seen.add(name)
             values = torch.from_numpy(self._core.param(i)).view(p.shape)
             grad = torch.from_numpy(self._core.grad(i)).view(p.shape)
@@ -206,7 +214,8 @@ class Job:
                 p.data = values
                 p.grad = grad
                 self._direct.append((i, p, grad))
-                p.register_hook(functools.partial(self._on_grad, i, grad))
+                if p.requires_grad:  # (a frozen one's gradient stays zero)
+                    p.register_hook(functools.partial(self._on_grad, i, grad))
             else:
                 self._staged.append((p, values, grad))
         if any(p.device.type == "cuda" for p, _, _ in self._staged):
@@ -223,6 +232,7 @@ class Job:
             # The first worker's values become the tables' (the others wait
             # for them); from the first task on every worker pulls them.
             self._core.share_initial_values()
+            self._shared = True
         return model
 
     def _declare(self, model):
@@ -233,10 +243,6 @@ class Job:
         the table."""
         tables = []
         for name, p in model.named_parameters():
-            if p.dtype != torch.float32:
-                raise TypeError("parameter %s is %s; Strata's tables are float32" % (name, p.dtype))
-            if not p.is_contiguous():
-                raise ValueError("parameter %s is not contiguous" % name)
             tables.append((name, [int(d) for d in p.shape] or [1], 0))
         for name, emb in self._embeddings.items():
             tables.append((name, [], emb.dim))

@@ -459,6 +459,7 @@ TEST_F(NodeManagerTest, TheFirstDeclarationIsTheJobsTablesAndItsWorkerWritesThei
   EXPECT_EQ(declared.tables(0).init(), "worker");
   EXPECT_EQ(declared.tables(2).partitions(), 2u);
   EXPECT_EQ(declared.tables_declared_by(), w1);
+  EXPECT_EQ(n.AwaitedInitialValues(), "worker 1 (node 3)");
   // The other worker waits for the values; a different model is refused
   // naming the table.
   auto other = n.DeclareTables(Declaration(w0, model), &changed);
@@ -491,6 +492,7 @@ TEST_F(NodeManagerTest, TheFirstDeclarationIsTheJobsTablesAndItsWorkerWritesThei
   ASSERT_THAT(done.status(), IsOk());
   EXPECT_TRUE(done->initialised());
   EXPECT_TRUE(changed);
+  EXPECT_EQ(n.AwaitedInitialValues(), std::nullopt);
   EXPECT_TRUE(n.MarkReady().has_value());
   auto later = n.DeclareTables(Declaration(w0, model), &changed);
   ASSERT_THAT(later.status(), IsOk());

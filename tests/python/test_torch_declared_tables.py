@@ -51,6 +51,10 @@ def test_the_first_workers_values_initialise_the_tables_the_script_declares(clus
     m0 = Net(seed=1, embedding=first.embedding("item", dim=5))
     with pytest.raises(RuntimeError, match="embedding item is not a table of the job yet"):
         m0.embedding(torch.tensor([1, 2]))
+    # Refused before anything is declared: the worker may try again.
+    with pytest.raises(TypeError, match="parameter .* is torch.float64"):
+        first.distribute(Net(seed=1, embedding=m0.embedding).double())
+    assert first.tables == []
     want = values(m0)
     first.distribute(m0)
     # named_parameters() order (the module's own first), then the embeddings.

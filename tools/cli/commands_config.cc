@@ -37,6 +37,9 @@ namespace {
 // peer: the larger of the pserver and worker counts of --hosts, or 16.
 constexpr int kDefaultRdmaPeers = 16;
 
+// Tables a training script declares (no model.tables) are not known here
+// and not counted: a worker whose registration then fails sends and
+// receives through copies, with a warning in its log.
 uint64_t RegisterBytes(const JobConfig* cfg, int peers) {
   const RdmaSection rdma = cfg ? cfg->cluster.rdma : RdmaSection();
   uint64_t tensors = 0;

@@ -202,17 +202,41 @@ class PyWorker {
     return std::move(out);
   }
 
-  void Step(int n, double loss, int64_t correct) {
+  void Step(int n, double loss, int64_t correct, bool ahead) {
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = script_->Step(n, loss, correct);
+      s = script_->Step(n, loss, correct, ahead);
     }
     if (!s.ok() && preempted_) return;  // stopped for the preemption: the task ends
     ThrowIfError(s);
   }
 
-  void BeginStep(int n) { ThrowIfError(script_->BeginStep(n)); }
+  // ScriptTrainer::WaitTables / SettleAhead (the pulls a step left landing).
+  void WaitTables(const std::vector<uint32_t>& tables) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = script_->WaitTables(tables);
+    }
+    ThrowIfError(s);
+  }
+  void SettleAhead() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = script_->SettleAhead();
+    }
+    ThrowIfError(s);
+  }
+  void BeginStep(int n) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = script_->BeginStep(n);
+    }
+    ThrowIfError(s);
+  }
   void PushTable(int table) {
     absl::Status s;
     {
@@ -320,7 +344,10 @@ PYBIND11_MODULE(_core, m) {
       .def("add_row_grads", &PyWorker::AddRowGrads, py::arg("table"), py::arg("keys"),
            py::arg("grads"))
       .def("next_task", &PyWorker::NextTask)
-      .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0)
+      .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0,
+           py::arg("ahead") = false)
+      .def("wait_tables", &PyWorker::WaitTables, py::arg("tables"))
+      .def("settle_ahead", &PyWorker::SettleAhead)
       .def("begin_step", &PyWorker::BeginStep, py::arg("n"))
       .def("push_table", &PyWorker::PushTable, py::arg("table"))
       .def("abandon_step", &PyWorker::AbandonStep)

@@ -904,6 +904,25 @@ absl::StatusOr<uint64_t> ParamClient::PushPull::Finish(PushResult* result) {
   return lowest_;
 }
 
+absl::Status ParamClient::PushPull::FinishPush(PushResult* result) {
+  push_->IssueAll();
+  if (pull_behind_) pull_->IssueAll();
+  STRATA_RETURN_IF_ERROR(push_->Finish());
+  pull_->IssueAll();  // (large exchanges: once the pushes are answered)
+  if (result != nullptr) *result = pushed_;
+  return absl::OkStatus();
+}
+
+absl::Status ParamClient::PushPull::WaitTable(uint32_t table) {
+  if (table >= grads_->size()) return absl::OkStatus();
+  return pull_->WaitRange(table, (*grads_)[table].size());
+}
+
+absl::StatusOr<uint64_t> ParamClient::PushPull::FinishPull() {
+  STRATA_RETURN_IF_ERROR(pull_->Finish());
+  return lowest_;
+}
+
 absl::StatusOr<PushResult> ParamClient::PushAll(const std::vector<std::vector<float>>& grads,
                                                 uint64_t step, uint64_t count) {
   PushResult result;

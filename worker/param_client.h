@@ -247,6 +247,13 @@ class ParamClient {
     void Issue(uint32_t table);
     // The lowest version pulled; *result gets the push's outcome.
     absl::StatusOr<uint64_t> Finish(PushResult* result = nullptr);
+    // Finish in two halves, so that the caller computes while the pulls
+    // land: FinishPush settles the push (*result its outcome) with every
+    // pull issued; WaitTable(t) waits for table t's pulls; FinishPull
+    // settles the rest (the lowest version pulled). Not with Finish.
+    absl::Status FinishPush(PushResult* result);
+    absl::Status WaitTable(uint32_t table);
+    absl::StatusOr<uint64_t> FinishPull();
 
    private:
     PushResult pushed_;

@@ -22,6 +22,12 @@ absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(TrainerCont
 
 ScriptTrainer::ScriptTrainer(TrainerContext* ctx) : ctx_(ctx) {}
 
+ScriptTrainer::~ScriptTrainer() {
+  // Exchanges still writing params_ or reading grads_ go before them.
+  ahead_.reset();
+  begun_.reset();
+}
+
 absl::Status ScriptTrainer::Declare(std::vector<TableSpec> tables) {
   absl::MutexLock l(&mu_);
   if (declared_.HasBeenNotified()) {
@@ -282,7 +288,36 @@ absl::Status ScriptTrainer::EnterStepLocked(int n) {
   return absl::OkStatus();
 }
 
+void ScriptTrainer::AheadFailed(const absl::Status& s) {
+  ahead_.reset();  // (drops the connections of pulls still writing params_)
+  absl::MutexLock l(&mu_);
+  if (step_error_.ok()) step_error_ = s;
+}
+
+absl::Status ScriptTrainer::WaitTables(const std::vector<uint32_t>& tables) {
+  if (ahead_ == nullptr) return absl::OkStatus();
+  for (uint32_t t : tables) {
+    if (absl::Status s = ahead_->WaitTable(t); !s.ok()) {
+      AheadFailed(s);
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScriptTrainer::SettleAhead() {
+  if (ahead_ == nullptr) return absl::OkStatus();
+  absl::Status s = ahead_->FinishPull().status();
+  if (!s.ok()) {
+    AheadFailed(s);
+    return s;
+  }
+  ahead_.reset();
+  return absl::OkStatus();
+}
+
 absl::Status ScriptTrainer::BeginStep(int n) {
+  STRATA_RETURN_IF_ERROR(SettleAhead());
   if (begun_ != nullptr) {
     return absl::FailedPreconditionError("a step was begun and not finished (call step())");
   }
@@ -307,6 +342,7 @@ absl::Status ScriptTrainer::PushTable(uint32_t table) {
 }
 
 void ScriptTrainer::AbandonStep() {
+  ahead_.reset();
   FailBegunStep("the step begun by backward() was abandoned after some of its pushes went out");
 }
 
@@ -321,7 +357,8 @@ void ScriptTrainer::FailBegunStep(const std::string& why) {
   if (step_error_.ok()) step_error_ = absl::AbortedError(why);
 }
 
-absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct) {
+absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead) {
+  STRATA_RETURN_IF_ERROR(SettleAhead());
   const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
   std::unique_ptr<Begun> begun = std::move(begun_);
   absl::Time since;
@@ -350,14 +387,21 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct) {
   std::vector<ParamClient::SparseKeys> grouped;
   std::vector<PushResult> sparse_pushed;
   if (s.ok()) s = IssueSparsePushes(version, n, bsp, &sparse, &grouped, &sparse_pushed);
-  if (s.ok() && begun == nullptr) {
-    s = ctx_->params()
-            ->PushThenPull(grads_, version, static_cast<uint64_t>(n), bsp ? version + 1 : 0,
-                           &params_, &pushed)
-            .status();
+  std::unique_ptr<ParamClient::PushPull> exchange;
+  if (begun != nullptr) {
+    exchange = std::move(begun->exchange);
   } else if (s.ok()) {
-    s = begun->exchange->Finish(&pushed).status();
+    exchange = std::make_unique<ParamClient::PushPull>(ctx_->params(), &grads_, version,
+                                                       static_cast<uint64_t>(n),
+                                                       bsp ? version + 1 : 0, &params_);
   }
+  if (s.ok() && ahead) {
+    s = exchange->FinishPush(&pushed);
+    if (s.ok()) ahead_ = std::move(exchange);  // (its pulls land while the script computes)
+  } else if (s.ok()) {
+    s = exchange->Finish(&pushed).status();
+  }
+  exchange.reset();
   begun.reset();
   for (auto& e : sparse) s.Update(e->Finish());
   sparse.clear();
@@ -385,6 +429,7 @@ bool ScriptTrainer::evaluating() {
 
 absl::Status ScriptTrainer::TaskDone() {
   if (begun_ != nullptr) FailBegunStep("a step begun by backward() was not finished by step()");
+  SettleAhead().IgnoreError();  // (a failure is the task's: step_error_)
   absl::MutexLock l(&mu_);
   if (phase_ != Phase::kTask) return absl::OkStatus();
   phase_ = Phase::kTaskDone;

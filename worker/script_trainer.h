@@ -56,6 +56,7 @@ class ScriptTrainer : public Trainer {
     if (!values_in_.HasBeenNotified()) values_in_.Notify();
   }
   const absl::Notification& values_in() const { return values_in_; }
+  ~ScriptTrainer() override;
   ScriptTrainer(const ScriptTrainer&) = delete;
   ScriptTrainer& operator=(const ScriptTrainer&) = delete;
 
@@ -84,7 +85,14 @@ class ScriptTrainer : public Trainer {
   // pservers' convention; a begun step's are summed already), then the
   // next step's parameters pulled into params(), and grads() zeroed for
   // the next step. `loss` (mean) and `correct` go to the progress reports.
-  absl::Status Step(int n, double loss, int64_t correct);
+  // With `ahead`, Step returns once the push is settled, the next step's
+  // pulls still landing in params(): WaitTables(tables) waits for some
+  // tables' values (the script's forward, layer by layer), SettleAhead for
+  // all of them; every other call of the script's side settles them first
+  // (LeaveTask and AbandonStep drop them).
+  absl::Status Step(int n, double loss, int64_t correct, bool ahead = false);
+  absl::Status WaitTables(const std::vector<uint32_t>& tables);
+  absl::Status SettleAhead();
   // A step whose dense pushes go out table by table while the script's
   // backward pass runs: BeginStep(n) before it, PushTable(t) once table
   // t's gradient (of the mean loss, times n: summed over the records) is
@@ -139,6 +147,10 @@ class ScriptTrainer : public Trainer {
     std::unique_ptr<ParamClient::PushPull> exchange;
   };
   std::unique_ptr<Begun> begun_;
+  // Pulls left landing by Step(ahead): the script's thread's only.
+  std::unique_ptr<ParamClient::PushPull> ahead_;
+  // A failed pull of ahead_: the task fails with it.
+  void AheadFailed(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A step's gradient of one sparse table: one summed row per distinct key.
   struct RowGrads {

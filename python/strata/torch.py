@@ -131,6 +131,11 @@ class Job:
         self._embeddings = {}
         self._finished = False
         self._shared = False  # this worker's part of declaring the tables is done
+        # distribute(prefetch=True): its hooks, and whether a step's pulls
+        # are still landing.
+        self._prefetch = False
+        self._hooks = []
+        self._ahead = False
 
     @property
     def config(self):
@@ -152,7 +157,7 @@ class Job:
         return [(name, tuple(shape)) if not dim else (name, dim)
                 for name, shape, dim in self._tables]
 
-    def distribute(self, model, _stage=False):
+    def distribute(self, model, prefetch=False, _stage=False):
         """Makes the model's parameters the job's dense tables, by name.
 
         Every parameter (model.named_parameters()) must be a dense table of
@@ -170,6 +175,16 @@ class Job:
         and the pulled values out of it on a side stream, the model's
         stream waiting for those copies only. Embeddings (job.embedding)
         inside the model are not parameters.
+
+        prefetch=True (a model on the CPU): step() returns once its push is
+        settled, the next step's values still landing in the parameters;
+        each module's forward waits (a forward pre-hook) for its own
+        parameters only, so the first layers compute while the last ones'
+        values arrive, and once model(x) has returned all have landed.
+        Only for scripts that read the parameters through model(...) alone:
+        anything else reading them between step() and the next forward
+        (a parameter used outside its module's forward, a norm logged)
+        calls job.wait() first.
         """
         params = list(model.named_parameters())
         for name, p in params:  # (before a declaration: nothing refused after it)
@@ -218,6 +233,7 @@ class Job:
                     p.register_hook(functools.partial(self._on_grad, i, grad))
             else:
                 self._staged.append((p, values, grad))
+        self._install_prefetch(model, prefetch)
         if any(p.device.type == "cuda" for p, _, _ in self._staged):
             self._stream = torch.cuda.Stream(device=self._staged[0][0].device)
             cudart = torch.cuda.cudart()
@@ -234,6 +250,45 @@ class Job:
             self._core.share_initial_values()
             self._shared = True
         return model
+
+    def _install_prefetch(self, model, prefetch):
+        """distribute(prefetch=True): forward pre-hooks that wait for the
+        pulls a step left landing, module by module (see distribute)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._prefetch = bool(prefetch) and not self._staged and bool(self._direct)
+        if not self._prefetch:
+            return
+        table_of = {id(p): i for i, p, _ in self._direct}
+        covered = set()
+        for m in model.modules():
+            if type(m).forward is torch.nn.Module.forward:
+                continue  # (a container's parameters are used by another module's forward)
+            own = [table_of[id(p)] for p in m.parameters(recurse=False) if id(p) in table_of]
+            if own:
+                covered.update(own)
+                self._hooks.append(m.register_forward_pre_hook(
+                    functools.partial(self._wait_tables, own)))
+        rest = [i for i, _, _ in self._direct if i not in covered]
+        if rest:  # waited for by the model's own forward, first
+            self._hooks.append(model.register_forward_pre_hook(
+                functools.partial(self._wait_tables, rest)))
+        self._hooks.append(model.register_forward_hook(self._settle_after_forward))
+
+    def _wait_tables(self, tables, module, inputs):
+        if self._ahead:
+            self._core.wait_tables(tables)
+
+    def _settle_after_forward(self, module, inputs, output):
+        self.wait()
+
+    def wait(self):
+        """Waits for the values a step left landing (distribute(prefetch=
+        True)): after it the parameters hold the next step's values."""
+        if self._ahead:
+            self._ahead = False
+            self._core.settle_ahead()
 
     def _declare(self, model):
         """The job's tables are this model's (a config without
@@ -311,8 +366,10 @@ class Job:
                 # The loop was left mid-task (an exception, a break): the
                 # task is not trained, so it is not completed; the master
                 # requeues it once this worker has left.
+                self._ahead = False
                 self._core.leave_task()
                 raise
+            self._ahead = False  # (task_done settles the pulls left landing)
             if self._stream is not None:
                 self._stream.synchronize()  # the last copies from the host values
             if self._begun:
@@ -337,6 +394,7 @@ class Job:
             loss.backward()
             return
         n = int(batch_size)
+        self._ahead = False  # (the core settles the previous step's pulls first)
         self._core.begin_step(n)
         self._begun = True
         self._begun_n = n
@@ -390,8 +448,10 @@ class Job:
         # The core pushes the gradients times n (a push carries the sum over
         # its records) and zeroes them once sent; reports take the batch's
         # summed loss.
+        self._ahead = False  # (the core settles the previous step's pulls first)
         try:
-            self._core.step(n, float(loss) * n, int(correct))
+            self._core.step(n, float(loss) * n, int(correct), self._prefetch)
+            self._ahead = self._prefetch
         finally:
             if self._begun:
                 self._begun = False
@@ -461,6 +521,7 @@ class Job:
         """Leaves the job now, without waiting for it to end (the worker
         stops; a task it held goes back to the queue)."""
         self._finished = True
+        self._ahead = False
         self._core.stop()
 
     def stats(self):

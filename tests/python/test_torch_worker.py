@@ -315,3 +315,57 @@ def test_step_over_other_records_than_backward_fails_the_task_saying_so(cluster_
     assert float(model.ps[3].grad.abs().sum()) == 0  # the worker's buffers again, zeroed
     tasks.close()
     job.close()
+
+
+class Layers(torch.nn.Module):
+    """Modules of their own (hooked one by one) and a parameter of the model
+    itself (waited for by the model's own pre-hook)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(784, 32)
+        self.out = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return self.out(self.fc(x)) * self.scale
+
+
+def test_prefetch_gives_the_same_parameters_as_waiting_in_step(cluster_factory):
+    """distribute(prefetch=True): step() returns with the next step's pulls
+    landing, each module's forward waits for its own; 20 bsp steps end with
+    the same values as without prefetch, and model(x) or job.wait() leave
+    every parameter settled."""
+    from strata.data import read_idx_pair
+    x, y = read_idx_pair(FMNIST + "/train-images-idx3-ubyte.gz",
+                         FMNIST + "/train-labels-idx1-ubyte.gz")
+    x, y = torch.from_numpy(x.reshape(len(x), -1)[:1280]), torch.from_numpy(y[:1280])
+    model_yaml = ("model:\n  type: script\n  tables:\n    - {name: scale, shape: [1], init: zeros}\n"
+                  "    - {name: fc.weight, shape: [32, 784]}\n"
+                  "    - {name: fc.bias, shape: [32], fan_in: 784}\n"
+                  "    - {name: out.1.weight, shape: [10, 32]}\n"
+                  "    - {name: out.1.bias, shape: [10], fan_in: 32}")
+    ends = []
+    for prefetch in (False, True):
+        c = cluster_factory(model=model_yaml, extra="worker:\n  command: [/usr/bin/python3, x.py]\n",
+                            steps_records=1280)
+        job = st.init(config=c.config, master=c.master, index=0)
+        model = job.distribute(Layers(), prefetch=prefetch)
+        assert job._prefetch == prefetch
+        for records in job.tasks():
+            for b in range(0, len(records), 64):
+                idx = records[b:b + 64]
+                if b == 128 and prefetch:
+                    assert job._ahead  # (the previous step's pulls may still land)
+                    job.wait()
+                    assert not job._ahead
+                loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+                assert not job._ahead  # settled once model(x) returned
+                job.backward(loss, len(idx))
+                job.step(len(idx))
+        ends.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        job.finish(metrics={"test_accuracy": 0.5})
+        assert c.wait_summary()["steps"] == 20
+    for name, v in ends[0].items():
+        torch.testing.assert_close(ends[1][name], v, rtol=1e-5, atol=1e-6, msg=name)

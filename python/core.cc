@@ -213,12 +213,14 @@ class PyWorker {
   }
 
   // ScriptTrainer::WaitTables / SettleAhead (the pulls a step left landing).
+  // (Stopped by a preemption notice: the pulls were cut, the task ends.)
   void WaitTables(const std::vector<uint32_t>& tables) {
     absl::Status s;
     {
       py::gil_scoped_release release;
       s = script_->WaitTables(tables);
     }
+    if (!s.ok() && preempted_) return;
     ThrowIfError(s);
   }
   void SettleAhead() {
@@ -227,6 +229,7 @@ class PyWorker {
       py::gil_scoped_release release;
       s = script_->SettleAhead();
     }
+    if (!s.ok() && preempted_) return;
     ThrowIfError(s);
   }
   void BeginStep(int n) {
@@ -285,7 +288,14 @@ class PyWorker {
     py::gil_scoped_release release;
     script_->LeaveTask();
   }
-  void TaskDone() { ThrowIfError(script_->TaskDone()); }
+  void TaskDone() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;  // (it may wait for pulls left landing)
+      s = script_->TaskDone();
+    }
+    ThrowIfError(s);
+  }
   void Finish(const std::map<std::string, double>& metrics) { script_->Finish(metrics); }
 
   // Waits for the worker to end (the job done, or failed: raised).

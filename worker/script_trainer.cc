@@ -22,8 +22,9 @@ absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(TrainerCont
 
 ScriptTrainer::ScriptTrainer(TrainerContext* ctx) : ctx_(ctx) {}
 
-ScriptTrainer::~ScriptTrainer() {
-  // Exchanges still writing params_ or reading grads_ go before them.
+ScriptTrainer::~ScriptTrainer() { DropExchanges(); }
+
+void ScriptTrainer::DropExchanges() {
   ahead_.reset();
   begun_.reset();
 }
@@ -258,6 +259,7 @@ absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_
 
 absl::StatusOr<std::optional<std::vector<int64_t>>> ScriptTrainer::NextTask(absl::Duration wait) {
   if (begun_ != nullptr) FailBegunStep("a step begun by backward() was not finished by step()");
+  SettleAhead().IgnoreError();  // (a failure is the task's: step_error_)
   absl::MutexLock l(&mu_);
   if (phase_ == Phase::kTask && !offered_.has_value()) phase_ = Phase::kTaskDone;  // (implied)
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -405,6 +407,7 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead
   begun.reset();
   for (auto& e : sparse) s.Update(e->Finish());
   sparse.clear();
+  if (!s.ok()) ahead_.reset();  // (the task fails: no pulls left landing)
   for (const PushResult& r : sparse_pushed) pushed.stale_partitions += r.stale_partitions;
   const absl::Time t1 = absl::Now();
   // Settled: the transport no longer reads the gradients.

@@ -57,6 +57,9 @@ class ScriptTrainer : public Trainer {
   }
   const absl::Notification& values_in() const { return values_in_; }
   ~ScriptTrainer() override;
+  // Drops the exchanges that still use params() and grads() (their
+  // connections cut): before the ParamClient and the transport go.
+  void DropExchanges();
   ScriptTrainer(const ScriptTrainer&) = delete;
   ScriptTrainer& operator=(const ScriptTrainer&) = delete;
 

@@ -115,7 +115,11 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<Device> device)
   tasks_ = std::move(options_.task_source);
 }
 
-Worker::~Worker() { Shutdown(); }
+Worker::~Worker() {
+  Shutdown();
+  // (The trainer outlives the members below it: its exchanges go now.)
+  if (script_ != nullptr) script_->DropExchanges();
+}
 
 void Worker::Shutdown() {
   if (shutdown_.exchange(true)) return;

@@ -186,6 +186,7 @@ class Job:
         (a parameter used outside its module's forward, a norm logged)
         calls job.wait() first.
         """
+        self.wait()  # (a previous distribute's pulls: landed before its hooks go)
         params = list(model.named_parameters())
         for name, p in params:  # (before a declaration: nothing refused after it)
             if p.dtype != torch.float32:
@@ -263,21 +264,23 @@ class Job:
         table_of = {id(p): i for i, p, _ in self._direct}
         covered = set()
         for m in model.modules():
-            if type(m).forward is torch.nn.Module.forward:
+            if m is model or type(m).forward is torch.nn.Module.forward:
                 continue  # (a container's parameters are used by another module's forward)
-            own = [table_of[id(p)] for p in m.parameters(recurse=False) if id(p) in table_of]
-            if own:
-                covered.update(own)
+            # A module's forward may read its children's parameters without
+            # calling them (nn.MultiheadAttention's out_proj): all of them.
+            tables = [table_of[id(p)] for p in m.parameters() if id(p) in table_of]
+            if tables:
+                covered.update(tables)
                 self._hooks.append(m.register_forward_pre_hook(
-                    functools.partial(self._wait_tables, own)))
+                    functools.partial(self._wait_tables, tables)))
         rest = [i for i, _, _ in self._direct if i not in covered]
-        if rest:  # waited for by the model's own forward, first
+        if rest:  # the model's own and its containers': before its forward starts
             self._hooks.append(model.register_forward_pre_hook(
                 functools.partial(self._wait_tables, rest)))
         self._hooks.append(model.register_forward_hook(self._settle_after_forward))
 
     def _wait_tables(self, tables, module, inputs):
-        if self._ahead:
+        if self._ahead and not self._core.preempted:
             self._core.wait_tables(tables)
 
     def _settle_after_forward(self, module, inputs, output):
@@ -288,7 +291,8 @@ class Job:
         True)): after it the parameters hold the next step's values."""
         if self._ahead:
             self._ahead = False
-            self._core.settle_ahead()
+            if not self._core.preempted:  # (else the core cut them)
+                self._core.settle_ahead()
 
     def _declare(self, model):
         """The job's tables are this model's (a config without
@@ -432,6 +436,7 @@ class Job:
         to the progress reports. The gradients are zeroed for the next step.
         `batch_size` defaults to backward()'s, else to job.batch_size."""
         if self._core.preempted:  # stopped by a preemption notice: the task ends here
+            self._ahead = False
             if self._begun:  # its pushes are out: settled (or cut) by the core
                 self._begun = False
                 try:

@@ -317,42 +317,63 @@ def test_step_over_other_records_than_backward_fails_the_task_saying_so(cluster_
     job.close()
 
 
+
 class Layers(torch.nn.Module):
-    """Modules of their own (hooked one by one) and a parameter of the model
-    itself (waited for by the model's own pre-hook)."""
+    """Modules of their own (hooked one by one), one whose forward reads a
+    child's parameters without calling it (nn.MultiheadAttention's
+    out_proj), a Sequential, and a parameter of the model itself."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.fc = torch.nn.Linear(784, 32)
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
         self.out = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(32, 10))
         self.scale = torch.nn.Parameter(torch.ones(1))
 
     def forward(self, x):
-        return self.out(self.fc(x)) * self.scale
+        h = self.fc(x).view(-1, 2, 16)
+        h, _ = self.attn(h, h, h, need_weights=False)
+        return self.out(h.flatten(1)) * self.scale
 
 
-def test_prefetch_gives_the_same_parameters_as_waiting_in_step(cluster_factory):
+class RecordingCore:
+    """The job's core with its wait_tables calls logged."""
+
+    def __init__(self, core, log):
+        self._core = core
+        self._log = log
+
+    def wait_tables(self, tables):
+        self._log.append(("wait", tuple(tables)))
+        return self._core.wait_tables(tables)
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
+def test_prefetch_waits_for_each_modules_parameters_before_its_forward(cluster_factory):
     """distribute(prefetch=True): step() returns with the next step's pulls
-    landing, each module's forward waits for its own; 20 bsp steps end with
-    the same values as without prefetch, and model(x) or job.wait() leave
-    every parameter settled."""
+    landing; before each module's forward its parameters (a child's read
+    without calling it included) are waited for; 20 bsp steps end with the
+    same parameters as without prefetch; model(x) and job.wait() settle."""
     from strata.data import read_idx_pair
     x, y = read_idx_pair(FMNIST + "/train-images-idx3-ubyte.gz",
                          FMNIST + "/train-labels-idx1-ubyte.gz")
     x, y = torch.from_numpy(x.reshape(len(x), -1)[:1280]), torch.from_numpy(y[:1280])
-    model_yaml = ("model:\n  type: script\n  tables:\n    - {name: scale, shape: [1], init: zeros}\n"
-                  "    - {name: fc.weight, shape: [32, 784]}\n"
-                  "    - {name: fc.bias, shape: [32], fan_in: 784}\n"
-                  "    - {name: out.1.weight, shape: [10, 32]}\n"
-                  "    - {name: out.1.bias, shape: [10], fan_in: 32}")
     ends = []
     for prefetch in (False, True):
-        c = cluster_factory(model=model_yaml, extra="worker:\n  command: [/usr/bin/python3, x.py]\n",
+        # (Tables declared by the script: both jobs start from Layers()'s values.)
+        c = cluster_factory(model="model:\n  type: script",
+                            extra="worker:\n  command: [/usr/bin/python3, x.py]\n",
                             steps_records=1280)
         job = st.init(config=c.config, master=c.master, index=0)
         model = job.distribute(Layers(), prefetch=prefetch)
-        assert job._prefetch == prefetch
+        index = {name: i for i, (name, _) in enumerate(job.tables)}
+        log = []
+        job._core = RecordingCore(job._core, log)
+        for name, m in model.named_modules():  # (after the job's hooks: run after them)
+            m.register_forward_pre_hook(lambda m, inputs, name=name: log.append(("forward", name)))
         for records in job.tasks():
             for b in range(0, len(records), 64):
                 idx = records[b:b + 64]
@@ -360,10 +381,26 @@ def test_prefetch_gives_the_same_parameters_as_waiting_in_step(cluster_factory):
                     assert job._ahead  # (the previous step's pulls may still land)
                     job.wait()
                     assert not job._ahead
+                    log.clear()
+                if b == 256 and prefetch:
+                    log.clear()
+                    assert job._ahead
                 loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
                 assert not job._ahead  # settled once model(x) returned
+                if b == 256 and prefetch:
+                    waited = []
+                    for kind, what in log:
+                        if kind == "wait":
+                            waited.extend(what)
+                        elif what in ("fc", "attn", "out.1"):
+                            owned = [i for n, i in index.items() if n.startswith(what + ".")]
+                            assert owned and set(owned) <= set(waited), (what, log)
+                    assert log[0] == ("wait", (index["scale"],)), log  # before the model's forward
+                    assert set(waited) == set(index.values()), log
                 job.backward(loss, len(idx))
                 job.step(len(idx))
+        if not prefetch:
+            assert not any(kind == "wait" for kind, _ in log)
         ends.append({n: p.detach().clone() for n, p in model.named_parameters()})
         job.finish(metrics={"test_accuracy": 0.5})
         assert c.wait_summary()["steps"] == 20

@@ -1,6 +1,9 @@
 // The parameter tables a model declares. Shared by the master (placement),
 // the pservers (initialisation) and the workers (layout), so all three agree
-// on names, shapes and order without talking.
+// on names, shapes and order without talking. Tables a training script
+// declares (ScriptDeclaresTables) are not here: the master takes them from
+// the script's first worker (master/declared_tables.h) and the cluster view
+// carries them to everyone.
 #ifndef STRATA_COMMON_MODEL_SPEC_H_
 #define STRATA_COMMON_MODEL_SPEC_H_
 

@@ -684,6 +684,38 @@ Message PServer::EpochMismatchResponse(const transport::MessageHeader& h, Messag
   return err;
 }
 
+void PServer::HandleReplica(Message request, std::shared_ptr<Partition> part, uint64_t epoch,
+                            std::shared_ptr<transport::Responder> responder) {
+  const auto& h = request.header;
+  const MessageType answer_type = MessageType::kReplicateResponse;
+  absl::Status fit;
+  {
+    absl::MutexLock l(&mu_);
+    auto owner = owner_of_.find(h.partition);
+    if (h.count != node_id_.load()) {
+      fit = absl::FailedPreconditionError(
+          absl::StrCat("replication record for node ", h.count, " reached node ", node_id_.load()));
+    } else if (part == nullptr || owner == owner_of_.end() || owner->second != h.sender_id) {
+      fit = absl::FailedPreconditionError(
+          absl::StrCat("replication record for partition ", h.partition, " from node ", h.sender_id,
+                       ", which is not its primary here (view epoch ", epoch, ")"));
+    }
+  }
+  if (!fit.ok()) {
+    responder->Respond(transport::MakeErrorResponse(h, answer_type, fit));
+    return;
+  }
+  if (executor_ == nullptr) {
+    part->ApplyReplica(request, std::move(responder));
+    return;
+  }
+  request.OwnPayload();  // (lent by the transport until we return)
+  auto req = std::make_shared<Message>(std::move(request));
+  executor_->Post(h.partition, [part, req, responder = std::move(responder)]() {
+    part->ApplyReplica(*req, responder);
+  });
+}
+
 void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responder> responder) {
   requests_total_->Increment();
   bytes_in_->Increment(static_cast<double>(request.payload_size()));
@@ -724,35 +756,8 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
   // Shared with the tasks posted below: the partition may move away
   // before they run.
   std::shared_ptr<Partition> part = FindPartition(h.partition);
-  if (replicate) {
-    absl::Status fit;
-    {
-      absl::MutexLock l(&mu_);
-      auto owner = owner_of_.find(h.partition);
-      if (h.count != node_id_.load()) {
-        fit = absl::FailedPreconditionError(absl::StrCat("replication record for node ", h.count,
-                                                         " reached node ", node_id_.load()));
-      } else if (part == nullptr || owner == owner_of_.end() || owner->second != h.sender_id) {
-        fit = absl::FailedPreconditionError(
-            absl::StrCat("replication record for partition ", h.partition, " from node ",
-                         h.sender_id, ", which is not its primary here (view epoch ", epoch, ")"));
-      }
-    }
-    if (!fit.ok()) {
-      responder->Respond(transport::MakeErrorResponse(h, answer_type, fit));
-      return;
-    }
-    if (executor_ == nullptr) {
-      part->ApplyReplica(request, std::move(responder));
-      return;
-    }
-    request.OwnPayload();  // (lent by the transport until we return)
-    auto req = std::make_shared<Message>(std::move(request));
-    executor_->Post(h.partition, [part, req, responder = std::move(responder)]() {
-      part->ApplyReplica(*req, responder);
-    });
-    return;
-  }
+  if (replicate)
+    return HandleReplica(std::move(request), std::move(part), epoch, std::move(responder));
   if (part == nullptr) {
     // A sender whose view is behind (a restarted pserver took over an
     // address): it refreshes its view and retries.

@@ -122,6 +122,10 @@ class PServer {
   std::shared_ptr<transport::MembershipKeys> membership_;
   explicit PServer(PServerOptions options);
   void HandleRequest(transport::Message request, std::shared_ptr<transport::Responder> responder);
+  // A kReplicate record for `part` (null: not held here), checked against
+  // the view of `epoch` (its primary, its addressee) and applied.
+  void HandleReplica(transport::Message request, std::shared_ptr<Partition> part, uint64_t epoch,
+                     std::shared_ptr<transport::Responder> responder);
   // The answer to a request of another view epoch than ours: an older one
   // is stale (the sender refreshes); a newer one means this node is behind,
   // so it asks the heartbeat thread to refresh, and the sender retries.

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -187,6 +188,7 @@ class ConfigReader {
   std::vector<Field> RdmaFields(RdmaSection* rdma);
   std::vector<Field> CheckpointFields(CheckpointSection* checkpoint);
   std::vector<Field> WorkerFields(WorkerSection* worker);
+  std::vector<Field> ElasticFields(ElasticSection* elastic);
   std::vector<Field> S3Fields(S3Section* s3);
 
   // Checks that involve more than one key, once everything is read.
@@ -779,6 +781,18 @@ std::vector<ConfigReader::Field> ConfigReader::WorkerFields(WorkerSection* w) {
   };
 }
 
+std::vector<ConfigReader::Field> ConfigReader::ElasticFields(ElasticSection* e) {
+  return {
+      Int("min_workers", &e->min_workers, IntAtLeast(1)),
+      Int("max_workers", &e->max_workers, IntAtLeast(1)),
+      Int("min_pservers", &e->min_pservers, IntAtLeast(1)),
+      Int("max_pservers", &e->max_pservers, IntAtLeast(1)),
+      Enum("batch", &e->batch, {"fixed_global", "fixed_per_worker"}),
+      StringList("provider", &e->provider),
+      Int("scale_timeout_seconds", &e->scale_timeout_seconds, IntInRange(1, 86400)),
+  };
+}
+
 std::vector<ConfigReader::Field> ConfigReader::PortsFields(PortsSection* ports) {
   const auto port = [] { return IntInRange(0, 65535); };
   return {
@@ -813,6 +827,22 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                      absl::StrCat("is for model.type script (a training script's tables); "
                                   "model.type ",
                                   config.model.type, " has tables of its own"));
+  }
+  const ElasticSection& e = config.elastic;
+  if (e.max_workers != 0 && e.max_workers < e.min_workers) {
+    return PathError(
+        mark_of("elastic.max_workers"), "elastic.max_workers",
+        absl::StrCat("must be >= elastic.min_workers (", e.min_workers, "), got ", e.max_workers));
+  }
+  if (e.max_pservers != 0 && e.max_pservers < e.min_pservers) {
+    return PathError(mark_of("elastic.max_pservers"), "elastic.max_pservers",
+                     absl::StrCat("must be >= elastic.min_pservers (", e.min_pservers, "), got ",
+                                  e.max_pservers));
+  }
+  if (marks_.count("elastic.provider") > 0 && e.provider.empty()) {
+    return PathError(mark_of("elastic.provider"), "elastic.provider",
+                     "is empty (a command and its arguments, e.g. [scripts/my-provider.sh, "
+                     "\"{action}\", \"{role}\", \"{count}\"])");
   }
   const ClusterSection& c = config.cluster;
   if (c.dead_timeout_ms <= c.heartbeat_interval_ms) {
@@ -865,6 +895,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, JobConfig* config) {
       Section("checkpoint", [this, config] { return CheckpointFields(&config->checkpoint); }),
       Section("worker", [this, config] { return WorkerFields(&config->worker); }),
       Section("s3", [this, config] { return S3Fields(&config->s3); }),
+      Section("elastic", [this, config] { return ElasticFields(&config->elastic); }),
       Section("security",
               [this, config] {
                 SecuritySection* sec = &config->security;
@@ -1058,6 +1089,20 @@ absl::Status CheckClusterSize(const JobConfig& config, int pservers, int workers
     return absl::InvalidArgumentError(absl::StrCat(
         config.source.empty() ? "config" : config.source, ": cluster.replication ", replication,
         " needs at least ", replication + 1, " pservers; the cluster has ", pservers));
+  }
+  const ElasticSection& e = config.elastic;
+  const std::string src = config.source.empty() ? "config" : config.source;
+  for (const auto& [role, n, lo, hi] :
+       {std::tuple<const char*, int, int, int>{"workers", workers, e.min_workers, e.max_workers},
+        {"pservers", pservers, e.min_pservers, e.max_pservers}}) {
+    if (n < lo) {
+      return absl::InvalidArgumentError(absl::StrCat(src, ": elastic.min_", role, " is ", lo,
+                                                     "; the job starts with ", n, " ", role));
+    }
+    if (hi != 0 && n > hi) {
+      return absl::InvalidArgumentError(absl::StrCat(src, ": elastic.max_", role, " is ", hi,
+                                                     "; the job starts with ", n, " ", role));
+    }
   }
   return absl::OkStatus();
 }

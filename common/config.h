@@ -248,6 +248,30 @@ struct WorkerSection {
   std::vector<std::string> command;
 };
 
+// Scaling a running job (docs/operations.md, "Scaling"): how far `strata
+// scale` may take it, who starts the daemons it adds, and what the batch
+// does when the workers change.
+struct ElasticSection {
+  int min_workers = 1;   // >= 1
+  int max_workers = 0;   // >= min_workers; 0: the host file's room
+  int min_pservers = 1;  // >= 1
+  int max_pservers = 0;  // >= min_pservers; 0: the host file's room
+  // fixed_global: the global batch stays job.batch_size times the workers
+  // the job started with, split over the workers there are (so accuracy
+  // does not depend on the scale); fixed_per_worker: each worker's batch
+  // stays job.batch_size and the global batch follows the workers.
+  std::string batch = "fixed_global";
+  // The command the master runs to start (action "add") or release
+  // (action "remove") daemons, its arguments' {action}, {role} (worker or
+  // pserver), {count} and {indices} (comma-separated) replaced; e.g.
+  // [scripts/my-provider.sh, "{action}", "{role}", "{count}"]. Empty: the
+  // launcher's (launch.sh passes its own), else the operator starts them.
+  std::vector<std::string> provider;
+  // How long daemons a scale adds have to register (then the scale is
+  // given up, an event says so), and the provider command to end.
+  int scale_timeout_seconds = 300;  // >= 1
+};
+
 // Who may talk to the cluster (docs/security.md).
 struct SecuritySection {
   // mtls: TLS with client certificates on every gRPC channel, callers
@@ -277,6 +301,7 @@ struct JobConfig {
   CheckpointSection checkpoint;
   S3Section s3;
   SecuritySection security;
+  ElasticSection elastic;
 };
 
 // Parses YAML text. `filename` is used in error messages only.
@@ -287,8 +312,9 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::str
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 
 // Whether `config` can run on a cluster of `pservers` and `workers` (the
-// host file's): at least one of each, and more pservers than
-// cluster.replication (each partition's backups on other pservers).
+// host file's, started with the job): at least one of each, more pservers
+// than cluster.replication (each partition's backups on other pservers),
+// and within elastic's minima and maxima.
 // InvalidArgument naming the config and the field otherwise.
 absl::Status CheckClusterSize(const JobConfig& config, int pservers, int workers);
 

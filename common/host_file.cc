@@ -38,6 +38,36 @@ int HostFile::total_workers() const {
   return n;
 }
 
+int HostFile::max_pservers() const {
+  int n = 0;
+  for (const HostEntry& h : hosts) n += h.max_pservers;
+  return n;
+}
+
+int HostFile::max_workers() const {
+  int n = 0;
+  for (const HostEntry& h : hosts) n += h.max_workers;
+  return n;
+}
+
+std::vector<HostSlot> HostFile::Slots() const {
+  std::vector<HostSlot> slots;
+  for (const char* role : {"pserver", "worker"}) {
+    const bool ps = role[0] == 'p';
+    int index = 0;
+    for (const HostEntry& h : hosts) {
+      for (int i = 0; i < (ps ? h.pservers : h.workers); ++i) {
+        slots.push_back({role, index++, h.host, true});
+      }
+    }
+    for (const HostEntry& h : hosts) {
+      const int room = ps ? h.max_pservers - h.pservers : h.max_workers - h.workers;
+      for (int i = 0; i < room; ++i) slots.push_back({role, index++, h.host, false});
+    }
+  }
+  return slots;
+}
+
 const HostEntry& HostFile::master_host() const {
   for (const HostEntry& h : hosts) {
     if (h.masters == 1) return h;
@@ -49,7 +79,7 @@ const HostEntry& HostFile::master_host() const {
 
 namespace {
 
-constexpr char kRoles[] = "master, pserver[=N] or worker[=N]";
+constexpr char kRoles[] = "master, pserver[=N|=N..M] or worker[=N|=N..M]";
 
 // Host names and addresses: letters, digits and . - _ (names, IPv4) and :
 // (IPv6). Anything else (=, quotes, brackets...) is a typo.
@@ -112,12 +142,15 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
       const std::size_t eq = item.find('=');
       const absl::string_view role = item.substr(0, eq);
       int* count = nullptr;
+      int* max = nullptr;
       if (role == "master") {
         count = &entry.masters;
       } else if (role == "pserver") {
         count = &entry.pservers;
+        max = &entry.max_pservers;
       } else if (role == "worker") {
         count = &entry.workers;
+        max = &entry.max_workers;
       } else {
         return error(line_no, absl::StrCat("unknown role '", role, "' in '", item, "' (expected ",
                                            kRoles, ")"));
@@ -128,11 +161,26 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
       }
       roles_seen[std::string(role)] = true;
       int n = 1;
+      int most = 1;
       if (eq != absl::string_view::npos) {
         const absl::string_view value = item.substr(eq + 1);
-        if (!ParseCount(value, &n) || n < 1) {
-          return error(line_no,
-                       absl::StrCat("bad count in '", item, "' (expected an integer >= 1)"));
+        const std::size_t dots = value.find("..");
+        if (dots != absl::string_view::npos) {
+          if (max == nullptr) {
+            return error(line_no, absl::StrCat("bad count in '", item,
+                                               "' (a job has exactly one master: no range)"));
+          }
+          if (!ParseCount(value.substr(0, dots), &n) ||
+              !ParseCount(value.substr(dots + 2), &most) || most < 1 || most < n) {
+            return error(line_no, absl::StrCat("bad range in '", item,
+                                               "' (expected N..M: N started with the job, "
+                                               "room for M, 0 <= N <= M, M >= 1)"));
+          }
+        } else if (!ParseCount(value, &n) || n < 1) {
+          return error(line_no, absl::StrCat("bad count in '", item,
+                                             "' (expected an integer >= 1, or a range N..M)"));
+        } else {
+          most = n;
         }
       }
       if (count == &entry.masters && n != 1) {
@@ -140,6 +188,7 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
                      absl::StrCat("bad count in '", item, "' (a job has exactly one master)"));
       }
       *count = n;
+      if (max != nullptr) *max = most;
     }
 
     auto [it, inserted] = host_lines.emplace(entry.host, line_no);
@@ -169,10 +218,14 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
     return file_error("no master (exactly one host must run master)");
   }
   if (file.total_pservers() == 0) {
-    return file_error("no pserver (at least one host must run pserver)");
+    return file_error(
+        "no pserver started with the job (at least one host must run pserver, e.g. "
+        "pserver=1 or pserver=1..4)");
   }
   if (file.total_workers() == 0) {
-    return file_error("no worker (at least one host must run worker)");
+    return file_error(
+        "no worker started with the job (at least one host must run worker, e.g. "
+        "worker=1 or worker=1..4)");
   }
   return file;
 }

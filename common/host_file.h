@@ -4,13 +4,20 @@
 //   127.0.0.1   master pserver=2 worker=2
 //   node-a      pserver          # "pserver" alone means pserver=1
 //   node-b      worker=4
+//   node-c      worker=0..4 pserver=1..2   # room to scale (strata scale)
 //
 // One host a line; the host (name or IPv4/IPv6 address) first, then
 // role[=count] items with role in {master, pserver, worker}; counts are
-// integers >= 1 (master only 1). Comments (#...) and blank lines allowed.
-// Each host appears once; exactly one master in the file; at least one
-// pserver and one worker in total. Errors are InvalidArgument with a message
-// "file:line: ..." naming the bad item.
+// integers >= 1 (master only 1), or a range N..M: N started with the job
+// (N >= 0), room for up to M there (M >= 1, M >= N) when the job scales
+// out (docs/operations.md, "Scaling"). Comments (#...) and blank lines
+// allowed. Each host appears once; exactly one master in the file; at
+// least one pserver and one worker started with the job. Errors are
+// InvalidArgument with a message "file:line: ..." naming the bad item.
+//
+// Instances are numbered per role in host file order: first those started
+// with the job (0..N-1 over all hosts), then the room to scale (N..M-1),
+// so a job's indices do not depend on its hosts' maxima.
 #ifndef STRATA_COMMON_HOST_FILE_H_
 #define STRATA_COMMON_HOST_FILE_H_
 
@@ -23,18 +30,34 @@ namespace strata {
 
 struct HostEntry {
   std::string host;
-  int line = 0;     // 1-based line in the host file
-  int masters = 0;  // 0 or 1
-  int pservers = 0;
+  int line = 0;      // 1-based line in the host file
+  int masters = 0;   // 0 or 1
+  int pservers = 0;  // started with the job
   int workers = 0;
+  int max_pservers = 0;  // room on this host (>= the started ones)
+  int max_workers = 0;
+};
+
+// One instance a host file has room for (HostFile::Slots).
+struct HostSlot {
+  std::string role;  // "pserver" or "worker"
+  int index = 0;
+  std::string host;
+  bool initial = false;  // started with the job (else room to scale)
 };
 
 struct HostFile {
   std::string source;
   std::vector<HostEntry> hosts;  // in file order
 
+  // Started with the job.
   int total_pservers() const;
   int total_workers() const;
+  // Room for, when the job scales out.
+  int max_pservers() const;
+  int max_workers() const;
+  // Every pserver and worker instance, numbered as above: pservers first.
+  std::vector<HostSlot> Slots() const;
   // The host that runs the master (exactly one exists after a successful parse).
   const HostEntry& master_host() const;
 };

@@ -762,6 +762,7 @@ const std::map<std::string, std::vector<Role>>& RpcPolicy() {
       // Operating a running job.
       {"/strata.proto.Master/Checkpoint", {R::kAdmin, R::kOperator}},
       {"/strata.proto.Master/Drain", {R::kAdmin, R::kOperator}},
+      {"/strata.proto.Master/Scale", {R::kAdmin, R::kOperator}},
       // Ending it.
       {"/strata.proto.Master/Stop", {R::kAdmin}},
       // The pservers' admin service: driven by the master.

@@ -3,7 +3,9 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_split.h"
 #include "common/daemon.h"
 #include "common/daemon_env.h"
 #include "common/host_file.h"
@@ -32,6 +34,10 @@ DEFINE_string(failpoint, "", "tests: NAME[@N],... kills this process there (comm
 DEFINE_string(resume, "",
               "resume from a checkpoint: 'latest' (the newest good one under checkpoint.dir; "
               "a fresh start when there is none) or a checkpoint directory");
+DEFINE_string(provider, "",
+              "what starts the daemons `strata scale` adds when the config's "
+              "elastic.provider is empty: a command and its arguments, split at spaces, "
+              "with {action} {role} {count} {indices} replaced (launch.sh passes its own)");
 DEFINE_string(state_dir, "",
               "the master's state directory: state changes are logged there and a master "
               "restarted on it carries on the job (docs/reliability.md); one master at a time");
@@ -71,6 +77,8 @@ int main(int argc, char** argv) {
   opts.failpoints = env->failpoints.get();
   opts.state_dir = FLAGS_state_dir;
   opts.security = env->security;
+  opts.slots = hosts->Slots();
+  opts.provider = absl::StrSplit(FLAGS_provider, ' ', absl::SkipEmpty());
   auto master = strata::master::MasterServer::Create(std::move(opts));
   if (!master.ok()) return strata::StartFailed("master", master.status());
   if (auto s = (*master)->Start(); !s.ok()) return strata::StartFailed("master", s);

@@ -12,6 +12,7 @@ proto::MasterState SaveMasterState(const MasterParts& parts, bool whole) {
   parts.job->Save(&st);
   parts.checkpoints->Save(&st);
   parts.tasks->Save(&st, whole);
+  parts.scaler->Save(&st);
   if (whole) {
     for (std::string& e : parts.job->EventsFrom(0)) st.add_events(std::move(e));
   }
@@ -24,6 +25,7 @@ proto::JobStatus MasterJobStatus(const MasterParts& parts) {
   parts.tasks->FillStatus(&js);
   parts.checkpoints->FillStatus(&js);
   parts.nodes->FillStatus(&js);
+  parts.scaler->FillStatus(parts.nodes->View(), &js);
   js.set_pservers_registered(parts.nodes->Count(proto::PSERVER, false));
   js.set_pservers_expected(parts.expected_pservers);
   js.set_workers_registered(parts.nodes->Count(proto::WORKER, true));

@@ -14,6 +14,7 @@
 #include "master/event_sink.h"
 #include "master/job_tracker.h"
 #include "master/node_manager.h"
+#include "master/scaler.h"
 #include "master/task_scheduler.h"
 #include "proto/strata.pb.h"
 
@@ -24,6 +25,7 @@ struct MasterParts {
   const JobTracker* job = nullptr;
   const CheckpointCoordinator* checkpoints = nullptr;
   const TaskScheduler* tasks = nullptr;  // guarded by the master's lock
+  const Scaler* scaler = nullptr;        // guarded by the master's lock
   const EventSink* sink = nullptr;
   // What the master was started with.
   int expected_pservers = 1;

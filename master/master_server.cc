@@ -19,14 +19,6 @@
 namespace strata::master {
 namespace {
 
-proto::LeaseTaskResponse LeaseAnswer(proto::LeaseTaskResponse::Outcome outcome,
-                                     bool drained = false) {
-  proto::LeaseTaskResponse resp;
-  resp.set_outcome(outcome);
-  if (drained) resp.set_drained(true);
-  return resp;
-}
-
 // JobStatus.security.
 std::string SecurityMode(const MasterOptions& o) {
   if (o.security.plaintext) return o.security.ModeString();
@@ -92,13 +84,19 @@ MasterServer::MasterServer(MasterOptions options, const TrainingSetSize& size, P
           CheckpointCoordinator::Options{options_.config, options_.fs, clock_, sink_.get(),
                                          options_.failpoints},
           static_cast<CheckpointCoordinator::Master*>(this))),
-      tasks_(JobTasks(size, options_.config)) {
+      tasks_(JobTasks(size, options_.config)),
+      scaler_(Scaler::Options{options_.config.elastic, options_.slots,
+                              options_.config.elastic.provider.empty()
+                                  ? options_.provider
+                                  : options_.config.elastic.provider,
+                              clock_}) {
   absl::MutexLock l(&mu_);
   if (!options_.state_dir.empty()) tasks_.TrackChanges();  // for the state log's records
   parts_ = MasterParts{&nodes_,
                        &job_,
                        checkpoints_.get(),
                        &tasks_,
+                       &scaler_,
                        sink_.get(),
                        options_.expected_pservers,
                        options_.expected_workers,
@@ -175,6 +173,9 @@ void MasterServer::Tick() {
     int expired = tasks_.ExpireLeases(clock_->Now());
     if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
     if (!job_.over()) nodes_.TopUpBackups();
+    for (const Scaler::Ended& e : scaler_.Check(nodes_.View())) {
+      job_.Event(e.message, e.kind.c_str());
+    }
     UpdateJobStateLocked();
     SampleHistoryLocked(/*force=*/false);
     ticket = PersistLocked();
@@ -201,6 +202,7 @@ uint64_t MasterServer::PersistLocked() {
 
 void MasterServer::RestoreLocked(const proto::MasterState& st) {
   nodes_.Restore(st);
+  scaler_.Restore(st);
   const uint32_t restarts = job_.Restore(st);
   // Live workers keep the tasks they hold; a dead one's go back.
   absl::Status s = tasks_.Restore(
@@ -352,86 +354,6 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   if (beat.role == proto::WORKER) tasks_.RenewLeases(req.node_id(), clock_->Now());
   *resp.mutable_data_key() = std::move(beat.key);
   return resp;
-}
-
-absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
-    const proto::LeaseTaskRequest& req) {
-  // The update ledger is read before anyone evaluates, so that the summary
-  // written at the end has it (the background tick takes it too, but an
-  // evaluation may end before its next turn).
-  TakeLedger();
-  // Durable before the worker hears of its task.
-  return Durably([&](uint64_t* ticket) { return LeaseTaskUnpersisted(req, ticket); });
-}
-
-absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
-    const proto::LeaseTaskRequest& req, uint64_t* ticket) {
-  using Response = proto::LeaseTaskResponse;
-  absl::MutexLock l(&mu_);
-  // Drained, and asking again (its answer was lost): the same answer, so
-  // that it leaves rather than fails and is restarted.
-  if (nodes_.IsDrainedWorker(req.node_id())) return LeaseAnswer(Response::DONE, true);
-  STRATA_ASSIGN_OR_RETURN(const proto::NodeInfo n, nodes_.LiveWorker(req.node_id()));
-  if (!nodes_.ready() || job_.state() == proto::JOB_WAITING) return LeaseAnswer(Response::WAIT);
-  if (job_.over()) return LeaseAnswer(Response::DONE);
-  // Where the task's batches start (bsp), unless the worker is coming back
-  // from the finished ones (the steps went on without it).
-  std::optional<uint64_t> first_step;
-  if (req.has_next_step() && n.state() == proto::ALIVE) first_step = req.next_step();
-  // A worker holds one data task at a time and asks for the next once it
-  // has completed it. One that asks while it still holds a task never got
-  // the answer that leased it (this master went down between recording the
-  // lease and answering): it gets that task again, else the task would
-  // stay leased to a live worker that does not know it, and the job would
-  // never finish.
-  std::optional<proto::DataTask> task = tasks_.Held(n.id(), clock_->Now(), first_step);
-  if (task.has_value()) {
-    LOG(WARNING) << "worker " << n.index() << " (node " << n.id() << ") asks for a task "
-                 << "but holds data task " << task->id() << ": its lease answer was lost; "
-                 << "the same task again";
-  } else if (n.draining()) {
-    // Drained: its last data task is done; it leaves, the job goes on.
-    nodes_.WorkerDrained(n.id());
-    UpdateJobStateLocked();
-    *ticket = PersistLocked();
-    return LeaseAnswer(Response::DONE, true);
-  } else {
-    task = tasks_.Lease(n.id(), clock_->Now(), first_step);
-  }
-  if (task.has_value()) {
-    // (A finished worker is back in the step set.)
-    if (n.state() == proto::FINISHED) nodes_.SetWorkerState(n.id(), proto::ALIVE);
-    *ticket = PersistLocked();
-    Response resp = LeaseAnswer(Response::TASK);
-    *resp.mutable_task() = *std::move(task);
-    return resp;
-  }
-  // No training work left for this worker: it leaves the step set.
-  if (n.state() == proto::ALIVE) nodes_.SetWorkerState(n.id(), proto::FINISHED);
-  UpdateJobStateLocked();
-  // The evaluation waits for the ledger (a moment: LeaseTask reads it),
-  // unless the pservers do not answer for it within 10 s.
-  if (!checkpoints_->final_pending()) {
-    if (auto min_version = job_.ClaimEvaluation(n.id(), nodes_.InJob(job_.evaluator()))) {
-      Response resp = LeaseAnswer(Response::EVALUATE);
-      resp.set_min_version(*min_version);
-      return resp;
-    }
-  }
-  return LeaseAnswer(Response::WAIT);
-}
-
-absl::Status MasterServer::CompleteTask(const proto::CompleteTaskRequest& req) {
-  // Durable before the worker hears that its task is done.
-  return Durably([&](uint64_t* ticket) -> absl::Status {
-    absl::MutexLock l(&mu_);
-    STRATA_ASSIGN_OR_RETURN(const proto::NodeInfo n, nodes_.LiveWorker(req.node_id()));
-    STRATA_RETURN_IF_ERROR(tasks_.Complete(n.id(), req.task_id(), req.last_step(), req.records()));
-    job_.TaskCompleted(req.last_step());
-    UpdateJobStateLocked();
-    *ticket = PersistLocked();
-    return absl::OkStatus();
-  });
 }
 
 absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& req) {

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -26,6 +27,7 @@
 #include "master/job_tracker.h"
 #include "master/master_parts.h"
 #include "master/node_manager.h"
+#include "master/scaler.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
 #include "proto/strata.grpc.pb.h"
@@ -65,6 +67,11 @@ struct MasterOptions {
   // Control-plane credentials and policy (docs/security.md); plain text
   // unless set.
   ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
+  // Scaling (`strata scale`): the host file's instances, started and
+  // room (HostFile::Slots; none: the job cannot grow), and the launcher's
+  // provider command, used when the config's elastic.provider is empty.
+  std::vector<HostSlot> slots;
+  std::vector<std::string> provider;
 };
 
 // The gRPC facade over the master's components (node manager, job tracker,
@@ -155,6 +162,12 @@ class MasterServer : private CheckpointCoordinator::Master {
   // (In master_service.cc.)
   absl::StatusOr<proto::DeclareTablesResponse> DeclareTables(const proto::DeclareTablesRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // `strata scale` (master/scaler.h; docs/operations.md, "Scaling"): the
+  // workers drained or the provider started for those added, durable
+  // before the answer. Refused (FailedPrecondition, saying why) as
+  // Scaler::Prepare says. (In master_scale.cc.)
+  absl::StatusOr<proto::ScaleResponse> Scale(const proto::ScaleRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The gRPC service (master/master_service.cc).
@@ -195,6 +208,10 @@ class MasterServer : private CheckpointCoordinator::Master {
     if (absl::Status s = AwaitPersisted(ticket); !s.ok()) return decltype(r)(s);
     return r;
   }
+  // The records of each step of a task leased to worker `node` now
+  // (elastic.batch: the job's global batch split over the workers that
+  // train, or job.batch_size). (In master_tasks.cc, with LeaseTask.)
+  int TaskBatchLocked(uint32_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The body of LeaseTask (Durably's).
   absl::StatusOr<proto::LeaseTaskResponse> LeaseTaskUnpersisted(const proto::LeaseTaskRequest& req,
                                                                 uint64_t* ticket)
@@ -246,6 +263,7 @@ class MasterServer : private CheckpointCoordinator::Master {
 
   mutable absl::Mutex mu_;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
+  Scaler scaler_ ABSL_GUARDED_BY(mu_);
   // The components as one bundle, for the state and the status; read
   // under mu_ (it points at tasks_).
   MasterParts parts_ ABSL_GUARDED_BY(mu_);

@@ -146,6 +146,14 @@ class MasterServer::Service final : public proto::Master::Service {
           ResultOf(r.status()), r.ok() ? r->message() : absl::StrCat("reason: ", req->reason()));
     return Reply(r, resp);
   }
+  grpc::Status Scale(grpc::ServerContext* ctx, const proto::ScaleRequest* req,
+                     proto::ScaleResponse* resp) override {
+    STRATA_CALLER(who, ctx, "Scale", "scale");
+    auto r = m_->Scale(*req);
+    Audit(who.ToString(), ctx->peer(), "scale", "job", ResultOf(r.status()),
+          r.ok() ? r->message() : absl::StrCat("reason: ", req->reason()));
+    return Reply(r, resp);
+  }
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const proto::CheckpointRequest* req,
                           proto::CheckpointResponse* resp) override {
     STRATA_CALLER(who, ctx, "Checkpoint", "checkpoint");

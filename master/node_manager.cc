@@ -135,7 +135,9 @@ proto::NodeInfo NodeManager::Add(const proto::RegisterRequest& req, const std::s
     n->set_data_address(req.data_address());
     n->set_http_port(req.http_port());
     n->set_identity(identity);
-    n->set_state(proto::ALIVE);
+    // A worker joining a job that runs enters the bsp step set with its
+    // first data task (MasterServer::LeaseTask), not before.
+    n->set_state(req.role() == proto::WORKER && view_.ready() ? proto::JOINING : proto::ALIVE);
     n->set_registered_unix_ms(ToUnixMs(clock_->Now()));
     n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
     if (req.role() == proto::PSERVER) NewStubLocked(*n);
@@ -585,6 +587,22 @@ void NodeManager::WorkerDrained(uint32_t id) {
   BumpEpochLocked();  // out of the step set
 }
 
+std::pair<int, int> NodeManager::TrainingRank(uint32_t id) const {
+  absl::MutexLock l(&mu_);
+  const proto::NodeInfo* self = FindLocked(id);
+  const int32_t my_index = self != nullptr ? self->index() : 0;
+  int rank = 0, count = 1;  // (itself)
+  for (const auto& m : view_.members()) {
+    if (m.role() != proto::WORKER || m.id() == id || m.draining() ||
+        (m.state() != proto::ALIVE && m.state() != proto::JOINING)) {
+      continue;
+    }
+    ++count;
+    rank += m.index() < my_index || (m.index() == my_index && m.id() < id);
+  }
+  return {rank, count};
+}
+
 void NodeManager::SetWorkerState(uint32_t id, proto::NodeState state) {
   absl::MutexLock l(&mu_);
   proto::NodeInfo* n = FindLocked(id);
@@ -607,7 +625,10 @@ int NodeManager::CountLocked(proto::Role role, bool include_finished) const {
   int c = 0;
   for (const auto& n : view_.members()) {
     if (n.role() != role) continue;
-    if (n.state() == proto::ALIVE || (include_finished && n.state() == proto::FINISHED)) ++c;
+    if (n.state() == proto::ALIVE ||
+        (include_finished && (n.state() == proto::FINISHED || n.state() == proto::JOINING))) {
+      ++c;
+    }
   }
   return c;
 }

@@ -184,7 +184,12 @@ class NodeManager {
   // when that changes.
   void SetWorkerState(uint32_t id, proto::NodeState state) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Members alive of `role` (workers: also those finished with
+  // Worker `id`'s place among the workers that train now or are about to
+  // (alive or joining, not draining; it counts itself whatever its state),
+  // by index: (rank, count), to split the job's global batch
+  // (elastic.batch).
+  std::pair<int, int> TrainingRank(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Members alive of `role` (workers: also those finished or joining with
   // `include_finished`).
   int Count(proto::Role role, bool include_finished) const ABSL_LOCKS_EXCLUDED(mu_);
   // The cluster is ready once the partitions are placed and every

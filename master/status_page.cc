@@ -32,7 +32,7 @@ const char* StateText(proto::NodeState s) {
       return "drained";
     case proto::FINISHED:
       return "finished";
-    default:
+    default:  // (JOINING: registered while the job runs, not yet training)
       return "joining";
   }
 }
@@ -210,7 +210,10 @@ std::string NodesSection(const proto::GetStatusResponse& st, int64_t now_ms) {
   });
   int alive = 0;
   // (A worker with no more data tasks is up too.)
-  for (const auto* n : nodes) alive += n->state() == proto::ALIVE || n->state() == proto::FINISHED;
+  for (const auto* n : nodes) {
+    alive +=
+        n->state() == proto::ALIVE || n->state() == proto::FINISHED || n->state() == proto::JOINING;
+  }
   std::string out = absl::StrFormat(
       "<section id=\"nodes\"><h2>Nodes <span class=\"note\">%d of %d alive</span></h2>"
       "<table id=\"nodes-table\"><thead><tr><th>role</th><th>index</th><th>node</th>"

@@ -63,7 +63,8 @@ int64_t TaskScheduler::RecordsOf(uint64_t id) const {
 }
 
 std::optional<proto::DataTask> TaskScheduler::Lease(uint32_t node, absl::Time now,
-                                                    std::optional<uint64_t> first_step) {
+                                                    std::optional<uint64_t> first_step,
+                                                    int batch_size) {
   if (queue_.empty()) return std::nullopt;
   uint64_t id = queue_.front();
   queue_.pop_front();
@@ -74,7 +75,17 @@ std::optional<proto::DataTask> TaskScheduler::Lease(uint32_t node, absl::Time no
   } else {
     first_step_.erase(id);
   }
+  if (batch_size > 0) {
+    batch_[id] = batch_size;
+  } else {
+    batch_.erase(id);
+  }
   return tasks_[id];
+}
+
+int TaskScheduler::BatchOf(uint64_t id) const {
+  auto it = batch_.find(id);
+  return it == batch_.end() ? 0 : it->second;
 }
 
 std::optional<proto::DataTask> TaskScheduler::Held(uint32_t node, absl::Time now,
@@ -142,8 +153,10 @@ TaskScheduler::Cut TaskScheduler::CutAt(std::optional<uint64_t> step, int batch_
     if ((completed || leases_.count(id) > 0) && first != first_step_.end() &&
         first->second < *step) {
       const proto::DataTask& t = tasks_[id];
+      const auto batch = batch_.find(id);
       const int64_t trained =
-          t.skip_records() + static_cast<int64_t>(*step - first->second) * batch_size;
+          t.skip_records() + static_cast<int64_t>(*step - first->second) *
+                                 (batch != batch_.end() ? batch->second : batch_size);
       // A task cut by bytes has a known size only once completed: until
       // then it stays partial (its worker skips what was trained).
       const auto reported = reported_records_.find(id);

@@ -40,14 +40,19 @@ class TaskScheduler {
 
   // The next pending task, leased to `node` until now + lease_timeout;
   // nullopt when none is pending (some may still be leased). `first_step`:
-  // the step (bsp version) of the task's first batch, when known.
+  // the step (bsp version) of the task's first batch, when known;
+  // `batch_size`: the records of each of its steps (0: the job's
+  // job.batch_size, as CutAt is told).
   std::optional<proto::DataTask> Lease(uint32_t node, absl::Time now,
-                                       std::optional<uint64_t> first_step = std::nullopt);
+                                       std::optional<uint64_t> first_step = std::nullopt,
+                                       int batch_size = 0);
   // The task leased to `node` (the first, should it hold several), its
   // lease renewed to now + lease_timeout and its first step set as Lease
   // does; nullopt when it holds none.
   std::optional<proto::DataTask> Held(uint32_t node, absl::Time now,
                                       std::optional<uint64_t> first_step = std::nullopt);
+  // The batch Lease gave task `id` (0: none given, or it is not leased).
+  int BatchOf(uint64_t id) const;
   // NotFound for an unknown task; FailedPrecondition when the task is not
   // leased to `node` (its lease expired and went elsewhere). Completing a
   // completed task again is OK (idempotent). `last_step`: the step of its
@@ -122,8 +127,8 @@ class TaskScheduler {
 
   // Checkpoints. The tasks whose records are all in the parameters at the
   // bsp cut `step` (every step < `step` applied), and those partly in
-  // them with how many of their records (`batch_size` per step from their
-  // first step). With no cut (asp), the tasks completed now.
+  // them with how many of their records (the batch their lease gave per
+  // step from their first step, else `batch_size`). With no cut (asp), the tasks completed now.
   struct Cut {
     std::vector<uint64_t> done;
     std::vector<std::pair<uint64_t, int64_t>> partial;  // (task, records trained)
@@ -157,6 +162,8 @@ class TaskScheduler {
   // Steps of each task's first and last batch, when known (for cuts).
   std::map<uint64_t, uint64_t> first_step_;
   std::map<uint64_t, uint64_t> last_step_;
+  // The batch of each task leased with one (elastic.batch; for cuts).
+  std::map<uint64_t, int> batch_;
   // Records of completed tasks cut by bytes, as their workers reported.
   std::map<uint64_t, int64_t> reported_records_;
   std::deque<uint64_t> queue_;  // pending task ids

@@ -202,6 +202,8 @@ class PyWorker {
     return std::move(out);
   }
 
+  int BatchSize() const { return script_->batch_size(); }
+
   void Step(int n, double loss, int64_t correct, bool ahead) {
     absl::Status s;
     {
@@ -354,6 +356,7 @@ PYBIND11_MODULE(_core, m) {
       .def("add_row_grads", &PyWorker::AddRowGrads, py::arg("table"), py::arg("keys"),
            py::arg("grads"))
       .def("next_task", &PyWorker::NextTask)
+      .def("batch_size", &PyWorker::BatchSize)
       .def("step", &PyWorker::Step, py::arg("n"), py::arg("loss"), py::arg("correct") = 0,
            py::arg("ahead") = false)
       .def("wait_tables", &PyWorker::WaitTables, py::arg("tables"))

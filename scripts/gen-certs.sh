@@ -136,7 +136,8 @@ case "$cmd" in
     ensure_ca
     n=0
     declare -A next_index=()
-    # Host file lines: HOST ROLE[=COUNT]...; '#' comments (common/host_file.h).
+    spare=()  # "HOST ROLE COUNT": room to scale, numbered after the started ones
+    # Host file lines: HOST ROLE[=COUNT|=N..M]...; '#' comments (common/host_file.h).
     while IFS= read -r line || [[ -n "$line" ]]; do
       line="${line%%#*}"
       read -r -a f <<< "$line" || true
@@ -144,23 +145,38 @@ case "$cmd" in
       host="${f[0]}"
       for item in "${f[@]:1}"; do
         role="${item%%=*}"
-        count=1
+        count=1 most=1
         [[ "$item" == *=* ]] && count="${item#*=}"
         case "$role" in master|pserver|worker) ;; *) die "$HOSTS: unknown role '$role' on host $host" ;; esac
-        [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "$HOSTS: bad count in '$item' on host $host"
+        if [[ "$count" =~ ^([0-9]+)\.\.([0-9]+)$ ]]; then
+          count="${BASH_REMATCH[1]}" most="${BASH_REMATCH[2]}"
+          (( most >= 1 && most >= count )) || die "$HOSTS: bad range in '$item' on host $host"
+        else
+          [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "$HOSTS: bad count in '$item' on host $host"
+          most="$count"
+        fi
         sign "$OUT/$host" "$role" "$role" "$role@$host" "$(san_of "$host")"
         n=$((n + 1))
         # One per instance, numbered as the launch plan does (per role, in
-        # host file order).
+        # host file order: the started ones, then the room to scale).
         if [[ "$role" != master ]]; then
           for ((k = 0; k < count; k++)); do
             i="${next_index[$role]:-0}"
             sign "$OUT/$host" "$role-$i" "$role" "$role-$i@$host" "$(san_of "$host")"
             next_index[$role]=$((i + 1))
           done
+          if (( most > count )); then spare+=("$host $role $((most - count))"); fi
         fi
       done
     done < "$HOSTS"
+    for entry in ${spare[@]+"${spare[@]}"}; do
+      read -r host role count <<< "$entry"
+      for ((k = 0; k < count; k++)); do
+        i="${next_index[$role]:-0}"
+        sign "$OUT/$host" "$role-$i" "$role" "$role-$i@$host" "$(san_of "$host")"
+        next_index[$role]=$((i + 1))
+      done
+    done
     [[ $n -gt 0 ]] || die "$HOSTS: no daemons"
     sign "$OUT/admin" client admin admin "" clientAuth
     echo "certificates of $n daemon role(s) in $OUT/<host>/; the CLI's in $OUT/admin (role admin)"

@@ -5,6 +5,7 @@
 #   scripts/launch.sh up     --config C --hosts H [--run-dir D] [--resume R] [--systemd]
 #   scripts/launch.sh status [--run-dir D]
 #   scripts/launch.sh down   [--run-dir D]
+#   scripts/launch.sh provide --run-dir D --action add|remove --role worker|pserver --indices I,J
 #
 # run = up, wait for the job to end (showing the workers' progress), down.
 # It exits 0 only if the job succeeded (3 when it was stopped after a
@@ -56,6 +57,13 @@
 # down sends SIGTERM: with checkpoints on, the job is checkpointed and
 # stopped first (within checkpoint.grace_seconds), then SIGKILL.
 #
+# provide is the master's provider for `strata scale` (docs/operations.md,
+# "Scaling"), unless the config names another (elastic.provider): up
+# passes it to the master, which runs it to start (add) the instances of
+# the host file's room (a range, e.g. worker=1..4) it picked, on their
+# hosts, as up starts the others; run supervises them as well. remove (of
+# instances drained, which exit by themselves) has nothing to release.
+#
 # STRATA_MASTER_FLAGS, STRATA_PSERVER_FLAGS, STRATA_WORKER_FLAGS: extra
 # flags for those daemons (tests and debugging: --v=1, --failpoint=...).
 set -euo pipefail
@@ -67,6 +75,7 @@ RUN_DAEMON="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/run-daemon.sh"
 cmd="${1:-}"
 [[ -n "$cmd" ]] && shift || true
 
+ACTION="" ROLE="" INDICES=""  # provide
 CONFIG="" HOSTS="" RUN_DIR="" TIMEOUT=3600 QUIET=0 REMOTE_ALL=0 RESUME="" TRACE="" SYSTEMD=0
 TLS_DIR=""  # the certificates (mtls): --tls-dir, else RUN_DIR/tls
 # Supervision (run): a failed pserver or worker is restarted after
@@ -99,6 +108,9 @@ while [[ $# -gt 0 ]]; do
     --tls-dir) TLS_DIR="$2"; shift 2 ;;
     --resume) RESUME="$2"; shift 2 ;;
     --restart-budget) RESTART_BURST="$2"; shift 2 ;;
+    --action) ACTION="$2"; shift 2 ;;
+    --role) ROLE="$2"; shift 2 ;;
+    --indices) INDICES="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -403,32 +415,80 @@ do_up() {
   if [[ -n "$RESUME" ]]; then
     [[ "$RESUME" == latest ]] && resume_args=(--resume latest) || resume_args=(--resume "$(abspath "$RESUME")")
   fi
-  # tls_args HOST: the daemon's certificates (mtls).
-  tls_args() { [[ -f "$RUN_DIR/tls.dir" ]] && echo "--tls_dir $TLS_DIR/$1" || true; }
+  # What `provide` needs of this run (it may run on the master's host).
+  {
+    printf 'BIN_DIR=%q REMOTE_CMD=%q REMOTE_ALL=%q TRACE=%q CONFIG=%q HOSTS=%q\n' \
+      "$BIN_DIR" "$REMOTE_CMD" "$REMOTE_ALL" "$TRACE" "$CONFIG" "$HOSTS"
+    printf 'STRATA_PSERVER_FLAGS=%q STRATA_WORKER_FLAGS=%q\n' \
+      "${STRATA_PSERVER_FLAGS:-}" "${STRATA_WORKER_FLAGS:-}"
+  } > "$RUN_DIR/launch.env"
+  "$STRATA" plan --config "$CONFIG" --hosts "$HOSTS" --spare > "$RUN_DIR/plan.spare" || exit 2
+  # (No spaces in the provider's words: the master splits it at spaces.)
+  local provider=()
+  [[ "$RUN_DIR$ROOT" != *" "* ]] && provider=(--provider "$ROOT/scripts/launch.sh provide --run-dir $RUN_DIR --action {action} --role {role} --indices {indices}")
   start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" $(tls_args "$host") \
     --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
     --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state" \
     --event_log "$RUN_DIR/events.jsonl" --audit_log "$RUN_DIR/audit.jsonl" \
-    ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
+    ${provider[@]+"${provider[@]}"} ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
   if ! wait_for_master; then
     do_down
     return 1
   fi
-  local master; master="$(master_address)"
   while read -r role index host port data_port http_port; do
-    case "$role" in
-      pserver)
-        start_daemon pserver "$index" "$host" "$BIN_DIR/strata-pserver" $(tls_args "$host") \
-          --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
-          --port "$port" --data_port "$data_port" --http_port "$http_port" ${STRATA_PSERVER_FLAGS:-} ;;
-      worker)
-        start_daemon worker "$index" "$host" "$BIN_DIR/strata-worker" $(tls_args "$host") \
-          --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
-          --http_port "$http_port" ${TRACE:+--trace "$RUN_DIR/trace/worker-$index.json"} \
-          ${STRATA_WORKER_FLAGS:-} ;;
-    esac
+    [[ "$role" == master ]] || start_instance "$role" "$index" "$host" "$port" "$data_port" "$http_port"
   done <<< "$plan"
-  echo "launch.sh: cluster up: master $master (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"
+  echo "launch.sh: cluster up: master $(master_address) (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"
+}
+
+# tls_args HOST: the daemon's certificates (mtls).
+tls_args() { [[ -f "$RUN_DIR/tls.dir" ]] && echo "--tls_dir $TLS_DIR/$1" || true; }
+
+# start_instance ROLE INDEX HOST PORT DATA_PORT HTTP_PORT: a pserver or a
+# worker of the plan, started as a process (start_daemon).
+start_instance() {
+  local role="$1" index="$2" host="$3" port="$4" data_port="$5" http_port="$6"
+  local master; master="$(master_address)"
+  case "$role" in
+    pserver)
+      start_daemon pserver "$index" "$host" "$BIN_DIR/strata-pserver" $(tls_args "$host") \
+        --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
+        --port "$port" --data_port "$data_port" --http_port "$http_port" ${STRATA_PSERVER_FLAGS:-} ;;
+    worker)
+      start_daemon worker "$index" "$host" "$BIN_DIR/strata-worker" $(tls_args "$host") \
+        --config "$CONFIG" --master "$master" --index "$index" --host "$host" \
+        --http_port "$http_port" ${TRACE:+--trace "$RUN_DIR/trace/worker-$index.json"} \
+        ${STRATA_WORKER_FLAGS:-} ;;
+  esac
+}
+
+# The master's provider for `strata scale` (see the top): starts the
+# instances of the plan (or of its room) it names.
+do_provide() {
+  [[ -n "$RUN_DIR" && -f "$RUN_DIR/launch.env" ]] ||
+    die "provide needs --run-dir of a cluster launch.sh started as processes (under --systemd, elastic.provider starts the units)"
+  [[ "$ROLE" == worker || "$ROLE" == pserver ]] || die "provide: --role worker|pserver, got '$ROLE'"
+  # shellcheck disable=SC1091
+  source "$RUN_DIR/launch.env"
+  STRATA="$BIN_DIR/strata"
+  case "$ACTION" in
+    add) ;;
+    remove)
+      echo "launch.sh provide: $ROLE $INDICES drained; nothing to release for local or ssh hosts"
+      return 0 ;;
+    *) die "provide: --action add|remove, got '$ACTION'" ;;
+  esac
+  local index row started=0
+  for index in ${INDICES//,/ }; do
+    row="$(cat "$RUN_DIR/plan" "$RUN_DIR/plan.spare" 2>/dev/null | awk -v r="$ROLE" -v i="$index" '$1 == r && $2 == i' | head -n 1)"
+    [[ -n "$row" ]] || die "provide: no $ROLE $index in the host file's plan ($RUN_DIR/plan, $RUN_DIR/plan.spare)"
+    local role idx host port data_port http_port
+    read -r role idx host port data_port http_port <<< "$row"
+    start_instance "$role" "$idx" "$host" "$port" "$data_port" "$http_port"
+    echo "launch.sh provide: started $role $idx on $host"
+    started=$((started + 1))
+  done
+  (( started > 0 )) || die "provide: no --indices given"
 }
 
 do_down() {
@@ -577,7 +637,9 @@ do_run() {
     for f in "$RUN_DIR"/pids/*; do
       [[ -f "$f" ]] || continue
       name="${f##*/}"
-      [[ -n "${finished[$name]:-}" ]] && continue
+      # (A drained worker's index started again by `strata scale` is a new
+      # daemon: its pid file changed.)
+      [[ -n "${finished[$name]:-}" && "${finished[$name]}" == "$(cat "$f")" ]] && continue
       daemon_alive "$f" || { dead="$name"; break; }
     done
     if [[ -n "$dead" ]]; then
@@ -615,7 +677,7 @@ do_run() {
         rc=1; break
       fi
       if [[ "$code" == 0 && "$dead" != master-0 ]]; then
-        finished[$dead]=1
+        finished[$dead]="$(cat "$RUN_DIR/pids/$dead")"
         continue
       fi
       # The restart budget: RESTART_BURST restarts per RESTART_INTERVAL s.
@@ -677,6 +739,7 @@ case "$cmd" in
   up) do_up ;;
   down) do_down ;;
   status) do_status ;;
+  provide) do_provide ;;
   ""|-h|--help|help) usage ;;
-  *) die "unknown command '$cmd' (run, up, down, status)" ;;
+  *) die "unknown command '$cmd' (run, up, down, status, provide)" ;;
 esac

@@ -187,7 +187,7 @@ absl::StatusOr<int64_t> CtrTrainer::TrainTask(const proto::DataTask& task,
   const int64_t records = std::max<int64_t>(0, last - first);
   if (first >= last) return records;
   const std::vector<int64_t> order = ctx_->TaskRecordOrder(task, first, last);
-  const int batch_size = ctx_->config().job.batch_size;
+  const int batch_size = ctx_->batch_size();
   Batch batch;
   for (size_t b = 0; b < order.size(); b += batch_size) {
     if (ctx_->stopping()) return absl::CancelledError("worker shut down");

@@ -63,7 +63,7 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
   ctx_->SetEpoch(task.epoch());
   const std::vector<int64_t> order = ctx_->TaskRecordOrder(task, task.begin(), task.end());
   const int dim = train_.feature_dim;
-  const int batch_size = ctx_->config().job.batch_size;
+  const int batch_size = ctx_->batch_size();
   // Batches in two buffers used in turn: the next one is put together, and
   // on a GPU copied up (Mlp::Prefetch), while this one computes.
   std::vector<float> xs[2];

@@ -121,6 +121,9 @@ class ScriptTrainer : public Trainer {
   void LeaveTask();
   // The task from NextTask is trained (its remaining records skipped).
   absl::Status TaskDone();
+  // The records of each step of the task from NextTask (the master's
+  // batch for it: TrainerContext::batch_size).
+  int batch_size() const { return ctx_->batch_size(); }
   // Whether the job waits for this worker's test figures of the final
   // model (NextTask ended for that), until Finish gives them.
   bool evaluating() ABSL_LOCKS_EXCLUDED(mu_);

@@ -76,6 +76,10 @@ class TrainerContext {
                                                int64_t end) const = 0;
   // The epoch being trained, for progress reports.
   virtual void SetEpoch(int epoch) = 0;
+  // The records of each step of the data task being trained: the master's
+  // for it (elastic.batch fixed_global splits the job's global batch over
+  // the workers there are), else job.batch_size.
+  virtual int batch_size() const = 0;
   // The version (bsp: the step) the next step starts from.
   virtual uint64_t next_step() const = 0;
   // Counts a finished training step at `version` of `n` samples, `correct`

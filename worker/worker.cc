@@ -39,7 +39,8 @@ class Worker::MasterTaskSource : public TaskSource {
     proto::LeaseTaskResponse resp;
     STRATA_RETURN_IF_ERROR(w_->CallMaster(
         [&](grpc::ClientContext* ctx) { return w_->master()->LeaseTask(ctx, req, &resp); }));
-    return Lease{resp.outcome(), resp.task(), resp.min_version(), resp.drained()};
+    return Lease{resp.outcome(), resp.task(), resp.min_version(), resp.drained(),
+                 resp.batch_size()};
   }
   absl::Status Complete(const proto::DataTask& task, int64_t records, uint64_t last_step) override {
     proto::CompleteTaskRequest req;
@@ -481,6 +482,7 @@ absl::Status Worker::RunLoop() {
         if (!lease_had_next_step_ && options_.config.job.consistency == Consistency::kBsp) {
           task_start_unknown_ = lease.task.id();
         }
+        task_batch_.store(lease.batch_size, std::memory_order_relaxed);
         STRATA_ASSIGN_OR_RETURN(const int64_t records,
                                 trainer_->TrainTask(lease.task, /*local=*/nullptr));
         task_start_unknown_.reset();

@@ -46,6 +46,7 @@ class TaskSource {
     proto::DataTask task;
     uint64_t min_version = 0;
     bool drained = false;  // with DONE: drained (`strata drain`), the job goes on
+    int batch_size = 0;    // with TASK: the records of each step (0: job.batch_size)
   };
   virtual ~TaskSource() = default;
   virtual absl::StatusOr<Lease> Next() = 0;
@@ -158,6 +159,10 @@ class Worker : private TrainerContext {
                                        int64_t end) const override;
   void SetEpoch(int epoch) override { current_epoch_ = epoch; }
   uint64_t next_step() const override { return next_step_; }
+  int batch_size() const override {
+    const int b = task_batch_.load(std::memory_order_relaxed);
+    return b > 0 ? b : options_.config.job.batch_size;
+  }
   void RecordStep(int n, uint64_t version, double loss, int64_t correct, absl::Duration busy,
                   absl::Duration comm, bool stale) override;
   StepExchanges& exchanges() override { return exchanges_; }
@@ -225,6 +230,9 @@ class Worker : private TrainerContext {
   // The training thread's, or a thread's it lends a task to while it waits
   // (ScriptTrainer: the script's).
   uint64_t next_step_ = 0;
+  // The batch of the data task being trained (Lease::batch_size); read by
+  // a training script's thread too.
+  std::atomic<int> task_batch_{0};
   // bsp: a task leased without the step it starts at (the first one): its
   // first step goes to the master with the next progress report, sent at
   // once. Training thread only.

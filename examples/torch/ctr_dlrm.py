@@ -50,8 +50,8 @@ def main():
     job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
     model = job.distribute(Dlrm(job.embedding("embedding")))
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    batch = job.batch_size
     for records in job.tasks():
+        batch = job.batch_size  # this task's (it changes when the job scales)
         for b in range(0, len(records), batch):
             idx = records[b:b + batch]
             logits = model(dense[idx], keys[idx])

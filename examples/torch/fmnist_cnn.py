@@ -46,8 +46,8 @@ def main():
     torch.manual_seed(0)  # (only the first worker's initial values are used)
     model = job.distribute(Net())  # its parameters: the job's tables
     loss_fn = torch.nn.CrossEntropyLoss()
-    batch = job.batch_size
     for records in job.tasks():
+        batch = job.batch_size  # this task's (it changes when the job scales)
         for b in range(0, len(records), batch):
             idx = records[b:b + batch]
             out = model(x[idx])

@@ -52,10 +52,10 @@ def main():
     data = config["data"]
     x, y = load(data["train_images"], data["train_labels"])  # before joining: the job waits
     job = st.init()  # as the launcher says: STRATA_CONFIG, STRATA_MASTER, STRATA_INDEX
-    batch = job.batch_size
     model = job.distribute(Mlp(config["model"]["layers"]))
     loss_fn = torch.nn.CrossEntropyLoss()
     for records in job.tasks():
+        batch = job.batch_size  # this task's (it changes when the job scales)
         for b in range(0, len(records), batch):
             idx = records[b:b + batch]
             out = model(x[idx])

@@ -147,7 +147,12 @@ class Job:
 
     @property
     def batch_size(self):
-        """job.batch_size of the config: the records of one step here."""
+        """The records of one step of the task being trained: the master's
+        batch for it (elastic.batch fixed_global splits the job's global
+        batch over the workers there are when the task is leased), else
+        job.batch_size of the config. Read it for each task."""
+        if self._core is not None:
+            return int(self._core.batch_size())
         return int((self.config.get("job") or {}).get("batch_size", 64))
 
     @property

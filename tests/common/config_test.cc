@@ -214,7 +214,7 @@ TEST(ParseJobConfigTest, MultipleDocumentsRejected) {
 TEST(ParseJobConfigTest, UnknownTopLevelKeyNamesKeyAndChoices) {
   ExpectError(ParseWithData("\noptimzer:\n  type: sgd\n"), "local.yaml:7:1: ",
               "unknown key 'optimzer' (expected one of: job, model, "
-              "optimizer, sparse, data, cluster, checkpoint, worker, s3, security)");
+              "optimizer, sparse, data, cluster, checkpoint, worker, s3, elastic, security)");
 }
 
 TEST(ParseJobConfigTest, SecurityIsMtlsUnlessTheConfigSaysPlaintext) {
@@ -297,6 +297,34 @@ TEST(ParseJobConfigTest, WorkerSectionChoosesTheDeviceAndIsCheckedByField) {
   ExpectError(ParseWithData("worker:\n  gpu: -1\n"), "local.yaml:7:8: ", "worker.gpu");
   ExpectError(ParseWithData("worker:\n  recompute_every: -2\n"),
               "local.yaml:7:20: ", "worker.recompute_every");
+}
+
+TEST(ParseJobConfigTest, ElasticSection) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig d, ParseWithData(""));
+  EXPECT_EQ(d.elastic.min_workers, 1);
+  EXPECT_EQ(d.elastic.max_workers, 0);
+  EXPECT_EQ(d.elastic.batch, "fixed_global");
+  EXPECT_TRUE(d.elastic.provider.empty());
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c,
+                              ParseWithData("elastic:\n  min_workers: 2\n  max_workers: 6\n"
+                                            "  max_pservers: 3\n  batch: fixed_per_worker\n"
+                                            "  provider: [p.sh, '{action}', '{role}', '{count}']\n"
+                                            "  scale_timeout_seconds: 30\n"));
+  EXPECT_EQ(c.elastic.min_workers, 2);
+  EXPECT_EQ(c.elastic.max_workers, 6);
+  EXPECT_EQ(c.elastic.max_pservers, 3);
+  EXPECT_EQ(c.elastic.batch, "fixed_per_worker");
+  EXPECT_EQ(c.elastic.provider,
+            (std::vector<std::string>{"p.sh", "{action}", "{role}", "{count}"}));
+  EXPECT_EQ(c.elastic.scale_timeout_seconds, 30);
+  ExpectError(ParseWithData("elastic:\n  min_workers: 3\n  max_workers: 2\n"),
+              "local.yaml:8:16: ", "elastic.max_workers", "must be >= elastic.min_workers (3)");
+  ExpectError(ParseWithData("elastic:\n  batch: fixed\n"), "local.yaml:7:10: ", "elastic.batch",
+              "allowed: fixed_global, fixed_per_worker");
+  ExpectError(ParseWithData("elastic:\n  provider: []\n"), "local.yaml:7:13: ", "elastic.provider",
+              "is empty");
+  ExpectError(ParseWithData("elastic:\n  min_pservers: 0\n"),
+              "local.yaml:7:17: ", "elastic.min_pservers");
 }
 
 TEST(ParseJobConfigTest, ScriptModelTablesResolveInitAndFansAsPyTorch) {
@@ -766,6 +794,13 @@ TEST(CheckClusterSizeTest, NeedsOneOfEachAndMorePServersThanReplicas) {
               HasSubstr("job.yaml: cluster.replication 2 needs at least 3 pservers; the cluster "
                         "has 2"));
   EXPECT_TRUE(CheckClusterSize(c, 3, 1).ok());
+  c.cluster.replication = 0;
+  c.elastic.min_workers = 2;
+  c.elastic.max_pservers = 2;
+  EXPECT_THAT(CheckClusterSize(c, 2, 1).message(),
+              HasSubstr("elastic.min_workers is 2; the job starts with 1 workers"));
+  EXPECT_THAT(CheckClusterSize(c, 3, 2).message(),
+              HasSubstr("elastic.max_pservers is 2; the job starts with 3 pservers"));
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -116,6 +118,37 @@ TEST(ParseHostFileTest, NoPserver) {
 
 TEST(ParseHostFileTest, NoWorker) {
   ExpectError(ParseHostFile("a master pserver=3\n", "hosts.txt"), "hosts.txt: ", "no worker");
+}
+
+TEST(ParseHostFileTest, RangesLeaveRoomToScaleNumberedAfterTheStartedOnes) {
+  STRATA_ASSERT_OK_AND_ASSIGN(HostFile f, ParseHostFile("a master pserver=1..2 worker=1..3\n"
+                                                        "b worker=0..2 pserver\n"
+                                                        "c worker=2\n",
+                                                        "hosts"));
+  EXPECT_EQ(f.total_pservers(), 2);
+  EXPECT_EQ(f.max_pservers(), 3);
+  EXPECT_EQ(f.total_workers(), 3);
+  EXPECT_EQ(f.max_workers(), 7);
+  EXPECT_EQ(f.hosts[1].workers, 0);
+  EXPECT_EQ(f.hosts[1].max_workers, 2);
+  std::vector<std::string> got;
+  for (const HostSlot& s : f.Slots()) {
+    got.push_back(absl::StrCat(s.role, "-", s.index, "@", s.host, s.initial ? "" : "+"));
+  }
+  EXPECT_THAT(got, ::testing::ElementsAre("pserver-0@a", "pserver-1@b", "pserver-2@a+",
+                                          "worker-0@a", "worker-1@c", "worker-2@c", "worker-3@a+",
+                                          "worker-4@a+", "worker-5@b+", "worker-6@b+"));
+}
+
+TEST(ParseHostFileTest, BadRangesNameTheItem) {
+  ExpectError(ParseHostFile("a master pserver worker=3..2\n", "h"),
+              "h:1: ", "bad range in 'worker=3..2'");
+  ExpectError(ParseHostFile("a master pserver worker=0..0\n", "h"),
+              "h:1: ", "bad range in 'worker=0..0'");
+  ExpectError(ParseHostFile("a master pserver worker=1..\n", "h"), "h:1: ", "bad range");
+  ExpectError(ParseHostFile("a master=1..2 pserver worker\n", "h"), "h:1: ", "exactly one master");
+  ExpectError(ParseHostFile("a master pserver=0..2 worker\n", "h"),
+              "h: ", "no pserver started with the job");
 }
 
 TEST(ParseHostFileTest, EmptyFile) {

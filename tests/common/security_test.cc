@@ -214,6 +214,7 @@ const std::map<std::string, std::set<Role>>& ExpectedPolicy() {
       {"/strata.proto.Master/Checkpoint", {R::kAdmin, R::kOperator}},
       {"/strata.proto.Master/Stop", {R::kAdmin}},
       {"/strata.proto.Master/Drain", {R::kAdmin, R::kOperator}},
+      {"/strata.proto.Master/Scale", {R::kAdmin, R::kOperator}},
       {"/strata.proto.Master/ReportSuspect", {R::kPServer, R::kWorker}},
       {"/strata.proto.Master/DeclareTables", {R::kWorker}},
       {"/strata.proto.PServerAdmin/AssignPartitions", {R::kMaster}},

@@ -92,6 +92,12 @@ std::map<std::string, Call> MasterCalls() {
     proto::DrainResponse r;
     return stub(ch)->Drain(ctx().get(), Node999<proto::DrainRequest>(), &r);
   };
+  m["/strata.proto.Master/Scale"] = [=](auto ch) {
+    proto::ScaleResponse r;  // the job has ended: refused when allowed
+    proto::ScaleRequest req;
+    req.mutable_workers()->set_by(1);
+    return stub(ch)->Scale(ctx().get(), req, &r);
+  };
   m["/strata.proto.Master/ReportSuspect"] = [=](auto ch) {
     proto::ReportSuspectResponse r;
     return stub(ch)->ReportSuspect(ctx().get(), Node999<proto::ReportSuspectRequest>(), &r);

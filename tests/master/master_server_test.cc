@@ -405,7 +405,9 @@ TEST_F(MasterServerTest, WorkerWithoutHeartbeatsIsDeadAfterTheTimeoutAndLosesIts
   master_->TickForTesting();
   EXPECT_EQ(StateOf(a), proto::DEAD);
   EXPECT_EQ(StateOf(ps), proto::ALIVE);
-  EXPECT_EQ(StateOf(b), proto::ALIVE);
+  // (b registered once the job ran: it joins the step set with its first
+  // data task.)
+  EXPECT_EQ(StateOf(b), proto::JOINING);
   EXPECT_EQ(master_->View().epoch(), epoch + 1);
   EXPECT_EQ(JobState(), "running");
 

@@ -314,6 +314,22 @@ TEST(TaskSchedulerTest, FillManifestCountsTheSamplesAtTheCut) {
   EXPECT_TRUE(found);
 }
 
+// A task leased with its own batch (elastic.batch fixed_global: the
+// global batch split over the workers there are) is cut by that batch.
+TEST(TaskSchedulerTest, ATaskLeasedWithItsOwnBatchIsCutByIt) {
+  TaskScheduler s(20, 4, 1, 1, kLease);  // 5 tasks of 4 records
+  auto a = s.Lease(1, kT0, /*first_step=*/0, /*batch_size=*/1);
+  auto b = s.Lease(2, kT0, /*first_step=*/0);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(s.BatchOf(a->id()), 1);
+  EXPECT_EQ(s.BatchOf(b->id()), 0);
+  EXPECT_EQ(s.Held(1, kT0, /*first_step=*/0).value().id(), a->id());
+  EXPECT_EQ(s.BatchOf(a->id()), 1);  // (held again: the same batch)
+  const TaskScheduler::Cut cut = s.CutAt(/*step=*/3, /*batch_size=*/2);
+  EXPECT_THAT(cut.partial, ElementsAre(Pair(a->id(), 3)));  // 3 steps of 1 record
+  EXPECT_THAT(cut.done, ElementsAre(b->id()));              // 3 steps of 2: all 4 records
+}
+
 TEST(TaskSchedulerTest, JobTasksCutByRecordsOrByBytes) {
   JobConfig config;
   config.job.epochs = 2;

@@ -40,6 +40,7 @@ class FakeContext : public worker::TrainerContext {
   }
   void SetEpoch(int epoch) override { epoch_ = epoch; }
   uint64_t next_step() const override { return next_step_; }
+  int batch_size() const override { return config_.job.batch_size; }
   void RecordStep(int n, uint64_t version, double loss, int64_t correct, absl::Duration busy,
                   absl::Duration comm, bool stale) override {
     samples_ += n;

@@ -52,6 +52,14 @@ const std::vector<Command>& Commands() {
        "           worker finishes its data task; a pserver's partitions go to their\n"
        "           backups (refused when that would lose parameters)\n",
        cli::Drain, true, true},
+      {"scale",
+       "--master HOST:PORT [--workers N|+k|-k] [--pservers N|+k|-k] [--no-wait]\n"
+       "           [--timeout 600] [--reason TEXT] [--json]\n"
+       "           take the running job to N workers: new ones are started by the\n"
+       "           provider (launch.sh's, or elastic.provider) on hosts with room\n"
+       "           (worker=1..4) and join at a step boundary; removed ones drain.\n"
+       "           Waits until the scale is done (exit 1: given up)\n",
+       cli::Scale, true},
       {"stop",
        "--master HOST:PORT [--no-checkpoint] [--reason TEXT] [--json]\n"
        "           stop the job, after a checkpoint when checkpoints are on\n",
@@ -76,8 +84,9 @@ const std::vector<Command>& Commands() {
        "           run on that host (by validate)\n",
        cli::HostCheck},
       {"plan",
-       "--config FILE --hosts FILE [--json]   the daemons a launch starts, one a line:\n"
-       "           role index host port data_port http_port  (- where unused)\n",
+       "--config FILE --hosts FILE [--spare] [--json]   the daemons a launch starts,\n"
+       "           one a line: role index host port data_port http_port  (- where\n"
+       "           unused); --spare: the host file's room to scale instead\n",
        cli::Plan},
       {"security-config",
        "--config FILE [--json]   the config's security section: mode,\n"

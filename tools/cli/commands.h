@@ -13,6 +13,7 @@ CliResult Status(const Invocation& in);
 CliResult Top(const Invocation& in);
 CliResult Logs(const Invocation& in);
 CliResult Drain(const Invocation& in);
+CliResult Scale(const Invocation& in);  // (commands_scale.cc)
 CliResult Stop(const Invocation& in);
 CliResult Wait(const Invocation& in);
 

@@ -44,10 +44,6 @@ std::string JobProgressLine(const proto::JobStatus& j) {
 namespace cli {
 namespace {
 
-// Whether `out` is this process's stdout and a terminal (progress is then
-// redrawn in place).
-bool IsTerminal(const std::ostream& out) { return &out == &std::cout && isatty(STDOUT_FILENO); }
-
 std::string StatusText(const proto::GetStatusResponse& st) {
   std::ostringstream out;
   const proto::JobStatus& j = st.job();

@@ -85,6 +85,7 @@ struct PlannedDaemon {
   int port = -1;       // gRPC (-1: none)
   int data_port = -1;  // data plane (-1: none)
   int http_port = -1;
+  bool spare = false;  // room to scale (a host file range), not started with the job
 };
 
 struct LaunchPlan {
@@ -111,16 +112,13 @@ absl::StatusOr<LaunchPlan> LoadPlan(const Flags& f, const char* command) {
   const auto& p = plan.config.cluster.ports;
   std::vector<PlannedDaemon>& d = plan.daemons;
   d.push_back({"master", 0, plan.hosts.master_host().host, p.master, -1, p.master_http});
-  int pi = 0, wi = 0;
-  for (const auto& h : plan.hosts.hosts) {
-    for (int i = 0; i < h.pservers; ++i, ++pi) {
+  for (const HostSlot& s : plan.hosts.Slots()) {
+    const int i = s.index;
+    if (s.role == "pserver") {
       d.push_back(
-          {"pserver", pi, h.host, p.pserver + pi, p.pserver_data + pi, p.pserver_http + pi});
-    }
-  }
-  for (const auto& h : plan.hosts.hosts) {
-    for (int i = 0; i < h.workers; ++i, ++wi) {
-      d.push_back({"worker", wi, h.host, -1, -1, p.worker_http + wi});
+          {s.role, i, s.host, p.pserver + i, p.pserver_data + i, p.pserver_http + i, !s.initial});
+    } else {
+      d.push_back({s.role, i, s.host, -1, -1, p.worker_http + i, !s.initial});
     }
   }
   return plan;
@@ -168,8 +166,15 @@ CliResult Doctor(const Invocation& in) {
 CliResult Plan(const Invocation& in) {
   auto plan = LoadPlan(in.flags, "plan");
   if (!plan.ok()) return Failure(2, std::string(plan.status().message()));
+  // Without --spare the daemons started with the job; with it the room to
+  // scale (launch.sh starts those on `strata scale`).
+  const bool spare = in.flags.count("spare") > 0;
+  std::vector<PlannedDaemon> daemons;
+  for (PlannedDaemon& d : plan->daemons) {
+    if (d.spare == spare) daemons.push_back(std::move(d));
+  }
   JsonValue rows = JsonValue::Array(",\n ");
-  for (const PlannedDaemon& d : plan->daemons) {
+  for (const PlannedDaemon& d : daemons) {
     rows.Append(JsonValue::Object()
                     .Set("role", JsonValue::String(d.role))
                     .Set("index", JsonValue::Int(d.index))
@@ -180,7 +185,7 @@ CliResult Plan(const Invocation& in) {
   }
   CliResult r;
   r.data = std::move(rows);
-  r.text = [daemons = std::move(plan->daemons)] {
+  r.text = [daemons = std::move(daemons)] {
     auto port = [](int p) { return p < 0 ? std::string("-") : std::to_string(p); };
     std::string s;
     for (const PlannedDaemon& d : daemons) {

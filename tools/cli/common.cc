@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -126,7 +127,7 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args, size_t fr
       key = key.substr(0, eq);
     } else if (key != "json" && key != "stop" && key != "no-checkpoint" && key != "no-wait" &&
                key != "offline" && key != "remote-all" && key != "progress" &&
-               key != "progress-only" && key != "redraw" && key != "plaintext") {
+               key != "progress-only" && key != "redraw" && key != "plaintext" && key != "spare") {
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) {
         return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
       }
@@ -136,6 +137,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args, size_t fr
   }
   return flags;
 }
+
+bool IsTerminal(const std::ostream& out) { return &out == &std::cout && isatty(STDOUT_FILENO); }
 
 std::string FlagOr(const Flags& f, const std::string& key, const std::string& def) {
   auto it = f.find(key);
@@ -152,6 +155,8 @@ const char* StateName(proto::NodeState s) {
       return "finished";
     case proto::DRAINED:
       return "drained";
+    case proto::JOINING:
+      return "joining";
     default:
       return "?";
   }

@@ -69,6 +69,10 @@ struct Invocation {
 // --key value / --key=value / --flag, from args[from] on.
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args, size_t from);
 
+// Whether `out` is this process's stdout and a terminal (progress is then
+// redrawn in place).
+bool IsTerminal(const std::ostream& out);
+
 // The flag's value, or `def` when it is not given.
 std::string FlagOr(const Flags& f, const std::string& key, const std::string& def);
 

@@ -1,0 +1,255 @@
+#include "master/scaler.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::master {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000000);
+
+// A host file with room for 4 workers: 0 and 1 started, 2 and 3 room.
+std::vector<HostSlot> Slots() {
+  return {{"pserver", 0, "a", true},
+          {"worker", 0, "a", true},
+          {"worker", 1, "b", true},
+          {"worker", 2, "a", false},
+          {"worker", 3, "b", false}};
+}
+
+proto::NodeInfo* AddNode(proto::ClusterView* v, uint32_t id, proto::Role role, int32_t index,
+                         proto::NodeState state, absl::Time registered = kT0) {
+  proto::NodeInfo* n = v->add_members();
+  n->set_id(id);
+  n->set_role(role);
+  n->set_index(index);
+  n->set_state(state);
+  n->set_registered_unix_ms(absl::ToUnixMillis(registered));
+  return n;
+}
+
+// pserver 0 (node 1), workers 0 and 1 (nodes 2, 3).
+proto::ClusterView TwoWorkers() {
+  proto::ClusterView v;
+  AddNode(&v, 1, proto::PSERVER, 0, proto::ALIVE);
+  AddNode(&v, 2, proto::WORKER, 0, proto::ALIVE);
+  AddNode(&v, 3, proto::WORKER, 1, proto::ALIVE);
+  return v;
+}
+
+proto::ScaleRequest Workers(const std::string& spec) {
+  proto::ScaleRequest r;
+  if (spec[0] == '+' || spec[0] == '-') {
+    r.mutable_workers()->set_by(std::stoi(spec));
+  } else {
+    r.mutable_workers()->set_to(std::stoi(spec));
+  }
+  return r;
+}
+
+class ScalerTest : public ::testing::Test {
+ protected:
+  Scaler::Options Opts() {
+    Scaler::Options o;
+    o.slots = Slots();
+    o.clock = &clock_;
+    o.elastic.scale_timeout_seconds = 60;
+    return o;
+  }
+  FakeClock clock_{kT0};
+};
+
+TEST_F(ScalerTest, GrowingPicksTheLowestFreeInstancesOfTheRoom) {
+  Scaler s(Opts());
+  proto::ClusterView v = TwoWorkers();
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(Workers("+2"), v, proto::JOB_RUNNING));
+  EXPECT_EQ(p.from, 2);
+  EXPECT_EQ(p.target, 4);
+  EXPECT_THAT(p.add, ElementsAre(2, 3));
+  EXPECT_THAT(p.drain, IsEmpty());
+  EXPECT_EQ(p.what, "workers 2 -> 4: starting workers 2, 3");
+  // A drained instance's index is free again; a dead one's waits for its
+  // restart.
+  v.mutable_members(2)->set_state(proto::DRAINED);
+  AddNode(&v, 4, proto::WORKER, 2, proto::DEAD);
+  STRATA_ASSERT_OK_AND_ASSIGN(p, s.Prepare(Workers("3"), v, proto::JOB_RUNNING));
+  EXPECT_THAT(p.add, ElementsAre(1, 3));
+}
+
+TEST_F(ScalerTest, ShrinkingDrainsTheIdleFirstThenTheHighestIndices) {
+  Scaler s(Opts());
+  proto::ClusterView v = TwoWorkers();
+  AddNode(&v, 4, proto::WORKER, 2, proto::ALIVE);
+  AddNode(&v, 5, proto::WORKER, 3, proto::ALIVE);
+  v.mutable_members(1)->set_state(proto::FINISHED);  // worker 0: no task left for it
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(Workers("-2"), v, proto::JOB_RUNNING));
+  EXPECT_THAT(p.drain, ElementsAre(2u, 5u));  // worker 0 (idle), then worker 3
+  EXPECT_THAT(p.add, IsEmpty());
+  EXPECT_EQ(p.what, "workers 4 -> 2: draining workers 0, 3");
+  // A worker already draining does not count.
+  v.mutable_members(4)->set_draining(true);
+  STRATA_ASSERT_OK_AND_ASSIGN(p, s.Prepare(Workers("-1"), v, proto::JOB_RUNNING));
+  EXPECT_EQ(p.from, 3);
+  EXPECT_THAT(p.drain, ElementsAre(2u));
+}
+
+TEST_F(ScalerTest, RefusalsSayWhy) {
+  Scaler::Options o = Opts();
+  o.elastic.min_workers = 2;
+  o.elastic.max_workers = 3;
+  Scaler s(o);
+  const proto::ClusterView v = TwoWorkers();
+  EXPECT_THAT(
+      s.Prepare(Workers("1"), v, proto::JOB_RUNNING),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("below elastic.min_workers (2)")));
+  EXPECT_THAT(
+      s.Prepare(Workers("4"), v, proto::JOB_RUNNING),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("beyond elastic.max_workers (3)")));
+  EXPECT_THAT(Scaler(Opts()).Prepare(Workers("5"), v, proto::JOB_RUNNING),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("beyond the host file's room for 4")));
+  EXPECT_THAT(s.Prepare(Workers("3"), v, proto::JOB_WAITING),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the job is waiting: only a running job scales")));
+  EXPECT_THAT(s.Prepare(Workers("-5"), v, proto::JOB_RUNNING),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-3 workers asked for")));
+  EXPECT_THAT(s.Prepare(proto::ScaleRequest(), v, proto::JOB_RUNNING),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--workers N|+k|-k")));
+  proto::ScaleRequest ps;
+  ps.mutable_pservers()->set_by(1);
+  EXPECT_THAT(s.Prepare(ps, v, proto::JOB_RUNNING),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("scaling pservers (1 -> 2) moves partitions")));
+  ps.mutable_pservers()->set_to(1);  // (unchanged: fine)
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan same, s.Prepare(ps, v, proto::JOB_RUNNING));
+  EXPECT_THAT(same.what, HasSubstr("nothing to do"));
+  // One scale at a time.
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(Workers("3"), v, proto::JOB_RUNNING));
+  s.Begin(p);
+  EXPECT_THAT(s.Prepare(Workers("2"), v, proto::JOB_RUNNING),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("a scale is in progress (workers 2 -> 3: starting worker 2")));
+}
+
+TEST_F(ScalerTest, AScaleIsDoneOnceTheAddedWorkersTrainAndTheDrainedOnesLeft) {
+  Scaler s(Opts());
+  proto::ClusterView v = TwoWorkers();
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(Workers("3"), v, proto::JOB_RUNNING));
+  s.Begin(p);
+  proto::JobStatus js;
+  s.FillStatus(v, &js);
+  EXPECT_EQ(js.workers_target(), 3);
+  EXPECT_EQ(js.scaling(), "workers 2 -> 3: starting worker 2 (0 s)");
+  EXPECT_THAT(s.Check(v), IsEmpty());
+  clock_.Advance(absl::Seconds(2));
+  // Registered: joining, not yet training.
+  proto::NodeInfo* joined = AddNode(&v, 4, proto::WORKER, 2, proto::JOINING, clock_.Now());
+  EXPECT_THAT(s.Check(v), IsEmpty());
+  joined->set_state(proto::ALIVE);  // its first data task
+  std::vector<Scaler::Ended> ended = s.Check(v);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_TRUE(ended[0].ok);
+  EXPECT_EQ(ended[0].kind, "scale_done");
+  EXPECT_EQ(ended[0].message,
+            "scale done (workers 2 -> 3: starting worker 2) in 2.0 s: the new workers train");
+  EXPECT_FALSE(s.in_progress());
+
+  // Shrinking: done once the drained worker has left.
+  STRATA_ASSERT_OK_AND_ASSIGN(p, s.Prepare(Workers("-1"), v, proto::JOB_RUNNING));
+  ASSERT_THAT(p.drain, ElementsAre(4u));
+  s.Begin(p);
+  v.mutable_members(3)->set_draining(true);
+  EXPECT_THAT(s.Check(v), IsEmpty());
+  v.mutable_members(3)->set_state(proto::DRAINED);
+  ended = s.Check(v);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].kind, "scale_done");
+}
+
+TEST_F(ScalerTest, AScaleIsGivenUpAtItsDeadlineNamingWhatIsMissingAndSurvivesARestart) {
+  Scaler s(Opts());
+  proto::ClusterView v = TwoWorkers();
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(Workers("4"), v, proto::JOB_RUNNING));
+  s.Begin(p);
+  // A restarted master takes the scale up from its state.
+  proto::MasterState st;
+  s.Save(&st);
+  Scaler restarted(Opts());
+  restarted.Restore(st);
+  ASSERT_TRUE(restarted.in_progress());
+  // An instance registered before the scale began is not one it started.
+  AddNode(&v, 4, proto::WORKER, 2, proto::JOINING, kT0 - absl::Seconds(1));
+  AddNode(&v, 5, proto::WORKER, 3, proto::JOINING, kT0 + absl::Seconds(1));
+  clock_.Advance(absl::Seconds(61));
+  std::vector<Scaler::Ended> ended = restarted.Check(v);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_FALSE(ended[0].ok);
+  EXPECT_EQ(ended[0].kind, "scale_failed");
+  EXPECT_THAT(ended[0].message, HasSubstr("scale given up after 60 s (workers 2 -> 4"));
+  EXPECT_THAT(ended[0].message,
+              HasSubstr("worker 2 did not register (no provider: start them by hand); worker 3 "
+                        "registered but took no data task"));
+  proto::JobStatus js;
+  restarted.FillStatus(v, &js);
+  EXPECT_EQ(js.workers_target(), 4);  // (the joining ones count)
+  EXPECT_EQ(js.scaling(), "");
+}
+
+TEST(ProviderArgsTest, ReplacesThePlaceholders) {
+  EXPECT_THAT(ProviderArgs({"p.sh", "{action}", "--role={role}", "{count}", "{indices}"}, "add",
+                           "worker", {2, 5}),
+              ElementsAre("p.sh", "add", "--role=worker", "2", "2,5"));
+}
+
+// The provider is run (a real process) with the scale's words, and its
+// failure gives the scale up with its exit status.
+TEST(ScalerProviderTest, RunsTheProviderAndGivesUpWhenItFails) {
+  const std::string out = ::testing::TempDir() + "/scaler_provider_out";
+  std::remove(out.c_str());
+  Scaler::Options o;
+  o.slots = Slots();
+  o.clock = RealClock();
+  o.elastic.scale_timeout_seconds = 30;
+  o.provider = {"/bin/sh",  "-c",     absl::StrCat("echo \"$0 $1 $2\" >> ", out, "; exit 3"),
+                "{action}", "{role}", "{indices}"};
+  Scaler s(o);
+  proto::ClusterView v = TwoWorkers();
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(Workers("+2"), v, proto::JOB_RUNNING));
+  s.Begin(p);
+  std::vector<Scaler::Ended> ended;
+  for (int i = 0; i < 200 && ended.empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+    ended = s.Check(v);
+  }
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].kind, "scale_failed");
+  EXPECT_THAT(ended[0].message, HasSubstr("the provider (/bin/sh -c"));
+  EXPECT_THAT(ended[0].message, HasSubstr("for add workers 2, 3 failed: it exited with status 3"));
+  std::ifstream in(out);
+  std::stringstream got;
+  got << in.rdbuf();
+  EXPECT_EQ(got.str(), "add worker 2,3\n");
+  EXPECT_FALSE(s.in_progress());
+  proto::JobStatus js;
+  s.FillStatus(v, &js);
+  EXPECT_EQ(js.workers_target(), 2);  // back to what there is
+}
+
+}  // namespace
+}  // namespace strata::master

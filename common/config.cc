@@ -790,6 +790,11 @@ std::vector<ConfigReader::Field> ConfigReader::ElasticFields(ElasticSection* e) 
       Enum("batch", &e->batch, {"fixed_global", "fixed_per_worker"}),
       StringList("provider", &e->provider),
       Int("scale_timeout_seconds", &e->scale_timeout_seconds, IntInRange(1, 86400)),
+      Bool("autoscale", &e->autoscale),
+      Int("cooldown_seconds", &e->cooldown_seconds, IntInRange(0, 86400)),
+      Int("queue_per_worker", &e->queue_per_worker, IntInRange(1, 1000000)),
+      Double("min_gain", &e->min_gain, DoubleNonNegative()),
+      Int("measure_seconds", &e->measure_seconds, IntInRange(1, 86400)),
   };
 }
 

@@ -270,6 +270,16 @@ struct ElasticSection {
   // How long daemons a scale adds have to register (then the scale is
   // given up, an event says so), and the provider command to end.
   int scale_timeout_seconds = 300;  // >= 1
+  // The autoscaler (master/autoscaler.h): grows the workers by one while
+  // the data-task queue holds queue_per_worker tasks a worker, until one
+  // it added raised samples/s (measured over measure_seconds) by less
+  // than min_gain of the per-worker average; releases workers idle at the
+  // job's tail; one decision per cooldown_seconds.
+  bool autoscale = false;
+  int cooldown_seconds = 30;  // >= 0
+  int queue_per_worker = 4;   // >= 1
+  double min_gain = 0.5;      // >= 0
+  int measure_seconds = 10;   // >= 1
 };
 
 // Who may talk to the cluster (docs/security.md).

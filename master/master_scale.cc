@@ -1,6 +1,7 @@
-// `strata scale` (MasterServer's, in its own file): a scale planned by the
-// scaler against the view, the workers it removes drained, the provider
-// started for those it adds (master/scaler.h; docs/operations.md).
+// `strata scale` and the autoscaler (MasterServer's, in their own file): a
+// scale planned by the scaler against the view, the workers it removes
+// drained, the provider started for those it adds (master/scaler.h,
+// master/autoscaler.h; docs/operations.md, "Scaling").
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,42 +13,86 @@ namespace strata::master {
 absl::StatusOr<proto::ScaleResponse> MasterServer::Scale(const proto::ScaleRequest& req) {
   return Durably([&](uint64_t* ticket) -> absl::StatusOr<proto::ScaleResponse> {
     absl::MutexLock l(&mu_);
-    STRATA_ASSIGN_OR_RETURN(const Scaler::Plan plan,
-                            scaler_.Prepare(req, nodes_.View(), job_.state()));
-    proto::ScaleResponse resp;
-    const std::string why = req.reason().empty() ? "request" : req.reason();
-    for (uint32_t id : plan.drain) {
-      proto::DrainRequest d;
-      d.set_node_id(id);
-      d.set_reason(absl::StrCat("scale in: ", why));
-      // (Prepare picked live workers that are not the last: not refused.)
-      STRATA_ASSIGN_OR_RETURN(NodeManager::Drained drained,
-                              nodes_.Drain(d, job_.state(), job_.evaluator()));
-      if (drained.departure.has_value()) DepartedLocked(*drained.departure);
-      resp.add_draining(id);
-    }
-    scaler_.Begin(plan);
-    for (int32_t i : plan.add) resp.add_adding(i);
-    const bool something = !plan.add.empty() || !plan.drain.empty();
-    if (something) {
-      job_.Event(absl::StrCat("scale (", why, "): ", plan.what), "scale");
-      *ticket = PersistLocked();
-    }
-    proto::JobStatus js;
-    scaler_.FillStatus(nodes_.View(), &js);
-    resp.set_workers_target(js.workers_target());
-    resp.set_pservers_target(js.pservers_target());
-    std::string next = plan.what;
-    if (!plan.add.empty()) {
-      absl::StrAppend(&next, scaler_.has_provider()
-                                 ? "; the provider starts them, they join at a step boundary"
-                                 : "; no provider: start them (strata-worker --index N), they "
-                                   "join at a step boundary");
-    }
-    if (!plan.drain.empty()) absl::StrAppend(&next, "; each leaves after its current data task");
-    resp.set_message(next);
-    return resp;
+    auto r = ScaleLocked(req, req.reason().empty() ? "request" : req.reason());
+    *ticket = PersistLocked();
+    return r;
   });
+}
+
+absl::StatusOr<proto::ScaleResponse> MasterServer::ScaleLocked(const proto::ScaleRequest& req,
+                                                               const std::string& why) {
+  STRATA_ASSIGN_OR_RETURN(const Scaler::Plan plan,
+                          scaler_.Prepare(req, nodes_.View(), job_.state()));
+  proto::ScaleResponse resp;
+  if (req.autoscale() != proto::ScaleRequest::AUTOSCALE_UNCHANGED) {
+    scaler_.SetAutoscale(req.autoscale());
+    job_.Event(absl::StrCat(scaler_.autoscaler().Describe(), " (", why, ")"), "autoscale");
+  }
+  for (uint32_t id : plan.drain) {
+    proto::DrainRequest d;
+    d.set_node_id(id);
+    d.set_reason(absl::StrCat("scale in: ", why));
+    // (Prepare picked live workers that are not the last: not refused.)
+    STRATA_ASSIGN_OR_RETURN(NodeManager::Drained drained,
+                            nodes_.Drain(d, job_.state(), job_.evaluator()));
+    if (drained.departure.has_value()) DepartedLocked(*drained.departure);
+    resp.add_draining(id);
+  }
+  scaler_.Begin(plan);
+  for (int32_t i : plan.add) resp.add_adding(i);
+  if (!plan.add.empty() || !plan.drain.empty()) {
+    job_.Event(absl::StrCat("scale (", why, "): ", plan.what), "scale");
+  }
+  proto::JobStatus js;
+  scaler_.FillStatus(nodes_.View(), &js);
+  resp.set_workers_target(js.workers_target());
+  resp.set_pservers_target(js.pservers_target());
+  std::string next = plan.what;
+  if (!plan.add.empty()) {
+    absl::StrAppend(&next, scaler_.has_provider()
+                               ? "; the provider starts them, they join at a step boundary"
+                               : "; no provider: start them (strata-worker --index N), they "
+                                 "join at a step boundary");
+  }
+  if (!plan.drain.empty()) absl::StrAppend(&next, "; each leaves after its current data task");
+  resp.set_message(next);
+  return resp;
+}
+
+void MasterServer::ScaleTickLocked() {
+  for (const Scaler::Ended& e : scaler_.Check(nodes_.View())) {
+    job_.Event(e.message, e.kind.c_str());
+    if (e.kind == "scale_failed") scaler_.autoscaler().Refused();
+  }
+  const proto::JobStatus js = JobStatusLocked();
+  Autoscaler::Input in;
+  in.now = clock_->Now();
+  in.state = job_.state();
+  in.scaling = scaler_.in_progress();
+  in.most = scaler_.most_workers();
+  in.pending = tasks_.pending();
+  in.samples = js.samples();
+  const proto::ClusterView view = nodes_.View();
+  for (const auto& n : view.members()) {
+    if (n.role() != proto::WORKER || n.draining()) continue;
+    if (n.state() == proto::ALIVE || n.state() == proto::JOINING) ++in.workers;
+    if (n.state() == proto::FINISHED) {
+      ++in.workers;
+      ++in.idle;
+    }
+  }
+  const std::optional<Autoscaler::Decision> d = scaler_.autoscaler().Tick(in);
+  if (!d.has_value()) return;
+  if (d->delta == 0) {
+    job_.Event(d->reason, "autoscale");
+    return;
+  }
+  proto::ScaleRequest req;
+  req.mutable_workers()->set_by(d->delta);
+  if (absl::StatusOr<proto::ScaleResponse> r = ScaleLocked(req, d->reason); !r.ok()) {
+    job_.Event(absl::StrCat(d->reason, "; refused: ", r.status().message()), "autoscale");
+    scaler_.autoscaler().Refused();
+  }
 }
 
 }  // namespace strata::master

@@ -173,9 +173,7 @@ void MasterServer::Tick() {
     int expired = tasks_.ExpireLeases(clock_->Now());
     if (expired > 0) LOG(WARNING) << expired << " data task lease(s) expired";
     if (!job_.over()) nodes_.TopUpBackups();
-    for (const Scaler::Ended& e : scaler_.Check(nodes_.View())) {
-      job_.Event(e.message, e.kind.c_str());
-    }
+    ScaleTickLocked();
     UpdateJobStateLocked();
     SampleHistoryLocked(/*force=*/false);
     ticket = PersistLocked();

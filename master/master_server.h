@@ -212,6 +212,13 @@ class MasterServer : private CheckpointCoordinator::Master {
   // (elastic.batch: the job's global batch split over the workers that
   // train, or job.batch_size). (In master_tasks.cc, with LeaseTask.)
   int TaskBatchLocked(uint32_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Scale's body, for a request or the autoscaler (`why`: the event's
+  // reason); and the tick's part: the scale in progress followed, the
+  // autoscaler asked and its decision carried out. (In master_scale.cc.)
+  absl::StatusOr<proto::ScaleResponse> ScaleLocked(const proto::ScaleRequest& req,
+                                                   const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScaleTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The body of LeaseTask (Durably's).
   absl::StatusOr<proto::LeaseTaskResponse> LeaseTaskUnpersisted(const proto::LeaseTaskRequest& req,
                                                                 uint64_t* ticket)

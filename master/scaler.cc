@@ -86,7 +86,14 @@ struct Scaler::Run {
   std::string failure;  // "" when it exited 0
 };
 
-Scaler::Scaler(Options options) : options_(std::move(options)), clock_(options_.clock) {}
+Scaler::Scaler(Options options)
+    : options_(std::move(options)), clock_(options_.clock), autoscaler_(options_.elastic) {}
+
+void Scaler::SetAutoscale(proto::ScaleRequest::Autoscale a) {
+  if (a == proto::ScaleRequest::AUTOSCALE_UNCHANGED) return;
+  autoscale_ = a;
+  autoscaler_.SetEnabled(a == proto::ScaleRequest::AUTOSCALE_ON);
+}
 
 Scaler::~Scaler() {
   stop_.Notify();
@@ -104,8 +111,14 @@ absl::StatusOr<Scaler::Plan> Scaler::Prepare(const proto::ScaleRequest& req,
                                              const proto::ClusterView& view,
                                              proto::JobState state) const {
   if (!req.has_workers() && !req.has_pservers()) {
+    if (req.autoscale() != proto::ScaleRequest::AUTOSCALE_UNCHANGED) {
+      Plan plan;
+      plan.what = absl::StrCat("autoscale ",
+                               req.autoscale() == proto::ScaleRequest::AUTOSCALE_ON ? "on" : "off");
+      return plan;
+    }
     return absl::InvalidArgumentError(
-        "strata scale: give --workers N|+k|-k and/or --pservers N|+k|-k");
+        "strata scale: give --workers N|+k|-k, --pservers N|+k|-k or --autoscale on|off");
   }
   if (state != proto::JOB_RUNNING) {
     return absl::FailedPreconditionError(
@@ -206,6 +219,12 @@ absl::StatusOr<Scaler::Plan> Scaler::Prepare(const proto::ScaleRequest& req,
   plan.what = absl::StrCat("workers ", now, " -> ", plan.target, ": draining ",
                            Instances(proto::WORKER, indices));
   return plan;
+}
+
+int Scaler::most_workers() const {
+  int room = 0;
+  for (const HostSlot& s : options_.slots) room += s.role == "worker";
+  return options_.elastic.max_workers != 0 ? std::min(room, options_.elastic.max_workers) : room;
 }
 
 void Scaler::Begin(const Plan& plan) {
@@ -388,16 +407,19 @@ void Scaler::Save(proto::MasterState* st) const {
   if (op_.has_value()) *s = *op_;
   s->set_workers_target(workers_target_);
   s->set_pservers_target(pservers_target_);
+  s->set_autoscale(autoscale_);
 }
 
 void Scaler::Restore(const proto::MasterState& st) {
   workers_target_ = st.scale().workers_target();
   pservers_target_ = st.scale().pservers_target();
+  SetAutoscale(st.scale().autoscale());
   op_.reset();
   if (st.scale().started_unix_ms() != 0) {
     op_ = st.scale();
     op_->clear_workers_target();
     op_->clear_pservers_target();
+    op_->clear_autoscale();
   }
 }
 
@@ -408,6 +430,7 @@ void Scaler::FillStatus(const proto::ClusterView& view, proto::JobStatus* js) co
     const int64_t secs = (absl::ToUnixMillis(clock_->Now()) - op_->started_unix_ms()) / 1000;
     js->set_scaling(absl::StrCat(op_->what(), " (", secs, " s)"));
   }
+  js->set_autoscale(autoscaler_.Describe());
 }
 
 }  // namespace strata::master

@@ -30,6 +30,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/host_file.h"
+#include "master/autoscaler.h"
 #include "proto/strata.pb.h"
 
 namespace strata::master {
@@ -95,7 +96,14 @@ class Scaler {
   void Restore(const proto::MasterState& st);
   void FillStatus(const proto::ClusterView& view, proto::JobStatus* js) const;
   bool in_progress() const { return op_.has_value(); }
+  // The autoscaler (its on/off kept in the state with the scale's).
+  Autoscaler& autoscaler() { return autoscaler_; }
+  // Turns it on or off (`strata scale --autoscale`).
+  void SetAutoscale(proto::ScaleRequest::Autoscale a);
   bool has_provider() const { return !options_.provider.empty(); }
+  // The most workers the job may have: elastic.max_workers, and the host
+  // file's room.
+  int most_workers() const;
 
  private:
   struct Run;
@@ -110,6 +118,8 @@ class Scaler {
   int workers_target_ = 0;  // 0: none set yet
   int pservers_target_ = 0;
   std::optional<proto::ScaleState> op_;  // the scale in progress
+  Autoscaler autoscaler_;
+  proto::ScaleRequest::Autoscale autoscale_ = proto::ScaleRequest::AUTOSCALE_UNCHANGED;
 
   absl::Mutex runs_mu_;
   std::vector<std::unique_ptr<Run>> runs_ ABSL_GUARDED_BY(runs_mu_);

@@ -423,6 +423,12 @@ std::string RenderStatusPage(const proto::GetStatusResponse& st, int64_t now_uni
                     absl::StrContains(j.security(), "sealed") ? "mTLS, data plane sealed" : "mTLS",
                     "</p>\n");
   }
+  if (j.workers_target() > 0) {
+    absl::StrAppend(&out, "<p id=\"scale\">Scale: ", j.workers_target(), " worker(s), ",
+                    j.pservers_target(), " pserver(s) wanted; ", HtmlEscape(j.autoscale()),
+                    j.scaling().empty() ? "" : "; in progress: ", HtmlEscape(j.scaling()),
+                    "</p>\n");
+  }
   absl::StrAppend(&out, JobSection(j, st.view()), ChartsSection(j), NodesSection(st, now_unix_ms),
                   PartitionsSection(st.view()), EventsSection(j));
   absl::StrAppend(&out, "<footer>",

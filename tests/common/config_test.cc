@@ -309,7 +309,9 @@ TEST(ParseJobConfigTest, ElasticSection) {
                               ParseWithData("elastic:\n  min_workers: 2\n  max_workers: 6\n"
                                             "  max_pservers: 3\n  batch: fixed_per_worker\n"
                                             "  provider: [p.sh, '{action}', '{role}', '{count}']\n"
-                                            "  scale_timeout_seconds: 30\n"));
+                                            "  scale_timeout_seconds: 30\n  autoscale: true\n"
+                                            "  cooldown_seconds: 0\n  queue_per_worker: 2\n"
+                                            "  min_gain: 0.25\n  measure_seconds: 3\n"));
   EXPECT_EQ(c.elastic.min_workers, 2);
   EXPECT_EQ(c.elastic.max_workers, 6);
   EXPECT_EQ(c.elastic.max_pservers, 3);
@@ -317,6 +319,12 @@ TEST(ParseJobConfigTest, ElasticSection) {
   EXPECT_EQ(c.elastic.provider,
             (std::vector<std::string>{"p.sh", "{action}", "{role}", "{count}"}));
   EXPECT_EQ(c.elastic.scale_timeout_seconds, 30);
+  EXPECT_TRUE(c.elastic.autoscale);
+  EXPECT_EQ(c.elastic.cooldown_seconds, 0);
+  EXPECT_EQ(c.elastic.queue_per_worker, 2);
+  EXPECT_DOUBLE_EQ(c.elastic.min_gain, 0.25);
+  EXPECT_EQ(c.elastic.measure_seconds, 3);
+  EXPECT_FALSE(d.elastic.autoscale);
   ExpectError(ParseWithData("elastic:\n  min_workers: 3\n  max_workers: 2\n"),
               "local.yaml:8:16: ", "elastic.max_workers", "must be >= elastic.min_workers (3)");
   ExpectError(ParseWithData("elastic:\n  batch: fixed\n"), "local.yaml:7:10: ", "elastic.batch",

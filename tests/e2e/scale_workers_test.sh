@@ -67,6 +67,14 @@ print("samples per bsp step with 3 workers: %.1f" % per)
 sys.exit(0 if 56 <= per <= 72 else 1)
 PY
 
+# The autoscaler on and off by hand (it is off in this job's config).
+out="$("$STRATA" scale --master "$master" --autoscale on)" || fail "autoscale on: $out"
+[[ "$(status_json | python3 -c 'import json,sys; print(json.load(sys.stdin)["job"]["autoscale"])')" == "autoscale on" ]] ||
+  fail "status after --autoscale on: $(status_json | head -c 600)"
+out="$("$STRATA" scale --master "$master" --autoscale off)" || fail "autoscale off: $out"
+grep -q '"kind": "autoscale", "message": "autoscale off (strata scale)"' "$work/run/events.jsonl" ||
+  fail "no autoscale event: $(grep autoscale "$work/run/events.jsonl")"
+
 # Refusals: beyond the host file's room; a second scale while one goes on.
 if out="$("$STRATA" scale --master "$master" --workers +1 2>&1)"; then
   fail "scaling beyond the room was accepted: $out"

@@ -211,6 +211,128 @@ TEST_F(ScalerTest, AScaleIsGivenUpAtItsDeadlineNamingWhatIsMissingAndSurvivesARe
   EXPECT_EQ(js.scaling(), "");
 }
 
+// The autoscaler's decisions from what it is shown, tick by tick.
+class AutoscalerTest : public ::testing::Test {
+ protected:
+  AutoscalerTest() {
+    e_.autoscale = true;
+    e_.cooldown_seconds = 5;
+    e_.queue_per_worker = 4;
+    e_.min_gain = 0.5;
+    e_.measure_seconds = 10;
+  }
+  // One tick a second for `secs` seconds at `rate` samples/s per worker.
+  std::vector<Autoscaler::Decision> Run(Autoscaler* a, int secs, double rate) {
+    std::vector<Autoscaler::Decision> out;
+    for (int i = 0; i < secs; ++i) {
+      now_ += absl::Seconds(1);
+      samples_ += static_cast<uint64_t>(rate * in_.workers);
+      in_.now = now_;
+      in_.samples = samples_;
+      if (auto d = a->Tick(in_)) out.push_back(*d);
+    }
+    return out;
+  }
+  ElasticSection e_;
+  absl::Time now_ = kT0;
+  uint64_t samples_ = 0;
+  Autoscaler::Input in_{kT0, proto::JOB_RUNNING, false, 1, 0, 4, 100, 0};
+};
+
+TEST_F(AutoscalerTest, GrowsUnderADeepQueueUntilAWorkerGainsTooLittle) {
+  Autoscaler a(e_);
+  // A deep queue: a worker more once a rate is measured over a window.
+  EXPECT_THAT(Run(&a, 10, 1000), IsEmpty());
+  std::vector<Autoscaler::Decision> d = Run(&a, 1, 1000);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].delta, 1);
+  EXPECT_THAT(d[0].reason, HasSubstr("100 tasks pending for 1 worker(s)"));
+  EXPECT_THAT(d[0].reason, HasSubstr("(1000 samples/s before it)"));
+  EXPECT_EQ(a.Describe(), "autoscale on, measuring the worker it added");
+  // The scale: 2 s. Then 2 workers at 900 each: 1800, +80% of a worker.
+  in_.scaling = true;
+  EXPECT_THAT(Run(&a, 2, 1000), IsEmpty());
+  in_.scaling = false;
+  in_.workers = 2;
+  d = Run(&a, 11, 900);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].delta, 0);
+  EXPECT_THAT(d[0].reason, HasSubstr("from 1000 to 1800, 80% of a worker's average"));
+  EXPECT_THAT(d[0].reason, HasSubstr("growing on while the queue is deep"));
+  // Next: a third worker (the queue holds 100 >= 4 x 2), which adds
+  // nothing (3 at 600 each).
+  d = Run(&a, 1, 900);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].delta, 1);
+  in_.scaling = true;
+  Run(&a, 1, 900);
+  in_.scaling = false;
+  in_.workers = 3;
+  d = Run(&a, 11, 600);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_THAT(d[0].reason, HasSubstr("from 1800 to 1800, 0% of a worker's average"));
+  EXPECT_THAT(d[0].reason, HasSubstr("growing no further"));
+  EXPECT_THAT(Run(&a, 60, 600), IsEmpty());  // however deep the queue
+  EXPECT_THAT(a.Describe(), HasSubstr("not growing"));
+}
+
+TEST_F(AutoscalerTest, ReleasesTheWorkersIdleAtTheTailAndHoldsItsCooldown) {
+  e_.min_workers = 2;
+  Autoscaler a(e_);
+  in_.workers = 4;
+  in_.pending = 0;
+  in_.idle = 3;
+  std::vector<Autoscaler::Decision> d = Run(&a, 1, 100);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].delta, -2);  // (elastic.min_workers 2)
+  EXPECT_THAT(d[0].reason, HasSubstr("3 worker(s) idle at the job's tail"));
+  EXPECT_THAT(Run(&a, 4, 100), IsEmpty());  // the cooldown
+  in_.workers = 3;
+  in_.idle = 1;
+  d = Run(&a, 1, 100);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].delta, -1);
+}
+
+TEST_F(AutoscalerTest, NothingWhenOffWhileScalingOrWhenNotRunningAndARefusalEndsTheMeasuring) {
+  e_.autoscale = false;
+  Autoscaler a(e_);
+  EXPECT_THAT(Run(&a, 30, 100), IsEmpty());
+  EXPECT_EQ(a.Describe(), "autoscale off");
+  a.SetEnabled(true);
+  in_.state = proto::JOB_EVALUATING;
+  EXPECT_THAT(Run(&a, 30, 100), IsEmpty());
+  in_.state = proto::JOB_RUNNING;
+  in_.scaling = true;
+  EXPECT_THAT(Run(&a, 30, 100), IsEmpty());
+  in_.scaling = false;
+  EXPECT_THAT(Run(&a, 10, 100), IsEmpty());  // a window since the last scale ended
+  std::vector<Autoscaler::Decision> d = Run(&a, 1, 100);
+  ASSERT_EQ(d.size(), 1u);
+  a.Refused();
+  EXPECT_EQ(a.Describe(), "autoscale on");
+  in_.workers = 4;  // the most
+  EXPECT_THAT(Run(&a, 30, 100), IsEmpty());
+}
+
+TEST_F(ScalerTest, AutoscaleOnOrOffIsKeptInTheState) {
+  Scaler s(Opts());
+  const proto::ClusterView v = TwoWorkers();
+  proto::ScaleRequest off;
+  off.set_autoscale(proto::ScaleRequest::AUTOSCALE_ON);
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(off, v, proto::JOB_RUNNING));
+  EXPECT_EQ(p.what, "autoscale on");
+  s.SetAutoscale(proto::ScaleRequest::AUTOSCALE_ON);
+  EXPECT_TRUE(s.autoscaler().enabled());
+  proto::MasterState st;
+  s.Save(&st);
+  Scaler restarted(Opts());
+  EXPECT_FALSE(restarted.autoscaler().enabled());  // (elastic.autoscale is off)
+  restarted.Restore(st);
+  EXPECT_TRUE(restarted.autoscaler().enabled());
+  EXPECT_EQ(restarted.most_workers(), 4);
+}
+
 TEST(ProviderArgsTest, ReplacesThePlaceholders) {
   EXPECT_THAT(ProviderArgs({"p.sh", "{action}", "--role={role}", "{count}", "{indices}"}, "add",
                            "worker", {2, 5}),

@@ -53,12 +53,13 @@ const std::vector<Command>& Commands() {
        "           backups (refused when that would lose parameters)\n",
        cli::Drain, true, true},
       {"scale",
-       "--master HOST:PORT [--workers N|+k|-k] [--pservers N|+k|-k] [--no-wait]\n"
-       "           [--timeout 600] [--reason TEXT] [--json]\n"
+       "--master HOST:PORT [--workers N|+k|-k] [--pservers N|+k|-k]\n"
+       "           [--autoscale on|off] [--no-wait] [--timeout 600] [--reason TEXT] [--json]\n"
        "           take the running job to N workers: new ones are started by the\n"
        "           provider (launch.sh's, or elastic.provider) on hosts with room\n"
        "           (worker=1..4) and join at a step boundary; removed ones drain.\n"
-       "           Waits until the scale is done (exit 1: given up)\n",
+       "           Waits until the scale is done (exit 1: given up). --autoscale:\n"
+       "           the master's autoscaler (elastic.autoscale) on or off\n",
        cli::Scale, true},
       {"stop",
        "--master HOST:PORT [--no-checkpoint] [--reason TEXT] [--json]\n"

@@ -65,6 +65,9 @@ std::string StatusText(const proto::GetStatusResponse& st) {
   if (!j.audit_head().empty()) {
     out << absl::StrFormat("  audit log: %d records, head %s\n", j.audit_records(), j.audit_head());
   }
+  out << absl::StrFormat("  scale: %d worker(s), %d pserver(s) wanted; %s%s\n", j.workers_target(),
+                         j.pservers_target(), j.autoscale(),
+                         j.scaling().empty() ? "" : "; in progress: " + j.scaling());
   if (j.checkpoint_in_progress() > 0) {
     out << absl::StrFormat(
         "  checkpoint %d in progress: %d of %d pserver(s) written, %.2f MB, %.1f s\n",

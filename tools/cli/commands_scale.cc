@@ -18,7 +18,8 @@ namespace {
 
 constexpr char kUsage[] =
     "strata scale: usage: strata scale --master HOST:PORT [--workers N|+k|-k] "
-    "[--pservers N|+k|-k] [--no-wait] [--timeout SECONDS] [--reason TEXT] [--json]";
+    "[--pservers N|+k|-k] [--autoscale on|off] [--no-wait] [--timeout SECONDS] [--reason TEXT] "
+    "[--json]";
 
 // "N", "+k" or "-k" into *count; false on anything else.
 bool ParseCount(const std::string& text, proto::ScaleCount* count) {
@@ -41,7 +42,8 @@ bool ParseCount(const std::string& text, proto::ScaleCount* count) {
 
 CliResult Scale(const Invocation& in) {
   const Flags& f = in.flags;
-  if (!f.count("master") || (!f.count("workers") && !f.count("pservers"))) {
+  if (!f.count("master") ||
+      (!f.count("workers") && !f.count("pservers") && !f.count("autoscale"))) {
     return Failure(2, kUsage);
   }
   const std::string& master = f.at("master");
@@ -54,6 +56,14 @@ CliResult Scale(const Invocation& in) {
       return Failure(2, absl::StrCat("strata scale: --", role, " '", f.at(role),
                                      "': expected N (a number), +k or -k"));
     }
+  }
+  if (f.count("autoscale")) {
+    const std::string& a = f.at("autoscale");
+    if (a != "on" && a != "off") {
+      return Failure(2, absl::StrCat("strata scale: --autoscale '", a, "': expected on or off"));
+    }
+    req.set_autoscale(a == "on" ? proto::ScaleRequest::AUTOSCALE_ON
+                                : proto::ScaleRequest::AUTOSCALE_OFF);
   }
   double timeout = 600;
   if (f.count("timeout") && (!absl::SimpleAtod(f.at("timeout"), &timeout) || timeout < 0)) {

@@ -47,6 +47,9 @@ if [[ $FOR == test ]]; then
   # conf/nftables-strata.nft (the per-host connection cap).
   VM_PACKAGES+=(systemd systemd-container prometheus openssh-server openssh-client chromium
                 nftables)
+  # For tests/e2e/slurm_test.sh: a real slurmctld and slurmd (and munged)
+  # that the test starts itself, for scripts/slurm/.
+  VM_PACKAGES+=(slurm-wlm munge)
 fi
 
 missing_of() {

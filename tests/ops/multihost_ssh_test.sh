@@ -7,7 +7,10 @@
 # job succeeds with a sane accuracy, each daemon ran on its own host (the
 # master saw each node register from its host's address), and afterwards
 # nothing is left running (no daemon, no sshd, nothing in a namespace) or
-# mounted (no namespace mounts), the bridge and the namespaces gone.
+# mounted (no namespace mounts), the bridge and the namespaces gone. While
+# it trains, `strata scale` adds a worker on host 5 (its line has room:
+# worker=1..2): the master's provider (launch.sh provide, on host 1) starts
+# it there over ssh, with its own certificate.
 BUILD_DIR="$1"
 source "$(dirname "$0")/../e2e/lib.sh"
 source "$(dirname "$0")/hosts_lib.sh"
@@ -74,14 +77,14 @@ done
 # The job: Fashion-MNIST, bsp, every daemon on a host of its own.
 base=7300
 # (mTLS: launch.sh makes a certificate for each host, its address in it.)
-TEST_SECURITY=mtls write_config "$work/job.yaml" bsp 2 "$base" 12000
+TEST_SECURITY=mtls write_config "$work/job.yaml" bsp 6 "$base" 12000
 {
   echo "# One daemon a host: reached over ssh."
   echo "$(addr_of 1) master"
   echo "$(addr_of 2) pserver"
   echo "$(addr_of 3) pserver"
   echo "$(addr_of 4) worker"
-  echo "$(addr_of 5) worker"
+  echo "$(addr_of 5) worker=1..2"
 } > "$work/hosts"
 # strata validate reaches every host over ssh and finds its ports free.
 "$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts" --remote-cmd "ssh -F $work/ssh/config" \
@@ -125,8 +128,16 @@ set -e
   { cat "$work/validate3.out"; fail "validate did not name the unreachable host (rc $rc)"; }
 "$ROOT/scripts/launch.sh" run --config "$work/job.yaml" --hosts "$work/hosts" --quiet \
   --remote-cmd "ssh -F $work/ssh/config" --run-dir "$work/run" --bin-dir "$BUILD_DIR/bin" \
-  --timeout "${MH_TIMEOUT:-400}" > "$work/out" 2>&1 ||
-  { cat "$work/out"; tail -n 30 "$work"/run/logs/*.log; fail "launch.sh over ssh failed"; }
+  --timeout "${MH_TIMEOUT:-400}" > "$work/out" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do [[ -f "$work/run/tls/admin/client.crt" ]] && break; sleep 0.1; done
+export STRATA_TLS_DIR="$work/run/tls/admin"
+wait_steps "$(addr_of 1):$base" 20
+scale_out="$("$STRATA" scale --master "$(addr_of 1):$base" --workers 3 2>&1)" ||
+  { echo "$scale_out"; tail -n 20 "$work/run/logs/master-0.log"; fail "strata scale over ssh failed"; }
+grep -q 'scale done (workers 2 -> 3: starting worker 2)' <<< "$scale_out" || fail "scale: $scale_out"
+set +e; wait "$launcher"; rc=$?; set -e
+(( rc == 0 )) || { cat "$work/out"; tail -n 30 "$work"/run/logs/*.log; fail "launch.sh over ssh failed"; }
 s="$work/run/summary.json"
 [[ "$(json_field "$s" state)" == succeeded ]] || { cat "$s"; fail "the job did not succeed"; }
 acc="$(json_field "$s" final_test_accuracy)"
@@ -144,6 +155,11 @@ for i in 0 1; do
   grep -q "worker $i registered as node [0-9]* from ipv4:$(addr_of $((i + 4))):" "$log" ||
     fail "worker $i did not register from host $(addr_of $((i + 4)))"
 done
+# The worker the scale added: on host 5 (the room), its own certificate.
+grep -q "worker 2 registered as node [0-9]* from ipv4:$(addr_of 5):" "$log" ||
+  fail "worker 2 (added by strata scale) did not register from host $(addr_of 5)"
+grep -q "control plane: mTLS, certificate $work/run/tls/$(addr_of 5)/worker-2.crt" \
+  "$work/run/logs/worker-2.log" || fail "worker 2 did not use its own certificate on host 5"
 
 # Nothing left: no daemon in any namespace, then no sshd, no namespace, no mount.
 for h in "${hosts[@]}"; do
@@ -165,4 +181,4 @@ if grep -q "strata-mh-$tag-" /proc/self/mountinfo; then
   fail "namespace mounts left: $(grep "strata-mh-$tag-" /proc/self/mountinfo)"
 fi
 ip link show "$bridge" > /dev/null 2>&1 && fail "bridge $bridge left"
-echo "PASS: 5 hosts over ssh, test accuracy $acc; nothing left running or mounted"
+echo "PASS: 5 hosts over ssh, a worker added over ssh by strata scale, test accuracy $acc; nothing left running or mounted"

@@ -101,6 +101,61 @@ bool ParseCount(absl::string_view text, int* out) {
   return absl::SimpleAtoi(text, out);
 }
 
+// One role[=count|=N..M] item of a host's line into `entry`; the error's
+// message (without the file and line) otherwise.
+absl::Status ParseRoleItem(absl::string_view item, std::map<std::string, bool>* roles_seen,
+                           HostEntry* entry) {
+  const auto error = [](absl::string_view message) { return absl::InvalidArgumentError(message); };
+  const std::size_t eq = item.find('=');
+  const absl::string_view role = item.substr(0, eq);
+  int* count = nullptr;
+  int* max = nullptr;
+  if (role == "master") {
+    count = &entry->masters;
+  } else if (role == "pserver") {
+    count = &entry->pservers;
+    max = &entry->max_pservers;
+  } else if (role == "worker") {
+    count = &entry->workers;
+    max = &entry->max_workers;
+  } else {
+    return error(absl::StrCat("unknown role '", role, "' in '", item, "' (expected ", kRoles, ")"));
+  }
+  if ((*roles_seen)[std::string(role)]) {
+    return error(absl::StrCat("role '", role, "' given twice for host '", entry->host, "'"));
+  }
+  (*roles_seen)[std::string(role)] = true;
+  int n = 1;
+  int most = 1;
+  if (eq != absl::string_view::npos) {
+    const absl::string_view value = item.substr(eq + 1);
+    const std::size_t dots = value.find("..");
+    if (dots != absl::string_view::npos) {
+      if (max == nullptr) {
+        return error(
+            absl::StrCat("bad count in '", item, "' (a job has exactly one master: no range)"));
+      }
+      if (!ParseCount(value.substr(0, dots), &n) || !ParseCount(value.substr(dots + 2), &most) ||
+          most < 1 || most < n) {
+        return error(absl::StrCat("bad range in '", item,
+                                  "' (expected N..M: N started with the job, "
+                                  "room for M, 0 <= N <= M, M >= 1)"));
+      }
+    } else if (!ParseCount(value, &n) || n < 1) {
+      return error(
+          absl::StrCat("bad count in '", item, "' (expected an integer >= 1, or a range N..M)"));
+    } else {
+      most = n;
+    }
+  }
+  if (count == &entry->masters && n != 1) {
+    return error(absl::StrCat("bad count in '", item, "' (a job has exactly one master)"));
+  }
+  *count = n;
+  if (max != nullptr) *max = most;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::string& filename) {
@@ -138,57 +193,9 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
     }
     std::map<std::string, bool> roles_seen;
     for (std::size_t i = 1; i < tokens.size(); ++i) {
-      const absl::string_view item = tokens[i];
-      const std::size_t eq = item.find('=');
-      const absl::string_view role = item.substr(0, eq);
-      int* count = nullptr;
-      int* max = nullptr;
-      if (role == "master") {
-        count = &entry.masters;
-      } else if (role == "pserver") {
-        count = &entry.pservers;
-        max = &entry.max_pservers;
-      } else if (role == "worker") {
-        count = &entry.workers;
-        max = &entry.max_workers;
-      } else {
-        return error(line_no, absl::StrCat("unknown role '", role, "' in '", item, "' (expected ",
-                                           kRoles, ")"));
+      if (absl::Status st = ParseRoleItem(tokens[i], &roles_seen, &entry); !st.ok()) {
+        return error(line_no, st.message());
       }
-      if (roles_seen[std::string(role)]) {
-        return error(line_no,
-                     absl::StrCat("role '", role, "' given twice for host '", entry.host, "'"));
-      }
-      roles_seen[std::string(role)] = true;
-      int n = 1;
-      int most = 1;
-      if (eq != absl::string_view::npos) {
-        const absl::string_view value = item.substr(eq + 1);
-        const std::size_t dots = value.find("..");
-        if (dots != absl::string_view::npos) {
-          if (max == nullptr) {
-            return error(line_no, absl::StrCat("bad count in '", item,
-                                               "' (a job has exactly one master: no range)"));
-          }
-          if (!ParseCount(value.substr(0, dots), &n) ||
-              !ParseCount(value.substr(dots + 2), &most) || most < 1 || most < n) {
-            return error(line_no, absl::StrCat("bad range in '", item,
-                                               "' (expected N..M: N started with the job, "
-                                               "room for M, 0 <= N <= M, M >= 1)"));
-          }
-        } else if (!ParseCount(value, &n) || n < 1) {
-          return error(line_no, absl::StrCat("bad count in '", item,
-                                             "' (expected an integer >= 1, or a range N..M)"));
-        } else {
-          most = n;
-        }
-      }
-      if (count == &entry.masters && n != 1) {
-        return error(line_no,
-                     absl::StrCat("bad count in '", item, "' (a job has exactly one master)"));
-      }
-      *count = n;
-      if (max != nullptr) *max = most;
     }
 
     auto [it, inserted] = host_lines.emplace(entry.host, line_no);

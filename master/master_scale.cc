@@ -60,28 +60,13 @@ absl::StatusOr<proto::ScaleResponse> MasterServer::ScaleLocked(const proto::Scal
 }
 
 void MasterServer::ScaleTickLocked() {
-  for (const Scaler::Ended& e : scaler_.Check(nodes_.View())) {
-    job_.Event(e.message, e.kind.c_str());
-    if (e.kind == "scale_failed") scaler_.autoscaler().Refused();
-  }
-  const proto::JobStatus js = JobStatusLocked();
-  Autoscaler::Input in;
-  in.now = clock_->Now();
-  in.state = job_.state();
-  in.scaling = scaler_.in_progress();
-  in.most = scaler_.most_workers();
-  in.pending = tasks_.pending();
-  in.samples = js.samples();
   const proto::ClusterView view = nodes_.View();
-  for (const auto& n : view.members()) {
-    if (n.role() != proto::WORKER || n.draining()) continue;
-    if (n.state() == proto::ALIVE || n.state() == proto::JOINING) ++in.workers;
-    if (n.state() == proto::FINISHED) {
-      ++in.workers;
-      ++in.idle;
-    }
-  }
-  const std::optional<Autoscaler::Decision> d = scaler_.autoscaler().Tick(in);
+  for (const Scaler::Ended& e : scaler_.Check(view)) job_.Event(e.message, e.kind.c_str());
+  // (The samples come from the whole status: only when the autoscaler
+  // wants them.)
+  if (!scaler_.autoscaler().enabled()) return;
+  const std::optional<Autoscaler::Decision> d =
+      scaler_.Autoscale(view, job_.state(), tasks_.pending(), JobStatusLocked().samples());
   if (!d.has_value()) return;
   if (d->delta == 0) {
     job_.Event(d->reason, "autoscale");

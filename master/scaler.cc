@@ -153,8 +153,7 @@ absl::StatusOr<Scaler::Plan> Scaler::Prepare(const proto::ScaleRequest& req,
   auto want = Wanted(req.workers(), now, "workers");
   if (!want.ok()) return want.status();
   plan.target = *want;
-  int room = 0;
-  for (const HostSlot& s : options_.slots) room += s.role == "worker";
+  const int room = Room();
   if (plan.target < e.min_workers) {
     return absl::FailedPreconditionError(absl::StrCat("scaling to ", plan.target,
                                                       " worker(s) is below elastic.min_workers (",
@@ -221,10 +220,33 @@ absl::StatusOr<Scaler::Plan> Scaler::Prepare(const proto::ScaleRequest& req,
   return plan;
 }
 
-int Scaler::most_workers() const {
+int Scaler::Room() const {
   int room = 0;
   for (const HostSlot& s : options_.slots) room += s.role == "worker";
+  return room;
+}
+
+int Scaler::most_workers() const {
+  const int room = Room();
   return options_.elastic.max_workers != 0 ? std::min(room, options_.elastic.max_workers) : room;
+}
+
+std::optional<Autoscaler::Decision> Scaler::Autoscale(const proto::ClusterView& view,
+                                                      proto::JobState state, uint64_t pending,
+                                                      uint64_t samples) {
+  Autoscaler::Input in;
+  in.now = clock_->Now();
+  in.state = state;
+  in.scaling = op_.has_value();
+  in.most = most_workers();
+  in.pending = pending;
+  in.samples = samples;
+  for (const auto& n : view.members()) {
+    if (n.role() != proto::WORKER || !Counts(n)) continue;
+    ++in.workers;
+    in.idle += n.state() == proto::FINISHED;
+  }
+  return autoscaler_.Tick(in);
 }
 
 void Scaler::Begin(const Plan& plan) {
@@ -335,6 +357,7 @@ std::vector<Scaler::Ended> Scaler::Check(const proto::ClusterView& view) {
           {false, "scale_failed", absl::StrCat("scale given up (", op_->what(), "): ", what)});
       op_.reset();
       workers_target_ = Live(view, proto::WORKER);
+      autoscaler_.Refused();
     } else {
       out.push_back({false, "provider_failed", what});
     }
@@ -398,6 +421,7 @@ std::vector<Scaler::Ended> Scaler::Check(const proto::ClusterView& view) {
                                 " s (", op_->what(), "): ", why)});
     op_.reset();
     workers_target_ = Live(view, proto::WORKER);
+    autoscaler_.Refused();
   }
   return out;
 }

@@ -82,8 +82,9 @@ class Scaler {
   void Begin(const Plan& plan);
 
   // Where the scale in progress stands against `view`: nullopt while it
-  // goes on (or none is); else how it ended, for an event. Provider runs
-  // that failed outside a scale (a "remove") come back as well.
+  // goes on (or none is); else how it ended, for an event (a scale given
+  // up leaves the autoscaler nothing to measure). Provider runs that failed
+  // outside a scale (a "remove") come back as well.
   struct Ended {
     bool ok = false;
     std::string kind;  // the event's: "scale_done", "scale_failed", "provider_failed"
@@ -104,6 +105,12 @@ class Scaler {
   // The most workers the job may have: elastic.max_workers, and the host
   // file's room.
   int most_workers() const;
+  // The autoscaler's tick (master/autoscaler.h) with the job's shape
+  // counted from `view`, the data tasks `pending` and the `samples`
+  // trained so far: its decision, if any.
+  std::optional<Autoscaler::Decision> Autoscale(const proto::ClusterView& view,
+                                                proto::JobState state, uint64_t pending,
+                                                uint64_t samples);
 
  private:
   struct Run;
@@ -112,6 +119,7 @@ class Scaler {
   void StartProvider(const std::string& action, proto::Role role,
                      const std::vector<int32_t>& indices, absl::Time deadline);
   void RunProvider(Run* run);
+  int Room() const;  // the host file's worker instances, started and room
 
   const Options options_;
   Clock* const clock_;

@@ -333,6 +333,24 @@ TEST_F(ScalerTest, AutoscaleOnOrOffIsKeptInTheState) {
   EXPECT_EQ(restarted.most_workers(), 4);
 }
 
+// The autoscaler's inputs counted from the view: idle (finished) workers
+// count, draining and gone ones do not; the most is the room.
+TEST_F(ScalerTest, AutoscaleCountsTheJobsShapeFromTheView) {
+  Scaler::Options o = Opts();
+  o.elastic.autoscale = true;
+  o.elastic.cooldown_seconds = 0;
+  Scaler s(o);
+  proto::ClusterView v = TwoWorkers();
+  v.mutable_members(1)->set_state(proto::FINISHED);
+  AddNode(&v, 4, proto::WORKER, 2, proto::ALIVE)->set_draining(true);
+  AddNode(&v, 5, proto::WORKER, 3, proto::DEAD);
+  // The tail: one idle of two, nothing pending: released down to min 1.
+  std::optional<Autoscaler::Decision> d = s.Autoscale(v, proto::JOB_RUNNING, 0, 100);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->delta, -1);
+  EXPECT_THAT(d->reason, HasSubstr("1 worker(s) idle at the job's tail"));
+}
+
 TEST(ProviderArgsTest, ReplacesThePlaceholders) {
   EXPECT_THAT(ProviderArgs({"p.sh", "{action}", "--role={role}", "{count}", "{indices}"}, "add",
                            "worker", {2, 5}),

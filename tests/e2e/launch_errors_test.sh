@@ -63,6 +63,18 @@ for f in "$work"/live/pids/*; do
   read -r _ pid < "$f"; kill -0 "$pid" 2>/dev/null || daemon_ok=0
 done
 (( daemon_ok == 1 )) || fail "the refused run stopped the live cluster"
+# The master's provider (launch.sh provide) refuses what it cannot start,
+# saying why: an index the host file has no room for, a bad role or action,
+# a run dir launch.sh did not start.
+provide() { "$ROOT/scripts/launch.sh" provide "$@" 2>&1 && fail "provide $* succeeded"; true; }
+grep -q "provide: no worker 7 in the host file's plan" <<< "$(provide --run-dir "$work/live" \
+  --action add --role worker --indices 7)" || fail "provide of an index out of the room"
+grep -q "provide: --role worker|pserver, got 'master'" <<< "$(provide --run-dir "$work/live" \
+  --action add --role master --indices 0)" || fail "provide of a bad role"
+grep -q "provide: --action add|remove, got 'grow'" <<< "$(provide --run-dir "$work/live" \
+  --action grow --role worker --indices 0)" || fail "provide of a bad action"
+grep -q "provide needs --run-dir of a cluster launch.sh started" <<< "$(provide --run-dir "$work" \
+  --action add --role worker --indices 0)" || fail "provide outside a run dir"
 "$ROOT/scripts/launch.sh" down --run-dir "$work/live"
 assert_nothing_left "$work"
 echo "PASS"

@@ -574,6 +574,27 @@ TEST(CliTest, WaitRejectsNonNumericTimeout) {
   EXPECT_THAT(r.err, HasSubstr("--timeout must be a number"));
 }
 
+TEST(CliTest, ScaleRejectsBadCountsAndSaysHowToCallIt) {
+  Result r = RunStrata({"scale", "--master", "127.0.0.1:1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("usage: strata scale --master HOST:PORT [--workers N|+k|-k]"));
+  r = RunStrata({"scale", "--master", "127.0.0.1:1", "--workers", "x"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--workers 'x': expected N (a number), +k or -k"));
+  r = RunStrata({"scale", "--master", "127.0.0.1:1", "--pservers", "+"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--pservers '+': expected N (a number), +k or -k"));
+  r = RunStrata({"scale", "--master", "127.0.0.1:1", "--autoscale", "maybe"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--autoscale 'maybe': expected on or off"));
+  r = RunStrata({"scale", "--master", "127.0.0.1:1", "--workers", "2", "--timeout", "soon"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--timeout must be a number of seconds"));
+  r = RunStrata({"scale", "--master", "127.0.0.1:1", "--workers", "+1"});  // nobody there
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(StartsWith("strata scale: "), HasSubstr("127.0.0.1:1")));
+}
+
 // A checkpoint root with one complete checkpoint (one partition file of
 // one block), one unfinished: what `strata checkpoint list|verify` read.
 std::string MakeCheckpointRoot(const std::string& name) {

@@ -795,6 +795,8 @@ std::vector<ConfigReader::Field> ConfigReader::ElasticFields(ElasticSection* e) 
       Int("queue_per_worker", &e->queue_per_worker, IntInRange(1, 1000000)),
       Double("min_gain", &e->min_gain, DoubleNonNegative()),
       Int("measure_seconds", &e->measure_seconds, IntInRange(1, 86400)),
+      Int("max_moves", &e->max_moves, IntInRange(1, 1024)),
+      Double("move_rate_mb_per_s", &e->move_rate_mb_per_s, DoublePositive()),
   };
 }
 
@@ -1090,10 +1092,15 @@ absl::Status CheckClusterSize(const JobConfig& config, int pservers, int workers
                      " pserver(s) and ", workers, " worker(s)"));
   }
   const int replication = config.cluster.replication;
-  if (replication >= pservers) {
+  // (A job that may grow its pservers gets its backups as they join.)
+  const int most_pservers = std::max(pservers, config.elastic.max_pservers);
+  if (replication >= most_pservers) {
     return absl::InvalidArgumentError(absl::StrCat(
         config.source.empty() ? "config" : config.source, ": cluster.replication ", replication,
-        " needs at least ", replication + 1, " pservers; the cluster has ", pservers));
+        " needs at least ", replication + 1, " pservers; the cluster has ", pservers,
+        config.elastic.max_pservers > 0
+            ? absl::StrCat(" and elastic.max_pservers is ", config.elastic.max_pservers)
+            : std::string(" (or grows to that many: elastic.max_pservers)")));
   }
   const ElasticSection& e = config.elastic;
   const std::string src = config.source.empty() ? "config" : config.source;

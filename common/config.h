@@ -280,6 +280,12 @@ struct ElasticSection {
   int queue_per_worker = 4;   // >= 1
   double min_gain = 0.5;      // >= 0
   int measure_seconds = 10;   // >= 1
+  // Live partition migration (a pserver scale, a pserver drained): at most
+  // max_moves partitions copied at once, and copies started at no more
+  // than move_rate_mb_per_s (MiB of partition a second), so migration
+  // takes a bounded share of the pservers' bandwidth.
+  int max_moves = 2;               // >= 1
+  double move_rate_mb_per_s = 64;  // > 0
 };
 
 // Who may talk to the cluster (docs/security.md).

@@ -143,6 +143,11 @@ class CheckpointCoordinator {
   void TrainingDone() ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
   // The final checkpoint is due or being written.
   bool final_pending() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Pservers are writing a checkpoint now (calls to them in flight).
+  bool writing() const ABSL_LOCKS_EXCLUDED(inflight_mu_) {
+    absl::MutexLock l(&inflight_mu_);
+    return !inflight_.empty();
+  }
 
   // The checkpoint before a requested stop (`strata stop`): Checkpoint
   // with stop_after; its failure says that the job was not stopped and
@@ -253,7 +258,7 @@ class CheckpointCoordinator {
   // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
   // when training ends first (the cut is then set again, where training
   // stopped). A leaf lock.
-  absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  mutable absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::set<grpc::ClientContext*> inflight_ ABSL_GUARDED_BY(inflight_mu_);
   bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
   // Set by RegisterMetrics (null without metrics).

@@ -3,6 +3,7 @@
 // drained, the provider started for those it adds (master/scaler.h,
 // master/autoscaler.h; docs/operations.md, "Scaling").
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -28,7 +29,12 @@ absl::StatusOr<proto::ScaleResponse> MasterServer::ScaleLocked(const proto::Scal
     scaler_.SetAutoscale(req.autoscale());
     job_.Event(absl::StrCat(scaler_.autoscaler().Describe(), " (", why, ")"), "autoscale");
   }
-  for (uint32_t id : plan.drain) {
+  if (plan.role == proto::PSERVER && !plan.drain.empty()) {
+    // (Emptied by the moves first: drained by Migrate.)
+    nodes_.MarkLeaving(plan.drain, absl::StrCat("scale in: ", why));
+    for (uint32_t id : plan.drain) resp.add_draining(id);
+  }
+  for (uint32_t id : plan.role == proto::WORKER ? plan.drain : std::vector<uint32_t>{}) {
     proto::DrainRequest d;
     d.set_node_id(id);
     d.set_reason(absl::StrCat("scale in: ", why));
@@ -49,19 +55,37 @@ absl::StatusOr<proto::ScaleResponse> MasterServer::ScaleLocked(const proto::Scal
   resp.set_pservers_target(js.pservers_target());
   std::string next = plan.what;
   if (!plan.add.empty()) {
-    absl::StrAppend(&next, scaler_.has_provider()
-                               ? "; the provider starts them, they join at a step boundary"
-                               : "; no provider: start them (strata-worker --index N), they "
-                                 "join at a step boundary");
+    const bool ps = plan.role == proto::PSERVER;
+    absl::StrAppend(&next,
+                    scaler_.has_provider() ? "; the provider starts them"
+                    : ps                   ? "; no provider: start them (strata-pserver --index N)"
+                                           : "; no provider: start them (strata-worker --index N)",
+                    ps ? ", then partitions move to them" : ", they join at a step boundary");
   }
-  if (!plan.drain.empty()) absl::StrAppend(&next, "; each leaves after its current data task");
+  if (!plan.drain.empty()) {
+    absl::StrAppend(&next, plan.role == proto::WORKER ? "; each leaves after its current data task"
+                                                      : "; each exits once its partitions moved");
+  }
   resp.set_message(next);
   return resp;
 }
 
 void MasterServer::ScaleTickLocked() {
+  NodeManager::Migration moves;
+  if (!job_.over()) {
+    NodeManager::MigrateOptions o;
+    o.rebalance = scaler_.scaling_pservers();
+    o.max_moves = options_.config.elastic.max_moves;
+    o.credit = scaler_.MoveCredit();
+    o.hold_cutover = checkpoints_->writing();
+    moves = nodes_.Migrate(o);
+    scaler_.MovesStarted(moves.started_bytes);
+    for (const NodeManager::Departure& d : moves.departed) DepartedLocked(d);
+  }
   const proto::ClusterView view = nodes_.View();
-  for (const Scaler::Ended& e : scaler_.Check(view)) job_.Event(e.message, e.kind.c_str());
+  for (const Scaler::Ended& e : scaler_.Check(view, moves.in_progress + moves.waiting)) {
+    job_.Event(e.message, e.kind.c_str());
+  }
   // (The samples come from the whole status: only when the autoscaler
   // wants them.)
   if (!scaler_.autoscaler().enabled()) return;

@@ -202,6 +202,7 @@ absl::StatusOr<NodeManager::Beat> NodeManager::Heartbeat(const proto::HeartbeatR
   n->set_last_heartbeat_unix_ms(ToUnixMs(clock_->Now()));
   if (n->role() == proto::PSERVER) {
     synced_replicas_[n->id()] = std::set<uint32_t>(req.replicas().begin(), req.replicas().end());
+    beat_epoch_[n->id()] = req.epoch();
   }
   FillDataKeyLocked(*n, &beat.key);
   return beat;
@@ -480,7 +481,8 @@ absl::StatusOr<NodeManager::Drained> NodeManager::DrainWorkerLocked(proto::NodeI
 absl::StatusOr<NodeManager::Drained> NodeManager::DrainPServerLocked(proto::NodeInfo* n,
                                                                      const std::string& name,
                                                                      const std::string& why) {
-  // Each of its partitions goes to a backup holding its copy.
+  // Each of its partitions goes to a backup holding its copy; those
+  // without one move away first (Migrate), and it leaves then.
   if (!placed_) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, ": the partitions are not placed yet; drain it once the job runs"));
@@ -498,26 +500,38 @@ absl::StatusOr<NodeManager::Drained> NodeManager::DrainPServerLocked(proto::Node
     }
     if (!backed) unsafe.push_back(p.id());
   }
-  if (!unsafe.empty()) {
-    if (options_.cluster.replication == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, " holds the only copy of ", unsafe.size(),
-          " partition(s) (cluster.replication is 0): draining it would lose them. Run with "
-          "cluster.replication >= 1, or checkpoint and stop the job (`strata stop`)"));
-    }
-    std::vector<std::string> ids;
-    for (size_t i = 0; i < unsafe.size() && i < 8; ++i) ids.push_back(absl::StrCat(unsafe[i]));
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, ": ", unsafe.size(), " of its ", primaries.size(),
-        " partition(s) have no backup in sync yet (", absl::StrJoin(ids, ", "),
-        unsafe.size() > ids.size() ? ", ..." : "", "); try again once the backups caught up"));
-  }
   int others = 0;
   for (const auto& m : view_.members()) {
-    others += m.role() == proto::PSERVER && m.id() != n->id() && m.state() == proto::ALIVE;
+    others += m.role() == proto::PSERVER && m.id() != n->id() && m.state() == proto::ALIVE &&
+              !m.draining();
   }
   if (others == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(name, " is the last pserver"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " is the last pserver: draining it would remove the last copy of its ",
+                     primaries.size(), " partition(s) (`strata stop` ends the job)"));
+  }
+  if (!unsafe.empty()) {
+    // Its partitions without a synced backup move first (Migrate).
+    Drained out;
+    *out.response.mutable_node() = *n;
+    if (n->draining()) {
+      out.response.set_message(absl::StrCat(name, " is already leaving: its partitions move"));
+      return out;
+    }
+    n->set_draining(true);
+    job_->Event(
+        absl::StrCat(name, " leaving (", why, "): ", unsafe.size(), " of its ", primaries.size(),
+                     " partition(s) have no backup in sync; they move to the others "
+                     "first, then it exits"),
+        "node_draining", n);
+    BumpEpochLocked();
+    out.changed = true;
+    *out.response.mutable_node() = *n;
+    out.response.set_message(
+        absl::StrCat(name,
+                     " is leaving: its partitions move to the other pservers while the job trains "
+                     "(`strata status` shows the moves); it exits once they moved"));
+    return out;
   }
   Drained out;
   n->set_state(proto::DRAINED);
@@ -700,10 +714,13 @@ void NodeManager::TopUpBackupsLocked() {
   const int k = options_.cluster.replication;
   if (k == 0 || !placed_) return;
   std::vector<uint32_t> live;
+  std::set<uint32_t> leaving;
   for (const auto& n : view_.members()) {
-    if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) live.push_back(n.id());
+    if (n.role() != proto::PSERVER || n.state() != proto::ALIVE) continue;
+    live.push_back(n.id());
+    if (n.draining()) leaving.insert(n.id());
   }
-  if (master::TopUpBackups(view_.mutable_partitions(), live, k) > 0) BumpEpochLocked();
+  if (master::TopUpBackups(view_.mutable_partitions(), live, k, leaving) > 0) BumpEpochLocked();
 }
 
 std::set<uint32_t> NodeManager::FailoverLocked(uint32_t gone) {
@@ -773,9 +790,7 @@ absl::Status NodeManager::RestoreLost(const proto::CheckpointManifest& m, uint64
   std::map<uint32_t, uint64_t> saved;  // partition -> version in the checkpoint
   for (const auto& e : m.partitions()) saved[e.id()] = e.version();
   std::map<uint32_t, uint64_t> load;
-  for (const auto& n : view_.members()) {
-    if (n.role() == proto::PSERVER && n.state() == proto::ALIVE) load[n.id()] = 0;
-  }
+  for (uint32_t id : StayingPServersLocked()) load[id] = 0;
   if (load.empty()) return absl::OkStatus();  // none to put them on yet
   for (const auto& p : view_.partitions()) {
     if (load.count(p.owner())) {
@@ -899,6 +914,12 @@ void NodeManager::FillStatus(proto::JobStatus* js) const {
   js->set_failovers(failovers_);
   js->set_partitions_restored(partitions_restored_);
   js->set_steps_lost(steps_lost_);
+  int moving = 0;
+  for (const auto& p : view_.partitions()) moving += p.move_to() != 0;
+  js->set_moves_in_progress(moving);
+  js->set_moves_waiting(moves_waiting_);
+  js->set_moves_done(moves_done_);
+  js->set_moved_bytes(moved_bytes_);
 }
 
 void NodeManager::FillSummary(proto::JobSummary* s) const {

@@ -214,6 +214,35 @@ class NodeManager {
   // New backups where some are missing (cluster.replication), once placed.
   void TopUpBackups() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Live partition migration (master/placement.h PlanMoves;
+  // docs/reliability.md, "Moving partitions"), one turn on the master's
+  // tick. Moves under way end: cut over once their target reported the
+  // copy in sync (a new view: the target serves it), or abandoned when the
+  // target or the source left. Pservers leaving (a pserver drained, or a
+  // scale in) that hold nothing any more are drained: they exit. With
+  // `rebalance` (a pserver scale in progress), or while a pserver leaves,
+  // new moves are planned and up to max_moves run at once, started while
+  // `credit` (bytes; elastic.move_rate_mb_per_s) is positive; with
+  // `hold_cutover` (a checkpoint is being written) none cuts over.
+  struct MigrateOptions {
+    bool rebalance = false;
+    int max_moves = 2;
+    double credit = 0;
+    bool hold_cutover = false;
+  };
+  struct Migration {
+    int in_progress = 0;  // moves under way after this turn
+    int waiting = 0;      // planned and not started
+    uint64_t started_bytes = 0;
+    std::vector<Departure> departed;  // pservers that left (nothing lost)
+    bool changed = false;             // the view changed: record it
+  };
+  Migration Migrate(const MigrateOptions& o) ABSL_LOCKS_EXCLUDED(mu_);
+  // Pservers `ids` leave (a scale in): they are marked draining, nothing
+  // new is placed on them, and Migrate moves their partitions away.
+  void MarkLeaving(const std::vector<uint32_t>& ids, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Recovery of lost partitions from checkpoint `m`: each goes to the
   // least loaded live pserver, to rejoin at version `newest` (bsp: the
   // step the others reached; what it trained since the checkpoint is lost
@@ -273,6 +302,13 @@ class NodeManager {
   absl::StatusOr<Drained> DrainPServerLocked(proto::NodeInfo* n, const std::string& name,
                                              const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Migrate's steps: moves under way cut over or abandoned (their
+  // count); pservers leaving that hold nothing drained; new moves started.
+  int FinishMovesLocked(bool hold_cutover, Migration* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DrainEmptiedLocked(Migration* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartMovesLocked(const MigrateOptions& o, Migration* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pservers alive that stay (not leaving).
+  std::vector<uint32_t> StayingPServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Heartbeat age and liveness gauges of node (role, index); idempotent.
   void AddNodeMetrics(proto::Role role, uint32_t index) ABSL_LOCKS_EXCLUDED(mu_);
   void NewStubLocked(const proto::NodeInfo& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -303,6 +339,13 @@ class NodeManager {
     bool probe_due = true;
   };
   std::map<uint32_t, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
+  // Each pserver's view epoch at its last heartbeat, and the epoch each
+  // move began in: a move cuts over on a heartbeat of its epoch or later.
+  std::map<uint32_t, uint64_t> beat_epoch_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, uint64_t> move_epoch_ ABSL_GUARDED_BY(mu_);
+  uint64_t moves_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t moved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int moves_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failovers_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t partitions_restored_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t steps_lost_ ABSL_GUARDED_BY(mu_) = 0;

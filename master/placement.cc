@@ -1,7 +1,9 @@
 #include "master/placement.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -89,11 +91,9 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
 }
 
 int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts,
-                 const std::vector<uint32_t>& live, int k) {
+                 const std::vector<uint32_t>& live, int k, const std::set<uint32_t>& leaving) {
   const std::set<uint32_t> alive(live.begin(), live.end());
-  auto weight = [](const proto::PartitionInfo& p) {
-    return p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
-  };
+  const auto weight = PartitionWeight;
   std::map<uint32_t, uint64_t> load;
   for (uint32_t id : live) load[id] = 0;
   int changed = 0;
@@ -113,7 +113,7 @@ int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts
       uint32_t best = 0;
       bool found = false;
       for (const auto& [id, bytes] : load) {
-        if (id == p.owner() ||
+        if (id == p.owner() || leaving.count(id) ||
             std::find(p.backups().begin(), p.backups().end(), id) != p.backups().end()) {
           continue;
         }
@@ -129,6 +129,151 @@ int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts
     }
   }
   return changed;
+}
+
+uint64_t PartitionWeight(const proto::PartitionInfo& p) {
+  return p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+}
+
+namespace {
+
+// PlanMoves' picture of the placement, with the moves planned so far done.
+class MovePlanner {
+ public:
+  MovePlanner(const google::protobuf::RepeatedPtrField<proto::PartitionInfo>& parts,
+              const std::vector<uint32_t>& stay)
+      : stay_(stay.begin(), stay.end()) {
+    for (uint32_t id : stay) {
+      primary_[id] = 0;
+      held_[id] = 0;
+    }
+    for (const proto::PartitionInfo& p : parts) {
+      Part x{p.id(), p.owner(), {}, PartitionWeight(p), p.move_to() != 0};
+      x.holders.insert(p.owner());
+      x.holders.insert(p.backups().begin(), p.backups().end());
+      if (x.moving) {  // counted where it goes
+        x.holders.erase(p.move_from());
+        x.holders.insert(p.move_to());
+        if (p.move_from() == p.owner()) x.owner = p.move_to();
+      }
+      for (uint32_t h : x.holders) held_[h] += x.weight;
+      primary_[x.owner] += x.weight;
+      parts_.push_back(std::move(x));
+    }
+    std::stable_sort(parts_.begin(), parts_.end(),
+                     [](const Part& a, const Part& b) { return a.weight > b.weight; });
+  }
+
+  void Evacuate(const std::set<uint32_t>& leaving) {
+    for (Part& p : parts_) {
+      if (p.moving || leaving.count(p.owner) == 0) continue;
+      std::optional<uint32_t> to = Least(primary_, [&](uint32_t n) { return n != p.owner; });
+      if (!to.has_value()) return;
+      // A backup holding it already is a move with nothing to copy.
+      const uint64_t least = primary_[*to];
+      for (uint32_t h : p.holders) {
+        if (stay_.count(h) && primary_[h] <= least + p.weight) to = h;
+      }
+      Do(&p, p.owner, *to, true);
+    }
+    for (Part& p : parts_) {
+      if (p.moving) continue;
+      for (uint32_t b : std::set<uint32_t>(p.holders)) {
+        if (b == p.owner || leaving.count(b) == 0) continue;
+        std::optional<uint32_t> to = Least(held_, [&](uint32_t n) { return !p.holders.count(n); });
+        if (to.has_value()) Do(&p, b, *to, false);
+        break;  // (one move per partition at a time)
+      }
+    }
+  }
+
+  // Moves from the most to the least loaded pserver while one narrows the
+  // gap: of primaries (`primary`) or of backups.
+  void Balance(bool primary) {
+    std::map<uint32_t, uint64_t>& load = primary ? primary_ : held_;
+    // Each pserver's partitions that may move (not moving yet), heaviest
+    // first: those it owns, or backs.
+    std::map<uint32_t, std::multimap<uint64_t, Part*, std::greater<>>> movable;
+    for (Part& p : parts_) {
+      if (p.moving) continue;
+      if (primary) {
+        movable[p.owner].emplace(p.weight, &p);
+        continue;
+      }
+      for (uint32_t h : p.holders) {
+        if (h != p.owner) movable[h].emplace(p.weight, &p);
+      }
+    }
+    for (size_t round = 0; round < parts_.size(); ++round) {
+      std::optional<uint32_t> lo = Least(load, [](uint32_t) { return true; });
+      if (!lo.has_value()) return;
+      uint32_t hi = *lo;
+      for (uint32_t n : stay_) {
+        if (load[n] > load[hi]) hi = n;
+      }
+      const uint64_t gap = load[hi] - load[*lo];
+      auto& from = movable[hi];
+      Part* best = nullptr;
+      for (auto it = from.lower_bound(gap == 0 ? 0 : gap - 1); it != from.end(); ++it) {
+        Part* p = it->second;
+        if (p->moving || p->weight >= gap || (!primary && p->holders.count(*lo))) continue;
+        best = p;
+        from.erase(it);
+        break;
+      }
+      if (best == nullptr) return;
+      Do(best, hi, *lo, primary);
+    }
+  }
+
+  std::vector<Move> moves() const { return moves_; }
+
+ private:
+  struct Part {
+    uint32_t id;
+    uint32_t owner;
+    std::set<uint32_t> holders;  // the owner and the backups
+    uint64_t weight;
+    bool moving;
+  };
+  template <typename Ok>
+  std::optional<uint32_t> Least(const std::map<uint32_t, uint64_t>& load, Ok ok) const {
+    std::optional<uint32_t> best;
+    for (uint32_t n : stay_) {
+      if (ok(n) && (!best.has_value() || load.at(n) < load.at(*best))) best = n;
+    }
+    return best;
+  }
+  void Do(Part* p, uint32_t from, uint32_t to, bool primary) {
+    moves_.push_back(Move{p->id, from, to, primary, p->weight});
+    p->moving = true;
+    if (primary) {
+      primary_[from] -= p->weight;
+      primary_[to] += p->weight;
+      p->owner = to;
+    }
+    if (!p->holders.count(to)) held_[to] += p->weight;
+    held_[from] -= p->weight;
+    p->holders.erase(from);
+    p->holders.insert(to);
+  }
+
+  const std::set<uint32_t> stay_;
+  std::map<uint32_t, uint64_t> primary_, held_;
+  std::vector<Part> parts_;
+  std::vector<Move> moves_;
+};
+
+}  // namespace
+
+std::vector<Move> PlanMoves(const google::protobuf::RepeatedPtrField<proto::PartitionInfo>& parts,
+                            const std::vector<uint32_t>& stay, const std::set<uint32_t>& leaving) {
+  if (stay.empty()) return {};
+  MovePlanner planner(parts, stay);
+  planner.Evacuate(leaving);
+  planner.Balance(/*primary=*/true);
+  planner.Balance(/*primary=*/false);
+  return planner.moves();
 }
 
 }  // namespace strata::master

@@ -3,6 +3,7 @@
 #define STRATA_MASTER_PLACEMENT_H_
 
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,10 +34,39 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
 // least-loaded live pserver (bytes held as primary or backup; a sparse
 // virtual partition counts as kSparsePartitionWeight) that is neither its
 // owner nor already a backup. Fewer when there are not enough pservers.
-// Returns how many backups were added or dropped.
+// Pservers `leaving` (live, about to go) keep the backups they hold but
+// get no new one. Returns how many backups were added or dropped.
 inline constexpr uint64_t kSparsePartitionWeight = 1 << 16;
 int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts,
-                 const std::vector<uint32_t>& live, int k);
+                 const std::vector<uint32_t>& live, int k, const std::set<uint32_t>& leaving = {});
+
+// The bytes a partition weighs in placement: a dense slice its values, a
+// sparse virtual partition kSparsePartitionWeight (its rows are dealt out
+// by hash, so the virtual partitions of a table weigh alike).
+uint64_t PartitionWeight(const proto::PartitionInfo& p);
+
+// A live move (docs/reliability.md, "Moving partitions"): `to` receives a
+// copy of the partition as an extra backup, then takes `from`'s place, as
+// its owner (`primary`) or as one of its backups.
+struct Move {
+  uint32_t partition = 0;
+  uint32_t from = 0;
+  uint32_t to = 0;
+  bool primary = false;
+  uint64_t bytes = 0;
+};
+
+// The moves that take every partition off the pservers `leaving` and then
+// balance the bytes among `stay` (the pservers that keep serving): first
+// the primaries' bytes per pserver, then the bytes held as primary or
+// backup. Each move goes from the most to the least loaded pserver and
+// only when it narrows the gap (so the plan ends); a partition leaving a
+// pserver goes preferably to a backup that holds it already (nothing to
+// copy) when that one is about as loaded as the least. Partitions already
+// moving (move_to set) count where they go and are not moved again. Empty
+// when `stay` is.
+std::vector<Move> PlanMoves(const google::protobuf::RepeatedPtrField<proto::PartitionInfo>& parts,
+                            const std::vector<uint32_t>& stay, const std::set<uint32_t>& leaving);
 
 }  // namespace strata::master
 

@@ -130,47 +130,39 @@ absl::StatusOr<Scaler::Plan> Scaler::Prepare(const proto::ScaleRequest& req,
         absl::StrCat("a scale is in progress (", op_->what(), ", for ", secs,
                      " s): one at a time; `strata status` shows it"));
   }
+  if (req.has_workers() && req.has_pservers()) {
+    return absl::InvalidArgumentError(
+        "strata scale: one role at a time (--workers or --pservers); scale the other next");
+  }
   const ElasticSection& e = options_.elastic;
   Plan plan;
-  if (req.has_pservers()) {
-    const int now = Live(view, proto::PSERVER);
-    auto want = Wanted(req.pservers(), now, "pservers");
-    if (!want.ok()) return want.status();
-    if (*want != now) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "scaling pservers (", now, " -> ", *want,
-          ") moves partitions between pservers while the job trains, which this version "
-          "cannot do yet; workers scale (--workers)"));
-    }
-  }
-  const int now = Live(view, proto::WORKER);
+  plan.role = req.has_pservers() ? proto::PSERVER : proto::WORKER;
+  const char* role = RoleWord(plan.role);
+  const std::string roles = absl::StrCat(role, "s");
+  const int now = Live(view, plan.role);
   plan.from = now;
   plan.target = now;
-  if (!req.has_workers()) {
-    plan.what = absl::StrCat("the job has ", now, " worker(s) already: nothing to do");
-    return plan;
-  }
-  auto want = Wanted(req.workers(), now, "workers");
+  auto want = Wanted(req.has_pservers() ? req.pservers() : req.workers(), now, roles.c_str());
   if (!want.ok()) return want.status();
   plan.target = *want;
-  const int room = Room();
-  if (plan.target < e.min_workers) {
-    return absl::FailedPreconditionError(absl::StrCat("scaling to ", plan.target,
-                                                      " worker(s) is below elastic.min_workers (",
-                                                      e.min_workers, ")"));
+  const int lo = plan.role == proto::PSERVER ? e.min_pservers : e.min_workers;
+  const int hi = plan.role == proto::PSERVER ? e.max_pservers : e.max_workers;
+  const int room = Room(plan.role);
+  if (plan.target < lo) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "scaling to ", plan.target, " ", role, "(s) is below elastic.min_", roles, " (", lo, ")"));
   }
-  if (e.max_workers != 0 && plan.target > e.max_workers) {
-    return absl::FailedPreconditionError(absl::StrCat("scaling to ", plan.target,
-                                                      " workers is beyond elastic.max_workers (",
-                                                      e.max_workers, ")"));
+  if (hi != 0 && plan.target > hi) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "scaling to ", plan.target, " ", roles, " is beyond elastic.max_", roles, " (", hi, ")"));
   }
   if (plan.target > room) {
     return absl::FailedPreconditionError(
-        absl::StrCat("scaling to ", plan.target, " workers is beyond the host file's room for ",
-                     room, " (a range on a host's line makes room, e.g. worker=1..4)"));
+        absl::StrCat("scaling to ", plan.target, " ", roles, " is beyond the host file's room for ",
+                     room, " (a range on a host's line makes room, e.g. ", role, "=1..4)"));
   }
   if (plan.target == now) {
-    plan.what = absl::StrCat("the job has ", now, " worker(s) already: nothing to do");
+    plan.what = absl::StrCat("the job has ", now, " ", role, "(s) already: nothing to do");
     return plan;
   }
   if (plan.target > now) {
@@ -178,30 +170,31 @@ absl::StatusOr<Scaler::Plan> Scaler::Prepare(const proto::ScaleRequest& req,
     // (a dead one may be restarted by its supervisor: taken too).
     std::map<int32_t, bool> taken;
     for (const auto& n : view.members()) {
-      if (n.role() == proto::WORKER && n.state() != proto::DRAINED && !n.draining()) {
+      if (n.role() == plan.role && n.state() != proto::DRAINED && !n.draining()) {
         taken[n.index()] = true;
       }
     }
     for (const HostSlot& s : options_.slots) {
-      if (s.role != "worker" || taken.count(s.index) > 0) continue;
+      if (s.role != role || taken.count(s.index) > 0) continue;
       if (static_cast<int>(plan.add.size()) == plan.target - now) break;
       plan.add.push_back(s.index);
     }
     if (static_cast<int>(plan.add.size()) < plan.target - now) {
       return absl::FailedPreconditionError(
-          absl::StrCat("the host file has room for ", room, " workers and ", taken.size(),
+          absl::StrCat("the host file has room for ", room, " ", roles, " and ", taken.size(),
                        " of them are taken (a dead one waits for its restart): no room for ",
                        plan.target - now, " more"));
     }
-    plan.what = absl::StrCat("workers ", now, " -> ", plan.target, ": starting ",
-                             Instances(proto::WORKER, plan.add));
+    plan.what = absl::StrCat(roles, " ", now, " -> ", plan.target, ": starting ",
+                             Instances(plan.role, plan.add));
+    if (plan.role == proto::PSERVER) absl::StrAppend(&plan.what, ", then moving partitions");
     return plan;
   }
-  // Removing: the idle first (finished: no data task left for them), then
-  // those still joining, then the highest indices.
+  // Removing: workers idle first (finished: no data task left for them),
+  // then those still joining; then the highest indices.
   std::vector<const proto::NodeInfo*> live;
   for (const auto& n : view.members()) {
-    if (n.role() == proto::WORKER && Counts(n)) live.push_back(&n);
+    if (n.role() == plan.role && Counts(n)) live.push_back(&n);
   }
   const auto order = [](const proto::NodeInfo* n) {
     return n->state() == proto::FINISHED ? 0 : n->state() == proto::JOINING ? 1 : 2;
@@ -215,19 +208,34 @@ absl::StatusOr<Scaler::Plan> Scaler::Prepare(const proto::ScaleRequest& req,
     plan.drain.push_back(live[i]->id());
     indices.push_back(live[i]->index());
   }
-  plan.what = absl::StrCat("workers ", now, " -> ", plan.target, ": draining ",
-                           Instances(proto::WORKER, indices));
+  plan.what = absl::StrCat(roles, " ", now, " -> ", plan.target, ": draining ",
+                           Instances(plan.role, indices));
+  if (plan.role == proto::PSERVER) {
+    absl::StrAppend(&plan.what, " once their partitions moved to the others");
+  }
   return plan;
 }
 
-int Scaler::Room() const {
+int Scaler::Room(proto::Role role) const {
   int room = 0;
-  for (const HostSlot& s : options_.slots) room += s.role == "worker";
+  for (const HostSlot& s : options_.slots) room += s.role == RoleWord(role);
   return room;
 }
 
+double Scaler::MoveCredit() {
+  const absl::Time now = clock_->Now();
+  const double rate = options_.elastic.move_rate_mb_per_s * (1 << 20);
+  // At most a second's worth saved up, so a burst stays a second's.
+  move_credit_ =
+      move_credit_at_ == absl::InfinitePast()
+          ? rate
+          : std::min(rate, move_credit_ + rate * absl::ToDoubleSeconds(now - move_credit_at_));
+  move_credit_at_ = now;
+  return move_credit_;
+}
+
 int Scaler::most_workers() const {
-  const int room = Room();
+  const int room = Room(proto::WORKER);
   return options_.elastic.max_workers != 0 ? std::min(room, options_.elastic.max_workers) : room;
 }
 
@@ -331,7 +339,7 @@ void Scaler::RunProvider(Run* run) {
   run->done = true;
 }
 
-std::vector<Scaler::Ended> Scaler::Check(const proto::ClusterView& view) {
+std::vector<Scaler::Ended> Scaler::Check(const proto::ClusterView& view, int moves) {
   std::vector<Ended> out;
   std::vector<std::unique_ptr<Run>> finished;
   {
@@ -355,9 +363,7 @@ std::vector<Scaler::Ended> Scaler::Check(const proto::ClusterView& view) {
         static_cast<int64_t>(r->op_started) == op_->started_unix_ms()) {
       out.push_back(
           {false, "scale_failed", absl::StrCat("scale given up (", op_->what(), "): ", what)});
-      op_.reset();
-      workers_target_ = Live(view, proto::WORKER);
-      autoscaler_.Refused();
+      GiveUp(view);
     } else {
       out.push_back({false, "provider_failed", what});
     }
@@ -391,13 +397,19 @@ std::vector<Scaler::Ended> Scaler::Check(const proto::ClusterView& view) {
       }
     }
   }
+  // (Pservers added take their partitions, those removed hand theirs on:
+  // the moves are part of the scale.)
+  const bool moved = role != proto::PSERVER || moves == 0;
   const absl::Time now = clock_->Now();
   const double secs =
       static_cast<double>(absl::ToUnixMillis(now) - op_->started_unix_ms()) / 1000.0;
-  if (waiting.empty() && joining.empty() && left) {
+  if (waiting.empty() && joining.empty() && left && moved) {
+    const char* result = role == proto::PSERVER   ? ": the partitions are balanced"
+                         : op_->adding_size() > 0 ? ": the new workers train"
+                                                  : "";
     out.push_back({true, "scale_done",
                    absl::StrCat("scale done (", op_->what(), ") in ", absl::StrFormat("%.1f", secs),
-                                " s", op_->adding_size() > 0 ? ": the new workers train" : "")});
+                                " s", result)});
     op_.reset();
     if (!released.empty() && !options_.provider.empty()) {
       StartProvider("remove", role, released,
@@ -415,15 +427,27 @@ std::vector<Scaler::Ended> Scaler::Check(const proto::ClusterView& view) {
       absl::StrAppend(&why, why.empty() ? "" : "; ", Instances(role, joining),
                       " registered but took no data task");
     }
-    if (!left) absl::StrAppend(&why, why.empty() ? "" : "; ", "a drained worker did not leave");
+    if (!left) {
+      absl::StrAppend(&why, why.empty() ? "" : "; ", "a drained ", RoleWord(role),
+                      " did not leave");
+    }
+    if (!moved) {
+      absl::StrAppend(&why, why.empty() ? "" : "; ", moves,
+                      " partition move(s) not done (they go on; `strata status`)");
+    }
     out.push_back({false, "scale_failed",
                    absl::StrCat("scale given up after ", options_.elastic.scale_timeout_seconds,
                                 " s (", op_->what(), "): ", why)});
-    op_.reset();
-    workers_target_ = Live(view, proto::WORKER);
-    autoscaler_.Refused();
+    GiveUp(view);
   }
   return out;
+}
+
+void Scaler::GiveUp(const proto::ClusterView& view) {
+  const proto::Role role = op_->role();
+  op_.reset();
+  (role == proto::PSERVER ? pservers_target_ : workers_target_) = Live(view, role);
+  autoscaler_.Refused();
 }
 
 void Scaler::Save(proto::MasterState* st) const {

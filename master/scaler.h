@@ -7,8 +7,9 @@
 // the workers to drain, or why it is refused), begun (Begin: the provider
 // runs for what it adds; the master drains the others), and followed on
 // the master's ticks (Check: done once every added worker trains and every
-// drained one has left; given up at elastic.scale_timeout_seconds or when
-// the provider fails). One scale at a time.
+// drained one has left, and for pservers once the partitions moved; given
+// up at elastic.scale_timeout_seconds or when the provider fails). One
+// scale at a time.
 //
 // What it owns: the targets and the scale in progress, guarded by the
 // master's lock (MasterServer::mu_ is held for every call); the provider's
@@ -60,13 +61,13 @@ class Scaler {
   Scaler& operator=(const Scaler&) = delete;
 
   // A scale planned against `view`: the role it changes, its target, the
-  // instances to start (indices) and the workers to drain (node ids), and
+  // instances to start (indices) and the nodes to drain (workers) or to
+  // empty and then drain (pservers: their partitions move first), and
   // what it does in words ("workers 1 -> 3: starting worker 1, 2").
   // Nothing to do: empty add and drain, `what` says so. Refused
   // (FailedPrecondition, saying why): the job is not running, a scale is
-  // in progress, beyond elastic's min/max or the host file's room, pservers
-  // (their partitions cannot move yet); InvalidArgument for a malformed
-  // request.
+  // in progress, beyond elastic's min/max or the host file's room;
+  // InvalidArgument for a malformed request (both roles at once).
   struct Plan {
     proto::Role role = proto::WORKER;
     int from = 0;
@@ -90,13 +91,22 @@ class Scaler {
     std::string kind;  // the event's: "scale_done", "scale_failed", "provider_failed"
     std::string message;
   };
-  std::vector<Ended> Check(const proto::ClusterView& view);
+  // `moves`: partition moves under way or waiting (a pserver scale is done
+  // once there are none).
+  std::vector<Ended> Check(const proto::ClusterView& view, int moves = 0);
 
   // Its part of the state (docs/reliability.md) and of JobStatus.
   void Save(proto::MasterState* st) const;
   void Restore(const proto::MasterState& st);
   void FillStatus(const proto::ClusterView& view, proto::JobStatus* js) const;
   bool in_progress() const { return op_.has_value(); }
+  // A pserver scale is in progress: partitions are to be balanced.
+  bool scaling_pservers() const { return op_.has_value() && op_->role() == proto::PSERVER; }
+  // Live migration's pace (elastic.move_rate_mb_per_s): the bytes of
+  // partition copies that may start now (a second's worth at most; below
+  // zero after a big one), and those started.
+  double MoveCredit();
+  void MovesStarted(uint64_t bytes) { move_credit_ -= static_cast<double>(bytes); }
   // The autoscaler (its on/off kept in the state with the scale's).
   Autoscaler& autoscaler() { return autoscaler_; }
   // Turns it on or off (`strata scale --autoscale`).
@@ -119,7 +129,9 @@ class Scaler {
   void StartProvider(const std::string& action, proto::Role role,
                      const std::vector<int32_t>& indices, absl::Time deadline);
   void RunProvider(Run* run);
-  int Room() const;  // the host file's worker instances, started and room
+  int Room(proto::Role role) const;  // the host file's instances, started and room
+  // Ends the scale in progress unfinished: the target is what there is.
+  void GiveUp(const proto::ClusterView& view);
 
   const Options options_;
   Clock* const clock_;
@@ -128,6 +140,8 @@ class Scaler {
   std::optional<proto::ScaleState> op_;  // the scale in progress
   Autoscaler autoscaler_;
   proto::ScaleRequest::Autoscale autoscale_ = proto::ScaleRequest::AUTOSCALE_UNCHANGED;
+  double move_credit_ = 0;
+  absl::Time move_credit_at_ = absl::InfinitePast();
 
   absl::Mutex runs_mu_;
   std::vector<std::unique_ptr<Run>> runs_ ABSL_GUARDED_BY(runs_mu_);

@@ -429,6 +429,12 @@ std::string RenderStatusPage(const proto::GetStatusResponse& st, int64_t now_uni
                     j.scaling().empty() ? "" : "; in progress: ", HtmlEscape(j.scaling()),
                     "</p>\n");
   }
+  if (j.moves_in_progress() + j.moves_waiting() > 0 || j.moves_done() > 0) {
+    absl::StrAppend(&out, "<p id=\"moves\">Partition moves: ", j.moves_in_progress(),
+                    " under way, ", j.moves_waiting(), " waiting, ", j.moves_done(), " done (",
+                    absl::StrFormat("%.1f", static_cast<double>(j.moved_bytes()) / (1 << 20)),
+                    " MiB)</p>\n");
+  }
   absl::StrAppend(&out, JobSection(j, st.view()), ChartsSection(j), NodesSection(st, now_unix_ms),
                   PartitionsSection(st.view()), EventsSection(j));
   absl::StrAppend(&out, "<footer>",

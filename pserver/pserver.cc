@@ -309,7 +309,13 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
           std::find(p.backups().begin(), p.backups().end(), self) != p.backups().end();
       if (p.owner() != self && !backup) continue;
       (p.owner() == self ? owned : backing).insert(p.id());
-      if (partitions_.count(p.id()) == 0) to_create.push_back(&p);
+      // New here, or served here as primary and now a backup (it moved
+      // away and this node backs its new owner): a fresh backup, given the
+      // new owner's copy; the old one goes, its waiting requests refused.
+      auto it = partitions_.find(p.id());
+      if (it == partitions_.end() || (backup && it->second->role() == PartitionRole::kPrimary)) {
+        to_create.push_back(&p);
+      }
     }
   }
   // New partitions are built (and restored) without mu_, so serving and
@@ -354,6 +360,13 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       if (part->sparse() && sparse_metrics_.insert(part->table()).second) {
         AddSparseMetrics(part->table());
       }
+      auto old = partitions_.find(id);
+      if (old != partitions_.end()) {
+        LOG(INFO) << "partition " << id << " (" << old->second->table()
+                  << ") is a backup here from view epoch " << view.epoch()
+                  << ": its new owner sends a copy";
+        left.push_back(std::move(old->second));
+      }
       partitions_[id] = Share(std::move(part));
     }
     if (restore != nullptr && !created.empty()) {
@@ -390,7 +403,12 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     if (view.epoch() >= epoch_.load()) values_writer_ = view.tables_declared_by();
     epoch_ = std::max(epoch_.load(), view.epoch());
   }
-  if (replicas_) replicas_->SetBackups(backup_addresses);
+  if (replicas_) {
+    replicas_->SetBackups(backup_addresses);
+    std::set<uint32_t> primary_ids;
+    for (const auto& [part, backups] : primaries) primary_ids.insert(part->id());
+    replicas_->KeepOnly(primary_ids);
+  }
   for (auto& [part, backups] : primaries) {
     part->Promote();  // a backup whose primary died
     if (replicas_) part->SetBackups(backups, replicas_.get());

@@ -78,6 +78,29 @@ void ReplicaStreams::SetBackups(const std::map<uint32_t, std::string>& addresses
   wake_ = true;
 }
 
+void ReplicaStreams::KeepOnly(const std::set<uint32_t>& primaries) {
+  // Released after mu_ (declared first): a dropped record may hold the
+  // last reference to a partition that moved away.
+  std::vector<Entry> dropped;
+  absl::MutexLock l(&mu_);
+  for (auto& [id, s] : streams_) {
+    for (auto it = s.queue.begin(); it != s.queue.end();) {
+      if (primaries.count(it->record.header.partition) > 0) {
+        ++it;
+        continue;
+      }
+      stats_.queued_bytes -= std::min<uint64_t>(stats_.queued_bytes, it->record.payload.size());
+      dropped.push_back(std::move(*it));
+      it = s.queue.erase(it);
+    }
+  }
+  if (!dropped.empty()) {
+    LOG(INFO) << "replication: " << dropped.size()
+              << " record(s) of partitions this node no longer serves dropped";
+    wake_ = true;
+  }
+}
+
 void ReplicaStreams::Send(Partition* partition, uint32_t backup, Message record) {
   std::shared_ptr<Partition> shared = partition->weak_from_this().lock();
   CHECK(shared != nullptr) << "ReplicaStreams::Send: partition " << partition->id()

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -51,6 +52,11 @@ class ReplicaStreams final : public ReplicaSink {
   // The backups of the current view and their data addresses: streams to
   // other nodes are dropped with their records.
   void SetBackups(const std::map<uint32_t, std::string>& addresses);
+  // Drops the records of partitions other than `primaries` (those this
+  // node serves as primary now): a partition that moved away sends no
+  // more, and its old records must not hold up the stream (a backup that
+  // became the partition's primary refuses them).
+  void KeepOnly(const std::set<uint32_t>& primaries);
   // REQUIRES: `partition` is owned by a std::shared_ptr (its entry shares
   // it until acknowledged).
   void Send(Partition* partition, uint32_t backup, transport::Message record) override;

@@ -149,6 +149,7 @@ void ParamClient::DropConnections(const std::set<std::string>& addresses) {
       if (it == conns_.end()) continue;
       dropped.push_back(std::move(it->second));
       conns_.erase(it);
+      dropped_at_[a] = absl::Now();
     }
   }
   if (!dropped.empty()) {
@@ -156,6 +157,12 @@ void ParamClient::DropConnections(const std::set<std::string>& addresses) {
                  << " pserver connection(s) with requests given up unanswered";
   }
   // Released here, outside mu_: that closes them.
+}
+
+bool ParamClient::DroppedRecently(const std::string& address) const {
+  absl::MutexLock l(&mu_);
+  auto it = dropped_at_.find(address);
+  return it != dropped_at_.end() && absl::Now() - it->second < absl::Seconds(5);
 }
 
 // PushThenPull sends the pulls right behind the pushes up to this size.
@@ -442,6 +449,9 @@ void ParamClient::Exchange::ReportFailures() {
     for (const auto& [id, o] : round_->results) {
       if (o.ok() || transport::IsKeyEpochRefusal(o.status())) continue;
       const Route& r = routes_.at(id);
+      if (HasReason(o.status(), proto::REASON_NOT_SERVED) || client_->DroppedRecently(r.address)) {
+        continue;
+      }
       if (reported_.insert(r.owner).second) {
         failed.emplace_back(r.owner, std::string(o.status().message()));
       }
@@ -480,9 +490,12 @@ void ParamClient::Exchange::AbandonMoved() {
         continue;
       }
       ++round_->attempt[*it];  // its answer, if one ever comes, is dropped
+      // (Not a sign of a dead pserver: not reported as one.)
       round_->results.insert_or_assign(
-          *it, absl::UnavailableError(absl::StrCat("partition ", r.partition, " moved from ",
-                                                   r.address, " in a newer view")));
+          *it,
+          WithReason(absl::UnavailableError(absl::StrCat("partition ", r.partition, " moved from ",
+                                                         r.address, " in a newer view")),
+                     proto::REASON_NOT_SERVED));
       --round_->outstanding;
       round_->answered.fetch_add(1, std::memory_order_release);
       left.insert(r.address);
@@ -585,8 +598,11 @@ absl::Status ParamClient::Exchange::FinishOnce() {
         // alive and where the view says; its keys come with a heartbeat.
         if (transport::IsKeyEpochRefusal(o.status())) continue;
         // The owner may be gone: the master hears of it, and the next try
-        // goes wherever the view then says.
-        if (client_->report_suspect_ && suspected.insert(r.owner).second &&
+        // goes wherever the view then says. (Not when the connection was
+        // closed by us: requests for a partition that moved were given up
+        // on it, and the pserver lives on. A dead one fails the retry.)
+        if (client_->report_suspect_ && !HasReason(o.status(), proto::REASON_NOT_SERVED) &&
+            !client_->DroppedRecently(r.address) && suspected.insert(r.owner).second &&
             reported_.count(r.owner) == 0) {
           client_->report_suspect_(r.owner, std::string(o.status().message()));
         }

@@ -321,6 +321,11 @@ class ParamClient {
   uint32_t sparse_partitions_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status view_error_ ABSL_GUARDED_BY(mu_);  // a view we cannot use
   std::map<std::string, std::shared_ptr<transport::Connection>> conns_ ABSL_GUARDED_BY(mu_);
+  // When DropConnections last closed the connection to each address: the
+  // requests that fail with it failed by our hand (a partition moved
+  // away from a pserver that lives on), which is no sign of a dead one.
+  std::map<std::string, absl::Time> dropped_at_ ABSL_GUARDED_BY(mu_);
+  bool DroppedRecently(const std::string& address) const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint32_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
   uint64_t chunk_floats_ ABSL_GUARDED_BY(mu_) = 0;  // the view's chunk_bytes / 4

@@ -311,7 +311,8 @@ TEST(ParseJobConfigTest, ElasticSection) {
                                             "  provider: [p.sh, '{action}', '{role}', '{count}']\n"
                                             "  scale_timeout_seconds: 30\n  autoscale: true\n"
                                             "  cooldown_seconds: 0\n  queue_per_worker: 2\n"
-                                            "  min_gain: 0.25\n  measure_seconds: 3\n"));
+                                            "  min_gain: 0.25\n  measure_seconds: 3\n"
+                                            "  max_moves: 4\n  move_rate_mb_per_s: 8.5\n"));
   EXPECT_EQ(c.elastic.min_workers, 2);
   EXPECT_EQ(c.elastic.max_workers, 6);
   EXPECT_EQ(c.elastic.max_pservers, 3);
@@ -324,6 +325,9 @@ TEST(ParseJobConfigTest, ElasticSection) {
   EXPECT_EQ(c.elastic.queue_per_worker, 2);
   EXPECT_DOUBLE_EQ(c.elastic.min_gain, 0.25);
   EXPECT_EQ(c.elastic.measure_seconds, 3);
+  EXPECT_EQ(c.elastic.max_moves, 4);
+  EXPECT_DOUBLE_EQ(c.elastic.move_rate_mb_per_s, 8.5);
+  EXPECT_EQ(d.elastic.max_moves, 2);
   EXPECT_FALSE(d.elastic.autoscale);
   ExpectError(ParseWithData("elastic:\n  min_workers: 3\n  max_workers: 2\n"),
               "local.yaml:8:16: ", "elastic.max_workers", "must be >= elastic.min_workers (3)");
@@ -333,6 +337,10 @@ TEST(ParseJobConfigTest, ElasticSection) {
               "is empty");
   ExpectError(ParseWithData("elastic:\n  min_pservers: 0\n"),
               "local.yaml:7:17: ", "elastic.min_pservers");
+  ExpectError(ParseWithData("elastic:\n  move_rate_mb_per_s: 0\n"),
+              "local.yaml:7:23: ", "elastic.move_rate_mb_per_s");
+  ExpectError(ParseWithData("elastic:\n  max_moves: 0\n"),
+              "local.yaml:7:14: ", "elastic.max_moves");
 }
 
 TEST(ParseJobConfigTest, ScriptModelTablesResolveInitAndFansAsPyTorch) {
@@ -802,6 +810,13 @@ TEST(CheckClusterSizeTest, NeedsOneOfEachAndMorePServersThanReplicas) {
               HasSubstr("job.yaml: cluster.replication 2 needs at least 3 pservers; the cluster "
                         "has 2"));
   EXPECT_TRUE(CheckClusterSize(c, 3, 1).ok());
+  // A job that grows its pservers gets its backups as they join.
+  c.elastic.max_pservers = 3;
+  EXPECT_TRUE(CheckClusterSize(c, 1, 1).ok());
+  c.elastic.max_pservers = 2;
+  EXPECT_THAT(CheckClusterSize(c, 1, 1).message(),
+              HasSubstr("the cluster has 1 and elastic.max_pservers is 2"));
+  c.elastic.max_pservers = 0;
   c.cluster.replication = 0;
   c.elastic.min_workers = 2;
   c.elastic.max_pservers = 2;

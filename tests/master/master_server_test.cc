@@ -1077,19 +1077,22 @@ TEST_F(MasterServerTest, DrainRefusesTheMasterTheLastWorkerAndAnUnknownNode) {
   EXPECT_THAT(DrainNode(master_.get(), w),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("the last worker")));
   EXPECT_THAT(DrainNode(master_.get(), 99), StatusIs(absl::StatusCode::kNotFound));
-  // Without replication a pserver holds the only copy of its partitions.
+  // The only pserver holds the only copy of its partitions.
   EXPECT_THAT(DrainNode(master_.get(), ps),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("holds the only copy"), HasSubstr("cluster.replication"))));
+                       HasSubstr("is the last pserver: draining it would remove the last copy")));
   EXPECT_EQ(StateOf(ps), proto::ALIVE);
   EXPECT_EQ(StateOf(w), proto::ALIVE);
 }
 
 TEST_F(ReplicatedMasterTest, ADrainedPserverHandsItsPartitionsToTheirBackups) {
   Start();
-  // Until pserver 0 holds pserver 1's partitions in sync, draining waits.
-  EXPECT_THAT(DrainNode(master_.get(), ps1_),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no backup in sync yet")));
+  // Until pserver 0 holds pserver 1's partitions in sync, pserver 1 is
+  // leaving (its partitions would move); once they are, it drains at once.
+  STRATA_ASSERT_OK_AND_ASSIGN(auto leaving, DrainNode(master_.get(), ps1_));
+  EXPECT_EQ(leaving.node().state(), proto::ALIVE);
+  EXPECT_TRUE(leaving.node().draining());
+  EXPECT_THAT(leaving.message(), HasSubstr("its partitions move to the other pservers"));
   HeartbeatPs0(of_ps1_);
   const uint64_t epoch = master_->View().epoch();
   STRATA_ASSERT_OK_AND_ASSIGN(auto d, DrainNode(master_.get(), ps1_));

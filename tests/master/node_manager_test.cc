@@ -19,9 +19,11 @@ namespace strata::master {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::Pair;
 
 class NodeManagerTest : public ::testing::Test {
@@ -82,6 +84,7 @@ class NodeManagerTest : public ::testing::Test {
   absl::Status Beat(uint32_t id, std::vector<uint32_t> replicas = {}) {
     proto::HeartbeatRequest h;
     h.set_node_id(id);
+    h.set_epoch(nodes_->View().epoch());  // (it holds the view)
     for (uint32_t p : replicas) h.add_replicas(p);
     return nodes_->Heartbeat(h).status();
   }
@@ -263,7 +266,7 @@ TEST_F(NodeManagerTest, SuspectsAreProbedOnceThenDeclaredWhenReportsGoOn) {
 TEST_F(NodeManagerTest, DrainRefusesWhatWouldLoseWorkAndTakesTheRest) {
   NodeManager& n = Make(2, 2);
   const uint32_t a = Join(proto::PSERVER, 0);
-  Join(proto::PSERVER, 1);
+  const uint32_t b = Join(proto::PSERVER, 1);
   const uint32_t w0 = Join(proto::WORKER, 0);
   const uint32_t w1 = Join(proto::WORKER, 1);
   Place();
@@ -271,9 +274,14 @@ TEST_F(NodeManagerTest, DrainRefusesWhatWouldLoseWorkAndTakesTheRest) {
   req.set_node_id(0);
   EXPECT_THAT(n.Drain(req, proto::JOB_RUNNING, 0).status().message(),
               HasSubstr("the master cannot be drained"));
-  req.set_node_id(a);
+  req.set_node_id(a);  // (its partitions move first: APServerLeaving...)
+  auto leaving = n.Drain(req, proto::JOB_RUNNING, 0);
+  ASSERT_THAT(leaving.status(), IsOk());
+  EXPECT_THAT(leaving->response.message(), HasSubstr("its partitions move"));
+  EXPECT_FALSE(leaving->departure.has_value());
+  req.set_node_id(b);
   EXPECT_THAT(n.Drain(req, proto::JOB_RUNNING, 0).status().message(),
-              HasSubstr("cluster.replication is 0"));
+              HasSubstr("is the last pserver: draining it would remove the last copy"));
   req.set_node_id(w0);
   auto drained = n.Drain(req, proto::JOB_RUNNING, 0);
   ASSERT_THAT(drained.status(), IsOk());
@@ -310,8 +318,6 @@ TEST_F(NodeManagerTest, APServerWithSyncedBackupsDrainsAndItsBackupsTakeOver) {
   }
   proto::DrainRequest req;
   req.set_node_id(a);
-  EXPECT_THAT(n.Drain(req, proto::JOB_RUNNING, 0).status().message(),
-              HasSubstr("no backup in sync yet"));
   ASSERT_THAT(Beat(b, on_b), IsOk());
   auto drained = n.Drain(req, proto::JOB_RUNNING, 0);
   ASSERT_THAT(drained.status(), IsOk());
@@ -324,6 +330,119 @@ TEST_F(NodeManagerTest, APServerWithSyncedBackupsDrainsAndItsBackupsTakeOver) {
   auto beat = n.Heartbeat(h);
   ASSERT_THAT(beat.status(), IsOk());
   EXPECT_TRUE(beat->drained);
+}
+
+// Live migration in the node manager: the moves a pserver's leaving plans
+// (its partitions onto the other, extra backups first), the cut-over once
+// the target reported the copy in sync in a view showing the move, and
+// the emptied pserver drained.
+TEST_F(NodeManagerTest, APServerLeavingMovesItsPartitionsThenIsDrained) {
+  NodeManager& n = Make(2, 1);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  const uint32_t b = Join(proto::PSERVER, 1);
+  Join(proto::WORKER, 0);
+  const proto::ClusterView v = Place();
+  std::vector<uint32_t> on_a;
+  for (const auto& p : v.partitions()) {
+    if (p.owner() == a) on_a.push_back(p.id());
+  }
+  ASSERT_FALSE(on_a.empty());
+  n.MarkLeaving({a}, "test");
+  NodeManager::MigrateOptions o;
+  o.max_moves = 1;
+  o.credit = 1;  // one move: then out of credit
+  NodeManager::Migration m = n.Migrate(o);
+  EXPECT_TRUE(m.changed);
+  EXPECT_EQ(m.in_progress, 1);
+  EXPECT_EQ(m.waiting, static_cast<int>(on_a.size()) - 1);
+  EXPECT_GT(m.started_bytes, 0u);
+  uint32_t moving = 0;
+  const proto::ClusterView view0 = n.View();
+  for (const auto& p : view0.partitions()) {
+    if (p.move_to() == 0) continue;
+    moving = p.id();
+    EXPECT_EQ(p.move_from(), a);
+    EXPECT_EQ(p.move_to(), b);
+    EXPECT_EQ(p.owner(), a);
+    EXPECT_THAT(p.backups(), ElementsAre(b));  // the target, as an extra backup
+  }
+  // Not in sync yet: nothing cuts over, nothing more starts (no credit).
+  o.credit = 0;
+  m = n.Migrate(o);
+  EXPECT_FALSE(m.changed);
+  EXPECT_EQ(m.in_progress, 1);
+  // In sync, but a checkpoint is being written: held.
+  ASSERT_THAT(Beat(b, {moving}), IsOk());
+  o.hold_cutover = true;
+  EXPECT_FALSE(n.Migrate(o).changed);
+  // Then it cuts over; the rest follow, and the emptied pserver leaves.
+  o.hold_cutover = false;
+  o.max_moves = 1 << 20;
+  o.credit = 1e12;
+  m = n.Migrate(o);
+  EXPECT_TRUE(m.changed);
+  const proto::ClusterView view1 = n.View();
+  for (const auto& p : view1.partitions()) {
+    if (p.id() == moving) {
+      EXPECT_EQ(p.owner(), b);
+      EXPECT_THAT(p.backups(), IsEmpty());
+      EXPECT_EQ(p.move_to(), 0u);
+    }
+  }
+  EXPECT_EQ(m.in_progress, static_cast<int>(on_a.size()) - 1);
+  ASSERT_THAT(Beat(b, on_a), IsOk());
+  m = n.Migrate(o);
+  EXPECT_EQ(m.in_progress, 0);
+  EXPECT_EQ(m.waiting, 0);
+  ASSERT_EQ(m.departed.size(), 1u);
+  EXPECT_EQ(m.departed[0].node.id(), a);
+  EXPECT_THAT(m.departed[0].lost, IsEmpty());
+  const proto::ClusterView view2 = n.View();
+  for (const auto& p : view2.partitions()) EXPECT_EQ(p.owner(), b) << p.id();
+  proto::HeartbeatRequest h;
+  h.set_node_id(a);
+  EXPECT_TRUE(n.Heartbeat(h)->drained);
+  proto::JobStatus js;
+  n.FillStatus(&js);
+  EXPECT_EQ(js.moves_done(), on_a.size());
+  EXPECT_GT(js.moved_bytes(), 0u);
+  EXPECT_THAT(Events(), Contains(HasSubstr("drained: its partitions moved to the others")));
+}
+
+// A move whose target dies is abandoned (and planned again elsewhere); a
+// new pserver gets its share when asked to rebalance.
+TEST_F(NodeManagerTest, AMoveWhoseTargetDiesIsAbandonedAndNewPServersTakeAShare) {
+  NodeManager& n = Make(1, 1);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  Join(proto::WORKER, 0);
+  const proto::ClusterView v = Place();
+  const uint32_t b = Join(proto::PSERVER, 1);
+  const uint32_t c = Join(proto::PSERVER, 2);
+  NodeManager::MigrateOptions o;
+  o.max_moves = 64;
+  o.credit = 1e12;
+  EXPECT_FALSE(n.Migrate(o).changed);  // no rebalance asked for
+  o.rebalance = true;
+  NodeManager::Migration m = n.Migrate(o);
+  EXPECT_GT(m.in_progress, 0);
+  std::map<uint32_t, std::vector<uint32_t>> to;
+  const proto::ClusterView view3 = n.View();
+  for (const auto& p : view3.partitions()) {
+    if (p.move_to() != 0) to[p.move_to()].push_back(p.id());
+  }
+  EXPECT_THAT(to, ElementsAre(Pair(b, Not(IsEmpty())), Pair(c, Not(IsEmpty()))));
+  ASSERT_TRUE(n.DeclareDead(c, "test", false).has_value());
+  ASSERT_THAT(Beat(b, to[b]), IsOk());
+  m = n.Migrate(o);
+  EXPECT_THAT(Events(), Contains(HasSubstr("abandoned: node " + std::to_string(c) + " left")));
+  std::map<uint32_t, int> owned;
+  const proto::ClusterView view4 = n.View();
+  for (const auto& p : view4.partitions()) {
+    ++owned[p.owner()];
+    for (uint32_t x : p.backups()) EXPECT_NE(x, c);
+  }
+  EXPECT_EQ(owned[b], static_cast<int>(to[b].size()));
+  EXPECT_EQ(owned[a] + owned[b], v.partitions_size());
 }
 
 TEST_F(NodeManagerTest, ACertificateRegistersOnlyItsRoleHostAndIndex) {

@@ -255,5 +255,117 @@ TEST(TopUpBackupsTest, BalancesBackupsAndReplacesDeadOnes) {
   for (const auto& p : parts) EXPECT_EQ(p.backups_size(), 1);
 }
 
+google::protobuf::RepeatedPtrField<proto::PartitionInfo> Dense(int n, uint32_t owner) {
+  google::protobuf::RepeatedPtrField<proto::PartitionInfo> parts;
+  for (int i = 0; i < n; ++i) {
+    proto::PartitionInfo* p = parts.Add();
+    p->set_id(static_cast<uint32_t>(i));
+    p->set_length(1 << 20);  // 4 MiB
+    p->set_owner(owner);
+  }
+  return parts;
+}
+
+// The placement after `moves`, as the master would cut them over.
+void Apply(const std::vector<Move>& moves,
+           google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts) {
+  for (const Move& m : moves) {
+    proto::PartitionInfo& p = (*parts)[static_cast<int>(m.partition)];
+    auto* b = p.mutable_backups();
+    b->erase(std::remove(b->begin(), b->end(), m.to), b->end());
+    if (m.primary) {
+      ASSERT_EQ(p.owner(), m.from);
+      p.set_owner(m.to);
+    } else {
+      ASSERT_NE(std::find(b->begin(), b->end(), m.from), b->end());
+      b->erase(std::remove(b->begin(), b->end(), m.from), b->end());
+      p.add_backups(m.to);
+    }
+  }
+}
+
+std::map<uint32_t, int> Owned(const google::protobuf::RepeatedPtrField<proto::PartitionInfo>& ps) {
+  std::map<uint32_t, int> n;
+  for (const auto& p : ps) ++n[p.owner()];
+  return n;
+}
+
+TEST(PlanMovesTest, NewPServersGetAnEvenShareOneMovePerPartition) {
+  auto parts = Dense(9, 1);
+  const std::vector<Move> moves = PlanMoves(parts, {1, 2, 3}, {});
+  EXPECT_EQ(moves.size(), 6u);
+  std::set<uint32_t> moved;
+  for (const Move& m : moves) {
+    EXPECT_TRUE(m.primary);
+    EXPECT_EQ(m.from, 1u);
+    EXPECT_EQ(m.bytes, 4u << 20);
+    EXPECT_TRUE(moved.insert(m.partition).second) << "partition " << m.partition << " twice";
+  }
+  Apply(moves, &parts);
+  EXPECT_THAT(Owned(parts), ElementsAre(Pair(1, 3), Pair(2, 3), Pair(3, 3)));
+  // Balanced: nothing more to do.
+  EXPECT_TRUE(PlanMoves(parts, {1, 2, 3}, {}).empty());
+}
+
+TEST(PlanMovesTest, LeavingPServersAreEmptiedPreferringBackupsThatHoldACopy) {
+  auto parts = Dense(4, 1);
+  parts[0].set_owner(3);
+  parts[1].set_owner(3);
+  parts[0].add_backups(2);  // a synced copy: promoted rather than copied
+  parts[2].add_backups(3);  // a backup on the leaving one moves too
+  const std::vector<Move> moves = PlanMoves(parts, {1, 2}, {3});
+  bool promoted = false;
+  for (const Move& m : moves) {
+    EXPECT_NE(m.to, 3u);
+    promoted = promoted || (m.partition == 0 && m.to == 2 && m.primary);
+  }
+  EXPECT_TRUE(promoted);
+  Apply(moves, &parts);
+  for (const auto& p : parts) {
+    EXPECT_NE(p.owner(), 3u);
+    for (uint32_t b : p.backups()) EXPECT_NE(b, 3u) << "partition " << p.id();
+  }
+  EXPECT_THAT(Owned(parts), ElementsAre(Pair(1, 2), Pair(2, 2)));
+}
+
+TEST(PlanMovesTest, BackupsAreRebalancedAndMovingPartitionsLeftAlone) {
+  // Two pservers with replication 1 grow to three: the newcomer gets
+  // primaries and backups.
+  auto parts = Dense(6, 1);
+  for (int i = 0; i < 6; ++i) {
+    parts[i].set_owner(i % 2 == 0 ? 1 : 2);
+    parts[i].add_backups(i % 2 == 0 ? 2 : 1);
+  }
+  parts[5].set_move_to(3);  // already on its way to 3
+  parts[5].set_move_from(2);
+  parts[5].add_backups(3);
+  const std::vector<Move> moves = PlanMoves(parts, {1, 2, 3}, {});
+  std::map<uint32_t, int> held;
+  for (const Move& m : moves) EXPECT_NE(m.partition, 5u);
+  parts[5].set_owner(3);  // (its move done)
+  parts[5].mutable_backups()->RemoveLast();
+  parts[5].clear_move_to();
+  Apply(moves, &parts);
+  for (const auto& p : parts) {
+    ++held[p.owner()];
+    for (uint32_t b : p.backups()) ++held[b];
+  }
+  EXPECT_THAT(Owned(parts), ElementsAre(Pair(1, 2), Pair(2, 2), Pair(3, 2)));
+  EXPECT_THAT(held, ElementsAre(Pair(1, 4), Pair(2, 4), Pair(3, 4)));
+}
+
+TEST(PlanMovesTest, NothingWhenNoPServerStays) {
+  auto parts = Dense(2, 1);
+  EXPECT_TRUE(PlanMoves(parts, {}, {1}).empty());
+}
+
+TEST(TopUpBackupsTest, LeavingPServersKeepTheirBackupsButGetNoNewOne) {
+  auto parts = Dense(4, 1);
+  parts[0].add_backups(3);
+  EXPECT_EQ(TopUpBackups(&parts, {1, 2, 3}, 1, {3}), 3);
+  EXPECT_THAT(parts[0].backups(), ElementsAre(3u));
+  for (int i = 1; i < 4; ++i) EXPECT_THAT(parts[i].backups(), ElementsAre(2u));
+}
+
 }  // namespace
 }  // namespace strata::master

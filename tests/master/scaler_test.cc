@@ -135,7 +135,12 @@ TEST_F(ScalerTest, RefusalsSayWhy) {
   ps.mutable_pservers()->set_by(1);
   EXPECT_THAT(s.Prepare(ps, v, proto::JOB_RUNNING),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("scaling pservers (1 -> 2) moves partitions")));
+                       HasSubstr("2 pservers is beyond the host file's room for 1 (a range on a "
+                                 "host's line makes room, e.g. pserver=1..4)")));
+  proto::ScaleRequest both = Workers("3");
+  both.mutable_pservers()->set_to(1);
+  EXPECT_THAT(s.Prepare(both, v, proto::JOB_RUNNING),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one role at a time")));
   ps.mutable_pservers()->set_to(1);  // (unchanged: fine)
   STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan same, s.Prepare(ps, v, proto::JOB_RUNNING));
   EXPECT_THAT(same.what, HasSubstr("nothing to do"));
@@ -389,6 +394,69 @@ TEST(ScalerProviderTest, RunsTheProviderAndGivesUpWhenItFails) {
   proto::JobStatus js;
   s.FillStatus(v, &js);
   EXPECT_EQ(js.workers_target(), 2);  // back to what there is
+}
+
+// Pservers scale like workers (the room of the host file, elastic's
+// bounds), and the scale is done only once the partitions moved.
+TEST_F(ScalerTest, PServersScaleAndTheScaleWaitsForTheMoves) {
+  Scaler::Options o = Opts();
+  o.slots.push_back({"pserver", 1, "b", false});
+  o.slots.push_back({"pserver", 2, "b", false});
+  o.elastic.max_pservers = 3;
+  Scaler s(o);
+  proto::ClusterView v = TwoWorkers();
+  proto::ScaleRequest ps;
+  ps.mutable_pservers()->set_to(3);
+  STRATA_ASSERT_OK_AND_ASSIGN(Scaler::Plan p, s.Prepare(ps, v, proto::JOB_RUNNING));
+  EXPECT_EQ(p.role, proto::PSERVER);
+  EXPECT_THAT(p.add, ElementsAre(1, 2));
+  EXPECT_EQ(p.what, "pservers 1 -> 3: starting pservers 1, 2, then moving partitions");
+  ps.mutable_pservers()->set_to(4);
+  EXPECT_THAT(s.Prepare(ps, v, proto::JOB_RUNNING),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("beyond elastic.max_pservers (3)")));
+  s.Begin(p);
+  EXPECT_TRUE(s.scaling_pservers());
+  clock_.Advance(absl::Seconds(1));
+  AddNode(&v, 7, proto::PSERVER, 1, proto::ALIVE, clock_.Now());
+  AddNode(&v, 8, proto::PSERVER, 2, proto::ALIVE, clock_.Now());
+  EXPECT_THAT(s.Check(v, /*moves=*/3), IsEmpty());  // registered; the moves go on
+  std::vector<Scaler::Ended> ended = s.Check(v, 0);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_TRUE(ended[0].ok);
+  EXPECT_THAT(ended[0].message, HasSubstr("the partitions are balanced"));
+  // Shrinking: the highest index leaves, once emptied (the master's moves).
+  ps.mutable_pservers()->set_to(2);
+  STRATA_ASSERT_OK_AND_ASSIGN(p, s.Prepare(ps, v, proto::JOB_RUNNING));
+  EXPECT_THAT(p.drain, ElementsAre(8u));
+  EXPECT_EQ(p.what,
+            "pservers 3 -> 2: draining pserver 2 once their partitions moved to the others");
+  s.Begin(p);
+  v.mutable_members(4)->set_draining(true);
+  clock_.Advance(absl::Seconds(61));
+  ended = s.Check(v, 2);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_FALSE(ended[0].ok);
+  EXPECT_THAT(ended[0].message, HasSubstr("a drained pserver did not leave; 2 partition move(s) "
+                                          "not done"));
+  proto::JobStatus js;
+  s.FillStatus(v, &js);
+  EXPECT_EQ(js.pservers_target(), 2);  // what there is (pserver 2 is leaving)
+}
+
+// The migration's pace: a second's worth of credit at most, spent by the
+// moves started.
+TEST_F(ScalerTest, MoveCreditRefillsAtTheConfiguredRate) {
+  Scaler::Options o = Opts();
+  o.elastic.move_rate_mb_per_s = 4;
+  Scaler s(o);
+  EXPECT_DOUBLE_EQ(s.MoveCredit(), 4 << 20);
+  s.MovesStarted(12 << 20);
+  EXPECT_DOUBLE_EQ(s.MoveCredit(), -(8 << 20));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_DOUBLE_EQ(s.MoveCredit(), -(4 << 20));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_DOUBLE_EQ(s.MoveCredit(), 4 << 20);
 }
 
 }  // namespace

@@ -68,6 +68,11 @@ std::string StatusText(const proto::GetStatusResponse& st) {
   out << absl::StrFormat("  scale: %d worker(s), %d pserver(s) wanted; %s%s\n", j.workers_target(),
                          j.pservers_target(), j.autoscale(),
                          j.scaling().empty() ? "" : "; in progress: " + j.scaling());
+  if (j.moves_in_progress() + j.moves_waiting() > 0 || j.moves_done() > 0) {
+    out << absl::StrFormat("  partition moves: %d under way, %d waiting, %d done (%.1f MiB)\n",
+                           j.moves_in_progress(), j.moves_waiting(), j.moves_done(),
+                           static_cast<double>(j.moved_bytes()) / (1 << 20));
+  }
   if (j.checkpoint_in_progress() > 0) {
     out << absl::StrFormat(
         "  checkpoint %d in progress: %d of %d pserver(s) written, %.2f MB, %.1f s\n",
@@ -419,7 +424,10 @@ CliResult WaitUntilDrained(const Invocation& in, Draining d) {
       return r;
     }
     if (tty) {
-      in.out << absl::StrFormat("\r%s: draining, waiting for it to finish its data task (%.0f s)",
+      in.out << absl::StrFormat(d.role == proto::PSERVER
+                                    ? "\r%s: leaving, waiting for its partitions to move (%.0f s)"
+                                    : "\r%s: draining, waiting for it to finish its data task "
+                                      "(%.0f s)",
                                 d.name, absl::ToDoubleSeconds(absl::Now() - start))
              << std::flush;
     }

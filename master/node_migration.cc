@@ -114,9 +114,10 @@ int NodeManager::FinishMovesLocked(bool hold_cutover, Migration* out) {
       ++under_way;
       continue;
     }
-    // Cut over: the target takes the source's place.
-    EraseBackup(&p, to);
+    // Cut over: the target takes the source's place (as owner: it is no
+    // backup any more; as backup: the source's goes).
     if (p.owner() == from) {
+      EraseBackup(&p, to);
       p.set_owner(to);
     } else {
       EraseBackup(&p, from);

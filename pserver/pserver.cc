@@ -389,8 +389,10 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     std::map<uint32_t, std::string> data_address;
     for (const auto& m : view.members()) data_address[m.id()] = m.data_address();
     owner_of_.clear();
+    moving_in_.clear();
     for (const auto& p : view.partitions()) {
       owner_of_[p.id()] = p.owner();
+      if (p.move_to() == self) moving_in_.insert(p.id());
       if (p.owner() != self) continue;
       auto it = partitions_.find(p.id());
       if (it == partitions_.end()) continue;
@@ -405,9 +407,11 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   }
   if (replicas_) {
     replicas_->SetBackups(backup_addresses);
-    std::set<uint32_t> primary_ids;
-    for (const auto& [part, backups] : primaries) primary_ids.insert(part->id());
-    replicas_->KeepOnly(primary_ids);
+    std::map<uint32_t, std::set<uint32_t>> backups_of;
+    for (const auto& [part, backups] : primaries) {
+      backups_of[part->id()].insert(backups.begin(), backups.end());
+    }
+    replicas_->KeepOnly(backups_of);
   }
   for (auto& [part, backups] : primaries) {
     part->Promote();  // a backup whose primary died
@@ -707,8 +711,10 @@ void PServer::HandleReplica(Message request, std::shared_ptr<Partition> part, ui
   const auto& h = request.header;
   const MessageType answer_type = MessageType::kReplicateResponse;
   absl::Status fit;
+  bool moving_in = false;
   {
     absl::MutexLock l(&mu_);
+    moving_in = moving_in_.count(h.partition) > 0;
     auto owner = owner_of_.find(h.partition);
     if (h.count != node_id_.load()) {
       fit = absl::FailedPreconditionError(
@@ -722,6 +728,23 @@ void PServer::HandleReplica(Message request, std::shared_ptr<Partition> part, ui
   if (!fit.ok()) {
     responder->Respond(transport::MakeErrorResponse(h, answer_type, fit));
     return;
+  }
+  if (moving_in && (h.flags & transport::kFlagReplicaCopy) != 0 && options_.failpoints != nullptr) {
+    // (Tests: a move held in the middle. The copy waits on a thread of its
+    // own, so that this node goes on answering everything else.)
+    const absl::Duration hold = options_.failpoints->Delay("pserver.move.copy_received");
+    if (hold > absl::ZeroDuration()) {
+      LOG(WARNING) << "failpoint pserver.move.copy_received: holding the copy of partition "
+                   << h.partition << " for " << absl::FormatDuration(hold);
+      request.OwnPayload();
+      auto req = std::make_shared<Message>(std::move(request));
+      std::thread([part, req, hold, responder = std::move(responder)]() {
+        absl::SleepFor(hold);
+        part->ApplyReplica(*req, responder);
+      }).detach();
+      return;
+    }
+    HitFailpoint(options_.failpoints, "pserver.move.copy_received");
   }
   if (executor_ == nullptr) {
     part->ApplyReplica(request, std::move(responder));

@@ -221,6 +221,9 @@ class PServer {
   // Replication: the owner of every partition in the view applied last
   // (a record is taken only from the partition's primary).
   std::map<uint32_t, uint32_t> owner_of_ ABSL_GUARDED_BY(mu_);
+  // Partitions moving to this node (the view's move_to): their copy
+  // passes the failpoint pserver.move.copy_received.
+  std::set<uint32_t> moving_in_ ABSL_GUARDED_BY(mu_);
   bool refresh_wanted_ ABSL_GUARDED_BY(mu_) = false;
   // Backups found unreachable, to report to the master (heartbeat thread).
   std::map<uint32_t, std::string> suspects_ ABSL_GUARDED_BY(mu_);

@@ -78,14 +78,15 @@ void ReplicaStreams::SetBackups(const std::map<uint32_t, std::string>& addresses
   wake_ = true;
 }
 
-void ReplicaStreams::KeepOnly(const std::set<uint32_t>& primaries) {
+void ReplicaStreams::KeepOnly(const std::map<uint32_t, std::set<uint32_t>>& backups) {
   // Released after mu_ (declared first): a dropped record may hold the
   // last reference to a partition that moved away.
   std::vector<Entry> dropped;
   absl::MutexLock l(&mu_);
   for (auto& [id, s] : streams_) {
     for (auto it = s.queue.begin(); it != s.queue.end();) {
-      if (primaries.count(it->record.header.partition) > 0) {
+      auto b = backups.find(it->record.header.partition);
+      if (b != backups.end() && b->second.count(id) > 0) {
         ++it;
         continue;
       }
@@ -96,7 +97,7 @@ void ReplicaStreams::KeepOnly(const std::set<uint32_t>& primaries) {
   }
   if (!dropped.empty()) {
     LOG(INFO) << "replication: " << dropped.size()
-              << " record(s) of partitions this node no longer serves dropped";
+              << " record(s) dropped (their partition moved away, or their node backs it no more)";
     wake_ = true;
   }
 }

@@ -52,11 +52,12 @@ class ReplicaStreams final : public ReplicaSink {
   // The backups of the current view and their data addresses: streams to
   // other nodes are dropped with their records.
   void SetBackups(const std::map<uint32_t, std::string>& addresses);
-  // Drops the records of partitions other than `primaries` (those this
-  // node serves as primary now): a partition that moved away sends no
-  // more, and its old records must not hold up the stream (a backup that
-  // became the partition's primary refuses them).
-  void KeepOnly(const std::set<uint32_t>& primaries);
+  // Drops the records of a partition to a node that is no longer one of
+  // its backups: `backups` has, for each partition this node serves as
+  // primary now, its backups. A partition that moved away sends no more,
+  // and records to a node that stopped backing one must not hold up the
+  // stream to that node (it refuses them, and the stream is in order).
+  void KeepOnly(const std::map<uint32_t, std::set<uint32_t>>& backups);
   // REQUIRES: `partition` is owned by a std::shared_ptr (its entry shares
   // it until acknowledged).
   void Send(Partition* partition, uint32_t backup, transport::Message record) override;

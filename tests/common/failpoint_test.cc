@@ -6,6 +6,7 @@
 #include <csignal>
 #include <functional>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -21,7 +22,20 @@ TEST(FailpointTest, BadSpecsAreRefusedNamingTheItem) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'a@0'")));
   EXPECT_THAT(Failpoints::Parse("@2").status(), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(Failpoints::Parse("a@x").status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Failpoints::Parse("a~x").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NAME~MS")));
   EXPECT_TRUE(Failpoints::Parse("").ok());
+}
+
+TEST(FailpointTest, ADelayHoldsEveryPass) {
+  auto f = Failpoints::Parse("slow~30,z");
+  ASSERT_TRUE(f.ok());
+  const absl::Time start = absl::Now();
+  (*f)->Hit("slow");
+  (*f)->Hit("slow");
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(60));
+  EXPECT_EQ((*f)->Delay("slow"), absl::Milliseconds(30));
+  EXPECT_EQ((*f)->Delay("z"), absl::ZeroDuration());
 }
 
 // Runs `fn` in a child process; true when the child was killed by SIGKILL.

@@ -445,6 +445,49 @@ TEST_F(NodeManagerTest, AMoveWhoseTargetDiesIsAbandonedAndNewPServersTakeAShare)
   EXPECT_EQ(owned[a] + owned[b], v.partitions_size());
 }
 
+// With replication, backups move too: a third pserver gets its share of
+// primaries and of backups, each partition keeps one backup off its owner,
+// and once balanced nothing more moves.
+TEST_F(NodeManagerTest, BackupsMoveTooAndBalancedPlacementsStayPut) {
+  NodeManager& n = Make(2, 1, /*replication=*/1);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  const uint32_t b = Join(proto::PSERVER, 1);
+  Join(proto::WORKER, 0);
+  Place();
+  const uint32_t c = Join(proto::PSERVER, 2);
+  NodeManager::MigrateOptions o;
+  o.rebalance = true;
+  o.max_moves = 1 << 20;
+  o.credit = 1e12;
+  int rounds = 0;
+  for (; rounds < 20; ++rounds) {
+    NodeManager::Migration m = n.Migrate(o);
+    if (m.in_progress == 0 && m.waiting == 0) break;
+    // Every pserver reports every partition it backs as in sync.
+    std::map<uint32_t, std::vector<uint32_t>> backs;
+    const proto::ClusterView v = n.View();
+    for (const auto& p : v.partitions()) {
+      for (uint32_t x : p.backups()) backs[x].push_back(p.id());
+    }
+    for (uint32_t x : {a, b, c}) ASSERT_THAT(Beat(x, backs[x]), IsOk());
+  }
+  EXPECT_LT(rounds, 6) << "the moves did not settle";
+  std::map<uint32_t, uint64_t> owned, backed;
+  const proto::ClusterView v = n.View();
+  for (const auto& p : v.partitions()) {
+    ASSERT_EQ(p.backups_size(), 1) << p.id();
+    EXPECT_NE(p.backups(0), p.owner());
+    owned[p.owner()] += PartitionWeight(p);
+    backed[p.backups(0)] += PartitionWeight(p);
+  }
+  EXPECT_EQ(owned.size(), 3u);
+  EXPECT_EQ(backed.size(), 3u);
+  // Settled: another turn plans nothing.
+  NodeManager::Migration m = n.Migrate(o);
+  EXPECT_EQ(m.in_progress + m.waiting, 0);
+  EXPECT_FALSE(m.changed);
+}
+
 TEST_F(NodeManagerTest, ACertificateRegistersOnlyItsRoleHostAndIndex) {
   proto::RegisterRequest r;
   r.set_role(proto::WORKER);

@@ -1137,5 +1137,65 @@ TEST(InitialValuesTest, ASparsePartitionRefusesThem) {
               HasSubstr("a sparse table's rows start from sparse.init"));
 }
 
+// A node that stops backing one partition (it moved, or the master placed
+// its backup elsewhere) refuses that partition's records; while it still
+// backs another of this primary's, the stream to it lives on, in order.
+// KeepOnly drops the refused partition's records, which would otherwise
+// hold the other partition's records (and acknowledgements) for good.
+TEST(ReplicaStreamsTest, RecordsToANodeThatBacksThePartitionNoMoreAreDropped) {
+  auto network = std::make_shared<transport::InProcNetwork>();
+  auto make = [&]() {
+    transport::TransportOptions options;
+    options.kind = "inproc";
+    options.inproc_network = network;
+    auto t = transport::CreateTransport(options);
+    EXPECT_THAT(t, IsOk());
+    return std::move(t).value();
+  };
+  auto backup_transport = make();
+  auto primary_transport = make();
+  std::shared_ptr<Partition> gone =  // partition 7: its backup went elsewhere
+      std::make_shared<Partition>(kPartitionId, "fc0.weight", std::vector<float>{1.f, 2.f, 3.f},
+                                  Sgd(0.5), Consistency::kBsp);
+  std::shared_ptr<Partition> kept = std::make_shared<Partition>(
+      kPartitionId + 1, "fc0.bias", std::vector<float>{1.f}, Sgd(0.5), Consistency::kBsp);
+  auto kept_backup = std::make_shared<Partition>(
+      kPartitionId + 1, "fc0.bias", std::vector<float>{1.f}, Sgd(0.5), Consistency::kBsp);
+  kept_backup->MakeBackup();
+  ASSERT_THAT(backup_transport->Listen(
+                  "backup", 0,
+                  [&](Message request, std::shared_ptr<transport::Responder> responder) {
+                    if (request.header.partition == kPartitionId) {
+                      responder->Respond(transport::MakeErrorResponse(
+                          request.header, MessageType::kReplicateResponse,
+                          absl::FailedPreconditionError("not its primary here")));
+                      return;
+                    }
+                    kept_backup->ApplyReplica(request, std::move(responder));
+                  }),
+              IsOk());
+  ReplicaStreams streams(
+      primary_transport.get(), [] { return 1u; }, [] { return uint64_t{1}; }, [] {}, {},
+      absl::Seconds(10));
+  streams.SetBackups({{5, backup_transport->listen_address()}});
+  gone->SetStepWorkers({2});
+  kept->SetStepWorkers({2});
+  gone->SetBackups({5}, &streams);  // its copy: refused, resent, refused...
+  kept->SetBackups({5}, &streams);  // ...and this one's waits behind it
+  auto ack = std::make_shared<RecordingResponder>();
+  Message push = PushMsg(2, 1, 0, 1, {2.f});
+  push.header.partition = kPartitionId + 1;
+  kept->Push(push, ack);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_THAT(ack->responses(), IsEmpty());
+  streams.KeepOnly({{kPartitionId + 1, {5}}});
+  for (int i = 0; i < 500 && ack->responses().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_THAT(ack->responses(), SizeIs(1));
+  EXPECT_EQ(kept_backup->ValuesForTesting(), kept->ValuesForTesting());
+  streams.Shutdown();
+  primary_transport->Shutdown();
+  backup_transport->Shutdown();
+}
+
 }  // namespace
 }  // namespace strata::pserver

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Live partition migration under fire (docs/reliability.md, "Moving
+# partitions"): a bsp job with replication 1 grows from 2 to 3 pservers,
+# one move at a time, each held 0.6 s in the middle (the failpoint
+# pserver.move.copy_received~600: the target holds the copy it received
+# before taking it in, and the source waits for its answer). The new pserver is SIGKILLed while it receives a partition
+# (the move is abandoned; its supervisor restarts it and the moves go to the
+# new instance), then a source pserver while it sends one (its partitions
+# fail over to their backups; the move is abandoned and planned again). The
+# scale still completes, the job finishes with the fault-free run's
+# accuracy and the update ledger says no acknowledged push was lost.
+BUILD_DIR="$1"
+source "$(dirname "$0")/lib.sh"
+fault_config 1 6 $'elastic:\n  max_pservers: 3\n  max_moves: 1'
+printf '127.0.0.1 master pserver=2..3 worker=2\n' > "$WORK/hosts"
+run_job base || fail "the fault-free run failed: $(tail -5 "$WORK/base.out")"
+STRATA_PSERVER_FLAGS="--failpoint=pserver.move.copy_received~600" start_job moves
+wait_for_samples moves 40000
+master="127.0.0.1:$BASE"
+events="$WORK/run-moves/events.jsonl"
+# node_id ROLE INDEX: the id of the newest node of that role and index.
+node_id() {
+  master_status 2>/dev/null | python3 -c "import json,sys
+try: v=json.load(sys.stdin)['view']['members']
+except Exception: v=[]
+m=[x for x in v if x['role']=='$1' and x.get('index',0)==$2]
+print(max(int(x['id']) for x in m) if m else 0)"
+}
+# move_started FROM|* TO|*: a 'moving' event since line $seen of the events,
+# from node FROM to node TO ('*': any); prints "FROM TO" of the first.
+seen=0
+wait_move() {
+  local from="$1" to="$2"
+  for _ in $(seq 1 400); do  # 20 s at most
+    local hit
+    hit="$(tail -n +"$((seen + 1))" "$events" 2>/dev/null | python3 -c "
+import json, re, sys
+for line in sys.stdin:
+    e = json.loads(line)
+    if e['kind'] != 'moving': continue
+    for a, b in re.findall(r'node (\d+) -> (\d+)', e['message']):
+        if '$from' in ('*', a) and '$to' in ('*', b):
+            print(a, b); sys.exit(0)
+")"
+    [[ -n "$hit" ]] && { echo "$hit"; return 0; }
+    sleep 0.05
+  done
+  return 1
+}
+
+"$STRATA" scale --master "$master" --pservers 3 --no-wait > "$WORK/scale.out" ||
+  fail "scale to 3 pservers refused: $(cat "$WORK/scale.out")"
+for _ in $(seq 1 200); do
+  target="$(node_id PSERVER 2)"
+  (( target > 0 )) && break
+  sleep 0.05
+done
+(( target > 0 )) || fail "pserver 2 did not register"
+# 1. The target killed while it receives a partition.
+read -r from to <<< "$(wait_move '*' "$target")" || fail "no move to pserver 2 (node $target)"
+kill -KILL "$(pid_of moves pserver-2)"
+echo "killed pserver 2 (node $target) receiving from node $from"
+for _ in $(seq 1 400); do
+  grep -q "to node $target abandoned: node $target left" "$events" && break
+  sleep 0.05
+done
+grep -q "to node $target abandoned: node $target left" "$events" ||
+  fail "the move to the killed pserver was not abandoned: $(grep -E 'mov|dead' "$events" | tail -5)"
+# 2. A source killed while it sends one (to the restarted pserver 2).
+seen="$(wc -l < "$events")"
+for _ in $(seq 1 400); do
+  t2="$(node_id PSERVER 2)"
+  (( t2 != target )) && break
+  sleep 0.05
+done
+(( t2 != target )) || fail "pserver 2 was not restarted"
+read -r from to <<< "$(wait_move '*' "$t2")" || fail "no move to the restarted pserver 2 (node $t2)"
+src_index="$(master_status | python3 -c "import json,sys
+print([x for x in json.load(sys.stdin)['view']['members'] if int(x['id'])==$from][0].get('index',0))")" ||
+  fail "cannot find node $from in the view"
+kill -KILL "$(pid_of moves "pserver-$src_index")"
+echo "killed pserver $src_index (node $from) sending to node $t2"
+for _ in $(seq 1 400); do
+  grep -q "from node $from to node $t2 abandoned: node $from left" "$events" && break
+  sleep 0.05
+done
+grep -q "from node $from to node $t2 abandoned: node $from left" "$events" ||
+  fail "the move from the killed pserver was not abandoned: $(grep -E 'mov|dead' "$events" | tail -5)"
+# The scale still completes: the moves go on with the pservers there are.
+for _ in $(seq 1 1200); do  # 60 s at most
+  grep -q '"kind": "scale_done"' "$events" && break
+  grep -q '"kind": "scale_failed"' "$events" && fail "the scale failed: $(grep scale "$events")"
+  sleep 0.05
+done
+grep -q '"kind": "scale_done"' "$events" || fail "the scale did not complete: $(grep -E 'mov|scale' "$events" | tail -5)"
+wait_job || fail "the job failed: $(tail -n 20 "$WORK/moves.out")"
+[[ "$(ledger_field moves lost)" == 0 ]] || fail "acknowledged updates lost: $(cat "$(summary moves)")"
+(( $(ledger_field moves acked) > 0 )) || fail "the ledger saw no acknowledged push"
+(( $(summary_field moves failovers) >= 1 )) || fail "no failover recorded"
+assert_accuracy_close moves base
+echo "moves: $(grep -c '"kind": "moved"' "$events") cut-over event(s), $(grep -c 'abandoned' "$events") abandoned;" \
+  "ledger: $(ledger_field moves acked) pushes acknowledged, $(ledger_field moves lost) lost"
+assert_nothing_left "$WORK"

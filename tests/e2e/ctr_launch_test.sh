@@ -5,7 +5,11 @@
 # whose embeddings live in sparse tables. Mode (argument 2):
 #   asp   admission at first touch, no eviction, no worker cache;
 #   bsp   admission after 2 pushes, a capacity that forces evictions, and
-#         the worker's row cache with a staleness bound.
+#         the worker's row cache with a staleness bound;
+#   grow  bsp's, starting with 1 pserver of room for 3 and growing to 3
+#         while it trains (`strata scale --pservers 3`): the sparse virtual
+#         partitions move live while rows are admitted and evicted, and the
+#         AUC is reached all the same.
 # Checks: launch.sh exits 0; the training file is cut into byte ranges,
 # not read whole; summary.json carries final_test_auc,
 # final_test_logloss and the planted model's figures, with the AUC close
@@ -17,7 +21,9 @@ source "$(dirname "$0")/lib.sh"
 work="$(mktemp -d /tmp/strata-e2e-ctr-XXXXXX)"
 trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 base="$(pick_port_base)"
-if [[ $MODE == bsp ]]; then
+consistency="$MODE"
+[[ $MODE == grow ]] && consistency=bsp
+if [[ $consistency == bsp ]]; then
   sparse_extra='  admission:
     min_count: 2
   eviction:
@@ -33,7 +39,7 @@ fi
 cat > "$work/ctr.yaml" <<YAML
 job:
   name: e2e-ctr-$MODE
-  consistency: $MODE
+  consistency: $consistency
   epochs: 1
   batch_size: 256
   progress_every_steps: 50
@@ -67,6 +73,10 @@ data:
 $(cluster_yaml "$base")
 YAML
 printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
+if [[ $MODE == grow ]]; then
+  printf 'elastic:\n  max_pservers: 3\n' >> "$work/ctr.yaml"
+  printf '127.0.0.1 master pserver=1..3 worker=2\n' > "$work/hosts"
+fi
 
 "$ROOT/scripts/launch.sh" run --config "$work/ctr.yaml" --hosts "$work/hosts" \
   --run-dir "$work/run" --bin-dir "$BUILD_DIR/bin" --timeout 600 > "$work/out" 2>&1 &
@@ -78,6 +88,14 @@ for _ in $(seq 1 600); do
   if grep -qE '^strata_pserver_sparse_rows\{table="embedding"\} [1-9]' <<< "$m"; then
     metrics="$m"
     [[ $MODE == asp ]] && break
+    if [[ $MODE == grow && -z ${grown:-} ]]; then
+      # Rows are being admitted: grow to 3 pservers now.
+      "$STRATA" scale --master "127.0.0.1:$base" --pservers 3 --timeout 120 > "$work/scale.out" 2>&1 ||
+        fail "scale to 3 pservers failed: $(cat "$work/scale.out")"
+      grep -q 'scale done (pservers 1 -> 3.*the partitions are balanced' "$work/scale.out" ||
+        fail "scale to 3 pservers not done: $(cat "$work/scale.out")"
+      grown=1
+    fi
     # bsp: wait until the capacity has evicted something.
     grep -qE '^strata_pserver_sparse_keys_evicted\{reason="capacity",table="embedding"\} [1-9]' <<< "$m" && break
   fi
@@ -94,7 +112,7 @@ grep '^strata_pserver_sparse' <<< "$metrics"
 for g in sparse_bytes sparse_keys_admitted sparse_keys_rejected; do
   grep -qE "^strata_pserver_${g}\{table=\"embedding\"\} " <<< "$metrics" || fail "no strata_pserver_$g"
 done
-if [[ $MODE == bsp ]]; then
+if [[ $consistency == bsp ]]; then
   grep -qE '^strata_pserver_sparse_keys_rejected\{table="embedding"\} [1-9]' <<< "$metrics" ||
     fail "admission after 2 pushes rejected nothing"
 fi
@@ -122,5 +140,17 @@ grep -q 'train.txt: .* bytes, about .* records .*cut into data tasks of' "$work/
 cat "$work"/run/logs/worker*.log > "$work/workers.log"
 grep -q 'training records read per data task from' "$work/workers.log" ||
   fail "a worker loaded the whole training file"
+if [[ $MODE == grow ]]; then
+  cat "$work/scale.out"
+  [[ -n ${grown:-} ]] || fail "the job was never grown"
+  # Every pserver served sparse partitions at the end.
+  python3 - "$work/run/events.jsonl" <<'PY' || fail "the sparse partitions did not spread over 3 pservers"
+import json, re, sys
+moved = [json.loads(l)["message"] for l in open(sys.argv[1]) if '"kind": "moved"' in l]
+print("moves:", *moved, sep="\n  ")
+targets = {t for m in moved for t in re.findall(r"node \d+ -> (\d+)", m)}
+assert len(targets) >= 2, targets
+PY
+fi
 assert_nothing_left "$work"
 echo "PASS: $MODE AUC $auc (planted $planted)"

@@ -373,19 +373,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint "
                 << restore->seq() << " under " << checkpoint_root;
     }
-    // Partitions this node neither owns nor backs any more stop serving;
-    // each is freed once the requests, replication records and checkpoint
-    // still holding it let go.
-    for (auto it = partitions_.begin(); it != partitions_.end();) {
-      if (owned.count(it->first) == 0 && backing.count(it->first) == 0) {
-        LOG(INFO) << "partition " << it->first << " (" << it->second->table()
-                  << ") left this pserver in view epoch " << view.epoch();
-        left.push_back(std::move(it->second));
-        it = partitions_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    DropPartitionsLeftLocked(view.epoch(), owned, backing, &left);
     std::map<uint32_t, std::string> data_address;
     for (const auto& m : view.members()) data_address[m.id()] = m.data_address();
     owner_of_.clear();
@@ -405,6 +393,32 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     if (view.epoch() >= epoch_.load()) values_writer_ = view.tables_declared_by();
     epoch_ = std::max(epoch_.load(), view.epoch());
   }
+  ServeAsPrimaries(primaries, backup_addresses);
+  for (const auto& p : all) p->SetStepWorkers(step_workers);
+  return absl::OkStatus();
+}
+
+void PServer::DropPartitionsLeftLocked(uint64_t epoch, const std::set<uint32_t>& owned,
+                                       const std::set<uint32_t>& backing,
+                                       std::vector<std::shared_ptr<Partition>>* left) {
+  // Partitions this node neither owns nor backs any more stop serving;
+  // each is freed once the requests, replication records and checkpoint
+  // still holding it let go.
+  for (auto it = partitions_.begin(); it != partitions_.end();) {
+    if (owned.count(it->first) == 0 && backing.count(it->first) == 0) {
+      LOG(INFO) << "partition " << it->first << " (" << it->second->table()
+                << ") left this pserver in view epoch " << epoch;
+      left->push_back(std::move(it->second));
+      it = partitions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PServer::ServeAsPrimaries(
+    const std::vector<std::pair<std::shared_ptr<Partition>, std::vector<uint32_t>>>& primaries,
+    const std::map<uint32_t, std::string>& backup_addresses) {
   if (replicas_) {
     replicas_->SetBackups(backup_addresses);
     std::map<uint32_t, std::set<uint32_t>> backups_of;
@@ -413,12 +427,10 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     }
     replicas_->KeepOnly(backups_of);
   }
-  for (auto& [part, backups] : primaries) {
+  for (const auto& [part, backups] : primaries) {
     part->Promote();  // a backup whose primary died
     if (replicas_) part->SetBackups(backups, replicas_.get());
   }
-  for (const auto& p : all) p->SetStepWorkers(step_workers);
-  return absl::OkStatus();
 }
 
 absl::Status PServer::CutNotPassed(const std::vector<std::shared_ptr<Partition>>& parts,

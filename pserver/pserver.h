@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -141,6 +142,19 @@ class PServer {
   // ones), the data connections of nodes that left closed on the way.
   std::set<uint32_t> StepWorkersDisconnectingTheGone(const proto::ClusterView& view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // Drops the partitions neither `owned` nor `backing` (into `left`, freed
+  // by the caller after mu_).
+  void DropPartitionsLeftLocked(uint64_t epoch, const std::set<uint32_t>& owned,
+                                const std::set<uint32_t>& backing,
+                                std::vector<std::shared_ptr<Partition>>* left)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The partitions this node is primary of, with their backups: the
+  // replication streams follow them (records of moved partitions, or to
+  // nodes that back them no more, dropped), then each is promoted and
+  // sends its copy to new backups.
+  void ServeAsPrimaries(
+      const std::vector<std::pair<std::shared_ptr<Partition>, std::vector<uint32_t>>>& primaries,
+      const std::map<uint32_t, std::string>& backup_addresses);
   // Partition p of the view, new: a sparse table's rows, or a dense
   // slice's initial values and its optimizer.
   absl::StatusOr<std::unique_ptr<Partition>> NewPartition(const proto::ClusterView& view,

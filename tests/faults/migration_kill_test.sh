@@ -26,7 +26,7 @@ except Exception: v=[]
 m=[x for x in v if x['role']=='$1' and x.get('index',0)==$2]
 print(max(int(x['id']) for x in m) if m else 0)"
 }
-# move_started FROM|* TO|*: a 'moving' event since line $seen of the events,
+# wait_move FROM|* TO|*: a 'moving' event since line $seen of the events,
 # from node FROM to node TO ('*': any); prints "FROM TO" of the first.
 seen=0
 wait_move() {
@@ -60,12 +60,15 @@ done
 read -r from to <<< "$(wait_move '*' "$target")" || fail "no move to pserver 2 (node $target)"
 kill -KILL "$(pid_of moves pserver-2)"
 echo "killed pserver 2 (node $target) receiving from node $from"
-for _ in $(seq 1 400); do
-  grep -q "to node $target abandoned: node $target left" "$events" && break
-  sleep 0.05
-done
-grep -q "to node $target abandoned: node $target left" "$events" ||
-  fail "the move to the killed pserver was not abandoned: $(grep -E 'mov|dead' "$events" | tail -5)"
+# wait_event TEXT WHAT: until the events hold TEXT (20 s at most).
+wait_event() {
+  for _ in $(seq 1 400); do
+    grep -q "$1" "$events" && return 0
+    sleep 0.05
+  done
+  fail "$2: $(grep -E 'mov|dead' "$events" | tail -5)"
+}
+wait_event "to node $target abandoned: node $target left" "the move to the killed pserver was not abandoned"
 # 2. A source killed while it sends one (to the restarted pserver 2).
 seen="$(wc -l < "$events")"
 for _ in $(seq 1 400); do
@@ -80,12 +83,8 @@ print([x for x in json.load(sys.stdin)['view']['members'] if int(x['id'])==$from
   fail "cannot find node $from in the view"
 kill -KILL "$(pid_of moves "pserver-$src_index")"
 echo "killed pserver $src_index (node $from) sending to node $t2"
-for _ in $(seq 1 400); do
-  grep -q "from node $from to node $t2 abandoned: node $from left" "$events" && break
-  sleep 0.05
-done
-grep -q "from node $from to node $t2 abandoned: node $from left" "$events" ||
-  fail "the move from the killed pserver was not abandoned: $(grep -E 'mov|dead' "$events" | tail -5)"
+wait_event "from node $from to node $t2 abandoned: node $from left" \
+  "the move from the killed pserver was not abandoned"
 # The scale still completes: the moves go on with the pservers there are.
 for _ in $(seq 1 1200); do  # 60 s at most
   grep -q '"kind": "scale_done"' "$events" && break

@@ -424,11 +424,11 @@ CliResult WaitUntilDrained(const Invocation& in, Draining d) {
       return r;
     }
     if (tty) {
-      in.out << absl::StrFormat(d.role == proto::PSERVER
-                                    ? "\r%s: leaving, waiting for its partitions to move (%.0f s)"
-                                    : "\r%s: draining, waiting for it to finish its data task "
-                                      "(%.0f s)",
-                                d.name, absl::ToDoubleSeconds(absl::Now() - start))
+      in.out << absl::StrFormat("\r%s: %s (%.0f s)", d.name,
+                                d.role == proto::PSERVER
+                                    ? "leaving, waiting for its partitions to move"
+                                    : "draining, waiting for it to finish its data task",
+                                absl::ToDoubleSeconds(absl::Now() - start))
              << std::flush;
     }
   }

@@ -1,6 +1,7 @@
 #include "common/metrics.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -355,21 +356,83 @@ double BootTimeSeconds() {
 
 }  // namespace
 
+namespace {
+
+// The directory of this process's cgroup (v2), "" when there is none.
+std::string OwnCgroupDir() {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("0::", 0) == 0) return absl::StrCat("/sys/fs/cgroup", line.substr(3));
+  }
+  return "";
+}
+
+// The first line of `path`, "" when it cannot be read.
+std::string FirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+}  // namespace
+
+double ProcessCpuSeconds() {
+  static const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return (ProcStatField(14) + ProcStatField(15)) / ticks;
+}
+
+double ProcessResidentBytes() {
+  static const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  std::ifstream in("/proc/self/statm");
+  double size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * page;
+}
+
+double MemoryLimitBytes() {
+  double limit =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const std::string dir = OwnCgroupDir();
+  if (!dir.empty()) {
+    const std::string max = FirstLine(dir + "/memory.max");
+    if (!max.empty() && max != "max") {
+      const double v = std::strtod(max.c_str(), nullptr);
+      if (v > 0) limit = std::min(limit, v);
+    }
+  }
+  return limit;
+}
+
+double CpuLimitCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  double cores = sched_getaffinity(0, sizeof(set), &set) == 0
+                     ? CPU_COUNT(&set)
+                     : static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string dir = OwnCgroupDir();
+  if (!dir.empty()) {
+    // "max 100000" (no quota) or "QUOTA PERIOD" in microseconds.
+    std::istringstream in(FirstLine(dir + "/cpu.max"));
+    std::string quota;
+    double period = 0;
+    if (in >> quota >> period && quota != "max" && period > 0) {
+      const double q = std::strtod(quota.c_str(), nullptr) / period;
+      if (q > 0) cores = std::min(cores, q);
+    }
+  }
+  return std::max(cores, 0.01);
+}
+
 void AddProcessMetrics(MetricsRegistry* registry) {
-  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
   const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
   registry->AddCallbackGauge("process_resident_memory_bytes", "Resident memory size in bytes",
-                             [page] {
-                               std::ifstream in("/proc/self/statm");
-                               double size = 0, resident = 0;
-                               in >> size >> resident;
-                               return resident * page;
-                             });
+                             [] { return ProcessResidentBytes(); });
   registry->AddCallbackGauge("process_virtual_memory_bytes", "Virtual memory size in bytes",
                              [] { return ProcStatField(23); });
   registry->AddCallbackCounter("process_cpu_seconds_total",
                                "User and system CPU time spent in seconds",
-                               [ticks] { return (ProcStatField(14) + ProcStatField(15)) / ticks; });
+                               [] { return ProcessCpuSeconds(); });
   registry->AddCallbackGauge("process_open_fds", "Open file descriptors", [] {
     double n = 0;
     if (DIR* d = opendir("/proc/self/fd")) {

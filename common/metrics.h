@@ -110,6 +110,16 @@ class MetricsRegistry {
 // process_cpu_seconds_total, process_open_fds, process_start_time_seconds.
 void AddProcessMetrics(MetricsRegistry* registry);
 
+// This process's CPU time (user and system) so far, and its resident
+// memory, from /proc/self.
+double ProcessCpuSeconds();
+double ProcessResidentBytes();
+// What this process may use: the host's memory (or its cgroup's
+// memory.max where lower), and the CPUs it may run on (or its cgroup's
+// cpu.max quota where lower), in cores.
+double MemoryLimitBytes();
+double CpuLimitCores();
+
 }  // namespace strata
 
 #endif  // STRATA_COMMON_METRICS_H_

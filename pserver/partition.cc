@@ -301,7 +301,7 @@ absl::Status Partition::InitialValuesLocked(const transport::MessageHeader& h, u
     std::vector<Reply> none;
     ReplicateLocked(u, 0, &none, transport::kFlagInitialValues);
   }
-  *hold = std::max(*hold, Hold::kRecord);
+  if (HeldByAllLocked() != UINT64_MAX) *hold = std::max(*hold, Hold::kRecord);
   return absl::OkStatus();
 }
 
@@ -309,6 +309,8 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
                                         const char* data, size_t sparse_n, Hold* hold) {
   Chunk& k = chunks_[c];
   const bool replicating = !backup_acked_.empty();
+  // (Acks wait only for counted backups: not for one still catching up.)
+  const bool holding = HeldByAllLocked() != UINT64_MAX;
   const auto* keys = reinterpret_cast<const uint64_t*>(data);
   const auto* grad =
       reinterpret_cast<const float*>(sparse_ ? data + sparse_n * sizeof(uint64_t) : data);
@@ -318,7 +320,7 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
   if (ledger_.Seen(h.sender_id, h.seq, c) || in_step) {
     ++stats_.duplicate_pushes;
     // Acknowledged only once what it was part of is replicated.
-    if (replicating) raise(in_step ? Hold::kStep : Hold::kRecord);
+    if (holding) raise(in_step ? Hold::kStep : Hold::kRecord);
     return absl::OkStatus();
   }
   // (For the refusals below only: not built for every chunk.)
@@ -352,7 +354,7 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
       }
       std::vector<Reply> none;
       ReplicateLocked(u, k.version - 1, &none);
-      raise(Hold::kRecord);
+      if (holding) raise(Hold::kRecord);
     }
     return absl::OkStatus();
   }
@@ -390,7 +392,7 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
   }
   k.count_sum += static_cast<double>(h.count);
   if (c == 0) ++stats_.pushes_applied;
-  if (replicating) raise(Hold::kStep);
+  if (holding) raise(Hold::kStep);
   return absl::OkStatus();
 }
 
@@ -437,6 +439,7 @@ void Partition::MaybeCompleteChunkStepLocked(uint32_t c, std::vector<Reply>* rep
     std::vector<Reply> acks;
     if (step_done) acks.swap(step_acks_);
     ReplicateLocked(record, k.version - 1, &acks);
+    for (Reply& r : acks) replies->push_back(std::move(r));  // (no backup counted)
   }
   ServeWaitingPullsLocked(replies);
 }
@@ -703,6 +706,7 @@ void Partition::MakeBackup() {
   absl::MutexLock l(&mu_);
   role_ = PartitionRole::kBackup;
   synced_ = false;
+  caught_up_ = false;
 }
 
 PartitionRole Partition::role() const {
@@ -712,7 +716,7 @@ PartitionRole Partition::role() const {
 
 bool Partition::synced() const {
   absl::MutexLock l(&mu_);
-  return role_ == PartitionRole::kBackup && synced_;
+  return role_ == PartitionRole::kBackup && synced_ && caught_up_;
 }
 
 std::map<uint32_t, uint64_t> Partition::applied_by_sender() const {
@@ -735,6 +739,7 @@ void Partition::Promote() {
   }
   role_ = PartitionRole::kPrimary;
   synced_ = true;
+  caught_up_ = true;
   LOG(INFO) << "partition " << id_ << " (" << table_ << ") promoted to primary at version "
             << stats_.version << " (replication record " << record_index_ << ")";
 }
@@ -791,10 +796,14 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
   for (auto it = backup_acked_.begin(); it != backup_acked_.end();) {
     it = want.count(it->first) ? std::next(it) : backup_acked_.erase(it);
   }
+  for (auto it = catching_up_.begin(); it != catching_up_.end();) {
+    it = want.count(it->first) ? std::next(it) : catching_up_.erase(it);
+  }
   std::string copy;  // made once, for every new backup
   for (uint32_t b : want) {
     if (backup_acked_.count(b)) continue;
     backup_acked_[b] = 0;
+    catching_up_[b] = CatchUp{record_index_, std::nullopt};
     if (copy.empty()) copy = EncodeReplicaCopy(CopyStreamsLocked());
     transport::Message m;
     m.header.type = MessageType::kReplicate;
@@ -830,13 +839,22 @@ void Partition::ReplicateLocked(const ReplicaUpdate& update, uint64_t before,
     copy.payload = --left == 0 ? std::move(m.payload) : m.payload;
     sink_->Send(this, b, std::move(copy));
   }
+  // (No backup counted yet: nothing waits; the replies stay the caller's.)
+  if (HeldByAllLocked() == UINT64_MAX) return;
   held_.push_back(Held{record_index_, update.chunk, before, std::move(*replies)});
   replies->clear();
 }
 
-void Partition::ReleaseLocked(std::vector<Reply>* replies) {
+uint64_t Partition::HeldByAllLocked() const {
   uint64_t all = UINT64_MAX;
-  for (const auto& [b, acked] : backup_acked_) all = std::min(all, acked);
+  for (const auto& [b, acked] : backup_acked_) {
+    if (catching_up_.count(b) == 0) all = std::min(all, acked);
+  }
+  return all;
+}
+
+void Partition::ReleaseLocked(std::vector<Reply>* replies) {
+  const uint64_t all = HeldByAllLocked();
   size_t n = 0;
   while (n < held_.size() && held_[n].index <= all) {
     for (Reply& r : held_[n].replies) replies->push_back(std::move(r));
@@ -844,8 +862,8 @@ void Partition::ReleaseLocked(std::vector<Reply>* replies) {
   }
   if (n == 0) return;
   held_.erase(held_.begin(), held_.begin() + static_cast<std::ptrdiff_t>(n));
-  if (backup_acked_.empty()) {
-    // No backup left: the step in progress need not wait for one.
+  if (all == UINT64_MAX) {
+    // No backup counted: the step in progress need not wait for one.
     for (Reply& r : step_acks_) replies->push_back(std::move(r));
     step_acks_.clear();
   }
@@ -856,8 +874,28 @@ void Partition::OnReplicaAck(uint32_t backup, uint64_t index) {
   std::vector<Reply> replies;
   absl::MutexLock l(&mu_);
   auto it = backup_acked_.find(backup);
-  if (it == backup_acked_.end() || index <= it->second) return;
-  it->second = index;
+  if (it == backup_acked_.end()) return;
+  auto c = catching_up_.find(backup);
+  // (A copy at record 0 is acknowledged at 0: it counts for catching up.)
+  if (index <= it->second && (c == catching_up_.end() || index < c->second.copy)) return;
+  it->second = std::max(it->second, index);
+  if (c != catching_up_.end()) {
+    // Its copy taken in: it must hold what was sent until then too.
+    if (!c->second.until.has_value() && index >= c->second.copy) c->second.until = record_index_;
+    if (c->second.until.has_value() && index >= *c->second.until) {
+      catching_up_.erase(c);
+      transport::Message m;
+      m.header.type = MessageType::kReplicate;
+      m.header.partition = id_;
+      m.header.seq = index;  // (acknowledged: nothing else of this seq is queued)
+      m.header.version = stats_.version;
+      m.header.flags = transport::kFlagReplicaCaughtUp | (sparse_ ? transport::kFlagSparse : 0);
+      m.header.count = backup;
+      VLOG(1) << "partition " << id_ << ": backup node " << backup << " caught up at record "
+              << index;
+      sink_->Send(this, backup, std::move(m));
+    }
+  }
   ReleaseLocked(&replies);
   Send(&replies);
 }
@@ -917,6 +955,15 @@ void Partition::ApplyReplica(const Message& record,
     return answer(absl::FailedPreconditionError(absl::StrCat("replication record for partition ",
                                                              id_, " from node ", h.sender_id,
                                                              ": this pserver is its primary")));
+  }
+  if ((h.flags & transport::kFlagReplicaCaughtUp) != 0) {
+    // The primary counts this backup from now on: it is in sync.
+    if (!synced_) {
+      return answer(absl::UnavailableError(absl::StrCat(
+          "backup of partition ", id_, " has no copy yet (caught-up marker ", h.seq, ")")));
+    }
+    caught_up_ = true;
+    return answer(absl::OkStatus());
   }
   if (synced_ && h.seq <= record_index_) return answer(absl::OkStatus());  // held already
   if (copy) {

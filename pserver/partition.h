@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -143,10 +144,14 @@ class Partition : public std::enable_shared_from_this<Partition> {
 
   // Replication (docs/reliability.md).
   // Primary: the backups of the current view. A new one is sent a copy of
-  // the partition, then every update after it; updates (push acks, the
-  // versions pulls see) are released once every backup holds them. A
-  // backup no longer in the list stops holding anything back. `sink` is
-  // borrowed and outlives the partition.
+  // the partition, then every update after it; it catches up without
+  // holding anything back (training does not wait for a copy in flight):
+  // once it holds the copy and every record sent until it acknowledged
+  // the copy, it is sent a marker (kFlagReplicaCaughtUp) and counted, and
+  // from then on updates (push acks, the versions pulls see) are released
+  // once every counted backup holds them. A backup no longer in the list
+  // stops holding anything back. `sink` is borrowed and outlives the
+  // partition.
   void SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink);
   // The sink's report that `backup` holds the records up to `index`.
   void OnReplicaAck(uint32_t backup, uint64_t index);
@@ -157,7 +162,9 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // update it holds; pushes of the step in progress come again.
   void Promote();
   PartitionRole role() const;
-  // A backup that holds the primary's copy (can be promoted).
+  // A backup that holds the primary's copy and has caught up (the
+  // primary counts it: it holds every acknowledged update; it can be
+  // promoted).
   bool synced() const;
   // A partition restored from a checkpoint while the job runs: its version
   // becomes `version` (the step the others have reached).
@@ -250,8 +257,8 @@ class Partition : public std::enable_shared_from_this<Partition> {
   void TakeDueSnapshotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RawBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replication: sends `update` (just applied to its chunk, which was at
-  // version `before`) to every backup, and holds `replies` back until they
-  // all have it.
+  // version `before`) to every backup, and holds `replies` back until the
+  // counted ones all have it (none counted: they stay in `replies`).
   // `flags`: the record's header flags besides kFlagSparse
   // (kFlagInitialValues: `update` holds values to take, not a gradient).
   void ReplicateLocked(const ReplicaUpdate& update, uint64_t before, std::vector<Reply>* replies,
@@ -318,12 +325,24 @@ class Partition : public std::enable_shared_from_this<Partition> {
 
   // Replication.
   PartitionRole role_ ABSL_GUARDED_BY(mu_) = PartitionRole::kPrimary;
-  bool synced_ ABSL_GUARDED_BY(mu_) = true;  // a backup holds the primary's copy
+  bool synced_ ABSL_GUARDED_BY(mu_) = true;     // a backup holds the primary's copy
+  bool caught_up_ ABSL_GUARDED_BY(mu_) = true;  // and the primary counts it
   ReplicaSink* sink_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Primary: the index of the last record sent; backup: of the last applied.
   uint64_t record_index_ ABSL_GUARDED_BY(mu_) = 0;
   // Primary: each backup's highest acknowledged record.
   std::map<uint32_t, uint64_t> backup_acked_ ABSL_GUARDED_BY(mu_);
+  // Primary: the backups still catching up (not counted): the record of
+  // their copy, and once it is acknowledged, the last record sent then,
+  // which they must acknowledge to be counted.
+  struct CatchUp {
+    uint64_t copy = 0;
+    std::optional<uint64_t> until;
+  };
+  std::map<uint32_t, CatchUp> catching_up_ ABSL_GUARDED_BY(mu_);
+  // The lowest record every counted backup holds (UINT64_MAX: none is
+  // counted, nothing waits).
+  uint64_t HeldByAllLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Updates sent but not yet held by every backup: record index, the
   // chunk it updates and that chunk's version before it, and the replies
   // held back until then.

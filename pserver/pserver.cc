@@ -12,6 +12,7 @@
 #include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
+#include "common/metrics.h"
 #include "common/proto_json.h"
 #include "common/row_optimizer.h"
 #include "common/status_macros.h"
@@ -309,11 +310,18 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
           std::find(p.backups().begin(), p.backups().end(), self) != p.backups().end();
       if (p.owner() != self && !backup) continue;
       (p.owner() == self ? owned : backing).insert(p.id());
-      // New here, or served here as primary and now a backup (it moved
-      // away and this node backs its new owner): a fresh backup, given the
+      // New here, served here as primary and now a backup (it moved away
+      // and this node backs its new owner), or backed here for another
+      // owner (a move's cut-over, a failover): a fresh backup, given the
       // new owner's copy; the old one goes, its waiting requests refused.
+      // (Kept, a backup's record index from the old owner's stream would
+      // not be the new owner's: it would refuse the new copy, or skip
+      // records it never had.)
       auto it = partitions_.find(p.id());
-      if (it == partitions_.end() || (backup && it->second->role() == PartitionRole::kPrimary)) {
+      auto was = owner_of_.find(p.id());
+      const bool new_owner = was != owner_of_.end() && was->second != p.owner();
+      if (it == partitions_.end() ||
+          (backup && (it->second->role() == PartitionRole::kPrimary || new_owner))) {
         to_create.push_back(&p);
       }
     }
@@ -889,6 +897,9 @@ void PServer::HeartbeatLoop() {
   absl::Time next = absl::Now();
   std::map<uint32_t, std::string> suspects;
   std::map<uint32_t, absl::Time> reported;
+  // (What this process may use does not change while it runs.)
+  const double cpu_cores = CpuLimitCores();
+  const auto memory_limit = static_cast<uint64_t>(MemoryLimitBytes());
   while (!stop_.HasBeenNotified()) {
     bool refresh = false;
     {
@@ -919,10 +930,18 @@ void PServer::HeartbeatLoop() {
       req.set_epoch(epoch_);
       req.set_applies(apply_seconds_->count());
       req.set_apply_seconds(apply_seconds_->sum());
+      req.set_apply_queue(static_cast<uint64_t>(std::max<int64_t>(0, queued_.load())));
+      req.set_cpu_seconds(ProcessCpuSeconds());
+      req.set_cpu_cores(cpu_cores);
+      req.set_rss_bytes(static_cast<uint64_t>(ProcessResidentBytes()));
+      req.set_memory_limit_bytes(memory_limit);
       {
         absl::MutexLock l(&mu_);
         for (const auto& [id, p] : partitions_) {
           if (p->synced()) req.add_replicas(id);
+          if (p->sparse() && p->role() == PartitionRole::kPrimary) {
+            (*req.mutable_partition_bytes())[id] = p->sparse_stats().memory_bytes;
+          }
         }
       }
       proto::HeartbeatResponse resp;

@@ -89,6 +89,11 @@ inline constexpr uint32_t kFlagChunk = 8;
 // declared (docs/python.md). Taken only while the partition is untrained
 // (version 0, no push applied); count is 1.
 inline constexpr uint32_t kFlagInitialValues = 16;
+// MessageHeader::flags bit 5, kReplicate only: no update, a marker: the
+// backup has caught up (it holds the copy and every record up to seq) and
+// the primary now waits for it before acknowledging updates; the backup
+// reports itself in sync from then on (docs/reliability.md).
+inline constexpr uint32_t kFlagReplicaCaughtUp = 32;
 inline constexpr int kChunkIndexShift = 16;
 inline uint32_t ChunkFlags(uint32_t chunk) { return kFlagChunk | (chunk << kChunkIndexShift); }
 inline uint32_t ChunkIndex(uint32_t flags) { return flags >> kChunkIndexShift; }

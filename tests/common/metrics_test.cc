@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -203,6 +204,19 @@ TEST(MetricsTest, ConcurrentIncrementsAreNotLost) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(registry.GetCounter("hits_total", "Hits.")->value(), kThreads * kPerThread);
   EXPECT_EQ(registry.GetGauge("level", "Level.")->value(), kThreads * kPerThread * 0.5);
+}
+
+// What a pserver's heartbeat tells the autoscaler of its process.
+TEST(ProcessStatsTest, CpuTimeGrowsWithWorkAndTheLimitsAreThoseOfTheMachineAtMost) {
+  const double before = ProcessCpuSeconds();
+  volatile double x = 0;
+  const absl::Time until = absl::Now() + absl::Milliseconds(100);
+  while (absl::Now() < until) x = x + 1;
+  EXPECT_GT(ProcessCpuSeconds(), before);
+  EXPECT_GT(ProcessResidentBytes(), 1 << 20);
+  EXPECT_GE(MemoryLimitBytes(), ProcessResidentBytes());
+  EXPECT_GT(CpuLimitCores(), 0);
+  EXPECT_LE(CpuLimitCores(), std::thread::hardware_concurrency());
 }
 
 TEST(MetricsDeathTest, SameNameWithTwoTypesIsAProgrammerError) {

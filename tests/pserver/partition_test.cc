@@ -495,15 +495,18 @@ std::vector<Message> Deliver(QueueSink& sink, Partition& backup) {
   return answers;
 }
 
-// Delivers and acknowledges every queued record from `backup` (node 5).
+// Delivers and acknowledges every queued record from `backup` (node 5),
+// and those the acks bring (a new backup's caught-up marker).
 void Replicate(QueueSink& sink, Partition& primary, Partition& backup) {
-  for (auto& [node, record] : sink.Take()) {
-    auto r = std::make_shared<RecordingResponder>();
-    backup.ApplyReplica(record, r);
-    auto got = r->responses();
-    ASSERT_THAT(got, SizeIs(1));
-    ASSERT_THAT(transport::ResponseStatus(got[0]), IsOk());
-    primary.OnReplicaAck(node, record.header.seq);
+  for (auto records = sink.Take(); !records.empty(); records = sink.Take()) {
+    for (auto& [node, record] : records) {
+      auto r = std::make_shared<RecordingResponder>();
+      backup.ApplyReplica(record, r);
+      auto got = r->responses();
+      ASSERT_THAT(got, SizeIs(1));
+      ASSERT_THAT(transport::ResponseStatus(got[0]), IsOk());
+      primary.OnReplicaAck(node, record.header.seq);
+    }
   }
 }
 
@@ -618,14 +621,76 @@ TEST(ReplicationTest, PromotedBackupServesAndKnowsThePushesItHolds) {
 TEST(ReplicationTest, ABackupLeavingTheViewReleasesWhatWaitedForIt) {
   QueueSink sink;
   auto primary = MakePartition(Consistency::kBsp);
+  auto backup = MakePartition(Consistency::kBsp);
+  backup->MakeBackup();
   primary->SetStepWorkers({1});
   primary->SetBackups({5}, &sink);
+  Replicate(sink, *primary, *backup);  // the copy: counted
   auto r = std::make_shared<RecordingResponder>();
   primary->Push(PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f}), r);
   EXPECT_THAT(r->responses(), IsEmpty());
   primary->SetBackups({}, &sink);  // the backup died
   ASSERT_THAT(r->responses(), SizeIs(1));
   ExpectPushAck(r->responses()[0], 1, 1);
+}
+
+// A new backup (a move's target, a replacement) catches up without
+// holding training back: the primary acknowledges while the copy and the
+// records after it are on their way, and counts the backup (it waits for
+// it, the backup reports itself in sync) once it holds everything sent
+// until it acknowledged the copy.
+TEST(ReplicationTest, ABackupCatchingUpHoldsNothingBackUntilItHasEverything) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kBsp);
+  auto backup = MakePartition(Consistency::kBsp);
+  backup->MakeBackup();
+  primary->SetStepWorkers({1});
+  primary->SetBackups({5}, &sink);
+  // The copy (record 0) not taken in yet: a step is acknowledged and served.
+  ExpectPushAck(PushAndGetResponse(*primary, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1, 1);
+  auto copy_and_first = sink.Take();
+  ASSERT_THAT(copy_and_first, SizeIs(2));  // the copy, record 1
+  auto apply = [&](const Message& m) {
+    auto r = std::make_shared<RecordingResponder>();
+    backup->ApplyReplica(m, r);
+    auto got = r->responses();
+    return got.empty() ? absl::InternalError("no answer") : transport::ResponseStatus(got[0]);
+  };
+  ASSERT_THAT(apply(copy_and_first[0].second), IsOk());
+  primary->OnReplicaAck(5, 0);
+  EXPECT_FALSE(backup->synced());  // (it must hold record 1 too)
+  // Still catching up: record 2's push goes out at once.
+  ExpectPushAck(PushAndGetResponse(*primary, PushMsg(1, 2, 1, 1, {1.f, 1.f, 1.f})), 1, 2);
+  ASSERT_THAT(apply(copy_and_first[1].second), IsOk());
+  primary->OnReplicaAck(5, 1);  // counted: the marker follows record 2
+  auto r3 = std::make_shared<RecordingResponder>();
+  primary->Push(PushMsg(1, 3, 2, 1, {1.f, 1.f, 1.f}), r3);
+  EXPECT_THAT(r3->responses(), IsEmpty());  // held for the backup now
+  auto rest = sink.Take();
+  ASSERT_THAT(rest, SizeIs(3));  // record 2, the marker, record 3
+  EXPECT_EQ(rest[1].second.header.flags & transport::kFlagReplicaCaughtUp,
+            transport::kFlagReplicaCaughtUp);
+  ASSERT_THAT(apply(rest[0].second), IsOk());
+  EXPECT_FALSE(backup->synced());
+  ASSERT_THAT(apply(rest[1].second), IsOk());
+  EXPECT_TRUE(backup->synced());
+  ASSERT_THAT(apply(rest[1].second), IsOk());  // (a resent marker)
+  ASSERT_THAT(apply(rest[2].second), IsOk());
+  primary->OnReplicaAck(5, 2);
+  primary->OnReplicaAck(5, 3);
+  ASSERT_THAT(r3->responses(), SizeIs(1));
+  ExpectPushAck(r3->responses()[0], 1, 3);
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+  EXPECT_EQ(backup->stats().version, 3u);
+  // A marker before any copy is refused (the stream sends it again).
+  auto fresh = MakePartition(Consistency::kBsp);
+  fresh->MakeBackup();
+  auto r = std::make_shared<RecordingResponder>();
+  fresh->ApplyReplica(rest[1].second, r);
+  ASSERT_THAT(r->responses(), SizeIs(1));
+  EXPECT_THAT(transport::ResponseStatus(r->responses()[0]),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no copy yet")));
+  EXPECT_FALSE(fresh->synced());
 }
 
 TEST(ReplicationTest, RecordsOutOfOrderCorruptOrMisdirectedAreRefused) {
@@ -636,7 +701,7 @@ TEST(ReplicationTest, RecordsOutOfOrderCorruptOrMisdirectedAreRefused) {
   primary->SetBackups({5}, &sink);
   auto copy = sink.Take();
   ASSERT_THAT(copy, SizeIs(1));
-  // (Their acks wait for the backup.)
+  // (Acknowledged at once: the backup is still catching up.)
   primary->Push(PushMsg(3, 1, 0, 1, {1.f, 1.f, 1.f}), std::make_shared<RecordingResponder>());
   primary->Push(PushMsg(3, 2, 0, 1, {1.f, 1.f, 1.f}), std::make_shared<RecordingResponder>());
   auto updates = sink.Take();
@@ -748,6 +813,9 @@ TEST(ReplicaStreamsTest, RecordLeftUnansweredIsSentAgainAfterTheAckTimeout) {
   streams.SetBackups({{5, backup_transport->listen_address()}});
   primary->SetStepWorkers({2});
   primary->SetBackups({5}, &streams);
+  // The copy, then the caught-up marker: counted from then on.
+  for (int i = 0; i < 500 && !backup->synced(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(backup->synced());
 
   auto ack = std::make_shared<RecordingResponder>();
   primary->Push(PushMsg(2, 1, 0, 1, {2.f, 2.f, 2.f}), ack);
@@ -1186,11 +1254,13 @@ TEST(ReplicaStreamsTest, RecordsToANodeThatBacksThePartitionNoMoreAreDropped) {
   Message push = PushMsg(2, 1, 0, 1, {2.f});
   push.header.partition = kPartitionId + 1;
   kept->Push(push, ack);
-  absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_THAT(ack->responses(), IsEmpty());
-  streams.KeepOnly({{kPartitionId + 1, {5}}});
-  for (int i = 0; i < 500 && ack->responses().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  // (Acknowledged at once: nothing waits for a backup catching up.)
   ASSERT_THAT(ack->responses(), SizeIs(1));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(kept_backup->synced());  // stuck behind the refused copy
+  streams.KeepOnly({{kPartitionId + 1, {5}}});
+  for (int i = 0; i < 500 && !kept_backup->synced(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(kept_backup->synced());
   EXPECT_EQ(kept_backup->ValuesForTesting(), kept->ValuesForTesting());
   streams.Shutdown();
   primary_transport->Shutdown();

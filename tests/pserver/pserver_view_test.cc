@@ -151,5 +151,35 @@ TEST(PServerViewTest, ARequestInFlightKeepsAPartitionThatMovedAway) {
   EXPECT_EQ(server->partitions_held(), 0);
 }
 
+// Found by fault_migration_kill_test: a backup that kept its state when
+// its partition got a new owner (a move's cut-over, a failover) held the
+// old owner's record index, refused the new owner's copy, and the acks it
+// held back stalled the job. A new owner means a fresh backup.
+TEST(PServerViewTest, ABackupWhosePartitionGetsANewOwnerStartsAFreshCopy) {
+  auto fs = storage::NewMemoryFileSystem();
+  std::unique_ptr<PServer> server = Unstarted(fs.get());
+  ASSERT_NE(server, nullptr);
+  proto::ClusterView view = PlacedView(5);
+  view.mutable_partitions(0)->set_owner(42);
+  view.mutable_partitions(0)->add_backups(0);  // this pserver
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  std::weak_ptr<Partition> first = server->FindPartition(0);
+  ASSERT_FALSE(first.expired());
+  EXPECT_EQ(first.lock()->role(), PartitionRole::kBackup);
+
+  view.set_epoch(6);  // same owner: the same backup
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  EXPECT_EQ(server->FindPartition(0), first.lock());
+
+  view.set_epoch(7);
+  view.mutable_partitions(0)->set_owner(43);
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  std::shared_ptr<Partition> second = server->FindPartition(0);
+  ASSERT_NE(second, nullptr);
+  EXPECT_TRUE(first.expired()) << "the backup of the old owner's stream is still here";
+  EXPECT_EQ(second->role(), PartitionRole::kBackup);
+  EXPECT_FALSE(second->synced());  // until the new owner's copy
+}
+
 }  // namespace
 }  // namespace strata::pserver

@@ -795,6 +795,13 @@ std::vector<ConfigReader::Field> ConfigReader::ElasticFields(ElasticSection* e) 
       Int("queue_per_worker", &e->queue_per_worker, IntInRange(1, 1000000)),
       Double("min_gain", &e->min_gain, DoubleNonNegative()),
       Int("measure_seconds", &e->measure_seconds, IntInRange(1, 86400)),
+      Double("pserver_queue_high", &e->pserver_queue_high, DoublePositive()),
+      Double("pserver_queue_low", &e->pserver_queue_low, DoubleNonNegative()),
+      Double("pserver_cpu_high", &e->pserver_cpu_high, DoublePositive()),
+      Double("pserver_cpu_low", &e->pserver_cpu_low, DoubleNonNegative()),
+      Double("pserver_memory_high", &e->pserver_memory_high, DoublePositive()),
+      Double("pserver_memory_low", &e->pserver_memory_low, DoubleNonNegative()),
+      Int("pserver_signal_seconds", &e->pserver_signal_seconds, IntInRange(1, 86400)),
       Int("max_moves", &e->max_moves, IntInRange(1, 1024)),
       Double("move_rate_mb_per_s", &e->move_rate_mb_per_s, DoublePositive()),
   };
@@ -845,6 +852,18 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
     return PathError(mark_of("elastic.max_pservers"), "elastic.max_pservers",
                      absl::StrCat("must be >= elastic.min_pservers (", e.min_pservers, "), got ",
                                   e.max_pservers));
+  }
+  for (const auto& [low, high, lo, hi] :
+       {std::tuple("pserver_queue_low", "pserver_queue_high", e.pserver_queue_low,
+                   e.pserver_queue_high),
+        std::tuple("pserver_cpu_low", "pserver_cpu_high", e.pserver_cpu_low, e.pserver_cpu_high),
+        std::tuple("pserver_memory_low", "pserver_memory_high", e.pserver_memory_low,
+                   e.pserver_memory_high)}) {
+    if (lo >= hi) {
+      const std::string key = absl::StrCat("elastic.", low);
+      return PathError(mark_of(key.c_str()), key,
+                       absl::StrCat("must be < elastic.", high, " (", hi, "), got ", lo));
+    }
   }
   if (marks_.count("elastic.provider") > 0 && e.provider.empty()) {
     return PathError(mark_of("elastic.provider"), "elastic.provider",

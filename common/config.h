@@ -280,6 +280,19 @@ struct ElasticSection {
   int queue_per_worker = 4;   // >= 1
   double min_gain = 0.5;      // >= 0
   int measure_seconds = 10;   // >= 1
+  // The autoscaler's pservers: one added when a pserver's apply queue
+  // (requests waiting for its apply threads), CPU use (a share of the
+  // cores it may use) or memory (a share of the most it may use), each
+  // averaged over pserver_signal_seconds, is at or over its _high; one
+  // removed when every pserver's three have been under their _low that
+  // long and the others would stay under the _highs without it.
+  double pserver_queue_high = 32;    // > 0
+  double pserver_queue_low = 1;      // >= 0, < pserver_queue_high
+  double pserver_cpu_high = 0.8;     // > 0
+  double pserver_cpu_low = 0.2;      // >= 0, < pserver_cpu_high
+  double pserver_memory_high = 0.8;  // > 0
+  double pserver_memory_low = 0.3;   // >= 0, < pserver_memory_high
+  int pserver_signal_seconds = 30;   // >= 1
   // Live partition migration (a pserver scale, a pserver drained): at most
   // max_moves partitions copied at once, and copies started at no more
   // than move_rate_mb_per_s (MiB of partition a second), so migration

@@ -13,6 +13,13 @@
 //   or the network is the limit, not the workers).
 // - Shrink by the workers idle at the job's tail (no data task left for
 //   them), so that their nodes are released.
+// - Pservers (from their heartbeats: apply queue, CPU, memory; each
+//   averaged over elastic.pserver_signal_seconds): one added when a
+//   pserver's average is at or over its elastic.pserver_*_high, up to the
+//   most the job may have; one removed (the highest index, its partitions
+//   moved away first) when every pserver is under the _lows and the
+//   others would stay under the _highs without it. The windows start over
+//   after every scale, so a decision always weighs the shape there is.
 // - One decision per elastic.cooldown_seconds, none while a scale is in
 //   progress; `strata scale --autoscale off` stops it (kept in the state
 //   log).
@@ -23,9 +30,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "common/config.h"
@@ -47,14 +56,28 @@ class Autoscaler {
     int most = 0;          // the most the job may have (elastic, the host file)
     uint64_t pending = 0;  // data tasks waiting in the queue
     uint64_t samples = 0;  // trained so far
+    // The pservers serving (node ids; not those being emptied), and the
+    // fewest and most the job may have.
+    std::vector<uint32_t> pservers;
+    int least_pservers = 1;
+    int most_pservers = 0;
   };
-  // A decision: `delta` workers (0: a measurement to report, no scale)
-  // and why.
+  // A decision: `delta` workers or pservers (0: a measurement to report,
+  // no scale) and why.
   struct Decision {
+    proto::Role role = proto::WORKER;
     int delta = 0;
     std::string reason;
   };
   std::optional<Decision> Tick(const Input& in);
+
+  // A pserver's heartbeat, with its load (apply_queue, cpu_seconds,
+  // cpu_cores, rss_bytes, memory_limit_bytes), at `now`.
+  void PServerBeat(uint32_t node, absl::Time now, const proto::HeartbeatRequest& beat);
+  // The pservers' load averaged over what the windows hold, the highest
+  // of each ("pservers: apply queue 3.1, CPU 42%, memory 5%"); "" before
+  // any heartbeat told it.
+  std::string PServerLoad() const;
 
   // The master could not carry out the last +1 (refused, or the scale was
   // given up): nothing to measure.
@@ -69,6 +92,25 @@ class Autoscaler {
   // The job's samples/s over the `window` before `now` (nullopt when the
   // history does not reach back that far).
   std::optional<double> Rate(absl::Time now, absl::Duration window) const;
+
+  // A pserver's load, one sample a heartbeat (CPU since the one before).
+  struct Sample {
+    absl::Time at;
+    double queue = 0;
+    double cpu = 0;     // a share of the cores it may use
+    double memory = 0;  // a share of the most it may use
+  };
+  struct PServerWindow {
+    absl::Time last_beat = absl::InfinitePast();
+    double last_cpu_seconds = 0;
+    absl::Time since = absl::InfiniteFuture();  // the first sample kept
+    std::deque<Sample> samples;
+  };
+  struct Means {
+    double queue = 0, cpu = 0, memory = 0;
+  };
+  static Means Average(const PServerWindow& w);
+  std::optional<Decision> PServerTick(const Input& in);
 
   const ElasticSection e_;
   bool enabled_;
@@ -85,6 +127,7 @@ class Autoscaler {
   };
   std::optional<Measuring> measuring_;
   bool growth_stopped_ = false;
+  std::map<uint32_t, PServerWindow> pservers_;  // by node id
 };
 
 }  // namespace strata::master

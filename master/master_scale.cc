@@ -97,7 +97,7 @@ void MasterServer::ScaleTickLocked() {
     return;
   }
   proto::ScaleRequest req;
-  req.mutable_workers()->set_by(d->delta);
+  (d->role == proto::PSERVER ? req.mutable_pservers() : req.mutable_workers())->set_by(d->delta);
   if (absl::StatusOr<proto::ScaleResponse> r = ScaleLocked(req, d->reason); !r.ok()) {
     job_.Event(absl::StrCat(d->reason, "; refused: ", r.status().message()), "autoscale");
     scaler_.autoscaler().Refused();

@@ -347,6 +347,7 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   if (beat.drained) return resp;  // it leaves
   if (beat.role == proto::PSERVER) {
     job_.RecordApplies(req.node_id(), req.applies(), req.apply_seconds());
+    scaler_.autoscaler().PServerBeat(req.node_id(), clock_->Now(), req);
   }
   // A live worker keeps its data-task leases.
   if (beat.role == proto::WORKER) tasks_.RenewLeases(req.node_id(), clock_->Now());

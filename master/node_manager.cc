@@ -203,6 +203,14 @@ absl::StatusOr<NodeManager::Beat> NodeManager::Heartbeat(const proto::HeartbeatR
   if (n->role() == proto::PSERVER) {
     synced_replicas_[n->id()] = std::set<uint32_t>(req.replicas().begin(), req.replicas().end());
     beat_epoch_[n->id()] = req.epoch();
+    // (Only an owner's word counts: a backup's may lag.)
+    for (const auto& [id, bytes] : req.partition_bytes()) {
+      if (id < static_cast<uint32_t>(view_.partitions_size()) &&
+          view_.partitions(static_cast<int>(id)).id() == id &&
+          view_.partitions(static_cast<int>(id)).owner() == n->id()) {
+        sparse_bytes_[id] = bytes;
+      }
+    }
   }
   FillDataKeyLocked(*n, &beat.key);
   return beat;
@@ -720,7 +728,9 @@ void NodeManager::TopUpBackupsLocked() {
     live.push_back(n.id());
     if (n.draining()) leaving.insert(n.id());
   }
-  if (master::TopUpBackups(view_.mutable_partitions(), live, k, leaving) > 0) BumpEpochLocked();
+  if (master::TopUpBackups(view_.mutable_partitions(), live, k, leaving, sparse_bytes_) > 0) {
+    BumpEpochLocked();
+  }
 }
 
 std::set<uint32_t> NodeManager::FailoverLocked(uint32_t gone) {
@@ -794,7 +804,7 @@ absl::Status NodeManager::RestoreLost(const proto::CheckpointManifest& m, uint64
   if (load.empty()) return absl::OkStatus();  // none to put them on yet
   for (const auto& p : view_.partitions()) {
     if (load.count(p.owner())) {
-      load[p.owner()] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+      load[p.owner()] += PartitionWeight(p, sparse_bytes_);
     }
   }
   uint64_t lost_steps = 0;
@@ -809,7 +819,7 @@ absl::Status NodeManager::RestoreLost(const proto::CheckpointManifest& m, uint64
     for (const auto& [id, bytes] : load) {
       if (bytes < load[best]) best = id;
     }
-    load[best] += p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+    load[best] += PartitionWeight(p, sparse_bytes_);
     p.set_owner(best);
     p.set_restore_seq(m.seq());
     const uint64_t version = std::max(newest, it->second);

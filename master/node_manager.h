@@ -342,6 +342,9 @@ class NodeManager {
   // Each pserver's view epoch at its last heartbeat, and the epoch each
   // move began in: a move cuts over on a heartbeat of its epoch or later.
   std::map<uint32_t, uint64_t> beat_epoch_ ABSL_GUARDED_BY(mu_);
+  // Sparse partitions' bytes as their owners measure them (heartbeats),
+  // for placement (PartitionWeight).
+  std::map<uint32_t, uint64_t> sparse_bytes_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint64_t> move_epoch_ ABSL_GUARDED_BY(mu_);
   uint64_t moves_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t moved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -35,6 +35,16 @@ std::string Mib(uint64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
 }
 
+// The first items of a list, for an event: a move of thousands of slices
+// reads as its first 16 and a count.
+template <typename T>
+std::string Some(const std::vector<T>& items) {
+  constexpr size_t kShown = 16;
+  if (items.size() <= kShown) return absl::StrJoin(items, ", ");
+  return absl::StrCat(absl::StrJoin(items.begin(), items.begin() + kShown, ", "), " and ",
+                      items.size() - kShown, " more");
+}
+
 }  // namespace
 
 std::vector<uint32_t> NodeManager::StayingPServersLocked() const {
@@ -126,26 +136,50 @@ int NodeManager::FinishMovesLocked(bool hold_cutover, Migration* out) {
     p.clear_move_from();
     move_epoch_.erase(p.id());
     ++moves_done_;
-    moved_bytes_ += PartitionWeight(p);
+    moved_bytes_ += PartitionWeight(p, sparse_bytes_);
     done.push_back(absl::StrCat(p.id(), " node ", from, " -> ", to));
     out->changed = true;
   }
   if (!done.empty()) {
-    job_->Event(absl::StrCat(done.size(), " partition(s) moved (", absl::StrJoin(done, ", "), "); ",
-                             moves_done_, " moved so far, ", Mib(moved_bytes_)),
+    job_->Event(absl::StrCat(done.size(), " partition(s) moved (", Some(done), "); ", moves_done_,
+                             " moved so far, ", Mib(moved_bytes_)),
                 "moved");
   }
   return under_way;
 }
 
 void NodeManager::DrainEmptiedLocked(Migration* out) {
+  const std::vector<uint32_t> stay = StayingPServersLocked();
   for (proto::NodeInfo& n : *view_.mutable_members()) {
     if (n.role() != proto::PSERVER || n.state() != proto::ALIVE || !n.draining()) continue;
+    // What it holds: partitions it owns or that move, which keep it; and
+    // backups no staying pserver could take (each holds the partition
+    // already), which go with it: the replication the job started with
+    // on fewer pservers.
     bool holds = false;
-    for (const auto& p : view_.partitions()) {
-      holds = holds || Holds(p, n.id()) || p.move_to() == n.id() || p.move_from() == n.id();
+    std::vector<proto::PartitionInfo*> stranded;
+    for (proto::PartitionInfo& p : *view_.mutable_partitions()) {
+      if (p.owner() == n.id() || p.move_to() == n.id() || p.move_from() == n.id()) {
+        holds = true;
+      } else if (Holds(p, n.id())) {
+        const bool room =
+            std::any_of(stay.begin(), stay.end(), [&](uint32_t s) { return !Holds(p, s); });
+        holds = holds || room;
+        stranded.push_back(&p);
+      }
     }
     if (holds) continue;
+    if (!stranded.empty()) {
+      std::vector<uint32_t> ids;
+      for (proto::PartitionInfo* p : stranded) {
+        EraseBackup(p, n.id());
+        ids.push_back(p->id());
+      }
+      job_->Event(absl::StrCat(Name(n), ": its backups of partition(s) ", Some(ids),
+                               " dropped, no other pserver left to hold them (", stay.size(),
+                               " pserver(s) staying)"),
+                  "backups_dropped", &n);
+    }
     n.set_state(proto::DRAINED);
     RotateDataKeyLocked();  // its key stops working
     synced_replicas_.erase(n.id());
@@ -166,7 +200,8 @@ void NodeManager::StartMovesLocked(const MigrateOptions& o, Migration* out) {
       leaving.insert(n.id());
     }
   }
-  const std::vector<Move> plan = PlanMoves(view_.partitions(), StayingPServersLocked(), leaving);
+  const std::vector<Move> plan =
+      PlanMoves(view_.partitions(), StayingPServersLocked(), leaving, sparse_bytes_);
   double credit = o.credit;
   std::vector<std::string> started;
   uint64_t bytes = 0;
@@ -192,8 +227,8 @@ void NodeManager::StartMovesLocked(const MigrateOptions& o, Migration* out) {
   out->started_bytes = bytes;
   out->changed = true;
   job_->Event(
-      absl::StrCat("moving ", started.size(), " partition(s), ", Mib(bytes), " (",
-                   absl::StrJoin(started, ", "), ")",
+      absl::StrCat("moving ", started.size(), " partition(s), ", Mib(bytes), " (", Some(started),
+                   ")",
                    moves_waiting_ > 0 ? absl::StrCat("; ", moves_waiting_, " more planned") : ""),
       "moving");
 }

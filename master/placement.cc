@@ -91,9 +91,12 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
 }
 
 int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts,
-                 const std::vector<uint32_t>& live, int k, const std::set<uint32_t>& leaving) {
+                 const std::vector<uint32_t>& live, int k, const std::set<uint32_t>& leaving,
+                 const MeasuredBytes& measured) {
   const std::set<uint32_t> alive(live.begin(), live.end());
-  const auto weight = PartitionWeight;
+  const auto weight = [&measured](const proto::PartitionInfo& p) {
+    return PartitionWeight(p, measured);
+  };
   std::map<uint32_t, uint64_t> load;
   for (uint32_t id : live) load[id] = 0;
   int changed = 0;
@@ -131,8 +134,10 @@ int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts
   return changed;
 }
 
-uint64_t PartitionWeight(const proto::PartitionInfo& p) {
-  return p.length() > 0 ? p.length() * 4 : kSparsePartitionWeight;
+uint64_t PartitionWeight(const proto::PartitionInfo& p, const MeasuredBytes& measured) {
+  if (p.length() > 0) return p.length() * 4;
+  auto it = measured.find(p.id());
+  return it != measured.end() && it->second > 0 ? it->second : kSparsePartitionWeight;
 }
 
 namespace {
@@ -141,14 +146,14 @@ namespace {
 class MovePlanner {
  public:
   MovePlanner(const google::protobuf::RepeatedPtrField<proto::PartitionInfo>& parts,
-              const std::vector<uint32_t>& stay)
+              const std::vector<uint32_t>& stay, const MeasuredBytes& measured)
       : stay_(stay.begin(), stay.end()) {
     for (uint32_t id : stay) {
       primary_[id] = 0;
       held_[id] = 0;
     }
     for (const proto::PartitionInfo& p : parts) {
-      Part x{p.id(), p.owner(), {}, PartitionWeight(p), p.move_to() != 0};
+      Part x{p.id(), p.owner(), {}, PartitionWeight(p, measured), p.move_to() != 0};
       x.holders.insert(p.owner());
       x.holders.insert(p.backups().begin(), p.backups().end());
       if (x.moving) {  // counted where it goes
@@ -267,9 +272,10 @@ class MovePlanner {
 }  // namespace
 
 std::vector<Move> PlanMoves(const google::protobuf::RepeatedPtrField<proto::PartitionInfo>& parts,
-                            const std::vector<uint32_t>& stay, const std::set<uint32_t>& leaving) {
+                            const std::vector<uint32_t>& stay, const std::set<uint32_t>& leaving,
+                            const MeasuredBytes& measured) {
   if (stay.empty()) return {};
-  MovePlanner planner(parts, stay);
+  MovePlanner planner(parts, stay, measured);
   planner.Evacuate(leaving);
   planner.Balance(/*primary=*/true);
   planner.Balance(/*primary=*/false);

@@ -3,6 +3,7 @@
 #define STRATA_MASTER_PLACEMENT_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -29,21 +30,27 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
     const std::vector<proto::TableInfo>& tables, int64_t slice_bytes,
     const std::vector<uint32_t>& pserver_ids);
 
+// The bytes sparse partitions take, measured by their owners (partition
+// id -> bytes; their heartbeats' partition_bytes).
+using MeasuredBytes = std::map<uint32_t, uint64_t>;
+
 // Gives every partition up to `k` backups among the pservers `live`: keeps
 // the live ones it has, drops the others, and adds for each missing one the
-// least-loaded live pserver (bytes held as primary or backup; a sparse
-// virtual partition counts as kSparsePartitionWeight) that is neither its
-// owner nor already a backup. Fewer when there are not enough pservers.
-// Pservers `leaving` (live, about to go) keep the backups they hold but
-// get no new one. Returns how many backups were added or dropped.
+// least-loaded live pserver (bytes held as primary or backup, as
+// PartitionWeight says) that is neither its owner nor already a backup.
+// Fewer when there are not enough pservers. Pservers `leaving` (live,
+// about to go) keep the backups they hold but get no new one. Returns how
+// many backups were added or dropped.
 inline constexpr uint64_t kSparsePartitionWeight = 1 << 16;
 int TopUpBackups(google::protobuf::RepeatedPtrField<proto::PartitionInfo>* parts,
-                 const std::vector<uint32_t>& live, int k, const std::set<uint32_t>& leaving = {});
+                 const std::vector<uint32_t>& live, int k, const std::set<uint32_t>& leaving = {},
+                 const MeasuredBytes& measured = {});
 
-// The bytes a partition weighs in placement: a dense slice its values, a
-// sparse virtual partition kSparsePartitionWeight (its rows are dealt out
-// by hash, so the virtual partitions of a table weigh alike).
-uint64_t PartitionWeight(const proto::PartitionInfo& p);
+// The bytes a partition weighs in placement: a dense slice its values; a
+// sparse virtual partition the bytes its owner measured (`measured`),
+// else kSparsePartitionWeight (before any heartbeat told: its rows are
+// dealt out by hash, so the virtual partitions of a table weigh alike).
+uint64_t PartitionWeight(const proto::PartitionInfo& p, const MeasuredBytes& measured = {});
 
 // A live move (docs/reliability.md, "Moving partitions"): `to` receives a
 // copy of the partition as an extra backup, then takes `from`'s place, as
@@ -65,8 +72,10 @@ struct Move {
 // copy) when that one is about as loaded as the least. Partitions already
 // moving (move_to set) count where they go and are not moved again. Empty
 // when `stay` is.
+// `measured`: sparse partitions' bytes (PartitionWeight).
 std::vector<Move> PlanMoves(const google::protobuf::RepeatedPtrField<proto::PartitionInfo>& parts,
-                            const std::vector<uint32_t>& stay, const std::set<uint32_t>& leaving);
+                            const std::vector<uint32_t>& stay, const std::set<uint32_t>& leaving,
+                            const MeasuredBytes& measured = {});
 
 }  // namespace strata::master
 

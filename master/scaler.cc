@@ -249,8 +249,14 @@ std::optional<Autoscaler::Decision> Scaler::Autoscale(const proto::ClusterView& 
   in.most = most_workers();
   in.pending = pending;
   in.samples = samples;
+  in.least_pservers = options_.elastic.min_pservers;
+  const int room = Room(proto::PSERVER);
+  in.most_pservers =
+      options_.elastic.max_pservers != 0 ? std::min(room, options_.elastic.max_pservers) : room;
   for (const auto& n : view.members()) {
-    if (n.role() != proto::WORKER || !Counts(n)) continue;
+    if (!Counts(n)) continue;
+    if (n.role() == proto::PSERVER) in.pservers.push_back(n.id());
+    if (n.role() != proto::WORKER) continue;
     ++in.workers;
     in.idle += n.state() == proto::FINISHED;
   }

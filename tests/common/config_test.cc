@@ -341,6 +341,28 @@ TEST(ParseJobConfigTest, ElasticSection) {
               "local.yaml:7:23: ", "elastic.move_rate_mb_per_s");
   ExpectError(ParseWithData("elastic:\n  max_moves: 0\n"),
               "local.yaml:7:14: ", "elastic.max_moves");
+  // The autoscaler's pserver signals.
+  EXPECT_EQ(d.elastic.pserver_signal_seconds, 30);
+  EXPECT_DOUBLE_EQ(d.elastic.pserver_cpu_high, 0.8);
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig p, ParseWithData("elastic:\n  pserver_signal_seconds: 5\n"
+                                 "  pserver_queue_high: 10\n  pserver_queue_low: 2\n"
+                                 "  pserver_cpu_high: 0.5\n  pserver_cpu_low: 0.1\n"
+                                 "  pserver_memory_high: 0.9\n  pserver_memory_low: 0.4\n"));
+  EXPECT_EQ(p.elastic.pserver_signal_seconds, 5);
+  EXPECT_DOUBLE_EQ(p.elastic.pserver_queue_high, 10);
+  EXPECT_DOUBLE_EQ(p.elastic.pserver_queue_low, 2);
+  EXPECT_DOUBLE_EQ(p.elastic.pserver_cpu_high, 0.5);
+  EXPECT_DOUBLE_EQ(p.elastic.pserver_cpu_low, 0.1);
+  EXPECT_DOUBLE_EQ(p.elastic.pserver_memory_high, 0.9);
+  EXPECT_DOUBLE_EQ(p.elastic.pserver_memory_low, 0.4);
+  ExpectError(ParseWithData("elastic:\n  pserver_cpu_high: 0.3\n  pserver_cpu_low: 0.3\n"),
+              "local.yaml:8:20: ", "elastic.pserver_cpu_low",
+              "must be < elastic.pserver_cpu_high (0.3), got 0.3");
+  ExpectError(ParseWithData("elastic:\n  pserver_queue_high: 0\n"),
+              "local.yaml:7:23: ", "elastic.pserver_queue_high", "must be > 0");
+  ExpectError(ParseWithData("elastic:\n  pserver_signal_seconds: 0\n"),
+              "local.yaml:7:27: ", "elastic.pserver_signal_seconds");
 }
 
 TEST(ParseJobConfigTest, ScriptModelTablesResolveInitAndFansAsPyTorch) {

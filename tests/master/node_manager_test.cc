@@ -409,6 +409,41 @@ TEST_F(NodeManagerTest, APServerLeavingMovesItsPartitionsThenIsDrained) {
   EXPECT_THAT(Events(), Contains(HasSubstr("drained: its partitions moved to the others")));
 }
 
+// With replication 1 on 2 pservers, the one leaving backs the other's
+// partitions: no pserver stays to take those backups, so they go with it
+// (the job started on 1 pserver runs on 1 again) and it drains.
+TEST_F(NodeManagerTest, BackupsNoPServerLeftCouldTakeGoWithThePServerLeaving) {
+  NodeManager& n = Make(2, 1, /*replication=*/1);
+  const uint32_t a = Join(proto::PSERVER, 0);
+  const uint32_t b = Join(proto::PSERVER, 1);
+  Join(proto::WORKER, 0);
+  const proto::ClusterView v = Place();
+  std::vector<uint32_t> all;
+  for (const auto& p : v.partitions()) {
+    ASSERT_EQ(p.backups_size(), 1) << p.id();
+    all.push_back(p.id());
+  }
+  n.MarkLeaving({a}, "test");
+  NodeManager::MigrateOptions o;
+  o.max_moves = 1 << 20;
+  o.credit = 1e12;
+  NodeManager::Migration m = n.Migrate(o);
+  EXPECT_TRUE(m.changed);
+  EXPECT_TRUE(m.departed.empty());  // (its primaries move first)
+  ASSERT_THAT(Beat(b, all), IsOk());
+  m = n.Migrate(o);
+  EXPECT_EQ(m.in_progress, 0);
+  ASSERT_EQ(m.departed.size(), 1u);
+  EXPECT_EQ(m.departed[0].node.id(), a);
+  EXPECT_THAT(m.departed[0].lost, IsEmpty());
+  const proto::ClusterView after = n.View();
+  for (const auto& p : after.partitions()) {
+    EXPECT_EQ(p.owner(), b) << p.id();
+    EXPECT_THAT(p.backups(), IsEmpty()) << p.id();
+  }
+  EXPECT_THAT(Events(), Contains(HasSubstr("dropped, no other pserver left to hold them")));
+}
+
 // A move whose target dies is abandoned (and planned again elsewhere); a
 // new pserver gets its share when asked to rebalance.
 TEST_F(NodeManagerTest, AMoveWhoseTargetDiesIsAbandonedAndNewPServersTakeAShare) {

@@ -307,6 +307,26 @@ TEST(PlanMovesTest, NewPServersGetAnEvenShareOneMovePerPartition) {
   EXPECT_TRUE(PlanMoves(parts, {1, 2, 3}, {}).empty());
 }
 
+// Sparse virtual partitions weigh what their owners measured: one big
+// partition balances three small ones; unmeasured, they weigh alike.
+TEST(PlanMovesTest, SparsePartitionsWeighTheBytesTheirOwnersMeasured) {
+  google::protobuf::RepeatedPtrField<proto::PartitionInfo> parts;
+  for (uint32_t i = 0; i < 4; ++i) {
+    proto::PartitionInfo* p = parts.Add();
+    p->set_id(i);
+    p->set_owner(1);  // (length 0: sparse)
+  }
+  const MeasuredBytes measured = {{0, 30u << 20}, {1, 10u << 20}, {2, 10u << 20}, {3, 10u << 20}};
+  EXPECT_EQ(PartitionWeight(parts[0], measured), 30u << 20);
+  EXPECT_EQ(PartitionWeight(parts[0]), kSparsePartitionWeight);
+  std::vector<Move> moves = PlanMoves(parts, {1, 2}, {}, measured);
+  ASSERT_EQ(moves.size(), 1u);
+  EXPECT_EQ(moves[0].partition, 0u);
+  EXPECT_EQ(moves[0].bytes, 30u << 20);
+  // Unmeasured: two of the four move.
+  EXPECT_EQ(PlanMoves(parts, {1, 2}, {}).size(), 2u);
+}
+
 TEST(PlanMovesTest, LeavingPServersAreEmptiedPreferringBackupsThatHoldACopy) {
   auto parts = Dense(4, 1);
   parts[0].set_owner(3);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -318,6 +319,117 @@ TEST_F(AutoscalerTest, NothingWhenOffWhileScalingOrWhenNotRunningAndARefusalEnds
   EXPECT_EQ(a.Describe(), "autoscale on");
   in_.workers = 4;  // the most
   EXPECT_THAT(Run(&a, 30, 100), IsEmpty());
+}
+
+// Pservers: heartbeats carry each one's load; the autoscaler averages it
+// over elastic.pserver_signal_seconds.
+class PServerAutoscaleTest : public AutoscalerTest {
+ protected:
+  PServerAutoscaleTest() {
+    e_.pserver_signal_seconds = 10;
+    in_.pending = 0;  // (no worker decision in the way)
+    in_.pservers = {10, 11};
+    in_.most_pservers = 3;
+    in_.least_pservers = 1;
+  }
+  struct Load {
+    double cpu = 0;  // of the 2 cores
+    uint64_t queue = 0;
+    double memory = 0;  // of 1 GB
+  };
+  // One second: a heartbeat from each pserver of `load`, then a tick.
+  std::vector<Autoscaler::Decision> Run(Autoscaler* a, int secs,
+                                        const std::map<uint32_t, Load>& load) {
+    std::vector<Autoscaler::Decision> out;
+    for (int i = 0; i < secs; ++i) {
+      now_ += absl::Seconds(1);
+      for (const auto& [id, l] : load) {
+        cpu_seconds_[id] += l.cpu * 2;
+        proto::HeartbeatRequest beat;
+        beat.set_node_id(id);
+        beat.set_apply_queue(l.queue);
+        beat.set_cpu_seconds(cpu_seconds_[id]);
+        beat.set_cpu_cores(2);
+        beat.set_rss_bytes(static_cast<uint64_t>(l.memory * 1e9));
+        beat.set_memory_limit_bytes(1000000000);
+        a->PServerBeat(id, now_, beat);
+      }
+      in_.now = now_;
+      if (auto d = a->Tick(in_)) out.push_back(*d);
+    }
+    return out;
+  }
+  std::map<uint32_t, double> cpu_seconds_;
+};
+
+TEST_F(PServerAutoscaleTest, AddsOneWhenAPServersCpuAveragesOverItsHighUpToTheMost) {
+  Autoscaler a(e_);
+  const std::map<uint32_t, Load> busy = {{10, {0.5, 0, 0.1}}, {11, {0.9, 0, 0.1}}};
+  EXPECT_THAT(Run(&a, 10, busy), IsEmpty());  // (a whole window first)
+  std::vector<Autoscaler::Decision> d = Run(&a, 1, busy);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].role, proto::PSERVER);
+  EXPECT_EQ(d[0].delta, 1);
+  EXPECT_THAT(d[0].reason, HasSubstr("pserver node 11 averaged CPU 90% of its cores "
+                                     "(elastic.pserver_cpu_high 80%) over 10 s: adding a "
+                                     "pserver (2 -> 3)"));
+  EXPECT_THAT(a.Describe(), HasSubstr("autoscale on"));
+  // The scale (its moves) takes 3 s; the new shape is measured afresh.
+  in_.scaling = true;
+  EXPECT_THAT(Run(&a, 3, busy), IsEmpty());
+  in_.scaling = false;
+  in_.pservers = {10, 11, 12};
+  std::map<uint32_t, Load> three = busy;
+  three[12] = {0.9, 0, 0.1};
+  // Still busy, but at the most there may be (3): nothing more.
+  EXPECT_THAT(Run(&a, 40, three), IsEmpty());
+  EXPECT_THAT(a.Describe(), HasSubstr("pservers (the highest): apply queue 0.0, CPU 90%"));
+}
+
+TEST_F(PServerAutoscaleTest, TheApplyQueueAndMemoryAreSignalsToo) {
+  Autoscaler a(e_);
+  // A queue that averages 40 (>= 32) though it swings.
+  std::vector<Autoscaler::Decision> d;
+  for (int i = 0; i < 15 && d.empty(); ++i) {
+    d = Run(&a, 1, {{10, {0.1, i % 2 ? 70u : 10u, 0.1}}, {11, {0.1, 0, 0.1}}});
+  }
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].delta, 1);
+  EXPECT_THAT(d[0].reason, HasSubstr("pserver node 10 averaged apply queue "));
+  EXPECT_THAT(d[0].reason, HasSubstr(" (elastic.pserver_queue_high 32.0) over 10 s"));
+  Autoscaler b(e_);
+  d = Run(&b, 11, {{10, {0.1, 0, 0.3}}, {11, {0.1, 0, 0.85}}});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_THAT(d[0].reason, HasSubstr("pserver node 11 averaged memory 85% of its limit "
+                                     "(elastic.pserver_memory_high 80%)"));
+}
+
+TEST_F(PServerAutoscaleTest, RemovesOneWhenAllAreUnderTheirLowsAndTheRestWouldStayUnderTheHighs) {
+  Autoscaler a(e_);
+  const std::map<uint32_t, Load> idle = {{10, {0.05, 0, 0.1}}, {11, {0.1, 0, 0.1}}};
+  // One pserver over a low (CPU 30% >= 20%): nothing.
+  EXPECT_THAT(Run(&a, 20, {{10, {0.05, 0, 0.1}}, {11, {0.3, 0, 0.1}}}), IsEmpty());
+  // Both under, but the window holds the busy seconds still (node 11's
+  // average: 20.9% after 5 s, 19.1% after 6).
+  std::vector<Autoscaler::Decision> d = Run(&a, 5, idle);
+  EXPECT_THAT(d, IsEmpty());
+  d = Run(&a, 1, idle);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].role, proto::PSERVER);
+  EXPECT_EQ(d[0].delta, -1);
+  EXPECT_THAT(d[0].reason, HasSubstr("every pserver under elastic.pserver_*_low over 10 s "
+                                     "(the highest: apply queue 0.0, CPU 19%, memory 10%): "
+                                     "removing a pserver (2 -> 1)"));
+  // At elastic.min_pservers: never below.
+  in_.pservers = {10};
+  EXPECT_THAT(Run(&a, 40, {{10, {0.05, 0, 0.1}}}), IsEmpty());
+  // Two under their lows whose sum would put the one left over a high:
+  // kept.
+  e_.pserver_memory_low = 0.5;
+  e_.pserver_memory_high = 0.6;
+  Autoscaler b(e_);
+  in_.pservers = {10, 11};
+  EXPECT_THAT(Run(&b, 40, {{10, {0.05, 0, 0.4}}, {11, {0.05, 0, 0.4}}}), IsEmpty());
 }
 
 TEST_F(ScalerTest, AutoscaleOnOrOffIsKeptInTheState) {

@@ -62,3 +62,63 @@ Host $subnet.*
   ControlPersist 120
 CONF
 }
+
+# start_sshds DIR: an sshd in each host's namespace on its address, with
+# host and user keys made now in DIR (its pid file DIR/sshd-H.pid), the
+# ssh config DIR/config written, and each host reached once through it
+# (and checked to be the namespace of its address).
+start_sshds() {
+  local dir="$1" h
+  mkdir -p "$dir" /run/sshd
+  ssh-keygen -q -t ed25519 -N '' -f "$dir/host_key"
+  ssh-keygen -q -t ed25519 -N '' -f "$dir/id"
+  cp "$dir/id.pub" "$dir/authorized_keys"
+  for h in "${hosts[@]}"; do
+    cat > "$dir/sshd-$h.conf" <<CONF
+ListenAddress $(addr_of "$h")
+HostKey $dir/host_key
+PidFile $dir/sshd-$h.pid
+AuthorizedKeysFile $dir/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+CONF
+    ip netns exec "$(ns_of "$h")" /usr/sbin/sshd -f "$dir/sshd-$h.conf" -E "$dir/sshd-$h.log" ||
+      fail "sshd did not start on host $h"
+  done
+  write_ssh_config "$dir"
+  for h in "${hosts[@]}"; do
+    for _ in $(seq 1 50); do
+      ssh -F "$dir/config" "$(addr_of "$h")" true 2> "$dir/client.err" && break
+      sleep 0.1
+    done
+    [[ "$(ssh -F "$dir/config" "$(addr_of "$h")" 'ip -4 -o addr show eth0' | awk '{print $4}')" == \
+       "$(addr_of "$h")/24" ]] || { cat "$dir/client.err"; fail "ssh to host $h does not reach its namespace"; }
+  done
+}
+
+# stop_sshds DIR: the sshds start_sshds started, and the control
+# connections to them, ended (never fails: for cleanup traps).
+stop_sshds() {
+  local dir="$1" h
+  for h in "${hosts[@]}"; do
+    ssh -F "$dir/config" -O exit "$(addr_of "$h")" > /dev/null 2>&1
+    [[ -f $dir/sshd-$h.pid ]] && kill "$(cat "$dir/sshd-$h.pid")" 2>/dev/null
+  done
+  return 0
+}
+
+# assert_hosts_idle: nothing but sshd left running in any host's
+# namespace.
+assert_hosts_idle() {
+  local h left
+  for h in "${hosts[@]}"; do
+    left="$(ip netns pids "$(ns_of "$h")" | while read -r pid; do
+              cmd="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
+              [[ $cmd == *sshd* ]] || echo "$pid $cmd"; done)"
+    [[ -z $left ]] || fail "left running on host $h: $left"
+  done
+}

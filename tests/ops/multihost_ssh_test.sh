@@ -31,9 +31,7 @@ cleanup() {
   set +e
   "$ROOT/scripts/launch.sh" down --run-dir "$work/run" --remote-cmd "ssh -F $work/ssh/config" \
     > /dev/null 2>&1
-  for h in "${hosts[@]}"; do
-    [[ -f $work/ssh/sshd-$h.pid ]] && kill "$(cat "$work/ssh/sshd-$h.pid")" 2>/dev/null
-  done
+  stop_sshds "$work/ssh"
   remove_hosts
   pkill -KILL -f -- "$work" 2>/dev/null
   rm -rf "$work"
@@ -44,35 +42,7 @@ trap cleanup EXIT
 make_hosts
 
 # An sshd in each, with host and user keys made now.
-mkdir -p "$work/ssh" /run/sshd
-ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/host_key"
-ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/id"
-cp "$work/ssh/id.pub" "$work/ssh/authorized_keys"
-for h in "${hosts[@]}"; do
-  cat > "$work/ssh/sshd-$h.conf" <<CONF
-ListenAddress $(addr_of "$h")
-HostKey $work/ssh/host_key
-PidFile $work/ssh/sshd-$h.pid
-AuthorizedKeysFile $work/ssh/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-PrintMotd no
-CONF
-  ip netns exec "$(ns_of "$h")" /usr/sbin/sshd -f "$work/ssh/sshd-$h.conf" -E "$work/ssh/sshd-$h.log" ||
-    fail "sshd did not start on host $h"
-done
-write_ssh_config "$work/ssh"
-for h in "${hosts[@]}"; do
-  for _ in $(seq 1 50); do
-    ssh -F "$work/ssh/config" "$(addr_of "$h")" true 2> "$work/ssh/client.err" && break
-    sleep 0.1
-  done
-  [[ "$(ssh -F "$work/ssh/config" "$(addr_of "$h")" 'ip -4 -o addr show eth0' | awk '{print $4}')" == \
-     "$(addr_of "$h")/24" ]] || { cat "$work/ssh/client.err"; fail "ssh to host $h does not reach its namespace"; }
-done
+start_sshds "$work/ssh"
 
 # The job: Fashion-MNIST, bsp, every daemon on a host of its own.
 base=7300
@@ -162,12 +132,7 @@ grep -q "control plane: mTLS, certificate $work/run/tls/$(addr_of 5)/worker-2.cr
   "$work/run/logs/worker-2.log" || fail "worker 2 did not use its own certificate on host 5"
 
 # Nothing left: no daemon in any namespace, then no sshd, no namespace, no mount.
-for h in "${hosts[@]}"; do
-  left="$(ip netns pids "$(ns_of "$h")" | while read -r pid; do
-            cmd="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
-            [[ $cmd == *sshd* ]] || echo "$pid $cmd"; done)"
-  [[ -z $left ]] || fail "left running on host $h: $left"
-done
+assert_hosts_idle
 ssh -F "$work/ssh/config" -O exit "$(addr_of 1)" > /dev/null 2>&1 || true
 for h in "${hosts[@]}"; do
   ssh -F "$work/ssh/config" -O exit "$(addr_of "$h")" > /dev/null 2>&1 || true

@@ -44,6 +44,9 @@ STRATA_VECTOR_KERNEL void AdamKernel(float* __restrict p, const float* __restric
 // vector n floats in memory order.
 std::string SaveVectors(uint64_t t, bool with_t, const std::vector<const std::vector<float>*>& vs) {
   std::string out;
+  size_t bytes = with_t ? sizeof(t) : 0;
+  for (const auto* v : vs) bytes += v->size() * 4;
+  out.reserve(bytes);
   if (with_t) out.append(reinterpret_cast<const char*>(&t), sizeof(t));
   for (const auto* v : vs) out.append(reinterpret_cast<const char*>(v->data()), v->size() * 4);
   return out;

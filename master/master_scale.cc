@@ -79,6 +79,7 @@ void MasterServer::ScaleTickLocked() {
     o.credit = scaler_.MoveCredit();
     o.hold_cutover = checkpoints_->writing();
     moves = nodes_.Migrate(o);
+    view_pushes_.insert(moves.touched.begin(), moves.touched.end());
     scaler_.MovesStarted(moves.started_bytes);
     for (const NodeManager::Departure& d : moves.departed) DepartedLocked(d);
   }

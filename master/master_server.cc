@@ -165,6 +165,7 @@ void MasterServer::BackgroundLoop() {
 
 void MasterServer::Tick() {
   uint64_t ticket = 0;
+  std::set<uint32_t> pushes;
   {
     absl::MutexLock l(&mu_);
     for (const auto& [id, why] : nodes_.Unresponsive()) {
@@ -177,8 +178,11 @@ void MasterServer::Tick() {
     UpdateJobStateLocked();
     SampleHistoryLocked(/*force=*/false);
     ticket = PersistLocked();
+    pushes.swap(view_pushes_);
   }
   AwaitPersisted(ticket).IgnoreError();  // (logged; the next tick tries again)
+  // (Recorded first: a view a pserver acts on survives a master restart.)
+  if (!pushes.empty()) PushView(nodes_.View(), nodes_.LivePServers(pushes), absl::Seconds(1));
   for (const auto& [id, probe] : nodes_.ProbeSuspects()) {
     absl::MutexLock l(&mu_);
     if (auto d = nodes_.DeclareUnreachable(id, probe, job_.over())) DepartedLocked(*d);

@@ -271,6 +271,8 @@ class MasterServer : private CheckpointCoordinator::Master {
   mutable absl::Mutex mu_;
   TaskScheduler tasks_ ABSL_GUARDED_BY(mu_);
   Scaler scaler_ ABSL_GUARDED_BY(mu_);
+  // Pservers a move touched this tick: sent the view once mu_ is let go.
+  std::set<uint32_t> view_pushes_ ABSL_GUARDED_BY(mu_);
   // The components as one bundle, for the state and the status; read
   // under mu_ (it points at tasks_).
   MasterParts parts_ ABSL_GUARDED_BY(mu_);

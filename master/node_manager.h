@@ -148,6 +148,9 @@ class NodeManager {
   std::optional<std::string> AwaitedInitialValues() const ABSL_LOCKS_EXCLUDED(mu_);
   // The suspects due a probe (one per heartbeat interval at most).
   std::vector<PServerTarget> DueProbes() ABSL_LOCKS_EXCLUDED(mu_);
+  // Of pservers `ids`, those alive (with their stubs).
+  std::vector<PServerTarget> LivePServers(const std::set<uint32_t>& ids) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Why pserver `id` is suspected, while it is (and alive).
   std::optional<std::string> Suspicion(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Probes the suspects due a probe (their admin service's status, with
@@ -236,6 +239,10 @@ class NodeManager {
     uint64_t started_bytes = 0;
     std::vector<Departure> departed;  // pservers that left (nothing lost)
     bool changed = false;             // the view changed: record it
+    // The pservers a move started, cut over or was abandoned on: the
+    // master sends them the view at once (PushView), not at their next
+    // heartbeat, so that a cut-over stalls training for a round trip.
+    std::set<uint32_t> touched;
   };
   Migration Migrate(const MigrateOptions& o) ABSL_LOCKS_EXCLUDED(mu_);
   // Pservers `ids` leave (a scale in): they are marked draining, nothing

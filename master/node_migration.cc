@@ -47,6 +47,18 @@ std::string Some(const std::vector<T>& items) {
 
 }  // namespace
 
+std::vector<PServerTarget> NodeManager::LivePServers(const std::set<uint32_t>& ids) const {
+  absl::MutexLock l(&mu_);
+  std::vector<PServerTarget> out;
+  for (uint32_t id : ids) {
+    const proto::NodeInfo* n = FindLocked(id);
+    auto stub = pserver_stubs_.find(id);
+    if (n == nullptr || n->state() != proto::ALIVE || stub == pserver_stubs_.end()) continue;
+    out.emplace_back(id, stub->second.get());
+  }
+  return out;
+}
+
 std::vector<uint32_t> NodeManager::StayingPServersLocked() const {
   std::vector<uint32_t> ids;
   for (const auto& n : view_.members()) {
@@ -110,6 +122,7 @@ int NodeManager::FinishMovesLocked(bool hold_cutover, Migration* out) {
       job_->Event(absl::StrCat("move of partition ", p.id(), " from node ", from, " to node ", to,
                                " abandoned: ", ended),
                   "move_abandoned");
+      out->touched.insert({from, to});
       if (p.owner() != to) EraseBackup(&p, to);
       p.clear_move_to();
       p.clear_move_from();
@@ -135,6 +148,7 @@ int NodeManager::FinishMovesLocked(bool hold_cutover, Migration* out) {
     p.clear_move_to();
     p.clear_move_from();
     move_epoch_.erase(p.id());
+    out->touched.insert({from, to});
     ++moves_done_;
     moved_bytes_ += PartitionWeight(p, sparse_bytes_);
     done.push_back(absl::StrCat(p.id(), " node ", from, " -> ", to));
@@ -217,6 +231,7 @@ void NodeManager::StartMovesLocked(const MigrateOptions& o, Migration* out) {
     p->set_move_from(m.from);
     if (!Holds(*p, m.to)) p->add_backups(m.to);
     move_epoch_[p->id()] = view_.epoch() + 1;  // (the view that shows it)
+    out->touched.insert({m.from, m.to});
     credit -= static_cast<double>(m.bytes);
     bytes += m.bytes;
     ++out->in_progress;

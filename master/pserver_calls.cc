@@ -1,10 +1,12 @@
 #include "master/pserver_calls.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace strata::master {
 namespace {
@@ -49,6 +51,30 @@ absl::Status SendPlacement(const proto::ClusterView& view,
     if (restore != nullptr) loaded();
   }
   return absl::OkStatus();
+}
+
+void PushView(const proto::ClusterView& view, const std::vector<PServerTarget>& targets,
+              absl::Duration deadline) {
+  // All at once: a source making a copy for its next move does not hold
+  // up the target of the last one.
+  std::vector<std::thread> calls;
+  for (const PServerTarget& target : targets) {
+    calls.emplace_back([&view, deadline, target] {
+      const auto& [id, stub] = target;
+      proto::AssignPartitionsRequest req;
+      *req.mutable_view() = view;
+      req.set_node_id(id);
+      proto::AssignPartitionsResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+      const grpc::Status s = stub->AssignPartitions(&ctx, req, &resp);
+      if (!s.ok()) {
+        LOG(WARNING) << "view epoch " << view.epoch() << " to pserver node " << id << ": "
+                     << s.error_message() << " (its heartbeat brings it)";
+      }
+    });
+  }
+  for (std::thread& t : calls) t.join();
 }
 
 absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>& targets) {

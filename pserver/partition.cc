@@ -769,22 +769,27 @@ void Partition::FillHeaderLocked(proto::CheckpointPartitionHeader* h) const {
   }
 }
 
-std::map<storage::BlockType, std::string> Partition::CopyStreamsLocked() const {
+std::string Partition::EncodeCopyLocked() const {
   using storage::BlockType;
-  std::map<BlockType, std::string> streams;
   proto::CheckpointPartitionHeader h;
   FillHeaderLocked(&h);
   h.set_full(true);
+  const std::string header = h.SerializeAsString();
   if (sparse_) {
-    rows_->ExportRows(/*all=*/true, &streams[BlockType::kSparseRows]);
-    rows_->ExportPending(&streams[BlockType::kSparsePending]);
-  } else {
-    streams[BlockType::kDenseValues].assign(reinterpret_cast<const char*>(values_.data()),
-                                            values_.size() * sizeof(float));
-    streams[BlockType::kOptimizerState] = optimizer_->SaveState();
+    std::string rows, pending;
+    rows_->ExportRows(/*all=*/true, &rows);
+    rows_->ExportPending(&pending);
+    return EncodeReplicaCopy(
+        std::map<BlockType, absl::string_view>{{BlockType::kHeader, header},
+                                               {BlockType::kSparseRows, rows},
+                                               {BlockType::kSparsePending, pending}});
   }
-  streams[BlockType::kHeader] = h.SerializeAsString();
-  return streams;
+  const std::string state = optimizer_->SaveState();
+  return EncodeReplicaCopy(std::map<BlockType, absl::string_view>{
+      {BlockType::kHeader, header},
+      {BlockType::kDenseValues, absl::string_view(reinterpret_cast<const char*>(values_.data()),
+                                                  values_.size() * sizeof(float))},
+      {BlockType::kOptimizerState, state}});
 }
 
 void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink) {
@@ -799,12 +804,15 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
   for (auto it = catching_up_.begin(); it != catching_up_.end();) {
     it = want.count(it->first) ? std::next(it) : catching_up_.erase(it);
   }
-  std::string copy;  // made once, for every new backup
+  std::vector<uint32_t> added;
   for (uint32_t b : want) {
-    if (backup_acked_.count(b)) continue;
+    if (backup_acked_.count(b) == 0) added.push_back(b);
+  }
+  std::string copy;  // made once, for every new backup (moved into the last)
+  for (uint32_t b : added) {
     backup_acked_[b] = 0;
     catching_up_[b] = CatchUp{record_index_, std::nullopt};
-    if (copy.empty()) copy = EncodeReplicaCopy(CopyStreamsLocked());
+    if (copy.empty()) copy = EncodeCopyLocked();
     transport::Message m;
     m.header.type = MessageType::kReplicate;
     m.header.partition = id_;
@@ -812,9 +820,13 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
     m.header.version = stats_.version;
     m.header.flags = transport::kFlagReplicaCopy | (sparse_ ? transport::kFlagSparse : 0);
     m.header.count = b;
-    m.payload = copy;
     VLOG(1) << "partition " << id_ << ": copy of " << copy.size() << " bytes at version "
             << stats_.version << " to new backup node " << b;
+    if (b == added.back()) {
+      m.payload = std::move(copy);
+    } else {
+      m.payload = copy;
+    }
     sink_->Send(this, b, std::move(m));
   }
   ReleaseLocked(&replies);

@@ -274,9 +274,9 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // The header fields every snapshot and copy shares (not job, seq, full).
   void FillHeaderLocked(proto::CheckpointPartitionHeader* h) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The whole state as a full checkpoint file's streams.
-  std::map<storage::BlockType, std::string> CopyStreamsLocked() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The whole state as a replica copy record's payload (a full checkpoint
+  // file's streams; the values copied once, straight into it).
+  std::string EncodeCopyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a decoded update record as the primary applied it.
   absl::Status ApplyUpdateLocked(const ReplicaUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a record of initial values (kFlagInitialValues) as the chunk's.

@@ -285,6 +285,7 @@ absl::Status PServer::LoadPartitions(
 absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
                                       const proto::CheckpointManifest* restore,
                                       const std::string& checkpoint_root) {
+  VLOG(1) << "applying view epoch " << view.epoch() << " (at epoch " << epoch_.load() << ")";
   const std::set<uint32_t> step_workers = StepWorkersDisconnectingTheGone(view);
   std::map<uint32_t, const proto::CheckpointPartition*> saved;
   if (restore != nullptr) {
@@ -401,6 +402,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     if (view.epoch() >= epoch_.load()) values_writer_ = view.tables_declared_by();
     epoch_ = std::max(epoch_.load(), view.epoch());
   }
+  VLOG(1) << "serving view epoch " << view.epoch();
   ServeAsPrimaries(primaries, backup_addresses);
   for (const auto& p : all) p->SetStepWorkers(step_workers);
   return absl::OkStatus();
@@ -714,6 +716,7 @@ Message PServer::EpochMismatchResponse(const transport::MessageHeader& h, Messag
   } else {
     {
       absl::MutexLock l(&mu_);
+      if (!refresh_wanted_) VLOG(1) << "request at epoch " << h.epoch << ": fetching the view";
       refresh_wanted_ = true;
     }
     err = transport::MakeErrorResponse(
@@ -768,13 +771,21 @@ void PServer::HandleReplica(Message request, std::shared_ptr<Partition> part, ui
   }
   if (executor_ == nullptr) {
     part->ApplyReplica(request, std::move(responder));
+    if ((h.flags & transport::kFlagReplicaCaughtUp) != 0) BeatNow();
     return;
   }
   request.OwnPayload();  // (lent by the transport until we return)
   auto req = std::make_shared<Message>(std::move(request));
-  executor_->Post(h.partition, [part, req, responder = std::move(responder)]() {
+  const bool caught_up = (h.flags & transport::kFlagReplicaCaughtUp) != 0;
+  executor_->Post(h.partition, [this, part, req, caught_up, responder = std::move(responder)]() {
     part->ApplyReplica(*req, responder);
+    if (caught_up) BeatNow();
   });
+}
+
+void PServer::BeatNow() {
+  absl::MutexLock l(&mu_);
+  beat_now_ = true;
 }
 
 void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responder> responder) {
@@ -905,12 +916,14 @@ void PServer::HeartbeatLoop() {
     {
       absl::MutexLock l(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return refresh_wanted_ || !suspects_.empty() || stop_.HasBeenNotified();
+        return refresh_wanted_ || beat_now_ || !suspects_.empty() || stop_.HasBeenNotified();
       };
       mu_.AwaitWithDeadline(absl::Condition(&wake),
                             std::min(next, absl::Now() + absl::Milliseconds(100)));
       refresh = refresh_wanted_;
       refresh_wanted_ = false;
+      if (beat_now_) next = absl::Now();
+      beat_now_ = false;
       suspects.swap(suspects_);
     }
     if (stop_.HasBeenNotified()) break;

@@ -239,6 +239,11 @@ class PServer {
   // passes the failpoint pserver.move.copy_received.
   std::set<uint32_t> moving_in_ ABSL_GUARDED_BY(mu_);
   bool refresh_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  // A backup caught up (a move's target now in sync): the heartbeat that
+  // tells the master goes now, not at the next interval (the cut-over
+  // waits on it).
+  bool beat_now_ ABSL_GUARDED_BY(mu_) = false;
+  void BeatNow() ABSL_LOCKS_EXCLUDED(mu_);
   // Backups found unreachable, to report to the master (heartbeat thread).
   std::map<uint32_t, std::string> suspects_ ABSL_GUARDED_BY(mu_);
   bool checkpointing_ ABSL_GUARDED_BY(mu_) = false;

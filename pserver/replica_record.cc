@@ -88,6 +88,12 @@ absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes) {
 }
 
 std::string EncodeReplicaCopy(const std::map<storage::BlockType, std::string>& streams) {
+  std::map<storage::BlockType, absl::string_view> views;
+  for (const auto& [type, s] : streams) views.emplace(type, s);
+  return EncodeReplicaCopy(views);
+}
+
+std::string EncodeReplicaCopy(const std::map<storage::BlockType, absl::string_view>& streams) {
   std::string out;
   size_t total = 4;
   for (const auto& [type, s] : streams) total += 12 + s.size();
@@ -96,7 +102,7 @@ std::string EncodeReplicaCopy(const std::map<storage::BlockType, std::string>& s
   for (const auto& [type, s] : streams) {
     Put<uint32_t>(&out, static_cast<uint32_t>(type));
     Put<uint64_t>(&out, s.size());
-    out.append(s);
+    out.append(s.data(), s.size());
   }
   return out;
 }

@@ -44,6 +44,9 @@ absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes);
 
 // A copy: [u32 n] then n times (u32 block type, u64 size, bytes).
 std::string EncodeReplicaCopy(const std::map<storage::BlockType, std::string>& streams);
+// The same from views of the streams (in block type order): each byte is
+// copied once, into the record (a primary makes it under its lock).
+std::string EncodeReplicaCopy(const std::map<storage::BlockType, absl::string_view>& streams);
 absl::StatusOr<std::map<storage::BlockType, std::string>> DecodeReplicaCopy(
     absl::string_view bytes);
 

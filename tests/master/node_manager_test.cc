@@ -1,6 +1,7 @@
 #include "master/node_manager.h"
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -356,6 +357,8 @@ TEST_F(NodeManagerTest, APServerLeavingMovesItsPartitionsThenIsDrained) {
   EXPECT_EQ(m.in_progress, 1);
   EXPECT_EQ(m.waiting, static_cast<int>(on_a.size()) - 1);
   EXPECT_GT(m.started_bytes, 0u);
+  // (Both are sent the view showing the move at once.)
+  EXPECT_EQ(m.touched, (std::set<uint32_t>{a, b}));
   uint32_t moving = 0;
   const proto::ClusterView view0 = n.View();
   for (const auto& p : view0.partitions()) {

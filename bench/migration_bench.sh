@@ -29,7 +29,7 @@ for b in strata strata-master strata-pserver strata-worker; do
   [[ -x "$BUILD_DIR/bin/$b" ]] || { echo "migration_bench.sh: $BUILD_DIR/bin/$b not built" >&2; exit 1; }
 done
 work="$(mktemp -d /tmp/strata-migration-bench-XXXXXX)"
-trap '"$ROOT/scripts/launch.sh" down --run-dir "$work/run" >/dev/null 2>&1 || true; pkill -KILL -f -- "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap '"$ROOT/scripts/launch.sh" down --run-dir "$work/run" >/dev/null 2>&1 || true; pkill -KILL -f -- "$work" 2>/dev/null || true; [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"' EXIT
 base="$(pick_port_base)"
 write_config "$work/job.yaml" bsp 50 "$base" 0
 sed -i 's/^  layers: \[784, 128, 10\]$/  layers: [784, 4096, 10]/; s/^  slice_bytes: 131072$/  slice_bytes: 4194304/' "$work/job.yaml"
@@ -79,11 +79,24 @@ median = statistics.median(quiet)
 print("steps traced: %d; median step outside moves: %.1f ms (%d steps)" % (len(steps), median, len(quiet)))
 stalls = []
 for part, a, b in windows:
-    inside = [e - s for s, e in steps if a - 100 <= e and s <= b + 500]
-    worst = max(inside) if inside else median
+    inside = [(e - s, s) for s, e in steps if a - 100 <= e and s <= b + 500]
+    worst, at = max(inside) if inside else (median, a)
     stalls.append(worst - median)
-    print("partition %s: moved in %d ms (start to cut-over); longest step in its window %.1f ms: stall %.1f ms"
-          % (part, b - a, worst, worst - median))
+    # (Where the longest step began against the move's start: during the
+    # copy, or at the cut-over.)
+    print("partition %s: moved in %d ms (start to cut-over); longest step in its window %.1f ms, "
+          "from +%d ms: stall %.1f ms" % (part, b - a, worst, at - a, worst - median))
 print("moves: %d; stall per move: median %.1f ms, max %.1f ms (baseline step %.1f ms)"
       % (len(stalls), statistics.median(stalls), max(stalls), median))
+# Throughput: bsp steps of a fixed batch, so steps/s in the moves' windows
+# (start to cut-over) against steps/s outside any window.
+def rate(pred):
+    done = [(s, e) for s, e in steps if pred(s, e)]
+    span = sum(e - s for s, e in done)
+    return len(done) / span * 1e3 if span > 0 else 0.0
+during = rate(lambda s, e: any(a <= s and e <= b for _, a, b in windows))
+outside = rate(lambda s, e: not in_any(s, e))
+if during > 0 and outside > 0:
+    print("throughput during moves: %.0f steps/s against %.0f outside them: %.2f"
+          % (during, outside, during / outside))
 PY

@@ -42,7 +42,7 @@ make_hosts
 start_sshds "$work/ssh"
 
 base=7400
-epochs=8
+epochs=16  # (long enough for ssh starts under a loaded machine)
 # The same job at a fixed size, on host 2: the accuracy to match (no
 # replication: 1 pserver has no other to back it up, and replication does
 # not change what is trained).

@@ -31,7 +31,7 @@ print(max(int(x['id']) for x in m) if m else 0)"
 seen=0
 wait_move() {
   local from="$1" to="$2"
-  for _ in $(seq 1 400); do  # 20 s at most
+  for _ in $(seq 1 1200); do  # 60 s at most (a restart under a loaded CI machine)
     local hit
     hit="$(tail -n +"$((seen + 1))" "$events" 2>/dev/null | python3 -c "
 import json, re, sys
@@ -60,7 +60,8 @@ for _ in $(seq 1 200); do
 done
 (( target > 0 )) || fail "pserver 2 did not register"
 # 1. The target killed while it receives a partition.
-read -r from to <<< "$(wait_move '*' "$target")" || fail "no move to pserver 2 (node $target)"
+read -r from to <<< "$(wait_move '*' "$target")" || true
+[[ -n $from ]] || fail "no move to pserver 2 (node $target): $(grep -E 'mov|scale|dead|join' "$events" | tail -12)"
 kill -KILL "$(pid_of moves pserver-2)"
 echo "killed pserver 2 (node $target) receiving from node $from"
 # wait_event TEXT WHAT: until the events hold TEXT (20 s at most).
@@ -80,7 +81,8 @@ for _ in $(seq 1 400); do
   sleep 0.05
 done
 (( t2 != target )) || fail "pserver 2 was not restarted"
-read -r from to <<< "$(wait_move '*' "$t2")" || fail "no move to the restarted pserver 2 (node $t2)"
+read -r from to <<< "$(wait_move '*' "$t2")" || true
+[[ -n $from ]] || fail "no move to the restarted pserver 2 (node $t2): $(grep -E 'mov|scale|dead|join' "$events" | tail -12)"
 # (The source is one of the pservers the job started with: no status
 # call between the move seen and the kill.)
 case "$from" in

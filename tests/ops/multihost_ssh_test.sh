@@ -47,7 +47,7 @@ start_sshds "$work/ssh"
 # The job: Fashion-MNIST, bsp, every daemon on a host of its own.
 base=7300
 # (mTLS: launch.sh makes a certificate for each host, its address in it.)
-TEST_SECURITY=mtls write_config "$work/job.yaml" bsp 20 "$base" 12000
+TEST_SECURITY=mtls write_config "$work/job.yaml" bsp 50 "$base" 12000
 {
   echo "# One daemon a host: reached over ssh."
   echo "$(addr_of 1) master"

@@ -309,7 +309,11 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
                                         const char* data, size_t sparse_n, Hold* hold) {
   Chunk& k = chunks_[c];
   const bool replicating = !backup_acked_.empty();
-  // (Acks wait only for counted backups: not for one still catching up.)
+  // A record's acks wait only for counted backups, not for one still
+  // catching up. A bsp push's ack waits for its step with any backup: the
+  // step in progress is not in a new backup's copy, so a push acked before
+  // its step completed would be lost were the backup to take over (a
+  // move's cut-over) with the step still open.
   const bool holding = HeldByAllLocked() != UINT64_MAX;
   const auto* keys = reinterpret_cast<const uint64_t*>(data);
   const auto* grad =
@@ -320,7 +324,7 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
   if (ledger_.Seen(h.sender_id, h.seq, c) || in_step) {
     ++stats_.duplicate_pushes;
     // Acknowledged only once what it was part of is replicated.
-    if (holding) raise(in_step ? Hold::kStep : Hold::kRecord);
+    if (in_step ? replicating : holding) raise(in_step ? Hold::kStep : Hold::kRecord);
     return absl::OkStatus();
   }
   // (For the refusals below only: not built for every chunk.)
@@ -392,7 +396,7 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
   }
   k.count_sum += static_cast<double>(h.count);
   if (c == 0) ++stats_.pushes_applied;
-  if (holding) raise(Hold::kStep);
+  if (replicating) raise(Hold::kStep);
   return absl::OkStatus();
 }
 
@@ -872,10 +876,13 @@ void Partition::ReleaseLocked(std::vector<Reply>* replies) {
     for (Reply& r : held_[n].replies) replies->push_back(std::move(r));
     ++n;
   }
-  if (n == 0) return;
+  // No backup left: the step in progress need not wait for one (its
+  // acks would wait forever: a step completed without backups sends no
+  // record).
+  const bool step_freed = backup_acked_.empty() && !step_acks_.empty();
+  if (n == 0 && !step_freed) return;
   held_.erase(held_.begin(), held_.begin() + static_cast<std::ptrdiff_t>(n));
-  if (all == UINT64_MAX) {
-    // No backup counted: the step in progress need not wait for one.
+  if (step_freed) {
     for (Reply& r : step_acks_) replies->push_back(std::move(r));
     step_acks_.clear();
   }

@@ -19,7 +19,7 @@ BUILD_DIR="$1"; MODE="$2"
 source "$(dirname "$0")/lib.sh"
 
 work="$(mktemp -d /tmp/strata-e2e-ctr-XXXXXX)"
-trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"' EXIT
 base="$(pick_port_base)"
 consistency="$MODE"
 [[ $MODE == grow ]] && consistency=bsp

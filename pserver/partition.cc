@@ -309,11 +309,11 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
                                         const char* data, size_t sparse_n, Hold* hold) {
   Chunk& k = chunks_[c];
   const bool replicating = !backup_acked_.empty();
-  // A record's acks wait only for counted backups, not for one still
-  // catching up. A bsp push's ack waits for its step with any backup: the
-  // step in progress is not in a new backup's copy, so a push acked before
-  // its step completed would be lost were the backup to take over (a
-  // move's cut-over) with the step still open.
+  // A record's acks wait only for counted backups, not for a move's
+  // target still catching up. A bsp push's ack waits for its step with
+  // any backup: the step in progress is not in a new backup's copy, so a
+  // push acked before its step completed would be lost were the backup to
+  // take over (a move's cut-over) with the step still open.
   const bool holding = HeldByAllLocked() != UINT64_MAX;
   const auto* keys = reinterpret_cast<const uint64_t*>(data);
   const auto* grad =
@@ -723,6 +723,11 @@ bool Partition::synced() const {
   return role_ == PartitionRole::kBackup && synced_ && caught_up_;
 }
 
+bool Partition::holds_copy() const {
+  absl::MutexLock l(&mu_);
+  return role_ == PartitionRole::kBackup && synced_;
+}
+
 std::map<uint32_t, uint64_t> Partition::applied_by_sender() const {
   absl::MutexLock l(&mu_);
   return ledger_.applied_by_sender();
@@ -796,11 +801,13 @@ std::string Partition::EncodeCopyLocked() const {
       {BlockType::kOptimizerState, state}});
 }
 
-void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink) {
+void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink,
+                           uint32_t move_target) {
   std::vector<Reply> replies;
   absl::MutexLock l(&mu_);
   if (role_ != PartitionRole::kPrimary) return;
   sink_ = sink;
+  move_target_ = move_target;
   const std::set<uint32_t> want(backups.begin(), backups.end());
   for (auto it = backup_acked_.begin(); it != backup_acked_.end();) {
     it = want.count(it->first) ? std::next(it) : backup_acked_.erase(it);
@@ -864,7 +871,7 @@ void Partition::ReplicateLocked(const ReplicaUpdate& update, uint64_t before,
 uint64_t Partition::HeldByAllLocked() const {
   uint64_t all = UINT64_MAX;
   for (const auto& [b, acked] : backup_acked_) {
-    if (catching_up_.count(b) == 0) all = std::min(all, acked);
+    if (b != move_target_ || catching_up_.count(b) == 0) all = std::min(all, acked);
   }
   return all;
 }

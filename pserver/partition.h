@@ -144,15 +144,20 @@ class Partition : public std::enable_shared_from_this<Partition> {
 
   // Replication (docs/reliability.md).
   // Primary: the backups of the current view. A new one is sent a copy of
-  // the partition, then every update after it; it catches up without
-  // holding anything back (training does not wait for a copy in flight):
-  // once it holds the copy and every record sent until it acknowledged
-  // the copy, it is sent a marker (kFlagReplicaCaughtUp) and counted, and
-  // from then on updates (push acks, the versions pulls see) are released
-  // once every counted backup holds them. A backup no longer in the list
-  // stops holding anything back. `sink` is borrowed and outlives the
-  // partition.
-  void SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink);
+  // the partition, then every update after it; once it holds the copy and
+  // every record sent until it acknowledged the copy, it is sent a marker
+  // (kFlagReplicaCaughtUp) and reports itself in sync. Updates (push acks,
+  // the versions pulls see) are released once every backup holds them,
+  // except `move_target` (a move's target, 0: none): it catches up
+  // without holding anything back (training does not wait for a move's
+  // copy) and is waited for once caught up. Any other new backup is
+  // waited for from its copy on: what the primary acknowledges is on it,
+  // so it may take over (a backup whose old copy is kept meanwhile,
+  // PServer::shadows_, takes over without the new one). A backup no
+  // longer in the list stops holding anything back. `sink` is borrowed
+  // and outlives the partition.
+  void SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink,
+                  uint32_t move_target = 0);
   // The sink's report that `backup` holds the records up to `index`.
   void OnReplicaAck(uint32_t backup, uint64_t index);
   // Backup: applies a kReplicate record (in stream order) and answers it.
@@ -166,6 +171,8 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // primary counts it: it holds every acknowledged update; it can be
   // promoted).
   bool synced() const;
+  // A backup that took the primary's copy in (caught up or not).
+  bool holds_copy() const;
   // A partition restored from a checkpoint while the job runs: its version
   // becomes `version` (the step the others have reached).
   void FastForward(uint64_t version);
@@ -332,14 +339,17 @@ class Partition : public std::enable_shared_from_this<Partition> {
   uint64_t record_index_ ABSL_GUARDED_BY(mu_) = 0;
   // Primary: each backup's highest acknowledged record.
   std::map<uint32_t, uint64_t> backup_acked_ ABSL_GUARDED_BY(mu_);
-  // Primary: the backups still catching up (not counted): the record of
-  // their copy, and once it is acknowledged, the last record sent then,
-  // which they must acknowledge to be counted.
+  // Primary: the backups still catching up: the record of their copy,
+  // and once it is acknowledged, the last record sent then, which they
+  // must acknowledge to be sent the caught-up marker.
   struct CatchUp {
     uint64_t copy = 0;
     std::optional<uint64_t> until;
   };
   std::map<uint32_t, CatchUp> catching_up_ ABSL_GUARDED_BY(mu_);
+  // Primary: the move's target among the backups (0: none), not waited
+  // for while it catches up.
+  uint32_t move_target_ ABSL_GUARDED_BY(mu_) = 0;
   // The lowest record every counted backup holds (UINT64_MAX: none is
   // counted, nothing waits).
   uint64_t HeldByAllLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -357,8 +357,21 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   if (!to_load.empty()) {
     STRATA_RETURN_IF_ERROR(LoadPartitions(to_load, checkpoint_root, restore->seq()));
   }
+  if (restore != nullptr && !created.empty()) {
+    LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint " << restore->seq()
+              << " under " << checkpoint_root;
+  }
+  InstallPartitions(view, std::move(created), std::move(owned), backing, step_workers);
+  return absl::OkStatus();
+}
+
+void PServer::InstallPartitions(const proto::ClusterView& view,
+                                std::map<uint32_t, std::unique_ptr<Partition>> created,
+                                std::set<uint32_t> owned, const std::set<uint32_t>& backing,
+                                const std::set<uint32_t>& step_workers) {
+  const uint32_t self = node_id_;
   std::vector<std::shared_ptr<Partition>> all;
-  std::vector<std::pair<std::shared_ptr<Partition>, std::vector<uint32_t>>> primaries;
+  std::vector<Served> primaries;
   std::map<uint32_t, std::string> backup_addresses;
   // Partitions that moved away, released after mu_: the last reference
   // frees a whole table, which must not hold up lookups.
@@ -374,13 +387,9 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
         LOG(INFO) << "partition " << id << " (" << old->second->table()
                   << ") is a backup here from view epoch " << view.epoch()
                   << ": its new owner sends a copy";
-        left.push_back(std::move(old->second));
+        ShadowOrDropLocked(id, std::move(old->second), &left);
       }
       partitions_[id] = Share(std::move(part));
-    }
-    if (restore != nullptr && !created.empty()) {
-      LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint "
-                << restore->seq() << " under " << checkpoint_root;
     }
     DropPartitionsLeftLocked(view.epoch(), owned, backing, &left);
     std::map<uint32_t, std::string> data_address;
@@ -393,9 +402,21 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
       if (p.owner() != self) continue;
       auto it = partitions_.find(p.id());
       if (it == partitions_.end()) continue;
+      auto shadow = shadows_.find(p.id());
+      if (shadow != shadows_.end()) {
+        // Promoted before the new owner's copy came: the old copy serves.
+        if (!it->second->holds_copy() && it->second->role() == PartitionRole::kBackup) {
+          LOG(INFO) << "partition " << p.id() << " (" << it->second->table()
+                    << ") takes over from the copy its previous owner sent: the new owner's "
+                       "copy never came";
+          std::swap(it->second, shadow->second);
+        }
+        left.push_back(std::move(shadow->second));
+        shadows_.erase(shadow);
+      }
       std::vector<uint32_t> backups(p.backups().begin(), p.backups().end());
       for (uint32_t b : backups) backup_addresses[b] = data_address[b];
-      primaries.emplace_back(it->second, std::move(backups));
+      primaries.push_back(Served{it->second, std::move(backups), p.move_to()});
     }
     owned_ = std::move(owned);
     for (auto& [id, part] : partitions_) all.push_back(part);
@@ -405,12 +426,35 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   VLOG(1) << "serving view epoch " << view.epoch();
   ServeAsPrimaries(primaries, backup_addresses);
   for (const auto& p : all) p->SetStepWorkers(step_workers);
-  return absl::OkStatus();
+}
+
+void PServer::ShadowOrDropLocked(uint32_t id, std::shared_ptr<Partition> old,
+                                 std::vector<std::shared_ptr<Partition>>* left) {
+  // In sync with the old owner, it holds every update acknowledged so
+  // far: kept (and reported in sync) until the new owner's copy is in, so
+  // that a new owner dying first leaves a copy to take over. (The new
+  // owner acknowledges nothing this node does not hold: it waits for the
+  // new copy's backups, see Partition::SetBackups.)
+  if (old->role() != PartitionRole::kBackup || !old->synced()) {
+    left->push_back(std::move(old));
+    return;
+  }
+  auto& shadow = shadows_[id];
+  if (shadow != nullptr) left->push_back(std::move(shadow));
+  shadow = std::move(old);
 }
 
 void PServer::DropPartitionsLeftLocked(uint64_t epoch, const std::set<uint32_t>& owned,
                                        const std::set<uint32_t>& backing,
                                        std::vector<std::shared_ptr<Partition>>* left) {
+  for (auto it = shadows_.begin(); it != shadows_.end();) {
+    if (owned.count(it->first) == 0 && backing.count(it->first) == 0) {
+      left->push_back(std::move(it->second));
+      it = shadows_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   // Partitions this node neither owns nor backs any more stop serving;
   // each is freed once the requests, replication records and checkpoint
   // still holding it let go.
@@ -426,20 +470,19 @@ void PServer::DropPartitionsLeftLocked(uint64_t epoch, const std::set<uint32_t>&
   }
 }
 
-void PServer::ServeAsPrimaries(
-    const std::vector<std::pair<std::shared_ptr<Partition>, std::vector<uint32_t>>>& primaries,
-    const std::map<uint32_t, std::string>& backup_addresses) {
+void PServer::ServeAsPrimaries(const std::vector<Served>& primaries,
+                               const std::map<uint32_t, std::string>& backup_addresses) {
   if (replicas_) {
     replicas_->SetBackups(backup_addresses);
     std::map<uint32_t, std::set<uint32_t>> backups_of;
-    for (const auto& [part, backups] : primaries) {
-      backups_of[part->id()].insert(backups.begin(), backups.end());
+    for (const Served& s : primaries) {
+      backups_of[s.part->id()].insert(s.backups.begin(), s.backups.end());
     }
     replicas_->KeepOnly(backups_of);
   }
-  for (const auto& [part, backups] : primaries) {
-    part->Promote();  // a backup whose primary died
-    if (replicas_) part->SetBackups(backups, replicas_.get());
+  for (const Served& s : primaries) {
+    s.part->Promote();  // a backup whose primary died
+    if (replicas_) s.part->SetBackups(s.backups, replicas_.get(), s.move_to);
   }
 }
 
@@ -940,6 +983,7 @@ void PServer::HeartbeatLoop() {
     if (absl::Now() >= next) {
       next = absl::Now() + interval;
       proto::HeartbeatRequest req;
+      std::vector<std::shared_ptr<Partition>> stale_shadows;  // (freed after mu_)
       req.set_epoch(epoch_);
       req.set_applies(apply_seconds_->count());
       req.set_apply_seconds(apply_seconds_->sum());
@@ -951,7 +995,13 @@ void PServer::HeartbeatLoop() {
       {
         absl::MutexLock l(&mu_);
         for (const auto& [id, p] : partitions_) {
-          if (p->synced()) req.add_replicas(id);
+          auto shadow = shadows_.find(id);
+          if (shadow != shadows_.end() && p->synced()) {
+            // The new owner's copy is in: the old one goes.
+            stale_shadows.push_back(std::move(shadow->second));
+            shadows_.erase(shadow);
+          }
+          if (p->synced() || shadows_.count(id) != 0) req.add_replicas(id);
           if (p->sparse() && p->role() == PartitionRole::kPrimary) {
             (*req.mutable_partition_bytes())[id] = p->sparse_stats().memory_bytes;
           }

@@ -148,13 +148,31 @@ class PServer {
                                 const std::set<uint32_t>& backing,
                                 std::vector<std::shared_ptr<Partition>>* left)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The partitions this node is primary of, with their backups: the
-  // replication streams follow them (records of moved partitions, or to
-  // nodes that back them no more, dropped), then each is promoted and
-  // sends its copy to new backups.
-  void ServeAsPrimaries(
-      const std::vector<std::pair<std::shared_ptr<Partition>, std::vector<uint32_t>>>& primaries,
-      const std::map<uint32_t, std::string>& backup_addresses);
+  // Installs the partitions `created` (replacing those there: a backup's
+  // old copy may stay a shadow), drops those left, promotes the owned
+  // ones (from a shadow where the new copy never came) and serves them.
+  void InstallPartitions(const proto::ClusterView& view,
+                         std::map<uint32_t, std::unique_ptr<Partition>> created,
+                         std::set<uint32_t> owned, const std::set<uint32_t>& backing,
+                         const std::set<uint32_t>& step_workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // A partition replaced by a fresh backup (its owner changed): kept in
+  // shadows_ if it was in sync, else into `left`.
+  void ShadowOrDropLocked(uint32_t id, std::shared_ptr<Partition> old,
+                          std::vector<std::shared_ptr<Partition>>* left)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A partition this node is primary of, with its backups and the move's
+  // target among them (0: none).
+  struct Served {
+    std::shared_ptr<Partition> part;
+    std::vector<uint32_t> backups;
+    uint32_t move_to = 0;
+  };
+  // The replication streams follow `primaries` (records of moved
+  // partitions, or to nodes that back them no more, dropped), then each
+  // is promoted and sends its copy to new backups.
+  void ServeAsPrimaries(const std::vector<Served>& primaries,
+                        const std::map<uint32_t, std::string>& backup_addresses);
   // Partition p of the view, new: a sparse table's rows, or a dense
   // slice's initial values and its optimizer.
   absl::StatusOr<std::unique_ptr<Partition>> NewPartition(const proto::ClusterView& view,
@@ -228,6 +246,11 @@ class PServer {
   // Shared with whoever uses a partition past the lookup (see
   // FindPartition): dropping one here frees it once its last user is done.
   std::map<uint32_t, std::shared_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
+  // Backups whose partition got a new owner (a move's cut-over, a
+  // failover): the copy in sync with the old owner, kept until the fresh
+  // backup in partitions_ holds the new owner's copy. Reported in sync
+  // meanwhile; promoted if the new owner dies before its copy came.
+  std::map<uint32_t, std::shared_ptr<Partition>> shadows_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> owned_ ABSL_GUARDED_BY(mu_);  // of the view applied last
   // Partitions alive (partitions_held()). Shared with each partition's
   // deleter: a partition may outlive the PServer in its last holder.

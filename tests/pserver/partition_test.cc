@@ -634,18 +634,17 @@ TEST(ReplicationTest, ABackupLeavingTheViewReleasesWhatWaitedForIt) {
   ExpectPushAck(r->responses()[0], 1, 1);
 }
 
-// A new backup (a move's target, a replacement) catches up without
-// holding training back: the primary acknowledges while the copy and the
-// records after it are on their way, and counts the backup (it waits for
-// it, the backup reports itself in sync) once it holds everything sent
-// until it acknowledged the copy.
-TEST(ReplicationTest, ABackupCatchingUpHoldsNothingBackUntilItHasEverything) {
+// A move's target catches up without holding training back: the primary
+// acknowledges while the copy and the records after it are on their way,
+// and counts the backup (it waits for it, the backup reports itself in
+// sync) once it holds everything sent until it acknowledged the copy.
+TEST(ReplicationTest, AMovesTargetCatchingUpHoldsNothingBackUntilItHasEverything) {
   QueueSink sink;
   auto primary = MakePartition(Consistency::kBsp);
   auto backup = MakePartition(Consistency::kBsp);
   backup->MakeBackup();
   primary->SetStepWorkers({1});
-  primary->SetBackups({5}, &sink);
+  primary->SetBackups({5}, &sink, /*move_target=*/5);
   // The copy (record 0) not taken in yet: a step is acknowledged and served.
   ExpectPushAck(PushAndGetResponse(*primary, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1, 1);
   auto copy_and_first = sink.Take();
@@ -693,6 +692,24 @@ TEST(ReplicationTest, ABackupCatchingUpHoldsNothingBackUntilItHasEverything) {
   EXPECT_FALSE(fresh->synced());
 }
 
+// Any other new backup (a new owner's, a replacement) is waited for from
+// its copy on: what the primary acknowledges is on it when it takes over.
+TEST(ReplicationTest, ANewBackupNotAMovesTargetIsWaitedForFromItsCopyOn) {
+  QueueSink sink;
+  auto primary = MakePartition(Consistency::kAsp);
+  auto backup = MakePartition(Consistency::kAsp);
+  backup->MakeBackup();
+  primary->SetBackups({5}, &sink);
+  auto r = std::make_shared<RecordingResponder>();
+  primary->Push(PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f}), r);
+  EXPECT_THAT(r->responses(), IsEmpty());  // the backup has no copy yet
+  Replicate(sink, *primary, *backup);
+  ASSERT_THAT(r->responses(), SizeIs(1));
+  ExpectPushAck(r->responses()[0], 1, 1);
+  EXPECT_TRUE(backup->synced());
+  EXPECT_EQ(backup->ValuesForTesting(), primary->ValuesForTesting());
+}
+
 // Found by ctr_launch_grow_test: a bsp push to a step still open is not
 // in a new backup's copy. Acknowledged before its step completed, it was
 // lost when the move cut over with the step open: the new owner waited
@@ -706,7 +723,7 @@ TEST(ReplicationTest, ABspPushWaitsForItsStepWhileANewBackupCatchesUp) {
   backup->MakeBackup();
   primary->SetStepWorkers({1, 2});
   backup->SetStepWorkers({1, 2});
-  primary->SetBackups({5}, &sink);  // a move's target, catching up
+  primary->SetBackups({5}, &sink, 5);  // a move's target, catching up
   auto r1 = std::make_shared<RecordingResponder>();
   primary->Push(PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f}), r1);
   EXPECT_THAT(r1->responses(), IsEmpty());  // its step is open
@@ -729,7 +746,7 @@ TEST(ReplicationTest, ABspPushWaitsForItsStepWhileANewBackupCatchesUp) {
   QueueSink sink2;
   auto p2 = MakePartition(Consistency::kBsp);
   p2->SetStepWorkers({1, 2});
-  p2->SetBackups({5}, &sink2);
+  p2->SetBackups({5}, &sink2, 5);
   auto a = std::make_shared<RecordingResponder>();
   p2->Push(PushMsg(1, 1, 0, 1, {2.f, 2.f, 2.f}), a);
   EXPECT_THAT(a->responses(), IsEmpty());
@@ -1314,13 +1331,13 @@ TEST(ReplicaStreamsTest, RecordsToANodeThatBacksThePartitionNoMoreAreDropped) {
   streams.SetBackups({{5, backup_transport->listen_address()}});
   gone->SetStepWorkers({2});
   kept->SetStepWorkers({2});
-  gone->SetBackups({5}, &streams);  // its copy: refused, resent, refused...
-  kept->SetBackups({5}, &streams);  // ...and this one's waits behind it
+  gone->SetBackups({5}, &streams, 5);  // its copy: refused, resent, refused...
+  kept->SetBackups({5}, &streams, 5);  // ...and this one's waits behind it
   auto ack = std::make_shared<RecordingResponder>();
   Message push = PushMsg(2, 1, 0, 1, {2.f});
   push.header.partition = kPartitionId + 1;
   kept->Push(push, ack);
-  // (Acknowledged at once: nothing waits for a backup catching up.)
+  // (Acknowledged at once: nothing waits for a move's target catching up.)
   ASSERT_THAT(ack->responses(), SizeIs(1));
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_FALSE(kept_backup->synced());  // stuck behind the refused copy

@@ -6,9 +6,12 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "pserver/partition.h"
 #include "pserver/pserver.h"
 #include "storage/file_system.h"
 #include "tests/testing/recording_responder.h"
@@ -65,6 +68,42 @@ proto::ClusterView MovedAway(proto::ClusterView view, uint64_t epoch) {
   view.set_epoch(epoch);
   for (auto& p : *view.mutable_partitions()) p.set_owner(42);
   return view;
+}
+
+// Replication records a primary sends, kept here for the test to hand on.
+class QueueSink : public ReplicaSink {
+ public:
+  void Send(Partition*, uint32_t backup, Message record) override {
+    absl::MutexLock l(&mu_);
+    records_.emplace_back(backup, std::move(record));
+  }
+  std::vector<std::pair<uint32_t, Message>> Take() {
+    absl::MutexLock l(&mu_);
+    std::vector<std::pair<uint32_t, Message>> r;
+    r.swap(records_);
+    return r;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<uint32_t, Message>> records_ ABSL_GUARDED_BY(mu_);
+};
+
+// Brings `backup` (node `node` of `primary`) in sync: the copy, the
+// caught-up marker.
+void Sync(Partition& primary, Partition& backup, uint32_t node) {
+  QueueSink sink;
+  primary.SetBackups({node}, &sink);
+  for (auto records = sink.Take(); !records.empty(); records = sink.Take()) {
+    for (auto& [to, record] : records) {
+      auto r = std::make_shared<RecordingResponder>();
+      backup.ApplyReplica(record, r);
+      ASSERT_EQ(r->responses().size(), 1u);
+      ASSERT_THAT(transport::ResponseStatus(r->responses()[0]), IsOk());
+      primary.OnReplicaAck(to, record.header.seq);
+    }
+  }
+  primary.SetBackups({}, &sink);
 }
 
 // A PServer that is never started (its master is never contacted): views
@@ -179,6 +218,67 @@ TEST(PServerViewTest, ABackupWhosePartitionGetsANewOwnerStartsAFreshCopy) {
   EXPECT_TRUE(first.expired()) << "the backup of the old owner's stream is still here";
   EXPECT_EQ(second->role(), PartitionRole::kBackup);
   EXPECT_FALSE(second->synced());  // until the new owner's copy
+}
+
+// Found by fault_migration_kill_test: a move's cut-over gave the
+// partition's backups a fresh copy to take from the new owner, so the new
+// owner dying before it came lost the partition (replication 1, and the
+// job failed). The backup keeps the copy in sync with the old owner until
+// the new owner's is in, and takes over from it if need be.
+TEST(PServerViewTest, ABackupKeepsItsOldCopyUntilTheNewOwnersCopyIsIn) {
+  auto fs = storage::NewMemoryFileSystem();
+  std::unique_ptr<PServer> old_owner = Unstarted(fs.get());
+  std::unique_ptr<PServer> new_owner = Unstarted(fs.get());
+  std::unique_ptr<PServer> server = Unstarted(fs.get());
+  ASSERT_NE(server, nullptr);
+  ASSERT_THAT(old_owner->ApplyView(PlacedView(5)), IsOk());
+  ASSERT_THAT(new_owner->ApplyView(PlacedView(5)), IsOk());
+  proto::ClusterView view = PlacedView(5);
+  view.mutable_partitions(0)->set_owner(42);
+  view.mutable_partitions(0)->add_backups(0);  // this pserver
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  std::shared_ptr<Partition> old_copy = server->FindPartition(0);
+  Sync(*old_owner->FindPartition(0), *old_copy, 0);
+  ASSERT_TRUE(old_copy->synced());
+
+  // The cut-over: node 43 owns it, and sends a fresh copy.
+  view.set_epoch(6);
+  view.mutable_partitions(0)->set_owner(43);
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  std::shared_ptr<Partition> fresh = server->FindPartition(0);
+  ASSERT_NE(fresh, old_copy);
+  EXPECT_FALSE(fresh->holds_copy());
+  std::weak_ptr<Partition> kept = old_copy;
+  old_copy.reset();
+  EXPECT_FALSE(kept.expired()) << "the copy in sync with the old owner went first";
+  // Node 43 dies before its copy came: this pserver takes over from the
+  // old copy.
+  view.set_epoch(7);
+  view.mutable_partitions(0)->set_owner(0);
+  view.mutable_partitions(0)->clear_backups();
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  EXPECT_EQ(server->FindPartition(0), kept.lock());
+  EXPECT_EQ(kept.lock()->role(), PartitionRole::kPrimary);
+
+  // Again, and the new owner's copy comes first: it serves, the old goes.
+  view.set_epoch(8);
+  view.mutable_partitions(0)->set_owner(42);
+  view.mutable_partitions(0)->add_backups(0);
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  Sync(*old_owner->FindPartition(0), *server->FindPartition(0), 0);
+  kept = server->FindPartition(0);
+  view.set_epoch(9);
+  view.mutable_partitions(0)->set_owner(43);
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  fresh = server->FindPartition(0);
+  Sync(*new_owner->FindPartition(0), *fresh, 0);
+  view.set_epoch(10);
+  view.mutable_partitions(0)->set_owner(0);
+  view.mutable_partitions(0)->clear_backups();
+  ASSERT_THAT(server->ApplyView(view), IsOk());
+  EXPECT_EQ(server->FindPartition(0), fresh);
+  EXPECT_EQ(fresh->role(), PartitionRole::kPrimary);
+  EXPECT_TRUE(kept.expired()) << "the old copy outlived the new one's promotion";
 }
 
 }  // namespace

@@ -8,8 +8,11 @@
 # the stall it caused to bsp steps: the longest step in the move's window
 # (from its start to 0.5 s after its cut-over) less the median step of
 # the same run outside any move (the baseline, measured alongside).
+# With --replication R the partitions have R backups and the job scales
+# between R+1 and R+2 pservers: a cut-over then also waits for the new
+# owner's backups to take its copy.
 #
-#   bench/migration_bench.sh [--rounds N]
+#   bench/migration_bench.sh [--rounds N] [--replication R]
 #
 # Built binaries are taken from build/bin.
 set -euo pipefail
@@ -17,10 +20,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="$ROOT/build"
 ROUNDS=3
+REPLICATION=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) ROUNDS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --replication) REPLICATION="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "migration_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -33,8 +38,10 @@ trap '"$ROOT/scripts/launch.sh" down --run-dir "$work/run" >/dev/null 2>&1 || tr
 base="$(pick_port_base)"
 write_config "$work/job.yaml" bsp 50 "$base" 0
 sed -i 's/^  layers: \[784, 128, 10\]$/  layers: [784, 4096, 10]/; s/^  slice_bytes: 131072$/  slice_bytes: 4194304/' "$work/job.yaml"
-printf 'elastic:\n  max_pservers: 2\n  max_moves: 1\n' >> "$work/job.yaml"
-printf '127.0.0.1 master pserver=1..2 worker=1\n' > "$work/hosts"
+small=$((REPLICATION + 1)) big=$((REPLICATION + 2))
+sed -i "s/^  dead_timeout_ms: 2000\$/  dead_timeout_ms: 2000\n  replication: $REPLICATION/" "$work/job.yaml"
+printf 'elastic:\n  max_pservers: %d\n  max_moves: 1\n' "$big" >> "$work/job.yaml"
+printf '127.0.0.1 master pserver=%d..%d worker=1\n' "$small" "$big" > "$work/hosts"
 master="127.0.0.1:$base"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 STRATA_WORKER_FLAGS="--trace=$work/trace.json --trace_max_steps=0" \
@@ -44,9 +51,9 @@ launcher=$!
 wait_steps "$master" 50
 sleep 3
 for r in $(seq 1 "$ROUNDS"); do
-  "$STRATA" scale --master "$master" --pservers 2 --timeout 120 > /dev/null
+  "$STRATA" scale --master "$master" --pservers "$big" --timeout 120 > /dev/null
   sleep 3
-  "$STRATA" scale --master "$master" --pservers 1 --timeout 120 > /dev/null
+  "$STRATA" scale --master "$master" --pservers "$small" --timeout 120 > /dev/null
   sleep 3
 done
 "$ROOT/scripts/launch.sh" down --run-dir "$work/run" > /dev/null 2>&1 || true

@@ -375,6 +375,7 @@ do_up() {
   if compgen -G "$RUN_DIR/pids/*" > /dev/null || compgen -G "$RUN_DIR/units/*" > /dev/null; then
     die "$RUN_DIR already has a running cluster (launch.sh down --run-dir $RUN_DIR)"
   fi
+  rm -f "$RUN_DIR/down"  # (an earlier cluster's `down`)
   # The files, the ports, and every host (reached as below, its ports
   # free, the RDMA preflight for the rdma transport) before anything starts.
   local remote_all=() tmp_validate strata_there
@@ -493,6 +494,9 @@ do_provide() {
 
 do_down() {
   [[ -n "$RUN_DIR" && -d "$RUN_DIR/pids" ]] || die "down needs --run-dir of a cluster"
+  # A `launch.sh run` supervising this cluster stops supervising (it
+  # neither restarts what this stops nor waits for the job).
+  touch "$RUN_DIR/down"
   if [[ -f "$RUN_DIR/systemd" ]]; then
     down_systemd
     return
@@ -608,6 +612,13 @@ do_run() {
   local state="" f name dead="" restarts_total=0
   local -A restarts=() finished=()
   while true; do
+    if [[ -f "$RUN_DIR/down" ]]; then
+      # Taken down from outside (`launch.sh down`; before, the run waited
+      # out its timeout on a master gone).
+      echo "launch.sh: the cluster was taken down (launch.sh down --run-dir $RUN_DIR)" >&2
+      rc=1
+      break
+    fi
     if ! kill -0 "$wait_pid" 2>/dev/null; then
       if wait "$wait_pid"; then
         rc=0
@@ -697,6 +708,7 @@ do_run() {
         "(restart $((n + 1)) of $RESTART_BURST within ${RESTART_INTERVAL}s)" >&2
       sleep "$delay"
       kill -0 "$wait_pid" 2>/dev/null || continue
+      [[ -f "$RUN_DIR/down" ]] && continue
       restart_daemon "$dead"
       restarts[$dead]="$kept $SECONDS"
       restarts_total=$((restarts_total + 1))

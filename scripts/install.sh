@@ -10,6 +10,10 @@
 #   (build/python/strata)           python3 finds it there: docs/python.md)
 #   the units                       /etc/systemd/system/strata-master.service,
 #                                   strata-pserver@.service, strata-worker@.service
+#   the master's provider under     PREFIX/lib/strata/provider, units; and
+#   systemd (starts and stops units /etc/ssh/sshd_config.d/strata.conf (root's
+#   on other hosts for strata scale) logins also take the provider's key from
+#                                   /etc/strata/provider/authorized_keys)
 #   example configs (never over     /etc/strata/strata.yaml, hosts, strata.env,
 #   an operator's own)              credentials/s3 (S3 keys, mode 0600, in 0700)
 #   the docs                        PREFIX/share/doc/strata/
@@ -41,6 +45,8 @@ done
 BINARIES=(strata strata-master strata-pserver strata-worker strata-gen-ctr)
 UNITS=(strata-master.service strata-pserver@.service strata-worker@.service)
 UNIT_DIR="$DEST/etc/systemd/system"
+LIB="$DEST$PREFIX/lib/strata"
+SSHD_CONF="$DEST/etc/ssh/sshd_config.d/strata.conf"
 ETC="$DEST/etc/strata"
 DOC="$DEST$PREFIX/share/doc/strata"
 # The Python package built beside the binaries (STRATA_WITH_PYTHON), for
@@ -65,12 +71,20 @@ install_all() {
   install -d -m 0755 "$DEST$PREFIX/bin" "$UNIT_DIR" "$DOC"
   for b in "${BINARIES[@]}"; do install -m 0755 "$BIN_DIR/$b" "$DEST$PREFIX/bin/$b"; done
   for u in "${UNITS[@]}"; do
-    sed -e "s|/usr/local/bin/|$PREFIX/bin/|g" -e "s|/usr/local/share/doc/strata/|$PREFIX/share/doc/strata/|g" \
+    sed -e "s|/usr/local/bin/|$PREFIX/bin/|g" -e "s|/usr/local/lib/strata/|$PREFIX/lib/strata/|g" -e "s|/usr/local/share/doc/strata/|$PREFIX/share/doc/strata/|g" \
       "$ROOT_DIR/scripts/systemd/$u" > "$UNIT_DIR/$u.tmp"
     chmod 0644 "$UNIT_DIR/$u.tmp"
     mv "$UNIT_DIR/$u.tmp" "$UNIT_DIR/$u"
   done
   install -m 0644 "$ROOT_DIR"/docs/*.md "$DOC/"
+  # The master's provider and what its key may run on each host.
+  install -d -m 0755 "$LIB"
+  install -m 0755 "$ROOT_DIR/scripts/systemd/provider.sh" "$LIB/provider"
+  install -m 0755 "$ROOT_DIR/scripts/systemd/units.sh" "$LIB/units"
+  if [[ -n $DEST || -d /etc/ssh ]]; then  # (a host without ssh gets none)
+    install -d -m 0755 "$(dirname "$SSHD_CONF")"
+    install -m 0644 "$ROOT_DIR/scripts/systemd/sshd-strata.conf" "$SSHD_CONF"
+  fi
   if [[ -n $PY_VERSION && -d $PY_SRC ]]; then
     install -d -m 0755 "$PY_DIR"
     install -m 0644 "$PY_SRC"/*.py "$PY_DIR/"
@@ -106,7 +120,11 @@ install_all() {
   # from gen-certs.sh's HOST/): readable by the daemons' group, the keys by
   # their user only.
   install -d -m 0750 ${owner:+-g strata} "$ETC/tls"
-  if live_systemd; then systemctl daemon-reload; fi
+  if live_systemd; then
+    systemctl daemon-reload
+    # (sshd reads its drop-in again; not running: it reads it when it starts.)
+    systemctl try-reload-or-restart ssh.service 2> /dev/null || true
+  fi
   echo "installed Strata under ${DEST:-/} (binaries in $PREFIX/bin, units in /etc/systemd/system)"
   echo "next: edit /etc/strata/strata.yaml, hosts and strata.env; then"
   echo "  systemctl enable --now strata-master   (on the master's host)"
@@ -120,13 +138,17 @@ uninstall_all() {
   fi
   for b in "${BINARIES[@]}"; do rm -f "$DEST$PREFIX/bin/$b"; done
   for u in "${UNITS[@]}"; do rm -f "$UNIT_DIR/$u"; done
-  rm -rf "$DOC"
+  rm -rf "$DOC" "$LIB"
+  rm -f "$SSHD_CONF"
   [[ -n $PY_VERSION ]] && rm -rf "$PY_DIR"
   if [[ $PURGE == 1 ]]; then
     rm -rf "$ETC" "$DEST/var/lib/strata" "$DEST/var/log/strata"
     if [[ -z $DEST ]] && getent passwd strata > /dev/null; then userdel strata || true; fi
   fi
-  if live_systemd; then systemctl daemon-reload; fi
+  if live_systemd; then
+    systemctl daemon-reload
+    systemctl try-reload-or-restart ssh.service 2> /dev/null || true
+  fi
   echo "uninstalled Strata from ${DEST:-/}$([[ $PURGE == 1 ]] && echo ' (purged: configs, state and logs too)' || echo ' (kept /etc/strata, /var/lib/strata, /var/log/strata)')"
 }
 

@@ -47,7 +47,10 @@
 #                   /etc/strata there; systemd supervises them (Restart=
 #                   on-failure). down stops the units and copies their
 #                   journals to D/logs and the master's summary and event
-#                   log to D (docs/operations.md).
+#                   log to D (docs/operations.md). `strata scale` starts
+#                   and stops units on the hosts with room through the
+#                   master's own provider (lib/strata/provider), which up
+#                   gives a key that may do only that (setup_provider).
 #
 # run supervises the daemons like systemd's Restart=on-failure: the master,
 # a pserver or a worker that fails while the job runs is restarted after
@@ -89,6 +92,7 @@ BIN_DIR="${STRATA_BIN_DIR:-$ROOT/build/bin}"
 REMOTE_CMD="${STRATA_REMOTE_CMD:-ssh -o BatchMode=yes}"
 # What the installed units run (scripts/install.sh's default prefix).
 SYSTEMD_STRATA="${STRATA_SYSTEMD_PREFIX:-/usr/local}/bin/strata"
+SYSTEMD_UNITS="${STRATA_SYSTEMD_PREFIX:-/usr/local}/lib/strata/units"  # the provider's forced command
 
 die() { echo "launch.sh: $*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; }
@@ -267,14 +271,21 @@ up_systemd() {
   mkdir -p "$RUN_DIR/units"
   touch "$RUN_DIR/systemd"
   STARTED=1
-  # Every host: Strata installed for systemd, none of its units running,
-  # and this job's config, host file and addresses in /etc/strata (sent
-  # over the remote command: no shared file system needed).
+  # The host file's room, where `strata scale` starts more (the provider).
+  "$STRATA" plan --config "$CONFIG" --hosts "$HOSTS" --spare > "$RUN_DIR/plan.spare" ||
+    { rm -f "$RUN_DIR/systemd"; die "cannot plan the host file's room"; }
+  local all_hosts
+  all_hosts="$(cat "$RUN_DIR/plan" "$RUN_DIR/plan.spare" | awk '{print $3}' | sort -u)"
+  # Every host (those with room too): Strata installed for systemd, none of
+  # its units running, and this job's config, host file and addresses in
+  # /etc/strata (sent over the remote command: no shared file system needed).
   local units_of_host
-  for h in $(awk '{print $3}' <<< "$plan" | sort -u); do
+  for h in $all_hosts; do
     units_of_host="$(awk -v h="$h" '$3 == h { print ($1 == "master" ? "strata-master.service" : "strata-" $1 "@" $2 ".service") }' <<< "$plan" | tr '\n' ' ')"
     on_host "$h" "[ -f /etc/systemd/system/strata-master.service ] && command -v systemctl > /dev/null ||
         { echo 'Strata is not installed for systemd on $h: run scripts/install.sh install there' >&2; exit 1; }
+      [ -x '$SYSTEMD_UNITS' ] ||
+        { echo 'Strata on $h has no $SYSTEMD_UNITS (installed before strata scale came): run scripts/install.sh install there again' >&2; exit 1; }
       for u in $units_of_host; do
         if systemctl is-active --quiet \$u; then
           echo \"\$u is already running on $h: stop it first (launch.sh down, or systemctl stop \$u)\" >&2; exit 1
@@ -299,6 +310,7 @@ up_systemd() {
       rm -f "$tar"
     fi
   done
+  setup_provider "$master_host" "$all_hosts" || { rm -f "$RUN_DIR/systemd"; die "cannot set up the master's provider"; }
   local failed=0
   # start_unit NAME HOST UNIT [SHELL BEFORE]
   start_unit() {
@@ -328,8 +340,61 @@ up_systemd() {
   echo "launch.sh: cluster up under systemd: master $master (http $(cat "$RUN_DIR/master.http")), run dir $RUN_DIR"
 }
 
+# setup_provider MASTER_HOST HOSTS: what the master's provider under
+# systemd (scripts/systemd/provider.sh) needs to start and stop units on
+# HOSTS for `strata scale`. A key made for this run (RUN_DIR/provider/id)
+# is installed as /etc/strata/provider/id on the master's host, strata's
+# alone; on every host, root's logins take it from /etc/strata/provider/
+# authorized_keys (install.sh's sshd drop-in), where its command= lets it
+# run lib/strata/units only. The master's host also gets the hosts' ssh
+# keys (no key is taken on trust) and the plan with the host file's room
+# (/etc/strata/plan: which host runs which index).
+setup_provider() {
+  local master_host="$1" hosts="$2" h keys dir="$RUN_DIR/provider"
+  mkdir -p "$dir"
+  [[ -f "$dir/id" ]] || ssh-keygen -q -t ed25519 -N '' -C "strata-provider ($RUN_DIR)" -f "$dir/id" ||
+    { echo "launch.sh: ssh-keygen failed" >&2; return 1; }
+  echo "restrict,command=\"$SYSTEMD_UNITS\" $(cat "$dir/id.pub")" > "$dir/authorized_keys"
+  : > "$dir/known_hosts"
+  for h in $hosts; do
+    on_host_in "$dir/authorized_keys" "$h" "mkdir -p /etc/strata/provider && chmod 0755 /etc/strata/provider &&
+        cat > /etc/strata/provider/authorized_keys.new && chmod 0644 /etc/strata/provider/authorized_keys.new &&
+        mv /etc/strata/provider/authorized_keys.new /etc/strata/provider/authorized_keys" ||
+      { echo "launch.sh: cannot install the provider's key on $h" >&2; return 1; }
+    keys="$(on_host "$h" "cat /etc/ssh/ssh_host_*_key.pub")" && [[ -n $keys ]] ||
+      { echo "launch.sh: cannot read $h's ssh host keys (/etc/ssh/ssh_host_*_key.pub): is sshd installed there?" >&2; return 1; }
+    awk -v h="$h" '{ print h, $1, $2 }' <<< "$keys" >> "$dir/known_hosts"
+  done
+  cat "$RUN_DIR/plan" "$RUN_DIR/plan.spare" > "$dir/plan"
+  on_host_in "$dir/plan" "$master_host" "cat > /etc/strata/plan.new && chmod 0644 /etc/strata/plan.new &&
+      mv /etc/strata/plan.new /etc/strata/plan" &&
+  on_host_in "$dir/known_hosts" "$master_host" "cat > /etc/strata/provider/known_hosts.new &&
+      chmod 0644 /etc/strata/provider/known_hosts.new &&
+      mv /etc/strata/provider/known_hosts.new /etc/strata/provider/known_hosts" &&
+  on_host_in "$dir/id" "$master_host" "umask 077 && cat > /etc/strata/provider/id.new &&
+      chown strata:strata /etc/strata/provider/id.new && mv /etc/strata/provider/id.new /etc/strata/provider/id" ||
+    { echo "launch.sh: cannot install the provider's key, the plan or the hosts' keys on $master_host" >&2; return 1; }
+}
+
+# Pservers and workers the master's provider started (strata scale) that
+# still run are this run's units too: down stops them and keeps their
+# journals (since the master started).
+adopt_provided_units() {
+  local h u since="" name _h _u
+  [[ -f "$RUN_DIR/units/master-0" ]] && read -r _h _u since < "$RUN_DIR/units/master-0"
+  for h in $(cat "$RUN_DIR/plan" "$RUN_DIR/plan.spare" 2>/dev/null | awk '$1 != "master" { print $3 }' | sort -u); do
+    for u in $(on_host "$h" "systemctl list-units --plain --no-legend --state=active,activating,failed \
+        'strata-worker@*' 'strata-pserver@*'" | awk '{ print $1 }'); do
+      [[ $u =~ ^strata-(worker|pserver)@([0-9]+)\.service$ ]] || continue
+      name="${BASH_REMATCH[1]}-${BASH_REMATCH[2]}"
+      [[ -f "$RUN_DIR/units/$name" ]] || echo "$h $u $since" > "$RUN_DIR/units/$name"
+    done
+  done
+}
+
 down_systemd() {
   local f name host unit since pat
+  adopt_provided_units
   # Workers first, then pservers, then the master; systemd sends SIGTERM
   # (a checkpoint first when they are on) and SIGKILL after TimeoutStopSec.
   for pat in 'worker-*' 'pserver-*' 'master-*'; do
@@ -467,7 +532,7 @@ start_instance() {
 # instances of the plan (or of its room) it names.
 do_provide() {
   [[ -n "$RUN_DIR" && -f "$RUN_DIR/launch.env" ]] ||
-    die "provide needs --run-dir of a cluster launch.sh started as processes (under --systemd, elastic.provider starts the units)"
+    die "provide needs --run-dir of a cluster launch.sh started as processes (under --systemd, the master's own provider, lib/strata/provider, starts the units)"
   [[ "$ROLE" == worker || "$ROLE" == pserver ]] || die "provide: --role worker|pserver, got '$ROLE'"
   # shellcheck disable=SC1091
   source "$RUN_DIR/launch.env"

@@ -143,7 +143,7 @@ cat > "$work/hosts" <<HOSTS
 # The master and a pserver on one host, a pserver and a worker on the next, a worker on the last.
 $(addr_of 1) master pserver
 $(addr_of 2) pserver worker
-$(addr_of 3) worker
+$(addr_of 3) worker=1..2
 HOSTS
 "$STRATA" validate --config "$work/job.yaml" --hosts "$work/hosts" --remote-cmd "${SSH[*]}" \
   > "$work/validate.out" 2>&1 || { cat "$work/validate.out"; fail "strata validate refused the hosts"; }
@@ -214,8 +214,9 @@ while time.time() < deadline:
         up = query('up')
         sps = query('sum(strata_worker_samples_per_second)')
         last = (up, sps)
-        if len(up) == 5 and all(float(x['value'][1]) == 1 for x in up) and sps and float(sps[0]['value'][1]) > 0:
-            print(f"prometheus: 5 targets up on 3 hosts, {float(sps[0]['value'][1]):.0f} samples/s")
+        # (The host file's room is scraped too: worker 2, down until a scale.)
+        if len(up) == 6 and sum(float(x['value'][1]) == 1 for x in up) == 5 and sps and float(sps[0]['value'][1]) > 0:
+            print(f"prometheus: 5 targets up on 3 hosts (and the room's 1 down), {float(sps[0]['value'][1]):.0f} samples/s")
             sys.exit(0)
     except Exception as e:
         last = e
@@ -258,6 +259,35 @@ m = json.load(open(sys.argv[1]))['view']['members']
 w1 = [n for n in m if n['role'] == 'WORKER' and n.get('index', 0) == 1]
 assert len(w1) >= 2 and w1[-1]['state'] == 'ALIVE', w1
 PY
+
+# 5b. strata scale through the master's own provider: a worker unit started
+# on host 3 (the host file's room), over ssh with the key launch.sh gave it,
+# then drained away and its unit stopped.
+out="$("$STRATA" scale --master "$master" --workers 3 --reason systemd-grow 2>&1)" ||
+  { echo "$out"; "${SSH[@]}" "$(addr_of 1)" 'journalctl -u strata-master --no-pager | grep -E "provider|scale" | tail -20'
+    fail "strata scale --workers 3 under systemd failed"; }
+grep -qE 'scale done \(workers 2 -> 3: starting worker 2\)' <<< "$out" || fail "scale to 3 not done: $out"
+"${SSH[@]}" "$(addr_of 3)" 'systemctl is-active --quiet strata-worker@2.service' ||
+  fail "the provider did not start strata-worker@2 on host 3"
+[[ "$(unit_user 3 strata-worker@2.service | tr -d ' ')" == strata ]] || fail "strata-worker@2 does not run as strata"
+"${SSH[@]}" "$(addr_of 1)" 'journalctl -u strata-master --no-pager' > "$work/master-journal.txt"
+grep -q "strata provider: $(addr_of 3): started strata-worker@2.service" "$work/master-journal.txt" ||
+  { grep -E 'provider|scale' "$work/master-journal.txt" | tail; fail "the master's journal does not show the provider's start"; }
+# The key does nothing else: a shell command over it is refused.
+"${SSH[@]}" "$(addr_of 1)" "ssh -i /etc/strata/provider/id -o IdentitiesOnly=yes -o BatchMode=yes \
+    -o UserKnownHostsFile=/etc/strata/provider/known_hosts root@$(addr_of 2) id" > "$work/key.out" 2>&1 &&
+  fail "the provider's key ran a shell command: $(cat "$work/key.out")"
+grep -q "refused 'id'" "$work/key.out" || fail "the provider's key: $(cat "$work/key.out")"
+out="$("$STRATA" scale --master "$master" --workers 2 --reason systemd-shrink 2>&1)" ||
+  { echo "$out"; fail "strata scale --workers 2 under systemd failed"; }
+grep -q 'scale done' <<< "$out" || fail "scale to 2 not done: $out"
+for _ in $(seq 1 100); do
+  "${SSH[@]}" "$(addr_of 3)" 'systemctl is-active --quiet strata-worker@2.service' || break
+  sleep 0.2
+done
+"${SSH[@]}" "$(addr_of 3)" 'systemctl is-active --quiet strata-worker@2.service' &&
+  fail "strata-worker@2 still runs after the scale back to 2"
+echo "strata scale under systemd: strata-worker@2 started on host 3 by the master's provider, then drained and stopped"
 
 # 6. Stop the job, then the units.
 "$STRATA" stop --master "$master" --no-checkpoint > "$work/stop.out" || { cat "$work/stop.out"; fail "strata stop failed"; }
@@ -318,4 +348,4 @@ for h in "${hosts[@]}"; do
 done
 grep -q "strata-sd-$tag-" /proc/self/mountinfo && fail "mounts left: $(grep "strata-sd-$tag-" /proc/self/mountinfo)"
 assert_nothing_left "$work"
-echo "PASS: install, validate, up --systemd on 3 systemd hosts, top/status/page, systemd restart, stop, down, uninstall"
+echo "PASS: install, validate, up --systemd on 3 systemd hosts, top/status/page, systemd restart, strata scale through the provider, stop, down, uninstall"

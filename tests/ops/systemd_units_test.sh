@@ -49,6 +49,45 @@ mode() { stat -c %a "$1"; }
 "$BUILD_DIR/bin/strata" validate --config "$root/etc/strata/strata.yaml" --hosts "$root/etc/strata/hosts" \
   > "$work/validate.out" 2>&1 || { cat "$work/validate.out"; fail "the installed example config does not validate"; }
 
+# The master's provider under systemd and what its key may run on a host.
+lib="$root/usr/local/lib/strata"
+[[ -x $lib/provider && -x $lib/units ]] || fail "install did not put provider and units in /usr/local/lib/strata"
+grep -qF -- '--provider "/usr/local/lib/strata/provider {action} {role} {indices}"' \
+  "$root/etc/systemd/system/strata-master.service" || fail "the master unit does not pass its provider"
+# sshd takes root's keys from /etc/strata/provider/authorized_keys too, and
+# only root's (its drop-in read as Debian's sshd_config includes it).
+drop="$root/etc/ssh/sshd_config.d/strata.conf"
+[[ -f $drop ]] || fail "install did not put the sshd drop-in"
+if [[ -x /usr/sbin/sshd ]]; then
+  ssh-keygen -q -t ed25519 -N '' -f "$work/hostkey"
+  printf 'Include %s\nHostKey %s\n' "$drop" "$work/hostkey" > "$work/sshd_config"
+  /usr/sbin/sshd -T -f "$work/sshd_config" -C user=root,host=h,addr=10.0.0.1 | grep -qix \
+    'authorizedkeysfile .ssh/authorized_keys .ssh/authorized_keys2 /etc/strata/provider/authorized_keys' ||
+    fail "the sshd drop-in does not give root the provider's authorized_keys"
+  /usr/sbin/sshd -T -f "$work/sshd_config" -C user=bob,host=h,addr=10.0.0.1 |
+    grep -qi 'authorizedkeysfile.*strata' && fail "the sshd drop-in applies to users other than root"
+fi
+# The key's forced command runs nothing but add|remove worker|pserver INDEX.
+for line in '' 'add worker 1; reboot' 'add worker 1 && id' 'start worker 1' 'add master 0' \
+            'add worker ../1' 'remove pserver 1 2' $'add worker 1\nid'; do
+  rc=0; out="$(SSH_ORIGINAL_COMMAND="$line" STRATA_ETC="$root/etc/strata" "$lib/units" 2>&1)" || rc=$?
+  [[ $rc -eq 2 && $out == *"refused"* ]] || fail "units did not refuse '$line': $out"
+done
+# The provider: bad arguments refused; no plan (not brought up by
+# launch.sh): the operator starts the units, said so, exit 0; no room in
+# the plan for the index: the host file named.
+STRATA_ETC="$root/etc/strata" "$lib/provider" add worker '1;id' > "$work/prov.out" 2>&1 &&
+  fail "the provider took indices '1;id'"
+grep -q "indices I\[,J...\], got '1;id'" "$work/prov.out" || { cat "$work/prov.out"; fail "the provider's refusal does not say why"; }
+STRATA_ETC="$root/etc/strata" "$lib/provider" add worker 3 > "$work/prov.out" 2>&1 ||
+  { cat "$work/prov.out"; fail "the provider failed without a plan"; }
+grep -q 'add strata-worker@{3}.service by hand' "$work/prov.out" || { cat "$work/prov.out"; fail "the provider without a plan does not say so"; }
+mkdir -p "$work/etc/provider" && touch "$work/etc/provider/id"
+printf 'master 0 10.0.0.1 7070 7071 7072\nworker 0 10.0.0.2 0 0 7080\n' > "$work/etc/plan"
+STRATA_ETC="$work/etc" "$lib/provider" add worker 4 > "$work/prov.out" 2>&1 && fail "the provider started a worker with no room"
+grep -q "no worker 4 in $work/etc/plan: the host file has no room for it" "$work/prov.out" ||
+  { cat "$work/prov.out"; fail "the provider does not name the missing room"; }
+
 # An operator's config survives a second install.
 echo "# edited by the operator" >> "$root/etc/strata/strata.yaml"
 install_sh install --no-user > /dev/null || fail "second install failed"
@@ -59,6 +98,8 @@ install_sh install --no-user --prefix /opt/strata > /dev/null || fail "install -
 [[ -x "$root/opt/strata/bin/strata-master" ]] || fail "--prefix: no /opt/strata/bin/strata-master"
 grep -q '^ExecStart=/opt/strata/bin/strata-master ' "$root/etc/systemd/system/strata-master.service" ||
   fail "--prefix: the master unit does not start /opt/strata/bin/strata-master"
+grep -qF -- '--provider "/opt/strata/lib/strata/provider ' "$root/etc/systemd/system/strata-master.service" ||
+  fail "--prefix: the master unit's provider is not /opt/strata/lib/strata/provider"
 install_sh install --no-user > /dev/null  # back to /usr/local for the checks below
 
 # Verify: templates through an instance; ExecStart pointed at the installed
@@ -109,6 +150,7 @@ install_sh uninstall > /dev/null || fail "uninstall failed"
 [[ ! -e "$root/usr/local/bin/strata-master" ]] || fail "uninstall left strata-master"
 [[ ! -e "${pydir:-/nonexistent}/strata" ]] || fail "uninstall left the Python package"
 [[ ! -e "$root/etc/systemd/system/strata-master.service" ]] || fail "uninstall left the master unit"
+[[ ! -e $lib && ! -e $drop ]] || fail "uninstall left lib/strata or the sshd drop-in"
 [[ -f "$root/etc/strata/strata.yaml" && -f "$root/var/lib/strata/keep-me" ]] ||
   fail "uninstall removed configs or state"
 install_sh uninstall --purge > /dev/null || fail "uninstall --purge failed"

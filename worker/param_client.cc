@@ -528,7 +528,16 @@ absl::StatusOr<bool> ParamClient::Exchange::AwaitRange(uint32_t table, uint64_t 
     if (issued_.insert(id).second) Send(id);
   }
   std::shared_ptr<Round> round = round_;
+  // Done when every partition read here is answered, or as soon as any
+  // answer of the exchange needs a retry: the caller's Finish sends it
+  // again at once (as FinishOnce does). In bsp with backups a chunk's ack
+  // waits for its partition's whole step, so waiting for the other answers
+  // first would wait for good when a view change refused one chunk of a
+  // partition and let the others in.
   STRATA_RETURN_IF_ERROR(Await([round, &needed]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const auto& [id, o] : round->results) {
+      if (!AnsweredOk(o)) return true;
+    }
     for (RouteId id : needed) {
       if (round->results.count(id) == 0) return false;
     }

@@ -171,11 +171,15 @@ class ParamClient {
     void IssueAll();
     // Waits until the partitions of `table` that hold any of its elements
     // [0, end) are answered successfully (issuing those not yet sent); if
-    // any is not, settles the whole exchange (Finish).
+    // any is not, or any request of the exchange needs a retry first,
+    // settles the whole exchange (Finish).
     absl::Status WaitRange(uint32_t table, uint64_t end);
     // WaitRange without the settling: true when those partitions were all
     // answered successfully, false when one needs a retry (the caller then
-    // calls Finish, after settling whatever that retry depends on).
+    // calls Finish, after settling whatever that retry depends on). Returns
+    // false as soon as any answer of the exchange needs a retry, without
+    // waiting for the rest: their answers may wait on that retry (a bsp
+    // partition acknowledges its chunks once its whole step is replicated).
     absl::StatusOr<bool> AwaitRange(uint32_t table, uint64_t end);
     // Restarts the request timeout (an exchange carried into a new step).
     void RenewDeadline();

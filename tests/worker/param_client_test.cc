@@ -71,6 +71,16 @@ class FakePServer {
     stale_once_ = refused;
     silent_ = silent;
   }
+  // A bsp partition pushed chunk by chunk, with backups: the first push of
+  // chunk `chunk` of `partition` is refused as sent with a stale view epoch
+  // (the pserver took a new view between the chunks' arrivals), and the
+  // partition's other chunks are acknowledged only once that chunk came
+  // again (their step completes, and is replicated, with its last chunk).
+  void RefuseAChunkOnceAndHoldItsStep(uint32_t partition, uint32_t chunk) {
+    absl::MutexLock l(&mu_);
+    step_partition_ = partition;
+    step_chunk_ = chunk;
+  }
   // The client address (ip:port) each request came from, in arrival order.
   std::vector<std::string> peers() const {
     absl::MutexLock l(&mu_);
@@ -161,6 +171,27 @@ class FakePServer {
         stale_2_answered_ = true;
       }
     }
+    if (m.header.type == MessageType::kPushRequest && step_partition_ == m.header.partition) {
+      const uint32_t c =
+          (m.header.flags & transport::kFlagChunk) != 0 ? transport::ChunkIndex(m.header.flags) : 0;
+      if (c != step_chunk_) {
+        step_held_.emplace_back(std::move(r), m.header);  // answered once the step completes
+        return;
+      }
+      if (!step_refused_) {
+        step_refused_ = true;
+        r->Respond(StaleEpochRefusal(m));
+        return;
+      }
+      step_partition_.reset();  // the step completes: its held acks go
+      for (auto& [held, header] : step_held_) {
+        Message ack;
+        ack.header = header;
+        ack.header.type = MessageType::kPushResponse;
+        held->Respond(std::move(ack));
+      }
+      step_held_.clear();
+    }
     if (m.header.type == MessageType::kPushRequest && refuse_first_.has_value()) {
       if (m.header.partition != *refuse_first_) {
         held_pushes_.push_back(std::move(r));  // answered once the step completes
@@ -213,6 +244,11 @@ class FakePServer {
   std::optional<std::pair<std::shared_ptr<transport::Responder>, Message>> held_stale_
       ABSL_GUARDED_BY(mu_);
   bool refused_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<uint32_t> step_partition_ ABSL_GUARDED_BY(mu_);
+  uint32_t step_chunk_ ABSL_GUARDED_BY(mu_) = 0;
+  bool step_refused_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::pair<std::shared_ptr<transport::Responder>, transport::MessageHeader>> step_held_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<transport::Responder>> held_pushes_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::vector<std::pair<std::shared_ptr<transport::Responder>, Message>>> hold_
       ABSL_GUARDED_BY(mu_);
@@ -454,6 +490,42 @@ TEST_F(ParamClientTest, RequestToAMovedOwnerIsSentToTheNewOneWhenARetryRefreshes
   EXPECT_TRUE(push->Finish().ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "waited on the old owner";
   EXPECT_THAT(other.pushed(), ::testing::ElementsAre(::testing::Key(1)));
+}
+
+// A bsp partition pushed chunk by chunk with backups acknowledges a chunk
+// only once its whole step is replicated. A view change at the pserver
+// between the arrivals of one push's chunks refuses the later ones (sent
+// with the old epoch) while the earlier ones wait for the step: the refused
+// chunk must be sent again at once. WaitRange waited for every answer of
+// the partitions it reads before retrying any, and the worker stopped for
+// good (migration_bench --replication 1: partition 2's push at the view
+// that cut partition 3 over and started a move of partition 2's backup).
+TEST_F(ParamClientTest, WaitRangeRetriesARefusedChunkWhileItsStepHoldsTheOthers) {
+  proto::ClusterView view = view_;
+  view.set_chunk_bytes(5 * sizeof(float));  // partitions of 10 floats: 2 chunks each
+  proto::ClusterView newer = view;
+  newer.set_epoch(4);
+  auto client = std::make_unique<ParamClient>(
+      client_transport_.get(), /*node_id=*/5,
+      [newer]() -> absl::StatusOr<proto::ClusterView> { return newer; }, absl::Seconds(10));
+  client->SetView(view);
+  server_.RefuseAChunkOnceAndHoldItsStep(/*partition=*/2, /*chunk=*/1);
+  std::vector<std::vector<float>> grads = {std::vector<float>(30, 1.f),
+                                           std::vector<float>(10, 1.f)};
+  PushResult pushed;
+  auto push = client->StartPush(&grads, 1, 1, &pushed);
+  push->IssueRange(0, 30);  // the backward pass has table 0's gradient
+  // The next forward pass reads table 0 (partitions 0-2) and first waits
+  // for their pushes (MlpTrainer::PipelinedStep).
+  // (Without the retry, the wait ends only at the request timeout, 10 s,
+  // with an error.)
+  const absl::Status waited = push->WaitRange(0, 30);
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_TRUE(push->Finish().ok());
+  EXPECT_EQ(pushed.stale_partitions, 0);
+  int to_2 = 0;
+  for (const auto& [type, partition] : server_.requests()) to_2 += partition == 2;
+  EXPECT_EQ(to_2, 3) << "partition 2: chunk 0 once, chunk 1 refused and sent again";
 }
 
 TEST_F(ParamClientTest, PartitionStartsFollowTheView) {

@@ -42,14 +42,9 @@ STRATA_VECTOR_KERNEL void AdamKernel(float* __restrict p, const float* __restric
 
 // State layout: [u64 step count (adam only)][vector 0][vector 1]..., each
 // vector n floats in memory order.
-std::string SaveVectors(uint64_t t, bool with_t, const std::vector<const std::vector<float>*>& vs) {
-  std::string out;
-  size_t bytes = with_t ? sizeof(t) : 0;
-  for (const auto* v : vs) bytes += v->size() * 4;
-  out.reserve(bytes);
-  if (with_t) out.append(reinterpret_cast<const char*>(&t), sizeof(t));
-  for (const auto* v : vs) out.append(reinterpret_cast<const char*>(v->data()), v->size() * 4);
-  return out;
+// A vector's floats as bytes.
+absl::string_view Bytes(const std::vector<float>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
 absl::Status RestoreVectors(absl::string_view in, const char* name, uint64_t* t,
@@ -82,7 +77,7 @@ class Sgd : public Optimizer {
   }
   const char* name() const override { return "sgd"; }
   size_t state_bytes_per_param() const override { return 0; }
-  std::string SaveState() const override { return ""; }
+  std::vector<absl::string_view> StateViews() const override { return {}; }
   absl::Status RestoreState(absl::string_view s) override {
     return RestoreVectors(s, "sgd", nullptr, {});
   }
@@ -101,7 +96,7 @@ class Momentum : public Optimizer {
   }
   const char* name() const override { return "momentum"; }
   size_t state_bytes_per_param() const override { return 4; }
-  std::string SaveState() const override { return SaveVectors(0, false, {&v_}); }
+  std::vector<absl::string_view> StateViews() const override { return {Bytes(v_)}; }
   absl::Status RestoreState(absl::string_view s) override {
     return RestoreVectors(s, "momentum", nullptr, {&v_});
   }
@@ -136,7 +131,10 @@ class Adam : public Optimizer {
   }
   const char* name() const override { return "adam"; }
   size_t state_bytes_per_param() const override { return 8; }
-  std::string SaveState() const override { return SaveVectors(updates_, true, {&m_, &v_}); }
+  std::vector<absl::string_view> StateViews() const override {
+    return {absl::string_view(reinterpret_cast<const char*>(&updates_), sizeof(updates_)),
+            Bytes(m_), Bytes(v_)};
+  }
   absl::Status RestoreState(absl::string_view s) override {
     return RestoreVectors(s, "adam", &updates_, {&m_, &v_});
   }
@@ -147,6 +145,16 @@ class Adam : public Optimizer {
 };
 
 }  // namespace
+
+std::string Optimizer::SaveState() const {
+  const std::vector<absl::string_view> parts = StateViews();
+  size_t bytes = 0;
+  for (absl::string_view p : parts) bytes += p.size();
+  std::string out;
+  out.reserve(bytes);
+  for (absl::string_view p : parts) out.append(p.data(), p.size());
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerSection& c, size_t n) {
   if (c.type == "sgd") return std::unique_ptr<Optimizer>(new Sgd(c));

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -53,7 +54,11 @@ class Optimizer {
   // The state carried between updates (momentum's velocity; Adam's step
   // count and moments), for checkpoints: RestoreState(SaveState()) makes
   // the next updates bit-identical to those of the saved optimizer.
-  virtual std::string SaveState() const = 0;
+  std::string SaveState() const;
+  // The same as views of its parts, whose concatenation is SaveState():
+  // for copying it once, straight into a buffer (a replica copy made under
+  // a partition's lock). Valid until the next update.
+  virtual std::vector<absl::string_view> StateViews() const = 0;
   // InvalidArgument when `state` is not a SaveState of this optimizer for
   // this many parameters.
   virtual absl::Status RestoreState(absl::string_view state) = 0;

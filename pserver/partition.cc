@@ -778,31 +778,49 @@ void Partition::FillHeaderLocked(proto::CheckpointPartitionHeader* h) const {
   }
 }
 
-std::string Partition::EncodeCopyLocked() const {
+std::vector<CopyStream> Partition::CopyStreamsLocked(std::string* header, std::string* rows,
+                                                     std::string* pending) const {
   using storage::BlockType;
   proto::CheckpointPartitionHeader h;
   FillHeaderLocked(&h);
   h.set_full(true);
-  const std::string header = h.SerializeAsString();
+  *header = h.SerializeAsString();
   if (sparse_) {
-    std::string rows, pending;
-    rows_->ExportRows(/*all=*/true, &rows);
-    rows_->ExportPending(&pending);
-    return EncodeReplicaCopy(
-        std::map<BlockType, absl::string_view>{{BlockType::kHeader, header},
-                                               {BlockType::kSparseRows, rows},
-                                               {BlockType::kSparsePending, pending}});
+    rows_->ExportRows(/*all=*/true, rows);
+    rows_->ExportPending(pending);
+    return {{BlockType::kHeader, {*header}},
+            {BlockType::kSparseRows, {*rows}},
+            {BlockType::kSparsePending, {*pending}}};
   }
-  const std::string state = optimizer_->SaveState();
-  return EncodeReplicaCopy(std::map<BlockType, absl::string_view>{
-      {BlockType::kHeader, header},
-      {BlockType::kDenseValues, absl::string_view(reinterpret_cast<const char*>(values_.data()),
-                                                  values_.size() * sizeof(float))},
-      {BlockType::kOptimizerState, state}});
+  return {{BlockType::kHeader, {*header}},
+          {BlockType::kDenseValues,
+           {absl::string_view(reinterpret_cast<const char*>(values_.data()),
+                              values_.size() * sizeof(float))}},
+          {BlockType::kOptimizerState, optimizer_->StateViews()}};
+}
+
+void Partition::EncodeCopyLocked(std::string* out) const {
+  std::string header, rows, pending;
+  EncodeReplicaCopy(CopyStreamsLocked(&header, &rows, &pending), out);
+}
+
+size_t Partition::CopyBufferBytes(const std::vector<uint32_t>& backups) const {
+  absl::MutexLock l(&mu_);
+  if (role_ != PartitionRole::kPrimary || sparse_) return 0;  // (a sparse copy is built anyway)
+  bool added = false;
+  for (uint32_t b : backups) added = added || backup_acked_.count(b) == 0;
+  if (!added) return 0;
+  std::string header, rows, pending;
+  // (The header may grow a few bytes by the time the copy is made.)
+  return ReplicaCopySize(CopyStreamsLocked(&header, &rows, &pending)) + 256;
 }
 
 void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* sink,
                            uint32_t move_target) {
+  // A new backup's copy goes into a buffer allocated, and its pages
+  // touched, before the lock: under it (the partition serves nothing
+  // meanwhile) its bytes are only copied in, once.
+  std::string copy(CopyBufferBytes(backups), '\0');
   std::vector<Reply> replies;
   absl::MutexLock l(&mu_);
   if (role_ != PartitionRole::kPrimary) return;
@@ -819,11 +837,11 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
   for (uint32_t b : want) {
     if (backup_acked_.count(b) == 0) added.push_back(b);
   }
-  std::string copy;  // made once, for every new backup (moved into the last)
+  // (Made once, for every new backup; moved into the last.)
+  if (!added.empty()) EncodeCopyLocked(&copy);
   for (uint32_t b : added) {
     backup_acked_[b] = 0;
     catching_up_[b] = CatchUp{record_index_, std::nullopt};
-    if (copy.empty()) copy = EncodeCopyLocked();
     transport::Message m;
     m.header.type = MessageType::kReplicate;
     m.header.partition = id_;

@@ -282,8 +282,18 @@ class Partition : public std::enable_shared_from_this<Partition> {
   void FillHeaderLocked(proto::CheckpointPartitionHeader* h) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The whole state as a replica copy record's payload (a full checkpoint
-  // file's streams; the values copied once, straight into it).
-  std::string EncodeCopyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // file's streams), written into *out (in place when it is large enough:
+  // CopyBufferBytes); the values and optimizer state copied once.
+  void EncodeCopyLocked(std::string* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The streams of that copy: views of the partition's state, and of
+  // *header (and for a sparse one *rows, *pending) filled here.
+  std::vector<CopyStream> CopyStreamsLocked(std::string* header, std::string* rows,
+                                            std::string* pending) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A buffer size for the copy SetBackups will make for the new ones of
+  // `backups` (a little more than the copy), 0 when it makes none or
+  // cannot tell (sparse). Takes mu_.
+  size_t CopyBufferBytes(const std::vector<uint32_t>& backups) const ABSL_LOCKS_EXCLUDED(mu_);
   // Applies a decoded update record as the primary applied it.
   absl::Status ApplyUpdateLocked(const ReplicaUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a record of initial values (kFlagInitialValues) as the chunk's.

@@ -88,23 +88,41 @@ absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes) {
 }
 
 std::string EncodeReplicaCopy(const std::map<storage::BlockType, std::string>& streams) {
-  std::map<storage::BlockType, absl::string_view> views;
-  for (const auto& [type, s] : streams) views.emplace(type, s);
-  return EncodeReplicaCopy(views);
+  std::vector<CopyStream> views;
+  for (const auto& [type, s] : streams) views.push_back(CopyStream{type, {s}});
+  std::string out;
+  EncodeReplicaCopy(views, &out);
+  return out;
 }
 
-std::string EncodeReplicaCopy(const std::map<storage::BlockType, absl::string_view>& streams) {
-  std::string out;
+size_t ReplicaCopySize(const std::vector<CopyStream>& streams) {
   size_t total = 4;
-  for (const auto& [type, s] : streams) total += 12 + s.size();
-  out.reserve(total);
-  Put<uint32_t>(&out, static_cast<uint32_t>(streams.size()));
-  for (const auto& [type, s] : streams) {
-    Put<uint32_t>(&out, static_cast<uint32_t>(type));
-    Put<uint64_t>(&out, s.size());
-    out.append(s.data(), s.size());
+  for (const CopyStream& s : streams) {
+    total += 12;
+    for (absl::string_view p : s.parts) total += p.size();
   }
-  return out;
+  return total;
+}
+
+void EncodeReplicaCopy(const std::vector<CopyStream>& streams, std::string* out) {
+  const size_t total = ReplicaCopySize(streams);
+  if (out->size() < total) out->resize(total);
+  char* at = out->data();
+  const auto put = [&at](const void* p, size_t n) {
+    if (n > 0) std::memcpy(at, p, n);
+    at += n;
+  };
+  const uint32_t n = static_cast<uint32_t>(streams.size());
+  put(&n, sizeof(n));
+  for (const CopyStream& s : streams) {
+    const uint32_t type = static_cast<uint32_t>(s.type);
+    uint64_t size = 0;
+    for (absl::string_view p : s.parts) size += p.size();
+    put(&type, sizeof(type));
+    put(&size, sizeof(size));
+    for (absl::string_view p : s.parts) put(p.data(), p.size());
+  }
+  out->resize(total);  // (never larger: cut to the copy)
 }
 
 absl::StatusOr<std::map<storage::BlockType, std::string>> DecodeReplicaCopy(

@@ -44,9 +44,18 @@ absl::StatusOr<ReplicaUpdate> DecodeReplicaUpdate(absl::string_view bytes);
 
 // A copy: [u32 n] then n times (u32 block type, u64 size, bytes).
 std::string EncodeReplicaCopy(const std::map<storage::BlockType, std::string>& streams);
-// The same from views of the streams (in block type order): each byte is
-// copied once, into the record (a primary makes it under its lock).
-std::string EncodeReplicaCopy(const std::map<storage::BlockType, absl::string_view>& streams);
+// A stream of a copy given as the parts it is the concatenation of.
+struct CopyStream {
+  storage::BlockType type;
+  std::vector<absl::string_view> parts;
+};
+// The bytes of a copy of `streams`.
+size_t ReplicaCopySize(const std::vector<CopyStream>& streams);
+// Writes the copy of `streams` (in their order) into *out, each byte copied
+// once. A primary makes it under its partition's lock: when *out is at
+// least that large already (allocated, its pages touched, before the
+// lock), it is written in place and only cut to its size.
+void EncodeReplicaCopy(const std::vector<CopyStream>& streams, std::string* out);
 absl::StatusOr<std::map<storage::BlockType, std::string>> DecodeReplicaCopy(
     absl::string_view bytes);
 

@@ -49,6 +49,33 @@ TEST(ReplicaRecordTest, EveryTruncationOrExtensionIsDataLoss) {
   EXPECT_THAT(DecodeReplicaUpdate(huge).status(), StatusIs(absl::StatusCode::kDataLoss));
 }
 
+// A primary writes its copy into a buffer allocated before its lock:
+// streams given in parts, written in place when the buffer is larger
+// (then cut to the copy), grown when it is smaller; the bytes are those
+// of the copy made from whole streams.
+TEST(ReplicaRecordTest, ACopyFromPartsIntoABufferIsTheSameCopy) {
+  using storage::BlockType;
+  const std::string header = "hdr", values = "0123456789", t = "T", m = "mm", v = "vvv";
+  const std::string whole =
+      EncodeReplicaCopy(std::map<BlockType, std::string>{{BlockType::kHeader, header},
+                                                         {BlockType::kDenseValues, values},
+                                                         {BlockType::kOptimizerState, t + m + v}});
+  const std::vector<CopyStream> parts = {{BlockType::kHeader, {header}},
+                                         {BlockType::kDenseValues, {values}},
+                                         {BlockType::kOptimizerState, {t, m, v, ""}}};
+  EXPECT_EQ(ReplicaCopySize(parts), whole.size());
+  for (size_t buffer : {size_t{0}, whole.size() - 1, whole.size(), whole.size() + 256}) {
+    std::string out(buffer, 'x');
+    const char* at = out.data();
+    EncodeReplicaCopy(parts, &out);
+    EXPECT_EQ(out, whole) << "buffer of " << buffer;
+    if (buffer >= whole.size()) EXPECT_EQ(out.data(), at) << "not written in place";
+  }
+  auto back = DecodeReplicaCopy(whole);
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->at(BlockType::kOptimizerState), "Tmmvvv");
+}
+
 TEST(ReplicaRecordTest, CopyRoundTripsAndRefusesMalformedInput) {
   std::map<storage::BlockType, std::string> streams = {
       {storage::BlockType::kHeader, "head"},

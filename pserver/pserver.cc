@@ -418,6 +418,14 @@ void PServer::InstallPartitions(const proto::ClusterView& view,
       for (uint32_t b : backups) backup_addresses[b] = data_address[b];
       primaries.push_back(Served{it->second, std::move(backups), p.move_to()});
     }
+    std::map<uint32_t, uint64_t> since;
+    for (uint32_t id : owned) {
+      // (A partition made here anew, or promoted, is primary from now on.)
+      auto was = primary_since_.find(id);
+      since[id] =
+          was != primary_since_.end() && created.count(id) == 0 ? was->second : view.epoch();
+    }
+    primary_since_ = std::move(since);
     owned_ = std::move(owned);
     for (auto& [id, part] : partitions_) all.push_back(part);
     if (view.epoch() >= epoch_.load()) values_writer_ = view.tables_declared_by();
@@ -747,6 +755,12 @@ void PServer::AddSparseMetrics(const std::string& table) {
                             {{"table", table}, {"reason", "capacity"}});
 }
 
+bool PServer::PrimarySince(uint32_t partition, uint64_t epoch) const {
+  absl::MutexLock l(&mu_);
+  auto it = primary_since_.find(partition);
+  return it != primary_since_.end() && it->second <= epoch;
+}
+
 Message PServer::EpochMismatchResponse(const transport::MessageHeader& h, MessageType answer_type,
                                        uint64_t epoch) {
   Message err;
@@ -862,7 +876,9 @@ void PServer::HandleRequest(Message request, std::shared_ptr<transport::Responde
     return;
   }
   const uint64_t epoch = epoch_.load();
-  if (h.epoch != epoch) {
+  // (Replication is between the views' primaries and backups: always of
+  // the same view.)
+  if (h.epoch != epoch && (replicate || h.epoch > epoch || !PrimarySince(h.partition, h.epoch))) {
     stale_epoch_total_->Increment();
     Message err = EpochMismatchResponse(h, answer_type, epoch);
     responder->Respond(std::move(err));

@@ -116,6 +116,11 @@ class PServer {
   // are still held (a request in flight, a replication record, a
   // checkpoint). The strata_pserver_partitions_held gauge.
   int64_t partitions_held() const { return held_->load(); }
+  // Whether this node has been the primary of `partition` since view
+  // `epoch` or earlier, through the view it serves now: a worker's request
+  // of that older view is routed as today's would be, and is served (a
+  // view change stalls only the requests of the partitions it moves).
+  bool PrimarySince(uint32_t partition, uint64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   class AdminService;
@@ -252,6 +257,9 @@ class PServer {
   // meanwhile; promoted if the new owner dies before its copy came.
   std::map<uint32_t, std::shared_ptr<Partition>> shadows_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> owned_ ABSL_GUARDED_BY(mu_);  // of the view applied last
+  // For each of owned_, the view epoch from which on this node has been its
+  // primary (PrimarySince).
+  std::map<uint32_t, uint64_t> primary_since_ ABSL_GUARDED_BY(mu_);
   // Partitions alive (partitions_held()). Shared with each partition's
   // deleter: a partition may outlive the PServer in its last holder.
   const std::shared_ptr<std::atomic<int64_t>> held_ = std::make_shared<std::atomic<int64_t>>(0);

@@ -138,6 +138,37 @@ TEST(PServerViewTest, AViewFromBeforePlacementDoesNotDropPartitions) {
   EXPECT_EQ(server->Status().partitions_size(), 0);
 }
 
+// A view change stalls only the requests of the partitions it moves: a
+// worker's request of an older view is served by a node that has been its
+// partition's primary since that view (HandleRequest), refused elsewhere.
+TEST(PServerViewTest, ARequestOfAnOlderViewIsServedWhereItsPartitionStayed) {
+  auto fs = storage::NewMemoryFileSystem();
+  std::unique_ptr<PServer> server = Unstarted(fs.get());
+  ASSERT_NE(server, nullptr);
+  ASSERT_THAT(server->ApplyView(PlacedViewWithSparse(5)), IsOk());
+  EXPECT_TRUE(server->PrimarySince(0, 5));
+  EXPECT_FALSE(server->PrimarySince(0, 4)) << "not its primary before it came";
+  // Partition 1 moves away; partition 0 stays.
+  proto::ClusterView six = PlacedViewWithSparse(6);
+  six.mutable_partitions(1)->set_owner(42);
+  ASSERT_THAT(server->ApplyView(six), IsOk());
+  EXPECT_TRUE(server->PrimarySince(0, 5));
+  EXPECT_FALSE(server->PrimarySince(1, 5));
+  EXPECT_FALSE(server->PrimarySince(1, 6));
+  // It comes back: served from that view on, not for the views between.
+  ASSERT_THAT(server->ApplyView(PlacedViewWithSparse(7)), IsOk());
+  EXPECT_FALSE(server->PrimarySince(1, 6));
+  EXPECT_TRUE(server->PrimarySince(1, 7));
+  EXPECT_TRUE(server->PrimarySince(0, 5));
+  // A backup here is no primary: its partition's requests are refused.
+  proto::ClusterView eight = PlacedViewWithSparse(8);
+  eight.mutable_partitions(0)->set_owner(42);
+  eight.mutable_partitions(0)->add_backups(0);
+  ASSERT_THAT(server->ApplyView(eight), IsOk());
+  EXPECT_FALSE(server->PrimarySince(0, 7));
+  EXPECT_FALSE(server->PrimarySince(0, 8));
+}
+
 TEST(PServerViewTest, PartitionsThatMoveAwayAreFreed) {
   auto fs = storage::NewMemoryFileSystem();
   std::unique_ptr<PServer> server = Unstarted(fs.get());

@@ -182,7 +182,10 @@ void MasterServer::Tick() {
   }
   AwaitPersisted(ticket).IgnoreError();  // (logged; the next tick tries again)
   // (Recorded first: a view a pserver acts on survives a master restart.)
-  if (!pushes.empty()) PushView(nodes_.View(), nodes_.LivePServers(pushes), absl::Seconds(1));
+  if (!pushes.empty()) {
+    const proto::ClusterView view = nodes_.View();
+    nodes_.ViewApplied(PushView(view, nodes_.LivePServers(pushes), absl::Seconds(1)), view.epoch());
+  }
   for (const auto& [id, probe] : nodes_.ProbeSuspects()) {
     absl::MutexLock l(&mu_);
     if (auto d = nodes_.DeclareUnreachable(id, probe, job_.over())) DepartedLocked(*d);

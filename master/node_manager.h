@@ -245,6 +245,9 @@ class NodeManager {
     std::set<uint32_t> touched;
   };
   Migration Migrate(const MigrateOptions& o) ABSL_LOCKS_EXCLUDED(mu_);
+  // Pservers `ids` applied view `epoch` (PushView answered), as a
+  // heartbeat at that epoch would say.
+  void ViewApplied(const std::vector<uint32_t>& ids, uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
   // Pservers `ids` leave (a scale in): they are marked draining, nothing
   // new is placed on them, and Migrate moves their partitions away.
   void MarkLeaving(const std::vector<uint32_t>& ids, const std::string& why)
@@ -310,10 +313,15 @@ class NodeManager {
                                              const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Migrate's steps: moves under way cut over or abandoned (their
-  // count); pservers leaving that hold nothing drained; new moves started.
+  // count); pservers leaving that hold nothing drained; new moves started
+  // (with `start` false, only counted as waiting).
   int FinishMovesLocked(bool hold_cutover, Migration* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainEmptiedLocked(Migration* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartMovesLocked(const MigrateOptions& o, Migration* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartMovesLocked(const MigrateOptions& o, bool start, Migration* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a new owner from a cut-over has yet to apply its view (those
+  // that have, or left, are forgotten).
+  bool CutOverSettlingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pservers alive that stay (not leaving).
   std::vector<uint32_t> StayingPServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Heartbeat age and liveness gauges of node (role, index); idempotent.
@@ -353,6 +361,13 @@ class NodeManager {
   // for placement (PartitionWeight).
   std::map<uint32_t, uint64_t> sparse_bytes_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint64_t> move_epoch_ ABSL_GUARDED_BY(mu_);
+  // The new owners of partitions just cut over, and the view that made
+  // them owners: no move starts until each has applied it (a copy made
+  // meanwhile, under the lock of a partition the same workers wait for,
+  // would add its pause to the cut-over's in one step).
+  std::map<uint32_t, uint64_t> cutover_wait_ ABSL_GUARDED_BY(mu_);
+  // The newest view each pserver answered a PushView of.
+  std::map<uint32_t, uint64_t> applied_epoch_ ABSL_GUARDED_BY(mu_);
   uint64_t moves_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t moved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int moves_waiting_ ABSL_GUARDED_BY(mu_) = 0;

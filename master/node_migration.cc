@@ -94,13 +94,33 @@ NodeManager::Migration NodeManager::Migrate(const MigrateOptions& o) {
     leaving = leaving || (n.role() == proto::PSERVER && n.state() == proto::ALIVE && n.draining());
   }
   moves_waiting_ = 0;
-  if (o.rebalance || leaving) StartMovesLocked(o, &out);
+  if (o.rebalance || leaving) StartMovesLocked(o, !CutOverSettlingLocked(), &out);
   out.waiting = moves_waiting_;
   if (out.changed) {
     TopUpBackupsLocked();
     if (view_.epoch() == epoch) BumpEpochLocked();
   }
   return out;
+}
+
+void NodeManager::ViewApplied(const std::vector<uint32_t>& ids, uint64_t epoch) {
+  absl::MutexLock l(&mu_);
+  // (Not beat_epoch_: a cut-over needs a heartbeat's replicas of that
+  // epoch, which a pushed view's answer does not carry.)
+  for (uint32_t id : ids) {
+    uint64_t& e = applied_epoch_[id];
+    e = std::max(e, epoch);
+  }
+}
+
+bool NodeManager::CutOverSettlingLocked() {
+  for (auto it = cutover_wait_.begin(); it != cutover_wait_.end();) {
+    const proto::NodeInfo* n = FindLocked(it->first);
+    const bool settled = n == nullptr || n->state() != proto::ALIVE ||
+                         std::max(beat_epoch_[it->first], applied_epoch_[it->first]) >= it->second;
+    it = settled ? cutover_wait_.erase(it) : std::next(it);
+  }
+  return !cutover_wait_.empty();
 }
 
 int NodeManager::FinishMovesLocked(bool hold_cutover, Migration* out) {
@@ -142,6 +162,7 @@ int NodeManager::FinishMovesLocked(bool hold_cutover, Migration* out) {
     if (p.owner() == from) {
       EraseBackup(&p, to);
       p.set_owner(to);
+      cutover_wait_[to] = view_.epoch() + 1;  // (the view that shows it)
     } else {
       EraseBackup(&p, from);
     }
@@ -207,7 +228,7 @@ void NodeManager::DrainEmptiedLocked(Migration* out) {
   }
 }
 
-void NodeManager::StartMovesLocked(const MigrateOptions& o, Migration* out) {
+void NodeManager::StartMovesLocked(const MigrateOptions& o, bool start, Migration* out) {
   std::set<uint32_t> leaving;
   for (const auto& n : view_.members()) {
     if (n.role() == proto::PSERVER && n.state() == proto::ALIVE && n.draining()) {
@@ -222,7 +243,7 @@ void NodeManager::StartMovesLocked(const MigrateOptions& o, Migration* out) {
   std::map<uint32_t, proto::PartitionInfo*> by_id;
   for (proto::PartitionInfo& p : *view_.mutable_partitions()) by_id[p.id()] = &p;
   for (const Move& m : plan) {
-    if (out->in_progress >= o.max_moves || credit <= 0) {
+    if (!start || out->in_progress >= o.max_moves || credit <= 0) {
       ++moves_waiting_;
       continue;
     }

@@ -53,13 +53,14 @@ absl::Status SendPlacement(const proto::ClusterView& view,
   return absl::OkStatus();
 }
 
-void PushView(const proto::ClusterView& view, const std::vector<PServerTarget>& targets,
-              absl::Duration deadline) {
+std::vector<uint32_t> PushView(const proto::ClusterView& view,
+                               const std::vector<PServerTarget>& targets, absl::Duration deadline) {
   // All at once: a source making a copy for its next move does not hold
   // up the target of the last one.
   std::vector<std::thread> calls;
-  for (const PServerTarget& target : targets) {
-    calls.emplace_back([&view, deadline, target] {
+  std::vector<char> applied(targets.size(), 0);  // (a slot per call)
+  for (size_t i = 0; i < targets.size(); ++i) {
+    calls.emplace_back([&view, deadline, target = targets[i], done = &applied[i]] {
       const auto& [id, stub] = target;
       proto::AssignPartitionsRequest req;
       *req.mutable_view() = view;
@@ -72,9 +73,15 @@ void PushView(const proto::ClusterView& view, const std::vector<PServerTarget>& 
         LOG(WARNING) << "view epoch " << view.epoch() << " to pserver node " << id << ": "
                      << s.error_message() << " (its heartbeat brings it)";
       }
+      *done = s.ok();
     });
   }
   for (std::thread& t : calls) t.join();
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (applied[i]) out.push_back(targets[i].first);
+  }
+  return out;
 }
 
 absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>& targets) {

@@ -40,8 +40,9 @@ absl::Status SendPlacement(const proto::ClusterView& view,
 // ignores a view older than its own), each call within `deadline`: those
 // a move involves take it a round trip after it changed, not at their next
 // heartbeat. Failures are logged (the heartbeat brings it all the same).
-void PushView(const proto::ClusterView& view, const std::vector<PServerTarget>& targets,
-              absl::Duration deadline);
+// Returns the targets that applied it (a pserver answers once it has).
+std::vector<uint32_t> PushView(const proto::ClusterView& view,
+                               const std::vector<PServerTarget>& targets, absl::Duration deadline);
 
 // The newest partition version of those pservers now (bsp: the step).
 absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>& targets);

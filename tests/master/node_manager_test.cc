@@ -378,7 +378,9 @@ TEST_F(NodeManagerTest, APServerLeavingMovesItsPartitionsThenIsDrained) {
   ASSERT_THAT(Beat(b, {moving}), IsOk());
   o.hold_cutover = true;
   EXPECT_FALSE(n.Migrate(o).changed);
-  // Then it cuts over; the rest follow, and the emptied pserver leaves.
+  // Then it cuts over. The rest wait until the new owner has applied the
+  // view that made it one (a copy made meanwhile would pause the workers
+  // in the same step as the cut-over): they are counted as waiting.
   o.hold_cutover = false;
   o.max_moves = 1 << 20;
   o.credit = 1e12;
@@ -392,6 +394,16 @@ TEST_F(NodeManagerTest, APServerLeavingMovesItsPartitionsThenIsDrained) {
       EXPECT_EQ(p.move_to(), 0u);
     }
   }
+  EXPECT_EQ(m.in_progress, 0);
+  EXPECT_EQ(m.waiting, static_cast<int>(on_a.size()) - 1);
+  m = n.Migrate(o);
+  EXPECT_FALSE(m.changed);
+  EXPECT_EQ(m.waiting, static_cast<int>(on_a.size()) - 1);
+  n.ViewApplied({a}, view1.epoch());  // (the source's answer is not the one)
+  EXPECT_FALSE(n.Migrate(o).changed);
+  n.ViewApplied({b}, view1.epoch());  // the new owner's PushView answered: the rest follow
+  m = n.Migrate(o);
+  EXPECT_TRUE(m.changed);
   EXPECT_EQ(m.in_progress, static_cast<int>(on_a.size()) - 1);
   ASSERT_THAT(Beat(b, on_a), IsOk());
   m = n.Migrate(o);

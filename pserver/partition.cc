@@ -820,9 +820,12 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
   // A new backup's copy goes into a buffer allocated, and its pages
   // touched, before the lock: under it (the partition serves nothing
   // meanwhile) its bytes are only copied in, once.
+  const absl::Time start = absl::Now();
   std::string copy(CopyBufferBytes(backups), '\0');
+  const absl::Time allocated = absl::Now();
   std::vector<Reply> replies;
   absl::MutexLock l(&mu_);
+  const absl::Time locked = absl::Now();
   if (role_ != PartitionRole::kPrimary) return;
   sink_ = sink;
   move_target_ = move_target;
@@ -838,7 +841,13 @@ void Partition::SetBackups(const std::vector<uint32_t>& backups, ReplicaSink* si
     if (backup_acked_.count(b) == 0) added.push_back(b);
   }
   // (Made once, for every new backup; moved into the last.)
-  if (!added.empty()) EncodeCopyLocked(&copy);
+  if (!added.empty()) {
+    EncodeCopyLocked(&copy);
+    VLOG(1) << "partition " << id_ << ": copy of " << copy.size() << " bytes: buffer "
+            << absl::FormatDuration(allocated - start) << ", lock "
+            << absl::FormatDuration(locked - allocated) << ", copy under the lock "
+            << absl::FormatDuration(absl::Now() - locked);
+  }
   for (uint32_t b : added) {
     backup_acked_[b] = 0;
     catching_up_[b] = CatchUp{record_index_, std::nullopt};

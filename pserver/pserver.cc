@@ -240,9 +240,14 @@ absl::StatusOr<std::unique_ptr<Partition>> PServer::NewPartition(const proto::Cl
                                        options_.config.job.consistency);
   }
   std::vector<float> values(p.length());
-  STRATA_RETURN_IF_ERROR(
-      InitializeSlice(InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()}, p.offset(),
-                      p.length(), values.data()));
+  // A backup's values come with its primary's copy: only a primary's are
+  // initialized (a move's target makes its partition while training waits
+  // on the cores).
+  if (p.owner() == node_id_) {
+    STRATA_RETURN_IF_ERROR(
+        InitializeSlice(InitSpec{t.init(), t.fan_in(), t.fan_out(), t.id(), view.seed()},
+                        p.offset(), p.length(), values.data()));
+  }
   STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
   VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " [" << p.offset() << ", "
           << p.offset() + p.length() << "))";
@@ -286,6 +291,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
                                       const proto::CheckpointManifest* restore,
                                       const std::string& checkpoint_root) {
   VLOG(1) << "applying view epoch " << view.epoch() << " (at epoch " << epoch_.load() << ")";
+  const absl::Time start = absl::Now();
   const std::set<uint32_t> step_workers = StepWorkersDisconnectingTheGone(view);
   std::map<uint32_t, const proto::CheckpointPartition*> saved;
   if (restore != nullptr) {
@@ -361,7 +367,12 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
     LOG(INFO) << "restored " << created.size() << " partition(s) from checkpoint " << restore->seq()
               << " under " << checkpoint_root;
   }
+  const absl::Time made = absl::Now();
+  const size_t made_count = created.size();
   InstallPartitions(view, std::move(created), std::move(owned), backing, step_workers);
+  VLOG(1) << "view epoch " << view.epoch() << " applied in "
+          << absl::FormatDuration(absl::Now() - start) << " (" << made_count
+          << " partition(s) made in " << absl::FormatDuration(made - start) << ")";
   return absl::OkStatus();
 }
 

@@ -77,7 +77,16 @@ echo "ok: resumed from checkpoint 2; final state and test accuracy ($acc_b) matc
 #    before it is used, and the job again ends with the same model.
 newest="$(ls -d "$work/ck-b"/ckpt-* | sort | tail -n 1)"
 victim="$(ls "$newest"/p*.blk | head -n 1)"
-printf '\xff' | dd of="$victim" bs=1 seek=100 conv=notrunc status=none
+# (Byte 100 inverted: written as 0xff it would change nothing were it 0xff
+# already, as ceph_faults_test found.)
+python3 - "$victim" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(100)
+    b = f.read(1)[0]
+    f.seek(100)
+    f.write(bytes([b ^ 0xFF]))
+PY
 launch --config "$work/b.yaml" --run-dir "$work/b3" --resume latest || fail "run after corruption failed"
 grep -q "checkpoint refused: $victim" "$work/b3/logs/master-0.log" ||
   { grep -i checkpoint "$work/b3/logs/master-0.log"; fail "the corrupt file is not named"; }

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pserver/replica_streams.h"
+#include "tests/testing/queue_sink.h"
 #include "tests/testing/recording_responder.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/inproc/inproc_transport.h"
@@ -23,6 +24,7 @@ namespace strata::pserver {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::strata::testing::QueueSink;
 using ::strata::testing::RecordingResponder;
 using ::strata::testing::StatusIs;
 using ::testing::AllOf;
@@ -461,28 +463,8 @@ TEST(SparsePartitionTest, MalformedSparseRequestsAreRefusedNamingWhatIsWrong) {
   EXPECT_EQ(sparse->sparse_stats().rows, 0u);
 }
 
-// Replication (docs/reliability.md): records a primary sends its backups
-// are kept here and handed to a backup partition by the test.
-class QueueSink : public ReplicaSink {
- public:
-  void Send(Partition* partition, uint32_t backup, Message record) override {
-    record.header.sender_id = 1;  // the primary's node id, as the pserver stamps it
-    absl::MutexLock l(&mu_);
-    records_.emplace_back(backup, std::move(record));
-  }
-  std::vector<std::pair<uint32_t, Message>> Take() {
-    absl::MutexLock l(&mu_);
-    std::vector<std::pair<uint32_t, Message>> r;
-    r.swap(records_);
-    return r;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::pair<uint32_t, Message>> records_ ABSL_GUARDED_BY(mu_);
-};
-
-// Hands each queued record to `backup` and returns its answers.
+// Replication (docs/reliability.md): hands each record the primary sent
+// (kept by a QueueSink) to `backup` and returns its answers.
 std::vector<Message> Deliver(QueueSink& sink, Partition& backup) {
   std::vector<Message> answers;
   for (auto& [node, record] : sink.Take()) {

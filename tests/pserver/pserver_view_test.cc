@@ -14,6 +14,7 @@
 #include "pserver/partition.h"
 #include "pserver/pserver.h"
 #include "storage/file_system.h"
+#include "tests/testing/queue_sink.h"
 #include "tests/testing/recording_responder.h"
 #include "tests/testing/status_matchers.h"
 
@@ -21,6 +22,7 @@ namespace strata::pserver {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::strata::testing::QueueSink;
 using ::strata::testing::RecordingResponder;
 using transport::Message;
 using transport::MessageType;
@@ -69,25 +71,6 @@ proto::ClusterView MovedAway(proto::ClusterView view, uint64_t epoch) {
   for (auto& p : *view.mutable_partitions()) p.set_owner(42);
   return view;
 }
-
-// Replication records a primary sends, kept here for the test to hand on.
-class QueueSink : public ReplicaSink {
- public:
-  void Send(Partition*, uint32_t backup, Message record) override {
-    absl::MutexLock l(&mu_);
-    records_.emplace_back(backup, std::move(record));
-  }
-  std::vector<std::pair<uint32_t, Message>> Take() {
-    absl::MutexLock l(&mu_);
-    std::vector<std::pair<uint32_t, Message>> r;
-    r.swap(records_);
-    return r;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::pair<uint32_t, Message>> records_ ABSL_GUARDED_BY(mu_);
-};
 
 // Brings `backup` (node `node` of `primary`) in sync: the copy, the
 // caught-up marker.

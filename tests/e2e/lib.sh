@@ -97,6 +97,30 @@ json_field() {  # json_field FILE KEY -> value (numbers/strings, first match)
   sed -n "s/.*\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}\$/\1/p" "$1" | head -n 1
 }
 
+# check_scaled_job SUMMARY WHAT FIXED_ACC TOLERANCE EPOCHS [replicated]:
+# a job scaled while it trained (WHAT says how) succeeded, its test
+# accuracy within TOLERANCE of FIXED_ACC (the same job at a fixed size),
+# its update ledger lost nothing (replicated: every acknowledged push
+# held), and it trained every record of EPOCHS epochs of Fashion-MNIST.
+check_scaled_job() {
+  local summary="$1"
+  [[ "$(json_field "$summary" state)" == succeeded ]] || fail "job did not succeed: $(cat "$summary")"
+  python3 - "$@" <<'PY' || fail "summary after scaling: $(cat "$summary")"
+import json, sys
+summary, what, fixed, tolerance, epochs = sys.argv[1:6]
+replicated = sys.argv[6:] == ["replicated"]
+s = json.load(open(summary))
+acc, fixed = s["final_test_accuracy"], float(fixed)
+print("test accuracy after %s: %.4f, at a fixed size: %.4f" % (what, acc, fixed))
+assert abs(acc - fixed) <= float(tolerance), (acc, fixed)
+ledger = s.get("ledger", {})
+assert int(ledger.get("lost", 0)) == 0, ledger
+if replicated:
+    assert int(ledger.get("held", 0)) == int(ledger.get("acked", 0)) > 0, ledger
+assert int(s.get("records_done", 0)) == int(epochs) * 60000, s.get("records_done")
+PY
+}
+
 # No process of this run may be left.
 assert_nothing_left() {
   local dir="$1"

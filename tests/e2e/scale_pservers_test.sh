@@ -94,18 +94,6 @@ set +e; wait "$launcher"; rc=$?; set -e
 (( rc == 0 )) || { tail -n 30 "$work/run.out"; fail "launch.sh run exited $rc"; }
 grep -q "restarting pserver" "$work/run.out" && fail "a drained pserver was restarted: $(cat "$work/run.out")"
 summary="$work/run/summary.json"
-[[ "$(json_field "$summary" state)" == succeeded ]] || fail "job did not succeed: $(cat "$summary")"
-python3 - "$summary" "$fixed_acc" <<'PY' || fail "summary after scaling: $(cat "$summary")"
-import json, sys
-s = json.load(open(sys.argv[1]))
-acc, fixed = s["final_test_accuracy"], float(sys.argv[2])
-print("test accuracy after pservers 1 -> 3 -> 2 (workers 1 -> 3 -> 1): %.4f, at a fixed size: %.4f"
-      % (acc, fixed))
-assert abs(acc - fixed) <= 0.02, (acc, fixed)
-ledger = s.get("ledger", {})
-assert int(ledger.get("lost", 0)) == 0, ledger
-assert int(ledger.get("held", 0)) == int(ledger.get("acked", 0)) > 0, ledger
-assert int(s.get("records_done", 0)) == 6 * 60000, s.get("records_done")
-PY
+check_scaled_job "$summary" "pservers 1 -> 3 -> 2 (workers 1 -> 3 -> 1)" "$fixed_acc" 0.02 6 replicated
 grep '"kind": "mov' "$work/run/events.jsonl" | head -n 20
 echo "ok: scaled pservers 1 -> 3 -> 2 while training, partitions moved live"

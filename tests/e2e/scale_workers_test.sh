@@ -107,18 +107,7 @@ grep -q 'scale done' <<< "$out" || fail "scale to 2 not done: $out"
 set +e; wait "$launcher"; rc=$?; set -e
 (( rc == 0 )) || { tail -n 30 "$work/run.out"; fail "launch.sh run exited $rc"; }
 summary="$work/run/summary.json"
-[[ "$(json_field "$summary" state)" == succeeded ]] || fail "job did not succeed: $(cat "$summary")"
-python3 - "$summary" "$fixed_acc" "$epochs" <<'PY' || fail "summary after scaling: $(cat "$summary")"
-import json, sys
-s = json.load(open(sys.argv[1]))
-acc, fixed = s["final_test_accuracy"], float(sys.argv[2])
-print("test accuracy after scaling 1 -> 3 -> 1 -> 2 workers: %.4f, at a fixed size: %.4f"
-      % (acc, fixed))
-assert abs(acc - fixed) <= 0.02, (acc, fixed)
-ledger = s.get("ledger", {})
-assert int(ledger.get("lost", 0)) == 0, ledger
-assert int(s.get("records_done", 0)) == int(sys.argv[3]) * 60000, s.get("records_done")
-PY
+check_scaled_job "$summary" "scaling 1 -> 3 -> 1 -> 2 workers" "$fixed_acc" 0.02 "$epochs"
 grep -c '"kind": "scale_done"' "$work/run/events.jsonl" | grep -qE '^[34]$' ||
   fail "expected 3 or 4 scale_done events: $(grep scale "$work/run/events.jsonl")"
 echo "ok: scaled 1 -> 3 -> 1 -> 2 workers while training"

@@ -103,19 +103,7 @@ done
 set +e; wait "$launcher"; rc=$?; set -e
 (( rc == 0 )) || { tail -n 30 "$work/run.out"; fail "launch.sh run exited $rc"; }
 summary="$work/run/summary.json"
-[[ "$(json_field "$summary" state)" == succeeded ]] || fail "job did not succeed: $(cat "$summary")"
-python3 - "$summary" "$fixed_acc" "$epochs" <<'PY' || fail "summary after scaling: $(cat "$summary")"
-import json, sys
-s = json.load(open(sys.argv[1]))
-acc, fixed = s["final_test_accuracy"], float(sys.argv[2])
-print("test accuracy after 1 + 1 -> 3 + 3 -> 2 + 1 across hosts: %.4f, at a fixed size: %.4f"
-      % (acc, fixed))
-assert abs(acc - fixed) <= 0.01, (acc, fixed)
-ledger = s.get("ledger", {})
-assert int(ledger.get("lost", 0)) == 0, ledger
-assert int(ledger.get("held", 0)) == int(ledger.get("acked", 0)) > 0, ledger
-assert int(s.get("records_done", 0)) == int(sys.argv[3]) * 60000, s.get("records_done")
-PY
+check_scaled_job "$summary" "1 + 1 -> 3 + 3 -> 2 + 1 across hosts" "$fixed_acc" 0.01 "$epochs" replicated
 moved="$(grep -c '"kind": "moved"' "$work/run/events.jsonl")"
 assert_hosts_idle
 echo "PASS: scaled 1 + 1 -> 3 + 3 -> 2 + 1 across 4 hosts over ssh, $moved partitions moved ($moved_in in), nothing lost"

@@ -61,11 +61,15 @@ drop="$root/etc/ssh/sshd_config.d/strata.conf"
 if [[ -x /usr/sbin/sshd ]]; then
   ssh-keygen -q -t ed25519 -N '' -f "$work/hostkey"
   printf 'Include %s\nHostKey %s\n' "$drop" "$work/hostkey" > "$work/sshd_config"
-  /usr/sbin/sshd -T -f "$work/sshd_config" -C user=root,host=h,addr=10.0.0.1 | grep -qix \
-    'authorizedkeysfile .ssh/authorized_keys .ssh/authorized_keys2 /etc/strata/provider/authorized_keys' ||
-    fail "the sshd drop-in does not give root the provider's authorized_keys"
-  /usr/sbin/sshd -T -f "$work/sshd_config" -C user=bob,host=h,addr=10.0.0.1 |
-    grep -qi 'authorizedkeysfile.*strata' && fail "the sshd drop-in applies to users other than root"
+  # (Written to files first: grep -q ending the pipe early would kill
+  # sshd with SIGPIPE, and pipefail take that for a failure.)
+  /usr/sbin/sshd -T -f "$work/sshd_config" -C user=root,host=h,addr=10.0.0.1 > "$work/sshd-root.txt" 2>&1 ||
+    { cat "$work/sshd-root.txt"; fail "sshd -T refused the config with the drop-in"; }
+  grep -qix 'authorizedkeysfile .ssh/authorized_keys .ssh/authorized_keys2 /etc/strata/provider/authorized_keys' \
+    "$work/sshd-root.txt" || fail "the sshd drop-in does not give root the provider's authorized_keys"
+  /usr/sbin/sshd -T -f "$work/sshd_config" -C user=bob,host=h,addr=10.0.0.1 > "$work/sshd-bob.txt" 2>&1 ||
+    { cat "$work/sshd-bob.txt"; fail "sshd -T refused the config with the drop-in"; }
+  grep -qi 'authorizedkeysfile.*strata' "$work/sshd-bob.txt" && fail "the sshd drop-in applies to users other than root"
 fi
 # The key's forced command runs nothing but add|remove worker|pserver INDEX.
 for line in '' 'add worker 1; reboot' 'add worker 1 && id' 'start worker 1' 'add master 0' \

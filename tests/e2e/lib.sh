@@ -15,16 +15,25 @@ fail() {
 }
 skip() { echo "SKIP: $*"; exit 77; }
 
-# A port base unlikely to collide with another test running at the same time.
+# A port base no other test running at the same time has: free now (ss)
+# and reserved (mkdir, atomic) in /tmp/strata-test-ports, so that two tests
+# starting together cannot both take it before either listens. A test's
+# daemons then never reach another test's (a worker registering with the
+# wrong master hung a job once). Reservations are let go after 20 minutes
+# (no test of the suite runs longer), so a killed test leaves none for long.
 pick_port_base() {
-  local base
-  for _ in $(seq 1 50); do
+  local base dir=/tmp/strata-test-ports
+  mkdir -p "$dir"
+  find "$dir" -mindepth 1 -maxdepth 1 -mmin +20 -exec rmdir {} + 2>/dev/null || true
+  for _ in $(seq 1 200); do
     base=$(( 20000 + (RANDOM % 120) * 100 ))  # below the ephemeral range
-    if ! ss -ltn 2>/dev/null | grep -qE ":($base|$((base+1))|$((base+10))|$((base+20))|$((base+30))|$((base+40)))\b"; then
+    if ! ss -ltn 2>/dev/null | grep -qE ":($base|$((base+1))|$((base+10))|$((base+20))|$((base+30))|$((base+40)))\b" &&
+       mkdir "$dir/$base" 2>/dev/null; then
       echo "$base"; return 0
     fi
   done
-  echo "$base"
+  echo "pick_port_base: no free port base in 200 tries" >&2
+  return 1
 }
 
 # write_config FILE CONSISTENCY EPOCHS PORT_BASE [TRAIN_LIMIT]

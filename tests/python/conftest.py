@@ -20,19 +20,27 @@ FMNIST = "/usr/share/datasets/fashion-mnist"
 def port_base():
     """A base for a cluster's ports (base + 0, 1 for the master; + 10, 20,
     30, 40 and the next ones for pservers and workers), below the ephemeral
-    range so that no outgoing connection takes one meanwhile, and free now
-    (as tests/e2e/lib.sh's pick_port_base)."""
-    base = 20000
-    for _ in range(50):
+    range so that no outgoing connection takes one meanwhile, free now and
+    reserved in /tmp/strata-test-ports as tests/e2e/lib.sh's pick_port_base
+    does (so no test running beside this one takes it too)."""
+    reserved = "/tmp/strata-test-ports"
+    os.makedirs(reserved, exist_ok=True)
+    for _ in range(200):
         base = 20000 + random.randrange(120) * 100
         try:
             for off in (0, 1, 10, 11, 20, 21, 30, 31, 40, 41):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", base + off))
+            os.mkdir(os.path.join(reserved, str(base)))
             return base
+        except FileExistsError:
+            path = os.path.join(reserved, str(base))
+            if time.time() - os.path.getmtime(path) > 20 * 60:
+                os.rmdir(path)  # let go of (a killed test's): taken on a later try
+            continue
         except OSError:
             continue
-    return base
+    raise RuntimeError("no free port base in 200 tries")
 
 
 def job_config(path, workers=1, steps_records=3200, layers=(784, 32, 10), consistency="bsp",

@@ -36,6 +36,8 @@ const char* ConsistencyName(Consistency c) {
       return "bsp";
     case Consistency::kAsp:
       return "asp";
+    case Consistency::kSsp:
+      return "ssp";
   }
   return "unknown";
 }
@@ -444,10 +446,14 @@ std::vector<ConfigReader::Field> ConfigReader::JobFields(JobSection* job) {
        [this, job](const YAML::Node& k, const YAML::Node& v,
                    const std::string& path) -> absl::Status {
          std::string name;
-         STRATA_RETURN_IF_ERROR(Enum("consistency", &name, {"bsp", "asp"}).read(k, v, path));
-         job->consistency = name == "bsp" ? Consistency::kBsp : Consistency::kAsp;
+         STRATA_RETURN_IF_ERROR(Enum("consistency", &name, {"bsp", "ssp", "asp"}).read(k, v, path));
+         job->consistency = name == "bsp"   ? Consistency::kBsp
+                            : name == "ssp" ? Consistency::kSsp
+                                            : Consistency::kAsp;
          return absl::OkStatus();
        }},
+      Int("staleness", &job->staleness, IntInRange(0, 1000000)),
+      Enum("batch_split", &job->batch_split, {"even", "by_speed"}),
       Int("epochs", &job->epochs, IntAtLeast(1)),
       Int("batch_size", &job->batch_size, IntAtLeast(1)),
       Int("progress_every_steps", &job->progress_every_steps, IntAtLeast(1)),
@@ -830,6 +836,17 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
     auto it = marks_.find(key);
     return it != marks_.end() ? it->second : YAML::Mark::null_mark();
   };
+  if (marks_.count("job.staleness") > 0 && config.job.consistency != Consistency::kSsp) {
+    return PathError(
+        mark_of("job.staleness"), "job.staleness",
+        absl::StrCat("bounds an ssp job's staleness; this job's consistency is ",
+                     ConsistencyName(config.job.consistency), " (set job.consistency: ssp)"));
+  }
+  if (config.job.batch_split == "by_speed" && config.job.consistency == Consistency::kAsp) {
+    return PathError(mark_of("job.batch_split"), "job.batch_split",
+                     "by_speed balances the workers' steps against each other (bsp, ssp); "
+                     "in asp nobody waits for a step: use even");
+  }
   const bool script = config.model.type == "script";
   if (script && config.worker.command.empty()) {
     return PathError(mark_of("model.type"), "model.type",

@@ -14,12 +14,23 @@
 
 namespace strata {
 
-enum class Consistency { kBsp, kAsp };
+// bsp: every step waits for every live worker's gradient; ssp: updates
+// apply on arrival, a worker's pull at clock c waits while the slowest
+// live worker is more than job.staleness steps behind; asp: no waits.
+enum class Consistency { kBsp, kAsp, kSsp };
 const char* ConsistencyName(Consistency c);
+// Whether a worker's pulls and pushes carry its step (bsp, ssp; the sparse
+// tables' partitions all get a request every step): asp pulls whatever is
+// there.
+inline bool Stepped(Consistency c) { return c != Consistency::kAsp; }
 
 struct JobSection {
   std::string name = "strata-job";
   Consistency consistency = Consistency::kBsp;
+  int staleness = 3;  // ssp: >= 0 steps (0: a pull waits for every push before it)
+  // How a step's global batch is split over the workers: "even", or
+  // "by_speed" (in proportion to their measured compute speeds).
+  std::string batch_split = "even";
   int epochs = 1;                 // > 0
   int batch_size = 64;            // > 0, per worker
   int progress_every_steps = 50;  // > 0

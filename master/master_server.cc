@@ -223,6 +223,7 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
 void MasterServer::DepartedLocked(const NodeManager::Departure& d) {
   const proto::NodeInfo& n = d.node;
   if (n.role() == proto::WORKER) {
+    splitter_.Forget(n.id());
     if (const int released = tasks_.ReleaseNode(n.id()); released > 0) {
       job_.Event(
           absl::StrCat(released, " data task(s) of worker ", n.index(), " returned to the queue"),
@@ -370,6 +371,7 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
         absl::StrCat("node ", n.id(), " reported a test accuracy but is not the evaluator"));
   }
   job_.RecordProgress(n.id(), req);
+  splitter_.Observe(n.id(), req.samples(), req.busy_seconds() - req.comm_seconds());
   if (req.has_task_start()) tasks_.SetFirstStep(n.id(), req.task_id(), req.task_first_step());
   if (!req.error().empty() && !job_.over()) {
     FinishJobLocked(proto::JOB_FAILED,

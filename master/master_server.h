@@ -22,6 +22,7 @@
 #include "common/metrics.h"
 #include "common/security.h"
 #include "grpcpp/grpcpp.h"
+#include "master/batch_split.h"
 #include "master/checkpoint_coordinator.h"
 #include "master/event_sink.h"
 #include "master/job_tracker.h"
@@ -210,8 +211,9 @@ class MasterServer : private CheckpointCoordinator::Master {
   }
   // The records of each step of a task leased to worker `node` now
   // (elastic.batch: the job's global batch split over the workers that
-  // train, or job.batch_size). (In master_tasks.cc, with LeaseTask.)
-  int TaskBatchLocked(uint32_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // train, or job.batch_size; job.batch_split: evenly or by their
+  // measured speeds). (In master_tasks.cc, with LeaseTask.)
+  int TaskBatchLocked(uint32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Scale's body, for a request or the autoscaler (`why`: the event's
   // reason); and the tick's part: the scale in progress followed, the
   // autoscaler asked and its decision carried out. (In master_scale.cc.)
@@ -259,6 +261,8 @@ class MasterServer : private CheckpointCoordinator::Master {
   const std::unique_ptr<EventSink> sink_;
   // The job's state, progress, events and summary (master/job_tracker.h):
   // its own lock, a leaf under mu_.
+  // job.batch_split by_speed: the workers' measured speeds and the split.
+  BatchSplitter splitter_ ABSL_GUARDED_BY(mu_);
   JobTracker job_;
   // The members and the view (master/node_manager.h): its own lock, a leaf
   // under mu_ (above the job tracker's).

@@ -3,10 +3,14 @@
 // completing one.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -25,15 +29,39 @@ proto::LeaseTaskResponse LeaseAnswer(proto::LeaseTaskResponse::Outcome outcome,
 
 }  // namespace
 
-int MasterServer::TaskBatchLocked(uint32_t node) const {
+int MasterServer::TaskBatchLocked(uint32_t node) {
   const int batch = options_.config.job.batch_size;
-  if (options_.config.elastic.batch != "fixed_global") return batch;
-  // The global batch the job started with, split over the workers that
-  // train now; the first global % count of them take one record more.
-  const int64_t global = static_cast<int64_t>(batch) * options_.expected_workers;
-  const auto [rank, count] = nodes_.TrainingRank(node);
-  const int64_t share = global / count + (rank < global % count ? 1 : 0);
-  return static_cast<int>(std::max<int64_t>(1, share));
+  const bool fixed_global = options_.config.elastic.batch == "fixed_global";
+  const bool by_speed = options_.config.job.batch_split == "by_speed";
+  if (!fixed_global && !by_speed) return batch;
+  // The global batch: the one the job started with (fixed_global), or
+  // job.batch_size for each worker that trains now.
+  const std::vector<uint32_t> workers = nodes_.TrainingWorkers(node);
+  const int64_t count = static_cast<int64_t>(workers.size());
+  const int64_t global =
+      static_cast<int64_t>(batch) * (fixed_global ? options_.expected_workers : count);
+  if (!by_speed) {
+    // Evenly; the first global % count of them take one record more.
+    const int64_t rank = std::find(workers.begin(), workers.end(), node) - workers.begin();
+    const int64_t share = global / count + (rank < global % count ? 1 : 0);
+    return static_cast<int>(std::max<int64_t>(1, share));
+  }
+  bool remade = false;
+  const std::map<uint32_t, int64_t>& split = splitter_.Split(global, workers, &remade);
+  if (remade) {
+    std::string line = absl::StrCat("batch split by speed: global batch ", global, " =");
+    for (uint32_t w : workers) {
+      const double speed = splitter_.SpeedOf(w);
+      const absl::StatusOr<proto::NodeInfo> info = nodes_.LiveWorker(w);
+      absl::StrAppend(&line, w == workers.front() ? " " : " + ", split.at(w), " (",
+                      info.ok() ? absl::StrCat("worker ", info->index()) : absl::StrCat("node ", w),
+                      speed > 0 ? absl::StrFormat(", %.0f samples/s computing", speed)
+                                : std::string(", not measured yet"),
+                      ")");
+    }
+    job_.Event(line, "batch_split");
+  }
+  return static_cast<int>(std::max<int64_t>(1, split.at(node)));
 }
 
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(

@@ -609,20 +609,22 @@ void NodeManager::WorkerDrained(uint32_t id) {
   BumpEpochLocked();  // out of the step set
 }
 
-std::pair<int, int> NodeManager::TrainingRank(uint32_t id) const {
+std::vector<uint32_t> NodeManager::TrainingWorkers(uint32_t id) const {
   absl::MutexLock l(&mu_);
+  std::vector<std::pair<int32_t, uint32_t>> by_index;
   const proto::NodeInfo* self = FindLocked(id);
-  const int32_t my_index = self != nullptr ? self->index() : 0;
-  int rank = 0, count = 1;  // (itself)
+  by_index.emplace_back(self != nullptr ? self->index() : 0, id);
   for (const auto& m : view_.members()) {
     if (m.role() != proto::WORKER || m.id() == id || m.draining() ||
         (m.state() != proto::ALIVE && m.state() != proto::JOINING)) {
       continue;
     }
-    ++count;
-    rank += m.index() < my_index || (m.index() == my_index && m.id() < id);
+    by_index.emplace_back(m.index(), m.id());
   }
-  return {rank, count};
+  std::sort(by_index.begin(), by_index.end());
+  std::vector<uint32_t> ids;
+  for (const auto& [index, node] : by_index) ids.push_back(node);
+  return ids;
 }
 
 void NodeManager::SetWorkerState(uint32_t id, proto::NodeState state) {

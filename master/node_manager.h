@@ -187,11 +187,11 @@ class NodeManager {
   // when that changes.
   void SetWorkerState(uint32_t id, proto::NodeState state) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Worker `id`'s place among the workers that train now or are about to
-  // (alive or joining, not draining; it counts itself whatever its state),
-  // by index: (rank, count), to split the job's global batch
-  // (elastic.batch).
-  std::pair<int, int> TrainingRank(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The workers that train now or are about to (alive or joining, not
+  // draining), and `id` whatever its state, by index (then node id): their
+  // node ids, over which the job's global batch is split (elastic.batch,
+  // job.batch_split).
+  std::vector<uint32_t> TrainingWorkers(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Members alive of `role` (workers: also those finished or joining with
   // `include_finished`).
   int Count(proto::Role role, bool include_finished) const ABSL_LOCKS_EXCLUDED(mu_);

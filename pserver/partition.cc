@@ -25,8 +25,7 @@ std::vector<Partition::Chunk> Partition::MakeChunks(uint64_t length, uint64_t ch
 }
 
 Partition::Partition(uint32_t id, std::string table, std::vector<float> values,
-                     std::unique_ptr<Optimizer> optimizer, Consistency consistency,
-                     uint64_t chunk_floats)
+                     std::unique_ptr<Optimizer> optimizer, SyncMode sync, uint64_t chunk_floats)
     : id_(id),
       table_(std::move(table)),
       length_(values.size()),
@@ -36,7 +35,8 @@ Partition::Partition(uint32_t id, std::string table, std::vector<float> values,
                                                                  : chunk_floats),
       num_chunks_(static_cast<uint32_t>((std::max<uint64_t>(length_, 1) + chunk_floats_ - 1) /
                                         chunk_floats_)),
-      consistency_(consistency),
+      consistency_(sync.consistency),
+      staleness_(sync.staleness),
       values_(std::move(values)),
       optimizer_(std::move(optimizer)),
       chunks_(MakeChunks(length_, chunk_floats_)),
@@ -45,7 +45,7 @@ Partition::Partition(uint32_t id, std::string table, std::vector<float> values,
 }
 
 Partition::Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable> rows,
-                     Consistency consistency)
+                     SyncMode sync)
     : id_(id),
       table_(std::move(table)),
       length_(0),
@@ -53,7 +53,8 @@ Partition::Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable
       dim_(rows->dim()),
       chunk_floats_(1),
       num_chunks_(1),
-      consistency_(consistency),
+      consistency_(sync.consistency),
+      staleness_(sync.staleness),
       rows_(std::move(rows)),
       chunks_(MakeChunks(0, 1)),
       ledger_(1) {}
@@ -176,6 +177,12 @@ Message Partition::PullResponseLocked(const Message& req) const {
   resp.header.type = MessageType::kPullResponse;
   resp.header.status = 0;
   resp.header.version = stats_.version;
+  if (consistency_ == Consistency::kSsp) {
+    // The clock the puller goes on at: its own, or the slowest worker's
+    // when that is ahead (it joined while the others trained).
+    const auto [first, end] = ChunkRangeOf(req.header);
+    resp.header.version = std::max(req.header.version, SlowestClockLocked(first, end).value_or(0));
+  }
   if (sparse_) {
     const size_t n = req.payload_size() / sizeof(uint64_t);
     resp.payload.resize(n * dim_ * sizeof(float));
@@ -209,7 +216,7 @@ void Partition::Pull(const Message& request, std::shared_ptr<transport::Responde
         absl::UnavailableError(absl::StrCat("partition ", id_, " is a backup on this pserver"))));
     return;
   }
-  if (consistency_ == Consistency::kBsp && request.header.version > ServedForLocked(first, end)) {
+  if (!PullReadyLocked(request.header, first, end)) {
     Message waiting;
     waiting.header = request.header;
     waiting.payload.assign(request.payload_data(), request.payload_size());
@@ -272,6 +279,10 @@ void Partition::Push(const Message& request, std::shared_ptr<transport::Responde
     for (uint32_t c = first; c < end; ++c) MaybeCompleteChunkStepLocked(c, &replies);
     Send(&replies);
   }
+  if (consistency_ == Consistency::kSsp && s.ok() && !waiting_pulls_.empty()) {
+    ServeWaitingPullsLocked(&replies);  // (a clock moved)
+    Send(&replies);
+  }
 }
 
 absl::Status Partition::InitialValuesLocked(const transport::MessageHeader& h, uint32_t first,
@@ -332,7 +343,11 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
     return num_chunks_ > 1 ? absl::StrCat("chunk ", c, " of partition ", id_)
                            : absl::StrCat("partition ", id_);
   };
-  if (consistency_ == Consistency::kAsp) {
+  if (consistency_ != Consistency::kBsp) {
+    if (consistency_ == Consistency::kSsp) {
+      uint64_t& clock = k.clocks[h.sender_id];
+      clock = std::max(clock, h.version + 1);
+    }
     const float scale = static_cast<float>(1.0 / static_cast<double>(h.count));
     if (sparse_) {
       rows_->Update(keys, sparse_n, grad, scale);
@@ -485,13 +500,44 @@ uint64_t Partition::ServedForLocked(uint32_t first, uint32_t end) const {
   return end - first == chunks_.size() ? ServedVersionLocked() : ServedChunkVersionLocked(first);
 }
 
+std::pair<uint32_t, uint32_t> Partition::ChunkRangeOf(const transport::MessageHeader& h) const {
+  if ((h.flags & transport::kFlagChunk) == 0) return {0, num_chunks_};
+  const uint32_t c = transport::ChunkIndex(h.flags);
+  return {c, c + 1};
+}
+
+std::optional<uint64_t> Partition::SlowestClockLocked(uint32_t first, uint32_t end) const {
+  std::optional<uint64_t> slowest;
+  for (uint32_t c = first; c < end && c < num_chunks_; ++c) {
+    for (uint32_t w : step_workers_) {
+      auto it = chunks_[c].clocks.find(w);
+      if (it != chunks_[c].clocks.end() && (!slowest || it->second < *slowest)) {
+        slowest = it->second;
+      }
+    }
+  }
+  return slowest;
+}
+
+bool Partition::PullReadyLocked(const transport::MessageHeader& h, uint32_t first,
+                                uint32_t end) const {
+  switch (consistency_) {
+    case Consistency::kBsp:
+      return h.version <= ServedForLocked(first, end);
+    case Consistency::kSsp: {
+      const std::optional<uint64_t> slowest = SlowestClockLocked(first, end);
+      return !slowest.has_value() || h.version <= *slowest + staleness_;
+    }
+    case Consistency::kAsp:
+      break;
+  }
+  return true;
+}
+
 void Partition::ServeWaitingPullsLocked(std::vector<Reply>* replies) {
   for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
-    const uint32_t flags = it->first.header.flags;
-    const bool chunk = (flags & transport::kFlagChunk) != 0;
-    const uint64_t served =
-        chunk ? ServedChunkVersionLocked(transport::ChunkIndex(flags)) : ServedVersionLocked();
-    if (it->first.header.version <= served) {
+    const auto [first, end] = ChunkRangeOf(it->first.header);
+    if (PullReadyLocked(it->first.header, first, end)) {
       ++stats_.pulls_served;
       replies->emplace_back(std::move(it->second), PullResponseLocked(it->first));
       it = waiting_pulls_.erase(it);
@@ -507,8 +553,25 @@ void Partition::SetStepWorkers(const std::set<uint32_t>& workers) {
   step_workers_ = workers;
   if (consistency_ == Consistency::kBsp) {
     for (uint32_t c = 0; c < chunks_.size(); ++c) MaybeCompleteChunkStepLocked(c, &replies);
+  } else if (consistency_ == Consistency::kSsp) {
+    ServeWaitingPullsLocked(&replies);  // (one that left held them)
   }
   Send(&replies);
+}
+
+std::map<uint32_t, uint64_t> Partition::ssp_clocks() const {
+  absl::MutexLock l(&mu_);
+  std::map<uint32_t, uint64_t> clocks;
+  for (const Chunk& k : chunks_) {
+    for (const auto& [w, clock] : k.clocks) clocks.emplace(w, clock);
+  }
+  for (auto& [w, clock] : clocks) {
+    for (const Chunk& k : chunks_) {
+      auto it = k.clocks.find(w);
+      clock = std::min(clock, it != k.clocks.end() ? it->second : 0);
+    }
+  }
+  return clocks;
 }
 
 PartitionStats Partition::stats() const {

@@ -87,6 +87,16 @@ class ReplicaSink {
   virtual void Send(class Partition* partition, uint32_t backup, transport::Message record) = 0;
 };
 
+// How a partition's pushes and pulls synchronize: job.consistency and,
+// for ssp, job.staleness (docs/consistency.md). Made from a Consistency
+// alone where the staleness does not matter.
+struct SyncMode {
+  SyncMode(Consistency c, uint32_t staleness_steps = 0)  // NOLINT(google-explicit-constructor)
+      : consistency(c), staleness(staleness_steps) {}
+  Consistency consistency;
+  uint32_t staleness;
+};
+
 enum class PartitionRole {
   kPrimary,  // serves pulls and pushes, forwards updates to its backups
   kBackup,   // holds a copy kept up to date by the primary's records
@@ -104,11 +114,9 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // Pushes and pulls may address it by chunks of `chunk_floats` floats
   // (the view's chunk_bytes / 4; 0 = the whole partition is one chunk).
   Partition(uint32_t id, std::string table, std::vector<float> values,
-            std::unique_ptr<Optimizer> optimizer, Consistency consistency,
-            uint64_t chunk_floats = 0);
+            std::unique_ptr<Optimizer> optimizer, SyncMode sync, uint64_t chunk_floats = 0);
   // A sparse partition over `rows` (owned).
-  Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable> rows,
-            Consistency consistency);
+  Partition(uint32_t id, std::string table, std::unique_ptr<SparseTable> rows, SyncMode sync);
   // A backup starts without state of its own: it is useless until the
   // primary's copy arrives (ApplyReplica).
   void MakeBackup();
@@ -122,7 +130,11 @@ class Partition : public std::enable_shared_from_this<Partition> {
   Partition& operator=(const Partition&) = delete;
 
   // kPullRequest: answers with the values once version >= header.version
-  // (BSP); ASP answers at once. Sparse (kFlagSparse): the rows of the keys
+  // (BSP); SSP once the slowest worker of the step set that pushed here
+  // has pushed header.version - staleness steps (a pull is at clock
+  // header.version: its sender pushed the steps before it), answered
+  // with the clock its sender is at (the slowest's, when that is ahead:
+  // a joining worker starts there); ASP answers at once. Sparse (kFlagSparse): the rows of the keys
   // in the payload, in their order. A chunk's pull (kFlagChunk) waits only
   // for that chunk's version and is answered with its floats.
   void Pull(const transport::Message& request, std::shared_ptr<transport::Responder> responder);
@@ -140,6 +152,8 @@ class Partition : public std::enable_shared_from_this<Partition> {
 
   // The workers a BSP step waits for (live, training workers of the current
   // view). Completes the pending step if everyone left in it has pushed.
+  // SSP: the workers whose clocks hold pulls back (one that left holds
+  // nothing; one holds from its first push here on).
   void SetStepWorkers(const std::set<uint32_t>& workers);
 
   // Replication (docs/reliability.md).
@@ -178,6 +192,9 @@ class Partition : public std::enable_shared_from_this<Partition> {
   void FastForward(uint64_t version);
   // Gradients accepted from each sender: the update ledger.
   std::map<uint32_t, uint64_t> applied_by_sender() const;
+  // SSP: each sender's clock (steps pushed), the lowest over the chunks
+  // (0 for a chunk it has not pushed to); empty in bsp and asp.
+  std::map<uint32_t, uint64_t> ssp_clocks() const;
 
   uint32_t id() const { return id_; }
   const std::string& table() const { return table_; }
@@ -224,7 +241,9 @@ class Partition : public std::enable_shared_from_this<Partition> {
     uint64_t begin = 0;
     uint64_t end = 0;
     uint64_t version = 0;
-    std::set<uint32_t> contributors;                    // pushed this step
+    std::set<uint32_t> contributors;  // pushed this step
+    // SSP: each sender's clock here: the steps it pushed (its highest + 1).
+    absl::flat_hash_map<uint32_t, uint64_t> clocks;
     std::vector<std::pair<uint32_t, uint64_t>> pushes;  // their (sender, seq)
     double count_sum = 0;                               // samples summed
   };
@@ -276,7 +295,17 @@ class Partition : public std::enable_shared_from_this<Partition> {
                                    const char* data, Hold* hold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the held updates every backup has acknowledged.
   void ReleaseLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Answers the bsp pulls waiting for a version now released.
+  // Whether a pull of chunks [first, end) may be answered now.
+  bool PullReadyLocked(const transport::MessageHeader& h, uint32_t first, uint32_t end) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SSP: the lowest clock of the step set's workers on chunks [first,
+  // end), among those that pushed there; nullopt when none did.
+  std::optional<uint64_t> SlowestClockLocked(uint32_t first, uint32_t end) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The chunks a request addresses (one, or the whole partition).
+  std::pair<uint32_t, uint32_t> ChunkRangeOf(const transport::MessageHeader& h) const;
+  // Answers the waiting pulls that may be answered now (bsp: a version
+  // now released; ssp: the slowest worker caught up).
   void ServeWaitingPullsLocked(std::vector<Reply>* replies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The header fields every snapshot and copy shares (not job, seq, full).
   void FillHeaderLocked(proto::CheckpointPartitionHeader* h) const
@@ -315,6 +344,7 @@ class Partition : public std::enable_shared_from_this<Partition> {
   const uint64_t chunk_floats_;  // dense: floats per chunk (the last may be shorter)
   const uint32_t num_chunks_;    // chunks_.size()
   const Consistency consistency_;
+  const uint64_t staleness_;  // ssp
 
   mutable absl::Mutex mu_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);

@@ -236,8 +236,7 @@ absl::StatusOr<std::unique_ptr<Partition>> PServer::NewPartition(const proto::Cl
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> rows, MakeSparseTable(view, t, p));
     VLOG(1) << "serving partition " << p.id() << " (" << t.name() << ", virtual partition "
             << p.offset() << " of " << t.partitions() << ")";
-    return std::make_unique<Partition>(p.id(), t.name(), std::move(rows),
-                                       options_.config.job.consistency);
+    return std::make_unique<Partition>(p.id(), t.name(), std::move(rows), Sync());
   }
   std::vector<float> values(p.length());
   // A backup's values come with its primary's copy: only a primary's are
@@ -251,8 +250,7 @@ absl::StatusOr<std::unique_ptr<Partition>> PServer::NewPartition(const proto::Cl
   STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, p.length()));
   VLOG(1) << "serving partition " << p.id() << " (" << t.name() << " [" << p.offset() << ", "
           << p.offset() + p.length() << "))";
-  return std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt),
-                                     options_.config.job.consistency,
+  return std::make_unique<Partition>(p.id(), t.name(), std::move(values), std::move(opt), Sync(),
                                      view.chunk_bytes() / sizeof(float));
 }
 
@@ -1091,6 +1089,7 @@ proto::PServerStatusResponse PServer::Status() const {
     for (const auto& [sender, n] : p->applied_by_sender()) {
       (*ps->mutable_applied_by_sender())[sender] = n;
     }
+    for (const auto& [worker, clock] : p->ssp_clocks()) (*ps->mutable_ssp_clocks())[worker] = clock;
     if (p->sparse()) {
       const SparseTableStats ss = p->sparse_stats();
       ps->set_sparse(true);

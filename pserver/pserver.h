@@ -178,6 +178,11 @@ class PServer {
   // is promoted and sends its copy to new backups.
   void ServeAsPrimaries(const std::vector<Served>& primaries,
                         const std::map<uint32_t, std::string>& backup_addresses);
+  // The job's consistency (and ssp staleness) for its partitions.
+  SyncMode Sync() const {
+    return SyncMode(options_.config.job.consistency,
+                    static_cast<uint32_t>(options_.config.job.staleness));
+  }
   // Partition p of the view, new: a sparse table's rows, or a dense
   // slice's initial values and its optimizer.
   absl::StatusOr<std::unique_ptr<Partition>> NewPartition(const proto::ClusterView& view,

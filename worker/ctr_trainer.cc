@@ -215,27 +215,29 @@ absl::Status CtrTrainer::Step(Batch& batch) {
   const int dim = wide_deep_->dim();
   const int n = batch.n;
   const std::vector<uint64_t>& unique = batch.unique;
-  const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
+  // bsp and ssp: every partition gets a pull (at this step) and a push.
+  const bool stepped = Stepped(ctx_->config().job.consistency);
   const absl::Time t0 = absl::Now();
   absl::Duration comm;
   const uint64_t step = ctx_->next_step();
   // Pull: the dense tables and the batch's rows, every partition at once.
   uint64_t pulled_version = 0;
-  auto dense_pull = params->StartPull(bsp ? step : 0, &wide_deep_->params(), &pulled_version);
+  auto dense_pull = params->StartPull(stepped ? step : 0, &wide_deep_->params(), &pulled_version);
   dense_pull->IssueAll();
   batch.wide_rows.resize(unique.size());
   batch.emb_rows.resize(unique.size() * dim);
   absl::Status pulled =
-      PullSparseRows(unique, bsp ? step : 0, /*barrier=*/bsp, /*use_cache=*/true, ctr_steps_,
-                     batch.wide_rows.data(), batch.emb_rows.data(), &comm);
+      PullSparseRows(unique, stepped ? step : 0, /*barrier=*/stepped, /*use_cache=*/true,
+                     ctr_steps_, batch.wide_rows.data(), batch.emb_rows.data(), &comm);
   const absl::Time tw = absl::Now();
   pulled.Update(dense_pull->Finish());
   comm += absl::Now() - tw;
   STRATA_RETURN_IF_ERROR(pulled);
   absl::Time mark = ctx_->TraceSpan("wait for pull", "wait", t0, "");
   // bsp: the step the partitions are at, which is ahead of ours when
-  // this worker (re)joins a running or resumed job.
-  const uint64_t version = bsp ? std::max(step, pulled_version) : pulled_version;
+  // this worker (re)joins a running or resumed job (ssp: the slowest
+  // worker's).
+  const uint64_t version = stepped ? std::max(step, pulled_version) : pulled_version;
 
   STRATA_ASSIGN_OR_RETURN(
       const double loss,
@@ -257,9 +259,9 @@ absl::Status CtrTrainer::Step(Batch& batch) {
   PushResult pushed_dense, pushed_wide, pushed_emb;
   auto dense_push = params->StartPush(&wide_deep_->grads(), version, n, &pushed_dense);
   auto wide_push = params->StartSparsePush(WideDeep::kWideTable, &grouped, batch.push_wide.data(),
-                                           version, n, bsp, &pushed_wide);
+                                           version, n, stepped, &pushed_wide);
   auto emb_push = params->StartSparsePush(WideDeep::kEmbeddingTable, &grouped,
-                                          batch.push_emb.data(), version, n, bsp, &pushed_emb);
+                                          batch.push_emb.data(), version, n, stepped, &pushed_emb);
   dense_push->IssueAll();
   wide_push->IssueAll();
   emb_push->IssueAll();

@@ -127,14 +127,15 @@ absl::StatusOr<double> MlpTrainer::PipelinedStep(const float* x, const int32_t* 
   // is reported done.
   ParamClient* const params = ctx_->params();
   StepExchanges& ex = ctx_->exchanges();
-  const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
+  const bool stepped = Stepped(ctx_->config().job.consistency);
   const bool tracing = ctx_->tracing();
   const int n_tables = static_cast<int>(model_->params().size());
   for (int t = 0; t < n_tables; ++t) {
     model_->SetPartitionStarts(t, params->PartitionStarts(t));
   }
   if (ex.pull == nullptr) {
-    ex.pull = params->StartPull(bsp ? ctx_->next_step() : 0, &model_->params(), &ex.pulled_version);
+    ex.pull =
+        params->StartPull(stepped ? ctx_->next_step() : 0, &model_->params(), &ex.pulled_version);
     ex.pull->IssueAll();
   } else {
     ex.pull->RenewDeadline();  // carried over: the timeout counts from now
@@ -178,7 +179,8 @@ absl::StatusOr<double> MlpTrainer::PipelinedStep(const float* x, const int32_t* 
     ex.pull.reset();
     *version = ex.pulled_version;
     ex.push = params->StartPush(&model_->grads(), *version, n, &ex.push_result);
-    next_pull = params->StartPull(bsp ? *version + 1 : 0, &model_->params(), &ex.pulled_version);
+    next_pull =
+        params->StartPull(stepped ? *version + 1 : 0, &model_->params(), &ex.pulled_version);
     return absl::OkStatus();
   };
   hooks.grads_ready = [&](int table, uint64_t end) {

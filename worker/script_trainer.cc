@@ -68,16 +68,20 @@ absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
     return absl::UnimplementedError(
         "a training script's worker trains against pservers (no --local run)");
   }
-  const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
+  const bool stepped = Stepped(ctx_->config().job.consistency);
   ctx_->SetEpoch(task.epoch());
   // The task's first step starts from the parameters of its version.
-  STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(bsp ? ctx_->next_step() : 0, &params_).status());
+  STRATA_ASSIGN_OR_RETURN(const uint64_t pulled,
+                          ctx_->params()->PullAll(stepped ? ctx_->next_step() : 0, &params_));
   absl::MutexLock l(&mu_);
+  // ssp: a worker joining a running job goes on at the slowest worker's
+  // clock, not at 0 (it would hold every other worker back).
+  ssp_floor_ = ctx_->config().job.consistency == Consistency::kSsp ? pulled : 0;
   if (phase_ == Phase::kClosed) return absl::CancelledError("the training script's side closed");
   offered_ = ctx_->TaskRecordOrder(task, task.begin(), task.end());
   phase_ = Phase::kTask;
-  lookup_version_ = bsp ? ctx_->next_step() : 0;
-  lookup_barrier_ = bsp;
+  lookup_version_ = stepped ? std::max(ctx_->next_step(), ssp_floor_) : 0;
+  lookup_barrier_ = stepped;
   for (auto& [t, g] : row_grads_) g = RowGrads();
   step_error_ = absl::OkStatus();
   step_since_ = absl::Now();  // the script's compute starts
@@ -112,8 +116,13 @@ void ScriptTrainer::AwaitCallsLocked() {
   mu_.Await(absl::Condition(&idle));
 }
 
+uint64_t ScriptTrainer::NextStep() {
+  absl::MutexLock l(&mu_);
+  return std::max(ctx_->next_step(), ssp_floor_);
+}
+
 absl::Status ScriptTrainer::IssueSparsePushes(
-    uint64_t version, int n, bool bsp,
+    uint64_t version, int n, bool stepped,
     std::vector<std::unique_ptr<ParamClient::Exchange>>* exchanges,
     std::vector<ParamClient::SparseKeys>* grouped, std::vector<PushResult>* results) {
   std::map<uint32_t, RowGrads> step;
@@ -129,7 +138,7 @@ absl::Status ScriptTrainer::IssueSparsePushes(
   size_t i = 0;
   for (auto& [table, g] : step) {
     const int dim = SparseDim(table);
-    if (bsp && !g.looked_up) {
+    if (stepped && !g.looked_up) {
       // The partitions at this step first, as a lookup would have waited
       // for: a bsp push must not run ahead of a partition's step.
       ParamClient::SparseKeys none;
@@ -140,7 +149,7 @@ absl::Status ScriptTrainer::IssueSparsePushes(
           params->StartSparsePull(table, &none, &unused, version, /*every_partition=*/true)
               ->Finish());
     }
-    if (!bsp && g.keys.empty()) {
+    if (!stepped && g.keys.empty()) {
       ++i;
       continue;
     }
@@ -155,7 +164,8 @@ absl::Status ScriptTrainer::IssueSparsePushes(
       for (int j = 0; j < dim; ++j) to[j] = from[j] * static_cast<float>(n);
     }
     exchanges->push_back(params->StartSparsePush(table, &(*grouped)[i], rows.data(), version,
-                                                 static_cast<uint64_t>(n), bsp, &(*results)[i]));
+                                                 static_cast<uint64_t>(n), stepped,
+                                                 &(*results)[i]));
     exchanges->back()->IssueAll();
     ++i;
   }
@@ -327,13 +337,13 @@ absl::Status ScriptTrainer::BeginStep(int n) {
     absl::MutexLock l(&mu_);
     STRATA_RETURN_IF_ERROR(EnterStepLocked(n));  // left by Step or AbandonStep
   }
-  const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
-  const uint64_t version = ctx_->next_step();
+  const bool stepped = Stepped(ctx_->config().job.consistency);
+  const uint64_t version = NextStep();
   begun_ =
       std::make_unique<Begun>(Begun{n, version,
                                     std::make_unique<ParamClient::PushPull>(
                                         ctx_->params(), &grads_, version, static_cast<uint64_t>(n),
-                                        bsp ? version + 1 : 0, &params_)});
+                                        stepped ? version + 1 : 0, &params_)});
   return absl::OkStatus();
 }
 
@@ -361,7 +371,7 @@ void ScriptTrainer::FailBegunStep(const std::string& why) {
 
 absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead) {
   STRATA_RETURN_IF_ERROR(SettleAhead());
-  const bool bsp = ctx_->config().job.consistency == Consistency::kBsp;
+  const bool stepped = Stepped(ctx_->config().job.consistency);
   std::unique_ptr<Begun> begun = std::move(begun_);
   absl::Time since;
   {
@@ -382,20 +392,20 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead
   if (begun == nullptr) {
     for (std::vector<float>& g : grads_) Scale(g.data(), static_cast<float>(n), g.size());
   }
-  const uint64_t version = begun != nullptr ? begun->version : ctx_->next_step();
+  const uint64_t version = begun != nullptr ? begun->version : NextStep();
   const absl::Time t0 = absl::Now();
   PushResult pushed;
   std::vector<std::unique_ptr<ParamClient::Exchange>> sparse;
   std::vector<ParamClient::SparseKeys> grouped;
   std::vector<PushResult> sparse_pushed;
-  if (s.ok()) s = IssueSparsePushes(version, n, bsp, &sparse, &grouped, &sparse_pushed);
+  if (s.ok()) s = IssueSparsePushes(version, n, stepped, &sparse, &grouped, &sparse_pushed);
   std::unique_ptr<ParamClient::PushPull> exchange;
   if (begun != nullptr) {
     exchange = std::move(begun->exchange);
   } else if (s.ok()) {
     exchange = std::make_unique<ParamClient::PushPull>(ctx_->params(), &grads_, version,
                                                        static_cast<uint64_t>(n),
-                                                       bsp ? version + 1 : 0, &params_);
+                                                       stepped ? version + 1 : 0, &params_);
   }
   if (s.ok() && ahead) {
     s = exchange->FinishPush(&pushed);
@@ -420,7 +430,7 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead
   absl::MutexLock l(&mu_);
   --in_calls_;
   step_since_ = t1;
-  lookup_version_ = bsp ? ctx_->next_step() : 0;
+  lookup_version_ = stepped ? std::max(ctx_->next_step(), ssp_floor_) : 0;
   if (!s.ok()) step_error_ = s;  // the task fails with it (TrainTask)
   return s;
 }

@@ -165,11 +165,13 @@ class ScriptTrainer : public Trainer {
     std::vector<float> grads;  // keys.size() * dim
     bool looked_up = false;    // pulled from in this step (bsp: at its version)
   };
-  // The sparse tables' pushes for step `version` over n records (bsp: to
+  // The step the next push is for: the worker's, or the ssp floor.
+  uint64_t NextStep() ABSL_LOCKS_EXCLUDED(mu_);
+  // The sparse tables' pushes for step `version` over n records (bsp, ssp: to
   // every virtual partition, after a pull at the step's version from any
   // table the script did not look up); issued, then settled by the caller
   // (Step).
-  absl::Status IssueSparsePushes(uint64_t version, int n, bool bsp,
+  absl::Status IssueSparsePushes(uint64_t version, int n, bool stepped,
                                  std::vector<std::unique_ptr<ParamClient::Exchange>>* exchanges,
                                  std::vector<ParamClient::SparseKeys>* grouped,
                                  std::vector<PushResult>* results);
@@ -186,6 +188,9 @@ class ScriptTrainer : public Trainer {
   // The version a lookup pulls at (bsp, in a task: the step's), whether a
   // task is being trained.
   uint64_t lookup_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // ssp: the slowest worker's clock when this task began (its pull's
+  // answer); a joining worker's steps start there.
+  uint64_t ssp_floor_ ABSL_GUARDED_BY(mu_) = 0;
   bool lookup_barrier_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Mutex mu_;

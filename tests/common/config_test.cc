@@ -44,8 +44,9 @@ void ExpectError(const absl::StatusOr<JobConfig>& result, const std::string& pos
                                AllOf(StartsWith(position), HasSubstr(parts)...)));
 }
 
-TEST(ConsistencyNameTest, NamesBothModes) {
+TEST(ConsistencyNameTest, NamesEveryMode) {
   EXPECT_STREQ(ConsistencyName(Consistency::kBsp), "bsp");
+  EXPECT_STREQ(ConsistencyName(Consistency::kSsp), "ssp");
   EXPECT_STREQ(ConsistencyName(Consistency::kAsp), "asp");
 }
 
@@ -193,6 +194,15 @@ TEST(ParseJobConfigTest, QuotedStringsAreStrings) {
 TEST(ParseJobConfigTest, BspConsistency) {
   STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("job:\n  consistency: bsp\n"));
   EXPECT_EQ(c.job.consistency, Consistency::kBsp);
+}
+
+TEST(ParseJobConfigTest, SspConsistencyAndItsStaleness) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c,
+                              ParseWithData("job:\n  consistency: ssp\n  staleness: 5\n"));
+  EXPECT_EQ(c.job.consistency, Consistency::kSsp);
+  EXPECT_EQ(c.job.staleness, 5);
+  STRATA_ASSERT_OK_AND_ASSIGN(c, ParseWithData("job:\n  consistency: ssp\n"));
+  EXPECT_EQ(c.job.staleness, 3);
 }
 
 // --- YAML syntax -----------------------------------------------------------
@@ -552,7 +562,22 @@ TEST(ParseJobConfigTest, MapWhereStringExpected) {
 
 TEST(ParseJobConfigTest, UnknownConsistency) {
   ExpectError(ParseWithData("job:\n  consistency: foo\n"),
-              "local.yaml:7:16: ", "job.consistency: unknown value 'foo' (allowed: bsp, asp)");
+              "local.yaml:7:16: ", "job.consistency: unknown value 'foo' (allowed: bsp, ssp, asp)");
+}
+
+TEST(ParseJobConfigTest, BatchSplitBySpeedNotWithAsp) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("job:\n  batch_split: by_speed\n"));
+  EXPECT_EQ(c.job.batch_split, "by_speed");
+  ExpectError(ParseWithData("job:\n  consistency: asp\n  batch_split: by_speed\n"),
+              "local.yaml:8:16: ", "job.batch_split: by_speed balances the workers' steps");
+}
+
+TEST(ParseJobConfigTest, StalenessOnlyWithSsp) {
+  ExpectError(ParseWithData("job:\n  staleness: 2\n"), "local.yaml:7:14: ",
+              "job.staleness: bounds an ssp job's staleness; this job's consistency is bsp "
+              "(set job.consistency: ssp)");
+  ExpectError(ParseWithData("job:\n  consistency: ssp\n  staleness: -1\n"),
+              "local.yaml:8:14: ", "job.staleness:");
 }
 
 TEST(ParseJobConfigTest, RdmaTransportAndItsSettings) {

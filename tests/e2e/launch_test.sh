@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real binaries through scripts/launch.sh on 127.0.0.1: 1 master, 2 pservers,
-# 2 workers train the Fashion-MNIST MLP (784-128-10, 2 epochs) in bsp or asp
-# (argument 1) and must reach 84% test accuracy; launch.sh must exit 0, write
+# 2 workers train the Fashion-MNIST MLP (784-128-10, 2 epochs) in bsp, ssp
+# (staleness 3) or asp (argument 1) and must reach 84% test accuracy;
+# launch.sh must exit 0, write
 # summary.json with the promised fields and each daemon's log, and leave
 # nothing running.
 BUILD_DIR="$1"; MODE="$2"

@@ -1,6 +1,7 @@
 #include "pserver/partition.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -335,6 +336,81 @@ TEST(PartitionTest, AspAppliesEachPushAtOnceWithItsOwnAverage) {
   EXPECT_EQ(responses[0].header.version, 2u);
   EXPECT_THAT(BytesToFloats(responses[0].payload),
               ElementsAre(FloatNear(0.f, kTol), FloatNear(1.f, kTol), FloatNear(3.25f, kTol)));
+}
+
+// SSP with staleness 2: pulls of worker 1 against the clock of worker 2.
+TEST(PartitionTest, SspPullWaitsExactlyWhileTheSlowestWorkerIsMoreThanStalenessBehind) {
+  auto p =
+      std::make_unique<Partition>(kPartitionId, "fc0.weight", std::vector<float>{1.f, 2.f, 3.f},
+                                  Sgd(0.5), SyncMode(Consistency::kSsp, 2));
+  p->SetStepWorkers({1, 2});
+  // Step 0 of both: applied on arrival, each with its own average.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 0.f, 0.f})), 1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {1.f, 0.f, 0.f})), 2, 1);
+  EXPECT_EQ(p->stats().updates_applied, 2u);
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.f, kTol), FloatNear(2.f, kTol), FloatNear(3.f, kTol)));
+  // Worker 1 goes on alone: steps 1 and 2 pushed, its clock 3, worker 2's 1.
+  uint64_t seq = 2;
+  for (uint64_t step = 1; step <= 2; ++step, ++seq) {
+    ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, seq, step, 1, {0.f, 0.f, 0.f})), 1, seq);
+  }
+  // Clock 3 is 2 ahead of the slowest: answered, with the puller's clock.
+  auto at3 = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(1, 3, 1), at3);
+  ASSERT_THAT(at3->responses(), SizeIs(1));
+  EXPECT_EQ(at3->responses()[0].header.version, 3u);
+  // Clock 4 would be 3 ahead: it waits, through worker 1's own push of 3.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, seq, 3, 1, {0.f, 0.f, 0.f})), 1, seq);
+  auto at4 = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(1, 4, 2), at4);
+  EXPECT_THAT(at4->responses(), IsEmpty());
+  // A worker outside the step set holds nothing back.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(9, 1, 0, 1, {0.f, 0.f, 0.f})), 9, 1);
+  EXPECT_THAT(at4->responses(), IsEmpty());
+  // Worker 2's step 1 brings its clock to 2: clock 4 is 2 ahead now.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 2, 1, 1, {2.f, 2.f, 2.f})), 2, 2);
+  auto responses = at4->responses();
+  ASSERT_THAT(responses, SizeIs(1));
+  EXPECT_EQ(responses[0].header.version, 4u);
+  // Every update so far is in the values it pulled: {0, 2, 3} - 0.5 * 2.
+  EXPECT_THAT(BytesToFloats(responses[0].payload),
+              ElementsAre(FloatNear(-1.f, kTol), FloatNear(1.f, kTol), FloatNear(2.f, kTol)));
+  EXPECT_EQ(p->ssp_clocks(), (std::map<uint32_t, uint64_t>{{1, 4}, {2, 2}, {9, 1}}));
+}
+
+TEST(PartitionTest, SspWorkerThatLeavesHoldsNothingAndAJoiningOneStartsAtTheSlowestClock) {
+  auto p =
+      std::make_unique<Partition>(kPartitionId, "fc0.weight", std::vector<float>{1.f, 2.f, 3.f},
+                                  Sgd(0.5), SyncMode(Consistency::kSsp, 0));
+  p->SetStepWorkers({1, 2});
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {0.f, 0.f, 0.f})), 1, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(2, 1, 0, 1, {0.f, 0.f, 0.f})), 2, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 2, 1, 1, {0.f, 0.f, 0.f})), 1, 2);
+  // Staleness 0: clock 2 waits for worker 2's step 1...
+  auto at2 = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(1, 2, 1), at2);
+  EXPECT_THAT(at2->responses(), IsEmpty());
+  // ... until worker 2 leaves the step set (it died): then at once.
+  p->SetStepWorkers({1});
+  ASSERT_THAT(at2->responses(), SizeIs(1));
+  EXPECT_EQ(at2->responses()[0].header.version, 2u);
+  // Worker 3 joins: until its first push it holds nobody back, and its
+  // first pull (clock 0) is answered with the slowest clock, 2.
+  p->SetStepWorkers({1, 3});
+  auto joiner = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(3, 0, 2), joiner);
+  ASSERT_THAT(joiner->responses(), SizeIs(1));
+  EXPECT_EQ(joiner->responses()[0].header.version, 2u);
+  // From its first push (step 2) on, it holds the others as any worker.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(3, 1, 2, 1, {0.f, 0.f, 0.f})), 3, 1);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 3, 2, 1, {0.f, 0.f, 0.f})), 1, 3);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 4, 3, 1, {0.f, 0.f, 0.f})), 1, 4);
+  auto at4 = std::make_shared<RecordingResponder>();
+  p->Pull(PullMsg(1, 4, 3), at4);
+  EXPECT_THAT(at4->responses(), IsEmpty()) << "served before worker 3 pushed step 3";
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(3, 2, 3, 1, {0.f, 0.f, 0.f})), 3, 2);
+  EXPECT_THAT(at4->responses(), SizeIs(1));
 }
 
 // Sparse partitions: rows of dim 2, zeros at first, SGD with lr 0.5.

@@ -1,0 +1,91 @@
+#include "bench/scale_sim.h"
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::bench {
+namespace {
+
+using ::strata::testing::StatusIs;
+
+// One layer of 1M floats, batch 10, 1 us per parameter-sample... scaled
+// so that compute is 10 ms a step.
+SimModel OneLayer() {
+  SimModel m;
+  m.name = "one layer";
+  m.layer_params = {1e6};
+  m.compute_s_per_param_sample = 1e-9;  // 10 samples x 1e6 x 1e-9 = 10 ms
+  m.batch_per_gpu = 10;
+  return m;
+}
+
+SimCluster Fast(int nodes, int gpus, int pservers) {
+  SimCluster c;
+  c.nodes = nodes;
+  c.gpus_per_node = gpus;
+  c.pservers = pservers;
+  c.link_gbps = 1e6;  // (no link limit)
+  c.message_seconds = 0;
+  c.host_bytes_per_s = 1e18;
+  c.apply_floats_per_s = 1e15;
+  c.shm_bytes_per_s = 1e18;
+  return c;
+}
+
+TEST(ScaleSimTest, WithoutCommunicationCostsAStepIsItsCompute) {
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(OneLayer(), Fast(4, 8, 2)));
+  EXPECT_NEAR(r.compute_seconds, 0.010, 1e-9);
+  EXPECT_NEAR(r.step_seconds, 0.010, 1e-5);
+  EXPECT_NEAR(r.scaling_efficiency, 1.0, 1e-3);
+  EXPECT_NEAR(r.samples_per_second, 32 * 10 / 0.010, 10);
+  EXPECT_EQ(r.limit, "compute");
+}
+
+TEST(ScaleSimTest, APserversLinkBoundsTheStepAsItsBytesSay) {
+  // Compute ~0; 4 nodes x 2 GPUs push 4 MB each to 1 pserver at 1 GB/s
+  // (8 Gb/s): 32 MB in a step, 32 ms at least on its NIC; the pulls take
+  // the other direction of it as long.
+  SimModel m = OneLayer();
+  m.compute_s_per_param_sample = 1e-15;
+  SimCluster c = Fast(4, 2, 1);
+  c.link_gbps = 8;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(m, c));
+  EXPECT_NEAR(r.pserver_bytes_in_per_step, 32e6, 1);
+  EXPECT_GE(r.step_seconds, 0.032);
+  EXPECT_LE(r.step_seconds, 0.032 * 2.1);  // push then pull, at worst not overlapped
+  EXPECT_EQ(r.limit.rfind("pserver NIC", 0), 0u) << r.limit;
+  EXPECT_LT(r.scaling_efficiency, 0.01);
+}
+
+TEST(ScaleSimTest, NodeAggregationDividesThePserversBytesByTheGpusOfANode) {
+  SimModel m = OneLayer();
+  SimCluster c = Fast(4, 8, 2);
+  c.link_gbps = 8;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult none, Simulate(m, c));
+  c.node_aggregation = true;
+  c.shm_bytes_per_s = 20e9;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult node, Simulate(m, c));
+  EXPECT_NEAR(none.pserver_bytes_in_per_step / node.pserver_bytes_in_per_step, 8, 1e-9);
+  EXPECT_LT(node.step_seconds, none.step_seconds / 2);
+  EXPECT_GT(node.scaling_efficiency, none.scaling_efficiency);
+}
+
+TEST(ScaleSimTest, PserverMemoryHoldsValuesAndOptimizerStateSplitOverThem) {
+  SimModel m = OneLayer();
+  m.sparse_params = 1e9;
+  m.optimizer_state_floats = 1;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult r, Simulate(m, Fast(1, 1, 4)));
+  EXPECT_NEAR(r.pserver_memory_bytes, 4.0 * (1e9 + 1e6) * 2 / 4, 1);
+}
+
+TEST(ScaleSimTest, RefusesWhatMakesNoSense) {
+  SimModel m = OneLayer();
+  m.layer_params.clear();
+  EXPECT_THAT(Simulate(m, Fast(1, 1, 1)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Simulate(OneLayer(), Fast(0, 1, 1)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Simulate(OneLayer(), Fast(1, 1, 1), 2), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace strata::bench

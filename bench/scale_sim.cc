@@ -21,10 +21,10 @@ struct Server {
 // resources it holds.
 struct Request {
   double ready;
-  int from;  // index into the sender's servers
-  int to;    // index into the receiver's servers
-  double seconds;
-  double* done;  // where its end time goes (max-combined)
+  int from;       // index into the sender's servers
+  int to;         // index into the receiver's servers
+  double amount;  // a message: its bytes; an apply: its seconds
+  double* done;   // where its end time goes (max-combined)
 };
 
 class Sim {
@@ -37,14 +37,16 @@ class Sim {
     ps_in_.resize(c.pservers);
     ps_out_.resize(c.pservers);
     ps_cpu_.resize(c.pservers);
-    bytes_per_s_ = c.link_gbps * 1e9 / 8;
+    node_bytes_per_s_ = c.link_gbps * 1e9 / 8;
+    ps_bytes_per_s_ = (c.pserver_link_gbps > 0 ? c.pserver_link_gbps : c.link_gbps) * 1e9 / 8;
     // (previous step's applies: at time 0 for the first step)
     applied_.assign(layers_, std::vector<double>(c.pservers, 0));
     sparse_applied_.assign(c.pservers, 0);
   }
 
-  double MessageSeconds(double bytes) const {
-    return c_.message_seconds + bytes / bytes_per_s_ + bytes / c_.host_bytes_per_s;
+  // A message's time on a NIC of `bytes_per_s`.
+  double MessageSeconds(double bytes, double bytes_per_s) const {
+    return c_.message_seconds + bytes / bytes_per_s + bytes / c_.host_bytes_per_s;
   }
 
   // Serves `reqs`: each sender's NIC takes its messages in the order they
@@ -52,15 +54,18 @@ class Sim {
   // senders start them (cut-through: a message ends on the receiver no
   // sooner than its time after its sender started it). An apply takes its
   // pserver's cores (no receiver).
-  void Serve(std::vector<Request>* reqs, std::vector<Server>* senders,
-             std::vector<Server>* receivers) {
+  // (`*_rate`: the NICs' bytes per second; 0 for an apply, whose
+  // `seconds` is its time.)
+  void Serve(std::vector<Request>* reqs, std::vector<Server>* senders, double sender_rate,
+             std::vector<Server>* receivers, double receiver_rate) {
     std::stable_sort(reqs->begin(), reqs->end(),
                      [](const Request& a, const Request& b) { return a.ready < b.ready; });
     for (Request& r : *reqs) {
       Server& s = (*senders)[r.from];
+      const double t = sender_rate > 0 ? MessageSeconds(r.amount, sender_rate) : r.amount;
       r.ready = std::max(r.ready, s.free_at);  // (now: when the sender starts it)
-      s.free_at = r.ready + r.seconds;
-      if (measuring_) s.busy += r.seconds;
+      s.free_at = r.ready + t;
+      if (measuring_) s.busy += t;
       if (receivers == nullptr) *r.done = std::max(*r.done, s.free_at);
     }
     if (receivers == nullptr) return;
@@ -68,8 +73,9 @@ class Sim {
                      [](const Request& a, const Request& b) { return a.ready < b.ready; });
     for (Request& r : *reqs) {
       Server& d = (*receivers)[r.to];
-      d.free_at = std::max(r.ready, d.free_at) + r.seconds;
-      if (measuring_) d.busy += r.seconds;
+      const double t = MessageSeconds(r.amount, receiver_rate);
+      d.free_at = std::max(r.ready, d.free_at) + t;
+      if (measuring_) d.busy += t;
       *r.done = std::max(*r.done, d.free_at);
     }
   }
@@ -94,18 +100,16 @@ class Sim {
       const int node = agg ? p : p / g;
       for (int l = 0; l < layers_; ++l) {
         for (int s = 0; s < S; ++s) {
-          reqs.push_back(
-              {applied_[l][s], s, node, MessageSeconds(4 * m_.layer_params[l] / S), &pulled[p][l]});
+          reqs.push_back({applied_[l][s], s, node, 4 * m_.layer_params[l] / S, &pulled[p][l]});
         }
       }
       if (sparse_bytes > 0) {
         for (int s = 0; s < S; ++s) {
-          reqs.push_back(
-              {sparse_applied_[s], s, node, MessageSeconds(sparse_bytes / S), &sparse_pulled[p]});
+          reqs.push_back({sparse_applied_[s], s, node, sparse_bytes / S, &sparse_pulled[p]});
         }
       }
     }
-    Serve(&reqs, &ps_out_, &node_in_);
+    Serve(&reqs, &ps_out_, ps_bytes_per_s_, &node_in_, node_bytes_per_s_);
     // Forward and backward on each worker; gradients ready per layer.
     std::vector<std::vector<double>> grad_ready(workers_, std::vector<double>(layers_, 0));
     std::vector<double> backward_end(workers_, 0);
@@ -147,8 +151,7 @@ class Sim {
           ready = grad_ready[p][l];
         }
         for (int s = 0; s < S; ++s) {
-          reqs.push_back(
-              {ready, node, s, MessageSeconds(gb * m_.layer_params[l] / S), &arrived[l][s]});
+          reqs.push_back({ready, node, s, gb * m_.layer_params[l] / S, &arrived[l][s]});
           if (measuring_) bytes_in_ += gb * m_.layer_params[l] / S;
         }
       }
@@ -157,12 +160,12 @@ class Sim {
         const int first = agg ? p * g : p, n = agg ? g : 1;
         for (int k = 0; k < n; ++k) ready = std::max(ready, backward_end[first + k]);
         for (int s = 0; s < S; ++s) {
-          reqs.push_back({ready, node, s, MessageSeconds(sparse_bytes / S), &sparse_arrived[s]});
+          reqs.push_back({ready, node, s, sparse_bytes / S, &sparse_arrived[s]});
           if (measuring_) bytes_in_ += sparse_bytes / S;
         }
       }
     }
-    Serve(&reqs, &node_out_, &ps_in_);
+    Serve(&reqs, &node_out_, node_bytes_per_s_, &ps_in_, ps_bytes_per_s_);
     // Applies: a layer's share once all its pushes are in; the sparse rows
     // once every push of the step is.
     reqs.clear();
@@ -181,7 +184,7 @@ class Sim {
                         &sparse_applied_[s]});
       }
     }
-    Serve(&reqs, &ps_cpu_, nullptr);
+    Serve(&reqs, &ps_cpu_, 0, nullptr, 0);
     return step_end;
   }
 
@@ -235,7 +238,7 @@ class Sim {
   const SimCluster& c_;
   const int layers_;
   int workers_ = 0;
-  double bytes_per_s_ = 0;
+  double node_bytes_per_s_ = 0, ps_bytes_per_s_ = 0;
   bool measuring_ = false;
   double bytes_in_ = 0;
   std::vector<Server> node_out_, node_in_, ps_in_, ps_out_, ps_cpu_;

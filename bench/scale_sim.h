@@ -46,7 +46,8 @@ struct SimCluster {
   int nodes = 1;
   int gpus_per_node = 8;
   int pservers = 2;
-  double link_gbps = 100;           // each NIC, each direction
+  double link_gbps = 100;           // each node's NIC, each direction
+  double pserver_link_gbps = 0;     // each pserver's NIC (0: link_gbps)
   double message_seconds = 2e-6;    // fixed cost of one message (RDMA ~2 us)
   double host_bytes_per_s = 1e12;   // end-host cost per byte (TCP copies; RDMA: none)
   double apply_floats_per_s = 1e9;  // one pserver's dense apply

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -31,6 +32,14 @@ DEFINE_bool(json, false, "one JSON document instead of the table");
 DEFINE_string(pservers, "2,4,8", "pserver counts to model; \"nodes\": one on every node");
 DEFINE_int32(dense_batch, 32, "the dense model's samples (512 tokens each) per GPU per step");
 DEFINE_int32(gradient_bytes, 4, "bytes per pushed gradient float (2: fp16 pushes)");
+// A model and cluster of one's own in place of the two above (the
+// shaped-link runs on this machine, bench/shaped_scale_bench.sh).
+DEFINE_string(layers, "", "dense floats of each layer, e.g. 200960,2570: model that instead");
+DEFINE_int32(batch, 64, "with --layers: samples per worker per step");
+DEFINE_double(compute_s_per_param_sample, 1e-9, "with --layers: compute per parameter-sample");
+DEFINE_string(nodes, "8,32,128,256", "node counts to model");
+DEFINE_int32(gpus_per_node, 8, "workers on each node");
+DEFINE_double(pserver_link_gbps, 0, "each pserver's NIC (0: --link_gbps)");
 
 namespace strata::bench {
 namespace {
@@ -101,8 +110,32 @@ SimModel Ctr1e11() {
   return m;
 }
 
+SimModel Custom() {
+  SimModel m;
+  m.name = "custom";
+  for (absl::string_view f : absl::StrSplit(FLAGS_layers, ',')) {
+    double v = 0;
+    if (absl::SimpleAtod(f, &v) && v > 0) m.layer_params.push_back(v);
+  }
+  m.compute_s_per_param_sample = FLAGS_compute_s_per_param_sample;
+  m.batch_per_gpu = FLAGS_batch;
+  return m;
+}
+
 int Main() {
   const Costs costs = LoadCosts(FLAGS_calibration);
+  std::vector<int> node_counts;
+  for (absl::string_view f : absl::StrSplit(FLAGS_nodes, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(f, &n) || n < 1) {
+      std::cerr << "--nodes: '" << f << "' is not a node count\n";
+      return 2;
+    }
+    node_counts.push_back(n);
+  }
+  const std::vector<SimModel> models = FLAGS_layers.empty()
+                                           ? std::vector<SimModel>{Dense100M(), Ctr1e11()}
+                                           : std::vector<SimModel>{Custom()};
   std::vector<std::string> rows;  // --json
   if (!FLAGS_json) {
     std::printf("costs: %s; apply %.0f M floats/s per core x %d cores; %s; GPU %.0f TFLOP/s\n",
@@ -114,13 +147,15 @@ int Main() {
                           .c_str(),
                 FLAGS_gpu_tflops);
     std::printf("%-10s %5s %3s %-5s %9s %9s %7s %7s %11s %9s  %s\n", "model", "nodes", "ps", "agg",
-                "step ms", "samples/s", "eff", "vs 8n", "ps in MB", "ps GB", "limit");
+                "step ms", "samples/s", "eff",
+                absl::StrCat("vs ", node_counts.front(), "n").c_str(), "ps in MB", "ps GB",
+                "limit");
   }
-  for (const SimModel& model : {Dense100M(), Ctr1e11()}) {
+  for (const SimModel& model : models) {
     for (absl::string_view ps : absl::StrSplit(FLAGS_pservers, ',')) {
       for (bool agg : {false, true}) {
-        double per_node_at_8 = 0;
-        for (int nodes : {8, 32, 128, 256}) {
+        double per_node_at_fewest = 0;
+        for (int nodes : node_counts) {
           int pservers = nodes;
           if (ps != "nodes" && !absl::SimpleAtoi(ps, &pservers)) {
             std::cerr << "--pservers: '" << ps << "' is not a count or \"nodes\"\n";
@@ -128,9 +163,10 @@ int Main() {
           }
           SimCluster c;
           c.nodes = nodes;
-          c.gpus_per_node = 8;
+          c.gpus_per_node = FLAGS_gpus_per_node;
           c.pservers = pservers;
           c.link_gbps = FLAGS_link_gbps;
+          c.pserver_link_gbps = FLAGS_pserver_link_gbps;
           c.node_aggregation = agg;
           c.gradient_bytes = FLAGS_gradient_bytes;
           c.apply_floats_per_s = costs.apply_floats_per_s_core * FLAGS_pserver_cores;
@@ -147,19 +183,19 @@ int Main() {
             std::cerr << r.status() << "\n";
             return 1;
           }
-          if (nodes == 8) per_node_at_8 = r->samples_per_second / 8;
-          const double vs8 = r->samples_per_second / (per_node_at_8 * nodes);
+          if (nodes == node_counts.front()) per_node_at_fewest = r->samples_per_second / nodes;
+          const double vs8 = r->samples_per_second / (per_node_at_fewest * nodes);
           if (FLAGS_json) {
             rows.push_back(absl::StrFormat(
-                "{\"model\": \"%s\", \"nodes\": %d, \"gpus_per_node\": 8, \"pservers\": %d, "
+                "{\"model\": \"%s\", \"nodes\": %d, \"gpus_per_node\": %d, \"pservers\": %d, "
                 "\"aggregation\": \"%s\", \"step_seconds\": %.6g, \"compute_seconds\": %.6g, "
                 "\"samples_per_second\": %.6g, \"scaling_efficiency\": %.4f, "
-                "\"efficiency_vs_8_nodes\": %.4f, \"comm_share\": %.4f, "
+                "\"efficiency_vs_fewest_nodes\": %.4f, \"comm_share\": %.4f, "
                 "\"pserver_bytes_in_per_step\": %.6g, \"pserver_memory_bytes\": %.6g, "
                 "\"limit\": \"%s\", \"limit_busy\": %.3f}",
-                model.name, nodes, pservers, agg ? "node" : "none", r->step_seconds,
-                r->compute_seconds, r->samples_per_second, r->scaling_efficiency, vs8,
-                r->comm_share, r->pserver_bytes_in_per_step, r->pserver_memory_bytes, r->limit,
+                model.name, nodes, FLAGS_gpus_per_node, pservers, agg ? "node" : "none",
+                r->step_seconds, r->compute_seconds, r->samples_per_second, r->scaling_efficiency,
+                vs8, r->comm_share, r->pserver_bytes_in_per_step, r->pserver_memory_bytes, r->limit,
                 r->limit_busy));
           } else {
             std::printf(

@@ -33,8 +33,7 @@ double BatchSplitter::SpeedOf(uint32_t node) const {
   return it != speeds_.end() ? it->second.rate : 0;
 }
 
-bool BatchSplitter::Drifted(const std::vector<uint32_t>& workers, int64_t global) const {
-  if (workers != split_workers_ || global != split_global_) return true;
+bool BatchSplitter::SpeedDrifted(const std::vector<uint32_t>& workers) const {
   for (uint32_t w : workers) {
     const double now = SpeedOf(w);
     auto it = split_rates_.find(w);
@@ -47,9 +46,11 @@ bool BatchSplitter::Drifted(const std::vector<uint32_t>& workers, int64_t global
 
 const std::map<uint32_t, int64_t>& BatchSplitter::Split(int64_t global,
                                                         const std::vector<uint32_t>& workers,
-                                                        bool* remade) {
-  *remade = Drifted(workers, global);
+                                                        absl::Time now, bool* remade) {
+  *remade = workers != split_workers_ || global != split_global_ ||
+            (now - made_at_ >= options_.min_interval && SpeedDrifted(workers));
   if (!*remade) return split_;
+  made_at_ = now;
   // Weights: the measured speeds, the mean of those for the unmeasured.
   std::vector<double> weight(workers.size());
   double known = 0;

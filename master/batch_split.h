@@ -14,6 +14,8 @@
 #include <map>
 #include <vector>
 
+#include "absl/time/time.h"
+
 namespace strata::master {
 
 class BatchSplitter {
@@ -24,6 +26,10 @@ class BatchSplitter {
     double drift = 0.15;
     // Seconds of compute a speed sample spans at least.
     double window_seconds = 0.5;
+    // A drift remakes the split at most this often (a change of the
+    // workers at once): each new split reaches the workers one lease at a
+    // time, and until all have it a step's batch is off the global one.
+    absl::Duration min_interval = absl::Seconds(10);
   };
   BatchSplitter() : BatchSplitter(Options{}) {}
   explicit BatchSplitter(Options options) : options_(options) {}
@@ -38,10 +44,11 @@ class BatchSplitter {
   // The split of `global` records over `workers` (distinct node ids, in a
   // stable order): shares in proportion to the workers' speeds (the mean
   // speed for one not measured yet), each at least 1 when global allows,
-  // summing to global. Remade when the workers or global changed or a
-  // speed drifted; *remade says whether it was.
+  // summing to global. Remade when the workers or global changed, or a
+  // speed drifted and the split is min_interval old at `now`; *remade
+  // says whether it was.
   const std::map<uint32_t, int64_t>& Split(int64_t global, const std::vector<uint32_t>& workers,
-                                           bool* remade);
+                                           absl::Time now, bool* remade);
   // A worker's measured speed (samples per second of compute), 0 when not
   // measured yet.
   double SpeedOf(uint32_t node) const;
@@ -52,7 +59,7 @@ class BatchSplitter {
     double compute = 0;
     double rate = 0;  // smoothed; 0 until the first window
   };
-  bool Drifted(const std::vector<uint32_t>& workers, int64_t global) const;
+  bool SpeedDrifted(const std::vector<uint32_t>& workers) const;
 
   const Options options_;
   std::map<uint32_t, Speed> speeds_;
@@ -60,6 +67,7 @@ class BatchSplitter {
   std::map<uint32_t, int64_t> split_;
   std::vector<uint32_t> split_workers_;
   int64_t split_global_ = -1;
+  absl::Time made_at_ = absl::InfinitePast();
   std::map<uint32_t, double> split_rates_;
 };
 

@@ -47,7 +47,8 @@ int MasterServer::TaskBatchLocked(uint32_t node) {
     return static_cast<int>(std::max<int64_t>(1, share));
   }
   bool remade = false;
-  const std::map<uint32_t, int64_t>& split = splitter_.Split(global, workers, &remade);
+  const std::map<uint32_t, int64_t>& split =
+      splitter_.Split(global, workers, clock_->Now(), &remade);
   if (remade) {
     std::string line = absl::StrCat("batch split by speed: global batch ", global, " =");
     for (uint32_t w : workers) {

@@ -11,8 +11,10 @@ cd "${STRATA_BUILD_DIR:-$ROOT/build}"
 rc=0
 ctest --output-on-failure --timeout 900 -j "${STRATA_TEST_JOBS:-2}" "$@" || rc=$?
 # The Soft-RoCE harness's verdict: ctest prints a skip without its reason.
-if line="$(grep -E '^(SKIP: |run-vm-tests.sh: all phases)' Testing/Temporary/LastTest.log 2>/dev/null |
-           tail -n 1)" && [[ -n "$line" ]]; then
+# (Its own part of the log: other tests print SKIP lines too.)
+if line="$(sed -n '/^"rdma_vm_test" start time/,/^"rdma_vm_test" end time/p' \
+             Testing/Temporary/LastTest.log 2>/dev/null |
+           grep -E '^(SKIP: |run-vm-tests.sh: all phases)' | tail -n 1)" && [[ -n "$line" ]]; then
   echo "rdma_vm_test (Soft-RoCE guest): $line"
 fi
 # The whole suite also runs the fuzz targets, 15 s each (clang builds them

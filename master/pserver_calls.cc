@@ -103,6 +103,14 @@ absl::StatusOr<Ledger> ReadLedger(const std::vector<PServerTarget>& targets,
     for (const auto& ps : resp.partitions()) {
       auto it = owner.find(ps.id());
       if (it == owner.end() || it->second != t.first) continue;  // a backup's copy
+      // A bsp step still open holds acknowledged pushes its counts do not
+      // show yet (the pserver has not learnt that a worker left the step
+      // set): read again later.
+      if (ps.open_chunks() > 0) {
+        return absl::UnavailableError(absl::StrCat("partition ", ps.id(), " on node ", t.first,
+                                                   " has a step in progress (", ps.open_chunks(),
+                                                   " chunk(s)): its pushes are not applied yet"));
+      }
       for (const auto& [sender, n] : ps.applied_by_sender()) applied[ps.id()][sender] = n;
     }
   }

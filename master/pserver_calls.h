@@ -50,7 +50,8 @@ absl::StatusOr<uint64_t> NewestPartitionVersion(const std::vector<PServerTarget>
 // The update ledger: for each partition, the updates applied per sender,
 // as its primary counts them (`owner`: partition → its primary's node id;
 // a backup's copy is not counted). An error when a pserver does not
-// answer within 2 s.
+// answer within 2 s, or when a partition's bsp step is still open (its
+// acknowledged pushes are not counted yet).
 using Ledger = std::map<uint32_t, std::map<uint32_t, uint64_t>>;
 absl::StatusOr<Ledger> ReadLedger(const std::vector<PServerTarget>& targets,
                                   const std::map<uint32_t, uint32_t>& owner);

@@ -579,6 +579,7 @@ PartitionStats Partition::stats() const {
   PartitionStats s = stats_;
   s.newest_chunk_version = NewestChunkVersionLocked();
   s.chunks = static_cast<uint32_t>(chunks_.size());
+  for (const Chunk& k : chunks_) s.open_chunks += k.contributors.empty() ? 0 : 1;
   return s;
 }
 

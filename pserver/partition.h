@@ -43,6 +43,9 @@ struct PartitionStats {
   uint64_t duplicate_pushes = 0;  // (worker, seq) seen before: acked, not applied
   uint64_t rejected_pushes = 0;   // stale step, bad size, ...
   uint64_t pulls_served = 0;
+  // bsp: chunks whose step has pushes in it, not applied yet (their
+  // pushes are acknowledged but not in applied_by_sender until it is).
+  uint32_t open_chunks = 0;
 };
 
 // A partition's state copied for a checkpoint (docs/checkpoint-format.md),

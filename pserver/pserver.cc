@@ -1083,6 +1083,7 @@ proto::PServerStatusResponse PServer::Status() const {
     ps->set_version(st.version);
     ps->set_pushes_applied(st.pushes_applied);
     ps->set_duplicate_pushes(st.duplicate_pushes);
+    ps->set_open_chunks(st.open_chunks);
     ps->set_role(p->role() == PartitionRole::kPrimary ? "primary"
                  : p->synced()                        ? "backup"
                                                       : "syncing");

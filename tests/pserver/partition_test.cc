@@ -172,6 +172,19 @@ TEST(PartitionTest, BspAppliesOnceEveryStepWorkerPushedWithSampleWeightedAverage
   EXPECT_EQ(p->stats().pulls_served, 1u);
 }
 
+TEST(PartitionTest, AnOpenBspStepIsCountedUntilItsUpdateIsApplied) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({1, 2});
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(1, 1, 0, 1, {1.f, 1.f, 1.f})), 1, 1);
+  // Acknowledged, but not applied (nor in the ledger) until worker 2's
+  // push or a step set without it.
+  EXPECT_EQ(p->stats().open_chunks, 1u);
+  EXPECT_THAT(p->applied_by_sender(), IsEmpty());
+  p->SetStepWorkers({1});
+  EXPECT_EQ(p->stats().open_chunks, 0u);
+  EXPECT_EQ(p->applied_by_sender(), (std::map<uint32_t, uint64_t>{{1, 1}}));
+}
+
 TEST(PartitionTest, BspPullForAFutureVersionWaitsForThatVersion) {
   auto p = MakePartition(Consistency::kBsp);
   p->SetStepWorkers({1});

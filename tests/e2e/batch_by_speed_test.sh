@@ -121,14 +121,6 @@ echo "$(grep -c '"kind": "batch_split"' "$work/run/events.jsonl") batch splits m
 for _ in $(seq 1 2400); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
 set +e; wait "$launcher"; rc=$?; set -e
 (( rc == 0 )) || { tail -n 30 "$work/run.out"; fail "the job exited $rc"; }
-python3 - "$work/run/summary.json" <<'PY' || fail "summary: $(cat "$work/run/summary.json")"
-import json, sys
-s = json.load(open(sys.argv[1]))
-print('by_speed job: test accuracy %.4f, ledger %s' % (s['final_test_accuracy'], s.get('ledger')))
-assert s['state'] == 'succeeded', s['state']
-assert int(s.get('ledger', {}).get('lost', 0)) == 0, s.get('ledger')
-assert int(s.get('records_done', 0)) == 3 * 60000, s.get('records_done')
-assert s['final_test_accuracy'] >= 0.80, s['final_test_accuracy']
-PY
+check_job "$work/run/summary.json" "by_speed job" $((3 * 60000)) 0.80
 assert_nothing_left "$work"
 echo "PASS: the global batch split by speed"

@@ -130,6 +130,22 @@ assert int(s.get("records_done", 0)) == int(epochs) * 60000, s.get("records_done
 PY
 }
 
+# check_job SUMMARY WHAT RECORDS MIN_ACCURACY: a job that ran to its end
+# succeeded, trained RECORDS records, lost nothing acknowledged (the
+# update ledger) and reached MIN_ACCURACY.
+check_job() {
+  python3 - "$@" <<'PY' || fail "$2 summary: $(cat "$1")"
+import json, sys
+summary, what, records, accuracy = sys.argv[1:5]
+s = json.load(open(summary))
+print('%s: test accuracy %.4f, ledger %s' % (what, s['final_test_accuracy'], s.get('ledger')))
+assert s['state'] == 'succeeded', s['state']
+assert int(s.get('ledger', {}).get('lost', 0)) == 0, s.get('ledger')
+assert int(s.get('records_done', 0)) == int(records), s.get('records_done')
+assert s['final_test_accuracy'] >= float(accuracy), s['final_test_accuracy']
+PY
+}
+
 # No process of this run may be left.
 assert_nothing_left() {
   local dir="$1"

@@ -82,14 +82,6 @@ set +e; wait "$launcher"; rc=$?; set -e
 (( rc == 0 )) || { tail -n 30 "$work/run.out"; fail "the ssp job exited $rc"; }
 grep '"kind": "node_dead"' "$work/run/events.jsonl" | grep -q "worker 2 (node $w2" ||
   fail "the master never declared worker 2 dead: $(grep node_ "$work/run/events.jsonl")"
-python3 - "$work/run/summary.json" <<'PY' || fail "ssp summary: $(cat "$work/run/summary.json")"
-import json, sys
-s = json.load(open(sys.argv[1]))
-print('ssp job: test accuracy %.4f, ledger %s' % (s['final_test_accuracy'], s.get('ledger')))
-assert s['state'] == 'succeeded', s['state']
-assert int(s.get('ledger', {}).get('lost', 0)) == 0, s.get('ledger')
-assert int(s.get('records_done', 0)) == 4 * 60000, s.get('records_done')
-assert s['final_test_accuracy'] >= 0.82, s['final_test_accuracy']
-PY
+check_job "$work/run/summary.json" "ssp job" $((4 * 60000)) 0.82
 assert_nothing_left "$work"
 echo "PASS: ssp bound held at $staleness, a dead worker held nobody"

@@ -724,6 +724,7 @@ std::vector<ConfigReader::Field> ConfigReader::ClusterFields(ClusterSection* clu
       Int("request_timeout_ms", &cluster->request_timeout_ms, IntAtLeast(1)),
       Int("control_connect_ms", &cluster->control_connect_ms, IntInRange(100, 60000)),
       Int("replication", &cluster->replication, IntInRange(0, 8)),
+      Enum("aggregation", &cluster->aggregation, {"none", "node"}),
       Section("ports", [this, cluster] { return PortsFields(&cluster->ports); }),
       Section("rdma", [this, cluster] { return RdmaFields(&cluster->rdma); }),
   };
@@ -846,6 +847,20 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
     return PathError(mark_of("job.batch_split"), "job.batch_split",
                      "by_speed balances the workers' steps against each other (bsp, ssp); "
                      "in asp nobody waits for a step: use even");
+  }
+  if (config.cluster.aggregation == "node") {
+    if (config.job.consistency != Consistency::kBsp) {
+      return PathError(mark_of("cluster.aggregation"), "cluster.aggregation",
+                       absl::StrCat("node sums a host's gradients of one step before the push: "
+                                    "bsp only; this job's consistency is ",
+                                    ConsistencyName(config.job.consistency)));
+    }
+    if (config.model.type != "mlp") {
+      return PathError(mark_of("cluster.aggregation"), "cluster.aggregation",
+                       absl::StrCat("node is built for dense models (model.type mlp) so far; "
+                                    "model.type ",
+                                    config.model.type, " pushes sparse rows or runs a script"));
+    }
   }
   const bool script = config.model.type == "script";
   if (script && config.worker.command.empty()) {

@@ -205,6 +205,12 @@ struct ClusterSection {
   // acknowledges an update once its backups hold it; 0 = a lost partition is
   // restored from the last checkpoint. Needs more pservers than this.
   int replication = 0;
+  // Node-local aggregation (docs/architecture.md, "Node-local aggregation"):
+  // "node" = the workers of one host sum their gradients in shared memory
+  // and one of them pushes the host's sum once per step and shares the
+  // pulled parameters; "none" = every worker pushes its own. bsp, dense
+  // models (model.type mlp) only.
+  std::string aggregation = "none";
   PortsSection ports;
   RdmaSection rdma;
 };

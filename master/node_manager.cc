@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +68,12 @@ NodeManager::NodeManager(Options options)
   // (A restarted master keeps the chunk size of the state it restores: the
   // pservers' partitions were cut with it.)
   view_.set_chunk_bytes(static_cast<uint64_t>(options_.cluster.chunk_bytes));
+  // (Likewise its aggregation key: its hosts' segments are named by it.)
+  if (options_.cluster.aggregation == "node") {
+    std::random_device rd;
+    const uint64_t key = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    view_.set_aggregation_key(key != 0 ? key : 1);
+  }
   for (const auto& t : options_.tables) *view_.add_tables() = t;
   proto::NodeInfo* self = view_.add_members();
   self->set_id(0);

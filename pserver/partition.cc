@@ -331,7 +331,22 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
       reinterpret_cast<const float*>(sparse_ ? data + sparse_n * sizeof(uint64_t) : data);
   const uint64_t n = k.end - k.begin;
   auto raise = [hold](Hold h) { *hold = std::max(*hold, h); };
-  const bool in_step = k.contributors.count(h.sender_id) != 0;
+  const uint32_t member =
+      consistency_ == Consistency::kBsp ? MemberLocked(h.sender_id) : h.sender_id;
+  bool in_step = k.contributors.count(member) != 0;
+  if (in_step && member != h.sender_id && !ledger_.Seen(h.sender_id, h.seq, c) &&
+      std::none_of(k.pushes.begin(), k.pushes.end(),
+                   [&](const auto& p) { return p.first == h.sender_id; })) {
+    // Another worker of the host pushed its sum for this step already.
+    ++stats_.rejected_pushes;
+    ledger_.Resolve(h.sender_id, h.seq, c, false);
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "push to partition ", id_, " from node ", h.sender_id, " for step ", h.version,
+            ": its host's gradient is in the step already (pushed by "
+            "the host's previous aggregating worker): dropped")),
+        proto::REASON_STALE_GRADIENT);
+  }
   if (ledger_.Seen(h.sender_id, h.seq, c) || in_step) {
     ++stats_.duplicate_pushes;
     // Acknowledged only once what it was part of is replicated.
@@ -392,13 +407,13 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
                                               " is for step ", h.version, " ahead of version ",
                                               k.version));
   }
-  if (step_workers_.count(h.sender_id) == 0) {
+  if (step_workers_.count(member) == 0) {
     return WithReason(
         absl::UnavailableError(absl::StrCat("node ", h.sender_id, " is not in partition ", id_,
                                             "'s step set yet; retry after the view update")),
         proto::REASON_NOT_IN_STEP_SET);
   }
-  k.contributors.insert(h.sender_id);
+  k.contributors.insert(member);
   k.pushes.emplace_back(h.sender_id, h.seq);
   // The step's first gradient is copied, later ones added: the sum needs
   // no clearing between steps.
@@ -547,10 +562,12 @@ void Partition::ServeWaitingPullsLocked(std::vector<Reply>* replies) {
   }
 }
 
-void Partition::SetStepWorkers(const std::set<uint32_t>& workers) {
+void Partition::SetStepWorkers(const std::set<uint32_t>& workers,
+                               const std::map<uint32_t, uint32_t>& member_of) {
   std::vector<Reply> replies;
   absl::MutexLock l(&mu_);
   step_workers_ = workers;
+  member_of_ = member_of;
   if (consistency_ == Consistency::kBsp) {
     for (uint32_t c = 0; c < chunks_.size(); ++c) MaybeCompleteChunkStepLocked(c, &replies);
   } else if (consistency_ == Consistency::kSsp) {

@@ -157,7 +157,13 @@ class Partition : public std::enable_shared_from_this<Partition> {
   // view). Completes the pending step if everyone left in it has pushed.
   // SSP: the workers whose clocks hold pulls back (one that left holds
   // nothing; one holds from its first push here on).
-  void SetStepWorkers(const std::set<uint32_t>& workers);
+  // Node-local aggregation (common/aggregation.h): `workers` are step-set
+  // members, and `member_of` maps a worker to the member it pushes for (its
+  // host's); a push then counts for that member, once a step: another
+  // worker's push for a member already in the step (an aggregating worker
+  // taking over mid-step) is dropped as a stale gradient.
+  void SetStepWorkers(const std::set<uint32_t>& workers,
+                      const std::map<uint32_t, uint32_t>& member_of = {});
 
   // Replication (docs/reliability.md).
   // Primary: the backups of the current view. A new one is sent a copy of
@@ -360,7 +366,12 @@ class Partition : public std::enable_shared_from_this<Partition> {
   absl::flat_hash_map<uint64_t, uint32_t> step_slot_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> step_keys_ ABSL_GUARDED_BY(mu_);
   std::vector<float> step_grads_ ABSL_GUARDED_BY(mu_);
-  std::set<uint32_t> step_workers_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> step_workers_ ABSL_GUARDED_BY(mu_);         // step-set members
+  std::map<uint32_t, uint32_t> member_of_ ABSL_GUARDED_BY(mu_);  // worker -> member
+  uint32_t MemberLocked(uint32_t sender) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = member_of_.find(sender);
+    return it != member_of_.end() ? it->second : sender;
+  }
   // BSP pulls of a version not reached yet (sparse ones keep their keys).
   std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> waiting_pulls_
       ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/aggregation.h"
 #include "common/daemon.h"
 #include "common/daemon_env.h"
 #include "common/error_reason.h"
@@ -211,9 +212,7 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view,
 }
 
 std::set<uint32_t> PServer::StepWorkersDisconnectingTheGone(const proto::ClusterView& view) {
-  std::set<uint32_t> step_workers;
   for (const auto& m : view.members()) {
-    if (m.role() == proto::WORKER && m.state() == proto::ALIVE) step_workers.insert(m.id());
     // A node that left loses its open data connections now, not only its
     // key for new ones (docs/security.md): a worker declared dead, or a
     // fenced primary's replication stream.
@@ -222,7 +221,8 @@ std::set<uint32_t> PServer::StepWorkersDisconnectingTheGone(const proto::Cluster
       transport_->DisconnectNode(m.id());
     }
   }
-  return step_workers;
+  std::map<uint32_t, uint32_t> member_of;  // (for InstallPartitions)
+  return StepMembers(view, &member_of);
 }
 
 absl::StatusOr<std::unique_ptr<Partition>> PServer::NewPartition(const proto::ClusterView& view,
@@ -442,7 +442,9 @@ void PServer::InstallPartitions(const proto::ClusterView& view,
   }
   VLOG(1) << "serving view epoch " << view.epoch();
   ServeAsPrimaries(primaries, backup_addresses);
-  for (const auto& p : all) p->SetStepWorkers(step_workers);
+  std::map<uint32_t, uint32_t> member_of;  // node-local aggregation: worker -> host
+  StepMembers(view, &member_of);
+  for (const auto& p : all) p->SetStepWorkers(step_workers, member_of);
 }
 
 void PServer::ShadowOrDropLocked(uint32_t id, std::shared_ptr<Partition> old,

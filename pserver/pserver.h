@@ -143,8 +143,10 @@ class PServer {
                                const proto::CheckpointManifest* restore,
                                const std::string& checkpoint_root)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
-  // ApplyViewLocked's steps. The workers of the bsp step set (the live
-  // ones), the data connections of nodes that left closed on the way.
+  // ApplyViewLocked's steps. The members of the bsp step set (the live
+  // workers, each host's as one with node-local aggregation:
+  // common/aggregation.h), the data connections of nodes that left closed
+  // on the way.
   std::set<uint32_t> StepWorkersDisconnectingTheGone(const proto::ClusterView& view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
   // Drops the partitions neither `owned` nor `backing` (into `left`, freed

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/host_aggregator.h"
 
 namespace strata::worker {
 namespace {
@@ -99,6 +100,8 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
         (*local)[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(), 1.0f / n,
                            model_->params()[t].size());
       }
+    } else if (ctx_->host_aggregator() != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(loss, AggregatedStep(x.data(), y.data(), n, &version, &comm));
     } else {
       STRATA_ASSIGN_OR_RETURN(loss, PipelinedStep(x.data(), y.data(), n, t0, &version, &comm));
     }
@@ -109,7 +112,31 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
     }
     ctx_->RecordStep(n, version, loss, model_->last_correct(), t3 - t0, comm, /*stale=*/false);
   }
+  if (HostAggregator* agg = ctx_->host_aggregator(); agg != nullptr && local == nullptr) {
+    // The task is done once its last step is applied: when the version
+    // after it is published.
+    STRATA_RETURN_IF_ERROR(
+        agg->AwaitParams(ctx_->next_step(), &model_->params(), [this] { return ctx_->stopping(); })
+            .status());
+  }
   return task.end() - task.begin();
+}
+
+absl::StatusOr<double> MlpTrainer::AggregatedStep(const float* x, const int32_t* y, int n,
+                                                  uint64_t* version, absl::Duration* comm) {
+  // Node-local aggregation (host_aggregator.h): the parameters of the
+  // host's step come through its shared memory, the gradient goes there;
+  // the host's aggregating worker pushes the sum for everyone.
+  HostAggregator* agg = ctx_->host_aggregator();
+  absl::Time w = absl::Now();
+  STRATA_ASSIGN_OR_RETURN(*version, agg->AwaitParams(ctx_->next_step(), &model_->params(),
+                                                     [this] { return ctx_->stopping(); }));
+  *comm += absl::Now() - w;
+  STRATA_ASSIGN_OR_RETURN(const double loss, model_->TrainStep(x, y, n));
+  w = absl::Now();
+  STRATA_RETURN_IF_ERROR(agg->Post(*version, static_cast<uint64_t>(n), model_->grads()));
+  *comm += absl::Now() - w;
+  return loss;
 }
 
 absl::StatusOr<double> MlpTrainer::PipelinedStep(const float* x, const int32_t* y, int n,

@@ -38,6 +38,10 @@ class MlpTrainer : public Trainer {
 
  private:
   MlpTrainer(TrainerContext* ctx, Device* device, storage::LabeledDataset train);
+  // One step with node-local aggregation: parameters from the host's
+  // segment, the gradient posted there (the same outputs as below).
+  absl::StatusOr<double> AggregatedStep(const float* x, const int32_t* y, int n, uint64_t* version,
+                                        absl::Duration* comm);
   // One step on a batch of `n` against the pservers: pull, compute, push,
   // the communication overlapping the computation. Sets *version to the
   // step's version and adds the time spent waiting to *comm.

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/aggregation.h"
 #include "common/error_reason.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
@@ -29,6 +30,9 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   absl::MutexLock l(&mu_);
   if (view.epoch() < epoch_) return;
   epoch_ = view.epoch();
+  members_.Clear();
+  *members_.mutable_members() = view.members();
+  members_.set_aggregation_key(view.aggregation_key());
   std::map<uint32_t, std::string> data_address;
   for (const auto& m : view.members()) data_address[m.id()] = m.data_address();
   routes_.clear();
@@ -91,6 +95,27 @@ void ParamClient::SetView(const proto::ClusterView& view) {
       break;
     }
   }
+}
+
+uint64_t ParamClient::aggregation_key() const {
+  absl::MutexLock l(&mu_);
+  return members_.aggregation_key();
+}
+
+std::vector<uint32_t> ParamClient::HostWorkers(const std::string& host) const {
+  absl::MutexLock l(&mu_);
+  return strata::HostWorkers(members_, host);
+}
+
+std::set<uint32_t> ParamClient::WorkersGone() const {
+  absl::MutexLock l(&mu_);
+  std::set<uint32_t> gone;
+  for (const auto& m : members_.members()) {
+    if (m.role() == proto::WORKER && (m.state() == proto::DEAD || m.state() == proto::DRAINED)) {
+      gone.insert(m.id());
+    }
+  }
+  return gone;
 }
 
 void ParamClient::SetMetrics(MetricsRegistry* metrics) {

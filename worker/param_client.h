@@ -47,6 +47,13 @@ class ParamClient {
   // Installs a view (ignored when older than the one held).
   void SetView(const proto::ClusterView& view);
   uint64_t epoch() const;
+  // Node-local aggregation (common/aggregation.h), from the view held now:
+  // its key (0: the job does not aggregate), the live workers of `host` by
+  // node id (the first aggregates the host's gradients), and the workers
+  // that left the job for good (dead or drained: node ids are not reused).
+  uint64_t aggregation_key() const;
+  std::vector<uint32_t> HostWorkers(const std::string& host) const;
+  std::set<uint32_t> WorkersGone() const;
   // Element offsets where the partitions of table t begin, ascending.
   std::vector<uint64_t> PartitionStarts(uint32_t table) const;
   // Makes every current and later PullAll/PushAll return Cancelled at its
@@ -317,7 +324,8 @@ class ParamClient {
 
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Route> routes_ ABSL_GUARDED_BY(mu_);          // dense partitions
+  proto::ClusterView members_ ABSL_GUARDED_BY(mu_);  // the view's members and aggregation key
+  std::vector<Route> routes_ ABSL_GUARDED_BY(mu_);   // dense partitions
   std::vector<uint64_t> table_sizes_ ABSL_GUARDED_BY(mu_);  // sparse: 0
   // Sparse table id -> its routes by virtual partition; and row widths.
   std::map<uint32_t, std::vector<Route>> sparse_routes_ ABSL_GUARDED_BY(mu_);

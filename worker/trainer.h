@@ -93,6 +93,10 @@ class TrainerContext {
   virtual StepExchanges& exchanges() = 0;
   virtual absl::Status SettlePush() = 0;
 
+  // Node-local aggregation (cluster.aggregation: node): the host's
+  // shared-memory aggregation, through which a step's gradient is posted
+  // and the next parameters come; null when the job does not aggregate.
+  virtual class HostAggregator* host_aggregator() { return nullptr; }
   // True when the steps are traced (WorkerOptions.trace_path).
   virtual bool tracing() const = 0;
   // A trace span from `from` to now on the steps lane, when tracing;

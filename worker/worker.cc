@@ -59,6 +59,10 @@ class Worker::MasterTaskSource : public TaskSource {
 
 namespace {
 
+// Workers one host's aggregation segment has room for (a slot each; tmpfs
+// gives pages only to the slots used).
+constexpr uint32_t kHostSlots = 64;
+
 // The worker's device from worker.* in the config (docs/gpu.md).
 absl::StatusOr<std::unique_ptr<Device>> ChooseDevice(const WorkerOptions& options) {
   const WorkerSection& w = options.config.worker;
@@ -129,6 +133,7 @@ void Worker::Shutdown() {
   if (heartbeat_.joinable()) heartbeat_.join();
   http_.Shutdown();
   if (transport_) transport_->Shutdown();
+  if (aggregator_ != nullptr) aggregator_->Stop();
   if (trace_ != nullptr) {
     if (absl::Status s = trace_->Close(); !s.ok()) LOG(WARNING) << s;
   }
@@ -468,8 +473,33 @@ absl::Status Worker::Run() {
   return s;
 }
 
+absl::Status Worker::StartHostAggregation() {
+  const uint64_t key = params_->aggregation_key();
+  if (key == 0 || aggregator_ != nullptr) return absl::OkStatus();
+  if (trainer_->family() != "mlp") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cluster.aggregation: node is built for model.type mlp; this worker trains ",
+                     std::string(trainer_->family())));
+  }
+  std::vector<size_t> sizes;
+  for (const auto& t : trainer_->params()) sizes.push_back(t.size());
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<HostSegment> segment,
+      HostSegment::Open(HostSegment::NameFor(key, options_.host), sizes, kHostSlots));
+  LOG(INFO) << "worker " << options_.index << ": node-local aggregation through "
+            << segment->name();
+  aggregator_ = std::make_unique<HostAggregator>(
+      std::move(segment), params_.get(),
+      HostAggregator::Options{node_id_, options_.host,
+                              absl::Milliseconds(options_.config.cluster.request_timeout_ms)},
+      sizes);
+  aggregator_->Start();
+  return absl::OkStatus();
+}
+
 absl::Status Worker::RunLoop() {
   STRATA_RETURN_IF_ERROR(WaitForReadyView());
+  STRATA_RETURN_IF_ERROR(StartHostAggregation());
   window_start_ = absl::Now();
   while (!stop_.HasBeenNotified()) {
     if (declared_dead_) {
@@ -514,6 +544,8 @@ absl::Status Worker::RunLoop() {
           return absl::OkStatus();
         }
         ReportProgress(false, 0, 0);
+        // (A worker of the host killed on the way could not let go of it.)
+        if (aggregator_ != nullptr) aggregator_->segment()->Unlink();
         LOG(INFO) << "worker " << options_.index << ": job done";
         return absl::OkStatus();
       default:  // WAIT

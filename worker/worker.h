@@ -31,6 +31,7 @@
 #include "storage/file_system.h"
 #include "transport/transport.h"
 #include "worker/device.h"
+#include "worker/host_aggregator.h"
 #include "worker/param_client.h"
 #include "worker/script_trainer.h"
 #include "worker/trainer.h"
@@ -168,6 +169,7 @@ class Worker : private TrainerContext {
   StepExchanges& exchanges() override { return exchanges_; }
   // Settles the last step's push (acks, retries), if any.
   absl::Status SettlePush() override;
+  HostAggregator* host_aggregator() override { return aggregator_.get(); }
   bool tracing() const override { return trace_ != nullptr; }
   absl::Time TraceSpan(const char* name, const char* category, absl::Time from,
                        const std::string& args) override;
@@ -181,6 +183,9 @@ class Worker : private TrainerContext {
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.
   absl::Status Settle();
   absl::Status WaitForReadyView();
+  // With a view that aggregates by host: maps the host's segment and
+  // starts this worker's part of the aggregation (once).
+  absl::Status StartHostAggregation();
   absl::Status CheckViewMatchesModel(const proto::ClusterView& view) const;
   // This node's data-plane keys (mtls clusters; null in plain text).
   std::shared_ptr<transport::MembershipKeys> membership_;
@@ -211,6 +216,9 @@ class Worker : private TrainerContext {
   std::unique_ptr<NodeAgent> agent_;
   std::unique_ptr<proto::Master::Stub> master() const { return agent_->master(); }
   std::unique_ptr<ParamClient> params_;
+  // Node-local aggregation, when the view asks for it; stopped in Shutdown
+  // (it pushes through params_).
+  std::unique_ptr<HostAggregator> aggregator_;
   std::unique_ptr<TaskSource> tasks_;
   std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only
   HttpServer http_;

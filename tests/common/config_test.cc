@@ -572,6 +572,20 @@ TEST(ParseJobConfigTest, BatchSplitBySpeedNotWithAsp) {
               "local.yaml:8:16: ", "job.batch_split: by_speed balances the workers' steps");
 }
 
+TEST(ParseJobConfigTest, NodeAggregationOnlyForBspDenseModels) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("cluster:\n  aggregation: node\n"));
+  EXPECT_EQ(c.cluster.aggregation, "node");
+  STRATA_ASSERT_OK_AND_ASSIGN(c, ParseWithData(""));
+  EXPECT_EQ(c.cluster.aggregation, "none");
+  ExpectError(ParseWithData("cluster:\n  aggregation: rack\n"),
+              "local.yaml:7:16: ", "cluster.aggregation");
+  ExpectError(ParseWithData("job:\n  consistency: asp\ncluster:\n  aggregation: node\n"),
+              "local.yaml:9:16: ", "cluster.aggregation: node sums a host's gradients",
+              "bsp only; this job's consistency is asp");
+  ExpectError(ParseWithData("job:\n  consistency: ssp\ncluster:\n  aggregation: node\n"),
+              "local.yaml:9:16: ", "this job's consistency is ssp");
+}
+
 TEST(ParseJobConfigTest, StalenessOnlyWithSsp) {
   ExpectError(ParseWithData("job:\n  staleness: 2\n"), "local.yaml:7:14: ",
               "job.staleness: bounds an ssp job's staleness; this job's consistency is bsp "

@@ -32,7 +32,9 @@ proto::DataTask Task(uint64_t id, int64_t begin, int64_t end) {
 // per partition.
 std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
                                       int apply_threads = 1, int64_t chunk_bytes = 1 << 20,
-                                      int replication = 0, uint32_t* most_chunks = nullptr) {
+                                      int replication = 0, uint32_t* most_chunks = nullptr,
+                                      const std::string& aggregation = "none",
+                                      uint64_t* pushes_applied = nullptr) {
   InProcClusterOptions opts;
   opts.config = SmallFashionMnistConfig();
   opts.config.job.consistency = Consistency::kBsp;
@@ -45,6 +47,7 @@ std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
   opts.pserver_apply_threads = apply_threads;
   opts.config.cluster.chunk_bytes = chunk_bytes;
   opts.config.cluster.replication = replication;
+  opts.config.cluster.aggregation = aggregation;
   const int per = 2 * kBatch / workers;
   for (int k = 0; k < workers; ++k) {
     std::vector<proto::DataTask> tasks;
@@ -62,14 +65,19 @@ std::vector<std::vector<float>> Train(int workers, const std::string& optimizer,
   for (int k = 0; k < workers; ++k) {
     EXPECT_EQ((*cluster)->worker(k)->stats().steps, static_cast<uint64_t>(kSteps));
   }
-  if (most_chunks != nullptr) {  // the partitions as the pservers cut them
-    *most_chunks = 0;
+  if (most_chunks != nullptr || pushes_applied != nullptr) {  // as the pservers cut them
+    uint32_t chunks = 0;
+    uint64_t pushes = 0;
     const proto::ClusterView view = (*cluster)->master()->View();
     for (const auto& p : view.partitions()) {
       auto part = (*cluster)->pserver(0)->FindPartition(p.id());
       if (part == nullptr) part = (*cluster)->pserver(1)->FindPartition(p.id());
-      if (part != nullptr) *most_chunks = std::max(*most_chunks, part->stats().chunks);
+      if (part == nullptr) continue;
+      chunks = std::max(chunks, part->stats().chunks);
+      pushes += part->stats().pushes_applied;
     }
+    if (most_chunks != nullptr) *most_chunks = chunks;
+    if (pushes_applied != nullptr) *pushes_applied = pushes;
   }
   auto params = (*cluster)->worker(0)->PullParams(kSteps);
   EXPECT_THAT(params, IsOk());
@@ -179,6 +187,38 @@ TEST(BspSyncChunkTest, ChunksChangeNothing) {
   EXPECT_EQ(Train(2, "adam", 1, /*chunk_bytes=*/4096, 0, &chunks), whole);
   EXPECT_EQ(chunks, 16u);
   EXPECT_EQ(Train(2, "adam", 1, /*chunk_bytes=*/4096, /*replication=*/1), whole);
+}
+
+// Node-local aggregation: 4 workers of one host, their gradients summed in
+// shared memory and pushed once a step by the host's aggregating worker,
+// reach the parameters of 4 workers pushing each their own (and of one
+// worker at the whole batch), within float rounding; the pservers take one
+// push a step per partition instead of 4.
+TEST(BspSyncAggregationTest, AHostsSumPushedOnceGivesTheParametersOfEveryWorkerPushing) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  uint64_t pushes_each = 0, pushes_aggregated = 0;
+  const auto each = Train(4, "adam", 1, 1 << 20, 0, nullptr, "none", &pushes_each);
+  const auto aggregated = Train(4, "adam", 1, 1 << 20, 0, nullptr, "node", &pushes_aggregated);
+  const auto one = Train(1, "adam");
+  ASSERT_FALSE(each.empty());
+  ASSERT_EQ(aggregated.size(), each.size());
+  double max_diff = 0, max_diff_one = 0;
+  for (size_t t = 0; t < each.size(); ++t) {
+    ASSERT_EQ(aggregated[t].size(), each[t].size());
+    for (size_t i = 0; i < each[t].size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(aggregated[t][i]) - each[t][i]));
+      max_diff_one =
+          std::max(max_diff_one, std::fabs(static_cast<double>(aggregated[t][i]) - one[t][i]));
+    }
+  }
+  EXPECT_LT(max_diff, 1e-5) << "largest difference from every worker pushing";
+  EXPECT_LT(max_diff_one, 1e-5) << "largest difference from one worker at the whole batch";
+  EXPECT_EQ(pushes_each, 4 * pushes_aggregated);
+  std::printf(
+      "aggregated: largest parameter difference %.3g (one worker: %.3g); pushes "
+      "applied %lu against %lu\n",
+      max_diff, max_diff_one, static_cast<unsigned long>(pushes_aggregated),
+      static_cast<unsigned long>(pushes_each));
 }
 
 }  // namespace

@@ -185,6 +185,42 @@ TEST(PartitionTest, AnOpenBspStepIsCountedUntilItsUpdateIsApplied) {
   EXPECT_EQ(p->applied_by_sender(), (std::map<uint32_t, uint64_t>{{1, 1}}));
 }
 
+TEST(PartitionTest, AHostsPushCountsForItsWorkersOnceAStepWhoeverPushesIt) {
+  // Node-local aggregation: workers 5 and 6 are host member 100, worker 7
+  // is alone on its host (member 200).
+  auto p = MakePartition(Consistency::kBsp);
+  const std::map<uint32_t, uint32_t> member_of{{5, 100}, {6, 100}, {7, 200}};
+  p->SetStepWorkers({100, 200}, member_of);
+  // Host 100's aggregating worker (5) pushes the host's sum: 2 samples.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(5, 1, 0, 2, {2.f, 2.f, 2.f})), 5, 1);
+  EXPECT_EQ(p->stats().open_chunks, 1u);
+  // 5 dies; 6 takes over and pushes the same step again (its sum lacks
+  // 5's gradient): dropped, the host's gradient is in the step already.
+  p->SetStepWorkers({100, 200}, {{6, 100}, {7, 200}});
+  Message again = PushAndGetResponse(*p, PushMsg(6, 1, 0, 1, {9.f, 9.f, 9.f}));
+  EXPECT_THAT(transport::ResponseStatus(again),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("node 6"), HasSubstr("host's gradient is in the step"))));
+  EXPECT_EQ(ReasonOf(transport::ResponseStatus(again)), proto::REASON_STALE_GRADIENT);
+  EXPECT_EQ(p->stats().version, 0u);  // still waiting for host 200
+  // Worker 7 completes the step: {2,2,2} + {0,0,0} over 2 + 2 samples,
+  // mean {0.5, 0.5, 0.5}, lr 0.5 -> {0.75, 1.75, 2.75}.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(7, 1, 0, 2, {0.f, 0.f, 0.f})), 7, 1);
+  EXPECT_EQ(p->stats().version, 1u);
+  EXPECT_THAT(p->ValuesForTesting(),
+              ElementsAre(FloatNear(0.75f, kTol), FloatNear(1.75f, kTol), FloatNear(2.75f, kTol)));
+  EXPECT_EQ(p->applied_by_sender(), (std::map<uint32_t, uint64_t>{{5, 1}, {7, 1}}));
+  // The next step waits for host 100 as a whole: 6 pushes it now.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(7, 2, 1, 1, {0.f, 0.f, 0.f})), 7, 2);
+  EXPECT_EQ(p->stats().version, 1u);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(6, 2, 1, 1, {0.f, 0.f, 0.f})), 6, 2);
+  EXPECT_EQ(p->stats().version, 2u);
+  // A worker's own retry within a step is still a duplicate, acknowledged.
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(6, 3, 2, 1, {0.f, 0.f, 0.f})), 6, 3);
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(6, 3, 2, 1, {0.f, 0.f, 0.f})), 6, 3);
+  EXPECT_EQ(p->stats().duplicate_pushes, 1u);
+}
+
 TEST(PartitionTest, BspPullForAFutureVersionWaitsForThatVersion) {
   auto p = MakePartition(Consistency::kBsp);
   p->SetStepWorkers({1});

@@ -1,0 +1,48 @@
+#include "common/aggregation.h"
+
+#include <algorithm>
+
+#include "common/crc32c.h"
+#include "glog/logging.h"
+
+namespace strata {
+
+uint32_t HostMember(const std::string& host) { return 0x80000000u | (Crc32c(host) & 0x7fffffffu); }
+
+std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::string& host) {
+  std::vector<uint32_t> ids;
+  for (const auto& m : view.members()) {
+    if (m.role() == proto::WORKER && m.state() == proto::ALIVE && m.host() == host) {
+      ids.push_back(m.id());
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::set<uint32_t> StepMembers(const proto::ClusterView& view,
+                               std::map<uint32_t, uint32_t>* member_of) {
+  member_of->clear();
+  std::set<uint32_t> members;
+  std::map<uint32_t, std::string> host_of_member;
+  const bool by_host = AggregatesByHost(view);
+  for (const auto& m : view.members()) {
+    if (m.role() != proto::WORKER || m.state() != proto::ALIVE) continue;
+    if (!by_host) {
+      members.insert(m.id());
+      continue;
+    }
+    const uint32_t member = HostMember(m.host());
+    auto [it, fresh] = host_of_member.emplace(member, m.host());
+    // Two host names with one hash would be one member: their steps would
+    // complete with either's push. (1 chance in 2^31 a pair.)
+    LOG_IF(ERROR, !fresh && it->second != m.host())
+        << "hosts " << it->second << " and " << m.host() << " hash to one aggregation member "
+        << member << ": rename one of them or set cluster.aggregation: none";
+    (*member_of)[m.id()] = member;
+    members.insert(member);
+  }
+  return members;
+}
+
+}  // namespace strata

@@ -1,0 +1,37 @@
+// Node-local aggregation's groups (cluster.aggregation: node;
+// docs/architecture.md, "Node-local aggregation"): in a view that
+// aggregates, the workers of one host are one member of the bsp step set.
+// One of them (the host's aggregating worker, its lowest live node id)
+// pushes the host's summed gradient for all of them; a pserver counts
+// that push for the host, so that a worker taking over mid-step cannot
+// add the host's gradient twice. Pservers and workers derive both from the
+// view alone.
+#ifndef STRATA_COMMON_AGGREGATION_H_
+#define STRATA_COMMON_AGGREGATION_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "proto/strata.pb.h"
+
+namespace strata {
+
+inline bool AggregatesByHost(const proto::ClusterView& view) { return view.aggregation_key() != 0; }
+// The step-set member standing for the workers of `host`: bit 31 set (node
+// ids never reach it) and 31 bits of the host name's CRC32C.
+uint32_t HostMember(const std::string& host);
+// The live (ALIVE) workers of `host` in `view`, by node id ascending: the
+// first is the host's aggregating worker.
+std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::string& host);
+// The bsp step set of `view`: its live workers, each host's as one member
+// (HostMember) when the view aggregates; then *member_of maps each of them
+// to its host's member (left empty otherwise).
+std::set<uint32_t> StepMembers(const proto::ClusterView& view,
+                               std::map<uint32_t, uint32_t>* member_of);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_AGGREGATION_H_

@@ -1,0 +1,148 @@
+// Node-local aggregation's segment (worker/host_aggregator.h): what the
+// workers of a host post is what the aggregating worker sums, the
+// parameters it publishes are what they read, across processes.
+#include "worker/host_aggregator.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::worker {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+std::string UniqueName(const char* what) {
+  return HostSegment::NameFor(static_cast<uint64_t>(getpid()) << 16 | (rand() & 0xffff), what);
+}
+
+TEST(HostSegmentTest, SumsWhatEveryWorkerPostedForTheStepOnly) {
+  const std::string name = UniqueName("sum");
+  auto a = HostSegment::Open(name, {2, 1}, 4);
+  ASSERT_THAT(a, IsOk());
+  auto b = HostSegment::Open(name, {2, 1}, 4);  // another worker's mapping
+  ASSERT_THAT(b, IsOk());
+  std::vector<std::vector<float>> sum;
+  EXPECT_EQ((*a)->Sum(0, {3, 4}, &sum), std::nullopt);  // nothing posted
+  ASSERT_THAT((*a)->Post(3, 0, 2, {{1.f, 2.f}, {3.f}}), IsOk());
+  EXPECT_EQ((*a)->Sum(0, {3, 4}, &sum), std::nullopt);  // 4 has not posted
+  ASSERT_THAT((*b)->Post(4, 1, 5, {{9.f, 9.f}, {9.f}}), IsOk());
+  EXPECT_EQ((*a)->Sum(0, {3, 4}, &sum), std::nullopt);  // 4 posted another step
+  ASSERT_THAT((*b)->Post(4, 0, 5, {{10.f, 20.f}, {30.f}}), IsOk());
+  EXPECT_THAT((*a)->Sum(0, {3, 4}, &sum), Optional(7u));
+  EXPECT_THAT(sum, ElementsAre(ElementsAre(11.f, 22.f), ElementsAre(33.f)));
+  // Only the workers asked for.
+  EXPECT_THAT((*b)->Sum(0, {4}, &sum), Optional(5u));
+  EXPECT_THAT(sum, ElementsAre(ElementsAre(10.f, 20.f), ElementsAre(30.f)));
+}
+
+TEST(HostSegmentTest, PublishedParametersAreReadFromTheirVersionOn) {
+  const std::string name = UniqueName("params");
+  auto a = HostSegment::Open(name, {3}, 2);
+  ASSERT_THAT(a, IsOk());
+  std::vector<std::vector<float>> got;
+  EXPECT_EQ((*a)->published(), std::nullopt);
+  EXPECT_EQ((*a)->ReadParams(0, &got), std::nullopt);
+  ASSERT_TRUE((*a)->Publish(4, {{1.f, 2.f, 3.f}}));
+  EXPECT_THAT((*a)->published(), Optional(4u));
+  EXPECT_EQ((*a)->ReadParams(5, &got), std::nullopt);
+  EXPECT_THAT((*a)->ReadParams(4, &got), Optional(4u));
+  EXPECT_THAT(got, ElementsAre(ElementsAre(1.f, 2.f, 3.f)));
+}
+
+TEST(HostSegmentTest, SlotsRunOutAndAreReleasedForWorkersThatLeft) {
+  const std::string name = UniqueName("slots");
+  auto a = HostSegment::Open(name, {1}, 2);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT((*a)->Post(1, 0, 1, {{1.f}}), IsOk());
+  ASSERT_THAT((*a)->Post(2, 0, 1, {{1.f}}), IsOk());
+  EXPECT_THAT((*a)->Post(3, 0, 1, {{1.f}}),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("all 2 worker slots")));
+  (*a)->Release(1);
+  EXPECT_THAT((*a)->Post(3, 0, 1, {{1.f}}), IsOk());
+  std::vector<std::vector<float>> sum;
+  EXPECT_EQ((*a)->Sum(0, {1, 3}, &sum), std::nullopt);  // 1's gradient went with its slot
+}
+
+TEST(HostSegmentTest, ASegmentOfAnotherModelIsRefusedNamingIt) {
+  const std::string name = UniqueName("model");
+  auto a = HostSegment::Open(name, {8}, 2);
+  ASSERT_THAT(a, IsOk());
+  EXPECT_THAT(HostSegment::Open(name, {9}, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(name), HasSubstr("another model"))));
+}
+
+TEST(HostSegmentTest, TheLastToLetGoRemovesTheName) {
+  const std::string name = UniqueName("gone");
+  {
+    auto a = HostSegment::Open(name, {1}, 1);
+    ASSERT_THAT(a, IsOk());
+    auto b = HostSegment::Open(name, {1}, 1);
+    ASSERT_THAT(b, IsOk());
+    a->reset();
+    EXPECT_EQ(access(("/dev/shm" + name).c_str(), F_OK), 0);
+  }
+  EXPECT_NE(access(("/dev/shm" + name).c_str(), F_OK), 0);
+}
+
+// Another process of the host posts its gradients step after step, each
+// once the parameters of its step are published: the aggregating side
+// sums and publishes, and a waiter wakes without polling.
+TEST(HostSegmentTest, AnotherProcessPostsAndReadsThroughTheSegment) {
+  const std::string name = UniqueName("fork");
+  auto seg = HostSegment::Open(name, {1000}, 4);
+  ASSERT_THAT(seg, IsOk());
+  constexpr int kSteps = 20;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto mine = HostSegment::Open(name, {1000}, 4);
+    if (!mine.ok()) _exit(2);
+    std::vector<std::vector<float>> params;
+    for (uint64_t step = 0; step < kSteps; ++step) {
+      std::optional<uint64_t> v;
+      for (int i = 0; i < 20000 && !(v = (*mine)->ReadParams(step, &params)); ++i) {
+        (*mine)->WaitChange((*mine)->generation(), absl::Milliseconds(1));
+      }
+      if (!v || *v != step || params[0][999] != static_cast<float>(step)) _exit(3);
+      // The gradient: the parameters plus one.
+      for (float& x : params[0]) x += 1;
+      if (!(*mine)->Post(77, step, 1, params).ok()) _exit(4);
+    }
+    _exit(0);
+  }
+  std::vector<std::vector<float>> params{std::vector<float>(1000, 0.f)}, sum;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE((*seg)->Publish(step, params));
+    ASSERT_THAT((*seg)->Post(1, step, 1, params), IsOk());
+    std::optional<uint64_t> n;
+    for (int i = 0; i < 20000 && !(n = (*seg)->Sum(step, {1, 77}, &sum)); ++i) {
+      (*seg)->WaitChange((*seg)->generation(), absl::Milliseconds(1));
+    }
+    ASSERT_THAT(n, Optional(2u)) << "step " << step;
+    // step + (step + 1) in every element.
+    EXPECT_EQ(sum[0][0], static_cast<float>(2 * step + 1));
+    EXPECT_EQ(sum[0][999], static_cast<float>(2 * step + 1));
+    std::fill(params[0].begin(), params[0].end(), static_cast<float>(step + 1));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  (*seg)->Unlink();  // (the child left without letting go)
+}
+
+}  // namespace
+}  // namespace strata::worker

@@ -1,0 +1,394 @@
+#include "worker/host_aggregator.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "common/vector_ops.h"
+#include "glog/logging.h"
+
+namespace strata::worker {
+namespace {
+
+constexpr uint64_t kMagic = 0x5354524154414731ull;  // "STRATAG1"
+constexpr size_t kHeaderBytes = 256;
+constexpr size_t kSlotHeaderBytes = 64;
+
+size_t RoundUp64(size_t n) { return (n + 63) / 64 * 64; }
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+// (Every field a process reads while another writes is atomic; the
+// gradients and parameters themselves are read under their slot's and the
+// parameters' sequence words.)
+struct HostSegment::Header {
+  std::atomic<uint64_t> magic;  // kMagic once the creator has set it up
+  uint64_t floats;
+  uint32_t slots;
+  std::atomic<uint32_t> attached;  // processes that have it mapped
+  std::atomic<uint32_t> generation;
+  uint32_t unused;
+  std::atomic<uint64_t> params_seq;      // odd while parameters are written
+  std::atomic<uint64_t> params_version;  // version + 1 of those published; 0 = none
+};
+
+struct HostSegment::Slot {
+  std::atomic<uint32_t> owner;  // node id; 0 = free
+  uint32_t unused;
+  std::atomic<uint64_t> posted;  // step + 1 of the gradient in it; 0 = none (or being written)
+  uint64_t count;
+};
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                  std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
+              "the segment's atomics are shared between processes");
+
+std::string HostSegment::NameFor(uint64_t key, const std::string& host) {
+  std::string h;
+  for (char c : host.substr(0, 100)) {
+    h += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_';
+  }
+  return absl::StrFormat("/strata-agg-%016x-%s", key, h);
+}
+
+absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
+    const std::string& name, const std::vector<size_t>& table_sizes, uint32_t slots) {
+  const size_t floats = std::accumulate(table_sizes.begin(), table_sizes.end(), size_t{0});
+  const size_t size =
+      kHeaderBytes + RoundUp64(floats * sizeof(float)) +
+      static_cast<size_t>(slots) * (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)));
+  bool creator = true;
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    creator = false;
+    fd = shm_open(name.c_str(), O_RDWR, 0);
+  }
+  if (fd < 0) return Errno(absl::StrCat("shared memory segment ", name));
+  if (creator && ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    absl::Status s = Errno(absl::StrCat("sizing shared memory segment ", name));
+    close(fd);
+    shm_unlink(name.c_str());
+    return s;
+  }
+  // Another worker of the host made it: wait (briefly) for its size.
+  struct stat st {};
+  for (int i = 0; i < 2000; ++i) {
+    if (fstat(fd, &st) != 0 || st.st_size != 0) break;
+    usleep(1000);
+  }
+  if (static_cast<size_t>(st.st_size) != size) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared memory segment ", name, " (/dev/shm) has ", st.st_size, " bytes, ",
+                     size, " expected for a model of ", floats, " floats and ", slots,
+                     " workers: another model's (remove it if no job uses it)"));
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return Errno(absl::StrCat("mapping shared memory segment ", name));
+  std::unique_ptr<HostSegment> seg(
+      new HostSegment(name, static_cast<char*>(base), size, table_sizes, slots));
+  Header* h = seg->header();
+  if (creator) {
+    h->floats = floats;
+    h->slots = slots;
+    h->magic.store(kMagic, std::memory_order_release);
+  } else {
+    for (int i = 0; i < 2000 && h->magic.load(std::memory_order_acquire) != kMagic; ++i) {
+      usleep(1000);
+    }
+    if (h->magic.load(std::memory_order_acquire) != kMagic || h->floats != floats ||
+        h->slots != slots) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shared memory segment ", name, " was set up for another model: ", h->floats,
+                       " floats and ", h->slots, " workers, not ", floats, " and ", slots,
+                       " (remove it from /dev/shm if no job uses it)"));
+    }
+  }
+  h->attached.fetch_add(1);
+  return seg;
+}
+
+HostSegment::HostSegment(std::string name, char* base, size_t size, std::vector<size_t> table_sizes,
+                         uint32_t slots)
+    : name_(std::move(name)),
+      base_(base),
+      size_(size),
+      table_sizes_(std::move(table_sizes)),
+      floats_(std::accumulate(table_sizes_.begin(), table_sizes_.end(), size_t{0})),
+      slots_(slots) {}
+
+HostSegment::~HostSegment() {
+  if (header()->magic.load() == kMagic && header()->attached.fetch_sub(1) == 1) {
+    shm_unlink(name_.c_str());
+  }
+  munmap(base_, size_);
+}
+
+void HostSegment::Unlink() const { shm_unlink(name_.c_str()); }
+
+HostSegment::Header* HostSegment::header() const { return reinterpret_cast<Header*>(base_); }
+
+float* HostSegment::params() const { return reinterpret_cast<float*>(base_ + kHeaderBytes); }
+
+HostSegment::Slot* HostSegment::slot(uint32_t i) const {
+  const size_t data = RoundUp64(floats_ * sizeof(float));
+  return reinterpret_cast<Slot*>(base_ + kHeaderBytes + data + i * (kSlotHeaderBytes + data));
+}
+
+float* HostSegment::slot_floats(uint32_t i) const {
+  return reinterpret_cast<float*>(reinterpret_cast<char*>(slot(i)) + kSlotHeaderBytes);
+}
+
+int HostSegment::FindSlot(uint32_t worker) const {
+  for (uint32_t i = 0; i < slots_; ++i) {
+    if (slot(i)->owner.load(std::memory_order_acquire) == worker) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void HostSegment::Wake() {
+  std::atomic<uint32_t>& g = header()->generation;
+  g.fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+uint32_t HostSegment::generation() const {
+  return header()->generation.load(std::memory_order_acquire);
+}
+
+void HostSegment::WaitChange(uint32_t seen, absl::Duration timeout) const {
+  std::atomic<uint32_t>& g = header()->generation;
+  if (g.load(std::memory_order_acquire) != seen) return;
+  const struct timespec ts = absl::ToTimespec(timeout);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
+                               const std::vector<std::vector<float>>& grads) {
+  int i = FindSlot(worker);
+  for (uint32_t k = 0; i < 0 && k < slots_; ++k) {
+    uint32_t free = 0;
+    if (slot(k)->owner.compare_exchange_strong(free, worker)) i = static_cast<int>(k);
+  }
+  if (i < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("shared memory segment ", name_, ": all ",
+                                                     slots_, " worker slots of the host taken"));
+  }
+  Slot* s = slot(i);
+  s->posted.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  float* out = slot_floats(i);
+  for (size_t t = 0; t < grads.size() && t < table_sizes_.size(); ++t) {
+    std::memcpy(out, grads[t].data(), table_sizes_[t] * sizeof(float));
+    out += table_sizes_[t];
+  }
+  s->count = count;
+  s->posted.store(step + 1, std::memory_order_release);
+  Wake();
+  return absl::OkStatus();
+}
+
+std::optional<uint64_t> HostSegment::published() const {
+  const uint64_t v = header()->params_version.load(std::memory_order_acquire);
+  if (v == 0) return std::nullopt;
+  return v - 1;
+}
+
+std::optional<uint64_t> HostSegment::ReadParams(uint64_t want,
+                                                std::vector<std::vector<float>>* params) const {
+  Header* h = header();
+  params->resize(table_sizes_.size());
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const uint64_t s1 = h->params_seq.load(std::memory_order_acquire);
+    if (s1 % 2 == 1) {
+      sched_yield();
+      continue;
+    }
+    const uint64_t v = h->params_version.load(std::memory_order_relaxed);
+    if (v == 0 || v - 1 < want) return std::nullopt;
+    const float* in = this->params();
+    for (size_t t = 0; t < table_sizes_.size(); ++t) {
+      (*params)[t].resize(table_sizes_[t]);
+      std::memcpy((*params)[t].data(), in, table_sizes_[t] * sizeof(float));
+      in += table_sizes_[t];
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (h->params_seq.load(std::memory_order_relaxed) == s1) return v - 1;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> HostSegment::Sum(uint64_t step, const std::vector<uint32_t>& workers,
+                                         std::vector<std::vector<float>>* sum) const {
+  if (workers.empty()) return std::nullopt;
+  sum->resize(table_sizes_.size());
+  for (size_t t = 0; t < table_sizes_.size(); ++t) (*sum)[t].resize(table_sizes_[t]);
+  uint64_t total = 0;
+  bool first = true;
+  for (uint32_t w : workers) {
+    const int i = FindSlot(w);
+    if (i < 0) return std::nullopt;
+    const Slot* s = slot(i);
+    const uint64_t p1 = s->posted.load(std::memory_order_acquire);
+    if (p1 != step + 1) return std::nullopt;
+    const float* in = slot_floats(i);
+    for (size_t t = 0; t < table_sizes_.size(); ++t) {
+      float* out = (*sum)[t].data();
+      if (first) {
+        std::memcpy(out, in, table_sizes_[t] * sizeof(float));
+      } else {
+        AddInto(out, in, table_sizes_[t]);
+      }
+      in += table_sizes_[t];
+    }
+    const uint64_t count = s->count;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s->posted.load(std::memory_order_relaxed) != p1) return std::nullopt;  // rewritten
+    total += count;
+    first = false;
+  }
+  return total;
+}
+
+bool HostSegment::Publish(uint64_t version, const std::vector<std::vector<float>>& params,
+                          bool steal) {
+  Header* h = header();
+  uint64_t s = h->params_seq.load(std::memory_order_acquire);
+  // `steal`: a publisher that died mid-write left the sequence odd.
+  const uint64_t mine = s % 2 == 1 ? (steal ? s + 2 : 0) : s + 1;
+  if (mine == 0 || !h->params_seq.compare_exchange_strong(s, mine)) return false;
+  std::atomic_thread_fence(std::memory_order_release);
+  float* out = this->params();
+  for (size_t t = 0; t < params.size() && t < table_sizes_.size(); ++t) {
+    std::memcpy(out, params[t].data(), table_sizes_[t] * sizeof(float));
+    out += table_sizes_[t];
+  }
+  h->params_version.store(version + 1, std::memory_order_relaxed);
+  h->params_seq.store(mine + 1, std::memory_order_release);
+  Wake();
+  return true;
+}
+
+void HostSegment::Release(uint32_t worker) {
+  const int i = FindSlot(worker);
+  if (i < 0) return;
+  slot(i)->posted.store(0, std::memory_order_relaxed);
+  slot(i)->owner.store(0, std::memory_order_release);
+  Wake();
+}
+
+HostAggregator::HostAggregator(std::unique_ptr<HostSegment> segment, ParamClient* params,
+                               Options options, std::vector<size_t> table_sizes)
+    : segment_(std::move(segment)),
+      params_(params),
+      options_(std::move(options)),
+      table_sizes_(std::move(table_sizes)) {}
+
+HostAggregator::~HostAggregator() { Stop(); }
+
+void HostAggregator::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void HostAggregator::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HostAggregator::Loop() {
+  while (!stop_.HasBeenNotified()) {
+    const uint32_t seen = segment_->generation();
+    const std::vector<uint32_t> workers = params_->HostWorkers(options_.host);
+    const bool lead = !workers.empty() && workers.front() == options_.self;
+    if (lead != leading_) {
+      leading_ = lead;
+      LOG(INFO) << "node " << options_.self << (lead ? " now aggregates" : " no longer aggregates")
+                << " the gradients of host " << options_.host << " (" << workers.size()
+                << " workers; " << segment_->name() << ")";
+    }
+    if (!lead) {
+      segment_->WaitChange(seen, absl::Milliseconds(100));
+      continue;
+    }
+    for (uint32_t gone : params_->WorkersGone()) segment_->Release(gone);
+    absl::StatusOr<bool> did = LeadOnce(workers);
+    if (!did.ok()) {
+      if (stop_.HasBeenNotified()) break;
+      LOG(WARNING) << "host " << options_.host << ": aggregated step: " << did.status();
+      stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+    } else if (!*did) {
+      segment_->WaitChange(seen, absl::Milliseconds(20));
+    }
+  }
+}
+
+absl::StatusOr<bool> HostAggregator::LeadOnce(const std::vector<uint32_t>& workers) {
+  uint64_t version = 0;
+  const std::optional<uint64_t> at = segment_->published();
+  if (!at.has_value()) {
+    STRATA_ASSIGN_OR_RETURN(version, params_->PullAll(0, &pulled_));
+  } else {
+    const std::optional<uint64_t> count = segment_->Sum(*at, workers, &sum_);
+    if (!count.has_value()) return false;
+    PushResult pushed;
+    STRATA_ASSIGN_OR_RETURN(version,
+                            params_->PushThenPull(sum_, *at, *count, *at + 1, &pulled_, &pushed));
+    steps_pushed_.fetch_add(1);
+    if (pushed.stale_partitions > 0) {
+      VLOG(1) << "host " << options_.host << " step " << *at << ": " << pushed.stale_partitions
+              << " partitions had the host's gradient already";
+    }
+  }
+  // A publisher that died mid-write leaves the parameters locked: taken
+  // over after a second.
+  const absl::Time until = absl::Now() + absl::Seconds(1);
+  while (!segment_->Publish(version, pulled_, /*steal=*/absl::Now() > until)) {
+    if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(1))) break;
+  }
+  return true;
+}
+
+absl::StatusOr<uint64_t> HostAggregator::AwaitParams(uint64_t want,
+                                                     std::vector<std::vector<float>>* params,
+                                                     const std::function<bool()>& stopping) {
+  std::optional<uint64_t> last = segment_->published();
+  absl::Time moved = absl::Now();
+  while (true) {
+    const uint32_t seen = segment_->generation();
+    if (std::optional<uint64_t> v = segment_->ReadParams(want, params)) return *v;
+    if (stopping()) return absl::CancelledError("worker shut down");
+    const std::optional<uint64_t> now = segment_->published();
+    if (now != last) {
+      last = now;
+      moved = absl::Now();
+    } else if (absl::Now() - moved > options_.request_timeout) {
+      const std::vector<uint32_t> workers = params_->HostWorkers(options_.host);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "host ", options_.host, ": no parameters of version >= ", want, " published in ",
+          segment_->name(), " for ", absl::FormatDuration(options_.request_timeout),
+          " (the host's aggregating worker: node ",
+          workers.empty() ? std::string("none") : absl::StrCat(workers.front()), ")"));
+    }
+    segment_->WaitChange(seen, absl::Milliseconds(50));
+  }
+}
+
+}  // namespace strata::worker

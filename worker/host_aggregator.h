@@ -1,0 +1,166 @@
+// Node-local aggregation (cluster.aggregation: node; docs/architecture.md,
+// "Node-local aggregation"): the workers of one host sum their gradients
+// in a POSIX shared-memory segment, and the host's aggregating worker (its
+// lowest live node id, common/aggregation.h) pushes the sum once per step
+// and publishes the parameters it pulls back for all of them.
+//
+// HostSegment is the segment: a slot per worker, where it posts the
+// gradient of a step, and the published parameters with their version.
+// Every process of the host maps it; nothing in it passes through the
+// kernel but the futex that wakes waiters. Slots and parameters are each
+// guarded by a sequence word (a seqlock): a writer marks the data
+// unreadable, writes it, then stamps it; a reader checks the stamp before
+// and after copying.
+//
+// HostAggregator is a worker's side of it: the training thread posts its
+// gradient and waits for the next parameters (as every worker of the host
+// does), and a thread of its own does the aggregating worker's part while
+// the view makes this worker the one: it waits until every live worker of
+// the host has posted the step, sums, pushes the sum (for the host: the
+// pservers count one push a step per host), pulls the next version and
+// publishes it. When that worker dies the next one by node id takes over
+// at the step the host is at: its push of a step the old one had pushed is
+// dropped by the pservers (the host's gradient is in already), so nothing
+// is applied twice, and nothing acknowledged is lost.
+#ifndef STRATA_WORKER_HOST_AGGREGATOR_H_
+#define STRATA_WORKER_HOST_AGGREGATOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "worker/param_client.h"
+
+namespace strata::worker {
+
+class HostSegment {
+ public:
+  // The segment's name for a job's aggregation key on `host`
+  // ("/strata-agg-<key>-<host>").
+  static std::string NameFor(uint64_t key, const std::string& host);
+  // Creates the segment or maps the one there, sized for tensors of
+  // `table_sizes` floats and `slots` workers. FailedPrecondition naming the
+  // segment when the one there was made for another model.
+  static absl::StatusOr<std::unique_ptr<HostSegment>> Open(const std::string& name,
+                                                           const std::vector<size_t>& table_sizes,
+                                                           uint32_t slots);
+  // Unmaps it; the last process to let go removes the name.
+  ~HostSegment();
+  HostSegment(const HostSegment&) = delete;
+  HostSegment& operator=(const HostSegment&) = delete;
+
+  const std::string& name() const { return name_; }
+  // Removes the name now (the job is over: no worker will map it again);
+  // mappings stay valid.
+  void Unlink() const;
+
+  // A worker's gradient for `step`, summed over `count` samples, into its
+  // slot (claimed at its first post). ResourceExhausted when every slot is
+  // taken.
+  absl::Status Post(uint32_t worker, uint64_t step, uint64_t count,
+                    const std::vector<std::vector<float>>& grads);
+  // The version of the parameters published (none before the first).
+  std::optional<uint64_t> published() const;
+  // Copies the published parameters into *params (resized to the tables)
+  // when their version is >= want; returns that version, or nullopt.
+  std::optional<uint64_t> ReadParams(uint64_t want, std::vector<std::vector<float>>* params) const;
+  // The gradients `workers` posted for `step`, summed into *sum (resized);
+  // returns the samples they sum over, or nullopt while one of them has not
+  // posted that step.
+  std::optional<uint64_t> Sum(uint64_t step, const std::vector<uint32_t>& workers,
+                              std::vector<std::vector<float>>* sum) const;
+  // Publishes parameters of `version`; false when another process is
+  // publishing at the same time (theirs stands). `steal`: publish even so
+  // (one that died in the middle of publishing left them locked).
+  bool Publish(uint64_t version, const std::vector<std::vector<float>>& params, bool steal = false);
+  // Frees the slot of a worker that left the job for good.
+  void Release(uint32_t worker);
+
+  // A counter that moves on at every post, publication and release, and
+  // waiting on it: returns once it differs from `seen` or after `timeout`.
+  uint32_t generation() const;
+  void WaitChange(uint32_t seen, absl::Duration timeout) const;
+
+ private:
+  struct Header;
+  struct Slot;
+  HostSegment(std::string name, char* base, size_t size, std::vector<size_t> table_sizes,
+              uint32_t slots);
+  Header* header() const;
+  Slot* slot(uint32_t i) const;
+  float* slot_floats(uint32_t i) const;
+  float* params() const;
+  void Wake();
+  // The slot `worker` owns, or -1.
+  int FindSlot(uint32_t worker) const;
+
+  const std::string name_;
+  char* const base_;
+  const size_t size_;
+  const std::vector<size_t> table_sizes_;
+  const size_t floats_;
+  const uint32_t slots_;
+};
+
+class HostAggregator {
+ public:
+  struct Options {
+    uint32_t self = 0;  // this worker's node id
+    std::string host;   // its host, as registered
+    absl::Duration request_timeout = absl::Seconds(60);
+  };
+  // `params` (borrowed) must outlive Stop().
+  HostAggregator(std::unique_ptr<HostSegment> segment, ParamClient* params, Options options,
+                 std::vector<size_t> table_sizes);
+  ~HostAggregator();
+  HostAggregator(const HostAggregator&) = delete;
+  HostAggregator& operator=(const HostAggregator&) = delete;
+
+  // Starts the thread that aggregates while this worker is the host's
+  // aggregating worker; Stop ends it (idempotent).
+  void Start();
+  void Stop();
+
+  // Training thread. Waits until parameters of version >= want are
+  // published and copies them into *params; returns their version.
+  // Cancelled once `stopping` says so; DeadlineExceeded when nothing new is
+  // published for the request timeout.
+  absl::StatusOr<uint64_t> AwaitParams(uint64_t want, std::vector<std::vector<float>>* params,
+                                       const std::function<bool()>& stopping);
+  absl::Status Post(uint64_t step, uint64_t count, const std::vector<std::vector<float>>& grads) {
+    return segment_->Post(options_.self, step, count, grads);
+  }
+  HostSegment* segment() { return segment_.get(); }
+  // Steps this worker pushed for its host.
+  uint64_t steps_pushed() const { return steps_pushed_.load(); }
+
+ private:
+  void Loop();
+  // One round as the aggregating worker: publishes a first version, or
+  // pushes the step the host is at once everyone has posted it. False when
+  // there was nothing to do yet.
+  absl::StatusOr<bool> LeadOnce(const std::vector<uint32_t>& workers);
+
+  std::unique_ptr<HostSegment> segment_;
+  ParamClient* const params_;
+  const Options options_;
+  const std::vector<size_t> table_sizes_;
+  std::vector<std::vector<float>> sum_;     // the agent thread's
+  std::vector<std::vector<float>> pulled_;  // the agent thread's
+  bool leading_ = false;                    // the agent thread's
+  std::atomic<uint64_t> steps_pushed_{0};
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_HOST_AGGREGATOR_H_

@@ -114,11 +114,20 @@ class Sim {
     std::vector<std::vector<double>> grad_ready(workers_, std::vector<double>(layers_, 0));
     std::vector<double> backward_end(workers_, 0);
     double step_end = 0;
+    // As built, a node's parameters are published once all are pulled.
+    const bool whole = agg && !c_.pipelined_aggregation;
+    double all_params = 0;
+    for (int l = 0; l < layers_; ++l) all_params += m_.layer_params[l];
     for (int w = 0; w < workers_; ++w) {
       const int p = agg ? w / g : w;
       double t = compute_free_[w];
       // (node aggregation: the leader's copy into shared memory, read in place)
       const double fanout = agg ? 1.0 / c_.shm_bytes_per_s : 0;
+      if (whole) {
+        double in = sparse_pulled[p];
+        for (int l = 0; l < layers_; ++l) in = std::max(in, pulled[p][l]);
+        t = std::max(t, in + fanout * (4 * all_params + sparse_bytes));
+      }
       t = std::max(t, sparse_pulled[p] + fanout * sparse_bytes);
       t += batch * m_.sparse_floats_per_sample * m_.compute_s_per_sparse_float / 3;
       for (int l = 0; l < layers_; ++l) {
@@ -144,7 +153,10 @@ class Sim {
       const int node = agg ? p : p / g;
       for (int l = 0; l < layers_; ++l) {
         double ready = 0;
-        if (agg) {
+        if (whole) {  // the whole gradient summed once every backward pass ended
+          for (int k = 0; k < g; ++k) ready = std::max(ready, backward_end[p * g + k]);
+          ready += g * 4 * all_params / c_.shm_bytes_per_s;
+        } else if (agg) {
           for (int k = 0; k < g; ++k) ready = std::max(ready, grad_ready[p * g + k][l]);
           ready += g * 4 * m_.layer_params[l] / c_.shm_bytes_per_s;  // the sum
         } else {

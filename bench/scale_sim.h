@@ -55,6 +55,12 @@ struct SimCluster {
   double shm_bytes_per_s = 20e9;  // node aggregation's sum and fan-out
   double gradient_bytes = 4;      // per pushed float (2: fp16 gradients)
   bool node_aggregation = false;
+  // Node aggregation layer by layer: a layer's sum pushed as soon as every
+  // worker of the node has its gradient, a layer's pulled parameters read
+  // as soon as they are in. False: as Strata's is built
+  // (worker/host_aggregator.h): the node's sum of the whole gradient once
+  // every worker's backward pass ended, its parameters once all are pulled.
+  bool pipelined_aggregation = false;
 };
 
 struct SimResult {

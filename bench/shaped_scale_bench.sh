@@ -9,17 +9,22 @@
 # (its interface's counter). Then strata-scale-sim models the same cluster
 # (its compute per sample taken from the 1-host run, its TCP costs from
 # strata-bench) and the measured samples/s are set against the model's.
+# Each host count runs with cluster.aggregation none and node, one after
+# the other, and their ratio is printed.
 #   bench/shaped_scale_bench.sh [BUILD_DIR] [--rate MBIT] [--hosts "1 2 4"] [--steps N]
-# Needs root (namespaces, tc). Node aggregation is not built yet: every
-# run is cluster.aggregation none.
+#                               [--aggregation "none node"] [--latency MS]
+# (--latency: the most a tbf queue holds a packet, 100 ms by default.)
+# Needs root (namespaces, tc).
 set -euo pipefail
 BUILD_DIR="$(cd "${1:-build}" && pwd)"; shift || true
-rate=200 host_counts="1 2 4" steps=100
+rate=200 host_counts="1 2 4" steps=100 aggregations="none node" latency=100
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rate) rate="$2"; shift 2 ;;
     --hosts) host_counts="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
+    --aggregation) aggregations="$2"; shift 2 ;;
+    --latency) latency="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -35,8 +40,8 @@ set +e; remove_hosts; set -e  # (a run killed before left them)
 make_hosts
 shape() {  # shape HOST MBIT: both directions of HOST's link
   ip -n "$(ns_of "$1")" link set eth0 txqueuelen 1000
-  ip netns exec "$(ns_of "$1")" tc qdisc add dev eth0 root tbf rate "${2}mbit" burst 64kb latency 100ms
-  tc qdisc add dev "${veth}v$1" root tbf rate "${2}mbit" burst 64kb latency 100ms
+  ip netns exec "$(ns_of "$1")" tc qdisc add dev eth0 root tbf rate "${2}mbit" burst 64kb latency "${latency}ms"
+  tc qdisc add dev "${veth}v$1" root tbf rate "${2}mbit" burst 64kb latency "${latency}ms"
 }
 shape 1 $((4 * rate))
 for h in 2 3 4 5; do shape "$h" "$rate"; done
@@ -52,36 +57,39 @@ rx_bytes() {  # rx_bytes HOST: bytes received on its link so far
 }
 
 params=$(( 784 * 256 + 256 + 256 * 10 + 10 ))
-printf '%-6s %-8s %10s %8s %12s %12s\n' hosts workers samples/s comm "ps rx MB/st" "grad MB/st"
+printf '%-6s %-8s %-6s %10s %8s %12s %12s\n' hosts workers agg samples/s comm "ps rx MB/st" "grad MB/st"
 results=()
 for k in $host_counts; do
-  base="$(pick_port_base)"
-  write_config "$work/job-$k.yaml" bsp 1 "$base" $(( steps * 64 * 4 * k ))
-  sed -i 's/^  layers: \[784, 128, 10\]$/  layers: [784, 256, 10]/; s/^  task_records: 2000$/  task_records: 1024/' "$work/job-$k.yaml"
-  printf '%s master pserver=1\n' "$(addr_of 1)" > "$work/hosts-$k"
-  for h in $(seq 2 $((k + 1))); do printf '%s worker=4\n' "$(addr_of "$h")" >> "$work/hosts-$k"; done
-  before="$(rx_bytes 1)"
-  "$ROOT/scripts/launch.sh" run --config "$work/job-$k.yaml" --hosts "$work/hosts-$k" \
-    --run-dir "$work/run-$k" --bin-dir "$BUILD_DIR/bin" --remote-all --remote-cmd "$work/ns-exec" \
-    --quiet --timeout 900 > "$work/run-$k.out" 2>&1 || { tail -n 30 "$work/run-$k.out"; exit 1; }
-  after="$(rx_bytes 1)"
-  row="$(/usr/bin/python3 - "$work/run-$k/summary.json" "$k" "$((after - before))" "$params" <<'PY'
+  for agg in $aggregations; do
+    base="$(pick_port_base)"
+    job="$work/job-$k-$agg.yaml"
+    write_config "$job" bsp 1 "$base" $(( steps * 64 * 4 * k ))
+    sed -i "s/^  layers: \[784, 128, 10\]\$/  layers: [784, 256, 10]/; s/^  task_records: 2000\$/  task_records: 1024/; s/^cluster:\$/cluster:\n  aggregation: $agg/" "$job"
+    printf '%s master pserver=1\n' "$(addr_of 1)" > "$work/hosts-$k"
+    for h in $(seq 2 $((k + 1))); do printf '%s worker=4\n' "$(addr_of "$h")" >> "$work/hosts-$k"; done
+    before="$(rx_bytes 1)"
+    "$ROOT/scripts/launch.sh" run --config "$job" --hosts "$work/hosts-$k" \
+      --run-dir "$work/run-$k-$agg" --bin-dir "$BUILD_DIR/bin" --remote-all --remote-cmd "$work/ns-exec" \
+      --quiet --timeout 900 > "$work/run-$k-$agg.out" 2>&1 || { tail -n 30 "$work/run-$k-$agg.out"; exit 1; }
+    after="$(rx_bytes 1)"
+    row="$(/usr/bin/python3 - "$work/run-$k-$agg/summary.json" "$k" "$((after - before))" "$params" "$agg" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-k, rx, params = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-steps = int(s['steps'])
-print(k, 4 * k, '%.0f' % s['samples_per_sec'], '%.3f' % s['comm_share'],
+k, rx, params, agg = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+steps = int(s['steps'])  # (bsp: the job's steps)
+print(k, 4 * k, agg, '%.0f' % s['samples_per_sec'], '%.3f' % s['comm_share'],
       '%.2f' % (rx / steps / 1e6), '%.2f' % (4 * k * params * 4 / 1e6))
 PY
 )"
-  read -r hk wk sps comm rxs grad <<< "$row"
-  printf '%-6s %-8s %10s %8s %12s %12s\n' "$hk" "$wk" "$sps" "$comm" "$rxs" "$grad"
-  results+=("$row")
+    read -r hk wk ag sps comm rxs grad <<< "$row"
+    printf '%-6s %-8s %-6s %10s %8s %12s %12s\n' "$hk" "$wk" "$ag" "$sps" "$comm" "$rxs" "$grad"
+    results+=("$row")
+  done
 done
 
 # The model of the same cluster: compute per parameter-sample from the
 # first run (its step time less its waits), TCP costs measured here.
-read -r _ w1 sps1 comm1 _ _ <<< "${results[0]}"
+read -r _ w1 _ sps1 comm1 _ _ <<< "${results[0]}"
 compute=$(/usr/bin/python3 -c "print((1 - $comm1) * ($w1 * 64 / $sps1) / (64 * $params))")
 calib="$work/calib.json"
 "$BUILD_DIR/bin/strata-bench" --json --mode pushpull,apply --sizes 4K,64K --seconds 1 > "$calib" 2>/dev/null
@@ -92,10 +100,21 @@ calib="$work/calib.json"
   --compute_s_per_param_sample "$compute" --json > "$work/sim.json"
 /usr/bin/python3 - "$work/sim.json" "${results[@]}" <<'PY'
 import json, sys
-sim = [r for r in json.load(open(sys.argv[1])) if r['aggregation'] == 'none']
-print('\nmodel against measured (aggregation none):')
-print('%-6s %12s %12s %8s' % ('hosts', 'measured', 'model', 'ratio'))
-for row, r in zip(sys.argv[2:], sim):
-    k, _, sps = row.split()[:3]
-    print('%-6s %12s %12.0f %8.2f' % (k, sps, r['samples_per_second'], r['samples_per_second'] / float(sps)))
+sim = {(r['nodes'], r['aggregation']): r for r in json.load(open(sys.argv[1]))}
+measured = {}
+for row in sys.argv[2:]:
+    k, _, agg, sps = row.split()[:4]
+    measured[(int(k), agg)] = float(sps)
+print('\nmodel against measured:')
+print('%-6s %-6s %12s %12s %8s' % ('hosts', 'agg', 'measured', 'model', 'ratio'))
+for (k, agg), sps in sorted(measured.items()):
+    r = sim.get((k, agg))
+    if r is None:
+        continue
+    print('%-6s %-6s %12.0f %12.0f %8.2f' % (k, agg, sps, r['samples_per_second'],
+                                            r['samples_per_second'] / sps))
+print('\nnode aggregation against none (samples/s):')
+for k in sorted({k for k, _ in measured}):
+    if (k, 'node') in measured and (k, 'none') in measured:
+        print('%-6s %8.2fx' % (k, measured[(k, 'node')] / measured[(k, 'none')]))
 PY

@@ -348,9 +348,12 @@ absl::StatusOr<bool> HostAggregator::LeadOnce(const std::vector<uint32_t>& worke
   } else {
     const std::optional<uint64_t> count = segment_->Sum(*at, workers, &sum_);
     if (!count.has_value()) return false;
+    // Each partition's pull right behind its push: its answer comes back
+    // while the later pushes are still going out.
     PushResult pushed;
-    STRATA_ASSIGN_OR_RETURN(version,
-                            params_->PushThenPull(sum_, *at, *count, *at + 1, &pulled_, &pushed));
+    ParamClient::PushPull exchange(params_, &sum_, *at, *count, *at + 1, &pulled_);
+    exchange.IssueInterleaved();
+    STRATA_ASSIGN_OR_RETURN(version, exchange.Finish(&pushed));
     steps_pushed_.fetch_add(1);
     if (pushed.stale_partitions > 0) {
       VLOG(1) << "host " << options_.host << " step " << *at << ": " << pushed.stale_partitions

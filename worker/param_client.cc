@@ -925,6 +925,7 @@ ParamClient::PushPull::PushPull(ParamClient* client, const std::vector<std::vect
                                 std::vector<std::vector<float>>* tables)
     : push_(client->StartPush(grads, step, count, &pushed_)),
       pull_(client->StartPull(min_version, tables, &lowest_)),
+      client_(client),
       grads_(grads) {
   // Small exchanges: every pull right behind its push, no round trip
   // between the two. Large ones: the pulls once the pushes are answered,
@@ -940,6 +941,18 @@ void ParamClient::PushPull::Issue(uint32_t table) {
   const uint64_t end = (*grads_)[table].size();
   push_->IssueRange(table, end);
   if (pull_behind_) pull_->IssueRange(table, end);
+}
+
+void ParamClient::PushPull::IssueInterleaved() {
+  pull_behind_ = true;
+  for (uint32_t t = 0; t < grads_->size(); ++t) {
+    const std::vector<uint64_t> starts = client_->PartitionStarts(t);
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const uint64_t end = i + 1 < starts.size() ? starts[i + 1] : (*grads_)[t].size();
+      push_->IssueRange(t, end);
+      pull_->IssueRange(t, end);
+    }
+  }
 }
 
 absl::StatusOr<uint64_t> ParamClient::PushPull::Finish(PushResult* result) {

@@ -256,6 +256,10 @@ class ParamClient {
     PushPull(ParamClient* client, const std::vector<std::vector<float>>* grads, uint64_t step,
              uint64_t count, uint64_t min_version, std::vector<std::vector<float>>* tables);
     void Issue(uint32_t table);
+    // Issues every partition's push with its pull right behind it
+    // (whatever the size), partition by partition: a pserver answers the
+    // first pulls while the later pushes are still on the wire.
+    void IssueInterleaved();
     // The lowest version pulled; *result gets the push's outcome.
     absl::StatusOr<uint64_t> Finish(PushResult* result = nullptr);
     // Finish in two halves, so that the caller computes while the pulls
@@ -272,6 +276,7 @@ class ParamClient {
     std::unique_ptr<Exchange> push_;
     std::unique_ptr<Exchange> pull_;
     bool pull_behind_;
+    ParamClient* const client_;
     const std::vector<std::vector<float>>* const grads_;
   };
 

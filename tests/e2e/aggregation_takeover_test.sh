@@ -7,8 +7,9 @@
 # killed (SIGKILL) while the job trains: the next one takes over at the
 # step the host is at, and the job finishes with every record trained,
 # nothing acknowledged lost, and the accuracy of a trained model (a worker
-# killed costs this 4-epoch job 2-4 points, with or without aggregation:
-# 0.82-0.84 against 0.865 unharmed).
+# restarted costs this 4-epoch job 2-4 points, with or without
+# aggregation: 0.82-0.84 against 0.865 unharmed; docs/reliability.md,
+# "Accuracy after a worker restart").
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 [[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"

@@ -71,6 +71,23 @@ TEST(ScaleSimTest, NodeAggregationDividesThePserversBytesByTheGpusOfANode) {
   EXPECT_GT(node.scaling_efficiency, none.scaling_efficiency);
 }
 
+// As built, a node's sum is pushed once every worker's backward pass has
+// ended and its parameters read once all are pulled: the compute, then the
+// push (4 ms), a layer's pull behind its push (the last layer's 2 ms
+// after it). Layer by layer, the compute overlaps the links too.
+TEST(ScaleSimTest, AggregationAsBuiltDoesNotOverlapComputeWithTheLinks) {
+  SimModel m = OneLayer();
+  m.layer_params = {5e5, 5e5};  // 4 MB of gradient a node: 4 ms each way at 1 GB/s
+  SimCluster c = Fast(1, 8, 1);
+  c.link_gbps = 8;
+  c.node_aggregation = true;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult whole, Simulate(m, c));
+  c.pipelined_aggregation = true;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult layered, Simulate(m, c));
+  EXPECT_GE(whole.step_seconds, 0.010 + 0.004 + 0.002 - 1e-4);
+  EXPECT_LT(layered.step_seconds, whole.step_seconds);
+}
+
 TEST(ScaleSimTest, PserverMemoryHoldsValuesAndOptimizerStateSplitOverThem) {
   SimModel m = OneLayer();
   m.sparse_params = 1e9;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "glog/logging.h"
 #include "transport/data_plane_auth.h"
@@ -54,6 +55,9 @@ absl::StatusOr<proto::RegisterResponse> NodeAgent::Register(const proto::Registe
       node_id_ = resp.node_id();
       TakeDataKey(resp.data_key());
       return resp;
+    }
+    if (HasReason(s, proto::REASON_WRONG_JOB)) {
+      return absl::FailedPreconditionError(absl::StrCat(options_.name, ": ", s.message()));
     }
     if (absl::Now() > deadline || stop.HasBeenNotified()) {
       return absl::UnavailableError(

@@ -325,6 +325,13 @@ void MasterServer::MaybePlacePartitions() {
 absl::StatusOr<proto::RegisterResponse> MasterServer::Register(const proto::RegisterRequest& req,
                                                                const std::string& peer,
                                                                const Identity& who) {
+  if (!req.job().empty() && req.job() != options_.config.job.name) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "register from ", peer, ": ", NodeRoleName(req.role()), " ", req.index(),
+                          " belongs to job '", req.job(), "', this master runs job '",
+                          options_.config.job.name, "' (two jobs on the same ports?)")),
+                      proto::REASON_WRONG_JOB);
+  }
   // Durable before the node learns its id.
   return Durably([&](uint64_t* ticket) -> absl::StatusOr<proto::RegisterResponse> {
     absl::MutexLock l(&mu_);

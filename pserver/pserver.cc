@@ -154,6 +154,7 @@ absl::Status PServer::Start() {
       absl::StrCat("pserver ", options_.index), membership_));
   proto::RegisterRequest req;
   req.set_role(proto::PSERVER);
+  req.set_job(options_.config.job.name);
   req.set_index(options_.index);
   req.set_host(options_.host);
   req.set_grpc_address(admin_address());

@@ -244,6 +244,7 @@ absl::Status Worker::Start() {
       absl::StrCat("worker ", options_.index), membership_));
   proto::RegisterRequest req;
   req.set_role(proto::WORKER);
+  req.set_job(options_.config.job.name);
   req.set_index(options_.index);
   req.set_host(options_.host);
   req.set_http_port(options_.http_port >= 0 ? http_.port() : 0);

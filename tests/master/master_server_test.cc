@@ -292,6 +292,24 @@ TEST_F(MasterServerTest, RegisterRejectsBadRequests) {
   EXPECT_THAT(master_->View().members(), SizeIs(1));
 }
 
+TEST_F(MasterServerTest, RegisterRefusesANodeOfAnotherJobNamingBoth) {
+  options_.config.job.name = "mine";
+  CreateMaster();
+  proto::RegisterRequest req;
+  req.set_role(proto::WORKER);
+  req.set_index(2);
+  req.set_host("127.0.0.1");
+  req.set_job("theirs");
+  absl::StatusOr<proto::RegisterResponse> r = master_->Register(req, "peer-z");
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          AllOf(HasSubstr("peer-z"), HasSubstr("worker 2"),
+                                HasSubstr("job 'theirs'"), HasSubstr("runs job 'mine'"))));
+  EXPECT_EQ(ReasonOf(r.status()), proto::REASON_WRONG_JOB);
+  EXPECT_THAT(master_->View().members(), SizeIs(1));
+  req.set_job("mine");
+  EXPECT_THAT(master_->Register(req, "peer-z"), IsOk());
+}
+
 TEST_F(MasterServerTest, ReRegisteringAnIndexMarksThePredecessorDead) {
   CreateMaster();
   const uint32_t first = RegisterWorker(0);

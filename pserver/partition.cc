@@ -80,6 +80,9 @@ Partition::~Partition() {
       for (Reply& r : held.replies) refuse(std::move(r.first), r.second.header);
     }
     for (Reply& r : step_acks_) refuse(std::move(r.first), r.second.header);
+    for (Chunk& k : chunks_) {
+      for (Reply& r : k.covered) refuse(std::move(r.first), r.second.header);
+    }
     for (auto& [request, done] : waiting_snapshots_) snapshots.push_back(std::move(done));
   }
   // (A pull waiting here has its request type; its answer the response's.)
@@ -266,7 +269,9 @@ void Partition::Push(const Message& request, std::shared_ptr<transport::Responde
   // need not wait for the optimizer, only for the next pull. With backups
   // it waits until they hold what it was part of.
   Reply reply(responder, Answer(h, MessageType::kPushResponse, s));
-  if (hold == Hold::kStep) {
+  if (hold == Hold::kCovered) {
+    chunks_[covered_chunk_].covered.push_back(std::move(reply));
+  } else if (hold == Hold::kStep) {
     step_acks_.push_back(std::move(reply));
   } else if (hold == Hold::kRecord && !held_.empty()) {
     held_.back().replies.push_back(std::move(reply));
@@ -340,6 +345,8 @@ absl::Status Partition::PushChunkLocked(const transport::MessageHeader& h, uint3
     // Another worker of the host pushed its sum for this step already.
     ++stats_.rejected_pushes;
     ledger_.Resolve(h.sender_id, h.seq, c, false);
+    covered_chunk_ = c;
+    raise(Hold::kCovered);
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
             "push to partition ", id_, " from node ", h.sender_id, " for step ", h.version,
@@ -467,6 +474,8 @@ void Partition::MaybeCompleteChunkStepLocked(uint32_t c, std::vector<Reply>* rep
   k.pushes.clear();
   k.contributors.clear();
   k.count_sum = 0;
+  for (Reply& r : k.covered) replies->push_back(std::move(r));
+  k.covered.clear();
   const bool step_done = AdvanceLocked();
   if (replicating) {
     // The step's acks wait for its last chunk's record.

@@ -255,13 +255,18 @@ class Partition : public std::enable_shared_from_this<Partition> {
     absl::flat_hash_map<uint32_t, uint64_t> clocks;
     std::vector<std::pair<uint32_t, uint64_t>> pushes;  // their (sender, seq)
     double count_sum = 0;                               // samples summed
+    // Node-local aggregation: pushes of a host already in the step (a new
+    // aggregating worker's), refused, their answers held until the step
+    // completes: were the partition to go away first, they are told to
+    // retry at its new owner, which may not have the old push.
+    std::vector<std::pair<std::shared_ptr<transport::Responder>, transport::Message>> covered;
   };
   // A dense partition of `length` floats cut into chunks of `chunk_floats`
   // (>= 1, as chunk_floats_); a sparse one (length 0) is one chunk.
   static std::vector<Chunk> MakeChunks(uint64_t length, uint64_t chunk_floats);
   // Where a push's answer waits: sent at once, until the last replication
   // record is held by every backup, or until the BSP step is replicated.
-  enum class Hold { kNone, kRecord, kStep };
+  enum class Hold { kNone, kRecord, kStep, kCovered };  // kCovered: covered_chunk_'s step
   // One chunk of a push: applied (ASP) or added to the step (BSP), or the
   // reason it is not. Raises *hold to what its answer must wait for.
   absl::Status PushChunkLocked(const transport::MessageHeader& h, uint32_t c, const char* data,
@@ -368,6 +373,7 @@ class Partition : public std::enable_shared_from_this<Partition> {
   std::vector<float> step_grads_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> step_workers_ ABSL_GUARDED_BY(mu_);         // step-set members
   std::map<uint32_t, uint32_t> member_of_ ABSL_GUARDED_BY(mu_);  // worker -> member
+  uint32_t covered_chunk_ ABSL_GUARDED_BY(mu_) = 0;              // with Hold::kCovered
   uint32_t MemberLocked(uint32_t sender) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = member_of_.find(sender);
     return it != member_of_.end() ? it->second : sender;

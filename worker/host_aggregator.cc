@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/vector_ops.h"
 #include "glog/logging.h"
@@ -46,6 +48,7 @@ struct HostSegment::Header {
   uint32_t unused;
   std::atomic<uint64_t> params_seq;      // odd while parameters are written
   std::atomic<uint64_t> params_version;  // version + 1 of those published; 0 = none
+  std::atomic<int32_t> publisher;        // the pid writing them (while params_seq is odd)
 };
 
 struct HostSegment::Slot {
@@ -81,8 +84,20 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
     fd = shm_open(name.c_str(), O_RDWR, 0);
   }
   if (fd < 0) return Errno(absl::StrCat("shared memory segment ", name));
-  if (creator && ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    absl::Status s = Errno(absl::StrCat("sizing shared memory segment ", name));
+  // The header and the parameters get their pages now, a slot when it is
+  // claimed: a /dev/shm too small is an error naming the segment, not a
+  // SIGBUS on a write into the mapping.
+  int err = 0;
+  if (creator) {
+    err = ftruncate(fd, static_cast<off_t>(size)) != 0
+              ? errno
+              : posix_fallocate(
+                    fd, 0, static_cast<off_t>(kHeaderBytes + RoundUp64(floats * sizeof(float))));
+  }
+  if (err != 0) {
+    absl::Status s =
+        absl::ResourceExhaustedError(absl::StrCat("sizing shared memory segment ", name, " (", size,
+                                                  " bytes in /dev/shm): ", std::strerror(err)));
     close(fd);
     shm_unlink(name.c_str());
     return s;
@@ -101,10 +116,13 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
                      " workers: another model's (remove it if no job uses it)"));
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) return Errno(absl::StrCat("mapping shared memory segment ", name));
+  if (base == MAP_FAILED) {
+    absl::Status s = Errno(absl::StrCat("mapping shared memory segment ", name));
+    close(fd);
+    return s;
+  }
   std::unique_ptr<HostSegment> seg(
-      new HostSegment(name, static_cast<char*>(base), size, table_sizes, slots));
+      new HostSegment(name, fd, static_cast<char*>(base), size, table_sizes, slots));
   Header* h = seg->header();
   if (creator) {
     h->floats = floats;
@@ -123,12 +141,14 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
     }
   }
   h->attached.fetch_add(1);
+  seg->attached_ = true;
   return seg;
 }
 
-HostSegment::HostSegment(std::string name, char* base, size_t size, std::vector<size_t> table_sizes,
-                         uint32_t slots)
+HostSegment::HostSegment(std::string name, int fd, char* base, size_t size,
+                         std::vector<size_t> table_sizes, uint32_t slots)
     : name_(std::move(name)),
+      fd_(fd),
       base_(base),
       size_(size),
       table_sizes_(std::move(table_sizes)),
@@ -136,10 +156,9 @@ HostSegment::HostSegment(std::string name, char* base, size_t size, std::vector<
       slots_(slots) {}
 
 HostSegment::~HostSegment() {
-  if (header()->magic.load() == kMagic && header()->attached.fetch_sub(1) == 1) {
-    shm_unlink(name_.c_str());
-  }
+  if (attached_ && header()->attached.fetch_sub(1) == 1) shm_unlink(name_.c_str());
   munmap(base_, size_);
+  close(fd_);
 }
 
 void HostSegment::Unlink() const { shm_unlink(name_.c_str()); }
@@ -186,7 +205,16 @@ absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
   int i = FindSlot(worker);
   for (uint32_t k = 0; i < 0 && k < slots_; ++k) {
     uint32_t free = 0;
-    if (slot(k)->owner.compare_exchange_strong(free, worker)) i = static_cast<int>(k);
+    if (!slot(k)->owner.compare_exchange_strong(free, worker)) continue;
+    const char* at = reinterpret_cast<const char*>(slot(k));
+    const size_t bytes = kSlotHeaderBytes + RoundUp64(floats_ * sizeof(float));
+    if (const int err = posix_fallocate(fd_, at - base_, static_cast<off_t>(bytes)); err != 0) {
+      slot(k)->owner.store(0, std::memory_order_release);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("shared memory segment ", name_, ": ", bytes, " bytes for worker ", worker,
+                       "'s slot in /dev/shm: ", std::strerror(err)));
+    }
+    i = static_cast<int>(k);
   }
   if (i < 0) {
     return absl::ResourceExhaustedError(absl::StrCat("shared memory segment ", name_, ": all ",
@@ -201,6 +229,12 @@ absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
     out += table_sizes_[t];
   }
   s->count = count;
+  // (A worker the view has let go of, still running, finds its slot
+  // freed, perhaps taken: it stamps nothing.)
+  if (s->owner.load(std::memory_order_acquire) != worker) {
+    return absl::AbortedError(absl::StrCat("shared memory segment ", name_, ": worker ", worker,
+                                           "'s slot was freed: it has left the job"));
+  }
   s->posted.store(step + 1, std::memory_order_release);
   Wake();
   return absl::OkStatus();
@@ -268,13 +302,25 @@ std::optional<uint64_t> HostSegment::Sum(uint64_t step, const std::vector<uint32
   return total;
 }
 
-bool HostSegment::Publish(uint64_t version, const std::vector<std::vector<float>>& params,
-                          bool steal) {
+bool HostSegment::Publish(uint64_t version, const std::vector<std::vector<float>>& params) {
   Header* h = header();
   uint64_t s = h->params_seq.load(std::memory_order_acquire);
-  // `steal`: a publisher that died mid-write left the sequence odd.
-  const uint64_t mine = s % 2 == 1 ? (steal ? s + 2 : 0) : s + 1;
-  if (mine == 0 || !h->params_seq.compare_exchange_strong(s, mine)) return false;
+  uint64_t mine = s + 1;
+  if (s % 2 == 1) {
+    // Another process is publishing; taken over only when it died doing so.
+    const int32_t pid = h->publisher.load(std::memory_order_acquire);
+    if (pid <= 0 || pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH) return false;
+    mine = s + 2;
+  }
+  if (!h->params_seq.compare_exchange_strong(s, mine)) return false;
+  h->publisher.store(getpid(), std::memory_order_release);
+  // Never back: two processes that both took themselves for the host's
+  // aggregating worker (views arrive at different times) may finish out
+  // of order.
+  if (h->params_version.load(std::memory_order_relaxed) > version) {
+    h->params_seq.compare_exchange_strong(mine, mine + 1);
+    return true;
+  }
   std::atomic_thread_fence(std::memory_order_release);
   float* out = this->params();
   for (size_t t = 0; t < params.size() && t < table_sizes_.size(); ++t) {
@@ -282,7 +328,8 @@ bool HostSegment::Publish(uint64_t version, const std::vector<std::vector<float>
     out += table_sizes_[t];
   }
   h->params_version.store(version + 1, std::memory_order_relaxed);
-  h->params_seq.store(mine + 1, std::memory_order_release);
+  // (A CAS: if the word was taken over meanwhile, the taker's stands.)
+  h->params_seq.compare_exchange_strong(mine, mine + 1, std::memory_order_release);
   Wake();
   return true;
 }
@@ -360,10 +407,7 @@ absl::StatusOr<bool> HostAggregator::LeadOnce(const std::vector<uint32_t>& worke
               << " partitions had the host's gradient already";
     }
   }
-  // A publisher that died mid-write leaves the parameters locked: taken
-  // over after a second.
-  const absl::Time until = absl::Now() + absl::Seconds(1);
-  while (!segment_->Publish(version, pulled_, /*steal=*/absl::Now() > until)) {
+  while (!segment_->Publish(version, pulled_)) {
     if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(1))) break;
   }
   return true;
@@ -384,11 +428,21 @@ absl::StatusOr<uint64_t> HostAggregator::AwaitParams(uint64_t want,
       moved = absl::Now();
     } else if (absl::Now() - moved > options_.request_timeout) {
       const std::vector<uint32_t> workers = params_->HostWorkers(options_.host);
+      // A live worker of the host with no slot here never posted: another
+      // /dev/shm (a container), or it has not trained yet.
+      std::vector<uint32_t> absent;
+      for (uint32_t w : workers) {
+        if (!segment_->HasSlot(w)) absent.push_back(w);
+      }
       return absl::DeadlineExceededError(absl::StrCat(
           "host ", options_.host, ": no parameters of version >= ", want, " published in ",
           segment_->name(), " for ", absl::FormatDuration(options_.request_timeout),
           " (the host's aggregating worker: node ",
-          workers.empty() ? std::string("none") : absl::StrCat(workers.front()), ")"));
+          workers.empty() ? std::string("none") : absl::StrCat(workers.front()),
+          absent.empty() ? std::string()
+                         : absl::StrCat("; never posted here: nodes ", absl::StrJoin(absent, ", "),
+                                        ", which must share this host's /dev/shm"),
+          ")"));
     }
     segment_->WaitChange(seen, absl::Milliseconds(50));
   }

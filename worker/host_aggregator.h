@@ -77,12 +77,15 @@ class HostSegment {
   // posted that step.
   std::optional<uint64_t> Sum(uint64_t step, const std::vector<uint32_t>& workers,
                               std::vector<std::vector<float>>* sum) const;
-  // Publishes parameters of `version`; false when another process is
-  // publishing at the same time (theirs stands). `steal`: publish even so
-  // (one that died in the middle of publishing left them locked).
-  bool Publish(uint64_t version, const std::vector<std::vector<float>>& params, bool steal = false);
+  // Publishes parameters of `version` unless newer ones are published
+  // (true either way); false while another process publishes, unless that
+  // one died in the middle of it (it left them locked): they are taken
+  // over then.
+  bool Publish(uint64_t version, const std::vector<std::vector<float>>& params);
   // Frees the slot of a worker that left the job for good.
   void Release(uint32_t worker);
+  // True when `worker` has a slot (has posted once).
+  bool HasSlot(uint32_t worker) const { return FindSlot(worker) >= 0; }
 
   // A counter that moves on at every post, publication and release, and
   // waiting on it: returns once it differs from `seen` or after `timeout`.
@@ -92,7 +95,7 @@ class HostSegment {
  private:
   struct Header;
   struct Slot;
-  HostSegment(std::string name, char* base, size_t size, std::vector<size_t> table_sizes,
+  HostSegment(std::string name, int fd, char* base, size_t size, std::vector<size_t> table_sizes,
               uint32_t slots);
   Header* header() const;
   Slot* slot(uint32_t i) const;
@@ -103,11 +106,13 @@ class HostSegment {
   int FindSlot(uint32_t worker) const;
 
   const std::string name_;
+  const int fd_;  // kept to give a slot its pages when it is claimed
   char* const base_;
   const size_t size_;
   const std::vector<size_t> table_sizes_;
   const size_t floats_;
   const uint32_t slots_;
+  bool attached_ = false;  // counted in the header's `attached`
 };
 
 class HostAggregator {

@@ -122,6 +122,9 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<Device> device)
 
 Worker::~Worker() {
   Shutdown();
+  // (Again: one started after a Shutdown; its thread pushes through
+  // params_, which uses members destroyed before aggregator_ is.)
+  if (aggregator_ != nullptr) aggregator_->Stop();
   // (The trainer outlives the members below it: its exchanges go now.)
   if (script_ != nullptr) script_->DropExchanges();
 }
@@ -259,8 +262,10 @@ absl::Status Worker::Start() {
   if (trace_ != nullptr) params_->SetTracer(trace_.get());
   params_->SetSuspectReporter(
       [this](uint32_t node, const std::string& why) {
-        // One report per pserver per heartbeat interval is plenty.
+        // One report per pserver per heartbeat interval is plenty. (Called
+        // by the training thread and the host aggregator's.)
         const absl::Time now = absl::Now();
+        absl::MutexLock l(&suspect_mu_);
         absl::Time& last = suspect_reported_[node];
         if (now - last < absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms)) return;
         last = now;
@@ -477,6 +482,7 @@ absl::Status Worker::Run() {
 absl::Status Worker::StartHostAggregation() {
   const uint64_t key = params_->aggregation_key();
   if (key == 0 || aggregator_ != nullptr) return absl::OkStatus();
+  if (stop_.HasBeenNotified()) return absl::CancelledError("worker shut down");
   if (trainer_->family() != "mlp") {
     return absl::FailedPreconditionError(
         absl::StrCat("cluster.aggregation: node is built for model.type mlp; this worker trains ",

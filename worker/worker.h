@@ -233,8 +233,10 @@ class Worker : private TrainerContext {
 
   std::atomic<uint32_t> node_id_{0};
   std::atomic<bool> declared_dead_{false};
-  // Training thread only: when each pserver was last reported unreachable.
-  std::map<uint32_t, absl::Time> suspect_reported_;
+  // When each pserver was last reported unreachable (by the training
+  // thread, or the host aggregator's).
+  absl::Mutex suspect_mu_;
+  std::map<uint32_t, absl::Time> suspect_reported_ ABSL_GUARDED_BY(suspect_mu_);
   // The training thread's, or a thread's it lends a task to while it waits
   // (ScriptTrainer: the script's).
   uint64_t next_step_ = 0;

@@ -195,18 +195,24 @@ TEST(PartitionTest, AHostsPushCountsForItsWorkersOnceAStepWhoeverPushesIt) {
   ExpectPushAck(PushAndGetResponse(*p, PushMsg(5, 1, 0, 2, {2.f, 2.f, 2.f})), 5, 1);
   EXPECT_EQ(p->stats().open_chunks, 1u);
   // 5 dies; 6 takes over and pushes the same step again (its sum lacks
-  // 5's gradient): dropped, the host's gradient is in the step already.
+  // 5's gradient): dropped, the host's gradient is in the step already;
+  // answered once the step completes (had the partition gone away first,
+  // 6 would have been told to retry at its new owner).
   p->SetStepWorkers({100, 200}, {{6, 100}, {7, 200}});
-  Message again = PushAndGetResponse(*p, PushMsg(6, 1, 0, 1, {9.f, 9.f, 9.f}));
-  EXPECT_THAT(transport::ResponseStatus(again),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("node 6"), HasSubstr("host's gradient is in the step"))));
-  EXPECT_EQ(ReasonOf(transport::ResponseStatus(again)), proto::REASON_STALE_GRADIENT);
+  auto held = std::make_shared<RecordingResponder>();
+  p->Push(PushMsg(6, 1, 0, 1, {9.f, 9.f, 9.f}), held);
+  EXPECT_THAT(held->responses(), IsEmpty());
   EXPECT_EQ(p->stats().version, 0u);  // still waiting for host 200
   // Worker 7 completes the step: {2,2,2} + {0,0,0} over 2 + 2 samples,
   // mean {0.5, 0.5, 0.5}, lr 0.5 -> {0.75, 1.75, 2.75}.
   ExpectPushAck(PushAndGetResponse(*p, PushMsg(7, 1, 0, 2, {0.f, 0.f, 0.f})), 7, 1);
   EXPECT_EQ(p->stats().version, 1u);
+  ASSERT_THAT(held->responses(), SizeIs(1));
+  const absl::Status again = transport::ResponseStatus(held->responses()[0]);
+  EXPECT_THAT(again,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("node 6"), HasSubstr("host's gradient is in the step"))));
+  EXPECT_EQ(ReasonOf(again), proto::REASON_STALE_GRADIENT);
   EXPECT_THAT(p->ValuesForTesting(),
               ElementsAre(FloatNear(0.75f, kTol), FloatNear(1.75f, kTol), FloatNear(2.75f, kTol)));
   EXPECT_EQ(p->applied_by_sender(), (std::map<uint32_t, uint64_t>{{5, 1}, {7, 1}}));
@@ -219,6 +225,18 @@ TEST(PartitionTest, AHostsPushCountsForItsWorkersOnceAStepWhoeverPushesIt) {
   ExpectPushAck(PushAndGetResponse(*p, PushMsg(6, 3, 2, 1, {0.f, 0.f, 0.f})), 6, 3);
   ExpectPushAck(PushAndGetResponse(*p, PushMsg(6, 3, 2, 1, {0.f, 0.f, 0.f})), 6, 3);
   EXPECT_EQ(p->stats().duplicate_pushes, 1u);
+}
+
+TEST(PartitionTest, AHostsCoveredPushIsToldToRetryWhenThePartitionGoesAwayFirst) {
+  auto p = MakePartition(Consistency::kBsp);
+  p->SetStepWorkers({100, 200}, {{5, 100}, {6, 100}, {7, 200}});
+  ExpectPushAck(PushAndGetResponse(*p, PushMsg(5, 1, 0, 2, {2.f, 2.f, 2.f})), 5, 1);
+  auto held = std::make_shared<RecordingResponder>();
+  p->Push(PushMsg(6, 1, 0, 1, {9.f, 9.f, 9.f}), held);
+  EXPECT_THAT(held->responses(), IsEmpty());
+  p.reset();  // moved away (or its pserver failed over) mid-step
+  ASSERT_THAT(held->responses(), SizeIs(1));
+  EXPECT_EQ(ReasonOf(transport::ResponseStatus(held->responses()[0])), proto::REASON_NOT_SERVED);
 }
 
 TEST(PartitionTest, BspPullForAFutureVersionWaitsForThatVersion) {

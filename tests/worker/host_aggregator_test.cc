@@ -62,6 +62,22 @@ TEST(HostSegmentTest, PublishedParametersAreReadFromTheirVersionOn) {
   EXPECT_THAT(got, ElementsAre(ElementsAre(1.f, 2.f, 3.f)));
 }
 
+// Two workers that both took themselves for the host's aggregating one
+// (their views apart) may finish out of order: the older parameters do
+// not replace the newer.
+TEST(HostSegmentTest, PublishedParametersNeverGoBack) {
+  const std::string name = UniqueName("back");
+  auto a = HostSegment::Open(name, {2}, 2);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_TRUE((*a)->Publish(5, {{5.f, 5.f}}));
+  EXPECT_TRUE((*a)->Publish(4, {{4.f, 4.f}}));
+  std::vector<std::vector<float>> got;
+  EXPECT_THAT((*a)->ReadParams(0, &got), Optional(5u));
+  EXPECT_THAT(got, ElementsAre(ElementsAre(5.f, 5.f)));
+  ASSERT_TRUE((*a)->Publish(6, {{6.f, 6.f}}));
+  EXPECT_THAT((*a)->ReadParams(6, &got), Optional(6u));
+}
+
 TEST(HostSegmentTest, SlotsRunOutAndAreReleasedForWorkersThatLeft) {
   const std::string name = UniqueName("slots");
   auto a = HostSegment::Open(name, {1}, 2);

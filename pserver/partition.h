@@ -259,7 +259,7 @@ class Partition : public std::enable_shared_from_this<Partition> {
     // aggregating worker's), refused, their answers held until the step
     // completes: were the partition to go away first, they are told to
     // retry at its new owner, which may not have the old push.
-    std::vector<std::pair<std::shared_ptr<transport::Responder>, transport::Message>> covered;
+    std::vector<Reply> covered;
   };
   // A dense partition of `length` floats cut into chunks of `chunk_floats`
   // (>= 1, as chunk_floats_); a sparse one (length 0) is one chunk.

@@ -212,7 +212,7 @@ absl::Status PServer::ApplyView(const proto::ClusterView& view,
   return ApplyViewLocked(view, restore, checkpoint_root);
 }
 
-std::set<uint32_t> PServer::StepWorkersDisconnectingTheGone(const proto::ClusterView& view) {
+void PServer::DisconnectTheGone(const proto::ClusterView& view) {
   for (const auto& m : view.members()) {
     // A node that left loses its open data connections now, not only its
     // key for new ones (docs/security.md): a worker declared dead, or a
@@ -222,8 +222,6 @@ std::set<uint32_t> PServer::StepWorkersDisconnectingTheGone(const proto::Cluster
       transport_->DisconnectNode(m.id());
     }
   }
-  std::map<uint32_t, uint32_t> member_of;  // (for InstallPartitions)
-  return StepMembers(view, &member_of);
 }
 
 absl::StatusOr<std::unique_ptr<Partition>> PServer::NewPartition(const proto::ClusterView& view,
@@ -291,7 +289,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
                                       const std::string& checkpoint_root) {
   VLOG(1) << "applying view epoch " << view.epoch() << " (at epoch " << epoch_.load() << ")";
   const absl::Time start = absl::Now();
-  const std::set<uint32_t> step_workers = StepWorkersDisconnectingTheGone(view);
+  DisconnectTheGone(view);
   std::map<uint32_t, const proto::CheckpointPartition*> saved;
   if (restore != nullptr) {
     for (const auto& p : restore->partitions()) saved[p.id()] = &p;
@@ -368,7 +366,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
   }
   const absl::Time made = absl::Now();
   const size_t made_count = created.size();
-  InstallPartitions(view, std::move(created), std::move(owned), backing, step_workers);
+  InstallPartitions(view, std::move(created), std::move(owned), backing);
   VLOG(1) << "view epoch " << view.epoch() << " applied in "
           << absl::FormatDuration(absl::Now() - start) << " (" << made_count
           << " partition(s) made in " << absl::FormatDuration(made - start) << ")";
@@ -377,8 +375,7 @@ absl::Status PServer::ApplyViewLocked(const proto::ClusterView& view,
 
 void PServer::InstallPartitions(const proto::ClusterView& view,
                                 std::map<uint32_t, std::unique_ptr<Partition>> created,
-                                std::set<uint32_t> owned, const std::set<uint32_t>& backing,
-                                const std::set<uint32_t>& step_workers) {
+                                std::set<uint32_t> owned, const std::set<uint32_t>& backing) {
   const uint32_t self = node_id_;
   std::vector<std::shared_ptr<Partition>> all;
   std::vector<Served> primaries;
@@ -444,7 +441,7 @@ void PServer::InstallPartitions(const proto::ClusterView& view,
   VLOG(1) << "serving view epoch " << view.epoch();
   ServeAsPrimaries(primaries, backup_addresses);
   std::map<uint32_t, uint32_t> member_of;  // node-local aggregation: worker -> host
-  StepMembers(view, &member_of);
+  const std::set<uint32_t> step_workers = StepMembers(view, &member_of);
   for (const auto& p : all) p->SetStepWorkers(step_workers, member_of);
 }
 

@@ -143,12 +143,9 @@ class PServer {
                                const proto::CheckpointManifest* restore,
                                const std::string& checkpoint_root)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
-  // ApplyViewLocked's steps. The members of the bsp step set (the live
-  // workers, each host's as one with node-local aggregation:
-  // common/aggregation.h), the data connections of nodes that left closed
-  // on the way.
-  std::set<uint32_t> StepWorkersDisconnectingTheGone(const proto::ClusterView& view)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // ApplyViewLocked's steps. Closes the data connections of nodes that
+  // left (a worker declared dead, a fenced primary's stream).
+  void DisconnectTheGone(const proto::ClusterView& view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
   // Drops the partitions neither `owned` nor `backing` (into `left`, freed
   // by the caller after mu_).
   void DropPartitionsLeftLocked(uint64_t epoch, const std::set<uint32_t>& owned,
@@ -157,11 +154,12 @@ class PServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Installs the partitions `created` (replacing those there: a backup's
   // old copy may stay a shadow), drops those left, promotes the owned
-  // ones (from a shadow where the new copy never came) and serves them.
+  // ones (from a shadow where the new copy never came) and serves them,
+  // every partition with the view's bsp step set (its live workers, each
+  // host's as one with node-local aggregation: common/aggregation.h).
   void InstallPartitions(const proto::ClusterView& view,
                          std::map<uint32_t, std::unique_ptr<Partition>> created,
-                         std::set<uint32_t> owned, const std::set<uint32_t>& backing,
-                         const std::set<uint32_t>& step_workers)
+                         std::set<uint32_t> owned, const std::set<uint32_t>& backing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
   // A partition replaced by a fresh backup (its owner changed): kept in
   // shadows_ if it was in sync, else into `left`.

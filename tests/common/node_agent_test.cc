@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/error_reason.h"
+#include "common/grpc_status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -29,9 +31,14 @@ class FakeMaster : public proto::Master::Service {
   std::atomic<int> registers{0}, heartbeats{0}, suspects{0}, views{0};
   std::atomic<uint32_t> heartbeat_node{0}, suspect_node{0}, suspect{0};
 
-  grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest*,
+  grpc::Status Register(grpc::ServerContext*, const proto::RegisterRequest* req,
                         proto::RegisterResponse* resp) override {
     if (++registers <= refuse) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
+    if (!req->job().empty() && req->job() != "mine") {
+      return ToGrpcStatus(WithReason(absl::FailedPreconditionError(absl::StrCat(
+                                         "this master runs job 'mine', not '", req->job(), "'")),
+                                     proto::REASON_WRONG_JOB));
+    }
     resp->set_node_id(7);
     resp->mutable_view()->set_epoch(2);
     Key(resp->mutable_data_key(), "k1");
@@ -109,6 +116,20 @@ TEST_F(NodeAgentTest, RegisterRetriesAMasterThatIsNotReadyAndTakesTheIdAndKey) {
   EXPECT_EQ(own->node_id, 7u);
   EXPECT_EQ(own->epoch, 3u);
   EXPECT_EQ(own->key, "k1");
+}
+
+// A master of another job: no retry, the node gives up at once saying so.
+TEST_F(NodeAgentTest, RegisterGivesUpAtOnceWhenTheMasterRunsAnotherJob) {
+  auto agent = Agent(address_);
+  proto::RegisterRequest req;
+  req.set_job("theirs");
+  auto resp = agent->Register(req, absl::Seconds(30), stop_);
+  EXPECT_THAT(resp.status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("worker 3"), HasSubstr("runs job 'mine', not 'theirs'"))));
+  EXPECT_EQ(master_.registers.load(), 1);
+  req.set_job("mine");
+  EXPECT_THAT(agent->Register(req, absl::Seconds(10), stop_), IsOk());
 }
 
 TEST_F(NodeAgentTest, RegisterGivesUpAfterItsTimeoutNamingTheNodeAndTheMaster) {

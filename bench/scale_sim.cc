@@ -89,12 +89,17 @@ class Sim {
     const double gb = c_.gradient_bytes;
     const int pullers = agg ? c_.nodes : workers_;
     const double batch = m_.batch_per_gpu;
-    // Sparse rows one puller moves per step (a node merges its GPUs' rows).
+    // Sparse rows one pusher moves per step (a node merges its GPUs' rows),
+    // and one sparse puller (a worker its own, or a node's merged rows).
     const double sparse_bytes =
         4 * batch * m_.sparse_floats_per_sample * (agg ? g * (1 - m_.node_row_overlap) : 1);
+    const bool merged_pulls = agg && c_.merged_sparse_pulls;
+    const double sparse_pull_bytes =
+        merged_pulls ? sparse_bytes : 4 * batch * m_.sparse_floats_per_sample;
+    const int sparse_pullers = merged_pulls ? c_.nodes : workers_;
     // Pulls: each layer's share from each pserver, to each puller.
     std::vector<std::vector<double>> pulled(pullers, std::vector<double>(layers_, 0));
-    std::vector<double> sparse_pulled(pullers, 0);
+    std::vector<double> sparse_pulled(sparse_pullers, 0);
     std::vector<Request> reqs;
     for (int p = 0; p < pullers; ++p) {
       const int node = agg ? p : p / g;
@@ -103,9 +108,12 @@ class Sim {
           reqs.push_back({applied_[l][s], s, node, 4 * m_.layer_params[l] / S, &pulled[p][l]});
         }
       }
-      if (sparse_bytes > 0) {
+    }
+    if (sparse_pull_bytes > 0) {
+      for (int p = 0; p < sparse_pullers; ++p) {
+        const int node = merged_pulls ? p : p / g;
         for (int s = 0; s < S; ++s) {
-          reqs.push_back({sparse_applied_[s], s, node, sparse_bytes / S, &sparse_pulled[p]});
+          reqs.push_back({sparse_applied_[s], s, node, sparse_pull_bytes / S, &sparse_pulled[p]});
         }
       }
     }
@@ -120,15 +128,17 @@ class Sim {
     for (int l = 0; l < layers_; ++l) all_params += m_.layer_params[l];
     for (int w = 0; w < workers_; ++w) {
       const int p = agg ? w / g : w;
+      const int sp = merged_pulls ? w / g : w;
       double t = compute_free_[w];
       // (node aggregation: the leader's copy into shared memory, read in place)
       const double fanout = agg ? 1.0 / c_.shm_bytes_per_s : 0;
+      const double sparse_fanout = merged_pulls ? fanout * sparse_bytes : 0;
       if (whole) {
-        double in = sparse_pulled[p];
+        double in = 0;
         for (int l = 0; l < layers_; ++l) in = std::max(in, pulled[p][l]);
-        t = std::max(t, in + fanout * (4 * all_params + sparse_bytes));
+        t = std::max(t, in + fanout * 4 * all_params);
       }
-      t = std::max(t, sparse_pulled[p] + fanout * sparse_bytes);
+      t = std::max(t, sparse_pulled[sp] + sparse_fanout);
       t += batch * m_.sparse_floats_per_sample * m_.compute_s_per_sparse_float / 3;
       for (int l = 0; l < layers_; ++l) {
         t = std::max(t, pulled[p][l] + fanout * 4 * m_.layer_params[l]);

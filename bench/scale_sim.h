@@ -32,7 +32,8 @@ struct SimModel {
   double sparse_floats_per_sample = 0;
   double sparse_params = 0;
   // The share of a node's rows that another GPU of the node touched too
-  // (merged by node aggregation: each distinct row is pushed once).
+  // (merged by node aggregation: each distinct row is pushed once; pulled
+  // once with SimCluster::merged_sparse_pulls).
   double node_row_overlap = 0;
   // Seconds of compute per sample per dense parameter (forward and
   // backward together; 1/3 forward), on one GPU, and per sparse float.
@@ -61,6 +62,11 @@ struct SimCluster {
   // (worker/host_aggregator.h): the node's sum of the whole gradient once
   // every worker's backward pass ended, its parameters once all are pulled.
   bool pipelined_aggregation = false;
+  // Node aggregation of sparse rows: pushes are merged per node (each
+  // distinct row pushed once) as built; the pulls are each worker's own
+  // (its batch's rows), unless this merges them too (one pull a node of
+  // the rows its GPUs touch, fanned out through shared memory).
+  bool merged_sparse_pulls = false;
 };
 
 struct SimResult {

@@ -30,6 +30,9 @@ DEFINE_double(link_gbps, 100, "each NIC, each direction");
 DEFINE_bool(rdma, true, "RDMA (2 us a message, no host copies) or TCP (measured host costs)");
 DEFINE_bool(pipelined_aggregation, false,
             "node aggregation layer by layer (false: the whole gradient, as Strata's is built)");
+DEFINE_bool(merged_sparse_pulls, false,
+            "node aggregation pulls a node's sparse rows once (false: each worker pulls its "
+            "own, as Strata's is built)");
 DEFINE_bool(json, false, "one JSON document instead of the table");
 DEFINE_string(pservers, "2,4,8", "pserver counts to model; \"nodes\": one on every node");
 DEFINE_int32(dense_batch, 32, "the dense model's samples (512 tokens each) per GPU per step");
@@ -171,6 +174,7 @@ int Main() {
           c.pserver_link_gbps = FLAGS_pserver_link_gbps;
           c.node_aggregation = agg;
           c.pipelined_aggregation = FLAGS_pipelined_aggregation;
+          c.merged_sparse_pulls = FLAGS_merged_sparse_pulls;
           c.gradient_bytes = FLAGS_gradient_bytes;
           c.apply_floats_per_s = costs.apply_floats_per_s_core * FLAGS_pserver_cores;
           c.sparse_apply_floats_per_s = c.apply_floats_per_s / 4;  // hashing, row lookups

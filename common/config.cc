@@ -855,11 +855,11 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                                     "bsp only; this job's consistency is ",
                                     ConsistencyName(config.job.consistency)));
     }
-    if (config.model.type != "mlp") {
+    if (config.model.type != "mlp" && config.model.type != "wide_deep") {
       return PathError(mark_of("cluster.aggregation"), "cluster.aggregation",
-                       absl::StrCat("node is built for dense models (model.type mlp) so far; "
+                       absl::StrCat("node is built for model.type mlp and wide_deep so far; "
                                     "model.type ",
-                                    config.model.type, " pushes sparse rows or runs a script"));
+                                    config.model.type, " runs a training script"));
     }
   }
   const bool script = config.model.type == "script";

@@ -619,6 +619,14 @@ std::vector<float> Partition::ValuesForTesting() const {
   return values_;
 }
 
+std::vector<float> Partition::RowsForTesting(const std::vector<uint64_t>& keys) const {
+  absl::MutexLock l(&mu_);
+  if (!sparse_) return {};
+  std::vector<float> out(keys.size() * dim_);
+  rows_->Lookup(keys.data(), keys.size(), out.data());
+  return out;
+}
+
 uint64_t Partition::RawBytesLocked() const {
   if (sparse_) {
     // Keys and values and state, as a plain dump would hold them.

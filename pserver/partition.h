@@ -219,6 +219,9 @@ class Partition : public std::enable_shared_from_this<Partition> {
   SparseTableStats sparse_stats() const;
   // A copy of the current values.
   std::vector<float> ValuesForTesting() const;
+  // Sparse: the rows of `keys` as SparseTable::Lookup gives them (empty for
+  // a dense partition).
+  std::vector<float> RowsForTesting(const std::vector<uint64_t>& keys) const;
 
   // Checkpoints. Takes a snapshot as `req` says and hands it to `done`,
   // which is called with the partition lock held (possibly before this

@@ -10,6 +10,7 @@
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "worker/host_aggregator.h"
 
 namespace strata::worker {
 
@@ -70,54 +71,77 @@ void CtrTrainer::AddMetrics(MetricsRegistry* metrics) {
                             [this] { return static_cast<double>(row_cache_misses_.load()); });
 }
 
-absl::Status CtrTrainer::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
-                                        bool barrier, bool use_cache, uint64_t step,
-                                        float* wide_rows, float* emb_rows, absl::Duration* comm) {
+absl::Status CtrTrainer::StartRowPull(const std::vector<uint64_t>& keys, uint64_t min_version,
+                                      bool barrier, bool use_cache, uint64_t step, float* wide_rows,
+                                      float* emb_rows, RowPull* pull) {
   ParamClient* const params = ctx_->params();
   const int dim = wide_deep_->dim();
-  std::vector<uint64_t> missing;
-  std::vector<uint32_t> missing_at;  // where each missing key is in `keys`
-  if (use_cache && row_cache_ != nullptr) {
+  pull->missing.clear();
+  pull->missing_at.clear();
+  pull->use_cache = use_cache && row_cache_ != nullptr;
+  pull->step = step;
+  pull->wide_rows = wide_rows;
+  pull->emb_rows = emb_rows;
+  pull->wide.reset();
+  pull->emb.reset();
+  if (pull->use_cache) {
     std::vector<uint8_t> hit;
     const size_t hits = row_cache_->Lookup(keys, step, {wide_rows, emb_rows}, &hit);
     row_cache_hits_ += hits;
     row_cache_misses_ += keys.size() - hits;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (hit[i]) continue;
-      missing.push_back(keys[i]);
-      missing_at.push_back(static_cast<uint32_t>(i));
+      pull->missing.push_back(keys[i]);
+      pull->missing_at.push_back(static_cast<uint32_t>(i));
     }
   } else {
-    missing = keys;
-    missing_at.resize(keys.size());
-    std::iota(missing_at.begin(), missing_at.end(), 0u);
+    pull->missing = keys;
+    pull->missing_at.resize(keys.size());
+    std::iota(pull->missing_at.begin(), pull->missing_at.end(), 0u);
   }
-  if (missing.empty() && !barrier) return absl::OkStatus();
-  ParamClient::SparseKeys grouped;
-  std::vector<uint32_t> perm;
-  STRATA_RETURN_IF_ERROR(params->GroupKeys(missing, &grouped, &perm));
-  std::vector<float> w(missing.size()), e(missing.size() * dim);
-  auto wide =
-      params->StartSparsePull(WideDeep::kWideTable, &grouped, w.data(), min_version, barrier);
-  auto emb =
-      params->StartSparsePull(WideDeep::kEmbeddingTable, &grouped, e.data(), min_version, barrier);
-  wide->IssueAll();
-  emb->IssueAll();
+  if (pull->missing.empty() && !barrier) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(params->GroupKeys(pull->missing, &pull->grouped, &pull->perm));
+  pull->w.resize(pull->missing.size());
+  pull->e.resize(pull->missing.size() * dim);
+  pull->wide = params->StartSparsePull(WideDeep::kWideTable, &pull->grouped, pull->w.data(),
+                                       min_version, barrier);
+  pull->emb = params->StartSparsePull(WideDeep::kEmbeddingTable, &pull->grouped, pull->e.data(),
+                                      min_version, barrier);
+  pull->wide->IssueAll();
+  pull->emb->IssueAll();
+  return absl::OkStatus();
+}
+
+absl::Status CtrTrainer::FinishRowPull(RowPull* pull, absl::Duration* comm) {
+  if (pull->wide == nullptr) return absl::OkStatus();
+  const int dim = wide_deep_->dim();
   const absl::Time t0 = absl::Now();
-  absl::Status s = wide->Finish();
-  s.Update(emb->Finish());
+  absl::Status s = pull->wide->Finish();
+  s.Update(pull->emb->Finish());
+  pull->wide.reset();
+  pull->emb.reset();
   *comm += absl::Now() - t0;
   STRATA_RETURN_IF_ERROR(s);
-  for (size_t i = 0; i < missing.size(); ++i) {
-    const size_t at = perm[i];
-    wide_rows[missing_at[i]] = w[at];
-    std::memcpy(emb_rows + static_cast<size_t>(missing_at[i]) * dim, e.data() + at * dim,
-                sizeof(float) * dim);
+  for (size_t i = 0; i < pull->missing.size(); ++i) {
+    const size_t at = pull->perm[i];
+    pull->wide_rows[pull->missing_at[i]] = pull->w[at];
+    std::memcpy(pull->emb_rows + static_cast<size_t>(pull->missing_at[i]) * dim,
+                pull->e.data() + at * dim, sizeof(float) * dim);
   }
-  if (use_cache && row_cache_ != nullptr) {
-    row_cache_->Insert(grouped.keys.data(), grouped.keys.size(), {w.data(), e.data()}, step);
+  if (pull->use_cache) {
+    row_cache_->Insert(pull->grouped.keys.data(), pull->grouped.keys.size(),
+                       {pull->w.data(), pull->e.data()}, pull->step);
   }
   return absl::OkStatus();
+}
+
+absl::Status CtrTrainer::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
+                                        bool barrier, bool use_cache, uint64_t step,
+                                        float* wide_rows, float* emb_rows, absl::Duration* comm) {
+  RowPull pull;
+  STRATA_RETURN_IF_ERROR(
+      StartRowPull(keys, min_version, barrier, use_cache, step, wide_rows, emb_rows, &pull));
+  return FinishRowPull(&pull, comm);
 }
 
 absl::Status CtrTrainer::TaskRecords(const proto::DataTask& task, storage::CtrDataset* ranged,
@@ -205,9 +229,75 @@ absl::StatusOr<int64_t> CtrTrainer::TrainTask(const proto::DataTask& task,
       batch.labels[i] = data->labels[r];
     }
     DeduplicateKeys(batch.keys.data(), batch.keys.size(), &batch.index, &batch.unique, &batch.slot);
-    STRATA_RETURN_IF_ERROR(Step(batch));
+    STRATA_RETURN_IF_ERROR(ctx_->host_aggregator() != nullptr ? AggregatedStep(batch)
+                                                              : Step(batch));
+  }
+  if (HostAggregator* agg = ctx_->host_aggregator(); agg != nullptr) {
+    // The task is done once its last step is applied: when the version
+    // after it is published.
+    STRATA_RETURN_IF_ERROR(agg->AwaitParams(ctx_->next_step(), &wide_deep_->params(),
+                                            [this] { return ctx_->stopping(); })
+                               .status());
   }
   return records;
+}
+
+bool CtrTrainer::AggregatesOnHost(SparseLayout* sparse) const {
+  sparse->tables = {WideDeep::kWideTable, WideDeep::kEmbeddingTable};
+  sparse->dims = {1, wide_deep_->dim()};
+  sparse->max_keys = static_cast<size_t>(std::max(1, ctx_->config().job.batch_size)) * kCtrFields;
+  return true;
+}
+
+absl::Status CtrTrainer::AggregatedStep(Batch& batch) {
+  HostAggregator* agg = ctx_->host_aggregator();
+  const int dim = wide_deep_->dim();
+  const int n = batch.n;
+  const std::vector<uint64_t>& unique = batch.unique;
+  const absl::Time t0 = absl::Now();
+  absl::Duration comm;
+  // The batch's rows at this step's version, pulled while the host's
+  // dense parameters of the step are awaited (every virtual partition
+  // asked, so each has reached the step before the host's sum of it is
+  // pushed there).
+  const uint64_t want = ctx_->next_step();
+  batch.wide_rows.resize(unique.size());
+  batch.emb_rows.resize(unique.size() * dim);
+  STRATA_RETURN_IF_ERROR(StartRowPull(unique, want, /*barrier=*/true, /*use_cache=*/true,
+                                      ctr_steps_, batch.wide_rows.data(), batch.emb_rows.data(),
+                                      &batch.pull));
+  STRATA_ASSIGN_OR_RETURN(
+      const uint64_t version,
+      agg->AwaitParams(want, &wide_deep_->params(), [this] { return ctx_->stopping(); }));
+  comm += absl::Now() - t0;
+  STRATA_RETURN_IF_ERROR(FinishRowPull(&batch.pull, &comm));
+  if (version != want) {
+    // The host is further on (this worker joined it midway): the rows of
+    // its step.
+    STRATA_RETURN_IF_ERROR(PullSparseRows(unique, version, /*barrier=*/true, /*use_cache=*/false,
+                                          ctr_steps_, batch.wide_rows.data(), batch.emb_rows.data(),
+                                          &comm));
+  }
+  absl::Time mark = ctx_->TraceSpan("wait for pull", "wait", t0, "");
+  STRATA_ASSIGN_OR_RETURN(
+      const double loss,
+      wide_deep_->TrainStep(batch.dense.data(), batch.slot.data(), batch.labels.data(), n,
+                            batch.wide_rows.data(), batch.emb_rows.data(), unique.size(),
+                            &batch.wide_grad, &batch.emb_grad));
+  mark = ctx_->TraceSpan("compute", "compute", mark, "");
+  const absl::Time tp = absl::Now();
+  SparseGrads rows;
+  rows.keys = unique.data();
+  rows.n = unique.size();
+  rows.rows = {batch.wide_grad.data(), batch.emb_grad.data()};
+  STRATA_RETURN_IF_ERROR(agg->Post(version, static_cast<uint64_t>(n), wide_deep_->grads(), &rows));
+  comm += absl::Now() - tp;
+  ctx_->TraceSpan("post", "wait", mark, "");
+  ctx_->TraceSpan("step", "step", t0, absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
+  ++ctr_steps_;
+  ctx_->RecordStep(n, version, loss, wide_deep_->last_correct(), absl::Now() - t0, comm,
+                   /*stale=*/false);
+  return absl::OkStatus();
 }
 
 absl::Status CtrTrainer::Step(Batch& batch) {

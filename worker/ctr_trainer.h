@@ -39,6 +39,9 @@ class CtrTrainer : public Trainer {
   CtrTrainer& operator=(const CtrTrainer&) = delete;
 
   std::string_view family() const override { return "wide_deep"; }
+  // Both sparse tables' rows merged per key; a worker's step has at most
+  // job.batch_size x kCtrFields distinct keys.
+  bool AggregatesOnHost(SparseLayout* sparse) const override;
   std::string DescribeData() const override;
   int64_t loaded_examples() const override { return ctr_train_.num_examples; }
   std::vector<std::vector<float>>& params() override { return wide_deep_->params(); }
@@ -52,6 +55,21 @@ class CtrTrainer : public Trainer {
   absl::StatusOr<EvalMetrics> Evaluate(std::optional<uint64_t> min_version) override;
 
  private:
+  // A pull of a batch's rows in flight (StartRowPull .. FinishRowPull):
+  // the keys the row cache did not have, their grouping, the landing
+  // buffers and the exchanges.
+  struct RowPull {
+    std::vector<uint64_t> missing;
+    std::vector<uint32_t> missing_at;  // where each missing key is in the batch's keys
+    ParamClient::SparseKeys grouped;
+    std::vector<uint32_t> perm;
+    std::vector<float> w, e;
+    bool use_cache = false;
+    uint64_t step = 0;
+    float* wide_rows = nullptr;
+    float* emb_rows = nullptr;
+    std::unique_ptr<ParamClient::Exchange> wide, emb;
+  };
   // One batch and the buffers of its step, reused from batch to batch.
   struct Batch {
     int n = 0;
@@ -59,6 +77,7 @@ class CtrTrainer : public Trainer {
     std::vector<uint64_t> keys, unique;
     std::vector<uint32_t> slot, perm;
     absl::flat_hash_map<uint64_t, uint32_t> index;
+    RowPull pull;
   };
 
   CtrTrainer(TrainerContext* ctx, Device* device, storage::CtrDataset train, int64_t skipped);
@@ -69,6 +88,11 @@ class CtrTrainer : public Trainer {
   // The training step of `batch`: pull, compute, push, all partitions in
   // parallel.
   absl::Status Step(Batch& batch);
+  // The step with node-local aggregation (host_aggregator.h): the dense
+  // parameters come from the host's segment and the batch's rows from the
+  // pservers; the dense gradient and the rows' go to the segment, and the
+  // host's aggregating worker pushes the host's sum.
+  absl::Status AggregatedStep(Batch& batch);
   // The rows of both sparse tables for distinct `keys` (any order) into
   // wide_rows[i] and emb_rows[i * dim], pulled at version >= min_version;
   // with the row cache (training), fresh cached rows are not pulled and
@@ -81,6 +105,14 @@ class CtrTrainer : public Trainer {
   absl::Status PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version, bool barrier,
                               bool use_cache, uint64_t step, float* wide_rows, float* emb_rows,
                               absl::Duration* comm);
+  // PullSparseRows in two halves, so that the caller waits for something
+  // else meanwhile: Start fills the cached rows and sends the pulls (the
+  // rows' buffers and `keys` must stay put until Finish), Finish waits
+  // for them, fills the rest and caches them.
+  absl::Status StartRowPull(const std::vector<uint64_t>& keys, uint64_t min_version, bool barrier,
+                            bool use_cache, uint64_t step, float* wide_rows, float* emb_rows,
+                            RowPull* pull);
+  absl::Status FinishRowPull(RowPull* pull, absl::Duration* comm);
 
   TrainerContext* const ctx_;  // the Worker, which owns this trainer
   // The whole training file: loaded when it is gzipped or data.train_limit

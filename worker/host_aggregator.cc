@@ -24,11 +24,20 @@
 namespace strata::worker {
 namespace {
 
-constexpr uint64_t kMagic = 0x5354524154414731ull;  // "STRATAG1"
+constexpr uint64_t kMagic = 0x5354524154414732ull;  // "STRATAG2"
 constexpr size_t kHeaderBytes = 256;
 constexpr size_t kSlotHeaderBytes = 64;
 
 size_t RoundUp64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Bytes of a slot's sparse area for `sparse`: its keys, then each table's
+// rows.
+size_t SparseBytes(const SparseLayout& sparse) {
+  if (sparse.empty()) return 0;
+  size_t bytes = RoundUp64(sparse.max_keys * sizeof(uint64_t));
+  for (int dim : sparse.dims) bytes += RoundUp64(sparse.max_keys * dim * sizeof(float));
+  return bytes;
+}
 
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -49,6 +58,8 @@ struct HostSegment::Header {
   std::atomic<uint64_t> params_seq;      // odd while parameters are written
   std::atomic<uint64_t> params_version;  // version + 1 of those published; 0 = none
   std::atomic<int32_t> publisher;        // the pid writing them (while params_seq is odd)
+  uint64_t sparse_keys;                  // keys a slot holds (the sparse layout's max_keys)
+  uint64_t sparse_floats;                // floats of a key's rows, over the sparse tables
 };
 
 struct HostSegment::Slot {
@@ -56,6 +67,7 @@ struct HostSegment::Slot {
   uint32_t unused;
   std::atomic<uint64_t> posted;  // step + 1 of the gradient in it; 0 = none (or being written)
   uint64_t count;
+  uint64_t keys;  // sparse rows in it
 };
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
@@ -72,11 +84,19 @@ std::string HostSegment::NameFor(uint64_t key, const std::string& host) {
 }
 
 absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
-    const std::string& name, const std::vector<size_t>& table_sizes, uint32_t slots) {
+    const std::string& name, const std::vector<size_t>& table_sizes, uint32_t slots,
+    const SparseLayout& sparse) {
+  if (sparse.tables.size() != sparse.dims.size() || (!sparse.empty() && sparse.max_keys == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory segment ", name, ": ", sparse.tables.size(), " sparse tables and ",
+        sparse.dims.size(), " row widths, at most ", sparse.max_keys, " keys a step"));
+  }
   const size_t floats = std::accumulate(table_sizes.begin(), table_sizes.end(), size_t{0});
-  const size_t size =
-      kHeaderBytes + RoundUp64(floats * sizeof(float)) +
-      static_cast<size_t>(slots) * (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)));
+  const size_t sparse_bytes = SparseBytes(sparse);
+  const size_t row_floats = std::accumulate(sparse.dims.begin(), sparse.dims.end(), size_t{0});
+  const size_t size = kHeaderBytes + RoundUp64(floats * sizeof(float)) +
+                      static_cast<size_t>(slots) *
+                          (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)) + sparse_bytes);
   bool creator = true;
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0 && errno == EEXIST) {
@@ -112,8 +132,9 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
     close(fd);
     return absl::FailedPreconditionError(
         absl::StrCat("shared memory segment ", name, " (/dev/shm) has ", st.st_size, " bytes, ",
-                     size, " expected for a model of ", floats, " floats and ", slots,
-                     " workers: another model's (remove it if no job uses it)"));
+                     size, " expected for a model of ", floats, " floats",
+                     sparse.empty() ? "" : absl::StrCat(" and ", sparse.max_keys, " sparse keys"),
+                     " and ", slots, " workers: another model's (remove it if no job uses it)"));
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
@@ -122,22 +143,25 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
     return s;
   }
   std::unique_ptr<HostSegment> seg(
-      new HostSegment(name, fd, static_cast<char*>(base), size, table_sizes, slots));
+      new HostSegment(name, fd, static_cast<char*>(base), size, table_sizes, slots, sparse));
   Header* h = seg->header();
   if (creator) {
     h->floats = floats;
     h->slots = slots;
+    h->sparse_keys = sparse.max_keys;
+    h->sparse_floats = row_floats;
     h->magic.store(kMagic, std::memory_order_release);
   } else {
     for (int i = 0; i < 2000 && h->magic.load(std::memory_order_acquire) != kMagic; ++i) {
       usleep(1000);
     }
     if (h->magic.load(std::memory_order_acquire) != kMagic || h->floats != floats ||
-        h->slots != slots) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("shared memory segment ", name, " was set up for another model: ", h->floats,
-                       " floats and ", h->slots, " workers, not ", floats, " and ", slots,
-                       " (remove it from /dev/shm if no job uses it)"));
+        h->slots != slots || h->sparse_keys != sparse.max_keys || h->sparse_floats != row_floats) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shared memory segment ", name, " was set up for another model: ", h->floats, " floats, ",
+          h->sparse_keys, " sparse keys of ", h->sparse_floats, " floats and ", h->slots,
+          " workers, not ", floats, ", ", sparse.max_keys, " of ", row_floats, " and ", slots,
+          " (remove it from /dev/shm if no job uses it)"));
     }
   }
   h->attached.fetch_add(1);
@@ -146,14 +170,15 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
 }
 
 HostSegment::HostSegment(std::string name, int fd, char* base, size_t size,
-                         std::vector<size_t> table_sizes, uint32_t slots)
+                         std::vector<size_t> table_sizes, uint32_t slots, SparseLayout sparse)
     : name_(std::move(name)),
       fd_(fd),
       base_(base),
       size_(size),
       table_sizes_(std::move(table_sizes)),
       floats_(std::accumulate(table_sizes_.begin(), table_sizes_.end(), size_t{0})),
-      slots_(slots) {}
+      slots_(slots),
+      sparse_(std::move(sparse)) {}
 
 HostSegment::~HostSegment() {
   if (attached_ && header()->attached.fetch_sub(1) == 1) shm_unlink(name_.c_str());
@@ -167,13 +192,29 @@ HostSegment::Header* HostSegment::header() const { return reinterpret_cast<Heade
 
 float* HostSegment::params() const { return reinterpret_cast<float*>(base_ + kHeaderBytes); }
 
+size_t HostSegment::slot_data_bytes() const {
+  return RoundUp64(floats_ * sizeof(float)) + SparseBytes(sparse_);
+}
+
 HostSegment::Slot* HostSegment::slot(uint32_t i) const {
-  const size_t data = RoundUp64(floats_ * sizeof(float));
-  return reinterpret_cast<Slot*>(base_ + kHeaderBytes + data + i * (kSlotHeaderBytes + data));
+  return reinterpret_cast<Slot*>(base_ + kHeaderBytes + RoundUp64(floats_ * sizeof(float)) +
+                                 i * (kSlotHeaderBytes + slot_data_bytes()));
 }
 
 float* HostSegment::slot_floats(uint32_t i) const {
   return reinterpret_cast<float*>(reinterpret_cast<char*>(slot(i)) + kSlotHeaderBytes);
+}
+
+uint64_t* HostSegment::slot_keys(uint32_t i) const {
+  return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(slot(i)) + kSlotHeaderBytes +
+                                     RoundUp64(floats_ * sizeof(float)));
+}
+
+float* HostSegment::slot_rows(uint32_t i, size_t t) const {
+  char* at = reinterpret_cast<char*>(slot_keys(i)) + RoundUp64(sparse_.max_keys * sizeof(uint64_t));
+  for (size_t u = 0; u < t; ++u)
+    at += RoundUp64(sparse_.max_keys * sparse_.dims[u] * sizeof(float));
+  return reinterpret_cast<float*>(at);
 }
 
 int HostSegment::FindSlot(uint32_t worker) const {
@@ -201,13 +242,23 @@ void HostSegment::WaitChange(uint32_t seen, absl::Duration timeout) const {
 }
 
 absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
-                               const std::vector<std::vector<float>>& grads) {
+                               const std::vector<std::vector<float>>& grads,
+                               const SparseGrads* sparse) {
+  const size_t n_keys = sparse == nullptr ? 0 : sparse->n;
+  if (n_keys > sparse_.max_keys ||
+      (sparse != nullptr && sparse->rows.size() != sparse_.tables.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory segment ", name_, ": worker ", worker, "'s step ", step, " has ", n_keys,
+        " distinct keys of ", sparse == nullptr ? 0 : sparse->rows.size(),
+        " sparse tables; its slots hold ", sparse_.max_keys, " keys of ", sparse_.tables.size(),
+        " (job.batch_size x the model's fields)"));
+  }
   int i = FindSlot(worker);
   for (uint32_t k = 0; i < 0 && k < slots_; ++k) {
     uint32_t free = 0;
     if (!slot(k)->owner.compare_exchange_strong(free, worker)) continue;
     const char* at = reinterpret_cast<const char*>(slot(k));
-    const size_t bytes = kSlotHeaderBytes + RoundUp64(floats_ * sizeof(float));
+    const size_t bytes = kSlotHeaderBytes + slot_data_bytes();
     if (const int err = posix_fallocate(fd_, at - base_, static_cast<off_t>(bytes)); err != 0) {
       slot(k)->owner.store(0, std::memory_order_release);
       return absl::ResourceExhaustedError(
@@ -228,7 +279,14 @@ absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
     std::memcpy(out, grads[t].data(), table_sizes_[t] * sizeof(float));
     out += table_sizes_[t];
   }
+  if (n_keys > 0) {
+    std::memcpy(slot_keys(i), sparse->keys, n_keys * sizeof(uint64_t));
+    for (size_t t = 0; t < sparse_.tables.size(); ++t) {
+      std::memcpy(slot_rows(i, t), sparse->rows[t], n_keys * sparse_.dims[t] * sizeof(float));
+    }
+  }
   s->count = count;
+  s->keys = n_keys;
   // (A worker the view has let go of, still running, finds its slot
   // freed, perhaps taken: it stamps nothing.)
   if (s->owner.load(std::memory_order_acquire) != worker) {
@@ -270,9 +328,35 @@ std::optional<uint64_t> HostSegment::ReadParams(uint64_t want,
   return std::nullopt;
 }
 
+void HostSegment::MergeRows(uint32_t i, size_t n, MergedRows* merged) const {
+  const uint64_t* keys = slot_keys(i);
+  for (size_t k = 0; k < n; ++k) {
+    const auto [it, added] =
+        merged->index.try_emplace(keys[k], static_cast<uint32_t>(merged->keys.size()));
+    if (added) merged->keys.push_back(keys[k]);
+    for (size_t t = 0; t < sparse_.tables.size(); ++t) {
+      const size_t dim = sparse_.dims[t];
+      std::vector<float>& rows = merged->rows[t];
+      const float* in = slot_rows(i, t) + k * dim;
+      if (added) {
+        rows.insert(rows.end(), in, in + dim);
+      } else {
+        AddInto(rows.data() + static_cast<size_t>(it->second) * dim, in, dim);
+      }
+    }
+  }
+}
+
 std::optional<uint64_t> HostSegment::Sum(uint64_t step, const std::vector<uint32_t>& workers,
-                                         std::vector<std::vector<float>>* sum) const {
+                                         std::vector<std::vector<float>>* sum,
+                                         MergedRows* merged) const {
   if (workers.empty()) return std::nullopt;
+  if (merged != nullptr) {
+    merged->keys.clear();
+    merged->index.clear();
+    merged->rows.resize(sparse_.tables.size());
+    for (std::vector<float>& rows : merged->rows) rows.clear();
+  }
   sum->resize(table_sizes_.size());
   for (size_t t = 0; t < table_sizes_.size(); ++t) (*sum)[t].resize(table_sizes_[t]);
   uint64_t total = 0;
@@ -294,6 +378,7 @@ std::optional<uint64_t> HostSegment::Sum(uint64_t step, const std::vector<uint32
       in += table_sizes_[t];
     }
     const uint64_t count = s->count;
+    if (merged != nullptr) MergeRows(i, std::min<uint64_t>(s->keys, sparse_.max_keys), merged);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s->posted.load(std::memory_order_relaxed) != p1) return std::nullopt;  // rewritten
     total += count;
@@ -393,14 +478,21 @@ absl::StatusOr<bool> HostAggregator::LeadOnce(const std::vector<uint32_t>& worke
   if (!at.has_value()) {
     STRATA_ASSIGN_OR_RETURN(version, params_->PullAll(0, &pulled_));
   } else {
-    const std::optional<uint64_t> count = segment_->Sum(*at, workers, &sum_);
+    const bool sparse = !segment_->sparse().empty();
+    const std::optional<uint64_t> count =
+        segment_->Sum(*at, workers, &sum_, sparse ? &merged_ : nullptr);
     if (!count.has_value()) return false;
     // Each partition's pull right behind its push: its answer comes back
     // while the later pushes are still going out.
     PushResult pushed;
     ParamClient::PushPull exchange(params_, &sum_, *at, *count, *at + 1, &pulled_);
     exchange.IssueInterleaved();
-    STRATA_ASSIGN_OR_RETURN(version, exchange.Finish(&pushed));
+    // The sparse rows go meanwhile; the pulls of their next version are
+    // each worker's own (the keys of its next batch are its own).
+    absl::Status rows = sparse ? PushRows(*at, *count) : absl::OkStatus();
+    absl::StatusOr<uint64_t> dense = exchange.Finish(&pushed);
+    STRATA_RETURN_IF_ERROR(rows);
+    STRATA_ASSIGN_OR_RETURN(version, std::move(dense));
     steps_pushed_.fetch_add(1);
     if (pushed.stale_partitions > 0) {
       VLOG(1) << "host " << options_.host << " step " << *at << ": " << pushed.stale_partitions
@@ -411,6 +503,43 @@ absl::StatusOr<bool> HostAggregator::LeadOnce(const std::vector<uint32_t>& worke
     if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(1))) break;
   }
   return true;
+}
+
+absl::Status HostAggregator::PushRows(uint64_t step, uint64_t count) {
+  const SparseLayout& layout = segment_->sparse();
+  STRATA_RETURN_IF_ERROR(params_->GroupKeys(merged_.keys, &grouped_, &perm_));
+  push_rows_.resize(layout.tables.size());
+  std::vector<PushResult> results(layout.tables.size());
+  std::vector<std::unique_ptr<ParamClient::Exchange>> pushes;
+  for (size_t t = 0; t < layout.tables.size(); ++t) {
+    const size_t dim = layout.dims[t];
+    push_rows_[t].resize(merged_.keys.size() * dim);
+    for (size_t u = 0; u < merged_.keys.size(); ++u) {
+      std::memcpy(push_rows_[t].data() + static_cast<size_t>(perm_[u]) * dim,
+                  merged_.rows[t].data() + u * dim, sizeof(float) * dim);
+    }
+    // (bsp: every virtual partition, with keys or not, so that each
+    // partition's step completes.)
+    pushes.push_back(params_->StartSparsePush(layout.tables[t], &grouped_, push_rows_[t].data(),
+                                              step, count, /*every_partition=*/true, &results[t]));
+    pushes.back()->IssueAll();
+  }
+  // Right behind the pushes, a pull of no keys at the next version from
+  // every virtual partition: answered once the step is applied there, so
+  // that what is published next is applied on every partition, sparse
+  // ones included (a worker's task is done then).
+  std::vector<uint32_t> unused;
+  STRATA_RETURN_IF_ERROR(params_->GroupKeys({}, &no_keys_, &unused));
+  std::vector<std::unique_ptr<ParamClient::Exchange>> barriers;
+  for (uint32_t table : layout.tables) {
+    barriers.push_back(params_->StartSparsePull(table, &no_keys_, nullptr, step + 1,
+                                                /*every_partition=*/true));
+    barriers.back()->IssueAll();
+  }
+  absl::Status status;
+  for (auto& push : pushes) status.Update(push->Finish());
+  for (auto& barrier : barriers) status.Update(barrier->Finish());
+  return status;
 }
 
 absl::StatusOr<uint64_t> HostAggregator::AwaitParams(uint64_t want,

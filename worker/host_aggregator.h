@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -41,42 +42,74 @@
 
 namespace strata::worker {
 
+// The sparse tables whose gradient rows a host's workers merge per key
+// (the CTR family: docs/sparse.md): each table's id and row width, and the
+// most distinct keys one worker posts for a step (its batch's keys).
+struct SparseLayout {
+  std::vector<uint32_t> tables;
+  std::vector<int> dims;
+  size_t max_keys = 0;
+  bool empty() const { return tables.empty(); }
+};
+// A worker's sparse gradient of one step: distinct keys[0, n) and, per
+// table of the layout, rows[t][i * dims[t] ..] for keys[i].
+struct SparseGrads {
+  const uint64_t* keys = nullptr;
+  size_t n = 0;
+  std::vector<const float*> rows;
+};
+// The host's rows merged per key: keys in the order first posted, rows[t]
+// their summed gradient rows.
+struct MergedRows {
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<float>> rows;
+  absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> place in keys
+};
+
 class HostSegment {
  public:
   // The segment's name for a job's aggregation key on `host`
   // ("/strata-agg-<key>-<host>").
   static std::string NameFor(uint64_t key, const std::string& host);
   // Creates the segment or maps the one there, sized for tensors of
-  // `table_sizes` floats and `slots` workers. FailedPrecondition naming the
-  // segment when the one there was made for another model.
+  // `table_sizes` floats, `slots` workers and (a model with sparse tables)
+  // `sparse`'s rows in each slot. FailedPrecondition naming the segment
+  // when the one there was made for another model.
   static absl::StatusOr<std::unique_ptr<HostSegment>> Open(const std::string& name,
                                                            const std::vector<size_t>& table_sizes,
-                                                           uint32_t slots);
+                                                           uint32_t slots,
+                                                           const SparseLayout& sparse = {});
   // Unmaps it; the last process to let go removes the name.
   ~HostSegment();
   HostSegment(const HostSegment&) = delete;
   HostSegment& operator=(const HostSegment&) = delete;
 
   const std::string& name() const { return name_; }
+  const SparseLayout& sparse() const { return sparse_; }
   // Removes the name now (the job is over: no worker will map it again);
   // mappings stay valid.
   void Unlink() const;
 
   // A worker's gradient for `step`, summed over `count` samples, into its
-  // slot (claimed at its first post). ResourceExhausted when every slot is
-  // taken.
+  // slot (claimed at its first post), with its sparse rows when the
+  // segment has a sparse layout. ResourceExhausted when every slot is
+  // taken; InvalidArgument when the rows are more than the layout's
+  // max_keys or do not match its tables.
   absl::Status Post(uint32_t worker, uint64_t step, uint64_t count,
-                    const std::vector<std::vector<float>>& grads);
+                    const std::vector<std::vector<float>>& grads,
+                    const SparseGrads* sparse = nullptr);
   // The version of the parameters published (none before the first).
   std::optional<uint64_t> published() const;
   // Copies the published parameters into *params (resized to the tables)
   // when their version is >= want; returns that version, or nullopt.
   std::optional<uint64_t> ReadParams(uint64_t want, std::vector<std::vector<float>>* params) const;
-  // The gradients `workers` posted for `step`, summed into *sum (resized);
-  // returns the samples they sum over, or nullopt while one of them has not
-  // posted that step.
+  // The gradients `workers` posted for `step`, summed into *sum (resized),
+  // and their sparse rows merged per key into *merged (with a sparse
+  // layout); returns the samples they sum over, or nullopt while one of
+  // them has not posted that step.
   std::optional<uint64_t> Sum(uint64_t step, const std::vector<uint32_t>& workers,
-                              std::vector<std::vector<float>>* sum) const;
+                              std::vector<std::vector<float>>* sum,
+                              MergedRows* merged = nullptr) const;
   // Publishes parameters of `version` unless newer ones are published
   // (true either way); false while another process publishes, unless that
   // one died in the middle of it (it left them locked): they are taken
@@ -96,10 +129,18 @@ class HostSegment {
   struct Header;
   struct Slot;
   HostSegment(std::string name, int fd, char* base, size_t size, std::vector<size_t> table_sizes,
-              uint32_t slots);
+              uint32_t slots, SparseLayout sparse);
   Header* header() const;
   Slot* slot(uint32_t i) const;
   float* slot_floats(uint32_t i) const;
+  // A slot's sparse area: its keys, then table t's rows.
+  uint64_t* slot_keys(uint32_t i) const;
+  float* slot_rows(uint32_t i, size_t t) const;
+  // Bytes of a slot's data (after its header): the dense floats, then the
+  // sparse area.
+  size_t slot_data_bytes() const;
+  // Merges slot i's rows into *merged.
+  void MergeRows(uint32_t i, size_t n, MergedRows* merged) const;
   float* params() const;
   void Wake();
   // The slot `worker` owns, or -1.
@@ -112,6 +153,7 @@ class HostSegment {
   const std::vector<size_t> table_sizes_;
   const size_t floats_;
   const uint32_t slots_;
+  const SparseLayout sparse_;
   bool attached_ = false;  // counted in the header's `attached`
 };
 
@@ -140,8 +182,9 @@ class HostAggregator {
   // published for the request timeout.
   absl::StatusOr<uint64_t> AwaitParams(uint64_t want, std::vector<std::vector<float>>* params,
                                        const std::function<bool()>& stopping);
-  absl::Status Post(uint64_t step, uint64_t count, const std::vector<std::vector<float>>& grads) {
-    return segment_->Post(options_.self, step, count, grads);
+  absl::Status Post(uint64_t step, uint64_t count, const std::vector<std::vector<float>>& grads,
+                    const SparseGrads* sparse = nullptr) {
+    return segment_->Post(options_.self, step, count, grads, sparse);
   }
   HostSegment* segment() { return segment_.get(); }
   // Steps this worker pushed for its host.
@@ -158,9 +201,20 @@ class HostAggregator {
   ParamClient* const params_;
   const Options options_;
   const std::vector<size_t> table_sizes_;
-  std::vector<std::vector<float>> sum_;     // the agent thread's
-  std::vector<std::vector<float>> pulled_;  // the agent thread's
-  bool leading_ = false;                    // the agent thread's
+  // Pushes the host's merged sparse rows of `step` (over `count` samples)
+  // to every virtual partition of each sparse table, and waits until each
+  // has applied the step.
+  absl::Status PushRows(uint64_t step, uint64_t count);
+
+  // The agent thread's:
+  std::vector<std::vector<float>> sum_;
+  std::vector<std::vector<float>> pulled_;
+  MergedRows merged_;
+  ParamClient::SparseKeys grouped_;
+  ParamClient::SparseKeys no_keys_;
+  std::vector<uint32_t> perm_;
+  std::vector<std::vector<float>> push_rows_;
+  bool leading_ = false;
   std::atomic<uint64_t> steps_pushed_{0};
   absl::Notification stop_;
   std::thread thread_;

@@ -28,6 +28,7 @@ class MlpTrainer : public Trainer {
   MlpTrainer& operator=(const MlpTrainer&) = delete;
 
   std::string_view family() const override { return "mlp"; }
+  bool AggregatesOnHost(SparseLayout*) const override { return true; }
   std::string DescribeData() const override;
   int64_t loaded_examples() const override { return train_.num_examples; }
   std::vector<std::vector<float>>& params() override { return model_->params(); }

@@ -34,6 +34,7 @@
 #include "common/optimizer.h"
 #include "proto/strata.pb.h"
 #include "storage/file_system.h"
+#include "worker/host_aggregator.h"
 #include "worker/param_client.h"
 
 namespace strata::worker {
@@ -96,7 +97,7 @@ class TrainerContext {
   // Node-local aggregation (cluster.aggregation: node): the host's
   // shared-memory aggregation, through which a step's gradient is posted
   // and the next parameters come; null when the job does not aggregate.
-  virtual class HostAggregator* host_aggregator() { return nullptr; }
+  virtual HostAggregator* host_aggregator() { return nullptr; }
   // True when the steps are traced (WorkerOptions.trace_path).
   virtual bool tracing() const = 0;
   // A trace span from `from` to now on the steps lane, when tracing;
@@ -130,6 +131,11 @@ class Trainer {
   // with the transport.
   virtual std::vector<std::vector<float>>& params() = 0;
   virtual const std::vector<std::vector<float>>& grads() const = 0;
+
+  // Node-local aggregation (cluster.aggregation: node): false when the
+  // family's steps do not go through the host's segment; else true, with
+  // the sparse tables whose rows its workers merge per key in *sparse.
+  virtual bool AggregatesOnHost(SparseLayout* sparse) const { return false; }
 
   // Registers the family's own /metrics gauges, if any. The gauges are
   // read on the HTTP thread.

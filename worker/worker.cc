@@ -483,16 +483,18 @@ absl::Status Worker::StartHostAggregation() {
   const uint64_t key = params_->aggregation_key();
   if (key == 0 || aggregator_ != nullptr) return absl::OkStatus();
   if (stop_.HasBeenNotified()) return absl::CancelledError("worker shut down");
-  if (trainer_->family() != "mlp") {
+  SparseLayout sparse;
+  if (!trainer_->AggregatesOnHost(&sparse)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cluster.aggregation: node is built for model.type mlp; this worker trains ",
+        absl::StrCat("cluster.aggregation: node is built for model.type mlp and wide_deep; "
+                     "this worker trains ",
                      std::string(trainer_->family())));
   }
   std::vector<size_t> sizes;
   for (const auto& t : trainer_->params()) sizes.push_back(t.size());
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<HostSegment> segment,
-      HostSegment::Open(HostSegment::NameFor(key, options_.host), sizes, kHostSlots));
+      HostSegment::Open(HostSegment::NameFor(key, options_.host), sizes, kHostSlots, sparse));
   LOG(INFO) << "worker " << options_.index << ": node-local aggregation through "
             << segment->name();
   aggregator_ = std::make_unique<HostAggregator>(

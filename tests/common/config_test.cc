@@ -572,7 +572,7 @@ TEST(ParseJobConfigTest, BatchSplitBySpeedNotWithAsp) {
               "local.yaml:8:16: ", "job.batch_split: by_speed balances the workers' steps");
 }
 
-TEST(ParseJobConfigTest, NodeAggregationOnlyForBspDenseModels) {
+TEST(ParseJobConfigTest, NodeAggregationOnlyForBspMlpAndWideDeep) {
   STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData("cluster:\n  aggregation: node\n"));
   EXPECT_EQ(c.cluster.aggregation, "node");
   STRATA_ASSERT_OK_AND_ASSIGN(c, ParseWithData(""));
@@ -584,6 +584,18 @@ TEST(ParseJobConfigTest, NodeAggregationOnlyForBspDenseModels) {
               "bsp only; this job's consistency is asp");
   ExpectError(ParseWithData("job:\n  consistency: ssp\ncluster:\n  aggregation: node\n"),
               "local.yaml:9:16: ", "this job's consistency is ssp");
+  // The CTR family merges its sparse rows per key on the host too; a
+  // training script does not go through the host's segment.
+  STRATA_ASSERT_OK_AND_ASSIGN(c,
+                              ParseJobConfig("model:\n  type: wide_deep\ndata:\n  format: criteo\n"
+                                             "  train: /d/train.txt\n  test: /d/test.txt\n"
+                                             "cluster:\n  aggregation: node\n",
+                                             "ctr.yaml"));
+  EXPECT_EQ(c.cluster.aggregation, "node");
+  ExpectError(ParseWithData("model:\n  type: script\nworker:\n  command: [/usr/bin/python3, t.py]\n"
+                            "cluster:\n  aggregation: node\n"),
+              "local.yaml:", "cluster.aggregation: node is built for model.type mlp and wide_deep",
+              "model.type script runs a training script");
 }
 
 TEST(ParseJobConfigTest, StalenessOnlyWithSsp) {

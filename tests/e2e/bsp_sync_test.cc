@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/criteo_reader.h"
+#include "tests/testing/ctr_data.h"
 #include "tests/testing/inproc_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -136,6 +139,43 @@ TEST(BspTaskCompletionTest, ATaskIsDoneOnlyOnceItsLastPushIsApplied) {
   EXPECT_THAT(problems, ::testing::IsEmpty());
 }
 
+// With node-local aggregation the task is done once the host's step is
+// published, which is once it is applied on every partition, the sparse
+// tables' virtual partitions included: 2 hosts of 2 workers, so that a
+// partition has a host's push before the step is complete.
+TEST(BspTaskCompletionTest, AnAggregatedCtrTaskIsDoneOnlyOnceItsLastStepIsAppliedEverywhere) {
+  auto fs = storage::NewPosixFileSystem();
+  const std::string dir = GenerateCtr(fs.get());
+  InProcClusterOptions opts;
+  opts.config = SmallCtrConfig(dir);
+  opts.config.job.consistency = Consistency::kBsp;
+  opts.config.job.batch_size = 64;
+  opts.config.cluster.aggregation = "node";
+  opts.fs = fs.get();
+  opts.workers = 4;
+  opts.worker_hosts = {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"};
+  opts.pservers = 2;
+  InProcCluster* cluster = nullptr;
+  std::vector<std::string> problems;
+  for (int k = 0; k < 4; ++k) {
+    std::vector<proto::DataTask> tasks;
+    for (int t = 0; t < 4; ++t) {
+      const int64_t b = 1000 * (4 * t + k);
+      tasks.push_back(Task(t, b, b + 256));
+    }
+    opts.task_sources.push_back(
+        std::make_unique<CheckingTaskSource>(std::move(tasks), &cluster, &problems));
+  }
+  STRATA_ASSERT_OK_AND_ASSIGN(auto owned, InProcCluster::Start(std::move(opts)));
+  cluster = owned.get();
+  cluster->RunWorkers();
+  ASSERT_THAT(cluster->JoinWorkers(), IsOk());
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(cluster->worker(k)->stats().steps, 16u);
+  EXPECT_THAT(problems, ::testing::IsEmpty());
+  owned.reset();
+  std::filesystem::remove_all(dir);
+}
+
 class BspSyncTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BspSyncTest, TwoWorkersAtBatchBEqualOneWorkerAtBatch2B) {
@@ -219,6 +259,112 @@ TEST(BspSyncAggregationTest, AHostsSumPushedOnceGivesTheParametersOfEveryWorkerP
       "applied %lu against %lu\n",
       max_diff, max_diff_one, static_cast<unsigned long>(pushes_aggregated),
       static_cast<unsigned long>(pushes_each));
+}
+
+// The CTR family: 4 workers of one host merge their batches' sparse rows
+// per key in shared memory beside the dense sum, and the aggregating
+// worker pushes one row a key; after 30 steps the dense layers and every
+// row of both sparse tables are those of 4 workers pushing each their own
+// rows (and of one worker at the whole batch), and every partition, dense
+// or sparse, took a quarter of the pushes.
+struct CtrRun {
+  std::vector<std::vector<float>> dense;
+  std::vector<float> rows;  // of every key of the data, partition by partition
+  uint64_t pushes = 0;
+  uint64_t rows_made = 0;  // rows the sparse partitions hold
+};
+
+CtrRun TrainCtr(storage::FileSystem* fs, const std::string& dir, const std::vector<uint64_t>& keys,
+                int workers, const std::string& aggregation) {
+  constexpr int kCtrSteps = 30, kCtrBatch = 128;
+  InProcClusterOptions opts;
+  opts.config = SmallCtrConfig(dir);
+  opts.config.job.consistency = Consistency::kBsp;
+  opts.config.job.batch_size = kCtrBatch / workers;
+  opts.config.cluster.aggregation = aggregation;
+  opts.fs = fs;
+  opts.workers = workers;
+  opts.pservers = 2;
+  opts.shuffle_within_task = false;
+  const int per = kCtrBatch / workers;
+  for (int k = 0; k < workers; ++k) {
+    std::vector<proto::DataTask> tasks;
+    for (int s = 0; s < kCtrSteps; ++s) {
+      const int64_t b = static_cast<int64_t>(kCtrBatch) * s + k * per;
+      tasks.push_back(Task(s, b, b + per));
+    }
+    opts.task_sources.push_back(std::make_unique<FixedTaskSource>(std::move(tasks)));
+  }
+  CtrRun run;
+  auto cluster = InProcCluster::Start(std::move(opts));
+  EXPECT_THAT(cluster, IsOk());
+  if (!cluster.ok()) return run;
+  (*cluster)->RunWorkers();
+  EXPECT_THAT((*cluster)->JoinWorkers(), IsOk());
+  for (int k = 0; k < workers; ++k) {
+    EXPECT_EQ((*cluster)->worker(k)->stats().steps, static_cast<uint64_t>(kCtrSteps));
+  }
+  const proto::ClusterView view = (*cluster)->master()->View();
+  for (const auto& p : view.partitions()) {
+    auto part = (*cluster)->pserver(0)->FindPartition(p.id());
+    if (part == nullptr) part = (*cluster)->pserver(1)->FindPartition(p.id());
+    if (part == nullptr) continue;
+    run.pushes += part->stats().pushes_applied;
+    run.rows_made += part->sparse_stats().rows;
+    const std::vector<float> rows = part->RowsForTesting(keys);
+    run.rows.insert(run.rows.end(), rows.begin(), rows.end());
+  }
+  auto dense = (*cluster)->worker(0)->PullParams(kCtrSteps);
+  EXPECT_THAT(dense, IsOk());
+  if (dense.ok()) run.dense = *std::move(dense);
+  return run;
+}
+
+double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  return d;
+}
+
+TEST(BspSyncAggregationTest, ACtrHostsRowsMergedPerKeyGiveTheParametersOfEveryWorkerPushing) {
+  auto fs = storage::NewPosixFileSystem();
+  const std::string dir = GenerateCtr(fs.get());
+  auto data = storage::LoadCriteoFile(fs.get(), dir + "/train.txt", {}, nullptr);
+  ASSERT_THAT(data, IsOk());
+  std::vector<uint64_t> keys(data->keys.begin(), data->keys.end());
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  const CtrRun each = TrainCtr(fs.get(), dir, keys, 4, "none");
+  const CtrRun aggregated = TrainCtr(fs.get(), dir, keys, 4, "node");
+  const CtrRun one = TrainCtr(fs.get(), dir, keys, 1, "none");
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(each.dense.empty());
+  ASSERT_EQ(aggregated.dense.size(), each.dense.size());
+  double dense_diff = 0, dense_diff_one = 0;
+  for (size_t t = 0; t < each.dense.size(); ++t) {
+    dense_diff = std::max(dense_diff, MaxDiff(aggregated.dense[t], each.dense[t]));
+    dense_diff_one = std::max(dense_diff_one, MaxDiff(aggregated.dense[t], one.dense[t]));
+  }
+  ASSERT_FALSE(each.rows.empty());
+  const double row_diff = MaxDiff(aggregated.rows, each.rows);
+  const double row_diff_one = MaxDiff(aggregated.rows, one.rows);
+  // (Rows were made by the pushes: the same ones.)
+  EXPECT_GT(aggregated.rows_made, 1000u);
+  EXPECT_EQ(aggregated.rows_made, each.rows_made);
+  EXPECT_LT(dense_diff, 1e-5) << "dense: largest difference from every worker pushing";
+  EXPECT_LT(dense_diff_one, 1e-5) << "dense: largest difference from one worker";
+  EXPECT_LT(row_diff, 1e-5) << "rows: largest difference from every worker pushing";
+  EXPECT_LT(row_diff_one, 1e-5) << "rows: largest difference from one worker";
+  EXPECT_EQ(each.pushes, 4 * aggregated.pushes);
+  std::printf(
+      "CTR aggregated: largest difference dense %.3g, rows %.3g (one worker: %.3g, %.3g) over "
+      "%zu keys (%lu rows made); pushes applied %lu against %lu\n",
+      dense_diff, row_diff, dense_diff_one, row_diff_one, keys.size(),
+      static_cast<unsigned long>(aggregated.rows_made),
+      static_cast<unsigned long>(aggregated.pushes), static_cast<unsigned long>(each.pushes));
 }
 
 }  // namespace

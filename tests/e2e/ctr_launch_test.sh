@@ -36,42 +36,7 @@ else
   sparse_extra=''
   max_gap=0.05
 fi
-cat > "$work/ctr.yaml" <<YAML
-job:
-  name: e2e-ctr-$MODE
-  consistency: $consistency
-  epochs: 1
-  batch_size: 256
-  progress_every_steps: 50
-  seed: 3
-model:
-  type: wide_deep
-  embedding_dim: 4
-  hidden: [16]
-optimizer:
-  type: adam
-  learning_rate: 0.002
-sparse:
-  partitions: 8
-  optimizer:
-    type: adagrad
-    learning_rate: 0.05
-    initial_accumulator: 0.1
-$sparse_extra
-data:
-  format: criteo
-  train: $work/data/train.txt
-  test: $work/data/test.txt
-  planted: $work/data/planted.json
-  task_records: 20000
-  generate:
-    out_dir: $work/data
-    train_rows: 200000
-    test_rows: 10000
-    seed: 5
-    max_vocab: 300
-$(cluster_yaml "$base")
-YAML
+write_ctr_config "$work/ctr.yaml" "e2e-ctr-$MODE" "$consistency" "$base" "$work/data" "$sparse_extra"
 printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
 if [[ $MODE == grow ]]; then
   printf 'elastic:\n  max_pservers: 3\n' >> "$work/ctr.yaml"

@@ -36,9 +36,10 @@ pick_port_base() {
   return 1
 }
 
-# write_config FILE CONSISTENCY EPOCHS PORT_BASE [TRAIN_LIMIT]
+# write_config FILE CONSISTENCY EPOCHS PORT_BASE [TRAIN_LIMIT [TASK_RECORDS]]
+# (TASK_RECORDS 2000 unless given.)
 write_config() {
-  local file="$1" consistency="$2" epochs="$3" base="$4" limit="${5:-0}"
+  local file="$1" consistency="$2" epochs="$3" base="$4" limit="${5:-0}" task_records="${6:-2000}"
   cat > "$file" <<YAML
 job:
   name: e2e-$consistency
@@ -58,8 +59,53 @@ data:
   train_labels: $FMNIST/train-labels-idx1-ubyte.gz
   test_images: $FMNIST/t10k-images-idx3-ubyte.gz
   test_labels: $FMNIST/t10k-labels-idx1-ubyte.gz
-  task_records: 2000
+  task_records: $task_records
   train_limit: $limit
+$(cluster_yaml "$base")
+YAML
+}
+
+# write_ctr_config FILE NAME CONSISTENCY PORT_BASE DATA_DIR [SPARSE_EXTRA]:
+# the CTR workload's config (docs/sparse.md): a Wide & Deep model over
+# sparse tables of 8 virtual partitions, one epoch of 200 000 rows that
+# launch.sh generates into DATA_DIR (from the planted model), in data
+# tasks of 20 000; SPARSE_EXTRA: more of the sparse section (indented).
+write_ctr_config() {
+  local file="$1" name="$2" consistency="$3" base="$4" data="$5" sparse_extra="${6:-}"
+  cat > "$file" <<YAML
+job:
+  name: $name
+  consistency: $consistency
+  epochs: 1
+  batch_size: 256
+  progress_every_steps: 50
+  seed: 3
+model:
+  type: wide_deep
+  embedding_dim: 4
+  hidden: [16]
+optimizer:
+  type: adam
+  learning_rate: 0.002
+sparse:
+  partitions: 8
+  optimizer:
+    type: adagrad
+    learning_rate: 0.05
+    initial_accumulator: 0.1
+$sparse_extra
+data:
+  format: criteo
+  train: $data/train.txt
+  test: $data/test.txt
+  planted: $data/planted.json
+  task_records: 20000
+  generate:
+    out_dir: $data
+    train_rows: 200000
+    test_rows: 10000
+    seed: 5
+    max_vocab: 300
 $(cluster_yaml "$base")
 YAML
 }

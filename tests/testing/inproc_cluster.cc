@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<InProcCluster>> InProcCluster::Start(InProcCluste
     w.config = options.config;
     w.master_address = c->master_->address();
     w.index = i;
+    if (i < static_cast<int>(options.worker_hosts.size())) w.host = options.worker_hosts[i];
     w.http_port = 0;
     w.transport = topts;
     w.fs = c->fs_;

@@ -28,6 +28,9 @@ struct InProcClusterOptions {
   std::vector<std::unique_ptr<worker::TaskSource>> task_sources;
   bool shuffle_within_task = true;
   int pserver_apply_threads = 1;
+  // Worker i's host (its address: any of 127.0.0.0/8 binds); 127.0.0.1
+  // beyond the list. Node-local aggregation groups the workers by it.
+  std::vector<std::string> worker_hosts;
   // Borrowed; every daemon's file system (data, checkpoints). nullptr = a
   // POSIX one of the cluster's own.
   storage::FileSystem* fs = nullptr;

@@ -88,6 +88,31 @@ TEST(ScaleSimTest, AggregationAsBuiltDoesNotOverlapComputeWithTheLinks) {
   EXPECT_LT(layered.step_seconds, whole.step_seconds);
 }
 
+// Sparse rows: a node's pushes are merged per key (half its GPUs' rows are
+// shared: half the bytes in); its pulls are each GPU's own as built, so the
+// pservers still send every GPU its rows, unless the pulls are merged too.
+TEST(ScaleSimTest, NodeAggregationMergesSparsePushesAndPullsOnlyWhenAskedTo) {
+  SimModel m = OneLayer();
+  m.layer_params = {1};
+  m.compute_s_per_param_sample = 1e-15;
+  m.sparse_floats_per_sample = 1000;  // 10 samples: 40 kB of rows a GPU
+  m.compute_s_per_sparse_float = 1e-15;
+  m.node_row_overlap = 0.5;
+  SimCluster c = Fast(4, 8, 1);
+  c.link_gbps = 8;
+  c.sparse_apply_floats_per_s = 1e15;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult none, Simulate(m, c));
+  c.node_aggregation = true;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult node, Simulate(m, c));
+  c.merged_sparse_pulls = true;
+  STRATA_ASSERT_OK_AND_ASSIGN(SimResult merged, Simulate(m, c));
+  EXPECT_NEAR(none.pserver_bytes_in_per_step / node.pserver_bytes_in_per_step, 2, 1e-3);
+  // 32 GPUs' rows out of the pserver (1.28 MB, 1.28 ms) bound the step
+  // as built; merged, half of that.
+  EXPECT_GE(node.step_seconds, 0.00128 - 1e-5);
+  EXPECT_LT(merged.step_seconds, node.step_seconds * 0.75);
+}
+
 TEST(ScaleSimTest, PserverMemoryHoldsValuesAndOptimizerStateSplitOverThem) {
   SimModel m = OneLayer();
   m.sparse_params = 1e9;

@@ -48,6 +48,61 @@ TEST(HostSegmentTest, SumsWhatEveryWorkerPostedForTheStepOnly) {
   EXPECT_THAT(sum, ElementsAre(ElementsAre(10.f, 20.f), ElementsAre(30.f)));
 }
 
+// A CTR model's rows: each worker posts its batch's distinct keys and
+// their gradient rows per sparse table; the sum merges them per key (a key
+// two workers share is one row, their rows added), beside the dense sum.
+TEST(HostSegmentTest, SparseRowsAreMergedPerKey) {
+  const std::string name = UniqueName("rows");
+  SparseLayout layout;
+  layout.tables = {0, 1};
+  layout.dims = {1, 2};
+  layout.max_keys = 3;
+  auto a = HostSegment::Open(name, {0, 0, 2}, 4, layout);
+  ASSERT_THAT(a, IsOk());
+  auto b = HostSegment::Open(name, {0, 0, 2}, 4, layout);
+  ASSERT_THAT(b, IsOk());
+  const std::vector<uint64_t> keys_a = {7, 9}, keys_b = {9, 11, 7};
+  const std::vector<float> wide_a = {1, 2}, emb_a = {1, 1, 2, 2};
+  const std::vector<float> wide_b = {10, 20, 30}, emb_b = {10, 10, 20, 20, 30, 30};
+  SparseGrads ga{keys_a.data(), keys_a.size(), {wide_a.data(), emb_a.data()}};
+  SparseGrads gb{keys_b.data(), keys_b.size(), {wide_b.data(), emb_b.data()}};
+  ASSERT_THAT((*a)->Post(1, 3, 2, {{}, {}, {1.f, 2.f}}, &ga), IsOk());
+  ASSERT_THAT((*b)->Post(2, 3, 3, {{}, {}, {3.f, 4.f}}, &gb), IsOk());
+  std::vector<std::vector<float>> sum;
+  MergedRows merged;
+  EXPECT_THAT((*a)->Sum(3, {1, 2}, &sum, &merged), Optional(5u));
+  EXPECT_THAT(sum[2], ElementsAre(4.f, 6.f));
+  EXPECT_THAT(merged.keys, ElementsAre(7u, 9u, 11u));
+  ASSERT_EQ(merged.rows.size(), 2u);
+  EXPECT_THAT(merged.rows[0], ElementsAre(31.f, 12.f, 20.f));
+  EXPECT_THAT(merged.rows[1], ElementsAre(31.f, 31.f, 12.f, 12.f, 20.f, 20.f));
+  // Summed again (a later step, fewer keys): nothing of the last is left.
+  const std::vector<uint64_t> one = {5};
+  const std::vector<float> w1 = {0.5f}, e1 = {0.25f, 0.75f};
+  SparseGrads g1{one.data(), one.size(), {w1.data(), e1.data()}};
+  ASSERT_THAT((*a)->Post(1, 4, 1, {{}, {}, {0.f, 0.f}}, &g1), IsOk());
+  EXPECT_THAT((*a)->Sum(4, {1}, &sum, &merged), Optional(1u));
+  EXPECT_THAT(merged.keys, ElementsAre(5u));
+  EXPECT_THAT(merged.rows[0], ElementsAre(0.5f));
+  EXPECT_THAT(merged.rows[1], ElementsAre(0.25f, 0.75f));
+  // More keys than a slot holds, or rows of another set of tables.
+  const std::vector<uint64_t> many = {1, 2, 3, 4};
+  const std::vector<float> w4(4), e4(8);
+  SparseGrads g4{many.data(), many.size(), {w4.data(), e4.data()}};
+  EXPECT_THAT(
+      (*a)->Post(1, 5, 4, {{}, {}, {0.f, 0.f}}, &g4),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(name), HasSubstr("4 distinct keys"), HasSubstr("hold 3 keys"))));
+  SparseGrads g_wide_only{one.data(), one.size(), {w1.data()}};
+  EXPECT_THAT((*a)->Post(1, 5, 1, {{}, {}, {0.f, 0.f}}, &g_wide_only),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of 1 sparse tables")));
+  // A segment laid out for other rows is another model's.
+  SparseLayout wider = layout;
+  wider.max_keys = 6;
+  EXPECT_THAT(HostSegment::Open(name, {0, 0, 2}, 4, wider),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(name)));
+}
+
 TEST(HostSegmentTest, PublishedParametersAreReadFromTheirVersionOn) {
   const std::string name = UniqueName("params");
   auto a = HostSegment::Open(name, {3}, 2);

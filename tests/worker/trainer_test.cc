@@ -13,9 +13,9 @@
 #include "common/model_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/ctr_data.h"
 #include "tests/testing/inproc_cluster.h"
 #include "tests/testing/status_matchers.h"
-#include "tools/ctr_gen.h"
 #include "worker/ctr_trainer.h"
 #include "worker/mlp_trainer.h"
 
@@ -69,40 +69,6 @@ double Mean(const std::vector<double>& v, size_t begin, size_t end) {
   double sum = 0;
   for (size_t i = begin; i < end; ++i) sum += v[i];
   return sum / (end - begin);
-}
-
-// A small CTR data set from the planted model, in a fresh directory.
-std::string GenerateCtr(storage::FileSystem* fs) {
-  char tmpl[] = "/tmp/strata-trainer-test-XXXXXX";
-  const char* dir = mkdtemp(tmpl);
-  EXPECT_NE(dir, nullptr);
-  tools::CtrGenOptions gen;
-  gen.out_dir = dir;
-  gen.train_rows = 20000;
-  gen.test_rows = 4000;
-  gen.seed = 3;
-  for (int64_t& v : gen.vocab_sizes) v = std::min<int64_t>(v, 1000);
-  EXPECT_THAT(tools::GenerateCtrData(gen, fs), IsOk());
-  return dir;
-}
-
-JobConfig SmallCtrConfig(const std::string& dir) {
-  JobConfig c = SmallFashionMnistConfig();
-  c.job.name = "test-ctr";
-  c.job.batch_size = 256;
-  c.model.type = "wide_deep";
-  c.model.embedding_dim = 4;
-  c.model.hidden = {16};
-  c.sparse.partitions = 4;
-  c.sparse.optimizer.type = "adagrad";
-  c.sparse.optimizer.learning_rate = 0.05;
-  c.sparse.optimizer.initial_accumulator = 0.1;
-  c.data = DataSection();
-  c.data.format = "criteo";
-  c.data.train = dir + "/train.txt";
-  c.data.test = dir + "/test.txt";
-  c.data.task_records = 5000;
-  return c;
 }
 
 TEST(TrainerTest, WorkerPicksTheTrainerByModelType) {

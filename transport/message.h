@@ -38,6 +38,11 @@ enum class MessageType : uint16_t {
   kAuthHelloReply = 12,
   kAuthProof = 13,
   kAuthProofReply = 14,
+  // worker -> worker: one chunk of a ring collective (transport/
+  // ring_allreduce.h): version the operation, flags its phase, partition
+  // its step, seq the chunk, count its floats; answered at once.
+  kCollective = 15,
+  kCollectiveResponse = 16,
 };
 const char* MessageTypeName(MessageType t);
 // True for the message types above other than kInvalid: the only types a

@@ -52,6 +52,10 @@ const char* MessageTypeName(MessageType t) {
       return "AUTH_PROOF";
     case MessageType::kAuthProofReply:
       return "AUTH_PROOF_REPLY";
+    case MessageType::kCollective:
+      return "COLLECTIVE";
+    case MessageType::kCollectiveResponse:
+      return "COLLECTIVE_RESPONSE";
     case MessageType::kReplicateResponse:
       return "REPLICATE_RESPONSE";
   }
@@ -61,7 +65,7 @@ const char* MessageTypeName(MessageType t) {
 bool IsValidMessageType(MessageType t) {
   const auto v = static_cast<uint16_t>(t);
   return v >= static_cast<uint16_t>(MessageType::kPullRequest) &&
-         v <= static_cast<uint16_t>(MessageType::kAuthProofReply);
+         v <= static_cast<uint16_t>(MessageType::kCollectiveResponse);
 }
 
 MessageType ResponseTypeFor(MessageType request_type) {
@@ -80,6 +84,8 @@ MessageType ResponseTypeFor(MessageType request_type) {
       return MessageType::kAuthHelloReply;
     case MessageType::kAuthProof:
       return MessageType::kAuthProofReply;
+    case MessageType::kCollective:
+      return MessageType::kCollectiveResponse;
     default:
       return request_type;
   }

@@ -1,0 +1,205 @@
+// Strata's ring allreduce (transport/ring_allreduce.h) against a sum
+// computed directly: rings of 2-4 ranks over the inproc and tcp
+// transports, buffers from 1 float to more than a chunk of chunks, chunk
+// sizes that do not divide them; and its errors: a rank that never comes,
+// ranks that disagree on the buffer, a malformed message.
+#include "transport/ring_allreduce.h"
+
+#include <cmath>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::transport {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// A ring of `w` ranks, each on a transport of its own.
+struct Ring {
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::unique_ptr<RingAllreduce>> ranks;
+  ~Ring() {
+    for (auto& t : transports) t->Shutdown();
+  }
+};
+
+std::unique_ptr<Ring> MakeRing(int w, size_t chunk_bytes, const std::string& kind = "inproc",
+                               absl::Duration timeout = absl::Seconds(30)) {
+  auto ring = std::make_unique<Ring>();
+  TransportOptions to;
+  to.kind = kind;
+  if (kind == "inproc") to.inproc_network = NewInProcNetwork();
+  std::vector<std::string> addresses;
+  for (int i = 0; i < w; ++i) {
+    auto t = CreateTransport(to);
+    EXPECT_THAT(t, IsOk());
+    if (!t.ok()) return nullptr;
+    ring->transports.push_back(*std::move(t));
+    RingAllreduce::Options o;
+    o.rank = i;
+    o.size = w;
+    o.node_id = 100 + i;
+    o.chunk_bytes = chunk_bytes;
+    o.timeout = timeout;
+    auto r = RingAllreduce::Create(ring->transports.back().get(), o);
+    EXPECT_THAT(r, IsOk());
+    if (!r.ok()) return nullptr;
+    ring->ranks.push_back(*std::move(r));
+    RingAllreduce* rank = ring->ranks.back().get();
+    EXPECT_THAT(ring->transports.back()->Listen("127.0.0.1", 0,
+                                                [rank](Message m, std::shared_ptr<Responder> resp) {
+                                                  rank->Handle(std::move(m), std::move(resp));
+                                                }),
+                IsOk());
+    addresses.push_back(ring->transports.back()->listen_address());
+  }
+  for (int i = 0; i < w; ++i) {
+    EXPECT_THAT(ring->ranks[i]->ConnectNext(addresses[(i + 1) % w]), IsOk());
+  }
+  return ring;
+}
+
+// Rank r's buffer of n floats for operation op.
+std::vector<float> Input(int r, size_t n, uint64_t op) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + r + 0.1 * op)) * (r + 1);
+  }
+  return v;
+}
+
+// Runs `op` on every rank at once (each rank's n in `sizes`); the buffers
+// after and each rank's status.
+std::vector<absl::Status> RunAll(Ring& ring, std::vector<std::vector<float>>* bufs, uint64_t op,
+                                 const std::vector<int>& absent = {}) {
+  const int w = static_cast<int>(ring.ranks.size());
+  std::vector<absl::Status> status(w);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r) {
+    if (std::find(absent.begin(), absent.end(), r) != absent.end()) continue;
+    threads.emplace_back(
+        [&, r] { status[r] = ring.ranks[r]->Allreduce((*bufs)[r].data(), (*bufs)[r].size(), op); });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+void ExpectSum(Ring& ring, size_t n, uint64_t op) {
+  const int w = static_cast<int>(ring.ranks.size());
+  std::vector<std::vector<float>> bufs;
+  std::vector<double> want(n, 0);
+  for (int r = 0; r < w; ++r) {
+    bufs.push_back(Input(r, n, op));
+    for (size_t i = 0; i < n; ++i) want[i] += bufs.back()[i];
+  }
+  for (const absl::Status& s : RunAll(ring, &bufs, op)) ASSERT_THAT(s, IsOk());
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::fabs(bufs[0][i] - want[i]) / (1 + std::fabs(want[i])));
+  }
+  EXPECT_LT(worst, 1e-6) << "ring of " << w << ", " << n << " floats";
+  // Every rank holds the same bytes: the all-gather copies each sum.
+  for (int r = 1; r < w; ++r) {
+    EXPECT_EQ(0, std::memcmp(bufs[r].data(), bufs[0].data(), n * sizeof(float)))
+        << "rank " << r << " of " << w << ", " << n << " floats";
+  }
+}
+
+TEST(RingAllreduceTest, SumsEverySizeOnRingsOf2To4Ranks) {
+  // Chunks of 1 float, of 7 (dividing nothing here) and of 64 KiB.
+  for (size_t chunk_bytes : {size_t{4}, size_t{28}, size_t{64 << 10}}) {
+    for (int w : {2, 3, 4}) {
+      auto ring = MakeRing(w, chunk_bytes);
+      ASSERT_NE(ring, nullptr);
+      uint64_t op = 1;
+      for (size_t n : {size_t{1}, size_t{3}, size_t{5}, size_t{1000}, size_t{70001}}) {
+        if (chunk_bytes == 4 && n > 1000) continue;  // (70001 messages of a float: slow)
+        ExpectSum(*ring, n, op++);
+      }
+    }
+  }
+}
+
+TEST(RingAllreduceTest, SumsOverTcpOperationAfterOperation) {
+  auto ring = MakeRing(3, 64 << 10, "tcp");
+  ASSERT_NE(ring, nullptr);
+  for (uint64_t op = 1; op <= 4; ++op) ExpectSum(*ring, 300007, op);
+  // Each rank sent 2 (w - 1) / w of each buffer.
+  const double per_op = 2.0 * 2 / 3 * 300007 * sizeof(float);
+  EXPECT_NEAR(static_cast<double>(ring->ranks[0]->bytes_sent()), 4 * per_op, 4 * 2 * 4.0);
+}
+
+TEST(RingAllreduceTest, OneRankIsNoExchange) {
+  auto ring = MakeRing(1, 1024);
+  ASSERT_NE(ring, nullptr);
+  std::vector<float> v = {1.f, 2.f};
+  EXPECT_THAT(ring->ranks[0]->Allreduce(v.data(), v.size(), 1), IsOk());
+  EXPECT_EQ(v, (std::vector<float>{1.f, 2.f}));
+}
+
+TEST(RingAllreduceTest, ARankThatNeverComesIsNamedAndTheRingStaysBroken) {
+  auto ring = MakeRing(3, 1024, "inproc", absl::Milliseconds(300));
+  ASSERT_NE(ring, nullptr);
+  std::vector<std::vector<float>> bufs = {Input(0, 100, 1), Input(1, 100, 1), Input(2, 100, 1)};
+  const std::vector<absl::Status> status = RunAll(*ring, &bufs, 1, /*absent=*/{2});
+  // Rank 0 waits for rank 2; rank 1 for rank 0, which cannot pass on
+  // what it never had.
+  EXPECT_THAT(status[0], StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                  AllOf(HasSubstr("rank 0 of 3"),
+                                        HasSubstr("did not come from the previous rank (2)"))));
+  EXPECT_THAT(status[1], StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank 1 of 3")));
+  EXPECT_THAT(ring->ranks[0]->Allreduce(bufs[0].data(), 100, 2),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST(RingAllreduceTest, RanksThatDisagreeOnTheBufferAreToldSo) {
+  auto ring = MakeRing(2, 1 << 20, "inproc", absl::Seconds(5));
+  ASSERT_NE(ring, nullptr);
+  std::vector<std::vector<float>> bufs = {Input(0, 100, 1), Input(1, 120, 1)};
+  const std::vector<absl::Status> status = RunAll(*ring, &bufs, 1);
+  for (const absl::Status& s : status) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("reducing buffers of different sizes")));
+  }
+}
+
+TEST(RingAllreduceTest, AMalformedMessageIsRefusedNamingItsSender) {
+  auto ring = MakeRing(2, 1024);
+  ASSERT_NE(ring, nullptr);
+  auto conn = ring->transports[0]->Connect(ring->transports[1]->listen_address());
+  ASSERT_THAT(conn, IsOk());
+  Message m;
+  m.header.type = MessageType::kCollective;
+  m.header.count = 3;  // 3 floats said, 2 sent
+  m.payload.assign(8, '\0');
+  auto r = (*conn)->CallSync(std::move(m), absl::Seconds(5));
+  ASSERT_THAT(r, IsOk());
+  EXPECT_THAT(ResponseStatus(*r), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           AllOf(HasSubstr("malformed collective message"),
+                                                 HasSubstr("8 bytes for 3"))));
+}
+
+TEST(RingAllreduceTest, BadOptionsAreRefused) {
+  TransportOptions to;
+  to.kind = "inproc";
+  to.inproc_network = NewInProcNetwork();
+  auto t = CreateTransport(to);
+  ASSERT_THAT(t, IsOk());
+  RingAllreduce::Options o;
+  o.rank = 3;
+  o.size = 3;
+  EXPECT_THAT(RingAllreduce::Create(t->get(), o), StatusIs(absl::StatusCode::kInvalidArgument));
+  o.rank = 0;
+  o.chunk_bytes = 6;
+  EXPECT_THAT(RingAllreduce::Create(t->get(), o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiple of 4")));
+}
+
+}  // namespace
+}  // namespace strata::transport

@@ -1,0 +1,234 @@
+#include "transport/ring_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/vector_ops.h"
+#include "glog/logging.h"
+
+namespace strata::transport {
+namespace {
+
+const char* PhaseName(uint32_t phase) { return phase == 0 ? "reduce-scatter" : "all-gather"; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RingAllreduce>> RingAllreduce::Create(Transport* transport,
+                                                                     Options options) {
+  if (options.size == 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring allreduce: rank ", options.rank, " of a ring of ", options.size));
+  }
+  if (options.chunk_bytes < 4 || options.chunk_bytes % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring allreduce: chunk_bytes ", options.chunk_bytes, " is not a positive multiple of 4"));
+  }
+  return std::unique_ptr<RingAllreduce>(new RingAllreduce(transport, options));
+}
+
+RingAllreduce::RingAllreduce(Transport* transport, Options options)
+    : transport_(transport), options_(options) {}
+
+RingAllreduce::~RingAllreduce() {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::MutexLock l(&mu_);
+  while (pending_ > 0 && !changed_.WaitWithDeadline(&mu_, deadline)) {
+  }
+  LOG_IF(ERROR, pending_ > 0) << "ring allreduce rank " << options_.rank << ": " << pending_
+                              << " sends still unanswered at its end";
+}
+
+absl::Status RingAllreduce::ConnectNext(const std::string& next_address) {
+  auto conn = transport_->Connect(next_address);
+  if (!conn.ok()) {
+    return absl::UnavailableError(absl::StrCat("ring allreduce rank ", options_.rank,
+                                               ": the next rank at ", next_address, ": ",
+                                               conn.status().message()));
+  }
+  next_ = *std::move(conn);
+  return absl::OkStatus();
+}
+
+uint64_t RingAllreduce::bytes_sent() const {
+  absl::MutexLock l(&mu_);
+  return bytes_sent_;
+}
+
+void RingAllreduce::Handle(Message request, std::shared_ptr<Responder> responder) {
+  const MessageHeader h = request.header;
+  const MessageType answer = ResponseTypeFor(h.type);
+  if (h.type != MessageType::kCollective || h.flags > 1 ||
+      request.payload_size() != h.count * sizeof(float)) {
+    responder->Respond(MakeErrorResponse(
+        h, answer,
+        absl::InvalidArgumentError(absl::StrCat(
+            "ring allreduce rank ", options_.rank, ": a malformed collective message from ",
+            responder->peer(), " (", MessageTypeName(h.type), ", phase ", h.flags, ", ",
+            request.payload_size(), " bytes for ", h.count, " floats)"))));
+    return;
+  }
+  request.OwnPayload();
+  {
+    absl::MutexLock l(&mu_);
+    if (h.version >= done_op_) {
+      inbox_[Key{h.version, h.flags, h.partition, h.seq}] = std::move(request.payload);
+      changed_.SignalAll();
+    }
+  }
+  Message ack;
+  ack.header = h;
+  ack.header.type = answer;
+  ack.header.count = 0;
+  responder->Respond(std::move(ack));
+}
+
+void RingAllreduce::Send(uint64_t op, uint32_t phase, uint32_t step, uint64_t chunk,
+                         const float* data, size_t count) {
+  Message m;
+  m.header.type = MessageType::kCollective;
+  m.header.sender_id = options_.node_id;
+  m.header.version = op;
+  m.header.flags = phase;
+  m.header.partition = step;
+  m.header.seq = chunk;
+  m.header.count = count;
+  // (Borrowed only until Call returns: every backend sends or copies it
+  // by then.)
+  m.payload_ref = reinterpret_cast<const char*>(data);
+  m.payload_ref_size = count * sizeof(float);
+  {
+    absl::MutexLock l(&mu_);
+    ++pending_;
+    bytes_sent_ += count * sizeof(float);
+  }
+  const std::string peer = next_->peer();
+  next_->Call(std::move(m), [this, peer](absl::StatusOr<Message> r) {
+    absl::Status s = r.ok() ? ResponseStatus(*r) : r.status();
+    absl::MutexLock l(&mu_);
+    if (!s.ok() && send_error_.ok()) {
+      send_error_ = absl::Status(
+          s.code(), absl::StrCat("ring allreduce rank ", options_.rank,
+                                 ": sending to the next rank (", peer, "): ", s.message()));
+    }
+    --pending_;
+    changed_.SignalAll();
+  });
+}
+
+absl::Status RingAllreduce::SendError() const {
+  absl::MutexLock l(&mu_);
+  return send_error_;
+}
+
+absl::StatusOr<std::string> RingAllreduce::Receive(const Key& key, size_t want_floats) {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::MutexLock l(&mu_);
+  while (true) {
+    if (auto it = inbox_.find(key); it != inbox_.end()) {
+      std::string payload = std::move(it->second);
+      inbox_.erase(it);
+      if (payload.size() != want_floats * sizeof(float)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ring allreduce rank ", options_.rank, ": the previous rank sent ",
+                         payload.size() / sizeof(float), " floats for chunk ", std::get<3>(key),
+                         " of ", PhaseName(std::get<1>(key)), " step ", std::get<2>(key),
+                         " of operation ", std::get<0>(key), ", ", want_floats,
+                         " expected: the ranks are reducing buffers of different sizes"));
+      }
+      return payload;
+    }
+    if (!send_error_.ok()) return send_error_;
+    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "ring allreduce rank ", options_.rank, " of ", options_.size, ": chunk ",
+          std::get<3>(key), " of ", PhaseName(std::get<1>(key)), " step ", std::get<2>(key),
+          " of operation ", std::get<0>(key), " did not come from the previous rank (",
+          (options_.rank + options_.size - 1) % options_.size, ") within ",
+          absl::FormatDuration(options_.timeout),
+          ": it, or a rank before it, has left the ring or is behind"));
+    }
+  }
+}
+
+absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
+  const uint32_t w = options_.size;
+  if (w == 1) return absl::OkStatus();
+  {
+    absl::MutexLock l(&mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  if (next_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ring allreduce rank ", options_.rank, ": not connected to the next rank"));
+  }
+  const size_t cf = options_.chunk_bytes / sizeof(float);
+  const int64_t r = options_.rank;
+  auto mod = [w](int64_t x) { return static_cast<uint32_t>(((x % w) + w) % w); };
+  auto begin = [n, w](uint32_t s) { return n * s / w; };
+  auto chunks = [&](uint32_t s) { return (begin(s + 1) - begin(s) + cf - 1) / cf; };
+  auto chunk_at = [&](uint32_t s, uint64_t c) { return data + begin(s) + c * cf; };
+  auto chunk_len = [&](uint32_t s, uint64_t c) {
+    return std::min<size_t>(cf, begin(s + 1) - begin(s) - c * cf);
+  };
+  absl::Status status;
+  // Reduce-scatter: step k receives segment r - k - 1, adds it to this
+  // rank's and passes it on (step k + 1); the last step's sum is this
+  // rank's reduced segment, the all-gather's first send.
+  for (uint64_t c = 0; c < chunks(mod(r)); ++c) {
+    Send(op, 0, 0, c, chunk_at(mod(r), c), chunk_len(mod(r), c));
+  }
+  for (uint32_t k = 0; k + 1 < w && status.ok(); ++k) {
+    const uint32_t s = mod(r - k - 1);
+    for (uint64_t c = 0; c < chunks(s); ++c) {
+      const size_t len = chunk_len(s, c);
+      absl::StatusOr<std::string> in = Receive(Key{op, 0, k, c}, len);
+      if (!in.ok()) {
+        status = in.status();
+        break;
+      }
+      AddInto(chunk_at(s, c), reinterpret_cast<const float*>(in->data()), len);
+      if (k + 2 < w) {
+        Send(op, 0, k + 1, c, chunk_at(s, c), len);
+      } else {
+        Send(op, 1, 0, c, chunk_at(s, c), len);
+      }
+    }
+  }
+  // All-gather: step k receives the sum of segment r - k and passes it on.
+  for (uint32_t k = 0; k + 1 < w && status.ok(); ++k) {
+    const uint32_t s = mod(r - k);
+    for (uint64_t c = 0; c < chunks(s); ++c) {
+      const size_t len = chunk_len(s, c);
+      absl::StatusOr<std::string> in = Receive(Key{op, 1, k, c}, len);
+      if (!in.ok()) {
+        status = in.status();
+        break;
+      }
+      std::memcpy(chunk_at(s, c), in->data(), len * sizeof(float));
+      if (k + 2 < w) Send(op, 1, k + 1, c, chunk_at(s, c), len);
+    }
+  }
+  // Every send answered (or failed), and this op's leftovers dropped.
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::MutexLock l(&mu_);
+  while (pending_ > 0 && send_error_.ok()) {
+    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      if (status.ok()) {
+        status = absl::DeadlineExceededError(
+            absl::StrCat("ring allreduce rank ", options_.rank, ": ", pending_,
+                         " chunks unanswered by the next rank (", next_->peer(), ") after ",
+                         absl::FormatDuration(options_.timeout)));
+      }
+      break;
+    }
+  }
+  if (status.ok()) status = send_error_;
+  done_op_ = std::max(done_op_, op + 1);
+  inbox_.erase(inbox_.begin(), inbox_.lower_bound(Key{op + 1, 0, 0, 0}));
+  if (!status.ok()) broken_ = status;
+  return status;
+}
+
+}  // namespace strata::transport

@@ -1,0 +1,114 @@
+// A ring allreduce among a fixed group of peers over the data plane
+// (transport/transport.h: tcp, rdma or inproc), Strata's own collective
+// for dense tables reduced among the workers (docs/architecture.md,
+// "Collectives").
+//
+// Ranks 0..n-1 form a ring: rank r sends to r + 1 and receives from r - 1
+// (mod n). A buffer of N floats is cut into n segments; a reduce-scatter
+// of n - 1 steps leaves rank r with the sum of segment r + 1 over every
+// rank, and an all-gather of n - 1 steps passes the sums round, so that
+// every rank ends with the whole sum. Each rank sends 2 (n - 1) / n of the
+// buffer and receives as much, whatever n. Segments go in chunks of
+// `chunk_bytes`: a chunk is passed on as soon as it has arrived and been
+// added, so the steps overlap (pipelined), and the messages stay small.
+//
+// Every message is a kCollective request to the next rank, answered at
+// once by its receiver (which keeps the payload until its Allreduce takes
+// it): header.version is the operation's id (each Allreduce call of the
+// group has the same one, ascending), header.flags its phase (0
+// reduce-scatter, 1 all-gather), header.partition the step, header.seq the
+// chunk, header.count the chunk's floats.
+#ifndef STRATA_TRANSPORT_RING_ALLREDUCE_H_
+#define STRATA_TRANSPORT_RING_ALLREDUCE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/transport.h"
+
+namespace strata::transport {
+
+class RingAllreduce {
+ public:
+  struct Options {
+    uint32_t rank = 0;
+    uint32_t size = 1;     // ranks in the ring
+    uint32_t node_id = 0;  // this member's sender id in the headers
+    // The pipelining grain: bytes of one message (a multiple of 4, >= 4).
+    size_t chunk_bytes = 256 << 10;
+    // Each wait for the previous rank's next chunk, and for the next
+    // rank's acknowledgements at the end.
+    absl::Duration timeout = absl::Seconds(60);
+  };
+  // InvalidArgument for a rank outside the ring or a bad chunk size.
+  // `transport` is borrowed and must outlive this; its listener hands
+  // kCollective requests to Handle().
+  static absl::StatusOr<std::unique_ptr<RingAllreduce>> Create(Transport* transport,
+                                                               Options options);
+  // Waits (up to the timeout) for the answers of its sends still in
+  // flight, whose callbacks refer to it; shut the transport down first to
+  // end them at once.
+  ~RingAllreduce();
+  RingAllreduce(const RingAllreduce&) = delete;
+  RingAllreduce& operator=(const RingAllreduce&) = delete;
+
+  // Connects to the next rank, listening at `next_address`. Once per ring.
+  absl::Status ConnectNext(const std::string& next_address);
+
+  // Any thread (the transport's): a kCollective request from the previous
+  // rank, kept until Allreduce takes it, and answered at once.
+  void Handle(Message request, std::shared_ptr<Responder> responder);
+
+  // Sums data[0, n) over the ring, in place, on every rank: each rank
+  // calls it with the same `op` (ascending from call to call) and the
+  // same n. One call at a time. Errors name the rank and peer: Unavailable
+  // when a connection broke, DeadlineExceeded when the previous rank's
+  // chunk did not come within the timeout (that rank, or one before it, is
+  // gone or behind), InvalidArgument when a chunk is not of the size this
+  // rank's n says (the ranks disagree on the buffer). A ring that failed
+  // stays failed (every later call returns that error): the caller forms
+  // a new one among the members left.
+  absl::Status Allreduce(float* data, size_t n, uint64_t op);
+
+  uint32_t rank() const { return options_.rank; }
+  uint32_t size() const { return options_.size; }
+  // Bytes of payload this rank has sent (for benchmarks and tests).
+  uint64_t bytes_sent() const;
+
+ private:
+  using Key = std::tuple<uint64_t, uint32_t, uint32_t, uint64_t>;  // op, phase, step, chunk
+  RingAllreduce(Transport* transport, Options options);
+  // Sends data[begin, begin + count) as (op, phase, step, chunk) to the
+  // next rank; its answer is counted in pending_.
+  void Send(uint64_t op, uint32_t phase, uint32_t step, uint64_t chunk, const float* data,
+            size_t count);
+  // Waits for (op, phase, step, chunk) from the previous rank; its payload.
+  absl::StatusOr<std::string> Receive(const Key& key, size_t want_floats);
+  // The first error of a send, or of an answer (OK if none).
+  absl::Status SendError() const;
+
+  Transport* const transport_;
+  const Options options_;
+  std::shared_ptr<Connection> next_;
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::map<Key, std::string> inbox_ ABSL_GUARDED_BY(mu_);
+  uint64_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // sends not answered yet
+  absl::Status send_error_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_op_ ABSL_GUARDED_BY(mu_) = 0;  // ops below it are over: their late chunks dropped
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);   // the first failed Allreduce's error
+};
+
+}  // namespace strata::transport
+
+#endif  // STRATA_TRANSPORT_RING_ALLREDUCE_H_

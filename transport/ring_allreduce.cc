@@ -69,19 +69,54 @@ void RingAllreduce::Handle(Message request, std::shared_ptr<Responder> responder
             request.payload_size(), " bytes for ", h.count, " floats)"))));
     return;
   }
-  request.OwnPayload();
+  const Key key{h.version, h.flags, h.partition, h.seq};
+  Slot* slot = nullptr;
   {
     absl::MutexLock l(&mu_);
     if (h.version >= done_op_) {
-      inbox_[Key{h.version, h.flags, h.partition, h.seq}] = std::move(request.payload);
-      changed_.SignalAll();
+      auto it = posted_.find(key);
+      if (it != posted_.end() && !it->second.done) {
+        slot = &it->second;
+        ++applying_;
+      } else {
+        request.OwnPayload();
+        inbox_[key] = std::move(request.payload);
+        changed_.SignalAll();
+      }
     }
+  }
+  if (slot != nullptr) {
+    // (Outside the lock: the slot is this chunk's alone until done, and
+    // the call waits for applying_ before it lets go of its buffer.)
+    absl::Status applied = Apply(key, *slot, request.payload_data(), request.payload_size());
+    absl::MutexLock l(&mu_);
+    slot->error = std::move(applied);
+    slot->done = true;
+    --applying_;
+    changed_.SignalAll();
   }
   Message ack;
   ack.header = h;
   ack.header.type = answer;
   ack.header.count = 0;
   responder->Respond(std::move(ack));
+}
+
+absl::Status RingAllreduce::Apply(const Key& key, const Slot& slot, const char* payload,
+                                  size_t bytes) const {
+  if (bytes != slot.len * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring allreduce rank ", options_.rank, ": the previous rank sent ", bytes / sizeof(float),
+        " floats for chunk ", std::get<3>(key), " of ", PhaseName(std::get<1>(key)), " step ",
+        std::get<2>(key), " of operation ", std::get<0>(key), ", ", slot.len,
+        " expected: the ranks are reducing buffers of different sizes"));
+  }
+  if (slot.add) {
+    AddInto(slot.dest, reinterpret_cast<const float*>(payload), slot.len);
+  } else {
+    std::memcpy(slot.dest, payload, bytes);
+  }
+  return absl::OkStatus();
 }
 
 void RingAllreduce::Send(uint64_t op, uint32_t phase, uint32_t step, uint64_t chunk,
@@ -122,25 +157,14 @@ absl::Status RingAllreduce::SendError() const {
   return send_error_;
 }
 
-absl::StatusOr<std::string> RingAllreduce::Receive(const Key& key, size_t want_floats) {
+absl::Status RingAllreduce::Await(const Key& key) {
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::MutexLock l(&mu_);
+  const Slot& slot = posted_.at(key);
   while (true) {
-    if (auto it = inbox_.find(key); it != inbox_.end()) {
-      std::string payload = std::move(it->second);
-      inbox_.erase(it);
-      if (payload.size() != want_floats * sizeof(float)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ring allreduce rank ", options_.rank, ": the previous rank sent ",
-                         payload.size() / sizeof(float), " floats for chunk ", std::get<3>(key),
-                         " of ", PhaseName(std::get<1>(key)), " step ", std::get<2>(key),
-                         " of operation ", std::get<0>(key), ", ", want_floats,
-                         " expected: the ranks are reducing buffers of different sizes"));
-      }
-      return payload;
-    }
+    if (slot.done) return slot.error;
     if (!send_error_.ok()) return send_error_;
-    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline && !slot.done) {
       return absl::DeadlineExceededError(absl::StrCat(
           "ring allreduce rank ", options_.rank, " of ", options_.size, ": chunk ",
           std::get<3>(key), " of ", PhaseName(std::get<1>(key)), " step ", std::get<2>(key),
@@ -172,42 +196,57 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
   auto chunk_len = [&](uint32_t s, uint64_t c) {
     return std::min<size_t>(cf, begin(s + 1) - begin(s) - c * cf);
   };
+  // Where every chunk of this call goes; chunks that came before it are
+  // put there now.
+  {
+    absl::MutexLock l(&mu_);
+    for (uint32_t phase = 0; phase < 2; ++phase) {
+      for (uint32_t k = 0; k + 1 < w; ++k) {
+        const uint32_t s = phase == 0 ? mod(r - k - 1) : mod(r - k);
+        for (uint64_t c = 0; c < chunks(s); ++c) {
+          Slot& slot = posted_[Key{op, phase, k, c}];
+          slot.dest = chunk_at(s, c);
+          slot.len = chunk_len(s, c);
+          slot.add = phase == 0;
+        }
+      }
+    }
+    for (auto it = inbox_.lower_bound(Key{op, 0, 0, 0});
+         it != inbox_.end() && std::get<0>(it->first) == op;) {
+      auto p = posted_.find(it->first);
+      if (p != posted_.end()) {
+        p->second.error = Apply(it->first, p->second, it->second.data(), it->second.size());
+        p->second.done = true;
+      }
+      it = inbox_.erase(it);
+    }
+  }
   absl::Status status;
-  // Reduce-scatter: step k receives segment r - k - 1, adds it to this
-  // rank's and passes it on (step k + 1); the last step's sum is this
+  // Reduce-scatter: step k receives segment r - k - 1 (added to this
+  // rank's) and passes it on (step k + 1); the last step's sum is this
   // rank's reduced segment, the all-gather's first send.
   for (uint64_t c = 0; c < chunks(mod(r)); ++c) {
     Send(op, 0, 0, c, chunk_at(mod(r), c), chunk_len(mod(r), c));
   }
   for (uint32_t k = 0; k + 1 < w && status.ok(); ++k) {
     const uint32_t s = mod(r - k - 1);
-    for (uint64_t c = 0; c < chunks(s); ++c) {
-      const size_t len = chunk_len(s, c);
-      absl::StatusOr<std::string> in = Receive(Key{op, 0, k, c}, len);
-      if (!in.ok()) {
-        status = in.status();
-        break;
-      }
-      AddInto(chunk_at(s, c), reinterpret_cast<const float*>(in->data()), len);
+    for (uint64_t c = 0; c < chunks(s) && status.ok(); ++c) {
+      status = Await(Key{op, 0, k, c});
+      if (!status.ok()) break;
       if (k + 2 < w) {
-        Send(op, 0, k + 1, c, chunk_at(s, c), len);
+        Send(op, 0, k + 1, c, chunk_at(s, c), chunk_len(s, c));
       } else {
-        Send(op, 1, 0, c, chunk_at(s, c), len);
+        Send(op, 1, 0, c, chunk_at(s, c), chunk_len(s, c));
       }
     }
   }
-  // All-gather: step k receives the sum of segment r - k and passes it on.
+  // All-gather: step k receives the sum of segment r - k (copied in) and
+  // passes it on.
   for (uint32_t k = 0; k + 1 < w && status.ok(); ++k) {
     const uint32_t s = mod(r - k);
-    for (uint64_t c = 0; c < chunks(s); ++c) {
-      const size_t len = chunk_len(s, c);
-      absl::StatusOr<std::string> in = Receive(Key{op, 1, k, c}, len);
-      if (!in.ok()) {
-        status = in.status();
-        break;
-      }
-      std::memcpy(chunk_at(s, c), in->data(), len * sizeof(float));
-      if (k + 2 < w) Send(op, 1, k + 1, c, chunk_at(s, c), len);
+    for (uint64_t c = 0; c < chunks(s) && status.ok(); ++c) {
+      status = Await(Key{op, 1, k, c});
+      if (status.ok() && k + 2 < w) Send(op, 1, k + 1, c, chunk_at(s, c), chunk_len(s, c));
     }
   }
   // Every send answered (or failed), and this op's leftovers dropped.
@@ -225,7 +264,11 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
     }
   }
   if (status.ok()) status = send_error_;
+  // No chunk of this call is written into the caller's buffer after it
+  // returns: later ones are dropped, and those being written are waited for.
   done_op_ = std::max(done_op_, op + 1);
+  while (applying_ > 0) changed_.Wait(&mu_);
+  posted_.clear();
   inbox_.erase(inbox_.begin(), inbox_.lower_bound(Key{op + 1, 0, 0, 0}));
   if (!status.ok()) broken_ = status;
   return status;

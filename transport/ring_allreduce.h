@@ -13,11 +13,13 @@
 // added, so the steps overlap (pipelined), and the messages stay small.
 //
 // Every message is a kCollective request to the next rank, answered at
-// once by its receiver (which keeps the payload until its Allreduce takes
-// it): header.version is the operation's id (each Allreduce call of the
-// group has the same one, ascending), header.flags its phase (0
-// reduce-scatter, 1 all-gather), header.partition the step, header.seq the
-// chunk, header.count the chunk's floats.
+// once by its receiver. A call posts where each chunk it expects goes (and
+// whether it is added there or copied): the receiving thread adds or
+// copies a chunk straight from the transport's buffer (with
+// TransportOptions::lend_request_payloads, no copy before that), and keeps
+// a copy of one that comes before its call: header.version is the operation's id (each Allreduce
+// call of the group has the same one, ascending), header.flags its phase (0 reduce-scatter, 1
+// all-gather), header.partition the step, header.seq the chunk, header.count the chunk's floats.
 #ifndef STRATA_TRANSPORT_RING_ALLREDUCE_H_
 #define STRATA_TRANSPORT_RING_ALLREDUCE_H_
 
@@ -91,8 +93,20 @@ class RingAllreduce {
   // next rank; its answer is counted in pending_.
   void Send(uint64_t op, uint32_t phase, uint32_t step, uint64_t chunk, const float* data,
             size_t count);
-  // Waits for (op, phase, step, chunk) from the previous rank; its payload.
-  absl::StatusOr<std::string> Receive(const Key& key, size_t want_floats);
+  // Where a chunk of the call in progress goes.
+  struct Slot {
+    float* dest = nullptr;
+    size_t len = 0;    // floats expected
+    bool add = false;  // reduce-scatter: added; all-gather: copied
+    bool done = false;
+    absl::Status error;  // a chunk of another size
+  };
+  // Adds or copies `payload` (its floats) into `slot`; the error when its
+  // size is not the slot's.
+  absl::Status Apply(const Key& key, const Slot& slot, const char* payload, size_t bytes) const;
+  // Waits until (op, phase, step, chunk) from the previous rank is in
+  // place.
+  absl::Status Await(const Key& key);
   // The first error of a send, or of an answer (OK if none).
   absl::Status SendError() const;
 
@@ -101,8 +115,10 @@ class RingAllreduce {
   std::shared_ptr<Connection> next_;
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
-  std::map<Key, std::string> inbox_ ABSL_GUARDED_BY(mu_);
-  uint64_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // sends not answered yet
+  std::map<Key, Slot> posted_ ABSL_GUARDED_BY(mu_);        // the call in progress
+  std::map<Key, std::string> inbox_ ABSL_GUARDED_BY(mu_);  // chunks before their call
+  int applying_ ABSL_GUARDED_BY(mu_) = 0;                  // handlers writing into a slot now
+  uint64_t pending_ ABSL_GUARDED_BY(mu_) = 0;              // sends not answered yet
   absl::Status send_error_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_op_ ABSL_GUARDED_BY(mu_) = 0;  // ops below it are over: their late chunks dropped

@@ -68,8 +68,8 @@ struct TransportOptions {
   // tcp: bound on Connect, the handshake and its tries again after a
   // key-epoch refusal included (rdma: rdma.connect_timeout).
   absl::Duration tcp_connect_timeout = absl::Seconds(5);
-  // tcp (and rdma's TCP fallback): the payloads of push and replication
-  // requests up to 16 MiB are read into a buffer each connection keeps and
+  // tcp (and rdma's TCP fallback): the payloads of push, replication and
+  // collective requests up to 16 MiB are read into a buffer each connection keeps and
   // lent to the request handler (Message::payload_ref), valid only until
   // the handler returns; a handler that keeps such a request calls
   // Message::OwnPayload() first. Saves allocating and clearing a buffer per

@@ -34,6 +34,7 @@ std::unique_ptr<Ring> MakeRing(int w, size_t chunk_bytes, const std::string& kin
   auto ring = std::make_unique<Ring>();
   TransportOptions to;
   to.kind = kind;
+  to.lend_request_payloads = true;  // (tcp: chunks reduced from the connection's buffer)
   if (kind == "inproc") to.inproc_network = NewInProcNetwork();
   std::vector<std::string> addresses;
   for (int i = 0; i < w; ++i) {

@@ -344,7 +344,8 @@ absl::Status Endpoint::Consume(const char* data, size_t n) {
       incoming_.payload_in_destination = dest != nullptr;
       const MessageType type = incoming_.header.type;
       lent_ = dest == nullptr && !sealed && lend_requests_ && payload_bytes <= kMaxLentBytes &&
-              (type == MessageType::kPushRequest || type == MessageType::kReplicate);
+              (type == MessageType::kPushRequest || type == MessageType::kReplicate ||
+               type == MessageType::kCollective);
       if (lent_) {
         if (lent_capacity_ < payload_bytes) {
           lent_buf_.reset(new char[payload_bytes]);  // (not cleared: written before read)

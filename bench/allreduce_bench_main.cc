@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -68,6 +69,8 @@ int RunRank(int rank, int ranks, int port_base, const std::vector<size_t>& sizes
     return 1;
   }
   transport::RingAllreduce* r = ring->get();
+  // The transport stops before the ring goes (its listener calls the ring).
+  absl::Cleanup stop = [&t] { (*t)->Shutdown(); };
   absl::Status s = (*t)->Listen("127.0.0.1", port_base + rank,
                                 [r](transport::Message m, std::shared_ptr<transport::Responder> d) {
                                   r->Handle(std::move(m), std::move(d));
@@ -113,7 +116,6 @@ int RunRank(int rank, int ranks, int port_base, const std::vector<size_t>& sizes
   }
   // (The previous rank may still wait for this one's last acknowledgements.)
   absl::SleepFor(absl::Milliseconds(300));
-  (*t)->Shutdown();
   return 0;
 }
 

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/vector_ops.h"
-#include "glog/logging.h"
 
 namespace strata::transport {
 namespace {
@@ -31,15 +30,6 @@ absl::StatusOr<std::unique_ptr<RingAllreduce>> RingAllreduce::Create(Transport* 
 RingAllreduce::RingAllreduce(Transport* transport, Options options)
     : transport_(transport), options_(options) {}
 
-RingAllreduce::~RingAllreduce() {
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  absl::MutexLock l(&mu_);
-  while (pending_ > 0 && !changed_.WaitWithDeadline(&mu_, deadline)) {
-  }
-  LOG_IF(ERROR, pending_ > 0) << "ring allreduce rank " << options_.rank << ": " << pending_
-                              << " sends still unanswered at its end";
-}
-
 absl::Status RingAllreduce::ConnectNext(const std::string& next_address) {
   auto conn = transport_->Connect(next_address);
   if (!conn.ok()) {
@@ -52,8 +42,8 @@ absl::Status RingAllreduce::ConnectNext(const std::string& next_address) {
 }
 
 uint64_t RingAllreduce::bytes_sent() const {
-  absl::MutexLock l(&mu_);
-  return bytes_sent_;
+  absl::MutexLock l(&st_->mu);
+  return st_->bytes_sent;
 }
 
 void RingAllreduce::Handle(Message request, std::shared_ptr<Responder> responder) {
@@ -72,28 +62,38 @@ void RingAllreduce::Handle(Message request, std::shared_ptr<Responder> responder
   const Key key{h.version, h.flags, h.partition, h.seq};
   Slot* slot = nullptr;
   {
-    absl::MutexLock l(&mu_);
-    if (h.version >= done_op_) {
-      auto it = posted_.find(key);
-      if (it != posted_.end() && !it->second.done) {
-        slot = &it->second;
-        ++applying_;
-      } else {
+    absl::MutexLock l(&st_->mu);
+    // (Dropped: a chunk of a call that is over, or any once the ring
+    // failed; a second copy of a chunk.)
+    if (h.version >= st_->done_op && st_->broken.ok()) {
+      auto it = st_->posted.find(key);
+      if (it != st_->posted.end()) {
+        if (!it->second.claimed) {
+          it->second.claimed = true;
+          slot = &it->second;
+          ++st_->applying;
+        }
+      } else if (st_->inbox.count(key) == 0) {
         request.OwnPayload();
-        inbox_[key] = std::move(request.payload);
-        changed_.SignalAll();
+        st_->inbox[key] = std::move(request.payload);
+        st_->changed.SignalAll();
       }
     }
   }
+  absl::Status applied;
   if (slot != nullptr) {
-    // (Outside the lock: the slot is this chunk's alone until done, and
-    // the call waits for applying_ before it lets go of its buffer.)
-    absl::Status applied = Apply(key, *slot, request.payload_data(), request.payload_size());
-    absl::MutexLock l(&mu_);
-    slot->error = std::move(applied);
+    // (Outside the lock: the slot is this chunk's alone once claimed, and
+    // the call waits for State::applying before it lets go of its buffer.)
+    applied = Apply(key, *slot, request.payload_data(), request.payload_size());
+    absl::MutexLock l(&st_->mu);
+    slot->error = applied;
     slot->done = true;
-    --applying_;
-    changed_.SignalAll();
+    --st_->applying;
+    st_->changed.SignalAll();
+  }
+  if (!applied.ok()) {  // the sender learns it too
+    responder->Respond(MakeErrorResponse(h, answer, applied));
+    return;
   }
   Message ack;
   ack.header = h;
@@ -134,37 +134,40 @@ void RingAllreduce::Send(uint64_t op, uint32_t phase, uint32_t step, uint64_t ch
   m.payload_ref = reinterpret_cast<const char*>(data);
   m.payload_ref_size = count * sizeof(float);
   {
-    absl::MutexLock l(&mu_);
-    ++pending_;
-    bytes_sent_ += count * sizeof(float);
+    absl::MutexLock l(&st_->mu);
+    ++st_->pending;
+    st_->bytes_sent += count * sizeof(float);
   }
-  const std::string peer = next_->peer();
-  next_->Call(std::move(m), [this, peer](absl::StatusOr<Message> r) {
+  // (The callback may run after this is gone: it touches the shared state
+  // only.)
+  next_->Call(std::move(m), [st = st_, rank = options_.rank,
+                             peer = next_->peer()](absl::StatusOr<Message> r) {
     absl::Status s = r.ok() ? ResponseStatus(*r) : r.status();
-    absl::MutexLock l(&mu_);
-    if (!s.ok() && send_error_.ok()) {
-      send_error_ = absl::Status(
-          s.code(), absl::StrCat("ring allreduce rank ", options_.rank,
-                                 ": sending to the next rank (", peer, "): ", s.message()));
+    absl::MutexLock l(&st->mu);
+    if (!s.ok() && st->send_error.ok()) {
+      st->send_error = absl::Status(
+          s.code(), absl::StrCat("ring allreduce rank ", rank, ": sending to the next rank (", peer,
+                                 "): ", s.message()));
     }
-    --pending_;
-    changed_.SignalAll();
+    --st->pending;
+    st->changed.SignalAll();
   });
 }
 
 absl::Status RingAllreduce::SendError() const {
-  absl::MutexLock l(&mu_);
-  return send_error_;
+  absl::MutexLock l(&st_->mu);
+  return st_->send_error;
 }
 
 absl::Status RingAllreduce::Await(const Key& key) {
   const absl::Time deadline = absl::Now() + options_.timeout;
-  absl::MutexLock l(&mu_);
-  const Slot& slot = posted_.at(key);
+  absl::MutexLock l(&st_->mu);
+  const Slot& slot = st_->posted.at(key);
   while (true) {
     if (slot.done) return slot.error;
-    if (!send_error_.ok()) return send_error_;
-    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline && !slot.done) {
+    if (!st_->send_error.ok()) return st_->send_error;
+    if (st_->changed.WaitWithDeadline(&st_->mu, deadline) && absl::Now() >= deadline &&
+        !slot.done) {
       return absl::DeadlineExceededError(absl::StrCat(
           "ring allreduce rank ", options_.rank, " of ", options_.size, ": chunk ",
           std::get<3>(key), " of ", PhaseName(std::get<1>(key)), " step ", std::get<2>(key),
@@ -180,8 +183,8 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
   const uint32_t w = options_.size;
   if (w == 1) return absl::OkStatus();
   {
-    absl::MutexLock l(&mu_);
-    if (!broken_.ok()) return broken_;
+    absl::MutexLock l(&st_->mu);
+    if (!st_->broken.ok()) return st_->broken;
   }
   if (next_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -199,26 +202,26 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
   // Where every chunk of this call goes; chunks that came before it are
   // put there now.
   {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&st_->mu);
     for (uint32_t phase = 0; phase < 2; ++phase) {
       for (uint32_t k = 0; k + 1 < w; ++k) {
         const uint32_t s = phase == 0 ? mod(r - k - 1) : mod(r - k);
         for (uint64_t c = 0; c < chunks(s); ++c) {
-          Slot& slot = posted_[Key{op, phase, k, c}];
+          Slot& slot = st_->posted[Key{op, phase, k, c}];
           slot.dest = chunk_at(s, c);
           slot.len = chunk_len(s, c);
           slot.add = phase == 0;
         }
       }
     }
-    for (auto it = inbox_.lower_bound(Key{op, 0, 0, 0});
-         it != inbox_.end() && std::get<0>(it->first) == op;) {
-      auto p = posted_.find(it->first);
-      if (p != posted_.end()) {
+    for (auto it = st_->inbox.lower_bound(Key{op, 0, 0, 0});
+         it != st_->inbox.end() && std::get<0>(it->first) == op;) {
+      auto p = st_->posted.find(it->first);
+      if (p != st_->posted.end()) {
         p->second.error = Apply(it->first, p->second, it->second.data(), it->second.size());
-        p->second.done = true;
+        p->second.claimed = p->second.done = true;
       }
-      it = inbox_.erase(it);
+      it = st_->inbox.erase(it);
     }
   }
   absl::Status status;
@@ -251,26 +254,26 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
   }
   // Every send answered (or failed), and this op's leftovers dropped.
   const absl::Time deadline = absl::Now() + options_.timeout;
-  absl::MutexLock l(&mu_);
-  while (pending_ > 0 && send_error_.ok()) {
-    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+  absl::MutexLock l(&st_->mu);
+  while (st_->pending > 0 && st_->send_error.ok()) {
+    if (st_->changed.WaitWithDeadline(&st_->mu, deadline) && absl::Now() >= deadline) {
       if (status.ok()) {
         status = absl::DeadlineExceededError(
-            absl::StrCat("ring allreduce rank ", options_.rank, ": ", pending_,
+            absl::StrCat("ring allreduce rank ", options_.rank, ": ", st_->pending,
                          " chunks unanswered by the next rank (", next_->peer(), ") after ",
                          absl::FormatDuration(options_.timeout)));
       }
       break;
     }
   }
-  if (status.ok()) status = send_error_;
+  if (status.ok()) status = st_->send_error;
   // No chunk of this call is written into the caller's buffer after it
   // returns: later ones are dropped, and those being written are waited for.
-  done_op_ = std::max(done_op_, op + 1);
-  while (applying_ > 0) changed_.Wait(&mu_);
-  posted_.clear();
-  inbox_.erase(inbox_.begin(), inbox_.lower_bound(Key{op + 1, 0, 0, 0}));
-  if (!status.ok()) broken_ = status;
+  st_->done_op = std::max(st_->done_op, op + 1);
+  while (st_->applying > 0) st_->changed.Wait(&st_->mu);
+  st_->posted.clear();
+  st_->inbox.erase(st_->inbox.begin(), st_->inbox.lower_bound(Key{op + 1, 0, 0, 0}));
+  if (!status.ok()) st_->broken = status;
   return status;
 }
 

@@ -56,10 +56,9 @@ class RingAllreduce {
   // kCollective requests to Handle().
   static absl::StatusOr<std::unique_ptr<RingAllreduce>> Create(Transport* transport,
                                                                Options options);
-  // Waits (up to the timeout) for the answers of its sends still in
-  // flight, whose callbacks refer to it; shut the transport down first to
-  // end them at once.
-  ~RingAllreduce();
+  // The transport's listener must no longer hand it requests (shut the
+  // transport down first); answers to its sends may still come.
+  ~RingAllreduce() = default;
   RingAllreduce(const RingAllreduce&) = delete;
   RingAllreduce& operator=(const RingAllreduce&) = delete;
 
@@ -90,14 +89,15 @@ class RingAllreduce {
   using Key = std::tuple<uint64_t, uint32_t, uint32_t, uint64_t>;  // op, phase, step, chunk
   RingAllreduce(Transport* transport, Options options);
   // Sends data[begin, begin + count) as (op, phase, step, chunk) to the
-  // next rank; its answer is counted in pending_.
+  // next rank; its answer is counted in State::pending.
   void Send(uint64_t op, uint32_t phase, uint32_t step, uint64_t chunk, const float* data,
             size_t count);
   // Where a chunk of the call in progress goes.
   struct Slot {
     float* dest = nullptr;
-    size_t len = 0;    // floats expected
-    bool add = false;  // reduce-scatter: added; all-gather: copied
+    size_t len = 0;        // floats expected
+    bool add = false;      // reduce-scatter: added; all-gather: copied
+    bool claimed = false;  // a handler is writing it (or has)
     bool done = false;
     absl::Status error;  // a chunk of another size
   };
@@ -113,16 +113,21 @@ class RingAllreduce {
   Transport* const transport_;
   const Options options_;
   std::shared_ptr<Connection> next_;
-  mutable absl::Mutex mu_;
-  absl::CondVar changed_;
-  std::map<Key, Slot> posted_ ABSL_GUARDED_BY(mu_);        // the call in progress
-  std::map<Key, std::string> inbox_ ABSL_GUARDED_BY(mu_);  // chunks before their call
-  int applying_ ABSL_GUARDED_BY(mu_) = 0;                  // handlers writing into a slot now
-  uint64_t pending_ ABSL_GUARDED_BY(mu_) = 0;              // sends not answered yet
-  absl::Status send_error_ ABSL_GUARDED_BY(mu_);
-  uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t done_op_ ABSL_GUARDED_BY(mu_) = 0;  // ops below it are over: their late chunks dropped
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);   // the first failed Allreduce's error
+  // What the transport's threads touch, shared with the callbacks of the
+  // sends in flight (which may run after this is gone).
+  struct State {
+    absl::Mutex mu;
+    absl::CondVar changed;
+    std::map<Key, Slot> posted ABSL_GUARDED_BY(mu);        // the call in progress
+    std::map<Key, std::string> inbox ABSL_GUARDED_BY(mu);  // chunks before their call
+    int applying ABSL_GUARDED_BY(mu) = 0;                  // handlers writing into a slot now
+    uint64_t pending ABSL_GUARDED_BY(mu) = 0;              // sends not answered yet
+    absl::Status send_error ABSL_GUARDED_BY(mu);
+    uint64_t bytes_sent ABSL_GUARDED_BY(mu) = 0;
+    uint64_t done_op ABSL_GUARDED_BY(mu) = 0;  // ops below it are over: late chunks dropped
+    absl::Status broken ABSL_GUARDED_BY(mu);   // the first failed Allreduce's error
+  };
+  const std::shared_ptr<State> st_ = std::make_shared<State>();
 };
 
 }  // namespace strata::transport

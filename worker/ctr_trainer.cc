@@ -245,7 +245,11 @@ absl::StatusOr<int64_t> CtrTrainer::TrainTask(const proto::DataTask& task,
 bool CtrTrainer::AggregatesOnHost(SparseLayout* sparse) const {
   sparse->tables = {WideDeep::kWideTable, WideDeep::kEmbeddingTable};
   sparse->dims = {1, wide_deep_->dim()};
-  sparse->max_keys = static_cast<size_t>(std::max(1, ctx_->config().job.batch_size)) * kCtrFields;
+  // A worker's batch may be the whole global batch (elastic.batch:
+  // fixed_global with the others done, or by_speed): job.batch_size for
+  // every worker of the job. The segment's pages are taken as keys come.
+  sparse->max_keys = static_cast<size_t>(std::max(1, ctx_->config().job.batch_size)) *
+                     std::max(1, ctx_->params()->WorkersInView()) * kCtrFields;
   return true;
 }
 
@@ -266,17 +270,23 @@ absl::Status CtrTrainer::AggregatedStep(Batch& batch) {
   STRATA_RETURN_IF_ERROR(StartRowPull(unique, want, /*barrier=*/true, /*use_cache=*/true,
                                       ctr_steps_, batch.wide_rows.data(), batch.emb_rows.data(),
                                       &batch.pull));
-  STRATA_ASSIGN_OR_RETURN(
-      const uint64_t version,
-      agg->AwaitParams(want, &wide_deep_->params(), [this] { return ctx_->stopping(); }));
+  absl::StatusOr<uint64_t> awaited =
+      agg->AwaitParams(want, &wide_deep_->params(), [this] { return ctx_->stopping(); });
   comm += absl::Now() - t0;
-  STRATA_RETURN_IF_ERROR(FinishRowPull(&batch.pull, &comm));
+  // (Settled even when the wait failed: the pulls land in the batch's
+  // buffers, which must not go while they may.)
+  absl::Status pulled = FinishRowPull(&batch.pull, &comm);
+  STRATA_RETURN_IF_ERROR(awaited.status());
+  STRATA_RETURN_IF_ERROR(pulled);
+  const uint64_t version = *awaited;
   if (version != want) {
     // The host is further on (this worker joined it midway): the rows of
-    // its step.
-    STRATA_RETURN_IF_ERROR(PullSparseRows(unique, version, /*barrier=*/true, /*use_cache=*/false,
-                                          ctr_steps_, batch.wide_rows.data(), batch.emb_rows.data(),
-                                          &comm));
+    // its step, which replace the ones just cached.
+    STRATA_RETURN_IF_ERROR(StartRowPull(unique, version, /*barrier=*/true, /*use_cache=*/false,
+                                        ctr_steps_, batch.wide_rows.data(), batch.emb_rows.data(),
+                                        &batch.pull));
+    batch.pull.use_cache = row_cache_ != nullptr;
+    STRATA_RETURN_IF_ERROR(FinishRowPull(&batch.pull, &comm));
   }
   absl::Time mark = ctx_->TraceSpan("wait for pull", "wait", t0, "");
   STRATA_ASSIGN_OR_RETURN(

@@ -40,7 +40,8 @@ class CtrTrainer : public Trainer {
 
   std::string_view family() const override { return "wide_deep"; }
   // Both sparse tables' rows merged per key; a worker's step has at most
-  // job.batch_size x kCtrFields distinct keys.
+  // its batch x kCtrFields distinct keys, its batch at most job.batch_size
+  // for each worker of the job.
   bool AggregatesOnHost(SparseLayout* sparse) const override;
   std::string DescribeData() const override;
   int64_t loaded_examples() const override { return ctr_train_.num_examples; }

@@ -85,18 +85,18 @@ std::string HostSegment::NameFor(uint64_t key, const std::string& host) {
 
 absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
     const std::string& name, const std::vector<size_t>& table_sizes, uint32_t slots,
-    const SparseLayout& sparse) {
+    SparseLayout sparse) {
   if (sparse.tables.size() != sparse.dims.size() || (!sparse.empty() && sparse.max_keys == 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared memory segment ", name, ": ", sparse.tables.size(), " sparse tables and ",
         sparse.dims.size(), " row widths, at most ", sparse.max_keys, " keys a step"));
   }
   const size_t floats = std::accumulate(table_sizes.begin(), table_sizes.end(), size_t{0});
-  const size_t sparse_bytes = SparseBytes(sparse);
+  size_t sparse_bytes = SparseBytes(sparse);
   const size_t row_floats = std::accumulate(sparse.dims.begin(), sparse.dims.end(), size_t{0});
-  const size_t size = kHeaderBytes + RoundUp64(floats * sizeof(float)) +
-                      static_cast<size_t>(slots) *
-                          (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)) + sparse_bytes);
+  size_t size = kHeaderBytes + RoundUp64(floats * sizeof(float)) +
+                static_cast<size_t>(slots) *
+                    (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)) + sparse_bytes);
   bool creator = true;
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0 && errno == EEXIST) {
@@ -127,6 +127,25 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
   for (int i = 0; i < 2000; ++i) {
     if (fstat(fd, &st) != 0 || st.st_size != 0) break;
     usleep(1000);
+  }
+  if (!creator && !sparse.empty() && static_cast<size_t>(st.st_size) >= kHeaderBytes) {
+    // The keys a slot holds are the creator's (its view of the job's
+    // workers may differ from this worker's).
+    void* head = mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (head != MAP_FAILED) {
+      const Header* h = static_cast<const Header*>(head);
+      for (int i = 0; i < 2000 && h->magic.load(std::memory_order_acquire) != kMagic; ++i) {
+        usleep(1000);
+      }
+      if (h->magic.load(std::memory_order_acquire) == kMagic && h->sparse_keys > 0) {
+        sparse.max_keys = h->sparse_keys;
+        sparse_bytes = SparseBytes(sparse);
+        size = kHeaderBytes + RoundUp64(floats * sizeof(float)) +
+               static_cast<size_t>(slots) *
+                   (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)) + sparse_bytes);
+      }
+      munmap(head, kHeaderBytes);
+    }
   }
   if (static_cast<size_t>(st.st_size) != size) {
     close(fd);
@@ -178,7 +197,8 @@ HostSegment::HostSegment(std::string name, int fd, char* base, size_t size,
       table_sizes_(std::move(table_sizes)),
       floats_(std::accumulate(table_sizes_.begin(), table_sizes_.end(), size_t{0})),
       slots_(slots),
-      sparse_(std::move(sparse)) {}
+      sparse_(std::move(sparse)),
+      keys_ready_(slots, 0) {}
 
 HostSegment::~HostSegment() {
   if (attached_ && header()->attached.fetch_sub(1) == 1) shm_unlink(name_.c_str());
@@ -251,14 +271,16 @@ absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
         "shared memory segment ", name_, ": worker ", worker, "'s step ", step, " has ", n_keys,
         " distinct keys of ", sparse == nullptr ? 0 : sparse->rows.size(),
         " sparse tables; its slots hold ", sparse_.max_keys, " keys of ", sparse_.tables.size(),
-        " (job.batch_size x the model's fields)"));
+        " (job.batch_size x the job's workers x the model's fields, as the segment's creator "
+        "saw them)"));
   }
   int i = FindSlot(worker);
   for (uint32_t k = 0; i < 0 && k < slots_; ++k) {
     uint32_t free = 0;
     if (!slot(k)->owner.compare_exchange_strong(free, worker)) continue;
     const char* at = reinterpret_cast<const char*>(slot(k));
-    const size_t bytes = kSlotHeaderBytes + slot_data_bytes();
+    // (The sparse rows' pages are taken as keys come: ReserveKeys.)
+    const size_t bytes = kSlotHeaderBytes + RoundUp64(floats_ * sizeof(float));
     if (const int err = posix_fallocate(fd_, at - base_, static_cast<off_t>(bytes)); err != 0) {
       slot(k)->owner.store(0, std::memory_order_release);
       return absl::ResourceExhaustedError(
@@ -266,6 +288,7 @@ absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
                        "'s slot in /dev/shm: ", std::strerror(err)));
     }
     i = static_cast<int>(k);
+    keys_ready_[k] = 0;
   }
   if (i < 0) {
     return absl::ResourceExhaustedError(absl::StrCat("shared memory segment ", name_, ": all ",
@@ -279,6 +302,7 @@ absl::Status HostSegment::Post(uint32_t worker, uint64_t step, uint64_t count,
     std::memcpy(out, grads[t].data(), table_sizes_[t] * sizeof(float));
     out += table_sizes_[t];
   }
+  if (n_keys > keys_ready_[i]) STRATA_RETURN_IF_ERROR(ReserveKeys(i, n_keys, worker));
   if (n_keys > 0) {
     std::memcpy(slot_keys(i), sparse->keys, n_keys * sizeof(uint64_t));
     for (size_t t = 0; t < sparse_.tables.size(); ++t) {
@@ -326,6 +350,23 @@ std::optional<uint64_t> HostSegment::ReadParams(uint64_t want,
     if (h->params_seq.load(std::memory_order_relaxed) == s1) return v - 1;
   }
   return std::nullopt;
+}
+
+absl::Status HostSegment::ReserveKeys(uint32_t i, size_t n, uint32_t worker) {
+  auto reserve = [&](const void* at, size_t bytes) {
+    return posix_fallocate(fd_, static_cast<const char*>(at) - base_, static_cast<off_t>(bytes));
+  };
+  int err = reserve(slot_keys(i), n * sizeof(uint64_t));
+  for (size_t t = 0; err == 0 && t < sparse_.tables.size(); ++t) {
+    err = reserve(slot_rows(i, t), n * sparse_.dims[t] * sizeof(float));
+  }
+  if (err != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("shared memory segment ", name_, ": room for ",
+                                                     n, " sparse rows of worker ", worker,
+                                                     " in /dev/shm: ", std::strerror(err)));
+  }
+  keys_ready_[i] = n;
+  return absl::OkStatus();
 }
 
 void HostSegment::MergeRows(uint32_t i, size_t n, MergedRows* merged) const {

@@ -73,12 +73,13 @@ class HostSegment {
   static std::string NameFor(uint64_t key, const std::string& host);
   // Creates the segment or maps the one there, sized for tensors of
   // `table_sizes` floats, `slots` workers and (a model with sparse tables)
-  // `sparse`'s rows in each slot. FailedPrecondition naming the segment
-  // when the one there was made for another model.
+  // `sparse`'s rows in each slot (their pages taken as keys come).
+  // FailedPrecondition naming the segment when the one there was made for
+  // another model. The keys a slot holds are the creator's sparse.max_keys.
   static absl::StatusOr<std::unique_ptr<HostSegment>> Open(const std::string& name,
                                                            const std::vector<size_t>& table_sizes,
                                                            uint32_t slots,
-                                                           const SparseLayout& sparse = {});
+                                                           SparseLayout sparse = {});
   // Unmaps it; the last process to let go removes the name.
   ~HostSegment();
   HostSegment(const HostSegment&) = delete;
@@ -139,6 +140,8 @@ class HostSegment {
   // Bytes of a slot's data (after its header): the dense floats, then the
   // sparse area.
   size_t slot_data_bytes() const;
+  // Gives slot i (this process's) the pages of its first n sparse rows.
+  absl::Status ReserveKeys(uint32_t i, size_t n, uint32_t worker);
   // Merges slot i's rows into *merged.
   void MergeRows(uint32_t i, size_t n, MergedRows* merged) const;
   float* params() const;
@@ -154,7 +157,8 @@ class HostSegment {
   const size_t floats_;
   const uint32_t slots_;
   const SparseLayout sparse_;
-  bool attached_ = false;  // counted in the header's `attached`
+  std::vector<size_t> keys_ready_;  // per slot: sparse rows with pages (this process's slot)
+  bool attached_ = false;           // counted in the header's `attached`
 };
 
 class HostAggregator {

@@ -118,6 +118,13 @@ std::set<uint32_t> ParamClient::WorkersGone() const {
   return gone;
 }
 
+int ParamClient::WorkersInView() const {
+  absl::MutexLock l(&mu_);
+  int n = 0;
+  for (const auto& m : members_.members()) n += m.role() == proto::WORKER;
+  return n;
+}
+
 void ParamClient::SetMetrics(MetricsRegistry* metrics) {
   push_seconds_ = metrics->GetHistogram("strata_worker_push_seconds",
                                         "Push request latency: gradient sent to its ack",

@@ -54,6 +54,8 @@ class ParamClient {
   uint64_t aggregation_key() const;
   std::vector<uint32_t> HostWorkers(const std::string& host) const;
   std::set<uint32_t> WorkersGone() const;
+  // Workers in the view held now, whatever their state.
+  int WorkersInView() const;
   // Element offsets where the partitions of table t begin, ascending.
   std::vector<uint64_t> PartitionStarts(uint32_t table) const;
   // Makes every current and later PullAll/PushAll return Cancelled at its

@@ -73,22 +73,7 @@ YAML
 write_ctr_config() {
   local file="$1" name="$2" consistency="$3" base="$4" data="$5" sparse_extra="${6:-}"
   cat > "$file" <<YAML
-job:
-  name: $name
-  consistency: $consistency
-  epochs: 1
-  batch_size: 256
-  progress_every_steps: 50
-  seed: 3
-model:
-  type: wide_deep
-  embedding_dim: 4
-  hidden: [16]
-optimizer:
-  type: adam
-  learning_rate: 0.002
-sparse:
-  partitions: 8
+$(ctr_head_yaml "$name" "$consistency" 1 256 8)
   optimizer:
     type: adagrad
     learning_rate: 0.05
@@ -107,6 +92,30 @@ data:
     seed: 5
     max_vocab: 300
 $(cluster_yaml "$base")
+YAML
+}
+
+# ctr_head_yaml NAME CONSISTENCY EPOCHS BATCH PARTITIONS: the CTR configs'
+# job, model (Wide & Deep, embeddings of 4, a hidden layer of 16) and
+# optimizer sections, and the first line of their sparse section.
+ctr_head_yaml() {
+  cat <<YAML
+job:
+  name: $1
+  consistency: $2
+  epochs: $3
+  batch_size: $4
+  progress_every_steps: 50
+  seed: 3
+model:
+  type: wide_deep
+  embedding_dim: 4
+  hidden: [16]
+optimizer:
+  type: adam
+  learning_rate: 0.002
+sparse:
+  partitions: $5
 YAML
 }
 
@@ -242,22 +251,7 @@ ctr_job_yaml() {
     zipf: 1.3
     max_vocab: 20000"
   cat <<YAML
-job:
-  name: $1
-  consistency: bsp
-  epochs: $2
-  batch_size: 128
-  progress_every_steps: 50
-  seed: 3
-model:
-  type: wide_deep
-  embedding_dim: 4
-  hidden: [16]
-optimizer:
-  type: adam
-  learning_rate: 0.002
-sparse:
-  partitions: 4
+$(ctr_head_yaml "$1" bsp "$2" 128 4)
 ${CTR_SPARSE_EXTRA:-}
 data:
   format: criteo

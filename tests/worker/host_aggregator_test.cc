@@ -96,10 +96,16 @@ TEST(HostSegmentTest, SparseRowsAreMergedPerKey) {
   SparseGrads g_wide_only{one.data(), one.size(), {w1.data()}};
   EXPECT_THAT((*a)->Post(1, 5, 1, {{}, {}, {0.f, 0.f}}, &g_wide_only),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of 1 sparse tables")));
-  // A segment laid out for other rows is another model's.
+  // A later worker takes the creator's room for keys (its view of the
+  // job's workers may differ); rows of another width are another model's.
   SparseLayout wider = layout;
   wider.max_keys = 6;
-  EXPECT_THAT(HostSegment::Open(name, {0, 0, 2}, 4, wider),
+  auto c = HostSegment::Open(name, {0, 0, 2}, 4, wider);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ((*c)->sparse().max_keys, 3u);
+  SparseLayout other = layout;
+  other.dims = {1, 3};
+  EXPECT_THAT(HostSegment::Open(name, {0, 0, 2}, 4, other),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(name)));
 }
 

@@ -82,7 +82,15 @@ void ParamClient::SetView(const proto::ClusterView& view) {
       }
     }
   }
-  if (!view_error_.ok()) LOG(ERROR) << view_error_;
+  // (A view before the partitions are placed has sparse tables without
+  // owners yet: nothing is wrong, and nothing is pulled before a ready one.)
+  if (!view_error_.ok()) {
+    if (view.ready() || !view.partitions().empty()) {
+      LOG(ERROR) << view_error_;
+    } else {
+      VLOG(1) << view_error_ << " (the view is not ready yet)";
+    }
+  }
   // Pulls land straight in the tensors: a route outside its table would
   // write out of bounds, so such a view is refused.
   for (const Route& r : routes_) {

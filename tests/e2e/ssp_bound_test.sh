@@ -42,7 +42,10 @@ import json, sys, urllib.request
 base = int(sys.argv[1])
 low = {}
 for i in (0, 1):
-    st = json.load(urllib.request.urlopen(f'http://127.0.0.1:{base + 30 + i}/status', timeout=5))
+    try:
+        st = json.load(urllib.request.urlopen(f'http://127.0.0.1:{base + 30 + i}/status', timeout=5))
+    except OSError as e:
+        sys.exit(f'pserver {i} status page (port {base + 30 + i}): {e}')
     for p in st.get('partitions', []):
         if p.get('role') != 'primary':
             continue
@@ -55,10 +58,18 @@ w0="$(node_of 0)"; w1="$(node_of 1)"; w2="$(node_of 2)"
 read -r _ pid2 < "$work/run/pids/worker-2"
 kill -STOP "$pid2"
 stopped_at=$SECONDS
+# What the daemons said, for a failure that is not the bound's: a pserver
+# gone, the job ended early.
+why() {
+  local f
+  for f in "$work"/run/logs/*.log; do echo "--- $(basename "$f") (last lines)"; tail -n 15 "$f"; done
+  echo "--- launcher"; tail -n 20 "$work/run.out"
+  echo "--- events"; tail -n 20 "$work/run/events.jsonl" 2>/dev/null || true
+}
 # Until the others' clocks stand still for a second (at most 20 s).
 prev=""; now=""
 for _ in $(seq 1 40); do
-  now="$(clocks)"
+  now="$(clocks)" || fail "no clocks $((SECONDS - stopped_at)) s after the stop$(printf '\n'; why)"
   [[ -n "$prev" && "$now" == "$prev" ]] && break
   prev="$now"; sleep 0.5
 done
@@ -76,8 +87,9 @@ for w in (w0, w1):
 PY
 stood="$now"
 sleep 1
-[[ "$(clocks)" == "$stood" ]] ||
-  fail "the others moved on while worker 2 stood: $stood, then $(clocks) ($((SECONDS - stopped_at)) s after the stop)"
+later="$(clocks)" || fail "no clocks $((SECONDS - stopped_at)) s after the stop$(printf '\n'; why)"
+[[ "$later" == "$stood" ]] ||
+  fail "the others moved on while worker 2 stood: $stood, then $later ($((SECONDS - stopped_at)) s after the stop)"
 
 # Killed, it holds nobody once the master declares it dead.
 kill -KILL "$pid2"

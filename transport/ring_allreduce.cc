@@ -180,8 +180,15 @@ absl::Status RingAllreduce::Await(const Key& key) {
 }
 
 absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
+  return Allreduce(data, n, op, Hooks{});
+}
+
+absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks) {
   const uint32_t w = options_.size;
-  if (w == 1) return absl::OkStatus();
+  if (w == 1) {
+    if (hooks.owned && n > 0) hooks.owned(0, data, n);
+    return absl::OkStatus();
+  }
   {
     absl::MutexLock l(&st_->mu);
     if (!st_->broken.ok()) return st_->broken;
@@ -240,6 +247,8 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
         Send(op, 0, k + 1, c, chunk_at(s, c), chunk_len(s, c));
       } else {
         Send(op, 1, 0, c, chunk_at(s, c), chunk_len(s, c));
+        // (Send is done with the chunk's bytes when it returns.)
+        if (hooks.owned) hooks.owned(begin(s) + c * cf, chunk_at(s, c), chunk_len(s, c));
       }
     }
   }
@@ -249,7 +258,11 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
     const uint32_t s = mod(r - k);
     for (uint64_t c = 0; c < chunks(s) && status.ok(); ++c) {
       status = Await(Key{op, 1, k, c});
-      if (status.ok() && k + 2 < w) Send(op, 1, k + 1, c, chunk_at(s, c), chunk_len(s, c));
+      if (!status.ok()) break;
+      if (k == 0 && hooks.first_gathered) {
+        hooks.first_gathered(begin(s) + c * cf, chunk_at(s, c), chunk_len(s, c));
+      }
+      if (k + 2 < w) Send(op, 1, k + 1, c, chunk_at(s, c), chunk_len(s, c));
     }
   }
   // Every send answered (or failed), and this op's leftovers dropped.

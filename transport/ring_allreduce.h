@@ -24,6 +24,7 @@
 #define STRATA_TRANSPORT_RING_ALLREDUCE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,23 @@ class RingAllreduce {
   // stays failed (every later call returns that error): the caller forms
   // a new one among the members left.
   absl::Status Allreduce(float* data, size_t n, uint64_t op);
+
+  // What a caller may do to the sums on their way round (a sharded
+  // optimizer: the all-gather then carries parameters). Rank r owns
+  // segment r + 1 (mod n): its chunks are summed there last.
+  struct Hooks {
+    // At the owner, once a chunk of its segment, data[offset, offset +
+    // len), holds the whole sum and has been sent on as it is: the chunk
+    // may be changed in place (what this rank ends with there).
+    std::function<void(size_t offset, float* chunk, size_t len)> owned;
+    // At the owner's next rank, when that chunk arrives (the sum as the
+    // owner sent it), before it is passed on: changed in place, it is what
+    // this rank ends with there and what the ranks after it receive.
+    std::function<void(size_t offset, float* chunk, size_t len)> first_gathered;
+  };
+  // Allreduce with `hooks` (either may be empty). On a ring of one rank,
+  // `owned` gets the whole buffer.
+  absl::Status Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks);
 
   uint32_t rank() const { return options_.rank; }
   uint32_t size() const { return options_.size; }

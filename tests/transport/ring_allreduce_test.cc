@@ -136,6 +136,56 @@ TEST(RingAllreduceTest, SumsOverTcpOperationAfterOperation) {
   EXPECT_NEAR(static_cast<double>(ring->ranks[0]->bytes_sent()), 4 * per_op, 4 * 2 * 4.0);
 }
 
+TEST(RingAllreduceTest, HooksChangeTheSumsOnTheirWayRound) {
+  // The owner of a segment doubles its sum after sending it on; the next
+  // rank adds 1 to what it receives: so the owner ends with 2 x the sum,
+  // every other rank with the sum + 1.
+  for (int w : {1, 2, 3, 4}) {
+    auto ring = MakeRing(w, 28);
+    ASSERT_NE(ring, nullptr);
+    const size_t n = 103;
+    std::vector<std::vector<float>> bufs;
+    std::vector<double> want(n, 0);
+    for (int r = 0; r < w; ++r) {
+      bufs.push_back(Input(r, n, 1));
+      for (size_t i = 0; i < n; ++i) want[i] += bufs.back()[i];
+    }
+    std::vector<absl::Status> status(w);
+    std::vector<std::vector<size_t>> owned(w), gathered(w);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < w; ++r) {
+      threads.emplace_back([&, r] {
+        RingAllreduce::Hooks hooks;
+        hooks.owned = [&, r](size_t offset, float* chunk, size_t len) {
+          for (size_t i = 0; i < len; ++i) chunk[i] *= 2;
+          for (size_t i = 0; i < len; ++i) owned[r].push_back(offset + i);
+        };
+        hooks.first_gathered = [&, r](size_t offset, float* chunk, size_t len) {
+          for (size_t i = 0; i < len; ++i) chunk[i] += 1;
+          for (size_t i = 0; i < len; ++i) gathered[r].push_back(offset + i);
+        };
+        status[r] = ring->ranks[r]->Allreduce(bufs[r].data(), n, 1, hooks);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < w; ++r) {
+      ASSERT_THAT(status[r], IsOk());
+      // Rank r owns segment r + 1 and holds the first copy of segment r.
+      const size_t s = (r + 1) % w;
+      ASSERT_EQ(owned[r].size(), n * (s + 1) / w - n * s / w) << "rank " << r << " of " << w;
+      EXPECT_EQ(owned[r].front(), n * s / w);
+      if (w > 1) EXPECT_EQ(gathered[r].front(), n * r / w);
+      std::vector<bool> mine(n, false);
+      for (size_t i : owned[r]) mine[i] = true;
+      for (size_t i = 0; i < n; ++i) {
+        const double expect = mine[i] ? 2 * want[i] : want[i] + 1;
+        EXPECT_NEAR(bufs[r][i], expect, 1e-4 * (1 + std::fabs(expect)))
+            << "rank " << r << " of " << w << ", float " << i;
+      }
+    }
+  }
+}
+
 TEST(RingAllreduceTest, OneRankIsNoExchange) {
   auto ring = MakeRing(1, 1024);
   ASSERT_NE(ring, nullptr);
@@ -168,6 +218,24 @@ TEST(RingAllreduceTest, RanksThatDisagreeOnTheBufferAreToldSo) {
     EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
                             HasSubstr("reducing buffers of different sizes")));
   }
+}
+
+TEST(RingAllreduceTest, OneRankOfThreeWithAnotherBufferFailsEveryRank) {
+  // Rank 2 disagrees: rank 0 (its receiver) and rank 2 (told by the error
+  // answer) learn why; rank 1, between two ranks that stopped, learns it
+  // from the timeout. Nobody hangs, nobody ends with a wrong sum.
+  auto ring = MakeRing(3, 64, "inproc", absl::Seconds(2));
+  ASSERT_NE(ring, nullptr);
+  std::vector<std::vector<float>> bufs = {Input(0, 100, 1), Input(1, 100, 1), Input(2, 130, 1)};
+  const std::vector<absl::Status> status = RunAll(*ring, &bufs, 1);
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(status[r].ok()) << "rank " << r;
+  for (int r : {0, 2}) {
+    EXPECT_THAT(status[r], StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("reducing buffers of different sizes")))
+        << "rank " << r;
+  }
+  // A ring that failed stays failed.
+  EXPECT_FALSE(ring->ranks[0]->Allreduce(bufs[0].data(), 100, 2).ok());
 }
 
 TEST(RingAllreduceTest, AMalformedMessageIsRefusedNamingItsSender) {

@@ -39,6 +39,14 @@ size_t SparseBytes(const SparseLayout& sparse) {
   return bytes;
 }
 
+// The whole segment: its header and the parameters, then `slots` slots of
+// a header, a gradient of `floats` and `sparse_bytes` of rows.
+size_t SegmentBytes(size_t floats, uint32_t slots, size_t sparse_bytes) {
+  return kHeaderBytes + RoundUp64(floats * sizeof(float)) +
+         static_cast<size_t>(slots) *
+             (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)) + sparse_bytes);
+}
+
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
@@ -94,9 +102,7 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
   const size_t floats = std::accumulate(table_sizes.begin(), table_sizes.end(), size_t{0});
   size_t sparse_bytes = SparseBytes(sparse);
   const size_t row_floats = std::accumulate(sparse.dims.begin(), sparse.dims.end(), size_t{0});
-  size_t size = kHeaderBytes + RoundUp64(floats * sizeof(float)) +
-                static_cast<size_t>(slots) *
-                    (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)) + sparse_bytes);
+  size_t size = SegmentBytes(floats, slots, sparse_bytes);
   bool creator = true;
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0 && errno == EEXIST) {
@@ -140,9 +146,7 @@ absl::StatusOr<std::unique_ptr<HostSegment>> HostSegment::Open(
       if (h->magic.load(std::memory_order_acquire) == kMagic && h->sparse_keys > 0) {
         sparse.max_keys = h->sparse_keys;
         sparse_bytes = SparseBytes(sparse);
-        size = kHeaderBytes + RoundUp64(floats * sizeof(float)) +
-               static_cast<size_t>(slots) *
-                   (kSlotHeaderBytes + RoundUp64(floats * sizeof(float)) + sparse_bytes);
+        size = SegmentBytes(floats, slots, sparse_bytes);
       }
       munmap(head, kHeaderBytes);
     }

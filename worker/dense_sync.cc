@@ -1,0 +1,408 @@
+#include "worker/dense_sync.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace strata::worker {
+namespace {
+
+// Counters go round the ring as floats: 24 bits a float is exact, and a
+// member writes only its own slot, so a sum adds nothing to them.
+constexpr int kPieces = 2;
+void PutU64(uint64_t v, float* out) {
+  out[0] = static_cast<float>(v >> 24);
+  out[1] = static_cast<float>(v & 0xFFFFFF);
+}
+uint64_t GetU64(const float* in) {
+  return (static_cast<uint64_t>(in[0]) << 24) | static_cast<uint64_t>(in[1]);
+}
+
+// A member's slot in Form's first exchange.
+enum FormField : int {
+  kHasState = 0,                          // 1: it holds optimizer shards
+  kStateEpoch = 1,                        // the ring they are split by
+  kHasCompleted = kStateEpoch + kPieces,  // 1: it completed a step
+  kCompleted = kHasCompleted + 1,         // the last one
+  kInStep = kCompleted + kPieces,         // 1: a step failed here
+  kInStepValue = kInStep + 1,             // that step
+  kUpdates = kInStepValue + kPieces,      // optimizer updates applied
+  kFormSlot = kUpdates + kPieces,
+};
+// A member's slot in a step's first exchange.
+enum StepField : int { kSamples = 0, kEpochSeen = kPieces, kStepSlot = 2 * kPieces };
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DenseSync>> DenseSync::Create(transport::Transport* transport,
+                                                             Options options,
+                                                             std::vector<size_t> table_sizes) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> probe,
+                          Optimizer::Create(options.optimizer, 1));
+  if (options.chunk_bytes < 4 || options.chunk_bytes % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense allreduce: chunk_bytes ", options.chunk_bytes, " is not a positive multiple of 4"));
+  }
+  auto sync = std::unique_ptr<DenseSync>(new DenseSync(transport, options, std::move(table_sizes)));
+  sync->state_vectors_ = probe->state_bytes_per_param() / sizeof(float);
+  sync->state_has_count_ = probe->StateViews().size() > sync->state_vectors_;
+  return sync;
+}
+
+DenseSync::DenseSync(transport::Transport* transport, Options options,
+                     std::vector<size_t> table_sizes)
+    : transport_(transport), options_(std::move(options)), table_sizes_(std::move(table_sizes)) {
+  for (size_t n : table_sizes_) total_ += n;
+}
+
+void DenseSync::Handle(transport::Message request,
+                       std::shared_ptr<transport::Responder> responder) {
+  const uint64_t epoch = request.header.version >> 32;
+  std::shared_ptr<transport::RingAllreduce> ring;
+  {
+    absl::MutexLock l(&mu_);
+    if (ring_ != nullptr && epoch == ring_epoch_) {
+      ring = ring_;
+    } else if (epoch > ring_epoch_ && early_bytes_ + request.payload_size() <= (size_t{1} << 30)) {
+      // (A member a step ahead formed the next ring first.)
+      request.OwnPayload();
+      early_bytes_ += request.payload.size();
+      early_[epoch].emplace_back(std::move(request), std::move(responder));
+      return;
+    }
+  }
+  if (ring == nullptr) {
+    const transport::MessageHeader h = request.header;
+    responder->Respond(transport::MakeErrorResponse(
+        h, transport::ResponseTypeFor(h.type),
+        absl::FailedPreconditionError(absl::StrCat(
+            "dense allreduce member ", options_.node_id, ": a message for the ring of epoch ",
+            epoch, " from ", responder->peer(), "; this member's ring is of epoch ", epoch_,
+            epoch > epoch_ ? " (too many waiting for a ring not formed yet)"
+                           : " (that ring is over)"))));
+    return;
+  }
+  ring->Handle(std::move(request), std::move(responder));
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> DenseSync::MakeOptimizer(
+    size_t n, const std::string* state) const {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, Optimizer::Create(options_.optimizer, n));
+  if (state != nullptr) STRATA_RETURN_IF_ERROR(opt->RestoreState(*state));
+  return opt;
+}
+
+void DenseSync::CopyOut(const std::vector<float>& flat, const std::vector<float*>& params) const {
+  size_t at = 0;
+  for (size_t t = 0; t < table_sizes_.size(); ++t) {
+    std::memcpy(params[t], flat.data() + at, table_sizes_[t] * sizeof(float));
+    at += table_sizes_[t];
+  }
+}
+
+void DenseSync::CopyIn(const std::vector<float*>& params, std::vector<float>* flat) const {
+  flat->resize(total_);
+  size_t at = 0;
+  for (size_t t = 0; t < table_sizes_.size(); ++t) {
+    std::memcpy(flat->data() + at, params[t], table_sizes_[t] * sizeof(float));
+    at += table_sizes_[t];
+  }
+}
+
+size_t DenseSync::state_floats() const {
+  if (members_.empty()) return 0;
+  size_t n = 0;
+  auto [b, e] = shard();
+  n += (e - b) * state_vectors_;
+  if (replica_ != nullptr) {
+    auto [rb, re] = Segment(rank_);
+    n += (re - rb) * state_vectors_;
+  }
+  return n;
+}
+
+absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
+                                                  const std::vector<Member>& members,
+                                                  const std::vector<float*>& params) {
+  if (params.size() != table_sizes_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("dense allreduce: ", params.size(),
+                                                   " parameter buffers for ", table_sizes_.size(),
+                                                   " tables"));
+  }
+  if (epoch <= epoch_ || epoch >= (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense allreduce member ", options_.node_id, ": a ring of epoch ", epoch,
+                     " after one of epoch ", epoch_, " (epochs rise, below 2^32)"));
+  }
+  uint32_t rank = 0;
+  bool found = false;
+  for (uint32_t i = 0; i < members.size(); ++i) {
+    if (members[i].node_id == options_.node_id) {
+      rank = i;
+      found = true;
+    }
+  }
+  if (!found) {
+    return absl::InvalidArgumentError(absl::StrCat("dense allreduce: node ", options_.node_id,
+                                                   " is not among the ", members.size(),
+                                                   " members of the ring of epoch ", epoch));
+  }
+  const uint32_t w = static_cast<uint32_t>(members.size());
+  transport::RingAllreduce::Options ro;
+  ro.rank = rank;
+  ro.size = w;
+  ro.node_id = options_.node_id;
+  ro.chunk_bytes = options_.chunk_bytes;
+  ro.timeout = options_.timeout;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<transport::RingAllreduce> made,
+                          transport::RingAllreduce::Create(transport_, ro));
+  std::shared_ptr<transport::RingAllreduce> ring(std::move(made));
+  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> early;
+  {
+    absl::MutexLock l(&mu_);
+    ring_ = ring;
+    ring_epoch_ = epoch;
+    for (auto it = early_.begin(); it != early_.end() && it->first <= epoch;) {
+      for (auto& m : it->second) {
+        early_bytes_ -= m.first.payload.size();
+        if (it->first == epoch) early.push_back(std::move(m));
+      }
+      it = early_.erase(it);  // (those of skipped rings: their senders time out)
+    }
+  }
+  for (auto& [m, r] : early) ring->Handle(std::move(m), std::move(r));
+  epoch_ = epoch;
+  calls_ = 0;
+  rank_ = rank;
+  members_ = members;
+  if (w > 1) STRATA_RETURN_IF_ERROR(ring->ConnectNext(members[(rank + 1) % w].address));
+  if (state_epoch_ == 0) CopyIn(params, &params_);  // (a member new to the job)
+
+  // 1. Who holds what.
+  std::vector<float> ctl(static_cast<size_t>(w) * kFormSlot, 0.f);
+  float* mine = ctl.data() + static_cast<size_t>(rank) * kFormSlot;
+  mine[kHasState] = state_epoch_ > 0 ? 1.f : 0.f;
+  PutU64(state_epoch_, mine + kStateEpoch);
+  mine[kHasCompleted] = completed_.has_value() ? 1.f : 0.f;
+  PutU64(completed_.value_or(0), mine + kCompleted);
+  mine[kInStep] = in_step_.has_value() ? 1.f : 0.f;
+  PutU64(in_step_.value_or(0), mine + kInStepValue);
+  PutU64(updates(), mine + kUpdates);
+  STRATA_RETURN_IF_ERROR(ring->Allreduce(ctl.data(), ctl.size(), Op(calls_++)));
+  auto slot = [&](uint32_t m) { return ctl.data() + static_cast<size_t>(m) * kFormSlot; };
+
+  // The last step any member completed; a member that was in it when the
+  // ring broke has its optimizer shards past it too (every shard was
+  // applied before any member could complete it).
+  std::optional<uint64_t> last;
+  for (uint32_t m = 0; m < w; ++m) {
+    if (slot(m)[kHasCompleted] > 0) last = std::max(last.value_or(0), GetU64(slot(m) + kCompleted));
+  }
+  auto effective = [&](uint32_t m) -> std::optional<uint64_t> {
+    const float* s = slot(m);
+    if (last.has_value() && s[kInStep] > 0 && GetU64(s + kInStepValue) == *last) return last;
+    if (s[kHasCompleted] > 0) return GetU64(s + kCompleted);
+    return std::nullopt;
+  };
+  // A step cut short everywhere is undone here.
+  if (in_step_.has_value() && (!last.has_value() || *in_step_ > *last)) {
+    if (primary_ != nullptr) STRATA_RETURN_IF_ERROR(primary_->RestoreState(primary_before_));
+    if (replica_ != nullptr) STRATA_RETURN_IF_ERROR(replica_->RestoreState(replica_before_));
+  }
+  // The newest split of the optimizer state among members that are where
+  // the job is.
+  uint64_t newest = 0;
+  for (uint32_t m = 0; m < w; ++m) {
+    if (slot(m)[kHasState] > 0 && effective(m) == last) {
+      newest = std::max(newest, GetU64(slot(m) + kStateEpoch));
+    }
+  }
+  auto holder = [&](uint32_t node) -> bool {
+    for (uint32_t m = 0; m < w; ++m) {
+      if (members[m].node_id != node) continue;
+      return slot(m)[kHasState] > 0 && GetU64(slot(m) + kStateEpoch) == newest &&
+             effective(m) == last;
+    }
+    return false;
+  };
+  uint64_t updates_agreed = 0;
+  for (uint32_t m = 0; m < w; ++m) {
+    if (holder(members[m].node_id)) {
+      updates_agreed = std::max(updates_agreed, GetU64(slot(m) + kUpdates));
+    }
+  }
+  // The parameters of the first member that completed the last step (or
+  // of the first member, before any step).
+  uint32_t source = 0;
+  if (last.has_value()) {
+    for (uint32_t m = w; m-- > 0;) {
+      if (slot(m)[kHasCompleted] > 0 && GetU64(slot(m) + kCompleted) == *last) source = m;
+    }
+  }
+
+  // 2. The parameters and the optimizer state, summed from where each
+  // part is: [K state vectors over the flat space][the parameters].
+  const size_t k = state_vectors_;
+  std::vector<float> all((k + 1) * total_, 0.f);
+  size_t lost = 0;
+  if (newest > 0 && newest == state_epoch_ && holder(options_.node_id)) {
+    const uint32_t ow = static_cast<uint32_t>(state_members_.size());
+    auto in_ring = [&](uint32_t old_rank) { return holder(state_members_[old_rank % ow].node_id); };
+    uint32_t old_rank = 0;
+    for (uint32_t i = 0; i < ow; ++i) {
+      if (state_members_[i].node_id == options_.node_id) old_rank = i;
+    }
+    // Segment j of the old ring: its owner was rank j - 1, its replica
+    // rank j.
+    for (uint32_t j = 0; j < ow; ++j) {
+      const uint32_t owner = (j + ow - 1) % ow;
+      const Optimizer* from = nullptr;
+      if (in_ring(owner)) {
+        if (owner == old_rank) from = primary_.get();
+      } else if (ow > 1 && in_ring(j)) {
+        if (j == old_rank) from = replica_.get();
+      } else {
+        auto [b, e] = SegmentOf(j, ow);
+        lost += (e - b) * k;
+        continue;
+      }
+      if (from == nullptr || k == 0) continue;
+      auto [b, e] = SegmentOf(j, ow);
+      const std::vector<absl::string_view> views = from->StateViews();
+      const size_t first = views.size() - k;  // (a count before the vectors)
+      for (size_t v = 0; v < k; ++v) {
+        std::memcpy(all.data() + v * total_ + b, views[first + v].data(), (e - b) * sizeof(float));
+      }
+    }
+  }
+  if (rank == source) std::memcpy(all.data() + k * total_, params_.data(), total_ * sizeof(float));
+  STRATA_RETURN_IF_ERROR(ring->Allreduce(all.data(), all.size(), Op(calls_++)));
+
+  // 3. This ring's shards.
+  std::memcpy(params_.data(), all.data() + k * total_, total_ * sizeof(float));
+  CopyOut(params_, params);
+  auto state_of = [&](uint32_t segment) {
+    auto [b, e] = SegmentOf(segment, w);
+    std::string s;
+    // (Adam keeps its update count before the vectors.)
+    if (state_has_count_) {
+      s.append(reinterpret_cast<const char*>(&updates_agreed), sizeof(uint64_t));
+    }
+    for (size_t v = 0; v < k; ++v) {
+      s.append(reinterpret_cast<const char*>(all.data() + v * total_ + b), (e - b) * sizeof(float));
+    }
+    return s;
+  };
+  {
+    auto [b, e] = SegmentOf((rank + 1) % w, w);
+    const std::string s = state_of((rank + 1) % w);
+    STRATA_ASSIGN_OR_RETURN(primary_, MakeOptimizer(e - b, &s));
+  }
+  replica_.reset();
+  if (w > 1) {
+    auto [b, e] = SegmentOf(rank, w);
+    const std::string s = state_of(rank);
+    STRATA_ASSIGN_OR_RETURN(replica_, MakeOptimizer(e - b, &s));
+  }
+  updates_ = updates_agreed;
+  state_epoch_ = epoch;
+  state_members_ = members;
+  completed_ = last;
+  in_step_.reset();
+  if (lost > 0) {
+    LOG(WARNING) << "dense allreduce ring of epoch " << epoch << ": " << lost
+                 << " floats of optimizer state were on members that are all gone (a shard's "
+                    "owner and its replica); they start again from zero";
+  }
+  VLOG(1) << "dense allreduce ring of epoch " << epoch << ": rank " << rank << " of " << w
+          << ", next step " << (last.has_value() ? *last + 1 : 0);
+  return Formed{last.has_value() ? *last + 1 : 0, lost};
+}
+
+absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
+                                                      const std::vector<const float*>& grads,
+                                                      uint64_t samples, uint64_t epoch_seen,
+                                                      const std::vector<float*>& params) {
+  std::shared_ptr<transport::RingAllreduce> ring;
+  {
+    absl::MutexLock l(&mu_);
+    ring = ring_;
+  }
+  if (ring == nullptr || in_step_.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dense allreduce member ", options_.node_id, ": step ", step,
+                     in_step_.has_value() ? absl::StrCat(" after step ", *in_step_, " failed")
+                                          : std::string(" before a ring was formed"),
+                     ": form a ring first"));
+  }
+  if (grads.size() != table_sizes_.size() || params.size() != table_sizes_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense allreduce: ", grads.size(), " gradients and ", params.size(),
+                     " parameter buffers for ", table_sizes_.size(), " tables"));
+  }
+  const uint32_t w = size();
+  auto failed = [&](absl::Status s) {
+    in_step_ = step;
+    return s;
+  };
+  // 1. The step's samples and the newest view, from every member.
+  std::vector<float> ctl(static_cast<size_t>(w) * kStepSlot, 0.f);
+  PutU64(samples, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kSamples);
+  PutU64(epoch_seen, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kEpochSeen);
+  // (Before the first send: a step cut short is undone from here.)
+  primary_before_ = primary_->SaveState();
+  if (replica_ != nullptr) replica_before_ = replica_->SaveState();
+  if (absl::Status s = ring->Allreduce(ctl.data(), ctl.size(), Op(calls_++)); !s.ok()) {
+    return failed(s);
+  }
+  StepResult result;
+  for (uint32_t m = 0; m < w; ++m) {
+    result.samples += GetU64(ctl.data() + static_cast<size_t>(m) * kStepSlot + kSamples);
+    result.max_epoch = std::max(
+        result.max_epoch, GetU64(ctl.data() + static_cast<size_t>(m) * kStepSlot + kEpochSeen));
+  }
+  if (result.samples == 0) {  // (nobody trained: the parameters stay)
+    completed_ = step;
+    return result;
+  }
+
+  // 2. Reduce-scatter the gradient sums; each shard's owner (and its
+  // replica) applies the optimizer; the all-gather carries parameters.
+  buf_.resize(total_);
+  size_t at = 0;
+  for (size_t t = 0; t < table_sizes_.size(); ++t) {
+    std::memcpy(buf_.data() + at, grads[t], table_sizes_[t] * sizeof(float));
+    at += table_sizes_[t];
+  }
+  const float scale = 1.f / static_cast<float>(result.samples);
+  const uint64_t update = updates_ + 1;
+  auto apply = [&](Optimizer* opt, size_t shard_begin, size_t offset, float* chunk, size_t len) {
+    if (scratch_.size() < len) scratch_.resize(len);
+    std::memcpy(scratch_.data(), params_.data() + offset, len * sizeof(float));
+    opt->ApplyRange(offset - shard_begin, scratch_.data(), chunk, scale, len, update);
+    std::memcpy(chunk, scratch_.data(), len * sizeof(float));
+  };
+  const size_t own_begin = shard().first;
+  const size_t replica_begin = Segment(rank_).first;
+  transport::RingAllreduce::Hooks hooks;
+  hooks.owned = [&](size_t offset, float* chunk, size_t len) {
+    apply(primary_.get(), own_begin, offset, chunk, len);
+  };
+  hooks.first_gathered = [&](size_t offset, float* chunk, size_t len) {
+    apply(replica_.get(), replica_begin, offset, chunk, len);
+  };
+  if (absl::Status s = ring->Allreduce(buf_.data(), total_, Op(calls_++), hooks); !s.ok()) {
+    return failed(s);
+  }
+  params_.swap(buf_);
+  CopyOut(params_, params);
+  ++updates_;
+  completed_ = step;
+  return result;
+}
+
+}  // namespace strata::worker

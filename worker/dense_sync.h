@@ -1,0 +1,186 @@
+// Dense tables synchronised by allreduce among the workers (`model.
+// dense_sync: allreduce`, docs/architecture.md "Collectives"), with the
+// optimizer run on the workers, sharded: Strata's ring (transport/
+// ring_allreduce.h) sums the step's gradients by reduce-scatter; the
+// member that holds a segment's sum applies the optimizer to it (its
+// shard: 1/W of the tables' optimizer state), and the all-gather carries
+// the new parameters round. The member after it in the ring keeps a
+// replica of that shard: the first hop of the all-gather brings it the
+// summed gradient, which it applies to its copy of the state (the same
+// math, bit for bit) before passing the parameters on. So no traffic is
+// added, and one lost member loses no optimizer state.
+//
+// Membership. The ring is a list of members (node ids and data-plane
+// addresses, in the order the caller gives: the cluster view's training
+// workers). Form() makes a ring of them and brings every member to the
+// same state: the members agree, through the new ring, on the last step
+// any of them completed, take the parameters from one that completed it,
+// undo a step that was cut short, and re-split the optimizer state for the
+// new ring (each old shard from its owner, or from its replica when the
+// owner is gone). A step that fails (a member died or left, DeadlineExceeded
+// or Unavailable naming the peer) leaves this member in that step: the
+// caller forms a new ring of the members left and learns from Form which
+// step to go on from (the failed one again, with the same gradients, or the
+// next one when another member completed it).
+//
+// Each ring is numbered by an epoch the caller gives (the view's), rising
+// from ring to ring; messages of a ring this member has not formed yet
+// wait for it, those of an older one are refused.
+//
+// Thread safety: Handle() from any thread (the transport's); the rest
+// from one thread (the training thread).
+#ifndef STRATA_WORKER_DENSE_SYNC_H_
+#define STRATA_WORKER_DENSE_SYNC_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/optimizer.h"
+#include "transport/ring_allreduce.h"
+#include "transport/transport.h"
+
+namespace strata::worker {
+
+class DenseSync {
+ public:
+  struct Member {
+    uint32_t node_id = 0;
+    std::string address;  // the member's data-plane listener
+  };
+  struct Options {
+    uint32_t node_id = 0;  // this member's
+    OptimizerSection optimizer;
+    size_t chunk_bytes = 256 << 10;
+    // Each wait for a member's part of a step (transport/ring_allreduce.h).
+    absl::Duration timeout = absl::Seconds(30);
+  };
+  // `table_sizes`: the floats of each allreduce table, in the order every
+  // member uses. `transport` is borrowed and must outlive this; its
+  // listener hands kCollective requests to Handle().
+  static absl::StatusOr<std::unique_ptr<DenseSync>> Create(transport::Transport* transport,
+                                                           Options options,
+                                                           std::vector<size_t> table_sizes);
+  DenseSync(const DenseSync&) = delete;
+  DenseSync& operator=(const DenseSync&) = delete;
+
+  // Any thread: a kCollective request, for the ring of its epoch (the
+  // operation's high 32 bits).
+  void Handle(transport::Message request, std::shared_ptr<transport::Responder> responder);
+
+  // What Form agreed.
+  struct Formed {
+    // The step to train next: one past the last step any member completed
+    // (0 when none did).
+    uint64_t next_step = 0;
+    // Optimizer-state floats of shards whose owner and replica were both
+    // gone: they start again from zero (logged).
+    size_t lost_state = 0;
+  };
+  // Forms the ring of `members` (this node among them, every member with
+  // the same list) for `epoch` (above every earlier one), and writes the
+  // agreed parameters into `params` (one buffer per table). A member that
+  // was in no ring before brings its `params` as they are: when no member
+  // has completed a step, the parameters of the first member are everyone's
+  // (so a job starts from one initialisation). Errors as Step's: form again.
+  absl::StatusOr<Formed> Form(uint64_t epoch, const std::vector<Member>& members,
+                              const std::vector<float*>& params);
+
+  struct StepResult {
+    uint64_t samples = 0;    // over every member
+    uint64_t max_epoch = 0;  // the highest `epoch_seen` of any member
+  };
+  // Step `step` (every member calls it with the same one): sums `grads`
+  // (per table: the gradient summed over this member's `samples`, which may
+  // be 0) over the ring, applies the optimizer to the mean, and writes the
+  // new parameters into `params`. `epoch_seen`: the newest view this member
+  // knows, so that all members learn the newest (and form its ring at the
+  // same step). On an error `params` are as they were; the caller forms a
+  // ring again.
+  absl::StatusOr<StepResult> Step(uint64_t step, const std::vector<const float*>& grads,
+                                  uint64_t samples, uint64_t epoch_seen,
+                                  const std::vector<float*>& params);
+
+  // The current ring (0 before the first Form) and this member's place.
+  uint64_t epoch() const { return epoch_; }
+  uint32_t rank() const { return rank_; }
+  uint32_t size() const { return static_cast<uint32_t>(members_.size()); }
+  // This member's shard of the flat parameter space: [begin, end).
+  std::pair<size_t, size_t> shard() const { return Segment(OwnedSegment(rank_)); }
+  // Floats of optimizer state held here (the shard and its replica).
+  size_t state_floats() const;
+  // The last step this member completed.
+  std::optional<uint64_t> completed() const { return completed_; }
+
+ private:
+  DenseSync(transport::Transport* transport, Options options, std::vector<size_t> table_sizes);
+
+  // Rank r owns segment r + 1 (ring_allreduce.h); segment s of the flat
+  // space in a ring of `w`.
+  uint32_t OwnedSegment(uint32_t rank) const { return (rank + 1) % size(); }
+  std::pair<size_t, size_t> Segment(uint32_t s) const { return SegmentOf(s, size()); }
+  std::pair<size_t, size_t> SegmentOf(uint32_t s, uint32_t w) const {
+    return {total_ * s / w, total_ * (s + 1) / w};
+  }
+  // The operation id of call `call` of the current ring.
+  uint64_t Op(uint64_t call) const { return (epoch_ << 32) | call; }
+  // A fresh optimizer for `n` floats, its state from `state` when given.
+  absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(size_t n,
+                                                           const std::string* state) const;
+  // Flat params -> the caller's tables, and back.
+  void CopyOut(const std::vector<float>& flat, const std::vector<float*>& params) const;
+  void CopyIn(const std::vector<float*>& params, std::vector<float>* flat) const;
+  uint64_t updates() const { return updates_; }
+
+  transport::Transport* const transport_;
+  const Options options_;
+  const std::vector<size_t> table_sizes_;
+  size_t total_ = 0;              // floats over all tables
+  size_t state_vectors_ = 0;      // per-parameter state floats of the optimizer
+  bool state_has_count_ = false;  // its saved state starts with its update count
+
+  // The ring; swapped by Form while Handle reads it.
+  absl::Mutex mu_;
+  std::shared_ptr<transport::RingAllreduce> ring_ ABSL_GUARDED_BY(mu_);
+  uint64_t ring_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Requests for a ring not formed yet, by epoch (answered once it is).
+  std::map<uint64_t,
+           std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>>>
+      early_ ABSL_GUARDED_BY(mu_);
+  size_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Training thread only.
+  uint64_t epoch_ = 0;
+  uint64_t calls_ = 0;  // operations of the current ring
+  uint32_t rank_ = 0;
+  std::vector<Member> members_;
+  // The ring the optimizer state is split by (the last formed: members
+  // and epoch), and the two shards held: owned, and the previous rank's
+  // replica.
+  uint64_t state_epoch_ = 0;
+  std::vector<Member> state_members_;
+  std::unique_ptr<Optimizer> primary_, replica_;
+  // Their state before the step in progress (undone when Form finds that
+  // step cut short everywhere).
+  std::string primary_before_, replica_before_;
+  std::vector<float> params_;  // the agreed parameters, flat
+  std::vector<float> buf_;     // a step's sums, then its new parameters
+  std::vector<float> scratch_;
+  uint64_t updates_ = 0;  // optimizer updates applied (steps with samples)
+  std::optional<uint64_t> completed_;
+  std::optional<uint64_t> in_step_;  // a step that failed here
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_DENSE_SYNC_H_

@@ -7,11 +7,11 @@
 # table: seconds per allreduce, bus GB/s, and gloo's time over Strata's
 # (above 1: Strata is faster).
 #   bench/allreduce_bench.sh [BUILD_DIR] [--ranks W] [--sizes 4K,...,64M] [--pairs N]
-#                            [--iters N] [--chunk-kib K]
+#                            [--iters N] [--chunk-kib K] [--max-chunks M]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="build"
-ranks=4; sizes="4K,64K,256K,1M,4M,16M,64M"; pairs=3; iters=20; chunk=256
+ranks=4; sizes="4K,64K,256K,1M,4M,16M,64M"; pairs=3; iters=20; chunk=256; max_chunks=4
 if [[ $# -gt 0 && $1 != --* ]]; then BUILD="$1"; shift; fi
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -20,6 +20,7 @@ while [[ $# -gt 0 ]]; do
     --pairs) pairs="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
     --chunk-kib) chunk="$2"; shift 2 ;;
+    --max-chunks) max_chunks="$2"; shift 2 ;;
     -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "allreduce_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -31,9 +32,9 @@ bin="$ROOT/$BUILD/bin/strata-allreduce-bench"
   { echo "allreduce_bench.sh: /usr/bin/python3 has no torch with gloo (apt install python3-torch)" >&2; exit 1; }
 out="$(mktemp /tmp/strata-allreduce-bench.XXXXXX)"
 trap 'rm -f "$out"' EXIT
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $ranks ranks, chunks of $chunk KiB"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $ranks ranks, chunks of $chunk KiB or more, at most $max_chunks a segment (0: no bound)"
 for ((p = 0; p < pairs; ++p)); do
-  "$bin" --ranks "$ranks" --sizes "$sizes" --iters "$iters" --chunk_kib "$chunk" | tee -a "$out"
+  "$bin" --ranks "$ranks" --sizes "$sizes" --iters "$iters" --chunk_kib "$chunk" --max_chunks "$max_chunks" | tee -a "$out"
   /usr/bin/python3 "$ROOT/bench/gloo_allreduce.py" --ranks "$ranks" --sizes "$sizes" --iters "$iters" |
     tee -a "$out"
 done

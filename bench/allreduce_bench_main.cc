@@ -32,7 +32,9 @@ DEFINE_string(sizes, "4K,64K,256K,1M,4M,16M,64M", "buffer sizes (K, M suffixes: 
 DEFINE_int32(iters, 20, "timed allreduces per size");
 DEFINE_int32(warmup, 3, "untimed allreduces per size first");
 DEFINE_int32(port_base, 0, "rank r listens on port_base + r (0: a free range from the pid)");
-DEFINE_int32(chunk_kib, 256, "the ring's chunk (RingAllreduce::Options::chunk_bytes), KiB");
+DEFINE_int32(chunk_kib, 256, "the ring's least chunk (RingAllreduce::Options::chunk_bytes), KiB");
+DEFINE_int32(max_chunks, 4,
+             "the most chunks of a segment (RingAllreduce::Options::max_chunks; 0: no bound)");
 
 namespace strata {
 namespace {
@@ -63,6 +65,7 @@ int RunRank(int rank, int ranks, int port_base, const std::vector<size_t>& sizes
   o.size = ranks;
   o.node_id = rank + 1;
   o.chunk_bytes = static_cast<size_t>(FLAGS_chunk_kib) << 10;
+  o.max_chunks = static_cast<uint32_t>(FLAGS_max_chunks);
   auto ring = transport::RingAllreduce::Create(t->get(), o);
   if (!ring.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, ring.status().ToString().c_str());

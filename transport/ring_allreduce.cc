@@ -197,7 +197,12 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const 
     return absl::FailedPreconditionError(
         absl::StrCat("ring allreduce rank ", options_.rank, ": not connected to the next rank"));
   }
-  const size_t cf = options_.chunk_bytes / sizeof(float);
+  // (Every rank cuts alike: the same n and w.)
+  size_t cf = options_.chunk_bytes / sizeof(float);
+  if (options_.max_chunks > 0) {
+    const size_t segment = (n + w - 1) / w;
+    cf = std::max(cf, (segment + options_.max_chunks - 1) / options_.max_chunks);
+  }
   const int64_t r = options_.rank;
   auto mod = [w](int64_t x) { return static_cast<uint32_t>(((x % w) + w) % w); };
   auto begin = [n, w](uint32_t s) { return n * s / w; };

@@ -11,6 +11,9 @@
 // buffer and receives as much, whatever n. Segments go in chunks of
 // `chunk_bytes`: a chunk is passed on as soon as it has arrived and been
 // added, so the steps overlap (pipelined), and the messages stay small.
+// A large segment is cut into at most `max_chunks` chunks, larger ones:
+// past a few chunks in flight, each message's cost (an answer, a thread
+// hop) buys no more overlap.
 //
 // Every message is a kCollective request to the next rank, answered at
 // once by its receiver. A call posts where each chunk it expects goes (and
@@ -46,8 +49,10 @@ class RingAllreduce {
     uint32_t rank = 0;
     uint32_t size = 1;     // ranks in the ring
     uint32_t node_id = 0;  // this member's sender id in the headers
-    // The pipelining grain: bytes of one message (a multiple of 4, >= 4).
+    // The pipelining grain: the least bytes of one message (a multiple of
+    // 4, >= 4), and the most chunks of a segment (0: no bound).
     size_t chunk_bytes = 256 << 10;
+    uint32_t max_chunks = 4;
     // Each wait for the previous rank's next chunk, and for the next
     // rank's acknowledgements at the end.
     absl::Duration timeout = absl::Seconds(60);

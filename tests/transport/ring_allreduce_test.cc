@@ -29,8 +29,11 @@ struct Ring {
   }
 };
 
+// (max_chunks 0 by default: the chunk sizes the tests ask for, however
+// many chunks a segment then has.)
 std::unique_ptr<Ring> MakeRing(int w, size_t chunk_bytes, const std::string& kind = "inproc",
-                               absl::Duration timeout = absl::Seconds(30)) {
+                               absl::Duration timeout = absl::Seconds(30),
+                               uint32_t max_chunks = 0) {
   auto ring = std::make_unique<Ring>();
   TransportOptions to;
   to.kind = kind;
@@ -47,6 +50,7 @@ std::unique_ptr<Ring> MakeRing(int w, size_t chunk_bytes, const std::string& kin
     o.size = w;
     o.node_id = 100 + i;
     o.chunk_bytes = chunk_bytes;
+    o.max_chunks = max_chunks;
     o.timeout = timeout;
     auto r = RingAllreduce::Create(ring->transports.back().get(), o);
     EXPECT_THAT(r, IsOk());
@@ -125,6 +129,32 @@ TEST(RingAllreduceTest, SumsEverySizeOnRingsOf2To4Ranks) {
       }
     }
   }
+}
+
+TEST(RingAllreduceTest, LargeSegmentsGoInAtMostMaxChunksChunks) {
+  // 4 chunks a segment at most: 300007 floats over 3 ranks are segments of
+  // 100002-100003 floats, cut into chunks of 25001 (not the 1 KiB asked).
+  auto ring = MakeRing(3, 1024, "inproc", absl::Seconds(30), /*max_chunks=*/4);
+  ASSERT_NE(ring, nullptr);
+  ExpectSum(*ring, 300007, 1);
+  ExpectSum(*ring, 5, 2);  // (and a buffer smaller than a chunk)
+  // The owner sees its segment's chunks: 4 of them.
+  std::vector<std::vector<float>> bufs = {Input(0, 300007, 3), Input(1, 300007, 3),
+                                          Input(2, 300007, 3)};
+  std::vector<int> chunks(3, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RingAllreduce::Hooks hooks;
+      hooks.owned = [&, r](size_t, float*, size_t len) {
+        EXPECT_LE(len, 25001u);
+        ++chunks[r];
+      };
+      EXPECT_THAT(ring->ranks[r]->Allreduce(bufs[r].data(), bufs[r].size(), 3, hooks), IsOk());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(chunks, std::vector<int>({4, 4, 4}));
 }
 
 TEST(RingAllreduceTest, SumsOverTcpOperationAfterOperation) {

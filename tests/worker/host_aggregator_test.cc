@@ -109,6 +109,26 @@ TEST(HostSegmentTest, SparseRowsAreMergedPerKey) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(name)));
 }
 
+TEST(HostSegmentTest, MoreKeysThanASlotHoldsAreRefusedNamingTheBound) {
+  const std::string name = UniqueName("keys");
+  SparseLayout layout;
+  layout.tables = {0};
+  layout.dims = {2};
+  layout.max_keys = 2;
+  auto a = HostSegment::Open(name, {0, 2}, 2, layout);
+  ASSERT_THAT(a, IsOk());
+  const std::vector<uint64_t> keys = {1, 2, 3};
+  const std::vector<float> rows(6, 1.f);
+  SparseGrads g{keys.data(), keys.size(), {rows.data()}};
+  EXPECT_THAT((*a)->Post(4, 0, 3, {{}, {1.f, 2.f}}, &g),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("worker 4's step 0 has 3 distinct keys"),
+                             HasSubstr("its slots hold 2 keys"))));
+  // Within the bound it goes in.
+  g.n = 2;
+  EXPECT_THAT((*a)->Post(4, 0, 2, {{}, {1.f, 2.f}}, &g), IsOk());
+}
+
 TEST(HostSegmentTest, PublishedParametersAreReadFromTheirVersionOn) {
   const std::string name = UniqueName("params");
   auto a = HostSegment::Open(name, {3}, 2);

@@ -398,6 +398,10 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
   if (absl::Status s = ring->Allreduce(buf_.data(), total_, Op(calls_++), hooks); !s.ok()) {
     return failed(s);
   }
+  if (options_.fail_after_step_for_testing == step) {
+    return failed(absl::UnavailableError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                                      ": step ", step, " failed (test)")));
+  }
   params_.swap(buf_);
   CopyOut(params_, params);
   ++updates_;

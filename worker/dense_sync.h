@@ -64,6 +64,10 @@ class DenseSync {
     size_t chunk_bytes = 256 << 10;
     // Each wait for a member's part of a step (transport/ring_allreduce.h).
     absl::Duration timeout = absl::Seconds(30);
+    // Tests: this step's ring call succeeds here but Step reports it
+    // failed (Unavailable), as when the last acknowledgement of a step the
+    // others completed never came.
+    std::optional<uint64_t> fail_after_step_for_testing;
   };
   // `table_sizes`: the floats of each allreduce table, in the order every
   // member uses. `transport` is borrowed and must outlive this; its

@@ -65,7 +65,7 @@ class Cluster {
   }
   // A new member; its tables start at `init` + its id (so that a ring's
   // first Form must pick one member's values).
-  Member* Add(uint32_t node_id) {
+  Member* Add(uint32_t node_id, std::optional<uint64_t> fail_after_step = std::nullopt) {
     auto m = std::make_unique<Member>();
     m->node_id = node_id;
     transport::TransportOptions to;
@@ -80,6 +80,7 @@ class Cluster {
     o.optimizer = opt_;
     o.chunk_bytes = 1024;  // (chunks that divide nothing here)
     o.timeout = timeout_;
+    o.fail_after_step_for_testing = fail_after_step;
     auto s = DenseSync::Create(m->transport.get(), o, kTables);
     EXPECT_THAT(s, IsOk());
     m->sync = *std::move(s);
@@ -292,6 +293,39 @@ TEST(DenseSyncTest, AMemberLostMidStepIsRetriedByTheOthersWithItsShardFromTheRep
     ref.Step(step, {1, 2});
   }
   ExpectParams({a, b}, ref, "after the loss");
+}
+
+TEST(DenseSyncTest, AStepTheOthersCompletedIsNotDoneAgain) {
+  // Member 2's step 2 fails after the ring call went through everywhere
+  // (its last acknowledgement lost): the others completed it and went on
+  // to step 3, which fails without member 2. The new ring goes on from
+  // step 3: the others undo their part of step 3, member 2 keeps its
+  // shards' update of step 2 and takes the parameters after it.
+  Cluster c("inproc", absl::Seconds(1));
+  Member* a = c.Add(1);
+  Member* b = c.Add(2, /*fail_after_step=*/2);
+  Member* d = c.Add(3);
+  for (auto& f : c.Form(1, {a, b, d})) ASSERT_THAT(f, IsOk());
+  Reference ref(Flat(*a), Adam());
+  for (uint64_t step = 0; step < 3; ++step) {
+    auto r = c.Step(step, {a, b, d});
+    ASSERT_THAT(r[0], IsOk());
+    ASSERT_THAT(r[2], IsOk());
+    EXPECT_EQ(r[1].ok(), step != 2) << r[1].status();
+    ref.Step(step, {1, 2, 3});
+  }
+  for (auto& r : c.Step(3, {a, d})) EXPECT_FALSE(r.ok());
+  for (auto& f : c.Form(2, {a, b, d})) {
+    ASSERT_THAT(f, IsOk());
+    EXPECT_EQ(f->next_step, 3u);
+    EXPECT_EQ(f->lost_state, 0u);
+  }
+  ExpectParams({a, b, d}, ref, "formed after step 2");
+  for (uint64_t step = 3; step < 6; ++step) {
+    for (auto& r : c.Step(step, {a, b, d})) ASSERT_THAT(r, IsOk());
+    ref.Step(step, {1, 2, 3});
+  }
+  ExpectParams({a, b, d}, ref, "three steps on");
 }
 
 TEST(DenseSyncTest, AJoiningMemberGetsTheParametersAndAShareOfTheState) {

@@ -63,8 +63,10 @@ void DenseSync::Handle(transport::Message request,
                        std::shared_ptr<transport::Responder> responder) {
   const uint64_t epoch = request.header.version >> 32;
   std::shared_ptr<transport::RingAllreduce> ring;
+  uint64_t current = 0;
   {
     absl::MutexLock l(&mu_);
+    current = ring_epoch_;
     if (ring_ != nullptr && epoch == ring_epoch_) {
       ring = ring_;
     } else if (epoch > ring_epoch_ && early_bytes_ + request.payload_size() <= (size_t{1} << 30)) {
@@ -81,9 +83,9 @@ void DenseSync::Handle(transport::Message request,
         h, transport::ResponseTypeFor(h.type),
         absl::FailedPreconditionError(absl::StrCat(
             "dense allreduce member ", options_.node_id, ": a message for the ring of epoch ",
-            epoch, " from ", responder->peer(), "; this member's ring is of epoch ", epoch_,
-            epoch > epoch_ ? " (too many waiting for a ring not formed yet)"
-                           : " (that ring is over)"))));
+            epoch, " from ", responder->peer(), "; this member's ring is of epoch ", current,
+            epoch > current ? " (too many waiting for a ring not formed yet)"
+                            : " (that ring is over)"))));
     return;
   }
   ring->Handle(std::move(request), std::move(responder));
@@ -161,7 +163,7 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<transport::RingAllreduce> made,
                           transport::RingAllreduce::Create(transport_, ro));
   std::shared_ptr<transport::RingAllreduce> ring(std::move(made));
-  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> early;
+  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> early, skipped;
   {
     absl::MutexLock l(&mu_);
     ring_ = ring;
@@ -169,12 +171,20 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
     for (auto it = early_.begin(); it != early_.end() && it->first <= epoch;) {
       for (auto& m : it->second) {
         early_bytes_ -= m.first.payload.size();
-        if (it->first == epoch) early.push_back(std::move(m));
+        (it->first == epoch ? early : skipped).push_back(std::move(m));
       }
-      it = early_.erase(it);  // (those of skipped rings: their senders time out)
+      it = early_.erase(it);
     }
   }
+  formed_ = false;  // (until this Form is through)
   for (auto& [m, r] : early) ring->Handle(std::move(m), std::move(r));
+  for (auto& [m, r] : skipped) {  // (a ring this member never formed)
+    r->Respond(transport::MakeErrorResponse(
+        m.header, transport::ResponseTypeFor(m.header.type),
+        absl::FailedPreconditionError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                                   ": the ring of epoch ", m.header.version >> 32,
+                                                   " was skipped for that of epoch ", epoch))));
+  }
   epoch_ = epoch;
   calls_ = 0;
   rank_ = rank;
@@ -313,6 +323,7 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   state_members_ = members;
   completed_ = last;
   in_step_.reset();
+  formed_ = true;
   if (lost > 0) {
     LOG(WARNING) << "dense allreduce ring of epoch " << epoch << ": " << lost
                  << " floats of optimizer state were on members that are all gone (a shard's "
@@ -332,12 +343,15 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
     absl::MutexLock l(&mu_);
     ring = ring_;
   }
-  if (ring == nullptr || in_step_.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dense allreduce member ", options_.node_id, ": step ", step,
-                     in_step_.has_value() ? absl::StrCat(" after step ", *in_step_, " failed")
-                                          : std::string(" before a ring was formed"),
-                     ": form a ring first"));
+  if (ring == nullptr || !formed_ || in_step_.has_value()) {
+    std::string why = " before a ring was formed";
+    if (in_step_.has_value()) {
+      why = absl::StrCat(" after step ", *in_step_, " failed");
+    } else if (ring != nullptr) {
+      why = absl::StrCat(" after forming the ring of epoch ", epoch_, " failed");
+    }
+    return absl::FailedPreconditionError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                                      ": step ", step, why, ": form a ring first"));
   }
   if (grads.size() != table_sizes_.size() || params.size() != table_sizes_.size()) {
     return absl::InvalidArgumentError(

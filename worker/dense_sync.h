@@ -181,6 +181,7 @@ class DenseSync {
   std::vector<float> buf_;     // a step's sums, then its new parameters
   std::vector<float> scratch_;
   uint64_t updates_ = 0;  // optimizer updates applied (steps with samples)
+  bool formed_ = false;   // the last Form went through (Step may run)
   std::optional<uint64_t> completed_;
   std::optional<uint64_t> in_step_;  // a step that failed here
 };

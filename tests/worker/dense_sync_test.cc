@@ -384,6 +384,15 @@ TEST(DenseSyncTest, BadCallsAreRefused) {
   ASSERT_THAT(a->sync->Form(3, {{1, a->address}}, a->param_ptrs()), IsOk());
   EXPECT_THAT(a->sync->Form(3, {{1, a->address}}, a->param_ptrs()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("epochs rise")));
+  // A ring whose other member never comes: Form fails, and Step is refused
+  // until a Form goes through.
+  Cluster slow("inproc", absl::Milliseconds(300));
+  Member* x = slow.Add(1);
+  Member* y = slow.Add(2);
+  EXPECT_FALSE(x->sync->Form(1, {{1, x->address}, {2, y->address}}, x->param_ptrs()).ok());
+  EXPECT_THAT(x->sync->Step(0, {}, 0, 0, {}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("after forming the ring of epoch 1 failed")));
   OptimizerSection bad;
   bad.type = "adagrad";
   EXPECT_THAT(DenseSync::Create(a->transport.get(), {1, bad}, kTables).status(),

@@ -56,14 +56,14 @@ waits() {
   http_get "127.0.0.1:$((base + 40 + $1))/metrics" |
     awk '/^strata_worker_busy_seconds /{b=$2} /^strata_worker_comm_seconds /{c=$2} END{print b, c}'
 }
-# samples_step: both workers' samples and worker 0's last step, now.
+# samples_step: each worker's samples and last step, now.
 samples_step() {
   python3 - "$base" <<'PY'
 import json, sys, urllib.request
 base = int(sys.argv[1])
 st = [json.load(urllib.request.urlopen(f'http://127.0.0.1:{base + 40 + i}/status', timeout=5))
       for i in (0, 1)]
-print(st[0]['samples'] + st[1]['samples'], st[0]['last_step'])
+print(st[0]['samples'], st[1]['samples'], st[0]['last_step'], st[1]['last_step'])
 PY
 }
 # The split the master made once it measured the slowed worker: worker 1's
@@ -104,18 +104,23 @@ PY
 # window's ends are off by up to a step of one worker; under a loaded
 # suite 1.5 s held 58 steps, and that edge alone was 2.7 samples a step.)
 sleep 1
-read -r s0 t0 <<< "$(samples_step)"
+before="$(samples_step)"
 sleep 3
-read -r s1 t1 <<< "$(samples_step)"
-python3 - "$s0" "$t0" "$s1" "$t1" "$split" <<'PY' || fail "samples per step after the split is not the global batch"
+after="$(samples_step)"
+python3 - "$before" "$after" "$split" <<'PY' || fail "samples per step after the split is not the global batch"
 import math, re, sys
-s0, t0, s1, t1 = map(int, sys.argv[1:5])
-shares = [int(n) for n, _ in re.findall(r'(\d+) \(worker (\d+),', sys.argv[5])]
+a0, a1, t0, u0 = map(int, sys.argv[1].split())
+b0, b1, t1, u1 = map(int, sys.argv[2].split())
+shares = [int(n) for n, _ in re.findall(r'(\d+) \(worker (\d+),', sys.argv[3])]
 expected = sum(2000 / math.ceil(2000 / b) for b in shares)
-per = (s1 - s0) / max(1, t1 - t0)
+per = (b0 - a0 + b1 - a1) / max(1, t1 - t0)
 print("samples per bsp step after the split: %.1f over %d steps (expected %.1f: %s a step, "
-      "less each task's short last step)" % (per, t1 - t0, expected, " + ".join(map(str, shares))))
-sys.exit(0 if t1 > t0 and abs(per / expected - 1) <= 0.06 else 1)
+      "less each task's short last step); worker 0: %d samples in %d steps, worker 1: %d in %d"
+      % (per, t1 - t0, expected, " + ".join(map(str, shares)), b0 - a0, t1 - t0, b1 - a1, u1 - u0))
+# (10%: the two workers are read one after the other, the slowed one's
+# page answering late under its CPU quota, so the window's ends are a step
+# of either apart; the whole global batch given to each would be 2x off.)
+sys.exit(0 if t1 > t0 and abs(per / expected - 1) <= 0.10 else 1)
 PY
 read -r b1 c1 <<< "$(waits 0)"
 python3 -c "print('worker 0 waited %.0f%% of its step time until the split, %.0f%% in the 4 s after' % (100 * $c0 / $b0, 100 * ($c1 - $c0) / max(1e-9, $b1 - $b0)))"

@@ -59,6 +59,9 @@ grep -qF -- '--provider "/usr/local/lib/strata/provider {action} {role} {indices
 drop="$root/etc/ssh/sshd_config.d/strata.conf"
 [[ -f $drop ]] || fail "install did not put the sshd drop-in"
 if [[ -x /usr/sbin/sshd ]]; then
+  # (sshd -T wants its privilege separation directory, which only a started
+  # ssh service makes: a fresh machine without systemd has none.)
+  mkdir -p /run/sshd 2>/dev/null || true
   ssh-keygen -q -t ed25519 -N '' -f "$work/hostkey"
   printf 'Include %s\nHostKey %s\n' "$drop" "$work/hostkey" > "$work/sshd_config"
   # (Written to files first: grep -q ending the pipe early would kill

@@ -127,6 +127,38 @@ size_t DenseSync::state_floats() const {
   return n;
 }
 
+size_t DenseSync::PutOldShards(const std::function<bool(uint32_t)>& holder, float* all) const {
+  const size_t k = state_vectors_;
+  const uint32_t ow = static_cast<uint32_t>(state_members_.size());
+  auto in_ring = [&](uint32_t old_rank) { return holder(state_members_[old_rank % ow].node_id); };
+  uint32_t old_rank = 0;
+  for (uint32_t i = 0; i < ow; ++i) {
+    if (state_members_[i].node_id == options_.node_id) old_rank = i;
+  }
+  size_t lost = 0;
+  // Segment j of the old ring: its owner was rank j - 1, its replica rank j.
+  for (uint32_t j = 0; j < ow; ++j) {
+    const uint32_t owner = (j + ow - 1) % ow;
+    auto [b, e] = SegmentOf(j, ow);
+    const Optimizer* from = nullptr;
+    if (in_ring(owner)) {
+      if (owner == old_rank) from = primary_.get();
+    } else if (ow > 1 && in_ring(j)) {
+      if (j == old_rank) from = replica_.get();
+    } else {
+      lost += (e - b) * k;
+      continue;
+    }
+    if (from == nullptr || k == 0) continue;
+    const std::vector<absl::string_view> views = from->StateViews();
+    const size_t first = views.size() - k;  // (a count before the vectors)
+    for (size_t v = 0; v < k; ++v) {
+      std::memcpy(all + v * total_ + b, views[first + v].data(), (e - b) * sizeof(float));
+    }
+  }
+  return lost;
+}
+
 absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
                                                   const std::vector<Member>& members,
                                                   const std::vector<float*>& params) {
@@ -260,34 +292,7 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   std::vector<float> all((k + 1) * total_, 0.f);
   size_t lost = 0;
   if (newest > 0 && newest == state_epoch_ && holder(options_.node_id)) {
-    const uint32_t ow = static_cast<uint32_t>(state_members_.size());
-    auto in_ring = [&](uint32_t old_rank) { return holder(state_members_[old_rank % ow].node_id); };
-    uint32_t old_rank = 0;
-    for (uint32_t i = 0; i < ow; ++i) {
-      if (state_members_[i].node_id == options_.node_id) old_rank = i;
-    }
-    // Segment j of the old ring: its owner was rank j - 1, its replica
-    // rank j.
-    for (uint32_t j = 0; j < ow; ++j) {
-      const uint32_t owner = (j + ow - 1) % ow;
-      const Optimizer* from = nullptr;
-      if (in_ring(owner)) {
-        if (owner == old_rank) from = primary_.get();
-      } else if (ow > 1 && in_ring(j)) {
-        if (j == old_rank) from = replica_.get();
-      } else {
-        auto [b, e] = SegmentOf(j, ow);
-        lost += (e - b) * k;
-        continue;
-      }
-      if (from == nullptr || k == 0) continue;
-      auto [b, e] = SegmentOf(j, ow);
-      const std::vector<absl::string_view> views = from->StateViews();
-      const size_t first = views.size() - k;  // (a count before the vectors)
-      for (size_t v = 0; v < k; ++v) {
-        std::memcpy(all.data() + v * total_ + b, views[first + v].data(), (e - b) * sizeof(float));
-      }
-    }
+    lost = PutOldShards(holder, all.data());
   }
   if (rank == source) std::memcpy(all.data() + k * total_, params_.data(), total_ * sizeof(float));
   STRATA_RETURN_IF_ERROR(ring->Allreduce(all.data(), all.size(), Op(calls_++)));

@@ -33,6 +33,7 @@
 #define STRATA_WORKER_DENSE_SYNC_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -141,6 +142,12 @@ class DenseSync {
   // A fresh optimizer for `n` floats, its state from `state` when given.
   absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(size_t n,
                                                            const std::string* state) const;
+  // Form's contribution of this member's shards of the last ring's split
+  // to `all` (K state vectors over the flat space): each old segment's
+  // state from its owner when `holder` (node id) says it is in the new
+  // ring and current, else from its replica's holder. Returns the state
+  // floats of segments neither holds (lost).
+  size_t PutOldShards(const std::function<bool(uint32_t)>& holder, float* all) const;
   // Flat params -> the caller's tables, and back.
   void CopyOut(const std::vector<float>& flat, const std::vector<float*>& params) const;
   void CopyIn(const std::vector<float*>& params, std::vector<float>* flat) const;

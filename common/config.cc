@@ -506,6 +506,7 @@ std::vector<ConfigReader::Field> ConfigReader::ModelFields(ModelSection* model) 
          return absl::OkStatus();
        }},
       Enum("activation", &model->activation, {"relu", "tanh", "sigmoid"}),
+      Enum("dense_sync", &model->dense_sync, {"ps", "allreduce"}),
       {"tables",
        [this, model](const YAML::Node& k, const YAML::Node& v,
                      const std::string& path) -> absl::Status {
@@ -860,6 +861,34 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                        absl::StrCat("node is built for model.type mlp and wide_deep so far; "
                                     "model.type ",
                                     config.model.type, " runs a training script"));
+    }
+  }
+  if (config.model.dense_sync == "allreduce") {
+    // (The ring steps every worker at once: a bsp step. Sparse tables stay
+    // on the pservers; a model with none is the MLP.)
+    const YAML::Mark mark = mark_of("model.dense_sync");
+    if (config.job.consistency != Consistency::kBsp) {
+      return PathError(mark, "model.dense_sync",
+                       absl::StrCat("allreduce steps every worker together (bsp); this job's "
+                                    "consistency is ",
+                                    ConsistencyName(config.job.consistency), " (use ps)"));
+    }
+    if (config.model.type != "mlp") {
+      return PathError(mark, "model.dense_sync",
+                       absl::StrCat("allreduce is built for model.type mlp so far; model.type ",
+                                    config.model.type,
+                                    " keeps its dense tables on the pservers "
+                                    "(use ps)"));
+    }
+    if (config.cluster.aggregation == "node") {
+      return PathError(mark, "model.dense_sync",
+                       "allreduce with cluster.aggregation node (a host's sum first) is not "
+                       "built yet: use one or the other");
+    }
+    if (config.checkpoint.enabled) {
+      return PathError(mark, "model.dense_sync",
+                       "allreduce tables live on the workers, and their checkpoints are not "
+                       "built yet: use ps in a job that checkpoints");
     }
   }
   const bool script = config.model.type == "script";

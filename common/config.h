@@ -68,6 +68,11 @@ struct ModelSection {
   // empty: the script declares them (its distribute(), docs/python.md) and
   // the first worker's values initialise them.
   std::vector<ScriptTableSection> tables;
+  // How the dense tables are kept in step (docs/architecture.md,
+  // "Collectives"): "ps", on the pservers (pushes and pulls); "allreduce",
+  // among the workers, by Strata's ring allreduce, the optimizer sharded
+  // over them (worker/dense_sync.h). mlp models, bsp jobs.
+  std::string dense_sync = "ps";
 };
 
 struct OptimizerSection {

@@ -51,6 +51,9 @@ std::vector<TableSpec> ModelTables(const ModelSection& model) {
         {absl::StrCat(prefix, "fc", i, ".weight"), {in, out}, "glorot_uniform", in, out});
     tables.push_back({absl::StrCat(prefix, "fc", i, ".bias"), {out}, "zeros", in, out});
   }
+  if (model.dense_sync == "allreduce") {
+    for (TableSpec& t : tables) t.allreduce = !t.sparse;
+  }
   return tables;
 }
 

@@ -26,6 +26,9 @@ struct TableSpec {
   // shape is empty and num_elements() 0.
   bool sparse = false;
   int dim = 0;
+  // A dense table kept in step by allreduce among the workers
+  // (model.dense_sync: allreduce): no pserver holds it.
+  bool allreduce = false;
 
   uint64_t num_elements() const;
 };
@@ -44,6 +47,7 @@ inline constexpr int kCtrFields = 26;
 // over widths [26 * embedding_dim + 13, hidden..., 1].
 // For model.type "script": model.tables as the config gives them (init and
 // fans resolved by the config reader).
+// With model.dense_sync allreduce the dense tables are marked `allreduce`.
 std::vector<TableSpec> ModelTables(const ModelSection& model);
 // model.type script without model.tables: the training script declares
 // its tables when it starts (docs/python.md) and ModelTables is empty.

@@ -27,6 +27,7 @@ std::vector<proto::TableInfo> MakeTableInfos(const std::vector<TableSpec>& specs
       t.set_dim(static_cast<uint32_t>(specs[i].dim));
       t.set_partitions(sparse_partitions);
     }
+    if (specs[i].allreduce) t.set_allreduce(true);
     tables.push_back(std::move(t));
   }
   return tables;
@@ -57,6 +58,7 @@ absl::StatusOr<std::vector<proto::PartitionInfo>> PlacePartitions(
       }
       continue;
     }
+    if (t.allreduce()) continue;  // (the workers keep it)
     for (uint64_t off = 0; off < t.num_elements(); off += max_elems) {
       proto::PartitionInfo p;
       p.set_id(static_cast<uint32_t>(parts.size()));

@@ -179,6 +179,13 @@ absl::Status RingAllreduce::Await(const Key& key) {
   }
 }
 
+void RingAllreduce::Abort(absl::Status why) {
+  absl::MutexLock l(&st_->mu);
+  if (st_->send_error.ok()) st_->send_error = why;
+  if (st_->broken.ok()) st_->broken = std::move(why);
+  st_->changed.SignalAll();
+}
+
 absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
   return Allreduce(data, n, op, Hooks{});
 }

@@ -103,6 +103,10 @@ class RingAllreduce {
   // `owned` gets the whole buffer.
   absl::Status Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks);
 
+  // Any thread: fails the call in progress, and every later one, with
+  // `why` (a member has gone on to another ring: this one cannot finish).
+  void Abort(absl::Status why);
+
   uint32_t rank() const { return options_.rank; }
   uint32_t size() const { return options_.size; }
   // Bytes of payload this rank has sent (for benchmarks and tests).

@@ -70,7 +70,15 @@ void DenseSync::Handle(transport::Message request,
     if (ring_ != nullptr && epoch == ring_epoch_) {
       ring = ring_;
     } else if (epoch > ring_epoch_ && early_bytes_ + request.payload_size() <= (size_t{1} << 30)) {
-      // (A member a step ahead formed the next ring first.)
+      // (A member a step ahead formed the next ring first.) The ring this
+      // member is in cannot finish a call now (that member has left it):
+      // its wait ends at once rather than at the timeout.
+      if (ring_ != nullptr) {
+        ring_->Abort(absl::UnavailableError(
+            absl::StrCat("dense allreduce member ", options_.node_id, ": ", responder->peer(),
+                         " has gone on to the ring of epoch ", epoch,
+                         "; this member's is of epoch ", ring_epoch_)));
+      }
       request.OwnPayload();
       early_bytes_ += request.payload.size();
       early_[epoch].emplace_back(std::move(request), std::move(responder));

@@ -100,6 +100,8 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
         (*local)[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(), 1.0f / n,
                            model_->params()[t].size());
       }
+    } else if (ctx_->dense_ring() != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(loss, AllreduceStep(x.data(), y.data(), n, &version, &comm));
     } else if (ctx_->host_aggregator() != nullptr) {
       STRATA_ASSIGN_OR_RETURN(loss, AggregatedStep(x.data(), y.data(), n, &version, &comm));
     } else {
@@ -136,6 +138,22 @@ absl::StatusOr<double> MlpTrainer::AggregatedStep(const float* x, const int32_t*
   w = absl::Now();
   STRATA_RETURN_IF_ERROR(agg->Post(*version, static_cast<uint64_t>(n), model_->grads()));
   *comm += absl::Now() - w;
+  return loss;
+}
+
+absl::StatusOr<double> MlpTrainer::AllreduceStep(const float* x, const int32_t* y, int n,
+                                                 uint64_t* version, absl::Duration* comm) {
+  // model.dense_sync allreduce (dense_ring.h): the gradients of the batch,
+  // summed over the ring; the parameters after the step come back into
+  // the model's tables.
+  STRATA_ASSIGN_OR_RETURN(const double loss, model_->TrainStep(x, y, n));
+  std::vector<const float*> grads;
+  for (const std::vector<float>& g : model_->grads()) grads.push_back(g.data());
+  const absl::Time w = absl::Now();
+  STRATA_ASSIGN_OR_RETURN(const DenseRing::Done done,
+                          ctx_->dense_ring()->TrainStep(grads, static_cast<uint64_t>(n)));
+  *comm += absl::Now() - w;
+  *version = done.step;
   return loss;
 }
 

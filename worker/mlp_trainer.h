@@ -43,6 +43,10 @@ class MlpTrainer : public Trainer {
   // segment, the gradient posted there (the same outputs as below).
   absl::StatusOr<double> AggregatedStep(const float* x, const int32_t* y, int n, uint64_t* version,
                                         absl::Duration* comm);
+  // One step with model.dense_sync allreduce: compute, then the ring's
+  // step (dense_ring.h), whose parameters come back into the model.
+  absl::StatusOr<double> AllreduceStep(const float* x, const int32_t* y, int n, uint64_t* version,
+                                       absl::Duration* comm);
   // One step on a batch of `n` against the pservers: pull, compute, push,
   // the communication overlapping the computation. Sets *version to the
   // step's version and adds the time spent waiting to *comm.

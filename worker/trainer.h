@@ -34,6 +34,7 @@
 #include "common/optimizer.h"
 #include "proto/strata.pb.h"
 #include "storage/file_system.h"
+#include "worker/dense_ring.h"
 #include "worker/host_aggregator.h"
 #include "worker/param_client.h"
 
@@ -98,6 +99,9 @@ class TrainerContext {
   // shared-memory aggregation, through which a step's gradient is posted
   // and the next parameters come; null when the job does not aggregate.
   virtual HostAggregator* host_aggregator() { return nullptr; }
+  // model.dense_sync allreduce: the ring the dense tables' steps go
+  // through (dense_ring.h); null when they go to the pservers.
+  virtual DenseRing* dense_ring() { return nullptr; }
   // True when the steps are traced (WorkerOptions.trace_path).
   virtual bool tracing() const = 0;
   // A trace span from `from` to now on the steps lane, when tracing;

@@ -190,6 +190,27 @@ absl::Status Worker::Start() {
   }
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
   RegisterModelMemory();
+  const bool allreduce = options_.config.model.dense_sync == "allreduce" && !options_.local_only;
+  if (allreduce) {
+    // The ring's messages come to this worker's own data-plane listener
+    // (advertised as its data address when it registers).
+    STRATA_RETURN_IF_ERROR(transport_->Listen(
+        options_.host, 0,
+        [this](transport::Message request, std::shared_ptr<transport::Responder> responder) {
+          DenseSync* sync = dense_sync_handler_.load();
+          if (sync == nullptr || request.header.type != transport::MessageType::kCollective) {
+            const transport::MessageHeader h = request.header;
+            responder->Respond(transport::MakeErrorResponse(
+                h, transport::ResponseTypeFor(h.type),
+                absl::FailedPreconditionError(absl::StrCat(
+                    "worker ", options_.index, ": message type ", static_cast<int>(h.type),
+                    " from ", responder->peer(),
+                    sync == nullptr ? " before it has joined the job" : " is not for a worker"))));
+            return;
+          }
+          sync->Handle(std::move(request), std::move(responder));
+        }));
+  }
   if (!options_.trace_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options_.trace_path, options_.index + 1,
                                                       absl::StrCat("worker ", options_.index)));
@@ -251,9 +272,11 @@ absl::Status Worker::Start() {
   req.set_index(options_.index);
   req.set_host(options_.host);
   req.set_http_port(options_.http_port >= 0 ? http_.port() : 0);
+  if (allreduce) req.set_data_address(transport_->listen_address());
   STRATA_ASSIGN_OR_RETURN(proto::RegisterResponse resp,
                           agent_->Register(req, options_.register_timeout, stop_));
   node_id_ = resp.node_id();
+  if (allreduce) STRATA_RETURN_IF_ERROR(StartDenseSync());
   params_ = std::make_unique<ParamClient>(
       transport_.get(), node_id_, [this] { return FetchView(); },
       absl::Milliseconds(options_.config.cluster.request_timeout_ms));
@@ -522,6 +545,7 @@ absl::Status Worker::RunLoop() {
           task_start_unknown_ = lease.task.id();
         }
         task_batch_.store(lease.batch_size, std::memory_order_relaxed);
+        if (dense_ring_ != nullptr) STRATA_RETURN_IF_ERROR(dense_ring_->Join());
         STRATA_ASSIGN_OR_RETURN(const int64_t records,
                                 trainer_->TrainTask(lease.task, /*local=*/nullptr));
         task_start_unknown_.reset();
@@ -542,6 +566,8 @@ absl::Status Worker::RunLoop() {
       case proto::LeaseTaskResponse::EVALUATE:
         STRATA_RETURN_IF_ERROR(Settle());
         ReportProgress(false, 0, 0);
+        // (Allreduce: this worker's tables are the ring's, once it is in it.)
+        if (dense_ring_ != nullptr) STRATA_RETURN_IF_ERROR(dense_ring_->Join());
         STRATA_RETURN_IF_ERROR(Evaluate(lease.min_version));
         break;
       case proto::LeaseTaskResponse::DONE:
@@ -559,14 +585,19 @@ absl::Status Worker::RunLoop() {
         return absl::OkStatus();
       default:  // WAIT
         STRATA_RETURN_IF_ERROR(Settle());
-        stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+        if (dense_ring_ != nullptr) {
+          // The others' steps need this worker's, with no samples.
+          STRATA_RETURN_IF_ERROR(dense_ring_->IdleFor(absl::Milliseconds(100)));
+        } else {
+          stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+        }
         break;
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status Worker::RunLocal() {
+absl::Status Worker::InitLocalTables() {
   const std::vector<TableSpec> tables = ModelTables(options_.config.model);
   auto& params = trainer_->params();
   for (size_t t = 0; t < tables.size(); ++t) {
@@ -574,8 +605,48 @@ absl::Status Worker::RunLocal() {
         InitializeSlice(InitSpec{tables[t].init, tables[t].fan_in, tables[t].fan_out,
                                  static_cast<uint32_t>(t), options_.config.job.seed},
                         0, params[t].size(), params[t].data()));
-    STRATA_ASSIGN_OR_RETURN(auto opt,
-                            Optimizer::Create(options_.config.optimizer, params[t].size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::StartDenseSync() {
+  STRATA_RETURN_IF_ERROR(InitLocalTables());
+  std::vector<size_t> sizes;
+  for (const auto& t : trainer_->params()) sizes.push_back(t.size());
+  DenseSync::Options o;
+  o.node_id = node_id_;
+  o.optimizer = options_.config.optimizer;
+  // A member's wait for the others covers their evaluation and their
+  // calls to the master between tasks.
+  o.timeout = absl::Milliseconds(std::max(options_.config.cluster.request_timeout_ms, 10000));
+  STRATA_ASSIGN_OR_RETURN(dense_sync_, DenseSync::Create(transport_.get(), o, sizes));
+  dense_sync_handler_.store(dense_sync_.get());
+  DenseRing::Hooks hooks;
+  hooks.fetch_view = [this] { return FetchView(); };
+  hooks.epoch_seen = [this] { return params_->epoch(); };
+  hooks.stopping = [this] { return stop_.HasBeenNotified(); };
+  // A ring that failed: the next view comes once the master has declared
+  // the lost member dead; past twice that and a request timeout, this
+  // worker gives up (its restart makes a view of its own).
+  const absl::Duration reform = absl::Milliseconds(2 * options_.config.cluster.dead_timeout_ms +
+                                                   options_.config.cluster.request_timeout_ms);
+  dense_ring_ = std::make_unique<DenseRing>(dense_sync_.get(), node_id_, &trainer_->params(),
+                                            std::move(hooks), reform);
+  metrics_.AddCallbackGauge("strata_worker_allreduce_rings_formed",
+                            "Rings of the dense allreduce this worker has formed",
+                            [this] { return static_cast<double>(dense_ring_->rings_formed()); });
+  metrics_.AddCallbackGauge("strata_worker_allreduce_steps_failed",
+                            "Dense allreduce steps that failed here (and were retried)",
+                            [this] { return static_cast<double>(dense_ring_->steps_failed()); });
+  LOG(INFO) << "worker " << options_.index << ": dense tables by allreduce among the workers; "
+            << "data-plane listener " << transport_->listen_address();
+  return absl::OkStatus();
+}
+
+absl::Status Worker::RunLocal() {
+  STRATA_RETURN_IF_ERROR(InitLocalTables());
+  for (const auto& table : trainer_->params()) {
+    STRATA_ASSIGN_OR_RETURN(auto opt, Optimizer::Create(options_.config.optimizer, table.size()));
     local_optimizers_.push_back(std::move(opt));
   }
   // The master's tasks, in its order, trained by this process alone.
@@ -743,7 +814,10 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
 }
 
 absl::Status Worker::Evaluate(uint64_t min_version) {
-  STRATA_ASSIGN_OR_RETURN(const EvalMetrics m, trainer_->Evaluate(min_version));
+  // (Allreduce: the parameters are here already.)
+  STRATA_ASSIGN_OR_RETURN(
+      const EvalMetrics m,
+      trainer_->Evaluate(dense_ring_ != nullptr ? std::nullopt : std::optional(min_version)));
   if (m.auc.has_value()) {
     LOG(INFO) << absl::StrFormat(
         "evaluation: test AUC %.4f, log-loss %.4f, accuracy %.4f over %d examples", *m.auc, m.loss,

@@ -30,6 +30,8 @@
 #include "proto/strata.grpc.pb.h"
 #include "storage/file_system.h"
 #include "transport/transport.h"
+#include "worker/dense_ring.h"
+#include "worker/dense_sync.h"
 #include "worker/device.h"
 #include "worker/host_aggregator.h"
 #include "worker/param_client.h"
@@ -170,6 +172,7 @@ class Worker : private TrainerContext {
   // Settles the last step's push (acks, retries), if any.
   absl::Status SettlePush() override;
   HostAggregator* host_aggregator() override { return aggregator_.get(); }
+  DenseRing* dense_ring() override { return dense_ring_.get(); }
   bool tracing() const override { return trace_ != nullptr; }
   absl::Time TraceSpan(const char* name, const char* category, absl::Time from,
                        const std::string& args) override;
@@ -180,6 +183,11 @@ class Worker : private TrainerContext {
   void RegisterModelMemory();
   absl::Status RunLoop();
   absl::Status RunLocal();
+  // model.dense_sync allreduce: the tables' initial values here (the
+  // first ring takes its first member's), and this worker's DenseSync and
+  // DenseRing once it is a node (Start).
+  absl::Status InitLocalTables();
+  absl::Status StartDenseSync();
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.
   absl::Status Settle();
   absl::Status WaitForReadyView();
@@ -220,6 +228,12 @@ class Worker : private TrainerContext {
   // (it pushes through params_).
   std::unique_ptr<HostAggregator> aggregator_;
   std::unique_ptr<TaskSource> tasks_;
+  // model.dense_sync allreduce (null otherwise). The transport's listener
+  // hands them kCollective requests through dense_sync_handler_ (set once
+  // the DenseSync exists; the listener stops in Shutdown, before these go).
+  std::unique_ptr<DenseSync> dense_sync_;
+  std::unique_ptr<DenseRing> dense_ring_;
+  std::atomic<DenseSync*> dense_sync_handler_{nullptr};
   std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only
   HttpServer http_;
   MetricsRegistry metrics_;

@@ -598,6 +598,31 @@ TEST(ParseJobConfigTest, NodeAggregationOnlyForBspMlpAndWideDeep) {
               "model.type script runs a training script");
 }
 
+TEST(ParseJobConfigTest, DenseSyncAllreduceOnlyForBspMlpWithoutNodeAggregationOrCheckpoints) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData(""));
+  EXPECT_EQ(c.model.dense_sync, "ps");
+  for (const TableSpec& t : ModelTables(c.model)) EXPECT_FALSE(t.allreduce) << t.name;
+  STRATA_ASSERT_OK_AND_ASSIGN(c, ParseWithData("model:\n  dense_sync: allreduce\n"));
+  EXPECT_EQ(c.model.dense_sync, "allreduce");
+  for (const TableSpec& t : ModelTables(c.model)) EXPECT_TRUE(t.allreduce) << t.name;
+  ExpectError(ParseWithData("model:\n  dense_sync: ring\n"),
+              "local.yaml:7:15: ", "model.dense_sync", "(allowed: ps, allreduce)");
+  ExpectError(ParseWithData("job:\n  consistency: asp\nmodel:\n  dense_sync: allreduce\n"),
+              "local.yaml:9:15: ", "model.dense_sync: allreduce steps every worker together",
+              "this job's consistency is asp");
+  ExpectError(ParseWithData("model:\n  dense_sync: allreduce\ncluster:\n  aggregation: node\n"),
+              "local.yaml:7:15: ", "model.dense_sync: allreduce with cluster.aggregation node");
+  ExpectError(ParseWithData("model:\n  dense_sync: allreduce\n"
+                            "checkpoint:\n  dir: /tmp/ckpt\n"),
+              "local.yaml:7:15: ", "model.dense_sync: allreduce tables live on the workers");
+  ExpectError(
+      ParseJobConfig("model:\n  type: wide_deep\n  dense_sync: allreduce\n"
+                     "data:\n  format: criteo\n  train: /d/train.txt\n  test: /d/test.txt\n",
+                     "ctr.yaml"),
+      "ctr.yaml:3:15: ", "model.dense_sync: allreduce is built for model.type mlp so far",
+      "model.type wide_deep keeps its dense tables on the pservers");
+}
+
 TEST(ParseJobConfigTest, StalenessOnlyWithSsp) {
   ExpectError(ParseWithData("job:\n  staleness: 2\n"), "local.yaml:7:14: ",
               "job.staleness: bounds an ssp job's staleness; this job's consistency is bsp "

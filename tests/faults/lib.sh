@@ -105,13 +105,20 @@ pid_of() {
 }
 
 # wait_for_samples NAME N: until the job has trained N samples (bounded).
+# 180 s at most (a job's start on a loaded 2-core machine: the daemons,
+# the data, the first steps), and no longer than the job lives; a failure
+# names the samples reached and shows why().
 wait_for_samples() {
-  for _ in $(seq 1 600); do
-    local n; n="$(job_samples 2>/dev/null || echo 0)"
+  local n=0 deadline=$((SECONDS + 180))
+  while (( SECONDS < deadline )); do
+    n="$(job_samples 2>/dev/null || echo 0)"
     (( n >= $2 )) && return 0
-    sleep 0.05
+    if [[ -n "$RUN_PID" ]] && ! kill -0 "$RUN_PID" 2>/dev/null; then
+      fail "$1: the job ended at $n samples, before $2$(printf '\n'; why "$1")"
+    fi
+    sleep 0.1
   done
-  fail "$1: the job did not reach $2 samples"
+  fail "$1: the job did not reach $2 samples in 180 s (it has $n)$(printf '\n'; why "$1")"
 }
 
 now() { date +%s.%N; }

@@ -48,6 +48,23 @@ TEST(MakeTableInfosTest, CopiesSpecsWithIdsInOrder) {
   EXPECT_EQ(tables[1].init(), "zeros");
 }
 
+TEST(PlacePartitionsTest, AllreduceTablesGetNoPartitions) {
+  // model.dense_sync allreduce: the workers keep the dense tables.
+  ModelSection model;
+  model.layers = {4, 3, 2};
+  model.dense_sync = "allreduce";
+  auto tables = MakeTableInfos(ModelTables(model));
+  ASSERT_EQ(tables.size(), 4u);
+  for (const auto& t : tables) EXPECT_TRUE(t.allreduce()) << t.name();
+  STRATA_ASSERT_OK_AND_ASSIGN(auto parts, PlacePartitions(tables, 16, {1, 2}));
+  EXPECT_TRUE(parts.empty());
+  // Beside a table the pservers keep, only that one is placed.
+  tables.push_back(Table(4, 10));
+  STRATA_ASSERT_OK_AND_ASSIGN(parts, PlacePartitions(tables, 16, {1, 2}));
+  ASSERT_EQ(parts.size(), 3u);
+  for (const auto& p : parts) EXPECT_EQ(p.table_id(), 4u);
+}
+
 TEST(PlacePartitionsTest, CutsTableIntoSlicesOfAtMostSliceBytes) {
   // 10 elements, 16 bytes = 4 elements per slice: [0,4) [4,8) [8,10).
   STRATA_ASSERT_OK_AND_ASSIGN(auto parts, PlacePartitions({Table(0, 10)}, 16, {1}));

@@ -1,0 +1,250 @@
+// The worker's ring of the view's workers (worker/dense_ring.h) over
+// in-process transports, against a view the test changes as a master
+// would: members that train, one out of tasks that steps with no samples,
+// one killed mid-run (the others' step fails, the next view's ring goes on
+// without it), one that joins at a step boundary; every member ends with
+// the same parameters at the same step.
+#include "worker/dense_ring.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace strata::worker {
+namespace {
+
+using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
+
+const std::vector<size_t> kTables = {300, 7};
+
+// The master's view, as the test sets it.
+class FakeMaster {
+ public:
+  void Set(uint32_t node, const std::string& address, proto::NodeState state) {
+    absl::MutexLock l(&mu_);
+    proto::NodeInfo* n = nullptr;
+    for (auto& m : *view_.mutable_members()) {
+      if (m.id() == node) n = &m;
+    }
+    if (n == nullptr) n = view_.add_members();
+    n->set_id(node);
+    n->set_role(proto::WORKER);
+    n->set_state(state);
+    n->set_data_address(address);
+    view_.set_epoch(view_.epoch() + 1);
+  }
+  proto::ClusterView view() const {
+    absl::MutexLock l(&mu_);
+    return view_;
+  }
+  uint64_t epoch() const {
+    absl::MutexLock l(&mu_);
+    return view_.epoch();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  proto::ClusterView view_;
+};
+
+struct Member {
+  uint32_t node_id = 0;
+  std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<DenseSync> sync;
+  std::vector<std::vector<float>> tables;
+  std::unique_ptr<DenseRing> ring;
+  std::string address;
+  std::atomic<bool> stop{false};
+};
+
+class DenseRingTest : public ::testing::Test {
+ protected:
+  DenseRingTest() : net_(transport::NewInProcNetwork()) {}
+  ~DenseRingTest() override {
+    for (auto& m : members_) m->transport->Shutdown();
+  }
+
+  Member* Add(uint32_t node_id) {
+    auto m = std::make_unique<Member>();
+    m->node_id = node_id;
+    transport::TransportOptions to;
+    to.kind = "inproc";
+    to.inproc_network = net_;
+    auto t = transport::CreateTransport(to);
+    EXPECT_THAT(t, IsOk());
+    m->transport = *std::move(t);
+    DenseSync::Options o;
+    o.node_id = node_id;
+    o.optimizer.type = "sgd";
+    o.optimizer.learning_rate = 0.1;
+    o.chunk_bytes = 256;
+    o.timeout = absl::Seconds(5);
+    auto s = DenseSync::Create(m->transport.get(), o, kTables);
+    EXPECT_THAT(s, IsOk());
+    m->sync = *std::move(s);
+    DenseSync* sync = m->sync.get();
+    EXPECT_THAT(m->transport->Listen(
+                    "127.0.0.1", 0,
+                    [sync](transport::Message r, std::shared_ptr<transport::Responder> resp) {
+                      sync->Handle(std::move(r), std::move(resp));
+                    }),
+                IsOk());
+    m->address = m->transport->listen_address();
+    for (size_t n : kTables) m->tables.emplace_back(n, 0.5f + node_id);  // (differ at first)
+    DenseRing::Hooks hooks;
+    hooks.fetch_view = [this]() -> absl::StatusOr<proto::ClusterView> { return master_.view(); };
+    hooks.epoch_seen = [this] { return master_.epoch(); };
+    Member* raw = m.get();
+    hooks.stopping = [raw] { return raw->stop.load(); };
+    m->ring = std::make_unique<DenseRing>(m->sync.get(), node_id, &m->tables, std::move(hooks),
+                                          absl::Seconds(20));
+    members_.push_back(std::move(m));
+    return members_.back().get();
+  }
+
+  // Trains until the member's next step is `until` (each step: a gradient
+  // of the node id over one sample), from its own thread.
+  static absl::Status Train(Member* m, uint64_t until) {
+    STRATA_RETURN_IF_ERROR(m->ring->Join());
+    std::vector<std::vector<float>> g;
+    for (size_t n : kTables) g.emplace_back(n, static_cast<float>(m->node_id));
+    std::vector<const float*> gp;
+    for (auto& t : g) gp.push_back(t.data());
+    while (m->ring->next_step() < until) {
+      STRATA_RETURN_IF_ERROR(m->ring->TrainStep(gp, 1).status());
+    }
+    return absl::OkStatus();
+  }
+
+  void ExpectSameTables(const std::vector<Member*>& ms) {
+    for (Member* m : ms) {
+      EXPECT_EQ(m->tables, ms.front()->tables) << "node " << m->node_id;
+    }
+  }
+
+  std::shared_ptr<transport::InProcNetwork> net_;
+  FakeMaster master_;
+  std::vector<std::unique_ptr<Member>> members_;
+};
+
+TEST_F(DenseRingTest, MembersAreTheViewsAliveAndFinishedWorkersByNodeId) {
+  proto::ClusterView v;
+  auto add = [&v](uint32_t id, proto::Role role, proto::NodeState state) {
+    proto::NodeInfo* n = v.add_members();
+    n->set_id(id);
+    n->set_role(role);
+    n->set_state(state);
+    n->set_data_address(absl::StrCat("h:", id));
+  };
+  add(9, proto::WORKER, proto::ALIVE);
+  add(2, proto::PSERVER, proto::ALIVE);
+  add(4, proto::WORKER, proto::FINISHED);
+  add(5, proto::WORKER, proto::JOINING);
+  add(6, proto::WORKER, proto::DEAD);
+  add(7, proto::WORKER, proto::DRAINED);
+  add(3, proto::WORKER, proto::ALIVE);
+  std::vector<uint32_t> ids;
+  for (const auto& m : DenseRing::MembersOf(v)) ids.push_back(m.node_id);
+  EXPECT_THAT(ids, ::testing::ElementsAre(3, 4, 9));
+  EXPECT_EQ(DenseRing::MembersOf(v)[0].address, "h:3");
+}
+
+TEST_F(DenseRingTest, MembersTrainTogetherAndOneOutOfTasksStepsWithNoSamples) {
+  std::vector<Member*> ms = {Add(1), Add(2), Add(3)};
+  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
+  std::vector<absl::Status> st(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) threads.emplace_back([&, i] { st[i] = Train(ms[i], 30); });
+  // Member 3 trains 5 steps, then has no task: it leaves the step set
+  // (FINISHED, still in the ring) and steps with no samples.
+  threads.emplace_back([&] {
+    st[2] = Train(ms[2], 5);
+    master_.Set(3, ms[2]->address, proto::FINISHED);
+    // (About a step a call: the others stop at step 30.)
+    while (st[2].ok() && ms[2]->ring->next_step() < 30) {
+      st[2] = ms[2]->ring->IdleFor(absl::Milliseconds(1));
+    }
+  });
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) EXPECT_THAT(s, IsOk());
+  EXPECT_EQ(ms[0]->ring->next_step(), 30);
+  EXPECT_EQ(ms[1]->ring->next_step(), 30);
+  EXPECT_EQ(ms[2]->ring->next_step(), 30);
+  ExpectSameTables(ms);
+  // FINISHED keeps the ring as it was: formed once, no step failed.
+  for (Member* m : ms) {
+    EXPECT_EQ(m->ring->rings_formed(), 1) << m->node_id;
+    EXPECT_EQ(m->ring->steps_failed(), 0) << m->node_id;
+  }
+  // Equal starts (the first member's values), then SGD on the mean of
+  // the gradients: 1 and 2 (and 3 while it trained).
+  const float expected = 1.5f - 0.1f * (5 * 2.0f + 25 * 1.5f);
+  EXPECT_NEAR(ms[0]->tables[1][0], expected, 1e-4);
+}
+
+TEST_F(DenseRingTest, AKilledMemberLeavesAndTheOthersGoOnWithTheNextView) {
+  std::vector<Member*> ms = {Add(1), Add(2), Add(3)};
+  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
+  std::vector<absl::Status> st(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) threads.emplace_back([&, i] { st[i] = Train(ms[i], 40); });
+  absl::Status third = Train(ms[2], 10);
+  ASSERT_THAT(third, IsOk());
+  // Killed: its transport goes; the others' next step fails. The master
+  // declares it dead a moment later.
+  ms[2]->transport->Shutdown();
+  absl::SleepFor(absl::Milliseconds(300));
+  master_.Set(3, ms[2]->address, proto::DEAD);
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) EXPECT_THAT(s, IsOk());
+  EXPECT_EQ(ms[0]->ring->next_step(), 40);
+  EXPECT_EQ(ms[1]->ring->next_step(), 40);
+  ExpectSameTables({ms[0], ms[1]});
+  EXPECT_EQ(ms[0]->ring->rings_formed(), 2);
+  EXPECT_GE(ms[0]->ring->steps_failed() + ms[1]->ring->steps_failed(), 1);
+}
+
+TEST_F(DenseRingTest, AJoiningMemberComesInAtAStepBoundary) {
+  std::vector<Member*> ms = {Add(1), Add(2)};
+  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
+  std::vector<absl::Status> st(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) threads.emplace_back([&, i] { st[i] = Train(ms[i], 60); });
+  while (ms[0]->ring->next_step() < 10) absl::SleepFor(absl::Milliseconds(1));
+  // A worker that leases its first task: ALIVE in a new view; it joins,
+  // and the others take it in once a step carries that view's epoch.
+  Member* joiner = Add(3);
+  master_.Set(3, joiner->address, proto::ALIVE);
+  threads.emplace_back([&] { st[2] = Train(joiner, 60); });
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) EXPECT_THAT(s, IsOk());
+  EXPECT_GT(joiner->ring->rings_formed(), 0);
+  ExpectSameTables({ms[0], ms[1], joiner});
+  EXPECT_EQ(joiner->ring->next_step(), 60);
+}
+
+TEST_F(DenseRingTest, AMemberLeftOutOfTheViewCannotTrain) {
+  std::vector<Member*> ms = {Add(1), Add(2)};
+  master_.Set(1, ms[0]->address, proto::ALIVE);
+  master_.Set(2, ms[1]->address, proto::JOINING);
+  // Member 2 is not in the view's ring: Join leaves it out, TrainStep says so.
+  EXPECT_THAT(ms[1]->ring->Join(), IsOk());
+  EXPECT_FALSE(ms[1]->ring->in_ring());
+  std::vector<const float*> g;
+  for (auto& t : ms[1]->tables) g.push_back(t.data());
+  EXPECT_THAT(ms[1]->ring->TrainStep(g, 1).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("no ring")));
+  // Member 1 alone: a ring of one.
+  EXPECT_THAT(Train(ms[0], 3), IsOk());
+  EXPECT_EQ(ms[0]->ring->next_step(), 3);
+}
+
+}  // namespace
+}  // namespace strata::worker

@@ -1,0 +1,181 @@
+#include "worker/dense_ring.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace strata::worker {
+
+DenseRing::DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<float>>* tables,
+                     Hooks hooks, absl::Duration reform_timeout)
+    : sync_(sync), node_id_(node_id), hooks_(std::move(hooks)), reform_timeout_(reform_timeout) {
+  for (std::vector<float>& t : *tables) {
+    params_.push_back(t.data());
+    zeros_.emplace_back(t.size(), 0.f);
+  }
+}
+
+std::vector<DenseSync::Member> DenseRing::MembersOf(const proto::ClusterView& view) {
+  std::vector<DenseSync::Member> members;
+  for (const proto::NodeInfo& n : view.members()) {
+    if (n.role() != proto::WORKER) continue;
+    if (n.state() != proto::ALIVE && n.state() != proto::FINISHED) continue;
+    members.push_back({n.id(), n.data_address()});
+  }
+  std::sort(
+      members.begin(), members.end(),
+      [](const DenseSync::Member& a, const DenseSync::Member& b) { return a.node_id < b.node_id; });
+  return members;
+}
+
+bool DenseRing::FormOf(const proto::ClusterView& view) {
+  const std::vector<DenseSync::Member> members = MembersOf(view);
+  std::vector<uint32_t> ids;
+  for (const DenseSync::Member& m : members) ids.push_back(m.node_id);
+  absl::StatusOr<DenseSync::Formed> formed = sync_->Form(view.epoch(), members, params_);
+  checked_epoch_ = std::max(checked_epoch_, view.epoch());
+  if (!formed.ok()) {
+    LOG(WARNING) << "dense allreduce: forming the ring of view " << view.epoch() << " (nodes "
+                 << absl::StrJoin(ids, ", ") << ") failed: " << formed.status();
+    broken_ = true;
+    return false;
+  }
+  members_ = std::move(ids);
+  in_ring_ = true;
+  broken_ = false;
+  next_step_ = formed->next_step;
+  ++rings_formed_;
+  LOG(INFO) << "dense allreduce: ring of view " << view.epoch() << ": nodes "
+            << absl::StrJoin(members_, ", ") << ", this one rank " << sync_->rank()
+            << "; next step " << next_step_
+            << (formed->lost_state > 0
+                    ? absl::StrCat("; ", formed->lost_state,
+                                   " optimizer-state floats lost with their owner and replica")
+                    : "");
+  return true;
+}
+
+absl::Status DenseRing::Join() {
+  if (in_ring_ && !broken_) return absl::OkStatus();
+  if (broken_) return Reform();
+  absl::StatusOr<proto::ClusterView> view = hooks_.fetch_view();
+  if (!view.ok()) return view.status();
+  const std::vector<DenseSync::Member> members = MembersOf(*view);
+  if (std::none_of(members.begin(), members.end(),
+                   [&](const DenseSync::Member& m) { return m.node_id == node_id_; })) {
+    return absl::OkStatus();  // (not in the view's ring)
+  }
+  if (view->epoch() > sync_->epoch() && FormOf(*view)) return absl::OkStatus();
+  return Reform();
+}
+
+absl::Status DenseRing::Reform() {
+  const absl::Time deadline = absl::Now() + reform_timeout_;
+  while (!hooks_.stopping()) {
+    absl::StatusOr<proto::ClusterView> view = hooks_.fetch_view();
+    if (view.ok() && view->epoch() > sync_->epoch()) {
+      const std::vector<DenseSync::Member> members = MembersOf(*view);
+      if (std::none_of(members.begin(), members.end(),
+                       [&](const DenseSync::Member& m) { return m.node_id == node_id_; })) {
+        // Out of the view's ring (declared dead, drained): the ring goes
+        // on without this worker.
+        LOG(WARNING) << "dense allreduce: view " << view->epoch()
+                     << " has no ring with this worker (node " << node_id_ << ") in it";
+        in_ring_ = false;
+        broken_ = false;
+        checked_epoch_ = std::max(checked_epoch_, view->epoch());
+        return absl::OkStatus();
+      }
+      if (FormOf(*view)) return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "dense allreduce: node ", node_id_, " formed no ring within ",
+          absl::FormatDuration(reform_timeout_), " of the ring of view ", sync_->epoch(),
+          " failing", view.ok() ? "" : absl::StrCat(" (the view: ", view.status().message(), ")")));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::CancelledError("worker shut down");
+}
+
+absl::Status DenseRing::FollowView(uint64_t epoch) {
+  if (epoch <= checked_epoch_) return absl::OkStatus();
+  absl::StatusOr<proto::ClusterView> view = hooks_.fetch_view();
+  if (!view.ok()) return view.status();
+  checked_epoch_ = std::max(checked_epoch_, epoch);
+  const std::vector<DenseSync::Member> members = MembersOf(*view);
+  std::vector<uint32_t> ids;
+  for (const DenseSync::Member& m : members) ids.push_back(m.node_id);
+  if (ids == members_ || view->epoch() <= sync_->epoch()) return absl::OkStatus();
+  if (std::find(ids.begin(), ids.end(), node_id_) == ids.end()) {
+    LOG(INFO) << "dense allreduce: view " << view->epoch()
+              << " leaves this worker out of the ring (node " << node_id_ << ")";
+    in_ring_ = false;
+    members_.clear();
+    return absl::OkStatus();
+  }
+  if (FormOf(*view)) return absl::OkStatus();
+  return Reform();
+}
+
+absl::StatusOr<DenseSync::StepResult> DenseRing::StepOnce(const std::vector<const float*>& grads,
+                                                          uint64_t samples) {
+  absl::StatusOr<DenseSync::StepResult> r =
+      sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_);
+  if (!r.ok()) {
+    ++steps_failed_;
+    broken_ = true;
+    LOG(WARNING) << "dense allreduce: step " << next_step_ << " failed: " << r.status();
+    return r.status();
+  }
+  ++next_step_;
+  return r;
+}
+
+absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(const std::vector<const float*>& grads,
+                                                     uint64_t samples) {
+  while (true) {
+    if (hooks_.stopping()) return absl::CancelledError("worker shut down");
+    if (broken_) STRATA_RETURN_IF_ERROR(Reform());
+    if (!in_ring_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dense allreduce: node ", node_id_,
+                       " trains a step but is in no ring (the view of epoch ", checked_epoch_,
+                       " has it neither ALIVE nor FINISHED)"));
+    }
+    const uint64_t step = next_step_;
+    absl::StatusOr<DenseSync::StepResult> r = StepOnce(grads, samples);
+    if (r.ok()) {
+      STRATA_RETURN_IF_ERROR(FollowView(r->max_epoch));
+      return Done{step, r->samples};
+    }
+    STRATA_RETURN_IF_ERROR(Reform());
+    if (in_ring_ && next_step_ > step) {
+      // Another member completed it: its parameters are ours now (Form).
+      return Done{step, 0};
+    }
+  }
+}
+
+absl::Status DenseRing::IdleFor(absl::Duration duration) {
+  const absl::Time until = absl::Now() + duration;
+  if (broken_) STRATA_RETURN_IF_ERROR(Reform());
+  std::vector<const float*> grads;
+  for (const std::vector<float>& z : zeros_) grads.push_back(z.data());
+  while (in_ring_ && !hooks_.stopping() && absl::Now() < until) {
+    absl::StatusOr<DenseSync::StepResult> r = StepOnce(grads, 0);
+    if (!r.ok()) return absl::OkStatus();  // (the next call re-forms)
+    STRATA_RETURN_IF_ERROR(FollowView(r->max_epoch));
+    // Nobody trained: the members wait a little rather than spin.
+    if (r->samples == 0) absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (!in_ring_) absl::SleepFor(std::max(absl::ZeroDuration(), until - absl::Now()));
+  return absl::OkStatus();
+}
+
+}  // namespace strata::worker

@@ -1,0 +1,111 @@
+// The worker's side of `model.dense_sync: allreduce` (docs/reliability.md,
+// "Dense tables by allreduce"): keeps this worker's DenseSync (dense_sync.h)
+// in the ring of the cluster view's training workers, re-forming it as the
+// view changes, and runs the steps through it.
+//
+// The ring is the view's workers that are ALIVE or FINISHED, by node id: a
+// worker that has run out of data tasks stays in it, stepping with no
+// samples (IdleFor), so that the others' steps go on and the parameters it
+// evaluates with are the job's; one JOINING (a scale, a restart) comes in
+// when it leases its first task, and a DEAD or DRAINED one leaves. Every
+// step carries the newest view epoch each member knows (its heartbeats
+// bring it), so all members learn of a new view at the same step and form
+// its ring there. A step that fails (a member died, or went on to a newer
+// ring) is retried on the ring of the next view: its gradients again, or
+// nothing when another member completed it (Form says which).
+//
+// Thread safety: the training thread only.
+#ifndef STRATA_WORKER_DENSE_RING_H_
+#define STRATA_WORKER_DENSE_RING_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/strata.pb.h"
+#include "worker/dense_sync.h"
+
+namespace strata::worker {
+
+class DenseRing {
+ public:
+  struct Hooks {
+    // The master's view now.
+    std::function<absl::StatusOr<proto::ClusterView>()> fetch_view;
+    // The newest view epoch this worker has heard of (its heartbeats').
+    std::function<uint64_t()> epoch_seen;
+    std::function<bool()> stopping;
+  };
+  // `sync` and `tables` (the model's tables, in the order of `sync`'s:
+  // what Form and the steps write; their storage stays put) are borrowed. A
+  // ring that cannot be
+  // formed within `reform_timeout` of a failure is an error (Unavailable):
+  // the worker exits, and its restart makes a new view.
+  DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<float>>* tables, Hooks hooks,
+            absl::Duration reform_timeout);
+
+  // The ring's members in `view`: its ALIVE and FINISHED workers, by node id.
+  static std::vector<DenseSync::Member> MembersOf(const proto::ClusterView& view);
+
+  // Joins the ring of the view now when this worker is in it and in no
+  // ring yet (before its first task, or its first evaluation). OK when the
+  // view leaves it out (it then trains or evaluates on its own values:
+  // FailedPrecondition from TrainStep).
+  absl::Status Join();
+
+  struct Done {
+    uint64_t step = 0;     // the step done
+    uint64_t samples = 0;  // over every member
+  };
+  // One step of `samples` with `grads` (the gradients summed over them, one
+  // buffer per table): the parameters after it are in `params`. Retried
+  // across re-formed rings until done. FailedPrecondition when the view has
+  // no ring with this worker in it.
+  absl::StatusOr<Done> TrainStep(const std::vector<const float*>& grads, uint64_t samples);
+
+  // Steps with no samples for about `duration` (this worker has no task,
+  // the others may), and joins the ring of a newer view on the way. A step
+  // that fails is not retried here (the caller asks the master what to do
+  // first: the job may be over); the next call re-forms.
+  absl::Status IdleFor(absl::Duration duration);
+
+  bool in_ring() const { return in_ring_; }
+  // The step to train next.
+  uint64_t next_step() const { return next_step_; }
+  uint64_t steps_failed() const { return steps_failed_; }
+  uint64_t rings_formed() const { return rings_formed_; }
+
+ private:
+  // One try at a step: on an error the ring is marked broken.
+  absl::StatusOr<DenseSync::StepResult> StepOnce(const std::vector<const float*>& grads,
+                                                 uint64_t samples);
+  // After a step that saw a newer view: forms its ring if its members are
+  // not this ring's.
+  absl::Status FollowView(uint64_t epoch);
+  // Forms the ring of the first view past the broken ring's epoch (and
+  // past each epoch tried), within reform_timeout.
+  absl::Status Reform();
+  // Forms the ring of `view` (this worker in it); false when Form failed.
+  bool FormOf(const proto::ClusterView& view);
+
+  DenseSync* const sync_;
+  const uint32_t node_id_;
+  std::vector<float*> params_;
+  const Hooks hooks_;
+  const absl::Duration reform_timeout_;
+  std::vector<std::vector<float>> zeros_;  // an idle step's gradients
+  std::vector<uint32_t> members_;          // the ring's node ids
+  bool in_ring_ = false;
+  bool broken_ = false;         // the last step or Form failed
+  uint64_t checked_epoch_ = 0;  // the newest view whose ring was looked at
+  uint64_t next_step_ = 0;
+  uint64_t steps_failed_ = 0;
+  uint64_t rings_formed_ = 0;
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_DENSE_RING_H_

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
 namespace strata {
@@ -35,7 +37,12 @@ inline std::shared_ptr<grpc::Channel> NewControlChannel(
 
 // A control channel made anew after a few failures in a row (Unavailable,
 // DeadlineExceeded): a restarted peer must hear from us within its grace
-// period, whatever state an old channel's connection attempts are in.
+// period, whatever state an old channel's connection attempts are in. A
+// channel is kept for `connect_ms` at least, so that its first connection
+// attempt can finish: calls with deadlines shorter than a TLS handshake on
+// a loaded machine (heartbeats, every heartbeat interval) would otherwise
+// throw each new channel away before it connects, and never get through
+// (a pserver in the Soft-RoCE guest missed its heartbeats for 20 s so).
 // Thread-safe.
 class ReconnectingChannel {
  public:
@@ -44,13 +51,15 @@ class ReconnectingChannel {
       : address_(std::move(address)),
         creds_(std::move(creds)),
         connect_ms_(connect_ms),
-        channel_(NewControlChannel(address_, creds_, connect_ms_)) {}
+        channel_(NewControlChannel(address_, creds_, connect_ms_)),
+        made_(absl::Now()) {}
   const std::string& address() const { return address_; }
   // The channel to use now.
   std::shared_ptr<grpc::Channel> Get() {
     std::lock_guard<std::mutex> l(mu_);
-    if (failures_ >= 3) {
+    if (failures_ >= 3 && absl::Now() - made_ >= absl::Milliseconds(connect_ms_)) {
       channel_ = NewControlChannel(address_, creds_, connect_ms_);
+      made_ = absl::Now();
       failures_ = 0;
     }
     return channel_;
@@ -67,6 +76,7 @@ class ReconnectingChannel {
   const int connect_ms_;
   std::mutex mu_;
   std::shared_ptr<grpc::Channel> channel_;  // guarded by mu_
+  absl::Time made_;                         // guarded by mu_: channel_'s
   int failures_ = 0;                        // guarded by mu_
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/error_reason.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -173,6 +174,29 @@ TEST_F(NodeAgentTest, CallRetriesWhileTheMasterIsUnavailableAndStopsOnStop) {
   stop_.Notify();
   EXPECT_THAT(agent->Call(fetch, &stop_), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(master_.views.load(), 1);
+}
+
+TEST(ReconnectingChannelTest, KeepsAYoungChannelThroughFailuresAndRenewsAnOldOne) {
+  const auto creds = grpc::InsecureChannelCredentials();
+  // Failures of calls shorter than its first connection attempt (a TLS
+  // handshake on a loaded machine): the channel is given its connect_ms.
+  ReconnectingChannel young("127.0.0.1:1", creds, /*connect_ms=*/600000);
+  const std::shared_ptr<grpc::Channel> first = young.Get();
+  for (int i = 0; i < 10; ++i) young.Report(absl::DeadlineExceededError("heartbeat deadline"));
+  EXPECT_EQ(young.Get(), first);
+  // Past connect_ms, three failures in a row make a new one; a success in
+  // between starts the count again.
+  ReconnectingChannel old("127.0.0.1:1", creds, /*connect_ms=*/1);
+  const std::shared_ptr<grpc::Channel> before = old.Get();
+  absl::SleepFor(absl::Milliseconds(20));
+  old.Report(absl::UnavailableError("gone"));
+  old.Report(absl::UnavailableError("gone"));
+  old.Report(absl::OkStatus());
+  old.Report(absl::UnavailableError("gone"));
+  EXPECT_EQ(old.Get(), before);
+  old.Report(absl::UnavailableError("gone"));
+  old.Report(absl::DeadlineExceededError("slow"));
+  EXPECT_NE(old.Get(), before);
 }
 
 }  // namespace

@@ -84,7 +84,13 @@ job() {
   [ $rc = 0 ] && grep -q "data connection to pserver .*: rdma$" /tmp/run/logs/worker-0.log &&
     grep -q '"state": "succeeded"' /tmp/run/summary.json &&
     awk -F': ' '/final_test_accuracy/ {a = $2 + 0} END {print "test accuracy " a; exit !(a > 0.5)}' \
-      /tmp/run/summary.json
+      /tmp/run/summary.json && return 0
+  # Failed: each daemon's last warning or error, last (the verdict's
+  # "why" carries the last lines into the harness's summary).
+  for f in /tmp/run/logs/master-0.log /tmp/run/logs/pserver-0.log /tmp/run/logs/worker-0.log; do
+    echo "$(basename "$f" .log): $(grep -E '^[EWF][0-9]{4}' "$f" 2>/dev/null | tail -n 1 | cut -c1-130)"
+  done
+  return 1
 }
 check "a training job over rdma (launch.sh: master, pserver, worker)" job
 

@@ -865,7 +865,7 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
   }
   if (config.model.dense_sync == "allreduce") {
     // (The ring steps every worker at once: a bsp step. Sparse tables stay
-    // on the pservers; a model with none is the MLP.)
+    // on the pservers.)
     const YAML::Mark mark = mark_of("model.dense_sync");
     if (config.job.consistency != Consistency::kBsp) {
       return PathError(mark, "model.dense_sync",
@@ -873,12 +873,12 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                                     "consistency is ",
                                     ConsistencyName(config.job.consistency), " (use ps)"));
     }
-    if (config.model.type != "mlp") {
+    if (config.model.type != "mlp" && config.model.type != "wide_deep") {
       return PathError(mark, "model.dense_sync",
-                       absl::StrCat("allreduce is built for model.type mlp so far; model.type ",
+                       absl::StrCat("allreduce is built for model.type mlp and wide_deep so far; "
+                                    "model.type ",
                                     config.model.type,
-                                    " keeps its dense tables on the pservers "
-                                    "(use ps)"));
+                                    " keeps its dense tables on the pservers (use ps)"));
     }
     if (config.cluster.aggregation == "node") {
       return PathError(mark, "model.dense_sync",

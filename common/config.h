@@ -71,7 +71,7 @@ struct ModelSection {
   // How the dense tables are kept in step (docs/architecture.md,
   // "Collectives"): "ps", on the pservers (pushes and pulls); "allreduce",
   // among the workers, by Strata's ring allreduce, the optimizer sharded
-  // over them (worker/dense_sync.h). mlp models, bsp jobs.
+  // over them (worker/dense_sync.h). mlp and wide_deep models, bsp jobs.
   std::string dense_sync = "ps";
 };
 

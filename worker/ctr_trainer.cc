@@ -84,6 +84,7 @@ absl::Status CtrTrainer::StartRowPull(const std::vector<uint64_t>& keys, uint64_
   pull->emb_rows = emb_rows;
   pull->wide.reset();
   pull->emb.reset();
+  pull->wide_version = pull->emb_version = UINT64_MAX;
   if (pull->use_cache) {
     std::vector<uint8_t> hit;
     const size_t hits = row_cache_->Lookup(keys, step, {wide_rows, emb_rows}, &hit);
@@ -104,9 +105,9 @@ absl::Status CtrTrainer::StartRowPull(const std::vector<uint64_t>& keys, uint64_
   pull->w.resize(pull->missing.size());
   pull->e.resize(pull->missing.size() * dim);
   pull->wide = params->StartSparsePull(WideDeep::kWideTable, &pull->grouped, pull->w.data(),
-                                       min_version, barrier);
+                                       min_version, barrier, &pull->wide_version);
   pull->emb = params->StartSparsePull(WideDeep::kEmbeddingTable, &pull->grouped, pull->e.data(),
-                                      min_version, barrier);
+                                      min_version, barrier, &pull->emb_version);
   pull->wide->IssueAll();
   pull->emb->IssueAll();
   return absl::OkStatus();
@@ -137,11 +138,14 @@ absl::Status CtrTrainer::FinishRowPull(RowPull* pull, absl::Duration* comm) {
 
 absl::Status CtrTrainer::PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version,
                                         bool barrier, bool use_cache, uint64_t step,
-                                        float* wide_rows, float* emb_rows, absl::Duration* comm) {
+                                        float* wide_rows, float* emb_rows, absl::Duration* comm,
+                                        uint64_t* version) {
   RowPull pull;
   STRATA_RETURN_IF_ERROR(
       StartRowPull(keys, min_version, barrier, use_cache, step, wide_rows, emb_rows, &pull));
-  return FinishRowPull(&pull, comm);
+  absl::Status s = FinishRowPull(&pull, comm);
+  if (version != nullptr) *version = std::min(pull.wide_version, pull.emb_version);
+  return s;
 }
 
 absl::Status CtrTrainer::TaskRecords(const proto::DataTask& task, storage::CtrDataset* ranged,
@@ -320,17 +324,29 @@ absl::Status CtrTrainer::Step(Batch& batch) {
   const absl::Time t0 = absl::Now();
   absl::Duration comm;
   const uint64_t step = ctx_->next_step();
+  // model.dense_sync allreduce: the dense tables are the ring's, here
+  // (dense_ring.h); only the sparse rows come from the pservers.
+  DenseRing* const ring = ctx_->dense_ring();
   // Pull: the dense tables and the batch's rows, every partition at once.
   uint64_t pulled_version = 0;
-  auto dense_pull = params->StartPull(stepped ? step : 0, &wide_deep_->params(), &pulled_version);
-  dense_pull->IssueAll();
+  std::unique_ptr<ParamClient::Exchange> dense_pull;
+  if (ring == nullptr) {
+    dense_pull = params->StartPull(stepped ? step : 0, &wide_deep_->params(), &pulled_version);
+    dense_pull->IssueAll();
+  }
   batch.wide_rows.resize(unique.size());
   batch.emb_rows.resize(unique.size() * dim);
-  absl::Status pulled =
-      PullSparseRows(unique, stepped ? step : 0, /*barrier=*/stepped, /*use_cache=*/true,
-                     ctr_steps_, batch.wide_rows.data(), batch.emb_rows.data(), &comm);
+  uint64_t sparse_version = UINT64_MAX;
+  absl::Status pulled = PullSparseRows(unique, stepped ? step : 0, /*barrier=*/stepped,
+                                       /*use_cache=*/true, ctr_steps_, batch.wide_rows.data(),
+                                       batch.emb_rows.data(), &comm, &sparse_version);
   const absl::Time tw = absl::Now();
-  pulled.Update(dense_pull->Finish());
+  if (dense_pull != nullptr) {
+    pulled.Update(dense_pull->Finish());
+  } else {
+    // (bsp: every virtual partition answered the barrier pull.)
+    pulled_version = sparse_version == UINT64_MAX ? step : sparse_version;
+  }
   comm += absl::Now() - tw;
   STRATA_RETURN_IF_ERROR(pulled);
   absl::Time mark = ctx_->TraceSpan("wait for pull", "wait", t0, "");
@@ -357,17 +373,24 @@ absl::Status CtrTrainer::Step(Batch& batch) {
                 batch.emb_grad.data() + u * dim, sizeof(float) * dim);
   }
   PushResult pushed_dense, pushed_wide, pushed_emb;
-  auto dense_push = params->StartPush(&wide_deep_->grads(), version, n, &pushed_dense);
+  std::unique_ptr<ParamClient::Exchange> dense_push;
+  if (ring == nullptr) {
+    dense_push = params->StartPush(&wide_deep_->grads(), version, n, &pushed_dense);
+  }
   auto wide_push = params->StartSparsePush(WideDeep::kWideTable, &grouped, batch.push_wide.data(),
                                            version, n, stepped, &pushed_wide);
   auto emb_push = params->StartSparsePush(WideDeep::kEmbeddingTable, &grouped,
                                           batch.push_emb.data(), version, n, stepped, &pushed_emb);
-  dense_push->IssueAll();
+  if (dense_push != nullptr) dense_push->IssueAll();
   wide_push->IssueAll();
   emb_push->IssueAll();
   mark = ctx_->TraceSpan("compute", "compute", mark, "");
   const absl::Time tp = absl::Now();
-  absl::Status pushed = dense_push->Finish();
+  // The ring's step once the sparse pushes are out: a member waiting at
+  // the next step's barrier pull needs them, not this step.
+  absl::Status pushed =
+      ring != nullptr ? ring->TrainStep(wide_deep_->grads(), static_cast<uint64_t>(n)).status()
+                      : dense_push->Finish();
   pushed.Update(wide_push->Finish());
   pushed.Update(emb_push->Finish());
   comm += absl::Now() - tp;
@@ -388,6 +411,8 @@ absl::StatusOr<EvalMetrics> CtrTrainer::Evaluate(std::optional<uint64_t> min_ver
   if (!min_version_or.has_value()) {
     return absl::UnimplementedError("a wide_deep model is evaluated against its pservers");
   }
+  // (Allreduce: the dense tables are the ring's, here already.)
+  const bool pull_dense = ctx_->dense_ring() == nullptr;
   const uint64_t min_version = *min_version_or;
   const DataSection& d = ctx_->config().data;
   storage::CriteoReadStats read_stats;
@@ -398,7 +423,9 @@ absl::StatusOr<EvalMetrics> CtrTrainer::Evaluate(std::optional<uint64_t> min_ver
     LOG(WARNING) << d.test << ": skipped " << read_stats.skipped
                  << " bad line(s); first: " << read_stats.first_error;
   }
-  STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(min_version, &wide_deep_->params()).status());
+  if (pull_dense) {
+    STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(min_version, &wide_deep_->params()).status());
+  }
   const int dim = wide_deep_->dim();
   std::vector<float> probs(test.num_examples), wide_rows, emb_rows;
   std::vector<uint64_t> unique;

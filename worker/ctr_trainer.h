@@ -70,6 +70,8 @@ class CtrTrainer : public Trainer {
     float* wide_rows = nullptr;
     float* emb_rows = nullptr;
     std::unique_ptr<ParamClient::Exchange> wide, emb;
+    // The lowest version the partitions answered (UINT64_MAX: none asked).
+    uint64_t wide_version = UINT64_MAX, emb_version = UINT64_MAX;
   };
   // One batch and the buffers of its step, reused from batch to batch.
   struct Batch {
@@ -102,10 +104,11 @@ class CtrTrainer : public Trainer {
   // With `barrier` (bsp) every virtual partition is asked, with keys or
   // not, so that each has reached min_version before this worker pushes to
   // it (also when every key came from the cache). The cache's clock is
-  // this worker's own step count (`step`).
+  // this worker's own step count (`step`). With `version`, the lowest
+  // version the partitions answered goes there (UINT64_MAX: none asked).
   absl::Status PullSparseRows(const std::vector<uint64_t>& keys, uint64_t min_version, bool barrier,
                               bool use_cache, uint64_t step, float* wide_rows, float* emb_rows,
-                              absl::Duration* comm);
+                              absl::Duration* comm, uint64_t* version = nullptr);
   // PullSparseRows in two halves, so that the caller waits for something
   // else meanwhile: Start fills the cached rows and sends the pulls (the
   // rows' buffers and `keys` must stay put until Finish), Finish waits

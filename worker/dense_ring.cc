@@ -11,11 +11,15 @@
 namespace strata::worker {
 
 DenseRing::DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<float>>* tables,
-                     Hooks hooks, absl::Duration reform_timeout)
-    : sync_(sync), node_id_(node_id), hooks_(std::move(hooks)), reform_timeout_(reform_timeout) {
-  for (std::vector<float>& t : *tables) {
-    params_.push_back(t.data());
-    zeros_.emplace_back(t.size(), 0.f);
+                     std::vector<size_t> ring_tables, Hooks hooks, absl::Duration reform_timeout)
+    : sync_(sync),
+      node_id_(node_id),
+      ring_tables_(std::move(ring_tables)),
+      hooks_(std::move(hooks)),
+      reform_timeout_(reform_timeout) {
+  for (size_t t : ring_tables_) {
+    params_.push_back((*tables)[t].data());
+    zeros_.emplace_back((*tables)[t].size(), 0.f);
   }
 }
 
@@ -137,8 +141,32 @@ absl::StatusOr<DenseSync::StepResult> DenseRing::StepOnce(const std::vector<cons
   return r;
 }
 
-absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(const std::vector<const float*>& grads,
-                                                     uint64_t samples) {
+absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
+    const std::vector<std::vector<float>>& model_grads, uint64_t samples) {
+  std::vector<const float*> grads;
+  for (size_t t : ring_tables_) {
+    if (t >= model_grads.size() || model_grads[t].size() != zeros_[grads.size()].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dense allreduce: the gradient of table ", t, " has ",
+          t < model_grads.size() ? model_grads[t].size() : 0, " floats, its table ",
+          zeros_[grads.size()].size()));
+    }
+    grads.push_back(model_grads[t].data());
+  }
+  // Not in a ring yet (its first step, or back from the finished): it
+  // joins now, after this step's compute and whatever went to the
+  // pservers before it (a CTR step's sparse pushes, which members at the
+  // pservers' next-step barrier wait for). Its gradient was computed on
+  // its own values: when the ring has trained already, it brings none to
+  // this step (the ring's values are its now).
+  if (!in_ring_ && !broken_) {
+    STRATA_RETURN_IF_ERROR(Join());
+    if (in_ring_ && next_step_ > 0) {
+      grads.clear();
+      for (const std::vector<float>& z : zeros_) grads.push_back(z.data());
+      samples = 0;
+    }
+  }
   while (true) {
     if (hooks_.stopping()) return absl::CancelledError("worker shut down");
     if (broken_) STRATA_RETURN_IF_ERROR(Reform());
@@ -164,10 +192,18 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(const std::vector<const flo
 
 absl::Status DenseRing::IdleFor(absl::Duration duration) {
   const absl::Time until = absl::Now() + duration;
-  if (broken_) STRATA_RETURN_IF_ERROR(Reform());
+  if (broken_) {
+    STRATA_RETURN_IF_ERROR(Reform());
+  } else if (!in_ring_) {
+    // (A worker with no task yet is in the view's ring all the same: the
+    // others' first ring waits for it.)
+    STRATA_RETURN_IF_ERROR(Join());
+  }
   std::vector<const float*> grads;
   for (const std::vector<float>& z : zeros_) grads.push_back(z.data());
-  while (in_ring_ && !hooks_.stopping() && absl::Now() < until) {
+  // (At least one step: IdleFor(0) is one.)
+  for (bool first = true; in_ring_ && !hooks_.stopping() && (first || absl::Now() < until);
+       first = false) {
     absl::StatusOr<DenseSync::StepResult> r = StepOnce(grads, 0);
     if (!r.ok()) return absl::OkStatus();  // (the next call re-forms)
     STRATA_RETURN_IF_ERROR(FollowView(r->max_epoch));

@@ -39,21 +39,22 @@ class DenseRing {
     std::function<uint64_t()> epoch_seen;
     std::function<bool()> stopping;
   };
-  // `sync` and `tables` (the model's tables, in the order of `sync`'s:
-  // what Form and the steps write; their storage stays put) are borrowed. A
-  // ring that cannot be
+  // `sync` and `tables` (the model's tables: what Form and the steps write
+  // into; their storage stays put) are borrowed; `ring_tables`: the indices
+  // of those kept by the ring, in the order of `sync`'s tables (the others,
+  // sparse tables on the pservers, are left alone). A ring that cannot be
   // formed within `reform_timeout` of a failure is an error (Unavailable):
   // the worker exits, and its restart makes a new view.
-  DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<float>>* tables, Hooks hooks,
-            absl::Duration reform_timeout);
+  DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<float>>* tables,
+            std::vector<size_t> ring_tables, Hooks hooks, absl::Duration reform_timeout);
 
   // The ring's members in `view`: its ALIVE and FINISHED workers, by node id.
   static std::vector<DenseSync::Member> MembersOf(const proto::ClusterView& view);
 
   // Joins the ring of the view now when this worker is in it and in no
-  // ring yet (before its first task, or its first evaluation). OK when the
-  // view leaves it out (it then trains or evaluates on its own values:
-  // FailedPrecondition from TrainStep).
+  // ring yet (before its first evaluation; TrainStep and IdleFor join by
+  // themselves). OK when the view leaves it out (FailedPrecondition from
+  // TrainStep then).
   absl::Status Join();
 
   struct Done {
@@ -61,13 +62,17 @@ class DenseRing {
     uint64_t samples = 0;  // over every member
   };
   // One step of `samples` with `grads` (the gradients summed over them, one
-  // buffer per table): the parameters after it are in `params`. Retried
-  // across re-formed rings until done. FailedPrecondition when the view has
-  // no ring with this worker in it.
-  absl::StatusOr<Done> TrainStep(const std::vector<const float*>& grads, uint64_t samples);
+  // per table of the model, as `tables`; those of the ring's tables are
+  // read): the parameters after it are in the ring's tables. Retried
+  // across re-formed rings until done. A worker in no ring joins first;
+  // when the ring has trained already, its values were not the ring's and
+  // it brings no gradient to this step. FailedPrecondition when the view
+  // has no ring with this worker in it.
+  absl::StatusOr<Done> TrainStep(const std::vector<std::vector<float>>& grads, uint64_t samples);
 
-  // Steps with no samples for about `duration` (this worker has no task,
-  // the others may), and joins the ring of a newer view on the way. A step
+  // Steps with no samples for about `duration`, at least once (this
+  // worker has no task, the others may), and joins the ring of a newer
+  // view on the way. A step
   // that fails is not retried here (the caller asks the master what to do
   // first: the job may be over); the next call re-forms.
   absl::Status IdleFor(absl::Duration duration);
@@ -93,7 +98,8 @@ class DenseRing {
 
   DenseSync* const sync_;
   const uint32_t node_id_;
-  std::vector<float*> params_;
+  const std::vector<size_t> ring_tables_;
+  std::vector<float*> params_;  // the ring's tables
   const Hooks hooks_;
   const absl::Duration reform_timeout_;
   std::vector<std::vector<float>> zeros_;  // an idle step's gradients

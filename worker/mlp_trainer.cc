@@ -147,11 +147,9 @@ absl::StatusOr<double> MlpTrainer::AllreduceStep(const float* x, const int32_t* 
   // summed over the ring; the parameters after the step come back into
   // the model's tables.
   STRATA_ASSIGN_OR_RETURN(const double loss, model_->TrainStep(x, y, n));
-  std::vector<const float*> grads;
-  for (const std::vector<float>& g : model_->grads()) grads.push_back(g.data());
   const absl::Time w = absl::Now();
   STRATA_ASSIGN_OR_RETURN(const DenseRing::Done done,
-                          ctx_->dense_ring()->TrainStep(grads, static_cast<uint64_t>(n)));
+                          ctx_->dense_ring()->TrainStep(model_->grads(), static_cast<uint64_t>(n)));
   *comm += absl::Now() - w;
   *version = done.step;
   return loss;
@@ -286,7 +284,8 @@ absl::StatusOr<std::pair<double, double>> MlpTrainer::TestAccuracy() {
 }
 
 absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(std::optional<uint64_t> min_version) {
-  if (min_version.has_value()) {
+  // (Allreduce: the ring's parameters are here already.)
+  if (min_version.has_value() && ctx_->dense_ring() == nullptr) {
     STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(*min_version, &model_->params()).status());
   }
   STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());

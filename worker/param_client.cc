@@ -831,8 +831,10 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t tab
                                                                     const SparseKeys* keys,
                                                                     float* rows,
                                                                     uint64_t min_version,
-                                                                    bool every_partition) {
+                                                                    bool every_partition,
+                                                                    uint64_t* lowest) {
   const int dim = SparseDim(table);
+  if (lowest != nullptr) *lowest = UINT64_MAX;
   return std::make_unique<Exchange>(
       this,
       [keys, min_version](const Route& r) {
@@ -845,8 +847,9 @@ std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t tab
         m.payload_ref_size = (e - b) * sizeof(uint64_t);
         return m;
       },
-      [](const Route& r, const Message& resp) -> absl::Status {
+      [lowest](const Route& r, const Message& resp) -> absl::Status {
         STRATA_RETURN_IF_ERROR(transport::ResponseStatus(resp));
+        if (lowest != nullptr) *lowest = std::min(*lowest, resp.header.version);
         // A pull without keys (a bsp version barrier) has no rows to land.
         const bool empty = r.length == 0 && resp.payload.empty();
         if (!resp.payload_in_destination && !empty) {

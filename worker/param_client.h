@@ -287,9 +287,11 @@ class ParamClient {
   // version >= min_version (bsp). With every_partition (bsp) a request goes
   // to every virtual partition, with keys or not: the wait for the version
   // is what lets the next push to it be for that version. `keys` and
-  // `rows` must outlive it.
+  // `rows` must outlive it. With `lowest`, the lowest version answered goes
+  // there (UINT64_MAX when nothing was asked).
   std::unique_ptr<Exchange> StartSparsePull(uint32_t table, const SparseKeys* keys, float* rows,
-                                            uint64_t min_version, bool every_partition = false);
+                                            uint64_t min_version, bool every_partition = false,
+                                            uint64_t* lowest = nullptr);
   // A push of the gradient rows grads[i * dim ..] of keys->keys[i] for
   // `step` over `count` samples. In bsp (every_partition) a request goes to
   // every virtual partition, empty or not, so each partition's step can

@@ -545,7 +545,6 @@ absl::Status Worker::RunLoop() {
           task_start_unknown_ = lease.task.id();
         }
         task_batch_.store(lease.batch_size, std::memory_order_relaxed);
-        if (dense_ring_ != nullptr) STRATA_RETURN_IF_ERROR(dense_ring_->Join());
         STRATA_ASSIGN_OR_RETURN(const int64_t records,
                                 trainer_->TrainTask(lease.task, /*local=*/nullptr));
         task_start_unknown_.reset();
@@ -601,6 +600,7 @@ absl::Status Worker::InitLocalTables() {
   const std::vector<TableSpec> tables = ModelTables(options_.config.model);
   auto& params = trainer_->params();
   for (size_t t = 0; t < tables.size(); ++t) {
+    if (tables[t].sparse) continue;  // (its rows come from the pservers)
     STRATA_RETURN_IF_ERROR(
         InitializeSlice(InitSpec{tables[t].init, tables[t].fan_in, tables[t].fan_out,
                                  static_cast<uint32_t>(t), options_.config.job.seed},
@@ -611,8 +611,15 @@ absl::Status Worker::InitLocalTables() {
 
 absl::Status Worker::StartDenseSync() {
   STRATA_RETURN_IF_ERROR(InitLocalTables());
-  std::vector<size_t> sizes;
-  for (const auto& t : trainer_->params()) sizes.push_back(t.size());
+  // The ring's tables: the dense ones (a CTR model's sparse tables stay on
+  // the pservers).
+  const std::vector<TableSpec> specs = ModelTables(options_.config.model);
+  std::vector<size_t> ring_tables, sizes;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    if (!specs[t].allreduce) continue;
+    ring_tables.push_back(t);
+    sizes.push_back(trainer_->params()[t].size());
+  }
   DenseSync::Options o;
   o.node_id = node_id_;
   o.optimizer = options_.config.optimizer;
@@ -631,7 +638,7 @@ absl::Status Worker::StartDenseSync() {
   const absl::Duration reform = absl::Milliseconds(2 * options_.config.cluster.dead_timeout_ms +
                                                    options_.config.cluster.request_timeout_ms);
   dense_ring_ = std::make_unique<DenseRing>(dense_sync_.get(), node_id_, &trainer_->params(),
-                                            std::move(hooks), reform);
+                                            std::move(ring_tables), std::move(hooks), reform);
   metrics_.AddCallbackGauge("strata_worker_allreduce_rings_formed",
                             "Rings of the dense allreduce this worker has formed",
                             [this] { return static_cast<double>(dense_ring_->rings_formed()); });
@@ -814,10 +821,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
 }
 
 absl::Status Worker::Evaluate(uint64_t min_version) {
-  // (Allreduce: the parameters are here already.)
-  STRATA_ASSIGN_OR_RETURN(
-      const EvalMetrics m,
-      trainer_->Evaluate(dense_ring_ != nullptr ? std::nullopt : std::optional(min_version)));
+  STRATA_ASSIGN_OR_RETURN(const EvalMetrics m, trainer_->Evaluate(min_version));
   if (m.auc.has_value()) {
     LOG(INFO) << absl::StrFormat(
         "evaluation: test AUC %.4f, log-loss %.4f, accuracy %.4f over %d examples", *m.auc, m.loss,

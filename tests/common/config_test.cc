@@ -598,7 +598,7 @@ TEST(ParseJobConfigTest, NodeAggregationOnlyForBspMlpAndWideDeep) {
               "model.type script runs a training script");
 }
 
-TEST(ParseJobConfigTest, DenseSyncAllreduceOnlyForBspMlpWithoutNodeAggregationOrCheckpoints) {
+TEST(ParseJobConfigTest, DenseSyncAllreduceIsRefusedWhereItIsNotBuiltNamingTheKey) {
   STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData(""));
   EXPECT_EQ(c.model.dense_sync, "ps");
   for (const TableSpec& t : ModelTables(c.model)) EXPECT_FALSE(t.allreduce) << t.name;
@@ -615,12 +615,17 @@ TEST(ParseJobConfigTest, DenseSyncAllreduceOnlyForBspMlpWithoutNodeAggregationOr
   ExpectError(ParseWithData("model:\n  dense_sync: allreduce\n"
                             "checkpoint:\n  dir: /tmp/ckpt\n"),
               "local.yaml:7:15: ", "model.dense_sync: allreduce tables live on the workers");
-  ExpectError(
-      ParseJobConfig("model:\n  type: wide_deep\n  dense_sync: allreduce\n"
-                     "data:\n  format: criteo\n  train: /d/train.txt\n  test: /d/test.txt\n",
-                     "ctr.yaml"),
-      "ctr.yaml:3:15: ", "model.dense_sync: allreduce is built for model.type mlp so far",
-      "model.type wide_deep keeps its dense tables on the pservers");
+  // A CTR model's dense tables by allreduce, its sparse ones on the
+  // pservers; a training script's all on the pservers.
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      c, ParseJobConfig("model:\n  type: wide_deep\n  dense_sync: allreduce\n"
+                        "data:\n  format: criteo\n  train: /d/train.txt\n  test: /d/test.txt\n",
+                        "ctr.yaml"));
+  for (const TableSpec& t : ModelTables(c.model)) EXPECT_EQ(t.allreduce, !t.sparse) << t.name;
+  ExpectError(ParseWithData("model:\n  type: script\n  dense_sync: allreduce\n"
+                            "worker:\n  command: [/usr/bin/python3, t.py]\n"),
+              "local.yaml:8:15: ", "allreduce is built for model.type mlp and wide_deep so far",
+              "model.type script keeps its dense tables on the pservers");
 }
 
 TEST(ParseJobConfigTest, StalenessOnlyWithSsp) {

@@ -10,6 +10,10 @@
 #         while it trains (`strata scale --pservers 3`): the sparse virtual
 #         partitions move live while rows are admitted and evicted, and the
 #         AUC is reached all the same.
+#   allreduce  bsp's, with the dense tables (the deep part, the wide
+#         part's dense weights) by allreduce among the workers
+#         (model.dense_sync: allreduce) and only the sparse tables on the
+#         pservers: the same AUC.
 # Checks: launch.sh exits 0; the training file is cut into byte ranges,
 # not read whole; summary.json carries final_test_auc,
 # final_test_logloss and the planted model's figures, with the AUC close
@@ -22,7 +26,7 @@ work="$(mktemp -d /tmp/strata-e2e-ctr-XXXXXX)"
 trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"' EXIT
 base="$(pick_port_base)"
 consistency="$MODE"
-[[ $MODE == grow ]] && consistency=bsp
+[[ $MODE == grow || $MODE == allreduce ]] && consistency=bsp
 if [[ $consistency == bsp ]]; then
   sparse_extra='  admission:
     min_count: 2
@@ -38,6 +42,10 @@ else
 fi
 write_ctr_config "$work/ctr.yaml" "e2e-ctr-$MODE" "$consistency" "$base" "$work/data" "$sparse_extra"
 printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
+if [[ $MODE == allreduce ]]; then
+  sed -i 's/^  type: wide_deep$/  type: wide_deep\n  dense_sync: allreduce/' "$work/ctr.yaml"
+  grep -q '^  dense_sync: allreduce$' "$work/ctr.yaml" || fail "no model section to change"
+fi
 if [[ $MODE == grow ]]; then
   printf 'elastic:\n  max_pservers: 3\n' >> "$work/ctr.yaml"
   printf '127.0.0.1 master pserver=1..3 worker=2\n' > "$work/hosts"
@@ -105,6 +113,16 @@ grep -q 'train.txt: .* bytes, about .* records .*cut into data tasks of' "$work/
 cat "$work"/run/logs/worker*.log > "$work/workers.log"
 grep -q 'training records read per data task from' "$work/workers.log" ||
   fail "a worker loaded the whole training file"
+if [[ $MODE == allreduce ]]; then
+  # Both workers stepped their dense tables in one ring; the pservers were
+  # given only the sparse tables' partitions (8 virtual ones each).
+  for w in 0 1; do
+    grep -q "dense allreduce: ring of view [0-9]*: nodes [0-9]*, [0-9]*," \
+      "$work/run/logs/worker-$w.log" || fail "worker $w formed no ring of 2"
+  done
+  grep -q "placed 16 partition(s) of 7 table(s)" "$work/master.log" ||
+    fail "the pservers were given partitions of allreduce tables: $(grep placed "$work/master.log")"
+fi
 if [[ $MODE == grow ]]; then
   cat "$work/scale.out"
   [[ -n ${grown:-} ]] || fail "the job was never grown"

@@ -71,7 +71,7 @@ class DenseRingTest : public ::testing::Test {
     for (auto& m : members_) m->transport->Shutdown();
   }
 
-  Member* Add(uint32_t node_id) {
+  Member* Add(uint32_t node_id, std::vector<size_t> ring_tables = {0, 1}) {
     auto m = std::make_unique<Member>();
     m->node_id = node_id;
     transport::TransportOptions to;
@@ -86,7 +86,9 @@ class DenseRingTest : public ::testing::Test {
     o.optimizer.learning_rate = 0.1;
     o.chunk_bytes = 256;
     o.timeout = absl::Seconds(5);
-    auto s = DenseSync::Create(m->transport.get(), o, kTables);
+    std::vector<size_t> sizes;
+    for (size_t t : ring_tables) sizes.push_back(kTables[t]);
+    auto s = DenseSync::Create(m->transport.get(), o, sizes);
     EXPECT_THAT(s, IsOk());
     m->sync = *std::move(s);
     DenseSync* sync = m->sync.get();
@@ -103,7 +105,8 @@ class DenseRingTest : public ::testing::Test {
     hooks.epoch_seen = [this] { return master_.epoch(); };
     Member* raw = m.get();
     hooks.stopping = [raw] { return raw->stop.load(); };
-    m->ring = std::make_unique<DenseRing>(m->sync.get(), node_id, &m->tables, std::move(hooks),
+    m->ring = std::make_unique<DenseRing>(m->sync.get(), node_id, &m->tables,
+                                          std::move(ring_tables), std::move(hooks),
                                           absl::Seconds(20));
     members_.push_back(std::move(m));
     return members_.back().get();
@@ -115,10 +118,8 @@ class DenseRingTest : public ::testing::Test {
     STRATA_RETURN_IF_ERROR(m->ring->Join());
     std::vector<std::vector<float>> g;
     for (size_t n : kTables) g.emplace_back(n, static_cast<float>(m->node_id));
-    std::vector<const float*> gp;
-    for (auto& t : g) gp.push_back(t.data());
     while (m->ring->next_step() < until) {
-      STRATA_RETURN_IF_ERROR(m->ring->TrainStep(gp, 1).status());
+      STRATA_RETURN_IF_ERROR(m->ring->TrainStep(g, 1).status());
     }
     return absl::OkStatus();
   }
@@ -167,9 +168,9 @@ TEST_F(DenseRingTest, MembersTrainTogetherAndOneOutOfTasksStepsWithNoSamples) {
   threads.emplace_back([&] {
     st[2] = Train(ms[2], 5);
     master_.Set(3, ms[2]->address, proto::FINISHED);
-    // (About a step a call: the others stop at step 30.)
+    // (One step a call: the others stop at step 30.)
     while (st[2].ok() && ms[2]->ring->next_step() < 30) {
-      st[2] = ms[2]->ring->IdleFor(absl::Milliseconds(1));
+      st[2] = ms[2]->ring->IdleFor(absl::ZeroDuration());
     }
   });
   for (auto& t : threads) t.join();
@@ -237,13 +238,29 @@ TEST_F(DenseRingTest, AMemberLeftOutOfTheViewCannotTrain) {
   // Member 2 is not in the view's ring: Join leaves it out, TrainStep says so.
   EXPECT_THAT(ms[1]->ring->Join(), IsOk());
   EXPECT_FALSE(ms[1]->ring->in_ring());
-  std::vector<const float*> g;
-  for (auto& t : ms[1]->tables) g.push_back(t.data());
-  EXPECT_THAT(ms[1]->ring->TrainStep(g, 1).status(),
+  EXPECT_THAT(ms[1]->ring->TrainStep(ms[1]->tables, 1).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("no ring")));
   // Member 1 alone: a ring of one.
   EXPECT_THAT(Train(ms[0], 3), IsOk());
   EXPECT_EQ(ms[0]->ring->next_step(), 3);
+}
+
+TEST_F(DenseRingTest, OnlyTheRingsTablesAreSteppedAndTheirGradientsChecked) {
+  // Table 0 is another's (a sparse table on the pservers): left alone.
+  std::vector<Member*> ms = {Add(1, {1}), Add(2, {1})};
+  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
+  std::vector<absl::Status> st(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) threads.emplace_back([&, i] { st[i] = Train(ms[i], 3); });
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) EXPECT_THAT(s, IsOk());
+  EXPECT_EQ(ms[0]->tables[1], ms[1]->tables[1]);
+  EXPECT_EQ(ms[0]->tables[0], std::vector<float>(kTables[0], 1.5f));
+  EXPECT_EQ(ms[1]->tables[0], std::vector<float>(kTables[0], 2.5f));
+  std::vector<std::vector<float>> bad = {std::vector<float>(kTables[0]), std::vector<float>(3)};
+  EXPECT_THAT(ms[0]->ring->TrainStep(bad, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("the gradient of table 1 has 3 floats, its table 7")));
 }
 
 }  // namespace

@@ -1009,7 +1009,13 @@ void NodeManager::FillDataKeyLocked(const proto::NodeInfo& n, proto::DataPlaneKe
   if (data_secret_.empty()) RotateDataKeyLocked();
   key->set_epoch(key_epoch_);
   key->set_key(transport::DeriveNodeKey(data_secret_, n.id()));
-  if (n.role() == proto::PSERVER) key->set_secret(data_secret_);
+  // (Those that serve the data plane verify the others: the pservers, and
+  // the workers when they keep dense tables by allreduce among themselves.)
+  const bool serves = n.role() == proto::PSERVER ||
+                      (n.role() == proto::WORKER &&
+                       std::any_of(options_.tables.begin(), options_.tables.end(),
+                                   [](const proto::TableInfo& t) { return t.allreduce(); }));
+  if (serves) key->set_secret(data_secret_);
 }
 
 void NodeManager::AddNodeMetrics(proto::Role role, uint32_t index) {

@@ -874,11 +874,11 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                                     ConsistencyName(config.job.consistency), " (use ps)"));
     }
     if (config.model.type != "mlp" && config.model.type != "wide_deep") {
-      return PathError(mark, "model.dense_sync",
-                       absl::StrCat("allreduce is built for model.type mlp and wide_deep so far; "
-                                    "model.type ",
-                                    config.model.type,
-                                    " keeps its dense tables on the pservers (use ps)"));
+      return PathError(
+          mark, "model.dense_sync",
+          absl::StrCat("allreduce is built for model.type mlp and wide_deep so far; "
+                       "model.type ",
+                       config.model.type, " keeps its dense tables on the pservers (use ps)"));
     }
     if (config.cluster.aggregation == "node") {
       return PathError(mark, "model.dense_sync",

@@ -146,10 +146,10 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
   std::vector<const float*> grads;
   for (size_t t : ring_tables_) {
     if (t >= model_grads.size() || model_grads[t].size() != zeros_[grads.size()].size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dense allreduce: the gradient of table ", t, " has ",
-          t < model_grads.size() ? model_grads[t].size() : 0, " floats, its table ",
-          zeros_[grads.size()].size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dense allreduce: the gradient of table ", t, " has ",
+                       t < model_grads.size() ? model_grads[t].size() : 0, " floats, its table ",
+                       zeros_[grads.size()].size()));
     }
     grads.push_back(model_grads[t].data());
   }

@@ -827,12 +827,9 @@ absl::Status ParamClient::GroupKeys(const std::vector<uint64_t>& unique_keys, Sp
   return absl::OkStatus();
 }
 
-std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(uint32_t table,
-                                                                    const SparseKeys* keys,
-                                                                    float* rows,
-                                                                    uint64_t min_version,
-                                                                    bool every_partition,
-                                                                    uint64_t* lowest) {
+std::unique_ptr<ParamClient::Exchange> ParamClient::StartSparsePull(
+    uint32_t table, const SparseKeys* keys, float* rows, uint64_t min_version, bool every_partition,
+    uint64_t* lowest) {
   const int dim = SparseDim(table);
   if (lowest != nullptr) *lowest = UINT64_MAX;
   return std::make_unique<Exchange>(

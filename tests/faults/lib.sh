@@ -121,6 +121,19 @@ wait_for_samples() {
   fail "$1: the job did not reach $2 samples in 180 s (it has $n)$(printf '\n'; why "$1")"
 }
 
+# expect_training_goes_on NAME WHAT: the job trains 5000 more samples
+# within 30 s (no hang on a step after a fault); else fails with "WHAT"
+# and why().
+expect_training_goes_on() {
+  local a deadline=$((SECONDS + 30))
+  a="$(job_samples)"
+  while (( SECONDS < deadline )); do
+    (( $(job_samples) > a + 5000 )) && return 0
+    sleep 0.05
+  done
+  fail "$2 (at $(job_samples) samples, $a before)$(printf '\n'; why "$1")"
+}
+
 now() { date +%s.%N; }
 secs() { python3 -c "print(f'{$2 - $1:.2f}')"; }
 

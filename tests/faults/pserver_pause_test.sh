@@ -14,12 +14,7 @@ kill -STOP "$pid"
 wait_declared_dead PSERVER 1
 [[ -n "$detected" ]] || fail "the paused pserver was not declared dead within 15 s"
 # Training goes on without it.
-a="$(job_samples)"
-for _ in $(seq 1 200); do
-  (( $(job_samples) > a + 5000 )) && break
-  sleep 0.05
-done
-(( $(job_samples) > a + 5000 )) || fail "training did not go on while pserver 1 was paused"
+expect_training_goes_on pause "training did not go on while pserver 1 was paused"
 kill -CONT "$pid"
 # It notices, refuses everything and exits with 75.
 for _ in $(seq 1 200); do

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/dense_sync_testing.h"
 
 namespace strata::worker {
 namespace {
@@ -77,9 +78,6 @@ class DenseRingTest : public ::testing::Test {
     transport::TransportOptions to;
     to.kind = "inproc";
     to.inproc_network = net_;
-    auto t = transport::CreateTransport(to);
-    EXPECT_THAT(t, IsOk());
-    m->transport = *std::move(t);
     DenseSync::Options o;
     o.node_id = node_id;
     o.optimizer.type = "sgd";
@@ -88,26 +86,20 @@ class DenseRingTest : public ::testing::Test {
     o.timeout = absl::Seconds(5);
     std::vector<size_t> sizes;
     for (size_t t : ring_tables) sizes.push_back(kTables[t]);
-    auto s = DenseSync::Create(m->transport.get(), o, sizes);
-    EXPECT_THAT(s, IsOk());
-    m->sync = *std::move(s);
-    DenseSync* sync = m->sync.get();
-    EXPECT_THAT(m->transport->Listen(
-                    "127.0.0.1", 0,
-                    [sync](transport::Message r, std::shared_ptr<transport::Responder> resp) {
-                      sync->Handle(std::move(r), std::move(resp));
-                    }),
-                IsOk());
-    m->address = m->transport->listen_address();
+    auto started = StartListeningSync(to, o, sizes);
+    EXPECT_THAT(started, IsOk());
+    m->transport = std::move(started->transport);
+    m->sync = std::move(started->sync);
+    m->address = started->address;
     for (size_t n : kTables) m->tables.emplace_back(n, 0.5f + node_id);  // (differ at first)
     DenseRing::Hooks hooks;
     hooks.fetch_view = [this]() -> absl::StatusOr<proto::ClusterView> { return master_.view(); };
     hooks.epoch_seen = [this] { return master_.epoch(); };
     Member* raw = m.get();
     hooks.stopping = [raw] { return raw->stop.load(); };
-    m->ring = std::make_unique<DenseRing>(m->sync.get(), node_id, &m->tables,
-                                          std::move(ring_tables), std::move(hooks),
-                                          absl::Seconds(20));
+    m->ring =
+        std::make_unique<DenseRing>(m->sync.get(), node_id, &m->tables, std::move(ring_tables),
+                                    std::move(hooks), absl::Seconds(20));
     members_.push_back(std::move(m));
     return members_.back().get();
   }

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/dense_sync_testing.h"
 
 namespace strata::worker {
 namespace {
@@ -72,26 +73,17 @@ class Cluster {
     to.kind = kind_;
     to.lend_request_payloads = true;
     to.inproc_network = net_;
-    auto t = transport::CreateTransport(to);
-    EXPECT_THAT(t, IsOk());
-    m->transport = *std::move(t);
     DenseSync::Options o;
     o.node_id = node_id;
     o.optimizer = opt_;
     o.chunk_bytes = 1024;  // (chunks that divide nothing here)
     o.timeout = timeout_;
     o.fail_after_step_for_testing = fail_after_step;
-    auto s = DenseSync::Create(m->transport.get(), o, kTables);
-    EXPECT_THAT(s, IsOk());
-    m->sync = *std::move(s);
-    DenseSync* sync = m->sync.get();
-    EXPECT_THAT(m->transport->Listen(
-                    "127.0.0.1", 0,
-                    [sync](transport::Message r, std::shared_ptr<transport::Responder> resp) {
-                      sync->Handle(std::move(r), std::move(resp));
-                    }),
-                IsOk());
-    m->address = m->transport->listen_address();
+    auto started = StartListeningSync(to, o, kTables);
+    EXPECT_THAT(started, IsOk());
+    m->transport = std::move(started->transport);
+    m->sync = std::move(started->sync);
+    m->address = started->address;
     for (size_t t = 0; t < kTables.size(); ++t) {
       m->params.emplace_back(kTables[t]);
       for (size_t i = 0; i < kTables[t]; ++i) {

@@ -191,26 +191,7 @@ absl::Status Worker::Start() {
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
   RegisterModelMemory();
   const bool allreduce = options_.config.model.dense_sync == "allreduce" && !options_.local_only;
-  if (allreduce) {
-    // The ring's messages come to this worker's own data-plane listener
-    // (advertised as its data address when it registers).
-    STRATA_RETURN_IF_ERROR(transport_->Listen(
-        options_.host, 0,
-        [this](transport::Message request, std::shared_ptr<transport::Responder> responder) {
-          DenseSync* sync = dense_sync_handler_.load();
-          if (sync == nullptr || request.header.type != transport::MessageType::kCollective) {
-            const transport::MessageHeader h = request.header;
-            responder->Respond(transport::MakeErrorResponse(
-                h, transport::ResponseTypeFor(h.type),
-                absl::FailedPreconditionError(absl::StrCat(
-                    "worker ", options_.index, ": message type ", static_cast<int>(h.type),
-                    " from ", responder->peer(),
-                    sync == nullptr ? " before it has joined the job" : " is not for a worker"))));
-            return;
-          }
-          sync->Handle(std::move(request), std::move(responder));
-        }));
-  }
+  if (allreduce) STRATA_RETURN_IF_ERROR(ListenForRing());
   if (!options_.trace_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options_.trace_path, options_.index + 1,
                                                       absl::StrCat("worker ", options_.index)));
@@ -607,6 +588,27 @@ absl::Status Worker::InitLocalTables() {
                         0, params[t].size(), params[t].data()));
   }
   return absl::OkStatus();
+}
+
+absl::Status Worker::ListenForRing() {
+  // The ring's messages come to this worker's own data-plane listener
+  // (advertised as its data address when it registers).
+  return transport_->Listen(
+      options_.host, 0,
+      [this](transport::Message request, std::shared_ptr<transport::Responder> responder) {
+        DenseSync* sync = dense_sync_handler_.load();
+        if (sync == nullptr || request.header.type != transport::MessageType::kCollective) {
+          const transport::MessageHeader h = request.header;
+          responder->Respond(transport::MakeErrorResponse(
+              h, transport::ResponseTypeFor(h.type),
+              absl::FailedPreconditionError(absl::StrCat(
+                  "worker ", options_.index, ": message type ", static_cast<int>(h.type), " from ",
+                  responder->peer(),
+                  sync == nullptr ? " before it has joined the job" : " is not for a worker"))));
+          return;
+        }
+        sync->Handle(std::move(request), std::move(responder));
+      });
 }
 
 absl::Status Worker::StartDenseSync() {

@@ -187,6 +187,7 @@ class Worker : private TrainerContext {
   // first ring takes its first member's), and this worker's DenseSync and
   // DenseRing once it is a node (Start).
   absl::Status InitLocalTables();
+  absl::Status ListenForRing();  // (before registering: its address goes along)
   absl::Status StartDenseSync();
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.
   absl::Status Settle();

@@ -20,10 +20,41 @@ std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::str
   return ids;
 }
 
-std::set<uint32_t> StepMembers(const proto::ClusterView& view,
+std::map<uint32_t, PipelineSeat> PipelineSeats(const proto::ClusterView& view, int stages) {
+  std::vector<uint32_t> ids;
+  for (const auto& m : view.members()) {
+    if (m.role() == proto::WORKER && (m.state() == proto::ALIVE || m.state() == proto::FINISHED ||
+                                      m.state() == proto::JOINING)) {
+      ids.push_back(m.id());
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  std::map<uint32_t, PipelineSeat> seats;
+  if (stages < 1) return seats;
+  const size_t k = static_cast<size_t>(stages);
+  for (size_t g = 0; g + k <= ids.size(); g += k) {
+    const std::vector<uint32_t> group(ids.begin() + g, ids.begin() + g + k);
+    for (size_t s = 0; s < k; ++s) seats[group[s]] = PipelineSeat{static_cast<int>(s), group};
+  }
+  return seats;
+}
+
+std::set<uint32_t> StepMembers(const proto::ClusterView& view, int stages,
                                std::map<uint32_t, uint32_t>* member_of) {
   member_of->clear();
   std::set<uint32_t> members;
+  if (stages > 1) {
+    std::set<uint32_t> alive;
+    for (const auto& m : view.members()) {
+      if (m.role() == proto::WORKER && m.state() == proto::ALIVE) alive.insert(m.id());
+    }
+    for (const auto& [id, seat] : PipelineSeats(view, stages)) {
+      if (alive.count(seat.leader()) == 0) continue;
+      members.insert(seat.leader());
+      (*member_of)[id] = seat.leader();
+    }
+    return members;
+  }
   std::map<uint32_t, std::string> host_of_member;
   const bool by_host = AggregatesByHost(view);
   for (const auto& m : view.members()) {

@@ -26,10 +26,26 @@ uint32_t HostMember(const std::string& host);
 // The live (ALIVE) workers of `host` in `view`, by node id ascending: the
 // first is the host's aggregating worker.
 std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::string& host);
+
+// Pipeline stages (model.stages > 1; worker/mlp_pipeline.h): the view's
+// workers that are in the job (ALIVE, FINISHED or JOINING), by node id, in
+// groups of `stages`, group g's stage s the (g * stages + s)-th; workers
+// past the last whole group have no seat. A worker's seat: its stage, and
+// its group's workers by stage (the first, the leader, holds the data
+// tasks).
+struct PipelineSeat {
+  int stage = 0;
+  std::vector<uint32_t> group;
+  uint32_t leader() const { return group.front(); }
+};
+std::map<uint32_t, PipelineSeat> PipelineSeats(const proto::ClusterView& view, int stages);
+
 // The bsp step set of `view`: its live workers, each host's as one member
 // (HostMember) when the view aggregates; then *member_of maps each of them
-// to its host's member (left empty otherwise).
-std::set<uint32_t> StepMembers(const proto::ClusterView& view,
+// to its host's member (left empty otherwise). With stages > 1, a
+// pipeline's group is one member, its leader, while the leader is ALIVE,
+// and *member_of maps each of its workers to it.
+std::set<uint32_t> StepMembers(const proto::ClusterView& view, int stages,
                                std::map<uint32_t, uint32_t>* member_of);
 
 }  // namespace strata

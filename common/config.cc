@@ -195,6 +195,14 @@ class ConfigReader {
 
   // Checks that involve more than one key, once everything is read.
   absl::Status CrossCheck(const JobConfig& config) const;
+  // model.dense_sync allreduce, and model.stages, against the rest.
+  absl::Status CheckDenseSync(const JobConfig& config) const;
+  absl::Status CheckPipeline(const JobConfig& config) const;
+  // Where `key` was read (a null mark when it was not).
+  YAML::Mark MarkOf(const char* key) const {
+    auto it = marks_.find(key);
+    return it != marks_.end() ? it->second : YAML::Mark::null_mark();
+  }
 
   const std::string filename_;
   // Position of every key path read so far (of its key node, for sections).
@@ -507,6 +515,8 @@ std::vector<ConfigReader::Field> ConfigReader::ModelFields(ModelSection* model) 
        }},
       Enum("activation", &model->activation, {"relu", "tanh", "sigmoid"}),
       Enum("dense_sync", &model->dense_sync, {"ps", "allreduce"}),
+      Int("stages", &model->stages, IntAtLeast(1)),
+      Int("micro_batches", &model->micro_batches, IntAtLeast(0)),
       {"tables",
        [this, model](const YAML::Node& k, const YAML::Node& v,
                      const std::string& path) -> absl::Status {
@@ -827,17 +837,88 @@ std::vector<ConfigReader::Field> ConfigReader::PortsFields(PortsSection* ports) 
   };
 }
 
+absl::Status ConfigReader::CheckDenseSync(const JobConfig& config) const {
+  if (config.model.dense_sync != "allreduce") return absl::OkStatus();
+  // (The ring steps every worker at once: a bsp step. Sparse tables stay
+  // on the pservers.)
+  const YAML::Mark mark = MarkOf("model.dense_sync");
+  if (config.job.consistency != Consistency::kBsp) {
+    return PathError(mark, "model.dense_sync",
+                     absl::StrCat("allreduce steps every worker together (bsp); this job's "
+                                  "consistency is ",
+                                  ConsistencyName(config.job.consistency), " (use ps)"));
+  }
+  if (config.model.type != "mlp" && config.model.type != "wide_deep") {
+    return PathError(
+        mark, "model.dense_sync",
+        absl::StrCat("allreduce is built for model.type mlp and wide_deep so far; "
+                     "model.type ",
+                     config.model.type, " keeps its dense tables on the pservers (use ps)"));
+  }
+  if (config.cluster.aggregation == "node") {
+    return PathError(mark, "model.dense_sync",
+                     "allreduce with cluster.aggregation node (a host's sum first) is not "
+                     "built yet: use one or the other");
+  }
+  if (config.checkpoint.enabled) {
+    return PathError(mark, "model.dense_sync",
+                     "allreduce tables live on the workers, and their checkpoints are not "
+                     "built yet: use ps in a job that checkpoints");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConfigReader::CheckPipeline(const JobConfig& config) const {
+  const ModelSection& model = config.model;
+  if (marks_.count("model.micro_batches") > 0 && model.stages == 1) {
+    return PathError(MarkOf("model.micro_batches"), "model.micro_batches",
+                     "cuts a pipeline's batch (model.stages > 1); this model has one stage");
+  }
+  if (model.stages == 1) return absl::OkStatus();
+  const YAML::Mark mark = MarkOf("model.stages");
+  if (model.type != "mlp") {
+    return PathError(mark, "model.stages",
+                     absl::StrCat("pipeline stages are built for model.type mlp so far; "
+                                  "model.type ",
+                                  model.type, " runs as one stage (set 1)"));
+  }
+  const int layers = static_cast<int>(model.layers.size()) - 1;
+  if (model.stages > layers) {
+    return PathError(mark, "model.stages",
+                     absl::StrCat(model.stages, " stages but model.layers makes ", layers,
+                                  " layers: each stage needs one at least"));
+  }
+  if (config.job.consistency != Consistency::kBsp) {
+    return PathError(mark, "model.stages",
+                     absl::StrCat("a pipeline's stages step together (bsp); this job's "
+                                  "consistency is ",
+                                  ConsistencyName(config.job.consistency)));
+  }
+  if (model.dense_sync != "ps" || config.cluster.aggregation == "node") {
+    return PathError(mark, "model.stages",
+                     "stages with model.dense_sync allreduce or cluster.aggregation node "
+                     "are not built yet: use one or the other");
+  }
+  if (model.micro_batches > config.job.batch_size) {
+    return PathError(
+        MarkOf("model.micro_batches"), "model.micro_batches",
+        absl::StrCat(model.micro_batches, " micro-batches of a batch of ", config.job.batch_size,
+                     " (job.batch_size): each needs one example at least"));
+  }
+  if (config.elastic.min_workers < model.stages && marks_.count("elastic.min_workers") > 0) {
+    return PathError(MarkOf("elastic.min_workers"), "elastic.min_workers",
+                     absl::StrCat(config.elastic.min_workers, " workers cannot hold ", model.stages,
+                                  " pipeline stages (model.stages)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
   if (config.security.mode == "plaintext" && config.security.encrypt_data_plane) {
-    auto it = marks_.find("security.encrypt_data_plane");
-    return PathError(it != marks_.end() ? it->second : YAML::Mark::null_mark(),
-                     "security.encrypt_data_plane",
+    return PathError(MarkOf("security.encrypt_data_plane"), "security.encrypt_data_plane",
                      "needs security.mode mtls (the keys come over the mTLS control plane)");
   }
-  auto mark_of = [this](const char* key) {
-    auto it = marks_.find(key);
-    return it != marks_.end() ? it->second : YAML::Mark::null_mark();
-  };
+  auto mark_of = [this](const char* key) { return MarkOf(key); };
   if (marks_.count("job.staleness") > 0 && config.job.consistency != Consistency::kSsp) {
     return PathError(
         mark_of("job.staleness"), "job.staleness",
@@ -863,34 +944,8 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                                     config.model.type, " runs a training script"));
     }
   }
-  if (config.model.dense_sync == "allreduce") {
-    // (The ring steps every worker at once: a bsp step. Sparse tables stay
-    // on the pservers.)
-    const YAML::Mark mark = mark_of("model.dense_sync");
-    if (config.job.consistency != Consistency::kBsp) {
-      return PathError(mark, "model.dense_sync",
-                       absl::StrCat("allreduce steps every worker together (bsp); this job's "
-                                    "consistency is ",
-                                    ConsistencyName(config.job.consistency), " (use ps)"));
-    }
-    if (config.model.type != "mlp" && config.model.type != "wide_deep") {
-      return PathError(
-          mark, "model.dense_sync",
-          absl::StrCat("allreduce is built for model.type mlp and wide_deep so far; "
-                       "model.type ",
-                       config.model.type, " keeps its dense tables on the pservers (use ps)"));
-    }
-    if (config.cluster.aggregation == "node") {
-      return PathError(mark, "model.dense_sync",
-                       "allreduce with cluster.aggregation node (a host's sum first) is not "
-                       "built yet: use one or the other");
-    }
-    if (config.checkpoint.enabled) {
-      return PathError(mark, "model.dense_sync",
-                       "allreduce tables live on the workers, and their checkpoints are not "
-                       "built yet: use ps in a job that checkpoints");
-    }
-  }
+  STRATA_RETURN_IF_ERROR(CheckDenseSync(config));
+  STRATA_RETURN_IF_ERROR(CheckPipeline(config));
   const bool script = config.model.type == "script";
   if (script && config.worker.command.empty()) {
     return PathError(mark_of("model.type"), "model.type",
@@ -1184,6 +1239,13 @@ absl::Status CheckClusterSize(const JobConfig& config, int pservers, int workers
   }
   const ElasticSection& e = config.elastic;
   const std::string src = config.source.empty() ? "config" : config.source;
+  const int stages = config.model.stages;
+  if (stages > 1 && (workers < stages || workers % stages != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        src, ": model.stages is ", stages, "; the job starts with ", workers, " workers, which ",
+        workers < stages ? "cannot hold every stage" : "do not make whole groups",
+        " (each stage is a worker of its own: the workers must be a multiple of ", stages, ")"));
+  }
   for (const auto& [role, n, lo, hi] :
        {std::tuple<const char*, int, int, int>{"workers", workers, e.min_workers, e.max_workers},
         {"pservers", pservers, e.min_pservers, e.max_pservers}}) {

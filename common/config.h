@@ -73,6 +73,13 @@ struct ModelSection {
   // among the workers, by Strata's ring allreduce, the optimizer sharded
   // over them (worker/dense_sync.h). mlp and wide_deep models, bsp jobs.
   std::string dense_sync = "ps";
+  // Pipeline stages (docs/architecture.md, "Pipeline stages";
+  // worker/pipeline.h): an mlp's layers cut into `stages` consecutive
+  // groups, each trained by its own worker, a step's batch going through
+  // them in micro_batches micro-batches scheduled one-forward-one-backward.
+  // 1: no pipeline. micro_batches 0: 4 per stage.
+  int stages = 1;         // >= 1, <= the model's layers
+  int micro_batches = 0;  // >= 0, <= job.batch_size
 };
 
 struct OptimizerSection {

@@ -79,7 +79,7 @@ MasterServer::MasterServer(MasterOptions options, const TrainingSetSize& size, P
                          static_cast<uint32_t>(options_.config.sparse.partitions)),
           ScriptDeclaresTables(options_.config.model),
           static_cast<uint32_t>(options_.config.sparse.partitions), &options_.security, clock_,
-          &job_, &metrics_}),
+          &job_, &metrics_, options_.config.model.stages > 1}),
       checkpoints_(std::make_unique<CheckpointCoordinator>(
           CheckpointCoordinator::Options{options_.config, options_.fs, clock_, sink_.get(),
                                          options_.failpoints},

@@ -221,6 +221,10 @@ class MasterServer : private CheckpointCoordinator::Master {
                                                    const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScaleTickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pipeline stages (model.stages > 1): true when `node` is the first
+  // stage of a group in the view now (the one to lease its data tasks);
+  // always true without stages.
+  bool PipelineLeader(uint32_t node) const;
   // The body of LeaseTask (Durably's).
   absl::StatusOr<proto::LeaseTaskResponse> LeaseTaskUnpersisted(const proto::LeaseTaskRequest& req,
                                                                 uint64_t* ticket)

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/aggregation.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -35,11 +36,22 @@ int MasterServer::TaskBatchLocked(uint32_t node) {
   const bool by_speed = options_.config.job.batch_split == "by_speed";
   if (!fixed_global && !by_speed) return batch;
   // The global batch: the one the job started with (fixed_global), or
-  // job.batch_size for each worker that trains now.
-  const std::vector<uint32_t> workers = nodes_.TrainingWorkers(node);
+  // job.batch_size for each worker that trains now. (A pipeline's group
+  // trains as one worker, its leader: the others take no task.)
+  std::vector<uint32_t> workers = nodes_.TrainingWorkers(node);
+  if (options_.config.model.stages > 1) {
+    const std::map<uint32_t, PipelineSeat> seats =
+        PipelineSeats(nodes_.View(), options_.config.model.stages);
+    workers.erase(std::remove_if(workers.begin(), workers.end(),
+                                 [&](uint32_t w) {
+                                   auto it = seats.find(w);
+                                   return w != node && (it == seats.end() || it->second.stage != 0);
+                                 }),
+                  workers.end());
+  }
   const int64_t count = static_cast<int64_t>(workers.size());
-  const int64_t global =
-      static_cast<int64_t>(batch) * (fixed_global ? options_.expected_workers : count);
+  const int64_t started = options_.expected_workers / std::max(1, options_.config.model.stages);
+  const int64_t global = static_cast<int64_t>(batch) * (fixed_global ? started : count);
   if (!by_speed) {
     // Evenly; the first global % count of them take one record more.
     const int64_t rank = std::find(workers.begin(), workers.end(), node) - workers.begin();
@@ -63,6 +75,14 @@ int MasterServer::TaskBatchLocked(uint32_t node) {
     job_.Event(line, "batch_split");
   }
   return static_cast<int>(std::max<int64_t>(1, split.at(node)));
+}
+
+bool MasterServer::PipelineLeader(uint32_t node) const {
+  const int stages = options_.config.model.stages;
+  if (stages <= 1) return true;
+  const std::map<uint32_t, PipelineSeat> seats = PipelineSeats(nodes_.View(), stages);
+  auto it = seats.find(node);
+  return it != seats.end() && it->second.stage == 0;
 }
 
 absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTask(
@@ -95,7 +115,11 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   // lease and answering): it gets that task again, else the task would
   // stay leased to a live worker that does not know it, and the job would
   // never finish.
-  std::optional<proto::DataTask> task = tasks_.Held(n.id(), clock_->Now(), first_step);
+  // Pipeline stages: a group's first stage holds its data tasks; the
+  // stages after it take its steps (worker/mlp_pipeline.h).
+  const bool leads = PipelineLeader(n.id());
+  std::optional<proto::DataTask> task;
+  if (leads) task = tasks_.Held(n.id(), clock_->Now(), first_step);
   if (task.has_value()) {
     LOG(WARNING) << "worker " << n.index() << " (node " << n.id() << ") asks for a task "
                  << "but holds data task " << task->id() << ": its lease answer was lost; "
@@ -106,7 +130,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
     UpdateJobStateLocked();
     *ticket = PersistLocked();
     return LeaseAnswer(Response::DONE, true);
-  } else {
+  } else if (leads) {
     task = tasks_.Lease(n.id(), clock_->Now(), first_step, TaskBatchLocked(n.id()));
   }
   if (task.has_value()) {

@@ -1013,8 +1013,9 @@ void NodeManager::FillDataKeyLocked(const proto::NodeInfo& n, proto::DataPlaneKe
   // the workers when they keep dense tables by allreduce among themselves.)
   const bool serves = n.role() == proto::PSERVER ||
                       (n.role() == proto::WORKER &&
-                       std::any_of(options_.tables.begin(), options_.tables.end(),
-                                   [](const proto::TableInfo& t) { return t.allreduce(); }));
+                       (options_.workers_serve_data ||
+                        std::any_of(options_.tables.begin(), options_.tables.end(),
+                                    [](const proto::TableInfo& t) { return t.allreduce(); })));
   if (serves) key->set_secret(data_secret_);
 }
 

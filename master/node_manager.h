@@ -69,6 +69,10 @@ class NodeManager {
     Clock* clock = nullptr;                          // borrowed, required
     JobTracker* job = nullptr;                       // borrowed, required: events
     MetricsRegistry* metrics = nullptr;              // borrowed, required: per-node gauges
+    // Workers serve the data plane to each other (model.stages > 1: a
+    // stage's micro-batches come from the one before), so they are given
+    // the key epoch's secret to verify one another, as with allreduce.
+    bool workers_serve_data = false;
   };
   explicit NodeManager(Options options);
   NodeManager(const NodeManager&) = delete;

@@ -440,8 +440,10 @@ void PServer::InstallPartitions(const proto::ClusterView& view,
   }
   VLOG(1) << "serving view epoch " << view.epoch();
   ServeAsPrimaries(primaries, backup_addresses);
-  std::map<uint32_t, uint32_t> member_of;  // node-local aggregation: worker -> host
-  const std::set<uint32_t> step_workers = StepMembers(view, &member_of);
+  // Node-local aggregation: worker -> host; pipeline stages: worker -> leader.
+  std::map<uint32_t, uint32_t> member_of;
+  const std::set<uint32_t> step_workers =
+      StepMembers(view, options_.config.model.stages, &member_of);
   for (const auto& p : all) p->SetStepWorkers(step_workers, member_of);
 }
 

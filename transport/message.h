@@ -43,6 +43,13 @@ enum class MessageType : uint16_t {
   // its step, seq the chunk, count its floats; answered at once.
   kCollective = 15,
   kCollectiveResponse = 16,
+  // worker -> worker: one micro-batch of a pipeline's forward pass, from a
+  // stage to the next (worker/pipeline.h): version the step, seq the
+  // micro-batch, partition the step's micro-batches, count its rows; the
+  // payload its activations then its labels. Answered once the receiver's
+  // backward pass of it is done, with the gradient of those activations.
+  kStage = 17,
+  kStageResponse = 18,
 };
 const char* MessageTypeName(MessageType t);
 // True for the message types above other than kInvalid: the only types a

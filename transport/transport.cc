@@ -58,6 +58,10 @@ const char* MessageTypeName(MessageType t) {
       return "COLLECTIVE_RESPONSE";
     case MessageType::kReplicateResponse:
       return "REPLICATE_RESPONSE";
+    case MessageType::kStage:
+      return "STAGE";
+    case MessageType::kStageResponse:
+      return "STAGE_RESPONSE";
   }
   return "UNKNOWN";
 }
@@ -65,7 +69,7 @@ const char* MessageTypeName(MessageType t) {
 bool IsValidMessageType(MessageType t) {
   const auto v = static_cast<uint16_t>(t);
   return v >= static_cast<uint16_t>(MessageType::kPullRequest) &&
-         v <= static_cast<uint16_t>(MessageType::kCollectiveResponse);
+         v <= static_cast<uint16_t>(MessageType::kStageResponse);
 }
 
 MessageType ResponseTypeFor(MessageType request_type) {
@@ -86,6 +90,8 @@ MessageType ResponseTypeFor(MessageType request_type) {
       return MessageType::kAuthProofReply;
     case MessageType::kCollective:
       return MessageType::kCollectiveResponse;
+    case MessageType::kStage:
+      return MessageType::kStageResponse;
     default:
       return request_type;
   }

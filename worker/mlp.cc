@@ -220,7 +220,7 @@ absl::Status Mlp::LayerForward(size_t i, const float* in, int batch, float* out,
     if (!host_) UploadParams(wt + 1, 0, static_cast<uint64_t>(dout));
   }
   device_->AddBias(batch, dout, DParam(wt + 1), out);
-  if (i + 2 < layers_.size()) {
+  if (i + 2 < layers_.size() || activate_output_) {
     device_->ActivationForward(activation_, static_cast<int64_t>(batch) * dout, out);
   }
   return absl::OkStatus();
@@ -288,15 +288,34 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
 
 absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batch,
                                       const Hooks& hooks) {
+  return Step(x, y, batch, hooks, nullptr, nullptr);
+}
+
+absl::StatusOr<double> Mlp::StageStep(const float* x, const int32_t* y, int batch,
+                                      const float* out_grad, float* in_grad) {
+  return Step(x, y, batch, Hooks(), out_grad, in_grad);
+}
+
+absl::StatusOr<double> Mlp::Step(const float* x, const int32_t* y, int batch, const Hooks& hooks,
+                                 const float* out_grad, float* in_grad) {
   STRATA_RETURN_IF_ERROR(Prepare(x, y, batch));
   STRATA_RETURN_IF_ERROR(Forward(batch, hooks));
   STRATA_RETURN_IF_ERROR(CallHook(hooks.after_forward));
   const size_t n_layers = layers_.size() - 1;
   const int classes = layers_.back();
-  // The loss stays on the device until the step's end: nothing waits for
-  // the forward pass before the backward one is queued.
-  device_->SoftmaxCrossEntropyPending(batch, classes, Act(n_layers - 1), y_, delta_.data());
-  loss_pending_ = true;
+  if (out_grad != nullptr) {
+    // A stage before the last: the next stage's gradient of this output,
+    // through the output's activation.
+    const size_t n = static_cast<size_t>(batch) * classes;
+    device_->ComputeAfter(device_->Upload(delta_.data(), out_grad, n * sizeof(float)));
+    device_->ActivationBackward(activation_, static_cast<int64_t>(n), Act(n_layers - 1),
+                                delta_.data());
+  } else {
+    // The loss stays on the device until the step's end: nothing waits
+    // for the forward pass before the backward one is queued.
+    device_->SoftmaxCrossEntropyPending(batch, classes, Act(n_layers - 1), y_, delta_.data());
+    loss_pending_ = true;
+  }
   for (size_t li = n_layers; li-- > 0;) {
     const int din = layers_[li], dout = layers_[li + 1];
     const int wt = static_cast<int>(2 * li);
@@ -318,6 +337,13 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
                                            static_cast<uint64_t>(r1) * dout, hooks));
     }
     if (li == 0) {
+      if (in_grad != nullptr) {
+        // (A stage after the first: the previous stage's output gradient.)
+        device_->Gemm(false, true, batch, din, dout, 1.f, delta_.data(), DParam(wt), 0.f,
+                      delta_prev_.data());
+        (void)device_->Download(in_grad, delta_prev_.data(),
+                                static_cast<size_t>(batch) * din * sizeof(float));
+      }
       STRATA_RETURN_IF_ERROR(ReleaseParams(wt, hooks));
       break;
     }
@@ -332,10 +358,30 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
   }
   STRATA_RETURN_IF_ERROR(Drain(/*wait=*/true, hooks));
   last_correct_ = 0;
-  const double loss = device_->TakePendingLoss(&last_correct_);
+  double loss = 0;
+  if (loss_pending_) loss = device_->TakePendingLoss(&last_correct_);
   loss_pending_ = false;
+  // (Also the wait for in_grad's copy.)
   if (!host_) STRATA_RETURN_IF_ERROR(device_->Synchronize());
   return loss;
+}
+
+absl::Status Mlp::ForwardOutput(const float* x, int batch, float* out) {
+  DropPrefetched();
+  STRATA_RETURN_IF_ERROR(Prepare(x, nullptr, batch));
+  if (!host_) {
+    for (size_t t = 0; t < params_.size(); ++t)
+      UploadParams(static_cast<int>(t), 0, params_[t].size());
+  }
+  const size_t n_layers = layers_.size() - 1;
+  const float* in = x_;
+  for (size_t i = 0; i < n_layers; ++i) {
+    STRATA_RETURN_IF_ERROR(LayerForward(i, in, batch, Act(i), nullptr));
+    in = Act(i);
+  }
+  (void)device_->Download(out, Act(n_layers - 1),
+                          static_cast<size_t>(batch) * layers_.back() * sizeof(float));
+  return device_->Synchronize();
 }
 
 absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,

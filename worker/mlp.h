@@ -53,6 +53,22 @@ class Mlp {
     std::function<absl::Status(int table)> params_released;
   };
   absl::StatusOr<double> TrainStep(const float* x, const int32_t* y, int batch, const Hooks& hooks);
+  // Pipeline stages (worker/pipeline.h): an Mlp of one stage's layers.
+  // A stage before the last applies the activation to its output as well:
+  // that output is the next stage's input.
+  void SetActivateOutput(bool on) { activate_output_ = on; }
+  // Forward only: out[batch x layers.back()] = the model's output on
+  // x[batch x layers[0]] (what a stage sends on). Fails only when the
+  // device does.
+  absl::Status ForwardOutput(const float* x, int batch, float* out);
+  // One micro-batch of a stage: forward, then backward from the loss on
+  // labels y (out_grad null: the last stage) or from out_grad[batch x
+  // layers.back()], the gradient of the loss with respect to the output.
+  // With in_grad, the gradient with respect to x is written there [batch
+  // x layers[0]]. grads() become this micro-batch's. Returns the summed
+  // loss (0 when the backward pass starts from out_grad).
+  absl::StatusOr<double> StageStep(const float* x, const int32_t* y, int batch,
+                                   const float* out_grad, float* in_grad);
   // Examples of the last completed TrainStep whose predicted class (the
   // argmax of the logits) was their label: the training accuracy.
   int64_t last_correct() const { return last_correct_; }
@@ -99,6 +115,10 @@ class Mlp {
 
  private:
   absl::Status Prepare(const float* x, const int32_t* y, int batch);
+  // TrainStep and StageStep: the loss's gradient is out_grad's when set,
+  // and in_grad receives the input's.
+  absl::StatusOr<double> Step(const float* x, const int32_t* y, int batch, const Hooks& hooks,
+                              const float* out_grad, float* in_grad);
   absl::Status Forward(int batch, const Hooks& hooks);
   // One layer's forward pass, out = f(in W + b) (no f on the last layer);
   // with `hooks`, need_params is called per row block and the block is
@@ -139,7 +159,8 @@ class Mlp {
   bool loss_pending_ = false;              // a step's loss is on the device, not taken
   int64_t last_correct_ = 0;
   int recompute_every_ = 0;
-  int valid_segment_ = -1;  // whose outputs the slots hold
+  bool activate_output_ = false;  // a pipeline stage before the last
+  int valid_segment_ = -1;        // whose outputs the slots hold
   int batch_ = 0;
   std::vector<std::vector<int>> row_blocks_;  // per layer
   DeviceArray<float> delta_, delta_prev_;

@@ -48,6 +48,11 @@ MlpTrainer::MlpTrainer(TrainerContext* ctx, Device* device, storage::LabeledData
   const ModelSection& model = ctx_->config().model;
   model_ = std::make_unique<Mlp>(model.layers, *ParseActivation(model.activation), device);
   model_->SetRecompute(ctx_->config().worker.recompute_every);
+  if (model.stages > 1) pipeline_ = std::make_unique<MlpPipeline>(ctx_, device, model_.get());
+}
+
+absl::Status MlpTrainer::Follow(absl::Duration idle) {
+  return pipeline_ != nullptr ? pipeline_->Follow(idle) : absl::OkStatus();
 }
 
 std::string MlpTrainer::DescribeData() const {
@@ -79,7 +84,9 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
                   xs[k].data() + static_cast<size_t>(i) * dim);
       ys[k][i] = train_.labels[r];
     }
-    return model_->Prefetch(xs[k].data(), ys[k].data(), n);
+    // (A pipeline's stage computes on a model of its own.)
+    return pipeline_ != nullptr ? absl::OkStatus()
+                                : model_->Prefetch(xs[k].data(), ys[k].data(), n);
   };
   model_->DropPrefetched();  // (any left by a task that stopped early)
   if (!order.empty()) STRATA_RETURN_IF_ERROR(assemble(0, 0));
@@ -93,6 +100,7 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
     const absl::Time t0 = absl::Now();
     uint64_t version = ctx_->next_step();
     double loss = 0;
+    int64_t correct = -1;  // (-1: the model's last_correct)
     absl::Duration comm;
     if (local != nullptr) {
       STRATA_ASSIGN_OR_RETURN(loss, model_->TrainStep(x.data(), y.data(), n));
@@ -100,6 +108,9 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
         (*local)[t]->Apply(model_->params()[t].data(), model_->grads()[t].data(), 1.0f / n,
                            model_->params()[t].size());
       }
+    } else if (pipeline_ != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(
+          loss, pipeline_->LeaderStep(x.data(), y.data(), n, &version, &correct, &comm));
     } else if (ctx_->dense_ring() != nullptr) {
       STRATA_ASSIGN_OR_RETURN(loss, AllreduceStep(x.data(), y.data(), n, &version, &comm));
     } else if (ctx_->host_aggregator() != nullptr) {
@@ -112,7 +123,13 @@ absl::StatusOr<int64_t> MlpTrainer::TrainTask(const proto::DataTask& task,
       ctx_->TraceSpan("step", "step", t0,
                       absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
     }
-    ctx_->RecordStep(n, version, loss, model_->last_correct(), t3 - t0, comm, /*stale=*/false);
+    ctx_->RecordStep(n, version, loss, correct >= 0 ? correct : model_->last_correct(), t3 - t0,
+                     comm, /*stale=*/false);
+  }
+  if (pipeline_ != nullptr && local == nullptr) {
+    // The task is done once the stages after this one have pushed its
+    // last step too.
+    STRATA_RETURN_IF_ERROR(pipeline_->Flush());
   }
   if (HostAggregator* agg = ctx_->host_aggregator(); agg != nullptr && local == nullptr) {
     // The task is done once its last step is applied: when the version
@@ -285,6 +302,7 @@ absl::StatusOr<std::pair<double, double>> MlpTrainer::TestAccuracy() {
 
 absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(std::optional<uint64_t> min_version) {
   // (Allreduce: the ring's parameters are here already.)
+  // (Pipeline stages: every stage's tables; the whole model evaluates here.)
   if (min_version.has_value() && ctx_->dense_ring() == nullptr) {
     STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(*min_version, &model_->params()).status());
   }

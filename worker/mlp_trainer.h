@@ -13,6 +13,7 @@
 #include "storage/idx_reader.h"
 #include "worker/device.h"
 #include "worker/mlp.h"
+#include "worker/mlp_pipeline.h"
 #include "worker/trainer.h"
 
 namespace strata::worker {
@@ -36,6 +37,8 @@ class MlpTrainer : public Trainer {
   absl::StatusOr<int64_t> TrainTask(const proto::DataTask& task,
                                     std::vector<std::unique_ptr<Optimizer>>* local) override;
   absl::StatusOr<EvalMetrics> Evaluate(std::optional<uint64_t> min_version) override;
+  bool pipelined() const override { return pipeline_ != nullptr; }
+  absl::Status Follow(absl::Duration idle) override;
 
  private:
   MlpTrainer(TrainerContext* ctx, Device* device, storage::LabeledDataset train);
@@ -60,6 +63,9 @@ class MlpTrainer : public Trainer {
   TrainerContext* const ctx_;  // the Worker, which owns this trainer
   storage::LabeledDataset train_;
   std::unique_ptr<Mlp> model_;
+  // model.stages > 1: this worker's stage (mlp_pipeline.h); model_ then
+  // holds the pulled tables and evaluates.
+  std::unique_ptr<MlpPipeline> pipeline_;
   bool activation_memory_logged_ = false;
 };
 

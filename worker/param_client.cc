@@ -33,6 +33,7 @@ void ParamClient::SetView(const proto::ClusterView& view) {
   members_.Clear();
   *members_.mutable_members() = view.members();
   members_.set_aggregation_key(view.aggregation_key());
+  members_.set_epoch(view.epoch());
   std::map<uint32_t, std::string> data_address;
   for (const auto& m : view.members()) data_address[m.id()] = m.data_address();
   routes_.clear();
@@ -131,6 +132,11 @@ int ParamClient::WorkersInView() const {
   int n = 0;
   for (const auto& m : members_.members()) n += m.role() == proto::WORKER;
   return n;
+}
+
+proto::ClusterView ParamClient::Members() const {
+  absl::MutexLock l(&mu_);
+  return members_;
 }
 
 void ParamClient::SetMetrics(MetricsRegistry* metrics) {
@@ -262,6 +268,12 @@ ParamClient::Exchange::~Exchange() {
   if (unanswered) client_->DropConnections(borrowing_);
 }
 
+void ParamClient::Exchange::OnlyTables(uint32_t begin, uint32_t end) {
+  tables_begin_ = begin;
+  tables_end_ = end;
+  LoadRoutes();
+}
+
 void ParamClient::Exchange::LoadRoutes() {
   absl::MutexLock l(&client_->mu_);
   view_error_ = client_->view_error_;
@@ -273,6 +285,7 @@ void ParamClient::Exchange::LoadRoutes() {
     // and answers each as it arrives (docs/performance.md).
     const uint64_t chunk = client_->chunk_floats_;
     for (const Route& r : client_->routes_) {
+      if (r.table < tables_begin_ || r.table >= tables_end_) continue;
       total_bytes_ += r.length * sizeof(float);
       if (chunk == 0 || r.length <= chunk) {
         routes_[RouteId{r.partition} << 32] = r;
@@ -1005,6 +1018,25 @@ absl::StatusOr<PushResult> ParamClient::PushAll(const std::vector<std::vector<fl
                                                 uint64_t step, uint64_t count) {
   PushResult result;
   STRATA_RETURN_IF_ERROR(StartPush(&grads, step, count, &result)->Finish());
+  return result;
+}
+
+absl::StatusOr<uint64_t> ParamClient::PullTables(uint64_t min_version, uint32_t begin, uint32_t end,
+                                                 std::vector<std::vector<float>>* tables) {
+  uint64_t lowest = 0;
+  std::unique_ptr<Exchange> ex = StartPull(min_version, tables, &lowest);
+  ex->OnlyTables(begin, end);
+  STRATA_RETURN_IF_ERROR(ex->Finish());
+  return lowest;
+}
+
+absl::StatusOr<PushResult> ParamClient::PushTables(const std::vector<std::vector<float>>& grads,
+                                                   uint32_t begin, uint32_t end, uint64_t step,
+                                                   uint64_t count) {
+  PushResult result;
+  std::unique_ptr<Exchange> ex = StartPush(&grads, step, count, &result);
+  ex->OnlyTables(begin, end);
+  STRATA_RETURN_IF_ERROR(ex->Finish());
   return result;
 }
 

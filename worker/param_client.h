@@ -56,6 +56,8 @@ class ParamClient {
   std::set<uint32_t> WorkersGone() const;
   // Workers in the view held now, whatever their state.
   int WorkersInView() const;
+  // The members of the view held now (and its epoch and aggregation key).
+  proto::ClusterView Members() const;
   // Element offsets where the partitions of table t begin, ascending.
   std::vector<uint64_t> PartitionStarts(uint32_t table) const;
   // Makes every current and later PullAll/PushAll return Cancelled at its
@@ -95,6 +97,13 @@ class ParamClient {
   // at most once.
   absl::StatusOr<PushResult> PushAll(const std::vector<std::vector<float>>& grads, uint64_t step,
                                      uint64_t count);
+  // PullAll and PushAll of the dense tables [begin, end) only (a pipeline
+  // stage's, worker/mlp_pipeline.h).
+  absl::StatusOr<uint64_t> PullTables(uint64_t min_version, uint32_t begin, uint32_t end,
+                                      std::vector<std::vector<float>>* tables);
+  absl::StatusOr<PushResult> PushTables(const std::vector<std::vector<float>>& grads,
+                                        uint32_t begin, uint32_t end, uint64_t step,
+                                        uint64_t count);
   // Writes `values` (one tensor per table; sparse tables' are empty) as
   // the dense partitions' initial values (transport::kFlagInitialValues):
   // a training script's first worker, for the tables it declared
@@ -178,6 +187,9 @@ class ParamClient {
     // Payload bytes of all its requests.
     uint64_t total_bytes() const { return total_bytes_; }
     void IssueAll();
+    // Dense exchanges: only the partitions of tables [begin, end). Before
+    // anything is issued.
+    void OnlyTables(uint32_t begin, uint32_t end);
     // Waits until the partitions of `table` that hold any of its elements
     // [0, end) are answered successfully (issuing those not yet sent); if
     // any is not, or any request of the exchange needs a retry first,
@@ -196,6 +208,9 @@ class ParamClient {
     absl::Status Finish();
 
    private:
+    // OnlyTables.
+    uint32_t tables_begin_ = 0;
+    uint32_t tables_end_ = UINT32_MAX;
     void LoadRoutes();
     void Send(RouteId id);
     // After a view change: gives up waiting on requests to partitions that

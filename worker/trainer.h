@@ -37,6 +37,7 @@
 #include "worker/dense_ring.h"
 #include "worker/host_aggregator.h"
 #include "worker/param_client.h"
+#include "worker/pipeline.h"
 
 namespace strata::worker {
 
@@ -102,6 +103,13 @@ class TrainerContext {
   // model.dense_sync allreduce: the ring the dense tables' steps go
   // through (dense_ring.h); null when they go to the pservers.
   virtual DenseRing* dense_ring() { return nullptr; }
+  // Pipeline stages (model.stages > 1): this worker's node id and data
+  // plane, and the stage its listener hands the previous stage's kStage
+  // requests to (null: none; those that came before one was set are
+  // handed to it then).
+  virtual uint32_t node_id() const { return 0; }
+  virtual transport::Transport* data_plane() { return nullptr; }
+  virtual void SetPipelineStage(std::shared_ptr<PipelineStage> stage) {}
   // True when the steps are traced (WorkerOptions.trace_path).
   virtual bool tracing() const = 0;
   // A trace span from `from` to now on the steps lane, when tracing;
@@ -140,6 +148,14 @@ class Trainer {
   // family's steps do not go through the host's segment; else true, with
   // the sparse tables whose rows its workers merge per key in *sparse.
   virtual bool AggregatesOnHost(SparseLayout* sparse) const { return false; }
+
+  // Pipeline stages: true when this trainer is one stage of a pipeline
+  // (model.stages > 1). Follow then trains the steps that come from the
+  // stage before this worker's, when it is not the first, until none has
+  // come for `idle` (the worker calls it while the master has no task for
+  // it).
+  virtual bool pipelined() const { return false; }
+  virtual absl::Status Follow(absl::Duration idle) { return absl::OkStatus(); }
 
   // Registers the family's own /metrics gauges, if any. The gauges are
   // read on the HTTP thread.

@@ -191,7 +191,8 @@ absl::Status Worker::Start() {
   STRATA_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(topts));
   RegisterModelMemory();
   const bool allreduce = options_.config.model.dense_sync == "allreduce" && !options_.local_only;
-  if (allreduce) STRATA_RETURN_IF_ERROR(ListenForRing());
+  const bool staged = options_.config.model.stages > 1 && !options_.local_only;
+  if (allreduce || staged) STRATA_RETURN_IF_ERROR(ListenForPeers());
   if (!options_.trace_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options_.trace_path, options_.index + 1,
                                                       absl::StrCat("worker ", options_.index)));
@@ -253,7 +254,7 @@ absl::Status Worker::Start() {
   req.set_index(options_.index);
   req.set_host(options_.host);
   req.set_http_port(options_.http_port >= 0 ? http_.port() : 0);
-  if (allreduce) req.set_data_address(transport_->listen_address());
+  if (allreduce || staged) req.set_data_address(transport_->listen_address());
   STRATA_ASSIGN_OR_RETURN(proto::RegisterResponse resp,
                           agent_->Register(req, options_.register_timeout, stop_));
   node_id_ = resp.node_id();
@@ -568,6 +569,11 @@ absl::Status Worker::RunLoop() {
         if (dense_ring_ != nullptr) {
           // The others' steps need this worker's, with no samples.
           STRATA_RETURN_IF_ERROR(dense_ring_->IdleFor(absl::Milliseconds(100)));
+        } else if (trainer_->pipelined()) {
+          // A stage after the first: its leader's steps, as they come.
+          const absl::Time t0 = absl::Now();
+          STRATA_RETURN_IF_ERROR(trainer_->Follow(absl::Milliseconds(500)));
+          stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100) - (absl::Now() - t0));
         } else {
           stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
         }
@@ -590,12 +596,41 @@ absl::Status Worker::InitLocalTables() {
   return absl::OkStatus();
 }
 
-absl::Status Worker::ListenForRing() {
-  // The ring's messages come to this worker's own data-plane listener
-  // (advertised as its data address when it registers).
+void Worker::SetPipelineStage(std::shared_ptr<PipelineStage> stage) {
+  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> pending;
+  {
+    absl::MutexLock l(&stage_mu_);
+    stage_ = stage;
+    if (stage != nullptr) pending.swap(stage_pending_);
+  }
+  for (auto& [request, responder] : pending) stage->Handle(std::move(request), responder);
+}
+
+absl::Status Worker::ListenForPeers() {
+  // The other workers' messages come to this worker's own data-plane
+  // listener (advertised as its data address when it registers).
   return transport_->Listen(
       options_.host, 0,
       [this](transport::Message request, std::shared_ptr<transport::Responder> responder) {
+        if (request.header.type == transport::MessageType::kStage &&
+            options_.config.model.stages > 1) {
+          std::shared_ptr<PipelineStage> stage;
+          {
+            absl::MutexLock l(&stage_mu_);
+            stage = stage_;
+            if (stage == nullptr && stage_pending_.size() < 4096) {
+              // (Before this worker has taken its seat: the stage takes it
+              // then, or the sender's timeout ends it.)
+              request.OwnPayload();
+              stage_pending_.emplace_back(std::move(request), std::move(responder));
+              return;
+            }
+          }
+          if (stage != nullptr) {
+            stage->Handle(std::move(request), std::move(responder));
+            return;
+          }
+        }
         DenseSync* sync = dense_sync_handler_.load();
         if (sync == nullptr || request.header.type != transport::MessageType::kCollective) {
           const transport::MessageHeader h = request.header;

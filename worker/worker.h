@@ -113,7 +113,7 @@ class Worker : private TrainerContext {
   // meanwhile (a bsp cut needs this worker's steps).
   absl::Status RequestCheckpointAndStop(absl::Duration grace);
 
-  uint32_t node_id() const { return node_id_; }
+  uint32_t node_id() const override { return node_id_; }
   // Test accuracy measured at the end of a local_only run.
   double local_test_accuracy() const { return local_test_accuracy_; }
   int http_port() const { return http_.port(); }
@@ -173,6 +173,8 @@ class Worker : private TrainerContext {
   absl::Status SettlePush() override;
   HostAggregator* host_aggregator() override { return aggregator_.get(); }
   DenseRing* dense_ring() override { return dense_ring_.get(); }
+  transport::Transport* data_plane() override { return transport_.get(); }
+  void SetPipelineStage(std::shared_ptr<PipelineStage> stage) override;
   bool tracing() const override { return trace_ != nullptr; }
   absl::Time TraceSpan(const char* name, const char* category, absl::Time from,
                        const std::string& args) override;
@@ -187,7 +189,10 @@ class Worker : private TrainerContext {
   // first ring takes its first member's), and this worker's DenseSync and
   // DenseRing once it is a node (Start).
   absl::Status InitLocalTables();
-  absl::Status ListenForRing();  // (before registering: its address goes along)
+  // The worker's own data-plane listener, for the other workers: the
+  // ring's chunks (allreduce) and the previous pipeline stage's
+  // micro-batches. Before registering: its address goes along.
+  absl::Status ListenForPeers();
   absl::Status StartDenseSync();
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.
   absl::Status Settle();
@@ -215,6 +220,13 @@ class Worker : private TrainerContext {
 
   WorkerOptions options_;
   std::unique_ptr<Device> device_;
+  // Pipeline stages: the stage the listener hands kStage requests to, and
+  // those that came while there was none (handed to the next one set).
+  // Declared before trainer_, whose pipeline sets it until it goes.
+  absl::Mutex stage_mu_;
+  std::shared_ptr<PipelineStage> stage_ ABSL_GUARDED_BY(stage_mu_);
+  std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> stage_pending_
+      ABSL_GUARDED_BY(stage_mu_);
   // The model family: its model and data. Set once in Create; borrows
   // device_ and this worker (as its TrainerContext).
   std::unique_ptr<Trainer> trainer_;

@@ -628,6 +628,35 @@ TEST(ParseJobConfigTest, DenseSyncAllreduceIsRefusedWhereItIsNotBuiltNamingTheKe
               "model.type script keeps its dense tables on the pservers");
 }
 
+TEST(ParseJobConfigTest, PipelineStagesAndTheirRefusalsNameTheKey) {
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig c, ParseWithData(""));
+  EXPECT_EQ(c.model.stages, 1);
+  EXPECT_EQ(c.model.micro_batches, 0);
+  STRATA_ASSERT_OK_AND_ASSIGN(c, ParseWithData("model:\n  stages: 3\n  micro_batches: 6\n"));
+  EXPECT_EQ(c.model.stages, 3);
+  EXPECT_EQ(c.model.micro_batches, 6);
+  // The default model has 3 layers.
+  ExpectError(ParseWithData("model:\n  stages: 4\n"),
+              "local.yaml:7:11: ", "model.stages: 4 stages but model.layers makes 3 layers");
+  ExpectError(ParseWithData("model:\n  stages: 0\n"), "local.yaml:7:11: ", "model.stages");
+  ExpectError(ParseWithData("job:\n  consistency: asp\nmodel:\n  stages: 2\n"),
+              "local.yaml:9:11: ", "model.stages: a pipeline's stages step together (bsp)",
+              "consistency is asp");
+  ExpectError(ParseWithData("model:\n  stages: 2\n  dense_sync: allreduce\n"), "local.yaml:",
+              "model.stages: stages with model.dense_sync allreduce or cluster.aggregation node");
+  ExpectError(ParseWithData("model:\n  stages: 2\ncluster:\n  aggregation: node\n"),
+              "local.yaml:7:11: ", "are not built yet");
+  ExpectError(ParseWithData("model:\n  micro_batches: 4\n"), "local.yaml:7:18: ",
+              "model.micro_batches: cuts a pipeline's batch (model.stages > 1)");
+  ExpectError(ParseWithData("job:\n  batch_size: 4\nmodel:\n  stages: 2\n  micro_batches: 5\n"),
+              "local.yaml:10:18: ", "model.micro_batches: 5 micro-batches of a batch of 4");
+  ExpectError(
+      ParseJobConfig("model:\n  type: wide_deep\n  stages: 2\n"
+                     "data:\n  format: criteo\n  train: /d/train.txt\n  test: /d/test.txt\n",
+                     "ctr.yaml"),
+      "ctr.yaml:3:11: ", "model.stages: pipeline stages are built for model.type mlp");
+}
+
 TEST(ParseJobConfigTest, StalenessOnlyWithSsp) {
   ExpectError(ParseWithData("job:\n  staleness: 2\n"), "local.yaml:7:14: ",
               "job.staleness: bounds an ssp job's staleness; this job's consistency is bsp "
@@ -899,6 +928,18 @@ TEST(LoadJobConfigTest, ErrorsNameThePath) {
   EXPECT_THAT(LoadJobConfig(path), StatusIs(absl::StatusCode::kInvalidArgument,
                                             StartsWith(path + ":7:11: job.epochs: must be > 0")));
   std::remove(path.c_str());
+}
+
+TEST(CheckClusterSizeTest, PipelineStagesNeedWholeGroupsOfWorkers) {
+  JobConfig c;
+  c.source = "job.yaml";
+  c.model.stages = 2;
+  EXPECT_THAT(CheckClusterSize(c, 1, 1).message(),
+              HasSubstr("job.yaml: model.stages is 2; the job starts with 1 workers, which cannot "
+                        "hold every stage"));
+  EXPECT_THAT(CheckClusterSize(c, 1, 3).message(), HasSubstr("do not make whole groups"));
+  EXPECT_TRUE(CheckClusterSize(c, 1, 2).ok());
+  EXPECT_TRUE(CheckClusterSize(c, 1, 4).ok());
 }
 
 TEST(CheckClusterSizeTest, NeedsOneOfEachAndMorePServersThanReplicas) {

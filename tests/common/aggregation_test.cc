@@ -1,0 +1,83 @@
+// The bsp step set's members from the view (common/aggregation.h): each
+// live worker, each host's workers as one, and a pipeline's group as one
+// (its leader); and the pipeline's seats.
+#include "common/aggregation.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+void AddWorker(proto::ClusterView* view, uint32_t id, proto::NodeState state,
+               const std::string& host = "127.0.0.1") {
+  proto::NodeInfo* m = view->add_members();
+  m->set_id(id);
+  m->set_role(proto::WORKER);
+  m->set_state(state);
+  m->set_host(host);
+}
+
+TEST(StepMembersTest, EachLiveWorkerWithoutAggregationOrStages) {
+  proto::ClusterView view;
+  AddWorker(&view, 4, proto::ALIVE);
+  AddWorker(&view, 5, proto::FINISHED);
+  AddWorker(&view, 6, proto::ALIVE);
+  std::map<uint32_t, uint32_t> member_of;
+  EXPECT_THAT(StepMembers(view, 1, &member_of), ElementsAre(4, 6));
+  EXPECT_THAT(member_of, IsEmpty());
+}
+
+TEST(StepMembersTest, AHostsWorkersAreOneMember) {
+  proto::ClusterView view;
+  view.set_aggregation_key(9);
+  AddWorker(&view, 4, proto::ALIVE, "a");
+  AddWorker(&view, 5, proto::ALIVE, "a");
+  AddWorker(&view, 6, proto::ALIVE, "b");
+  std::map<uint32_t, uint32_t> member_of;
+  EXPECT_THAT(StepMembers(view, 1, &member_of),
+              UnorderedElementsAre(HostMember("a"), HostMember("b")));
+  EXPECT_THAT(member_of, UnorderedElementsAre(Pair(4, HostMember("a")), Pair(5, HostMember("a")),
+                                              Pair(6, HostMember("b"))));
+}
+
+TEST(PipelineSeatsTest, WorkersInTheJobByNodeIdInGroups) {
+  proto::ClusterView view;
+  AddWorker(&view, 9, proto::ALIVE);
+  AddWorker(&view, 3, proto::FINISHED);  // (a stage after the first: no tasks)
+  AddWorker(&view, 7, proto::JOINING);
+  AddWorker(&view, 5, proto::DEAD);
+  AddWorker(&view, 4, proto::ALIVE);
+  AddWorker(&view, 11, proto::ALIVE);  // past the last whole group
+  const auto seats = PipelineSeats(view, 2);
+  ASSERT_EQ(seats.size(), 4u);
+  EXPECT_EQ(seats.at(3).stage, 0);
+  EXPECT_THAT(seats.at(3).group, ElementsAre(3, 4));
+  EXPECT_EQ(seats.at(4).stage, 1);
+  EXPECT_EQ(seats.at(4).leader(), 3u);
+  EXPECT_EQ(seats.at(7).stage, 0);
+  EXPECT_THAT(seats.at(9).group, ElementsAre(7, 9));
+  EXPECT_EQ(seats.count(11), 0u);
+  EXPECT_EQ(seats.count(5), 0u);
+  EXPECT_TRUE(PipelineSeats(view, 6).empty());
+}
+
+TEST(StepMembersTest, APipelinesGroupIsOneMemberWhileItsLeaderIsAlive) {
+  proto::ClusterView view;
+  AddWorker(&view, 1, proto::ALIVE);
+  AddWorker(&view, 2, proto::FINISHED);
+  AddWorker(&view, 3, proto::FINISHED);  // a leader with no task: its group is out
+  AddWorker(&view, 4, proto::ALIVE);
+  AddWorker(&view, 5, proto::ALIVE);  // no seat
+  std::map<uint32_t, uint32_t> member_of;
+  EXPECT_THAT(StepMembers(view, 2, &member_of), ElementsAre(1));
+  EXPECT_THAT(member_of, UnorderedElementsAre(Pair(1, 1), Pair(2, 1)));
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,175 @@
+#include "worker/mlp_pipeline.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace strata::worker {
+
+MlpPipeline::MlpPipeline(TrainerContext* ctx, Device* device, Mlp* whole)
+    : ctx_(ctx),
+      device_(device),
+      whole_(whole),
+      micro_batches_(ctx->config().model.micro_batches > 0 ? ctx->config().model.micro_batches
+                                                           : 4 * ctx->config().model.stages) {
+  // (The config reader checked the stages against the layers.)
+  bounds_ = *StageBounds(ctx->config().model.layers, ctx->config().model.stages);
+}
+
+MlpPipeline::~MlpPipeline() {
+  if (stage_ != nullptr) {
+    ctx_->SetPipelineStage(nullptr);
+    stage_->Abort(absl::CancelledError("the worker stopped"));
+  }
+}
+
+absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
+  ParamClient* params = ctx_->params();
+  const proto::ClusterView view = params->Members();
+  const int k = ctx_->config().model.stages;
+  const std::map<uint32_t, PipelineSeat> seats = PipelineSeats(view, k);
+  auto it = seats.find(ctx_->node_id());
+  if (it == seats.end()) {
+    if (seat_.has_value()) {
+      LOG(INFO) << "pipeline: this worker has no seat in view epoch " << view.epoch()
+                << " (its workers do not make a whole group of " << k << ")";
+      ctx_->SetPipelineStage(nullptr);
+      stage_.reset();
+      seat_.reset();
+    }
+    return seat_;
+  }
+  if (seat_.has_value() && seat_->stage == it->second.stage && seat_->group == it->second.group) {
+    return seat_;
+  }
+  const PipelineSeat seat = it->second;
+  const JobConfig& config = ctx_->config();
+  auto model = std::make_unique<Mlp>(StageWidths(config.model.layers, bounds_, seat.stage),
+                                     *ParseActivation(config.model.activation), device_);
+  PipelineStage::Options o;
+  o.stage = seat.stage;
+  o.stages = k;
+  o.node_id = ctx_->node_id();
+  // A wait covers the other stages' pulls, pushes and calls to the master.
+  o.timeout = absl::Milliseconds(std::max(config.cluster.request_timeout_ms, 10000));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<PipelineStage> created,
+                          PipelineStage::Create(ctx_->data_plane(), o, model.get()));
+  std::shared_ptr<PipelineStage> stage = std::move(created);
+  if (!stage->last()) {
+    const uint32_t next = seat.group[seat.stage + 1];
+    std::string address;
+    for (const auto& m : view.members()) {
+      if (m.id() == next) address = m.data_address();
+    }
+    if (address.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pipeline stage ", seat.stage, ": node ", next,
+                       " (the next stage) has no data address in view epoch ", view.epoch()));
+    }
+    STRATA_RETURN_IF_ERROR(stage->ConnectNext(address));
+  }
+  // The listener hands the previous stage's micro-batches to the new
+  // stage; the old one answers those it held with an error.
+  ctx_->SetPipelineStage(stage);
+  if (stage_ != nullptr) stage_->Abort(absl::UnavailableError("this worker changed seats"));
+  stage_ = std::move(stage);
+  model_ = std::move(model);
+  seat_ = seat;
+  const int first = first_table();
+  const int end = end_table();
+  push_.assign(whole_->params().size(), {});
+  for (int t = first; t < end; ++t) push_[t].resize(whole_->params()[t].size());
+  LOG(INFO) << "pipeline: stage " << seat.stage << " of " << k << " (layers " << bounds_[seat.stage]
+            << ".." << bounds_[seat.stage + 1] - 1 << ", tables " << first << ".." << end - 1
+            << ") in the group of nodes " << absl::StrJoin(seat.group, ",") << ", view epoch "
+            << view.epoch();
+  return seat_;
+}
+
+absl::Status MlpPipeline::PullStage(uint64_t min_version, uint64_t* version, absl::Duration* comm) {
+  const absl::Time w = absl::Now();
+  STRATA_ASSIGN_OR_RETURN(*version, ctx_->params()->PullTables(min_version, first_table(),
+                                                               end_table(), &whole_->params()));
+  *comm += absl::Now() - w;
+  const int first = first_table();
+  auto& mine = model_->params();
+  for (size_t t = 0; t < mine.size(); ++t) {
+    const auto& src = whole_->params()[first + t];
+    std::copy(src.begin(), src.end(), mine[t].begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MlpPipeline::PushStage(uint64_t version, int n, absl::Duration* comm) {
+  const int first = first_table();
+  const auto& sums = stage_->grads();
+  for (size_t t = 0; t < sums.size(); ++t) {
+    std::copy(sums[t].begin(), sums[t].end(), push_[first + t].begin());
+  }
+  const absl::Time w = absl::Now();
+  STRATA_ASSIGN_OR_RETURN(
+      const PushResult r,
+      ctx_->params()->PushTables(push_, first, end_table(), version, static_cast<uint64_t>(n)));
+  *comm += absl::Now() - w;
+  LOG_IF(WARNING, r.stale_partitions > 0)
+      << "pipeline stage " << seat_->stage << ": the push of step " << version << " was stale at "
+      << r.stale_partitions << " partitions";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> MlpPipeline::LeaderStep(const float* x, const int32_t* y, int n,
+                                               uint64_t* version, int64_t* correct,
+                                               absl::Duration* comm) {
+  STRATA_ASSIGN_OR_RETURN(const std::optional<PipelineSeat> seat, Seat());
+  if (!seat.has_value() || seat->stage != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("pipeline: this worker holds a data task but is not the first stage of a "
+                     "group in the view now (",
+                     seat.has_value() ? absl::StrCat("stage ", seat->stage) : "no seat", ")"));
+  }
+  STRATA_RETURN_IF_ERROR(PullStage(ctx_->next_step(), version, comm));
+  STRATA_ASSIGN_OR_RETURN(const PipelineStage::StepResult r,
+                          stage_->Step(*version, x, y, n, micro_batches_));
+  STRATA_RETURN_IF_ERROR(PushStage(*version, n, comm));
+  *correct = r.correct;
+  return r.loss;
+}
+
+absl::Status MlpPipeline::Flush() {
+  if (stage_ == nullptr || stage_->last()) return absl::OkStatus();
+  return stage_->Flush();
+}
+
+absl::Status MlpPipeline::Follow(absl::Duration idle) {
+  absl::Time idle_until = absl::Now() + idle;
+  while (!ctx_->stopping()) {
+    STRATA_ASSIGN_OR_RETURN(const std::optional<PipelineSeat> seat, Seat());
+    if (!seat.has_value() || seat->stage == 0) return absl::OkStatus();
+    const absl::Duration wait =
+        std::clamp(idle_until - absl::Now(), absl::ZeroDuration(), absl::Milliseconds(100));
+    // (A flush finds this stage's pushes settled: each step pushes before
+    // the next one is taken.)
+    STRATA_ASSIGN_OR_RETURN(const std::optional<uint64_t> step, stage_->NextStep(wait));
+    if (!step.has_value()) {
+      if (absl::Now() >= idle_until) return absl::OkStatus();
+      continue;
+    }
+    absl::Duration comm;
+    uint64_t version = 0;
+    const absl::Time t0 = absl::Now();
+    STRATA_RETURN_IF_ERROR(PullStage(*step, &version, &comm));
+    STRATA_ASSIGN_OR_RETURN(const PipelineStage::StepResult r, stage_->Step(*step));
+    STRATA_RETURN_IF_ERROR(PushStage(*step, r.samples, &comm));
+    VLOG(1) << "pipeline stage " << seat->stage << ": step " << *step << ", " << r.samples
+            << " samples in " << r.micro_batches << " micro-batches, "
+            << absl::FormatDuration(absl::Now() - t0) << " (computing "
+            << absl::FormatDuration(r.busy) << ", pservers " << absl::FormatDuration(comm) << ")";
+    idle_until = absl::Now() + idle;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::worker

@@ -1,0 +1,176 @@
+// Pipeline stages (model.stages; docs/architecture.md, "Pipeline stages"):
+// an MLP's layers cut into K consecutive groups, stage s's layers held and
+// trained by a worker of its own, so that a model one device cannot hold
+// trains on K. A step's batch goes through the stages in M micro-batches:
+// stage s sends each micro-batch's output (its activations, and the labels
+// along) to stage s + 1 as a kStage request over the data plane
+// (transport/transport.h: tcp, rdma or inproc), and the answer is the
+// gradient of that output, sent once the stages after it have done the
+// micro-batch's backward pass.
+//
+// The micro-batches are scheduled one-forward-one-backward (1F1B, the
+// schedule of PipeDream-flush and Megatron): stage s runs min(K - 1 - s,
+// M) forward passes ahead, then alternates one forward and one backward,
+// then drains its backward passes; the last stage does each micro-batch's
+// forward and backward at once. A stage before the last keeps only each
+// micro-batch's input while it is in flight and computes its forward pass
+// again in the backward one (GPipe's re-materialisation): a stage's
+// activation memory is that of one micro-batch, for one more forward pass.
+//
+// Each stage's gradient is summed over the step's micro-batches, so a
+// step's gradient is the batch's, as unpipelined (float rounding apart),
+// and the step's update the same. The stage's tables are then pushed and
+// pulled by the worker like any others (ParamClient).
+//
+// The bubble: of a step's 2M + 2(K - 1) forward-and-backward slots per
+// stage, 2(K - 1) are idle, a fraction (K - 1) / (M + K - 1).
+#ifndef STRATA_WORKER_PIPELINE_H_
+#define STRATA_WORKER_PIPELINE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/transport.h"
+#include "worker/mlp.h"
+
+namespace strata::worker {
+
+// kStage's flags bit 0: a flush, not a micro-batch (count 0, no payload):
+// answered once the receiving stage has pushed every step it took, and has
+// passed the flush on to the stage after it and had its answer.
+inline constexpr uint32_t kFlagStageFlush = 1;
+
+// Where the stages' layers begin: K + 1 layer indices {0, ..., L} for a
+// model of L = layers.size() - 1 layers, the cut that makes the largest
+// stage's parameters fewest (each stage one layer at least).
+// InvalidArgument naming model.stages when K is not in [1, L].
+absl::StatusOr<std::vector<int>> StageBounds(const std::vector<int>& layers, int stages);
+// Stage s's widths: layers[bounds[s]] .. layers[bounds[s + 1]]. Its tables
+// are the model's [2 bounds[s], 2 bounds[s + 1]).
+std::vector<int> StageWidths(const std::vector<int>& layers, const std::vector<int>& bounds,
+                             int stage);
+
+// One stage of a pipeline. Step is called from one thread (the worker's
+// training thread); Handle from the transport's threads.
+class PipelineStage {
+ public:
+  struct Options {
+    int stage = 0;
+    int stages = 1;
+    uint32_t node_id = 0;  // the sender id of its requests
+    // Each wait for the previous stage's micro-batch or the next stage's
+    // gradient.
+    absl::Duration timeout = absl::Seconds(60);
+  };
+  // `model` is the stage's Mlp (StageWidths), borrowed: the stage sets its
+  // output activation. InvalidArgument for a stage outside [0, stages).
+  static absl::StatusOr<std::unique_ptr<PipelineStage>> Create(transport::Transport* transport,
+                                                               Options options, Mlp* model);
+  // Answers the previous stage's requests still held with an error.
+  ~PipelineStage();
+  PipelineStage(const PipelineStage&) = delete;
+  PipelineStage& operator=(const PipelineStage&) = delete;
+
+  // Stages before the last: connects to the next stage's listener.
+  absl::Status ConnectNext(const std::string& address);
+  // Any thread: a kStage request from the previous stage, held until the
+  // step's backward pass of it answers it. A malformed one (sizes that
+  // are not this stage's input) is answered at once with InvalidArgument.
+  void Handle(transport::Message request, std::shared_ptr<transport::Responder> responder);
+
+  struct StepResult {
+    double loss = 0;      // summed over the step's examples
+    int64_t correct = 0;  // its examples predicted right
+    int samples = 0;
+    int micro_batches = 0;
+    absl::Duration busy;  // this stage's computing (the rest is the bubble)
+  };
+  // The first stage: step `step` on x[n x layers[0]] with labels y[n], in
+  // `micro_batches` micro-batches (fewer when n is smaller).
+  absl::StatusOr<StepResult> Step(uint64_t step, const float* x, const int32_t* y, int n,
+                                  int micro_batches);
+  // The stages after the first: step `step`, its micro-batches as they
+  // come from the previous stage (its first is waited for up to the
+  // timeout).
+  absl::StatusOr<StepResult> Step(uint64_t step);
+  // Stages after the first: waits up to `wait` for the previous stage's
+  // next step, and returns it (nullopt when none came). A flush that comes
+  // meanwhile is answered: this stage's pushes are done (it is between
+  // steps), so once the stage after it (if any) has answered it too.
+  absl::StatusOr<std::optional<uint64_t>> NextStep(absl::Duration wait);
+  // Stages before the last: a flush through the stages after this one
+  // (they have pushed every step they took once it returns OK).
+  absl::Status Flush();
+  // The last step's gradient of the stage's tables, summed over its
+  // micro-batches (d summed loss / d params, as Mlp::grads()).
+  const std::vector<std::vector<float>>& grads() const { return sum_; }
+
+  // Any thread: fails the step in progress, and every later one, with
+  // `why` (the worker is stopping).
+  void Abort(absl::Status why);
+
+  int stage() const { return options_.stage; }
+  bool first() const { return options_.stage == 0; }
+  bool last() const { return options_.stage + 1 == options_.stages; }
+
+ private:
+  using Key = std::pair<uint64_t, uint32_t>;  // step, micro-batch
+  PipelineStage(transport::Transport* transport, Options options, Mlp* model);
+  // Where micro-batch m's rows are, and the inputs of this step.
+  struct Micro {
+    const float* x = nullptr;
+    const int32_t* y = nullptr;
+    int rows = 0;
+  };
+  absl::StatusOr<StepResult> Run(uint64_t step, std::vector<Micro> micros);
+  // Waits for micro-batch m of `step` from the previous stage.
+  absl::StatusOr<Micro> AwaitInput(uint64_t step, uint32_t m, uint32_t* micro_batches);
+  // Forward pass of micro-batch m, sent on to the next stage.
+  absl::Status Forward(uint64_t step, uint32_t m, uint32_t micro_batches, const Micro& in);
+  // Backward pass of micro-batch m (with its forward pass again), the
+  // gradient summed, and the previous stage answered.
+  absl::Status Backward(uint64_t step, uint32_t m, const Micro& in, StepResult* result);
+  // Answers the previous stage's held requests of steps up to `step`
+  // (all: UINT64_MAX) with `why`.
+  void FailHeld(uint64_t step, const absl::Status& why);
+
+  transport::Transport* const transport_;
+  const Options options_;
+  Mlp* const model_;
+  const int in_dim_, out_dim_;
+  std::shared_ptr<transport::Connection> next_;
+  std::vector<std::vector<float>> sum_;
+  absl::Duration busy_;  // the step's computing so far
+  struct Held {
+    transport::Message request;
+    std::shared_ptr<transport::Responder> responder;
+  };
+  // Passes the flushes held on and answers them.
+  void AnswerFlushes(std::vector<Held> flushes);
+  struct State {
+    absl::Mutex mu;
+    absl::CondVar changed;
+    std::map<Key, Held> inbox ABSL_GUARDED_BY(mu);  // from the previous stage
+    std::vector<Held> flushes ABSL_GUARDED_BY(mu);
+    std::map<Key, absl::StatusOr<transport::Message>> answers
+        ABSL_GUARDED_BY(mu);                 // from the next stage
+    uint64_t floor ABSL_GUARDED_BY(mu) = 0;  // steps below it are over
+    absl::Status aborted ABSL_GUARDED_BY(mu);
+  };
+  // (Shared with the callbacks of the sends in flight.)
+  const std::shared_ptr<State> st_ = std::make_shared<State>();
+};
+
+}  // namespace strata::worker
+
+#endif  // STRATA_WORKER_PIPELINE_H_

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Real binaries through scripts/launch.sh on 127.0.0.1: 1 master, 2 pservers,
 # 2 workers train the Fashion-MNIST MLP (784-128-10, 2 epochs) in bsp, ssp
-# (staleness 3) or asp (argument 1) and must reach 84% test accuracy;
+# (staleness 3) or asp (argument 1), or as 2 pipeline stages of a bsp job
+# (model.stages: 2, one worker each: argument "pipeline"; under mTLS in the
+# suite), and must reach 84% test accuracy;
 # launch.sh must exit 0, write
 # summary.json with the promised fields and each daemon's log, and leave
 # nothing running.
@@ -11,7 +13,12 @@ source "$(dirname "$0")/lib.sh"
 
 work="$(mktemp -d /tmp/strata-e2e-launch-XXXXXX)"
 trap 'pkill -KILL -f -- "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
-write_config "$work/job.yaml" "$MODE" 2 "$(pick_port_base)"
+if [[ $MODE == pipeline ]]; then
+  write_config "$work/job.yaml" bsp 2 "$(pick_port_base)"
+  sed -i 's/^  activation: relu$/  activation: relu\n  stages: 2\n  micro_batches: 4/' "$work/job.yaml"
+else
+  write_config "$work/job.yaml" "$MODE" 2 "$(pick_port_base)"
+fi
 printf '# e2e\n127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
 
 "$ROOT/scripts/launch.sh" run --config "$work/job.yaml" --hosts "$work/hosts" \
@@ -34,7 +41,15 @@ grep -qE '^progress: epoch [0-9]+/[0-9]+  step [0-9]+  tasks [0-9]+/[0-9]+  samp
   fail "no job progress lines shown"
 # The workers' own progress lines stay in their logs.
 ! grep -q 'progress: worker' "$work/out" || fail "per-worker progress lines shown"
-grep -q 'progress: worker' "$work/run/logs/worker-0.log" || fail "no progress lines in worker 0's log"
+if [[ $MODE == pipeline ]]; then
+  # Either worker may lead (the lower node id); the other is stage 1.
+  grep -q 'progress: worker' "$work/run/logs/worker-0.log" "$work/run/logs/worker-1.log" ||
+    fail "no progress lines in the workers' logs"
+  grep -q 'pipeline: stage 1 of 2' "$work/run/logs/worker-0.log" "$work/run/logs/worker-1.log" ||
+    fail "no worker took stage 1"
+else
+  grep -q 'progress: worker' "$work/run/logs/worker-0.log" || fail "no progress lines in worker 0's log"
+fi
 for d in master-0 pserver-0 pserver-1 worker-0 worker-1; do
   [[ -s "$work/run/logs/$d.log" ]] || fail "no log for $d"
 done

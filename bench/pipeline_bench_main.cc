@@ -138,8 +138,9 @@ absl::StatusOr<PipelineRun> Pipelined(Pipeline* p, const Data& d, int micro, int
     for (int s = 0; s < k; ++s) {
       threads.emplace_back([&, s] {
         for (int i = 0; i < n_steps; ++i) {
-          auto r = s == 0 ? p->stages[0]->Step(from + i, d.x.data(), d.y.data(), FLAGS_batch, micro)
-                          : p->stages[s]->Step(from + i);
+          auto r = s == 0 ? p->stages[0]->Step(from + i, from + i, d.x.data(), d.y.data(),
+                                               FLAGS_batch, micro)
+                          : p->stages[s]->Step(PipelineStage::Next{from + i, from + i});
           if (!r.ok()) {
             errors[s] = r.status();
             return;

@@ -19,12 +19,7 @@ MlpPipeline::MlpPipeline(TrainerContext* ctx, Device* device, Mlp* whole)
   bounds_ = *StageBounds(ctx->config().model.layers, ctx->config().model.stages);
 }
 
-MlpPipeline::~MlpPipeline() {
-  if (stage_ != nullptr) {
-    ctx_->SetPipelineStage(nullptr);
-    stage_->Abort(absl::CancelledError("the worker stopped"));
-  }
-}
+MlpPipeline::~MlpPipeline() { DropStage(); }
 
 absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
   ParamClient* params = ctx_->params();
@@ -123,19 +118,51 @@ absl::Status MlpPipeline::PushStage(uint64_t version, int n, absl::Duration* com
 absl::StatusOr<double> MlpPipeline::LeaderStep(const float* x, const int32_t* y, int n,
                                                uint64_t* version, int64_t* correct,
                                                absl::Duration* comm) {
-  STRATA_ASSIGN_OR_RETURN(const std::optional<PipelineSeat> seat, Seat());
-  if (!seat.has_value() || seat->stage != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("pipeline: this worker holds a data task but is not the first stage of a "
-                     "group in the view now (",
-                     seat.has_value() ? absl::StrCat("stage ", seat->stage) : "no seat", ")"));
+  // A step that fails (a stage gone, or out of step) is tried again, on a
+  // stage made anew, once the view has the group whole again: a dead
+  // stage's worker is declared dead and its restart takes the seat. Given
+  // up after a while, when no worker comes to take it.
+  const ClusterSection& cluster = ctx_->config().cluster;
+  const absl::Time give_up =
+      absl::Now() +
+      absl::Milliseconds(std::max(60000, 3 * cluster.dead_timeout_ms + cluster.request_timeout_ms));
+  absl::Status last;
+  while (true) {
+    absl::StatusOr<std::optional<PipelineSeat>> seat = Seat();
+    if (seat.ok() && seat->has_value() && (*seat)->stage == 0) {
+      STRATA_RETURN_IF_ERROR(PullStage(ctx_->next_step(), version, comm));
+      absl::StatusOr<PipelineStage::StepResult> r =
+          stage_->Step(next_op_++, *version, x, y, n, micro_batches_);
+      if (r.ok()) {
+        STRATA_RETURN_IF_ERROR(PushStage(*version, n, comm));
+        *correct = r->correct;
+        return r->loss;
+      }
+      last = r.status();
+    } else {
+      last = !seat.ok() ? seat.status()
+                        : absl::UnavailableError(absl::StrCat(
+                              "pipeline: this worker holds a data task but is not the first "
+                              "stage of a whole group in the view now (",
+                              seat->has_value() ? absl::StrCat("stage ", (*seat)->stage)
+                                                : std::string("no seat"),
+                              ")"));
+    }
+    if (ctx_->stopping()) return absl::CancelledError("worker shut down");
+    if (absl::Now() >= give_up) return last;
+    LOG(WARNING) << "pipeline: step " << ctx_->next_step() << " failed (" << last
+                 << "); trying it again once the group is whole";
+    DropStage();
+    absl::SleepFor(absl::Milliseconds(500));
   }
-  STRATA_RETURN_IF_ERROR(PullStage(ctx_->next_step(), version, comm));
-  STRATA_ASSIGN_OR_RETURN(const PipelineStage::StepResult r,
-                          stage_->Step(*version, x, y, n, micro_batches_));
-  STRATA_RETURN_IF_ERROR(PushStage(*version, n, comm));
-  *correct = r.correct;
-  return r.loss;
+}
+
+void MlpPipeline::DropStage() {
+  if (stage_ == nullptr) return;
+  ctx_->SetPipelineStage(nullptr);
+  stage_->Abort(absl::UnavailableError("this worker's pipeline stage is made anew"));
+  stage_.reset();
+  seat_.reset();
 }
 
 absl::Status MlpPipeline::Flush() {
@@ -146,27 +173,43 @@ absl::Status MlpPipeline::Flush() {
 absl::Status MlpPipeline::Follow(absl::Duration idle) {
   absl::Time idle_until = absl::Now() + idle;
   while (!ctx_->stopping()) {
-    STRATA_ASSIGN_OR_RETURN(const std::optional<PipelineSeat> seat, Seat());
+    absl::StatusOr<std::optional<PipelineSeat>> seated = Seat();
+    if (!seated.ok()) {
+      // (The next stage not reachable yet: tried again at the next wait.)
+      LOG_EVERY_N(WARNING, 20) << "pipeline: " << seated.status();
+      return absl::OkStatus();
+    }
+    const std::optional<PipelineSeat> seat = *std::move(seated);
     if (!seat.has_value() || seat->stage == 0) return absl::OkStatus();
     const absl::Duration wait =
         std::clamp(idle_until - absl::Now(), absl::ZeroDuration(), absl::Milliseconds(100));
     // (A flush finds this stage's pushes settled: each step pushes before
     // the next one is taken.)
-    STRATA_ASSIGN_OR_RETURN(const std::optional<uint64_t> step, stage_->NextStep(wait));
-    if (!step.has_value()) {
+    STRATA_ASSIGN_OR_RETURN(const std::optional<PipelineStage::Next> next, stage_->NextStep(wait));
+    if (!next.has_value()) {
       if (absl::Now() >= idle_until) return absl::OkStatus();
       continue;
     }
     absl::Duration comm;
     uint64_t version = 0;
     const absl::Time t0 = absl::Now();
-    STRATA_RETURN_IF_ERROR(PullStage(*step, &version, &comm));
-    STRATA_ASSIGN_OR_RETURN(const PipelineStage::StepResult r, stage_->Step(*step));
-    STRATA_RETURN_IF_ERROR(PushStage(*step, r.samples, &comm));
-    VLOG(1) << "pipeline stage " << seat->stage << ": step " << *step << ", " << r.samples
-            << " samples in " << r.micro_batches << " micro-batches, "
+    STRATA_RETURN_IF_ERROR(PullStage(next->step, &version, &comm));
+    absl::StatusOr<PipelineStage::StepResult> r = stage_->Step(*next);
+    if (!r.ok()) {
+      // The leader tries the step again (a new attempt), on a stage made
+      // anew here too.
+      if (ctx_->stopping()) return absl::OkStatus();
+      LOG(WARNING) << "pipeline stage " << seat->stage << ": step " << next->step << " failed ("
+                   << r.status() << "); waiting for the leader to try it again";
+      DropStage();
+      idle_until = absl::Now() + idle;
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(PushStage(next->step, r->samples, &comm));
+    VLOG(1) << "pipeline stage " << seat->stage << ": step " << next->step << ", " << r->samples
+            << " samples in " << r->micro_batches << " micro-batches, "
             << absl::FormatDuration(absl::Now() - t0) << " (computing "
-            << absl::FormatDuration(r.busy) << ", pservers " << absl::FormatDuration(comm) << ")";
+            << absl::FormatDuration(r->busy) << ", pservers " << absl::FormatDuration(comm) << ")";
     idle_until = absl::Now() + idle;
   }
   return absl::OkStatus();

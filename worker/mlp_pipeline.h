@@ -57,6 +57,9 @@ class MlpPipeline {
   // lowest pulled), and its summed gradient pushed for `version`.
   absl::Status PullStage(uint64_t min_version, uint64_t* version, absl::Duration* comm);
   absl::Status PushStage(uint64_t version, int n, absl::Duration* comm);
+  // After a failed step: the stage goes (its held requests answered with
+  // an error); the next Seat makes it anew, with a new connection.
+  void DropStage();
   // The stage's tables: [first_table, end_table).
   int first_table() const { return 2 * bounds_[seat_->stage]; }
   int end_table() const { return 2 * bounds_[seat_->stage + 1]; }
@@ -70,6 +73,7 @@ class MlpPipeline {
   std::unique_ptr<Mlp> model_;            // the stage's layers
   std::shared_ptr<PipelineStage> stage_;  // shared with the worker's listener
   std::vector<std::vector<float>> push_;  // the stage's tables' sums, in model order
+  uint64_t next_op_ = 1;                  // the leader's next step attempt
 };
 
 }  // namespace strata::worker

@@ -118,14 +118,14 @@ void PipelineStage::Handle(Message request, std::shared_ptr<transport::Responder
   }
   request.OwnPayload();
   absl::MutexLock l(&st_->mu);
-  if (!st_->aborted.ok() || h.version < st_->floor) {
+  if (!st_->aborted.ok() || h.epoch < st_->floor) {
     refuse(!st_->aborted.ok() ? st_->aborted
                               : absl::FailedPreconditionError(absl::StrCat(
                                     "pipeline stage ", options_.stage, ": step ", h.version,
-                                    " is over here (at step ", st_->floor, ")")));
+                                    " (attempt ", h.epoch, ") is over here")));
     return;
   }
-  const Key key{h.version, static_cast<uint32_t>(h.seq)};
+  const Key key{h.epoch, static_cast<uint32_t>(h.seq)};
   if (st_->inbox.count(key) != 0) {
     refuse(
         absl::AlreadyExistsError(absl::StrCat("pipeline stage ", options_.stage, ": micro-batch ",
@@ -144,12 +144,12 @@ void PipelineStage::Abort(absl::Status why) {
   st_->changed.SignalAll();
 }
 
-absl::StatusOr<std::optional<uint64_t>> PipelineStage::NextStep(absl::Duration wait) {
+absl::StatusOr<std::optional<PipelineStage::Next>> PipelineStage::NextStep(absl::Duration wait) {
   if (first()) return absl::FailedPreconditionError("the first pipeline stage steps on data");
   const absl::Time deadline = absl::Now() + wait;
   while (true) {
     std::vector<Held> flushes;
-    std::optional<uint64_t> step;
+    std::optional<Next> step;
     {
       absl::MutexLock l(&st_->mu);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st_->mu) {
@@ -164,16 +164,20 @@ absl::StatusOr<std::optional<uint64_t>> PipelineStage::NextStep(absl::Duration w
       }
       if (!st_->aborted.ok()) return st_->aborted;
       flushes.swap(st_->flushes);
+      // The newest attempt: the first stage sends one at a time, so an
+      // older one still here is what is left of a failed attempt.
       for (const auto& [key, held] : st_->inbox) {
-        if (key.second == 0) {
-          step = key.first;
-          break;
-        }
+        if (key.second == 0) step = Next{key.first, held.request.header.version};
       }
     }
     if (!flushes.empty()) {
       AnswerFlushes(std::move(flushes));
       continue;
+    }
+    if (step.has_value() && step->op > 0) {
+      FailHeld(step->op - 1, absl::AbortedError(absl::StrCat("pipeline stage ", options_.stage,
+                                                             ": attempt ", step->op, " of step ",
+                                                             step->step, " came after this one")));
     }
     return step;
   }
@@ -213,12 +217,12 @@ absl::Status PipelineStage::Flush() {
                                    options_.stage + 1, " (", next_->peer(), "): ", s.message()));
 }
 
-void PipelineStage::FailHeld(uint64_t step, const absl::Status& why) {
+void PipelineStage::FailHeld(uint64_t op, const absl::Status& why) {
   std::vector<Held> failed;
   {
     absl::MutexLock l(&st_->mu);
-    if (step == std::numeric_limits<uint64_t>::max()) failed.swap(st_->flushes);
-    for (auto it = st_->inbox.begin(); it != st_->inbox.end() && it->first.first <= step;) {
+    if (op == std::numeric_limits<uint64_t>::max()) failed.swap(st_->flushes);
+    for (auto it = st_->inbox.begin(); it != st_->inbox.end() && it->first.first <= op;) {
       failed.push_back(std::move(it->second));
       it = st_->inbox.erase(it);
     }
@@ -229,9 +233,9 @@ void PipelineStage::FailHeld(uint64_t step, const absl::Status& why) {
   }
 }
 
-absl::StatusOr<PipelineStage::StepResult> PipelineStage::Step(uint64_t step, const float* x,
-                                                              const int32_t* y, int n,
-                                                              int micro_batches) {
+absl::StatusOr<PipelineStage::StepResult> PipelineStage::Step(uint64_t op, uint64_t step,
+                                                              const float* x, const int32_t* y,
+                                                              int n, int micro_batches) {
   if (!first()) {
     return absl::FailedPreconditionError(absl::StrCat("pipeline stage ", options_.stage,
                                                       " takes its inputs from stage ",
@@ -246,24 +250,26 @@ absl::StatusOr<PipelineStage::StepResult> PipelineStage::Step(uint64_t step, con
     micros.push_back(Micro{x + static_cast<size_t>(at) * in_dim_, y + at, rows});
     at += rows;
   }
-  return Run(step, std::move(micros));
+  step_ = step;
+  return Run(op, std::move(micros));
 }
 
-absl::StatusOr<PipelineStage::StepResult> PipelineStage::Step(uint64_t step) {
+absl::StatusOr<PipelineStage::StepResult> PipelineStage::Step(const Next& next) {
   if (first()) {
     return absl::FailedPreconditionError("the first pipeline stage steps on data");
   }
+  step_ = next.step;
   uint32_t m = 0;
-  STRATA_ASSIGN_OR_RETURN(Micro first, AwaitInput(step, 0, &m));
+  STRATA_ASSIGN_OR_RETURN(Micro first, AwaitInput(next.op, 0, &m));
   // (The others' inputs are taken as the schedule reaches them.)
   std::vector<Micro> micros(m);
   micros[0] = first;
-  return Run(step, std::move(micros));
+  return Run(next.op, std::move(micros));
 }
 
-absl::StatusOr<PipelineStage::Micro> PipelineStage::AwaitInput(uint64_t step, uint32_t m,
+absl::StatusOr<PipelineStage::Micro> PipelineStage::AwaitInput(uint64_t op, uint32_t m,
                                                                uint32_t* micro_batches) {
-  const Key key{step, m};
+  const Key key{op, m};
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::MutexLock l(&st_->mu);
   while (st_->aborted.ok() && st_->inbox.count(key) == 0) {
@@ -274,7 +280,7 @@ absl::StatusOr<PipelineStage::Micro> PipelineStage::AwaitInput(uint64_t step, ui
   if (it == st_->inbox.end()) {
     return absl::DeadlineExceededError(
         absl::StrCat("pipeline stage ", options_.stage, " (node ", options_.node_id,
-                     "): micro-batch ", m, " of step ", step, " did not come from stage ",
+                     "): micro-batch ", m, " of step ", step_, " did not come from stage ",
                      options_.stage - 1, " within ", absl::FormatDuration(options_.timeout)));
   }
   const Message& r = it->second.request;
@@ -287,20 +293,20 @@ absl::StatusOr<PipelineStage::Micro> PipelineStage::AwaitInput(uint64_t step, ui
   return in;
 }
 
-absl::StatusOr<PipelineStage::StepResult> PipelineStage::Run(uint64_t step,
+absl::StatusOr<PipelineStage::StepResult> PipelineStage::Run(uint64_t op,
                                                              std::vector<Micro> micros) {
   {
     absl::MutexLock l(&st_->mu);
     if (!st_->aborted.ok()) return st_->aborted;
-    st_->floor = step;
-    // Answers of steps before this one (a step that failed) are dropped.
-    st_->answers.erase(st_->answers.begin(), st_->answers.lower_bound(Key{step, 0}));
+    st_->floor = op;
+    // Answers of attempts before this one (one that failed) are dropped.
+    st_->answers.erase(st_->answers.begin(), st_->answers.lower_bound(Key{op, 0}));
   }
-  if (step > 0) {
-    // Held requests of earlier steps (a step that failed before their
+  if (op > 0) {
+    // Held requests of earlier attempts (one that failed before their
     // turn) are answered now.
-    FailHeld(step - 1, absl::FailedPreconditionError(absl::StrCat("pipeline stage ", options_.stage,
-                                                                  " went on to step ", step)));
+    FailHeld(op - 1, absl::FailedPreconditionError(absl::StrCat("pipeline stage ", options_.stage,
+                                                                " went on to step ", step_)));
   }
   busy_ = absl::ZeroDuration();
   const uint32_t m = static_cast<uint32_t>(micros.size());
@@ -310,10 +316,10 @@ absl::StatusOr<PipelineStage::StepResult> PipelineStage::Run(uint64_t step,
   auto input = [&](uint32_t i) -> absl::StatusOr<Micro> {
     if (first() || i == 0) return micros[i];
     uint32_t count = 0;
-    STRATA_ASSIGN_OR_RETURN(micros[i], AwaitInput(step, i, &count));
+    STRATA_ASSIGN_OR_RETURN(micros[i], AwaitInput(op, i, &count));
     if (count != m) {
       return absl::InvalidArgumentError(
-          absl::StrCat("pipeline stage ", options_.stage, ": micro-batch ", i, " of step ", step,
+          absl::StrCat("pipeline stage ", options_.stage, ": micro-batch ", i, " of step ", step_,
                        " says ", count, " micro-batches, the first said ", m));
     }
     return micros[i];
@@ -322,7 +328,7 @@ absl::StatusOr<PipelineStage::StepResult> PipelineStage::Run(uint64_t step,
     if (last()) {
       for (uint32_t i = 0; i < m; ++i) {
         STRATA_ASSIGN_OR_RETURN(const Micro in, input(i));
-        STRATA_RETURN_IF_ERROR(Backward(step, i, in, &result));
+        STRATA_RETURN_IF_ERROR(Backward(op, i, in, &result));
       }
       return absl::OkStatus();
     }
@@ -330,34 +336,35 @@ absl::StatusOr<PipelineStage::StepResult> PipelineStage::Run(uint64_t step,
     uint32_t f = 0, b = 0;
     for (; f < warmup; ++f) {
       STRATA_ASSIGN_OR_RETURN(const Micro in, input(f));
-      STRATA_RETURN_IF_ERROR(Forward(step, f, m, in));
+      STRATA_RETURN_IF_ERROR(Forward(op, f, m, in));
     }
     for (; f < m; ++f, ++b) {
       STRATA_ASSIGN_OR_RETURN(const Micro in, input(f));
-      STRATA_RETURN_IF_ERROR(Forward(step, f, m, in));
-      STRATA_RETURN_IF_ERROR(Backward(step, b, micros[b], &result));
+      STRATA_RETURN_IF_ERROR(Forward(op, f, m, in));
+      STRATA_RETURN_IF_ERROR(Backward(op, b, micros[b], &result));
     }
-    for (; b < m; ++b) STRATA_RETURN_IF_ERROR(Backward(step, b, micros[b], &result));
+    for (; b < m; ++b) STRATA_RETURN_IF_ERROR(Backward(op, b, micros[b], &result));
     return absl::OkStatus();
   }();
   if (!s.ok()) {
-    // The previous stage learns at once; its held requests of this step
+    // The previous stage learns at once; its held requests of this attempt
     // get this error.
-    FailHeld(step, s);
+    FailHeld(op, s);
     return s;
   }
   result.busy = busy_;
   return result;
 }
 
-absl::Status PipelineStage::Forward(uint64_t step, uint32_t m, uint32_t micro_batches,
+absl::Status PipelineStage::Forward(uint64_t op, uint32_t m, uint32_t micro_batches,
                                     const Micro& in) {
   const absl::Time t0 = absl::Now();
   const size_t act_bytes = static_cast<size_t>(in.rows) * out_dim_ * sizeof(float);
   Message msg;
   msg.header.type = MessageType::kStage;
   msg.header.sender_id = options_.node_id;
-  msg.header.version = step;
+  msg.header.version = step_;
+  msg.header.epoch = op;
   msg.header.seq = m;
   msg.header.partition = micro_batches;
   msg.header.count = static_cast<uint64_t>(in.rows);
@@ -371,19 +378,18 @@ absl::Status PipelineStage::Forward(uint64_t step, uint32_t m, uint32_t micro_ba
         "pipeline stage ", options_.stage, " is not connected to stage ", options_.stage + 1));
   }
   std::shared_ptr<State> st = st_;
-  const Key key{step, m};
+  const Key key{op, m};
   next_->Call(std::move(msg), [st, key](absl::StatusOr<Message> answer) {
     absl::MutexLock l(&st->mu);
-    if (key.first < st->floor) return;  // a step given up
+    if (key.first < st->floor) return;  // an attempt given up
     st->answers.insert_or_assign(key, std::move(answer));
     st->changed.SignalAll();
   });
   return absl::OkStatus();
 }
 
-absl::Status PipelineStage::Backward(uint64_t step, uint32_t m, const Micro& in,
-                                     StepResult* result) {
-  const Key key{step, m};
+absl::Status PipelineStage::Backward(uint64_t op, uint32_t m, const Micro& in, StepResult* result) {
+  const Key key{op, m};
   Message answer;
   const float* out_grad = nullptr;
   double loss = 0;
@@ -401,7 +407,7 @@ absl::Status PipelineStage::Backward(uint64_t step, uint32_t m, const Micro& in,
       if (it == st_->answers.end()) {
         return absl::DeadlineExceededError(
             absl::StrCat("pipeline stage ", options_.stage, " (node ", options_.node_id,
-                         "): the gradient of micro-batch ", m, " of step ", step,
+                         "): the gradient of micro-batch ", m, " of step ", step_,
                          " did not come from stage ", options_.stage + 1, " (", next_->peer(),
                          ") within ", absl::FormatDuration(options_.timeout)));
       }
@@ -414,9 +420,9 @@ absl::Status PipelineStage::Backward(uint64_t step, uint32_t m, const Micro& in,
     const size_t grad_bytes = static_cast<size_t>(in.rows) * out_dim_ * sizeof(float);
     if (answer.payload.size() != grad_bytes + kTrailerBytes) {
       return absl::DataLossError(absl::StrCat(
-          "pipeline stage ", options_.stage, ": the gradient of micro-batch ", m, " of step ", step,
-          " from stage ", options_.stage + 1, " (", next_->peer(), ") has ", answer.payload.size(),
-          " bytes, not ", grad_bytes + kTrailerBytes));
+          "pipeline stage ", options_.stage, ": the gradient of micro-batch ", m, " of step ",
+          step_, " from stage ", options_.stage + 1, " (", next_->peer(), ") has ",
+          answer.payload.size(), " bytes, not ", grad_bytes + kTrailerBytes));
     }
     out_grad = reinterpret_cast<const float*>(answer.payload.data());
     std::memcpy(&loss, answer.payload.data() + grad_bytes, sizeof(double));

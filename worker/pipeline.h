@@ -95,19 +95,27 @@ class PipelineStage {
     int micro_batches = 0;
     absl::Duration busy;  // this stage's computing (the rest is the bubble)
   };
-  // The first stage: step `step` on x[n x layers[0]] with labels y[n], in
-  // `micro_batches` micro-batches (fewer when n is smaller).
-  absl::StatusOr<StepResult> Step(uint64_t step, const float* x, const int32_t* y, int n,
-                                  int micro_batches);
-  // The stages after the first: step `step`, its micro-batches as they
-  // come from the previous stage (its first is waited for up to the
-  // timeout).
-  absl::StatusOr<StepResult> Step(uint64_t step);
+  // The first stage: step `step` (the pservers' version its stages pull
+  // and push) on x[n x layers[0]] with labels y[n], in `micro_batches`
+  // micro-batches (fewer when n is smaller). `op` names this attempt of
+  // the step: it ascends from call to call (a failed step tried again
+  // is a new attempt), so that what is left of a failed one is never taken
+  // for the new one's.
+  absl::StatusOr<StepResult> Step(uint64_t op, uint64_t step, const float* x, const int32_t* y,
+                                  int n, int micro_batches);
+  // The stages after the first: a step attempt as NextStep gives it, its
+  // micro-batches as they come from the previous stage.
+  struct Next {
+    uint64_t op = 0;
+    uint64_t step = 0;
+  };
+  absl::StatusOr<StepResult> Step(const Next& next);
   // Stages after the first: waits up to `wait` for the previous stage's
-  // next step, and returns it (nullopt when none came). A flush that comes
+  // next step attempt, and returns it (nullopt when none came). A flush
+  // that comes
   // meanwhile is answered: this stage's pushes are done (it is between
   // steps), so once the stage after it (if any) has answered it too.
-  absl::StatusOr<std::optional<uint64_t>> NextStep(absl::Duration wait);
+  absl::StatusOr<std::optional<Next>> NextStep(absl::Duration wait);
   // Stages before the last: a flush through the stages after this one
   // (they have pushed every step they took once it returns OK).
   absl::Status Flush();
@@ -124,7 +132,7 @@ class PipelineStage {
   bool last() const { return options_.stage + 1 == options_.stages; }
 
  private:
-  using Key = std::pair<uint64_t, uint32_t>;  // step, micro-batch
+  using Key = std::pair<uint64_t, uint32_t>;  // step attempt (op), micro-batch
   PipelineStage(transport::Transport* transport, Options options, Mlp* model);
   // Where micro-batch m's rows are, and the inputs of this step.
   struct Micro {
@@ -132,17 +140,17 @@ class PipelineStage {
     const int32_t* y = nullptr;
     int rows = 0;
   };
-  absl::StatusOr<StepResult> Run(uint64_t step, std::vector<Micro> micros);
-  // Waits for micro-batch m of `step` from the previous stage.
-  absl::StatusOr<Micro> AwaitInput(uint64_t step, uint32_t m, uint32_t* micro_batches);
+  absl::StatusOr<StepResult> Run(uint64_t op, std::vector<Micro> micros);
+  // Waits for micro-batch m of attempt `op` from the previous stage.
+  absl::StatusOr<Micro> AwaitInput(uint64_t op, uint32_t m, uint32_t* micro_batches);
   // Forward pass of micro-batch m, sent on to the next stage.
-  absl::Status Forward(uint64_t step, uint32_t m, uint32_t micro_batches, const Micro& in);
+  absl::Status Forward(uint64_t op, uint32_t m, uint32_t micro_batches, const Micro& in);
   // Backward pass of micro-batch m (with its forward pass again), the
   // gradient summed, and the previous stage answered.
-  absl::Status Backward(uint64_t step, uint32_t m, const Micro& in, StepResult* result);
-  // Answers the previous stage's held requests of steps up to `step`
+  absl::Status Backward(uint64_t op, uint32_t m, const Micro& in, StepResult* result);
+  // Answers the previous stage's held requests of attempts up to `op`
   // (all: UINT64_MAX) with `why`.
-  void FailHeld(uint64_t step, const absl::Status& why);
+  void FailHeld(uint64_t op, const absl::Status& why);
 
   transport::Transport* const transport_;
   const Options options_;
@@ -151,6 +159,7 @@ class PipelineStage {
   std::shared_ptr<transport::Connection> next_;
   std::vector<std::vector<float>> sum_;
   absl::Duration busy_;  // the step's computing so far
+  uint64_t step_ = 0;    // the step being run (its attempt is the op)
   struct Held {
     transport::Message request;
     std::shared_ptr<transport::Responder> responder;
@@ -164,7 +173,7 @@ class PipelineStage {
     std::vector<Held> flushes ABSL_GUARDED_BY(mu);
     std::map<Key, absl::StatusOr<transport::Message>> answers
         ABSL_GUARDED_BY(mu);                 // from the next stage
-    uint64_t floor ABSL_GUARDED_BY(mu) = 0;  // steps below it are over
+    uint64_t floor ABSL_GUARDED_BY(mu) = 0;  // attempts (ops) below it are over
     absl::Status aborted ABSL_GUARDED_BY(mu);
   };
   // (Shared with the callbacks of the sends in flight.)

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -171,8 +172,9 @@ std::vector<absl::StatusOr<PipelineStage::StepResult>> RunStep(Pipeline* p, uint
   for (int s = 0; s < k; ++s) {
     threads.emplace_back([&, s] {
       PipelineStage* st = p->stages[s].get();
-      out[s] = s == 0 ? st->Step(step, b.x.data(), b.y.data(), static_cast<int>(b.y.size()), micro)
-                      : st->Step(step);
+      out[s] =
+          s == 0 ? st->Step(step, step, b.x.data(), b.y.data(), static_cast<int>(b.y.size()), micro)
+                 : st->Step(PipelineStage::Next{step, step});
     });
   }
   for (auto& t : threads) t.join();
@@ -265,7 +267,7 @@ TEST(PipelineStageTest, FollowersTakeTheStepsAsTheyComeAndAnswerAFlush) {
   }
   for (uint64_t step = 5; step < 8; ++step) {
     const Batch b = MakeBatch(9, 8, 4, step);
-    ASSERT_THAT(p->stages[0]->Step(step, b.x.data(), b.y.data(), 9, 4), IsOk());
+    ASSERT_THAT(p->stages[0]->Step(step, step, b.x.data(), b.y.data(), 9, 4), IsOk());
   }
   EXPECT_THAT(p->stages[0]->Flush(), IsOk());
   EXPECT_EQ(taken[1], 3);
@@ -278,13 +280,40 @@ TEST(PipelineStageTest, FollowersTakeTheStepsAsTheyComeAndAnswerAFlush) {
   EXPECT_FALSE(none->has_value());
 }
 
+// A step tried again after a failed attempt: what the failed attempt left
+// at the next stage is not taken for the new one's.
+TEST(PipelineStageTest, AStepTriedAgainIsANewAttempt) {
+  auto p = MakePipeline({8, 6, 4}, 2, absl::Milliseconds(300));
+  ASSERT_NE(p, nullptr);
+  const Batch b = MakeBatch(6, 8, 4, 3);
+  // Attempt 1: stage 1 takes nothing; stage 0 gives up.
+  EXPECT_THAT(
+      p->stages[0]->Step(1, 0, b.x.data(), b.y.data(), 6, 2),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not come from stage 1")));
+  // Attempt 2 of the same step: stage 1, looking once its first
+  // micro-batch is there beside attempt 1's, takes it.
+  absl::StatusOr<PipelineStage::StepResult> r = absl::UnknownError("not run");
+  std::thread leader([&] { r = p->stages[0]->Step(2, 0, b.x.data(), b.y.data(), 6, 2); });
+  absl::Cleanup join = [&] { leader.join(); };
+  absl::SleepFor(absl::Milliseconds(100));
+  auto next = p->stages[1]->NextStep(absl::Seconds(10));
+  ASSERT_THAT(next, IsOk());
+  ASSERT_TRUE(next->has_value());
+  EXPECT_EQ((*next)->op, 2u);
+  EXPECT_EQ((*next)->step, 0u);
+  EXPECT_THAT(p->stages[1]->Step(**next), IsOk());
+  std::move(join).Invoke();
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->samples, 6);
+}
+
 TEST(PipelineStageTest, ANextStageThatIsGoneFailsTheStep) {
   auto p = MakePipeline({8, 6, 4}, 2, absl::Seconds(5));
   ASSERT_NE(p, nullptr);
   p->transports[1]->Shutdown();
   const Batch b = MakeBatch(6, 8, 4, 1);
   const absl::Time t0 = absl::Now();
-  auto r = p->stages[0]->Step(0, b.x.data(), b.y.data(), 6, 2);
+  auto r = p->stages[0]->Step(0, 0, b.x.data(), b.y.data(), 6, 2);
   EXPECT_FALSE(r.ok());
   EXPECT_LT(absl::Now() - t0, absl::Seconds(30));
 }
@@ -292,7 +321,7 @@ TEST(PipelineStageTest, ANextStageThatIsGoneFailsTheStep) {
 TEST(PipelineStageTest, AMicroBatchThatNeverComesTimesOut) {
   auto p = MakePipeline({8, 6, 4}, 2, absl::Milliseconds(300));
   ASSERT_NE(p, nullptr);
-  EXPECT_THAT(p->stages[1]->Step(0),
+  EXPECT_THAT(p->stages[1]->Step(PipelineStage::Next{0, 0}),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        AllOf(HasSubstr("pipeline stage 1"), HasSubstr("micro-batch 0 of step 0"),
                              HasSubstr("did not come from stage 0"))));

@@ -288,16 +288,16 @@ absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batc
 
 absl::StatusOr<double> Mlp::TrainStep(const float* x, const int32_t* y, int batch,
                                       const Hooks& hooks) {
-  return Step(x, y, batch, hooks, nullptr, nullptr);
+  return Step(x, y, batch, hooks, nullptr, nullptr, false);
 }
 
 absl::StatusOr<double> Mlp::StageStep(const float* x, const int32_t* y, int batch,
-                                      const float* out_grad, float* in_grad) {
-  return Step(x, y, batch, Hooks(), out_grad, in_grad);
+                                      const float* out_grad, float* in_grad, bool accumulate) {
+  return Step(x, y, batch, Hooks(), out_grad, in_grad, accumulate);
 }
 
 absl::StatusOr<double> Mlp::Step(const float* x, const int32_t* y, int batch, const Hooks& hooks,
-                                 const float* out_grad, float* in_grad) {
+                                 const float* out_grad, float* in_grad, bool accumulate) {
   STRATA_RETURN_IF_ERROR(Prepare(x, y, batch));
   STRATA_RETURN_IF_ERROR(Forward(batch, hooks));
   STRATA_RETURN_IF_ERROR(CallHook(hooks.after_forward));
@@ -324,7 +324,13 @@ absl::StatusOr<double> Mlp::Step(const float* x, const int32_t* y, int batch, co
     }
     const float* in = li == 0 ? x_ : Act(li - 1);
     // db = colsum(delta); the bias is not read in the backward pass.
-    device_->ColumnSum(batch, dout, delta_.data(), DGrad(wt + 1));
+    // (Accumulating: the sum goes through delta_prev_, free until below.)
+    if (accumulate) {
+      device_->ColumnSum(batch, dout, delta_.data(), delta_prev_.data());
+      device_->AddBias(1, dout, delta_prev_.data(), DGrad(wt + 1));
+    } else {
+      device_->ColumnSum(batch, dout, delta_.data(), DGrad(wt + 1));
+    }
     STRATA_RETURN_IF_ERROR(DownloadGrads(wt + 1, 0, static_cast<uint64_t>(dout), hooks));
     STRATA_RETURN_IF_ERROR(ReleaseParams(wt + 1, hooks));
     // dW = in^T delta, block of rows by block of rows.
@@ -332,7 +338,8 @@ absl::StatusOr<double> Mlp::Step(const float* x, const int32_t* y, int batch, co
     for (size_t k = 0; k + 1 < blocks.size(); ++k) {
       const int r0 = blocks[k], r1 = blocks[k + 1];
       device_->GemmStrided(true, false, r1 - r0, dout, batch, 1.f, in + r0, din, delta_.data(),
-                           dout, 0.f, DGrad(wt) + static_cast<size_t>(r0) * dout, dout);
+                           dout, accumulate ? 1.f : 0.f, DGrad(wt) + static_cast<size_t>(r0) * dout,
+                           dout);
       STRATA_RETURN_IF_ERROR(DownloadGrads(wt, static_cast<uint64_t>(r0) * dout,
                                            static_cast<uint64_t>(r1) * dout, hooks));
     }

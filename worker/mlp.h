@@ -65,10 +65,11 @@ class Mlp {
   // labels y (out_grad null: the last stage) or from out_grad[batch x
   // layers.back()], the gradient of the loss with respect to the output.
   // With in_grad, the gradient with respect to x is written there [batch
-  // x layers[0]]. grads() become this micro-batch's. Returns the summed
+  // x layers[0]]. grads() become this micro-batch's, or with `accumulate`
+  // have it added (the micro-batches of one step). Returns the summed
   // loss (0 when the backward pass starts from out_grad).
   absl::StatusOr<double> StageStep(const float* x, const int32_t* y, int batch,
-                                   const float* out_grad, float* in_grad);
+                                   const float* out_grad, float* in_grad, bool accumulate = false);
   // Examples of the last completed TrainStep whose predicted class (the
   // argmax of the logits) was their label: the training accuracy.
   int64_t last_correct() const { return last_correct_; }
@@ -116,9 +117,10 @@ class Mlp {
  private:
   absl::Status Prepare(const float* x, const int32_t* y, int batch);
   // TrainStep and StageStep: the loss's gradient is out_grad's when set,
-  // and in_grad receives the input's.
+  // and in_grad receives the input's; with `accumulate` the gradients are
+  // added to grads() rather than written.
   absl::StatusOr<double> Step(const float* x, const int32_t* y, int batch, const Hooks& hooks,
-                              const float* out_grad, float* in_grad);
+                              const float* out_grad, float* in_grad, bool accumulate);
   absl::Status Forward(int batch, const Hooks& hooks);
   // One layer's forward pass, out = f(in W + b) (no f on the last layer);
   // with `hooks`, need_params is called per row block and the block is

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "common/vector_ops.h"
 
 namespace strata::worker {
 namespace {
@@ -79,7 +78,6 @@ PipelineStage::PipelineStage(transport::Transport* transport, Options options, M
       in_dim_(model->params()[0].size() / model->params()[1].size()),
       out_dim_(static_cast<int>(model->params().back().size())) {
   model_->SetActivateOutput(!last());
-  for (const auto& p : model_->params()) sum_.emplace_back(p.size(), 0.f);
 }
 
 PipelineStage::~PipelineStage() {
@@ -436,18 +434,11 @@ absl::Status PipelineStage::Backward(uint64_t op, uint32_t m, const Micro& in, S
   STRATA_ASSIGN_OR_RETURN(
       const double own_loss,
       model_->StageStep(in.x, in.y, in.rows, out_grad,
-                        first() ? nullptr : reinterpret_cast<float*>(reply.payload.data())));
+                        first() ? nullptr : reinterpret_cast<float*>(reply.payload.data()),
+                        /*accumulate=*/result->samples > 0));
   if (last()) {
     loss = own_loss;
     correct = model_->last_correct();
-  }
-  const auto& g = model_->grads();
-  for (size_t t = 0; t < g.size(); ++t) {
-    if (result->samples == 0) {
-      std::copy(g[t].begin(), g[t].end(), sum_[t].begin());
-    } else {
-      AddInto(sum_[t].data(), g[t].data(), g[t].size());
-    }
   }
   busy_ += absl::Now() - t0;
   result->loss += loss;

@@ -120,8 +120,9 @@ class PipelineStage {
   // (they have pushed every step they took once it returns OK).
   absl::Status Flush();
   // The last step's gradient of the stage's tables, summed over its
-  // micro-batches (d summed loss / d params, as Mlp::grads()).
-  const std::vector<std::vector<float>>& grads() const { return sum_; }
+  // micro-batches (d summed loss / d params): the model's grads(), which
+  // the micro-batches add up in.
+  const std::vector<std::vector<float>>& grads() const { return model_->grads(); }
 
   // Any thread: fails the step in progress, and every later one, with
   // `why` (the worker is stopping).
@@ -157,7 +158,6 @@ class PipelineStage {
   Mlp* const model_;
   const int in_dim_, out_dim_;
   std::shared_ptr<transport::Connection> next_;
-  std::vector<std::vector<float>> sum_;
   absl::Duration busy_;  // the step's computing so far
   uint64_t step_ = 0;    // the step being run (its attempt is the op)
   struct Held {

@@ -83,5 +83,23 @@ TEST(PipelineJobTest, StagesOnTheirOwnWorkersGiveOneWorkersParameters) {
   }
 }
 
+// Two groups of 2 stages train data-parallel: each leader leases tasks of
+// its own (at job.batch_size each: the groups, not the workers, split the
+// global batch), the pservers sum the groups' pushes, and every record is
+// trained.
+TEST(PipelineJobTest, TwoGroupsTrainDataParallel) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const Trained two = Train(4, 2, "inproc");
+  ASSERT_EQ(two.steps.size(), 4u);
+  std::vector<uint64_t> steps = two.steps;
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps[0], 0u);
+  EXPECT_EQ(steps[1], 0u);
+  EXPECT_GT(steps[2], 0u) << "one group did not train";
+  // 3 tasks of 500 records at 32 a step.
+  EXPECT_EQ(steps[2] + steps[3], 3u * 16);
+  ASSERT_EQ(two.params.size(), 6u);
+}
+
 }  // namespace
 }  // namespace strata::testing

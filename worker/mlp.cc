@@ -373,26 +373,7 @@ absl::StatusOr<double> Mlp::Step(const float* x, const int32_t* y, int batch, co
   return loss;
 }
 
-absl::Status Mlp::ForwardOutput(const float* x, int batch, float* out) {
-  DropPrefetched();
-  STRATA_RETURN_IF_ERROR(Prepare(x, nullptr, batch));
-  if (!host_) {
-    for (size_t t = 0; t < params_.size(); ++t)
-      UploadParams(static_cast<int>(t), 0, params_[t].size());
-  }
-  const size_t n_layers = layers_.size() - 1;
-  const float* in = x_;
-  for (size_t i = 0; i < n_layers; ++i) {
-    STRATA_RETURN_IF_ERROR(LayerForward(i, in, batch, Act(i), nullptr));
-    in = Act(i);
-  }
-  (void)device_->Download(out, Act(n_layers - 1),
-                          static_cast<size_t>(batch) * layers_.back() * sizeof(float));
-  return device_->Synchronize();
-}
-
-absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
-                           int64_t* correct) {
+absl::StatusOr<const float*> Mlp::ForwardOnly(const float* x, const int32_t* y, int batch) {
   DropPrefetched();  // (a step after it copies its own batch up)
   STRATA_RETURN_IF_ERROR(Prepare(x, y, batch));
   if (!host_) {
@@ -406,8 +387,19 @@ absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* 
     STRATA_RETURN_IF_ERROR(LayerForward(i, in, batch, Act(i), nullptr));
     in = Act(i);
   }
-  *loss_sum +=
-      device_->SoftmaxCrossEntropy(batch, layers_.back(), Act(n_layers - 1), y_, nullptr, correct);
+  return in;
+}
+
+absl::Status Mlp::ForwardOutput(const float* x, int batch, float* out) {
+  STRATA_ASSIGN_OR_RETURN(const float* output, ForwardOnly(x, nullptr, batch));
+  (void)device_->Download(out, output, static_cast<size_t>(batch) * layers_.back() * sizeof(float));
+  return device_->Synchronize();
+}
+
+absl::Status Mlp::Evaluate(const float* x, const int32_t* y, int batch, double* loss_sum,
+                           int64_t* correct) {
+  STRATA_ASSIGN_OR_RETURN(const float* logits, ForwardOnly(x, y, batch));
+  *loss_sum += device_->SoftmaxCrossEntropy(batch, layers_.back(), logits, y_, nullptr, correct);
   return device_->Synchronize();
 }
 

@@ -116,6 +116,9 @@ class Mlp {
 
  private:
   absl::Status Prepare(const float* x, const int32_t* y, int batch);
+  // Evaluate and ForwardOutput: the forward pass on params() as they are
+  // now; the output (the last layer's, on the device).
+  absl::StatusOr<const float*> ForwardOnly(const float* x, const int32_t* y, int batch);
   // TrainStep and StageStep: the loss's gradient is out_grad's when set,
   // and in_grad receives the input's; with `accumulate` the gradients are
   // added to grads() rather than written.

@@ -21,20 +21,28 @@ std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::str
 }
 
 std::map<uint32_t, PipelineSeat> PipelineSeats(const proto::ClusterView& view, int stages) {
-  std::vector<uint32_t> ids;
-  for (const auto& m : view.members()) {
-    if (m.role() == proto::WORKER && (m.state() == proto::ALIVE || m.state() == proto::FINISHED ||
-                                      m.state() == proto::JOINING)) {
-      ids.push_back(m.id());
-    }
-  }
-  std::sort(ids.begin(), ids.end());
   std::map<uint32_t, PipelineSeat> seats;
   if (stages < 1) return seats;
-  const size_t k = static_cast<size_t>(stages);
-  for (size_t g = 0; g + k <= ids.size(); g += k) {
-    const std::vector<uint32_t> group(ids.begin() + g, ids.begin() + g + k);
-    for (size_t s = 0; s < k; ++s) seats[group[s]] = PipelineSeat{static_cast<int>(s), group};
+  // Each index's worker in the job (a restart's node while its previous
+  // one is not yet declared dead: the newer, the higher id).
+  std::map<int, uint32_t> by_index;
+  for (const auto& m : view.members()) {
+    if (m.role() == proto::WORKER && m.index() >= 0 &&
+        (m.state() == proto::ALIVE || m.state() == proto::FINISHED ||
+         m.state() == proto::JOINING)) {
+      uint32_t& id = by_index[m.index()];
+      id = std::max(id, m.id());
+    }
+  }
+  std::map<int, std::vector<uint32_t>> groups;
+  for (const auto& [index, id] : by_index) {
+    std::vector<uint32_t>& group = groups[index / stages];
+    group.resize(stages, 0);
+    group[index % stages] = id;
+  }
+  for (const auto& [g, group] : groups) {
+    if (std::count(group.begin(), group.end(), 0u) > 0) continue;  // not whole
+    for (int s = 0; s < stages; ++s) seats[group[s]] = PipelineSeat{s, group};
   }
   return seats;
 }

@@ -28,11 +28,12 @@ uint32_t HostMember(const std::string& host);
 std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::string& host);
 
 // Pipeline stages (model.stages > 1; worker/mlp_pipeline.h): the view's
-// workers that are in the job (ALIVE, FINISHED or JOINING), by node id, in
-// groups of `stages`, group g's stage s the (g * stages + s)-th; workers
-// past the last whole group have no seat. A worker's seat: its stage, and
-// its group's workers by stage (the first, the leader, holds the data
-// tasks).
+// workers that are in the job (ALIVE, FINISHED or JOINING) by their
+// index, which a restart keeps: index i is stage i % stages of group
+// i / stages. A group whose every index has a worker is whole; the
+// workers of the others have no seat. A worker's seat: its stage, and its
+// group's workers (node ids) by stage (the first, the leader, holds the
+// data tasks).
 struct PipelineSeat {
   int stage = 0;
   std::vector<uint32_t> group;

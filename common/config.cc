@@ -899,6 +899,10 @@ absl::Status ConfigReader::CheckPipeline(const JobConfig& config) const {
                      "stages with model.dense_sync allreduce or cluster.aggregation node "
                      "are not built yet: use one or the other");
   }
+  if (model.micro_batches > 65536) {
+    return PathError(MarkOf("model.micro_batches"), "model.micro_batches",
+                     absl::StrCat(model.micro_batches, " micro-batches: 65536 at most"));
+  }
   if (model.micro_batches > config.job.batch_size) {
     return PathError(
         MarkOf("model.micro_batches"), "model.micro_batches",

@@ -196,12 +196,13 @@ absl::Status MlpPipeline::Follow(absl::Duration idle) {
     STRATA_RETURN_IF_ERROR(PullStage(next->step, &version, &comm));
     absl::StatusOr<PipelineStage::StepResult> r = stage_->Step(*next);
     if (!r.ok()) {
-      // The leader tries the step again (a new attempt), on a stage made
-      // anew here too.
+      // The leader tries the step again (a new attempt), which this stage
+      // takes as it is (attempts do not mix), or made anew when its
+      // connection to the next stage broke.
       if (ctx_->stopping()) return absl::OkStatus();
       LOG(WARNING) << "pipeline stage " << seat->stage << ": step " << next->step << " failed ("
                    << r.status() << "); waiting for the leader to try it again";
-      DropStage();
+      if (!stage_->healthy()) DropStage();
       idle_until = absl::Now() + idle;
       continue;
     }

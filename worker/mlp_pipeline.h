@@ -1,7 +1,7 @@
 // model.stages > 1 in a job: the MLP trainer's steps as one stage of a
 // pipeline (worker/pipeline.h). Which stage this worker is, and which
 // worker comes next, follow from the cluster view (PipelineSeats,
-// common/aggregation.h): its workers by node id, in groups of K. The
+// common/aggregation.h): worker index i is stage i % K of group i / K. The
 // group's first stage, its leader, holds the data tasks; the others follow
 // its steps as its micro-batches come. Every stage pulls its own tables
 // from the pservers at the leader's step and pushes their gradient, summed

@@ -104,8 +104,9 @@ void PipelineStage::Handle(Message request, std::shared_ptr<transport::Responder
     return;
   }
   const size_t row_bytes = static_cast<size_t>(in_dim_) * sizeof(float) + sizeof(int32_t);
-  if (h.type != MessageType::kStage || h.flags != 0 || h.partition == 0 || h.seq >= h.partition ||
-      h.count == 0 || h.count > (uint64_t{1} << 31) ||
+  if (h.type != MessageType::kStage || h.flags != 0 || h.partition == 0 ||
+      h.partition > kMaxMicroBatches || h.seq >= h.partition || h.count == 0 ||
+      h.count > static_cast<uint64_t>(std::numeric_limits<int>::max()) ||
       request.payload_size() != h.count * row_bytes || first()) {
     refuse(absl::InvalidArgumentError(absl::StrFormat(
         "pipeline stage %d (node %u): a malformed micro-batch from %s (node %u): "
@@ -114,24 +115,45 @@ void PipelineStage::Handle(Message request, std::shared_ptr<transport::Responder
         h.count, request.payload_size(), in_dim_)));
     return;
   }
+  if (last()) {
+    // The loss reads its labels as indices into the output's classes.
+    const char* labels = request.payload_data() + h.count * in_dim_ * sizeof(float);
+    for (uint64_t r = 0; r < h.count; ++r) {
+      int32_t label;
+      std::memcpy(&label, labels + r * sizeof(int32_t), sizeof(label));
+      if (label < 0 || label >= out_dim_) {
+        refuse(absl::InvalidArgumentError(
+            absl::StrCat("pipeline stage ", options_.stage, " (node ", options_.node_id, "): row ",
+                         r, " of micro-batch ", h.seq, " of step ", h.version, " from ",
+                         responder->peer(), " has label ", label, " outside [0, ", out_dim_, ")")));
+        return;
+      }
+    }
+  }
   request.OwnPayload();
-  absl::MutexLock l(&st_->mu);
-  if (!st_->aborted.ok() || h.epoch < st_->floor) {
-    refuse(!st_->aborted.ok() ? st_->aborted
-                              : absl::FailedPreconditionError(absl::StrCat(
-                                    "pipeline stage ", options_.stage, ": step ", h.version,
-                                    " (attempt ", h.epoch, ") is over here")));
-    return;
+  absl::Status refused;
+  {
+    absl::MutexLock l(&st_->mu);
+    const Key key{h.epoch, static_cast<uint32_t>(h.seq)};
+    if (!st_->aborted.ok()) {
+      refused = st_->aborted;
+    } else if (h.epoch < st_->floor) {
+      refused = absl::FailedPreconditionError(absl::StrCat("pipeline stage ", options_.stage,
+                                                           ": step ", h.version, " (attempt ",
+                                                           h.epoch, ") is over here"));
+    } else if (st_->inbox.count(key) != 0) {
+      refused =
+          absl::AlreadyExistsError(absl::StrCat("pipeline stage ", options_.stage, ": micro-batch ",
+                                                h.seq, " of step ", h.version, " came twice"));
+    } else {
+      st_->inbox.emplace(key, Held{std::move(request), std::move(responder)});
+      st_->changed.SignalAll();
+      return;
+    }
   }
-  const Key key{h.epoch, static_cast<uint32_t>(h.seq)};
-  if (st_->inbox.count(key) != 0) {
-    refuse(
-        absl::AlreadyExistsError(absl::StrCat("pipeline stage ", options_.stage, ": micro-batch ",
-                                              h.seq, " of step ", h.version, " came twice")));
-    return;
-  }
-  st_->inbox.emplace(key, Held{std::move(request), std::move(responder)});
-  st_->changed.SignalAll();
+  // (Answered outside the lock: a slow peer's write does not hold up the
+  // training thread.)
+  refuse(refused);
 }
 
 void PipelineStage::Abort(absl::Status why) {
@@ -240,7 +262,7 @@ absl::StatusOr<PipelineStage::StepResult> PipelineStage::Step(uint64_t op, uint6
                                                       options_.stage - 1, ", not from data"));
   }
   if (n <= 0) return absl::InvalidArgumentError("a pipeline step of no examples");
-  const int m = std::clamp(micro_batches, 1, n);
+  const int m = std::clamp(micro_batches, 1, std::min<int>(n, kMaxMicroBatches));
   std::vector<Micro> micros;
   int at = 0;
   for (int i = 0; i < m; ++i) {
@@ -270,10 +292,19 @@ absl::StatusOr<PipelineStage::Micro> PipelineStage::AwaitInput(uint64_t op, uint
   const Key key{op, m};
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::MutexLock l(&st_->mu);
-  while (st_->aborted.ok() && st_->inbox.count(key) == 0) {
+  // (A newer attempt's micro-batch: the first stage has given this one up.)
+  auto newer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st_->mu) {
+    return st_->inbox.lower_bound(Key{op + 1, 0}) != st_->inbox.end();
+  };
+  while (st_->aborted.ok() && st_->inbox.count(key) == 0 && !newer()) {
     if (st_->changed.WaitWithDeadline(&st_->mu, deadline)) break;
   }
   if (!st_->aborted.ok()) return st_->aborted;
+  if (st_->inbox.count(key) == 0 && newer()) {
+    return absl::AbortedError(absl::StrCat("pipeline stage ", options_.stage, ": step ", step_,
+                                           " was tried again by stage 0 before micro-batch ", m,
+                                           " of this attempt came"));
+  }
   auto it = st_->inbox.find(key);
   if (it == st_->inbox.end()) {
     return absl::DeadlineExceededError(

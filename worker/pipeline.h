@@ -49,6 +49,8 @@ namespace strata::worker {
 // answered once the receiving stage has pushed every step it took, and has
 // passed the flush on to the stage after it and had its answer.
 inline constexpr uint32_t kFlagStageFlush = 1;
+// The most micro-batches a step may have (a kStage header's partition).
+inline constexpr uint64_t kMaxMicroBatches = 1 << 16;
 
 // Where the stages' layers begin: K + 1 layer indices {0, ..., L} for a
 // model of L = layers.size() - 1 layers, the cut that makes the largest
@@ -128,6 +130,9 @@ class PipelineStage {
   // `why` (the worker is stopping).
   void Abort(absl::Status why);
 
+  // False once the connection to the next stage broke (a new stage is
+  // needed, with a new one).
+  bool healthy() const { return next_ == nullptr || next_->healthy(); }
   int stage() const { return options_.stage; }
   bool first() const { return options_.stage == 0; }
   bool last() const { return options_.stage + 1 == options_.stages; }

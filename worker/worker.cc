@@ -628,8 +628,16 @@ absl::Status Worker::ListenForPeers() {
           }
           if (stage != nullptr) {
             stage->Handle(std::move(request), std::move(responder));
-            return;
+          } else {
+            const transport::MessageHeader h = request.header;
+            responder->Respond(transport::MakeErrorResponse(
+                h, transport::MessageType::kStageResponse,
+                absl::UnavailableError(absl::StrCat("worker ", options_.index,
+                                                    " has no pipeline stage yet and holds 4096 "
+                                                    "micro-batches for it already: ",
+                                                    responder->peer(), " tries again later"))));
           }
+          return;
         }
         DenseSync* sync = dense_sync_handler_.load();
         if (sync == nullptr || request.header.type != transport::MessageType::kCollective) {

@@ -15,9 +15,10 @@ using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
 
 void AddWorker(proto::ClusterView* view, uint32_t id, proto::NodeState state,
-               const std::string& host = "127.0.0.1") {
+               const std::string& host = "127.0.0.1", int index = -1) {
   proto::NodeInfo* m = view->add_members();
   m->set_id(id);
+  m->set_index(index >= 0 ? index : static_cast<int>(id) - 1);
   m->set_role(proto::WORKER);
   m->set_state(state);
   m->set_host(host);
@@ -46,25 +47,31 @@ TEST(StepMembersTest, AHostsWorkersAreOneMember) {
                                               Pair(6, HostMember("b"))));
 }
 
-TEST(PipelineSeatsTest, WorkersInTheJobByNodeIdInGroups) {
+// Seats by the workers' indices (a restart keeps its index): index i is
+// stage i % K of group i / K; a group missing an index has no seats.
+TEST(PipelineSeatsTest, WorkersInTheJobByIndexInGroups) {
   proto::ClusterView view;
-  AddWorker(&view, 9, proto::ALIVE);
-  AddWorker(&view, 3, proto::FINISHED);  // (a stage after the first: no tasks)
-  AddWorker(&view, 7, proto::JOINING);
-  AddWorker(&view, 5, proto::DEAD);
-  AddWorker(&view, 4, proto::ALIVE);
-  AddWorker(&view, 11, proto::ALIVE);  // past the last whole group
+  AddWorker(&view, 9, proto::ALIVE, "h", 1);
+  AddWorker(&view, 3, proto::FINISHED, "h", 0);  // (a leader with no task)
+  AddWorker(&view, 7, proto::JOINING, "h", 3);   // a restart of index 3
+  AddWorker(&view, 5, proto::DEAD, "h", 3);      // its previous node
+  AddWorker(&view, 4, proto::ALIVE, "h", 2);
+  AddWorker(&view, 11, proto::ALIVE, "h", 4);  // group 2 is not whole
   const auto seats = PipelineSeats(view, 2);
   ASSERT_EQ(seats.size(), 4u);
   EXPECT_EQ(seats.at(3).stage, 0);
-  EXPECT_THAT(seats.at(3).group, ElementsAre(3, 4));
-  EXPECT_EQ(seats.at(4).stage, 1);
-  EXPECT_EQ(seats.at(4).leader(), 3u);
-  EXPECT_EQ(seats.at(7).stage, 0);
-  EXPECT_THAT(seats.at(9).group, ElementsAre(7, 9));
+  EXPECT_THAT(seats.at(3).group, ElementsAre(3, 9));
+  EXPECT_EQ(seats.at(9).stage, 1);
+  EXPECT_EQ(seats.at(9).leader(), 3u);
+  EXPECT_EQ(seats.at(4).stage, 0);
+  EXPECT_THAT(seats.at(7).group, ElementsAre(4, 7));
   EXPECT_EQ(seats.count(11), 0u);
   EXPECT_EQ(seats.count(5), 0u);
   EXPECT_TRUE(PipelineSeats(view, 6).empty());
+  // A restart registered before its previous node is declared dead: the
+  // newer node takes the seat.
+  AddWorker(&view, 12, proto::JOINING, "h", 1);
+  EXPECT_THAT(PipelineSeats(view, 2).at(3).group, ElementsAre(3, 12));
 }
 
 TEST(StepMembersTest, APipelinesGroupIsOneMemberWhileItsLeaderIsAlive) {

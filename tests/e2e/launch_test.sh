@@ -42,7 +42,7 @@ grep -qE '^progress: epoch [0-9]+/[0-9]+  step [0-9]+  tasks [0-9]+/[0-9]+  samp
 # The workers' own progress lines stay in their logs.
 ! grep -q 'progress: worker' "$work/out" || fail "per-worker progress lines shown"
 if [[ $MODE == pipeline ]]; then
-  # Either worker may lead (the lower node id); the other is stage 1.
+  # Worker 0 leads (index 0); worker 1 is stage 1.
   grep -q 'progress: worker' "$work/run/logs/worker-0.log" "$work/run/logs/worker-1.log" ||
     fail "no progress lines in the workers' logs"
   grep -q 'pipeline: stage 1 of 2' "$work/run/logs/worker-0.log" "$work/run/logs/worker-1.log" ||

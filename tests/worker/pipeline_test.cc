@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
@@ -337,12 +338,33 @@ TEST(PipelineStageTest, AMalformedMicroBatchIsRefused) {
   m.header.sender_id = 9;
   m.header.partition = 1;
   m.header.count = 2;
-  m.payload.assign(2 * 5 * 4 + 8, '\0');  // rows of 5, not 6
-  auto answer = (*conn)->CallSync(std::move(m), absl::Seconds(10));
+  transport::Message short_rows = m;
+  short_rows.payload.assign(2 * 5 * 4 + 8, '\0');  // rows of 5, not 6
+  auto answer = (*conn)->CallSync(std::move(short_rows), absl::Seconds(10));
   ASSERT_THAT(answer, IsOk());
   EXPECT_THAT(transport::ResponseStatus(*answer),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("malformed micro-batch"), HasSubstr("node 9"))));
+  // Rows of the right size, a label outside the last stage's 4 classes.
+  transport::Message bad_label;
+  bad_label.header = m.header;
+  bad_label.payload.assign(2 * 6 * 4 + 8, '\0');
+  const int32_t label = 7;
+  std::memcpy(bad_label.payload.data() + 2 * 6 * 4 + 4, &label, sizeof(label));
+  answer = (*conn)->CallSync(std::move(bad_label), absl::Seconds(10));
+  ASSERT_THAT(answer, IsOk());
+  EXPECT_THAT(transport::ResponseStatus(*answer),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("row 1 of micro-batch 0"), HasSubstr("label 7"),
+                             HasSubstr("outside [0, 4)"))));
+  // More micro-batches than a step may have.
+  transport::Message too_many;
+  too_many.header = m.header;
+  too_many.header.partition = kMaxMicroBatches + 1;
+  too_many.payload.assign(2 * 6 * 4 + 8, '\0');
+  answer = (*conn)->CallSync(std::move(too_many), absl::Seconds(10));
+  ASSERT_THAT(answer, IsOk());
+  EXPECT_THAT(transport::ResponseStatus(*answer), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(PipelineStageTest, TheLastStagesErrorReachesTheFirst) {

@@ -23,7 +23,10 @@ MlpPipeline::~MlpPipeline() { DropStage(); }
 
 absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
   ParamClient* params = ctx_->params();
+  // (Every step asks: the view is read again only when it has changed.)
+  if (seat_.has_value() && params->epoch() == seated_epoch_) return seat_;
   const proto::ClusterView view = params->Members();
+  seated_epoch_ = view.epoch();
   const int k = ctx_->config().model.stages;
   const std::map<uint32_t, PipelineSeat> seats = PipelineSeats(view, k);
   auto it = seats.find(ctx_->node_id());

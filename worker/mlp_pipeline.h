@@ -70,6 +70,7 @@ class MlpPipeline {
   const int micro_batches_;
   std::vector<int> bounds_;  // StageBounds
   std::optional<PipelineSeat> seat_;
+  uint64_t seated_epoch_ = 0;             // the view epoch seat_ is of
   std::unique_ptr<Mlp> model_;            // the stage's layers
   std::shared_ptr<PipelineStage> stage_;  // shared with the worker's listener
   std::vector<std::vector<float>> push_;  // the stage's tables' sums, in model order

@@ -646,6 +646,9 @@ TEST(ParseJobConfigTest, PipelineStagesAndTheirRefusalsNameTheKey) {
               "model.stages: stages with model.dense_sync allreduce or cluster.aggregation node");
   ExpectError(ParseWithData("model:\n  stages: 2\ncluster:\n  aggregation: node\n"),
               "local.yaml:7:11: ", "are not built yet");
+  ExpectError(ParseWithData("job:\n  batch_size: 100000\nmodel:\n  stages: 2\n"
+                            "  micro_batches: 70000\n"),
+              "local.yaml:10:18: ", "model.micro_batches: 70000 micro-batches: 65536 at most");
   ExpectError(ParseWithData("model:\n  micro_batches: 4\n"), "local.yaml:7:18: ",
               "model.micro_batches: cuts a pipeline's batch (model.stages > 1)");
   ExpectError(ParseWithData("job:\n  batch_size: 4\nmodel:\n  stages: 2\n  micro_batches: 5\n"),

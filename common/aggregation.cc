@@ -20,6 +20,22 @@ std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::str
   return ids;
 }
 
+std::map<std::string, uint32_t> RingLeadersByHost(const proto::ClusterView& view) {
+  // Per host: its lowest worker in the job (ALIVE or FINISHED). A worker
+  // that runs out of data tasks stays its host's member: the ring's
+  // optimizer shards and its place in the ring stay with it, and only a
+  // death or a drain moves them (to a worker with none, which Form gives
+  // them; node ids rise, so the new member never held an older state).
+  std::map<std::string, uint32_t> leaders;
+  for (const auto& m : view.members()) {
+    if (m.role() != proto::WORKER) continue;
+    if (m.state() != proto::ALIVE && m.state() != proto::FINISHED) continue;
+    auto [it, fresh] = leaders.emplace(m.host(), m.id());
+    if (!fresh) it->second = std::min(it->second, m.id());
+  }
+  return leaders;
+}
+
 std::map<uint32_t, PipelineSeat> PipelineSeats(const proto::ClusterView& view, int stages) {
   std::map<uint32_t, PipelineSeat> seats;
   if (stages < 1) return seats;
@@ -66,12 +82,19 @@ std::set<uint32_t> StepMembers(const proto::ClusterView& view, int stages,
   std::map<uint32_t, std::string> host_of_member;
   const bool by_host = AggregatesByHost(view);
   for (const auto& m : view.members()) {
-    if (m.role() != proto::WORKER || m.state() != proto::ALIVE) continue;
+    if (m.role() != proto::WORKER) continue;
+    if (m.state() != proto::ALIVE && !(by_host && m.state() == proto::FINISHED)) continue;
     if (!by_host) {
       members.insert(m.id());
       continue;
     }
     const uint32_t member = HostMember(m.host());
+    // (A FINISHED worker pushes for its host while it is the host's ring
+    // member, RingLeadersByHost: a member while the host has a live one.)
+    if (m.state() == proto::FINISHED) {
+      (*member_of)[m.id()] = member;
+      continue;
+    }
     auto [it, fresh] = host_of_member.emplace(member, m.host());
     // Two host names with one hash would be one member: their steps would
     // complete with either's push. (1 chance in 2^31 a pair.)

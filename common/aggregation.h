@@ -1,8 +1,9 @@
 // Node-local aggregation's groups (cluster.aggregation: node;
 // docs/architecture.md, "Node-local aggregation"): in a view that
 // aggregates, the workers of one host are one member of the bsp step set.
-// One of them (the host's aggregating worker, its lowest live node id)
-// pushes the host's summed gradient for all of them; a pserver counts
+// One of them (the host's aggregating worker: its lowest live node id; with
+// a hierarchical ring, its ring member, RingLeadersByHost) pushes the
+// host's summed gradient for all of them; a pserver counts
 // that push for the host, so that a worker taking over mid-step cannot
 // add the host's gradient twice. Pservers and workers derive both from the
 // view alone.
@@ -27,6 +28,17 @@ uint32_t HostMember(const std::string& host);
 // first is the host's aggregating worker.
 std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::string& host);
 
+// Hierarchical allreduce (model.dense_sync allreduce with aggregation):
+// the ring's member standing for each host, by host: its lowest worker in
+// the job (ALIVE or FINISHED), so that a worker that runs out of data
+// tasks keeps its seat and optimizer shards; only its death or drain
+// moves them. It steps the host's sum through the ring from its
+// aggregation thread (worker/host_aggregator.h), and its sparse pushes
+// count for the host (StepMembers); a host whose workers have all
+// finished still steps, with no samples, so that they evaluate the job's
+// parameters.
+std::map<std::string, uint32_t> RingLeadersByHost(const proto::ClusterView& view);
+
 // Pipeline stages (model.stages > 1; worker/mlp_pipeline.h): the view's
 // workers that are in the job (ALIVE, FINISHED or JOINING) by their
 // index, which a restart keeps: index i is stage i % stages of group
@@ -42,9 +54,9 @@ struct PipelineSeat {
 std::map<uint32_t, PipelineSeat> PipelineSeats(const proto::ClusterView& view, int stages);
 
 // The bsp step set of `view`: its live workers, each host's as one member
-// (HostMember) when the view aggregates; then *member_of maps each of them
-// to its host's member (left empty otherwise). With stages > 1, a
-// pipeline's group is one member, its leader, while the leader is ALIVE,
+// (HostMember) when the view aggregates; then *member_of maps each of them,
+// and each FINISHED worker, to its host's member (left empty otherwise).
+// With stages > 1, a pipeline's group is one member, its leader, while the leader is ALIVE,
 // and *member_of maps each of its workers to it.
 std::set<uint32_t> StepMembers(const proto::ClusterView& view, int stages,
                                std::map<uint32_t, uint32_t>* member_of);

@@ -848,23 +848,15 @@ absl::Status ConfigReader::CheckDenseSync(const JobConfig& config) const {
                                   "consistency is ",
                                   ConsistencyName(config.job.consistency), " (use ps)"));
   }
-  if (config.model.type != "mlp" && config.model.type != "wide_deep") {
-    return PathError(
-        mark, "model.dense_sync",
-        absl::StrCat("allreduce is built for model.type mlp and wide_deep so far; "
-                     "model.type ",
-                     config.model.type, " keeps its dense tables on the pservers (use ps)"));
-  }
-  if (config.cluster.aggregation == "node") {
+  if (config.model.type == "script" && config.model.tables.empty()) {
+    // (The ring's tables are set when the worker registers, before a
+    // script could declare them.)
     return PathError(mark, "model.dense_sync",
-                     "allreduce with cluster.aggregation node (a host's sum first) is not "
-                     "built yet: use one or the other");
+                     "allreduce with model.type script needs the script's tables listed in "
+                     "model.tables (a script that declares its own tables uses ps)");
   }
-  if (config.checkpoint.enabled) {
-    return PathError(mark, "model.dense_sync",
-                     "allreduce tables live on the workers, and their checkpoints are not "
-                     "built yet: use ps in a job that checkpoints");
-  }
+  // (With cluster.aggregation node the ring is hierarchical: each host's
+  // sum first, then a ring of one worker per host.)
   return absl::OkStatus();
 }
 

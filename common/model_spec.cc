@@ -25,6 +25,7 @@ std::vector<TableSpec> ModelTables(const ModelSection& model) {
       TableSpec spec{t.name, t.shape, t.init, t.fan_in, t.fan_out};
       spec.sparse = t.dim > 0;
       spec.dim = t.dim;
+      spec.allreduce = model.dense_sync == "allreduce" && !spec.sparse;
       tables.push_back(std::move(spec));
     }
     return tables;

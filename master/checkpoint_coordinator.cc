@@ -17,6 +17,7 @@
 #include "glog/logging.h"
 #include "master/placement.h"
 #include "storage/checkpoint_format.h"
+#include "storage/ring_checkpoint.h"
 
 namespace strata::master {
 namespace {
@@ -29,7 +30,17 @@ proto::CheckpointTable CheckpointTableOf(const proto::TableInfo& t) {
   c.set_sparse(t.sparse());
   c.set_dim(t.dim());
   c.set_partitions(t.partitions());
+  c.set_allreduce(t.allreduce());
   return c;
+}
+
+// The floats of the tables kept by the workers' ring (allreduce).
+uint64_t RingFloats(const JobConfig& config) {
+  uint64_t n = 0;
+  for (const TableSpec& t : ModelTables(config.model)) {
+    if (t.allreduce) n += t.num_elements();
+  }
+  return n;
 }
 
 // The tables this job's config makes, as a checkpoint records them.
@@ -47,7 +58,8 @@ std::string Describe(const proto::CheckpointTable& t) {
   for (uint64_t d : t.shape()) absl::StrAppend(&shape, shape.empty() ? "" : "x", d);
   if (t.sparse())
     return absl::StrCat(t.name(), " (sparse, dim ", t.dim(), ", ", t.partitions(), " partitions)");
-  return absl::StrCat(t.name(), " [", shape, "]");
+  return absl::StrCat(t.name(), " [", shape, "]",
+                      t.allreduce() ? " (allreduce among the workers)" : " (on the pservers)");
 }
 
 // Every file of the manifest read back and its crc32c compared, so that a
@@ -124,7 +136,21 @@ absl::Status CheckCheckpointFits(const JobConfig& c, storage::FileSystem* fs,
         absl::StrCat(manifest, ": dense partitions cut at ", m.slice_bytes(),
                      " bytes, the config says ", c.cluster.slice_bytes, " (cluster.slice_bytes)"));
   }
-  return VerifyFiles(fs, root, m);
+  const uint64_t ring = RingFloats(c);
+  if (ring != m.ring_floats() || (ring > 0 && m.ring_shards().empty())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        manifest, ": ", m.ring_floats(), " floats of allreduce tables (", m.ring_shards_size(),
+        " ring shards), the config's model has ", ring, " (model.dense_sync)"));
+  }
+  STRATA_RETURN_IF_ERROR(VerifyFiles(fs, root, m));
+  if (ring > 0) {
+    // Every shard read and checked, and that they fit together.
+    const std::vector<proto::CheckpointRingShard> shards(m.ring_shards().begin(),
+                                                         m.ring_shards().end());
+    STRATA_RETURN_IF_ERROR(
+        storage::ReadRingState(fs, root, shards, ring, m.job(), c.optimizer.type).status());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -221,6 +247,7 @@ proto::CheckpointManifest ManifestHeader(const JobConfig& config, uint64_t seq,
 CheckpointCoordinator::CheckpointCoordinator(Options options, Master* master)
     : options_(std::move(options)),
       cfg_(options_.config.checkpoint),
+      ring_floats_(RingFloats(options_.config)),
       clock_(options_.clock),
       master_(master) {}
 
@@ -289,13 +316,26 @@ absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
   req.set_root(cfg_.dir);
   req.set_zstd_level(cfg_.compression_level);
   req.set_timeout_ms(static_cast<int64_t>(cfg_.timeout_seconds) * 1000);
+  std::vector<proto::RingCheckpointReport> ring;
   absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> results =
-      WriteCheckpointPartitions(cluster.owners, cluster.training_over, &req);
+      WriteCheckpointPartitions(cluster.owners, cluster.training_over, &req, &ring);
   if (!results.ok()) return Failed(seq, reason, dir, results.status());
 
-  // The manifest: each partition's new file on top of its chain.
+  // The manifest: each partition's new file on top of its chain; the
+  // ring's shards. (A job with no partitions: its step is the ring's.)
+  uint64_t cut_step = bsp ? req.version() : 0;
+  if (!ring.empty() && cluster.owners.empty()) cut_step = ring.front().step() + 1;
   proto::CheckpointManifest m =
-      ManifestHeader(options_.config, seq, reason, bsp ? req.version() : 0, cluster.view);
+      ManifestHeader(options_.config, seq, reason, cut_step, cluster.view);
+  if (!ring.empty()) {
+    m.set_ring_floats(ring_floats_);
+    m.set_ring_step(ring.front().step());
+    m.set_ring_updates(ring.front().updates());
+    for (const auto& r : ring) {
+      *m.add_ring_shards() = r.shard();
+      m.set_raw_bytes(m.raw_bytes() + r.shard().file().raw_bytes());
+    }
+  }
   std::map<uint32_t, proto::CheckpointPartition> got;
   double stall = 0;
   uint64_t written = 0;
@@ -304,10 +344,11 @@ absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
     written += r.bytes_written();
     for (auto& p : *r.mutable_partitions()) got[p.id()] = std::move(p);
   }
+  for (const auto& r : ring) written += r.shard().file().size();
   if (absl::Status s = ChainPartitions(cluster.view, base_seq, std::move(got), &m); !s.ok()) {
     return Failed(seq, reason, dir, s);
   }
-  master_->FillManifestTasks(bsp ? std::optional<uint64_t>(req.version()) : std::nullopt, &m);
+  master_->FillManifestTasks(bsp ? std::optional<uint64_t>(cut_step) : std::nullopt, &m);
   m.set_bytes_written(written);
   m.set_max_stall_seconds(stall);
   m.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - start));
@@ -409,26 +450,72 @@ CheckpointCoordinator::CheckpointCalls(const std::vector<PServerTarget>& targets
 absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>>
 CheckpointCoordinator::WriteCheckpointPartitions(const std::vector<PServerTarget>& targets,
                                                  bool training_over,
-                                                 proto::CheckpointPartitionsRequest* req) {
+                                                 proto::CheckpointPartitionsRequest* req,
+                                                 std::vector<proto::RingCheckpointReport>* ring) {
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
   // Steps ahead of the newest version for the bsp cut: training goes on
   // while partitions wait for it, so a wide margin costs nothing, and one
   // too narrow (a fast job passing the cut before it is set) a retry.
   uint64_t margin = 16;
+  uint64_t ring_cut = 0;
   for (int attempt = 0;; ++attempt) {
     if (stop_.HasBeenNotified()) return absl::CancelledError("the master is shutting down");
     if (bsp) {
       // The cut: `margin` steps after the newest version now; once training
       // is over, the newest (a partition still applying the last step
       // reaches it by itself).
-      STRATA_ASSIGN_OR_RETURN(uint64_t newest, NewestPartitionVersion(targets));
+      uint64_t newest = 0, ring_newest = 0;
+      if (!targets.empty()) {
+        STRATA_ASSIGN_OR_RETURN(newest, NewestPartitionVersion(targets));
+      }
+      if (ring_floats_ > 0) {
+        // (The ring's updates and the pservers' versions count the same
+        // steps: a bsp step with samples is one of each.) The ask reaches
+        // the ring in a heartbeat response or two: the margin covers
+        // what it trains meanwhile.
+        absl::MutexLock l(&mu_);
+        ring_newest = RingUpdatesLocked();
+        if (attempt == 0) {
+          margin = std::max<uint64_t>(
+              margin, static_cast<uint64_t>(ring_rate_ * 3e-3 *
+                                            options_.config.cluster.heartbeat_interval_ms));
+        }
+      }
       req->set_at_version(true);
-      req->set_version(training_over ? newest : newest + margin);
+      if (training_over) {
+        // Each where it stopped (training is over on both).
+        req->set_version(targets.empty() ? ring_newest : newest);
+        ring_cut = ring_newest;
+      } else {
+        req->set_version(std::max(newest, ring_newest) + margin);
+        ring_cut = req->version();
+      }
     }
-    std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results =
-        CheckpointCalls(targets, *req);
+    // The pservers' calls wait for the cut; the ring's part beside them.
+    // Each side gives up as soon as the other has failed.
+    std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results;
+    std::atomic<bool> calls_failed{false};
+    std::thread calls([&] {
+      results = CheckpointCalls(targets, *req);
+      for (const auto& r : results) calls_failed = calls_failed || !r.ok();
+    });
+    absl::StatusOr<std::vector<proto::RingCheckpointReport>> ring_got =
+        std::vector<proto::RingCheckpointReport>();
+    if (ring_floats_ > 0) {
+      ring_got = AwaitRing(req->seq(), ring_cut, training_over, &calls_failed);
+      if (!ring_got.ok() && !absl::IsAborted(ring_got.status())) {
+        absl::MutexLock il(&inflight_mu_);
+        for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
+      }
+    }
+    calls.join();
     bool past_cut = false, cancelled = false, busy = false;
     absl::Status first_error;
+    if (!ring_got.ok() && !absl::IsAborted(ring_got.status())) {
+      past_cut |= absl::IsOutOfRange(ring_got.status());
+      cancelled |= absl::IsCancelled(ring_got.status());
+      first_error = ring_got.status();
+    }
     for (const auto& r : results) {
       if (r.ok()) continue;
       past_cut |= HasReason(r.status(), proto::REASON_CUT_PASSED);
@@ -437,10 +524,17 @@ CheckpointCoordinator::WriteCheckpointPartitions(const std::vector<PServerTarget
       cancelled |= absl::IsCancelled(r.status());
       if (first_error.ok()) first_error = r.status();
     }
+    if (first_error.ok() && !ring_got.ok()) first_error = ring_got.status();
     if (first_error.ok()) {
       std::vector<proto::CheckpointPartitionsResponse> out;
       for (auto& r : results) out.push_back(*std::move(r));
+      *ring = *std::move(ring_got);
       return out;
+    }
+    if (ring_floats_ > 0 && past_cut) {
+      // (The ring's updates come with the heartbeats: fresher ones first.)
+      stop_.WaitForNotificationWithTimeout(
+          absl::Milliseconds(2 * options_.config.cluster.heartbeat_interval_ms));
     }
     if (busy && attempt < 3) {
       stop_.WaitForNotificationWithTimeout(absl::Seconds(1));
@@ -526,6 +620,9 @@ void CheckpointCoordinator::Done(const std::string& reason, const std::string& d
   max_stall_ = std::max(max_stall_, stall);
   seconds_total_ += m.write_seconds();
   last_time_ = clock_->Now();
+  // (Workers that come while the ring has not gone past it, a restart
+  // after the final checkpoint say, start from it; retention keeps it.)
+  SetRingRestoreLocked(cfg_.dir, m);
   last_manifest_ = std::move(m);
 }
 
@@ -557,6 +654,10 @@ void CheckpointCoordinator::Tick() {
   if (cfg_.every_steps > 0 && c.running && !c.owners.empty()) {
     absl::StatusOr<uint64_t> newest = NewestPartitionVersion(c.owners);
     if (newest.ok()) step = *newest;
+  }
+  if (cfg_.every_steps > 0 && c.running && ring_floats_ > 0) {
+    absl::MutexLock l(&mu_);
+    step = std::max(step, RingUpdatesLocked());
   }
   const std::string reason = Due(step, c.running);
   if (reason.empty()) return;
@@ -650,12 +751,162 @@ void CheckpointCoordinator::Resume(const ResumePoint& r) {
   to_place_->set_seq(r.manifest.seq());
   *to_place_->mutable_partitions() = r.manifest.partitions();
   to_place_root_ = r.root;
+  SetRingRestoreLocked(r.root, r.manifest);
   if (r.root != cfg_.dir) return;
   // The next checkpoints build on it (their chains name its files).
   last_manifest_ = r.manifest;
   int chain = 0;
   for (const auto& p : r.manifest.partitions()) chain = std::max(chain, p.files_size() - 1);
   increments_since_full_ = chain;
+}
+
+void CheckpointCoordinator::RingBeat(uint32_t node, const proto::HeartbeatRequest& req,
+                                     proto::HeartbeatResponse* resp) {
+  absl::MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  ring_beats_[node] = {req.ring_updates(), now};
+  const uint64_t updates = RingUpdatesLocked();
+  if (ring_rate_since_ == absl::InfinitePast() || updates < ring_rate_base_) {
+    ring_rate_since_ = now;
+    ring_rate_base_ = updates;
+  } else if (now - ring_rate_since_ >= absl::Seconds(1)) {
+    ring_rate_ = static_cast<double>(updates - ring_rate_base_) /
+                 absl::ToDoubleSeconds(now - ring_rate_since_);
+    ring_rate_since_ = now;
+    ring_rate_base_ = updates;
+  }
+  for (const proto::RingCheckpointReport& r : req.ring_checkpoints()) {
+    if (r.id() == ring_ask_.id() && r.id() > 0) ring_reports_[node] = r;
+  }
+  if (ring_ask_.seq() > 0) *resp->mutable_ring_checkpoint() = ring_ask_;
+}
+
+std::optional<proto::RingRestore> CheckpointCoordinator::RingRestore() const {
+  absl::MutexLock l(&mu_);
+  // (Once the ring has gone past the checkpoint, its members hold the
+  // state: a worker joining later takes theirs.)
+  if (!ring_restore_.has_value() || RingUpdatesLocked() > ring_restore_->updates()) {
+    return std::nullopt;
+  }
+  return ring_restore_;
+}
+
+uint64_t CheckpointCoordinator::RingUpdatesLocked() const {
+  // (Those of workers heard of lately: a ring of restarted workers starts
+  // again from what it restored.)
+  const absl::Time since =
+      clock_->Now() - absl::Milliseconds(5 * options_.config.cluster.heartbeat_interval_ms);
+  uint64_t newest = 0;
+  for (const auto& [node, beat] : ring_beats_) {
+    if (beat.second >= since) newest = std::max(newest, beat.first);
+  }
+  return newest;
+}
+
+void CheckpointCoordinator::SetRingRestoreLocked(const std::string& root,
+                                                 const proto::CheckpointManifest& m) {
+  if (m.ring_shards_size() == 0) return;
+  ring_restore_.emplace();
+  ring_restore_->set_root(root);
+  ring_restore_->set_seq(m.seq());
+  *ring_restore_->mutable_shards() = m.ring_shards();
+  ring_restore_->set_floats(m.ring_floats());
+  ring_restore_->set_step(m.ring_step());
+  ring_restore_->set_updates(m.ring_updates());
+}
+
+absl::StatusOr<std::vector<proto::RingCheckpointReport>> CheckpointCoordinator::AwaitRing(
+    uint64_t seq, uint64_t cut, bool training_over, const std::atomic<bool>* give_up) {
+  {
+    absl::MutexLock l(&mu_);
+    // (Ids by seq, which a restarted master does not reuse, then by try.)
+    ring_asks_ = (ring_asks_ >> 20) == seq ? ring_asks_ + 1 : (seq << 20) + 1;
+    ring_ask_.set_id(ring_asks_);
+    ring_ask_.set_seq(seq);
+    ring_ask_.set_root(cfg_.dir);
+    ring_ask_.set_cut(cut);
+    ring_ask_.set_zstd_level(cfg_.compression_level);
+    ring_reports_.clear();
+  }
+  struct Disarm {
+    CheckpointCoordinator* c;
+    ~Disarm() {
+      absl::MutexLock l(&c->mu_);
+      c->ring_ask_.Clear();
+      c->ring_reports_.clear();
+    }
+  } disarm{this};
+  const absl::Time deadline = absl::Now() + absl::Seconds(cfg_.timeout_seconds);
+  // "Passed" from a member while others' shards may still come (a member
+  // new to a ring formed during the checkpoint): believed after a few
+  // heartbeats without a whole set.
+  std::optional<absl::Time> passed_since;
+  const absl::Duration passed_grace =
+      absl::Milliseconds(3 * options_.config.cluster.heartbeat_interval_ms);
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      // The shards of one ring (by its epoch), by where they start.
+      std::map<uint64_t, std::map<uint64_t, const proto::RingCheckpointReport*>> by_ring;
+      bool passed = false;
+      for (const auto& [node, r] : ring_reports_) {
+        if (!r.error().empty()) {
+          return absl::UnavailableError(
+              absl::StrCat("checkpoint ", seq, ": worker node ", node,
+                           " could not write its ring shard: ", r.error()));
+        }
+        if (r.passed()) {
+          passed = true;
+          continue;
+        }
+        if (r.floats() != ring_floats_) {
+          return absl::InternalError(
+              absl::StrCat("checkpoint ", seq, ": worker node ", node, " wrote a shard of ",
+                           r.floats(), " floats of allreduce tables, the job has ", ring_floats_));
+        }
+        by_ring[r.ring_epoch()][r.shard().begin()] = &r;
+      }
+      for (const auto& [epoch, shards] : by_ring) {
+        uint64_t at = 0;
+        for (const auto& [begin, r] : shards) {
+          if (begin == at) at = r->shard().end();
+        }
+        if (at != ring_floats_) continue;
+        std::vector<proto::RingCheckpointReport> out;
+        at = 0;
+        for (const auto& [begin, r] : shards) {
+          if (begin != at) continue;
+          out.push_back(*r);
+          at = r->shard().end();
+        }
+        return out;
+      }
+      if (passed && !passed_since.has_value()) passed_since = absl::Now();
+      if (passed && (by_ring.empty() || absl::Now() - *passed_since >= passed_grace)) {
+        return absl::OutOfRangeError(absl::StrCat("checkpoint ", seq,
+                                                  ": the workers' ring was past update ", cut,
+                                                  " when it learned of it"));
+      }
+    }
+    if (stop_.HasBeenNotified()) return absl::CancelledError("the master is shutting down");
+    if (give_up != nullptr && give_up->load()) {
+      return absl::AbortedError(absl::StrCat("checkpoint ", seq, ": the pservers' part failed"));
+    }
+    if (!training_over && master_->CheckpointCluster(/*with_view=*/false).training_over) {
+      return absl::CancelledError(
+          absl::StrCat("checkpoint ", seq, ": training ended before the ring reached the cut"));
+    }
+    if (absl::Now() >= deadline) {
+      absl::MutexLock l(&mu_);
+      std::vector<uint32_t> nodes;
+      for (const auto& [node, r] : ring_reports_) nodes.push_back(node);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint ", seq, ": the workers' ring wrote no whole set of shards at update ", cut,
+          " within ", cfg_.timeout_seconds, " s (shards from worker nodes [",
+          absl::StrJoin(nodes, ", "), "]; the ring is at update ", RingUpdatesLocked(), ")"));
+    }
+    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(50));
+  }
 }
 
 std::optional<proto::CheckpointManifest> CheckpointCoordinator::last_manifest() const {
@@ -678,7 +929,10 @@ void CheckpointCoordinator::Restore(const proto::MasterState& st, std::optional<
   absl::MutexLock l(&mu_);
   done_ = st.checkpoints_done();
   next_seq_ = std::max(next_seq_, st.next_checkpoint_seq());
-  if (last.has_value()) last_manifest_ = std::move(last->manifest);
+  if (last.has_value()) {
+    SetRingRestoreLocked(last->root, last->manifest);
+    last_manifest_ = std::move(last->manifest);
+  }
 }
 
 void CheckpointCoordinator::FillStatus(proto::JobStatus* js) const {

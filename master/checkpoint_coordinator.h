@@ -19,6 +19,7 @@
 #ifndef STRATA_MASTER_CHECKPOINT_COORDINATOR_H_
 #define STRATA_MASTER_CHECKPOINT_COORDINATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -186,6 +187,16 @@ class CheckpointCoordinator {
   void Restore(const proto::MasterState& st, std::optional<ResumePoint> last)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The workers' ring (model.dense_sync allreduce; docs/checkpoint-format.md,
+  // "Allreduce tables"): a worker's heartbeat brings the updates its ring
+  // has applied and its answers to ring checkpoints; its response carries
+  // the ring checkpoint asked for now. Called under the master's lock.
+  void RingBeat(uint32_t node, const proto::HeartbeatRequest& req, proto::HeartbeatResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // For a registering worker: the allreduce tables of the checkpoint the
+  // job resumed from, while the ring has not gone past it.
+  std::optional<proto::RingRestore> RingRestore() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Its part of JobStatus (the one being written, the counts, the last
   // one) and of the summary (with checkpoints on).
   void FillStatus(proto::JobStatus* js) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -204,7 +215,24 @@ class CheckpointCoordinator {
   // when it ended first. The cut chosen is left in *req.
   absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> WriteCheckpointPartitions(
       const std::vector<PServerTarget>& targets, bool training_over,
-      proto::CheckpointPartitionsRequest* req) ABSL_LOCKS_EXCLUDED(mu_);
+      proto::CheckpointPartitionsRequest* req, std::vector<proto::RingCheckpointReport>* ring)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The ring's part of checkpoint `seq` at `cut` updates: asks the
+  // workers (RingBeat) and waits for their shards to tile the flat space.
+  // OK with the shards; OutOfRange when the ring was past the cut;
+  // Cancelled when training ended first (`training_over` false) or the
+  // master stops; DeadlineExceeded after checkpoint.timeout_seconds.
+  // `give_up`: set when the pservers' part failed (Aborted then).
+  absl::StatusOr<std::vector<proto::RingCheckpointReport>> AwaitRing(
+      uint64_t seq, uint64_t cut, bool training_over, const std::atomic<bool>* give_up)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The most updates a worker heard from lately reports its ring has
+  // applied.
+  uint64_t RingUpdatesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What registering workers restore while the ring has not gone past it:
+  // the ring shards of `m` (a checkpoint under `root`), if it has any.
+  void SetRingRestoreLocked(const std::string& root, const proto::CheckpointManifest& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The manifest's partitions: each one's new file on top of its chain in
   // the last checkpoint (base_seq).
   absl::Status ChainPartitions(const proto::ClusterView& view, uint64_t base_seq,
@@ -220,6 +248,8 @@ class CheckpointCoordinator {
 
   const Options options_;
   const CheckpointSection& cfg_;  // options_.config.checkpoint
+  // The floats of the tables the workers' ring keeps (0: none).
+  const uint64_t ring_floats_;
   Clock* const clock_;
   Master* const master_;
 
@@ -255,6 +285,19 @@ class CheckpointCoordinator {
   std::optional<proto::CheckpointManifest> to_place_ ABSL_GUARDED_BY(mu_);
   std::string to_place_root_ ABSL_GUARDED_BY(mu_);
   Progress restore_ ABSL_GUARDED_BY(mu_);
+  // The ring: the checkpoint asked of it now (id 0: none), the answers
+  // to it by node, each worker's last report of the ring's updates and
+  // when it came, and what a resumed job's workers restore.
+  proto::RingCheckpointRequest ring_ask_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, proto::RingCheckpointReport> ring_reports_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::pair<uint64_t, absl::Time>> ring_beats_ ABSL_GUARDED_BY(mu_);
+  // Its updates a second (over a second or more of heartbeats), for the
+  // cut's margin: the ask reaches it a heartbeat or two later.
+  double ring_rate_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time ring_rate_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t ring_rate_base_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ring_asks_ ABSL_GUARDED_BY(mu_) = 0;  // the last ask's id: seq << 20, + the try
+  std::optional<proto::RingRestore> ring_restore_ ABSL_GUARDED_BY(mu_);
   // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
   // when training ends first (the cut is then set again, where training
   // stopped). A leaf lock.

@@ -347,6 +347,9 @@ absl::StatusOr<proto::RegisterResponse> MasterServer::Register(const proto::Regi
     resp.set_node_id(n.id());
     *resp.mutable_view() = nodes_.View();
     *resp.mutable_data_key() = nodes_.DataKey(n.id());
+    if (req.role() == proto::WORKER) {
+      if (auto ring = checkpoints_->RingRestore()) *resp.mutable_ring_restore() = *std::move(ring);
+    }
     return resp;
   });
 }
@@ -365,7 +368,10 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
     scaler_.autoscaler().PServerBeat(req.node_id(), clock_->Now(), req);
   }
   // A live worker keeps its data-task leases.
-  if (beat.role == proto::WORKER) tasks_.RenewLeases(req.node_id(), clock_->Now());
+  if (beat.role == proto::WORKER) {
+    tasks_.RenewLeases(req.node_id(), clock_->Now());
+    checkpoints_->RingBeat(req.node_id(), req, &resp);
+  }
   *resp.mutable_data_key() = std::move(beat.key);
   return resp;
 }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
+#include "common/status_macros.h"
 #include "common/vector_ops.h"
 #include "glog/logging.h"
 
@@ -735,9 +736,7 @@ absl::Status Partition::ApplyStreamsLocked(const std::map<storage::BlockType, st
     return it == streams.end() ? *kEmpty : it->second;
   };
   proto::CheckpointPartitionHeader h;
-  if (!h.ParseFromString(stream(BlockType::kHeader))) {
-    return absl::DataLossError(absl::StrCat(path, ": partition header does not parse"));
-  }
+  STRATA_RETURN_IF_ERROR(storage::ParseHeaderBlock(streams, BlockType::kHeader, path, &h));
   auto mismatch = [&](absl::string_view what, const auto& file, const auto& here) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " ", file,
                                                    " in the checkpoint, ", here,

@@ -1,14 +1,17 @@
 #include "storage/checkpoint_export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "storage/checkpoint_format.h"
+#include "storage/ring_checkpoint.h"
 
 namespace strata::storage {
 namespace {
@@ -43,9 +46,7 @@ absl::StatusOr<PartitionValues> ReadValues(FileSystem* fs, const std::string& ro
     const std::string path = JoinPath(root, f.path());
     STRATA_ASSIGN_OR_RETURN(auto streams, ReadBlockFile(fs, path, &f));
     proto::CheckpointPartitionHeader& h = out.header;
-    if (!h.ParseFromString(streams[BlockType::kHeader])) {
-      return absl::DataLossError(absl::StrCat(path, ": partition header does not parse"));
-    }
+    STRATA_RETURN_IF_ERROR(ParseHeaderBlock(streams, BlockType::kHeader, path, &h));
     if (!h.sparse()) {
       const std::string& v = streams[BlockType::kDenseValues];
       out.dense.resize(v.size() / sizeof(float));
@@ -77,6 +78,69 @@ absl::StatusOr<PartitionValues> ReadValues(FileSystem* fs, const std::string& ro
     }
   }
   return out;
+}
+
+// A table kept by allreduce: its place in the manifest's tables and its
+// floats' in the ring's flat space.
+struct RingTable {
+  int index = 0;
+  uint64_t begin = 0;
+  uint64_t floats = 0;
+};
+
+// The manifest's allreduce tables in order (the flat space is theirs one
+// after another); DataLoss when their shapes do not add up to ring_floats.
+absl::StatusOr<std::vector<RingTable>> RingTablesOf(const std::string& dir,
+                                                    const proto::CheckpointManifest& m) {
+  std::vector<RingTable> out;
+  uint64_t at = 0;
+  for (int i = 0; i < m.tables_size(); ++i) {
+    const proto::CheckpointTable& t = m.tables(i);
+    if (!t.allreduce()) continue;
+    uint64_t n = 1;
+    for (uint64_t d : t.shape()) {
+      if (d != 0 && n > m.ring_floats() / d) {
+        return absl::DataLossError(absl::StrCat(JoinPath(dir, kManifestName), ": table '", t.name(),
+                                                "' is larger than the ring's ", m.ring_floats(),
+                                                " floats"));
+      }
+      n *= d;
+    }
+    out.push_back(RingTable{i, at, n});
+    at += n;
+  }
+  if (at != m.ring_floats()) {
+    return absl::DataLossError(absl::StrCat(JoinPath(dir, kManifestName),
+                                            ": its allreduce tables hold ", at,
+                                            " floats, its ring shards ", m.ring_floats()));
+  }
+  return out;
+}
+
+// Writes one file of an export, `rel` (under the export's root, whose
+// directory `dst_dir` is): the partition header `h` and the 16-bit
+// `payload` (a sparse partition's rows, else dense values). Returns it for
+// the manifest (as of checkpoint `seq`), and adds its size to *written.
+absl::StatusOr<proto::CheckpointFile> WriteExportFile(FileSystem* fs, const std::string& dst_dir,
+                                                      const std::string& rel,
+                                                      const proto::CheckpointPartitionHeader& h,
+                                                      const std::string& payload, uint64_t seq,
+                                                      int zstd_level, uint64_t* written) {
+  STRATA_ASSIGN_OR_RETURN(auto w,
+                          BlockFileWriter::Create(fs, JoinPath(dst_dir, Base(rel)), zstd_level));
+  STRATA_RETURN_IF_ERROR(w->Add(BlockType::kHeader, h.SerializeAsString()));
+  STRATA_RETURN_IF_ERROR(
+      w->Add(h.sparse() ? BlockType::kSparseRows16 : BlockType::kDenseValues16, payload));
+  STRATA_ASSIGN_OR_RETURN(BlockFileInfo info, w->Finish());
+  *written += info.size;
+  proto::CheckpointFile f;
+  f.set_path(rel);
+  f.set_size(info.size);
+  f.set_crc32c(info.crc32c);
+  f.set_seq(seq);
+  f.set_full(true);
+  f.set_raw_bytes(info.raw_bytes);
+  return f;
 }
 
 }  // namespace
@@ -179,25 +243,61 @@ absl::StatusOr<proto::CheckpointManifest> ExportCheckpoint(FileSystem* fs,
         payload.append(reinterpret_cast<const char*>(&x), 2);
       }
     }
-    const std::string rel = absl::StrFormat("%s/p%05d.blk", dst_name, p.id());
-    STRATA_ASSIGN_OR_RETURN(auto w,
-                            BlockFileWriter::Create(fs, JoinPath(dst_dir, Base(rel)), zstd_level));
-    STRATA_RETURN_IF_ERROR(w->Add(BlockType::kHeader, h.SerializeAsString()));
-    STRATA_RETURN_IF_ERROR(
-        w->Add(h.sparse() ? BlockType::kSparseRows16 : BlockType::kDenseValues16, payload));
-    STRATA_ASSIGN_OR_RETURN(BlockFileInfo info, w->Finish());
-    written += info.size;
+    STRATA_ASSIGN_OR_RETURN(
+        proto::CheckpointFile f,
+        WriteExportFile(fs, dst_dir, absl::StrFormat("%s/p%05d.blk", dst_name, p.id()), h, payload,
+                        m.seq(), zstd_level, &written));
     proto::CheckpointPartition* e = out.add_partitions();
     *e = p;
     e->clear_files();
     e->set_rows(h.sparse() ? values.rows.size() : 0);
-    proto::CheckpointFile* f = e->add_files();
-    f->set_path(rel);
-    f->set_size(info.size);
-    f->set_crc32c(info.crc32c);
-    f->set_seq(m.seq());
-    f->set_full(true);
-    f->set_raw_bytes(info.raw_bytes);
+    *e->add_files() = std::move(f);
+  }
+  if (m.ring_shards_size() > 0) {
+    // The tables kept by allreduce among the workers: their parameters put
+    // together from the ring's shards, one dense partition each in the
+    // export (numbered after the pservers'), so that it reads as any other.
+    STRATA_ASSIGN_OR_RETURN(const std::vector<RingTable> tables, RingTablesOf(src_dir, m));
+    const std::vector<proto::CheckpointRingShard> shards(m.ring_shards().begin(),
+                                                         m.ring_shards().end());
+    STRATA_ASSIGN_OR_RETURN(RingState ring, ReadRingState(fs, src_root, shards, m.ring_floats(),
+                                                          m.job(), m.optimizer()));
+    uint32_t id = 0;
+    for (const proto::CheckpointPartition& p : m.partitions()) id = std::max(id, p.id() + 1);
+    out.clear_ring_shards();
+    out.set_ring_floats(0);
+    for (const RingTable& t : tables) {
+      proto::CheckpointPartitionHeader h;
+      h.set_format_version(kCheckpointFormatVersion);
+      h.set_job(m.job());
+      h.set_seq(m.seq());
+      h.set_id(id);
+      h.set_table(m.tables(t.index).name());
+      h.set_length(t.floats);
+      h.set_version(ring.updates);
+      h.set_full(true);
+      std::string payload;
+      payload.reserve(t.floats * 2);
+      for (uint64_t i = t.begin; i < t.begin + t.floats; ++i) {
+        const uint16_t x = convert(ring.values[i]);
+        payload.append(reinterpret_cast<const char*>(&x), 2);
+      }
+      STRATA_ASSIGN_OR_RETURN(
+          proto::CheckpointFile f,
+          WriteExportFile(fs, dst_dir, absl::StrFormat("%s/p%05d.blk", dst_name, id), h, payload,
+                          m.seq(), zstd_level, &written));
+      out.mutable_tables(t.index)->set_partitions(1);
+      proto::CheckpointPartition* e = out.add_partitions();
+      e->set_id(id);
+      e->set_table(h.table());
+      e->set_table_id(static_cast<uint32_t>(t.index));
+      e->set_offset(0);
+      e->set_length(t.floats);
+      e->set_version(h.version());
+      e->set_raw_bytes(f.raw_bytes());
+      *e->add_files() = std::move(f);
+      ++id;
+    }
   }
   out.set_bytes_written(written);
   STRATA_RETURN_IF_ERROR(fs->SyncDir(dst_dir));

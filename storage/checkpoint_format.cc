@@ -271,10 +271,26 @@ absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     }
     if (b.filter == kFilterShuffle4) Unshuffle4Into(absl::string_view(out, b.raw_size), dst);
   }
-  if (streams.count(BlockType::kHeader) == 0) {
-    return Corrupt(path, kFileHeaderBytes, "no partition header block");
+  if (streams.count(BlockType::kHeader) == 0 && streams.count(BlockType::kRingHeader) == 0) {
+    return Corrupt(path, kFileHeaderBytes, "no header block");
   }
   return streams;
+}
+
+absl::Status ParseHeaderBlock(const std::map<BlockType, std::string>& streams, BlockType type,
+                              const std::string& path, google::protobuf::MessageLite* header) {
+  const bool ring = type == BlockType::kRingHeader;
+  const char* what = ring ? "ring shard" : "partition";
+  auto it = streams.find(type);
+  if (it == streams.end()) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": no ", what, " header block (stream ", static_cast<int>(type), "); the file is a ",
+        ring ? "partition's" : "ring shard's", " or not a checkpoint file"));
+  }
+  if (!header->ParseFromString(it->second)) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what, " header does not parse"));
+  }
+  return absl::OkStatus();
 }
 
 std::string CheckpointDirName(uint64_t seq) { return absl::StrFormat("ckpt-%08d", seq); }
@@ -356,6 +372,14 @@ absl::StatusOr<proto::CheckpointManifest> ReadManifest(FileSystem* fs, const std
       }
     }
   }
+  for (const proto::CheckpointRingShard& r : m.ring_shards()) {
+    if (!IsPathUnderRoot(r.file().path())) {
+      return Corrupt(
+          path, kManifestHeaderBytes,
+          absl::StrCat("ring shard ", r.rank(), ": file path \"", absl::CEscape(r.file().path()),
+                       "\" is not a relative path under the checkpoint root"));
+    }
+  }
   return m;
 }
 
@@ -389,22 +413,27 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(FileSystem* fs,
 
 absl::Status CheckManifestFiles(FileSystem* fs, const std::string& root,
                                 const proto::CheckpointManifest& manifest) {
+  std::vector<const proto::CheckpointFile*> files;
+  for (const auto& r : manifest.ring_shards()) files.push_back(&r.file());
+  for (const auto& p : manifest.partitions()) {
+    for (const auto& f : p.files()) files.push_back(&f);
+  }
+  for (const proto::CheckpointFile* f : files) {
+    const std::string path = JoinPath(root, f->path());
+    auto size = fs->FileSize(path);
+    if (!size.ok()) {
+      return absl::DataLossError(absl::StrCat(path, ": missing (", size.status().message(), ")"));
+    }
+    if (*size != f->size()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", *size, " bytes, the manifest says ",
+                                              f->size(), " (truncated or replaced)"));
+    }
+  }
   for (const auto& p : manifest.partitions()) {
     if (p.files().empty() || !p.files(0).full()) {
       return absl::DataLossError(
           absl::StrCat(JoinPath(CheckpointDirName(manifest.seq()), kManifestName), ": partition ",
                        p.id(), " has no full image to start from"));
-    }
-    for (const auto& f : p.files()) {
-      const std::string path = JoinPath(root, f.path());
-      auto size = fs->FileSize(path);
-      if (!size.ok()) {
-        return absl::DataLossError(absl::StrCat(path, ": missing (", size.status().message(), ")"));
-      }
-      if (*size != f.size()) {
-        return absl::DataLossError(absl::StrCat(path, ": ", *size, " bytes, the manifest says ",
-                                                f.size(), " (truncated or replaced)"));
-      }
     }
   }
   return absl::OkStatus();

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/message_lite.h"
 #include "proto/checkpoint.pb.h"
 #include "storage/file_system.h"
 
@@ -36,8 +37,11 @@ enum class BlockType : uint8_t {
   // Inference exports (checkpoint_export.h): values only, 16 bits each.
   kDenseValues16 = 7,  // a dense partition's values, bf16 or fp16
   kSparseRows16 = 8,   // (uint64 key, dim 16-bit values) a row
+  // A ring shard's file (ring_checkpoint.h): its header; its values and
+  // state are streams 2 and 3.
+  kRingHeader = 9,  // proto::CheckpointRingShardHeader
 };
-inline constexpr uint8_t kMaxBlockType = 8;
+inline constexpr uint8_t kMaxBlockType = 9;
 inline constexpr size_t kMaxBlockBytes = 1 << 20;
 
 // What a finished file is, for the manifest.
@@ -83,6 +87,14 @@ class BlockFileWriter {
 // its raw_bytes (when set) before anything is allocated for them.
 absl::StatusOr<std::map<BlockType, std::string>> ReadBlockFile(
     FileSystem* fs, const std::string& path, const proto::CheckpointFile* expected = nullptr);
+
+// Parses the header block `type` (kHeader: a partition's; kRingHeader: a
+// ring shard's) of a file ReadBlockFile read from `path` into `header`.
+// DataLoss naming the file when the file has no such block (a ring
+// shard's file where a partition's is expected, or the other way round)
+// or it does not parse.
+absl::Status ParseHeaderBlock(const std::map<BlockType, std::string>& streams, BlockType type,
+                              const std::string& path, google::protobuf::MessageLite* header);
 
 // "ckpt-00000007".
 std::string CheckpointDirName(uint64_t seq);

@@ -412,7 +412,7 @@ absl::StatusOr<EvalMetrics> CtrTrainer::Evaluate(std::optional<uint64_t> min_ver
     return absl::UnimplementedError("a wide_deep model is evaluated against its pservers");
   }
   // (Allreduce: the dense tables are the ring's, here already.)
-  const bool pull_dense = ctx_->dense_ring() == nullptr;
+  const bool pull_dense = ctx_->config().model.dense_sync != "allreduce";
   const uint64_t min_version = *min_version_or;
   const DataSection& d = ctx_->config().data;
   storage::CriteoReadStats read_stats;

@@ -1,33 +1,42 @@
 #include "worker/dense_ring.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/aggregation.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace strata::worker {
 
 DenseRing::DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<float>>* tables,
-                     std::vector<size_t> ring_tables, Hooks hooks, absl::Duration reform_timeout)
+                     std::vector<size_t> ring_tables, Hooks hooks, absl::Duration reform_timeout,
+                     bool by_host)
     : sync_(sync),
       node_id_(node_id),
       ring_tables_(std::move(ring_tables)),
       hooks_(std::move(hooks)),
-      reform_timeout_(reform_timeout) {
+      reform_timeout_(reform_timeout),
+      by_host_(by_host) {
   for (size_t t : ring_tables_) {
     params_.push_back((*tables)[t].data());
     zeros_.emplace_back((*tables)[t].size(), 0.f);
   }
 }
 
-std::vector<DenseSync::Member> DenseRing::MembersOf(const proto::ClusterView& view) {
+std::vector<DenseSync::Member> DenseRing::MembersOf(const proto::ClusterView& view, bool by_host) {
+  std::set<uint32_t> leaders;
+  if (by_host) {
+    for (const auto& [host, id] : RingLeadersByHost(view)) leaders.insert(id);
+  }
   std::vector<DenseSync::Member> members;
   for (const proto::NodeInfo& n : view.members()) {
     if (n.role() != proto::WORKER) continue;
     if (n.state() != proto::ALIVE && n.state() != proto::FINISHED) continue;
+    if (by_host && leaders.count(n.id()) == 0) continue;
     members.push_back({n.id(), n.data_address()});
   }
   std::sort(
@@ -37,11 +46,15 @@ std::vector<DenseSync::Member> DenseRing::MembersOf(const proto::ClusterView& vi
 }
 
 bool DenseRing::FormOf(const proto::ClusterView& view) {
-  const std::vector<DenseSync::Member> members = MembersOf(view);
+  const std::vector<DenseSync::Member> members = MembersOf(view, by_host_);
   std::vector<uint32_t> ids;
   for (const DenseSync::Member& m : members) ids.push_back(m.node_id);
   absl::StatusOr<DenseSync::Formed> formed = sync_->Form(view.epoch(), members, params_);
   checked_epoch_ = std::max(checked_epoch_, view.epoch());
+  if (!formed.ok() && sync_->over()) {
+    broken_ = true;
+    return false;
+  }
   if (!formed.ok()) {
     LOG(WARNING) << "dense allreduce: forming the ring of view " << view.epoch() << " (nodes "
                  << absl::StrJoin(ids, ", ") << ") failed: " << formed.status();
@@ -51,7 +64,9 @@ bool DenseRing::FormOf(const proto::ClusterView& view) {
   members_ = std::move(ids);
   in_ring_ = true;
   broken_ = false;
+  gave_up_ = false;
   next_step_ = formed->next_step;
+  own_params_ = formed->own_params;
   ++rings_formed_;
   LOG(INFO) << "dense allreduce: ring of view " << view.epoch() << ": nodes "
             << absl::StrJoin(members_, ", ") << ", this one rank " << sync_->rank()
@@ -64,11 +79,12 @@ bool DenseRing::FormOf(const proto::ClusterView& view) {
 }
 
 absl::Status DenseRing::Join() {
+  if (sync_->over()) return absl::OkStatus();  // (no ring to join: the job is over)
   if (in_ring_ && !broken_) return absl::OkStatus();
   if (broken_) return Reform();
   absl::StatusOr<proto::ClusterView> view = hooks_.fetch_view();
   if (!view.ok()) return view.status();
-  const std::vector<DenseSync::Member> members = MembersOf(*view);
+  const std::vector<DenseSync::Member> members = MembersOf(*view, by_host_);
   if (std::none_of(members.begin(), members.end(),
                    [&](const DenseSync::Member& m) { return m.node_id == node_id_; })) {
     return absl::OkStatus();  // (not in the view's ring)
@@ -78,11 +94,13 @@ absl::Status DenseRing::Join() {
 }
 
 absl::Status DenseRing::Reform() {
+  gave_up_ = false;
   const absl::Time deadline = absl::Now() + reform_timeout_;
   while (!hooks_.stopping()) {
+    if (sync_->over()) return absl::CancelledError("dense allreduce: the job is over");
     absl::StatusOr<proto::ClusterView> view = hooks_.fetch_view();
     if (view.ok() && view->epoch() > sync_->epoch()) {
-      const std::vector<DenseSync::Member> members = MembersOf(*view);
+      const std::vector<DenseSync::Member> members = MembersOf(*view, by_host_);
       if (std::none_of(members.begin(), members.end(),
                        [&](const DenseSync::Member& m) { return m.node_id == node_id_; })) {
         // Out of the view's ring (declared dead, drained): the ring goes
@@ -97,6 +115,7 @@ absl::Status DenseRing::Reform() {
       if (FormOf(*view)) return absl::OkStatus();
     }
     if (absl::Now() >= deadline) {
+      gave_up_ = true;
       return absl::UnavailableError(absl::StrCat(
           "dense allreduce: node ", node_id_, " formed no ring within ",
           absl::FormatDuration(reform_timeout_), " of the ring of view ", sync_->epoch(),
@@ -112,7 +131,7 @@ absl::Status DenseRing::FollowView(uint64_t epoch) {
   absl::StatusOr<proto::ClusterView> view = hooks_.fetch_view();
   if (!view.ok()) return view.status();
   checked_epoch_ = std::max(checked_epoch_, epoch);
-  const std::vector<DenseSync::Member> members = MembersOf(*view);
+  const std::vector<DenseSync::Member> members = MembersOf(*view, by_host_);
   std::vector<uint32_t> ids;
   for (const DenseSync::Member& m : members) ids.push_back(m.node_id);
   if (ids == members_ || view->epoch() <= sync_->epoch()) return absl::OkStatus();
@@ -129,16 +148,45 @@ absl::Status DenseRing::FollowView(uint64_t epoch) {
 
 absl::StatusOr<DenseSync::StepResult> DenseRing::StepOnce(const std::vector<const float*>& grads,
                                                           uint64_t samples) {
+  const DenseSync::CheckpointAsk ask =
+      hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
   absl::StatusOr<DenseSync::StepResult> r =
-      sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_);
+      sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_, ask);
   if (!r.ok()) {
-    ++steps_failed_;
     broken_ = true;
+    if (absl::IsCancelled(r.status())) {  // (DenseSync::Abort: the job is over)
+      LOG(INFO) << "dense allreduce: step " << next_step_ << " ended: " << r.status().message();
+      return r.status();
+    }
+    ++steps_failed_;
     LOG(WARNING) << "dense allreduce: step " << next_step_ << " failed: " << r.status();
     return r.status();
   }
   ++next_step_;
+  CheckpointAfterStep(r->ask);
   return r;
+}
+
+void DenseRing::CheckpointAfterStep(const DenseSync::CheckpointAsk& ask) {
+  // (Every member decides the same: the ask and the updates are the
+  // ring's, not this member's.)
+  // (A ring formed anew answers again what any of its members had not
+  // answered: Form agrees on the least answered.)
+  if (ask.id <= sync_->answered() || !hooks_.checkpoint_cut) return;
+  const uint64_t updates = sync_->updates();
+  if (updates < ask.cut) return;  // not there yet
+  sync_->set_answered(ask.id);
+  if (updates > ask.cut) {
+    hooks_.checkpoint_cut(ask, nullptr, absl::OkStatus());
+    return;
+  }
+  absl::StatusOr<DenseSync::Snapshot> snap = sync_->TakeSnapshot();
+  if (!snap.ok()) {
+    LOG(WARNING) << "dense allreduce: checkpoint " << ask.seq << ": " << snap.status();
+    hooks_.checkpoint_cut(ask, nullptr, snap.status());
+    return;
+  }
+  hooks_.checkpoint_cut(ask, &*snap, absl::OkStatus());
 }
 
 absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
@@ -158,10 +206,12 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
   // pservers before it (a CTR step's sparse pushes, which members at the
   // pservers' next-step barrier wait for). Its gradient was computed on
   // its own values: when the ring has trained already, it brings none to
-  // this step (the ring's values are its now).
+  // this step (the ring's values are its now), unless its values were
+  // the ring's (a checkpoint's that the ring took).
+  if (sync_->over()) return absl::CancelledError("dense allreduce: the job is over");
   if (!in_ring_ && !broken_) {
     STRATA_RETURN_IF_ERROR(Join());
-    if (in_ring_ && next_step_ > 0) {
+    if (in_ring_ && next_step_ > 0 && !own_params_) {
       grads.clear();
       for (const std::vector<float>& z : zeros_) grads.push_back(z.data());
       samples = 0;
@@ -191,6 +241,10 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
 }
 
 absl::Status DenseRing::IdleFor(absl::Duration duration) {
+  if (sync_->over()) {  // (the caller asks the master what to do)
+    absl::SleepFor(duration);
+    return absl::OkStatus();
+  }
   const absl::Time until = absl::Now() + duration;
   if (broken_) {
     STRATA_RETURN_IF_ERROR(Reform());

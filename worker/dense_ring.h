@@ -14,10 +14,18 @@
 // ring) is retried on the ring of the next view: its gradients again, or
 // nothing when another member completed it (Form says which).
 //
-// Thread safety: the training thread only.
+// Hierarchical (cluster.aggregation node; docs/architecture.md,
+// "Collectives"): the ring is one member per host, which steps the sum of
+// its host's workers from its aggregation thread (host_aggregator.h);
+// the host's other workers post their gradients and read the parameters
+// it publishes, as with the pservers.
+//
+// Thread safety: one thread only (the training thread; the host
+// aggregator's when hierarchical).
 #ifndef STRATA_WORKER_DENSE_RING_H_
 #define STRATA_WORKER_DENSE_RING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -38,6 +46,16 @@ class DenseRing {
     // The newest view epoch this worker has heard of (its heartbeats').
     std::function<uint64_t()> epoch_seen;
     std::function<bool()> stopping;
+    // Ring checkpoints (docs/checkpoint-format.md, "Allreduce tables"):
+    // the newest the master has asked of this worker (id 0: none), and
+    // this member's part of one, once the ring has reached its cut: its
+    // shard (`snapshot`, the callee's to move from), or null with `error`
+    // when it could not take it, or null with OK when the ring was past
+    // the cut when it learned of it. Either may be empty (no checkpoints).
+    std::function<DenseSync::CheckpointAsk()> checkpoint_ask;
+    std::function<void(const DenseSync::CheckpointAsk& ask, DenseSync::Snapshot* snapshot,
+                       const absl::Status& error)>
+        checkpoint_cut;
   };
   // `sync` and `tables` (the model's tables: what Form and the steps write
   // into; their storage stays put) are borrowed; `ring_tables`: the indices
@@ -45,16 +63,21 @@ class DenseRing {
   // sparse tables on the pservers, are left alone). A ring that cannot be
   // formed within `reform_timeout` of a failure is an error (Unavailable):
   // the worker exits, and its restart makes a new view.
+  // `by_host`: the ring is hierarchical (cluster.aggregation node): one
+  // member per host (RingLeadersByHost), which steps its host's sum.
   DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<float>>* tables,
-            std::vector<size_t> ring_tables, Hooks hooks, absl::Duration reform_timeout);
+            std::vector<size_t> ring_tables, Hooks hooks, absl::Duration reform_timeout,
+            bool by_host = false);
 
-  // The ring's members in `view`: its ALIVE and FINISHED workers, by node id.
-  static std::vector<DenseSync::Member> MembersOf(const proto::ClusterView& view);
+  // The ring's members in `view`: its ALIVE and FINISHED workers, by node
+  // id; `by_host`: each host's lowest of them.
+  static std::vector<DenseSync::Member> MembersOf(const proto::ClusterView& view,
+                                                  bool by_host = false);
 
   // Joins the ring of the view now when this worker is in it and in no
   // ring yet (before its first evaluation; TrainStep and IdleFor join by
   // themselves). OK when the view leaves it out (FailedPrecondition from
-  // TrainStep then).
+  // TrainStep then), and once the job is over (over()).
   absl::Status Join();
 
   struct Done {
@@ -78,10 +101,20 @@ class DenseRing {
   absl::Status IdleFor(absl::Duration duration);
 
   bool in_ring() const { return in_ring_; }
+  // The job is over (DenseSync::Abort): no ring forms again; Join and
+  // IdleFor do nothing, TrainStep fails.
+  bool over() const { return sync_->over(); }
   // The step to train next.
   uint64_t next_step() const { return next_step_; }
-  uint64_t steps_failed() const { return steps_failed_; }
-  uint64_t rings_formed() const { return rings_formed_; }
+  // Optimizer updates the ring has applied (its steps with samples).
+  uint64_t updates() const { return sync_->updates(); }
+  // (Any thread: the metrics' HTTP thread reads them.)
+  uint64_t steps_failed() const { return steps_failed_.load(); }
+  uint64_t rings_formed() const { return rings_formed_.load(); }
+  // Reform ran out of its time: no ring of a newer view formed within
+  // reform_timeout of a failure (the caller ends the worker; its restart
+  // makes a new view).
+  bool gave_up() const { return gave_up_; }
 
  private:
   // One try at a step: on an error the ring is marked broken.
@@ -90,6 +123,9 @@ class DenseRing {
   // After a step that saw a newer view: forms its ring if its members are
   // not this ring's.
   absl::Status FollowView(uint64_t epoch);
+  // After a step: this member's part of the checkpoint the step carried,
+  // once the ring's updates have reached its cut.
+  void CheckpointAfterStep(const DenseSync::CheckpointAsk& ask);
   // Forms the ring of the first view past the broken ring's epoch (and
   // past each epoch tried), within reform_timeout.
   absl::Status Reform();
@@ -102,14 +138,17 @@ class DenseRing {
   std::vector<float*> params_;  // the ring's tables
   const Hooks hooks_;
   const absl::Duration reform_timeout_;
+  const bool by_host_;
   std::vector<std::vector<float>> zeros_;  // an idle step's gradients
   std::vector<uint32_t> members_;          // the ring's node ids
   bool in_ring_ = false;
   bool broken_ = false;         // the last step or Form failed
+  bool own_params_ = false;     // the last Form found this worker's values the ring's
   uint64_t checked_epoch_ = 0;  // the newest view whose ring was looked at
   uint64_t next_step_ = 0;
-  uint64_t steps_failed_ = 0;
-  uint64_t rings_formed_ = 0;
+  std::atomic<uint64_t> steps_failed_{0};
+  std::atomic<uint64_t> rings_formed_{0};
+  bool gave_up_ = false;
 };
 
 }  // namespace strata::worker

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,10 +32,19 @@ enum FormField : int {
   kInStep = kCompleted + kPieces,         // 1: a step failed here
   kInStepValue = kInStep + 1,             // that step
   kUpdates = kInStepValue + kPieces,      // optimizer updates applied
-  kFormSlot = kUpdates + kPieces,
+  kRestored = kUpdates + kPieces,         // 1: it holds a checkpoint's state (Restore)
+  kAnswered = kRestored + 1,              // the newest checkpoint ask it answered
+  kFormSlot = kAnswered + kPieces,
 };
 // A member's slot in a step's first exchange.
-enum StepField : int { kSamples = 0, kEpochSeen = kPieces, kStepSlot = 2 * kPieces };
+enum StepField : int {
+  kSamples = 0,
+  kEpochSeen = kPieces,
+  kAskId = 2 * kPieces,  // the newest checkpoint asked of the ring it knows
+  kAskSeq = 3 * kPieces,
+  kAskCut = 4 * kPieces,
+  kStepSlot = 5 * kPieces,
+};
 
 }  // namespace
 
@@ -57,6 +67,16 @@ DenseSync::DenseSync(transport::Transport* transport, Options options,
                      std::vector<size_t> table_sizes)
     : transport_(transport), options_(std::move(options)), table_sizes_(std::move(table_sizes)) {
   for (size_t n : table_sizes_) total_ += n;
+}
+
+void DenseSync::Abort(const absl::Status& why) {
+  std::shared_ptr<transport::RingAllreduce> ring;
+  {
+    absl::MutexLock l(&mu_);
+    over_ = true;
+    ring = ring_;
+  }
+  if (ring != nullptr) ring->Abort(why);
 }
 
 void DenseSync::Handle(transport::Message request,
@@ -167,36 +187,11 @@ size_t DenseSync::PutOldShards(const std::function<bool(uint32_t)>& holder, floa
   return lost;
 }
 
-absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
-                                                  const std::vector<Member>& members,
-                                                  const std::vector<float*>& params) {
-  if (params.size() != table_sizes_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("dense allreduce: ", params.size(),
-                                                   " parameter buffers for ", table_sizes_.size(),
-                                                   " tables"));
-  }
-  if (epoch <= epoch_ || epoch >= (uint64_t{1} << 32)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense allreduce member ", options_.node_id, ": a ring of epoch ", epoch,
-                     " after one of epoch ", epoch_, " (epochs rise, below 2^32)"));
-  }
-  uint32_t rank = 0;
-  bool found = false;
-  for (uint32_t i = 0; i < members.size(); ++i) {
-    if (members[i].node_id == options_.node_id) {
-      rank = i;
-      found = true;
-    }
-  }
-  if (!found) {
-    return absl::InvalidArgumentError(absl::StrCat("dense allreduce: node ", options_.node_id,
-                                                   " is not among the ", members.size(),
-                                                   " members of the ring of epoch ", epoch));
-  }
-  const uint32_t w = static_cast<uint32_t>(members.size());
+absl::StatusOr<std::shared_ptr<transport::RingAllreduce>> DenseSync::StartRing(
+    uint64_t epoch, const std::vector<Member>& members, uint32_t rank) {
   transport::RingAllreduce::Options ro;
   ro.rank = rank;
-  ro.size = w;
+  ro.size = static_cast<uint32_t>(members.size());
   ro.node_id = options_.node_id;
   ro.chunk_bytes = options_.chunk_bytes;
   ro.timeout = options_.timeout;
@@ -206,6 +201,8 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>> early, skipped;
   {
     absl::MutexLock l(&mu_);
+    // (An Abort since Form began: this ring is not installed.)
+    if (over_.load()) return absl::CancelledError("dense allreduce: the job is over");
     ring_ = ring;
     ring_epoch_ = epoch;
     for (auto it = early_.begin(); it != early_.end() && it->first <= epoch;) {
@@ -229,6 +226,39 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   calls_ = 0;
   rank_ = rank;
   members_ = members;
+  return ring;
+}
+
+absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
+                                                  const std::vector<Member>& members,
+                                                  const std::vector<float*>& params) {
+  if (params.size() != table_sizes_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("dense allreduce: ", params.size(),
+                                                   " parameter buffers for ", table_sizes_.size(),
+                                                   " tables"));
+  }
+  if (over_.load()) return absl::CancelledError("dense allreduce: the job is over");
+  if (epoch <= epoch_ || epoch >= (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense allreduce member ", options_.node_id, ": a ring of epoch ", epoch,
+                     " after one of epoch ", epoch_, " (epochs rise, below 2^32)"));
+  }
+  uint32_t rank = 0;
+  bool found = false;
+  for (uint32_t i = 0; i < members.size(); ++i) {
+    if (members[i].node_id == options_.node_id) {
+      rank = i;
+      found = true;
+    }
+  }
+  if (!found) {
+    return absl::InvalidArgumentError(absl::StrCat("dense allreduce: node ", options_.node_id,
+                                                   " is not among the ", members.size(),
+                                                   " members of the ring of epoch ", epoch));
+  }
+  const uint32_t w = static_cast<uint32_t>(members.size());
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<transport::RingAllreduce> ring,
+                          StartRing(epoch, members, rank));
   if (w > 1) STRATA_RETURN_IF_ERROR(ring->ConnectNext(members[(rank + 1) % w].address));
   if (state_epoch_ == 0) CopyIn(params, &params_);  // (a member new to the job)
 
@@ -242,6 +272,8 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   mine[kInStep] = in_step_.has_value() ? 1.f : 0.f;
   PutU64(in_step_.value_or(0), mine + kInStepValue);
   PutU64(updates(), mine + kUpdates);
+  mine[kRestored] = restored_ ? 1.f : 0.f;
+  PutU64(answered_, mine + kAnswered);
   STRATA_RETURN_IF_ERROR(ring->Allreduce(ctl.data(), ctl.size(), Op(calls_++)));
   auto slot = [&](uint32_t m) { return ctl.data() + static_cast<size_t>(m) * kFormSlot; };
 
@@ -285,6 +317,15 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
       updates_agreed = std::max(updates_agreed, GetU64(slot(m) + kUpdates));
     }
   }
+  // No member holds the state of a ring: a member that restored a
+  // checkpoint brings its state (every such member read the same one).
+  std::optional<uint32_t> restorer;
+  if (newest == 0) {
+    for (uint32_t m = 0; m < w && !restorer.has_value(); ++m) {
+      if (slot(m)[kRestored] > 0 && effective(m) == last) restorer = m;
+    }
+    if (restorer.has_value()) updates_agreed = GetU64(slot(*restorer) + kUpdates);
+  }
   // The parameters of the first member that completed the last step (or
   // of the first member, before any step).
   uint32_t source = 0;
@@ -301,6 +342,9 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   size_t lost = 0;
   if (newest > 0 && newest == state_epoch_ && holder(options_.node_id)) {
     lost = PutOldShards(holder, all.data());
+  }
+  if (restorer == rank && k > 0) {
+    std::memcpy(all.data(), restored_state_.data(), k * total_ * sizeof(float));
   }
   if (rank == source) std::memcpy(all.data() + k * total_, params_.data(), total_ * sizeof(float));
   STRATA_RETURN_IF_ERROR(ring->Allreduce(all.data(), all.size(), Op(calls_++)));
@@ -331,12 +375,25 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
     const std::string s = state_of(rank);
     STRATA_ASSIGN_OR_RETURN(replica_, MakeOptimizer(e - b, &s));
   }
+  const bool own_params = completed_.has_value() && completed_ == last;
+  uint64_t answered = answered_;
+  for (uint32_t m = 0; m < w; ++m) answered = std::min(answered, GetU64(slot(m) + kAnswered));
+  answered_ = answered;
   updates_ = updates_agreed;
   state_epoch_ = epoch;
   state_members_ = members;
   completed_ = last;
   in_step_.reset();
   formed_ = true;
+  if (restored_) {
+    restored_ = false;
+    std::vector<float>().swap(restored_state_);
+  }
+  if (restorer.has_value()) {
+    LOG(INFO) << "dense allreduce ring of epoch " << epoch
+              << ": the optimizer state is the checkpoint's (" << updates_agreed
+              << " updates), the parameters those of step " << last.value_or(0);
+  }
   if (lost > 0) {
     LOG(WARNING) << "dense allreduce ring of epoch " << epoch << ": " << lost
                  << " floats of optimizer state were on members that are all gone (a shard's "
@@ -344,13 +401,14 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   }
   VLOG(1) << "dense allreduce ring of epoch " << epoch << ": rank " << rank << " of " << w
           << ", next step " << (last.has_value() ? *last + 1 : 0);
-  return Formed{last.has_value() ? *last + 1 : 0, lost};
+  return Formed{last.has_value() ? *last + 1 : 0, lost, own_params};
 }
 
 absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
                                                       const std::vector<const float*>& grads,
                                                       uint64_t samples, uint64_t epoch_seen,
-                                                      const std::vector<float*>& params) {
+                                                      const std::vector<float*>& params,
+                                                      CheckpointAsk ask) {
   std::shared_ptr<transport::RingAllreduce> ring;
   {
     absl::MutexLock l(&mu_);
@@ -380,6 +438,9 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
   std::vector<float> ctl(static_cast<size_t>(w) * kStepSlot, 0.f);
   PutU64(samples, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kSamples);
   PutU64(epoch_seen, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kEpochSeen);
+  PutU64(ask.id, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kAskId);
+  PutU64(ask.seq, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kAskSeq);
+  PutU64(ask.cut, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kAskCut);
   // (Before the first send: a step cut short is undone from here.)
   primary_before_ = primary_->SaveState();
   if (replica_ != nullptr) replica_before_ = replica_->SaveState();
@@ -391,6 +452,10 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
     result.samples += GetU64(ctl.data() + static_cast<size_t>(m) * kStepSlot + kSamples);
     result.max_epoch = std::max(
         result.max_epoch, GetU64(ctl.data() + static_cast<size_t>(m) * kStepSlot + kEpochSeen));
+    const float* slot = ctl.data() + static_cast<size_t>(m) * kStepSlot;
+    if (const uint64_t id = GetU64(slot + kAskId); id > result.ask.id) {
+      result.ask = {id, GetU64(slot + kAskSeq), GetU64(slot + kAskCut)};
+    }
   }
   if (result.samples == 0) {  // (nobody trained: the parameters stay)
     completed_ = step;
@@ -434,6 +499,51 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
   ++updates_;
   completed_ = step;
   return result;
+}
+
+absl::StatusOr<DenseSync::Snapshot> DenseSync::TakeSnapshot() const {
+  if (!formed_ || in_step_.has_value() || primary_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dense allreduce member ", options_.node_id, ": no snapshot ",
+                     in_step_.has_value() ? "after a failed step" : "before a ring is formed"));
+  }
+  Snapshot s;
+  s.rank = rank_;
+  s.ring_size = size();
+  s.ring_epoch = epoch_;
+  std::tie(s.begin, s.end) = shard();
+  s.total = total_;
+  s.step = completed_.value_or(0);
+  s.updates = updates_;
+  s.state_vectors = static_cast<uint32_t>(state_vectors_);
+  s.state_count = state_has_count_;
+  s.values.assign(params_.begin() + static_cast<ptrdiff_t>(s.begin),
+                  params_.begin() + static_cast<ptrdiff_t>(s.end));
+  if (state_vectors_ > 0) s.state = primary_->SaveState();
+  return s;
+}
+
+absl::Status DenseSync::Restore(uint64_t step, uint64_t updates, std::vector<float> values,
+                                std::vector<float> state, const std::vector<float*>& params) {
+  if (state_epoch_ != 0 || formed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dense allreduce member ", options_.node_id,
+                     ": a checkpoint's state restored after a ring was formed"));
+  }
+  if (values.size() != total_ || state.size() != state_vectors_ * total_ ||
+      params.size() != table_sizes_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense allreduce: a checkpoint of ", values.size(), " parameters and ",
+                     state.size(), " optimizer-state floats for tables of ", total_,
+                     " parameters and ", state_vectors_ * total_, " state floats"));
+  }
+  params_ = std::move(values);
+  CopyOut(params_, params);
+  restored_state_ = std::move(state);
+  restored_ = true;
+  updates_ = updates;
+  completed_ = step;
+  return absl::OkStatus();
 }
 
 }  // namespace strata::worker

@@ -32,6 +32,7 @@
 #ifndef STRATA_WORKER_DENSE_SYNC_H_
 #define STRATA_WORKER_DENSE_SYNC_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -82,6 +83,12 @@ class DenseSync {
   // Any thread: a kCollective request, for the ring of its epoch (the
   // operation's high 32 bits).
   void Handle(transport::Message request, std::shared_ptr<transport::Responder> responder);
+  // Any thread: the job is over, or this worker stops. Fails the current ring's call in
+  // progress, and its later ones, with `why` (Cancelled): a member idling
+  // in a step that a departed member will never finish ends it at once,
+  // not at the timeout. No ring is formed after it (Form is Cancelled).
+  void Abort(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  bool over() const { return over_.load(); }
 
   // What Form agreed.
   struct Formed {
@@ -91,6 +98,10 @@ class DenseSync {
     // Optimizer-state floats of shards whose owner and replica were both
     // gone: they start again from zero (logged).
     size_t lost_state = 0;
+    // This member's parameters were the ring's already: it had completed
+    // the last step any member completed (or restored a checkpoint that
+    // the ring took), so a gradient it computed on them counts.
+    bool own_params = false;
   };
   // Forms the ring of `members` (this node among them, every member with
   // the same list) for `epoch` (above every earlier one), and writes the
@@ -101,9 +112,20 @@ class DenseSync {
   absl::StatusOr<Formed> Form(uint64_t epoch, const std::vector<Member>& members,
                               const std::vector<float*>& params);
 
+  // A checkpoint the ring is asked for (the master's RingCheckpointRequest:
+  // seq 0 is none): every step carries the newest each member has heard
+  // of, so that all members learn of it at the same step; each member
+  // takes its Snapshot after the step that brings the ring's updates to
+  // `cut` (docs/checkpoint-format.md, "Allreduce tables").
+  struct CheckpointAsk {
+    uint64_t id = 0;  // each try at a cut has a higher one (0: none)
+    uint64_t seq = 0;
+    uint64_t cut = 0;
+  };
   struct StepResult {
     uint64_t samples = 0;    // over every member
     uint64_t max_epoch = 0;  // the highest `epoch_seen` of any member
+    CheckpointAsk ask;       // the newest `ask` (by id) of any member
   };
   // Step `step` (every member calls it with the same one): sums `grads`
   // (per table: the gradient summed over this member's `samples`, which may
@@ -114,8 +136,52 @@ class DenseSync {
   // ring again.
   absl::StatusOr<StepResult> Step(uint64_t step, const std::vector<const float*>& grads,
                                   uint64_t samples, uint64_t epoch_seen,
-                                  const std::vector<float*>& params);
+                                  const std::vector<float*>& params, CheckpointAsk ask);
+  absl::StatusOr<StepResult> Step(uint64_t step, const std::vector<const float*>& grads,
+                                  uint64_t samples, uint64_t epoch_seen,
+                                  const std::vector<float*>& params) {
+    return Step(step, grads, samples, epoch_seen, params, CheckpointAsk{});
+  }
 
+  // This member's part of a checkpoint, now (between steps): the shard it
+  // owns of the flat space, its parameters and its optimizer state.
+  struct Snapshot {
+    uint32_t rank = 0, ring_size = 0;
+    uint64_t ring_epoch = 0;
+    uint64_t begin = 0, end = 0, total = 0;
+    uint64_t step = 0;  // the last step completed
+    uint64_t updates = 0;
+    uint32_t state_vectors = 0;
+    bool state_count = false;  // `state` starts with the update count
+    std::vector<float> values;
+    std::string state;  // Optimizer::SaveState of the shard
+  };
+  // FailedPrecondition before a ring is formed or after a failed step.
+  absl::StatusOr<Snapshot> TakeSnapshot() const;
+
+  // A job resumed from a checkpoint (storage/ring_checkpoint.h): before
+  // this member's first Form, the checkpoint's state: `values` (the flat
+  // space, also written into `params`) and the optimizer's `state`
+  // (state_vectors() vectors over the flat space) after `updates`
+  // updates, the last step being `step`. The first ring brings it in
+  // unless a member holds newer state (a ring that went on without this
+  // worker). InvalidArgument when the sizes are not this model's.
+  absl::Status Restore(uint64_t step, uint64_t updates, std::vector<float> values,
+                       std::vector<float> state, const std::vector<float*>& params);
+  uint32_t state_vectors() const { return static_cast<uint32_t>(state_vectors_); }
+  // The newest checkpoint ask (its id) this member has answered; Form
+  // makes it the least of the ring's members', so that a ring formed
+  // during a checkpoint answers it again as a whole (DenseRing).
+  uint64_t answered() const { return answered_; }
+  void set_answered(uint64_t id) { answered_ = id; }
+  size_t total() const { return total_; }
+
+  // Form's first part: the ring of `epoch` made and installed (this
+  // member its `rank`), the messages that came for it early handed to it
+  // and those of rings this member skipped refused; Cancelled after an
+  // Abort.
+  absl::StatusOr<std::shared_ptr<transport::RingAllreduce>> StartRing(
+      uint64_t epoch, const std::vector<Member>& members, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
   // The current ring (0 before the first Form) and this member's place.
   uint64_t epoch() const { return epoch_; }
   uint32_t rank() const { return rank_; }
@@ -126,6 +192,9 @@ class DenseSync {
   size_t state_floats() const;
   // The last step this member completed.
   std::optional<uint64_t> completed() const { return completed_; }
+  // Optimizer updates applied (steps with samples), the same at every
+  // member of a ring.
+  uint64_t updates() const { return updates_; }
 
  private:
   DenseSync(transport::Transport* transport, Options options, std::vector<size_t> table_sizes);
@@ -151,7 +220,6 @@ class DenseSync {
   // Flat params -> the caller's tables, and back.
   void CopyOut(const std::vector<float>& flat, const std::vector<float*>& params) const;
   void CopyIn(const std::vector<float*>& params, std::vector<float>* flat) const;
-  uint64_t updates() const { return updates_; }
 
   transport::Transport* const transport_;
   const Options options_;
@@ -191,6 +259,11 @@ class DenseSync {
   bool formed_ = false;   // the last Form went through (Step may run)
   std::optional<uint64_t> completed_;
   std::optional<uint64_t> in_step_;  // a step that failed here
+  // Restore's optimizer state over the flat space, until a Form takes it.
+  bool restored_ = false;
+  std::vector<float> restored_state_;
+  uint64_t answered_ = 0;
+  std::atomic<bool> over_{false};  // Abort
 };
 
 }  // namespace strata::worker

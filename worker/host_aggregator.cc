@@ -8,15 +8,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <map>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/aggregation.h"
 #include "common/status_macros.h"
 #include "common/vector_ops.h"
 #include "glog/logging.h"
@@ -446,8 +449,9 @@ bool HostSegment::Publish(uint64_t version, const std::vector<std::vector<float>
   h->publisher.store(getpid(), std::memory_order_release);
   // Never back: two processes that both took themselves for the host's
   // aggregating worker (views arrive at different times) may finish out
-  // of order.
-  if (h->params_version.load(std::memory_order_relaxed) > version) {
+  // of order. (The same version again: new values of it, as a host with
+  // no step of its own publishes the ring's; the word holds version + 1.)
+  if (h->params_version.load(std::memory_order_relaxed) > version + 1) {
     h->params_seq.compare_exchange_strong(mine, mine + 1);
     return true;
   }
@@ -485,6 +489,11 @@ void HostAggregator::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
+absl::Status HostAggregator::fatal() const {
+  absl::MutexLock l(&fatal_mu_);
+  return fatal_;
+}
+
 void HostAggregator::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (thread_.joinable()) thread_.join();
@@ -492,29 +501,167 @@ void HostAggregator::Stop() {
 
 void HostAggregator::Loop() {
   while (!stop_.HasBeenNotified()) {
+    if (options_.ring != nullptr && options_.ring->over()) {
+      // The job is over: its ring has ended; the worker stops this thread.
+      stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+      continue;
+    }
     const uint32_t seen = segment_->generation();
     const std::vector<uint32_t> workers = params_->HostWorkers(options_.host);
-    const bool lead = !workers.empty() && workers.front() == options_.self;
+    const bool lead = Leads(workers);
     if (lead != leading_) {
       leading_ = lead;
       LOG(INFO) << "node " << options_.self << (lead ? " now aggregates" : " no longer aggregates")
                 << " the gradients of host " << options_.host << " (" << workers.size()
                 << " workers; " << segment_->name() << ")";
     }
+    if (!lead && options_.ring != nullptr && options_.ring->in_ring()) {
+      // No longer the host's member of the ring, but in the ring still:
+      // the others learn of the new view in a step, all at the same one,
+      // and form its ring there. Until then this worker steps with them,
+      // with no samples (its host's next sum is the new member's).
+      if (absl::Status s = options_.ring->IdleFor(absl::Milliseconds(20)); !s.ok()) {
+        LOG(WARNING) << "host " << options_.host << ": leaving the ring: " << s;
+      }
+      continue;
+    }
     if (!lead) {
       segment_->WaitChange(seen, absl::Milliseconds(100));
       continue;
     }
     for (uint32_t gone : params_->WorkersGone()) segment_->Release(gone);
-    absl::StatusOr<bool> did = LeadOnce(workers);
+    absl::StatusOr<bool> did = options_.ring != nullptr ? LeadRingOnce(workers) : LeadOnce(workers);
     if (!did.ok()) {
       if (stop_.HasBeenNotified()) break;
-      LOG(WARNING) << "host " << options_.host << ": aggregated step: " << did.status();
+      if (options_.ring != nullptr && options_.ring->gave_up()) {
+        LOG(ERROR) << "host " << options_.host << ": " << did.status();
+        absl::MutexLock l(&fatal_mu_);
+        fatal_ = did.status();
+        failed_ = true;
+        break;
+      }
+      // (Cancelled: the job is over, the ring ended; the worker stops this.)
+      LOG_IF(WARNING, !absl::IsCancelled(did.status()))
+          << "host " << options_.host << ": aggregated step: " << did.status();
       stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
     } else if (!*did) {
       segment_->WaitChange(seen, absl::Milliseconds(20));
     }
   }
+}
+
+bool HostAggregator::Leads(const std::vector<uint32_t>& workers) const {
+  if (options_.ring == nullptr) return !workers.empty() && workers.front() == options_.self;
+  // (A host whose workers have all finished is still the ring's member:
+  // they evaluate with its parameters.)
+  const std::map<std::string, uint32_t> leaders = RingLeadersByHost(params_->Members());
+  auto it = leaders.find(options_.host);
+  return it != leaders.end() && it->second == options_.self;
+}
+
+void HostAggregator::PublishOrStop(uint64_t version,
+                                   const std::vector<std::vector<float>>& params) {
+  while (!segment_->Publish(version, params)) {
+    if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(1))) break;
+  }
+}
+
+absl::StatusOr<bool> HostAggregator::LeadRingOnce(const std::vector<uint32_t>& workers) {
+  // The host's version counts its steps with samples, as the pservers'
+  // versions do (its sparse rows go there at it); the ring numbers its
+  // own steps.
+  DenseRing* const ring = options_.ring;
+  const std::vector<std::vector<float>>& tables = *options_.ring_tables;
+  const std::optional<uint64_t> at = segment_->published();
+  if (!at.has_value()) {
+    // The host's first version: the ring's updates (0, or those of the
+    // checkpoint it resumed from, where the pservers are) and parameters
+    // (Form agrees on them).
+    STRATA_RETURN_IF_ERROR(ring->Join());
+    if (!ring->in_ring()) return false;  // (the view has no ring with it yet)
+    PublishOrStop(ring->updates(), tables);
+    return true;
+  }
+  if (workers.empty()) {
+    // Every worker of the host has finished: the ring's other members go
+    // on meanwhile, and its workers evaluate with the ring's parameters.
+    STRATA_RETURN_IF_ERROR(ring->IdleFor(absl::Milliseconds(100)));
+    PublishOrStop(*at, tables);
+    return true;
+  }
+  const bool sparse = !segment_->sparse().empty();
+  const std::optional<uint64_t> count =
+      segment_->Sum(*at, workers, &sum_, sparse ? &merged_ : nullptr);
+  if (!count.has_value()) return false;
+  // The sparse rows go out first and are settled after the ring's step:
+  // the pservers' step waits for every host's rows, the ring's for every
+  // host's aggregating worker, and neither may wait on the other (a
+  // worker taking over forms a ring with the others while their rows wait
+  // for its host's). The pservers drop a second push of a step from the
+  // host. (None with no samples: every live worker of the host is between
+  // tasks.)
+  RowsInFlight rows;
+  if (sparse && *count > 0) {
+    STRATA_ASSIGN_OR_RETURN(rows, StartRows(*at, *count));
+  }
+  absl::Status stepped = RingStep(*at, *count, &rows);
+  if (absl::Status settled = FinishRows(&rows); stepped.ok()) stepped = settled;
+  return stepped.ok() ? absl::StatusOr<bool>(true) : stepped;
+}
+
+absl::Status HostAggregator::RingStep(uint64_t at, uint64_t count, RowsInFlight* rows) {
+  DenseRing* const ring = options_.ring;
+  const std::vector<std::vector<float>>& tables = *options_.ring_tables;
+  if (!ring->in_ring()) {
+    // Taking over: the ring's parameters. The host's sum, computed on them
+    // as the aggregating worker before published them, counts; unless
+    // that worker stepped it through the ring already and went (it died,
+    // or finished its data tasks) before publishing: then the ring's
+    // updates are past the host's version (both count the steps with
+    // samples, as the pservers' versions do), and the ring's parameters
+    // are published at them.
+    STRATA_RETURN_IF_ERROR(ring->Join());
+    if (!ring->in_ring())
+      return absl::UnavailableError("the view has no ring with this worker yet");
+    if (ring->updates() > at) {
+      STRATA_RETURN_IF_ERROR(FinishRows(rows));
+      PublishOrStop(ring->updates(), tables);
+      return absl::OkStatus();
+    }
+  }
+  // A retry of a step whose rows failed to settle after its ring step: the
+  // ring has the sum already (the pservers drop a second push of the
+  // rows; the ring would apply the sum twice).
+  DenseRing::Done done;
+  if (count == 0 || ring_stepped_ != at) {
+    STRATA_ASSIGN_OR_RETURN(done, ring->TrainStep(sum_, count));
+    if (count > 0) ring_stepped_ = at;
+  }
+  // (What is published is applied everywhere: the rows too.)
+  STRATA_RETURN_IF_ERROR(FinishRows(rows));
+  if (count == 0) {
+    // A ring step with no samples of the host's: its version is kept.
+    PublishOrStop(at, tables);
+    if (done.samples == 0) stop_.WaitForNotificationWithTimeout(absl::Milliseconds(5));
+    return absl::OkStatus();
+  }
+  steps_pushed_.fetch_add(1);
+  PublishOrStop(at + 1, tables);
+  return absl::OkStatus();
+}
+
+void HostAggregator::IdleFor(absl::Duration duration, const std::vector<std::vector<float>>& zeros,
+                             const std::function<bool()>& stopping) {
+  const absl::Time until = absl::Now() + duration;
+  do {
+    const uint32_t seen = segment_->generation();
+    if (const std::optional<uint64_t> at = segment_->published(); at.has_value()) {
+      if (absl::Status s = segment_->Post(options_.self, *at, 0, zeros); !s.ok()) {
+        LOG_EVERY_N(WARNING, 10) << "host " << options_.host << ": idle post: " << s;
+      }
+    }
+    segment_->WaitChange(seen, std::min(absl::Milliseconds(20), until - absl::Now()));
+  } while (absl::Now() < until && !stopping());
 }
 
 absl::StatusOr<bool> HostAggregator::LeadOnce(const std::vector<uint32_t>& workers) {
@@ -544,18 +691,22 @@ absl::StatusOr<bool> HostAggregator::LeadOnce(const std::vector<uint32_t>& worke
               << " partitions had the host's gradient already";
     }
   }
-  while (!segment_->Publish(version, pulled_)) {
-    if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(1))) break;
-  }
+  PublishOrStop(version, pulled_);
   return true;
 }
 
 absl::Status HostAggregator::PushRows(uint64_t step, uint64_t count) {
+  STRATA_ASSIGN_OR_RETURN(RowsInFlight rows, StartRows(step, count));
+  return FinishRows(&rows);
+}
+
+absl::StatusOr<HostAggregator::RowsInFlight> HostAggregator::StartRows(uint64_t step,
+                                                                       uint64_t count) {
   const SparseLayout& layout = segment_->sparse();
   STRATA_RETURN_IF_ERROR(params_->GroupKeys(merged_.keys, &grouped_, &perm_));
   push_rows_.resize(layout.tables.size());
-  std::vector<PushResult> results(layout.tables.size());
-  std::vector<std::unique_ptr<ParamClient::Exchange>> pushes;
+  RowsInFlight rows;
+  rows.results.resize(layout.tables.size());
   for (size_t t = 0; t < layout.tables.size(); ++t) {
     const size_t dim = layout.dims[t];
     push_rows_[t].resize(merged_.keys.size() * dim);
@@ -565,9 +716,10 @@ absl::Status HostAggregator::PushRows(uint64_t step, uint64_t count) {
     }
     // (bsp: every virtual partition, with keys or not, so that each
     // partition's step completes.)
-    pushes.push_back(params_->StartSparsePush(layout.tables[t], &grouped_, push_rows_[t].data(),
-                                              step, count, /*every_partition=*/true, &results[t]));
-    pushes.back()->IssueAll();
+    rows.pushes.push_back(params_->StartSparsePush(layout.tables[t], &grouped_,
+                                                   push_rows_[t].data(), step, count,
+                                                   /*every_partition=*/true, &rows.results[t]));
+    rows.pushes.back()->IssueAll();
   }
   // Right behind the pushes, a pull of no keys at the next version from
   // every virtual partition: answered once the step is applied there, so
@@ -575,15 +727,20 @@ absl::Status HostAggregator::PushRows(uint64_t step, uint64_t count) {
   // ones included (a worker's task is done then).
   std::vector<uint32_t> unused;
   STRATA_RETURN_IF_ERROR(params_->GroupKeys({}, &no_keys_, &unused));
-  std::vector<std::unique_ptr<ParamClient::Exchange>> barriers;
   for (uint32_t table : layout.tables) {
-    barriers.push_back(params_->StartSparsePull(table, &no_keys_, nullptr, step + 1,
-                                                /*every_partition=*/true));
-    barriers.back()->IssueAll();
+    rows.barriers.push_back(params_->StartSparsePull(table, &no_keys_, nullptr, step + 1,
+                                                     /*every_partition=*/true));
+    rows.barriers.back()->IssueAll();
   }
+  return rows;
+}
+
+absl::Status HostAggregator::FinishRows(RowsInFlight* rows) {
   absl::Status status;
-  for (auto& push : pushes) status.Update(push->Finish());
-  for (auto& barrier : barriers) status.Update(barrier->Finish());
+  for (auto& push : rows->pushes) status.Update(push->Finish());
+  for (auto& barrier : rows->barriers) status.Update(barrier->Finish());
+  rows->pushes.clear();
+  rows->barriers.clear();
   return status;
 }
 

@@ -1,7 +1,8 @@
 // Node-local aggregation (cluster.aggregation: node; docs/architecture.md,
 // "Node-local aggregation"): the workers of one host sum their gradients
 // in a POSIX shared-memory segment, and the host's aggregating worker (its
-// lowest live node id, common/aggregation.h) pushes the sum once per step
+// lowest live node id; with a hierarchical ring, its ring member:
+// common/aggregation.h) pushes the sum once per step
 // and publishes the parameters it pulls back for all of them.
 //
 // HostSegment is the segment: a slot per worker, where it posts the
@@ -18,7 +19,9 @@
 // the view makes this worker the one: it waits until every live worker of
 // the host has posted the step, sums, pushes the sum (for the host: the
 // pservers count one push a step per host), pulls the next version and
-// publishes it. When that worker dies the next one by node id takes over
+// publishes it. (Hierarchical allreduce: it steps the sum through the
+// ring of the hosts' aggregating workers instead, dense_ring.h, and
+// publishes the ring's parameters.) When that worker dies the next one by node id takes over
 // at the step the host is at: its push of a step the old one had pushed is
 // dropped by the pservers (the host's gradient is in already), so nothing
 // is applied twice, and nothing acknowledged is lost.
@@ -34,10 +37,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "worker/dense_ring.h"
 #include "worker/param_client.h"
 
 namespace strata::worker {
@@ -167,6 +173,14 @@ class HostAggregator {
     uint32_t self = 0;  // this worker's node id
     std::string host;   // its host, as registered
     absl::Duration request_timeout = absl::Seconds(60);
+    // Hierarchical allreduce (model.dense_sync allreduce): the ring the
+    // host's sum of the dense tables steps through while this worker is
+    // the host's member of it (RingLeadersByHost), instead of the
+    // pservers; `ring_tables` are the tables the ring writes the
+    // parameters into (this thread's alone). Both borrowed; null: the
+    // pservers. (Sparse rows still go to the pservers.)
+    DenseRing* ring = nullptr;
+    std::vector<std::vector<float>>* ring_tables = nullptr;
   };
   // `params` (borrowed) must outlive Stop().
   HostAggregator(std::unique_ptr<HostSegment> segment, ParamClient* params, Options options,
@@ -179,6 +193,12 @@ class HostAggregator {
   // aggregating worker; Stop ends it (idempotent).
   void Start();
   void Stop();
+  // Any thread: why the aggregating thread ended by itself (OK while it
+  // runs): its ring could not be formed again within its time
+  // (DenseRing::gave_up); the worker exits with it, and its restart makes
+  // a new view, as a flat ring's member does.
+  absl::Status fatal() const ABSL_LOCKS_EXCLUDED(fatal_mu_);
+  bool failed() const { return failed_.load(); }  // fatal() is not OK
 
   // Training thread. Waits until parameters of version >= want are
   // published and copies them into *params; returns their version.
@@ -191,6 +211,12 @@ class HostAggregator {
     return segment_->Post(options_.self, step, count, grads, sparse);
   }
   HostSegment* segment() { return segment_.get(); }
+  // Training thread, hierarchical allreduce: a worker with no data task
+  // posts no samples to each version the host publishes, for about
+  // `duration`, so that its host steps on with the ring (as a flat ring's
+  // member steps idle).
+  void IdleFor(absl::Duration duration, const std::vector<std::vector<float>>& zeros,
+               const std::function<bool()>& stopping);
   // Steps this worker pushed for its host.
   uint64_t steps_pushed() const { return steps_pushed_.load(); }
 
@@ -200,6 +226,12 @@ class HostAggregator {
   // pushes the step the host is at once everyone has posted it. False when
   // there was nothing to do yet.
   absl::StatusOr<bool> LeadOnce(const std::vector<uint32_t>& workers);
+  // LeadOnce's hierarchical allreduce: the host's sum through the ring.
+  absl::StatusOr<bool> LeadRingOnce(const std::vector<uint32_t>& workers);
+  // True while this worker leads its host: the lowest live worker (with a
+  // ring, the host's member of it: its lowest ALIVE or FINISHED worker).
+  bool Leads(const std::vector<uint32_t>& workers) const;
+  void PublishOrStop(uint64_t version, const std::vector<std::vector<float>>& params);
 
   std::unique_ptr<HostSegment> segment_;
   ParamClient* const params_;
@@ -207,8 +239,17 @@ class HostAggregator {
   const std::vector<size_t> table_sizes_;
   // Pushes the host's merged sparse rows of `step` (over `count` samples)
   // to every virtual partition of each sparse table, and waits until each
-  // has applied the step.
+  // has applied the step: StartRows, then FinishRows.
   absl::Status PushRows(uint64_t step, uint64_t count);
+  struct RowsInFlight {
+    std::vector<PushResult> results;
+    std::vector<std::unique_ptr<ParamClient::Exchange>> pushes, barriers;
+  };
+  absl::StatusOr<RowsInFlight> StartRows(uint64_t step, uint64_t count);
+  absl::Status FinishRows(RowsInFlight* rows);
+  // LeadRingOnce's step of the host's sum (sum_, over `count` samples) of
+  // version `at` through the ring, its rows in flight; then publishes.
+  absl::Status RingStep(uint64_t at, uint64_t count, RowsInFlight* rows);
 
   // The agent thread's:
   std::vector<std::vector<float>> sum_;
@@ -219,9 +260,14 @@ class HostAggregator {
   std::vector<uint32_t> perm_;
   std::vector<std::vector<float>> push_rows_;
   bool leading_ = false;
+  // The host's version whose sum the ring stepped last (hierarchical).
+  std::optional<uint64_t> ring_stepped_;
   std::atomic<uint64_t> steps_pushed_{0};
   absl::Notification stop_;
   std::thread thread_;
+  mutable absl::Mutex fatal_mu_;
+  absl::Status fatal_ ABSL_GUARDED_BY(fatal_mu_);
+  std::atomic<bool> failed_{false};
 };
 
 }  // namespace strata::worker

@@ -303,7 +303,7 @@ absl::StatusOr<std::pair<double, double>> MlpTrainer::TestAccuracy() {
 absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(std::optional<uint64_t> min_version) {
   // (Allreduce: the ring's parameters are here already.)
   // (Pipeline stages: every stage's tables; the whole model evaluates here.)
-  if (min_version.has_value() && ctx_->dense_ring() == nullptr) {
+  if (min_version.has_value() && ctx_->config().model.dense_sync != "allreduce") {
     STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(*min_version, &model_->params()).status());
   }
   STRATA_ASSIGN_OR_RETURN(auto acc, TestAccuracy());

@@ -53,6 +53,7 @@ absl::Status ScriptTrainer::Declare(std::vector<TableSpec> tables) {
     params_.emplace_back(tables_[t].num_elements(), 0.f);
     grads_.emplace_back(tables_[t].num_elements(), 0.f);
     if (tables_[t].sparse) row_grads_[static_cast<uint32_t>(t)];
+    has_sparse_ |= tables_[t].sparse;
   }
   declared_.Notify();
   return absl::OkStatus();
@@ -71,8 +72,13 @@ absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
   const bool stepped = Stepped(ctx_->config().job.consistency);
   ctx_->SetEpoch(task.epoch());
   // The task's first step starts from the parameters of its version.
-  STRATA_ASSIGN_OR_RETURN(const uint64_t pulled,
-                          ctx_->params()->PullAll(stepped ? ctx_->next_step() : 0, &params_));
+  // (model.dense_sync allreduce: the dense tables are the ring's, in
+  // params_ already; a sparse table's rows come by lookup.)
+  uint64_t pulled = 0;
+  if (ctx_->dense_ring() == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(pulled,
+                            ctx_->params()->PullAll(stepped ? ctx_->next_step() : 0, &params_));
+  }
   absl::MutexLock l(&mu_);
   // ssp: a worker joining a running job goes on at the slowest worker's
   // clock, not at 0 (it would hold every other worker back).
@@ -230,7 +236,8 @@ absl::Status ScriptTrainer::AddRowGrads(uint32_t table, const uint64_t* keys, si
 }
 
 absl::StatusOr<EvalMetrics> ScriptTrainer::Evaluate(std::optional<uint64_t> min_version) {
-  if (min_version.has_value()) {
+  // (Allreduce: the ring's parameters are here already.)
+  if (min_version.has_value() && ctx_->dense_ring() == nullptr) {
     STRATA_RETURN_IF_ERROR(ctx_->params()->PullAll(*min_version, &params_).status());
   }
   absl::MutexLock l(&mu_);
@@ -339,23 +346,30 @@ absl::Status ScriptTrainer::BeginStep(int n) {
   }
   const bool stepped = Stepped(ctx_->config().job.consistency);
   const uint64_t version = NextStep();
-  begun_ =
-      std::make_unique<Begun>(Begun{n, version,
-                                    std::make_unique<ParamClient::PushPull>(
-                                        ctx_->params(), &grads_, version, static_cast<uint64_t>(n),
-                                        stepped ? version + 1 : 0, &params_)});
+  // (Allreduce: the ring steps every dense table at Step; nothing goes out
+  // before it.)
+  begun_ = std::make_unique<Begun>(
+      Begun{n, version,
+            ctx_->dense_ring() != nullptr
+                ? nullptr
+                : std::make_unique<ParamClient::PushPull>(ctx_->params(), &grads_, version,
+                                                          static_cast<uint64_t>(n),
+                                                          stepped ? version + 1 : 0, &params_)});
   return absl::OkStatus();
 }
 
 absl::Status ScriptTrainer::PushTable(uint32_t table) {
   if (begun_ == nullptr) return absl::FailedPreconditionError("push outside a begun step");
-  begun_->exchange->Issue(table);
+  if (begun_->exchange != nullptr) begun_->exchange->Issue(table);
   return absl::OkStatus();
 }
 
 void ScriptTrainer::AbandonStep() {
   ahead_.reset();
-  FailBegunStep("the step begun by backward() was abandoned after some of its pushes went out");
+  FailBegunStep(ctx_->dense_ring() != nullptr
+                    ? "the step begun by backward() was abandoned (its batch is not trained)"
+                    : "the step begun by backward() was abandoned after some of its pushes "
+                      "went out");
 }
 
 void ScriptTrainer::FailBegunStep(const std::string& why) {
@@ -399,15 +413,31 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead
   std::vector<ParamClient::SparseKeys> grouped;
   std::vector<PushResult> sparse_pushed;
   if (s.ok()) s = IssueSparsePushes(version, n, stepped, &sparse, &grouped, &sparse_pushed);
+  DenseRing* const ring = ctx_->dense_ring();
   std::unique_ptr<ParamClient::PushPull> exchange;
   if (begun != nullptr) {
     exchange = std::move(begun->exchange);
-  } else if (s.ok()) {
+  } else if (s.ok() && ring == nullptr) {
     exchange = std::make_unique<ParamClient::PushPull>(ctx_->params(), &grads_, version,
                                                        static_cast<uint64_t>(n),
                                                        stepped ? version + 1 : 0, &params_);
   }
-  if (s.ok() && ahead) {
+  // The step's number: the pservers' (their sparse tables'), else the
+  // ring's.
+  uint64_t recorded = version;
+  if (s.ok() && ring != nullptr) {
+    // model.dense_sync allreduce (dense_ring.h): the dense gradients summed
+    // over the ring, the parameters after the step written into params_
+    // (the script's tensors) in place; once the sparse pushes are out (a
+    // member at the pservers' next-step barrier waits for them, not for
+    // this step).
+    absl::StatusOr<DenseRing::Done> done = ring->TrainStep(grads_, static_cast<uint64_t>(n));
+    if (!done.ok()) {
+      s = done.status();
+    } else if (!has_sparse_) {
+      recorded = done->step;
+    }
+  } else if (s.ok() && ahead) {
     s = exchange->FinishPush(&pushed);
     if (s.ok()) ahead_ = std::move(exchange);  // (its pulls land while the script computes)
   } else if (s.ok()) {
@@ -424,8 +454,8 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead
   for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.f);
   if (s.ok()) {
     ctx_->TraceSpan("step", "step", since,
-                    absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
-    ctx_->RecordStep(n, version, loss, correct, t1 - since, t1 - t0, pushed.stale_partitions > 0);
+                    absl::StrCat("\"step\": ", recorded, ", \"samples\": ", n));
+    ctx_->RecordStep(n, recorded, loss, correct, t1 - since, t1 - t0, pushed.stale_partitions > 0);
   }
   absl::MutexLock l(&mu_);
   --in_calls_;

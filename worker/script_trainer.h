@@ -93,6 +93,12 @@ class ScriptTrainer : public Trainer {
   // tables' values (the script's forward, layer by layer), SettleAhead for
   // all of them; every other call of the script's side settles them first
   // (LeaveTask and AbandonStep drop them).
+  // model.dense_sync allreduce: the dense gradients go through the
+  // workers' ring (TrainerContext::dense_ring), which writes the next
+  // parameters into params() in place; the sparse rows go to the pservers
+  // as above; `ahead` is ignored, and BeginStep/PushTable send nothing (a
+  // begun step not finished fails the task all the same: its batch is
+  // not trained).
   absl::Status Step(int n, double loss, int64_t correct, bool ahead = false);
   absl::Status WaitTables(const std::vector<uint32_t>& tables);
   absl::Status SettleAhead();
@@ -180,6 +186,7 @@ class ScriptTrainer : public Trainer {
   TrainerContext* const ctx_;
   // Set once by Declare, before declared_ is notified; read-only after.
   std::vector<TableSpec> tables_;
+  bool has_sparse_ = false;  // a sparse table among them
   absl::Notification declared_;
   absl::Notification values_in_;
   std::vector<std::vector<float>> params_;

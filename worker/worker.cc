@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +17,8 @@
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "storage/checkpoint_format.h"
+#include "storage/ring_checkpoint.h"
 #include "transport/data_plane_auth.h"
 #include "transport/transport_metrics.h"
 #include "worker/ctr_trainer.h"
@@ -125,6 +128,7 @@ Worker::~Worker() {
   // (Again: one started after a Shutdown; its thread pushes through
   // params_, which uses members destroyed before aggregator_ is.)
   if (aggregator_ != nullptr) aggregator_->Stop();
+  AwaitRingWriter(/*close=*/true);
   // (The trainer outlives the members below it: its exchanges go now.)
   if (script_ != nullptr) script_->DropExchanges();
 }
@@ -134,9 +138,15 @@ void Worker::Shutdown() {
   stop_.Notify();
   if (params_) params_->Cancel();
   if (heartbeat_.joinable()) heartbeat_.join();
+  // (A ring step the aggregator's thread waits in ends now, not at the
+  // ring's timeout: the member it waits for may have left with the job.)
+  if (dense_sync_ != nullptr) dense_sync_->Abort(absl::CancelledError("the worker is stopping"));
   http_.Shutdown();
   if (transport_) transport_->Shutdown();
   if (aggregator_ != nullptr) aggregator_->Stop();
+  // (After the aggregator's thread, which steps a hierarchical ring: a
+  // shard cut after this is written in place.)
+  AwaitRingWriter(/*close=*/true);
   if (trace_ != nullptr) {
     if (absl::Status s = trace_->Close(); !s.ok()) LOG(WARNING) << s;
   }
@@ -258,7 +268,7 @@ absl::Status Worker::Start() {
   STRATA_ASSIGN_OR_RETURN(proto::RegisterResponse resp,
                           agent_->Register(req, options_.register_timeout, stop_));
   node_id_ = resp.node_id();
-  if (allreduce) STRATA_RETURN_IF_ERROR(StartDenseSync());
+  if (allreduce) STRATA_RETURN_IF_ERROR(StartDenseSync(resp.ring_restore()));
   params_ = std::make_unique<ParamClient>(
       transport_.get(), node_id_, [this] { return FetchView(); },
       absl::Milliseconds(options_.config.cluster.request_timeout_ms));
@@ -312,8 +322,32 @@ void Worker::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(interval)) {
     proto::HeartbeatRequest req;
     req.set_epoch(params_->epoch());
+    std::set<uint64_t> sent;  // the ring checkpoint answers this beat carries
+    if (dense_ring_ != nullptr) {
+      req.set_ring_updates(ring_updates_.load());
+      absl::MutexLock l(&ring_ckpt_mu_);
+      for (const auto& r : ring_reports_) {
+        *req.add_ring_checkpoints() = r;
+        sent.insert(r.id());
+      }
+    }
     proto::HeartbeatResponse resp;
     absl::Status s = agent_->Heartbeat(std::move(req), interval, &resp);
+    if (s.ok() && dense_ring_ != nullptr) {
+      // An answer goes on in the heartbeats until the master asks for a
+      // newer one, or asks for none once it has had the answer. (One made
+      // after this beat left goes on: the ring may have learned of the
+      // ask before this worker's heartbeats did.)
+      absl::MutexLock l(&ring_ckpt_mu_);
+      ring_ask_ = resp.ring_checkpoint();
+      const uint64_t asked = ring_ask_.id();
+      ring_reports_.erase(std::remove_if(ring_reports_.begin(), ring_reports_.end(),
+                                         [&](const proto::RingCheckpointReport& r) {
+                                           return r.id() < asked ||
+                                                  (asked == 0 && sent.count(r.id()) > 0);
+                                         }),
+                          ring_reports_.end());
+    }
     if (HasReason(s, proto::REASON_DECLARED_DEAD)) {
       LOG(ERROR) << s;
       declared_dead_ = true;
@@ -322,6 +356,16 @@ void Worker::HeartbeatLoop() {
     if (!s.ok()) {
       LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
       continue;
+    }
+    if (dense_sync_ != nullptr && !ring_aborted_ && resp.job_state() == proto::JOB_SUCCEEDED) {
+      // The job is over: a step this worker idles in (it waits for tasks)
+      // may wait on the member that evaluated and left; it ends now, and
+      // the training thread asks the master what to do. (Only once it
+      // succeeded: no member trains then. A stopped or failed job's
+      // members finish their step and hear of it from the master.)
+      ring_aborted_ = true;
+      dense_sync_->Abort(absl::CancelledError(absl::StrCat(
+          "dense allreduce: the job is over (", proto::JobState_Name(resp.job_state()), ")")));
     }
     if (resp.epoch() != params_->epoch()) {
       // One try: this thread must go on heartbeating.
@@ -476,6 +520,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Worker::PullParams(uint64_t min_
 absl::Status Worker::Run() {
   if (options_.local_only) return RunLocal();
   absl::Status s = RunLoop();
+  // (A wait that ended because the host's aggregating thread failed: its
+  // error is the cause.)
+  if (!s.ok() && aggregator_ != nullptr && aggregator_->failed()) s = aggregator_->fatal();
   if (absl::IsInvalidArgument(s) || absl::IsDataLoss(s) || absl::IsNotFound(s)) {
     // Bad input stops every worker the same way: tell the master so the
     // job fails with the real cause.
@@ -504,8 +551,9 @@ absl::Status Worker::StartHostAggregation() {
             << segment->name();
   aggregator_ = std::make_unique<HostAggregator>(
       std::move(segment), params_.get(),
-      HostAggregator::Options{node_id_, options_.host,
-                              absl::Milliseconds(options_.config.cluster.request_timeout_ms)},
+      HostAggregator::Options{
+          node_id_, options_.host, absl::Milliseconds(options_.config.cluster.request_timeout_ms),
+          hierarchical() ? dense_ring_.get() : nullptr, hierarchical() ? &ring_tables_ : nullptr},
       sizes);
   aggregator_->Start();
   return absl::OkStatus();
@@ -520,6 +568,8 @@ absl::Status Worker::RunLoop() {
       return absl::AbortedError(
           absl::StrCat("worker ", options_.index, " was declared dead by the master"));
     }
+    // (Hierarchical allreduce: the host's ring member gave up re-forming.)
+    if (aggregator_ != nullptr) STRATA_RETURN_IF_ERROR(aggregator_->fatal());
     STRATA_ASSIGN_OR_RETURN(TaskSource::Lease lease, tasks_->Next());
     switch (lease.outcome) {
       case proto::LeaseTaskResponse::TASK: {
@@ -547,8 +597,16 @@ absl::Status Worker::RunLoop() {
       case proto::LeaseTaskResponse::EVALUATE:
         STRATA_RETURN_IF_ERROR(Settle());
         ReportProgress(false, 0, 0);
-        // (Allreduce: this worker's tables are the ring's, once it is in it.)
-        if (dense_ring_ != nullptr) STRATA_RETURN_IF_ERROR(dense_ring_->Join());
+        // (Allreduce: this worker's tables are the ring's, once it is in
+        // it; hierarchical: the host's, as its ring member published them.)
+        if (hierarchical() && aggregator_ != nullptr) {
+          STRATA_RETURN_IF_ERROR(
+              aggregator_
+                  ->AwaitParams(0, &trainer_->params(), [this] { return stop_.HasBeenNotified(); })
+                  .status());
+        } else if (dense_ring_ != nullptr) {
+          STRATA_RETURN_IF_ERROR(dense_ring_->Join());
+        }
         STRATA_RETURN_IF_ERROR(Evaluate(lease.min_version));
         break;
       case proto::LeaseTaskResponse::DONE:
@@ -566,7 +624,11 @@ absl::Status Worker::RunLoop() {
         return absl::OkStatus();
       default:  // WAIT
         STRATA_RETURN_IF_ERROR(Settle());
-        if (dense_ring_ != nullptr) {
+        if (hierarchical() && aggregator_ != nullptr) {
+          // The host's steps need this worker's, with no samples.
+          aggregator_->IdleFor(absl::Milliseconds(100), idle_zeros_,
+                               [this] { return stop_.HasBeenNotified(); });
+        } else if (dense_ring_ != nullptr) {
           // The others' steps need this worker's, with no samples.
           STRATA_RETURN_IF_ERROR(dense_ring_->IdleFor(absl::Milliseconds(100)));
         } else if (trainer_->pipelined()) {
@@ -654,7 +716,7 @@ absl::Status Worker::ListenForPeers() {
       });
 }
 
-absl::Status Worker::StartDenseSync() {
+absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
   STRATA_RETURN_IF_ERROR(InitLocalTables());
   // The ring's tables: the dense ones (a CTR model's sparse tables stay on
   // the pservers).
@@ -665,6 +727,14 @@ absl::Status Worker::StartDenseSync() {
     ring_tables.push_back(t);
     sizes.push_back(trainer_->params()[t].size());
   }
+  // Hierarchical: the ring's tables are the host aggregator's, apart from
+  // the model's (the training thread computes on them meanwhile).
+  std::vector<std::vector<float>>* tables = &trainer_->params();
+  if (hierarchical()) {
+    ring_tables_ = trainer_->params();
+    tables = &ring_tables_;
+    for (const auto& t : trainer_->params()) idle_zeros_.emplace_back(t.size(), 0.f);
+  }
   DenseSync::Options o;
   o.node_id = node_id_;
   o.optimizer = options_.config.optimizer;
@@ -672,27 +742,154 @@ absl::Status Worker::StartDenseSync() {
   // calls to the master between tasks.
   o.timeout = absl::Milliseconds(std::max(options_.config.cluster.request_timeout_ms, 10000));
   STRATA_ASSIGN_OR_RETURN(dense_sync_, DenseSync::Create(transport_.get(), o, sizes));
+  if (restore.shards_size() > 0) {
+    // A resumed job: the checkpoint's tables and optimizer state, which
+    // the first ring takes (unless one went on without this worker).
+    const std::vector<proto::CheckpointRingShard> shards(restore.shards().begin(),
+                                                         restore.shards().end());
+    STRATA_ASSIGN_OR_RETURN(
+        storage::RingState state,
+        storage::ReadRingState(options_.fs, restore.root(), shards, dense_sync_->total(),
+                               options_.config.job.name, options_.config.optimizer.type));
+    if (state.state_vectors != dense_sync_->state_vectors()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", restore.seq(), " under ", restore.root(), ": ",
+                       state.state_vectors, " optimizer state vectors per parameter, optimizer ",
+                       options_.config.optimizer.type, " keeps ", dense_sync_->state_vectors()));
+    }
+    std::vector<float*> ptrs;
+    for (size_t t : ring_tables) ptrs.push_back((*tables)[t].data());
+    if (absl::Status s = dense_sync_->Restore(state.step, state.updates, std::move(state.values),
+                                              std::move(state.state), ptrs);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("checkpoint ", restore.seq(), " under ",
+                                                 restore.root(), ": ", s.message()));
+    }
+    ring_updates_ = state.updates;
+    LOG(INFO) << "worker " << options_.index << ": allreduce tables from checkpoint "
+              << restore.seq() << " (step " << state.step << ", " << state.updates << " updates)";
+  }
   dense_sync_handler_.store(dense_sync_.get());
   DenseRing::Hooks hooks;
   hooks.fetch_view = [this] { return FetchView(); };
   hooks.epoch_seen = [this] { return params_->epoch(); };
   hooks.stopping = [this] { return stop_.HasBeenNotified(); };
+  if (options_.config.checkpoint.enabled) {
+    hooks.checkpoint_ask = [this] {
+      ring_updates_ = dense_sync_->updates();
+      absl::MutexLock l(&ring_ckpt_mu_);
+      return DenseSync::CheckpointAsk{ring_ask_.id(), ring_ask_.seq(), ring_ask_.cut()};
+    };
+    hooks.checkpoint_cut = [this](const DenseSync::CheckpointAsk& ask, DenseSync::Snapshot* snap,
+                                  const absl::Status& error) { WriteRingShard(ask, snap, error); };
+  }
   // A ring that failed: the next view comes once the master has declared
   // the lost member dead; past twice that and a request timeout, this
   // worker gives up (its restart makes a view of its own).
   const absl::Duration reform = absl::Milliseconds(2 * options_.config.cluster.dead_timeout_ms +
                                                    options_.config.cluster.request_timeout_ms);
-  dense_ring_ = std::make_unique<DenseRing>(dense_sync_.get(), node_id_, &trainer_->params(),
-                                            std::move(ring_tables), std::move(hooks), reform);
+  dense_ring_ =
+      std::make_unique<DenseRing>(dense_sync_.get(), node_id_, tables, std::move(ring_tables),
+                                  std::move(hooks), reform, /*by_host=*/hierarchical());
   metrics_.AddCallbackGauge("strata_worker_allreduce_rings_formed",
                             "Rings of the dense allreduce this worker has formed",
                             [this] { return static_cast<double>(dense_ring_->rings_formed()); });
   metrics_.AddCallbackGauge("strata_worker_allreduce_steps_failed",
                             "Dense allreduce steps that failed here (and were retried)",
                             [this] { return static_cast<double>(dense_ring_->steps_failed()); });
-  LOG(INFO) << "worker " << options_.index << ": dense tables by allreduce among the workers; "
-            << "data-plane listener " << transport_->listen_address();
+  LOG(INFO) << "worker " << options_.index << ": dense tables by allreduce among the workers"
+            << (hierarchical() ? " (hierarchical: each host's sum first)" : "")
+            << "; data-plane listener " << transport_->listen_address();
   return absl::OkStatus();
+}
+
+void Worker::WriteRingShard(const DenseSync::CheckpointAsk& ask, DenseSync::Snapshot* snap,
+                            const absl::Status& error) {
+  if (snap == nullptr || !error.ok()) {
+    AddRingReport(RingShardReport(ask, nullptr, error));
+    return;
+  }
+  // The shard is the snapshot's copy: the ring trains on while it is
+  // written (DESIGN.md: checkpoints are written asynchronously). A write
+  // still in flight (an earlier checkpoint's) is waited for first.
+  absl::MutexLock l(&ring_writer_mu_);
+  if (ring_writer_.joinable()) ring_writer_.join();
+  if (ring_writer_closed_) {
+    // Shutting down: no thread is started that nobody would join.
+    AddRingReport(RingShardReport(ask, snap, absl::OkStatus()));
+    return;
+  }
+  ring_writer_ = std::thread([this, ask, shard = std::move(*snap)] {
+    AddRingReport(RingShardReport(ask, &shard, absl::OkStatus()));
+  });
+}
+
+void Worker::AwaitRingWriter(bool close) {
+  absl::MutexLock l(&ring_writer_mu_);
+  if (ring_writer_.joinable()) ring_writer_.join();
+  if (close) ring_writer_closed_ = true;
+}
+
+void Worker::AddRingReport(proto::RingCheckpointReport r) {
+  absl::MutexLock l(&ring_ckpt_mu_);
+  ring_reports_.push_back(std::move(r));
+  while (ring_reports_.size() > 4) ring_reports_.erase(ring_reports_.begin());
+}
+
+proto::RingCheckpointReport Worker::RingShardReport(const DenseSync::CheckpointAsk& ask,
+                                                    const DenseSync::Snapshot* snap,
+                                                    const absl::Status& error) {
+  proto::RingCheckpointReport r;
+  r.set_id(ask.id);
+  r.set_seq(ask.seq);
+  r.set_cut(ask.cut);
+  if (!error.ok()) {
+    r.set_error(std::string(error.message()));
+    return r;
+  }
+  if (snap == nullptr) {
+    r.set_passed(true);
+    return r;
+  }
+  proto::CheckpointRingShardHeader h;
+  h.set_format_version(storage::kCheckpointFormatVersion);
+  h.set_job(options_.config.job.name);
+  h.set_seq(ask.seq);
+  h.set_rank(snap->rank);
+  h.set_ring_size(snap->ring_size);
+  h.set_ring_epoch(snap->ring_epoch);
+  h.set_begin(snap->begin);
+  h.set_end(snap->end);
+  h.set_total(snap->total);
+  h.set_optimizer(options_.config.optimizer.type);
+  h.set_state_vectors(snap->state_vectors);
+  h.set_state_count(snap->state_count);
+  h.set_step(snap->step);
+  h.set_updates(snap->updates);
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<proto::CheckpointFile> f =
+      storage::WriteRingShard(options_.fs, options_.config.checkpoint.dir, h, snap->values,
+                              snap->state, options_.config.checkpoint.compression_level);
+  if (!f.ok()) {
+    LOG(ERROR) << "worker " << options_.index << ": checkpoint " << ask.seq
+               << ": writing its ring shard failed: " << f.status();
+    r.set_error(std::string(f.status().message()));
+  } else {
+    proto::CheckpointRingShard* shard = r.mutable_shard();
+    shard->set_rank(snap->rank);
+    shard->set_begin(snap->begin);
+    shard->set_end(snap->end);
+    *shard->mutable_file() = *f;
+    shard->set_node_id(node_id_);
+    VLOG(1) << "checkpoint " << ask.seq << ": ring shard " << f->path() << " written in "
+            << absl::Now() - t0;
+  }
+  r.set_ring_size(snap->ring_size);
+  r.set_ring_epoch(snap->ring_epoch);
+  r.set_floats(snap->total);
+  r.set_step(snap->step);
+  r.set_updates(snap->updates);
+  return r;
 }
 
 absl::Status Worker::RunLocal() {

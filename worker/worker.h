@@ -157,7 +157,11 @@ class Worker : private TrainerContext {
   const JobConfig& config() const override { return options_.config; }
   storage::FileSystem* fs() const override { return options_.fs; }
   ParamClient* params() override { return params_.get(); }
-  bool stopping() const override { return stop_.HasBeenNotified(); }
+  // (Or the host's aggregating thread ended with an error, which Run
+  // returns: the training thread's waits end at once.)
+  bool stopping() const override {
+    return stop_.HasBeenNotified() || (aggregator_ != nullptr && aggregator_->failed());
+  }
   std::vector<int64_t> TaskRecordOrder(const proto::DataTask& task, int64_t begin,
                                        int64_t end) const override;
   void SetEpoch(int epoch) override { current_epoch_ = epoch; }
@@ -172,7 +176,9 @@ class Worker : private TrainerContext {
   // Settles the last step's push (acks, retries), if any.
   absl::Status SettlePush() override;
   HostAggregator* host_aggregator() override { return aggregator_.get(); }
-  DenseRing* dense_ring() override { return dense_ring_.get(); }
+  // (Hierarchical: the steps go through the host's aggregation, whose
+  // aggregating worker steps the ring.)
+  DenseRing* dense_ring() override { return hierarchical() ? nullptr : dense_ring_.get(); }
   transport::Transport* data_plane() override { return transport_.get(); }
   void SetPipelineStage(std::shared_ptr<PipelineStage> stage) override;
   bool tracing() const override { return trace_ != nullptr; }
@@ -193,7 +199,23 @@ class Worker : private TrainerContext {
   // ring's chunks (allreduce) and the previous pipeline stage's
   // micro-batches. Before registering: its address goes along.
   absl::Status ListenForPeers();
-  absl::Status StartDenseSync();
+  // `restore`: the allreduce tables of the checkpoint the job resumed
+  // from (RegisterResponse.ring_restore; empty when none).
+  absl::Status StartDenseSync(const proto::RingRestore& restore);
+  // The ring's part of checkpoint ask.seq (DenseRing::Hooks): this
+  // member's shard (moved from `snap`) written on ring_writer_, off the
+  // training thread, or the ring past the cut (`snap` null); answered in
+  // the heartbeats once done.
+  void WriteRingShard(const DenseSync::CheckpointAsk& ask, DenseSync::Snapshot* snap,
+                      const absl::Status& error);
+  // The report of a shard's write (or of none: `snap` null).
+  proto::RingCheckpointReport RingShardReport(const DenseSync::CheckpointAsk& ask,
+                                              const DenseSync::Snapshot* snap,
+                                              const absl::Status& error);
+  void AddRingReport(proto::RingCheckpointReport r) ABSL_LOCKS_EXCLUDED(ring_ckpt_mu_);
+  // Waits for the shard write in flight, if any; `close`: later shards
+  // are written in place, on the caller's thread (shutting down).
+  void AwaitRingWriter(bool close) ABSL_LOCKS_EXCLUDED(ring_writer_mu_);
   // SettlePush, then waits for the pull sent ahead, if any, and drops it.
   absl::Status Settle();
   absl::Status WaitForReadyView();
@@ -246,7 +268,29 @@ class Worker : private TrainerContext {
   // the DenseSync exists; the listener stops in Shutdown, before these go).
   std::unique_ptr<DenseSync> dense_sync_;
   std::unique_ptr<DenseRing> dense_ring_;
+  bool ring_aborted_ = false;  // the heartbeat thread's: the job is over
+  // Hierarchical allreduce (with cluster.aggregation node): the tables the
+  // ring writes into, the host aggregator's thread's (the host's workers
+  // read its parameters from the segment), and an idle step's gradients.
+  std::vector<std::vector<float>> ring_tables_;
+  std::vector<std::vector<float>> idle_zeros_;
+  bool hierarchical() const {
+    return options_.config.model.dense_sync == "allreduce" &&
+           options_.config.cluster.aggregation == "node";
+  }
   std::atomic<DenseSync*> dense_sync_handler_{nullptr};
+  // Ring checkpoints: the newest the master asked for (the heartbeat
+  // thread's), this worker's answers until the master asks no more, and
+  // the ring's updates (the training thread's, read by the heartbeats).
+  absl::Mutex ring_ckpt_mu_;
+  proto::RingCheckpointRequest ring_ask_ ABSL_GUARDED_BY(ring_ckpt_mu_);
+  std::vector<proto::RingCheckpointReport> ring_reports_ ABSL_GUARDED_BY(ring_ckpt_mu_);
+  std::atomic<uint64_t> ring_updates_{0};
+  // The thread writing this member's ring shard: one write at a time (the
+  // next waits for it), joined at Shutdown.
+  absl::Mutex ring_writer_mu_;
+  std::thread ring_writer_ ABSL_GUARDED_BY(ring_writer_mu_);
+  bool ring_writer_closed_ ABSL_GUARDED_BY(ring_writer_mu_) = false;
   std::vector<std::unique_ptr<Optimizer>> local_optimizers_;  // local_only
   HttpServer http_;
   MetricsRegistry metrics_;

@@ -398,7 +398,8 @@ class Job:
         gradients afterwards (PyTorch's tensors, not the worker's memory,
         until step()): changing them (clipping) no longer changes what was
         pushed. A model on a GPU pushes at step() (its gradients are copied
-        first)."""
+        first). With model.dense_sync allreduce nothing goes out before
+        step(): the workers' ring steps the dense tables together."""
         if self._staged or not self._direct or self._core.preempted:
             loss.backward()
             return
@@ -439,7 +440,10 @@ class Job:
         then the next step's parameters pulled into the parameters in place
         (bsp: once every worker's step is applied). `loss` and `correct` go
         to the progress reports. The gradients are zeroed for the next step.
-        `batch_size` defaults to backward()'s, else to job.batch_size."""
+        `batch_size` defaults to backward()'s, else to job.batch_size.
+        With model.dense_sync allreduce the dense gradients are summed over
+        the workers' ring instead, and the parameters after the step land
+        in place the same way (docs/python.md)."""
         if self._core.preempted:  # stopped by a preemption notice: the task ends here
             self._ahead = False
             if self._begun:  # its pushes are out: settled (or cut) by the core

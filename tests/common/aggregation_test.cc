@@ -47,6 +47,40 @@ TEST(StepMembersTest, AHostsWorkersAreOneMember) {
                                               Pair(6, HostMember("b"))));
 }
 
+// Hierarchical allreduce: each host's ring member is its lowest worker in
+// the job, ALIVE or FINISHED (one that ran out of data tasks keeps its
+// seat and optimizer shards); hosts with neither (dead, joining, drained)
+// have none.
+TEST(RingLeadersByHostTest, TheLowestWorkerInTheJob) {
+  proto::ClusterView view;
+  view.set_aggregation_key(9);
+  AddWorker(&view, 3, proto::FINISHED, "a");
+  AddWorker(&view, 5, proto::ALIVE, "a");
+  AddWorker(&view, 4, proto::ALIVE, "a");
+  AddWorker(&view, 8, proto::FINISHED, "b");
+  AddWorker(&view, 6, proto::FINISHED, "b");
+  AddWorker(&view, 2, proto::DEAD, "b");
+  AddWorker(&view, 7, proto::JOINING, "c");
+  AddWorker(&view, 1, proto::DRAINED, "c");
+  EXPECT_THAT(RingLeadersByHost(view), ElementsAre(Pair("a", 3), Pair("b", 6)));
+}
+
+// A host's FINISHED worker (its ring member, which pushes the host's
+// sparse rows) pushes for the host while the host has a live worker; a
+// host with none is no member.
+TEST(StepMembersTest, AFinishedWorkerPushesForItsHost) {
+  proto::ClusterView view;
+  view.set_aggregation_key(9);
+  AddWorker(&view, 3, proto::FINISHED, "a");
+  AddWorker(&view, 4, proto::ALIVE, "a");
+  AddWorker(&view, 5, proto::FINISHED, "b");
+  AddWorker(&view, 6, proto::DEAD, "b");
+  std::map<uint32_t, uint32_t> member_of;
+  EXPECT_THAT(StepMembers(view, 1, &member_of), ElementsAre(HostMember("a")));
+  EXPECT_THAT(member_of, UnorderedElementsAre(Pair(3, HostMember("a")), Pair(4, HostMember("a")),
+                                              Pair(5, HostMember("b"))));
+}
+
 // Seats by the workers' indices (a restart keeps its index): index i is
 // stage i % K of group i / K; a group missing an index has no seats.
 TEST(PipelineSeatsTest, WorkersInTheJobByIndexInGroups) {

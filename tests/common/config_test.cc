@@ -610,22 +610,33 @@ TEST(ParseJobConfigTest, DenseSyncAllreduceIsRefusedWhereItIsNotBuiltNamingTheKe
   ExpectError(ParseWithData("job:\n  consistency: asp\nmodel:\n  dense_sync: allreduce\n"),
               "local.yaml:9:15: ", "model.dense_sync: allreduce steps every worker together",
               "this job's consistency is asp");
-  ExpectError(ParseWithData("model:\n  dense_sync: allreduce\ncluster:\n  aggregation: node\n"),
-              "local.yaml:7:15: ", "model.dense_sync: allreduce with cluster.aggregation node");
-  ExpectError(ParseWithData("model:\n  dense_sync: allreduce\n"
-                            "checkpoint:\n  dir: /tmp/ckpt\n"),
-              "local.yaml:7:15: ", "model.dense_sync: allreduce tables live on the workers");
+  // With node-local aggregation the ring is hierarchical.
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      c, ParseWithData("model:\n  dense_sync: allreduce\ncluster:\n  aggregation: node\n"));
+  EXPECT_EQ(c.cluster.aggregation, "node");
+  // (Its tables are checkpointed by the workers' ring.)
+  STRATA_ASSERT_OK_AND_ASSIGN(c, ParseWithData("model:\n  dense_sync: allreduce\n"
+                                               "checkpoint:\n  dir: /tmp/ckpt\n"));
+  EXPECT_TRUE(c.checkpoint.enabled);
   // A CTR model's dense tables by allreduce, its sparse ones on the
-  // pservers; a training script's all on the pservers.
+  // pservers; a training script's likewise, when model.tables lists them.
   STRATA_ASSERT_OK_AND_ASSIGN(
       c, ParseJobConfig("model:\n  type: wide_deep\n  dense_sync: allreduce\n"
                         "data:\n  format: criteo\n  train: /d/train.txt\n  test: /d/test.txt\n",
                         "ctr.yaml"));
   for (const TableSpec& t : ModelTables(c.model)) EXPECT_EQ(t.allreduce, !t.sparse) << t.name;
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      c, ParseWithData("model:\n  type: script\n  dense_sync: allreduce\n  tables:\n"
+                       "    - {name: w, shape: [3, 2]}\n    - {name: e, dim: 4}\n"
+                       "worker:\n  command: [/usr/bin/python3, t.py]\n"));
+  const std::vector<TableSpec> script_tables = ModelTables(c.model);
+  ASSERT_EQ(script_tables.size(), 2u);
+  EXPECT_TRUE(script_tables[0].allreduce);
+  EXPECT_FALSE(script_tables[1].allreduce);
   ExpectError(ParseWithData("model:\n  type: script\n  dense_sync: allreduce\n"
                             "worker:\n  command: [/usr/bin/python3, t.py]\n"),
-              "local.yaml:8:15: ", "allreduce is built for model.type mlp and wide_deep so far",
-              "model.type script keeps its dense tables on the pservers");
+              "local.yaml:8:15: ", "allreduce with model.type script needs the script's tables",
+              "model.tables");
 }
 
 TEST(ParseJobConfigTest, PipelineStagesAndTheirRefusalsNameTheKey) {

@@ -7,7 +7,9 @@
 # bit for bit). Then a corrupt newest checkpoint is refused, naming its file,
 # and the previous one is used; a checkpoint of another job is refused; and
 # a Wide & Deep job on sparse tables, stopped at an incremental checkpoint,
-# resumes to the same model too.
+# resumes to the same model too. Last, a job whose dense tables are kept by
+# allreduce among the workers: its ring shards checkpointed, stopped and
+# resumed to the same model; and a ring of 2 resumed from its 2 shards.
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 [[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
@@ -136,3 +138,69 @@ auc_b="$(json_field "$work/cb2/summary.json" final_test_auc)"
 [[ "$auc_a" == "$auc_b" ]] || fail "test AUC $auc_b after resuming, $auc_a uninterrupted"
 assert_nothing_left "$work"
 echo "ok: sparse tables: stopped at an incremental checkpoint, resumed, same model (AUC $auc_b)"
+
+# 7. Dense tables by allreduce among the workers (model.dense_sync:
+#    allreduce; docs/checkpoint-format.md "Allreduce tables"): each ring
+#    member writes its shard of the tables and of the optimizer state.
+#    One worker (a deterministic run): checkpointed on request, stopped at a
+#    second checkpoint, resumed, it ends with the model of the run never
+#    stopped, bit for bit.
+ar_config() {  # ar_config FILE CHECKPOINT_DIR PORT_BASE
+  ckpt_config "$1" "$2" "$3"
+  # (All of Fashion-MNIST: a job of a few seconds, which the checkpoints
+  # must catch while it trains.)
+  sed -i 's/^  activation: relu$/  activation: relu\n  dense_sync: allreduce/; s/^  train_limit: 24000$/  train_limit: 60000/' "$1"
+  grep -q '^  dense_sync: allreduce$' "$1" || fail "no model section to change"
+}
+ar_config "$work/ra.yaml" "$work/ck-ra" "$(pick_port_base)"
+launch --config "$work/ra.yaml" --run-dir "$work/ra" || fail "uninterrupted allreduce run failed"
+grep -q "placed 0 partition(s)" "$work/ra/logs/master-0.log" || fail "the allreduce tables went to the pservers"
+"$STRATA" checkpoint verify --dir "$(ls -d "$work/ck-ra"/ckpt-* | sort | tail -n 1)" | grep -q ", 1 ring shards," ||
+  fail "the final checkpoint has no ring shard"
+want="$(final_digest "$work/ck-ra")"
+base="$(pick_port_base)"
+ar_config "$work/rb.yaml" "$work/ck-rb" "$base"
+launch --config "$work/rb.yaml" --run-dir "$work/rb" > "$work/rb.out" 2>&1 &
+launcher=$!
+wait_steps "127.0.0.1:$base" 100
+"$STRATA" checkpoint --master "127.0.0.1:$base" > "$work/rck1.out" || { cat "$work/rck1.out"; fail "strata checkpoint failed (allreduce)"; }
+wait_steps "127.0.0.1:$base" 250
+"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/rstop.out" ||
+  { cat "$work/rstop.out"; tail -n 20 "$work/rb/logs/master-0.log"; fail "strata checkpoint --stop failed (allreduce)"; }
+expect_stopped "$work/rb.out" "stopped allreduce run"
+launch --config "$work/rb.yaml" --run-dir "$work/rb2" --resume latest || fail "resumed allreduce run failed"
+[[ "$(json_field "$work/rb2/summary.json" resumed_from)" == 2 ]] || fail "the allreduce job did not resume from checkpoint 2"
+grep -q "allreduce tables from checkpoint 2" "$work/rb2/logs/worker-0.log" ||
+  fail "the worker did not restore the ring's tables: $(grep -i 'allreduce\|checkpoint' "$work/rb2/logs/worker-0.log" | head)"
+got="$(final_digest "$work/ck-rb")"
+[[ "$got" == "$want" ]] || fail "resumed allreduce final state $got differs from the uninterrupted run's $want"
+acc_a="$(json_field "$work/ra/summary.json" final_test_accuracy)"
+acc_b="$(json_field "$work/rb2/summary.json" final_test_accuracy)"
+[[ "$acc_a" == "$acc_b" ]] || fail "allreduce test accuracy $acc_b after resuming, $acc_a uninterrupted"
+echo "ok: allreduce tables: stopped, resumed, same model (accuracy $acc_b)"
+
+# A ring of 2: the shards of both, restored by both (the ring's first
+#    Form brings the checkpoint's state in); the job trains on to its
+#    accuracy.
+printf '127.0.0.1 master pserver=1 worker=2\n' > "$work/hosts"
+base="$(pick_port_base)"
+ar_config "$work/rc.yaml" "$work/ck-rc" "$base"
+launch --config "$work/rc.yaml" --run-dir "$work/rc" > "$work/rc.out" 2>&1 &
+launcher=$!
+wait_steps "127.0.0.1:$base" 150
+"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/rcstop.out" ||
+  { cat "$work/rcstop.out"; fail "strata checkpoint --stop failed (ring of 2)"; }
+expect_stopped "$work/rc.out" "stopped ring of 2"
+"$STRATA" checkpoint verify --dir "$work/ck-rc/ckpt-00000001" | grep -q ", 2 ring shards," ||
+  fail "the checkpoint of a ring of 2 has not 2 shards: $("$STRATA" checkpoint verify --dir "$work/ck-rc/ckpt-00000001")"
+launch --config "$work/rc.yaml" --run-dir "$work/rc2" --resume latest || fail "resumed ring of 2 failed"
+for w in 0 1; do
+  grep -q "allreduce tables from checkpoint 1" "$work/rc2/logs/worker-$w.log" ||
+    fail "worker $w did not restore the ring's tables"
+done
+grep -q "the optimizer state is the checkpoint's" "$work/rc2/logs/worker-0.log" "$work/rc2/logs/worker-1.log" ||
+  fail "the first ring did not take the checkpoint's state"
+acc="$(json_field "$work/rc2/summary.json" final_test_accuracy)"
+(( $(python3 -c "print(int($acc * 1000))") >= 780 )) || fail "the resumed ring of 2 reached $acc test accuracy (< 0.78)"
+assert_nothing_left "$work"
+echo "ok: a ring of 2 stopped and resumed from its 2 shards (accuracy $acc)"

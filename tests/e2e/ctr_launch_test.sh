@@ -13,7 +13,8 @@
 #   allreduce  bsp's, with the dense tables (the deep part, the wide
 #         part's dense weights) by allreduce among the workers
 #         (model.dense_sync: allreduce) and only the sparse tables on the
-#         pservers: the same AUC.
+#         pservers: the same AUC; checkpoints every 150 steps hold the
+#         sparse partitions and the ring's shards of the dense tables.
 # Checks: launch.sh exits 0; the training file is cut into byte ranges,
 # not read whole; summary.json carries final_test_auc,
 # final_test_logloss and the planted model's figures, with the AUC close
@@ -45,6 +46,10 @@ printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
 if [[ $MODE == allreduce ]]; then
   sed -i 's/^  type: wide_deep$/  type: wide_deep\n  dense_sync: allreduce/' "$work/ctr.yaml"
   grep -q '^  dense_sync: allreduce$' "$work/ctr.yaml" || fail "no model section to change"
+  # Checkpoints every 150 steps: the pservers' sparse partitions and the
+  # workers' ring shards of the dense tables, at one cut.
+  printf 'checkpoint:\n  dir: %s\n  every_steps: 150\n  every_seconds: 0\n  keep_last: 2\n' \
+    "$work/ckpt" >> "$work/ctr.yaml"
 fi
 if [[ $MODE == grow ]]; then
   printf 'elastic:\n  max_pservers: 3\n' >> "$work/ctr.yaml"
@@ -122,6 +127,19 @@ if [[ $MODE == allreduce ]]; then
   done
   grep -q "placed 16 partition(s) of 7 table(s)" "$work/master.log" ||
     fail "the pservers were given partitions of allreduce tables: $(grep placed "$work/master.log")"
+  # Checkpoints by steps and the final one, each with the 16 partitions
+  # and the ring's 2 shards, read back whole.
+  grep -q "checkpoint [0-9]* (steps, " "$work/master.log" || fail "no checkpoint by steps: $(grep -i checkpoint "$work/master.log" | tail -5)"
+  last="$(ls -d "$work/ckpt"/ckpt-* | sort | tail -n 1)"
+  "$STRATA" checkpoint verify --dir "$last" | tee "$work/verify.out" | grep -q "16 partitions, 2 ring shards," ||
+    fail "the last checkpoint is not of 16 partitions and 2 ring shards: $(cat "$work/verify.out")"
+  # Its inference export: the 5 dense tables put together from the ring's
+  # shards, a partition each, beside the 16 sparse ones.
+  "$STRATA" checkpoint export --dir "$last" --out "$work/export" --precision bf16 |
+    tee "$work/export.out" | grep -q "21 partitions" ||
+    fail "the export is not of 21 partitions: $(cat "$work/export.out")"
+  "$STRATA" checkpoint verify --dir "$work/export" > "$work/verify-export.out" ||
+    fail "the export does not verify: $(cat "$work/verify-export.out")"
 fi
 if [[ $MODE == grow ]]; then
   cat "$work/scale.out"

@@ -9,6 +9,11 @@
 // manifest's size and crc32c first), checkpointed again and restored once
 // more; and exported (ExportCheckpoint through a manifest naming it).
 //
+// A file whose header block is a ring shard's (stream 9, the allreduce
+// tables' checkpoint: storage/ring_checkpoint.h) is read as a shard of a
+// flat space its header sizes (ReadRingState), written again and read
+// back; and, as a partition file, refused naming the file.
+//
 // Checked beyond "a Status, never a crash": a file reads the same with and
 // without the manifest's whole-file checksum; what was restored can be
 // written and restored again, to the same values.
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "common/crc32c.h"
@@ -36,6 +42,7 @@
 #include "storage/checkpoint_export.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
+#include "storage/ring_checkpoint.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace strata::pserver {
@@ -50,6 +57,8 @@ constexpr size_t kBlockHeaderBytes = 20;
 // Partitions made for a header are at most this large.
 constexpr uint64_t kMaxLength = 4096;
 constexpr uint32_t kMaxDim = 64;
+// Ring shards read are of flat spaces at most this large.
+constexpr uint64_t kMaxRingFloats = 4096;
 
 // `bytes` with the crc32c of every whole block set to fit it.
 std::string FitBlockChecksums(std::string bytes) {
@@ -150,6 +159,51 @@ void Export(storage::FileSystem* fs, const proto::CheckpointPartitionHeader& h,
                                   0);
 }
 
+// Reads the file as the only shard of a flat space that its header sizes
+// (when that header says it covers the whole of one of at most
+// kMaxRingFloats floats); when that works, writes the state again as one
+// shard and reads it back, to the same state.
+void RingShard(storage::FileSystem* fs, const proto::CheckpointRingShardHeader& h,
+               const proto::CheckpointFile& file) {
+  if (h.total() > kMaxRingFloats) return;
+  proto::CheckpointRingShard shard;
+  shard.set_begin(h.begin());
+  shard.set_end(h.end());
+  *shard.mutable_file() = file;
+  absl::StatusOr<storage::RingState> state =
+      storage::ReadRingState(fs, kRoot, {shard}, h.total(), h.job(), h.optimizer());
+  if (!state.ok()) return;
+
+  proto::CheckpointRingShardHeader again = h;
+  again.set_seq(2);
+  again.set_begin(0);
+  again.set_end(h.total());
+  std::string saved;
+  if (h.state_count() && state->state_vectors > 0) {
+    saved.append(reinterpret_cast<const char*>(&state->updates), sizeof(uint64_t));
+  }
+  saved.append(reinterpret_cast<const char*>(state->state.data()),
+               state->state.size() * sizeof(float));
+  absl::StatusOr<proto::CheckpointFile> written =
+      storage::WriteRingShard(fs, kRoot, again, state->values, saved, 1);
+  CHECK(written.ok()) << written.status();
+  shard.set_begin(0);
+  shard.set_end(h.total());
+  *shard.mutable_file() = *written;
+  absl::StatusOr<storage::RingState> back =
+      storage::ReadRingState(fs, kRoot, {shard}, h.total(), h.job(), h.optimizer());
+  CHECK(back.ok()) << "a ring shard's state written again does not read: " << back.status();
+  CHECK_EQ(back->step, state->step);
+  CHECK_EQ(back->updates, state->updates);
+  CHECK_EQ(back->state_vectors, state->state_vectors);
+  CHECK(back->values.size() == state->values.size() &&
+        (back->values.empty() || std::memcmp(back->values.data(), state->values.data(),
+                                             back->values.size() * sizeof(float)) == 0));
+  CHECK(back->state.size() == state->state.size() &&
+        (back->state.empty() || std::memcmp(back->state.data(), state->state.data(),
+                                            back->state.size() * sizeof(float)) == 0));
+}
+
 void Run(const std::string& input) {
   std::unique_ptr<storage::FileSystem> fs = storage::NewMemoryFileSystem();
   const std::string path = storage::JoinPath(kRoot, kRel);
@@ -172,8 +226,16 @@ void Run(const std::string& input) {
   if (!streams.ok()) return;
   CHECK(*streams == *checked);
 
+  proto::CheckpointRingShardHeader ring;
+  if (storage::ParseHeaderBlock(*streams, BlockType::kRingHeader, path, &ring).ok()) {
+    RingShard(fs.get(), ring, file);
+  }
   proto::CheckpointPartitionHeader h;
-  if (!h.ParseFromString(streams->at(BlockType::kHeader))) return;
+  const absl::Status parsed = storage::ParseHeaderBlock(*streams, BlockType::kHeader, path, &h);
+  if (!parsed.ok()) {
+    CHECK(absl::StrContains(parsed.message(), path)) << parsed;
+    return;
+  }
   Restore(fs.get(), h, file);
   Export(fs.get(), h, file);
 }

@@ -36,6 +36,7 @@
 #include "pserver/sparse_table.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
+#include "storage/ring_checkpoint.h"
 #include "tests/fuzz/checkpoint_seed.h"
 #include "transport/data_plane_auth.h"
 #include "transport/rdma/rdma_hello.h"
@@ -288,6 +289,34 @@ void WriteCheckpoints() {
   Write("checkpoint_manifest", "seed-manifest-dense-only", storage::EncodeManifest(m));
   Write("checkpoint_block", "seed-dense-sgd", files.at(kSeedDenseFile));
   Write("checkpoint_block", "seed-sparse-sgd", files.at(kSeedSparseFile));
+  {
+    // A ring shard's file (the allreduce tables': storage/ring_checkpoint.h),
+    // the whole of a flat space of 6 floats with adam's state.
+    std::unique_ptr<storage::FileSystem> ring_fs = storage::NewMemoryFileSystem();
+    proto::CheckpointRingShardHeader h;
+    h.set_format_version(storage::kCheckpointFormatVersion);
+    h.set_job("seed");
+    h.set_seq(1);
+    h.set_ring_size(1);
+    h.set_ring_epoch(2);
+    h.set_end(6);
+    h.set_total(6);
+    h.set_optimizer("adam");
+    h.set_state_vectors(2);
+    h.set_state_count(true);
+    h.set_step(4);
+    h.set_updates(3);
+    const std::vector<float> values = {0.5f, -1.f, 2.f, 0.25f, 0.f, -3.5f};
+    std::string state;
+    AppendRaw(&state, uint64_t{3});
+    for (int i = 0; i < 12; ++i) AppendRaw(&state, 0.125f * static_cast<float>(i));
+    absl::StatusOr<proto::CheckpointFile> f =
+        storage::WriteRingShard(ring_fs.get(), "root", h, values, state, 3);
+    CHECK(f.ok()) << f.status();
+    absl::StatusOr<std::string> bytes = ring_fs->ReadFile(storage::JoinPath("root", f->path()));
+    CHECK(bytes.ok()) << bytes.status();
+    Write("checkpoint_block", "seed-ring-shard-adam", *bytes);
+  }
 
   // Files of partitions that trained a little, written by the pserver's
   // own code: a dense adam partition, and a sparse one's full image and

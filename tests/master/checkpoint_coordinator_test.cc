@@ -1,8 +1,11 @@
 #include "master/checkpoint_coordinator.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +23,7 @@
 #include "master/pserver_calls.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
+#include "storage/ring_checkpoint.h"
 #include "tests/testing/status_matchers.h"
 
 namespace strata::master {
@@ -50,12 +54,18 @@ class FakePServer final : public proto::PServerAdmin::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status CheckpointPartitions(grpc::ServerContext*,
+  grpc::Status CheckpointPartitions(grpc::ServerContext* ctx,
                                     const proto::CheckpointPartitionsRequest* req,
                                     proto::CheckpointPartitionsResponse* resp) override {
     absl::MutexLock l(&mu_);
     requests_.push_back(*req);
     if (!fail_.ok()) return ToGrpcStatus(fail_);
+    // As a pserver does: a bsp cut ahead of the partitions is waited for
+    // (until the call is cancelled, or its deadline).
+    while (wait_for_cut_ && req->at_version() && version_ < req->version()) {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      mu_.AwaitWithTimeout(absl::Condition::kTrue, absl::Milliseconds(10));
+    }
     if (cut_passed_ > 0) {
       --cut_passed_;
       return ToGrpcStatus(
@@ -111,6 +121,10 @@ class FakePServer final : public proto::PServerAdmin::Service {
     absl::MutexLock l(&mu_);
     cut_passed_ = times;
   }
+  void WaitForCut(bool wait) {
+    absl::MutexLock l(&mu_);
+    wait_for_cut_ = wait;
+  }
   void set_unchanged(bool u) {
     absl::MutexLock l(&mu_);
     unchanged_ = u;
@@ -127,6 +141,7 @@ class FakePServer final : public proto::PServerAdmin::Service {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fail_ ABSL_GUARDED_BY(mu_);
   int cut_passed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool wait_for_cut_ ABSL_GUARDED_BY(mu_) = false;
   bool unchanged_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<proto::CheckpointPartitionsRequest> requests_ ABSL_GUARDED_BY(mu_);
   absl::Status assign_fail_ ABSL_GUARDED_BY(mu_);
@@ -138,6 +153,16 @@ class FakePServer final : public proto::PServerAdmin::Service {
 class FakeMaster final : public CheckpointCoordinator::Master {
  public:
   Cluster CheckpointCluster(bool with_view) override {
+    Cluster c = Read(with_view);
+    std::function<void()> after;
+    {
+      absl::MutexLock l(&mu_);
+      after = std::exchange(after_read, nullptr);
+    }
+    if (after) after();
+    return c;
+  }
+  Cluster Read(bool with_view) {
     absl::MutexLock l(&mu_);
     Cluster c;
     c.ready = ready;
@@ -183,6 +208,9 @@ class FakeMaster final : public CheckpointCoordinator::Master {
   std::vector<std::optional<uint64_t>> cuts ABSL_GUARDED_BY(mu_);
   uint64_t stopped_after ABSL_GUARDED_BY(mu_) = 0;
   int final_done ABSL_GUARDED_BY(mu_) = 0;
+  // Run once, after the next read of the cluster (what happens between
+  // that read and the coordinator's next step).
+  std::function<void()> after_read ABSL_GUARDED_BY(mu_);
 };
 
 class CheckpointCoordinatorTest : public ::testing::Test {
@@ -515,6 +543,175 @@ TEST_F(CheckpointCoordinatorTest, ARestartedMasterCarriesOnTheSequenceAndTheCoun
   EXPECT_EQ(saved.next_checkpoint_seq(), 9u);
   EXPECT_EQ(saved.checkpoints_done(), 4u);
   EXPECT_EQ(Status().last_checkpoint_seq(), 8u);
+}
+
+// model.dense_sync allreduce: the workers' ring writes the dense tables'
+// shards (storage/ring_checkpoint.h). The coordinator asks for them in the
+// workers' heartbeat responses beside the pservers' calls; a ring past the
+// cut is asked again further ahead (a new id); the shards of one ring that
+// tile the tables join the manifest; a resumed job hands them to its
+// workers until the ring has gone past them.
+TEST_F(CheckpointCoordinatorTest, TheRingsShardsJoinTheManifestAndARingPastTheCutIsAskedAgain) {
+  config_.model.dense_sync = "allreduce";
+  config_.cluster.heartbeat_interval_ms = 50;
+  uint64_t floats = 0;
+  for (const TableSpec& t : ModelTables(config_.model)) {
+    if (t.allreduce) floats += t.num_elements();
+  }
+  ASSERT_GT(floats, 10u);
+  CheckpointCoordinator& c = Make();
+  ps1_.set_version(41);
+  ps2_.set_version(41);
+  // Two workers, nodes 5 and 6: the ring is at update 30 (behind the
+  // pservers' heartbeats here: the newest counts).
+  auto beat = [&](uint32_t node, std::vector<proto::RingCheckpointReport> reports) {
+    proto::HeartbeatRequest req;
+    req.set_ring_updates(30);
+    for (auto& r : reports) *req.add_ring_checkpoints() = r;
+    proto::HeartbeatResponse resp;
+    c.RingBeat(node, req, &resp);
+    return resp.ring_checkpoint();
+  };
+  absl::StatusOr<proto::CheckpointResponse> result;
+  std::thread checkpoint([&] { result = c.Checkpoint("request", false); });
+  std::vector<proto::RingCheckpointRequest> asks;
+  for (int i = 0; i < 400 && asks.size() < 2; ++i) {
+    const proto::RingCheckpointRequest ask = beat(5, {});
+    if (ask.id() == 0 || (!asks.empty() && ask.id() == asks.back().id())) {
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    asks.push_back(ask);
+    proto::RingCheckpointReport r;
+    r.set_id(ask.id());
+    r.set_seq(ask.seq());
+    r.set_cut(ask.cut());
+    if (asks.size() == 1) {  // the first: the ring was past it
+      r.set_passed(true);
+      beat(6, {r});
+      continue;
+    }
+    r.set_ring_size(2);
+    r.set_ring_epoch(9);
+    r.set_floats(floats);
+    r.set_step(ask.cut() + 3);  // (idle steps besides)
+    r.set_updates(ask.cut());
+    std::vector<proto::RingCheckpointReport> shards;
+    for (uint32_t rank : {0u, 1u}) {
+      proto::RingCheckpointReport s = r;
+      s.mutable_shard()->set_rank(rank);
+      s.mutable_shard()->set_begin(rank == 0 ? floats / 2 : 0);
+      s.mutable_shard()->set_end(rank == 0 ? floats : floats / 2);
+      s.mutable_shard()->mutable_file()->set_path(storage::RingShardFileName(ask.seq(), 9, rank));
+      s.mutable_shard()->mutable_file()->set_size(100 + rank);
+      shards.push_back(s);
+    }
+    // A shard of another ring first (a member that formed a newer one):
+    // it does not complete the checkpoint on its own.
+    proto::RingCheckpointReport stray = shards[1];
+    stray.set_ring_epoch(10);
+    beat(7, {stray});
+    beat(5, {shards[0]});
+    beat(6, {shards[1]});
+  }
+  checkpoint.join();
+  ASSERT_EQ(asks.size(), 2u);
+  EXPECT_EQ(asks[0].seq(), 1u);
+  EXPECT_EQ(asks[0].root(), kRoot);
+  EXPECT_EQ(asks[0].cut(), 57u);  // 41 + 16
+  EXPECT_EQ(asks[1].seq(), 1u);
+  EXPECT_GT(asks[1].id(), asks[0].id());
+  EXPECT_EQ(asks[1].cut(), 105u);  // 41 + 64
+  ASSERT_THAT(result.status(), IsOk());
+  EXPECT_EQ(result->step(), 105u);  // the pservers' cut
+  auto m =
+      storage::ReadManifest(fs_.get(), storage::JoinPath(kRoot, storage::CheckpointDirName(1)));
+  ASSERT_THAT(m.status(), IsOk());
+  ASSERT_EQ(m->ring_shards_size(), 2);
+  EXPECT_EQ(m->ring_floats(), floats);
+  EXPECT_EQ(m->ring_updates(), 105u);
+  EXPECT_EQ(m->ring_step(), 108u);
+  EXPECT_EQ(m->ring_shards(0).begin(), 0u);  // in the order of the flat space
+  EXPECT_EQ(m->ring_shards(1).begin(), floats / 2);
+  // Asked no more: the heartbeats' responses say so.
+  EXPECT_EQ(beat(5, {}).id(), 0u);
+  // A worker restarting now (the ring has not passed update 105) starts
+  // from the newest checkpoint.
+  ASSERT_TRUE(c.RingRestore().has_value());
+  EXPECT_EQ(c.RingRestore()->seq(), 1u);
+
+  // Resumed from it: registering workers get its shards while the ring
+  // has not gone past them.
+  CheckpointCoordinator& resumed = Make();
+  resumed.Resume(ResumePoint{kRoot, *m});
+  std::optional<proto::RingRestore> restore = resumed.RingRestore();
+  ASSERT_TRUE(restore.has_value());
+  EXPECT_EQ(restore->seq(), 1u);
+  EXPECT_EQ(restore->shards_size(), 2);
+  EXPECT_EQ(restore->updates(), 105u);
+  proto::HeartbeatRequest later;
+  later.set_ring_updates(106);
+  proto::HeartbeatResponse resp;
+  resumed.RingBeat(5, later, &resp);
+  EXPECT_FALSE(resumed.RingRestore().has_value());
+}
+
+// A ring that writes no whole set of shards fails the checkpoint in
+// checkpoint.timeout_seconds, naming what came; the previous stays.
+TEST_F(CheckpointCoordinatorTest, ARingThatWritesNoWholeSetFailsTheCheckpoint) {
+  config_.model.dense_sync = "allreduce";
+  config_.checkpoint.timeout_seconds = 1;
+  CheckpointCoordinator& c = Make();
+  auto r = c.Checkpoint("request", false);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("the workers' ring wrote no whole set of shards"));
+  EXPECT_FALSE(c.last_manifest().has_value());
+}
+
+// A checkpoint of a job whose dense tables were on the pservers does not
+// resume one that keeps them by allreduce (nor the other way round): the
+// refusal names the table and where each keeps it.
+TEST_F(CheckpointCoordinatorTest, ACheckpointOfPServerTablesDoesNotResumeAnAllreduceJob) {
+  CheckpointCoordinator& c = Make();
+  ASSERT_THAT(c.Checkpoint("request", false).status(), IsOk());
+  JobConfig ring = config_;
+  ring.model.dense_sync = "allreduce";
+  auto found = FindResumeCheckpoint(ring, fs_.get(), storage::JoinPath(kRoot, "ckpt-00000001"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(found.status())) << found.status();
+  EXPECT_THAT(std::string(found.status().message()),
+              HasSubstr("(on the pservers) in the checkpoint, fc0.weight [784x256] (allreduce "
+                        "among the workers) in the config"))
+      << found.status();
+}
+
+// A worker that cannot write its shard fails the checkpoint at once,
+// naming the node and why; the previous checkpoint stays the latest.
+TEST_F(CheckpointCoordinatorTest, AShardAWorkerCouldNotWriteFailsTheCheckpointNamingIt) {
+  config_.model.dense_sync = "allreduce";
+  CheckpointCoordinator& c = Make();
+  absl::StatusOr<proto::CheckpointResponse> result;
+  std::thread checkpoint([&] { result = c.Checkpoint("request", false); });
+  for (int i = 0; i < 400; ++i) {
+    proto::HeartbeatResponse resp;
+    c.RingBeat(5, proto::HeartbeatRequest(), &resp);
+    if (resp.ring_checkpoint().id() == 0) {
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    proto::HeartbeatRequest req;
+    proto::RingCheckpointReport* r = req.add_ring_checkpoints();
+    r->set_id(resp.ring_checkpoint().id());
+    r->set_seq(resp.ring_checkpoint().seq());
+    r->set_error("/ckpt/ckpt-00000001/ring-9-00000.blk: No space left on device");
+    c.RingBeat(5, req, &resp);
+    break;
+  }
+  checkpoint.join();
+  EXPECT_TRUE(absl::IsUnavailable(result.status())) << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("worker node 5 could not write its ring shard: "
+                        "/ckpt/ckpt-00000001/ring-9-00000.blk: No space left on device"));
+  EXPECT_FALSE(c.last_manifest().has_value());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@ examples in examples/torch/, against real master and pserver processes
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -172,7 +173,12 @@ def test_the_cnn_example_reaches_090_with_2_pservers_and_2_workers(cluster_facto
     assert summary["final_test_accuracy"] >= 0.90, summary
 
 
-def test_the_dlrm_example_comes_within_001_of_the_planted_auc(cluster_factory, tmp_path):
+@pytest.mark.parametrize("dense_sync", ["ps", "allreduce"])
+def test_the_dlrm_example_comes_within_001_of_the_planted_auc(cluster_factory, tmp_path,
+                                                               dense_sync):
+    """conf/torch-dlrm.yaml's model in bsp, its dense tables on the pservers
+    or (PERSIA's hybrid) by the workers' ring allreduce, the embedding on
+    the pservers either way."""
     data_dir = tmp_path / "ctr"
     subprocess.run([os.path.join(BIN, "strata-gen-ctr"), "--out_dir", str(data_dir),
                     "--train_rows", "200000", "--test_rows", "10000", "--seed", "5",
@@ -185,7 +191,11 @@ def test_the_dlrm_example_comes_within_001_of_the_planted_auc(cluster_factory, t
   test: {d}/test.txt
   planted: {d}/planted.json
   task_records: 20000""".format(d=data_dir)
-    c = cluster_factory(workers=2, pservers=2, model=section(text, "model", "worker"), data=data,
+    model = section(text, "model", "worker")
+    if dense_sync == "allreduce":
+        model = model.replace("  type: script", "  type: script\n  dense_sync: allreduce", 1)
+        assert "dense_sync: allreduce" in model, model
+    c = cluster_factory(workers=2, pservers=2, model=model, data=data,
                         consistency="bsp", epochs=4, batch_size=256,
                         extra=section(text, "sparse", "data").replace("partitions: 16",
                                                                       "partitions: 8")
@@ -198,3 +208,9 @@ def test_the_dlrm_example_comes_within_001_of_the_planted_auc(cluster_factory, t
     with open(data_dir / "planted.json") as f:
         planted = json.load(f)["planted_test_auc"]
     assert summary["final_test_auc"] >= planted - 0.01, (summary["final_test_auc"], planted)
+    if dense_sync == "allreduce":
+        for i in range(2):
+            with open(os.path.join(c.dir, "worker-%d.log" % i)) as f:
+                log = f.read()
+            assert "dense tables by allreduce among the workers" in log, log[-2000:]
+            assert re.search(r"dense allreduce: ring of view \d+: nodes \d+, \d+, this one", log)

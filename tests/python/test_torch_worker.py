@@ -107,6 +107,54 @@ def test_a_python_and_a_cpp_worker_in_one_job(cluster_factory):
     assert summary["final_test_accuracy"] > 0.7
 
 
+ALLREDUCE = "model:\n  type: mlp\n  layers: [784, 32, 10]\n  activation: relu\n" \
+    "  dense_sync: allreduce"
+
+
+def test_allreduce_python_workers_step_the_ring_as_cpp_workers(cluster_factory, tmp_path):
+    """model.dense_sync allreduce with PyTorch workers: the dense tables are
+    the workers' ring's (docs/architecture.md, "Collectives"), the script's
+    tensors the ring's memory. One worker: the Python path ends where the
+    C++ worker ends (same initial values by the job's seed, same data
+    order: the same test figures). Two Python workers: a ring of 2 trains
+    the model, the pserver holds none of its tables, and the final
+    checkpoint holds the 2 workers' ring shards."""
+    results = []
+    for python in (True, False):
+        c = cluster_factory(steps_records=3200, model=ALLREDUCE)
+        w = run_example(c) if python else c.worker(0)
+        summary = c.wait_summary()
+        assert w.wait(timeout=60) == 0
+        assert summary["state"] == "succeeded", summary
+        assert summary["steps"] == 50
+        results.append(summary)
+    py, cpp = results
+    assert py["final_test_accuracy"] > 0.5, py
+    assert abs(py["final_test_accuracy"] - cpp["final_test_accuracy"]) <= 0.002, (py, cpp)
+    assert abs(py["final_test_loss"] - cpp["final_test_loss"]) <= 1e-3, (py, cpp)
+
+    root = tmp_path / "ck"
+    c = cluster_factory(workers=2, steps_records=6400, model=ALLREDUCE,
+                        extra="checkpoint:\n  dir: %s\n  every_seconds: 3600\n" % root)
+    ws = [run_example(c, i) for i in range(2)]
+    summary = c.wait_summary()
+    # (The worker that did not evaluate idles in a ring step; it ends once
+    # its heartbeats say the job succeeded, not at the ring's minute.)
+    assert all(w.wait(timeout=30) == 0 for w in ws)
+    assert summary["state"] == "succeeded", summary
+    assert summary["final_test_accuracy"] > 0.7, summary
+    with open(os.path.join(c.dir, "master.log")) as f:
+        assert "placed 0 partition(s) of 4 table(s)" in f.read()
+    for i in range(2):
+        with open(os.path.join(c.dir, "worker-%d.log" % i)) as f:
+            log = f.read()
+        assert re.search(r"dense allreduce: ring of view \d+: nodes \d+, \d+, this one", log), log
+    (ckpt,) = [d for d in os.listdir(root) if d.startswith("ckpt-")]
+    verify = subprocess.run([os.path.join(BIN, "strata"), "checkpoint", "verify", "--dir",
+                             os.path.join(root, ckpt)], capture_output=True, text=True)
+    assert verify.returncode == 0 and "2 ring shards" in verify.stdout, verify
+
+
 def test_init_outside_a_cluster_says_how_to_launch(monkeypatch):
     for k in ("STRATA_CONFIG", "STRATA_MASTER", "STRATA_INDEX"):
         monkeypatch.delenv(k, raising=False)
@@ -284,11 +332,13 @@ def test_strata_worker_traces_a_scripts_steps(cluster_factory, tmp_path):
     assert text.count('"name": "step"') == 20, text[:500]
 
 
-def test_backward_without_step_at_a_task_end_fails_the_task(cluster_factory):
+@pytest.mark.parametrize("dense_sync", ["ps", "allreduce"])
+def test_backward_without_step_at_a_task_end_fails_the_task(cluster_factory, dense_sync):
     """A step begun by backward() and never finished: the task fails (its
-    pushes may have been applied), nothing hangs, and the next step says
-    why."""
-    c = cluster_factory(steps_records=1280)
+    pushes may have been applied; with allreduce none went out, but its
+    batch is not trained), nothing hangs, and the next step says why."""
+    c = cluster_factory(steps_records=1280, **({"model": ALLREDUCE} if dense_sync == "allreduce"
+                                               else {}))
     job = st.init(config=c.config, master=c.master, index=0)
     model = job.distribute(Wrong([s for _, s in job.tables]))
     x = torch.ones(4, 784)

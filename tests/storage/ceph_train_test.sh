@@ -18,7 +18,18 @@ s3 mb "s3://$bucket" > /dev/null || fail "s3cmd mb s3://$bucket failed"
 data="$(fmnist_on_cephfs)"
 echo "ok: Fashion-MNIST on CephFS at $data ($(du -sh "$data" | cut -f1))"
 
-launch() { "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 400 "$@"; }
+# A run that fails prints the tails of its logs (on stderr), which go with
+# the work directory. (Once in a few suite runs a job here did not finish
+# within 400 s, and nothing was left to say why.)
+launch() {
+  "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 400 "$@" && return 0
+  local rc=$? dir="" prev="" f
+  for f in "$@"; do [[ $prev == --run-dir ]] && dir=$f; prev=$f; done
+  if [[ -n $dir ]]; then
+    for f in "$dir"/logs/*.log; do [[ -f $f ]] && { echo "== $f"; tail -n 40 "$f"; }; done >&2
+  fi
+  return $rc
+}
 
 # fmnist_config FILE ROOT PORT_BASE: bsp, 4 epochs of 12000 images (750
 # steps: the stop at step 250 is far from the end however fast the
@@ -95,12 +106,7 @@ ctr_config() {  # ctr_config FILE ROOT PORT_BASE [TRAIN]
   { ctr_job_yaml ceph-ctr 4 "$CEPHFS/ctr" 40000 "$3" "$2" ${4:+"$4"}; s3_yaml; } > "$1"
 }
 ctr_config "$work/ca.yaml" "s3://$bucket/ctr-a" "$(pick_port_base)"
-launch --config "$work/ca.yaml" --run-dir "$work/ca" || {
-  # (Once in three suite runs this job did not finish within 400 s, and
-  # the logs went with the work directory: keep what they say.)
-  for f in "$work/ca/logs/"*.log; do echo "== $f"; tail -n 40 "$f"; done >&2
-  fail "uninterrupted CTR run on Ceph failed"
-}
+launch --config "$work/ca.yaml" --run-dir "$work/ca" || fail "uninterrupted CTR run on Ceph failed"
 want="$(digest_of "s3://$bucket/ctr-a" "$(latest_seq "s3://$bucket/ctr-a" "$work/ca.yaml")" "$work/ca.yaml")"
 s3 put "$CEPHFS/ctr/train.txt" "s3://$bucket/ctr-data/train.txt" > /dev/null ||
   fail "cannot copy the CTR training file into the bucket"

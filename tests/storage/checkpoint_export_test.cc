@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checkpoint_format.h"
+#include "storage/ring_checkpoint.h"
 #include "tests/testing/status_matchers.h"
 
 namespace strata::storage {
@@ -17,6 +18,7 @@ namespace {
 
 using ::strata::testing::IsOk;
 using ::strata::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(PrecisionTest, ConvertsKnownValuesWithRoundToNearestEven) {
@@ -163,6 +165,123 @@ TEST(ExportTest, WritesTheChainsValuesIn16BitsAndIsNotResumable) {
       ExportCheckpoint(fs.get(), "/export/fmnist-bf16", "/export/again", Precision::kFp16).status(),
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already an inference export")));
   EXPECT_THAT(ParsePrecision("fp8").status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// A checkpoint of an allreduce job: a sparse table on the pservers and
+// two dense tables (2x3 and 2 floats) kept by a ring of 2, whose shards
+// split the flat space of 8 floats mid-table. The export holds each dense
+// table as one partition of its own, numbered after the pservers'.
+TEST(ExportTest, AllreduceTablesAreExportedFromTheRingsShards) {
+  auto fs = NewMemoryFileSystem();
+  const std::string root = "/ck";
+  proto::CheckpointManifest m;
+  m.set_format_version(kCheckpointFormatVersion);
+  m.set_job("j");
+  m.set_seq(3);
+  m.set_optimizer("adam");
+  proto::CheckpointTable* emb = m.add_tables();
+  emb->set_name("emb");
+  emb->set_sparse(true);
+  emb->set_dim(2);
+  emb->set_partitions(1);
+  proto::CheckpointTable* w = m.add_tables();
+  w->set_name("fc.weight");
+  w->add_shape(2);
+  w->add_shape(3);
+  w->set_allreduce(true);
+  proto::CheckpointTable* b = m.add_tables();
+  b->set_name("fc.bias");
+  b->add_shape(2);
+  b->set_allreduce(true);
+  proto::CheckpointPartitionHeader sparse;
+  sparse.set_id(4);
+  sparse.set_table("emb");
+  sparse.set_sparse(true);
+  sparse.set_dim(2);
+  sparse.set_row_bytes(32);
+  sparse.set_full(true);
+  proto::CheckpointPartition* p = m.add_partitions();
+  p->set_id(4);
+  p->set_table("emb");
+  *p->add_files() =
+      WriteFile(fs.get(), root, 3, sparse, {{BlockType::kSparseRows, Row(7, {1.f, 2.f})}});
+  const std::vector<float> flat = {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, -1.f, -2.f};
+  m.set_ring_floats(flat.size());
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    proto::CheckpointRingShardHeader h;
+    h.set_format_version(kCheckpointFormatVersion);
+    h.set_job("j");
+    h.set_seq(3);
+    h.set_rank(rank);
+    h.set_ring_size(2);
+    h.set_ring_epoch(5);
+    h.set_begin(rank == 0 ? 0 : 5);
+    h.set_end(rank == 0 ? 5 : 8);
+    h.set_total(flat.size());
+    h.set_optimizer("adam");
+    h.set_state_vectors(2);
+    h.set_state_count(true);
+    h.set_step(9);
+    h.set_updates(9);
+    const std::vector<float> values(flat.begin() + h.begin(), flat.begin() + h.end());
+    std::string state(8, '\0');
+    state += Floats(std::vector<float>(2 * values.size(), 0.5f));
+    auto f = WriteRingShard(fs.get(), root, h, values, state, 1);
+    ASSERT_THAT(f.status(), IsOk());
+    proto::CheckpointRingShard* r = m.add_ring_shards();
+    r->set_rank(rank);
+    r->set_begin(h.begin());
+    r->set_end(h.end());
+    *r->mutable_file() = *f;
+  }
+  ASSERT_THAT(WriteManifest(fs.get(), JoinPath(root, CheckpointDirName(3)), m), IsOk());
+
+  auto out = ExportCheckpoint(fs.get(), "/ck/ckpt-00000003", "/export/e", Precision::kFp16);
+  ASSERT_THAT(out.status(), IsOk());
+  auto back = ReadManifest(fs.get(), "/export/e");
+  ASSERT_THAT(back.status(), IsOk());
+  ASSERT_THAT(CheckManifestFiles(fs.get(), "/export", *back), IsOk());
+  EXPECT_EQ(back->ring_shards_size(), 0);
+  ASSERT_EQ(back->partitions_size(), 3);
+  EXPECT_EQ(back->partitions(0).id(), 4u);
+  const std::vector<std::pair<std::string, std::vector<float>>> want = {
+      {"fc.weight", {1.f, 2.f, 3.f, 4.f, 5.f, 6.f}}, {"fc.bias", {-1.f, -2.f}}};
+  for (int i = 0; i < 2; ++i) {
+    const proto::CheckpointPartition& e = back->partitions(1 + i);
+    EXPECT_EQ(e.id(), 5u + i);
+    EXPECT_EQ(e.table(), want[i].first);
+    EXPECT_EQ(e.table_id(), 1u + i);
+    EXPECT_EQ(e.length(), want[i].second.size());
+    EXPECT_EQ(back->tables(1 + i).partitions(), 1u);
+    auto streams = ReadBlockFile(fs.get(), "/export/" + e.files(0).path(), &e.files(0));
+    ASSERT_THAT(streams.status(), IsOk());
+    proto::CheckpointPartitionHeader h;
+    ASSERT_THAT(ParseHeaderBlock(*streams, BlockType::kHeader, e.files(0).path(), &h), IsOk());
+    EXPECT_EQ(h.table(), want[i].first);
+    EXPECT_EQ(h.length(), want[i].second.size());
+    EXPECT_FALSE(h.sparse());
+    const std::string& v16 = (*streams)[BlockType::kDenseValues16];
+    ASSERT_EQ(v16.size(), 2 * want[i].second.size());
+    for (size_t j = 0; j < want[i].second.size(); ++j) {
+      uint16_t x;
+      std::memcpy(&x, v16.data() + 2 * j, 2);
+      EXPECT_EQ(Fp16ToFloat(x), want[i].second[j]) << want[i].first << "[" << j << "]";
+    }
+  }
+
+  // Tables whose shapes do not add up to the ring's floats: refused,
+  // naming the manifest.
+  b->set_shape(0, 1);
+  ASSERT_THAT(WriteManifest(fs.get(), JoinPath(root, CheckpointDirName(3)), m), IsOk());
+  EXPECT_THAT(
+      ExportCheckpoint(fs.get(), "/ck/ckpt-00000003", "/export/f", Precision::kFp16).status(),
+      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("/ck/ckpt-00000003"),
+                                                  HasSubstr("hold 7 floats, its ring shards 8"))));
+  w->add_shape(2);
+  ASSERT_THAT(WriteManifest(fs.get(), JoinPath(root, CheckpointDirName(3)), m), IsOk());
+  EXPECT_THAT(
+      ExportCheckpoint(fs.get(), "/ck/ckpt-00000003", "/export/g", Precision::kFp16).status(),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'fc.weight' is larger")));
 }
 
 }  // namespace

@@ -380,6 +380,38 @@ TEST(BlockFileTest, AFileWithoutAHeaderStreamIsDataLoss) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path)));
 }
 
+// A ring shard's file reads (its header is stream 9), but a reader of
+// partitions is told it has no partition header, and the other way round.
+TEST(BlockFileTest, ARingShardFileIsNotTakenForAPartitionFile) {
+  std::unique_ptr<FileSystem> fs = NewMemoryFileSystem();
+  const std::string path = "/ckpt/ckpt-00000001/ring-1-00000.blk";
+  proto::CheckpointRingShardHeader ring;
+  ring.set_job("j");
+  ring.set_total(100);
+  ASSERT_THAT(WriteBlockFile(fs.get(), path, 1,
+                             {{BlockType::kRingHeader, ring.SerializeAsString(), false},
+                              {BlockType::kDenseValues, RandomFloats(100, 7), true}})
+                  .status(),
+              IsOk());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto streams, ReadBlockFile(fs.get(), path));
+  proto::CheckpointRingShardHeader parsed_ring;
+  EXPECT_THAT(ParseHeaderBlock(streams, BlockType::kRingHeader, path, &parsed_ring), IsOk());
+  EXPECT_EQ(parsed_ring.total(), 100u);
+  proto::CheckpointPartitionHeader partition;
+  EXPECT_THAT(ParseHeaderBlock(streams, BlockType::kHeader, path, &partition),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path), HasSubstr("no partition header block"))));
+
+  streams.clear();
+  streams[BlockType::kHeader] = HeaderPayload(1);
+  EXPECT_THAT(ParseHeaderBlock(streams, BlockType::kRingHeader, path, &parsed_ring),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path), HasSubstr("no ring shard header block"))));
+  streams[BlockType::kRingHeader] = "\xff\xff";
+  EXPECT_THAT(ParseHeaderBlock(streams, BlockType::kRingHeader, path, &parsed_ring),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
+}
+
 TEST(BlockFileTest, AMissingFileIsNotFound) {
   std::unique_ptr<FileSystem> fs = NewMemoryFileSystem();
   EXPECT_THAT(ReadBlockFile(fs.get(), "/ckpt/none.blk").status(),

@@ -147,6 +147,27 @@ TEST_F(DenseRingTest, MembersAreTheViewsAliveAndFinishedWorkersByNodeId) {
   for (const auto& m : DenseRing::MembersOf(v)) ids.push_back(m.node_id);
   EXPECT_THAT(ids, ::testing::ElementsAre(3, 4, 9));
   EXPECT_EQ(DenseRing::MembersOf(v)[0].address, "h:3");
+  // Hierarchical (cluster.aggregation node): one member per host, its
+  // lowest worker in the job, ALIVE or FINISHED.
+  for (int i = 0; i < v.members_size(); ++i) {
+    v.mutable_members(i)->set_host(v.members(i).id() == 9 ? "b" : "a");
+  }
+  ids.clear();
+  for (const auto& m : DenseRing::MembersOf(v, /*by_host=*/true)) ids.push_back(m.node_id);
+  EXPECT_THAT(ids, ::testing::ElementsAre(3, 9));
+  v.mutable_members(6)->set_state(proto::FINISHED);  // node 3
+  v.mutable_members(0)->set_state(proto::FINISHED);  // node 9
+  ids.clear();
+  for (const auto& m : DenseRing::MembersOf(v, true)) ids.push_back(m.node_id);
+  EXPECT_THAT(ids, ::testing::ElementsAre(3, 9));
+  v.mutable_members(2)->set_state(proto::ALIVE);  // node 4: node 3 keeps its seat
+  ids.clear();
+  for (const auto& m : DenseRing::MembersOf(v, true)) ids.push_back(m.node_id);
+  EXPECT_THAT(ids, ::testing::ElementsAre(3, 9));
+  v.mutable_members(6)->set_state(proto::DEAD);  // node 3 dies: node 4 takes it
+  ids.clear();
+  for (const auto& m : DenseRing::MembersOf(v, true)) ids.push_back(m.node_id);
+  EXPECT_THAT(ids, ::testing::ElementsAre(4, 9));
 }
 
 TEST_F(DenseRingTest, MembersTrainTogetherAndOneOutOfTasksStepsWithNoSamples) {
@@ -253,6 +274,42 @@ TEST_F(DenseRingTest, OnlyTheRingsTablesAreSteppedAndTheirGradientsChecked) {
   EXPECT_THAT(ms[0]->ring->TrainStep(bad, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("the gradient of table 1 has 3 floats, its table 7")));
+}
+
+// The job over (DenseSync::Abort, from the heartbeats or a stopping
+// worker): a member idling in a step whose other member left without a
+// word ends it at once, not at the ring's timeout (5 s here), and forms
+// no ring after it; IdleFor and Join do nothing then, TrainStep fails.
+TEST_F(DenseRingTest, AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter) {
+  std::vector<Member*> ms = {Add(1), Add(2)};
+  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
+  std::vector<absl::Status> st(2);
+  std::thread t0([&] { st[0] = Train(ms[0], 3); });
+  std::thread t1([&] { st[1] = Train(ms[1], 3); });
+  t0.join();
+  t1.join();
+  ASSERT_THAT(st[0], IsOk());
+  ASSERT_THAT(st[1], IsOk());
+  // Member 2 is gone, silently (its connections stay open): member 1 idles
+  // in a step that cannot complete.
+  const absl::Time start = absl::Now();
+  absl::Status idle;
+  std::thread waiter([&] { idle = ms[0]->ring->IdleFor(absl::Milliseconds(10)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  ms[0]->sync->Abort(absl::CancelledError("the job is over"));
+  waiter.join();
+  EXPECT_THAT(idle, IsOk());  // (the caller asks the master what to do)
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(ms[0]->ring->steps_failed(), 0u);  // (an end, not a failure)
+  EXPECT_TRUE(ms[0]->ring->over());
+  const uint64_t formed = ms[0]->ring->rings_formed();
+  master_.Set(3, "nowhere", proto::ALIVE);  // a new view: no ring forms
+  EXPECT_THAT(ms[0]->ring->Join(), IsOk());
+  EXPECT_THAT(ms[0]->ring->IdleFor(absl::Milliseconds(10)), IsOk());
+  std::vector<std::vector<float>> g;
+  for (size_t n : kTables) g.emplace_back(n, 1.f);
+  EXPECT_THAT(ms[0]->ring->TrainStep(g, 1).status(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_EQ(ms[0]->ring->rings_formed(), formed);
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 // divide by the ring; a member lost mid-step (its shard's state comes from
 // its replica, the step is retried by those left), a member that joins
 // (it gets the parameters and a share of the state), two neighbours lost
-// at once (their shard's state is gone: counted); and bad calls.
+// at once (their shard's state is gone: counted); a checkpoint of the
+// shards (storage/ring_checkpoint.h) restored into rings of the same size
+// (bit for bit) and another (float tolerance), the checkpoint asked of the
+// ring carried by every step; and bad calls and bad shard files.
 #include "worker/dense_sync.h"
 
 #include <cmath>
@@ -13,6 +16,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/checkpoint_format.h"
+#include "storage/ring_checkpoint.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/worker/dense_sync_testing.h"
 
@@ -176,6 +181,13 @@ class Reference {
                      params_.size(), ++updates_);
   }
   const std::vector<float>& params() const { return params_; }
+  // The optimizer's state as a checkpoint's (Adam: its count first).
+  void SetState(const storage::RingState& s) {
+    std::string st(reinterpret_cast<const char*>(&s.updates), sizeof(uint64_t));
+    st.append(reinterpret_cast<const char*>(s.state.data()), s.state.size() * sizeof(float));
+    ASSERT_THAT(opt_->RestoreState(st), IsOk());
+    updates_ = s.updates;
+  }
 
  private:
   std::vector<float> params_;
@@ -341,6 +353,182 @@ TEST(DenseSyncTest, AJoiningMemberGetsTheParametersAndAShareOfTheState) {
     ref.Step(step, {1, 7, 2});
   }
   ExpectParams({a, joiner, b}, ref, "trained with the joiner");
+}
+
+// Each member's shard written as a checkpoint's (seq 4) under `root`; the
+// manifest's list of them.
+std::vector<proto::CheckpointRingShard> WriteShards(storage::FileSystem* fs,
+                                                    const std::vector<Member*>& ring) {
+  std::vector<proto::CheckpointRingShard> shards;
+  for (Member* m : ring) {
+    absl::StatusOr<DenseSync::Snapshot> snap = m->sync->TakeSnapshot();
+    EXPECT_THAT(snap, IsOk());
+    if (!snap.ok()) return {};
+    proto::CheckpointRingShardHeader h;
+    h.set_job("j");
+    h.set_seq(4);
+    h.set_rank(snap->rank);
+    h.set_ring_size(snap->ring_size);
+    h.set_begin(snap->begin);
+    h.set_end(snap->end);
+    h.set_total(snap->total);
+    h.set_optimizer("adam");
+    h.set_state_vectors(snap->state_vectors);
+    h.set_state_count(snap->state_count);
+    h.set_step(snap->step);
+    h.set_updates(snap->updates);
+    absl::StatusOr<proto::CheckpointFile> f =
+        storage::WriteRingShard(fs, "/ck", h, snap->values, snap->state, 1);
+    EXPECT_THAT(f, IsOk());
+    if (!f.ok()) return {};
+    proto::CheckpointRingShard s;
+    s.set_rank(snap->rank);
+    s.set_begin(snap->begin);
+    s.set_end(snap->end);
+    *s.mutable_file() = *f;
+    shards.push_back(s);
+  }
+  return shards;
+}
+
+TEST(DenseSyncTest, ACheckpointOfTheShardsRestoresTheRingInAnySize) {
+  auto fs = storage::NewMemoryFileSystem();
+  Cluster c;
+  std::vector<Member*> ring = {c.Add(1), c.Add(2), c.Add(3)};
+  for (auto& f : c.Form(1, ring)) ASSERT_THAT(f, IsOk());
+  for (uint64_t step = 0; step < 4; ++step) {
+    for (auto& r : c.Step(step, ring)) ASSERT_THAT(r, IsOk());
+  }
+  const std::vector<proto::CheckpointRingShard> shards = WriteShards(fs.get(), ring);
+  ASSERT_EQ(shards.size(), 3u);
+  absl::StatusOr<storage::RingState> state =
+      storage::ReadRingState(fs.get(), "/ck", shards, Total(), "j", "adam");
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->step, 3u);
+  EXPECT_EQ(state->state_vectors, 2u);
+  EXPECT_EQ(state->values, Flat(*ring[0]));
+  uint64_t updates = 0;
+  for (uint64_t step = 0; step < 4; ++step) {
+    uint64_t n = 0;
+    for (uint32_t node : {1, 2, 3}) n += Cluster::Samples(node, step);
+    updates += n > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(state->updates, updates);
+  // The ring never stopped: the reference.
+  for (uint64_t step = 4; step < 8; ++step) {
+    for (auto& r : c.Step(step, ring)) ASSERT_THAT(r, IsOk());
+  }
+
+  // Restored into a ring of 3 (new processes, their own initial values):
+  // the same parameters, bit for bit.
+  {
+    Cluster c2;
+    std::vector<Member*> again = {c2.Add(1), c2.Add(2), c2.Add(3)};
+    for (Member* m : again) {
+      ASSERT_THAT(m->sync->Restore(state->step, state->updates, state->values, state->state,
+                                   m->param_ptrs()),
+                  IsOk());
+    }
+    for (auto& f : c2.Form(1, again)) {
+      ASSERT_THAT(f, IsOk());
+      EXPECT_EQ(f->next_step, 4u);
+      EXPECT_TRUE(f->own_params);  // (a gradient on them counts)
+    }
+    for (uint64_t step = 4; step < 8; ++step) {
+      for (auto& r : c2.Step(step, again)) ASSERT_THAT(r, IsOk());
+    }
+    for (size_t i = 0; i < again.size(); ++i) EXPECT_EQ(Flat(*again[i]), Flat(*ring[i]));
+  }
+  // Into a ring of 2, only one of which restored (the other a worker with
+  // its own values): the checkpoint's state, to float tolerance (another
+  // split, another order of sums).
+  {
+    Cluster c3;
+    Member* a = c3.Add(1);
+    Member* b = c3.Add(2);
+    ASSERT_THAT(
+        b->sync->Restore(state->step, state->updates, state->values, state->state, b->param_ptrs()),
+        IsOk());
+    std::vector<absl::StatusOr<DenseSync::Formed>> formed = c3.Form(1, {a, b});
+    for (auto& f : formed) {
+      ASSERT_THAT(f, IsOk());
+      EXPECT_EQ(f->next_step, 4u);
+    }
+    EXPECT_FALSE(formed[0]->own_params);  // (its values were not the checkpoint's)
+    EXPECT_TRUE(formed[1]->own_params);
+    Reference ref(state->values, Adam());
+    ref.SetState(*state);
+    ExpectParams({a, b}, ref, "restored into 2");
+    for (uint64_t step = 4; step < 8; ++step) {
+      for (auto& r : c3.Step(step, {a, b})) ASSERT_THAT(r, IsOk());
+      ref.Step(step, {1, 2});
+    }
+    ExpectParams({a, b}, ref, "trained after the restore");
+  }
+}
+
+TEST(DenseSyncTest, EveryMemberLearnsTheNewestCheckpointAskedInTheSameStep) {
+  Cluster c;
+  std::vector<Member*> ring = {c.Add(1), c.Add(2), c.Add(3)};
+  for (auto& f : c.Form(1, ring)) ASSERT_THAT(f, IsOk());
+  std::vector<absl::StatusOr<DenseSync::StepResult>> out(3, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  const DenseSync::CheckpointAsk asks[3] = {{0, 0, 0}, {9, 7, 40}, {8, 7, 30}};
+  for (size_t i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<std::vector<float>> g = Cluster::Grads(ring[i]->node_id, 0);
+      std::vector<const float*> gp;
+      for (auto& t : g) gp.push_back(t.data());
+      out[i] = ring[i]->sync->Step(0, gp, Cluster::Samples(ring[i]->node_id, 0), 0,
+                                   ring[i]->param_ptrs(), asks[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& r : out) {
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->ask.id, 9u);
+    EXPECT_EQ(r->ask.seq, 7u);
+    EXPECT_EQ(r->ask.cut, 40u);
+  }
+}
+
+TEST(DenseSyncTest, BadCheckpointsAreRefusedNamingTheFile) {
+  auto fs = storage::NewMemoryFileSystem();
+  Cluster c;
+  std::vector<Member*> ring = {c.Add(1), c.Add(2)};
+  for (auto& f : c.Form(1, ring)) ASSERT_THAT(f, IsOk());
+  for (auto& r : c.Step(0, ring)) ASSERT_THAT(r, IsOk());
+  std::vector<proto::CheckpointRingShard> shards = WriteShards(fs.get(), ring);
+  ASSERT_EQ(shards.size(), 2u);
+  // A shard missing.
+  EXPECT_THAT(storage::ReadRingState(fs.get(), "/ck", {shards[0]}, Total(), "j", "adam"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("missing")));
+  // Another job, another optimizer.
+  EXPECT_THAT(storage::ReadRingState(fs.get(), "/ck", shards, Total(), "k", "adam"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("a shard of job 'j'")));
+  EXPECT_THAT(
+      storage::ReadRingState(fs.get(), "/ck", shards, Total(), "j", "momentum"),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("optimizer 'adam' in the shard")));
+  // A model of another size.
+  EXPECT_THAT(storage::ReadRingState(fs.get(), "/ck", shards, Total() + 1, "j", "adam"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ring-0-0000")));
+  // A corrupt file: its path named.
+  const std::string path = "/ck/" + shards[1].file().path();
+  std::string bytes = *fs->ReadFile(path);
+  bytes[bytes.size() / 2] ^= 0x40;
+  ASSERT_THAT(fs->WriteFileAtomic(path, bytes), IsOk());
+  shards[1].mutable_file()->set_crc32c(0);
+  shards[1].mutable_file()->clear_crc32c();
+  EXPECT_THAT(storage::ReadRingState(fs.get(), "/ck", shards, Total(), "j", "adam"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path)));
+  // Restored with the wrong sizes, or after a ring was formed.
+  Cluster c2;
+  Member* m = c2.Add(5);
+  EXPECT_THAT(m->sync->Restore(0, 1, std::vector<float>(3), {}, m->param_ptrs()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("3 parameters")));
+  EXPECT_THAT(ring[0]->sync->Restore(0, 1, std::vector<float>(Total()),
+                                     std::vector<float>(2 * Total()), ring[0]->param_ptrs()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("after a ring")));
 }
 
 TEST(DenseSyncTest, TwoNeighboursLostTogetherLoseTheirShardsStateAndSaySo) {

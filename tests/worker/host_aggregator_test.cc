@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/dense_sync_testing.h"
 
 namespace strata::worker {
 namespace {
@@ -239,6 +240,57 @@ TEST(HostSegmentTest, AnotherProcessPostsAndReadsThroughTheSegment) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   (*seg)->Unlink();  // (the child left without letting go)
+}
+
+// Hierarchical allreduce: the host's ring member whose ring cannot be
+// formed again within the ring's time (here: the other host's member
+// never comes) ends its aggregating thread with the error, for its worker
+// to exit with (Worker::RunLoop), as a flat ring's member does; it does
+// not retry for ever.
+TEST(HostAggregatorTest, ARingMemberThatCannotFormARingEndsItsWorker) {
+  transport::TransportOptions to;
+  to.kind = "tcp";
+  DenseSync::Options o;
+  o.node_id = 1;
+  o.optimizer.type = "sgd";
+  o.timeout = absl::Milliseconds(300);
+  auto started = StartListeningSync(to, o, {4});
+  ASSERT_THAT(started, IsOk());
+  proto::ClusterView view;
+  view.set_epoch(3);
+  view.set_aggregation_key(9);
+  for (const auto& [id, host, address] :
+       {std::tuple(1u, "a", started->address), std::tuple(2u, "b", std::string("127.0.0.1:1"))}) {
+    proto::NodeInfo* n = view.add_members();
+    n->set_id(id);
+    n->set_role(proto::WORKER);
+    n->set_state(proto::ALIVE);
+    n->set_host(host);
+    n->set_data_address(address);
+  }
+  ParamClient params(
+      started->transport.get(), 1, [view]() -> absl::StatusOr<proto::ClusterView> { return view; },
+      absl::Seconds(1));
+  params.SetView(view);
+  std::vector<std::vector<float>> tables = {std::vector<float>(4, 0.5f)};
+  DenseRing::Hooks hooks;
+  hooks.fetch_view = [view]() -> absl::StatusOr<proto::ClusterView> { return view; };
+  hooks.epoch_seen = [] { return uint64_t{3}; };
+  hooks.stopping = [] { return false; };
+  DenseRing ring(started->sync.get(), 1, &tables, {0}, std::move(hooks),
+                 /*reform_timeout=*/absl::Milliseconds(500), /*by_host=*/true);
+  auto segment = HostSegment::Open(UniqueName("gaveup"), {4}, 4);
+  ASSERT_THAT(segment, IsOk());
+  HostAggregator agg(*std::move(segment), &params,
+                     HostAggregator::Options{1, "a", absl::Seconds(1), &ring, &tables}, {4});
+  agg.Start();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (agg.fatal().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_THAT(agg.fatal(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("formed no ring")));
+  EXPECT_TRUE(agg.failed());  // (the worker's waits end on it: Worker::stopping)
+  EXPECT_TRUE(ring.gave_up());
+  agg.Stop();
+  started->transport->Shutdown();
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "storage/checkpoint_export.h"
 #include "storage/checkpoint_format.h"
 #include "storage/file_system.h"
+#include "storage/ring_checkpoint.h"
 #include "storage/s3_file_system.h"
 #include "tools/cli/commands.h"
 
@@ -117,9 +118,8 @@ absl::StatusOr<VerifiedCheckpoint> ReadCheckpoint(storage::FileSystem* fs, const
       ++v.files;
       STRATA_ASSIGN_OR_RETURN(auto streams, storage::ReadBlockFile(fs, path, &file));
       proto::CheckpointPartitionHeader h;
-      if (!h.ParseFromString(streams[storage::BlockType::kHeader])) {
-        return absl::DataLossError(absl::StrCat(path, ": partition header does not parse"));
-      }
+      STRATA_RETURN_IF_ERROR(
+          storage::ParseHeaderBlock(streams, storage::BlockType::kHeader, path, &h));
       version = h.version();
       if (!h.sparse()) {
         dense = streams[storage::BlockType::kDenseValues] +
@@ -145,6 +145,22 @@ absl::StatusOr<VerifiedCheckpoint> ReadCheckpoint(storage::FileSystem* fs, const
     c = Crc32cExtend(c, dense.data(), dense.size());
     for (const auto& [key, rec] : rows) c = Crc32cExtend(c, rec.data(), rec.size());
     v.digest = Crc32cExtend(c, pending.data(), pending.size());
+  }
+  if (m.ring_shards_size() > 0) {
+    // The allreduce tables (storage/ring_checkpoint.h): their state put
+    // back together, whatever the ring's size was.
+    const std::vector<proto::CheckpointRingShard> shards(m.ring_shards().begin(),
+                                                         m.ring_shards().end());
+    STRATA_ASSIGN_OR_RETURN(
+        storage::RingState ring,
+        storage::ReadRingState(fs, root, shards, m.ring_floats(), m.job(), m.optimizer()));
+    v.files += m.ring_shards_size();
+    uint32_t c =
+        Crc32cExtend(v.digest, reinterpret_cast<const char*>(&ring.updates), sizeof(ring.updates));
+    c = Crc32cExtend(c, reinterpret_cast<const char*>(ring.values.data()),
+                     ring.values.size() * sizeof(float));
+    v.digest = Crc32cExtend(c, reinterpret_cast<const char*>(ring.state.data()),
+                            ring.state.size() * sizeof(float));
   }
   return v;
 }
@@ -238,8 +254,9 @@ CliResult VerifyCheckpoint(const Invocation& in) {
   if (!v.ok()) return Failure(1, absl::StrCat("strata checkpoint verify: ", v.status().message()));
   const std::string digest = absl::StrFormat("%08x", v->digest);
   CliResult r = TextResult(absl::StrFormat(
-      "%s: ok (%s, job '%s', step %d, %d partitions, %d files checked; state digest %s)\n", dir,
+      "%s: ok (%s, job '%s', step %d, %d partitions%s, %d files checked; state digest %s)\n", dir,
       m->incremental() ? "incremental" : "full", m->job(), m->step(), m->partitions_size(),
+      m->ring_shards_size() > 0 ? absl::StrCat(", ", m->ring_shards_size(), " ring shards") : "",
       v->files, digest));
   r.data = JsonValue::Object()
                .Set("dir", JsonValue::String(dir))

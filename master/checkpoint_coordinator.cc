@@ -282,6 +282,9 @@ absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
         "checkpoints are off: the job's config has no checkpoint section");
   }
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
+  // (Read first: training that ends after the cluster was read, before a
+  // call waiting for a cut is made, is told by this count.)
+  const uint64_t trainings_done = this->trainings_done();
   Master::Cluster cluster = master_->CheckpointCluster(/*with_view=*/true);
   if (!cluster.ready) {
     return WithReason(
@@ -318,7 +321,7 @@ absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
   req.set_timeout_ms(static_cast<int64_t>(cfg_.timeout_seconds) * 1000);
   std::vector<proto::RingCheckpointReport> ring;
   absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> results =
-      WriteCheckpointPartitions(cluster.owners, cluster.training_over, &req, &ring);
+      WriteCheckpointPartitions(cluster.owners, cluster.training_over, trainings_done, &req, &ring);
   if (!results.ok()) return Failed(seq, reason, dir, results.status());
 
   // The manifest: each partition's new file on top of its chain; the
@@ -401,7 +404,8 @@ absl::Status CheckpointCoordinator::Failed(uint64_t seq, const std::string& reas
 
 std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>>
 CheckpointCoordinator::CheckpointCalls(const std::vector<PServerTarget>& targets,
-                                       const proto::CheckpointPartitionsRequest& req) {
+                                       const proto::CheckpointPartitionsRequest& req,
+                                       std::optional<uint64_t> trainings_done) {
   std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results(
       targets.size(), absl::UnknownError("no answer"));
   {
@@ -420,6 +424,14 @@ CheckpointCoordinator::CheckpointCalls(const std::vector<PServerTarget>& targets
         absl::MutexLock il(&inflight_mu_);
         if (stopping_) {
           results[i] = absl::CancelledError("the master is shutting down");
+          return;
+        }
+        if (trainings_done.has_value() && *trainings_done != trainings_done_) {
+          // Training ended after the cut was set: the cut may never be
+          // reached, and the TrainingDone that cancels waiting calls came
+          // before this one.
+          results[i] = absl::CancelledError(absl::StrCat(
+              "checkpoint ", req.seq(), ": training ended before the call for its cut was made"));
           return;
         }
         inflight_.insert(&ctx);
@@ -449,7 +461,7 @@ CheckpointCoordinator::CheckpointCalls(const std::vector<PServerTarget>& targets
 
 absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>>
 CheckpointCoordinator::WriteCheckpointPartitions(const std::vector<PServerTarget>& targets,
-                                                 bool training_over,
+                                                 bool training_over, uint64_t trainings_done,
                                                  proto::CheckpointPartitionsRequest* req,
                                                  std::vector<proto::RingCheckpointReport>* ring) {
   const bool bsp = options_.config.job.consistency == Consistency::kBsp;
@@ -496,7 +508,8 @@ CheckpointCoordinator::WriteCheckpointPartitions(const std::vector<PServerTarget
     std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> results;
     std::atomic<bool> calls_failed{false};
     std::thread calls([&] {
-      results = CheckpointCalls(targets, *req);
+      results = CheckpointCalls(
+          targets, *req, bsp && !training_over ? std::optional(trainings_done) : std::nullopt);
       for (const auto& r : results) calls_failed = calls_failed || !r.ok();
     });
     absl::StatusOr<std::vector<proto::RingCheckpointReport>> ring_got =
@@ -679,6 +692,7 @@ void CheckpointCoordinator::TrainingDone() {
     if (cfg_.enabled && cfg_.on_finish && !final_done_) final_pending_ = true;
   }
   absl::MutexLock il(&inflight_mu_);
+  ++trainings_done_;
   for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
 }
 

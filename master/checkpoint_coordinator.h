@@ -205,16 +205,25 @@ class CheckpointCoordinator {
   void RegisterMetrics(MetricsRegistry* metrics) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // One round of a checkpoint's calls: every target at once.
+  // One round of a checkpoint's calls: every target at once. With
+  // `trainings_done` (a cut set while training went on: the count of
+  // TrainingDone calls when it was read), a call not yet made when
+  // training has ended since is Cancelled instead (TrainingDone cancels
+  // only the calls already in flight).
   std::vector<absl::StatusOr<proto::CheckpointPartitionsResponse>> CheckpointCalls(
-      const std::vector<PServerTarget>& targets, const proto::CheckpointPartitionsRequest& req)
-      ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
+      const std::vector<PServerTarget>& targets, const proto::CheckpointPartitionsRequest& req,
+      std::optional<uint64_t> trainings_done) ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
+  uint64_t trainings_done() const ABSL_LOCKS_EXCLUDED(inflight_mu_) {
+    absl::MutexLock l(&inflight_mu_);
+    return trainings_done_;
+  }
   // Has every target write its partitions of checkpoint req->seq(): again
   // while a pserver is busy with an earlier attempt, and (bsp) with the cut
   // set further ahead when training outran it, or where training stopped
   // when it ended first. The cut chosen is left in *req.
+  // `trainings_done`: trainings_done() read before `training_over` was.
   absl::StatusOr<std::vector<proto::CheckpointPartitionsResponse>> WriteCheckpointPartitions(
-      const std::vector<PServerTarget>& targets, bool training_over,
+      const std::vector<PServerTarget>& targets, bool training_over, uint64_t trainings_done,
       proto::CheckpointPartitionsRequest* req, std::vector<proto::RingCheckpointReport>* ring)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The ring's part of checkpoint `seq` at `cut` updates: asks the
@@ -300,9 +309,10 @@ class CheckpointCoordinator {
   std::optional<proto::RingRestore> ring_restore_ ABSL_GUARDED_BY(mu_);
   // The pserver calls of a bsp checkpoint waiting for its cut: cancelled
   // when training ends first (the cut is then set again, where training
-  // stopped). A leaf lock.
+  // stopped), and those not yet made (trainings_done_). A leaf lock.
   mutable absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::set<grpc::ClientContext*> inflight_ ABSL_GUARDED_BY(inflight_mu_);
+  uint64_t trainings_done_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // TrainingDone calls
   bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
   // Set by RegisterMetrics (null without metrics).
   Histogram* seconds_histogram_ = nullptr;

@@ -201,6 +201,17 @@ assert s['final_test_accuracy'] >= float(accuracy), s['final_test_accuracy']
 PY
 }
 
+# log_tails RUN_DIR: the last lines of each daemon's log under RUN_DIR/logs
+# (the work dir goes with the test; a failure shows them).
+log_tails() {
+  local f
+  for f in "$1"/logs/*.log; do
+    [[ -f $f ]] || continue
+    echo "--- ${f##*/} (last 15 lines)"
+    tail -n 15 "$f" | cut -c1-400
+  done
+}
+
 # No process of this run may be left.
 assert_nothing_left() {
   local dir="$1"

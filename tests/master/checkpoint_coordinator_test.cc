@@ -375,6 +375,41 @@ TEST_F(CheckpointCoordinatorTest, ACutTrainingPassedIsSetFurtherAhead) {
   EXPECT_EQ(ps1_.requests()[0].version(), 116u);
 }
 
+// Training that ends between the coordinator reading the cluster and its
+// calls for the cut being made: the cut ahead is never reached, and the
+// TrainingDone that cancels waiting calls came before them. The calls are
+// not made; the cut is set again where training stopped. (A job's final
+// checkpoint hung on this once: its evaluation waits for it.)
+TEST_F(CheckpointCoordinatorTest, TrainingEndingBeforeTheCallsAreMadeMovesTheCutBack) {
+  CheckpointCoordinator& c = Make();
+  ps1_.set_version(100);
+  ps2_.set_version(100);
+  ps1_.WaitForCut(true);
+  ps2_.WaitForCut(true);
+  {
+    absl::MutexLock l(&master_.mu_);
+    master_.after_read = [&] {
+      {
+        absl::MutexLock l(&master_.mu_);
+        master_.running = false;
+        master_.training_over = true;
+      }
+      c.TrainingDone();
+    };
+  }
+  const absl::Time start = absl::Now();
+  auto r = c.Checkpoint("steps", false);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->step(), 100u);  // where training stopped
+  // (Not at the calls' deadline: checkpoint.timeout_seconds 5, + 5.)
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (FakePServer* ps : {&ps1_, &ps2_}) {
+    const auto reqs = ps->requests();
+    ASSERT_EQ(reqs.size(), 1u);  // only the call at the moved cut was made
+    EXPECT_EQ(reqs[0].version(), 100u);
+  }
+}
+
 TEST_F(CheckpointCoordinatorTest, RefusedWhenOffOrTheJobIsNotRunning_StopsTheJobWhenAsked) {
   config_.checkpoint.enabled = false;
   EXPECT_THAT(Make().Checkpoint("request", false).status().message(),

@@ -25,7 +25,7 @@ YAML
 printf '127.0.0.1 master pserver=2 worker=2\n' > "$work/hosts"
 "$ROOT/scripts/launch.sh" run --config "$work/job.yaml" --hosts "$work/hosts" --trace --quiet \
   --run-dir "$work/run" --bin-dir "$BUILD_DIR/bin" --timeout 150 > "$work/out" 2>&1 ||
-  { cat "$work/out"; fail "launch.sh run --trace failed"; }
+  { cat "$work/out"; log_tails "$work/run"; fail "launch.sh run --trace failed"; }
 
 python3 - "$work/run" > "$work/check.out" 2>&1 <<'PY' ||
 import json, sys

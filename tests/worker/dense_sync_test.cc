@@ -551,6 +551,32 @@ TEST(DenseSyncTest, TwoNeighboursLostTogetherLoseTheirShardsStateAndSaySo) {
   EXPECT_EQ(Flat(*ring[0]), Flat(*ring[3]));
 }
 
+// Abort (the job's end, or the worker stopping) while a ring is being
+// formed with a member that never answers: the Form ends then, Cancelled,
+// not at the ring's timeout; no ring is formed after it, and no step runs.
+TEST(DenseSyncTest, AbortEndsAFormInProgressAndNoRingFormsAfter) {
+  Cluster c("inproc", absl::Seconds(20));
+  Member* a = c.Add(1);
+  Member* silent = c.Add(2);  // (listens, never forms)
+  const std::vector<DenseSync::Member> ring = {{1, a->address}, {2, silent->address}};
+  absl::StatusOr<DenseSync::Formed> formed = absl::UnknownError("not run");
+  const absl::Time start = absl::Now();
+  std::thread former([&] { formed = a->sync->Form(1, ring, a->param_ptrs()); });
+  absl::SleepFor(absl::Milliseconds(300));
+  a->sync->Abort(absl::CancelledError("the job is over"));
+  former.join();
+  EXPECT_THAT(formed.status(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // (the timeout is 20 s)
+  EXPECT_TRUE(a->sync->over());
+  EXPECT_THAT(a->sync->Form(2, ring, a->param_ptrs()).status(),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("over")));
+  std::vector<std::vector<float>> g;
+  for (size_t n : kTables) g.emplace_back(n, 1.f);
+  std::vector<const float*> gp;
+  for (const auto& t : g) gp.push_back(t.data());
+  EXPECT_FALSE(a->sync->Step(0, gp, 1, 0, a->param_ptrs()).ok());
+}
+
 TEST(DenseSyncTest, BadCallsAreRefused) {
   Cluster c;
   Member* a = c.Add(1);

@@ -158,6 +158,16 @@ bool JobTracker::ReadyToEvaluateLocked() const {
   return ledger_taken_ || clock_->Now() - train_end_time_ > absl::Seconds(10);
 }
 
+void JobTracker::EvaluationStarted(uint32_t node) {
+  absl::MutexLock l(&mu_);
+  if (node == evaluator_) evaluating_ = node;
+}
+
+uint32_t JobTracker::evaluating() const {
+  absl::MutexLock l(&mu_);
+  return evaluating_;
+}
+
 std::optional<uint64_t> JobTracker::ClaimEvaluation(uint32_t node, bool evaluator_in_job) {
   absl::MutexLock l(&mu_);
   if (state_ != proto::JOB_EVALUATING || !ReadyToEvaluateLocked()) return std::nullopt;

@@ -115,6 +115,12 @@ class JobTracker {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The evaluator (0: none chosen yet).
   uint32_t evaluator() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The evaluator `node` holds the trained model's parameters and
+  // evaluates (a dense allreduce ring's worker joined its ring first):
+  // the other workers need step no ring again. Ignored from another node.
+  void EvaluationStarted(uint32_t node) ABSL_LOCKS_EXCLUDED(mu_);
+  // The evaluator once it has said so (0 before).
+  uint32_t evaluating() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A data task completed at bsp step `last_step`.
   void TaskCompleted(uint64_t last_step) ABSL_LOCKS_EXCLUDED(mu_);
@@ -189,6 +195,7 @@ class JobTracker {
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
   absl::Time train_end_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint32_t evaluator_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t evaluating_ ABSL_GUARDED_BY(mu_) = 0;  // EvaluationStarted
   uint64_t max_last_step_ ABSL_GUARDED_BY(mu_) = 0;
   bool has_accuracy_ ABSL_GUARDED_BY(mu_) = false;
   double test_accuracy_ ABSL_GUARDED_BY(mu_) = 0;

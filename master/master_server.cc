@@ -361,6 +361,7 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   proto::HeartbeatResponse resp;
   resp.set_epoch(beat.epoch);
   resp.set_job_state(job_.state());
+  resp.set_evaluator(job_.evaluating());
   resp.set_drained(beat.drained);
   if (beat.drained) return resp;  // it leaves
   if (beat.role == proto::PSERVER) {
@@ -384,6 +385,7 @@ absl::Status MasterServer::ReportProgress(const proto::ReportProgressRequest& re
         absl::StrCat("node ", n.id(), " reported a test accuracy but is not the evaluator"));
   }
   job_.RecordProgress(n.id(), req);
+  if (req.evaluating()) job_.EvaluationStarted(n.id());
   splitter_.Observe(n.id(), req.samples(), req.busy_seconds() - req.comm_seconds());
   if (req.has_task_start()) tasks_.SetFirstStep(n.id(), req.task_id(), req.task_first_step());
   if (!req.error().empty() && !job_.over()) {

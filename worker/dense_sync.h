@@ -83,8 +83,9 @@ class DenseSync {
   // Any thread: a kCollective request, for the ring of its epoch (the
   // operation's high 32 bits).
   void Handle(transport::Message request, std::shared_ptr<transport::Responder> responder);
-  // Any thread: the job is over, or this worker stops. Fails the current ring's call in
-  // progress, and its later ones, with `why` (Cancelled): a member idling
+  // Any thread: training is over (the master chose the worker that
+  // evaluates), the job is over, or this worker stops. Fails the current
+  // ring's call in progress, and its later ones, with `why` (Cancelled): a member idling
   // in a step that a departed member will never finish ends it at once,
   // not at the timeout. No ring is formed after it (Form is Cancelled).
   void Abort(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);

@@ -357,15 +357,25 @@ void Worker::HeartbeatLoop() {
       LOG_EVERY_N(WARNING, 10) << "heartbeat failed: " << s;
       continue;
     }
-    if (dense_sync_ != nullptr && !ring_aborted_ && resp.job_state() == proto::JOB_SUCCEEDED) {
-      // The job is over: a step this worker idles in (it waits for tasks)
-      // may wait on the member that evaluated and left; it ends now, and
-      // the training thread asks the master what to do. (Only once it
-      // succeeded: no member trains then. A stopped or failed job's
+    const bool evaluating = resp.job_state() == proto::JOB_EVALUATING && resp.evaluator() != 0;
+    if (dense_sync_ != nullptr && !ring_aborted_ &&
+        (resp.job_state() == proto::JOB_SUCCEEDED || evaluating)) {
+      // Training is over: a step this worker idles in (it waits for tasks)
+      // may wait on the member that evaluates, for as long as its test
+      // pass takes, or that evaluated and left; it ends now, and the
+      // training thread asks the master what to do. (Only once the
+      // evaluator is in its ring with the trained model and says so,
+      // after the final checkpoint, whose ring shards are cut in the
+      // steps: no member trains after that. A stopped or failed job's
       // members finish their step and hear of it from the master.)
       ring_aborted_ = true;
-      dense_sync_->Abort(absl::CancelledError(absl::StrCat(
-          "dense allreduce: the job is over (", proto::JobState_Name(resp.job_state()), ")")));
+      const std::string why =
+          evaluating
+              ? absl::StrCat("training is over (node ", resp.evaluator(), " evaluates)")
+              : absl::StrCat("the job is over (", proto::JobState_Name(resp.job_state()), ")");
+      LOG(INFO) << "worker " << options_.index << ": " << why << ": no dense allreduce step "
+                << "from now on";
+      dense_sync_->Abort(absl::CancelledError(absl::StrCat("dense allreduce: ", why)));
     }
     if (resp.epoch() != params_->epoch()) {
       // One try: this thread must go on heartbeating.
@@ -606,6 +616,13 @@ absl::Status Worker::RunLoop() {
                   .status());
         } else if (dense_ring_ != nullptr) {
           STRATA_RETURN_IF_ERROR(dense_ring_->Join());
+        }
+        if (dense_sync_ != nullptr) {
+          // This worker has the trained model: the others' idle steps,
+          // which would wait on it while it evaluates, end (they hear of
+          // it in their heartbeats).
+          evaluating_ = true;
+          ReportProgress(false, 0, 0);
         }
         STRATA_RETURN_IF_ERROR(Evaluate(lease.min_version));
         break;
@@ -1046,6 +1063,7 @@ void Worker::ReportProgress(bool has_eval, double accuracy, double test_loss,
   for (const auto& [partition, n] : params_->AckedPushes()) {
     (*req.mutable_acked_pushes())[partition] = n;
   }
+  req.set_evaluating(evaluating_.load());
   req.set_has_test_accuracy(has_eval);
   req.set_test_accuracy(accuracy);
   req.set_test_loss(test_loss);

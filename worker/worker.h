@@ -268,7 +268,8 @@ class Worker : private TrainerContext {
   // the DenseSync exists; the listener stops in Shutdown, before these go).
   std::unique_ptr<DenseSync> dense_sync_;
   std::unique_ptr<DenseRing> dense_ring_;
-  bool ring_aborted_ = false;  // the heartbeat thread's: the job is over
+  bool ring_aborted_ = false;            // the heartbeat thread's: the job is over
+  std::atomic<bool> evaluating_{false};  // it evaluates (allreduce): ReportProgress says so
   // Hierarchical allreduce (with cluster.aggregation node): the tables the
   // ring writes into, the host aggregator's thread's (the host's workers
   // read its parameters from the segment), and an idle step's gradients.

@@ -206,10 +206,17 @@ TEST_F(JobTrackerTest, ClaimEvaluationPicksOneEvaluatorAndReplacesOneThatLeft) {
   job->SetLedger({});
   EXPECT_EQ(job->ClaimEvaluation(1, /*evaluator_in_job=*/false), std::optional<uint64_t>(42));
   EXPECT_EQ(job->evaluator(), 1u);
+  EXPECT_EQ(job->evaluating(), 0u);  // (until it says it has the model)
+  job->EvaluationStarted(2);         // not the evaluator: ignored
+  EXPECT_EQ(job->evaluating(), 0u);
+  job->EvaluationStarted(1);
+  EXPECT_EQ(job->evaluating(), 1u);
   EXPECT_FALSE(job->ClaimEvaluation(2, /*evaluator_in_job=*/true).has_value());
   EXPECT_EQ(job->ClaimEvaluation(1, true), std::optional<uint64_t>(42));  // asks again
   EXPECT_EQ(job->ClaimEvaluation(2, /*evaluator_in_job=*/false), std::optional<uint64_t>(42));
   EXPECT_EQ(job->evaluator(), 2u);
+  job->EvaluationStarted(2);
+  EXPECT_EQ(job->evaluating(), 2u);
 
   auto asp = Make(Consistency::kAsp);
   asp->Start(1);

@@ -45,9 +45,10 @@ def port_base():
 
 def job_config(path, workers=1, steps_records=3200, layers=(784, 32, 10), consistency="bsp",
                chunk_bytes=16384, model=None, data=None, extra="", epochs=1, batch_size=64,
-               learning_rate=0.002):
+               learning_rate=0.002, cluster_extra=""):
     """`model`, `data`: YAML of those sections in place of the MLP on
-    Fashion-MNIST; `extra`: more sections."""
+    Fashion-MNIST; `extra`: more sections; `cluster_extra`: more lines of
+    the cluster section (indented)."""
     base = port_base()
     ports = {"master": base, "master_http": base + 1}
     with open(path, "w") as f:
@@ -68,7 +69,7 @@ optimizer:
   chunk_bytes: %d
   heartbeat_interval_ms: 200
   dead_timeout_ms: 3000
-  ports: {master: %d, master_http: %d, pserver: 0, pserver_data: 0, pserver_http: 0, worker_http: 0}
+%s  ports: {master: %d, master_http: %d, pserver: 0, pserver_data: 0, pserver_http: 0, worker_http: 0}
 security:
   mode: plaintext
 """ % (consistency, epochs, batch_size,
@@ -83,7 +84,7 @@ security:
   test_labels: %s/t10k-labels-idx1-ubyte.gz
   task_records: 640
   train_limit: %d""" % (FMNIST, FMNIST, FMNIST, FMNIST, steps_records),
-       extra, chunk_bytes, ports["master"], ports["master_http"]))
+       extra, chunk_bytes, cluster_extra, ports["master"], ports["master_http"]))
     return "127.0.0.1:%d" % ports["master"]
 
 

@@ -155,6 +155,47 @@ def test_allreduce_python_workers_step_the_ring_as_cpp_workers(cluster_factory, 
     assert verify.returncode == 0 and "2 ring shards" in verify.stdout, verify
 
 
+SLOW_EVALUATION = """
+import sys, time
+sys.path.insert(0, %r)
+import fmnist_mlp
+load = fmnist_mlp.load
+def slow(images, labels):
+    if "t10k" in images:  # the test set: the evaluation takes this much longer
+        time.sleep(%d)
+    return load(images, labels)
+fmnist_mlp.load = slow
+fmnist_mlp.main()
+"""
+
+
+def test_allreduce_idle_workers_outlast_a_long_evaluation(cluster_factory, tmp_path):
+    """The worker that evaluates takes longer over its test pass (30 s)
+    than the ring's timeout (10 s: request_timeout_ms 2000, at least 10 s)
+    and its time to form again (2 x 3 s dead timeout + 2 s) together. The
+    other worker steps no ring meanwhile: it leaves its step once the
+    master has chosen the evaluator (the final checkpoint taken), and both
+    exit 0. (It exited with "formed no ring" before.)"""
+    script = tmp_path / "slow_evaluation.py"
+    script.write_text(SLOW_EVALUATION % (os.path.dirname(EXAMPLE), 30))
+    c = cluster_factory(workers=2, steps_records=3200, model=ALLREDUCE,
+                        cluster_extra="  request_timeout_ms: 2000\n")
+    ws = [c.worker(i, [sys.executable, str(script)]) for i in range(2)]
+    summary = c.wait_summary(timeout=150)
+    codes = [w.wait(timeout=30) for w in ws]
+    logs = []
+    for i in range(2):
+        with open(os.path.join(c.dir, "worker-%d.log" % i)) as f:
+            logs.append(f.read())
+    assert summary["state"] == "succeeded", summary
+    assert codes == [0, 0], logs
+    evaluators = [i for i in range(2) if "test accuracy" in logs[i]]
+    assert len(evaluators) == 1, logs
+    idle = logs[1 - evaluators[0]]
+    assert re.search(r"training is over \(node \d+ evaluates\): no dense allreduce step", idle), idle
+    assert "formed no ring" not in idle, idle
+
+
 def test_init_outside_a_cluster_says_how_to_launch(monkeypatch):
     for k in ("STRATA_CONFIG", "STRATA_MASTER", "STRATA_INDEX"):
         monkeypatch.delenv(k, raising=False)

@@ -291,6 +291,7 @@ absl::StatusOr<proto::CheckpointResponse> CheckpointCoordinator::Checkpoint(
         absl::FailedPreconditionError(absl::StrCat("no checkpoint: ", cluster.why_not)),
         proto::REASON_JOB_NOT_RUNNING);
   }
+  if (ring_floats_ > 0 && cluster.evaluating) return NoRingWhileEvaluating();
   uint64_t seq = 0, base_seq = 0;
   {
     absl::MutexLock l(&mu_);
@@ -829,6 +830,24 @@ void CheckpointCoordinator::SetRingRestoreLocked(const std::string& root,
   ring_restore_->set_updates(m.ring_updates());
 }
 
+absl::Status CheckpointCoordinator::NoRingWhileEvaluating() const {
+  // (The members leave their ring's steps, where their shards are cut: no
+  // whole set would come before the timeout.)
+  absl::MutexLock l(&mu_);
+  std::string model = "no checkpoint holds the trained model (checkpoint.on_finish)";
+  if (last_manifest_.has_value()) {
+    model = last_manifest_->reason() == "final"
+                ? absl::StrCat("checkpoint ", last_manifest_->seq(), " holds the trained model")
+                : absl::StrCat("the last checkpoint is ", last_manifest_->seq(), " (",
+                               last_manifest_->reason(), ")");
+  }
+  return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                        "no checkpoint: training is over and the workers' ring of the allreduce "
+                        "tables steps no more while the model is evaluated; ",
+                        model)),
+                    proto::REASON_JOB_NOT_RUNNING);
+}
+
 absl::StatusOr<std::vector<proto::RingCheckpointReport>> CheckpointCoordinator::AwaitRing(
     uint64_t seq, uint64_t cut, bool training_over, const std::atomic<bool>* give_up) {
   {
@@ -906,7 +925,9 @@ absl::StatusOr<std::vector<proto::RingCheckpointReport>> CheckpointCoordinator::
     if (give_up != nullptr && give_up->load()) {
       return absl::AbortedError(absl::StrCat("checkpoint ", seq, ": the pservers' part failed"));
     }
-    if (!training_over && master_->CheckpointCluster(/*with_view=*/false).training_over) {
+    const Master::Cluster now = master_->CheckpointCluster(/*with_view=*/false);
+    if (now.evaluating) return NoRingWhileEvaluating();
+    if (!training_over && now.training_over) {
       return absl::CancelledError(
           absl::StrCat("checkpoint ", seq, ": training ended before the ring reached the cut"));
     }

@@ -87,8 +87,11 @@ class CheckpointCoordinator {
       // ready, the job not ended; else why not, in a few words.
       bool ready = false;
       std::string why_not;
-      bool running = false;               // the job trains (JOB_RUNNING)
-      bool training_over = false;         // every data task done (JOB_EVALUATING)
+      bool running = false;        // the job trains (JOB_RUNNING)
+      bool training_over = false;  // every data task done (JOB_EVALUATING)
+      // The evaluator is chosen (JobTracker::evaluator): it steps no dense
+      // allreduce ring, nor, once it says so, do the others.
+      bool evaluating = false;
       proto::ClusterView view;            // with_view only
       std::vector<PServerTarget> owners;  // the pservers owning partitions
     };
@@ -226,11 +229,14 @@ class CheckpointCoordinator {
       const std::vector<PServerTarget>& targets, bool training_over, uint64_t trainings_done,
       proto::CheckpointPartitionsRequest* req, std::vector<proto::RingCheckpointReport>* ring)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Why a ring's checkpoint is refused while the model is evaluated.
+  absl::Status NoRingWhileEvaluating() const ABSL_LOCKS_EXCLUDED(mu_);
   // The ring's part of checkpoint `seq` at `cut` updates: asks the
   // workers (RingBeat) and waits for their shards to tile the flat space.
   // OK with the shards; OutOfRange when the ring was past the cut;
   // Cancelled when training ended first (`training_over` false) or the
-  // master stops; DeadlineExceeded after checkpoint.timeout_seconds.
+  // master stops; FailedPrecondition once the evaluator is chosen (the
+  // ring steps no more); DeadlineExceeded after checkpoint.timeout_seconds.
   // `give_up`: set when the pservers' part failed (Aborted then).
   absl::StatusOr<std::vector<proto::RingCheckpointReport>> AwaitRing(
       uint64_t seq, uint64_t cut, bool training_over, const std::atomic<bool>* give_up)

@@ -371,6 +371,7 @@ absl::StatusOr<proto::HeartbeatResponse> MasterServer::Heartbeat(
   // A live worker keeps its data-task leases.
   if (beat.role == proto::WORKER) {
     tasks_.RenewLeases(req.node_id(), clock_->Now());
+    if (req.evaluating()) job_.EvaluationStarted(req.node_id());
     checkpoints_->RingBeat(req.node_id(), req, &resp);
   }
   *resp.mutable_data_key() = std::move(beat.key);
@@ -517,6 +518,7 @@ CheckpointCoordinator::Master::Cluster MasterServer::CheckpointCluster(bool with
   }
   c.running = state == proto::JOB_RUNNING;
   c.training_over = state == proto::JOB_EVALUATING;
+  c.evaluating = c.training_over && job_.evaluator() != 0;
   if (with_view) c.view = nodes_.View();
   c.owners = nodes_.Owners();
   return c;

@@ -51,6 +51,7 @@ bool DenseRing::FormOf(const proto::ClusterView& view) {
   for (const DenseSync::Member& m : members) ids.push_back(m.node_id);
   absl::StatusOr<DenseSync::Formed> formed = sync_->Form(view.epoch(), members, params_);
   checked_epoch_ = std::max(checked_epoch_, view.epoch());
+  ended_ = false;  // (a Form cut short may have moved the state)
   if (!formed.ok() && sync_->over()) {
     broken_ = true;
     return false;
@@ -79,7 +80,14 @@ bool DenseRing::FormOf(const proto::ClusterView& view) {
 }
 
 absl::Status DenseRing::Join() {
-  if (sync_->over()) return absl::OkStatus();  // (no ring to join: the job is over)
+  if (sync_->over()) {  // (no ring forms again)
+    if (in_ring_ && (!broken_ || ended_)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dense allreduce: node ", node_id_,
+        " holds no ring's parameters (it was in no ring when training ended, or its ring "
+        "failed) and no ring forms now that training is over: it cannot evaluate the trained "
+        "model"));
+  }
   if (in_ring_ && !broken_) return absl::OkStatus();
   if (broken_) return Reform();
   absl::StatusOr<proto::ClusterView> view = hooks_.fetch_view();
@@ -154,6 +162,7 @@ absl::StatusOr<DenseSync::StepResult> DenseRing::StepOnce(const std::vector<cons
       sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_, ask);
   if (!r.ok()) {
     broken_ = true;
+    ended_ = absl::IsCancelled(r.status()) && sync_->over();
     if (absl::IsCancelled(r.status())) {  // (DenseSync::Abort: the job is over)
       LOG(INFO) << "dense allreduce: step " << next_step_ << " ended: " << r.status().message();
       return r.status();
@@ -246,12 +255,14 @@ absl::Status DenseRing::IdleFor(absl::Duration duration) {
     return absl::OkStatus();
   }
   const absl::Time until = absl::Now() + duration;
-  if (broken_) {
-    STRATA_RETURN_IF_ERROR(Reform());
-  } else if (!in_ring_) {
-    // (A worker with no task yet is in the view's ring all the same: the
-    // others' first ring waits for it.)
-    STRATA_RETURN_IF_ERROR(Join());
+  // (A worker with no task yet is in the view's ring all the same: the
+  // others' first ring waits for it.)
+  absl::Status joined = broken_ ? Reform() : !in_ring_ ? Join() : absl::OkStatus();
+  if (!joined.ok()) {
+    if (!sync_->over()) return joined;
+    // Training ended meanwhile (Abort): the caller asks the master.
+    absl::SleepFor(std::max(absl::ZeroDuration(), until - absl::Now()));
+    return absl::OkStatus();
   }
   std::vector<const float*> grads;
   for (const std::vector<float>& z : zeros_) grads.push_back(z.data());

@@ -77,7 +77,11 @@ class DenseRing {
   // Joins the ring of the view now when this worker is in it and in no
   // ring yet (before its first evaluation; TrainStep and IdleFor join by
   // themselves). OK when the view leaves it out (FailedPrecondition from
-  // TrainStep then), and once the job is over (over()).
+  // TrainStep then). Once training is over (over()): OK when this worker
+  // holds the ring's last parameters (it was in the ring, and its last
+  // step completed or was ended by the Abort, a step with no samples
+  // then); else FailedPrecondition (it cannot evaluate the trained model:
+  // no ring forms again to bring it).
   absl::Status Join();
 
   struct Done {
@@ -101,8 +105,9 @@ class DenseRing {
   absl::Status IdleFor(absl::Duration duration);
 
   bool in_ring() const { return in_ring_; }
-  // The job is over (DenseSync::Abort): no ring forms again; Join and
-  // IdleFor do nothing, TrainStep fails.
+  // Training is over (DenseSync::Abort): no ring forms again; IdleFor
+  // only waits, Join says whether this worker holds the ring's
+  // parameters, TrainStep fails.
   bool over() const { return sync_->over(); }
   // The step to train next.
   uint64_t next_step() const { return next_step_; }
@@ -143,6 +148,7 @@ class DenseRing {
   std::vector<uint32_t> members_;          // the ring's node ids
   bool in_ring_ = false;
   bool broken_ = false;         // the last step or Form failed
+  bool ended_ = false;          // ... ended by DenseSync::Abort (a step: no parameter moved)
   bool own_params_ = false;     // the last Form found this worker's values the ring's
   uint64_t checked_epoch_ = 0;  // the newest view whose ring was looked at
   uint64_t next_step_ = 0;

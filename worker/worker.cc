@@ -324,6 +324,7 @@ void Worker::HeartbeatLoop() {
     req.set_epoch(params_->epoch());
     std::set<uint64_t> sent;  // the ring checkpoint answers this beat carries
     if (dense_ring_ != nullptr) {
+      req.set_evaluating(evaluating_.load());  // (the progress report may be lost)
       req.set_ring_updates(ring_updates_.load());
       absl::MutexLock l(&ring_ckpt_mu_);
       for (const auto& r : ring_reports_) {

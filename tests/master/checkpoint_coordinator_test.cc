@@ -30,6 +30,7 @@ namespace strata::master {
 namespace {
 
 using ::strata::testing::IsOk;
+using ::strata::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -169,6 +170,7 @@ class FakeMaster final : public CheckpointCoordinator::Master {
     c.why_not = "the job is waiting (partitions not placed)";
     c.running = running;
     c.training_over = training_over;
+    c.evaluating = evaluating;
     c.owners = owners;
     if (!with_view) return c;  // (a manifest made without it would miss every partition)
     for (uint32_t id : {0u, 1u, 2u}) {
@@ -204,6 +206,7 @@ class FakeMaster final : public CheckpointCoordinator::Master {
   bool ready ABSL_GUARDED_BY(mu_) = true;
   bool running ABSL_GUARDED_BY(mu_) = true;
   bool training_over ABSL_GUARDED_BY(mu_) = false;
+  bool evaluating ABSL_GUARDED_BY(mu_) = false;
   std::vector<PServerTarget> owners ABSL_GUARDED_BY(mu_);
   std::vector<std::optional<uint64_t>> cuts ABSL_GUARDED_BY(mu_);
   uint64_t stopped_after ABSL_GUARDED_BY(mu_) = 0;
@@ -689,6 +692,54 @@ TEST_F(CheckpointCoordinatorTest, TheRingsShardsJoinTheManifestAndARingPastTheCu
   proto::HeartbeatResponse resp;
   resumed.RingBeat(5, later, &resp);
   EXPECT_FALSE(resumed.RingRestore().has_value());
+}
+
+// Once the evaluator is chosen the ring's members leave their steps
+// (docs/reliability.md, "The job's end"): a checkpoint asked for then is
+// refused at once, naming the one that holds the model, not failed at
+// checkpoint.timeout_seconds; one that was waiting for the ring's shards
+// when the evaluator was chosen gives up then. (A pserver-only job's is
+// taken.)
+TEST_F(CheckpointCoordinatorTest, NoRingCheckpointWhileTheModelIsEvaluated) {
+  for (const std::string sync : {"allreduce", "ps"}) {
+    SCOPED_TRACE(sync);
+    config_.model.dense_sync = sync;
+    CheckpointCoordinator& c = Make();
+    {
+      absl::MutexLock l(&master_.mu_);
+      master_.running = false;
+      master_.training_over = true;
+      master_.evaluating = true;
+    }
+    const size_t calls = ps1_.requests().size();
+    const absl::Time start = absl::Now();
+    auto r = c.Checkpoint("request", false);
+    if (sync == "ps") {
+      EXPECT_THAT(r.status(), IsOk());
+      continue;
+    }
+    EXPECT_TRUE(HasReason(r.status(), proto::REASON_JOB_NOT_RUNNING)) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("steps no more while the model is evaluated"));
+    EXPECT_THAT(r.status().message(), HasSubstr("no checkpoint holds the trained model"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // (timeout_seconds is 5)
+    EXPECT_EQ(Status().checkpoint_failures(), 0u);
+    EXPECT_EQ(ps1_.requests().size(), calls);  // (no pserver was asked)
+
+    // Chosen while the checkpoint waits for the ring: it gives up then.
+    {
+      absl::MutexLock l(&master_.mu_);
+      master_.evaluating = false;
+      master_.after_read = [&] {
+        absl::MutexLock l(&master_.mu_);
+        master_.evaluating = true;
+      };
+    }
+    const absl::Time again = absl::Now();
+    r = c.Checkpoint("request", false);
+    EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("steps no more while the model is evaluated")));
+    EXPECT_LT(absl::Now() - again, absl::Seconds(3));
+  }
 }
 
 // A ring that writes no whole set of shards fails the checkpoint in

@@ -279,7 +279,8 @@ TEST_F(DenseRingTest, OnlyTheRingsTablesAreSteppedAndTheirGradientsChecked) {
 // The job over (DenseSync::Abort, from the heartbeats or a stopping
 // worker): a member idling in a step whose other member left without a
 // word ends it at once, not at the ring's timeout (5 s here), and forms
-// no ring after it; IdleFor and Join do nothing then, TrainStep fails.
+// no ring after it; IdleFor waits then, Join is OK (this member holds the
+// ring's parameters: the step ended had no samples), TrainStep fails.
 TEST_F(DenseRingTest, AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter) {
   std::vector<Member*> ms = {Add(1), Add(2)};
   for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
@@ -310,6 +311,13 @@ TEST_F(DenseRingTest, AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter) {
   for (size_t n : kTables) g.emplace_back(n, 1.f);
   EXPECT_THAT(ms[0]->ring->TrainStep(g, 1).status(), StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(ms[0]->ring->rings_formed(), formed);
+
+  // A worker that was in no ring when training ended holds no ring's
+  // parameters: it cannot evaluate (its Join says so); it idles.
+  Member* late = Add(4);
+  late->sync->Abort(absl::CancelledError("training is over"));
+  EXPECT_THAT(late->ring->Join(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(late->ring->IdleFor(absl::Milliseconds(10)), IsOk());
 }
 
 }  // namespace

@@ -229,6 +229,71 @@ absl::StatusOr<std::shared_ptr<transport::RingAllreduce>> DenseSync::StartRing(
   return ring;
 }
 
+namespace {
+
+// What Form's first exchange says (`ctl`: the slots of `w` members).
+struct Agreement {
+  // The last step any member completed; a member that was in it when the
+  // ring broke has its optimizer shards past it too (every shard was
+  // applied before any member could complete it).
+  std::optional<uint64_t> last;
+  // The newest split of the optimizer state among members that are where
+  // the job is (0: none), and, by member, whether it holds its shards.
+  uint64_t newest = 0;
+  std::vector<bool> holds;
+  uint64_t updates = 0;  // the optimizer updates the ring has applied
+  // No member holds the state of a ring: a member that restored a
+  // checkpoint brings its state (every such member read the same one).
+  std::optional<uint32_t> restorer;
+  // The parameters of the first member that completed the last step (or
+  // of the first member, before any step).
+  uint32_t source = 0;
+  uint64_t answered = 0;  // the newest checkpoint ask every member answered
+};
+
+Agreement Agree(const std::vector<float>& ctl, uint32_t w) {
+  auto slot = [&](uint32_t m) { return ctl.data() + static_cast<size_t>(m) * kFormSlot; };
+  Agreement a;
+  for (uint32_t m = 0; m < w; ++m) {
+    if (slot(m)[kHasCompleted] > 0) {
+      a.last = std::max(a.last.value_or(0), GetU64(slot(m) + kCompleted));
+    }
+  }
+  auto current = [&](uint32_t m) {  // where the job is: at the last step
+    const float* s = slot(m);
+    if (a.last.has_value() && s[kInStep] > 0 && GetU64(s + kInStepValue) == *a.last) return true;
+    const std::optional<uint64_t> done =
+        s[kHasCompleted] > 0 ? std::optional<uint64_t>(GetU64(s + kCompleted)) : std::nullopt;
+    return done == a.last;
+  };
+  for (uint32_t m = 0; m < w; ++m) {
+    if (slot(m)[kHasState] > 0 && current(m)) {
+      a.newest = std::max(a.newest, GetU64(slot(m) + kStateEpoch));
+    }
+  }
+  for (uint32_t m = 0; m < w; ++m) {
+    a.holds.push_back(slot(m)[kHasState] > 0 && GetU64(slot(m) + kStateEpoch) == a.newest &&
+                      current(m));
+    if (a.holds.back()) a.updates = std::max(a.updates, GetU64(slot(m) + kUpdates));
+  }
+  if (a.newest == 0) {
+    for (uint32_t m = 0; m < w && !a.restorer.has_value(); ++m) {
+      if (slot(m)[kRestored] > 0 && current(m)) a.restorer = m;
+    }
+    if (a.restorer.has_value()) a.updates = GetU64(slot(*a.restorer) + kUpdates);
+  }
+  if (a.last.has_value()) {
+    for (uint32_t m = w; m-- > 0;) {
+      if (slot(m)[kHasCompleted] > 0 && GetU64(slot(m) + kCompleted) == *a.last) a.source = m;
+    }
+  }
+  a.answered = GetU64(slot(0) + kAnswered);
+  for (uint32_t m = 1; m < w; ++m) a.answered = std::min(a.answered, GetU64(slot(m) + kAnswered));
+  return a;
+}
+
+}  // namespace
+
 absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
                                                   const std::vector<Member>& members,
                                                   const std::vector<float*>& params) {
@@ -264,7 +329,68 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
 
   // 1. Who holds what.
   std::vector<float> ctl(static_cast<size_t>(w) * kFormSlot, 0.f);
-  float* mine = ctl.data() + static_cast<size_t>(rank) * kFormSlot;
+  PutFormSlot(ctl.data() + static_cast<size_t>(rank) * kFormSlot);
+  STRATA_RETURN_IF_ERROR(ring->Allreduce(ctl.data(), ctl.size(), Op(calls_++)));
+  const Agreement agreed = Agree(ctl, w);
+  const std::optional<uint64_t> last = agreed.last;
+  auto holder = [&](uint32_t node) {
+    for (uint32_t m = 0; m < w; ++m) {
+      if (members[m].node_id == node) return agreed.holds[m];
+    }
+    return false;
+  };
+  // A step cut short everywhere is undone here.
+  if (in_step_.has_value() && (!last.has_value() || *in_step_ > *last)) {
+    if (primary_ != nullptr) STRATA_RETURN_IF_ERROR(primary_->RestoreState(primary_before_));
+    if (replica_ != nullptr) STRATA_RETURN_IF_ERROR(replica_->RestoreState(replica_before_));
+  }
+  // 2. The parameters and the optimizer state, summed from where each
+  // part is: [K state vectors over the flat space][the parameters].
+  const size_t k = state_vectors_;
+  std::vector<float> all((k + 1) * total_, 0.f);
+  size_t lost = 0;
+  if (agreed.newest > 0 && agreed.newest == state_epoch_ && agreed.holds[rank]) {
+    lost = PutOldShards(holder, all.data());
+  }
+  if (agreed.restorer == rank && k > 0) {
+    std::memcpy(all.data(), restored_state_.data(), k * total_ * sizeof(float));
+  }
+  if (rank == agreed.source)
+    std::memcpy(all.data() + k * total_, params_.data(), total_ * sizeof(float));
+  STRATA_RETURN_IF_ERROR(ring->Allreduce(all.data(), all.size(), Op(calls_++)));
+
+  // 3. This ring's shards.
+  std::memcpy(params_.data(), all.data() + k * total_, total_ * sizeof(float));
+  CopyOut(params_, params);
+  STRATA_RETURN_IF_ERROR(TakeShards(all, rank, w, agreed.updates));
+  const bool own_params = completed_.has_value() && completed_ == last;
+  answered_ = agreed.answered;
+  updates_ = agreed.updates;
+  state_epoch_ = epoch;
+  state_members_ = members;
+  completed_ = last;
+  in_step_.reset();
+  formed_ = true;
+  if (restored_) {
+    restored_ = false;
+    std::vector<float>().swap(restored_state_);
+  }
+  if (agreed.restorer.has_value()) {
+    LOG(INFO) << "dense allreduce ring of epoch " << epoch
+              << ": the optimizer state is the checkpoint's (" << agreed.updates
+              << " updates), the parameters those of step " << last.value_or(0);
+  }
+  if (lost > 0) {
+    LOG(WARNING) << "dense allreduce ring of epoch " << epoch << ": " << lost
+                 << " floats of optimizer state were on members that are all gone (a shard's "
+                    "owner and its replica); they start again from zero";
+  }
+  VLOG(1) << "dense allreduce ring of epoch " << epoch << ": rank " << rank << " of " << w
+          << ", next step " << (last.has_value() ? *last + 1 : 0);
+  return Formed{last.has_value() ? *last + 1 : 0, lost, own_params};
+}
+
+void DenseSync::PutFormSlot(float* mine) const {
   mine[kHasState] = state_epoch_ > 0 ? 1.f : 0.f;
   PutU64(state_epoch_, mine + kStateEpoch);
   mine[kHasCompleted] = completed_.has_value() ? 1.f : 0.f;
@@ -274,90 +400,17 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   PutU64(updates(), mine + kUpdates);
   mine[kRestored] = restored_ ? 1.f : 0.f;
   PutU64(answered_, mine + kAnswered);
-  STRATA_RETURN_IF_ERROR(ring->Allreduce(ctl.data(), ctl.size(), Op(calls_++)));
-  auto slot = [&](uint32_t m) { return ctl.data() + static_cast<size_t>(m) * kFormSlot; };
+}
 
-  // The last step any member completed; a member that was in it when the
-  // ring broke has its optimizer shards past it too (every shard was
-  // applied before any member could complete it).
-  std::optional<uint64_t> last;
-  for (uint32_t m = 0; m < w; ++m) {
-    if (slot(m)[kHasCompleted] > 0) last = std::max(last.value_or(0), GetU64(slot(m) + kCompleted));
-  }
-  auto effective = [&](uint32_t m) -> std::optional<uint64_t> {
-    const float* s = slot(m);
-    if (last.has_value() && s[kInStep] > 0 && GetU64(s + kInStepValue) == *last) return last;
-    if (s[kHasCompleted] > 0) return GetU64(s + kCompleted);
-    return std::nullopt;
-  };
-  // A step cut short everywhere is undone here.
-  if (in_step_.has_value() && (!last.has_value() || *in_step_ > *last)) {
-    if (primary_ != nullptr) STRATA_RETURN_IF_ERROR(primary_->RestoreState(primary_before_));
-    if (replica_ != nullptr) STRATA_RETURN_IF_ERROR(replica_->RestoreState(replica_before_));
-  }
-  // The newest split of the optimizer state among members that are where
-  // the job is.
-  uint64_t newest = 0;
-  for (uint32_t m = 0; m < w; ++m) {
-    if (slot(m)[kHasState] > 0 && effective(m) == last) {
-      newest = std::max(newest, GetU64(slot(m) + kStateEpoch));
-    }
-  }
-  auto holder = [&](uint32_t node) -> bool {
-    for (uint32_t m = 0; m < w; ++m) {
-      if (members[m].node_id != node) continue;
-      return slot(m)[kHasState] > 0 && GetU64(slot(m) + kStateEpoch) == newest &&
-             effective(m) == last;
-    }
-    return false;
-  };
-  uint64_t updates_agreed = 0;
-  for (uint32_t m = 0; m < w; ++m) {
-    if (holder(members[m].node_id)) {
-      updates_agreed = std::max(updates_agreed, GetU64(slot(m) + kUpdates));
-    }
-  }
-  // No member holds the state of a ring: a member that restored a
-  // checkpoint brings its state (every such member read the same one).
-  std::optional<uint32_t> restorer;
-  if (newest == 0) {
-    for (uint32_t m = 0; m < w && !restorer.has_value(); ++m) {
-      if (slot(m)[kRestored] > 0 && effective(m) == last) restorer = m;
-    }
-    if (restorer.has_value()) updates_agreed = GetU64(slot(*restorer) + kUpdates);
-  }
-  // The parameters of the first member that completed the last step (or
-  // of the first member, before any step).
-  uint32_t source = 0;
-  if (last.has_value()) {
-    for (uint32_t m = w; m-- > 0;) {
-      if (slot(m)[kHasCompleted] > 0 && GetU64(slot(m) + kCompleted) == *last) source = m;
-    }
-  }
-
-  // 2. The parameters and the optimizer state, summed from where each
-  // part is: [K state vectors over the flat space][the parameters].
+absl::Status DenseSync::TakeShards(const std::vector<float>& all, uint32_t rank, uint32_t w,
+                                   uint64_t updates) {
   const size_t k = state_vectors_;
-  std::vector<float> all((k + 1) * total_, 0.f);
-  size_t lost = 0;
-  if (newest > 0 && newest == state_epoch_ && holder(options_.node_id)) {
-    lost = PutOldShards(holder, all.data());
-  }
-  if (restorer == rank && k > 0) {
-    std::memcpy(all.data(), restored_state_.data(), k * total_ * sizeof(float));
-  }
-  if (rank == source) std::memcpy(all.data() + k * total_, params_.data(), total_ * sizeof(float));
-  STRATA_RETURN_IF_ERROR(ring->Allreduce(all.data(), all.size(), Op(calls_++)));
-
-  // 3. This ring's shards.
-  std::memcpy(params_.data(), all.data() + k * total_, total_ * sizeof(float));
-  CopyOut(params_, params);
   auto state_of = [&](uint32_t segment) {
     auto [b, e] = SegmentOf(segment, w);
     std::string s;
     // (Adam keeps its update count before the vectors.)
     if (state_has_count_) {
-      s.append(reinterpret_cast<const char*>(&updates_agreed), sizeof(uint64_t));
+      s.append(reinterpret_cast<const char*>(&updates), sizeof(uint64_t));
     }
     for (size_t v = 0; v < k; ++v) {
       s.append(reinterpret_cast<const char*>(all.data() + v * total_ + b), (e - b) * sizeof(float));
@@ -375,33 +428,7 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
     const std::string s = state_of(rank);
     STRATA_ASSIGN_OR_RETURN(replica_, MakeOptimizer(e - b, &s));
   }
-  const bool own_params = completed_.has_value() && completed_ == last;
-  uint64_t answered = answered_;
-  for (uint32_t m = 0; m < w; ++m) answered = std::min(answered, GetU64(slot(m) + kAnswered));
-  answered_ = answered;
-  updates_ = updates_agreed;
-  state_epoch_ = epoch;
-  state_members_ = members;
-  completed_ = last;
-  in_step_.reset();
-  formed_ = true;
-  if (restored_) {
-    restored_ = false;
-    std::vector<float>().swap(restored_state_);
-  }
-  if (restorer.has_value()) {
-    LOG(INFO) << "dense allreduce ring of epoch " << epoch
-              << ": the optimizer state is the checkpoint's (" << updates_agreed
-              << " updates), the parameters those of step " << last.value_or(0);
-  }
-  if (lost > 0) {
-    LOG(WARNING) << "dense allreduce ring of epoch " << epoch << ": " << lost
-                 << " floats of optimizer state were on members that are all gone (a shard's "
-                    "owner and its replica); they start again from zero";
-  }
-  VLOG(1) << "dense allreduce ring of epoch " << epoch << ": rank " << rank << " of " << w
-          << ", next step " << (last.has_value() ? *last + 1 : 0);
-  return Formed{last.has_value() ? *last + 1 : 0, lost, own_params};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,

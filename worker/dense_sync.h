@@ -218,6 +218,13 @@ class DenseSync {
   // ring and current, else from its replica's holder. Returns the state
   // floats of segments neither holds (lost).
   size_t PutOldShards(const std::function<bool(uint32_t)>& holder, float* all) const;
+  // Form's first exchange: what this member holds, into its slot.
+  void PutFormSlot(float* slot) const;
+  // Form's last part: this member's optimizer shards of a ring of `w`
+  // (its own segment and its replica of the one before), from `all` (K
+  // state vectors over the flat space, as summed), `updates` applied.
+  absl::Status TakeShards(const std::vector<float>& all, uint32_t rank, uint32_t w,
+                          uint64_t updates);
   // Flat params -> the caller's tables, and back.
   void CopyOut(const std::vector<float>& flat, const std::vector<float*>& params) const;
   void CopyIn(const std::vector<float*>& params, std::vector<float>* flat) const;

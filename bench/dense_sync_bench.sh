@@ -10,7 +10,13 @@
 #        worker), without its checkpoints: the dense tables by allreduce,
 #        the sparse ones on the pservers either way.
 #
+# Each round runs three jobs: ps; allreduce with model.allreduce_bucket_kib
+# 0 (the ring's step after the backward pass, "whole"); allreduce with
+# buckets overlapping the backward pass (model.allreduce_bucket_kib as
+# --bucket-kib says, or its default).
+#
 #   bench/dense_sync_bench.sh [--pairs N] [--epochs E] [--ctr-rows R] [--only mlp|ctr]
+#                             [--bucket-kib K]   (the buckets' size; default: the config's)
 #
 # Built binaries are taken from build/bin. Prints each run's samples/s
 # (summary.json) and test accuracy or AUC, and per workload the median of
@@ -24,13 +30,15 @@ PAIRS=3
 EPOCHS=2
 CTR_ROWS=200000
 ONLY=""
+BUCKET_KIB=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --pairs) PAIRS="$2"; shift 2 ;;
     --epochs) EPOCHS="$2"; shift 2 ;;
     --ctr-rows) CTR_ROWS="$2"; shift 2 ;;
     --only) ONLY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --bucket-kib) BUCKET_KIB="$2"; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "dense_sync_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,8 +62,10 @@ sed -E -e "s/^(  consistency:) *asp/\1 bsp/" -e "s/^(  epochs:) *[0-9]+/\1 1/" \
 for w in mlp ctr; do
   grep -q "^  activation: relu$" "$WORK/$w-ps.yaml" ||
     { echo "dense_sync_bench.sh: no model.activation in $WORK/$w-ps.yaml" >&2; exit 1; }
-  sed 's/^  activation: relu$/  activation: relu\n  dense_sync: allreduce/' "$WORK/$w-ps.yaml" \
-    > "$WORK/$w-allreduce.yaml"
+  sed "s/^  activation: relu\$/  activation: relu\n  dense_sync: allreduce${BUCKET_KIB:+\\n  allreduce_bucket_kib: $BUCKET_KIB}/" \
+    "$WORK/$w-ps.yaml" > "$WORK/$w-allreduce.yaml"
+  sed 's/^  activation: relu$/  activation: relu\n  dense_sync: allreduce\n  allreduce_bucket_kib: 0/' \
+    "$WORK/$w-ps.yaml" > "$WORK/$w-whole.yaml"
 done
 grep -q "consistency: bsp" "$WORK/ctr-ps.yaml" && ! grep -q "^checkpoint:" "$WORK"/*-ps.yaml ||
   { echo "dense_sync_bench.sh: cannot make the configs" >&2; exit 1; }
@@ -80,16 +90,19 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
 for w in mlp ctr; do
   [[ -z "$ONLY" || "$ONLY" == "$w" ]] || continue
   echo "$w: dense by allreduce vs by the pservers (bsp, 2 workers, 2 pservers)"
-  RATIOS=() PS=() AR=()
+  RATIOS=() OVERLAP=() PS=() WH=() AR=()
   for ((i = 1; i <= PAIRS; i++)); do
     read -r ps qps < <(run "$WORK/$w-ps.yaml")
+    read -r wh qwh < <(run "$WORK/$w-whole.yaml")
     read -r ar qar < <(run "$WORK/$w-allreduce.yaml")
     ratio="$(awk -v a="$ar" -v b="$ps" 'BEGIN {printf "%.3f", a / b}')"
-    printf '  pair %d: ps %8.0f samples/s (test %s) | allreduce %8.0f samples/s (test %s) | ratio %s\n' \
-      "$i" "$ps" "$qps" "$ar" "$qar" "$ratio"
-    RATIOS+=("$ratio") PS+=("$ps") AR+=("$ar")
+    overlap="$(awk -v a="$ar" -v b="$wh" 'BEGIN {printf "%.3f", a / b}')"
+    printf '  round %d: ps %8.0f (test %s) | whole %8.0f (test %s) | buckets %8.0f (test %s) samples/s | buckets/ps %s, buckets/whole %s\n' \
+      "$i" "$ps" "$qps" "$wh" "$qwh" "$ar" "$qar" "$ratio" "$overlap"
+    RATIOS+=("$ratio") OVERLAP+=("$overlap") PS+=("$ps") WH+=("$wh") AR+=("$ar")
   done
-  printf '  median: ps %.0f samples/s, allreduce %.0f samples/s, ratio %s\n' \
-    "$(echo "${PS[*]}" | median)" "$(echo "${AR[*]}" | median)" "$(echo "${RATIOS[*]}" | median)"
+  printf '  median: ps %.0f, whole %.0f, buckets %.0f samples/s; buckets/ps %s, buckets/whole %s\n' \
+    "$(echo "${PS[*]}" | median)" "$(echo "${WH[*]}" | median)" "$(echo "${AR[*]}" | median)" \
+    "$(echo "${RATIOS[*]}" | median)" "$(echo "${OVERLAP[*]}" | median)"
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -515,6 +515,7 @@ std::vector<ConfigReader::Field> ConfigReader::ModelFields(ModelSection* model) 
        }},
       Enum("activation", &model->activation, {"relu", "tanh", "sigmoid"}),
       Enum("dense_sync", &model->dense_sync, {"ps", "allreduce"}),
+      Int("allreduce_bucket_kib", &model->allreduce_bucket_kib, IntInRange(0, 1 << 20)),
       Int("stages", &model->stages, IntAtLeast(1)),
       Int("micro_batches", &model->micro_batches, IntAtLeast(0)),
       {"tables",

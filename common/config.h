@@ -73,6 +73,11 @@ struct ModelSection {
   // among the workers, by Strata's ring allreduce, the optimizer sharded
   // over them (worker/dense_sync.h). mlp and wide_deep models, bsp jobs.
   std::string dense_sync = "ps";
+  // dense_sync allreduce: the dense tables are reduced in buckets of about
+  // this many KiB, each as soon as the backward pass has made its
+  // gradients (the step overlaps the backward pass; worker/dense_sync.h);
+  // 0: all of them at once after the backward pass.
+  int allreduce_bucket_kib = 256;
   // Pipeline stages (docs/architecture.md, "Pipeline stages";
   // worker/pipeline.h): an mlp's layers cut into `stages` consecutive
   // groups, each trained by its own worker, a step's batch going through

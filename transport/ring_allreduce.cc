@@ -192,6 +192,26 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op) {
 
 absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks) {
   const uint32_t w = options_.size;
+  Cut cut;
+  cut.bounds.resize(w + 1);
+  for (uint32_t s = 0; s <= w; ++s) cut.bounds[s] = n * s / w;
+  return Allreduce(data, n, op, hooks, cut);
+}
+
+absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks,
+                                      const Cut& cut) {
+  const uint32_t w = options_.size;
+  const std::vector<size_t>& bounds = cut.bounds;
+  bool ascending = bounds.size() == w + 1 && bounds.front() == 0 && bounds.back() == n;
+  for (size_t s = 0; ascending && s + 1 < bounds.size(); ++s) {
+    ascending = bounds[s] <= bounds[s + 1];
+  }
+  if (!ascending) {
+    return absl::InvalidArgumentError(absl::StrCat("ring allreduce rank ", options_.rank, ": ",
+                                                   bounds.size(), " segment bounds for a ring of ",
+                                                   w, " over ", n, " floats (expected ", w + 1,
+                                                   " ascending from 0 to ", n, ")"));
+  }
   if (w == 1) {
     if (hooks.owned && n > 0) hooks.owned(0, data, n);
     return absl::OkStatus();
@@ -204,15 +224,16 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const 
     return absl::FailedPreconditionError(
         absl::StrCat("ring allreduce rank ", options_.rank, ": not connected to the next rank"));
   }
-  // (Every rank cuts alike: the same n and w.)
+  // (Every rank cuts alike: the same bounds.)
   size_t cf = options_.chunk_bytes / sizeof(float);
   if (options_.max_chunks > 0) {
-    const size_t segment = (n + w - 1) / w;
+    size_t segment = 0;
+    for (uint32_t s = 0; s < w; ++s) segment = std::max(segment, bounds[s + 1] - bounds[s]);
     cf = std::max(cf, (segment + options_.max_chunks - 1) / options_.max_chunks);
   }
   const int64_t r = options_.rank;
   auto mod = [w](int64_t x) { return static_cast<uint32_t>(((x % w) + w) % w); };
-  auto begin = [n, w](uint32_t s) { return n * s / w; };
+  auto begin = [&bounds](uint32_t s) { return bounds[s]; };
   auto chunks = [&](uint32_t s) { return (begin(s + 1) - begin(s) + cf - 1) / cf; };
   auto chunk_at = [&](uint32_t s, uint64_t c) { return data + begin(s) + c * cf; };
   auto chunk_len = [&](uint32_t s, uint64_t c) {
@@ -280,7 +301,7 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const 
   // Every send answered (or failed), and this op's leftovers dropped.
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::MutexLock l(&st_->mu);
-  while (st_->pending > 0 && st_->send_error.ok()) {
+  while (cut.settle && st_->pending > 0 && st_->send_error.ok()) {
     if (st_->changed.WaitWithDeadline(&st_->mu, deadline) && absl::Now() >= deadline) {
       if (status.ok()) {
         status = absl::DeadlineExceededError(

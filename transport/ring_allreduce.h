@@ -102,6 +102,24 @@ class RingAllreduce {
   // Allreduce with `hooks` (either may be empty). On a ring of one rank,
   // `owned` gets the whole buffer.
   absl::Status Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks);
+  // How a call cuts its buffer, and how it ends.
+  struct Cut {
+    // Segment s is data[bounds[s], bounds[s + 1]): size() + 1 ascending
+    // bounds from 0 to n (a segment may be empty). A caller that owns a
+    // fixed part of a large buffer reduces a piece of it this way, each
+    // rank's share of the piece being where its part falls (a sharded
+    // optimizer reducing bucket by bucket as a backward pass makes them).
+    std::vector<size_t> bounds;
+    // Waits for the next rank's acknowledgements of every send before
+    // returning (a send's error is then this call's). False: the call
+    // returns once its sums are in place, and a later call's wait covers
+    // its sends (the buckets of one step but its last: no round trip
+    // between them).
+    bool settle = true;
+  };
+  // Allreduce cut as `cut` says. InvalidArgument for bounds that are not
+  // a cut of the buffer.
+  absl::Status Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks, const Cut& cut);
 
   // Any thread: fails the call in progress, and every later one, with
   // `why` (a member has gone on to another ring: this one cannot finish).

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/eval_metrics.h"
 #include "common/model_spec.h"
@@ -355,6 +356,13 @@ absl::Status CtrTrainer::Step(Batch& batch) {
   // worker's).
   const uint64_t version = stepped ? std::max(step, pulled_version) : pulled_version;
 
+  // The ring's step begins (its first exchange goes) while the model
+  // computes; the dense gradients go round once the backward pass is done.
+  // An error before the ring's step ends abandons it.
+  const bool begun = ring != nullptr && ring->BeginStep(static_cast<uint64_t>(n));
+  absl::Cleanup abandon = [&] {
+    if (begun) ring->AbandonStep(absl::AbortedError("the CTR step failed before its ring step"));
+  };
   STRATA_ASSIGN_OR_RETURN(
       const double loss,
       wide_deep_->TrainStep(batch.dense.data(), batch.slot.data(), batch.labels.data(), n,
@@ -388,6 +396,7 @@ absl::Status CtrTrainer::Step(Batch& batch) {
   const absl::Time tp = absl::Now();
   // The ring's step once the sparse pushes are out: a member waiting at
   // the next step's barrier pull needs them, not this step.
+  std::move(abandon).Cancel();
   absl::Status pushed =
       ring != nullptr ? ring->TrainStep(wide_deep_->grads(), static_cast<uint64_t>(n)).status()
                       : dense_push->Finish();

@@ -22,9 +22,42 @@ DenseRing::DenseRing(DenseSync* sync, uint32_t node_id, std::vector<std::vector<
       reform_timeout_(reform_timeout),
       by_host_(by_host) {
   for (size_t t : ring_tables_) {
+    if (sync_index_.size() <= t) sync_index_.resize(t + 1, -1);
+    sync_index_[t] = static_cast<int>(params_.size());
     params_.push_back((*tables)[t].data());
     zeros_.emplace_back((*tables)[t].size(), 0.f);
   }
+}
+
+bool DenseRing::BeginStep(uint64_t samples) {
+  if (!sync_->overlaps() || !in_ring_ || broken_ || sync_->over() || sync_->stepping()) {
+    return false;
+  }
+  const DenseSync::CheckpointAsk ask =
+      hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
+  absl::Status started = sync_->StartStep(next_step_, samples, hooks_.epoch_seen(), ask);
+  if (!started.ok()) VLOG(1) << "dense allreduce: step " << next_step_ << ": " << started;
+  begun_samples_ = samples;
+  return started.ok();
+}
+
+void DenseRing::GradsReady(size_t model_table, const float* grad, uint64_t end) {
+  if (model_table < sync_index_.size() && sync_index_[model_table] >= 0) {
+    sync_->GradsReady(static_cast<size_t>(sync_index_[model_table]), grad, end);
+  }
+}
+
+void DenseRing::AbandonStep(const absl::Status& why) {
+  if (!sync_->stepping()) return;
+  LOG(WARNING) << "dense allreduce: step " << next_step_ << " abandoned: " << why;
+  sync_->AbandonStep(why);
+  broken_ = true;
+  ++steps_failed_;
+}
+
+std::vector<uint64_t> DenseRing::BucketStarts(size_t model_table) const {
+  if (model_table >= sync_index_.size() || sync_index_[model_table] < 0) return {};
+  return sync_->BucketStarts(static_cast<size_t>(sync_index_[model_table]));
 }
 
 std::vector<DenseSync::Member> DenseRing::MembersOf(const proto::ClusterView& view, bool by_host) {
@@ -156,10 +189,14 @@ absl::Status DenseRing::FollowView(uint64_t epoch) {
 
 absl::StatusOr<DenseSync::StepResult> DenseRing::StepOnce(const std::vector<const float*>& grads,
                                                           uint64_t samples) {
-  const DenseSync::CheckpointAsk ask =
-      hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
-  absl::StatusOr<DenseSync::StepResult> r =
-      sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_, ask);
+  absl::StatusOr<DenseSync::StepResult> r;
+  if (sync_->stepping()) {  // (begun by BeginStep, its ask taken then)
+    r = sync_->FinishStep(grads, params_);
+  } else {
+    const DenseSync::CheckpointAsk ask =
+        hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
+    r = sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_, ask);
+  }
   if (!r.ok()) {
     broken_ = true;
     ended_ = absl::IsCancelled(r.status()) && sync_->over();
@@ -217,7 +254,17 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
   // its own values: when the ring has trained already, it brings none to
   // this step (the ring's values are its now), unless its values were
   // the ring's (a checkpoint's that the ring took).
-  if (sync_->over()) return absl::CancelledError("dense allreduce: the job is over");
+  if (sync_->stepping() && samples != begun_samples_) {
+    AbandonStep(
+        absl::InternalError(absl::StrCat("dense allreduce: step ", next_step_, " begun with ",
+                                         begun_samples_, " samples, ended with ", samples)));
+  }
+  if (sync_->over()) {
+    // (A step begun goes unfinished; the parameters stay those of the
+    // last step completed, as when no step was begun.)
+    sync_->AbandonStep(absl::CancelledError("dense allreduce: the job is over"));
+    return absl::CancelledError("dense allreduce: the job is over");
+  }
   if (!in_ring_ && !broken_) {
     STRATA_RETURN_IF_ERROR(Join());
     if (in_ring_ && next_step_ > 0 && !own_params_) {
@@ -250,6 +297,7 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
 }
 
 absl::Status DenseRing::IdleFor(absl::Duration duration) {
+  AbandonStep(absl::FailedPreconditionError("dense allreduce: an idle step while one is begun"));
   if (sync_->over()) {  // (the caller asks the master what to do)
     absl::SleepFor(duration);
     return absl::OkStatus();

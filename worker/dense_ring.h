@@ -97,6 +97,21 @@ class DenseRing {
   // has no ring with this worker in it.
   absl::StatusOr<Done> TrainStep(const std::vector<std::vector<float>>& grads, uint64_t samples);
 
+  // A step overlapping the backward pass (DenseSync::StartStep; the
+  // ring's buckets, dense_sync.h): true when this worker's step has
+  // started (it is in a formed ring); the caller then hands the gradients
+  // as the backward pass makes them (GradsReady, by model table) and
+  // ends the step with TrainStep (the same samples). False: TrainStep
+  // does it all after the backward pass.
+  bool BeginStep(uint64_t samples);
+  void GradsReady(size_t model_table, const float* grad, uint64_t end);
+  // The step begun cannot be finished (the caller's compute failed): the
+  // ring breaks, and the next step forms one again.
+  void AbandonStep(const absl::Status& why);
+  // Where the model's table `model_table` is cut into the ring's buckets
+  // (table offsets): where its backward pass should report its blocks.
+  std::vector<uint64_t> BucketStarts(size_t model_table) const;
+
   // Steps with no samples for about `duration`, at least once (this
   // worker has no task, the others may), and joins the ring of a newer
   // view on the way. A step
@@ -140,7 +155,9 @@ class DenseRing {
   DenseSync* const sync_;
   const uint32_t node_id_;
   const std::vector<size_t> ring_tables_;
-  std::vector<float*> params_;  // the ring's tables
+  std::vector<float*> params_;   // the ring's tables
+  std::vector<int> sync_index_;  // by model table: its index among the ring's (-1: none)
+  uint64_t begun_samples_ = 0;   // BeginStep's
   const Hooks hooks_;
   const absl::Duration reform_timeout_;
   const bool by_host_;

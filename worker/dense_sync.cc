@@ -66,7 +66,20 @@ absl::StatusOr<std::unique_ptr<DenseSync>> DenseSync::Create(transport::Transpor
 DenseSync::DenseSync(transport::Transport* transport, Options options,
                      std::vector<size_t> table_sizes)
     : transport_(transport), options_(std::move(options)), table_sizes_(std::move(table_sizes)) {
-  for (size_t n : table_sizes_) total_ += n;
+  for (size_t n : table_sizes_) {
+    offsets_.push_back(total_);
+    total_ += n;
+  }
+  CutBuckets();
+}
+
+DenseSync::~DenseSync() {
+  AbandonStep(absl::CancelledError("dense allreduce: shut down"));
+  {
+    absl::MutexLock l(&step_mu_);
+    quit_ = true;
+  }
+  if (step_thread_.joinable()) step_thread_.join();
 }
 
 void DenseSync::Abort(const absl::Status& why) {
@@ -431,72 +444,150 @@ absl::Status DenseSync::TakeShards(const std::vector<float>& all, uint32_t rank,
   return absl::OkStatus();
 }
 
+absl::Status DenseSync::CanStep(uint64_t step,
+                                std::shared_ptr<transport::RingAllreduce>* ring) const {
+  {
+    absl::MutexLock l(&mu_);
+    *ring = ring_;
+  }
+  if (in_flight_ != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                                      ": step ", step, " while step ",
+                                                      in_flight_->step, " is in flight"));
+  }
+  if (*ring == nullptr || !formed_ || in_step_.has_value()) {
+    std::string why = " before a ring was formed";
+    if (in_step_.has_value()) {
+      why = absl::StrCat(" after step ", *in_step_, " failed");
+    } else if (*ring != nullptr) {
+      why = absl::StrCat(" after forming the ring of epoch ", epoch_, " failed");
+    }
+    return absl::FailedPreconditionError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                                      ": step ", step, why, ": form a ring first"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
                                                       const std::vector<const float*>& grads,
                                                       uint64_t samples, uint64_t epoch_seen,
                                                       const std::vector<float*>& params,
                                                       CheckpointAsk ask) {
-  std::shared_ptr<transport::RingAllreduce> ring;
   {
-    absl::MutexLock l(&mu_);
-    ring = ring_;
-  }
-  if (ring == nullptr || !formed_ || in_step_.has_value()) {
-    std::string why = " before a ring was formed";
-    if (in_step_.has_value()) {
-      why = absl::StrCat(" after step ", *in_step_, " failed");
-    } else if (ring != nullptr) {
-      why = absl::StrCat(" after forming the ring of epoch ", epoch_, " failed");
-    }
-    return absl::FailedPreconditionError(absl::StrCat("dense allreduce member ", options_.node_id,
-                                                      ": step ", step, why, ": form a ring first"));
+    std::shared_ptr<transport::RingAllreduce> ring;
+    STRATA_RETURN_IF_ERROR(CanStep(step, &ring));
   }
   if (grads.size() != table_sizes_.size() || params.size() != table_sizes_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("dense allreduce: ", grads.size(), " gradients and ", params.size(),
                      " parameter buffers for ", table_sizes_.size(), " tables"));
   }
-  const uint32_t w = size();
-  auto failed = [&](absl::Status s) {
-    in_step_ = step;
-    return s;
-  };
-  // 1. The step's samples and the newest view, from every member.
-  std::vector<float> ctl(static_cast<size_t>(w) * kStepSlot, 0.f);
-  PutU64(samples, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kSamples);
-  PutU64(epoch_seen, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kEpochSeen);
-  PutU64(ask.id, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kAskId);
-  PutU64(ask.seq, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kAskSeq);
-  PutU64(ask.cut, ctl.data() + static_cast<size_t>(rank_) * kStepSlot + kAskCut);
+  STRATA_RETURN_IF_ERROR(Begin(step, samples, epoch_seen, ask, /*threaded=*/false));
+  return FinishStep(grads, params);
+}
+
+absl::Status DenseSync::StartStep(uint64_t step, uint64_t samples, uint64_t epoch_seen,
+                                  CheckpointAsk ask) {
+  return Begin(step, samples, epoch_seen, ask, /*threaded=*/true);
+}
+
+absl::Status DenseSync::Begin(uint64_t step, uint64_t samples, uint64_t epoch_seen,
+                              CheckpointAsk ask, bool threaded) {
+  std::shared_ptr<transport::RingAllreduce> ring;
+  STRATA_RETURN_IF_ERROR(CanStep(step, &ring));
+  auto f = std::make_unique<InFlight>();
+  f->step = step;
+  f->samples = samples;
+  f->epoch_seen = epoch_seen;
+  f->ask = ask;
+  f->ring = std::move(ring);
+  f->threaded = threaded;
+  f->ready.assign(table_sizes_.size(), 0);
   // (Before the first send: a step cut short is undone from here.)
   primary_before_ = primary_->SaveState();
   if (replica_ != nullptr) replica_before_ = replica_->SaveState();
-  if (absl::Status s = ring->Allreduce(ctl.data(), ctl.size(), Op(calls_++)); !s.ok()) {
-    return failed(s);
+  buf_.resize(total_);
+  in_flight_ = std::move(f);
+  if (threaded) {
+    if (!step_thread_.joinable()) step_thread_ = std::thread([this] { StepThread(); });
+    absl::MutexLock l(&step_mu_);
+    handed_ = in_flight_.get();
+  }
+  return absl::OkStatus();
+}
+
+void DenseSync::StepThread() {
+  while (true) {
+    InFlight* f = nullptr;
+    {
+      absl::MutexLock l(&step_mu_);
+      auto handed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+        return handed_ != nullptr || quit_;
+      };
+      step_mu_.Await(absl::Condition(&handed));
+      if (handed_ == nullptr) return;  // (quit_)
+      f = handed_;
+      handed_ = nullptr;
+    }
+    RunStep(f);
+    absl::MutexLock l(&step_mu_);
+    f->done = true;
+  }
+}
+
+void DenseSync::GradsReady(size_t table, const float* grad, size_t end) {
+  InFlight* f = in_flight_.get();
+  if (f == nullptr || table >= table_sizes_.size()) return;
+  end = std::min(end, table_sizes_[table]);
+  // (Only this thread writes `ready`; the step thread reads it under
+  // step_mu_, and the bytes before it once it is set.)
+  const size_t have = f->ready[table];
+  if (end <= have) return;
+  std::memcpy(buf_.data() + offsets_[table] + have, grad + have, (end - have) * sizeof(float));
+  absl::MutexLock l(&step_mu_);
+  f->ready[table] = end;
+}
+
+bool DenseSync::BucketReady(const InFlight& f, size_t b) const {
+  if (f.all_ready) return true;
+  const auto [begin, end] = buckets_[b];
+  for (size_t t = 0; t < table_sizes_.size(); ++t) {
+    const size_t tb = offsets_[t], te = offsets_[t] + table_sizes_[t];
+    if (te <= begin || tb >= end) continue;
+    if (f.ready[t] < std::min(end, te) - tb) return false;
+  }
+  return true;
+}
+
+void DenseSync::RunStep(InFlight* f) {
+  const uint32_t w = size();
+  // 1. The step's samples and the newest view, from every member.
+  std::vector<float> ctl(static_cast<size_t>(w) * kStepSlot, 0.f);
+  float* mine = ctl.data() + static_cast<size_t>(rank_) * kStepSlot;
+  PutU64(f->samples, mine + kSamples);
+  PutU64(f->epoch_seen, mine + kEpochSeen);
+  PutU64(f->ask.id, mine + kAskId);
+  PutU64(f->ask.seq, mine + kAskSeq);
+  PutU64(f->ask.cut, mine + kAskCut);
+  if (absl::Status s = f->ring->Allreduce(ctl.data(), ctl.size(), Op(calls_++)); !s.ok()) {
+    f->result = s;
+    return;
   }
   StepResult result;
   for (uint32_t m = 0; m < w; ++m) {
-    result.samples += GetU64(ctl.data() + static_cast<size_t>(m) * kStepSlot + kSamples);
-    result.max_epoch = std::max(
-        result.max_epoch, GetU64(ctl.data() + static_cast<size_t>(m) * kStepSlot + kEpochSeen));
     const float* slot = ctl.data() + static_cast<size_t>(m) * kStepSlot;
+    result.samples += GetU64(slot + kSamples);
+    result.max_epoch = std::max(result.max_epoch, GetU64(slot + kEpochSeen));
     if (const uint64_t id = GetU64(slot + kAskId); id > result.ask.id) {
       result.ask = {id, GetU64(slot + kAskSeq), GetU64(slot + kAskCut)};
     }
   }
-  if (result.samples == 0) {  // (nobody trained: the parameters stay)
-    completed_ = step;
-    return result;
-  }
+  f->result = result;
+  if (result.samples == 0) return;  // (nobody trained: the parameters stay)
 
-  // 2. Reduce-scatter the gradient sums; each shard's owner (and its
-  // replica) applies the optimizer; the all-gather carries parameters.
-  buf_.resize(total_);
-  size_t at = 0;
-  for (size_t t = 0; t < table_sizes_.size(); ++t) {
-    std::memcpy(buf_.data() + at, grads[t], table_sizes_[t] * sizeof(float));
-    at += table_sizes_[t];
-  }
+  // 2. Bucket by bucket, as the gradients come: reduce-scatter the sums;
+  // each shard's owner (and its replica) applies the optimizer to its
+  // part of the bucket; the all-gather carries parameters.
   const float scale = 1.f / static_cast<float>(result.samples);
   const uint64_t update = updates_ + 1;
   auto apply = [&](Optimizer* opt, size_t shard_begin, size_t offset, float* chunk, size_t len) {
@@ -507,25 +598,158 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
   };
   const size_t own_begin = shard().first;
   const size_t replica_begin = Segment(rank_).first;
-  transport::RingAllreduce::Hooks hooks;
-  hooks.owned = [&](size_t offset, float* chunk, size_t len) {
-    apply(primary_.get(), own_begin, offset, chunk, len);
-  };
-  hooks.first_gathered = [&](size_t offset, float* chunk, size_t len) {
-    apply(replica_.get(), replica_begin, offset, chunk, len);
-  };
-  if (absl::Status s = ring->Allreduce(buf_.data(), total_, Op(calls_++), hooks); !s.ok()) {
-    return failed(s);
+  transport::RingAllreduce::Cut cut;
+  cut.bounds.resize(w + 1);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    {
+      absl::MutexLock l(&step_mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+        return f->abandoned || BucketReady(*f, b);
+      };
+      step_mu_.Await(absl::Condition(&ready));
+      if (f->abandoned) {
+        f->result = absl::CancelledError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                                      ": step ", f->step, " abandoned"));
+        return;
+      }
+    }
+    const auto [begin, end] = buckets_[b];
+    // (Each member's share of the bucket: where its shard falls in it.)
+    for (uint32_t s = 0; s <= w; ++s) {
+      cut.bounds[s] = std::clamp(s == w ? total_ : Segment(s).first, begin, end) - begin;
+    }
+    // (The step's last bucket waits for every bucket's acknowledgements.)
+    cut.settle = b + 1 == buckets_.size();
+    transport::RingAllreduce::Hooks hooks;
+    hooks.owned = [&, begin = begin](size_t offset, float* chunk, size_t len) {
+      apply(primary_.get(), own_begin, begin + offset, chunk, len);
+    };
+    hooks.first_gathered = [&, begin = begin](size_t offset, float* chunk, size_t len) {
+      apply(replica_.get(), replica_begin, begin + offset, chunk, len);
+    };
+    if (absl::Status s =
+            f->ring->Allreduce(buf_.data() + begin, end - begin, Op(calls_++), hooks, cut);
+        !s.ok()) {
+      f->result = s;
+      return;
+    }
+  }
+}
+
+absl::StatusOr<DenseSync::StepResult> DenseSync::FinishStep(const std::vector<const float*>& grads,
+                                                            const std::vector<float*>& params) {
+  if (in_flight_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dense allreduce member ", options_.node_id, ": no step in flight to finish"));
+  }
+  InFlight* f = in_flight_.get();
+  if (grads.size() != table_sizes_.size() || params.size() != table_sizes_.size()) {
+    const absl::Status bad = absl::InvalidArgumentError(
+        absl::StrCat("dense allreduce: ", grads.size(), " gradients and ", params.size(),
+                     " parameter buffers for ", table_sizes_.size(), " tables"));
+    AbandonStep(bad);
+    return bad;
+  }
+  // The gradients the backward pass did not hand over yet.
+  for (size_t t = 0; t < table_sizes_.size(); ++t) {
+    const size_t have = f->ready[t];
+    std::memcpy(buf_.data() + offsets_[t] + have, grads[t] + have,
+                (table_sizes_[t] - have) * sizeof(float));
+  }
+  {
+    absl::MutexLock l(&step_mu_);
+    f->all_ready = true;
+  }
+  if (f->threaded) {
+    absl::MutexLock l(&step_mu_);
+    step_mu_.Await(absl::Condition(&f->done));
+  } else {
+    RunStep(f);
+  }
+  const std::unique_ptr<InFlight> done = std::move(in_flight_);
+  const uint64_t step = done->step;
+  if (!done->result.ok()) {
+    in_step_ = step;
+    return done->result.status();
+  }
+  if (done->result->samples == 0) {  // (nobody trained: the parameters stay)
+    completed_ = step;
+    return done->result;
   }
   if (options_.fail_after_step_for_testing == step) {
-    return failed(absl::UnavailableError(absl::StrCat("dense allreduce member ", options_.node_id,
-                                                      ": step ", step, " failed (test)")));
+    in_step_ = step;
+    return absl::UnavailableError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                               ": step ", step, " failed (test)"));
   }
   params_.swap(buf_);
   CopyOut(params_, params);
   ++updates_;
   completed_ = step;
-  return result;
+  return done->result;
+}
+
+void DenseSync::AbandonStep(const absl::Status& why) {
+  if (in_flight_ == nullptr) return;
+  InFlight* f = in_flight_.get();
+  {
+    absl::MutexLock l(&step_mu_);
+    f->abandoned = true;
+  }
+  // (Ends a ring call in progress; the others' wait for this member ends
+  // at their timeout, or when the next view's ring forms.)
+  f->ring->Abort(why);
+  if (f->threaded) {
+    absl::MutexLock l(&step_mu_);
+    step_mu_.Await(absl::Condition(&f->done));
+  }
+  in_step_ = f->step;
+  in_flight_.reset();
+}
+
+std::vector<uint64_t> DenseSync::BucketStarts(size_t table) const {
+  std::vector<uint64_t> starts;
+  if (table >= table_sizes_.size()) return starts;
+  const size_t tb = offsets_[table], te = tb + table_sizes_[table];
+  for (const auto& [begin, end] : buckets_) {
+    if (begin > tb && begin < te) starts.push_back(begin - tb);
+  }
+  std::sort(starts.begin(), starts.end());
+  return starts;
+}
+
+void DenseSync::CutBuckets() {
+  buckets_.clear();
+  if (total_ == 0) return;
+  if (options_.bucket_bytes == 0) {
+    buckets_.emplace_back(0, total_);
+    return;
+  }
+  const size_t cap = std::max<size_t>(1, options_.bucket_bytes / sizeof(float));
+  for (size_t t = table_sizes_.size(); t-- > 0;) {
+    const size_t size = table_sizes_[t];
+    if (size == 0) continue;
+    const size_t row =
+        t < options_.row_floats.size() && options_.row_floats[t] > 0 ? options_.row_floats[t] : 1;
+    const size_t rows = (size + row - 1) / row;
+    const size_t pieces = std::min(rows, (size + cap - 1) / cap);
+    for (size_t k = 0; k < pieces; ++k) {
+      const size_t b = offsets_[t] + std::min(size, rows * k / pieces * row);
+      const size_t e = offsets_[t] + std::min(size, rows * (k + 1) / pieces * row);
+      if (b == e) continue;
+      if (!buckets_.empty()) {
+        std::pair<size_t, size_t>& last = buckets_.back();
+        if (last.first == e && last.second - b <= cap) {  // (the table before)
+          last.first = b;
+          continue;
+        }
+        if (last.second == b && e - last.first <= cap) {  // (the next piece)
+          last.second = e;
+          continue;
+        }
+      }
+      buckets_.emplace_back(b, e);
+    }
+  }
 }
 
 absl::StatusOr<DenseSync::Snapshot> DenseSync::TakeSnapshot() const {

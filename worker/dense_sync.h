@@ -27,8 +27,16 @@
 // from ring to ring; messages of a ring this member has not formed yet
 // wait for it, those of an older one are refused.
 //
-// Thread safety: Handle() from any thread (the transport's); the rest
-// from one thread (the training thread).
+// A step overlaps the backward pass (Options::bucket_bytes): its first
+// exchange goes as soon as the step starts (StartStep), and the flat space
+// is reduced in buckets (each cut by the members' shards, ring_allreduce.h)
+// as the backward pass makes their gradients final (GradsReady), on a
+// thread of this member's, while the model goes on computing; the
+// optimizer's shards are the same whatever the buckets.
+//
+// Thread safety: Handle() and Abort() from any thread (the transport's);
+// the rest from one thread (the training thread). Between StartStep and
+// FinishStep (or AbandonStep) that thread calls GradsReady only.
 #ifndef STRATA_WORKER_DENSE_SYNC_H_
 #define STRATA_WORKER_DENSE_SYNC_H_
 
@@ -39,6 +47,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -66,6 +75,14 @@ class DenseSync {
     size_t chunk_bytes = 256 << 10;
     // Each wait for a member's part of a step (transport/ring_allreduce.h).
     absl::Duration timeout = absl::Seconds(30);
+    // Buckets of about this many bytes, reduced as the backward pass
+    // makes them (StartStep); 0: the whole flat space at once. Every
+    // member of a ring must have the same.
+    size_t bucket_bytes = 0;
+    // By table, the floats of one row (a weight's output width; empty or
+    // 0: 1): a bucket starts at a whole row, where the backward pass
+    // finishes a block of rows.
+    std::vector<size_t> row_floats;
     // Tests: this step's ring call succeeds here but Step reports it
     // failed (Unavailable), as when the last acknowledgement of a step the
     // others completed never came.
@@ -79,6 +96,8 @@ class DenseSync {
                                                            std::vector<size_t> table_sizes);
   DenseSync(const DenseSync&) = delete;
   DenseSync& operator=(const DenseSync&) = delete;
+  // A step still in flight is abandoned (its ring aborted).
+  ~DenseSync();
 
   // Any thread: a kCollective request, for the ring of its epoch (the
   // operation's high 32 bits).
@@ -143,6 +162,29 @@ class DenseSync {
                                   const std::vector<float*>& params) {
     return Step(step, grads, samples, epoch_seen, params, CheckpointAsk{});
   }
+
+  // Step in three parts, overlapping the backward pass: StartStep as the
+  // step's compute begins (its arguments as Step's; the first exchange
+  // goes at once, on this member's step thread), GradsReady as the
+  // backward pass makes gradients final, FinishStep once it is done (the
+  // gradients in full: what GradsReady did not give is taken from there),
+  // which returns what Step would. Errors as Step's; StartStep's own
+  // (FailedPrecondition, InvalidArgument) leave no step in flight.
+  absl::Status StartStep(uint64_t step, uint64_t samples, uint64_t epoch_seen, CheckpointAsk ask);
+  // Elements [0, end) of table `table`'s gradient, `grad`, are final: the
+  // buckets they complete are reduced now while the caller computes.
+  void GradsReady(size_t table, const float* grad, size_t end);
+  absl::StatusOr<StepResult> FinishStep(const std::vector<const float*>& grads,
+                                        const std::vector<float*>& params);
+  // The step in flight cannot be finished (the caller's compute failed):
+  // it fails here (form a ring again), its ring aborted with `why`.
+  void AbandonStep(const absl::Status& why);
+  bool stepping() const { return in_flight_ != nullptr; }
+  bool overlaps() const { return options_.bucket_bytes > 0; }
+  // Where table `table`'s buckets start (table offsets above 0): where a
+  // backward pass that reports gradients block by block should cut its
+  // blocks.
+  std::vector<uint64_t> BucketStarts(size_t table) const;
 
   // This member's part of a checkpoint, now (between steps): the shard it
   // owns of the flat space, its parameters and its optimizer state.
@@ -225,6 +267,36 @@ class DenseSync {
   // state vectors over the flat space, as summed), `updates` applied.
   absl::Status TakeShards(const std::vector<float>& all, uint32_t rank, uint32_t w,
                           uint64_t updates);
+  // A step in flight (StartStep to FinishStep).
+  struct InFlight {
+    uint64_t step = 0, samples = 0, epoch_seen = 0;
+    CheckpointAsk ask;
+    std::shared_ptr<transport::RingAllreduce> ring;
+    // Guarded by step_mu_: by table, the gradient floats in buf_;
+    // everything is there; the caller gave up; the step thread is done.
+    std::vector<size_t> ready;
+    bool all_ready = false, abandoned = false, done = false;
+    bool threaded = false;  // run on the step thread
+    absl::StatusOr<StepResult> result = StepResult{};
+  };
+  // The checks before a step (Step's errors other than the ring's).
+  absl::Status CanStep(uint64_t step, std::shared_ptr<transport::RingAllreduce>* ring) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // StartStep, its exchanges on the step thread when `threaded`, else on
+  // FinishStep's caller (Step).
+  absl::Status Begin(uint64_t step, uint64_t samples, uint64_t epoch_seen, CheckpointAsk ask,
+                     bool threaded);
+  // A step's exchanges (the step thread's, or Step's caller's), each
+  // bucket once GradsReady has brought it; the result into `f`.
+  void RunStep(InFlight* f);
+  // Whether every gradient of bucket b is in buf_.
+  bool BucketReady(const InFlight& f, size_t b) const;
+  // The step thread: runs the step handed to it.
+  void StepThread();
+  // The buckets of the flat space, in the order they are reduced (the
+  // tables from last to first, as a backward pass makes them; a table's
+  // pieces from first to last), neighbours merged up to bucket_bytes.
+  void CutBuckets();
   // Flat params -> the caller's tables, and back.
   void CopyOut(const std::vector<float>& flat, const std::vector<float*>& params) const;
   void CopyIn(const std::vector<float*>& params, std::vector<float>* flat) const;
@@ -232,12 +304,14 @@ class DenseSync {
   transport::Transport* const transport_;
   const Options options_;
   const std::vector<size_t> table_sizes_;
-  size_t total_ = 0;              // floats over all tables
-  size_t state_vectors_ = 0;      // per-parameter state floats of the optimizer
-  bool state_has_count_ = false;  // its saved state starts with its update count
+  size_t total_ = 0;                                // floats over all tables
+  std::vector<size_t> offsets_;                     // each table's first float in the flat space
+  std::vector<std::pair<size_t, size_t>> buckets_;  // [begin, end) of the flat space
+  size_t state_vectors_ = 0;                        // per-parameter state floats of the optimizer
+  bool state_has_count_ = false;                    // its saved state starts with its update count
 
   // The ring; swapped by Form while Handle reads it.
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::shared_ptr<transport::RingAllreduce> ring_ ABSL_GUARDED_BY(mu_);
   uint64_t ring_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // Requests for a ring not formed yet, by epoch (answered once it is).
@@ -272,6 +346,14 @@ class DenseSync {
   std::vector<float> restored_state_;
   uint64_t answered_ = 0;
   std::atomic<bool> over_{false};  // Abort
+
+  // The step in flight (training thread) and the thread that runs it.
+  std::unique_ptr<InFlight> in_flight_;
+  absl::Mutex step_mu_;
+  absl::CondVar step_cv_;
+  InFlight* handed_ ABSL_GUARDED_BY(step_mu_) = nullptr;  // to the step thread
+  bool quit_ ABSL_GUARDED_BY(step_mu_) = false;
+  std::thread step_thread_;
 };
 
 }  // namespace strata::worker

@@ -162,11 +162,34 @@ absl::StatusOr<double> MlpTrainer::AllreduceStep(const float* x, const int32_t* 
                                                  uint64_t* version, absl::Duration* comm) {
   // model.dense_sync allreduce (dense_ring.h): the gradients of the batch,
   // summed over the ring; the parameters after the step come back into
-  // the model's tables.
-  STRATA_ASSIGN_OR_RETURN(const double loss, model_->TrainStep(x, y, n));
+  // the model's tables. The step overlaps the backward pass: it begins
+  // (its first exchange) as the forward pass does, and each bucket of
+  // gradients goes round as soon as the backward pass has made it, the
+  // last layers' first (the weights' row blocks cut where the buckets
+  // are).
+  DenseRing* const ring = ctx_->dense_ring();
+  // (Every step, begun here or not, computes in the same blocks: the
+  // forward pass sums a layer block by block, and a resumed job's steps
+  // give the same bytes as an uninterrupted one's.)
+  for (int t = 0; t < static_cast<int>(model_->params().size()); ++t) {
+    model_->SetPartitionStarts(t, ring->BucketStarts(static_cast<size_t>(t)));
+  }
+  Mlp::Hooks hooks;
+  if (ring->BeginStep(static_cast<uint64_t>(n))) {
+    hooks.grads_ready = [this, ring](int table, uint64_t end) {
+      ring->GradsReady(static_cast<size_t>(table), model_->grads()[table].data(), end);
+      return absl::OkStatus();
+    };
+  }
+  absl::StatusOr<double> trained = model_->TrainStep(x, y, n, hooks);
+  if (!trained.ok()) {
+    ring->AbandonStep(trained.status());
+    return trained.status();
+  }
+  const double loss = *trained;
   const absl::Time w = absl::Now();
   STRATA_ASSIGN_OR_RETURN(const DenseRing::Done done,
-                          ctx_->dense_ring()->TrainStep(model_->grads(), static_cast<uint64_t>(n)));
+                          ring->TrainStep(model_->grads(), static_cast<uint64_t>(n)));
   *comm += absl::Now() - w;
   *version = done.step;
   return loss;

@@ -739,11 +739,12 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
   // The ring's tables: the dense ones (a CTR model's sparse tables stay on
   // the pservers).
   const std::vector<TableSpec> specs = ModelTables(options_.config.model);
-  std::vector<size_t> ring_tables, sizes;
+  std::vector<size_t> ring_tables, sizes, rows;
   for (size_t t = 0; t < specs.size(); ++t) {
     if (!specs[t].allreduce) continue;
     ring_tables.push_back(t);
     sizes.push_back(trainer_->params()[t].size());
+    rows.push_back(specs[t].shape.size() == 2 ? specs[t].shape[1] : 1);
   }
   // Hierarchical: the ring's tables are the host aggregator's, apart from
   // the model's (the training thread computes on them meanwhile).
@@ -759,6 +760,14 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
   // A member's wait for the others covers their evaluation and their
   // calls to the master between tasks.
   o.timeout = absl::Milliseconds(std::max(options_.config.cluster.request_timeout_ms, 10000));
+  // Buckets where a backward pass hands them over (MlpTrainer, CtrTrainer:
+  // DenseRing::BeginStep); a host's sum (hierarchical) and a script's
+  // gradients come whole.
+  const std::string& type = options_.config.model.type;
+  if (!hierarchical() && (type == "mlp" || type == "wide_deep")) {
+    o.bucket_bytes = static_cast<size_t>(options_.config.model.allreduce_bucket_kib) << 10;
+    o.row_floats = rows;
+  }
   STRATA_ASSIGN_OR_RETURN(dense_sync_, DenseSync::Create(transport_.get(), o, sizes));
   if (restore.shards_size() > 0) {
     // A resumed job: the checkpoint's tables and optimizer state, which

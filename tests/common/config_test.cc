@@ -610,6 +610,13 @@ TEST(ParseJobConfigTest, DenseSyncAllreduceIsRefusedWhereItIsNotBuiltNamingTheKe
   ExpectError(ParseWithData("job:\n  consistency: asp\nmodel:\n  dense_sync: allreduce\n"),
               "local.yaml:9:15: ", "model.dense_sync: allreduce steps every worker together",
               "this job's consistency is asp");
+  // The buckets that overlap the backward pass (0: none).
+  EXPECT_EQ(c.model.allreduce_bucket_kib, 256);
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      c, ParseWithData("model:\n  dense_sync: allreduce\n  allreduce_bucket_kib: 0\n"));
+  EXPECT_EQ(c.model.allreduce_bucket_kib, 0);
+  ExpectError(ParseWithData("model:\n  dense_sync: allreduce\n  allreduce_bucket_kib: -1\n"),
+              "local.yaml:8:25: ", "model.allreduce_bucket_kib", "[0, 1048576]");
   // With node-local aggregation the ring is hierarchical.
   STRATA_ASSERT_OK_AND_ASSIGN(
       c, ParseWithData("model:\n  dense_sync: allreduce\ncluster:\n  aggregation: node\n"));

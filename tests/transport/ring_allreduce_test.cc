@@ -216,6 +216,69 @@ TEST(RingAllreduceTest, HooksChangeTheSumsOnTheirWayRound) {
   }
 }
 
+TEST(RingAllreduceTest, SegmentsOfTheCallersChoosingEmptyOnesAmongThem) {
+  // A piece of a larger buffer whose owners' parts fall unevenly in it: a
+  // rank may own all of it, some, or none (an empty segment). The sums are
+  // right everywhere, and each rank's `owned` hook sees its segment only.
+  struct Case {
+    int w;
+    size_t n;
+    std::vector<size_t> bounds;
+  };
+  const std::vector<Case> cases = {
+      {2, 50, {0, 0, 50}},        {2, 50, {0, 50, 50}},         {3, 61, {0, 0, 7, 61}},
+      {3, 61, {0, 61, 61, 61}},   {4, 97, {0, 10, 10, 96, 97}}, {4, 1, {0, 0, 1, 1, 1}},
+      {3, 200, {0, 20, 40, 200}},
+  };
+  for (const Case& c : cases) {
+    auto ring = MakeRing(c.w, 12);
+    ASSERT_NE(ring, nullptr);
+    std::vector<std::vector<float>> bufs;
+    std::vector<double> want(c.n, 0);
+    for (int r = 0; r < c.w; ++r) {
+      bufs.push_back(Input(r, c.n, 1));
+      for (size_t i = 0; i < c.n; ++i) want[i] += bufs.back()[i];
+    }
+    std::vector<absl::Status> status(c.w);
+    std::vector<std::vector<size_t>> owned(c.w);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < c.w; ++r) {
+      threads.emplace_back([&, r] {
+        RingAllreduce::Hooks hooks;
+        hooks.owned = [&, r](size_t offset, float*, size_t len) {
+          for (size_t i = 0; i < len; ++i) owned[r].push_back(offset + i);
+        };
+        // (Unsettled: the next call's wait covers its sends.)
+        status[r] = ring->ranks[r]->Allreduce(bufs[r].data(), c.n, 1, hooks,
+                                              RingAllreduce::Cut{c.bounds, /*settle=*/false});
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < c.w; ++r) {
+      ASSERT_THAT(status[r], IsOk()) << "ring of " << c.w << ", rank " << r;
+      const size_t s = (r + 1) % c.w;
+      std::vector<size_t> expect;
+      for (size_t i = c.bounds[s]; i < c.bounds[s + 1]; ++i) expect.push_back(i);
+      EXPECT_EQ(owned[r], expect) << "ring of " << c.w << ", rank " << r;
+      for (size_t i = 0; i < c.n; ++i) {
+        EXPECT_NEAR(bufs[r][i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+            << "ring of " << c.w << ", rank " << r << ", float " << i;
+      }
+    }
+    // The ring goes on to the next call (nothing of this one left over).
+    ExpectSum(*ring, c.n, 2);
+  }
+  // Bounds that are not a cut of the buffer.
+  auto ring = MakeRing(2, 12);
+  ASSERT_NE(ring, nullptr);
+  std::vector<float> v(10, 1.f);
+  for (const std::vector<size_t>& bad :
+       std::vector<std::vector<size_t>>{{0, 10}, {0, 6, 5}, {1, 5, 10}, {0, 5, 9}}) {
+    EXPECT_THAT(ring->ranks[0]->Allreduce(v.data(), v.size(), 1, {}, RingAllreduce::Cut{bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("segment bounds")));
+  }
+}
+
 TEST(RingAllreduceTest, OneRankIsNoExchange) {
   auto ring = MakeRing(1, 1024);
   ASSERT_NE(ring, nullptr);

@@ -8,7 +8,9 @@
 // at once (their shard's state is gone: counted); a checkpoint of the
 // shards (storage/ring_checkpoint.h) restored into rings of the same size
 // (bit for bit) and another (float tolerance), the checkpoint asked of the
-// ring carried by every step; and bad calls and bad shard files.
+// ring carried by every step; steps overlapping a backward pass in
+// buckets (the same bytes as one reduction), one abandoned; and bad calls
+// and bad shard files.
 #include "worker/dense_sync.h"
 
 #include <cmath>
@@ -60,8 +62,11 @@ struct Member {
 class Cluster {
  public:
   explicit Cluster(std::string kind = "inproc", absl::Duration timeout = absl::Seconds(3),
-                   OptimizerSection opt = Adam())
-      : kind_(std::move(kind)), timeout_(timeout), opt_(std::move(opt)) {
+                   OptimizerSection opt = Adam(), size_t bucket_bytes = 0)
+      : kind_(std::move(kind)),
+        timeout_(timeout),
+        opt_(std::move(opt)),
+        bucket_bytes_(bucket_bytes) {
     if (kind_ == "inproc") net_ = transport::NewInProcNetwork();
   }
   ~Cluster() {
@@ -84,6 +89,8 @@ class Cluster {
     o.chunk_bytes = 1024;  // (chunks that divide nothing here)
     o.timeout = timeout_;
     o.fail_after_step_for_testing = fail_after_step;
+    o.bucket_bytes = bucket_bytes_;
+    o.row_floats = {13, 0};  // (table 0: 77 rows of 13)
     auto started = StartListeningSync(to, o, kTables);
     EXPECT_THAT(started, IsOk());
     m->transport = std::move(started->transport);
@@ -137,6 +144,44 @@ class Cluster {
     return out;
   }
 
+  // Step `step` as a backward pass overlaps it: each member of `ring`
+  // (but those in `whole`, which Step) starts it, hands its gradients
+  // over from the last table to the first, the first in pieces, and
+  // finishes it.
+  std::vector<absl::StatusOr<DenseSync::StepResult>> OverlappedStep(
+      uint64_t step, const std::vector<Member*>& ring, const std::vector<uint32_t>& whole = {}) {
+    std::vector<absl::StatusOr<DenseSync::StepResult>> out(ring.size(),
+                                                           absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ring.size(); ++i) {
+      threads.emplace_back([&, i] {
+        Member* m = ring[i];
+        std::vector<std::vector<float>> g = Grads(m->node_id, step);
+        std::vector<const float*> gp;
+        for (auto& t : g) gp.push_back(t.data());
+        const uint64_t samples = Samples(m->node_id, step);
+        if (std::find(whole.begin(), whole.end(), m->node_id) != whole.end()) {
+          out[i] = m->sync->Step(step, gp, samples, 0, m->param_ptrs());
+          return;
+        }
+        if (absl::Status s = m->sync->StartStep(step, samples, 0, {}); !s.ok()) {
+          out[i] = s;
+          return;
+        }
+        for (size_t t = kTables.size(); t-- > 0;) {
+          for (size_t end = 0; end < kTables[t];) {
+            end = std::min(kTables[t], end + 130);
+            m->sync->GradsReady(t, gp[t], end);
+            absl::SleepFor(absl::Microseconds(200));  // (the backward pass computing)
+          }
+        }
+        out[i] = m->sync->FinishStep(gp, m->param_ptrs());
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
   static uint64_t Samples(uint32_t node, uint64_t step) { return (node * 7 + step * 3) % 5; }
   // A gradient summed over Samples(node, step) samples.
   static std::vector<std::vector<float>> Grads(uint32_t node, uint64_t step) {
@@ -155,6 +200,7 @@ class Cluster {
   std::string kind_;
   absl::Duration timeout_;
   OptimizerSection opt_;
+  size_t bucket_bytes_ = 0;
   std::shared_ptr<transport::InProcNetwork> net_;
   std::vector<std::unique_ptr<Member>> members_;
 };
@@ -250,6 +296,110 @@ TEST(DenseSyncTest, ShardedOptimizerMatchesOneOptimizerOnTheMean) {
     for (Member* m : ring) held += m->sync->state_floats();
     EXPECT_EQ(held, (w == 1 ? 2 : 4) * Total()) << w << " members";
   }
+}
+
+TEST(DenseSyncTest, BucketsOverlappingTheBackwardPassGiveTheSameBytesAsOneReduction) {
+  // Each bucket is cut where the members' shards fall, so every float is
+  // summed in the same order as in one reduction of everything: the
+  // parameters are the same bytes. Members that step whole (no overlap)
+  // and members that overlap go together in one ring.
+  for (int w : {1, 2, 3, 4}) {
+    for (size_t bucket_bytes : {size_t{256}, size_t{1800}}) {
+      Cluster whole;
+      Cluster buckets("inproc", absl::Seconds(3), Adam(), bucket_bytes);
+      std::vector<Member*> a, b;
+      std::vector<uint32_t> nodes;
+      for (int i = 0; i < w; ++i) {
+        a.push_back(whole.Add(10 + i));
+        b.push_back(buckets.Add(10 + i));
+        nodes.push_back(10 + i);
+      }
+      for (auto& f : whole.Form(1, a)) ASSERT_THAT(f, IsOk());
+      for (auto& f : buckets.Form(1, b)) ASSERT_THAT(f, IsOk());
+      Reference ref(Flat(*a[0]), Adam());
+      for (uint64_t step = 0; step < 5; ++step) {
+        const std::string when =
+            absl::StrCat(w, " members, buckets of ", bucket_bytes, " bytes, step ", step);
+        for (auto& r : whole.Step(step, a)) ASSERT_THAT(r, IsOk()) << when;
+        // (Step 3: the first member steps whole.)
+        for (auto& r :
+             buckets.OverlappedStep(step, b, step == 3 ? nodes : std::vector<uint32_t>{})) {
+          ASSERT_THAT(r, IsOk()) << when;
+        }
+        ref.Step(step, nodes);
+        ExpectParams(b, ref, when.c_str());
+        EXPECT_EQ(Flat(*b[0]), Flat(*a[0])) << when;
+      }
+    }
+  }
+}
+
+TEST(DenseSyncTest, BucketsStartAtWholeRowsLastTablesFirst) {
+  // 1800 bytes: 450 floats a bucket. Table 0 (77 rows of 13) in 3 pieces
+  // of whole rows; tables 1 and 2 (42 floats) in one.
+  transport::TransportOptions to;
+  to.kind = "inproc";
+  to.inproc_network = transport::NewInProcNetwork();
+  DenseSync::Options o;
+  o.optimizer = Adam();
+  o.bucket_bytes = 1800;
+  o.row_floats = {13};
+  auto m = StartListeningSync(to, o, kTables);
+  ASSERT_THAT(m, IsOk());
+  EXPECT_TRUE(m->sync->overlaps());
+  EXPECT_EQ(m->sync->BucketStarts(0), (std::vector<uint64_t>{325, 663}));
+  EXPECT_TRUE(m->sync->BucketStarts(1).empty());
+  EXPECT_TRUE(m->sync->BucketStarts(2).empty());
+  m->transport->Shutdown();
+}
+
+TEST(DenseSyncTest, AnAbandonedStepFailsTheRingAndIsDoneAgainOnTheNext) {
+  // A member's backward pass fails after its step began: its ring is
+  // aborted, the others' step fails at the timeout, and the next ring
+  // does the step again from where it was (the optimizer state the
+  // buckets had moved undone).
+  Cluster c("inproc", absl::Milliseconds(700), Adam(), 256);
+  std::vector<Member*> ring = {c.Add(1), c.Add(2), c.Add(3)};
+  for (auto& f : c.Form(1, ring)) ASSERT_THAT(f, IsOk());
+  Reference ref(Flat(*ring[0]), Adam());
+  for (auto& r : c.OverlappedStep(0, ring)) ASSERT_THAT(r, IsOk());
+  ref.Step(0, {1, 2, 3});
+  const std::vector<float> before = Flat(*ring[0]);
+  std::vector<absl::Status> status(3);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      Member* m = ring[i];
+      std::vector<std::vector<float>> g = Cluster::Grads(m->node_id, 1);
+      std::vector<const float*> gp;
+      for (auto& t : g) gp.push_back(t.data());
+      status[i] = m->sync->StartStep(1, Cluster::Samples(m->node_id, 1), 0, {});
+      if (!status[i].ok()) return;
+      m->sync->GradsReady(2, gp[2], kTables[2]);
+      m->sync->GradsReady(1, gp[1], kTables[1]);
+      if (i == 1) {
+        m->sync->AbandonStep(absl::InternalError("the device failed (test)"));
+        EXPECT_FALSE(m->sync->stepping());
+        return;
+      }
+      status[i] = m->sync->FinishStep(gp, m->param_ptrs()).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(status[0].ok());
+  EXPECT_FALSE(status[2].ok());
+  for (Member* m : ring) EXPECT_EQ(Flat(*m), before) << "member " << m->node_id;
+  EXPECT_THAT(ring[1]->sync->StartStep(1, 1, 0, {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("after step 1 failed")));
+  for (auto& f : c.Form(2, ring)) {
+    ASSERT_THAT(f, IsOk());
+    EXPECT_EQ(f->next_step, 1u);
+  }
+  for (uint64_t step = 1; step < 3; ++step) {
+    for (auto& r : c.OverlappedStep(step, ring)) ASSERT_THAT(r, IsOk());
+    ref.Step(step, {1, 2, 3});
+  }
+  ExpectParams(ring, ref, "after the abandoned step");
 }
 
 TEST(DenseSyncTest, SumsOverTcp) {

@@ -199,7 +199,12 @@ absl::StatusOr<DenseSync::StepResult> DenseRing::StepOnce(const std::vector<cons
   }
   if (!r.ok()) {
     broken_ = true;
-    ended_ = absl::IsCancelled(r.status()) && sync_->over();
+    // (Ended by the Abort with no parameter moved: a step whose members
+    // all had no samples, or one whose first exchange did not go through.
+    // One with samples may have been completed by others: this member's
+    // parameters would be a step behind theirs.)
+    ended_ = absl::IsCancelled(r.status()) && sync_->over() &&
+             sync_->cut_short_samples().value_or(0) == 0;
     if (absl::IsCancelled(r.status())) {  // (DenseSync::Abort: the job is over)
       LOG(INFO) << "dense allreduce: step " << next_step_ << " ended: " << r.status().message();
       return r.status();

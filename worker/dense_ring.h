@@ -79,9 +79,9 @@ class DenseRing {
   // themselves). OK when the view leaves it out (FailedPrecondition from
   // TrainStep then). Once training is over (over()): OK when this worker
   // holds the ring's last parameters (it was in the ring, and its last
-  // step completed or was ended by the Abort, a step with no samples
-  // then); else FailedPrecondition (it cannot evaluate the trained model:
-  // no ring forms again to bring it).
+  // step completed, or was ended by the Abort before its first exchange
+  // went through or with no samples in it); else FailedPrecondition (it cannot evaluate the trained
+  // model: no ring forms again to bring it).
   absl::Status Join();
 
   struct Done {

@@ -383,6 +383,7 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   state_members_ = members;
   completed_ = last;
   in_step_.reset();
+  cut_short_samples_.reset();
   formed_ = true;
   if (restored_) {
     restored_ = false;
@@ -583,6 +584,7 @@ void DenseSync::RunStep(InFlight* f) {
     }
   }
   f->result = result;
+  f->ctl_samples = result.samples;
   if (result.samples == 0) return;  // (nobody trained: the parameters stay)
 
   // 2. Bucket by bucket, as the gradients come: reduce-scatter the sums;
@@ -670,6 +672,7 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::FinishStep(const std::vector<co
   const uint64_t step = done->step;
   if (!done->result.ok()) {
     in_step_ = step;
+    cut_short_samples_ = done->ctl_samples;
     return done->result.status();
   }
   if (done->result->samples == 0) {  // (nobody trained: the parameters stay)
@@ -678,6 +681,7 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::FinishStep(const std::vector<co
   }
   if (options_.fail_after_step_for_testing == step) {
     in_step_ = step;
+    cut_short_samples_ = done->ctl_samples;
     return absl::UnavailableError(absl::StrCat("dense allreduce member ", options_.node_id,
                                                ": step ", step, " failed (test)"));
   }
@@ -703,6 +707,7 @@ void DenseSync::AbandonStep(const absl::Status& why) {
     step_mu_.Await(absl::Condition(&f->done));
   }
   in_step_ = f->step;
+  cut_short_samples_ = f->ctl_samples;
   in_flight_.reset();
 }
 

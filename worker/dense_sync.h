@@ -235,6 +235,12 @@ class DenseSync {
   size_t state_floats() const;
   // The last step this member completed.
   std::optional<uint64_t> completed() const { return completed_; }
+  // The samples over the ring of the step that failed here (until the
+  // next Form), when its first exchange went through: with 0, no member
+  // can have moved a parameter in it; with more, another may have
+  // completed it. Empty when its first exchange did not go through (then
+  // no member completed it) or no step failed.
+  std::optional<uint64_t> cut_short_samples() const { return cut_short_samples_; }
   // Optimizer updates applied (steps with samples), the same at every
   // member of a ring.
   uint64_t updates() const { return updates_; }
@@ -276,7 +282,8 @@ class DenseSync {
     // everything is there; the caller gave up; the step thread is done.
     std::vector<size_t> ready;
     bool all_ready = false, abandoned = false, done = false;
-    bool threaded = false;  // run on the step thread
+    bool threaded = false;                // run on the step thread
+    std::optional<uint64_t> ctl_samples;  // the first exchange's sum, once it went through
     absl::StatusOr<StepResult> result = StepResult{};
   };
   // The checks before a step (Step's errors other than the ring's).
@@ -341,6 +348,7 @@ class DenseSync {
   bool formed_ = false;   // the last Form went through (Step may run)
   std::optional<uint64_t> completed_;
   std::optional<uint64_t> in_step_;  // a step that failed here
+  std::optional<uint64_t> cut_short_samples_;
   // Restore's optimizer state over the flat space, until a Form takes it.
   bool restored_ = false;
   std::vector<float> restored_state_;

@@ -468,12 +468,20 @@ TEST(DenseSyncTest, AStepTheOthersCompletedIsNotDoneAgain) {
     EXPECT_EQ(r[1].ok(), step != 2) << r[1].status();
     ref.Step(step, {1, 2, 3});
   }
+  // Member 2 knows that step 2 had samples (the others may have completed
+  // it); the others' step 3 failed before its first exchange went
+  // through (nobody completed it).
+  uint64_t samples = 0;
+  for (uint32_t n : {1, 2, 3}) samples += Cluster::Samples(n, 2);
+  EXPECT_EQ(b->sync->cut_short_samples(), samples);
   for (auto& r : c.Step(3, {a, d})) EXPECT_FALSE(r.ok());
+  EXPECT_EQ(a->sync->cut_short_samples(), std::nullopt);
   for (auto& f : c.Form(2, {a, b, d})) {
     ASSERT_THAT(f, IsOk());
     EXPECT_EQ(f->next_step, 3u);
     EXPECT_EQ(f->lost_state, 0u);
   }
+  EXPECT_EQ(b->sync->cut_short_samples(), std::nullopt);
   ExpectParams({a, b, d}, ref, "formed after step 2");
   for (uint64_t step = 3; step < 6; ++step) {
     for (auto& r : c.Step(step, {a, b, d})) ASSERT_THAT(r, IsOk());

@@ -206,6 +206,15 @@ class HostAggregator {
   // published for the request timeout.
   absl::StatusOr<uint64_t> AwaitParams(uint64_t want, std::vector<std::vector<float>>* params,
                                        const std::function<bool()>& stopping);
+  // Training thread, hierarchical allreduce: the worker that evaluates
+  // takes the parameters of version >= want (the version after the job's
+  // last step), posting no samples (`zeros`) to each version published
+  // before it meanwhile, since the host's steps need every worker's post.
+  // When nothing new is published for the request timeout, it takes those
+  // published (logged: the host is behind the job's last step).
+  absl::StatusOr<uint64_t> AwaitFinalParams(uint64_t want, std::vector<std::vector<float>>* params,
+                                            const std::vector<std::vector<float>>& zeros,
+                                            const std::function<bool()>& stopping);
   absl::Status Post(uint64_t step, uint64_t count, const std::vector<std::vector<float>>& grads,
                     const SparseGrads* sparse = nullptr) {
     return segment_->Post(options_.self, step, count, grads, sparse);

@@ -611,10 +611,14 @@ absl::Status Worker::RunLoop() {
         // (Allreduce: this worker's tables are the ring's, once it is in
         // it; hierarchical: the host's, as its ring member published them.)
         if (hierarchical() && aggregator_ != nullptr) {
-          STRATA_RETURN_IF_ERROR(
-              aggregator_
-                  ->AwaitParams(0, &trainer_->params(), [this] { return stop_.HasBeenNotified(); })
-                  .status());
+          // (Those after the job's last step: the host's member may not
+          // have published them yet, and its step of them may need this
+          // worker's post.)
+          STRATA_RETURN_IF_ERROR(aggregator_
+                                     ->AwaitFinalParams(lease.min_version, &trainer_->params(),
+                                                        idle_zeros_,
+                                                        [this] { return stop_.HasBeenNotified(); })
+                                     .status());
         } else if (dense_ring_ != nullptr) {
           STRATA_RETURN_IF_ERROR(dense_ring_->Join());
         }

@@ -293,5 +293,52 @@ TEST(HostAggregatorTest, ARingMemberThatCannotFormARingEndsItsWorker) {
   started->transport->Shutdown();
 }
 
+TEST(HostAggregatorTest, TheEvaluatorPostsNothingToTheStepsItWaitsFor) {
+  // The host's member sums version 5 once both workers posted it; the
+  // worker that evaluates waits for version 6 (after the job's last
+  // step): it posts no samples to version 5, so that 6 comes. A version
+  // that never comes: it takes what is published at the timeout.
+  transport::TransportOptions to;
+  to.kind = "tcp";
+  auto transport = transport::CreateTransport(to);
+  ASSERT_THAT(transport, IsOk());
+  proto::ClusterView view;
+  view.set_epoch(1);
+  ParamClient params(
+      transport->get(), 2, [view]() -> absl::StatusOr<proto::ClusterView> { return view; },
+      absl::Seconds(1));
+  const std::string name = UniqueName("final");
+  auto member = HostSegment::Open(name, {2}, 2);
+  ASSERT_THAT(member, IsOk());
+  ASSERT_TRUE((*member)->Publish(5, {{1.f, 1.f}}));
+  ASSERT_THAT((*member)->Post(1, 5, 3, {{3.f, 3.f}}), IsOk());
+  auto mine = HostSegment::Open(name, {2}, 2);
+  ASSERT_THAT(mine, IsOk());
+  HostAggregator agg(*std::move(mine), &params,
+                     HostAggregator::Options{2, "a", absl::Milliseconds(400)}, {2});
+  std::thread leader([&] {
+    std::vector<std::vector<float>> sum;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    std::optional<uint64_t> count;
+    while (!(count = (*member)->Sum(5, {1, 2}, &sum)).has_value() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_THAT(count, Optional(3u));  // (worker 2's post had no samples)
+    EXPECT_THAT(sum, ElementsAre(ElementsAre(3.f, 3.f)));
+    ASSERT_TRUE((*member)->Publish(6, {{0.5f, 0.5f}}));
+  });
+  const std::vector<std::vector<float>> zeros = {{0.f, 0.f}};
+  std::vector<std::vector<float>> got;
+  absl::StatusOr<uint64_t> v = agg.AwaitFinalParams(6, &got, zeros, [] { return false; });
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(*v, 6u);
+  EXPECT_THAT(got, ElementsAre(ElementsAre(0.5f, 0.5f)));
+  leader.join();
+  v = agg.AwaitFinalParams(9, &got, zeros, [] { return false; });
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(*v, 6u);
+  (*transport)->Shutdown();
+}
+
 }  // namespace
 }  // namespace strata::worker

@@ -36,9 +36,16 @@ bool DenseRing::BeginStep(uint64_t samples) {
   const DenseSync::CheckpointAsk ask =
       hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
   absl::Status started = sync_->StartStep(next_step_, samples, hooks_.epoch_seen(), ask);
-  if (!started.ok()) VLOG(1) << "dense allreduce: step " << next_step_ << ": " << started;
+  if (!started.ok()) {
+    VLOG(1) << "dense allreduce: step " << next_step_ << ": " << started;
+    return false;
+  }
   begun_samples_ = samples;
-  return started.ok();
+  if (steps_overlapped_.fetch_add(1) == 0) {
+    LOG(INFO) << "dense allreduce: steps overlap the backward pass (" << sync_->buckets()
+              << " buckets a step)";
+  }
+  return true;
 }
 
 void DenseRing::GradsReady(size_t model_table, const float* grad, uint64_t end) {

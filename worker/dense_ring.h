@@ -131,6 +131,7 @@ class DenseRing {
   // (Any thread: the metrics' HTTP thread reads them.)
   uint64_t steps_failed() const { return steps_failed_.load(); }
   uint64_t rings_formed() const { return rings_formed_.load(); }
+  uint64_t steps_overlapped() const { return steps_overlapped_.load(); }  // BeginStep's
   // Reform ran out of its time: no ring of a newer view formed within
   // reform_timeout of a failure (the caller ends the worker; its restart
   // makes a new view).
@@ -171,6 +172,7 @@ class DenseRing {
   uint64_t next_step_ = 0;
   std::atomic<uint64_t> steps_failed_{0};
   std::atomic<uint64_t> rings_formed_{0};
+  std::atomic<uint64_t> steps_overlapped_{0};
   bool gave_up_ = false;
 };
 

@@ -181,6 +181,7 @@ class DenseSync {
   void AbandonStep(const absl::Status& why);
   bool stepping() const { return in_flight_ != nullptr; }
   bool overlaps() const { return options_.bucket_bytes > 0; }
+  size_t buckets() const { return buckets_.size(); }
   // Where table `table`'s buckets start (table offsets above 0): where a
   // backward pass that reports gradients block by block should cut its
   // blocks.

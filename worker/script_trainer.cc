@@ -346,8 +346,12 @@ absl::Status ScriptTrainer::BeginStep(int n) {
   }
   const bool stepped = Stepped(ctx_->config().job.consistency);
   const uint64_t version = NextStep();
-  // (Allreduce: the ring steps every dense table at Step; nothing goes out
-  // before it.)
+  // (Allreduce: the ring's step begins now, when this worker is in a
+  // ring; its gradients go as PushTable hands them over, and Step ends it.
+  // Else the ring steps every dense table at Step.)
+  if (DenseRing* ring = ctx_->dense_ring(); ring != nullptr) {
+    ring->BeginStep(static_cast<uint64_t>(n));
+  }
   begun_ = std::make_unique<Begun>(
       Begun{n, version,
             ctx_->dense_ring() != nullptr
@@ -361,6 +365,9 @@ absl::Status ScriptTrainer::BeginStep(int n) {
 absl::Status ScriptTrainer::PushTable(uint32_t table) {
   if (begun_ == nullptr) return absl::FailedPreconditionError("push outside a begun step");
   if (begun_->exchange != nullptr) begun_->exchange->Issue(table);
+  if (DenseRing* ring = ctx_->dense_ring(); ring != nullptr && table < grads_.size()) {
+    ring->GradsReady(table, grads_[table].data(), grads_[table].size());
+  }
   return absl::OkStatus();
 }
 
@@ -375,6 +382,10 @@ void ScriptTrainer::AbandonStep() {
 void ScriptTrainer::FailBegunStep(const std::string& why) {
   if (begun_ == nullptr) return;
   begun_.reset();  // (drops the connections of calls still borrowing grads_ and params_)
+  // (The ring's step reads grads_ until it is abandoned.)
+  if (DenseRing* ring = ctx_->dense_ring(); ring != nullptr) {
+    ring->AbandonStep(absl::AbortedError(why));
+  }
   for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.f);
   absl::MutexLock l(&mu_);
   --in_calls_;
@@ -425,6 +436,7 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead
   // The step's number: the pservers' (their sparse tables'), else the
   // ring's.
   uint64_t recorded = version;
+  if (!s.ok() && ring != nullptr) ring->AbandonStep(s);  // (a ring step begun)
   if (s.ok() && ring != nullptr) {
     // model.dense_sync allreduce (dense_ring.h): the dense gradients summed
     // over the ring, the parameters after the step written into params_

@@ -96,9 +96,11 @@ class ScriptTrainer : public Trainer {
   // model.dense_sync allreduce: the dense gradients go through the
   // workers' ring (TrainerContext::dense_ring), which writes the next
   // parameters into params() in place; the sparse rows go to the pservers
-  // as above; `ahead` is ignored, and BeginStep/PushTable send nothing (a
-  // begun step not finished fails the task all the same: its batch is
-  // not trained).
+  // as above; `ahead` is ignored. BeginStep begins the ring's step (its
+  // first exchange goes at once) and PushTable hands the ring a table's
+  // gradient, its buckets going round while the backward pass goes on
+  // (DenseRing::BeginStep); a begun step not finished fails the task all
+  // the same (its batch is not trained) and breaks the ring's step.
   absl::Status Step(int n, double loss, int64_t correct, bool ahead = false);
   absl::Status WaitTables(const std::vector<uint32_t>& tables);
   absl::Status SettleAhead();

@@ -764,11 +764,10 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
   // A member's wait for the others covers their evaluation and their
   // calls to the master between tasks.
   o.timeout = absl::Milliseconds(std::max(options_.config.cluster.request_timeout_ms, 10000));
-  // Buckets where a backward pass hands them over (MlpTrainer, CtrTrainer:
-  // DenseRing::BeginStep); a host's sum (hierarchical) and a script's
-  // gradients come whole.
-  const std::string& type = options_.config.model.type;
-  if (!hierarchical() && (type == "mlp" || type == "wide_deep")) {
+  // Buckets where a backward pass hands them over (MlpTrainer, CtrTrainer,
+  // a script's backward(): DenseRing::BeginStep); a host's sum
+  // (hierarchical) comes whole.
+  if (!hierarchical()) {
     o.bucket_bytes = static_cast<size_t>(options_.config.model.allreduce_bucket_kib) << 10;
     o.row_floats = rows;
   }
@@ -825,6 +824,10 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
   metrics_.AddCallbackGauge("strata_worker_allreduce_rings_formed",
                             "Rings of the dense allreduce this worker has formed",
                             [this] { return static_cast<double>(dense_ring_->rings_formed()); });
+  metrics_.AddCallbackGauge(
+      "strata_worker_allreduce_steps_overlapped",
+      "Dense allreduce steps begun as their compute began (overlapping the backward pass)",
+      [this] { return static_cast<double>(dense_ring_->steps_overlapped()); });
   metrics_.AddCallbackGauge("strata_worker_allreduce_steps_failed",
                             "Dense allreduce steps that failed here (and were retried)",
                             [this] { return static_cast<double>(dense_ring_->steps_failed()); });

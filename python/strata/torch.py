@@ -398,8 +398,10 @@ class Job:
         gradients afterwards (PyTorch's tensors, not the worker's memory,
         until step()): changing them (clipping) no longer changes what was
         pushed. A model on a GPU pushes at step() (its gradients are copied
-        first). With model.dense_sync allreduce nothing goes out before
-        step(): the workers' ring steps the dense tables together."""
+        first). With model.dense_sync allreduce the workers' ring steps
+        the dense tables together: its step begins here, and each bucket
+        of gradients goes round as autograd completes it (the last layers'
+        first); step() ends it."""
         if self._staged or not self._direct or self._core.preempted:
             loss.backward()
             return

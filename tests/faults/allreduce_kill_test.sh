@@ -29,6 +29,9 @@ for w in 0 1 2; do
     "$WORK/run-base/logs/worker-$w.log" || fail "worker $w formed no ring of 3: $(why base)"
   ! grep -q "dense allreduce: step .* failed" "$WORK/run-base/logs/worker-$w.log" ||
     fail "a step failed in the fault-free run: $(why base)"
+  # (Its steps overlap the backward pass: model.allreduce_bucket_kib.)
+  grep -q "dense allreduce: steps overlap the backward pass" "$WORK/run-base/logs/worker-$w.log" ||
+    fail "worker $w stepped no ring step with the backward pass: $(why base)"
 done
 grep -q "placed 0 partition(s) of 4 table(s)" "$WORK/run-base/logs/master-0.log" ||
   fail "the pservers were given partitions of allreduce tables: $(grep placed "$WORK/run-base/logs/master-0.log")"

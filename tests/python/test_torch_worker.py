@@ -149,6 +149,9 @@ def test_allreduce_python_workers_step_the_ring_as_cpp_workers(cluster_factory, 
         with open(os.path.join(c.dir, "worker-%d.log" % i)) as f:
             log = f.read()
         assert re.search(r"dense allreduce: ring of view \d+: nodes \d+, \d+, this one", log), log
+        # (backward() begins the ring's step; its buckets go as autograd
+        # makes them.)
+        assert "dense allreduce: steps overlap the backward pass" in log, log
     (ckpt,) = [d for d in os.listdir(root) if d.startswith("ckpt-")]
     verify = subprocess.run([os.path.join(BIN, "strata"), "checkpoint", "verify", "--dir",
                              os.path.join(root, ckpt)], capture_output=True, text=True)

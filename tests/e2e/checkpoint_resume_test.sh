@@ -124,10 +124,8 @@ ctr_config "$work/cb.yaml" "$work/ck-cb" "$base"
 launch --config "$work/cb.yaml" --run-dir "$work/cb" > "$work/cb.out" 2>&1 &
 launcher=$!
 wait_steps "127.0.0.1:$base" 300
-"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/cstop.out" ||
-  { cat "$work/cstop.out"; fail "strata checkpoint --stop failed"; }
+checkpoint_stop "127.0.0.1:$base" "$work/cstop.out" "$work/cb.out" "stopped CTR run"
 grep -q "(incremental)" "$work/cstop.out" || { cat "$work/cstop.out"; fail "the stop checkpoint is not incremental"; }
-expect_stopped "$work/cb.out" "stopped CTR run"
 "$STRATA" checkpoint list --dir "$work/ck-cb" | grep -qE ' incremental .* steps$' ||
   fail "no incremental checkpoint taken every 40 steps"
 launch --config "$work/cb.yaml" --run-dir "$work/cb2" --resume latest || fail "resumed CTR run failed"
@@ -165,9 +163,7 @@ launcher=$!
 wait_steps "127.0.0.1:$base" 100
 "$STRATA" checkpoint --master "127.0.0.1:$base" > "$work/rck1.out" || { cat "$work/rck1.out"; fail "strata checkpoint failed (allreduce)"; }
 wait_steps "127.0.0.1:$base" 250
-"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/rstop.out" ||
-  { cat "$work/rstop.out"; tail -n 20 "$work/rb/logs/master-0.log"; fail "strata checkpoint --stop failed (allreduce)"; }
-expect_stopped "$work/rb.out" "stopped allreduce run"
+checkpoint_stop "127.0.0.1:$base" "$work/rstop.out" "$work/rb.out" "stopped allreduce run" "$work/rb"
 launch --config "$work/rb.yaml" --run-dir "$work/rb2" --resume latest || fail "resumed allreduce run failed"
 [[ "$(json_field "$work/rb2/summary.json" resumed_from)" == 2 ]] || fail "the allreduce job did not resume from checkpoint 2"
 grep -q "allreduce tables from checkpoint 2" "$work/rb2/logs/worker-0.log" ||
@@ -188,9 +184,7 @@ ar_config "$work/rc.yaml" "$work/ck-rc" "$base"
 launch --config "$work/rc.yaml" --run-dir "$work/rc" > "$work/rc.out" 2>&1 &
 launcher=$!
 wait_steps "127.0.0.1:$base" 150
-"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/rcstop.out" ||
-  { cat "$work/rcstop.out"; fail "strata checkpoint --stop failed (ring of 2)"; }
-expect_stopped "$work/rc.out" "stopped ring of 2"
+checkpoint_stop "127.0.0.1:$base" "$work/rcstop.out" "$work/rc.out" "stopped ring of 2"
 "$STRATA" checkpoint verify --dir "$work/ck-rc/ckpt-00000001" | grep -q ", 2 ring shards," ||
   fail "the checkpoint of a ring of 2 has not 2 shards: $("$STRATA" checkpoint verify --dir "$work/ck-rc/ckpt-00000001")"
 launch --config "$work/rc.yaml" --run-dir "$work/rc2" --resume latest || fail "resumed ring of 2 failed"

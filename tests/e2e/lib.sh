@@ -201,14 +201,15 @@ assert s['final_test_accuracy'] >= float(accuracy), s['final_test_accuracy']
 PY
 }
 
-# log_tails RUN_DIR: the last lines of each daemon's log under RUN_DIR/logs
-# (the work dir goes with the test; a failure shows them).
+# log_tails RUN_DIR [LINES]: the last LINES (15) of each daemon's log
+# under RUN_DIR/logs (the work dir goes with the test; a failure shows
+# them).
 log_tails() {
-  local f
+  local f lines="${2:-15}"
   for f in "$1"/logs/*.log; do
     [[ -f $f ]] || continue
-    echo "--- ${f##*/} (last 15 lines)"
-    tail -n 15 "$f" | cut -c1-400
+    echo "--- ${f##*/} (last $lines lines)"
+    tail -n "$lines" "$f" | cut -c1-400
   done
 }
 
@@ -245,6 +246,16 @@ expect_stopped() {
   for _ in $(seq 1 900); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
   set +e; wait "$launcher"; rc=$?; set -e
   (( rc == 3 )) || { tail -n 30 "$1"; fail "$2 exited $rc, expected 3 (stopped)"; }
+}
+
+# checkpoint_stop MASTER OUT LAUNCH_OUT WHAT [RUN_DIR]: `strata checkpoint
+# --stop` of the job at MASTER (what it prints into OUT), then
+# expect_stopped LAUNCH_OUT WHAT. A failed command shows OUT and, with
+# RUN_DIR, the run's log tails.
+checkpoint_stop() {
+  "$STRATA" checkpoint --master "$1" --stop > "$2" 2>&1 ||
+    { cat "$2"; [[ -z ${5:-} ]] || log_tails "$5"; fail "strata checkpoint --stop failed ($4)"; }
+  expect_stopped "$3" "$4"
 }
 
 # ctr_job_yaml NAME EPOCHS DATA_DIR TRAIN_ROWS PORT_BASE CHECKPOINT_DIR [TRAIN]

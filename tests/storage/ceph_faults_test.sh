@@ -73,10 +73,7 @@ grep -q "checkpoint 3" "$work/ck3.out" || { cat "$work/ck3.out"; fail "unexpecte
 echo "ok: radosgw back: $(head -n 1 "$work/ck3.out" | sed 's/^checkpointing... //')"
 
 # Stopped at a checkpoint of its own (launch.sh exits 3).
-"$STRATA" checkpoint --master "$master" --stop > "$work/ck4.out" 2>&1 || { cat "$work/ck4.out"; fail "checkpoint --stop failed"; }
-for _ in $(seq 1 900); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-set +e; wait "$launcher"; rc=$?; set -e
-(( rc == 3 )) || { tail -n 30 "$work/run.out"; fail "the job exited $rc after the radosgw fault, expected 3 (stopped)"; }
+checkpoint_stop "$master" "$work/ck4.out" "$work/run.out" "the job after the radosgw fault"
 assert_nothing_left "$work/run"
 "$STRATA" checkpoint list --dir "$root" --config "$work/job.yaml" | tee "$work/list"
 final="$(latest_seq "$root" "$work/job.yaml")"
@@ -108,10 +105,7 @@ wait_steps "$master" 20
 grep -q "checkpoint refused: $victim" "$work/resume/logs/master-0.log" ||
   { grep -i checkpoint "$work/resume/logs/master-0.log" | head; fail "the corrupt object $victim is not named"; }
 grep "checkpoint refused" "$work/resume/logs/master-0.log" | head -n 1 | cut -c1-300
-"$STRATA" checkpoint --master "$master" --stop > "$work/ck5.out" 2>&1 || { cat "$work/ck5.out"; fail "checkpoint --stop of the resumed job failed"; }
-for _ in $(seq 1 900); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
-set +e; wait "$launcher"; rc=$?; set -e
-(( rc == 3 )) || { tail -n 30 "$work/resume.out"; fail "the resumed job exited $rc, expected 3 (stopped)"; }
+checkpoint_stop "$master" "$work/ck5.out" "$work/resume.out" "the resumed job"
 from="$(json_field "$work/resume/summary.json" resumed_from)"
 (( from > 0 && from < final )) || fail "resumed from $from, not from a checkpoint before $final"
 echo "ok: corrupt object refused by its checksum; resumed from checkpoint $from"

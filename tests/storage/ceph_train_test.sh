@@ -25,9 +25,7 @@ launch() {
   "$ROOT/scripts/launch.sh" run --hosts "$work/hosts" --bin-dir "$BUILD_DIR/bin" --quiet --timeout 400 "$@" && return 0
   local rc=$? dir="" prev="" f
   for f in "$@"; do [[ $prev == --run-dir ]] && dir=$f; prev=$f; done
-  if [[ -n $dir ]]; then
-    for f in "$dir"/logs/*.log; do [[ -f $f ]] && { echo "== $f"; tail -n 40 "$f"; }; done >&2
-  fi
+  [[ -z $dir ]] || log_tails "$dir" 40 >&2
   return $rc
 }
 
@@ -70,9 +68,7 @@ fmnist_config "$work/b.yaml" "s3://$bucket/fmnist-b" "$base"
 launch --config "$work/b.yaml" --run-dir "$work/b" > "$work/b.out" 2>&1 &
 launcher=$!
 wait_steps "127.0.0.1:$base" 250
-"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/stop.out" ||
-  { cat "$work/stop.out"; fail "strata checkpoint --stop failed"; }
-expect_stopped "$work/b.out" "stopped run"
+checkpoint_stop "127.0.0.1:$base" "$work/stop.out" "$work/b.out" "stopped run"
 assert_nothing_left "$work/b"
 "$STRATA" checkpoint list --dir "s3://$bucket/fmnist-b" --config "$work/b.yaml"
 launch --config "$work/b.yaml" --run-dir "$work/b2" --resume latest || fail "resumed run on Ceph failed"
@@ -115,10 +111,8 @@ ctr_config "$work/cb.yaml" "s3://$bucket/ctr-b" "$base" "s3://$bucket/ctr-data/t
 launch --config "$work/cb.yaml" --run-dir "$work/cb" > "$work/cb.out" 2>&1 &
 launcher=$!
 wait_steps "127.0.0.1:$base" 250
-"$STRATA" checkpoint --master "127.0.0.1:$base" --stop > "$work/cstop.out" ||
-  { cat "$work/cstop.out"; fail "strata checkpoint --stop failed"; }
+checkpoint_stop "127.0.0.1:$base" "$work/cstop.out" "$work/cb.out" "stopped CTR run"
 grep -q "(incremental)" "$work/cstop.out" || { cat "$work/cstop.out"; fail "the stop checkpoint is not incremental"; }
-expect_stopped "$work/cb.out" "stopped CTR run"
 "$STRATA" checkpoint list --dir "s3://$bucket/ctr-b" --config "$work/cb.yaml" | tee "$work/ctr-list"
 grep -qE ' incremental ' "$work/ctr-list" || fail "no incremental checkpoint in the bucket"
 launch --config "$work/cb.yaml" --run-dir "$work/cb2" --resume latest || fail "resumed CTR run on Ceph failed"

@@ -252,10 +252,12 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
   std::vector<const float*> grads;
   for (size_t t : ring_tables_) {
     if (t >= model_grads.size() || model_grads[t].size() != zeros_[grads.size()].size()) {
-      return absl::InvalidArgumentError(
+      const absl::Status bad = absl::InvalidArgumentError(
           absl::StrCat("dense allreduce: the gradient of table ", t, " has ",
                        t < model_grads.size() ? model_grads[t].size() : 0, " floats, its table ",
                        zeros_[grads.size()].size()));
+      AbandonStep(bad);  // (a step begun)
+      return bad;
     }
     grads.push_back(model_grads[t].data());
   }
@@ -286,7 +288,10 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
     }
   }
   while (true) {
-    if (hooks_.stopping()) return absl::CancelledError("worker shut down");
+    if (hooks_.stopping()) {
+      AbandonStep(absl::CancelledError("worker shut down"));  // (a step begun)
+      return absl::CancelledError("worker shut down");
+    }
     if (broken_) STRATA_RETURN_IF_ERROR(Reform());
     if (!in_ring_) {
       return absl::FailedPreconditionError(

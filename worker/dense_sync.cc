@@ -315,6 +315,8 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
                                                    " parameter buffers for ", table_sizes_.size(),
                                                    " tables"));
   }
+  // (A step in flight cannot go on across rings: it failed.)
+  AbandonStep(absl::AbortedError("dense allreduce: a ring is formed while a step is in flight"));
   if (over_.load()) return absl::CancelledError("dense allreduce: the job is over");
   if (epoch <= epoch_ || epoch >= (uint64_t{1} << 32)) {
     return absl::InvalidArgumentError(
@@ -551,6 +553,10 @@ void DenseSync::GradsReady(size_t table, const float* grad, size_t end) {
 
 bool DenseSync::BucketReady(const InFlight& f, size_t b) const {
   if (f.all_ready) return true;
+  // The last bucket waits for FinishStep: until then no member can
+  // complete the step, so that one abandoned (AbandonStep) is one that
+  // nobody completed, its batch untrained everywhere.
+  if (b + 1 == buckets_.size()) return false;
   const auto [begin, end] = buckets_[b];
   for (size_t t = 0; t < table_sizes_.size(); ++t) {
     const size_t tb = offsets_[t], te = offsets_[t] + table_sizes_[t];

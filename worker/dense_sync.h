@@ -171,8 +171,10 @@ class DenseSync {
   // which returns what Step would. Errors as Step's; StartStep's own
   // (FailedPrecondition, InvalidArgument) leave no step in flight.
   absl::Status StartStep(uint64_t step, uint64_t samples, uint64_t epoch_seen, CheckpointAsk ask);
-  // Elements [0, end) of table `table`'s gradient, `grad`, are final: the
-  // buckets they complete are reduced now while the caller computes.
+  // Elements [0, end) of table `table`'s gradient, `grad`, are final
+  // (copied now): the buckets they complete are reduced while the caller
+  // computes, all but the step's last, which waits for FinishStep (so
+  // that no member completes a step this member may yet abandon).
   void GradsReady(size_t table, const float* grad, size_t end);
   absl::StatusOr<StepResult> FinishStep(const std::vector<const float*>& grads,
                                         const std::vector<float*>& params);
@@ -359,7 +361,6 @@ class DenseSync {
   // The step in flight (training thread) and the thread that runs it.
   std::unique_ptr<InFlight> in_flight_;
   absl::Mutex step_mu_;
-  absl::CondVar step_cv_;
   InFlight* handed_ ABSL_GUARDED_BY(step_mu_) = nullptr;  // to the step thread
   bool quit_ ABSL_GUARDED_BY(step_mu_) = false;
   std::thread step_thread_;

@@ -382,7 +382,7 @@ void ScriptTrainer::AbandonStep() {
 void ScriptTrainer::FailBegunStep(const std::string& why) {
   if (begun_ == nullptr) return;
   begun_.reset();  // (drops the connections of calls still borrowing grads_ and params_)
-  // (The ring's step reads grads_ until it is abandoned.)
+  // (The ring's step begun ends here: no member completes it.)
   if (DenseRing* ring = ctx_->dense_ring(); ring != nullptr) {
     ring->AbandonStep(absl::AbortedError(why));
   }

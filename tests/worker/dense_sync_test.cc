@@ -354,10 +354,12 @@ TEST(DenseSyncTest, BucketsStartAtWholeRowsLastTablesFirst) {
 }
 
 TEST(DenseSyncTest, AnAbandonedStepFailsTheRingAndIsDoneAgainOnTheNext) {
-  // A member's backward pass fails after its step began: its ring is
-  // aborted, the others' step fails at the timeout, and the next ring
-  // does the step again from where it was (the optimizer state the
-  // buckets had moved undone).
+  // A member's compute fails after its step began, and after its
+  // backward pass handed every gradient over: its ring is aborted, the
+  // others' step fails at the timeout (the step's last bucket waits for
+  // FinishStep, so nobody completes it), and the next ring does the step
+  // again from where it was (the optimizer state the buckets had moved
+  // undone).
   Cluster c("inproc", absl::Milliseconds(700), Adam(), 256);
   std::vector<Member*> ring = {c.Add(1), c.Add(2), c.Add(3)};
   for (auto& f : c.Form(1, ring)) ASSERT_THAT(f, IsOk());
@@ -375,9 +377,9 @@ TEST(DenseSyncTest, AnAbandonedStepFailsTheRingAndIsDoneAgainOnTheNext) {
       for (auto& t : g) gp.push_back(t.data());
       status[i] = m->sync->StartStep(1, Cluster::Samples(m->node_id, 1), 0, {});
       if (!status[i].ok()) return;
-      m->sync->GradsReady(2, gp[2], kTables[2]);
-      m->sync->GradsReady(1, gp[1], kTables[1]);
+      for (size_t t = kTables.size(); t-- > 0;) m->sync->GradsReady(t, gp[t], kTables[t]);
       if (i == 1) {
+        absl::SleepFor(absl::Milliseconds(200));  // (the buckets but the last go round)
         m->sync->AbandonStep(absl::InternalError("the device failed (test)"));
         EXPECT_FALSE(m->sync->stepping());
         return;

@@ -36,18 +36,8 @@ work="$(mktemp -d /tmp/strata-overlap-XXXXXX)"
 trap 'set +e; remove_hosts; [[ -n "${KEEP_WORK:-}" ]] || rm -rf "$work"' EXIT
 set +e; remove_hosts; set -e  # (a run killed before left them)
 make_hosts
-for h in 2 3; do  # both directions of each worker host's link
-  ip -n "$(ns_of "$h")" link set eth0 txqueuelen 1000
-  ip netns exec "$(ns_of "$h")" tc qdisc add dev eth0 root tbf rate "${rate}mbit" burst 256kb latency 100ms
-  tc qdisc add dev "${veth}v$h" root tbf rate "${rate}mbit" burst 256kb latency 100ms
-done
-# launch.sh's remote command: a host's address -> its namespace.
-cat > "$work/ns-exec" <<SH
-#!/usr/bin/env bash
-h=\$(( \${1##*.} - 10 )); shift
-exec ip netns exec "strata-aob-\$h" bash -c "\$*"
-SH
-chmod +x "$work/ns-exec"
+for h in 2 3; do shape_link "$h" "$rate" 256kb; done
+write_ns_exec "$work/ns-exec"
 printf '%s master pserver=1\n%s worker=1\n%s worker=1\n' "$(addr_of 1)" "$(addr_of 2)" \
   "$(addr_of 3)" > "$work/hosts"
 

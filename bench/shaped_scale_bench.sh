@@ -38,20 +38,9 @@ work="$(mktemp -d /tmp/strata-shaped-XXXXXX)"
 trap 'set +e; remove_hosts; [[ -n "${KEEP_WORK:-}" ]] || rm -rf "$work"' EXIT
 set +e; remove_hosts; set -e  # (a run killed before left them)
 make_hosts
-shape() {  # shape HOST MBIT: both directions of HOST's link
-  ip -n "$(ns_of "$1")" link set eth0 txqueuelen 1000
-  ip netns exec "$(ns_of "$1")" tc qdisc add dev eth0 root tbf rate "${2}mbit" burst 64kb latency "${latency}ms"
-  tc qdisc add dev "${veth}v$1" root tbf rate "${2}mbit" burst 64kb latency "${latency}ms"
-}
-shape 1 $((4 * rate))
-for h in 2 3 4 5; do shape "$h" "$rate"; done
-# launch.sh's remote command: a host's address -> its namespace.
-cat > "$work/ns-exec" <<SH
-#!/usr/bin/env bash
-h=\$(( \${1##*.} - 10 )); shift
-exec ip netns exec "strata-shb-\$h" bash -c "\$*"
-SH
-chmod +x "$work/ns-exec"
+shape_link 1 $((4 * rate)) 64kb "$latency"
+for h in 2 3 4 5; do shape_link "$h" "$rate" 64kb "$latency"; done
+write_ns_exec "$work/ns-exec"
 rx_bytes() {  # rx_bytes HOST: bytes received on its link so far
   ip -n "$(ns_of "$1")" -s -j link show eth0 | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)[0]['stats64']['rx']['bytes'])"
 }

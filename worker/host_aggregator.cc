@@ -747,13 +747,39 @@ absl::Status HostAggregator::FinishRows(RowsInFlight* rows) {
 absl::StatusOr<uint64_t> HostAggregator::AwaitParams(uint64_t want,
                                                      std::vector<std::vector<float>>* params,
                                                      const std::function<bool()>& stopping) {
-  std::optional<uint64_t> last = segment_->published();
+  return Await(want, params, stopping, nullptr);
+}
+
+absl::StatusOr<uint64_t> HostAggregator::AwaitFinalParams(
+    uint64_t want, std::vector<std::vector<float>>* params,
+    const std::vector<std::vector<float>>& zeros, const std::function<bool()>& stopping) {
+  absl::StatusOr<uint64_t> v = Await(want, params, stopping, &zeros);
+  if (!absl::IsDeadlineExceeded(v.status())) return v;
+  std::optional<uint64_t> published = segment_->ReadParams(0, params);
+  if (!published.has_value()) return v;
+  LOG(WARNING) << "host " << options_.host << ": evaluating the parameters of version "
+               << *published << ", not those after the job's last step (" << want
+               << "): " << v.status().message();
+  return *published;
+}
+
+absl::StatusOr<uint64_t> HostAggregator::Await(uint64_t want,
+                                               std::vector<std::vector<float>>* params,
+                                               const std::function<bool()>& stopping,
+                                               const std::vector<std::vector<float>>* idle) {
+  std::optional<uint64_t> last = segment_->published(), posted;
   absl::Time moved = absl::Now();
   while (true) {
     const uint32_t seen = segment_->generation();
     if (std::optional<uint64_t> v = segment_->ReadParams(want, params)) return *v;
     if (stopping()) return absl::CancelledError("worker shut down");
     const std::optional<uint64_t> now = segment_->published();
+    if (idle != nullptr && now.has_value() && now != posted) {
+      if (absl::Status s = segment_->Post(options_.self, *now, 0, *idle); !s.ok()) {
+        LOG(WARNING) << "host " << options_.host << ": idle post: " << s;
+      }
+      posted = now;
+    }
     if (now != last) {
       last = now;
       moved = absl::Now();
@@ -774,41 +800,6 @@ absl::StatusOr<uint64_t> HostAggregator::AwaitParams(uint64_t want,
                          : absl::StrCat("; never posted here: nodes ", absl::StrJoin(absent, ", "),
                                         ", which must share this host's /dev/shm"),
           ")"));
-    }
-    segment_->WaitChange(seen, absl::Milliseconds(50));
-  }
-}
-
-absl::StatusOr<uint64_t> HostAggregator::AwaitFinalParams(
-    uint64_t want, std::vector<std::vector<float>>* params,
-    const std::vector<std::vector<float>>& zeros, const std::function<bool()>& stopping) {
-  std::optional<uint64_t> last = segment_->published(), posted;
-  absl::Time moved = absl::Now();
-  while (true) {
-    const uint32_t seen = segment_->generation();
-    if (std::optional<uint64_t> v = segment_->ReadParams(want, params)) return *v;
-    if (stopping()) return absl::CancelledError("worker shut down");
-    const std::optional<uint64_t> now = segment_->published();
-    if (now.has_value() && now != posted) {
-      if (absl::Status s = segment_->Post(options_.self, *now, 0, zeros); !s.ok()) {
-        LOG(WARNING) << "host " << options_.host << ": idle post before evaluating: " << s;
-      }
-      posted = now;
-    }
-    if (now != last) {
-      last = now;
-      moved = absl::Now();
-    } else if (absl::Now() - moved > options_.request_timeout) {
-      if (std::optional<uint64_t> v = segment_->ReadParams(0, params)) {
-        LOG(WARNING) << "host " << options_.host << ": evaluating the parameters of version " << *v
-                     << ", not those after the job's last step (" << want
-                     << "): nothing newer was published in "
-                     << absl::FormatDuration(options_.request_timeout);
-        return *v;
-      }
-      return absl::DeadlineExceededError(
-          absl::StrCat("host ", options_.host, ": no parameters published in ", segment_->name(),
-                       " for ", absl::FormatDuration(options_.request_timeout), " to evaluate"));
     }
     segment_->WaitChange(seen, absl::Milliseconds(50));
   }

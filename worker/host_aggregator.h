@@ -230,6 +230,11 @@ class HostAggregator {
   uint64_t steps_pushed() const { return steps_pushed_.load(); }
 
  private:
+  // AwaitParams, posting `idle` (no samples) to each version published
+  // meanwhile when given (AwaitFinalParams).
+  absl::StatusOr<uint64_t> Await(uint64_t want, std::vector<std::vector<float>>* params,
+                                 const std::function<bool()>& stopping,
+                                 const std::vector<std::vector<float>>* idle);
   void Loop();
   // One round as the aggregating worker: publishes a first version, or
   // pushes the step the host is at once everyone has posted it. False when

@@ -42,6 +42,29 @@ remove_hosts() {
   return 0
 }
 
+# shape_link HOST MBIT [BURST] [LATENCY_MS]: tc tbf shapes both directions
+# of HOST's link (its eth0, and the bridge's end of its veth) to MBIT
+# Mbit/s, with BURST (64kb) and a queue of at most LATENCY_MS (100).
+shape_link() {
+  local ns; ns="$(ns_of "$1")"
+  ip -n "$ns" link set eth0 txqueuelen 1000
+  ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${2}mbit" burst "${3:-64kb}" latency "${4:-100}ms"
+  tc qdisc add dev "${veth}v$1" root tbf rate "${2}mbit" burst "${3:-64kb}" latency "${4:-100}ms"
+}
+
+# write_ns_exec FILE: launch.sh's --remote-cmd for these hosts (FILE, made
+# executable): `FILE ADDRESS COMMAND...` runs COMMAND in the namespace of
+# the host at ADDRESS.
+write_ns_exec() {
+  local prefix; prefix="$(ns_of 0)"; prefix="${prefix%0}"
+  cat > "$1" <<SH
+#!/usr/bin/env bash
+h=\$(( \${1##*.} - 10 )); shift
+exec ip netns exec "$prefix\$h" bash -c "\$*"
+SH
+  chmod +x "$1"
+}
+
 # write_ssh_config DIR: DIR/config, how the tests reach the hosts: as root
 # with the key DIR/id, host keys learnt on first use into DIR/known_hosts,
 # never a password prompt, one control connection a host.

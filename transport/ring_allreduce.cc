@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/vector_ops.h"
 
 namespace strata::transport {
@@ -198,20 +199,50 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const 
   return Allreduce(data, n, op, hooks, cut);
 }
 
-absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks,
-                                      const Cut& cut) {
+absl::Status RingAllreduce::CheckCut(size_t n, const Cut& cut) const {
   const uint32_t w = options_.size;
   const std::vector<size_t>& bounds = cut.bounds;
   bool ascending = bounds.size() == w + 1 && bounds.front() == 0 && bounds.back() == n;
   for (size_t s = 0; ascending && s + 1 < bounds.size(); ++s) {
     ascending = bounds[s] <= bounds[s + 1];
   }
-  if (!ascending) {
-    return absl::InvalidArgumentError(absl::StrCat("ring allreduce rank ", options_.rank, ": ",
-                                                   bounds.size(), " segment bounds for a ring of ",
-                                                   w, " over ", n, " floats (expected ", w + 1,
-                                                   " ascending from 0 to ", n, ")"));
+  if (ascending) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "ring allreduce rank ", options_.rank, ": ", bounds.size(), " segment bounds for a ring of ",
+      w, " over ", n, " floats (expected ", w + 1, " ascending from 0 to ", n, ")"));
+}
+
+absl::Status RingAllreduce::EndCall(uint64_t op, bool settle, absl::Status status) {
+  // Every send answered (or failed), and this op's leftovers dropped.
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::MutexLock l(&st_->mu);
+  while (settle && st_->pending > 0 && st_->send_error.ok()) {
+    if (st_->changed.WaitWithDeadline(&st_->mu, deadline) && absl::Now() >= deadline) {
+      if (status.ok()) {
+        status = absl::DeadlineExceededError(
+            absl::StrCat("ring allreduce rank ", options_.rank, ": ", st_->pending,
+                         " chunks unanswered by the next rank (", next_->peer(), ") after ",
+                         absl::FormatDuration(options_.timeout)));
+      }
+      break;
+    }
   }
+  if (status.ok()) status = st_->send_error;
+  // No chunk of this call is written into the caller's buffer after it
+  // returns: later ones are dropped, and those being written are waited for.
+  st_->done_op = std::max(st_->done_op, op + 1);
+  while (st_->applying > 0) st_->changed.Wait(&st_->mu);
+  st_->posted.clear();
+  st_->inbox.erase(st_->inbox.begin(), st_->inbox.lower_bound(Key{op + 1, 0, 0, 0}));
+  if (!status.ok()) st_->broken = status;
+  return status;
+}
+
+absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const Hooks& hooks,
+                                      const Cut& cut) {
+  const uint32_t w = options_.size;
+  const std::vector<size_t>& bounds = cut.bounds;
+  STRATA_RETURN_IF_ERROR(CheckCut(n, cut));
   if (w == 1) {
     if (hooks.owned && n > 0) hooks.owned(0, data, n);
     return absl::OkStatus();
@@ -298,29 +329,7 @@ absl::Status RingAllreduce::Allreduce(float* data, size_t n, uint64_t op, const 
       if (k + 2 < w) Send(op, 1, k + 1, c, chunk_at(s, c), chunk_len(s, c));
     }
   }
-  // Every send answered (or failed), and this op's leftovers dropped.
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  absl::MutexLock l(&st_->mu);
-  while (cut.settle && st_->pending > 0 && st_->send_error.ok()) {
-    if (st_->changed.WaitWithDeadline(&st_->mu, deadline) && absl::Now() >= deadline) {
-      if (status.ok()) {
-        status = absl::DeadlineExceededError(
-            absl::StrCat("ring allreduce rank ", options_.rank, ": ", st_->pending,
-                         " chunks unanswered by the next rank (", next_->peer(), ") after ",
-                         absl::FormatDuration(options_.timeout)));
-      }
-      break;
-    }
-  }
-  if (status.ok()) status = st_->send_error;
-  // No chunk of this call is written into the caller's buffer after it
-  // returns: later ones are dropped, and those being written are waited for.
-  st_->done_op = std::max(st_->done_op, op + 1);
-  while (st_->applying > 0) st_->changed.Wait(&st_->mu);
-  st_->posted.clear();
-  st_->inbox.erase(st_->inbox.begin(), st_->inbox.lower_bound(Key{op + 1, 0, 0, 0}));
-  if (!status.ok()) st_->broken = status;
-  return status;
+  return EndCall(op, cut.settle, std::move(status));
 }
 
 }  // namespace strata::transport

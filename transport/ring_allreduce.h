@@ -149,6 +149,13 @@ class RingAllreduce {
   // Adds or copies `payload` (its floats) into `slot`; the error when its
   // size is not the slot's.
   absl::Status Apply(const Key& key, const Slot& slot, const char* payload, size_t bytes) const;
+  // InvalidArgument unless `cut`'s bounds cut n floats into size()
+  // ascending segments.
+  absl::Status CheckCut(size_t n, const Cut& cut) const;
+  // A call's end: with `settle`, waits for the next rank's
+  // acknowledgements; its chunks still to come dropped; the ring broken
+  // when the call failed. Returns the call's status.
+  absl::Status EndCall(uint64_t op, bool settle, absl::Status status);
   // Waits until (op, phase, step, chunk) from the previous rank is in
   // place.
   absl::Status Await(const Key& key);

@@ -33,14 +33,11 @@ bool DenseRing::BeginStep(uint64_t samples) {
   if (!sync_->overlaps() || !in_ring_ || broken_ || sync_->over() || sync_->stepping()) {
     return false;
   }
-  const DenseSync::CheckpointAsk ask =
-      hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
-  absl::Status started = sync_->StartStep(next_step_, samples, hooks_.epoch_seen(), ask);
+  absl::Status started = sync_->StartStep(next_step_, samples, hooks_.epoch_seen(), Ask());
   if (!started.ok()) {
     VLOG(1) << "dense allreduce: step " << next_step_ << ": " << started;
     return false;
   }
-  begun_samples_ = samples;
   if (steps_overlapped_.fetch_add(1) == 0) {
     LOG(INFO) << "dense allreduce: steps overlap the backward pass (" << sync_->buckets()
               << " buckets a step)";
@@ -200,9 +197,7 @@ absl::StatusOr<DenseSync::StepResult> DenseRing::StepOnce(const std::vector<cons
   if (sync_->stepping()) {  // (begun by BeginStep, its ask taken then)
     r = sync_->FinishStep(grads, params_);
   } else {
-    const DenseSync::CheckpointAsk ask =
-        hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
-    r = sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_, ask);
+    r = sync_->Step(next_step_, grads, samples, hooks_.epoch_seen(), params_, Ask());
   }
   if (!r.ok()) {
     broken_ = true;
@@ -268,10 +263,10 @@ absl::StatusOr<DenseRing::Done> DenseRing::TrainStep(
   // its own values: when the ring has trained already, it brings none to
   // this step (the ring's values are its now), unless its values were
   // the ring's (a checkpoint's that the ring took).
-  if (sync_->stepping() && samples != begun_samples_) {
-    AbandonStep(
-        absl::InternalError(absl::StrCat("dense allreduce: step ", next_step_, " begun with ",
-                                         begun_samples_, " samples, ended with ", samples)));
+  if (sync_->stepping() && samples != sync_->begun_samples()) {
+    AbandonStep(absl::InternalError(absl::StrCat("dense allreduce: step ", next_step_,
+                                                 " begun with ", sync_->begun_samples(),
+                                                 " samples, ended with ", samples)));
   }
   if (sync_->over()) {
     // (A step begun goes unfinished; the parameters stay those of the

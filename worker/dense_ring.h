@@ -138,6 +138,10 @@ class DenseRing {
   bool gave_up() const { return gave_up_; }
 
  private:
+  // The checkpoint asked of this worker now (none without the hook).
+  DenseSync::CheckpointAsk Ask() const {
+    return hooks_.checkpoint_ask ? hooks_.checkpoint_ask() : DenseSync::CheckpointAsk{};
+  }
   // One try at a step: on an error the ring is marked broken.
   absl::StatusOr<DenseSync::StepResult> StepOnce(const std::vector<const float*>& grads,
                                                  uint64_t samples);
@@ -158,7 +162,6 @@ class DenseRing {
   const std::vector<size_t> ring_tables_;
   std::vector<float*> params_;   // the ring's tables
   std::vector<int> sync_index_;  // by model table: its index among the ring's (-1: none)
-  uint64_t begun_samples_ = 0;   // BeginStep's
   const Hooks hooks_;
   const absl::Duration reform_timeout_;
   const bool by_host_;

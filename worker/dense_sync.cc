@@ -476,28 +476,27 @@ absl::StatusOr<DenseSync::StepResult> DenseSync::Step(uint64_t step,
                                                       uint64_t samples, uint64_t epoch_seen,
                                                       const std::vector<float*>& params,
                                                       CheckpointAsk ask) {
-  {
-    std::shared_ptr<transport::RingAllreduce> ring;
-    STRATA_RETURN_IF_ERROR(CanStep(step, &ring));
-  }
+  std::shared_ptr<transport::RingAllreduce> ring;
+  STRATA_RETURN_IF_ERROR(CanStep(step, &ring));
   if (grads.size() != table_sizes_.size() || params.size() != table_sizes_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("dense allreduce: ", grads.size(), " gradients and ", params.size(),
                      " parameter buffers for ", table_sizes_.size(), " tables"));
   }
-  STRATA_RETURN_IF_ERROR(Begin(step, samples, epoch_seen, ask, /*threaded=*/false));
+  Begin(step, samples, epoch_seen, ask, std::move(ring), /*threaded=*/false);
   return FinishStep(grads, params);
 }
 
 absl::Status DenseSync::StartStep(uint64_t step, uint64_t samples, uint64_t epoch_seen,
                                   CheckpointAsk ask) {
-  return Begin(step, samples, epoch_seen, ask, /*threaded=*/true);
-}
-
-absl::Status DenseSync::Begin(uint64_t step, uint64_t samples, uint64_t epoch_seen,
-                              CheckpointAsk ask, bool threaded) {
   std::shared_ptr<transport::RingAllreduce> ring;
   STRATA_RETURN_IF_ERROR(CanStep(step, &ring));
+  Begin(step, samples, epoch_seen, ask, std::move(ring), /*threaded=*/true);
+  return absl::OkStatus();
+}
+
+void DenseSync::Begin(uint64_t step, uint64_t samples, uint64_t epoch_seen, CheckpointAsk ask,
+                      std::shared_ptr<transport::RingAllreduce> ring, bool threaded) {
   auto f = std::make_unique<InFlight>();
   f->step = step;
   f->samples = samples;
@@ -516,7 +515,6 @@ absl::Status DenseSync::Begin(uint64_t step, uint64_t samples, uint64_t epoch_se
     absl::MutexLock l(&step_mu_);
     handed_ = in_flight_.get();
   }
-  return absl::OkStatus();
 }
 
 void DenseSync::StepThread() {

@@ -182,6 +182,8 @@ class DenseSync {
   // it fails here (form a ring again), its ring aborted with `why`.
   void AbandonStep(const absl::Status& why);
   bool stepping() const { return in_flight_ != nullptr; }
+  // The samples StartStep was given for the step in flight (0: none).
+  uint64_t begun_samples() const { return in_flight_ != nullptr ? in_flight_->samples : 0; }
   bool overlaps() const { return options_.bucket_bytes > 0; }
   size_t buckets() const { return buckets_.size(); }
   // Where table `table`'s buckets start (table offsets above 0): where a
@@ -292,10 +294,10 @@ class DenseSync {
   // The checks before a step (Step's errors other than the ring's).
   absl::Status CanStep(uint64_t step, std::shared_ptr<transport::RingAllreduce>* ring) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // StartStep, its exchanges on the step thread when `threaded`, else on
-  // FinishStep's caller (Step).
-  absl::Status Begin(uint64_t step, uint64_t samples, uint64_t epoch_seen, CheckpointAsk ask,
-                     bool threaded);
+  // A step in flight on `ring` (CanStep's), its exchanges on the step
+  // thread when `threaded`, else on FinishStep's caller (Step).
+  void Begin(uint64_t step, uint64_t samples, uint64_t epoch_seen, CheckpointAsk ask,
+             std::shared_ptr<transport::RingAllreduce> ring, bool threaded);
   // A step's exchanges (the step thread's, or Step's caller's), each
   // bucket once GradsReady has brought it; the result into `f`.
   void RunStep(InFlight* f);

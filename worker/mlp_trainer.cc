@@ -168,11 +168,14 @@ absl::StatusOr<double> MlpTrainer::AllreduceStep(const float* x, const int32_t* 
   // last layers' first (the weights' row blocks cut where the buckets
   // are).
   DenseRing* const ring = ctx_->dense_ring();
-  // (Every step, begun here or not, computes in the same blocks: the
-  // forward pass sums a layer block by block, and a resumed job's steps
-  // give the same bytes as an uninterrupted one's.)
-  for (int t = 0; t < static_cast<int>(model_->params().size()); ++t) {
-    model_->SetPartitionStarts(t, ring->BucketStarts(static_cast<size_t>(t)));
+  // (Once, before the first step: every step, begun here or not, computes
+  // in the same blocks. The forward pass sums a layer block by block, and
+  // a resumed job's steps give the same bytes as an uninterrupted one's.)
+  if (!blocks_cut_) {
+    for (int t = 0; t < static_cast<int>(model_->params().size()); ++t) {
+      model_->SetPartitionStarts(t, ring->BucketStarts(static_cast<size_t>(t)));
+    }
+    blocks_cut_ = true;
   }
   Mlp::Hooks hooks;
   if (ring->BeginStep(static_cast<uint64_t>(n))) {

@@ -67,6 +67,8 @@ class MlpTrainer : public Trainer {
   // holds the pulled tables and evaluates.
   std::unique_ptr<MlpPipeline> pipeline_;
   bool activation_memory_logged_ = false;
+  // Allreduce: the model's row blocks are cut where the ring's buckets are.
+  bool blocks_cut_ = false;
 };
 
 }  // namespace strata::worker

@@ -39,7 +39,7 @@ std::vector<uint32_t> HostWorkers(const proto::ClusterView& view, const std::str
 // parameters.
 std::map<std::string, uint32_t> RingLeadersByHost(const proto::ClusterView& view);
 
-// Pipeline stages (model.stages > 1; worker/mlp_pipeline.h): the view's
+// Pipeline stages (model.stages > 1; worker/pipeline_runner.h): the view's
 // workers that are in the job (ALIVE, FINISHED or JOINING) by their
 // index, which a restart keeps: index i is stage i % stages of group
 // i / stages. A group whose every index has a worker is whole; the

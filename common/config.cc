@@ -869,14 +869,16 @@ absl::Status ConfigReader::CheckPipeline(const JobConfig& config) const {
   }
   if (model.stages == 1) return absl::OkStatus();
   const YAML::Mark mark = MarkOf("model.stages");
-  if (model.type != "mlp") {
+  if (model.type != "mlp" && model.type != "script") {
     return PathError(mark, "model.stages",
-                     absl::StrCat("pipeline stages are built for model.type mlp so far; "
-                                  "model.type ",
+                     absl::StrCat("pipeline stages are built for model.type mlp and for "
+                                  "training scripts (model.type script) so far; model.type ",
                                   model.type, " runs as one stage (set 1)"));
   }
+  // (A script's model is cut into its stages by the script, which refuses
+  // more stages than its nn.Sequential has modules.)
   const int layers = static_cast<int>(model.layers.size()) - 1;
-  if (model.stages > layers) {
+  if (model.type == "mlp" && model.stages > layers) {
     return PathError(mark, "model.stages",
                      absl::StrCat(model.stages, " stages but model.layers makes ", layers,
                                   " layers: each stage needs one at least"));

@@ -116,7 +116,7 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   // stay leased to a live worker that does not know it, and the job would
   // never finish.
   // Pipeline stages: a group's first stage holds its data tasks; the
-  // stages after it take its steps (worker/mlp_pipeline.h).
+  // stages after it take its steps (worker/pipeline_runner.h).
   const bool leads = PipelineLeader(n.id());
   std::optional<proto::DataTask> task;
   if (leads) task = tasks_.Held(n.id(), clock_->Now(), first_step);

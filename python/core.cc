@@ -23,8 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/daemon_env.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "transport/transport_config.h"
+#include "worker/pipeline.h"
 #include "worker/worker.h"
 
 namespace py = pybind11;
@@ -37,6 +39,89 @@ void ThrowIfError(const absl::Status& s) {
   if (absl::IsInvalidArgument(s)) throw py::value_error(std::string(s.message()));
   throw std::runtime_error(std::string(s.message()));
 }
+
+// A pipeline stage computed by the script (strata.torch's _Stage): its
+// methods called with the GIL taken, from the thread that steps the stage
+// (the script's own for the leader, the worker's training thread for a
+// stage after the first, while the script waits in job.tasks()). The
+// micro-batches' rows are numpy views of the worker's buffers, valid
+// during the call only. `stage` is borrowed: the PyWorker holds it.
+class PyStage : public worker::StageModel {
+ public:
+  PyStage(PyObject* stage, int in_dim, int out_dim, const std::vector<std::vector<float>>* grads)
+      : stage_(stage), in_dim_(in_dim), out_dim_(out_dim), grads_(grads) {}
+  int in_dim() const override { return in_dim_; }
+  int out_dim() const override { return out_dim_; }
+  // The script has ended (atexit): no call goes to it any more.
+  void Detach() { detached_ = true; }
+
+  absl::Status BeginStep() override {
+    return Call("begin_step", [&](py::handle s) { s.attr("begin_step")(); });
+  }
+  absl::Status Forward(uint32_t m, const float* x, int rows, float* out) override {
+    return Call("forward", [&](py::handle s) {
+      s.attr("forward")(m, View(x, rows, in_dim_), View(out, rows, out_dim_));
+    });
+  }
+  absl::StatusOr<double> Backward(uint32_t m, const float* x, const int32_t* y, int rows,
+                                  const float* out_grad, float* in_grad, bool accumulate,
+                                  int64_t* correct) override {
+    double loss = 0;
+    absl::Status s = Call("backward", [&](py::handle st) {
+      py::object labels = py::none();
+      if (out_grad == nullptr) {
+        labels =
+            py::array_t<int32_t>({static_cast<py::ssize_t>(rows)}, {sizeof(int32_t)}, y, Keep(y));
+      }
+      py::tuple r = st.attr("backward")(
+          m, View(x, rows, in_dim_), labels,
+          out_grad != nullptr ? py::object(View(out_grad, rows, out_dim_)) : py::none(),
+          in_grad != nullptr ? py::object(View(in_grad, rows, in_dim_)) : py::none());
+      loss = r[0].cast<double>();
+      *correct = r[1].cast<int64_t>();
+    });
+    if (!s.ok()) return s;
+    return loss;
+  }
+  absl::StatusOr<const std::vector<std::vector<float>>*> Summed() override {
+    STRATA_RETURN_IF_ERROR(Call("end_step", [&](py::handle s) { s.attr("end_step")(); }));
+    return grads_;
+  }
+
+ private:
+  static py::capsule Keep(const void* p) {
+    return py::capsule(p, [](void*) {});  // (the buffer is the worker's)
+  }
+  static py::array View(const float* p, int rows, int dim) {
+    return py::array_t<float>(
+        {static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(dim)},
+        {static_cast<py::ssize_t>(dim * sizeof(float)), static_cast<py::ssize_t>(sizeof(float))}, p,
+        Keep(p));
+  }
+  // Runs `body` on the stage with the GIL held; what it raises becomes
+  // the step's error, naming the method.
+  template <typename F>
+  absl::Status Call(const char* method, F body) {
+    if (detached_) return absl::CancelledError("the training script has ended");
+    py::gil_scoped_acquire gil;
+    if (detached_) return absl::CancelledError("the training script has ended");
+    try {
+      body(py::handle(stage_));
+      return absl::OkStatus();
+    } catch (py::error_already_set& e) {
+      return absl::InternalError(absl::StrCat("the training script's pipeline stage raised in ",
+                                              method, "(): ", e.what()));
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat("the training script's pipeline stage, in ", method, "(): ", e.what()));
+    }
+  }
+
+  PyObject* const stage_;
+  const int in_dim_, out_dim_;
+  const std::vector<std::vector<float>>* const grads_;
+  std::atomic<bool> detached_{false};
+};
 
 class PyWorker {
  public:
@@ -204,6 +289,42 @@ class PyWorker {
 
   int BatchSize() const { return script_->batch_size(); }
 
+  // Pipeline stages (model.stages): the script's stage object (torch.py's
+  // _Stage), which computes stage `stage` of tables [first, end).
+  void SetStage(py::object stage, int index, int first, int end, int in_dim, int out_dim,
+                const std::string& layers) {
+    if (py_stage_ != nullptr) throw std::runtime_error("this worker's pipeline stage is made");
+    auto model = std::make_shared<PyStage>(stage.ptr(), in_dim, out_dim, &script_->grads());
+    ThrowIfError(script_->SetStage(index, first, end, model, layers));
+    stage_obj_ = std::move(stage);
+    py_stage_ = std::move(model);
+  }
+  // The script has ended (atexit): its stage is called no more.
+  void DetachStage() {
+    if (py_stage_ != nullptr) py_stage_->Detach();
+  }
+  int Stages() const { return env_->config.model.stages; }
+  int MicroBatches() const { return script_->micro_batches(); }
+  // The leader's step: x (n rows, flat) and labels y through the stages.
+  std::tuple<double, int64_t> PipelineStep(py::array_t<float, py::array::c_style> x,
+                                           py::array_t<int32_t, py::array::c_style> y) {
+    const int n = static_cast<int>(y.size());
+    if (n <= 0 || x.size() % n != 0) {
+      throw py::value_error(absl::StrCat("a pipeline step of ", x.size(), " inputs and ", n,
+                                         " labels: the inputs are not n rows"));
+    }
+    double loss = 0;
+    int64_t correct = 0;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = script_->PipelineStep(x.data(), y.data(), n, &loss, &correct);
+    }
+    if (!s.ok() && preempted_) return {0.0, 0};  // stopped for the preemption: the task ends
+    ThrowIfError(s);
+    return {loss, correct};
+  }
+
   void Step(int n, double loss, int64_t correct, bool ahead) {
     absl::Status s;
     {
@@ -332,6 +453,11 @@ class PyWorker {
   absl::Notification run_done_;
   std::thread preempt_;
   std::atomic<bool> preempted_{false};
+  // Declared last, so destroyed first: the script's stage object (its
+  // PyStage, which the worker may still hold, borrows it; Stop() ended
+  // every call to it first).
+  std::shared_ptr<PyStage> py_stage_;
+  py::object stage_obj_;
 };
 
 }  // namespace
@@ -340,6 +466,16 @@ class PyWorker {
 PYBIND11_MODULE(_core, m) {
   using strata::python::PyWorker;
   m.doc() = "Strata's worker core for a training script (docs/python.md)";
+  // worker/pipeline.h's CutStages: where each of `stages` stages begins
+  // in layers of the given costs (parameters), and where the last ends.
+  m.def(
+      "cut_stages",
+      [](const std::vector<uint64_t>& costs, int stages) {
+        absl::StatusOr<std::vector<int>> bounds = strata::worker::CutStages(costs, stages);
+        strata::python::ThrowIfError(bounds.status());
+        return *bounds;
+      },
+      py::arg("costs"), py::arg("stages"));
   py::class_<PyWorker>(m, "Worker")
       .def(py::init<const std::string&, const std::string&, int, const std::string&,
                     const std::string&, int>(),
@@ -365,6 +501,12 @@ PYBIND11_MODULE(_core, m) {
       .def("push_table", &PyWorker::PushTable, py::arg("table"))
       .def("abandon_step", &PyWorker::AbandonStep)
       .def("task_done", &PyWorker::TaskDone)
+      .def("set_stage", &PyWorker::SetStage, py::arg("stage"), py::arg("index"), py::arg("first"),
+           py::arg("end"), py::arg("in_dim"), py::arg("out_dim"), py::arg("layers"))
+      .def("detach_stage", &PyWorker::DetachStage)
+      .def_property_readonly("stages", &PyWorker::Stages)
+      .def_property_readonly("micro_batches", &PyWorker::MicroBatches)
+      .def("pipeline_step", &PyWorker::PipelineStep, py::arg("x"), py::arg("y"))
       .def("leave_task", &PyWorker::LeaveTask)
       .def("preempt", &PyWorker::Preempt)
       .def_property_readonly("preempted", &PyWorker::preempted)

@@ -48,7 +48,25 @@ MlpTrainer::MlpTrainer(TrainerContext* ctx, Device* device, storage::LabeledData
   const ModelSection& model = ctx_->config().model;
   model_ = std::make_unique<Mlp>(model.layers, *ParseActivation(model.activation), device);
   model_->SetRecompute(ctx_->config().worker.recompute_every);
-  if (model.stages > 1) pipeline_ = std::make_unique<MlpPipeline>(ctx_, device, model_.get());
+  if (model.stages > 1) {
+    // (The config reader checked the stages against the layers.)
+    const std::vector<int> bounds = *StageBounds(model.layers, model.stages);
+    Mlp* whole = model_.get();
+    pipeline_ = std::make_unique<PipelineRunner>(
+        ctx_, &whole->params(),
+        [this, device, whole, bounds](int s) -> absl::StatusOr<PipelineRunner::Stage> {
+          const ModelSection& model = ctx_->config().model;
+          PipelineRunner::Stage stage;
+          stage.first_table = 2 * bounds[s];
+          stage.end_table = 2 * bounds[s + 1];
+          stage.model = std::make_shared<MlpStage>(
+              std::make_unique<Mlp>(StageWidths(model.layers, bounds, s),
+                                    *ParseActivation(model.activation), device),
+              s + 1 == model.stages, whole, stage.first_table);
+          stage.layers = absl::StrCat("layers ", bounds[s], "..", bounds[s + 1] - 1);
+          return stage;
+        });
+  }
 }
 
 absl::Status MlpTrainer::Follow(absl::Duration idle) {

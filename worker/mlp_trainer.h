@@ -13,7 +13,7 @@
 #include "storage/idx_reader.h"
 #include "worker/device.h"
 #include "worker/mlp.h"
-#include "worker/mlp_pipeline.h"
+#include "worker/pipeline_runner.h"
 #include "worker/trainer.h"
 
 namespace strata::worker {
@@ -63,9 +63,10 @@ class MlpTrainer : public Trainer {
   TrainerContext* const ctx_;  // the Worker, which owns this trainer
   storage::LabeledDataset train_;
   std::unique_ptr<Mlp> model_;
-  // model.stages > 1: this worker's stage (mlp_pipeline.h); model_ then
-  // holds the pulled tables and evaluates.
-  std::unique_ptr<MlpPipeline> pipeline_;
+  // model.stages > 1: this worker's stage (pipeline_runner.h), an
+  // MlpStage of its layers; model_ then holds the pulled tables and
+  // evaluates.
+  std::unique_ptr<PipelineRunner> pipeline_;
   bool activation_memory_logged_ = false;
   // Allreduce: the model's row blocks are cut where the ring's buckets are.
   bool blocks_cut_ = false;

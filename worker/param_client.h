@@ -98,7 +98,7 @@ class ParamClient {
   absl::StatusOr<PushResult> PushAll(const std::vector<std::vector<float>>& grads, uint64_t step,
                                      uint64_t count);
   // PullAll and PushAll of the dense tables [begin, end) only (a pipeline
-  // stage's, worker/mlp_pipeline.h).
+  // stage's, worker/pipeline_runner.h).
   absl::StatusOr<uint64_t> PullTables(uint64_t min_version, uint32_t begin, uint32_t end,
                                       std::vector<std::vector<float>>* tables);
   absl::StatusOr<PushResult> PushTables(const std::vector<std::vector<float>>& grads,

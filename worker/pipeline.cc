@@ -31,10 +31,22 @@ absl::StatusOr<std::vector<int>> StageBounds(const std::vector<int>& layers, int
                                                    " stages for a model of ", n,
                                                    " layers (each stage needs one at least)"));
   }
+  std::vector<uint64_t> costs;
+  for (int i = 0; i < n; ++i) costs.push_back(LayerParams(layers, i));
+  return CutStages(costs, stages);
+}
+
+absl::StatusOr<std::vector<int>> CutStages(const std::vector<uint64_t>& costs, int stages) {
+  const int n = static_cast<int>(costs.size());
+  if (stages < 1 || stages > n) {
+    return absl::InvalidArgumentError(absl::StrCat("model.stages: ", stages,
+                                                   " stages for a model of ", n,
+                                                   " layers (each stage needs one at least)"));
+  }
   // best[k][j]: the least largest stage over the first j layers in k
   // stages; cut[k][j] where its last stage begins.
   std::vector<uint64_t> prefix(n + 1, 0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + LayerParams(layers, i);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
   const uint64_t kNone = std::numeric_limits<uint64_t>::max();
   std::vector<std::vector<uint64_t>> best(stages + 1, std::vector<uint64_t>(n + 1, kNone));
   std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, 0));
@@ -44,7 +56,9 @@ absl::StatusOr<std::vector<int>> StageBounds(const std::vector<int>& layers, int
       for (int i = k - 1; i < j; ++i) {
         if (best[k - 1][i] == kNone) continue;
         const uint64_t cost = std::max(best[k - 1][i], prefix[j] - prefix[i]);
-        if (cost < best[k][j]) {
+        // (<=: of cuts as good, the latest, so that a layer of no
+        // parameters (an activation) stays with the layer before it.)
+        if (cost <= best[k][j]) {
           best[k][j] = cost;
           cut[k][j] = i;
         }
@@ -62,23 +76,89 @@ std::vector<int> StageWidths(const std::vector<int>& layers, const std::vector<i
   return std::vector<int>(layers.begin() + bounds[stage], layers.begin() + bounds[stage + 1] + 1);
 }
 
+MlpStage::MlpStage(Mlp* model, bool last)
+    : model_(model),
+      last_(last),
+      in_dim_(static_cast<int>(model->params()[0].size() / model->params()[1].size())),
+      out_dim_(static_cast<int>(model->params().back().size())) {
+  model_->SetActivateOutput(!last);
+}
+
+MlpStage::MlpStage(std::unique_ptr<Mlp> model, bool last, Mlp* whole, int first_table)
+    : owned_(std::move(model)),
+      model_(owned_.get()),
+      last_(last),
+      in_dim_(static_cast<int>(model_->params()[0].size() / model_->params()[1].size())),
+      out_dim_(static_cast<int>(model_->params().back().size())),
+      whole_(whole),
+      first_table_(first_table) {
+  model_->SetActivateOutput(!last);
+  summed_.resize(whole_->params().size());
+  for (size_t t = 0; t < model_->params().size(); ++t) {
+    summed_[first_table_ + t].resize(model_->params()[t].size());
+  }
+}
+
+absl::Status MlpStage::BeginStep() {
+  if (whole_ == nullptr) return absl::OkStatus();
+  auto& mine = model_->params();
+  for (size_t t = 0; t < mine.size(); ++t) {
+    const auto& src = whole_->params()[first_table_ + t];
+    std::copy(src.begin(), src.end(), mine[t].begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MlpStage::Forward(uint32_t m, const float* x, int rows, float* out) {
+  return model_->ForwardOutput(x, rows, out);
+}
+
+absl::StatusOr<double> MlpStage::Backward(uint32_t m, const float* x, const int32_t* y, int rows,
+                                          const float* out_grad, float* in_grad, bool accumulate,
+                                          int64_t* correct) {
+  STRATA_ASSIGN_OR_RETURN(const double loss,
+                          model_->StageStep(x, y, rows, out_grad, in_grad, accumulate));
+  *correct = last_ ? model_->last_correct() : 0;
+  return loss;
+}
+
+absl::StatusOr<const std::vector<std::vector<float>>*> MlpStage::Summed() {
+  if (whole_ == nullptr) {
+    return absl::FailedPreconditionError("an MLP stage of no whole model: its grads() are the sum");
+  }
+  const auto& sums = model_->grads();
+  for (size_t t = 0; t < sums.size(); ++t) {
+    std::copy(sums[t].begin(), sums[t].end(), summed_[first_table_ + t].begin());
+  }
+  return &summed_;
+}
+
 absl::StatusOr<std::unique_ptr<PipelineStage>> PipelineStage::Create(
-    transport::Transport* transport, Options options, Mlp* model) {
+    transport::Transport* transport, Options options, std::shared_ptr<StageModel> model) {
   if (options.stages < 1 || options.stage < 0 || options.stage >= options.stages) {
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline stage ", options.stage, " of ", options.stages));
   }
-  return std::unique_ptr<PipelineStage>(new PipelineStage(transport, options, model));
+  if (model == nullptr || model->in_dim() <= 0 || model->out_dim() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline stage ", options.stage, ": a model of no inputs or outputs"));
+  }
+  return std::unique_ptr<PipelineStage>(new PipelineStage(transport, options, std::move(model)));
 }
 
-PipelineStage::PipelineStage(transport::Transport* transport, Options options, Mlp* model)
+absl::StatusOr<std::unique_ptr<PipelineStage>> PipelineStage::Create(
+    transport::Transport* transport, Options options, Mlp* model) {
+  return Create(transport, options,
+                std::make_shared<MlpStage>(model, options.stage + 1 == options.stages));
+}
+
+PipelineStage::PipelineStage(transport::Transport* transport, Options options,
+                             std::shared_ptr<StageModel> model)
     : transport_(transport),
       options_(options),
-      model_(model),
-      in_dim_(model->params()[0].size() / model->params()[1].size()),
-      out_dim_(static_cast<int>(model->params().back().size())) {
-  model_->SetActivateOutput(!last());
-}
+      model_(std::move(model)),
+      in_dim_(model_->in_dim()),
+      out_dim_(model_->out_dim()) {}
 
 PipelineStage::~PipelineStage() {
   FailHeld(std::numeric_limits<uint64_t>::max(),
@@ -399,7 +479,7 @@ absl::Status PipelineStage::Forward(uint64_t op, uint32_t m, uint32_t micro_batc
   msg.header.count = static_cast<uint64_t>(in.rows);
   msg.payload.resize(act_bytes + static_cast<size_t>(in.rows) * sizeof(int32_t));
   STRATA_RETURN_IF_ERROR(
-      model_->ForwardOutput(in.x, in.rows, reinterpret_cast<float*>(msg.payload.data())));
+      model_->Forward(m, in.x, in.rows, reinterpret_cast<float*>(msg.payload.data())));
   std::memcpy(msg.payload.data() + act_bytes, in.y, static_cast<size_t>(in.rows) * sizeof(int32_t));
   busy_ += absl::Now() - t0;
   if (next_ == nullptr) {
@@ -462,14 +542,15 @@ absl::Status PipelineStage::Backward(uint64_t op, uint32_t m, const Micro& in, S
   const size_t in_bytes = static_cast<size_t>(in.rows) * in_dim_ * sizeof(float);
   if (!first()) reply.payload.resize(in_bytes + kTrailerBytes);
   const absl::Time t0 = absl::Now();
+  int64_t own_correct = 0;
   STRATA_ASSIGN_OR_RETURN(
       const double own_loss,
-      model_->StageStep(in.x, in.y, in.rows, out_grad,
-                        first() ? nullptr : reinterpret_cast<float*>(reply.payload.data()),
-                        /*accumulate=*/result->samples > 0));
+      model_->Backward(m, in.x, in.y, in.rows, out_grad,
+                       first() ? nullptr : reinterpret_cast<float*>(reply.payload.data()),
+                       /*accumulate=*/result->samples > 0, &own_correct));
   if (last()) {
     loss = own_loss;
-    correct = model_->last_correct();
+    correct = own_correct;
   }
   busy_ += absl::Now() - t0;
   result->loss += loss;

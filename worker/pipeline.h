@@ -20,7 +20,13 @@
 // Each stage's gradient is summed over the step's micro-batches, so a
 // step's gradient is the batch's, as unpipelined (float rounding apart),
 // and the step's update the same. The stage's tables are then pushed and
-// pulled by the worker like any others (ParamClient).
+// pulled by the worker like any others (ParamClient; PipelineRunner,
+// worker/pipeline_runner.h).
+//
+// What a stage computes is a StageModel's: the MLP's layers (MlpStage,
+// which computes a micro-batch's forward pass again in its backward pass),
+// or a PyTorch script's modules (python/core.cc, which keeps each
+// micro-batch's autograd graph while it is in flight).
 //
 // The bubble: of a step's 2M + 2(K - 1) forward-and-backward slots per
 // stage, 2(K - 1) are idle, a fraction (K - 1) / (M + K - 1).
@@ -57,10 +63,77 @@ inline constexpr uint64_t kMaxMicroBatches = 1 << 16;
 // stage's parameters fewest (each stage one layer at least).
 // InvalidArgument naming model.stages when K is not in [1, L].
 absl::StatusOr<std::vector<int>> StageBounds(const std::vector<int>& layers, int stages);
+// The same cut of L layers of the given costs (parameters): K + 1 indices
+// {0, ..., L}, the largest stage's cost least, each stage one layer at
+// least; of the cuts as good, the one whose stages begin latest.
+absl::StatusOr<std::vector<int>> CutStages(const std::vector<uint64_t>& costs, int stages);
 // Stage s's widths: layers[bounds[s]] .. layers[bounds[s + 1]]. Its tables
 // are the model's [2 bounds[s], 2 bounds[s + 1]).
 std::vector<int> StageWidths(const std::vector<int>& layers, const std::vector<int>& bounds,
                              int stage);
+
+// What one stage computes, on the thread that steps it (PipelineStage::
+// Step). Rows are flat: a micro-batch of `rows` examples is rows x in_dim()
+// floats in, rows x out_dim() out; labels are class indices, in [0,
+// out_dim()) at the last stage.
+class StageModel {
+ public:
+  virtual ~StageModel() = default;
+  virtual int in_dim() const = 0;
+  virtual int out_dim() const = 0;
+  // A step begins: the stage's tables hold the step's parameters (pulled
+  // into the whole model's tables: PipelineRunner).
+  virtual absl::Status BeginStep() { return absl::OkStatus(); }
+  // Micro-batch m's forward pass: out[rows x out_dim()] (stages before the
+  // last).
+  virtual absl::Status Forward(uint32_t m, const float* x, int rows, float* out) = 0;
+  // Micro-batch m's backward pass, from out_grad[rows x out_dim()] (the
+  // gradient of the summed loss with respect to its output), or at the
+  // last stage (out_grad null) from the loss on labels y: its gradient
+  // added to the stage's (set, for the step's first micro-batch:
+  // !accumulate), and with in_grad the gradient with respect to x written
+  // there [rows x in_dim()]. Returns the summed loss and sets *correct (the
+  // rows predicted right) at the last stage; 0 before it.
+  virtual absl::StatusOr<double> Backward(uint32_t m, const float* x, const int32_t* y, int rows,
+                                          const float* out_grad, float* in_grad, bool accumulate,
+                                          int64_t* correct) = 0;
+  // The step's gradient of the stage's tables, summed over its
+  // micro-batches, in tensors indexed as the whole model's tables (those
+  // of the stage's range set; PipelineRunner pushes them).
+  virtual absl::StatusOr<const std::vector<std::vector<float>>*> Summed() = 0;
+};
+
+// The MLP's stage: an Mlp of the stage's layers (StageWidths), borrowed.
+// A stage before the last applies the activation to its output, which is
+// the next stage's input; its backward pass computes the micro-batch's
+// forward pass again (GPipe's re-materialisation), so a stage keeps only
+// each micro-batch's input while it is in flight.
+class MlpStage : public StageModel {
+ public:
+  MlpStage(Mlp* model, bool last);
+  // For PipelineRunner: owns `model`; pulls land in whole->params(), the
+  // stage's tables from `first_table` on, and Summed() gives tensors as
+  // whole's.
+  MlpStage(std::unique_ptr<Mlp> model, bool last, Mlp* whole, int first_table);
+  int in_dim() const override { return in_dim_; }
+  int out_dim() const override { return out_dim_; }
+  absl::Status BeginStep() override;
+  absl::Status Forward(uint32_t m, const float* x, int rows, float* out) override;
+  absl::StatusOr<double> Backward(uint32_t m, const float* x, const int32_t* y, int rows,
+                                  const float* out_grad, float* in_grad, bool accumulate,
+                                  int64_t* correct) override;
+  absl::StatusOr<const std::vector<std::vector<float>>*> Summed() override;
+  Mlp* model() const { return model_; }
+
+ private:
+  std::unique_ptr<Mlp> owned_;
+  Mlp* const model_;
+  const bool last_;
+  const int in_dim_, out_dim_;
+  Mlp* const whole_ = nullptr;
+  const int first_table_ = 0;
+  std::vector<std::vector<float>> summed_;  // as whole's tables (the stage's set)
+};
 
 // One stage of a pipeline. Step is called from one thread (the worker's
 // training thread); Handle from the transport's threads.
@@ -74,8 +147,12 @@ class PipelineStage {
     // gradient.
     absl::Duration timeout = absl::Seconds(60);
   };
-  // `model` is the stage's Mlp (StageWidths), borrowed: the stage sets its
-  // output activation. InvalidArgument for a stage outside [0, stages).
+  // `model` is what the stage computes, shared with its maker.
+  // InvalidArgument for a stage outside [0, stages).
+  static absl::StatusOr<std::unique_ptr<PipelineStage>> Create(transport::Transport* transport,
+                                                               Options options,
+                                                               std::shared_ptr<StageModel> model);
+  // The MLP's stage of `model` (StageWidths), borrowed (MlpStage).
   static absl::StatusOr<std::unique_ptr<PipelineStage>> Create(transport::Transport* transport,
                                                                Options options, Mlp* model);
   // Answers the previous stage's requests still held with an error.
@@ -121,10 +198,7 @@ class PipelineStage {
   // Stages before the last: a flush through the stages after this one
   // (they have pushed every step they took once it returns OK).
   absl::Status Flush();
-  // The last step's gradient of the stage's tables, summed over its
-  // micro-batches (d summed loss / d params): the model's grads(), which
-  // the micro-batches add up in.
-  const std::vector<std::vector<float>>& grads() const { return model_->grads(); }
+  StageModel* model() const { return model_.get(); }
 
   // Any thread: fails the step in progress, and every later one, with
   // `why` (the worker is stopping).
@@ -139,7 +213,8 @@ class PipelineStage {
 
  private:
   using Key = std::pair<uint64_t, uint32_t>;  // step attempt (op), micro-batch
-  PipelineStage(transport::Transport* transport, Options options, Mlp* model);
+  PipelineStage(transport::Transport* transport, Options options,
+                std::shared_ptr<StageModel> model);
   // Where micro-batch m's rows are, and the inputs of this step.
   struct Micro {
     const float* x = nullptr;
@@ -160,7 +235,7 @@ class PipelineStage {
 
   transport::Transport* const transport_;
   const Options options_;
-  Mlp* const model_;
+  const std::shared_ptr<StageModel> model_;
   const int in_dim_, out_dim_;
   std::shared_ptr<transport::Connection> next_;
   absl::Duration busy_;  // the step's computing so far

@@ -20,13 +20,103 @@ absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(TrainerCont
   return trainer;
 }
 
-ScriptTrainer::ScriptTrainer(TrainerContext* ctx) : ctx_(ctx) {}
+ScriptTrainer::ScriptTrainer(TrainerContext* ctx) : ctx_(ctx) {
+  if (ctx->config().model.stages > 1) {
+    runner_ = std::make_unique<PipelineRunner>(
+        ctx, &params_, [this](int stage) -> absl::StatusOr<PipelineRunner::Stage> {
+          absl::MutexLock l(&stage_mu_);
+          if (!script_stage_.has_value()) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("pipeline stage ", stage,
+                             ": the training script has not made its stage yet (job.pipeline)"));
+          }
+          if (script_stage_index_ != stage) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "this worker's seat is pipeline stage ", stage, ", its script made stage ",
+                script_stage_index_, " (worker index i is stage i % model.stages)"));
+          }
+          return *script_stage_;
+        });
+  }
+}
+
+absl::Status ScriptTrainer::SetStage(int stage, int first_table, int end_table,
+                                     std::shared_ptr<StageModel> model, std::string layers) {
+  const int k = ctx_->config().model.stages;
+  if (runner_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ctx_->config().source, ": model.stages is 1: no pipeline stage to make"));
+  }
+  if (!declared_.HasBeenNotified()) {
+    return absl::FailedPreconditionError("a pipeline stage before the job's tables are declared");
+  }
+  if (has_sparse_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ctx_->config().source,
+        ": model.stages with sparse tables (embeddings) is not built yet: one stage or none"));
+  }
+  if (stage < 0 || stage >= k || first_table < 0 || first_table >= end_table ||
+      end_table > static_cast<int>(tables_.size()) || model == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ctx_->config().source, ": model.stages ", k, ": stage ", stage, " of tables [", first_table,
+        ", ", end_table, ") of ", tables_.size(), " does not fit the model"));
+  }
+  absl::MutexLock l(&stage_mu_);
+  if (script_stage_.has_value()) {
+    return absl::FailedPreconditionError("this worker's pipeline stage is made already");
+  }
+  PipelineRunner::Stage made;
+  made.model = std::move(model);
+  made.first_table = first_table;
+  made.end_table = end_table;
+  made.layers = std::move(layers);
+  script_stage_ = std::move(made);
+  script_stage_index_ = stage;
+  return absl::OkStatus();
+}
+
+absl::Status ScriptTrainer::Follow(absl::Duration idle) {
+  if (runner_ == nullptr) return absl::OkStatus();
+  return runner_->Follow(idle);
+}
+
+absl::Status ScriptTrainer::PipelineStep(const float* x, const int32_t* y, int n, double* loss,
+                                         int64_t* correct) {
+  if (runner_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ctx_->config().source, ": model.stages is 1: no pipeline to step"));
+  }
+  absl::Time since;
+  {
+    absl::MutexLock l(&mu_);
+    STRATA_RETURN_IF_ERROR(EnterStepLocked(n));
+    since = step_since_;
+  }
+  // (The training thread waits in TrainTask meanwhile: the runner is this
+  // thread's.)
+  uint64_t version = 0;
+  absl::Duration comm;
+  absl::StatusOr<double> summed = runner_->LeaderStep(x, y, n, &version, correct, &comm);
+  const absl::Time t1 = absl::Now();
+  if (summed.ok()) {
+    *loss = *summed;
+    ctx_->TraceSpan("step", "step", since,
+                    absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
+    ctx_->RecordStep(n, version, *summed, *correct, t1 - since, comm, /*stale=*/false);
+  }
+  absl::MutexLock l(&mu_);
+  --in_calls_;
+  step_since_ = t1;
+  if (!summed.ok()) step_error_ = summed.status();  // the task fails with it (TrainTask)
+  return summed.status();
+}
 
 ScriptTrainer::~ScriptTrainer() { DropExchanges(); }
 
 void ScriptTrainer::DropExchanges() {
   ahead_.reset();
   begun_.reset();
+  runner_.reset();  // (its stage's connection to the next one)
 }
 
 absl::Status ScriptTrainer::Declare(std::vector<TableSpec> tables) {
@@ -74,46 +164,54 @@ absl::StatusOr<int64_t> ScriptTrainer::TrainTask(const proto::DataTask& task,
   // The task's first step starts from the parameters of its version.
   // (model.dense_sync allreduce: the dense tables are the ring's, in
   // params_ already; a sparse table's rows come by lookup.)
+  // (Pipeline stages: each step pulls its stage's tables.)
   uint64_t pulled = 0;
-  if (ctx_->dense_ring() == nullptr) {
+  if (ctx_->dense_ring() == nullptr && runner_ == nullptr) {
     STRATA_ASSIGN_OR_RETURN(pulled,
                             ctx_->params()->PullAll(stepped ? ctx_->next_step() : 0, &params_));
   }
-  absl::MutexLock l(&mu_);
-  // ssp: a worker joining a running job goes on at the slowest worker's
-  // clock, not at 0 (it would hold every other worker back).
-  ssp_floor_ = ctx_->config().job.consistency == Consistency::kSsp ? pulled : 0;
-  if (phase_ == Phase::kClosed) return absl::CancelledError("the training script's side closed");
-  offered_ = ctx_->TaskRecordOrder(task, task.begin(), task.end());
-  phase_ = Phase::kTask;
-  lookup_version_ = stepped ? std::max(ctx_->next_step(), ssp_floor_) : 0;
-  lookup_barrier_ = stepped;
-  for (auto& [t, g] : row_grads_) g = RowGrads();
-  step_error_ = absl::OkStatus();
-  step_since_ = absl::Now();  // the script's compute starts
-  // The script's thread trains the task now (Step), in this thread's place:
-  // this one waits until it is done, failed, or the worker stops.
-  auto over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return phase_ == Phase::kTaskDone || phase_ == Phase::kClosed || !step_error_.ok();
-  };
   absl::Status status;
-  while (!mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100))) {
-    if (ctx_->stopping()) {
-      status = absl::CancelledError("worker shut down");
-      break;
+  {
+    absl::MutexLock l(&mu_);
+    // ssp: a worker joining a running job goes on at the slowest worker's
+    // clock, not at 0 (it would hold every other worker back).
+    ssp_floor_ = ctx_->config().job.consistency == Consistency::kSsp ? pulled : 0;
+    if (phase_ == Phase::kClosed) return absl::CancelledError("the training script's side closed");
+    offered_ = ctx_->TaskRecordOrder(task, task.begin(), task.end());
+    phase_ = Phase::kTask;
+    lookup_version_ = stepped ? std::max(ctx_->next_step(), ssp_floor_) : 0;
+    lookup_barrier_ = stepped;
+    for (auto& [t, g] : row_grads_) g = RowGrads();
+    step_error_ = absl::OkStatus();
+    step_since_ = absl::Now();  // the script's compute starts
+    // The script's thread trains the task now (Step), in this thread's place:
+    // this one waits until it is done, failed, or the worker stops.
+    auto over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return phase_ == Phase::kTaskDone || phase_ == Phase::kClosed || !step_error_.ok();
+    };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100))) {
+      if (ctx_->stopping()) {
+        status = absl::CancelledError("worker shut down");
+        break;
+      }
     }
+    if (status.ok() && phase_ == Phase::kClosed) {
+      status = absl::CancelledError("the training script's side closed");
+    }
+    if (status.ok()) status = step_error_;
+    // Nothing of the script's may still use the worker once this returns.
+    AwaitCallsLocked();
+    if (phase_ != Phase::kClosed) phase_ = Phase::kIdle;
+    offered_.reset();
+    lookup_version_ = 0;
+    lookup_barrier_ = false;
   }
-  if (status.ok() && phase_ == Phase::kClosed) {
-    status = absl::CancelledError("the training script's side closed");
-  }
-  if (status.ok()) status = step_error_;
-  // Nothing of the script's may still use the worker once this returns.
-  AwaitCallsLocked();
-  if (phase_ != Phase::kClosed) phase_ = Phase::kIdle;
-  offered_.reset();
-  lookup_version_ = 0;
-  lookup_barrier_ = false;
   if (!status.ok()) return status;
+  if (runner_ != nullptr) {
+    // The task is done once the stages after this one have pushed its
+    // last step too.
+    STRATA_RETURN_IF_ERROR(runner_->Flush());
+  }
   return task.end() - task.begin();
 }
 

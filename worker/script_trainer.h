@@ -33,6 +33,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/model_spec.h"
 #include "worker/param_client.h"
+#include "worker/pipeline_runner.h"
 #include "worker/trainer.h"
 
 namespace strata::worker {
@@ -142,6 +143,28 @@ class ScriptTrainer : public Trainer {
   // The training thread has stopped with `status`: the script's waits end.
   void Close(const absl::Status& status);
 
+  // Pipeline stages (model.stages > 1; pipeline_runner.h): the script's
+  // stage of the model (python/strata/torch.py, Job.pipeline), computing
+  // stage `stage`'s micro-batches; its tables [first_table, end_table),
+  // which alias params() and grads() (Summed gives grads()). Once; before
+  // the worker's seat is taken (until then its follower steps wait).
+  // InvalidArgument naming model.stages for a stage or tables that do not
+  // fit; FailedPrecondition in a job of one stage or with sparse tables.
+  absl::Status SetStage(int stage, int first_table, int end_table,
+                        std::shared_ptr<StageModel> model, std::string layers)
+      ABSL_LOCKS_EXCLUDED(stage_mu_);
+  // The leader's step (stage 0), in a data task: x[n x in_dim] with labels
+  // y[n] through the stages in micro-batches, each stage's gradient pushed
+  // for the step. Sets the summed loss and the examples predicted right;
+  // recorded as Step records its steps. An error fails the task.
+  absl::Status PipelineStep(const float* x, const int32_t* y, int n, double* loss,
+                            int64_t* correct);
+  int micro_batches() const { return runner_ != nullptr ? runner_->micro_batches() : 1; }
+  // Trainer, on the training thread: a stage after the first takes its
+  // leader's steps, computed by the script's stage (on this thread).
+  bool pipelined() const override { return runner_ != nullptr; }
+  absl::Status Follow(absl::Duration idle) override;
+
  private:
   explicit ScriptTrainer(TrainerContext* ctx);
 
@@ -186,6 +209,12 @@ class ScriptTrainer : public Trainer {
   int SparseDim(uint32_t table) const;
 
   TrainerContext* const ctx_;
+  // model.stages > 1 (pipelined()): the stages' runner, and the script's
+  // stage it makes a seat's model of.
+  std::unique_ptr<PipelineRunner> runner_;
+  absl::Mutex stage_mu_;
+  std::optional<PipelineRunner::Stage> script_stage_ ABSL_GUARDED_BY(stage_mu_);
+  int script_stage_index_ ABSL_GUARDED_BY(stage_mu_) = -1;
   // Set once by Declare, before declared_ is notified; read-only after.
   std::vector<TableSpec> tables_;
   bool has_sparse_ = false;  // a sparse table among them

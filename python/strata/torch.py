@@ -68,6 +68,7 @@ def init(config=None, master=None, index=None, tls_dir=None):
     host = os.environ.get("STRATA_HOST", "127.0.0.1")
     http_port = int(os.environ.get("STRATA_HTTP_PORT", "-1"))
     job = Job(_core.Worker(config, master, index, tls_dir, host, http_port), config)
+    job._worker_index = index
     _take_sigterm(job)
     return job
 
@@ -136,6 +137,8 @@ class Job:
         self._prefetch = False
         self._hooks = []
         self._ahead = False
+        self._worker_index = 0
+        self._pipeline = None
 
     @property
     def config(self):
@@ -256,6 +259,51 @@ class Job:
             self._core.share_initial_values()
             self._shared = True
         return model
+
+    def pipeline(self, model, loss=None, input_shape=None):
+        """Cuts an nn.Sequential into the job's model.stages pipeline
+        stages (docs/python.md, "Pipeline stages"); returns the Pipeline,
+        whose step(x, y) trains one batch through them.
+
+        The modules are cut where the largest stage's parameters are
+        fewest (each stage one module at least, a module of no parameters
+        with the one before it); worker index i trains stage i % K, and
+        only each group's first stage is given data tasks: the others
+        compute their modules' micro-batches inside job.tasks(), which
+        yields them no task. The model's parameters are made the job's
+        tables first (distribute(model)): on the CPU, every stage's model
+        holds them all, the pulls of its own stage landing in them (and
+        every table's, for the worker that evaluates the final model).
+
+        `loss(output, labels)`: the mean loss over a micro-batch's records
+        (default torch.nn.functional.cross_entropy); labels are class
+        indices. `input_shape`: one record's shape (default
+        (model.layers[0],) for an MLP config), from which each stage's
+        input and output shapes are worked out on the meta device. With
+        model.stages 1, step() trains the whole model as usual."""
+        if not isinstance(model, torch.nn.Sequential):
+            raise TypeError("job.pipeline() cuts an nn.Sequential into stages; got %s"
+                            % type(model).__name__)
+        if self._pipeline is not None:
+            raise RuntimeError("job.pipeline() was called already (one model per job)")
+        for name, p in model.named_parameters():
+            if p.device.type != "cpu":
+                raise ValueError("parameter %s is on %s: a pipeline's model is on the CPU "
+                                 "(stages on a GPU are not built yet)" % (name, p.device))
+        if input_shape is None:
+            layers = (self.config.get("model") or {}).get("layers")
+            if not layers:
+                raise ValueError("job.pipeline(): give input_shape, one record's shape (the "
+                                 "config's model has no layers to take it from)")
+            input_shape = (int(layers[0]),)
+        # (Checked before distribute() declares anything: the script may
+        # try again.)
+        pipe = Pipeline(self, model, loss or torch.nn.functional.cross_entropy,
+                        tuple(int(d) for d in input_shape))
+        self.distribute(model)
+        pipe._make_stage()
+        self._pipeline = pipe
+        return pipe
 
     def _install_prefetch(self, model, prefetch):
         """distribute(prefetch=True): forward pre-hooks that wait for the
@@ -549,6 +597,174 @@ class Job:
     @property
     def node_id(self):
         return self._core.node_id
+
+
+def _stage_shapes(modules, input_shape):
+    """Each module's input shape and the last one's output shape, for one
+    record, worked out on the meta device (no memory, no compute)."""
+    from torch.nn.utils.stateless import functional_call
+    x = torch.empty((1,) + tuple(input_shape), device="meta")
+    shapes = [tuple(x.shape[1:])]
+    for i, m in enumerate(modules):
+        meta = {n: torch.empty_like(t, device="meta")
+                for n, t in list(m.named_parameters()) + list(m.named_buffers())}
+        try:
+            with torch.no_grad():
+                x = functional_call(m, meta, (x,))
+        except Exception as e:
+            raise ValueError("job.pipeline(): module %d (%s) does not take an input of shape %s "
+                             "(input_shape %s): %s" % (i, type(m).__name__, shapes[-1],
+                                                       tuple(input_shape), e))
+        if not isinstance(x, torch.Tensor):
+            raise TypeError("job.pipeline(): module %d (%s) returns %s, not one tensor"
+                            % (i, type(m).__name__, type(x).__name__))
+        shapes.append(tuple(x.shape[1:]))
+    return shapes
+
+
+class Pipeline:
+    """This worker's part of a pipeline of model.stages stages
+    (job.pipeline): step(x, y) on the first stage's worker."""
+
+    def __init__(self, job, model, loss, input_shape):
+        self._job = job
+        self._core = job._core
+        self._model = model
+        self._loss = loss
+        self.stages = int(self._core.stages)
+        modules = list(model.children())
+        config = job._config_path or "the job's config"
+        if self.stages > len(modules):
+            raise ValueError("%s: model.stages is %d but the nn.Sequential has %d modules: each "
+                             "stage needs one at least" % (config, self.stages, len(modules)))
+        self._shapes = shapes = _stage_shapes(modules, input_shape)
+        self.stage = 0
+        if self.stages == 1:
+            return
+        costs = [sum(p.numel() for p in m.parameters()) for m in modules]
+        self.bounds = bounds = _core.cut_stages(costs, self.stages)
+        self.stage = s = job._worker_index % self.stages
+        lo, hi = bounds[s], bounds[s + 1]
+        self._modules = torch.nn.Sequential(*modules[lo:hi])
+        if not list(self._modules.parameters()):
+            raise ValueError("%s: model.stages %d: stage %d (modules %d..%d) has no parameters "
+                             "to train: fewer stages" % (config, self.stages, s, lo, hi - 1))
+        self._first_in_dim = int(np.prod(shapes[0], dtype=np.int64))
+
+    def _make_stage(self):
+        """The stage, once the model's parameters are the job's tables:
+        handed to the worker core, which steps it."""
+        if self.stages == 1:
+            return
+        s, lo, hi = self.stage, self.bounds[self.stage], self.bounds[self.stage + 1]
+        names = {id(p): name for name, p in self._model.named_parameters()}
+        tables = sorted(self._job._index[names[id(p)]] for p in self._modules.parameters())
+        if tables != list(range(tables[0], tables[-1] + 1)):
+            raise ValueError("stage %d's parameters are not consecutive tables of the job (%s): "
+                             "the tables must be in the model's order" % (s, tables))
+        in_dim = int(np.prod(self._shapes[lo], dtype=np.int64))
+        out_dim = int(np.prod(self._shapes[hi], dtype=np.int64))
+        self._stage = _Stage(self._modules, list(self._modules.parameters()), self._shapes[lo],
+                             self._loss, first=s == 0, last=s + 1 == self.stages)
+        self._core.set_stage(self._stage, s, tables[0], tables[-1] + 1, in_dim, out_dim,
+                             "modules %d..%d" % (lo, hi - 1))
+        import atexit
+        atexit.register(self._core.detach_stage)
+
+    @property
+    def micro_batches(self):
+        return int(self._core.micro_batches)
+
+    def step(self, x, y):
+        """One training step of the batch x (records, each of the pipeline's
+        input_shape) with labels y (class indices) through the stages, in
+        micro-batches scheduled one-forward-one-backward; each stage's
+        gradient summed over them is pushed for the step, so the step is the
+        unpipelined one (float rounding apart). Returns (the batch's mean
+        loss, the records predicted right). On the first stage's worker,
+        in a data task (job.tasks())."""
+        n = len(y)
+        if n == 0:
+            raise ValueError("pipeline step of no records")
+        if len(x) != n:
+            raise ValueError("pipeline step of %d records and %d labels" % (len(x), n))
+        if self.stages == 1:
+            out = self._model(x)
+            loss = self._loss(out, y)
+            self._job.backward(loss, n)
+            correct = int((out.argmax(1) == y).sum()) if out.dim() == 2 else 0
+            self._job.step(n, loss=loss.item(), correct=correct)
+            return loss.item(), correct
+        if self.stage != 0:
+            raise RuntimeError("pipeline stage %d: only the first stage steps on data (its "
+                               "worker is given the tasks)" % self.stage)
+        xs = x.detach().to("cpu", torch.float32).reshape(n, -1).contiguous()
+        if xs.shape[1] != self._first_in_dim:
+            raise ValueError("pipeline step: records of %d values, the pipeline's input_shape "
+                             "makes %d" % (xs.shape[1], self._first_in_dim))
+        ys = y.detach().to("cpu", torch.int32).contiguous()
+        summed, correct = self._core.pipeline_step(xs.numpy(), ys.numpy())
+        return summed / n, correct
+
+
+class _Stage:
+    """A stage's modules, as the worker core calls them (python/core.cc's
+    PyStage): each micro-batch's forward pass keeps its autograd graph
+    until its backward pass (1F1B keeps at most K - s of them in flight);
+    the last stage does both at once, from the loss. The gradients add up
+    in the parameters' .grad, the worker's memory pushed after the step."""
+
+    def __init__(self, modules, params, in_shape, loss, first, last):
+        self._modules = modules
+        self._params = params
+        self._in_shape = tuple(in_shape)
+        self._loss = loss
+        self._first = first
+        self._last = last
+        self._kept = {}
+
+    def _input(self, x):
+        t = torch.from_numpy(x).view((x.shape[0],) + self._in_shape).clone()
+        if not self._first:
+            t.requires_grad_()
+        return t
+
+    def begin_step(self):
+        self._kept.clear()
+        with torch.no_grad():
+            for p in self._params:
+                if p.grad is not None:
+                    p.grad.zero_()
+
+    def forward(self, m, x, out):
+        inp = self._input(x)
+        with torch.enable_grad():
+            y = self._modules(inp)
+        self._kept[m] = (inp, y)
+        with torch.no_grad():
+            torch.from_numpy(out).copy_(y.reshape(out.shape))
+
+    def backward(self, m, x, labels, out_grad, in_grad):
+        with torch.enable_grad():
+            if labels is not None:  # the last stage: the loss's
+                inp = self._input(x)
+                out = self._modules(inp)
+                y = torch.from_numpy(labels).long()
+                loss = self._loss(out, y)
+                (loss * len(y)).backward()
+                summed = float(loss) * len(y)
+                correct = int((out.argmax(1) == y).sum()) if out.dim() == 2 else 0
+            else:
+                inp, out = self._kept.pop(m)
+                out.backward(torch.from_numpy(out_grad).view(out.shape))
+                summed, correct = 0.0, 0
+        if in_grad is not None:
+            with torch.no_grad():
+                torch.from_numpy(in_grad).copy_(inp.grad.reshape(in_grad.shape))
+        return summed, correct
+
+    def end_step(self):
+        self._kept.clear()
 
 
 class _Lookup(torch.autograd.Function):

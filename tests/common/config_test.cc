@@ -676,6 +676,11 @@ TEST(ParseJobConfigTest, PipelineStagesAndTheirRefusalsNameTheKey) {
                      "data:\n  format: criteo\n  train: /d/train.txt\n  test: /d/test.txt\n",
                      "ctr.yaml"),
       "ctr.yaml:3:11: ", "model.stages: pipeline stages are built for model.type mlp");
+  // A training script's nn.Sequential: the script cuts it (and refuses
+  // more stages than modules), so any count is taken here.
+  STRATA_ASSERT_OK_AND_ASSIGN(c, ParseWithData("model:\n  type: script\n  stages: 7\n"
+                                               "worker:\n  command: [/usr/bin/python3, t.py]\n"));
+  EXPECT_EQ(c.model.stages, 7);
 }
 
 TEST(ParseJobConfigTest, StalenessOnlyWithSsp) {

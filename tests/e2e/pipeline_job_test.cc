@@ -1,4 +1,4 @@
-// Pipeline stages in a job (model.stages; worker/mlp_pipeline.h): a bsp
+// Pipeline stages in a job (model.stages; worker/pipeline_runner.h): a bsp
 // job whose MLP is cut into 2 and 3 stages, each on a worker of its own,
 // trains the data tasks the master leases to the one worker that leads
 // them and ends with the parameters of the same job on one unpipelined

@@ -45,7 +45,7 @@ def port_base():
 
 def job_config(path, workers=1, steps_records=3200, layers=(784, 32, 10), consistency="bsp",
                chunk_bytes=16384, model=None, data=None, extra="", epochs=1, batch_size=64,
-               learning_rate=0.002, cluster_extra=""):
+               learning_rate=0.002, cluster_extra="", optimizer="adam"):
     """`model`, `data`: YAML of those sections in place of the MLP on
     Fashion-MNIST; `extra`: more sections; `cluster_extra`: more lines of
     the cluster section (indented)."""
@@ -61,7 +61,7 @@ def job_config(path, workers=1, steps_records=3200, layers=(784, 32, 10), consis
   seed: 7
 %s
 optimizer:
-  type: adam
+  type: %s
   learning_rate: %g
 %s
 %scluster:
@@ -75,7 +75,7 @@ security:
 """ % (consistency, epochs, batch_size,
        model or "model:\n  type: mlp\n  layers: [%s]\n  activation: relu"
        % ", ".join(str(x) for x in layers),
-       learning_rate,
+       optimizer, learning_rate,
        data or """data:
   format: idx
   train_images: %s/train-images-idx3-ubyte.gz

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(FMNIST),
                                 reason="dataset-fashion-mnist not installed")
 
 
-def torch_config(tmp_path, command=None, records=6400):
-    """conf/torch.yaml for one short epoch on free ports, in tmp_path."""
-    with open(os.path.join(ROOT, "conf", "torch.yaml")) as f:
+def torch_config(tmp_path, command=None, records=6400, name="torch", example="fmnist_mlp.py"):
+    """conf/<name>.yaml for one short epoch on free ports, in tmp_path."""
+    with open(os.path.join(ROOT, "conf", name + ".yaml")) as f:
         text = f.read()
     text = re.sub(r"(?m)^  epochs: \d+", "  epochs: 1", text)
     text = re.sub(r"(?m)^  task_records: \d+", "  task_records: 640\n  train_limit: %d" % records,
@@ -36,9 +36,9 @@ def torch_config(tmp_path, command=None, records=6400):
     # working directory: launch() runs in conf/).
     (tmp_path / "conf").mkdir()
     (tmp_path / "examples" / "torch").mkdir(parents=True)
-    shutil.copy(os.path.join(ROOT, "examples", "torch", "fmnist_mlp.py"),
-                tmp_path / "examples" / "torch" / "fmnist_mlp.py")
-    path = tmp_path / "conf" / "torch.yaml"
+    shutil.copy(os.path.join(ROOT, "examples", "torch", example),
+                tmp_path / "examples" / "torch" / example)
+    path = tmp_path / "conf" / (name + ".yaml")
     path.write_text(text)
     return str(path)
 
@@ -76,6 +76,25 @@ def test_a_script_that_raises_is_restarted_and_its_task_requeued(tmp_path):
     assert "Traceback (most recent call last)" in log
     assert "RuntimeError: a crash for the test" in log
     assert "worker-0 failed" in r.stdout + r.stderr
+
+
+def test_a_pipeline_whose_second_stage_dies_mid_step_goes_on(tmp_path):
+    """conf/torch-pipeline.yaml (2 stages of an nn.Sequential) through
+    launch.sh, its second stage's script killed in the middle of a step:
+    restarted by the launcher, it takes stage 1 again, the first stage
+    tries the step again on it, and the job reaches 0.7."""
+    script = os.path.join(ROOT, "tests", "python", "crash_stage_once.py")
+    r, summary, run = launch(torch_config(tmp_path, ["/usr/bin/python3", script],
+                                          name="torch-pipeline", example="fmnist_pipeline.py"),
+                             tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert summary["state"] == "succeeded", summary
+    assert summary["final_test_accuracy"] > 0.7, summary
+    logs = [(run / "logs" / ("worker-%d.log" % i)).read_text() for i in (0, 1)]
+    assert "stage 1 dies mid-step" in logs[1]
+    assert logs[1].count("pipeline: stage 1 of 2 (modules 2..4, tables 2..5)") >= 2, logs[1][-3000:]
+    assert re.search(r"pipeline: step \d+ failed .*; trying it again once the group is whole",
+                     logs[0]), logs[0][-3000:]
 
 
 def test_every_shipped_config_validates():

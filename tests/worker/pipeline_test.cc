@@ -69,6 +69,19 @@ TEST(StageBoundsTest, CutsSoThatTheLargestStageIsSmallest) {
   EXPECT_THAT(StageWidths({784, 256, 128, 10}, {0, 1, 3}, 1), ElementsAre(256, 128, 10));
 }
 
+TEST(StageBoundsTest, LayersOfNoParametersStayWithTheLayerBefore) {
+  // An nn.Sequential's modules: linear, ReLU, linear, ReLU, linear.
+  EXPECT_THAT(*CutStages({100, 0, 100, 0, 10}, 2), ElementsAre(0, 2, 5));
+  EXPECT_THAT(*CutStages({100, 0, 100, 0, 10}, 3), ElementsAre(0, 2, 4, 5));
+  // Conv, ReLU, conv, ReLU, flatten, linear: the 4-d boundary is where the
+  // costs put it.
+  EXPECT_THAT(*CutStages({416, 0, 2320, 0, 0, 77450}, 3), ElementsAre(0, 2, 5, 6));
+  // A stage of no parameters where nothing better fits (the script refuses it).
+  EXPECT_THAT(*CutStages({0, 50}, 2), ElementsAre(0, 1, 2));
+  EXPECT_THAT(CutStages({1, 2}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.stages: 3 stages")));
+}
+
 TEST(StageBoundsTest, RefusesMoreStagesThanLayers) {
   EXPECT_THAT(StageBounds({784, 256, 10}, 3),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -221,7 +234,7 @@ TEST_P(PipelineEqualsOneWorkerTest, AfterSeveralSteps) {
       EXPECT_NEAR(got[s]->loss, *want, 1e-3 * std::abs(*want)) << "stage " << s;
       EXPECT_EQ(got[s]->correct, want_correct) << "stage " << s;
       for (size_t t = 0; t < p->models[s]->params().size(); ++t) {
-        Sgd(&p->models[s]->params()[t], p->stages[s]->grads()[t], lr, n);
+        Sgd(&p->models[s]->params()[t], p->models[s]->grads()[t], lr, n);
       }
     }
   }

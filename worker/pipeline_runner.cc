@@ -1,4 +1,4 @@
-#include "worker/mlp_pipeline.h"
+#include "worker/pipeline_runner.h"
 
 #include <algorithm>
 
@@ -9,19 +9,17 @@
 
 namespace strata::worker {
 
-MlpPipeline::MlpPipeline(TrainerContext* ctx, Device* device, Mlp* whole)
+PipelineRunner::PipelineRunner(TrainerContext* ctx, std::vector<std::vector<float>>* params,
+                               MakeStage make)
     : ctx_(ctx),
-      device_(device),
-      whole_(whole),
+      params_(params),
+      make_(std::move(make)),
       micro_batches_(ctx->config().model.micro_batches > 0 ? ctx->config().model.micro_batches
-                                                           : 4 * ctx->config().model.stages) {
-  // (The config reader checked the stages against the layers.)
-  bounds_ = *StageBounds(ctx->config().model.layers, ctx->config().model.stages);
-}
+                                                           : 4 * ctx->config().model.stages) {}
 
-MlpPipeline::~MlpPipeline() { DropStage(); }
+PipelineRunner::~PipelineRunner() { DropStage(); }
 
-absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
+absl::StatusOr<std::optional<PipelineSeat>> PipelineRunner::Seat() {
   ParamClient* params = ctx_->params();
   // (Every step asks: the view is read again only when it has changed.)
   if (seat_.has_value() && params->epoch() == seated_epoch_) return seat_;
@@ -37,6 +35,7 @@ absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
       ctx_->SetPipelineStage(nullptr);
       stage_.reset();
       seat_.reset();
+      made_ = Stage();
     }
     return seat_;
   }
@@ -45,8 +44,7 @@ absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
   }
   const PipelineSeat seat = it->second;
   const JobConfig& config = ctx_->config();
-  auto model = std::make_unique<Mlp>(StageWidths(config.model.layers, bounds_, seat.stage),
-                                     *ParseActivation(config.model.activation), device_);
+  STRATA_ASSIGN_OR_RETURN(Stage made, make_(seat.stage));
   PipelineStage::Options o;
   o.stage = seat.stage;
   o.stages = k;
@@ -54,7 +52,7 @@ absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
   // A wait covers the other stages' pulls, pushes and calls to the master.
   o.timeout = absl::Milliseconds(std::max(config.cluster.request_timeout_ms, 10000));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<PipelineStage> created,
-                          PipelineStage::Create(ctx_->data_plane(), o, model.get()));
+                          PipelineStage::Create(ctx_->data_plane(), o, made.model));
   std::shared_ptr<PipelineStage> stage = std::move(created);
   if (!stage->last()) {
     const uint32_t next = seat.group[seat.stage + 1];
@@ -74,43 +72,30 @@ absl::StatusOr<std::optional<PipelineSeat>> MlpPipeline::Seat() {
   ctx_->SetPipelineStage(stage);
   if (stage_ != nullptr) stage_->Abort(absl::UnavailableError("this worker changed seats"));
   stage_ = std::move(stage);
-  model_ = std::move(model);
+  made_ = std::move(made);
   seat_ = seat;
-  const int first = first_table();
-  const int end = end_table();
-  push_.assign(whole_->params().size(), {});
-  for (int t = first; t < end; ++t) push_[t].resize(whole_->params()[t].size());
-  LOG(INFO) << "pipeline: stage " << seat.stage << " of " << k << " (layers " << bounds_[seat.stage]
-            << ".." << bounds_[seat.stage + 1] - 1 << ", tables " << first << ".." << end - 1
+  LOG(INFO) << "pipeline: stage " << seat.stage << " of " << k << " (" << made_.layers
+            << ", tables " << made_.first_table << ".." << made_.end_table - 1
             << ") in the group of nodes " << absl::StrJoin(seat.group, ",") << ", view epoch "
             << view.epoch();
   return seat_;
 }
 
-absl::Status MlpPipeline::PullStage(uint64_t min_version, uint64_t* version, absl::Duration* comm) {
+absl::Status PipelineRunner::PullStage(uint64_t min_version, uint64_t* version,
+                                       absl::Duration* comm) {
   const absl::Time w = absl::Now();
-  STRATA_ASSIGN_OR_RETURN(*version, ctx_->params()->PullTables(min_version, first_table(),
-                                                               end_table(), &whole_->params()));
+  STRATA_ASSIGN_OR_RETURN(*version, ctx_->params()->PullTables(min_version, made_.first_table,
+                                                               made_.end_table, params_));
   *comm += absl::Now() - w;
-  const int first = first_table();
-  auto& mine = model_->params();
-  for (size_t t = 0; t < mine.size(); ++t) {
-    const auto& src = whole_->params()[first + t];
-    std::copy(src.begin(), src.end(), mine[t].begin());
-  }
-  return absl::OkStatus();
+  return made_.model->BeginStep();
 }
 
-absl::Status MlpPipeline::PushStage(uint64_t version, int n, absl::Duration* comm) {
-  const int first = first_table();
-  const auto& sums = stage_->grads();
-  for (size_t t = 0; t < sums.size(); ++t) {
-    std::copy(sums[t].begin(), sums[t].end(), push_[first + t].begin());
-  }
+absl::Status PipelineRunner::PushStage(uint64_t version, int n, absl::Duration* comm) {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::vector<float>>* sums, made_.model->Summed());
   const absl::Time w = absl::Now();
-  STRATA_ASSIGN_OR_RETURN(
-      const PushResult r,
-      ctx_->params()->PushTables(push_, first, end_table(), version, static_cast<uint64_t>(n)));
+  STRATA_ASSIGN_OR_RETURN(const PushResult r,
+                          ctx_->params()->PushTables(*sums, made_.first_table, made_.end_table,
+                                                     version, static_cast<uint64_t>(n)));
   *comm += absl::Now() - w;
   LOG_IF(WARNING, r.stale_partitions > 0)
       << "pipeline stage " << seat_->stage << ": the push of step " << version << " was stale at "
@@ -118,9 +103,9 @@ absl::Status MlpPipeline::PushStage(uint64_t version, int n, absl::Duration* com
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> MlpPipeline::LeaderStep(const float* x, const int32_t* y, int n,
-                                               uint64_t* version, int64_t* correct,
-                                               absl::Duration* comm) {
+absl::StatusOr<double> PipelineRunner::LeaderStep(const float* x, const int32_t* y, int n,
+                                                  uint64_t* version, int64_t* correct,
+                                                  absl::Duration* comm) {
   // A step that fails (a stage gone, or out of step) is tried again, on a
   // stage made anew, once the view has the group whole again: a dead
   // stage's worker is declared dead and its restart takes the seat. Given
@@ -160,20 +145,21 @@ absl::StatusOr<double> MlpPipeline::LeaderStep(const float* x, const int32_t* y,
   }
 }
 
-void MlpPipeline::DropStage() {
+void PipelineRunner::DropStage() {
   if (stage_ == nullptr) return;
   ctx_->SetPipelineStage(nullptr);
   stage_->Abort(absl::UnavailableError("this worker's pipeline stage is made anew"));
   stage_.reset();
   seat_.reset();
+  made_ = Stage();
 }
 
-absl::Status MlpPipeline::Flush() {
+absl::Status PipelineRunner::Flush() {
   if (stage_ == nullptr || stage_->last()) return absl::OkStatus();
   return stage_->Flush();
 }
 
-absl::Status MlpPipeline::Follow(absl::Duration idle) {
+absl::Status PipelineRunner::Follow(absl::Duration idle) {
   absl::Time idle_until = absl::Now() + idle;
   while (!ctx_->stopping()) {
     absl::StatusOr<std::optional<PipelineSeat>> seated = Seat();

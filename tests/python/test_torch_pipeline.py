@@ -1,0 +1,182 @@
+"""Pipeline stages with PyTorch workers (job.pipeline, docs/python.md):
+an nn.Sequential cut into model.stages stages on as many workers, against
+real master and pserver processes (tests/python/conftest.py)."""
+
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch not installed (install-deps.sh --test)")
+import strata.torch as st  # noqa: E402
+
+from conftest import FMNIST, ROOT  # noqa: E402
+from test_torch_worker import checkpoint_values  # noqa: E402
+
+EXAMPLE = os.path.join(ROOT, "examples", "torch", "fmnist_pipeline.py")
+pytestmark = pytest.mark.skipif(not os.path.isdir(FMNIST),
+                                reason="dataset-fashion-mnist not installed")
+
+
+def mlp_model(stages, extra=""):
+    return ("model:\n  type: mlp\n  layers: [784, 32, 16, 10]\n  activation: relu\n"
+            "  stages: %d\n%s" % (stages, extra))
+
+
+def test_two_stages_end_where_one_stage_ends(cluster_factory, tmp_path):
+    """50 bsp steps of the example's nn.Sequential in 2 stages (2 workers,
+    8 micro-batches a step) and in 1 (1 worker): the same parameters, read
+    from each job's final checkpoint, to float tolerance, and the same
+    test figures; each stage's log says which layers it holds."""
+    results, params = [], []
+    for stages in (2, 1):
+        root = tmp_path / ("ck-%d" % stages)
+        c = cluster_factory(workers=stages, steps_records=3200, model=mlp_model(stages),
+                            extra="checkpoint:\n  dir: %s\n  every_seconds: 3600\n"
+                                  "  compression_level: 0\n" % root)
+        ws = [c.worker(i, [sys.executable, EXAMPLE]) for i in range(stages)]
+        summary = c.wait_summary(timeout=180)
+        for w in ws:
+            assert w.wait(timeout=60) == 0
+        assert summary["state"] == "succeeded", summary
+        assert summary["steps"] == 50
+        results.append(summary)
+        params.append(checkpoint_values(str(root)))
+        if stages == 2:
+            logs = [open(os.path.join(c.dir, "worker-%d.log" % i)).read() for i in range(2)]
+            assert "pipeline stage 0 of 2" in logs[0] and "pipeline stage 1 of 2" in logs[1]
+            assert "pipeline: stage 0 of 2 (modules 0..1, tables 0..1)" in logs[0], logs[0][-3000:]
+            assert "pipeline: stage 1 of 2 (modules 2..4, tables 2..5)" in logs[1], logs[1][-3000:]
+    piped, whole = results
+    assert sorted(params[0]) == sorted(params[1]) and params[0]
+    total = 0
+    for name in params[0]:
+        a, b = params[0][name], params[1][name]
+        assert a.shape == b.shape and a.size > 0, name
+        assert not np.array_equal(a, np.zeros_like(a)), name
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5, err_msg=name)
+        total += a.size
+    assert total == 784 * 32 + 32 + 32 * 16 + 16 + 16 * 10 + 10
+    assert abs(piped["final_test_accuracy"] - whole["final_test_accuracy"]) <= 0.002
+    assert abs(piped["final_test_loss"] - whole["final_test_loss"]) <= 1e-3
+
+
+CNN = os.path.join(ROOT, "tests", "python", "pipeline_cnn.py")
+
+
+def test_a_cnn_of_declared_tables_in_three_stages_ends_where_one_stage_ends(cluster_factory,
+                                                                            tmp_path):
+    """tests/python/pipeline_cnn.py (conv, conv, linear; its tables declared
+    by worker 0's script) for 30 steps in 3 stages, 4-d activations between
+    the first two, and in 1: the same parameters to float tolerance. (SGD:
+    Adam's steps of the elements whose gradients are near 0 turn the
+    rounding of the micro-batches' sums into differences of the order of
+    its learning rate.)"""
+    params, results = [], []
+    for stages in (3, 1):
+        root = tmp_path / ("ck-%d" % stages)
+        c = cluster_factory(workers=stages, steps_records=1920, optimizer="sgd",
+                            learning_rate=0.05,
+                            model="model:\n  type: script\n  stages: %d" % stages,
+                            extra="checkpoint:\n  dir: %s\n  every_seconds: 3600\n"
+                                  "  compression_level: 0\nworker:\n  command: [%s, %s]\n"
+                                  % (root, sys.executable, CNN))
+        ws = [c.worker(i, [sys.executable, CNN]) for i in range(stages)]
+        summary = c.wait_summary(timeout=240)
+        for w in ws:
+            assert w.wait(timeout=60) == 0
+        assert summary["state"] == "succeeded", summary
+        assert summary["steps"] == 30
+        if stages == 3:
+            logs = [open(os.path.join(c.dir, "worker-%d.log" % i)).read() for i in range(3)]
+            for s, want in enumerate(("modules 0..1, tables 0..1", "modules 2..4, tables 2..3",
+                                      "modules 5..5, tables 4..5")):
+                assert "pipeline: stage %d of 3 (%s)" % (s, want) in logs[s], logs[s][-3000:]
+        results.append(summary)
+        params.append(checkpoint_values(str(root)))
+    assert sorted(params[0]) == sorted(params[1]) and params[0]
+    for name in params[0]:
+        # (measured: 2.3e-5 at most, the weights' sizes 0.1 and their
+        # change over the job 0.02: the convolutions of 5 records and of
+        # 64 sum in other orders)
+        np.testing.assert_allclose(params[0][name], params[1][name], rtol=1e-3, atol=1e-4,
+                                   err_msg=name)
+    assert sum(a.size for a in params[0].values()) == 416 + 2320 + 7744 * 10 + 10
+    assert abs(results[0]["final_test_accuracy"] - results[1]["final_test_accuracy"]) <= 0.002
+
+
+def script_cluster(cluster_factory, stages):
+    return cluster_factory(workers=stages,
+                           model="model:\n  type: script\n  stages: %d" % stages,
+                           extra="worker:\n  command: [/usr/bin/python3, unused.py]\n")
+
+
+def test_bad_pipelines_are_refused_naming_what_does_not_fit(cluster_factory):
+    c = script_cluster(cluster_factory, 3)
+    job = st.init(config=c.config, master=c.master, index=0)
+    try:
+        with pytest.raises(TypeError, match="cuts an nn.Sequential into stages; got Linear"):
+            job.pipeline(torch.nn.Linear(4, 2), input_shape=(4,))
+        with pytest.raises(ValueError, match="give input_shape"):
+            job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+        with pytest.raises(ValueError, match=r"module 1 \(Linear\) does not take an input of "
+                                             r"shape \(3,\)"):
+            job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(5, 2),
+                                             torch.nn.ReLU()), input_shape=(4,))
+        with pytest.raises(ValueError, match=r"job.yaml: model.stages is 3 but the "
+                                             r"nn.Sequential has 2 modules"):
+            job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)),
+                         input_shape=(4,))
+        assert job.tables == []  # (nothing declared: the script may try again)
+    finally:
+        job.close()
+    c = script_cluster(cluster_factory, 2)
+    job = st.init(config=c.config, master=c.master, index=0)
+    try:
+        # The cut leaves the first stage a ReLU alone.
+        with pytest.raises(ValueError, match=r"model.stages 2: stage 0 \(modules 0..0\) has no "
+                                             r"parameters to train: fewer stages"):
+            job.pipeline(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 2)),
+                         input_shape=(4,))
+    finally:
+        job.close()
+    c = script_cluster(cluster_factory, 2)
+    job = st.init(config=c.config, master=c.master, index=0)
+    try:
+        pipe = job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(),
+                                                torch.nn.Linear(3, 2)), input_shape=(4,))
+        assert (pipe.stage, pipe.stages, pipe.micro_batches) == (0, 2, 8)
+        with pytest.raises(ValueError, match="records of 5 values, the pipeline's input_shape "
+                                             "makes 4"):
+            pipe.step(torch.zeros(2, 5), torch.zeros(2, dtype=torch.int64))
+        with pytest.raises(ValueError, match="pipeline step of 2 records and 3 labels"):
+            pipe.step(torch.zeros(2, 4), torch.zeros(3, dtype=torch.int64))
+        with pytest.raises(RuntimeError, match=r"step\(\) outside a data task"):
+            pipe.step(torch.zeros(2, 4), torch.zeros(2, dtype=torch.int64))
+        with pytest.raises(RuntimeError, match="job.pipeline.. was called already"):
+            job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 2)), input_shape=(4,))
+    finally:
+        job.close()
+
+
+def test_a_stage_that_raises_fails_the_step_which_is_tried_again(cluster_factory):
+    """The last stage's loss raises once (tests/python/pipeline_cnn.py,
+    STRATA_TEST_RAISE_ONCE): the step fails with the exception's text in
+    the first stage's log, is tried again, and the job goes on to its
+    end; the raising script did not die."""
+    c = cluster_factory(workers=2, steps_records=640,
+                        model="model:\n  type: script\n  stages: 2",
+                        extra="worker:\n  command: [%s, %s]\n" % (sys.executable, CNN))
+    ws = [c.worker(i, [sys.executable, CNN], env={"STRATA_TEST_RAISE_ONCE": "1"})
+          for i in range(2)]
+    summary = c.wait_summary(timeout=120)
+    for w in ws:
+        assert w.wait(timeout=60) == 0
+    assert summary["state"] == "succeeded", summary
+    assert summary["steps"] == 10
+    log = open(os.path.join(c.dir, "worker-0.log")).read()
+    assert re.search(r"pipeline: step \d+ failed \(.*the training script's pipeline stage raised "
+                     r"in backward\(\): RuntimeError: a bug in the last stage's loss", log), \
+        log[-3000:]

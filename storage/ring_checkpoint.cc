@@ -124,4 +124,20 @@ absl::StatusOr<RingState> ReadRingState(FileSystem* fs, const std::string& root,
   return out;
 }
 
+absl::StatusOr<RingState> ReadNewestRingState(FileSystem* fs, const std::string& root,
+                                              uint64_t floats, const std::string& job,
+                                              const std::string& optimizer, uint64_t* seq) {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> all, ListCheckpoints(fs, root));
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->complete) continue;
+    absl::StatusOr<proto::CheckpointManifest> m = ReadManifest(fs, it->dir);
+    if (!m.ok() || m->ring_shards_size() == 0) continue;
+    const std::vector<proto::CheckpointRingShard> shards(m->ring_shards().begin(),
+                                                         m->ring_shards().end());
+    *seq = m->seq();
+    return ReadRingState(fs, root, shards, floats, job, optimizer);
+  }
+  return absl::NotFoundError(absl::StrCat("no checkpoint with allreduce tables under ", root));
+}
+
 }  // namespace strata::storage

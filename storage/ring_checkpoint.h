@@ -55,6 +55,15 @@ absl::StatusOr<RingState> ReadRingState(FileSystem* fs, const std::string& root,
                                         uint64_t floats, const std::string& job,
                                         const std::string& optimizer);
 
+// The newest complete checkpoint under `root` whose manifest holds the
+// ring's shards, read as ReadRingState reads them (its seq in *seq).
+// Manifests that cannot be read, or of no ring shards, are passed over;
+// NotFound when none is left. (A shard's optimizer state lost with its
+// owner and its replica comes from it: worker/dense_sync.h.)
+absl::StatusOr<RingState> ReadNewestRingState(FileSystem* fs, const std::string& root,
+                                              uint64_t floats, const std::string& job,
+                                              const std::string& optimizer, uint64_t* seq);
+
 }  // namespace strata::storage
 
 #endif  // STRATA_STORAGE_RING_CHECKPOINT_H_

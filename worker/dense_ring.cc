@@ -109,10 +109,15 @@ bool DenseRing::FormOf(const proto::ClusterView& view) {
   LOG(INFO) << "dense allreduce: ring of view " << view.epoch() << ": nodes "
             << absl::StrJoin(members_, ", ") << ", this one rank " << sync_->rank()
             << "; next step " << next_step_
-            << (formed->lost_state > 0
+            << (formed->lost_state == 0 ? ""
+                : formed->state_checkpoint.has_value()
                     ? absl::StrCat("; ", formed->lost_state,
-                                   " optimizer-state floats lost with their owner and replica")
-                    : "");
+                                   " optimizer-state floats lost with their owner and replica, "
+                                   "taken from checkpoint ",
+                                   *formed->state_checkpoint)
+                    : absl::StrCat("; ", formed->lost_state,
+                                   " optimizer-state floats lost with their owner and replica, "
+                                   "started again from zero (no checkpoint)"));
   return true;
 }
 

@@ -168,7 +168,8 @@ size_t DenseSync::state_floats() const {
   return n;
 }
 
-size_t DenseSync::PutOldShards(const std::function<bool(uint32_t)>& holder, float* all) const {
+std::vector<std::pair<size_t, size_t>> DenseSync::PutOldShards(
+    const std::function<bool(uint32_t)>& holder, float* all) const {
   const size_t k = state_vectors_;
   const uint32_t ow = static_cast<uint32_t>(state_members_.size());
   auto in_ring = [&](uint32_t old_rank) { return holder(state_members_[old_rank % ow].node_id); };
@@ -176,7 +177,7 @@ size_t DenseSync::PutOldShards(const std::function<bool(uint32_t)>& holder, floa
   for (uint32_t i = 0; i < ow; ++i) {
     if (state_members_[i].node_id == options_.node_id) old_rank = i;
   }
-  size_t lost = 0;
+  std::vector<std::pair<size_t, size_t>> lost;
   // Segment j of the old ring: its owner was rank j - 1, its replica rank j.
   for (uint32_t j = 0; j < ow; ++j) {
     const uint32_t owner = (j + ow - 1) % ow;
@@ -187,7 +188,7 @@ size_t DenseSync::PutOldShards(const std::function<bool(uint32_t)>& holder, floa
     } else if (ow > 1 && in_ring(j)) {
       if (j == old_rank) from = replica_.get();
     } else {
-      lost += (e - b) * k;
+      if (e > b) lost.emplace_back(b, e);
       continue;
     }
     if (from == nullptr || k == 0) continue;
@@ -198,6 +199,32 @@ size_t DenseSync::PutOldShards(const std::function<bool(uint32_t)>& holder, floa
     }
   }
   return lost;
+}
+
+std::optional<uint64_t> DenseSync::PutCheckpointState(
+    const std::vector<std::pair<size_t, size_t>>& lost, float* all) const {
+  if (!options_.checkpoint_state) return std::nullopt;
+  absl::StatusOr<CheckpointState> ck = options_.checkpoint_state();
+  if (ck.ok() && ck->state.size() != state_vectors_ * total_) {
+    ck = absl::DataLossError(absl::StrCat("checkpoint ", ck->seq, " has ", ck->state.size(),
+                                          " optimizer-state floats, the ring's tables ",
+                                          state_vectors_ * total_));
+  }
+  if (!ck.ok()) {
+    LOG(WARNING) << "dense allreduce member " << options_.node_id
+                 << ": no checkpoint to take the lost optimizer state from: " << ck.status();
+    return std::nullopt;
+  }
+  for (size_t v = 0; v < state_vectors_; ++v) {
+    for (const auto& [b, e] : lost) {
+      std::memcpy(all + v * total_ + b, ck->state.data() + v * total_ + b, (e - b) * sizeof(float));
+    }
+  }
+  LOG(INFO) << "dense allreduce member " << options_.node_id
+            << ": the optimizer state of segments whose owner and replica left together comes "
+               "from checkpoint "
+            << ck->seq << " (step " << ck->step << ")";
+  return ck->seq;
 }
 
 absl::StatusOr<std::shared_ptr<transport::RingAllreduce>> DenseSync::StartRing(
@@ -360,12 +387,24 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
     if (replica_ != nullptr) STRATA_RETURN_IF_ERROR(replica_->RestoreState(replica_before_));
   }
   // 2. The parameters and the optimizer state, summed from where each
-  // part is: [K state vectors over the flat space][the parameters].
+  // part is: [K state vectors over the flat space][the parameters][the
+  // seq of the checkpoint lost state came from, + 1, as 2 floats].
   const size_t k = state_vectors_;
-  std::vector<float> all((k + 1) * total_, 0.f);
-  size_t lost = 0;
+  std::vector<float> all((k + 1) * total_ + kPieces, 0.f);
+  std::vector<std::pair<size_t, size_t>> lost_ranges;
   if (agreed.newest > 0 && agreed.newest == state_epoch_ && agreed.holds[rank]) {
-    lost = PutOldShards(holder, all.data());
+    lost_ranges = PutOldShards(holder, all.data());
+  }
+  size_t lost = 0;
+  for (const auto& [b, e] : lost_ranges) lost += (e - b) * k;
+  // (The first member that holds state puts the lost segments'; every
+  // holder finds the same ones.)
+  const uint32_t filler = static_cast<uint32_t>(
+      std::find(agreed.holds.begin(), agreed.holds.end(), true) - agreed.holds.begin());
+  if (lost > 0 && rank == filler) {
+    if (std::optional<uint64_t> seq = PutCheckpointState(lost_ranges, all.data())) {
+      PutU64(*seq + 1, all.data() + (k + 1) * total_);
+    }
   }
   if (agreed.restorer == rank && k > 0) {
     std::memcpy(all.data(), restored_state_.data(), k * total_ * sizeof(float));
@@ -375,6 +414,10 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   STRATA_RETURN_IF_ERROR(ring->Allreduce(all.data(), all.size(), Op(calls_++)));
 
   // 3. This ring's shards.
+  std::optional<uint64_t> state_checkpoint;
+  if (const uint64_t seq = GetU64(all.data() + (k + 1) * total_); seq > 0) {
+    state_checkpoint = seq - 1;
+  }
   std::memcpy(params_.data(), all.data() + k * total_, total_ * sizeof(float));
   CopyOut(params_, params);
   STRATA_RETURN_IF_ERROR(TakeShards(all, rank, w, agreed.updates));
@@ -399,11 +442,14 @@ absl::StatusOr<DenseSync::Formed> DenseSync::Form(uint64_t epoch,
   if (lost > 0) {
     LOG(WARNING) << "dense allreduce ring of epoch " << epoch << ": " << lost
                  << " floats of optimizer state were on members that are all gone (a shard's "
-                    "owner and its replica); they start again from zero";
+                    "owner and its replica); "
+                 << (state_checkpoint.has_value()
+                         ? absl::StrCat("they are checkpoint ", *state_checkpoint, "'s")
+                         : std::string("they start again from zero"));
   }
   VLOG(1) << "dense allreduce ring of epoch " << epoch << ": rank " << rank << " of " << w
           << ", next step " << (last.has_value() ? *last + 1 : 0);
-  return Formed{last.has_value() ? *last + 1 : 0, lost, own_params};
+  return Formed{last.has_value() ? *last + 1 : 0, lost, state_checkpoint, own_params};
 }
 
 void DenseSync::PutFormSlot(float* mine) const {

@@ -69,6 +69,13 @@ class DenseSync {
     uint32_t node_id = 0;
     std::string address;  // the member's data-plane listener
   };
+  // A checkpoint's optimizer state (Options::checkpoint_state): its
+  // state_vectors() vectors of total() floats, one after the other.
+  struct CheckpointState {
+    uint64_t seq = 0;
+    uint64_t step = 0;
+    std::vector<float> state;
+  };
   struct Options {
     uint32_t node_id = 0;  // this member's
     OptimizerSection optimizer;
@@ -83,6 +90,12 @@ class DenseSync {
     // 0: 1): a bucket starts at a whole row, where the backward pass
     // finishes a block of rows.
     std::vector<size_t> row_floats;
+    // Where the optimizer state of a segment comes from when its owner
+    // and its replica left together: the newest checkpoint's state over
+    // the flat space, read only then (the worker reads its checkpoint
+    // root's newest manifest and ring shards; worker.cc). Unset, or an
+    // error: that state starts again from zero (logged).
+    std::function<absl::StatusOr<CheckpointState>()> checkpoint_state;
     // Tests: this step's ring call succeeds here but Step reports it
     // failed (Unavailable), as when the last acknowledgement of a step the
     // others completed never came.
@@ -116,8 +129,10 @@ class DenseSync {
     // (0 when none did).
     uint64_t next_step = 0;
     // Optimizer-state floats of shards whose owner and replica were both
-    // gone: they start again from zero (logged).
+    // gone: taken from the newest checkpoint (Options::checkpoint_state;
+    // `state_checkpoint` names it), else started again from zero.
     size_t lost_state = 0;
+    std::optional<uint64_t> state_checkpoint;
     // This member's parameters were the ring's already: it had completed
     // the last step any member completed (or restored a checkpoint that
     // the ring took), so a gradient it computed on them counts.
@@ -268,9 +283,14 @@ class DenseSync {
   // Form's contribution of this member's shards of the last ring's split
   // to `all` (K state vectors over the flat space): each old segment's
   // state from its owner when `holder` (node id) says it is in the new
-  // ring and current, else from its replica's holder. Returns the state
-  // floats of segments neither holds (lost).
-  size_t PutOldShards(const std::function<bool(uint32_t)>& holder, float* all) const;
+  // ring and current, else from its replica's holder. Returns the ranges
+  // of the flat space whose segments neither holds (lost).
+  std::vector<std::pair<size_t, size_t>> PutOldShards(const std::function<bool(uint32_t)>& holder,
+                                                      float* all) const;
+  // The lost ranges' state into `all` from the newest checkpoint: its seq,
+  // or nullopt (none, or it could not be read: logged).
+  std::optional<uint64_t> PutCheckpointState(const std::vector<std::pair<size_t, size_t>>& lost,
+                                             float* all) const;
   // Form's first exchange: what this member holds, into its slot.
   void PutFormSlot(float* slot) const;
   // Form's last part: this member's optimizer shards of a ring of `w`

@@ -771,6 +771,19 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
     o.bucket_bytes = static_cast<size_t>(options_.config.model.allreduce_bucket_kib) << 10;
     o.row_floats = rows;
   }
+  if (options_.config.checkpoint.enabled) {
+    // A segment whose owner and replica left together: its state from the
+    // newest checkpoint with the ring's shards (read only then).
+    const size_t total = std::accumulate(sizes.begin(), sizes.end(), size_t{0});
+    o.checkpoint_state = [this, total]() -> absl::StatusOr<DenseSync::CheckpointState> {
+      uint64_t seq = 0;
+      STRATA_ASSIGN_OR_RETURN(storage::RingState state,
+                              storage::ReadNewestRingState(
+                                  options_.fs, options_.config.checkpoint.dir, total,
+                                  options_.config.job.name, options_.config.optimizer.type, &seq));
+      return DenseSync::CheckpointState{seq, state.step, std::move(state.state)};
+    };
+  }
   STRATA_ASSIGN_OR_RETURN(dense_sync_, DenseSync::Create(transport_.get(), o, sizes));
   if (restore.shards_size() > 0) {
     // A resumed job: the checkpoint's tables and optimizer state, which

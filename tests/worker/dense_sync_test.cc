@@ -91,6 +91,7 @@ class Cluster {
     o.fail_after_step_for_testing = fail_after_step;
     o.bucket_bytes = bucket_bytes_;
     o.row_floats = {13, 0};  // (table 0: 77 rows of 13)
+    o.checkpoint_state = checkpoint_state;
     auto started = StartListeningSync(to, o, kTables);
     EXPECT_THAT(started, IsOk());
     m->transport = std::move(started->transport);
@@ -107,6 +108,8 @@ class Cluster {
   }
   // Kills a member: its transport goes, so sends to it fail.
   void Kill(Member* m) { m->transport->Shutdown(); }
+  // The members added from now on take lost state from it.
+  std::function<absl::StatusOr<DenseSync::CheckpointState>()> checkpoint_state;
 
   // Forms the ring of `ring` for `epoch`, on every member at once; their
   // results.
@@ -652,6 +655,36 @@ TEST(DenseSyncTest, EveryMemberLearnsTheNewestCheckpointAskedInTheSameStep) {
   }
 }
 
+TEST(DenseSyncTest, TheNewestCheckpointWithTheRingsShardsIsFound) {
+  auto fs = storage::NewMemoryFileSystem();
+  uint64_t seq = 0;
+  EXPECT_THAT(storage::ReadNewestRingState(fs.get(), "/ck", Total(), "j", "adam", &seq),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("under /ck")));
+  Cluster c;
+  std::vector<Member*> ring = {c.Add(1), c.Add(2)};
+  for (auto& f : c.Form(1, ring)) ASSERT_THAT(f, IsOk());
+  for (auto& r : c.Step(0, ring)) ASSERT_THAT(r, IsOk());
+  proto::CheckpointManifest m;
+  m.set_format_version(storage::kCheckpointFormatVersion);
+  m.set_seq(4);
+  for (const auto& s : WriteShards(fs.get(), ring)) *m.add_ring_shards() = s;
+  m.set_ring_floats(Total());
+  ASSERT_THAT(storage::WriteManifest(fs.get(), "/ck/" + storage::CheckpointDirName(4), m), IsOk());
+  // A newer one without the ring's shards, and one not complete.
+  proto::CheckpointManifest later;
+  later.set_format_version(storage::kCheckpointFormatVersion);
+  later.set_seq(5);
+  ASSERT_THAT(storage::WriteManifest(fs.get(), "/ck/" + storage::CheckpointDirName(5), later),
+              IsOk());
+  ASSERT_THAT(fs->WriteFileAtomic("/ck/" + storage::CheckpointDirName(6) + "/x", "x"), IsOk());
+  absl::StatusOr<storage::RingState> got =
+      storage::ReadNewestRingState(fs.get(), "/ck", Total(), "j", "adam", &seq);
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(seq, 4u);
+  EXPECT_EQ(got->values, Flat(*ring[0]));
+  EXPECT_EQ(got->state.size(), 2 * Total());
+}
+
 TEST(DenseSyncTest, BadCheckpointsAreRefusedNamingTheFile) {
   auto fs = storage::NewMemoryFileSystem();
   Cluster c;
@@ -705,10 +738,70 @@ TEST(DenseSyncTest, TwoNeighboursLostTogetherLoseTheirShardsStateAndSaySo) {
     ASSERT_THAT(f, IsOk());
     EXPECT_EQ(f->next_step, 1u);
     EXPECT_EQ(f->lost_state, 2 * segment) << "Adam's two moments of segment 2";
+    EXPECT_FALSE(f->state_checkpoint.has_value());  // (no checkpoint to take it from)
   }
   // The job goes on from there, every member alike.
   for (auto& r : c.Step(1, {ring[0], ring[3]})) ASSERT_THAT(r, IsOk());
   EXPECT_EQ(Flat(*ring[0]), Flat(*ring[3]));
+}
+
+TEST(DenseSyncTest, TwoNeighboursLostTogetherTakeTheirShardsStateFromTheNewestCheckpoint) {
+  auto fs = storage::NewMemoryFileSystem();
+  Cluster c("inproc", absl::Seconds(1));
+  std::vector<proto::CheckpointRingShard> shards;  // the checkpoint's, once written
+  int reads = 0;
+  c.checkpoint_state = [&]() -> absl::StatusOr<DenseSync::CheckpointState> {
+    ++reads;
+    if (shards.empty()) return absl::NotFoundError("no checkpoint yet");
+    STRATA_ASSIGN_OR_RETURN(storage::RingState s,
+                            storage::ReadRingState(fs.get(), "/ck", shards, Total(), "j", "adam"));
+    return DenseSync::CheckpointState{4, s.step, std::move(s.state)};
+  };
+  std::vector<Member*> ring = {c.Add(1), c.Add(2), c.Add(3), c.Add(4)};
+  for (auto& f : c.Form(1, ring)) ASSERT_THAT(f, IsOk());
+  for (uint64_t step = 0; step < 2; ++step) {
+    for (auto& r : c.Step(step, ring)) ASSERT_THAT(r, IsOk());
+  }
+  shards = WriteShards(fs.get(), ring);  // checkpoint 4, at step 1
+  absl::StatusOr<storage::RingState> at_checkpoint =
+      storage::ReadRingState(fs.get(), "/ck", shards, Total(), "j", "adam");
+  ASSERT_THAT(at_checkpoint, IsOk());
+  for (uint64_t step = 2; step < 4; ++step) {
+    for (auto& r : c.Step(step, ring)) ASSERT_THAT(r, IsOk());
+  }
+  // The whole state now (at step 3), as another checkpoint would hold it.
+  auto now_fs = storage::NewMemoryFileSystem();
+  absl::StatusOr<storage::RingState> now = storage::ReadRingState(
+      now_fs.get(), "/ck", WriteShards(now_fs.get(), ring), Total(), "j", "adam");
+  ASSERT_THAT(now, IsOk());
+  // Ranks 1 and 2 go: rank 1 owned segment 2, whose replica was rank 2.
+  c.Kill(ring[1]);
+  c.Kill(ring[2]);
+  for (auto& r : c.Step(4, {ring[0], ring[3]})) EXPECT_FALSE(r.ok());
+  const size_t b = Total() * 2 / 4, e = Total() * 3 / 4;
+  for (auto& f : c.Form(2, {ring[0], ring[3]})) {
+    ASSERT_THAT(f, IsOk());
+    EXPECT_EQ(f->next_step, 4u);
+    EXPECT_EQ(f->lost_state, 2 * (e - b));
+    EXPECT_EQ(f->state_checkpoint, std::optional<uint64_t>(4));
+  }
+  EXPECT_EQ(reads, 1);  // (one member reads it, for the ring)
+  // The ring goes on as one optimizer whose state is now's, but for
+  // segment 2's, which is the checkpoint's.
+  storage::RingState merged = *now;
+  for (size_t v = 0; v < 2; ++v) {
+    std::copy(at_checkpoint->state.begin() + v * Total() + b,
+              at_checkpoint->state.begin() + v * Total() + e,
+              merged.state.begin() + v * Total() + b);
+  }
+  ASSERT_NE(merged.state, now->state);
+  Reference ref(Flat(*ring[0]), Adam());
+  ref.SetState(merged);
+  for (uint64_t step = 4; step < 7; ++step) {
+    for (auto& r : c.Step(step, {ring[0], ring[3]})) ASSERT_THAT(r, IsOk());
+    ref.Step(step, {1, 4});
+  }
+  ExpectParams({ring[0], ring[3]}, ref, "after the checkpoint's state was taken");
 }
 
 // Abort (the job's end, or the worker stopping) while a ring is being

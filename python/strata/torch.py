@@ -260,7 +260,7 @@ class Job:
             self._shared = True
         return model
 
-    def pipeline(self, model, loss=None, input_shape=None):
+    def pipeline(self, model, loss=None, input_shape=None, device=None):
         """Cuts an nn.Sequential into the job's model.stages pipeline
         stages (docs/python.md, "Pipeline stages"); returns the Pipeline,
         whose step(x, y) trains one batch through them.
@@ -280,7 +280,14 @@ class Job:
         indices. `input_shape`: one record's shape (default
         (model.layers[0],) for an MLP config), from which each stage's
         input and output shapes are worked out on the meta device. With
-        model.stages 1, step() trains the whole model as usual."""
+        model.stages 1, step() trains the whole model as usual.
+
+        `device` (a CUDA device, say): this worker's stage computes on a
+        copy of its modules there, the model staying whole on the CPU: each
+        step's pulled values are copied to it (pinned host memory, a side
+        stream) and the gradient summed over the micro-batches back; the
+        micro-batches' rows go up and down with them. So one GPU holds
+        one stage only."""
         if not isinstance(model, torch.nn.Sequential):
             raise TypeError("job.pipeline() cuts an nn.Sequential into stages; got %s"
                             % type(model).__name__)
@@ -288,8 +295,9 @@ class Job:
             raise RuntimeError("job.pipeline() was called already (one model per job)")
         for name, p in model.named_parameters():
             if p.device.type != "cpu":
-                raise ValueError("parameter %s is on %s: a pipeline's model is on the CPU "
-                                 "(stages on a GPU are not built yet)" % (name, p.device))
+                raise ValueError("parameter %s is on %s: a pipeline's model is on the CPU, "
+                                 "whole (device= puts this worker's stage on a GPU)"
+                                 % (name, p.device))
         if input_shape is None:
             layers = (self.config.get("model") or {}).get("layers")
             if not layers:
@@ -299,7 +307,8 @@ class Job:
         # (Checked before distribute() declares anything: the script may
         # try again.)
         pipe = Pipeline(self, model, loss or torch.nn.functional.cross_entropy,
-                        tuple(int(d) for d in input_shape))
+                        tuple(int(d) for d in input_shape),
+                        None if device is None else torch.device(device))
         self.distribute(model)
         pipe._make_stage()
         self._pipeline = pipe
@@ -626,8 +635,9 @@ class Pipeline:
     """This worker's part of a pipeline of model.stages stages
     (job.pipeline): step(x, y) on the first stage's worker."""
 
-    def __init__(self, job, model, loss, input_shape):
+    def __init__(self, job, model, loss, input_shape, device=None):
         self._job = job
+        self._device = device
         self._core = job._core
         self._model = model
         self._loss = loss
@@ -664,8 +674,8 @@ class Pipeline:
                              "the tables must be in the model's order" % (s, tables))
         in_dim = int(np.prod(self._shapes[lo], dtype=np.int64))
         out_dim = int(np.prod(self._shapes[hi], dtype=np.int64))
-        self._stage = _Stage(self._modules, list(self._modules.parameters()), self._shapes[lo],
-                             self._loss, first=s == 0, last=s + 1 == self.stages)
+        self._stage = _Stage(self._modules, self._shapes[lo], self._loss, first=s == 0,
+                             last=s + 1 == self.stages, device=self._device)
         self._core.set_stage(self._stage, s, tables[0], tables[-1] + 1, in_dim, out_dim,
                              "modules %d..%d" % (lo, hi - 1))
         import atexit
@@ -712,19 +722,40 @@ class _Stage:
     PyStage): each micro-batch's forward pass keeps its autograd graph
     until its backward pass (1F1B keeps at most K - s of them in flight);
     the last stage does both at once, from the loss. The gradients add up
-    in the parameters' .grad, the worker's memory pushed after the step."""
+    in the parameters' .grad: on the CPU the worker's memory itself, pushed
+    after the step; on a device (job.pipeline(device=...)) a copy of the
+    modules there, whose values come from the worker's memory at each step
+    and whose gradients go back to it at its end."""
 
-    def __init__(self, modules, params, in_shape, loss, first, last):
-        self._modules = modules
-        self._params = params
+    def __init__(self, modules, in_shape, loss, first, last, device=None):
         self._in_shape = tuple(in_shape)
         self._loss = loss
         self._first = first
         self._last = last
         self._kept = {}
+        self._device = device
+        self._stream = None
+        # (host values, host gradient) of each parameter: the worker's
+        # memory, which the CPU modules' parameters alias.
+        host = [(p.data, p.grad) for p in modules.parameters()]
+        if device is None:
+            self._modules = modules
+        else:
+            import copy
+            self._modules = copy.deepcopy(modules).to(device)
+            if device.type == "cuda":
+                self._stream = torch.cuda.Stream(device=device)
+                cudart = torch.cuda.cudart()
+                for values, grad in host:  # the copies' host side: pinned in place
+                    for t in (values, grad):
+                        cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+        self._params = list(self._modules.parameters())
+        self._host = host
 
     def _input(self, x):
         t = torch.from_numpy(x).view((x.shape[0],) + self._in_shape).clone()
+        if self._device is not None:
+            t = t.to(self._device)
         if not self._first:
             t.requires_grad_()
         return t
@@ -732,6 +763,9 @@ class _Stage:
     def begin_step(self):
         self._kept.clear()
         with torch.no_grad():
+            if self._device is not None:  # this step's values, pulled into the host copies
+                for p, (values, _) in zip(self._params, self._host):
+                    p.copy_(values.view_as(p), non_blocking=True)
             for p in self._params:
                 if p.grad is not None:
                     p.grad.zero_()
@@ -750,13 +784,16 @@ class _Stage:
                 inp = self._input(x)
                 out = self._modules(inp)
                 y = torch.from_numpy(labels).long()
+                if self._device is not None:
+                    y = y.to(self._device)
                 loss = self._loss(out, y)
                 (loss * len(y)).backward()
                 summed = float(loss) * len(y)
                 correct = int((out.argmax(1) == y).sum()) if out.dim() == 2 else 0
             else:
                 inp, out = self._kept.pop(m)
-                out.backward(torch.from_numpy(out_grad).view(out.shape))
+                g = torch.from_numpy(out_grad).view(out.shape)
+                out.backward(g if self._device is None else g.to(self._device))
                 summed, correct = 0.0, 0
         if in_grad is not None:
             with torch.no_grad():
@@ -765,6 +802,24 @@ class _Stage:
 
     def end_step(self):
         self._kept.clear()
+        if self._device is None:
+            return
+        with torch.no_grad():  # the summed gradients into the worker's memory, pushed next
+            if self._stream is not None:
+                self._stream.wait_stream(torch.cuda.current_stream(self._device))
+                with torch.cuda.stream(self._stream):
+                    for p, (_, grad) in zip(self._params, self._host):
+                        if p.grad is None:  # (not used by this step)
+                            grad.zero_()
+                        else:
+                            grad.view_as(p).copy_(p.grad, non_blocking=True)
+                self._stream.synchronize()
+            else:
+                for p, (_, grad) in zip(self._params, self._host):
+                    if p.grad is None:
+                        grad.zero_()
+                    else:
+                        grad.view_as(p).copy_(p.grad)
 
 
 class _Lookup(torch.autograd.Function):

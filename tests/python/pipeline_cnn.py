@@ -34,7 +34,8 @@ def main():
             if calls[0] == 10:
                 raise RuntimeError("a bug in the last stage's loss")
             return torch.nn.functional.cross_entropy(out, labels)
-    pipe = job.pipeline(model, loss=loss, input_shape=(1, 28, 28))
+    pipe = job.pipeline(model, loss=loss, input_shape=(1, 28, 28),
+                        device=os.environ.get("STRATA_TEST_STAGE_DEVICE"))
     for records in job.tasks():
         for b in range(0, len(records), job.batch_size):
             idx = records[b:b + job.batch_size]

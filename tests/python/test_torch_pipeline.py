@@ -66,45 +66,64 @@ def test_two_stages_end_where_one_stage_ends(cluster_factory, tmp_path):
 CNN = os.path.join(ROOT, "tests", "python", "pipeline_cnn.py")
 
 
+def run_cnn(cluster_factory, tmp_path, stages, device_of=lambda i: None):
+    """pipeline_cnn.py for 30 SGD steps in `stages` stages (worker i's stage
+    on device_of(i)): the summary and the final checkpoint's values."""
+    root = tmp_path / ("ck-%d-%s" % (stages, device_of(0)))
+    c = cluster_factory(workers=stages, steps_records=1920, optimizer="sgd", learning_rate=0.05,
+                        model="model:\n  type: script\n  stages: %d" % stages,
+                        extra="checkpoint:\n  dir: %s\n  every_seconds: 3600\n"
+                              "  compression_level: 0\nworker:\n  command: [%s, %s]\n"
+                              % (root, sys.executable, CNN))
+    ws = [c.worker(i, [sys.executable, CNN],
+                   env={"STRATA_TEST_STAGE_DEVICE": device_of(i)} if device_of(i) else None)
+          for i in range(stages)]
+    summary = c.wait_summary(timeout=240)
+    for w in ws:
+        assert w.wait(timeout=60) == 0
+    assert summary["state"] == "succeeded", summary
+    assert summary["steps"] == 30
+    return c, summary, checkpoint_values(str(root))
+
+
+def expect_same_params(a, b):
+    assert sorted(a) == sorted(b) and a
+    for name in a:
+        # (measured: 2.3e-5 at most, the weights' sizes 0.1 and their
+        # change over the job 0.02: the convolutions of 5 records and of
+        # 64 sum in other orders)
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_stages_on_the_gpu_end_where_one_stage_on_the_cpu_ends(cluster_factory, tmp_path):
+    """job.pipeline(device="cuda"): each of 2 stages on the GPU (its pinned
+    host copies), against 1 stage on the CPU."""
+    _, gpu, on_gpu = run_cnn(cluster_factory, tmp_path, 2, lambda i: "cuda")
+    _, cpu, on_cpu = run_cnn(cluster_factory, tmp_path, 1)
+    expect_same_params(on_gpu, on_cpu)
+    assert abs(gpu["final_test_accuracy"] - cpu["final_test_accuracy"]) <= 0.005
+
+
 def test_a_cnn_of_declared_tables_in_three_stages_ends_where_one_stage_ends(cluster_factory,
                                                                             tmp_path):
     """tests/python/pipeline_cnn.py (conv, conv, linear; its tables declared
     by worker 0's script) for 30 steps in 3 stages, 4-d activations between
-    the first two, and in 1: the same parameters to float tolerance. (SGD:
-    Adam's steps of the elements whose gradients are near 0 turn the
-    rounding of the micro-batches' sums into differences of the order of
-    its learning rate.)"""
-    params, results = [], []
-    for stages in (3, 1):
-        root = tmp_path / ("ck-%d" % stages)
-        c = cluster_factory(workers=stages, steps_records=1920, optimizer="sgd",
-                            learning_rate=0.05,
-                            model="model:\n  type: script\n  stages: %d" % stages,
-                            extra="checkpoint:\n  dir: %s\n  every_seconds: 3600\n"
-                                  "  compression_level: 0\nworker:\n  command: [%s, %s]\n"
-                                  % (root, sys.executable, CNN))
-        ws = [c.worker(i, [sys.executable, CNN]) for i in range(stages)]
-        summary = c.wait_summary(timeout=240)
-        for w in ws:
-            assert w.wait(timeout=60) == 0
-        assert summary["state"] == "succeeded", summary
-        assert summary["steps"] == 30
-        if stages == 3:
-            logs = [open(os.path.join(c.dir, "worker-%d.log" % i)).read() for i in range(3)]
-            for s, want in enumerate(("modules 0..1, tables 0..1", "modules 2..4, tables 2..3",
-                                      "modules 5..5, tables 4..5")):
-                assert "pipeline: stage %d of 3 (%s)" % (s, want) in logs[s], logs[s][-3000:]
-        results.append(summary)
-        params.append(checkpoint_values(str(root)))
-    assert sorted(params[0]) == sorted(params[1]) and params[0]
-    for name in params[0]:
-        # (measured: 2.3e-5 at most, the weights' sizes 0.1 and their
-        # change over the job 0.02: the convolutions of 5 records and of
-        # 64 sum in other orders)
-        np.testing.assert_allclose(params[0][name], params[1][name], rtol=1e-3, atol=1e-4,
-                                   err_msg=name)
-    assert sum(a.size for a in params[0].values()) == 416 + 2320 + 7744 * 10 + 10
-    assert abs(results[0]["final_test_accuracy"] - results[1]["final_test_accuracy"]) <= 0.002
+    the first two, the middle stage computing on a copy of its modules (the
+    CUDA path's copies, job.pipeline(device=...), on the CPU), and in 1:
+    the same parameters to float tolerance. (SGD: Adam's steps of the
+    elements whose gradients are near 0 turn the rounding of the
+    micro-batches' sums into differences of the order of its learning
+    rate.)"""
+    c, piped, params = run_cnn(cluster_factory, tmp_path, 3, lambda i: "cpu" if i == 1 else None)
+    logs = [open(os.path.join(c.dir, "worker-%d.log" % i)).read() for i in range(3)]
+    for s, want in enumerate(("modules 0..1, tables 0..1", "modules 2..4, tables 2..3",
+                              "modules 5..5, tables 4..5")):
+        assert "pipeline: stage %d of 3 (%s)" % (s, want) in logs[s], logs[s][-3000:]
+    _, whole, whole_params = run_cnn(cluster_factory, tmp_path, 1)
+    expect_same_params(params, whole_params)
+    assert sum(a.size for a in params.values()) == 416 + 2320 + 7744 * 10 + 10
+    assert abs(piped["final_test_accuracy"] - whole["final_test_accuracy"]) <= 0.002
 
 
 def script_cluster(cluster_factory, stages):

@@ -360,5 +360,39 @@ TEST_F(DenseRingTest, AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter) {
   EXPECT_THAT(late->ring->IdleFor(absl::Milliseconds(10)), IsOk());
 }
 
+// The job over while a member is in a step with samples whose first
+// exchange went through (the other member began it and handed nothing
+// over): another member may have completed that step, so the member ended
+// by the Abort does not hold the trained model; its Join says so (it
+// cannot evaluate). The same Abort in a step of no samples leaves the
+// member holding it (AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter).
+TEST_F(DenseRingTest, AnAbortAfterAStepsFirstExchangeLeavesNoModelToEvaluate) {
+  std::vector<Member*> ms = {Add(1, {0, 1}, 256), Add(2, {0, 1}, 256)};
+  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
+  std::vector<absl::Status> st(2);
+  std::thread t0([&] { st[0] = Train(ms[0], 3); });
+  std::thread t1([&] { st[1] = Train(ms[1], 3); });
+  t0.join();
+  t1.join();
+  ASSERT_THAT(st[0], IsOk());
+  ASSERT_THAT(st[1], IsOk());
+  // Member 2 begins step 3 (its first exchange goes at once) and its
+  // backward pass never ends; member 1 steps 3 with its sample.
+  ASSERT_TRUE(ms[1]->ring->BeginStep(1));
+  std::vector<std::vector<float>> g;
+  for (size_t n : kTables) g.emplace_back(n, 1.f);
+  absl::Status stepped;
+  std::thread stepper([&] { stepped = ms[0]->ring->TrainStep(g, 1).status(); });
+  absl::SleepFor(absl::Milliseconds(300));
+  ms[0]->sync->Abort(absl::CancelledError("the job is over"));
+  stepper.join();
+  EXPECT_THAT(stepped, StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_EQ(ms[0]->sync->cut_short_samples(), std::optional<uint64_t>(2));
+  EXPECT_THAT(ms[0]->ring->Join(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            ::testing::HasSubstr("cannot evaluate")));
+  ms[1]->sync->Abort(absl::CancelledError("the job is over"));
+  ms[1]->ring->AbandonStep(absl::CancelledError("the job is over"));
+}
+
 }  // namespace
 }  // namespace strata::worker

@@ -293,7 +293,10 @@ class PyWorker {
   // _Stage), which computes stage `stage` of tables [first, end).
   void SetStage(py::object stage, int index, int first, int end, int in_dim, int out_dim,
                 const std::string& layers) {
-    if (py_stage_ != nullptr) throw std::runtime_error("this worker's pipeline stage is made");
+    if (py_stage_ != nullptr) {
+      throw std::runtime_error(
+          "this worker's pipeline stage is made already (job.pipeline() once a worker)");
+    }
     auto model = std::make_shared<PyStage>(stage.ptr(), in_dim, out_dim, &script_->grads());
     ThrowIfError(script_->SetStage(index, first, end, model, layers));
     stage_obj_ = std::move(stage);

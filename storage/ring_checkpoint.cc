@@ -128,15 +128,21 @@ absl::StatusOr<RingState> ReadNewestRingState(FileSystem* fs, const std::string&
                                               uint64_t floats, const std::string& job,
                                               const std::string& optimizer, uint64_t* seq) {
   STRATA_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> all, ListCheckpoints(fs, root));
+  absl::Status newest_failed;  // (a newer one's shards that did not read back)
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (!it->complete) continue;
     absl::StatusOr<proto::CheckpointManifest> m = ReadManifest(fs, it->dir);
     if (!m.ok() || m->ring_shards_size() == 0) continue;
     const std::vector<proto::CheckpointRingShard> shards(m->ring_shards().begin(),
                                                          m->ring_shards().end());
-    *seq = m->seq();
-    return ReadRingState(fs, root, shards, floats, job, optimizer);
+    absl::StatusOr<RingState> state = ReadRingState(fs, root, shards, floats, job, optimizer);
+    if (state.ok()) {
+      *seq = m->seq();
+      return state;
+    }
+    if (newest_failed.ok()) newest_failed = state.status();
   }
+  if (!newest_failed.ok()) return newest_failed;
   return absl::NotFoundError(absl::StrCat("no checkpoint with allreduce tables under ", root));
 }
 

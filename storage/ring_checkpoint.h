@@ -57,8 +57,9 @@ absl::StatusOr<RingState> ReadRingState(FileSystem* fs, const std::string& root,
 
 // The newest complete checkpoint under `root` whose manifest holds the
 // ring's shards, read as ReadRingState reads them (its seq in *seq).
-// Manifests that cannot be read, or of no ring shards, are passed over;
-// NotFound when none is left. (A shard's optimizer state lost with its
+// Manifests that cannot be read, of no ring shards, or whose shards do
+// not read back are passed over for an older one; NotFound when none has
+// ring shards, else the newest one's error. (A shard's optimizer state lost with its
 // owner and its replica comes from it: worker/dense_sync.h.)
 absl::StatusOr<RingState> ReadNewestRingState(FileSystem* fs, const std::string& root,
                                               uint64_t floats, const std::string& job,

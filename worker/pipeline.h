@@ -93,7 +93,9 @@ class StageModel {
   // added to the stage's (set, for the step's first micro-batch:
   // !accumulate), and with in_grad the gradient with respect to x written
   // there [rows x in_dim()]. Returns the summed loss and sets *correct (the
-  // rows predicted right) at the last stage; 0 before it.
+  // rows predicted right) at the last stage; 0 before it. (A model may
+  // instead zero its gradient in BeginStep and always add: the script's
+  // stage does.)
   virtual absl::StatusOr<double> Backward(uint32_t m, const float* x, const int32_t* y, int rows,
                                           const float* out_grad, float* in_grad, bool accumulate,
                                           int64_t* correct) = 0;

@@ -182,7 +182,17 @@ absl::Status PipelineRunner::Follow(absl::Duration idle) {
     absl::Duration comm;
     uint64_t version = 0;
     const absl::Time t0 = absl::Now();
-    STRATA_RETURN_IF_ERROR(PullStage(next->step, &version, &comm));
+    if (absl::Status pulled = PullStage(next->step, &version, &comm); !pulled.ok()) {
+      // (A pull that failed, or the stage's model that could not begin the
+      // step: the stage goes, answering the leader's micro-batches with
+      // the error at once, and the leader tries the step again.)
+      if (ctx_->stopping()) return absl::OkStatus();
+      LOG(WARNING) << "pipeline stage " << seat->stage << ": step " << next->step
+                   << " could not begin (" << pulled << "); the leader tries it again";
+      DropStage();
+      idle_until = absl::Now() + idle;
+      continue;
+    }
     absl::StatusOr<PipelineStage::StepResult> r = stage_->Step(*next);
     if (!r.ok()) {
       // The leader tries the step again (a new attempt), which this stage

@@ -48,7 +48,9 @@ absl::Status ScriptTrainer::SetStage(int stage, int first_table, int end_table,
         absl::StrCat(ctx_->config().source, ": model.stages is 1: no pipeline stage to make"));
   }
   if (!declared_.HasBeenNotified()) {
-    return absl::FailedPreconditionError("a pipeline stage before the job's tables are declared");
+    return absl::FailedPreconditionError(
+        "a pipeline stage before the job's tables are declared (job.pipeline() declares them "
+        "through distribute() first)");
   }
   if (has_sparse_) {
     return absl::FailedPreconditionError(absl::StrCat(

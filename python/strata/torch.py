@@ -245,10 +245,9 @@ class Job:
         self._install_prefetch(model, prefetch)
         if any(p.device.type == "cuda" for p, _, _ in self._staged):
             self._stream = torch.cuda.Stream(device=self._staged[0][0].device)
-            cudart = torch.cuda.cudart()
             for _, values, grad in self._staged:
                 for t in (values, grad):  # the copies' host side: pinned in place
-                    cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+                    _pin(t)
         missing = [name for name in dense if name not in seen]
         if missing:
             raise ValueError("the job's table %s is not a parameter of the model (its parameters: "
@@ -284,10 +283,10 @@ class Job:
 
         `device` (a CUDA device, say): this worker's stage computes on a
         copy of its modules there, the model staying whole on the CPU: each
-        step's pulled values are copied to it (pinned host memory, a side
-        stream) and the gradient summed over the micro-batches back; the
-        micro-batches' rows go up and down with them. So one GPU holds
-        one stage only."""
+        step's pulled values are copied to it from pinned host memory, and
+        the gradient summed over the micro-batches back on a side stream;
+        the micro-batches' rows go up and down with them. So one GPU holds
+        one stage only. Not with model.stages 1."""
         if not isinstance(model, torch.nn.Sequential):
             raise TypeError("job.pipeline() cuts an nn.Sequential into stages; got %s"
                             % type(model).__name__)
@@ -306,9 +305,14 @@ class Job:
             input_shape = (int(layers[0]),)
         # (Checked before distribute() declares anything: the script may
         # try again.)
+        if device is not None:
+            device = torch.device(device)
+            if device.type == "cuda" and device.index is None:
+                # (Resolved here: a later stage computes on the worker's
+                # training thread, whose current device is 0.)
+                device = torch.device("cuda", torch.cuda.current_device())
         pipe = Pipeline(self, model, loss or torch.nn.functional.cross_entropy,
-                        tuple(int(d) for d in input_shape),
-                        None if device is None else torch.device(device))
+                        tuple(int(d) for d in input_shape), device)
         self.distribute(model)
         pipe._make_stage()
         self._pipeline = pipe
@@ -415,8 +419,9 @@ class Job:
     def tasks(self):
         """Data tasks leased from the master: each a tensor of record indices
         (int64) into the script's dataset, in training order. The
-        parameters hold the task's first step's values when it is yielded.
-        Ends when there is no more training for this worker. Leaving the
+        parameters hold the task's first step's values when it is yielded
+        (in a pipeline, each step pulls its stage's tables instead). Ends
+        when there is no more training for this worker. Leaving the
         loop mid-task (an exception, a break) fails the task: the worker
         stops (finish() raises) and the master requeues the task."""
         while True:
@@ -608,13 +613,38 @@ class Job:
         return self._core.node_id
 
 
+def _pin(t):
+    """Pins a tensor of the worker's memory in place (cudaHostRegister), for
+    asynchronous copies to and from the GPU. Memory already pinned (a
+    small table on a page another one pinned) stays so; any other failure
+    raises, naming it."""
+    cudart = torch.cuda.cudart()
+    r = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    code = int(getattr(r, "value", r))
+    if code not in (0, 712):  # success, cudaErrorHostMemoryAlreadyRegistered
+        cudart.cudaGetLastError()
+        raise RuntimeError("cudaHostRegister of %d bytes of the worker's memory failed: CUDA "
+                           "error %d" % (t.numel() * t.element_size(), code))
+    if code != 0:
+        cudart.cudaGetLastError()  # (not left for the next kernel launch to report)
+
+
 def _stage_shapes(modules, input_shape):
     """Each module's input shape and the last one's output shape, for one
     record, worked out on the meta device (no memory, no compute)."""
-    from torch.nn.utils.stateless import functional_call
-    x = torch.empty((1,) + tuple(input_shape), device="meta")
+    try:
+        from torch.func import functional_call
+    except ImportError:  # (torch before 2.0)
+        from torch.nn.utils.stateless import functional_call
+    # (2 records: a batch norm in training mode refuses 1.)
+    x = torch.empty((2,) + tuple(input_shape), device="meta")
     shapes = [tuple(x.shape[1:])]
     for i, m in enumerate(modules):
+        buffers = [n for n, _ in m.named_buffers()]
+        if buffers:
+            raise ValueError("job.pipeline(): module %d (%s) keeps buffers (%s), which are not "
+                             "tables: pipeline stages do not share or save them yet"
+                             % (i, type(m).__name__, ", ".join(buffers)))
         meta = {n: torch.empty_like(t, device="meta")
                 for n, t in list(m.named_parameters()) + list(m.named_buffers())}
         try:
@@ -650,15 +680,21 @@ class Pipeline:
         self._shapes = shapes = _stage_shapes(modules, input_shape)
         self.stage = 0
         if self.stages == 1:
+            if device is not None:
+                raise ValueError("job.pipeline(device=%s): model.stages is 1 in %s; move the "
+                                 "model itself (distribute() takes a CUDA model)"
+                                 % (device, config))
             return
         costs = [sum(p.numel() for p in m.parameters()) for m in modules]
         self.bounds = bounds = _core.cut_stages(costs, self.stages)
+        for k in range(self.stages):  # (every worker refuses the same cut)
+            if not any(costs[bounds[k]:bounds[k + 1]]):
+                raise ValueError("%s: model.stages %d: stage %d (modules %d..%d) has no "
+                                 "parameters to train: fewer stages"
+                                 % (config, self.stages, k, bounds[k], bounds[k + 1] - 1))
         self.stage = s = job._worker_index % self.stages
         lo, hi = bounds[s], bounds[s + 1]
         self._modules = torch.nn.Sequential(*modules[lo:hi])
-        if not list(self._modules.parameters()):
-            raise ValueError("%s: model.stages %d: stage %d (modules %d..%d) has no parameters "
-                             "to train: fewer stages" % (config, self.stages, s, lo, hi - 1))
         self._first_in_dim = int(np.prod(shapes[0], dtype=np.int64))
 
     def _make_stage(self):
@@ -745,10 +781,9 @@ class _Stage:
             self._modules = copy.deepcopy(modules).to(device)
             if device.type == "cuda":
                 self._stream = torch.cuda.Stream(device=device)
-                cudart = torch.cuda.cudart()
                 for values, grad in host:  # the copies' host side: pinned in place
                     for t in (values, grad):
-                        cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+                        _pin(t)
         self._params = list(self._modules.parameters())
         self._host = host
 
@@ -763,10 +798,15 @@ class _Stage:
     def begin_step(self):
         self._kept.clear()
         with torch.no_grad():
-            if self._device is not None:  # this step's values, pulled into the host copies
-                for p, (values, _) in zip(self._params, self._host):
-                    p.copy_(values.view_as(p), non_blocking=True)
-            for p in self._params:
+            if self._device is None:
+                # The gradients add up in the worker's memory: made .grad
+                # again (a zero_grad(set_to_none=True) lets it go).
+                for p, (_, grad) in zip(self._params, self._host):
+                    grad.zero_()
+                    p.grad = grad.view_as(p)
+                return
+            for p, (values, _) in zip(self._params, self._host):  # this step's values
+                p.copy_(values.view_as(p), non_blocking=True)
                 if p.grad is not None:
                     p.grad.zero_()
 

@@ -1,8 +1,11 @@
 """A small CNN as an nn.Sequential in model.stages stages, its tables
 declared by the script (model.type script), for test_torch_pipeline.py:
 with 3 stages the first boundary carries 4-d activations (16 x 24 x 24 a
-record). STRATA_TEST_FAIL=forward makes the last stage raise in its
-backward pass (a script's bug), once the job has run 5 steps."""
+record). STRATA_TEST_RAISE_ONCE=1: the last stage's loss raises once, at
+its 10th micro-batch, and a later stage's begin_step once, at its 5th
+step (bugs in a stage's code that do not recur).
+STRATA_TEST_STAGE_DEVICE=cpu: the stage computes on a copy of its modules
+(job.pipeline(device=...), the CUDA path's copies, on the CPU)."""
 
 import os
 
@@ -34,6 +37,16 @@ def main():
             if calls[0] == 10:
                 raise RuntimeError("a bug in the last stage's loss")
             return torch.nn.functional.cross_entropy(out, labels)
+
+        begin, begun = st._Stage.begin_step, [0]
+
+        def begin_step(self):
+            begun[0] += 1
+            if begun[0] == 5 and os.environ["STRATA_INDEX"] != "0":
+                raise RuntimeError("a bug in a stage's begin_step")
+            return begin(self)
+
+        st._Stage.begin_step = begin_step
     pipe = job.pipeline(model, loss=loss, input_shape=(1, 28, 28),
                         device=os.environ.get("STRATA_TEST_STAGE_DEVICE"))
     for records in job.tasks():

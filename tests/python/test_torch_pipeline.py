@@ -152,13 +152,19 @@ def test_bad_pipelines_are_refused_naming_what_does_not_fit(cluster_factory):
     finally:
         job.close()
     c = script_cluster(cluster_factory, 2)
-    job = st.init(config=c.config, master=c.master, index=0)
+    job = st.init(config=c.config, master=c.master, index=1)
     try:
-        # The cut leaves the first stage a ReLU alone.
+        # The cut leaves the first stage a ReLU alone: refused by the
+        # second stage's worker too.
         with pytest.raises(ValueError, match=r"model.stages 2: stage 0 \(modules 0..0\) has no "
                                              r"parameters to train: fewer stages"):
             job.pipeline(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 2)),
                          input_shape=(4,))
+        with pytest.raises(ValueError, match=r"module 1 \(BatchNorm1d\) keeps buffers "
+                                             r"\(running_mean, running_var, num_batches_tracked\)"):
+            job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3),
+                                             torch.nn.Linear(3, 2)), input_shape=(4,))
+        assert job.tables == []
     finally:
         job.close()
     c = script_cluster(cluster_factory, 2)
@@ -181,10 +187,11 @@ def test_bad_pipelines_are_refused_naming_what_does_not_fit(cluster_factory):
 
 
 def test_a_stage_that_raises_fails_the_step_which_is_tried_again(cluster_factory):
-    """The last stage's loss raises once (tests/python/pipeline_cnn.py,
-    STRATA_TEST_RAISE_ONCE): the step fails with the exception's text in
-    the first stage's log, is tried again, and the job goes on to its
-    end; the raising script did not die."""
+    """The last stage's loss raises once, and its begin_step once
+    (tests/python/pipeline_cnn.py, STRATA_TEST_RAISE_ONCE): each time the
+    step fails (with the exception's text in the first stage's log, or the
+    stage's), is tried again, and the job goes on to its end; the raising
+    script did not die."""
     c = cluster_factory(workers=2, steps_records=640,
                         model="model:\n  type: script\n  stages: 2",
                         extra="worker:\n  command: [%s, %s]\n" % (sys.executable, CNN))
@@ -199,3 +206,35 @@ def test_a_stage_that_raises_fails_the_step_which_is_tried_again(cluster_factory
     assert re.search(r"pipeline: step \d+ failed \(.*the training script's pipeline stage raised "
                      r"in backward\(\): RuntimeError: a bug in the last stage's loss", log), \
         log[-3000:]
+    # Its begin_step raising once: the stage could not begin the step,
+    # dropped itself (the leader's micro-batches answered at once) and the
+    # leader tried again.
+    log1 = open(os.path.join(c.dir, "worker-1.log")).read()
+    assert re.search(r"pipeline stage 1: step \d+ could not begin \(.*raised in begin_step\(\): "
+                     r"RuntimeError: a bug in a stage's begin_step", log1), log1[-3000:]
+    assert log.count("trying it again once the group is whole") >= 2, log[-3000:]
+
+
+def test_a_stage_adds_its_gradients_in_the_workers_memory_whatever_grad_was():
+    """_Stage (CPU), as the worker core calls it: the micro-batches'
+    gradients add up in the worker's memory (the tensors pushed), also
+    when the script let .grad go between steps (zero_grad(set_to_none))."""
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(3, 2)
+    host = [torch.zeros_like(p) for p in lin.parameters()]
+    for p, g in zip(lin.parameters(), host):
+        p.grad = g  # (as distribute() aliases them)
+    stage = st._Stage(torch.nn.Sequential(lin), (3,), torch.nn.functional.cross_entropy,
+                      first=True, last=True)
+    x = torch.randn(4, 3)
+    y = torch.tensor([0, 1, 1, 0], dtype=torch.int32)
+    want = torch.nn.functional.cross_entropy(lin(x), y.long()) * 4
+    expected = torch.autograd.grad(want, list(lin.parameters()))
+    for _ in range(2):
+        lin.zero_grad(set_to_none=True)
+        stage.begin_step()
+        for m, rows in enumerate((slice(0, 1), slice(1, 4))):  # 2 micro-batches
+            summed, correct = stage.backward(m, x[rows].numpy(), y[rows].numpy(), None, None)
+        stage.end_step()
+        for g, e in zip(host, expected):
+            torch.testing.assert_close(g, e)

@@ -383,7 +383,9 @@ TEST_F(DenseRingTest, AnAbortAfterAStepsFirstExchangeLeavesNoModelToEvaluate) {
   for (size_t n : kTables) g.emplace_back(n, 1.f);
   absl::Status stepped;
   std::thread stepper([&] { stepped = ms[0]->ring->TrainStep(g, 1).status(); });
-  absl::SleepFor(absl::Milliseconds(300));
+  // (The first exchange is done in microseconds here; 1 s leaves a loaded
+  // machine time to schedule both threads.)
+  absl::SleepFor(absl::Seconds(1));
   ms[0]->sync->Abort(absl::CancelledError("the job is over"));
   stepper.join();
   EXPECT_THAT(stepped, StatusIs(absl::StatusCode::kCancelled));

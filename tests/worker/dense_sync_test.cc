@@ -677,6 +677,14 @@ TEST(DenseSyncTest, TheNewestCheckpointWithTheRingsShardsIsFound) {
   ASSERT_THAT(storage::WriteManifest(fs.get(), "/ck/" + storage::CheckpointDirName(5), later),
               IsOk());
   ASSERT_THAT(fs->WriteFileAtomic("/ck/" + storage::CheckpointDirName(6) + "/x", "x"), IsOk());
+  // A newer one whose shards are gone (retention deleting it mid-read).
+  proto::CheckpointManifest gone = m;
+  gone.set_seq(7);
+  for (auto& shard : *gone.mutable_ring_shards()) {
+    shard.mutable_file()->set_path(storage::CheckpointDirName(7) + "/ring-gone.blk");
+  }
+  ASSERT_THAT(storage::WriteManifest(fs.get(), "/ck/" + storage::CheckpointDirName(7), gone),
+              IsOk());
   absl::StatusOr<storage::RingState> got =
       storage::ReadNewestRingState(fs.get(), "/ck", Total(), "j", "adam", &seq);
   ASSERT_THAT(got, IsOk());

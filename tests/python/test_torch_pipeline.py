@@ -6,14 +6,13 @@ import os
 import re
 import sys
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="python3-torch not installed (install-deps.sh --test)")
 import strata.torch as st  # noqa: E402
 
 from conftest import FMNIST, ROOT  # noqa: E402
-from test_torch_worker import checkpoint_values  # noqa: E402
+from test_torch_worker import assert_same_checkpoint_values, checkpoint_values  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "examples", "torch", "fmnist_pipeline.py")
 pytestmark = pytest.mark.skipif(not os.path.isdir(FMNIST),
@@ -50,14 +49,7 @@ def test_two_stages_end_where_one_stage_ends(cluster_factory, tmp_path):
             assert "pipeline: stage 0 of 2 (modules 0..1, tables 0..1)" in logs[0], logs[0][-3000:]
             assert "pipeline: stage 1 of 2 (modules 2..4, tables 2..5)" in logs[1], logs[1][-3000:]
     piped, whole = results
-    assert sorted(params[0]) == sorted(params[1]) and params[0]
-    total = 0
-    for name in params[0]:
-        a, b = params[0][name], params[1][name]
-        assert a.shape == b.shape and a.size > 0, name
-        assert not np.array_equal(a, np.zeros_like(a)), name
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5, err_msg=name)
-        total += a.size
+    total = assert_same_checkpoint_values(params[0], params[1], atol=1e-5)
     assert total == 784 * 32 + 32 + 32 * 16 + 16 + 16 * 10 + 10
     assert abs(piped["final_test_accuracy"] - whole["final_test_accuracy"]) <= 0.002
     assert abs(piped["final_test_loss"] - whole["final_test_loss"]) <= 1e-3
@@ -87,12 +79,10 @@ def run_cnn(cluster_factory, tmp_path, stages, device_of=lambda i: None):
 
 
 def expect_same_params(a, b):
-    assert sorted(a) == sorted(b) and a
-    for name in a:
-        # (measured: 2.3e-5 at most, the weights' sizes 0.1 and their
-        # change over the job 0.02: the convolutions of 5 records and of
-        # 64 sum in other orders)
-        np.testing.assert_allclose(a[name], b[name], rtol=1e-3, atol=1e-4, err_msg=name)
+    # (measured: 2.3e-5 at most, the weights' sizes 0.1 and their change
+    # over the job 0.02: the convolutions of 5 records and of 64 sum in
+    # other orders)
+    return assert_same_checkpoint_values(a, b, atol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -64,6 +64,19 @@ def checkpoint_values(root):
     return out
 
 
+def assert_same_checkpoint_values(a, b, atol, rtol=1e-3):
+    """Two jobs' checkpoint_values: the same files, none empty or all
+    zeros, every value within atol + rtol relative. Returns the values."""
+    assert sorted(a) == sorted(b) and a
+    total = 0
+    for name in a:
+        assert a[name].shape == b[name].shape and a[name].size > 0, name
+        assert not np.array_equal(a[name], np.zeros_like(a[name])), name
+        np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=atol, err_msg=name)
+        total += a[name].size
+    return total
+
+
 def test_same_parameters_as_the_cpp_worker(cluster_factory, tmp_path):
     """50 bsp steps of the MLP through the Python path end where the C++
     worker ends from the same initial values (the pservers', by the job's
@@ -84,14 +97,8 @@ def test_same_parameters_as_the_cpp_worker(cluster_factory, tmp_path):
         results.append(summary)
         params.append(checkpoint_values(str(root)))
     py, cpp = results
-    assert sorted(params[0]) == sorted(params[1]) and params[0]
-    total = 0
-    for name in params[0]:
-        a, b = params[0][name], params[1][name]
-        assert a.shape == b.shape and a.size > 0, name
-        assert not np.array_equal(a, np.zeros_like(a)), name
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5, err_msg=name)  # (measured: 1.1e-6)
-        total += a.size
+    # (measured: 1.1e-6 at most)
+    total = assert_same_checkpoint_values(params[0], params[1], atol=1e-5)
     assert total == 784 * 32 + 32 + 32 * 10 + 10  # every parameter of the job
     assert abs(py["final_test_accuracy"] - cpp["final_test_accuracy"]) <= 0.002, (py, cpp)
     assert abs(py["final_test_loss"] - cpp["final_test_loss"]) <= 1e-3, (py, cpp)

@@ -159,6 +159,19 @@ class DenseRingTest : public ::testing::Test {
     EXPECT_EQ(ms[0]->ring->rings_formed(), 2);
   }
 
+  // The 2 members of `ms`, alive in the view, train together until their
+  // next step is `until`.
+  void TrainBothTo(const std::vector<Member*>& ms, uint64_t until) {
+    for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
+    std::vector<absl::Status> st(2);
+    std::thread t0([&] { st[0] = Train(ms[0], until); });
+    std::thread t1([&] { st[1] = Train(ms[1], until); });
+    t0.join();
+    t1.join();
+    ASSERT_THAT(st[0], IsOk());
+    ASSERT_THAT(st[1], IsOk());
+  }
+
   void ExpectSameTables(const std::vector<Member*>& ms) {
     for (Member* m : ms) {
       EXPECT_EQ(m->tables, ms.front()->tables) << "node " << m->node_id;
@@ -323,14 +336,7 @@ TEST_F(DenseRingTest, OnlyTheRingsTablesAreSteppedAndTheirGradientsChecked) {
 // ring's parameters: the step ended had no samples), TrainStep fails.
 TEST_F(DenseRingTest, AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter) {
   std::vector<Member*> ms = {Add(1), Add(2)};
-  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
-  std::vector<absl::Status> st(2);
-  std::thread t0([&] { st[0] = Train(ms[0], 3); });
-  std::thread t1([&] { st[1] = Train(ms[1], 3); });
-  t0.join();
-  t1.join();
-  ASSERT_THAT(st[0], IsOk());
-  ASSERT_THAT(st[1], IsOk());
+  ASSERT_NO_FATAL_FAILURE(TrainBothTo(ms, 3));
   // Member 2 is gone, silently (its connections stay open): member 1 idles
   // in a step that cannot complete.
   const absl::Time start = absl::Now();
@@ -368,14 +374,7 @@ TEST_F(DenseRingTest, AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter) {
 // member holding it (AbortEndsAnIdleStepAtOnceAndNoRingFormsAfter).
 TEST_F(DenseRingTest, AnAbortAfterAStepsFirstExchangeLeavesNoModelToEvaluate) {
   std::vector<Member*> ms = {Add(1, {0, 1}, 256), Add(2, {0, 1}, 256)};
-  for (Member* m : ms) master_.Set(m->node_id, m->address, proto::ALIVE);
-  std::vector<absl::Status> st(2);
-  std::thread t0([&] { st[0] = Train(ms[0], 3); });
-  std::thread t1([&] { st[1] = Train(ms[1], 3); });
-  t0.join();
-  t1.join();
-  ASSERT_THAT(st[0], IsOk());
-  ASSERT_THAT(st[1], IsOk());
+  ASSERT_NO_FATAL_FAILURE(TrainBothTo(ms, 3));
   // Member 2 begins step 3 (its first exchange goes at once) and its
   // backward pass never ends; member 1 steps 3 with its sample.
   ASSERT_TRUE(ms[1]->ring->BeginStep(1));

@@ -19,16 +19,23 @@ skip() { echo "SKIP: $*"; exit 77; }
 # and reserved (mkdir, atomic) in /tmp/strata-test-ports, so that two tests
 # starting together cannot both take it before either listens. A test's
 # daemons then never reach another test's (a worker registering with the
-# wrong master hung a job once). Reservations are let go after 20 minutes
-# (no test of the suite runs longer), so a killed test leaves none for long.
+# wrong master hung a job once). A reservation names its test's process
+# (pid): it is let go once that process has exited, or after 20 minutes (no
+# test of the suite runs longer), so the 120 bases last a whole suite.
 pick_port_base() {
-  local base dir=/tmp/strata-test-ports
+  local base dir=/tmp/strata-test-ports r pid
   mkdir -p "$dir"
-  find "$dir" -mindepth 1 -maxdepth 1 -mmin +20 -exec rmdir {} + 2>/dev/null || true
+  for r in "$dir"/*; do
+    [[ -d $r ]] || continue
+    pid="$(cat "$r/pid" 2>/dev/null || true)"
+    if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then rm -rf "$r"; fi
+  done
+  find "$dir" -mindepth 1 -maxdepth 1 -mmin +20 -exec rm -rf {} + 2>/dev/null || true
   for _ in $(seq 1 200); do
     base=$(( 20000 + (RANDOM % 120) * 100 ))  # below the ephemeral range
     if ! ss -ltn 2>/dev/null | grep -qE ":($base|$((base+1))|$((base+10))|$((base+20))|$((base+30))|$((base+40)))\b" &&
        mkdir "$dir/$base" 2>/dev/null; then
+      echo "$$" > "$dir/$base/pid"  # (the test's shell: $$ in a subshell too)
       echo "$base"; return 0
     fi
   done

@@ -4,6 +4,7 @@ of 127.0.0.1, with the job's config written for each test."""
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +16,25 @@ BIN = os.path.abspath(os.environ.get("STRATA_BIN",
                                      os.path.join(os.path.dirname(__file__), "../../build/bin")))
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def _reservation_over(path):
+    """A port reservation whose test's process has exited, or older than 20
+    minutes (tests/e2e/lib.sh's pick_port_base lets go of the same)."""
+    try:
+        if time.time() - os.path.getmtime(path) > 20 * 60:
+            return True
+        with open(os.path.join(path, "pid")) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return False  # (being made, or gone)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def port_base():
@@ -32,11 +52,13 @@ def port_base():
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", base + off))
             os.mkdir(os.path.join(reserved, str(base)))
+            with open(os.path.join(reserved, str(base), "pid"), "w") as f:
+                f.write("%d\n" % os.getpid())
             return base
         except FileExistsError:
             path = os.path.join(reserved, str(base))
-            if time.time() - os.path.getmtime(path) > 20 * 60:
-                os.rmdir(path)  # let go of (a killed test's): taken on a later try
+            if _reservation_over(path):  # let go of: taken on a later try
+                shutil.rmtree(path, ignore_errors=True)
             continue
         except OSError:
             continue

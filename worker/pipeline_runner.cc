@@ -32,10 +32,7 @@ absl::StatusOr<std::optional<PipelineSeat>> PipelineRunner::Seat() {
     if (seat_.has_value()) {
       LOG(INFO) << "pipeline: this worker has no seat in view epoch " << view.epoch()
                 << " (its workers do not make a whole group of " << k << ")";
-      ctx_->SetPipelineStage(nullptr);
-      stage_.reset();
-      seat_.reset();
-      made_ = Stage();
+      DropStage();
     }
     return seat_;
   }

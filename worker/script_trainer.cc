@@ -99,18 +99,26 @@ absl::Status ScriptTrainer::PipelineStep(const float* x, const int32_t* y, int n
   uint64_t version = 0;
   absl::Duration comm;
   absl::StatusOr<double> summed = runner_->LeaderStep(x, y, n, &version, correct, &comm);
+  if (summed.ok()) *loss = *summed;
+  return LeaveStep(summed.status(), n, version, summed.value_or(0), *correct, since, comm,
+                   /*stale=*/false);
+}
+
+absl::Status ScriptTrainer::LeaveStep(absl::Status s, int n, uint64_t step, double loss,
+                                      int64_t correct, absl::Time since, absl::Duration comm,
+                                      bool stale) {
   const absl::Time t1 = absl::Now();
-  if (summed.ok()) {
-    *loss = *summed;
-    ctx_->TraceSpan("step", "step", since,
-                    absl::StrCat("\"step\": ", version, ", \"samples\": ", n));
-    ctx_->RecordStep(n, version, *summed, *correct, t1 - since, comm, /*stale=*/false);
+  if (s.ok()) {
+    ctx_->TraceSpan("step", "step", since, absl::StrCat("\"step\": ", step, ", \"samples\": ", n));
+    ctx_->RecordStep(n, step, loss, correct, t1 - since, comm, stale);
   }
+  const bool stepped = Stepped(ctx_->config().job.consistency);
   absl::MutexLock l(&mu_);
   --in_calls_;
   step_since_ = t1;
-  if (!summed.ok()) step_error_ = summed.status();  // the task fails with it (TrainTask)
-  return summed.status();
+  lookup_version_ = stepped ? std::max(ctx_->next_step(), ssp_floor_) : 0;
+  if (!s.ok()) step_error_ = s;  // the task fails with it (TrainTask)
+  return s;
 }
 
 ScriptTrainer::~ScriptTrainer() { DropExchanges(); }
@@ -561,20 +569,11 @@ absl::Status ScriptTrainer::Step(int n, double loss, int64_t correct, bool ahead
   sparse.clear();
   if (!s.ok()) ahead_.reset();  // (the task fails: no pulls left landing)
   for (const PushResult& r : sparse_pushed) pushed.stale_partitions += r.stale_partitions;
-  const absl::Time t1 = absl::Now();
+  const absl::Duration comm = absl::Now() - t0;
   // Settled: the transport no longer reads the gradients.
   for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.f);
-  if (s.ok()) {
-    ctx_->TraceSpan("step", "step", since,
-                    absl::StrCat("\"step\": ", recorded, ", \"samples\": ", n));
-    ctx_->RecordStep(n, recorded, loss, correct, t1 - since, t1 - t0, pushed.stale_partitions > 0);
-  }
-  absl::MutexLock l(&mu_);
-  --in_calls_;
-  step_since_ = t1;
-  lookup_version_ = stepped ? std::max(ctx_->next_step(), ssp_floor_) : 0;
-  if (!s.ok()) step_error_ = s;  // the task fails with it (TrainTask)
-  return s;
+  return LeaveStep(std::move(s), n, recorded, loss, correct, since, comm,
+                   pushed.stale_partitions > 0);
 }
 
 bool ScriptTrainer::evaluating() {

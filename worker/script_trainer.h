@@ -176,6 +176,12 @@ class ScriptTrainer : public Trainer {
   void FailBegunStep(const std::string& why);
   // A step may start now: counts it in in_calls_.
   absl::Status EnterStepLocked(int n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step entered by EnterStepLocked is over with `s` (Step's and
+  // PipelineStep's): traced and recorded when OK (`comm`: its time in
+  // exchanges), else the task's error; the next step's compute starts.
+  absl::Status LeaveStep(absl::Status s, int n, uint64_t step, double loss, int64_t correct,
+                         absl::Time since, absl::Duration comm, bool stale)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A begun step (BeginStep): the script's thread's only.
   struct Begun {

@@ -537,44 +537,21 @@ class Job:
         self._values_to_device()
 
     def _grads_from_device(self):
-        """The staged parameters' gradients into the worker's memory (on
-        the side stream, after the model's work; waited for: the push reads
-        them), each then zeroed on its device for the next backward."""
+        """The staged parameters' gradients into the worker's memory (the
+        push reads them), each then zeroed on its device for the next
+        backward."""
         if not self._staged:
             return
+        _grads_to_host([(p, grad) for p, _, grad in self._staged], self._stream)
         with torch.no_grad():
-            if self._stream is not None:
-                self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
-                with torch.cuda.stream(self._stream):
-                    for p, _, grad in self._staged:
-                        if p.grad is not None:
-                            grad.copy_(p.grad, non_blocking=True)
-                self._stream.synchronize()
-            else:
-                for p, _, grad in self._staged:
-                    if p.grad is not None:
-                        grad.copy_(p.grad)
             for p, _, _ in self._staged:
                 if p.grad is not None:
                     p.grad.zero_()
 
     def _values_to_device(self):
-        """The pulled values into the staged parameters: on the side
-        stream, the model's stream waiting for it (not this thread)."""
-        if not self._staged:
-            return
-        with torch.no_grad():
-            if self._stream is not None:
-                with torch.cuda.stream(self._stream):
-                    for p, values, _ in self._staged:
-                        p.copy_(values, non_blocking=True)
-                torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
-                # The host copies are rewritten by the next pull only after
-                # the next step's push: by then this copy has long finished,
-                # and step() synchronises the stream before that push.
-            else:
-                for p, values, _ in self._staged:
-                    p.copy_(values)
+        """The pulled values into the staged parameters."""
+        if self._staged:
+            _values_to_device([(p, values) for p, values, _ in self._staged], self._stream)
 
     @property
     def evaluating(self):
@@ -611,6 +588,46 @@ class Job:
     @property
     def node_id(self):
         return self._core.node_id
+
+
+def _grads_to_host(pairs, stream):
+    """(device parameter, gradient in the worker's memory) pairs: each
+    parameter's gradient copied into the worker's memory (zeros where it
+    has none: not used by the step), on the side `stream` after the
+    model's work (None: at once), waited for (a push reads them next)."""
+    with torch.no_grad():
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(stream.device))
+            with torch.cuda.stream(stream):
+                for p, grad in pairs:
+                    if p.grad is None:
+                        grad.zero_()
+                    else:
+                        grad.view_as(p).copy_(p.grad, non_blocking=True)
+            stream.synchronize()
+        else:
+            for p, grad in pairs:
+                if p.grad is None:
+                    grad.zero_()
+                else:
+                    grad.view_as(p).copy_(p.grad)
+
+
+def _values_to_device(pairs, stream):
+    """(device parameter, its values in the worker's memory) pairs: the
+    pulled values into the parameters, on the side `stream` (None: at
+    once), the model's stream waiting for it (not this thread). The host
+    values are rewritten by the next pull only after the next step's push,
+    which _grads_to_host's synchronise precedes."""
+    with torch.no_grad():
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                for p, values in pairs:
+                    p.copy_(values.view_as(p), non_blocking=True)
+            torch.cuda.current_stream(stream.device).wait_stream(stream)
+        else:
+            for p, values in pairs:
+                p.copy_(values.view_as(p))
 
 
 def _pin(t):
@@ -805,10 +822,11 @@ class _Stage:
                     grad.zero_()
                     p.grad = grad.view_as(p)
                 return
-            for p, (values, _) in zip(self._params, self._host):  # this step's values
-                p.copy_(values.view_as(p), non_blocking=True)
+            for p in self._params:
                 if p.grad is not None:
                     p.grad.zero_()
+        _values_to_device([(p, values) for p, (values, _) in zip(self._params, self._host)],
+                          self._stream)
 
     def forward(self, m, x, out):
         inp = self._input(x)
@@ -842,24 +860,9 @@ class _Stage:
 
     def end_step(self):
         self._kept.clear()
-        if self._device is None:
-            return
-        with torch.no_grad():  # the summed gradients into the worker's memory, pushed next
-            if self._stream is not None:
-                self._stream.wait_stream(torch.cuda.current_stream(self._device))
-                with torch.cuda.stream(self._stream):
-                    for p, (_, grad) in zip(self._params, self._host):
-                        if p.grad is None:  # (not used by this step)
-                            grad.zero_()
-                        else:
-                            grad.view_as(p).copy_(p.grad, non_blocking=True)
-                self._stream.synchronize()
-            else:
-                for p, (_, grad) in zip(self._params, self._host):
-                    if p.grad is None:
-                        grad.zero_()
-                    else:
-                        grad.view_as(p).copy_(p.grad)
+        if self._device is not None:  # the summed gradients into the worker's memory
+            _grads_to_host([(p, grad) for p, (_, grad) in zip(self._params, self._host)],
+                           self._stream)
 
 
 class _Lookup(torch.autograd.Function):

@@ -174,6 +174,15 @@ def test_bad_pipelines_are_refused_naming_what_does_not_fit(cluster_factory):
             job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 2)), input_shape=(4,))
     finally:
         job.close()
+    c = script_cluster(cluster_factory, 1)
+    job = st.init(config=c.config, master=c.master, index=0)
+    try:
+        with pytest.raises(ValueError, match=r"job.pipeline\(device=cpu\): model.stages is 1 in "
+                                             r".*job.yaml; move the model itself"):
+            job.pipeline(torch.nn.Sequential(torch.nn.Linear(4, 2)), input_shape=(4,),
+                         device="cpu")
+    finally:
+        job.close()
 
 
 def test_a_stage_that_raises_fails_the_step_which_is_tried_again(cluster_factory):

@@ -25,6 +25,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/bench/lib.sh"
 BIN="$ROOT/build/bin"
 PAIRS=3
 EPOCHS=2
@@ -84,7 +85,6 @@ run() {  # config -> "samples_per_sec quality"
   echo "$(json_field "$dir/summary.json" samples_per_sec) $q"
   rm -rf "$dir"
 }
-median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
 for w in mlp ctr; do

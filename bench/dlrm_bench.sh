@@ -13,6 +13,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/bench/lib.sh"
 PAIRS=2
 EPOCHS=1
 while [[ $# -gt 0 ]]; do
@@ -32,7 +33,6 @@ sed -E -e "s/^(  epochs:) *[0-9]+/\1 $EPOCHS/" \
 train="$(sed -nE 's/^  train: (.*)$/\1/p' "$WORK/dlrm.yaml")"
 test="$(sed -nE 's/^  test: (.*)$/\1/p' "$WORK/dlrm.yaml")"
 field() { sed -nE "s/.*\"$2\": ([0-9.eE+-]+).*/\1/p" "$1" | head -1; }
-median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; $EPOCHS epoch(s)"
 ST=() AL=() R=()

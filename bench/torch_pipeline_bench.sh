@@ -21,7 +21,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="$ROOT/build/bin"
+source "$ROOT/bench/lib.sh"
 ROUNDS=3
 EPOCHS=2
 while [[ $# -gt 0 ]]; do
@@ -32,10 +32,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "torch_pipeline_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-/usr/bin/python3 -c 'import torch' 2>/dev/null ||
-  { echo "torch_pipeline_bench.sh: no python3-torch in /usr/bin/python3" >&2; exit 1; }
-[[ -f "$ROOT/build/python/strata/torch.py" ]] ||
-  { echo "torch_pipeline_bench.sh: build/python not built (scripts/build.sh)" >&2; exit 1; }
+torch_bench_needs torch_pipeline_bench.sh
 
 WORK="$(mktemp -d /tmp/strata-torch-pipeline-bench.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
@@ -53,13 +50,8 @@ printf '127.0.0.1 master pserver=2 worker=1\n' >"$WORK/hosts1"
 MICRO="$(sed -nE 's/^  micro_batches: *([0-9]+).*/\1/p' "$WORK/py2.yaml")"
 
 cluster() {  # config hosts -> samples_per_sec
-  local dir="$WORK/run-$RANDOM"
-  "$ROOT/scripts/launch.sh" run --config "$1" --hosts "$2" \
-    --run-dir "$dir" --bin-dir "$BIN" --quiet >"$WORK/launch.log" 2>&1 ||
-    { cat "$WORK/launch.log" >&2; echo "torch_pipeline_bench.sh: cluster run failed" >&2; exit 1; }
-  sed -nE 's/^ *"samples_per_sec": ([0-9.eE+-]+),?$/\1/p' "$dir/summary.json" | head -1
+  launch_samples_per_sec torch_pipeline_bench.sh "$1" "$2" "$WORK"
 }
-median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; $EPOCHS epochs;" \
   "bubble of 2 stages, $MICRO micro-batches (1F1B): $(awk -v m="$MICRO" 'BEGIN {printf "%.3f", 1 / (m + 1)}')"

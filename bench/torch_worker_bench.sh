@@ -17,7 +17,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="$ROOT/build/bin"
+source "$ROOT/bench/lib.sh"
 PAIRS=3
 EPOCHS=3
 while [[ $# -gt 0 ]]; do
@@ -28,10 +28,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "torch_worker_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-/usr/bin/python3 -c 'import torch' 2>/dev/null ||
-  { echo "torch_worker_bench.sh: no python3-torch in /usr/bin/python3" >&2; exit 1; }
-[[ -f "$ROOT/build/python/strata/torch.py" ]] ||
-  { echo "torch_worker_bench.sh: build/python not built (scripts/build.sh)" >&2; exit 1; }
+torch_bench_needs torch_worker_bench.sh
 
 WORK="$(mktemp -d /tmp/strata-torch-bench.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
@@ -42,17 +39,12 @@ sed -E -e "s/^(  epochs:) *[0-9]+/\1 $EPOCHS/" \
 sed -E '/^  command:/d' "$WORK/py.yaml" >"$WORK/cpp.yaml"
 
 cluster() {  # config -> samples_per_sec
-  local dir="$WORK/run-$RANDOM"
-  "$ROOT/scripts/launch.sh" run --config "$1" --hosts "$ROOT/conf/hosts.local" \
-    --run-dir "$dir" --bin-dir "$BIN" --quiet >"$WORK/launch.log" 2>&1 ||
-    { cat "$WORK/launch.log" >&2; echo "torch_worker_bench.sh: cluster run failed" >&2; exit 1; }
-  sed -nE 's/^ *"samples_per_sec": ([0-9.eE+-]+),?$/\1/p' "$dir/summary.json" | head -1
+  launch_samples_per_sec torch_worker_bench.sh "$1" "$ROOT/conf/hosts.local" "$WORK"
 }
 ddp_run() {
   /usr/bin/python3 "$ROOT/bench/ddp_baseline.py" --epochs "$EPOCHS" 2>/dev/null |
     sed -nE 's/.*"samples_per_sec": ([0-9.]+).*/\1/p'
 }
-median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; $EPOCHS epochs"
 PY=() CPP=() DDP=() R_DDP=() R_CPP=()

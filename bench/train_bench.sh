@@ -18,6 +18,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/bench/lib.sh"
 BIN="$ROOT/build/bin"
 PAIRS=3
 EPOCHS=5
@@ -78,7 +79,6 @@ ddp_run() {
     sed -nE 's/.*"samples_per_sec": ([0-9.]+).*/\1/p'
 }
 
-median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
 echo "A: batch 512/worker cluster vs --local at batch 1024, 2 threads ($EPOCHS epochs)"

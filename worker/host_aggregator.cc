@@ -567,9 +567,13 @@ void HostAggregator::PublishOrStop(uint64_t version,
 }
 
 absl::StatusOr<bool> HostAggregator::LeadRingOnce(const std::vector<uint32_t>& workers) {
-  // The host's version counts its steps with samples, as the pservers'
-  // versions do (its sparse rows go there at it); the ring numbers its
-  // own steps.
+  // The host's version is the ring's updates, its steps with samples at
+  // any host: the same at every host, and the pservers' version (a CTR
+  // model's sparse rows go there at it; a host whose workers all
+  // finished is out of the pservers' step set meanwhile), so that a host
+  // that idles keeps up with the job's steps (its workers evaluate at the
+  // version after the job's last, and a task it gets again pushes at the
+  // pservers' step). The ring numbers its own steps.
   DenseRing* const ring = options_.ring;
   const std::vector<std::vector<float>>& tables = *options_.ring_tables;
   const std::optional<uint64_t> at = segment_->published();
@@ -586,7 +590,7 @@ absl::StatusOr<bool> HostAggregator::LeadRingOnce(const std::vector<uint32_t>& w
     // Every worker of the host has finished: the ring's other members go
     // on meanwhile, and its workers evaluate with the ring's parameters.
     STRATA_RETURN_IF_ERROR(ring->IdleFor(absl::Milliseconds(100)));
-    PublishOrStop(*at, tables);
+    PublishOrStop(ring->updates(), tables);
     return true;
   }
   const bool sparse = !segment_->sparse().empty();
@@ -640,13 +644,19 @@ absl::Status HostAggregator::RingStep(uint64_t at, uint64_t count, RowsInFlight*
   // (What is published is applied everywhere: the rows too.)
   STRATA_RETURN_IF_ERROR(FinishRows(rows));
   if (count == 0) {
-    // A ring step with no samples of the host's: its version is kept.
-    PublishOrStop(at, tables);
+    // A ring step with no samples of the host's: the version moves on
+    // when another host's had some (its workers are between tasks, so
+    // the master has them FINISHED: out of the pservers' step set once
+    // the view reaches them).
+    PublishOrStop(ring->updates(), tables);
     if (done.samples == 0) stop_.WaitForNotificationWithTimeout(absl::Milliseconds(5));
     return absl::OkStatus();
   }
   steps_pushed_.fetch_add(1);
-  PublishOrStop(at + 1, tables);
+  LOG_IF(WARNING, ring->updates() != at + 1)
+      << "host " << options_.host << ": the ring's updates are " << ring->updates()
+      << " after the host's step of version " << at << "; published at them";
+  PublishOrStop(ring->updates(), tables);
   return absl::OkStatus();
 }
 

@@ -12,7 +12,8 @@
 # host's sum and its seat in the ring (the ring re-forms, the killed
 # member's optimizer shard from its replica), launch.sh restarts the
 # killed one, and the job ends with every data task done. Then the CTR
-# workload the same way, its sparse rows on 2 pservers, checkpointed.
+# workload on hosts of 3 workers and 1, its sparse rows on 2 pservers,
+# checkpointed.
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 [[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
@@ -120,15 +121,20 @@ echo "ok: host 127.0.0.2's aggregating worker $victim killed, worker $took took 
 # 3. The CTR workload: its dense layers through the hierarchical ring, its
 #    sparse rows merged per key on each host and pushed by the host's
 #    aggregating worker to 2 pservers; checkpoints every 100 steps hold
-#    the 16 sparse partitions and the 2 ring members' shards.
+#    the 16 sparse partitions and the 2 ring members' shards. The hosts
+#    have 3 workers and 1, and the job 5 data tasks: the last is trained
+#    by one host while every worker of the other has finished, whose
+#    version keeps up with the job's meanwhile (the ring's updates, the
+#    pservers' version), so that its workers evaluate at the job's last
+#    step without waiting.
 write_ctr_config "$work/c.yaml" e2e-hier-ctr bsp "$(pick_port_base)" "$work/data"
 # (Batches of 64: the 4 workers step 256 rows at a time.)
-sed -i "s/^  type: wide_deep\$/  type: wide_deep\n  dense_sync: allreduce/; s/^  batch_size: 256\$/  batch_size: 64/; s/^cluster:\$/cluster:\n  aggregation: node/" "$work/c.yaml"
+sed -i "s/^  type: wide_deep\$/  type: wide_deep\n  dense_sync: allreduce/; s/^  batch_size: 256\$/  batch_size: 64/; s/^cluster:\$/cluster:\n  aggregation: node/; s/^  task_records: 20000\$/  task_records: 45000/" "$work/c.yaml"
 printf 'checkpoint:\n  dir: %s\n  every_steps: 100\n  every_seconds: 0\n  keep_last: 2\n' "$work/ckpt" >> "$work/c.yaml"
 grep -q '^  dense_sync: allreduce$' "$work/c.yaml" && grep -q '^  aggregation: node$' "$work/c.yaml" &&
-  grep -q '^  batch_size: 64$' "$work/c.yaml" ||
+  grep -q '^  batch_size: 64$' "$work/c.yaml" && grep -q '^  task_records: 45000$' "$work/c.yaml" ||
   fail "config: $(cat "$work/c.yaml")"
-printf '127.0.0.1 master pserver=2 worker=2\n127.0.0.2 worker=2\n' > "$work/hosts-ctr"
+printf '127.0.0.1 master pserver=2 worker=3\n127.0.0.2 worker=1\n' > "$work/hosts-ctr"
 "$ROOT/scripts/launch.sh" run --config "$work/c.yaml" --hosts "$work/hosts-ctr" --run-dir "$work/run-c" \
   --bin-dir "$BUILD_DIR/bin" --quiet --timeout 240 > "$work/c.out" 2>&1 ||
   { tail -n 30 "$work/c.out"; for f in "$work"/run-c/logs/*.log; do echo "== $f"; tail -n 15 "$f"; done; fail "the hierarchical CTR run failed"; }
@@ -138,6 +144,9 @@ auc="$(json_field "$s" final_test_auc)"
 planted="$(json_field "$s" planted_test_auc)"
 python3 -c "import sys; sys.exit(0 if 0.6 < $auc and $planted - $auc < 0.05 else 1)" ||
   fail "test AUC $auc is not within 0.05 of the planted model's $planted"
+[[ "$(json_field "$s" tasks_total)" == 5 ]] || fail "CTR: not 5 data tasks: $(cat "$s")"
+! grep -h "not those after the job's last step" "$work"/run-c/logs/worker-*.log ||
+  fail "CTR: a host's version fell behind the job's while its workers had finished"
 # (A host's aggregating worker is its lowest: when it runs out of data
 # tasks it stays the host's member of the ring, and pushes the host's
 # sparse rows still.)

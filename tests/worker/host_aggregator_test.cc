@@ -293,6 +293,128 @@ TEST(HostAggregatorTest, ARingMemberThatCannotFormARingEndsItsWorker) {
   started->transport->Shutdown();
 }
 
+// Hierarchical allreduce: host b's workers have all finished (its member
+// is FINISHED) while host a trains. Host b's member steps the ring with no
+// samples, and its version follows the ring's updates, which are host a's
+// steps: the job's version, which b's workers evaluate at (the master's
+// min_version) and a task b gets again pushes at. (It kept its own count
+// once: b's evaluator waited the request timeout for a version that never
+// came, and a task it got again pushed at that old version.)
+TEST(HostAggregatorTest, AHostWhoseWorkersAllFinishedKeepsUpWithTheJobsVersion) {
+  transport::TransportOptions to;
+  to.kind = "tcp";
+  DenseSync::Options o;
+  o.optimizer.type = "sgd";
+  o.timeout = absl::Seconds(10);
+  std::vector<ListeningSync> syncs;
+  for (uint32_t id : {1u, 2u}) {
+    o.node_id = id;
+    auto started = StartListeningSync(to, o, {4});
+    ASSERT_THAT(started, IsOk());
+    syncs.push_back(*std::move(started));
+  }
+  proto::ClusterView view;
+  view.set_epoch(3);
+  view.set_aggregation_key(9);
+  for (const auto& [id, host, state] :
+       {std::tuple(1u, "a", proto::ALIVE), std::tuple(2u, "b", proto::FINISHED)}) {
+    proto::NodeInfo* n = view.add_members();
+    n->set_id(id);
+    n->set_role(proto::WORKER);
+    n->set_state(state);
+    n->set_host(host);
+    n->set_data_address(syncs[id - 1].address);
+  }
+  struct Host {
+    std::unique_ptr<ParamClient> params;
+    std::vector<std::vector<float>> tables;
+    std::unique_ptr<DenseRing> ring;
+    std::unique_ptr<HostAggregator> agg;
+    std::unique_ptr<HostSegment> worker;  // a worker's mapping of the segment
+  };
+  std::vector<Host> hosts(2);
+  for (uint32_t h = 0; h < 2; ++h) {
+    Host& host = hosts[h];
+    const std::string name = UniqueName(h == 0 ? "keep-a" : "keep-b");
+    host.params = std::make_unique<ParamClient>(
+        syncs[h].transport.get(), h + 1,
+        [view]() -> absl::StatusOr<proto::ClusterView> { return view; }, absl::Seconds(5));
+    host.params->SetView(view);
+    host.tables = {std::vector<float>(4, 0.5f)};
+    DenseRing::Hooks hooks;
+    hooks.fetch_view = [view]() -> absl::StatusOr<proto::ClusterView> { return view; };
+    hooks.epoch_seen = [] { return uint64_t{3}; };
+    hooks.stopping = [] { return false; };
+    host.ring = std::make_unique<DenseRing>(syncs[h].sync.get(), h + 1, &host.tables,
+                                            std::vector<size_t>{0}, std::move(hooks),
+                                            absl::Seconds(10), /*by_host=*/true);
+    auto segment = HostSegment::Open(name, {4}, 4);
+    ASSERT_THAT(segment, IsOk());
+    auto worker = HostSegment::Open(name, {4}, 4);
+    ASSERT_THAT(worker, IsOk());
+    host.worker = *std::move(worker);
+    host.agg = std::make_unique<HostAggregator>(
+        *std::move(segment), host.params.get(),
+        HostAggregator::Options{h + 1, h == 0 ? "a" : "b", absl::Seconds(10), host.ring.get(),
+                                &host.tables},
+        std::vector<size_t>{4});
+  }
+  for (Host& host : hosts) host.agg->Start();
+  // Host a's one worker (node 1) trains 3 steps: each at the version its
+  // host published, with a gradient of 1 sample.
+  std::vector<std::vector<float>> read;
+  for (uint64_t step = 0; step < 3; ++step) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!hosts[0].worker->ReadParams(step, &read).has_value() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_THAT(hosts[0].worker->published(), Optional(step));
+    ASSERT_THAT(hosts[0].worker->Post(1, step, 1, {{1.f, 2.f, 3.f, 4.f}}), IsOk());
+  }
+  // Its task is done once version 3 is published; then it has no task:
+  // it posts no samples to each version, as a worker told to wait does,
+  // so that the ring steps on.
+  std::vector<std::vector<float>> at_a, at_b;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!hosts[0].worker->ReadParams(3, &at_a).has_value() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  while (!hosts[1].worker->ReadParams(3, &at_b).has_value() && absl::Now() < deadline) {
+    hosts[0].agg->IdleFor(absl::Milliseconds(20), {std::vector<float>(4, 0.f)},
+                          [] { return false; });
+  }
+  EXPECT_THAT(hosts[0].worker->published(), Optional(3u));
+  EXPECT_THAT(hosts[1].worker->published(), Optional(3u));
+  EXPECT_EQ(hosts[1].ring->updates(), 3u);
+  EXPECT_EQ(at_a, at_b);
+  EXPECT_NE(at_a, std::vector<std::vector<float>>{std::vector<float>(4, 0.5f)});
+  // Host b's worker gets a task again (a dead worker's, returned): it is
+  // ALIVE, and its step is at the job's version (the pservers', where a
+  // CTR model's rows go), while host a's worker waits.
+  view.set_epoch(4);
+  view.mutable_members(1)->set_state(proto::ALIVE);
+  for (Host& host : hosts) host.params->SetView(view);
+  const std::optional<uint64_t> b_at = hosts[1].worker->published();
+  ASSERT_THAT(b_at, Optional(3u));
+  ASSERT_THAT(hosts[1].worker->Post(2, *b_at, 1, {{1.f, 1.f, 1.f, 1.f}}), IsOk());
+  while (!hosts[1].worker->ReadParams(4, &at_b).has_value() && absl::Now() < deadline) {
+    hosts[0].agg->IdleFor(absl::Milliseconds(20), {std::vector<float>(4, 0.f)},
+                          [] { return false; });
+  }
+  while (!hosts[0].worker->ReadParams(4, &at_a).has_value() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_THAT(hosts[0].worker->published(), Optional(4u));
+  EXPECT_THAT(hosts[1].worker->published(), Optional(4u));
+  EXPECT_EQ(hosts[0].ring->updates(), 4u);
+  EXPECT_EQ(at_a, at_b);
+  for (uint32_t h = 0; h < 2; ++h) {
+    syncs[h].sync->Abort(absl::CancelledError("the test is over"));
+    hosts[h].agg->Stop();
+  }
+  for (ListeningSync& s : syncs) s.transport->Shutdown();
+}
+
 TEST(HostAggregatorTest, TheEvaluatorPostsNothingToTheStepsItWaitsFor) {
   // The host's member sums version 5 once both workers posted it; the
   // worker that evaluates waits for version 6 (after the job's last

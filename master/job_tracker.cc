@@ -149,6 +149,16 @@ std::vector<std::string> JobTracker::EventsFrom(size_t from) const {
   return std::vector<std::string>(events_.begin() + static_cast<ptrdiff_t>(from), events_.end());
 }
 
+void JobTracker::DeclineEvaluation(uint32_t node) {
+  absl::MutexLock l(&mu_);
+  if (!declined_.insert(node).second) return;
+  LOG(WARNING) << "node " << node
+               << " cannot evaluate the trained model (it holds no dense allreduce ring's "
+                  "parameters)"
+               << (evaluator_ == node ? "; the next worker that asks evaluates it" : "");
+  if (evaluator_ == node) evaluator_ = 0;
+}
+
 uint32_t JobTracker::evaluator() const {
   absl::MutexLock l(&mu_);
   return evaluator_;
@@ -171,7 +181,13 @@ uint32_t JobTracker::evaluating() const {
 std::optional<uint64_t> JobTracker::ClaimEvaluation(uint32_t node, bool evaluator_in_job) {
   absl::MutexLock l(&mu_);
   if (state_ != proto::JOB_EVALUATING || !ReadyToEvaluateLocked()) return std::nullopt;
-  if (evaluator_ == 0 || !evaluator_in_job) evaluator_ = node;  // none yet, or it left
+  if (declined_.count(node) > 0) return std::nullopt;
+  if (evaluator_ == 0 || !evaluator_in_job) {  // none yet, or it left
+    LOG(INFO) << "node " << node << " evaluates the trained model"
+              << (evaluator_ == 0 ? std::string()
+                                  : absl::StrCat(" (node ", evaluator_, ", chosen before, left)"));
+    evaluator_ = node;
+  }
   if (evaluator_ != node) return std::nullopt;
   return options_.consistency == Consistency::kBsp ? max_last_step_ + 1 : 0;
 }

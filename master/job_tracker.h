@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,10 @@ class JobTracker {
   // pull (bsp: past the newest step trained; asp: 0) when `node` is it.
   std::optional<uint64_t> ClaimEvaluation(uint32_t node, bool evaluator_in_job)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Worker `node` cannot evaluate (it holds no dense allreduce ring's
+  // parameters, LeaseTaskRequest.cannot_evaluate): it is no longer the
+  // evaluator, and ClaimEvaluation never makes it one again.
+  void DeclineEvaluation(uint32_t node) ABSL_LOCKS_EXCLUDED(mu_);
   // The evaluator (0: none chosen yet).
   uint32_t evaluator() const ABSL_LOCKS_EXCLUDED(mu_);
   // The evaluator `node` holds the trained model's parameters and
@@ -195,7 +200,8 @@ class JobTracker {
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
   absl::Time train_end_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint32_t evaluator_ ABSL_GUARDED_BY(mu_) = 0;
-  uint32_t evaluating_ ABSL_GUARDED_BY(mu_) = 0;  // EvaluationStarted
+  uint32_t evaluating_ ABSL_GUARDED_BY(mu_) = 0;      // EvaluationStarted
+  std::set<uint32_t> declined_ ABSL_GUARDED_BY(mu_);  // DeclineEvaluation
   uint64_t max_last_step_ ABSL_GUARDED_BY(mu_) = 0;
   bool has_accuracy_ ABSL_GUARDED_BY(mu_) = false;
   double test_accuracy_ ABSL_GUARDED_BY(mu_) = 0;

@@ -147,7 +147,8 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   UpdateJobStateLocked();
   // The evaluation waits for the ledger (a moment: LeaseTask reads it),
   // unless the pservers do not answer for it within 10 s.
-  if (!checkpoints_->final_pending()) {
+  if (req.cannot_evaluate()) job_.DeclineEvaluation(n.id());
+  if (!checkpoints_->final_pending() && !req.cannot_evaluate()) {
     if (auto min_version = job_.ClaimEvaluation(n.id(), nodes_.InJob(job_.evaluator()))) {
       Response resp = LeaseAnswer(Response::EVALUATE);
       resp.set_min_version(*min_version);

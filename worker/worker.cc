@@ -39,6 +39,7 @@ class Worker::MasterTaskSource : public TaskSource {
       req.set_next_step(w_->next_step_);
     }
     w_->lease_had_next_step_ = req.has_next_step();
+    req.set_cannot_evaluate(w_->cannot_evaluate_);
     proto::LeaseTaskResponse resp;
     STRATA_RETURN_IF_ERROR(w_->CallMaster(
         [&](grpc::ClientContext* ctx) { return w_->master()->LeaseTask(ctx, req, &resp); }));
@@ -620,7 +621,22 @@ absl::Status Worker::RunLoop() {
                                                         [this] { return stop_.HasBeenNotified(); })
                                      .status());
         } else if (dense_ring_ != nullptr) {
-          STRATA_RETURN_IF_ERROR(dense_ring_->Join());
+          absl::Status joined = dense_ring_->Join();
+          // (Training ended meanwhile, the ring's forming cut short: whether
+          // this worker holds the ring's last parameters.)
+          if (!joined.ok() && dense_ring_->over()) joined = dense_ring_->Join();
+          if (!joined.ok() && dense_ring_->over()) {
+            // No ring forms again to bring them (it joined after training
+            // ended, a restart, or its ring failed): another worker
+            // evaluates, one that holds them.
+            LOG(WARNING) << "worker " << options_.index
+                         << " cannot evaluate the trained model; the master gives the "
+                            "evaluation to another worker: "
+                         << joined.message();
+            cannot_evaluate_ = true;
+            break;
+          }
+          STRATA_RETURN_IF_ERROR(joined);
         }
         if (dense_sync_ != nullptr) {
           // This worker has the trained model: the others' idle steps,

@@ -319,6 +319,9 @@ class Worker : private TrainerContext {
   // first step goes to the master with the next progress report, sent at
   // once. Training thread only.
   bool lease_had_next_step_ = false;
+  // Told to evaluate, this worker found it holds no dense allreduce ring's
+  // parameters (LeaseTaskRequest.cannot_evaluate). Training thread only.
+  bool cannot_evaluate_ = false;
   std::optional<uint64_t> task_start_unknown_;
   std::optional<std::pair<uint64_t, uint64_t>> task_start_;  // (task, first step)
   // The exchanges a pipelined step leaves in flight (trainer.h), settled

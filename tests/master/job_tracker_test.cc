@@ -226,6 +226,25 @@ TEST_F(JobTrackerTest, ClaimEvaluationPicksOneEvaluatorAndReplacesOneThatLeft) {
   EXPECT_EQ(asp->ClaimEvaluation(1, false), std::optional<uint64_t>(0));
 }
 
+// A worker that cannot evaluate (it holds no dense allreduce ring's
+// parameters: a restart after training ended) gives the evaluation back,
+// and is never chosen again; the next worker that asks is.
+TEST_F(JobTrackerTest, AWorkerThatCannotEvaluateGivesTheEvaluationToTheNext) {
+  auto job = Make();
+  job->Start(1);
+  job->TaskCompleted(41);
+  job->TrainingDone(4);
+  job->SetLedger({});
+  EXPECT_EQ(job->ClaimEvaluation(5, /*evaluator_in_job=*/false), std::optional<uint64_t>(42));
+  job->DeclineEvaluation(5);
+  EXPECT_EQ(job->evaluator(), 0u);
+  EXPECT_FALSE(job->ClaimEvaluation(5, /*evaluator_in_job=*/false).has_value());
+  EXPECT_EQ(job->ClaimEvaluation(3, /*evaluator_in_job=*/false), std::optional<uint64_t>(42));
+  job->DeclineEvaluation(6);  // (not the evaluator: it stays)
+  EXPECT_EQ(job->evaluator(), 3u);
+  EXPECT_FALSE(job->ClaimEvaluation(6, /*evaluator_in_job=*/false).has_value());
+}
+
 TEST_F(JobTrackerTest, PhaseSaysWhatTheJobWaitsForOrDoes) {
   proto::JobStatus js;
   js.set_job_state(proto::JOB_WAITING);

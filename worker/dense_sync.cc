@@ -92,6 +92,28 @@ void DenseSync::Abort(const absl::Status& why) {
   if (ring != nullptr) ring->Abort(why);
 }
 
+void DenseSync::AbortIfLeft(uint64_t epoch, const std::vector<uint32_t>& members) {
+  std::shared_ptr<transport::RingAllreduce> ring;
+  uint32_t gone = 0;
+  uint64_t current = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (ring_ == nullptr || epoch <= ring_epoch_) return;
+    for (uint32_t id : ring_nodes_) {
+      if (std::find(members.begin(), members.end(), id) == members.end()) {
+        gone = id;
+        break;
+      }
+    }
+    if (gone == 0) return;
+    ring = ring_;
+    current = ring_epoch_;
+  }
+  ring->Abort(absl::UnavailableError(absl::StrCat("dense allreduce member ", options_.node_id,
+                                                  ": node ", gone, " of the ring of epoch ",
+                                                  current, " is not in the ring of view ", epoch)));
+}
+
 void DenseSync::Handle(transport::Message request,
                        std::shared_ptr<transport::Responder> responder) {
   const uint64_t epoch = request.header.version >> 32;
@@ -245,6 +267,8 @@ absl::StatusOr<std::shared_ptr<transport::RingAllreduce>> DenseSync::StartRing(
     if (over_.load()) return absl::CancelledError("dense allreduce: the job is over");
     ring_ = ring;
     ring_epoch_ = epoch;
+    ring_nodes_.clear();
+    for (const Member& m : members) ring_nodes_.push_back(m.node_id);
     for (auto it = early_.begin(); it != early_.end() && it->first <= epoch;) {
       for (auto& m : it->second) {
         early_bytes_ -= m.first.payload.size();

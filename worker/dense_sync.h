@@ -122,6 +122,13 @@ class DenseSync {
   // not at the timeout. No ring is formed after it (Form is Cancelled).
   void Abort(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   bool over() const { return over_.load(); }
+  // Any thread (the heartbeat's, on a new view): the current ring's call
+  // in progress, and its later ones, fail (Unavailable) when `members`
+  // (the ring of view `epoch`, newer than the ring's) leaves out a member
+  // of it: a member that died without breaking a connection this member
+  // waits on (the one it receives from, in a ring of 2) ends the wait
+  // now, not at the timeout. The next ring forms as usual.
+  void AbortIfLeft(uint64_t epoch, const std::vector<uint32_t>& members) ABSL_LOCKS_EXCLUDED(mu_);
 
   // What Form agreed.
   struct Formed {
@@ -346,6 +353,7 @@ class DenseSync {
   mutable absl::Mutex mu_;
   std::shared_ptr<transport::RingAllreduce> ring_ ABSL_GUARDED_BY(mu_);
   uint64_t ring_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> ring_nodes_ ABSL_GUARDED_BY(mu_);  // its members' node ids
   // Requests for a ring not formed yet, by epoch (answered once it is).
   std::map<uint64_t,
            std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>>>

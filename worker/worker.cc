@@ -382,7 +382,18 @@ void Worker::HeartbeatLoop() {
     if (resp.epoch() != params_->epoch()) {
       // One try: this thread must go on heartbeating.
       proto::ClusterView view;
-      if (agent_->FetchView(interval, &view).ok()) params_->SetView(view);
+      if (agent_->FetchView(interval, &view).ok()) {
+        params_->SetView(view);
+        if (dense_sync_ != nullptr) {
+          // A ring member gone (dead, drained): this worker's wait in its
+          // step ends now.
+          std::vector<uint32_t> ring;
+          for (const DenseSync::Member& m : DenseRing::MembersOf(view, hierarchical())) {
+            ring.push_back(m.node_id);
+          }
+          dense_sync_->AbortIfLeft(view.epoch(), ring);
+        }
+      }
     }
   }
 }

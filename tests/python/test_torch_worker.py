@@ -206,6 +206,66 @@ def test_allreduce_idle_workers_outlast_a_long_evaluation(cluster_factory, tmp_p
     assert "formed no ring" not in idle, idle
 
 
+FAILING_BACKWARD = """
+import os
+import runpy
+import sys
+import torch
+sys.path.insert(0, %r)
+import strata.torch
+
+
+class Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("a backward pass that fails, for the test")
+
+
+if os.environ["STRATA_INDEX"] == "0":
+    steps = [0]
+    backward = strata.torch.Job.backward
+
+    def failing(self, loss, batch_size):
+        steps[0] += 1
+        return backward(self, Boom.apply(loss) if steps[0] == 11 else loss, batch_size)
+
+    strata.torch.Job.backward = failing
+runpy.run_path(%r, run_name="__main__")
+"""
+
+
+def test_a_ring_of_2_whose_other_member_dies_mid_step_goes_on_at_once(cluster_factory, tmp_path):
+    """A ring of 2 PyTorch workers: worker 0's backward pass raises in its
+    11th step, after the ring's step began. It abandons the step, its task
+    fails and its script ends. Worker 1 waits in that step for worker 0's
+    part, on no connection that breaks (it sends nothing then): its wait
+    ends once the view leaves worker 0 out (DenseSync::AbortIfLeft, from
+    the heartbeat's view), not at the ring's timeout (a minute here), and
+    it trains the job alone, worker 0's task too."""
+    script = tmp_path / "failing_backward.py"
+    script.write_text(FAILING_BACKWARD % (os.path.dirname(EXAMPLE), EXAMPLE))
+    c = cluster_factory(workers=2, steps_records=3200, model=ALLREDUCE)
+    ws = [c.worker(i, [sys.executable, str(script)]) for i in range(2)]
+    summary = c.wait_summary(timeout=120)
+    codes = [w.wait(timeout=30) for w in ws]
+    logs = []
+    for i in range(2):
+        with open(os.path.join(c.dir, "worker-%d.log" % i)) as f:
+            logs.append(f.read())
+    assert summary["state"] == "succeeded", (summary, logs)
+    assert codes[0] != 0 and "a backward pass that fails, for the test" in logs[0], logs[0][-3000:]
+    assert codes[1] == 0, logs[1][-3000:]
+    assert re.search(r"dense allreduce: step 10 failed: UNAVAILABLE", logs[1]), logs[1][-3000:]
+    assert "DEADLINE_EXCEEDED" not in logs[1], logs[1][-3000:]
+    assert re.search(r"dense allreduce: ring of view \d+: nodes \d+, this one rank 0", logs[1]), \
+        logs[1][-3000:]
+    assert summary["final_test_accuracy"] > 0.5, summary
+
+
 def test_init_outside_a_cluster_says_how_to_launch(monkeypatch):
     for k in ("STRATA_CONFIG", "STRATA_MASTER", "STRATA_INDEX"):
         monkeypatch.delenv(k, raising=False)

@@ -833,6 +833,39 @@ TEST(DenseSyncTest, AbortEndsAFormInProgressAndNoRingFormsAfter) {
               StatusIs(absl::StatusCode::kCancelled, HasSubstr("over")));
 }
 
+// A member waits in a step for a member that died without breaking a
+// connection it waits on (the one it receives from, in a ring of 2): a
+// newer view that leaves that member out ends the wait (AbortIfLeft, from
+// the worker's heartbeat thread), not the ring's timeout. A view of the
+// same ring, or a newer one with every member, leaves the step alone.
+TEST(DenseSyncTest, AViewWithoutAMemberEndsAStepWaitingOnIt) {
+  Cluster c("inproc", absl::Seconds(30));
+  Member* a = c.Add(1);
+  Member* b = c.Add(2);
+  for (const auto& f : c.Form(1, {a, b})) ASSERT_THAT(f, IsOk());
+  std::atomic<bool> done{false};
+  absl::StatusOr<DenseSync::StepResult> r = absl::UnknownError("not run");
+  std::thread stepper([&] {
+    std::vector<std::vector<float>> g = Cluster::Grads(1, 0);
+    std::vector<const float*> gp;
+    for (auto& t : g) gp.push_back(t.data());
+    r = a->sync->Step(0, gp, Cluster::Samples(1, 0) + 1, 0, a->param_ptrs());
+    done = true;
+  });
+  a->sync->AbortIfLeft(1, {1});     // (the ring's own view)
+  a->sync->AbortIfLeft(2, {1, 2});  // (every member still in it)
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(done.load());
+  a->sync->AbortIfLeft(2, {1});
+  stepper.join();
+  EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                   HasSubstr("node 2 of the ring of epoch 1 is not in the ring "
+                                             "of view 2")));
+  EXPECT_FALSE(a->sync->over());  // (the next ring forms as usual)
+  Member* solo = a;
+  for (const auto& f : c.Form(2, {solo})) EXPECT_THAT(f, IsOk());
+}
+
 TEST(DenseSyncTest, BadCallsAreRefused) {
   Cluster c;
   Member* a = c.Add(1);

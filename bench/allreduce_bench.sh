@@ -11,7 +11,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="build"
-ranks=4; sizes="4K,64K,256K,1M,4M,16M,64M"; pairs=3; iters=20; chunk=256; max_chunks=4
+ranks=4; sizes="4K,64K,256K,1M,4M,16M,64M"; pairs=3; iters=20; chunk=256; max_chunks=8
 if [[ $# -gt 0 && $1 != --* ]]; then BUILD="$1"; shift; fi
 while [[ $# -gt 0 ]]; do
   case "$1" in

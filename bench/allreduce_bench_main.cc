@@ -33,7 +33,7 @@ DEFINE_int32(iters, 20, "timed allreduces per size");
 DEFINE_int32(warmup, 3, "untimed allreduces per size first");
 DEFINE_int32(port_base, 0, "rank r listens on port_base + r (0: a free range from the pid)");
 DEFINE_int32(chunk_kib, 256, "the ring's least chunk (RingAllreduce::Options::chunk_bytes), KiB");
-DEFINE_int32(max_chunks, 4,
+DEFINE_int32(max_chunks, 8,
              "the most chunks of a segment (RingAllreduce::Options::max_chunks; 0: no bound)");
 
 namespace strata {

@@ -52,7 +52,7 @@ class RingAllreduce {
     // The pipelining grain: the least bytes of one message (a multiple of
     // 4, >= 4), and the most chunks of a segment (0: no bound).
     size_t chunk_bytes = 256 << 10;
-    uint32_t max_chunks = 4;
+    uint32_t max_chunks = 8;
     // Each wait for the previous rank's next chunk, and for the next
     // rank's acknowledgements at the end.
     absl::Duration timeout = absl::Seconds(60);

@@ -126,13 +126,18 @@ absl::StatusOr<RingState> ReadRingState(FileSystem* fs, const std::string& root,
 
 absl::StatusOr<RingState> ReadNewestRingState(FileSystem* fs, const std::string& root,
                                               uint64_t floats, const std::string& job,
-                                              const std::string& optimizer, uint64_t* seq) {
+                                              const std::string& optimizer, uint64_t* seq,
+                                              const RingState* cached, uint64_t cached_seq) {
   STRATA_ASSIGN_OR_RETURN(const std::vector<CheckpointEntry> all, ListCheckpoints(fs, root));
   absl::Status newest_failed;  // (a newer one's shards that did not read back)
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (!it->complete) continue;
     absl::StatusOr<proto::CheckpointManifest> m = ReadManifest(fs, it->dir);
     if (!m.ok() || m->ring_shards_size() == 0) continue;
+    if (cached != nullptr && m->seq() == cached_seq) {
+      *seq = cached_seq;
+      return *cached;
+    }
     const std::vector<proto::CheckpointRingShard> shards(m->ring_shards().begin(),
                                                          m->ring_shards().end());
     absl::StatusOr<RingState> state = ReadRingState(fs, root, shards, floats, job, optimizer);

@@ -60,10 +60,17 @@ absl::StatusOr<RingState> ReadRingState(FileSystem* fs, const std::string& root,
 // Manifests that cannot be read, of no ring shards, or whose shards do
 // not read back are passed over for an older one; NotFound when none has
 // ring shards, else the newest one's error. (A shard's optimizer state lost with its
-// owner and its replica comes from it: worker/dense_sync.h.)
+// owner and its replica comes from it: worker/dense_sync.h.) `cached`
+// (optional): a state read before, of checkpoint `cached_seq` (as the
+// caller kept it: its values may be dropped); when that is still the one
+// to read, a copy of it is returned without reading (a ring's forming
+// that timed out while reading tries again, and must not read it all
+// again).
 absl::StatusOr<RingState> ReadNewestRingState(FileSystem* fs, const std::string& root,
                                               uint64_t floats, const std::string& job,
-                                              const std::string& optimizer, uint64_t* seq);
+                                              const std::string& optimizer, uint64_t* seq,
+                                              const RingState* cached = nullptr,
+                                              uint64_t cached_seq = 0);
 
 }  // namespace strata::storage
 

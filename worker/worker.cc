@@ -802,12 +802,21 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
     // A segment whose owner and replica left together: its state from the
     // newest checkpoint with the ring's shards (read only then).
     const size_t total = std::accumulate(sizes.begin(), sizes.end(), size_t{0});
-    o.checkpoint_state = [this, total]() -> absl::StatusOr<DenseSync::CheckpointState> {
+    // (The last one read is kept: a forming that timed out while this
+    // member read tries again, and takes it from here. One thread forms
+    // at a time: the training thread, or the host aggregator's.)
+    auto last = std::make_shared<std::pair<uint64_t, storage::RingState>>();
+    o.checkpoint_state = [this, total, last]() -> absl::StatusOr<DenseSync::CheckpointState> {
       uint64_t seq = 0;
       STRATA_ASSIGN_OR_RETURN(storage::RingState state,
                               storage::ReadNewestRingState(
                                   options_.fs, options_.config.checkpoint.dir, total,
-                                  options_.config.job.name, options_.config.optimizer.type, &seq));
+                                  options_.config.job.name, options_.config.optimizer.type, &seq,
+                                  last->first != 0 ? &last->second : nullptr, last->first));
+      if (seq != last->first) {
+        *last = {seq, state};
+        last->second.values = {};  // (only the state is taken)
+      }
       return DenseSync::CheckpointState{seq, state.step, std::move(state.state)};
     };
   }

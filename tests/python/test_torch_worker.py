@@ -165,6 +165,19 @@ def test_allreduce_python_workers_step_the_ring_as_cpp_workers(cluster_factory, 
     assert verify.returncode == 0 and "2 ring shards" in verify.stdout, verify
 
 
+def run_scripts(cluster, script, timeout):
+    """Runs `script` as each of the cluster's 2 workers to the job's end:
+    the summary, the workers' exit codes and their logs."""
+    ws = [cluster.worker(i, [sys.executable, str(script)]) for i in range(2)]
+    summary = cluster.wait_summary(timeout=timeout)
+    codes = [w.wait(timeout=30) for w in ws]
+    logs = []
+    for i in range(2):
+        with open(os.path.join(cluster.dir, "worker-%d.log" % i)) as f:
+            logs.append(f.read())
+    return summary, codes, logs
+
+
 SLOW_EVALUATION = """
 import sys, time
 sys.path.insert(0, %r)
@@ -190,13 +203,7 @@ def test_allreduce_idle_workers_outlast_a_long_evaluation(cluster_factory, tmp_p
     script.write_text(SLOW_EVALUATION % (os.path.dirname(EXAMPLE), 30))
     c = cluster_factory(workers=2, steps_records=3200, model=ALLREDUCE,
                         cluster_extra="  request_timeout_ms: 2000\n")
-    ws = [c.worker(i, [sys.executable, str(script)]) for i in range(2)]
-    summary = c.wait_summary(timeout=150)
-    codes = [w.wait(timeout=30) for w in ws]
-    logs = []
-    for i in range(2):
-        with open(os.path.join(c.dir, "worker-%d.log" % i)) as f:
-            logs.append(f.read())
+    summary, codes, logs = run_scripts(c, script, timeout=150)
     assert summary["state"] == "succeeded", summary
     assert codes == [0, 0], logs
     evaluators = [i for i in range(2) if "test accuracy" in logs[i]]
@@ -249,13 +256,7 @@ def test_a_ring_of_2_whose_other_member_dies_mid_step_goes_on_at_once(cluster_fa
     script = tmp_path / "failing_backward.py"
     script.write_text(FAILING_BACKWARD % (os.path.dirname(EXAMPLE), EXAMPLE))
     c = cluster_factory(workers=2, steps_records=3200, model=ALLREDUCE)
-    ws = [c.worker(i, [sys.executable, str(script)]) for i in range(2)]
-    summary = c.wait_summary(timeout=120)
-    codes = [w.wait(timeout=30) for w in ws]
-    logs = []
-    for i in range(2):
-        with open(os.path.join(c.dir, "worker-%d.log" % i)) as f:
-            logs.append(f.read())
+    summary, codes, logs = run_scripts(c, script, timeout=120)
     assert summary["state"] == "succeeded", (summary, logs)
     assert codes[0] != 0 and "a backward pass that fails, for the test" in logs[0], logs[0][-3000:]
     assert codes[1] == 0, logs[1][-3000:]

@@ -830,17 +830,21 @@ void CheckpointCoordinator::SetRingRestoreLocked(const std::string& root,
   ring_restore_->set_updates(m.ring_updates());
 }
 
+std::string CheckpointCoordinator::TrainedModel() const {
+  absl::MutexLock l(&mu_);
+  if (!last_manifest_.has_value()) {
+    return "no checkpoint holds the trained model (checkpoint.on_finish)";
+  }
+  return last_manifest_->reason() == "final"
+             ? absl::StrCat("checkpoint ", last_manifest_->seq(), " holds the trained model")
+             : absl::StrCat("the last checkpoint is ", last_manifest_->seq(), " (",
+                            last_manifest_->reason(), ")");
+}
+
 absl::Status CheckpointCoordinator::NoRingWhileEvaluating() const {
   // (The members leave their ring's steps, where their shards are cut: no
   // whole set would come before the timeout.)
-  absl::MutexLock l(&mu_);
-  std::string model = "no checkpoint holds the trained model (checkpoint.on_finish)";
-  if (last_manifest_.has_value()) {
-    model = last_manifest_->reason() == "final"
-                ? absl::StrCat("checkpoint ", last_manifest_->seq(), " holds the trained model")
-                : absl::StrCat("the last checkpoint is ", last_manifest_->seq(), " (",
-                               last_manifest_->reason(), ")");
-  }
+  const std::string model = TrainedModel();
   return WithReason(absl::FailedPreconditionError(absl::StrCat(
                         "no checkpoint: training is over and the workers' ring of the allreduce "
                         "tables steps no more while the model is evaluated; ",

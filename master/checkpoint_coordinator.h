@@ -147,6 +147,9 @@ class CheckpointCoordinator {
   void TrainingDone() ABSL_LOCKS_EXCLUDED(mu_, inflight_mu_);
   // The final checkpoint is due or being written.
   bool final_pending() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Which checkpoint holds the trained model, in words: the final one's
+  // seq, the last one's and why it was taken, or none.
+  std::string TrainedModel() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pservers are writing a checkpoint now (calls to them in flight).
   bool writing() const ABSL_LOCKS_EXCLUDED(inflight_mu_) {
     absl::MutexLock l(&inflight_mu_);

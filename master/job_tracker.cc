@@ -159,6 +159,14 @@ void JobTracker::DeclineEvaluation(uint32_t node) {
   if (evaluator_ == node) evaluator_ = 0;
 }
 
+bool JobTracker::AllDeclined(const std::vector<uint32_t>& workers) const {
+  absl::MutexLock l(&mu_);
+  for (uint32_t w : workers) {
+    if (declined_.count(w) == 0) return false;
+  }
+  return !workers.empty();
+}
+
 uint32_t JobTracker::evaluator() const {
   absl::MutexLock l(&mu_);
   return evaluator_;

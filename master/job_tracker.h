@@ -118,6 +118,9 @@ class JobTracker {
   // parameters, LeaseTaskRequest.cannot_evaluate): it is no longer the
   // evaluator, and ClaimEvaluation never makes it one again.
   void DeclineEvaluation(uint32_t node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every one of `workers` (those in the job) has declined: nobody can
+  // evaluate the trained model.
+  bool AllDeclined(const std::vector<uint32_t>& workers) const ABSL_LOCKS_EXCLUDED(mu_);
   // The evaluator (0: none chosen yet).
   uint32_t evaluator() const ABSL_LOCKS_EXCLUDED(mu_);
   // The evaluator `node` holds the trained model's parameters and

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/aggregation.h"
@@ -147,7 +148,29 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   UpdateJobStateLocked();
   // The evaluation waits for the ledger (a moment: LeaseTask reads it),
   // unless the pservers do not answer for it within 10 s.
-  if (req.cannot_evaluate()) job_.DeclineEvaluation(n.id());
+  if (req.cannot_evaluate()) {
+    job_.DeclineEvaluation(n.id());
+    std::vector<uint32_t> in_job;
+    const proto::ClusterView view = nodes_.View();
+    for (const proto::NodeInfo& m : view.members()) {
+      if (m.role() == proto::WORKER && nodes_.InJob(m.id())) in_job.push_back(m.id());
+    }
+    if (job_.state() == proto::JOB_EVALUATING && job_.AllDeclined(in_job)) {
+      // (Each joined after training ended, or its ring failed: no ring
+      // forms again to bring them the model.)
+      const std::string model = checkpoints_->TrainedModel();
+      FinishJobLocked(
+          proto::JOB_FAILED,
+          absl::StrCat("no worker in the job holds the trained model's dense allreduce tables to "
+                       "evaluate it (each joined after training ended, or its ring failed); ",
+                       model,
+                       absl::StartsWith(model, "checkpoint ")
+                           ? " (resume from it to evaluate: launch.sh run --resume latest)"
+                           : ": the trained allreduce tables are lost"));
+      *ticket = PersistLocked();
+      return LeaseAnswer(Response::DONE);
+    }
+  }
   if (!checkpoints_->final_pending() && !req.cannot_evaluate()) {
     if (auto min_version = job_.ClaimEvaluation(n.id(), nodes_.InJob(job_.evaluator()))) {
       Response resp = LeaseAnswer(Response::EVALUATE);

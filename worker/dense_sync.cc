@@ -92,26 +92,38 @@ void DenseSync::Abort(const absl::Status& why) {
   if (ring != nullptr) ring->Abort(why);
 }
 
+uint32_t DenseSync::GoneLocked() const {
+  if (ring_ == nullptr || newest_view_ <= ring_epoch_) return 0;
+  for (uint32_t id : ring_nodes_) {
+    if (std::find(newest_view_members_.begin(), newest_view_members_.end(), id) ==
+        newest_view_members_.end()) {
+      return id;
+    }
+  }
+  return 0;
+}
+
+absl::Status DenseSync::LeftError(uint32_t gone, uint64_t ring_epoch, uint64_t view) const {
+  return absl::UnavailableError(absl::StrCat("dense allreduce member ", options_.node_id, ": node ",
+                                             gone, " of the ring of epoch ", ring_epoch,
+                                             " is not in the job in view ", view));
+}
+
 void DenseSync::AbortIfLeft(uint64_t epoch, const std::vector<uint32_t>& members) {
   std::shared_ptr<transport::RingAllreduce> ring;
   uint32_t gone = 0;
   uint64_t current = 0;
   {
     absl::MutexLock l(&mu_);
-    if (ring_ == nullptr || epoch <= ring_epoch_) return;
-    for (uint32_t id : ring_nodes_) {
-      if (std::find(members.begin(), members.end(), id) == members.end()) {
-        gone = id;
-        break;
-      }
-    }
+    if (epoch <= newest_view_) return;
+    newest_view_ = epoch;
+    newest_view_members_ = members;
+    gone = GoneLocked();
     if (gone == 0) return;
     ring = ring_;
     current = ring_epoch_;
   }
-  ring->Abort(absl::UnavailableError(absl::StrCat("dense allreduce member ", options_.node_id,
-                                                  ": node ", gone, " of the ring of epoch ",
-                                                  current, " is not in the ring of view ", epoch)));
+  ring->Abort(LeftError(gone, current, epoch));
 }
 
 void DenseSync::Handle(transport::Message request,
@@ -269,6 +281,11 @@ absl::StatusOr<std::shared_ptr<transport::RingAllreduce>> DenseSync::StartRing(
     ring_epoch_ = epoch;
     ring_nodes_.clear();
     for (const Member& m : members) ring_nodes_.push_back(m.node_id);
+    // (A newer view, seen meanwhile, that leaves a member out: this ring
+    // cannot form.)
+    if (const uint32_t gone = GoneLocked(); gone != 0) {
+      ring->Abort(LeftError(gone, epoch, newest_view_));
+    }
     for (auto it = early_.begin(); it != early_.end() && it->first <= epoch;) {
       for (auto& m : it->second) {
         early_bytes_ -= m.first.payload.size();

@@ -124,10 +124,12 @@ class DenseSync {
   bool over() const { return over_.load(); }
   // Any thread (the heartbeat's, on a new view): the current ring's call
   // in progress, and its later ones, fail (Unavailable) when `members`
-  // (the ring of view `epoch`, newer than the ring's) leaves out a member
-  // of it: a member that died without breaking a connection this member
-  // waits on (the one it receives from, in a ring of 2) ends the wait
-  // now, not at the timeout. The next ring forms as usual.
+  // (the workers in the job, ALIVE or FINISHED, in view `epoch`, newer
+  // than the ring's) leaves out a member of it: a member that died without
+  // breaking a connection this member waits on (the one it receives
+  // from, in a ring of 2) ends the wait now, not at the timeout. A ring of
+  // an older view formed after it is failed as it starts. The next ring
+  // forms as usual.
   void AbortIfLeft(uint64_t epoch, const std::vector<uint32_t>& members) ABSL_LOCKS_EXCLUDED(mu_);
 
   // What Form agreed.
@@ -284,6 +286,11 @@ class DenseSync {
   }
   // The operation id of call `call` of the current ring.
   uint64_t Op(uint64_t call) const { return (epoch_ << 32) | call; }
+  // A member of the current ring that the newest view AbortIfLeft was
+  // given (newer than the ring) leaves out (0: none), and the error that
+  // fails the ring for it.
+  uint32_t GoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LeftError(uint32_t gone, uint64_t ring_epoch, uint64_t view) const;
   // A fresh optimizer for `n` floats, its state from `state` when given.
   absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(size_t n,
                                                            const std::string* state) const;
@@ -354,6 +361,9 @@ class DenseSync {
   std::shared_ptr<transport::RingAllreduce> ring_ ABSL_GUARDED_BY(mu_);
   uint64_t ring_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint32_t> ring_nodes_ ABSL_GUARDED_BY(mu_);  // its members' node ids
+  // The newest view AbortIfLeft was given, and its workers in the job.
+  uint64_t newest_view_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> newest_view_members_ ABSL_GUARDED_BY(mu_);
   // Requests for a ring not formed yet, by epoch (answered once it is).
   std::map<uint64_t,
            std::vector<std::pair<transport::Message, std::shared_ptr<transport::Responder>>>>

@@ -619,11 +619,11 @@ absl::Status HostAggregator::RingStep(uint64_t at, uint64_t count, RowsInFlight*
   if (!ring->in_ring()) {
     // Taking over: the ring's parameters. The host's sum, computed on them
     // as the aggregating worker before published them, counts; unless
-    // that worker stepped it through the ring already and went (it died,
-    // or finished its data tasks) before publishing: then the ring's
-    // updates are past the host's version (both count the steps with
-    // samples, as the pservers' versions do), and the ring's parameters
-    // are published at them.
+    // that worker stepped the ring after it last published (it stepped
+    // the host's sum, or none, and went before publishing): the host's
+    // version is the ring's updates as last published, so the ring's
+    // updates are past it then, and the ring's parameters are published
+    // at them. (The ring cannot step without this host's member.)
     STRATA_RETURN_IF_ERROR(ring->Join());
     if (!ring->in_ring())
       return absl::UnavailableError("the view has no ring with this worker yet");

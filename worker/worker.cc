@@ -379,19 +379,25 @@ void Worker::HeartbeatLoop() {
                 << "from now on";
       dense_sync_->Abort(absl::CancelledError(absl::StrCat("dense allreduce: ", why)));
     }
-    if (resp.epoch() != params_->epoch()) {
+    // (A ring's member checks each newer view itself: the parameter
+    // client may have taken it already.)
+    if (resp.epoch() != params_->epoch() ||
+        (dense_sync_ != nullptr && resp.epoch() > ring_view_checked_)) {
       // One try: this thread must go on heartbeating.
       proto::ClusterView view;
       if (agent_->FetchView(interval, &view).ok()) {
         params_->SetView(view);
         if (dense_sync_ != nullptr) {
           // A ring member gone (dead, drained): this worker's wait in its
-          // step ends now.
-          std::vector<uint32_t> ring;
-          for (const DenseSync::Member& m : DenseRing::MembersOf(view, hierarchical())) {
-            ring.push_back(m.node_id);
+          // step ends now. (Every worker in the job, not only the hosts'
+          // members of a hierarchical ring: one handing its seat to a
+          // lower node id steps on until the ring forms without it.)
+          std::vector<uint32_t> in_job;
+          for (const DenseSync::Member& m : DenseRing::MembersOf(view)) {
+            in_job.push_back(m.node_id);
           }
-          dense_sync_->AbortIfLeft(view.epoch(), ring);
+          dense_sync_->AbortIfLeft(view.epoch(), in_job);
+          ring_view_checked_ = std::max(ring_view_checked_, view.epoch());
         }
       }
     }
@@ -636,7 +642,19 @@ absl::Status Worker::RunLoop() {
           // (Training ended meanwhile, the ring's forming cut short: whether
           // this worker holds the ring's last parameters.)
           if (!joined.ok() && dense_ring_->over()) joined = dense_ring_->Join();
-          if (!joined.ok() && dense_ring_->over()) {
+          bool cannot = !joined.ok() && dense_ring_->over();
+          if (joined.ok() && dense_ring_->in_ring() &&
+              dense_ring_->next_step() < lease.min_version) {
+            // A ring formed after training ended, of no member that trained
+            // and no checkpoint: its parameters are not the trained model.
+            joined = absl::FailedPreconditionError(absl::StrCat(
+                "dense allreduce: node ", node_id_.load(), "'s ring is at step ",
+                dense_ring_->next_step(), ", before the job's last step ", lease.min_version - 1,
+                " (it formed after training ended, of no member that trained and no "
+                "checkpoint)"));
+            cannot = true;
+          }
+          if (cannot) {
             // No ring forms again to bring them (it joined after training
             // ended, a restart, or its ring failed): another worker
             // evaluates, one that holds them.
@@ -814,8 +832,12 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
                                   options_.config.job.name, options_.config.optimizer.type, &seq,
                                   last->first != 0 ? &last->second : nullptr, last->first));
       if (seq != last->first) {
-        *last = {seq, state};
-        last->second.values = {};  // (only the state is taken)
+        // (Only the state is taken: the values are not copied.)
+        last->first = seq;
+        last->second.step = state.step;
+        last->second.updates = state.updates;
+        last->second.state_vectors = state.state_vectors;
+        last->second.state = state.state;
       }
       return DenseSync::CheckpointState{seq, state.step, std::move(state.state)};
     };

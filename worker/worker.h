@@ -322,6 +322,9 @@ class Worker : private TrainerContext {
   // Told to evaluate, this worker found it holds no dense allreduce ring's
   // parameters (LeaseTaskRequest.cannot_evaluate). Training thread only.
   bool cannot_evaluate_ = false;
+  // The newest view the heartbeat thread checked the ring against
+  // (DenseSync::AbortIfLeft). Heartbeat thread only.
+  uint64_t ring_view_checked_ = 0;
   std::optional<uint64_t> task_start_unknown_;
   std::optional<std::pair<uint64_t, uint64_t>> task_start_;  // (task, first step)
   // The exchanges a pipelined step leaves in flight (trainer.h), settled

@@ -11,7 +11,10 @@
 # left the job (declared dead), the master gives the evaluation to the
 # next worker that asks and holds the ring's parameters; the killed
 # worker's restart holds none (it was in no ring when training ended) and
-# waits. The job succeeds, and its accuracy is the trained model's.
+# waits. The job succeeds, and its accuracy is the trained model's. Then
+# a ring of 1 the same way: without checkpoints nobody can evaluate, and
+# the job fails at once saying so; with them, the restart restores the
+# final checkpoint and evaluates the trained model.
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 fault_config 0 1
@@ -70,4 +73,48 @@ evaluator="$(grep -l "evaluation: test accuracy" "$logs"/worker-*.log | sed 's/.
 declined=""
 if grep -q "cannot evaluate the trained model" "$logs/master-0.log"; then declined=" (its restart declined)"; fi
 echo "node $first (worker $victim) killed while evaluating$declined; worker $evaluator evaluated: accuracy $(accuracy eval)"
+
+# solo NAME: a ring of 1 whose evaluator is killed as above, its restart
+# the only worker; waits for the job's end (its status in $solo_rc).
+solo() {
+  printf '127.0.0.1 master pserver=1 worker=1\n' > "$WORK/hosts"
+  start_job "$1"
+  local l="$WORK/run-$1/logs"
+  mkfifo "$WORK/fifo.tmp"
+  mv -T "$WORK/fifo.tmp" "$link"
+  for _ in $(seq 1 1800); do
+    grep -q "evaluates the trained model" "$l/master-0.log" 2>/dev/null && break
+    kill -0 "$RUN_PID" 2>/dev/null || fail "$1: the job ended before an evaluator was chosen: $(why "$1")"
+    sleep 0.1
+  done
+  sleep 1
+  kill -KILL "$(pid_of "$1" worker-0)"
+  ln -s "$images" "$WORK/link.tmp"
+  mv -T "$WORK/link.tmp" "$link"
+  solo_rc=0
+  wait_job || solo_rc=$?
+  ! grep -q "restart budget spent" "$WORK/$1.out" || fail "$1: the worker was restarted until launch.sh gave up"
+}
+
+# 2. A ring of 1 without checkpoints: the restart forms a ring of its own
+#    initial values, which are not the trained model; it declines, and
+#    nobody can evaluate: the master fails the job saying so (not a
+#    restart loop, nor an untrained model's accuracy).
+solo solo
+(( solo_rc != 0 )) || fail "solo: the job succeeded, yet no worker held the trained model: accuracy $(accuracy solo)"
+grep -q "before the job's last step" "$WORK/run-solo/logs/worker-0.log" ||
+  fail "solo: the restart did not decline: $(grep -h 'evaluat' "$WORK/run-solo/logs/worker-0.log" | tail -3)"
+message="$(summary_field solo message)"
+[[ $message == *"no worker in the job holds the trained model's dense allreduce tables"*"no checkpoint holds the trained model"*"the trained allreduce tables are lost" ]] ||
+  fail "solo: the job failed otherwise: $message"
+echo "a ring of 1 whose evaluator was killed: the job failed saying: $message"
+
+# 3. The same, checkpointed: the restart's ring restores the final
+#    checkpoint, which holds the trained model, and it evaluates that.
+printf 'checkpoint:\n  dir: %s\n  every_seconds: 3600\n' "$WORK/ckpt" >> "$WORK/job.yaml"
+solo solo-ckpt
+(( solo_rc == 0 )) || fail "solo-ckpt: the job failed: $(why solo-ckpt)"
+(( $(python3 -c "print(int($(accuracy solo-ckpt) * 1000))") >= 800 )) ||
+  fail "solo-ckpt: the evaluation gave $(accuracy solo-ckpt) test accuracy (< 0.80): not the trained model's"
+echo "a ring of 1 whose evaluator was killed, checkpointed: its restart evaluated the final checkpoint's model: accuracy $(accuracy solo-ckpt)"
 assert_nothing_left "$WORK"

@@ -243,6 +243,11 @@ TEST_F(JobTrackerTest, AWorkerThatCannotEvaluateGivesTheEvaluationToTheNext) {
   job->DeclineEvaluation(6);  // (not the evaluator: it stays)
   EXPECT_EQ(job->evaluator(), 3u);
   EXPECT_FALSE(job->ClaimEvaluation(6, /*evaluator_in_job=*/false).has_value());
+  // Nobody can evaluate once every worker in the job has declined (the
+  // master then fails the job, naming the final checkpoint).
+  EXPECT_FALSE(job->AllDeclined({3, 5, 6}));
+  EXPECT_TRUE(job->AllDeclined({5, 6}));
+  EXPECT_FALSE(job->AllDeclined({}));
 }
 
 TEST_F(JobTrackerTest, PhaseSaysWhatTheJobWaitsForOrDoes) {

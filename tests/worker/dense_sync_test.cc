@@ -851,7 +851,8 @@ TEST(DenseSyncTest, AbortEndsAFormInProgressAndNoRingFormsAfter) {
 // connection it waits on (the one it receives from, in a ring of 2): a
 // newer view that leaves that member out ends the wait (AbortIfLeft, from
 // the worker's heartbeat thread), not the ring's timeout. A view of the
-// same ring, or a newer one with every member, leaves the step alone.
+// same ring, or a newer one with every member, leaves the step alone. A
+// ring of an older view formed afterwards fails at once.
 TEST(DenseSyncTest, AViewWithoutAMemberEndsAStepWaitingOnIt) {
   Cluster c("inproc", absl::Seconds(30));
   Member* a = c.Add(1);
@@ -870,14 +871,23 @@ TEST(DenseSyncTest, AViewWithoutAMemberEndsAStepWaitingOnIt) {
   a->sync->AbortIfLeft(2, {1, 2});  // (every member still in it)
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_FALSE(done.load());
-  a->sync->AbortIfLeft(2, {1});
+  a->sync->AbortIfLeft(3, {1});
   stepper.join();
   EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kUnavailable,
-                                   HasSubstr("node 2 of the ring of epoch 1 is not in the ring "
-                                             "of view 2")));
+                                   HasSubstr("node 2 of the ring of epoch 1 is not in the job in "
+                                             "view 3")));
   EXPECT_FALSE(a->sync->over());  // (the next ring forms as usual)
   Member* solo = a;
-  for (const auto& f : c.Form(2, {solo})) EXPECT_THAT(f, IsOk());
+  for (const auto& f : c.Form(3, {solo})) EXPECT_THAT(f, IsOk());
+  // A ring of an older view than the newest one seen, formed after it,
+  // fails as it starts when that view leaves a member out.
+  Member* x = c.Add(3);
+  Member* y = c.Add(4);
+  x->sync->AbortIfLeft(5, {3});
+  const std::vector<DenseSync::Member> old_ring = {{3, x->address}, {4, y->address}};
+  EXPECT_THAT(x->sync->Form(4, old_ring, x->param_ptrs()).status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("node 4 of the ring of epoch 4 is not in the job in view 5")));
 }
 
 TEST(DenseSyncTest, BadCallsAreRefused) {

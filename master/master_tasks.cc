@@ -151,11 +151,13 @@ absl::StatusOr<proto::LeaseTaskResponse> MasterServer::LeaseTaskUnpersisted(
   if (req.cannot_evaluate()) {
     job_.DeclineEvaluation(n.id());
     std::vector<uint32_t> in_job;
-    const proto::ClusterView view = nodes_.View();
-    for (const proto::NodeInfo& m : view.members()) {
-      if (m.role() == proto::WORKER && nodes_.InJob(m.id())) in_job.push_back(m.id());
+    if (job_.state() == proto::JOB_EVALUATING) {
+      const proto::ClusterView view = nodes_.View();
+      for (const proto::NodeInfo& m : view.members()) {
+        if (m.role() == proto::WORKER && nodes_.InJob(m.id())) in_job.push_back(m.id());
+      }
     }
-    if (job_.state() == proto::JOB_EVALUATING && job_.AllDeclined(in_job)) {
+    if (job_.AllDeclined(in_job)) {  // (none: not evaluating)
       // (Each joined after training ended, or its ring failed: no ring
       // forms again to bring them the model.)
       const std::string model = checkpoints_->TrainedModel();

@@ -638,34 +638,8 @@ absl::Status Worker::RunLoop() {
                                                         [this] { return stop_.HasBeenNotified(); })
                                      .status());
         } else if (dense_ring_ != nullptr) {
-          absl::Status joined = dense_ring_->Join();
-          // (Training ended meanwhile, the ring's forming cut short: whether
-          // this worker holds the ring's last parameters.)
-          if (!joined.ok() && dense_ring_->over()) joined = dense_ring_->Join();
-          bool cannot = !joined.ok() && dense_ring_->over();
-          if (joined.ok() && dense_ring_->in_ring() &&
-              dense_ring_->next_step() < lease.min_version) {
-            // A ring formed after training ended, of no member that trained
-            // and no checkpoint: its parameters are not the trained model.
-            joined = absl::FailedPreconditionError(absl::StrCat(
-                "dense allreduce: node ", node_id_.load(), "'s ring is at step ",
-                dense_ring_->next_step(), ", before the job's last step ", lease.min_version - 1,
-                " (it formed after training ended, of no member that trained and no "
-                "checkpoint)"));
-            cannot = true;
-          }
-          if (cannot) {
-            // No ring forms again to bring them (it joined after training
-            // ended, a restart, or its ring failed): another worker
-            // evaluates, one that holds them.
-            LOG(WARNING) << "worker " << options_.index
-                         << " cannot evaluate the trained model; the master gives the "
-                            "evaluation to another worker: "
-                         << joined.message();
-            cannot_evaluate_ = true;
-            break;
-          }
-          STRATA_RETURN_IF_ERROR(joined);
+          STRATA_ASSIGN_OR_RETURN(const bool holds, RingHoldsTrainedModel(lease.min_version));
+          if (!holds) break;  // (it asks again, saying it cannot evaluate)
         }
         if (dense_sync_ != nullptr) {
           // This worker has the trained model: the others' idle steps,
@@ -710,6 +684,60 @@ absl::Status Worker::RunLoop() {
     }
   }
   return absl::OkStatus();
+}
+
+std::function<absl::StatusOr<DenseSync::CheckpointState>()> Worker::LostStateReader(size_t total) {
+  // (The last one read is kept: a forming that timed out while this member
+  // read tries again, and takes it from here. One thread forms at a time:
+  // the training thread, or the host aggregator's.)
+  auto last = std::make_shared<std::pair<uint64_t, storage::RingState>>();
+  return [this, total, last]() -> absl::StatusOr<DenseSync::CheckpointState> {
+    uint64_t seq = 0;
+    STRATA_ASSIGN_OR_RETURN(
+        storage::RingState state,
+        storage::ReadNewestRingState(options_.fs, options_.config.checkpoint.dir, total,
+                                     options_.config.job.name, options_.config.optimizer.type, &seq,
+                                     last->first != 0 ? &last->second : nullptr, last->first));
+    if (seq != last->first) {
+      // (Only the state is taken: the values are not copied.)
+      last->first = seq;
+      last->second.step = state.step;
+      last->second.updates = state.updates;
+      last->second.state_vectors = state.state_vectors;
+      last->second.state = state.state;
+    }
+    return DenseSync::CheckpointState{seq, state.step, std::move(state.state)};
+  };
+}
+
+absl::StatusOr<bool> Worker::RingHoldsTrainedModel(uint64_t min_version) {
+  absl::Status joined = dense_ring_->Join();
+  // (Training ended meanwhile, the ring's forming cut short: whether this
+  // worker holds the ring's last parameters.)
+  if (!joined.ok() && dense_ring_->over()) joined = dense_ring_->Join();
+  bool cannot = !joined.ok() && dense_ring_->over();
+  if (joined.ok() && dense_ring_->in_ring() && dense_ring_->next_step() < min_version) {
+    // A ring formed after training ended, of no member that trained and no
+    // checkpoint: its parameters are not the trained model.
+    joined = absl::FailedPreconditionError(absl::StrCat(
+        "dense allreduce: node ", node_id_.load(), "'s ring is at step ", dense_ring_->next_step(),
+        ", before the job's last step ", min_version - 1,
+        " (it formed after training ended, of no member that trained and no checkpoint)"));
+    cannot = true;
+  }
+  if (cannot) {
+    // No ring forms again to bring them (it joined after training ended, a
+    // restart, or its ring failed): another worker evaluates, one that
+    // holds them.
+    LOG(WARNING) << "worker " << options_.index
+                 << " cannot evaluate the trained model; the master gives the evaluation to "
+                    "another worker: "
+                 << joined.message();
+    cannot_evaluate_ = true;
+    return false;
+  }
+  STRATA_RETURN_IF_ERROR(joined);
+  return true;
 }
 
 absl::Status Worker::InitLocalTables() {
@@ -820,27 +848,7 @@ absl::Status Worker::StartDenseSync(const proto::RingRestore& restore) {
     // A segment whose owner and replica left together: its state from the
     // newest checkpoint with the ring's shards (read only then).
     const size_t total = std::accumulate(sizes.begin(), sizes.end(), size_t{0});
-    // (The last one read is kept: a forming that timed out while this
-    // member read tries again, and takes it from here. One thread forms
-    // at a time: the training thread, or the host aggregator's.)
-    auto last = std::make_shared<std::pair<uint64_t, storage::RingState>>();
-    o.checkpoint_state = [this, total, last]() -> absl::StatusOr<DenseSync::CheckpointState> {
-      uint64_t seq = 0;
-      STRATA_ASSIGN_OR_RETURN(storage::RingState state,
-                              storage::ReadNewestRingState(
-                                  options_.fs, options_.config.checkpoint.dir, total,
-                                  options_.config.job.name, options_.config.optimizer.type, &seq,
-                                  last->first != 0 ? &last->second : nullptr, last->first));
-      if (seq != last->first) {
-        // (Only the state is taken: the values are not copied.)
-        last->first = seq;
-        last->second.step = state.step;
-        last->second.updates = state.updates;
-        last->second.state_vectors = state.state_vectors;
-        last->second.state = state.state;
-      }
-      return DenseSync::CheckpointState{seq, state.step, std::move(state.state)};
-    };
+    o.checkpoint_state = LostStateReader(total);
   }
   STRATA_ASSIGN_OR_RETURN(dense_sync_, DenseSync::Create(transport_.get(), o, sizes));
   if (restore.shards_size() > 0) {

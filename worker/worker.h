@@ -195,6 +195,15 @@ class Worker : private TrainerContext {
   // first ring takes its first member's), and this worker's DenseSync and
   // DenseRing once it is a node (Start).
   absl::Status InitLocalTables();
+  // Told to evaluate (flat dense allreduce): true when this worker's ring
+  // holds the trained model (joined, at the job's last step `min_version`
+  // - 1 or past it); false when it cannot (logged, cannot_evaluate_ set:
+  // its next request for work says so); an error otherwise.
+  absl::StatusOr<bool> RingHoldsTrainedModel(uint64_t min_version);
+  // DenseSync::Options::checkpoint_state: the lost optimizer state of a
+  // flat space of `total` floats from the newest checkpoint, the last one
+  // read kept.
+  std::function<absl::StatusOr<DenseSync::CheckpointState>()> LostStateReader(size_t total);
   // The worker's own data-plane listener, for the other workers: the
   // ring's chunks (allreduce) and the previous pipeline stage's
   // micro-batches. Before registering: its address goes along.

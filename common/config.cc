@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
@@ -739,6 +740,17 @@ std::vector<ConfigReader::Field> ConfigReader::ClusterFields(ClusterSection* clu
       Enum("aggregation", &cluster->aggregation, {"none", "node"}),
       Section("ports", [this, cluster] { return PortsFields(&cluster->ports); }),
       Section("rdma", [this, cluster] { return RdmaFields(&cluster->rdma); }),
+      Section("etcd",
+              [this, cluster] {
+                EtcdSection* e = &cluster->etcd;
+                return std::vector<Field>{
+                    StringList("endpoints", &e->endpoints),
+                    String("prefix", &e->prefix, NonEmpty()),
+                    Int("lease_seconds", &e->lease_seconds, IntInRange(1, 600)),
+                    Int("request_timeout_ms", &e->request_timeout_ms, IntAtLeast(1)),
+                    Bool("tls", &e->tls),
+                };
+              }),
   };
 }
 
@@ -986,6 +998,17 @@ absl::Status ConfigReader::CrossCheck(const JobConfig& config) const {
                      "\"{action}\", \"{role}\", \"{count}\"])");
   }
   const ClusterSection& c = config.cluster;
+  if (marks_.count("cluster.etcd") > 0 && c.etcd.endpoints.empty()) {
+    return PathError(mark_of("cluster.etcd"), "cluster.etcd.endpoints",
+                     "is missing or empty: list the etcd cluster's client URLs "
+                     "(host:port or http://host:port), or drop cluster.etcd for one master");
+  }
+  for (const std::string& endpoint : c.etcd.endpoints) {
+    if (auto a = EtcdEndpointAddress(endpoint); !a.ok()) {
+      return PathError(mark_of("cluster.etcd.endpoints"), "cluster.etcd.endpoints",
+                       std::string(a.status().message()));
+    }
+  }
   if (c.dead_timeout_ms <= c.heartbeat_interval_ms) {
     // Point at whichever of the two the file set (dead_timeout_ms first).
     YAML::Mark mark = YAML::Mark::null_mark();
@@ -1157,6 +1180,21 @@ class SecondDocumentFinder : public YAML::EventHandler {
 constexpr int kMaxDocumentsCounted = 8;
 
 }  // namespace
+
+absl::StatusOr<std::string> EtcdEndpointAddress(const std::string& endpoint) {
+  absl::string_view e = endpoint;
+  if (!absl::ConsumePrefix(&e, "http://")) absl::ConsumePrefix(&e, "https://");
+  absl::ConsumeSuffix(&e, "/");
+  const size_t colon = e.rfind(':');
+  int port = 0;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(e.substr(colon + 1), &port) || port < 1 || port > 65535 ||
+      e.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd endpoint '", endpoint, "' is not host:port or http(s)://host:port"));
+  }
+  return std::string(e);
+}
 
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& filename) {
   JobConfig config;

@@ -198,6 +198,32 @@ struct RdmaSection {
   int busy_poll_us = 50;  // busy polling after the last completion, >= 0
 };
 
+// Master high availability (docs/reliability.md, "Master high
+// availability"): the masters of a host file that lists several elect a
+// leader through a lease in etcd and keep the master's state there. Off
+// (one master, its state in --state_dir) while endpoints is empty.
+struct EtcdSection {
+  // etcd's client URLs, host:port or http(s)://host:port; every member of
+  // the etcd cluster, so that losing one is survived.
+  std::vector<std::string> endpoints;
+  // Keys live under PREFIX/JOB/ (job.name): several jobs share one etcd.
+  std::string prefix = "/strata";
+  // The leader's lease, >= 1: a dead leader's host is replaced this long
+  // after its last renewal, and a cut-off leader stops acting before then.
+  int lease_seconds = 3;
+  // One etcd request gives up after this, > 0 (then the next endpoint).
+  int request_timeout_ms = 2000;
+  // mTLS to etcd with the master's certificate (ca.crt, master.crt,
+  // master.key of security.tls_dir); etcd must trust that CA. Plain text
+  // when false.
+  bool tls = false;
+};
+
+// An etcd endpoint as gRPC dials it: "host:port" from "host:port",
+// "http://host:port" or "https://host:port" (a trailing "/" dropped).
+// InvalidArgument naming the endpoint otherwise.
+absl::StatusOr<std::string> EtcdEndpointAddress(const std::string& endpoint);
+
 // The most chunks one dense partition is cut into (the chunk index is 16
 // bits of the data plane's header flags, docs/wire-protocol.md).
 inline constexpr uint32_t kMaxChunksPerPartition = 1u << 16;
@@ -230,6 +256,7 @@ struct ClusterSection {
   std::string aggregation = "none";
   PortsSection ports;
   RdmaSection rdma;
+  EtcdSection etcd;
 };
 
 // Checkpoints (docs/checkpoint-format.md): on when the section is present.

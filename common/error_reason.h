@@ -9,6 +9,8 @@
 #ifndef STRATA_COMMON_ERROR_REASON_H_
 #define STRATA_COMMON_ERROR_REASON_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "proto/strata.pb.h"
 
@@ -29,6 +31,18 @@ inline bool HasReason(const absl::Status& s, proto::ErrorReason reason) {
 // The same error as `s` with `reason`'s wire number, as read off a peer's
 // reply; numbers outside the enum are dropped (REASON_UNSPECIFIED).
 absl::Status WithWireReason(absl::Status s, uint64_t wire_reason);
+
+// A standby master's answer (REASON_NOT_LEADER): UNAVAILABLE, so that
+// callers retry, naming the leading master's address (`leader`, "" when
+// unknown) for them to follow (common/grpc_channel.h).
+absl::Status NotLeaderError(const std::string& who, const std::string& leader);
+// The leader a REASON_NOT_LEADER error names; "" for any other status.
+std::string LeaderOf(const absl::Status& s);
+
+// The whole typed part of `s` (its reason and leader), and `s` with it
+// attached: what crosses the wire (common/grpc_status.h).
+proto::ErrorInfo ErrorInfoOf(const absl::Status& s);
+absl::Status WithErrorInfo(absl::Status s, const proto::ErrorInfo& info);
 
 }  // namespace strata
 

@@ -2,13 +2,17 @@
 #ifndef STRATA_COMMON_GRPC_CHANNEL_H_
 #define STRATA_COMMON_GRPC_CHANNEL_H_
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/error_reason.h"
 #include "grpcpp/grpcpp.h"
 
 namespace strata {
@@ -43,38 +47,68 @@ inline std::shared_ptr<grpc::Channel> NewControlChannel(
 // a loaded machine (heartbeats, every heartbeat interval) would otherwise
 // throw each new channel away before it connects, and never get through
 // (a pserver in the Soft-RoCE guest missed its heartbeats for 20 s so).
+//
+// Several masters (docs/reliability.md, "Master high availability"):
+// `addresses` may list them, comma-separated. The channel follows the
+// leader: a standby's answer (REASON_NOT_LEADER) that names it moves the
+// channel there at once, and failures in a row move it to the next master
+// in the list (a dead one is skipped).
 // Thread-safe.
 class ReconnectingChannel {
  public:
-  ReconnectingChannel(std::string address, std::shared_ptr<grpc::ChannelCredentials> creds,
+  ReconnectingChannel(const std::string& addresses, std::shared_ptr<grpc::ChannelCredentials> creds,
                       int connect_ms = kDefaultControlConnectMs)
-      : address_(std::move(address)),
+      : addresses_(absl::StrSplit(addresses, ',', absl::SkipWhitespace())),
         creds_(std::move(creds)),
-        connect_ms_(connect_ms),
-        channel_(NewControlChannel(address_, creds_, connect_ms_)),
-        made_(absl::Now()) {}
-  const std::string& address() const { return address_; }
+        connect_ms_(connect_ms) {
+    if (addresses_.empty()) addresses_.push_back(addresses);
+    address_ = addresses_[0];
+    channel_ = NewControlChannel(address_, creds_, connect_ms_);
+    made_ = absl::Now();
+  }
+  // The master asked now.
+  std::string address() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return address_;
+  }
   // The channel to use now.
   std::shared_ptr<grpc::Channel> Get() {
     std::lock_guard<std::mutex> l(mu_);
     if (failures_ >= 3 && absl::Now() - made_ >= absl::Milliseconds(connect_ms_)) {
-      channel_ = NewControlChannel(address_, creds_, connect_ms_);
-      made_ = absl::Now();
-      failures_ = 0;
+      if (addresses_.size() > 1) {
+        // The next master in the list (from where the current one is).
+        const auto it = std::find(addresses_.begin(), addresses_.end(), address_);
+        const size_t i = it == addresses_.end() ? 0 : (it - addresses_.begin() + 1);
+        address_ = addresses_[i % addresses_.size()];
+      }
+      Renew();
     }
     return channel_;
   }
   // The outcome of a call on it.
   void Report(const absl::Status& s) {
     std::lock_guard<std::mutex> l(mu_);
+    const std::string leader = LeaderOf(s);
+    if (!leader.empty() && leader != address_) {
+      address_ = leader;  // (followed even when not in the list: it was elected)
+      Renew();
+      return;
+    }
     failures_ = absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ? failures_ + 1 : 0;
   }
 
  private:
-  const std::string address_;
+  void Renew() {  // (mu_ held)
+    channel_ = NewControlChannel(address_, creds_, connect_ms_);
+    made_ = absl::Now();
+    failures_ = 0;
+  }
+
+  std::vector<std::string> addresses_;
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
   const int connect_ms_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::string address_;                     // guarded by mu_: the one asked now
   std::shared_ptr<grpc::Channel> channel_;  // guarded by mu_
   absl::Time made_;                         // guarded by mu_: channel_'s
   int failures_ = 0;                        // guarded by mu_

@@ -21,19 +21,17 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& pee
   absl::Status out(static_cast<absl::StatusCode>(s.error_code()), msg);
   proto::ErrorInfo info;
   if (!s.error_details().empty() && info.ParseFromString(s.error_details())) {
-    out = WithWireReason(std::move(out), static_cast<uint64_t>(info.reason()));
+    out = WithErrorInfo(std::move(out), info);  // (a reason this build does not know: dropped)
   }
   return out;
 }
 
 inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  const proto::ErrorReason reason = ReasonOf(s);
-  if (reason == proto::REASON_UNSPECIFIED) {
+  const proto::ErrorInfo info = ErrorInfoOf(s);
+  if (info.reason() == proto::REASON_UNSPECIFIED) {
     return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
   }
-  proto::ErrorInfo info;
-  info.set_reason(reason);
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()),
                       info.SerializeAsString());
 }

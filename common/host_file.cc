@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/config.h"
@@ -66,6 +67,37 @@ std::vector<HostSlot> HostFile::Slots() const {
     }
   }
   return slots;
+}
+
+std::vector<HostEntry> HostFile::master_hosts() const {
+  std::vector<HostEntry> out;
+  for (const HostEntry& h : hosts) {
+    if (h.masters == 1) out.push_back(h);
+  }
+  return out;
+}
+
+absl::Status CheckMasterHosts(const HostFile& hosts, bool etcd_configured) {
+  const std::vector<HostEntry> masters = hosts.master_hosts();
+  if (masters.size() > 1 && !etcd_configured) {
+    std::vector<int> lines;
+    for (const HostEntry& m : masters) lines.push_back(m.line);
+    return absl::InvalidArgumentError(absl::StrCat(
+        hosts.source, ": ", masters.size(), " masters (lines ", absl::StrJoin(lines, ", "),
+        ") but the config has no cluster.etcd.endpoints: standby masters elect their leader "
+        "and keep the job's state in etcd (docs/reliability.md); list one master or add "
+        "cluster.etcd"));
+  }
+  return absl::OkStatus();
+}
+
+std::string HostFile::MasterAddresses(int port) const {
+  std::vector<std::string> out;
+  for (const HostEntry& m : master_hosts()) {
+    const bool v6 = m.host.find(':') != std::string::npos;
+    out.push_back(absl::StrCat(v6 ? "[" : "", m.host, v6 ? "]" : "", ":", port));
+  }
+  return absl::StrJoin(out, ",");
 }
 
 const HostEntry& HostFile::master_host() const {
@@ -132,8 +164,7 @@ absl::Status ParseRoleItem(absl::string_view item, std::map<std::string, bool>* 
     const std::size_t dots = value.find("..");
     if (dots != absl::string_view::npos) {
       if (max == nullptr) {
-        return error(
-            absl::StrCat("bad count in '", item, "' (a job has exactly one master: no range)"));
+        return error(absl::StrCat("bad count in '", item, "' (a host runs one master: no range)"));
       }
       if (!ParseCount(value.substr(0, dots), &n) || !ParseCount(value.substr(dots + 2), &most) ||
           most < 1 || most < n) {
@@ -149,7 +180,7 @@ absl::Status ParseRoleItem(absl::string_view item, std::map<std::string, bool>* 
     }
   }
   if (count == &entry->masters && n != 1) {
-    return error(absl::StrCat("bad count in '", item, "' (a job has exactly one master)"));
+    return error(absl::StrCat("bad count in '", item, "' (a host runs one master)"));
   }
   *count = n;
   if (max != nullptr) *max = most;
@@ -163,8 +194,9 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
     return absl::InvalidArgumentError(absl::StrCat(filename, ":", line, ": ", message));
   };
   HostFile file;
+  file.source = filename;
   std::map<std::string, int> host_lines;  // host -> line of first appearance
-  int master_line = 0;
+  std::vector<int> master_lines;
 
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -204,11 +236,12 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
                                          it->second, ")"));
     }
     if (entry.masters > 0) {
-      if (master_line != 0) {
-        return error(line_no, absl::StrCat("more than one master (lines ", master_line, " and ",
-                                           line_no, "); exactly one host runs master"));
+      master_lines.push_back(line_no);
+      if (master_lines.size() > kMaxMasters) {
+        return error(line_no, absl::StrCat("more than ", kMaxMasters, " masters (lines ",
+                                           absl::StrJoin(master_lines, ", "),
+                                           "); one leads and at most two are standbys"));
       }
-      master_line = line_no;
     }
     file.hosts.push_back(std::move(entry));
   }
@@ -221,8 +254,8 @@ absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::strin
         "no hosts (expected lines like '127.0.0.1 master "
         "pserver=1 worker=1')");
   }
-  if (master_line == 0) {
-    return file_error("no master (exactly one host must run master)");
+  if (master_lines.empty()) {
+    return file_error("no master (one host must run master; two or three with etcd)");
   }
   if (file.total_pservers() == 0) {
     return file_error(

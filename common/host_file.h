@@ -11,8 +11,10 @@
 // integers >= 1 (master only 1), or a range N..M: N started with the job
 // (N >= 0), room for up to M there (M >= 1, M >= N) when the job scales
 // out (docs/operations.md, "Scaling"). Comments (#...) and blank lines
-// allowed. Each host appears once; exactly one master in the file; at
-// least one pserver and one worker started with the job. Errors are
+// allowed. Each host appears once; one to three hosts run a master (more
+// than one: a leader and standbys, which need cluster.etcd, see
+// CheckMasterHosts); at least one pserver and one worker started with
+// the job. Errors are
 // InvalidArgument with a message "file:line: ..." naming the bad item.
 //
 // Instances are numbered per role in host file order: first those started
@@ -47,7 +49,7 @@ struct HostSlot {
 };
 
 struct HostFile {
-  std::string source;
+  std::string source;            // the file (ParseHostFile: its filename)
   std::vector<HostEntry> hosts;  // in file order
 
   // Started with the job.
@@ -58,9 +60,21 @@ struct HostFile {
   int max_workers() const;
   // Every pserver and worker instance, numbered as above: pservers first.
   std::vector<HostSlot> Slots() const;
-  // The host that runs the master (exactly one exists after a successful parse).
+  // The first host that runs a master (one exists after a successful parse).
   const HostEntry& master_host() const;
+  // Every host that runs a master, in file order.
+  std::vector<HostEntry> master_hosts() const;
+  // Their gRPC addresses at `port`, comma-separated: what nodes, the CLI
+  // and the Python package are given (they follow the leader).
+  std::string MasterAddresses(int port) const;
 };
+
+inline constexpr size_t kMaxMasters = 3;
+
+// More than one master needs etcd (docs/reliability.md, "Master high
+// availability"): InvalidArgument naming the host file's master lines
+// otherwise.
+absl::Status CheckMasterHosts(const HostFile& hosts, bool etcd_configured);
 
 absl::StatusOr<HostFile> ParseHostFile(const std::string& text, const std::string& filename);
 absl::StatusOr<HostFile> LoadHostFile(const std::string& path);

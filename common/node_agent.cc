@@ -31,7 +31,7 @@ NodeAgent::Options NodeAgent::DaemonOptions(const ClusterSection& cluster,
 }
 
 absl::Status NodeAgent::Done(const grpc::Status& s) {
-  absl::Status st = FromGrpcStatus(s, "master " + options_.master_address);
+  absl::Status st = FromGrpcStatus(s, "master " + channel_.address());
   channel_.Report(st);
   return st;
 }

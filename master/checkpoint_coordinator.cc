@@ -686,6 +686,11 @@ void CheckpointCoordinator::Tick() {
   }
 }
 
+void CheckpointCoordinator::CancelInflight() {
+  absl::MutexLock il(&inflight_mu_);
+  for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
+}
+
 void CheckpointCoordinator::TrainingDone() {
   {
     absl::MutexLock l(&mu_);

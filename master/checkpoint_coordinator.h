@@ -125,6 +125,9 @@ class CheckpointCoordinator {
   // waiting on pservers gives up. Idempotent.
   void Start();
   void Shutdown() ABSL_LOCKS_EXCLUDED(inflight_mu_);
+  // The pserver calls of a checkpoint under way are cancelled (it fails;
+  // the previous checkpoint stays the latest): a paused master.
+  void CancelInflight() ABSL_LOCKS_EXCLUDED(inflight_mu_);
 
   // Takes a checkpoint now and answers when it is complete: every
   // pserver's files synced, then the manifest. With `stop_after`, the job

@@ -11,6 +11,7 @@
 #include "common/host_file.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "master/high_availability.h"
 #include "master/master_server.h"
 #include "master/state_log.h"
 #include "storage/file_system.h"
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
   auto env = strata::LoadDaemonEnv(eo, &code);
   if (!env.ok()) return strata::StartFailed("master", env.status(), code);
   strata::master::MasterOptions opts;
+  if (auto s = strata::CheckMasterHosts(*hosts, !env->config.cluster.etcd.endpoints.empty());
+      !s.ok()) {
+    return strata::StartFailed("master", s, 2);
+  }
   opts.config = env->config;
   opts.expected_pservers = hosts->total_pservers();
   opts.expected_workers = hosts->total_workers();
@@ -79,8 +84,25 @@ int main(int argc, char** argv) {
   opts.security = env->security;
   opts.slots = hosts->Slots();
   opts.provider = absl::StrSplit(FLAGS_provider, ' ', absl::SkipEmpty());
+  // With etcd (docs/reliability.md, "Master high availability"): a
+  // standby until this master is elected, then the leader, with its state
+  // in etcd.
+  std::unique_ptr<strata::master::HighAvailability> ha;
+  if (!env->config.cluster.etcd.endpoints.empty()) {
+    if (!FLAGS_state_dir.empty()) {
+      LOG(INFO) << "--state_dir " << FLAGS_state_dir
+                << " is not used: with cluster.etcd the job's state is kept in etcd";
+      opts.state_dir.clear();
+    }
+    int code = 1;
+    auto elected = strata::master::HighAvailability::AwaitLead(&opts, &code);
+    if (!elected.ok()) return strata::StartFailed("master", elected.status(), code);
+    if (*elected == nullptr) return 0;  // stopped while a standby
+    ha = *std::move(elected);
+  }
   auto master = strata::master::MasterServer::Create(std::move(opts));
   if (!master.ok()) return strata::StartFailed("master", master.status());
+  if (ha != nullptr) ha->Attach(master->get());
   if (auto s = (*master)->Start(); !s.ok()) return strata::StartFailed("master", s);
   const int sig = strata::WaitForTerminationSignal(
       [&] { return FLAGS_exit_when_done && (*master)->WaitForJobEnd(absl::ZeroDuration()); });
@@ -94,6 +116,8 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << (sig ? "signal received" : "job ended") << "; shutting down";
   const bool succeeded = (*master)->GetStatus().job().job_state() == strata::proto::JOB_SUCCEEDED;
+  if (ha != nullptr) ha->Attach(nullptr);
   (*master)->Shutdown();
+  if (ha != nullptr) ha->Resign();  // a standby leads at once
   return (sig == 0 && !succeeded) ? 1 : 0;
 }

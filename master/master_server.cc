@@ -40,9 +40,12 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
   }
   // A restarted master: its state directory says where the job is.
   std::optional<proto::MasterState> saved;
-  std::unique_ptr<StateLog> state_log;
+  std::shared_ptr<StateStore> state_log;
   if (!options.state_dir.empty()) {
     STRATA_ASSIGN_OR_RETURN(state_log, StateLog::Open(options.fs, options.state_dir, &saved));
+  } else if (options.state_store != nullptr) {
+    state_log = options.state_store;
+    saved = std::move(options.state_replayed);
   }
   STRATA_ASSIGN_OR_RETURN(
       CheckpointStart start,
@@ -52,6 +55,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(MasterOptions
                                            options.config.job.name, options.clock}));
   std::unique_ptr<MasterServer> m(
       new MasterServer(std::move(options), size, planted, std::move(sink)));
+  if (state_log != nullptr) m->state_where_ = state_log->where();
   m->recorder_ = std::make_unique<StateRecorder>(std::move(state_log));
   m->checkpoints_->set_next_seq(start.next_seq);
   if (saved.has_value()) {
@@ -91,7 +95,7 @@ MasterServer::MasterServer(MasterOptions options, const TrainingSetSize& size, P
                                   : options_.config.elastic.provider,
                               clock_}) {
   absl::MutexLock l(&mu_);
-  if (!options_.state_dir.empty()) tasks_.TrackChanges();  // for the state log's records
+  if (options_.keeps_state()) tasks_.TrackChanges();  // for the state log's records
   parts_ = MasterParts{&nodes_,
                        &job_,
                        checkpoints_.get(),
@@ -150,6 +154,23 @@ void MasterServer::Shutdown() {
   sink_->Flush();  // what the last RPCs logged
 }
 
+void MasterServer::Pause() {
+  if (paused_.exchange(true)) return;
+  checkpoints_->CancelInflight();  // (a checkpoint under way fails; the last stays the latest)
+  LOG(WARNING) << "master paused: it cannot renew its lead in etcd; answering as a standby";
+}
+
+void MasterServer::Resume() {
+  if (!paused_.load()) return;
+  nodes_.GraceAll();
+  paused_ = false;
+  absl::MutexLock l(&mu_);
+  job_.Event(
+      "master resumed: its lead in etcd renewed after a pause (every node has the dead "
+      "timeout anew)",
+      "master_resumed");
+}
+
 std::string MasterServer::address() const { return absl::StrCat(options_.host, ":", bound_port_); }
 int MasterServer::http_port() const { return http_.port(); }
 
@@ -158,6 +179,7 @@ void MasterServer::BackgroundLoop() {
       std::min(absl::Milliseconds(200),
                absl::Milliseconds(options_.config.cluster.heartbeat_interval_ms) / 2);
   while (!stop_.WaitForNotificationWithTimeout(tick)) {
+    if (paused_.load()) continue;
     Tick();
     sink_->AuditTlsFailures();
   }
@@ -196,7 +218,7 @@ void MasterServer::Tick() {
 }
 
 uint64_t MasterServer::PersistLocked() {
-  if (options_.state_dir.empty()) return 0;
+  if (!options_.keeps_state()) return 0;
   return recorder_->Record(
       SaveMasterState(parts_, /*whole=*/false), tasks_.TakeChangeRecord(), job_.events_size(),
       [this](size_t from) { return job_.EventsFrom(from); },
@@ -215,8 +237,8 @@ void MasterServer::RestoreLocked(const proto::MasterState& st) {
   if (!s.ok()) LOG(ERROR) << "the recorded state's data tasks: " << s;
   job_.Event(
       absl::StrCat("master restarted (restart ", restarts, "): state of epoch ", st.view().epoch(),
-                   " replayed from ", options_.state_dir, "; ", tasks_.done(), " of ",
-                   tasks_.total(), " data tasks done, job ", JobStateName(job_.state())),
+                   " replayed from ", state_where_, "; ", tasks_.done(), " of ", tasks_.total(),
+                   " data tasks done, job ", JobStateName(job_.state())),
       "master_restart");
 }
 
@@ -508,6 +530,10 @@ absl::Status MasterServer::ApplyResume(const ResumePoint& r) {
 CheckpointCoordinator::Master::Cluster MasterServer::CheckpointCluster(bool with_view) {
   absl::MutexLock l(&mu_);
   Cluster c;
+  if (paused_.load()) {
+    c.why_not = "the master is paused (its lead in etcd is not renewed)";
+    return c;
+  }
   const proto::JobState state = job_.state();
   const bool placed = nodes_.placed();
   c.ready = placed && nodes_.ready() && !IsJobOver(state);

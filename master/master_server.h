@@ -3,6 +3,7 @@
 #ifndef STRATA_MASTER_MASTER_SERVER_H_
 #define STRATA_MASTER_MASTER_SERVER_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -65,6 +66,12 @@ struct MasterOptions {
   // on from it (resume is then ignored). "" = nothing kept. The caller
   // makes sure only one master uses it (master_main.cc locks it).
   std::string state_dir;
+  // Instead of state_dir: a store the caller opened (the state in etcd of
+  // a leading master, master/etcd_state.h) and what it replayed; the
+  // master writes its state there and carries on from that state.
+  std::shared_ptr<StateStore> state_store;
+  std::optional<proto::MasterState> state_replayed;
+  bool keeps_state() const { return !state_dir.empty() || state_store != nullptr; }
   // Control-plane credentials and policy (docs/security.md); plain text
   // unless set.
   ControlPlaneSecurity security = ControlPlaneSecurity::Plaintext();
@@ -96,6 +103,15 @@ class MasterServer : private CheckpointCoordinator::Master {
   void Shutdown();
 
   std::string address() const;  // "host:port" of the gRPC server
+
+  // A leader that cannot renew its lease in etcd (docs/reliability.md,
+  // "Master high availability") stops acting: every call is answered as a
+  // standby's (REASON_NOT_LEADER), nothing is detected, placed, pushed or
+  // checkpointed, until Resume. Resume gives every node the dead timeout
+  // anew (its heartbeats went unheard meanwhile).
+  void Pause();
+  void Resume();
+  bool paused() const { return paused_.load(); }
   int http_port() const;
 
   // Blocks until the job has succeeded or failed, or `timeout` passed;
@@ -289,6 +305,8 @@ class MasterServer : private CheckpointCoordinator::Master {
   void TakeLedger() ABSL_LOCKS_EXCLUDED(mu_);
   // The state log's records and their group commit (master/state_log.h).
   std::unique_ptr<StateRecorder> recorder_;
+  std::atomic<bool> paused_{false};
+  std::string state_where_;  // where the state is kept, for messages
 
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> grpc_server_;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
 #include "master/master_server.h"
@@ -54,6 +55,7 @@ class MasterServer::Service final : public proto::Master::Service {
 // them call `method` of the Master service (docs/security.md): the caller
 // as `who`, or the refusal answered and audited.
 #define STRATA_CALLER(who, ctx, method, name)                                              \
+  if (m_->paused()) return ToGrpcStatus(NotLeaderError("master " + m_->address(), ""));    \
   auto who##_slot = calls_.Enter(ctx->peer());                                             \
   if (!who##_slot.ok()) return Answer(ctx, "", name, who##_slot.status());                 \
   auto who##_or = security().Identify(*ctx);                                               \

@@ -961,6 +961,13 @@ void NodeManager::Save(proto::MasterState* st) const {
   st->set_steps_lost(steps_lost_);
 }
 
+void NodeManager::GraceAll() {
+  absl::MutexLock l(&mu_);
+  const int64_t until = ToUnixMs(clock_->Now()) + options_.cluster.dead_timeout_ms;
+  for (proto::NodeInfo& n : *view_.mutable_members()) n.set_last_heartbeat_unix_ms(until);
+  suspects_.clear();
+}
+
 void NodeManager::Restore(const proto::MasterState& st) {
   absl::MutexLock l(&mu_);
   view_ = st.view();

@@ -103,6 +103,22 @@ void ApplyStateRecord(proto::MasterState record, proto::MasterState* state) {
   *state = std::move(next);
 }
 
+void ReplayStateRecords(const std::string& where, std::vector<proto::MasterState> records,
+                        std::optional<proto::MasterState>* state) {
+  for (proto::MasterState& s : records) {
+    const uint64_t seq = state->has_value() ? (*state)->record_seq() : 0;
+    if (s.record_seq() <= seq && state->has_value()) continue;  // in the snapshot
+    if (s.delta() && (!state->has_value() || s.record_seq() != seq + 1)) {
+      // Changes to a state that is not there: the log ends before them.
+      LOG(WARNING) << where << ": record " << s.record_seq() << " follows record " << seq
+                   << ": the log ends there";
+      break;
+    }
+    if (!state->has_value()) state->emplace();
+    ApplyStateRecord(std::move(s), &**state);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(storage::FileSystem* fs,
                                                          const std::string& dir,
                                                          std::optional<proto::MasterState>* state,
@@ -132,18 +148,7 @@ absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(storage::FileSystem* fs
       LOG(WARNING) << r.bad << ": the log ends there (" << r.states.size()
                    << " good record(s) before it)";
     }
-    for (proto::MasterState& s : r.states) {
-      const uint64_t seq = state->has_value() ? (*state)->record_seq() : 0;
-      if (s.record_seq() <= seq && state->has_value()) continue;  // in the snapshot
-      if (s.delta() && (!state->has_value() || s.record_seq() != seq + 1)) {
-        // Changes to a state that is not there: the log ends before them.
-        LOG(WARNING) << log << ": record " << s.record_seq() << " follows record " << seq
-                     << ": the log ends there";
-        break;
-      }
-      if (!state->has_value()) state->emplace();
-      ApplyStateRecord(std::move(s), &**state);
-    }
+    ReplayStateRecords(log, std::move(r.states), state);
   }
   std::unique_ptr<StateLog> sl(new StateLog(fs, dir, options));
   if (state->has_value()) {
@@ -176,12 +181,6 @@ absl::Status StateLog::StartLog() {
   return absl::OkStatus();
 }
 
-absl::Status StateLog::Append(proto::MasterState record) {
-  std::vector<proto::MasterState> one;
-  one.push_back(std::move(record));
-  return Append(std::move(one));
-}
-
 absl::Status StateLog::Append(std::vector<proto::MasterState> records) {
   if (records.empty()) return absl::OkStatus();
   bool snapshot = broken_;
@@ -211,7 +210,8 @@ absl::Status StateLog::Append(std::vector<proto::MasterState> records) {
   return s;
 }
 
-StateRecorder::StateRecorder(std::unique_ptr<StateLog> log) : log_(std::move(log)) {}
+StateRecorder::StateRecorder(std::shared_ptr<StateStore> log)
+    : owned_(std::move(log)), log_(owned_.get()) {}
 
 uint64_t StateRecorder::Record(proto::MasterState small, proto::MasterState tasks, size_t events,
                                const std::function<std::vector<std::string>(size_t)>& events_from,

@@ -19,6 +19,31 @@
 
 namespace strata::master {
 
+// Where the master keeps its state: a state directory (StateLog, below) or
+// etcd (EtcdStateStore, master/etcd_state.h). Both write records of
+// changes, replaced by a snapshot of the whole state every so often, and
+// replay them when opened. Not thread-safe: one writer at a time.
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+  // Writes `records` (their record_seq set here), in order, durably, at
+  // once (group commit). A whole state replaces the state and starts the
+  // records anew; a delta is applied to the state. After a failed write,
+  // the next Append writes the whole state, so the records of a failed
+  // Append are durable once a later one succeeds. Errors name where.
+  virtual absl::Status Append(std::vector<proto::MasterState> records) = 0;
+  absl::Status Append(proto::MasterState record) {
+    std::vector<proto::MasterState> one;
+    one.push_back(std::move(record));
+    return Append(std::move(one));
+  }
+  // The state the records so far make (what a replay would find, once
+  // they are durable).
+  virtual const proto::MasterState& state() const = 0;
+  // Where it is, for messages ("state directory D", "etcd ... key K").
+  virtual std::string where() const = 0;
+};
+
 // Files: DIR/snapshot (one record: the whole state) and DIR/log (records
 // after it). A record is [u32 length][u32 crc32c of the bytes][bytes: a
 // proto::MasterState], little-endian, with a record_seq. A record is either
@@ -37,7 +62,7 @@ namespace strata::master {
 // per record stays O(what changed), amortised.
 //
 // Not thread-safe: the master calls it from one writer at a time.
-class StateLog {
+class StateLog : public StateStore {
  public:
   struct Options {
     // The log is not replaced by a snapshot before it holds this much.
@@ -61,19 +86,15 @@ class StateLog {
   StateLog(const StateLog&) = delete;
   StateLog& operator=(const StateLog&) = delete;
 
-  // Writes `records` (their record_seq set here), in order, and syncs once
-  // for all of them (group commit). A whole state replaces the state and is
-  // written as the snapshot, the log started anew; a delta is applied to
-  // the state and appended to the log. After a failed write, the next
-  // Append writes the whole state as the snapshot (nothing is appended
-  // after a tail that may be torn), so the records of a failed Append are
-  // durable once a later one succeeds. Disk errors name the file.
-  absl::Status Append(std::vector<proto::MasterState> records);
-  absl::Status Append(proto::MasterState record);
-
-  // The state the records so far make (what a replay would find, once
-  // they are durable).
-  const proto::MasterState& state() const { return state_; }
+  // StateStore: syncs once for all the records. A whole state is written
+  // as the snapshot, the log started anew; a delta is appended to the log.
+  // After a failed write, the next Append writes the whole state as the
+  // snapshot (nothing is appended after a tail that may be torn). Disk
+  // errors name the file.
+  using StateStore::Append;
+  absl::Status Append(std::vector<proto::MasterState> records) override;
+  const proto::MasterState& state() const override { return state_; }
+  std::string where() const override { return "state directory " + dir_; }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -105,7 +126,7 @@ class StateLog {
 class StateRecorder {
  public:
   // `log` null: nothing is kept (Record returns 0).
-  explicit StateRecorder(std::unique_ptr<StateLog> log);
+  explicit StateRecorder(std::shared_ptr<StateStore> log);
   StateRecorder(const StateRecorder&) = delete;
   StateRecorder& operator=(const StateRecorder&) = delete;
 
@@ -131,7 +152,8 @@ class StateRecorder {
 
  private:
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
-  const std::unique_ptr<StateLog> log_ ABSL_PT_GUARDED_BY(write_mu_);
+  const std::shared_ptr<StateStore> owned_;  // (log_'s owner)
+  StateStore* const log_ ABSL_PT_GUARDED_BY(write_mu_);
   absl::Mutex persist_mu_;
   bool record_whole_ ABSL_GUARDED_BY(persist_mu_) = true;
   std::string recorded_view_ ABSL_GUARDED_BY(persist_mu_);   // serialized
@@ -175,6 +197,13 @@ struct StateRecords {
   std::string bad;  // "" when every record was good
 };
 StateRecords DecodeStateRecords(const std::string& path, absl::string_view bytes);
+
+// Applies the records of a log, in order, to *state (the snapshot's, or
+// none): those at or below the state's seq are skipped (in the snapshot);
+// a record of changes that does not follow the one before ends the replay
+// there, logged naming `where`.
+void ReplayStateRecords(const std::string& where, std::vector<proto::MasterState> records,
+                        std::optional<proto::MasterState>* state);
 
 }  // namespace strata::master
 

@@ -20,6 +20,9 @@ PACKAGES=(
   libabsl-dev libgoogle-glog-dev libgflags-dev
   libibverbs-dev libopenblas-dev libyaml-cpp-dev zlib1g-dev libzstd-dev
   libcurl4-openssl-dev libssl-dev
+  # etcd's v3 API .proto files, compiled into the master's etcd client
+  # (master high availability; master/CMakeLists.txt).
+  golang-etcd-server-dev
   dataset-fashion-mnist
   iproute2 procps curl python3
 )
@@ -33,6 +36,8 @@ if [[ $FOR == test ]]; then
   # The Python package (python/, docs/python.md): built against Debian's
   # python3 and pybind11, tested with pytest and PyTorch.
   PACKAGES+=(python3-dev pybind11-dev python3-pytest python3-torch python3-numpy python3-yaml)
+  # A real etcd (and etcdctl) for the master's high-availability tests.
+  PACKAGES+=(etcd-server etcd-client)
   # For the Soft-RoCE guest of tests/rdma (a real verbs device under QEMU).
   # Best effort: without them that one test is skipped, saying why.
   VM_PACKAGES=(qemu-system-x86 debootstrap e2fsprogs)

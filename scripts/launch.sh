@@ -226,7 +226,7 @@ wait_for_master() {
         unit_journal master-0 | tail -n 20 >&2 || true
         return 1
       fi
-    elif ! daemon_alive "$RUN_DIR/pids/master-0"; then
+    elif ! any_master_alive; then
       echo "launch.sh: the master exited during start-up; its log:" >&2
       tail -n 20 "$RUN_DIR/logs/master-0.log" >&2 || true
       return 1
@@ -234,6 +234,15 @@ wait_for_master() {
     sleep 0.2
   done
   echo "launch.sh: master at $addr did not answer within 30 s" >&2
+  return 1
+}
+
+# Whether a master of this run lives (several: a leader and standbys).
+any_master_alive() {
+  local f
+  for f in "$RUN_DIR"/pids/master-*; do
+    [[ -f "$f" ]] && daemon_alive "$f" && return 0
+  done
   return 1
 }
 
@@ -262,6 +271,8 @@ up_systemd() {
   local plan="$1" role index host port data_port http_port h
   [[ -z "$RESUME" ]] || die "--resume with --systemd is not supported: put checkpoint.resume in the config"
   [[ -z "$TRACE" ]] || die "--trace with --systemd is not supported"
+  (( $(grep -c '^master ' <<< "$plan") == 1 )) ||
+    die "several masters with --systemd are not supported yet: start strata-master.service on each master host yourself (docs/reliability.md, \"Master high availability\")"
   # Where the units' daemons look for their certificates.
   SYSTEMD_TLS_DIR="$("$STRATA" security-config --config "$CONFIG" | awk '$1 == "tls_dir" { print $2 }')"
   read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
@@ -474,8 +485,12 @@ do_up() {
   fi
 
   local role index host port data_port http_port
-  read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
-  echo "$host:$port" > "$RUN_DIR/master.address"
+  # The masters: one, or a leader and standbys (docs/reliability.md,
+  # "Master high availability"): the nodes and the CLI get them all.
+  local masters
+  masters="$(awk '$1 == "master" { h = $3; if (h ~ /:/) h = "[" h "]"; printf "%s%s:%s", (n++ ? "," : ""), h, $4 }' <<< "$plan")"
+  echo "$masters" > "$RUN_DIR/master.address"
+  read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan" | head -n 1)"
   echo "$host:$http_port" > "$RUN_DIR/master.http"
   local resume_args=()
   if [[ -n "$RESUME" ]]; then
@@ -492,11 +507,15 @@ do_up() {
   # (No spaces in the provider's words: the master splits it at spaces.)
   local provider=()
   [[ "$RUN_DIR$ROOT" != *" "* ]] && provider=(--provider "$ROOT/scripts/launch.sh provide --run-dir $RUN_DIR --action {action} --role {role} --indices {indices}")
-  start_daemon master 0 "$host" "$BIN_DIR/strata-master" --config "$CONFIG" $(tls_args "$host") \
-    --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
-    --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state" \
-    --event_log "$RUN_DIR/events.jsonl" --audit_log "$RUN_DIR/audit.jsonl" \
-    ${provider[@]+"${provider[@]}"} ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
+  # (With etcd the masters keep the job's state there, not in --state_dir.)
+  while read -r role index host port data_port http_port; do
+    [[ "$role" == master ]] || continue
+    start_daemon master "$index" "$host" "$BIN_DIR/strata-master" --config "$CONFIG" $(tls_args "$host") \
+      --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
+      --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state${index#0}" \
+      --event_log "$RUN_DIR/events.jsonl" --audit_log "$RUN_DIR/audit.jsonl" \
+      ${provider[@]+"${provider[@]}"} ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
+  done <<< "$plan"
   if ! wait_for_master; then
     do_down
     return 1
@@ -674,7 +693,8 @@ do_run() {
   # takes next to no CPU from the job it runs.
   "$STRATA" wait --master "$master" --timeout "$TIMEOUT" > "$RUN_DIR/wait.txt" 2>&1 &
   wait_pid=$!
-  local state="" f name dead="" restarts_total=0
+  local state="" f name dead="" restarts_total=0 ha=0
+  (( $(grep -c '^master ' "$RUN_DIR/plan") > 1 )) && ha=1
   local -A restarts=() finished=()
   while true; do
     if [[ -f "$RUN_DIR/down" ]]; then
@@ -731,7 +751,7 @@ do_run() {
         for _ in 1 2 3 4 5 6; do kill -0 "$wait_pid" 2>/dev/null && sleep 0.25; done
       fi
       if ! kill -0 "$wait_pid" 2>/dev/null; then continue; fi
-      if [[ -z "$state" || "$state" == waiting ]] && [[ "$dead" != master-0 ]]; then
+      if [[ -z "$state" || "$state" == waiting ]] && [[ "$dead" != master-* ]]; then
         # (The job may have begun since the last look.)
         local fresh
         fresh="$({ "$STRATA" status --master "$master" --json 2>/dev/null || true; } |
@@ -740,8 +760,9 @@ do_run() {
       fi
       # A master that recorded a state (nodes registered) is restartable:
       # it carries on from it.
+      # Standby masters (several) keep the state in etcd: always.
       local restartable=0
-      if [[ -n "$state" && "$state" != waiting ]]; then
+      if [[ -n "$state" && "$state" != waiting ]] || [[ $ha -eq 1 && "$dead" == master-* ]]; then
         restartable=1
       elif [[ "$dead" == master-0 && ( -s "$RUN_DIR/master-state/snapshot" ||
                                         -s "$RUN_DIR/master-state/log" ) ]]; then
@@ -752,7 +773,7 @@ do_run() {
         tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
         rc=1; break
       fi
-      if [[ "$code" == 0 && "$dead" != master-0 ]]; then
+      if [[ "$code" == 0 && "$dead" != master-* ]]; then
         finished[$dead]="$(cat "$RUN_DIR/pids/$dead")"
         continue
       fi
@@ -765,6 +786,11 @@ do_run() {
         echo "launch.sh: $dead failed again (code ${code:-?}) after $n restart(s) in" \
           "$RESTART_INTERVAL s: restart budget spent, giving up; its log ends:" >&2
         tail -n 5 "$RUN_DIR/logs/$dead.log" >&2 || true
+        if [[ $ha -eq 1 && "$dead" == master-* ]] && any_master_alive; then
+          echo "launch.sh: the other masters carry on without $dead" >&2
+          finished[$dead]="$(cat "$RUN_DIR/pids/$dead")"
+          continue
+        fi
         rc=1; break
       fi
       local delay_ms=$(( RESTART_DELAY_MS << n ))
@@ -774,7 +800,14 @@ do_run() {
       sleep "$delay"
       kill -0 "$wait_pid" 2>/dev/null || continue
       [[ -f "$RUN_DIR/down" ]] && continue
-      restart_daemon "$dead"
+      if [[ $ha -eq 1 && "$dead" == master-* ]]; then
+        # A master whose host is gone cannot be started again there: the
+        # others carry on (tried again after the next backoff).
+        ( restart_daemon "$dead" ) ||
+          echo "launch.sh: cannot restart $dead (its host unreachable?); the other masters carry on" >&2
+      else
+        restart_daemon "$dead"
+      fi
       restarts[$dead]="$kept $SECONDS"
       restarts_total=$((restarts_total + 1))
     fi

@@ -708,6 +708,30 @@ TEST(ParseJobConfigTest, RdmaTransportAndItsSettings) {
               "local.yaml:8:17: ", "cluster.rdma.recv_slots");
 }
 
+TEST(ParseJobConfigTest, EtcdSectionForStandbyMastersAndItsChecks) {
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      JobConfig c,
+      ParseWithData("cluster:\n  etcd:\n    endpoints: [10.0.0.1:2379, http://10.0.0.2:2379/]\n"
+                    "    prefix: /jobs\n    lease_seconds: 5\n    request_timeout_ms: 900\n"
+                    "    tls: true\n"));
+  EXPECT_THAT(c.cluster.etcd.endpoints, ElementsAre("10.0.0.1:2379", "http://10.0.0.2:2379/"));
+  EXPECT_EQ(c.cluster.etcd.prefix, "/jobs");
+  EXPECT_EQ(c.cluster.etcd.lease_seconds, 5);
+  EXPECT_EQ(c.cluster.etcd.request_timeout_ms, 900);
+  EXPECT_TRUE(c.cluster.etcd.tls);
+  STRATA_ASSERT_OK_AND_ASSIGN(JobConfig none, ParseWithData(""));
+  EXPECT_TRUE(none.cluster.etcd.endpoints.empty());  // one master, no etcd
+  ExpectError(ParseWithData("cluster:\n  etcd:\n    prefix: /x\n"),
+              "local.yaml:7:3: ", "cluster.etcd.endpoints", "is missing or empty");
+  ExpectError(ParseWithData("cluster:\n  etcd:\n    endpoints: [10.0.0.1]\n"),
+              "local.yaml:", "cluster.etcd.endpoints", "etcd endpoint '10.0.0.1' is not host:port");
+  ExpectError(ParseWithData("cluster:\n  etcd:\n    endpoints: [a:1]\n    lease_seconds: 0\n"),
+              "local.yaml:9:", "cluster.etcd.lease_seconds");
+  EXPECT_EQ(EtcdEndpointAddress("https://e1:2379/").value(), "e1:2379");
+  EXPECT_FALSE(EtcdEndpointAddress("e1:2379/v3").ok());
+  EXPECT_FALSE(EtcdEndpointAddress("e1:99999").ok());
+}
+
 TEST(ParseJobConfigTest, SparseSectionAndItsChecks) {
   STRATA_ASSERT_OK_AND_ASSIGN(
       JobConfig c,

@@ -34,7 +34,7 @@ TEST(ParseHostFileTest, HeaderExampleParses) {
       "\n"
       "node-b      worker=4\n";
   STRATA_ASSERT_OK_AND_ASSIGN(HostFile f, ParseHostFile(text, "hosts"));
-  EXPECT_EQ(f.source, "");
+  EXPECT_EQ(f.source, "hosts");  // (what errors name)
   ASSERT_EQ(f.hosts.size(), 3u);
   EXPECT_EQ(f.hosts[0].host, "127.0.0.1");
   EXPECT_EQ(f.hosts[0].line, 2);
@@ -103,9 +103,29 @@ TEST(ParseHostFileTest, DuplicateHostNamesEarlierLine) {
               "hosts.txt:4: ", "duplicate host 'node-a'", "first on line 2");
 }
 
-TEST(ParseHostFileTest, TwoMastersNameBothLines) {
-  ExpectError(ParseHostFile("a master pserver\nb worker\nc master\n", "hosts.txt"),
-              "hosts.txt:3: ", "more than one master", "lines 1 and 3");
+// A leader and standbys (docs/reliability.md, "Master high availability"):
+// up to three masters, which need etcd.
+TEST(ParseHostFileTest, TwoOrThreeMastersAreALeaderAndStandbysThatNeedEtcd) {
+  auto two = ParseHostFile("a master pserver\nb worker\nc master\n", "hosts.txt");
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_EQ(two->master_hosts().size(), 2u);
+  EXPECT_EQ(two->master_host().host, "a");
+  EXPECT_EQ(two->master_hosts()[1].host, "c");
+  EXPECT_EQ(two->MasterAddresses(7070), "a:7070,c:7070");
+  EXPECT_TRUE(CheckMasterHosts(*two, /*etcd_configured=*/true).ok());
+  const absl::Status s = CheckMasterHosts(*two, /*etcd_configured=*/false);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("hosts.txt: 2 masters (lines 1, 3)"),
+                                              HasSubstr("no cluster.etcd.endpoints")));
+  auto one = ParseHostFile("fe80::1 master pserver worker\n", "h");
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(CheckMasterHosts(*one, false).ok());
+  EXPECT_EQ(one->MasterAddresses(7070), "[fe80::1]:7070");
+}
+
+TEST(ParseHostFileTest, FourMastersNameTheirLines) {
+  ExpectError(ParseHostFile("a master pserver\nb master worker\nc master\nd master\n", "hosts.txt"),
+              "hosts.txt:4: ", "more than 3 masters", "lines 1, 2, 3, 4");
 }
 
 TEST(ParseHostFileTest, NoMaster) {
@@ -146,7 +166,8 @@ TEST(ParseHostFileTest, BadRangesNameTheItem) {
   ExpectError(ParseHostFile("a master pserver worker=0..0\n", "h"),
               "h:1: ", "bad range in 'worker=0..0'");
   ExpectError(ParseHostFile("a master pserver worker=1..\n", "h"), "h:1: ", "bad range");
-  ExpectError(ParseHostFile("a master=1..2 pserver worker\n", "h"), "h:1: ", "exactly one master");
+  ExpectError(ParseHostFile("a master=1..2 pserver worker\n", "h"),
+              "h:1: ", "a host runs one master");
   ExpectError(ParseHostFile("a master pserver=0..2 worker\n", "h"),
               "h: ", "no pserver started with the job");
 }

@@ -109,9 +109,17 @@ absl::StatusOr<LaunchPlan> LoadPlan(const Flags& f, const char* command) {
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(s.message(), " (", f.at("hosts"), ")"));
   }
+  if (absl::Status s = CheckMasterHosts(plan.hosts, !plan.config.cluster.etcd.endpoints.empty());
+      !s.ok()) {
+    return s;
+  }
   const auto& p = plan.config.cluster.ports;
   std::vector<PlannedDaemon>& d = plan.daemons;
-  d.push_back({"master", 0, plan.hosts.master_host().host, p.master, -1, p.master_http});
+  // The masters: the first leads at start, the others are standbys.
+  int m = 0;
+  for (const HostEntry& h : plan.hosts.master_hosts()) {
+    d.push_back({"master", m++, h.host, p.master, -1, p.master_http});
+  }
   for (const HostSlot& s : plan.hosts.Slots()) {
     const int i = s.index;
     if (s.role == "pserver") {

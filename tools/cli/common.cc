@@ -7,7 +7,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/proto_names.h"
 #include "common/security.h"
@@ -17,7 +19,23 @@
 namespace strata::tools::cli {
 
 std::shared_ptr<grpc::Channel> ClusterAccess::Channel(const std::string& address) const {
-  return grpc::CreateChannel(address, creds ? creds : grpc::InsecureChannelCredentials());
+  return grpc::CreateChannel(Leader(address), creds ? creds : grpc::InsecureChannelCredentials());
+}
+
+std::string ClusterAccess::Leader(const std::string& masters) const {
+  const std::vector<std::string> list = absl::StrSplit(masters, ',', absl::SkipWhitespace());
+  if (list.size() <= 1) return masters;
+  for (const std::string& m : list) {
+    auto stub = proto::Master::NewStub(
+        grpc::CreateChannel(m, creds ? creds : grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    proto::GetStatusResponse resp;
+    const absl::Status s = FromGrpcStatus(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp));
+    if (s.ok()) return m;
+    if (const std::string leader = LeaderOf(s); !leader.empty()) return leader;
+  }
+  return list[0];
 }
 
 absl::Status ClusterAccess::FromCall(const grpc::Status& s, const std::string& peer) const {
@@ -34,12 +52,13 @@ absl::Status ClusterAccess::FromCall(const grpc::Status& s, const std::string& p
 
 absl::StatusOr<proto::GetStatusResponse> ClusterAccess::FetchStatus(
     const std::string& master) const {
-  auto stub = proto::Master::NewStub(Channel(master));
+  const std::string leader = Leader(master);
+  auto stub = proto::Master::NewStub(Channel(leader));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   proto::GetStatusResponse resp;
   absl::Status s =
-      FromCall(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp), "master " + master);
+      FromCall(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp), "master " + leader);
   if (!s.ok()) return s;
   return resp;
 }

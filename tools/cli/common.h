@@ -37,7 +37,14 @@ struct ClusterAccess {
   HttpClientOptions http;
   bool https = false;
 
+  // `address`: one master's, or several comma-separated (a leader and its
+  // standbys, docs/reliability.md): then the channel is the leader's
+  // (Leader).
   std::shared_ptr<grpc::Channel> Channel(const std::string& address) const;
+  // Of the masters in `masters` (comma-separated), the one that leads: the
+  // first that answers, or the leader a standby names. A single address
+  // is returned as it is, with no call; when none answers, the first.
+  std::string Leader(const std::string& masters) const;
   // A call's status, naming `peer`.
   absl::Status FromCall(const grpc::Status& s, const std::string& peer) const;
   // The master's GetStatus, within 5 s.

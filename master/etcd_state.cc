@@ -1,0 +1,208 @@
+#include "master/etcd_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace strata::master {
+namespace {
+
+std::string HeadKey(const std::string& keys) { return keys + "state/head"; }
+std::string LogPrefix(const std::string& keys) { return keys + "state/log/"; }
+std::string SnapPrefix(const std::string& keys) { return keys + "state/snap/"; }
+std::string GenPrefix(const std::string& keys, uint64_t gen) {
+  return absl::StrFormat("%s%016x/", SnapPrefix(keys), gen);
+}
+std::string LogKey(const std::string& keys, uint64_t seq) {
+  return absl::StrFormat("%s%020d", LogPrefix(keys), seq);
+}
+
+etcdserverpb::RequestOp Put(std::string key, std::string value) {
+  etcdserverpb::RequestOp op;
+  op.mutable_request_put()->set_key(std::move(key));
+  op.mutable_request_put()->set_value(std::move(value));
+  return op;
+}
+
+etcdserverpb::RequestOp DeleteRange(std::string from, std::string to) {
+  etcdserverpb::RequestOp op;
+  op.mutable_request_delete_range()->set_key(std::move(from));
+  op.mutable_request_delete_range()->set_range_end(std::move(to));
+  return op;
+}
+
+// Every key under `prefix`, in key order.
+absl::StatusOr<etcdserverpb::RangeResponse> Under(EtcdClient* etcd, const std::string& prefix) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix);
+  req.set_range_end(PrefixRangeEnd(prefix));
+  return etcd->Range(req);
+}
+
+}  // namespace
+
+std::string EtcdJobKeys(const std::string& prefix, const std::string& job) {
+  std::string p = prefix;
+  while (!p.empty() && p.back() == '/') p.pop_back();
+  return absl::StrCat(p, "/", job, "/");
+}
+
+std::string EtcdStateStore::where() const {
+  return absl::StrCat("etcd ", options_.etcd->endpoint(), " keys ", options_.keys, "state/");
+}
+
+absl::StatusOr<std::unique_ptr<EtcdStateStore>> EtcdStateStore::Open(
+    Options options, std::optional<proto::MasterState>* state) {
+  state->reset();
+  EtcdClient* etcd = options.etcd;
+  const std::string keys = options.keys;
+  std::unique_ptr<EtcdStateStore> store(new EtcdStateStore(std::move(options)));
+  STRATA_ASSIGN_OR_RETURN(EtcdClient::Value head_kv, etcd->Get(HeadKey(keys)));
+  if (head_kv.found) {
+    proto::EtcdStateHead head;
+    if (!head.ParseFromString(head_kv.value)) {
+      return absl::DataLossError(absl::StrCat("etcd key ", HeadKey(keys),
+                                              " does not parse; delete the keys under ", keys,
+                                              "state/ to start the master afresh"));
+    }
+    const std::string gen = GenPrefix(keys, head.generation());
+    STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse parts, Under(etcd, gen));
+    std::string bytes;
+    for (const mvccpb::KeyValue& kv : parts.kvs()) bytes += kv.value();
+    StateRecords r = DecodeStateRecords(gen, bytes);
+    if (parts.kvs_size() != static_cast<int>(head.parts()) || !r.bad.empty() ||
+        r.states.size() != 1 || r.states[0].delta()) {
+      return absl::DataLossError(absl::StrCat(
+          "etcd snapshot ", gen, ": ", parts.kvs_size(), " of ", head.parts(), " parts, ",
+          r.bad.empty() ? absl::StrCat(r.states.size(), " record(s)") : r.bad,
+          "; delete the keys under ", keys, "state/ to start the master afresh"));
+    }
+    *state = std::move(r.states[0]);
+    store->generation_ = head.generation();
+  }
+  STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse log, Under(etcd, LogPrefix(keys)));
+  std::vector<proto::MasterState> records;
+  for (const mvccpb::KeyValue& kv : log.kvs()) {
+    StateRecords r = DecodeStateRecords(kv.key(), kv.value());
+    if (!r.bad.empty() || r.states.size() != 1) {
+      LOG(WARNING) << (r.bad.empty() ? absl::StrCat(kv.key(), ": not one record") : r.bad)
+                   << ": the log ends there (" << records.size() << " good record(s) before it)";
+      break;
+    }
+    records.push_back(std::move(r.states[0]));
+  }
+  ReplayStateRecords(absl::StrCat("etcd ", LogPrefix(keys)), std::move(records), state);
+  if (state->has_value()) {
+    store->seq_ = (*state)->record_seq();
+    store->state_ = **state;
+    STRATA_RETURN_IF_ERROR(store->WriteSnapshot());
+  }
+  return store;
+}
+
+absl::Status EtcdStateStore::Commit(std::vector<etcdserverpb::RequestOp> ops, int64_t* revision) {
+  MasterLeadership* lead = options_.leadership;
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = lead->StillLeading();
+  for (etcdserverpb::RequestOp& op : ops) *txn.add_success() = std::move(op);
+  ++transactions_;
+  STRATA_ASSIGN_OR_RETURN(etcdserverpb::TxnResponse resp, options_.etcd->Txn(txn));
+  if (!resp.succeeded()) {
+    const std::string why =
+        absl::StrCat("a state write found ", lead->leader_key(), " is no longer this master's (",
+                     "revision ", lead->revision(), "): another master leads");
+    lead->Deposed(why);
+    return absl::FailedPreconditionError(why);
+  }
+  lead->Wrote(resp.header().revision());
+  if (revision != nullptr) *revision = resp.header().revision();
+  return absl::OkStatus();
+}
+
+absl::Status EtcdStateStore::WriteSnapshot() {
+  const std::string keys = options_.keys;
+  const std::string bytes = EncodeStateRecord(state_);
+  // (The state's seq names its generation: each snapshot's is new.)
+  const uint64_t gen = std::max(generation_ + 1, seq_);
+  const std::string prefix = GenPrefix(keys, gen);
+  uint32_t parts = 0;
+  for (size_t off = 0; off < bytes.size() || parts == 0; off += options_.part_bytes) {
+    std::vector<etcdserverpb::RequestOp> ops;
+    ops.push_back(
+        Put(absl::StrFormat("%s%06d", prefix, parts++), bytes.substr(off, options_.part_bytes)));
+    STRATA_RETURN_IF_ERROR(Commit(std::move(ops), nullptr));
+  }
+  proto::EtcdStateHead head;
+  head.set_generation(gen);
+  head.set_parts(parts);
+  head.set_seq(seq_);
+  head.set_bytes(bytes.size());
+  // The head names the new snapshot; the log and every other snapshot
+  // (an older one, or parts of one whose head was never written) go.
+  std::vector<etcdserverpb::RequestOp> ops;
+  ops.push_back(Put(HeadKey(keys), head.SerializeAsString()));
+  ops.push_back(DeleteRange(LogPrefix(keys), PrefixRangeEnd(LogPrefix(keys))));
+  ops.push_back(DeleteRange(SnapPrefix(keys), prefix));
+  ops.push_back(DeleteRange(PrefixRangeEnd(prefix), PrefixRangeEnd(SnapPrefix(keys))));
+  int64_t revision = 0;
+  STRATA_RETURN_IF_ERROR(Commit(std::move(ops), &revision));
+  generation_ = gen;
+  snapshot_bytes_ = bytes.size();
+  log_bytes_ = 0;
+  // The history of what was replaced goes too (etcd keeps every revision
+  // until compacted). Best effort: the next snapshot compacts again.
+  if (absl::Status s = options_.etcd->Compact(revision); !s.ok()) {
+    LOG(WARNING) << "compacting etcd at revision " << revision << ": " << s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EtcdStateStore::Append(std::vector<proto::MasterState> records) {
+  if (records.empty()) return absl::OkStatus();
+  bool snapshot = broken_;
+  std::vector<std::pair<std::string, std::string>> puts;
+  uint64_t bytes = 0;
+  for (proto::MasterState& r : records) {
+    r.set_record_seq(++seq_);
+    if (!r.delta()) snapshot = true;
+    if (!snapshot) {
+      std::string rec = EncodeStateRecord(r);
+      // A record etcd would refuse alone: a snapshot instead (in parts).
+      if (rec.size() > options_.txn_bytes) snapshot = true;
+      bytes += rec.size();
+      puts.emplace_back(LogKey(options_.keys, r.record_seq()), std::move(rec));
+    }
+    ApplyStateRecord(std::move(r), &state_);
+  }
+  if (!snapshot &&
+      log_bytes_ + bytes >= std::max<uint64_t>(options_.min_log_bytes, snapshot_bytes_)) {
+    snapshot = true;
+  }
+  absl::Status s;
+  if (snapshot) {
+    s = WriteSnapshot();
+  } else {
+    // As few transactions as etcd's limits allow (128 operations, 1.5 MiB).
+    std::vector<etcdserverpb::RequestOp> ops;
+    size_t in_txn = 0;
+    for (size_t i = 0; i < puts.size() && s.ok(); ++i) {
+      in_txn += puts[i].second.size();
+      ops.push_back(Put(std::move(puts[i].first), std::move(puts[i].second)));
+      const bool last = i + 1 == puts.size();
+      if (last || ops.size() >= 100 || in_txn + puts[i + 1].second.size() > options_.txn_bytes) {
+        s = Commit(std::move(ops), nullptr);
+        ops.clear();
+        in_txn = 0;
+      }
+    }
+    if (s.ok()) log_bytes_ += bytes;
+  }
+  broken_ = !s.ok();
+  return s;
+}
+
+}  // namespace strata::master

@@ -1,0 +1,142 @@
+#include "master/high_availability.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/daemon.h"
+#include "common/security.h"
+#include "glog/logging.h"
+#include "master/etcd_state.h"
+#include "master/standby.h"
+#include "storage/file_system.h"
+
+namespace strata::master {
+namespace {
+
+// etcd's mTLS: the master's own certificate and the cluster's CA.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(const MasterOptions& o) {
+  if (!o.config.cluster.etcd.tls) return std::shared_ptr<grpc::ChannelCredentials>();
+  const ControlPlaneSecurity& sec = o.security;
+  if (sec.plaintext || sec.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster.etcd.tls: true needs security.mode mtls (the master's certificate is what it "
+        "shows etcd)");
+  }
+  const auto local = storage::NewPosixFileSystem();
+  grpc::SslCredentialsOptions ssl;
+  for (auto [path, out] :
+       {std::pair{sec.ca_file, &ssl.pem_root_certs}, std::pair{sec.cert_file, &ssl.pem_cert_chain},
+        std::pair{sec.key_file, &ssl.pem_private_key}}) {
+    auto bytes = local->ReadFile(path);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster.etcd.tls: ", bytes.status().message()));
+    }
+    *out = *std::move(bytes);
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(MasterOptions* opts,
+                                                                              int* exit_code) {
+  const EtcdSection& e = opts->config.cluster.etcd;
+  *exit_code = 2;
+  EtcdClient::Options eo;
+  eo.endpoints = e.endpoints;
+  eo.request_timeout = absl::Milliseconds(e.request_timeout_ms);
+  auto creds = EtcdCredentials(*opts);
+  if (!creds.ok()) return creds.status();
+  eo.credentials = *std::move(creds);
+  std::unique_ptr<HighAvailability> ha(new HighAvailability());
+  auto etcd = EtcdClient::Connect(std::move(eo));
+  if (!etcd.ok()) return etcd.status();
+  ha->etcd_ = *std::move(etcd);
+  *exit_code = 1;
+
+  // A standby: the redirect on the master's port, while it campaigns.
+  int port = 0;
+  std::unique_ptr<grpc::Service> standby;
+  std::unique_ptr<grpc::Server> server;
+  const std::string keys = EtcdJobKeys(e.prefix, opts->config.job.name);
+  // (The address is known once the port is bound: the leadership is made
+  // after, and the redirect asks it through this pointer.)
+  std::atomic<MasterLeadership*> lead{nullptr};
+  standby = NewStandbyService(absl::StrCat(opts->host, ":", opts->port), [&lead] {
+    MasterLeadership* l = lead.load();
+    return l != nullptr ? l->leader() : std::string();
+  });
+  auto started = StartControlServer("master", opts->host, opts->port, opts->security.server,
+                                    standby.get(), opts->config.cluster.control_connect_ms, &port);
+  if (!started.ok()) return started.status();
+  server = *std::move(started);
+  const std::string address = absl::StrCat(opts->host, ":", port);
+  ha->leadership_ = std::make_unique<MasterLeadership>(
+      MasterLeadership::Options{ha->etcd_.get(), keys, address, e.lease_seconds});
+  lead = ha->leadership_.get();
+  LOG(INFO) << "master " << address << ": a standby, campaigning for the lead of job "
+            << opts->config.job.name << " in etcd " << ha->etcd_->endpoint() << " (" << keys
+            << "leader)";
+
+  std::atomic<bool> stop{false}, done{false};
+  absl::Status campaign;
+  std::thread campaigner([&] {
+    campaign = ha->leadership_->Campaign([&stop] { return stop.load(); });
+    done = true;
+  });
+  const int sig = WaitForTerminationSignal([&done] { return done.load(); });
+  stop = true;
+  campaigner.join();
+  server->Shutdown(absl::ToChronoTime(absl::Now()));
+  server.reset();
+  if (sig != 0 || !campaign.ok()) {
+    LOG(INFO) << "stopped while a standby";
+    return std::unique_ptr<HighAvailability>();
+  }
+  // The leader: from here on, a lease not renewed in time ends the process
+  // before another master can be elected (leadership.h).
+  HighAvailability* self = ha.get();
+  ha->leadership_->KeepLeading(MasterLeadership::Callbacks{
+      [self](const std::string&) { self->Pause(); }, [self] { self->Resume(); },
+      [](const std::string& why) {
+        LOG(ERROR) << "exiting at once so that the new leader alone acts (" << why
+                   << "); restarted, this master is a standby";
+        google::FlushLogFiles(google::GLOG_INFO);
+        std::_Exit(3);
+      }});
+  opts->port = port;
+  std::optional<proto::MasterState> replayed;
+  auto store = EtcdStateStore::Open(
+      EtcdStateStore::Options{ha->etcd_.get(), ha->leadership_.get(), keys}, &replayed);
+  if (!store.ok()) return store.status();
+  LOG(INFO) << "the job's state in etcd: "
+            << (replayed.has_value() ? absl::StrCat("replayed to record ", replayed->record_seq())
+                                     : std::string("none yet (a new job)"));
+  opts->state_store = *std::move(store);
+  opts->state_replayed = std::move(replayed);
+  return ha;
+}
+
+void HighAvailability::Attach(MasterServer* master) {
+  absl::MutexLock l(&mu_);
+  master_ = master;
+  if (master_ != nullptr && paused_) master_->Pause();
+}
+
+void HighAvailability::Pause() {
+  absl::MutexLock l(&mu_);
+  paused_ = true;
+  if (master_ != nullptr) master_->Pause();
+}
+
+void HighAvailability::Resume() {
+  absl::MutexLock l(&mu_);
+  paused_ = false;
+  if (master_ != nullptr) master_->Resume();
+}
+
+}  // namespace strata::master

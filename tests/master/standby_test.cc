@@ -1,0 +1,149 @@
+// A standby master's redirect (master/standby.h), followed by a node's
+// agent (common/node_agent.h, common/grpc_channel.h) through real gRPC
+// servers: to the leader it names, past a dead master in the list.
+#include "master/standby.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/error_reason.h"
+#include "common/grpc_status.h"
+#include "common/node_agent.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/strata.grpc.pb.h"
+#include "tests/testing/etcd_process.h"
+
+namespace strata::master {
+namespace {
+
+using ::testing::HasSubstr;
+
+class LeaderMaster : public proto::Master::Service {
+ public:
+  std::atomic<int> views{0};
+  grpc::Status GetClusterView(grpc::ServerContext*, const proto::GetClusterViewRequest*,
+                              proto::ClusterView* view) override {
+    ++views;
+    view->set_epoch(9);
+    return grpc::Status::OK;
+  }
+};
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(service);
+  auto server = b.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
+class StandbyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    leader_server_ = Serve(&leader_, &leader_address_);
+    standby_ = NewStandbyService("standby", [this] {
+      absl::MutexLock l(&mu_);
+      return known_leader_;
+    });
+    standby_server_ = Serve(standby_.get(), &standby_address_);
+  }
+  void TearDown() override {
+    standby_server_->Shutdown();
+    leader_server_->Shutdown();
+  }
+  std::unique_ptr<NodeAgent> Agent(const std::string& masters) {
+    NodeAgent::Options o;
+    o.master_address = masters;
+    o.credentials = grpc::InsecureChannelCredentials();
+    o.name = "worker 0";
+    o.request_timeout = absl::Seconds(10);
+    o.control_connect_ms = 100;
+    return std::make_unique<NodeAgent>(std::move(o));
+  }
+  absl::Status FetchView(NodeAgent* agent, proto::ClusterView* view) {
+    return agent->Call(
+        [&](grpc::ClientContext* ctx) {
+          return agent->master()->GetClusterView(ctx, proto::GetClusterViewRequest(), view);
+        },
+        nullptr);
+  }
+  void SetLeader(const std::string& l) {
+    absl::MutexLock l2(&mu_);
+    known_leader_ = l;
+  }
+
+  LeaderMaster leader_;
+  std::unique_ptr<grpc::Server> leader_server_;
+  std::string leader_address_;
+  std::unique_ptr<grpc::Service> standby_;
+  std::unique_ptr<grpc::Server> standby_server_;
+  std::string standby_address_;
+  absl::Mutex mu_;
+  std::string known_leader_;
+};
+
+TEST_F(StandbyTest, AStandbyAnswersEveryCallWithTheLeadersAddress) {
+  SetLeader(leader_address_);
+  auto stub = proto::Master::NewStub(
+      grpc::CreateChannel(standby_address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  proto::RegisterResponse resp;
+  absl::Status s = FromGrpcStatus(stub->Register(&ctx, proto::RegisterRequest(), &resp));
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_TRUE(HasReason(s, proto::REASON_NOT_LEADER)) << s;
+  EXPECT_EQ(LeaderOf(s), leader_address_);
+  EXPECT_THAT(s.message(), HasSubstr("master standby is a standby master: the leading master is " +
+                                     leader_address_));
+  // No leader yet: said so, and nothing to follow.
+  SetLeader("");
+  grpc::ClientContext ctx2;
+  proto::GetStatusResponse status;
+  s = FromGrpcStatus(stub->GetStatus(&ctx2, proto::GetStatusRequest(), &status));
+  EXPECT_TRUE(HasReason(s, proto::REASON_NOT_LEADER)) << s;
+  EXPECT_EQ(LeaderOf(s), "");
+  EXPECT_THAT(s.message(), HasSubstr("no master leads yet"));
+}
+
+TEST_F(StandbyTest, ANodeFollowsTheStandbysRedirectToTheLeader) {
+  SetLeader(leader_address_);
+  auto agent = Agent(standby_address_);  // (the leader is not in its list)
+  proto::ClusterView view;
+  ASSERT_TRUE(FetchView(agent.get(), &view).ok());
+  EXPECT_EQ(view.epoch(), 9u);
+  EXPECT_EQ(leader_.views.load(), 1);
+}
+
+TEST_F(StandbyTest, ANodeSkipsADeadMasterInItsList) {
+  SetLeader(leader_address_);
+  const std::string dead = absl::StrCat("127.0.0.1:", testing::FreeLocalPort());
+  auto agent = Agent(absl::StrCat(dead, ",", standby_address_));
+  proto::ClusterView view;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(FetchView(agent.get(), &view).ok());
+  EXPECT_EQ(view.epoch(), 9u);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(StandbyTest, ANodeWaitsThroughAnElectionForTheLeader) {
+  // No leader known at first; the standby then learns one.
+  auto agent = Agent(standby_address_);
+  std::thread elect([this] {
+    absl::SleepFor(absl::Milliseconds(700));
+    SetLeader(leader_address_);
+  });
+  proto::ClusterView view;
+  absl::Status s = FetchView(agent.get(), &view);
+  elect.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(leader_.views.load(), 1);
+}
+
+}  // namespace
+}  // namespace strata::master

@@ -5,7 +5,11 @@
 // each completed task is one record, synced before the completion is
 // acknowledged. --mode whole writes the whole state in every record (what
 // the state log did before it recorded changes); --mode delta writes what
-// changed (the master today). docs/performance.md has the figures.
+// changed (the master today). --store etcd --etcd HOST:PORT writes the
+// records to etcd instead (master/etcd_state.h: each one a transaction
+// fenced by the leader key, as a leading master of several writes them);
+// bench/state_store_bench.sh compares the two. docs/performance.md has the
+// figures.
 //
 // Every task is completed, but only --samples of them, evenly spread over
 // the job, are recorded and timed (writing the whole state a million times
@@ -21,6 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gflags/gflags.h"
+#include "master/etcd_client.h"
+#include "master/etcd_state.h"
+#include "master/leadership.h"
 #include "master/state_log.h"
 #include "master/task_scheduler.h"
 #include "proto/strata.pb.h"
@@ -33,6 +40,8 @@ DEFINE_string(dir, "", "the state directory (made under /tmp when empty; removed
 DEFINE_int32(pservers, 8, "nodes in the view (its size is in every record)");
 DEFINE_int32(workers, 8, "");
 DEFINE_int32(partitions, 64, "");
+DEFINE_string(store, "file", "file (a state directory) | etcd");
+DEFINE_string(etcd, "", "--store etcd: the etcd endpoint (host:port)");
 
 namespace {
 
@@ -102,8 +111,36 @@ int Run() {
   }
   std::unique_ptr<strata::storage::FileSystem> fs = strata::storage::NewPosixFileSystem();
   std::optional<proto::MasterState> saved;
-  absl::StatusOr<std::unique_ptr<strata::master::StateLog>> log =
-      strata::master::StateLog::Open(fs.get(), dir, &saved);
+  // etcd: this process leads a job of its own (keys of its pid) and writes
+  // as a leading master does.
+  const bool in_etcd = FLAGS_store == "etcd";
+  std::unique_ptr<strata::master::EtcdClient> etcd;
+  std::unique_ptr<strata::master::MasterLeadership> lead;
+  const std::string keys = absl::StrCat("/strata-bench/", getpid(), "/");
+  if (in_etcd) {
+    auto c = strata::master::EtcdClient::Connect({{FLAGS_etcd}, nullptr, absl::Seconds(5)});
+    if (!c.ok()) {
+      std::cerr << "strata-state-log-bench: " << c.status() << "\n";
+      return 1;
+    }
+    etcd = *std::move(c);
+    lead = std::make_unique<strata::master::MasterLeadership>(
+        strata::master::MasterLeadership::Options{etcd.get(), keys, "bench:0", 10});
+    if (absl::Status s = lead->Campaign([] { return false; }); !s.ok()) {
+      std::cerr << "strata-state-log-bench: " << s << "\n";
+      return 1;
+    }
+  } else if (FLAGS_store != "file") {
+    std::cerr << "strata-state-log-bench: --store " << FLAGS_store << ": file or etcd\n";
+    return 2;
+  }
+  auto open = [&]() -> absl::StatusOr<std::unique_ptr<strata::master::StateStore>> {
+    if (in_etcd) {
+      return strata::master::EtcdStateStore::Open({etcd.get(), lead.get(), keys}, &saved);
+    }
+    return strata::master::StateLog::Open(fs.get(), dir, &saved);
+  };
+  absl::StatusOr<std::unique_ptr<strata::master::StateStore>> log = open();
   if (!log.ok()) {
     std::cerr << "strata-state-log-bench: " << log.status() << "\n";
     return 1;
@@ -170,20 +207,31 @@ int Run() {
     ++recorded;
   }
   log->reset();
-  const uint64_t snapshot_bytes = fs->FileSize(dir + "/snapshot").value_or(0);
-  const uint64_t log_bytes = fs->FileSize(dir + "/log").value_or(0);
+  uint64_t snapshot_bytes = fs->FileSize(dir + "/snapshot").value_or(0);
+  uint64_t log_bytes = fs->FileSize(dir + "/log").value_or(0);
+  if (in_etcd) {  // the values of the snapshot's and the log's keys
+    for (auto [prefix, out] : {std::pair{keys + "state/snap/", &snapshot_bytes},
+                               std::pair{keys + "state/log/", &log_bytes}}) {
+      etcdserverpb::RangeRequest r;
+      r.set_key(prefix);
+      r.set_range_end(strata::master::PrefixRangeEnd(prefix));
+      auto resp = etcd->Range(r);
+      if (!resp.ok()) continue;
+      for (const auto& kv : resp->kvs()) *out += kv.value().size();
+    }
+  }
   const Clock::time_point r0 = Clock::now();
-  log = strata::master::StateLog::Open(fs.get(), dir, &saved);
+  log = open();
   const double replay = Seconds(r0);
   if (!log.ok() || !saved.has_value()) {
     std::cerr << "strata-state-log-bench: replay: " << log.status() << "\n";
     return 1;
   }
   std::printf(
-      "mode %s: %lld tasks, %d completions recorded: %.1f us and %.0f bytes per completed task "
-      "(record built, written, synced); replay %.3f s of a %.1f MB snapshot and a %.1f MB log "
-      "(%d tasks done in the replayed state)\n",
-      FLAGS_mode.c_str(), static_cast<long long>(FLAGS_tasks), recorded,
+      "store %s, mode %s: %lld tasks, %d completions recorded: %.1f us and %.0f bytes per "
+      "completed task (record built, written, synced); replay %.3f s of a %.1f MB snapshot and a "
+      "%.1f MB log (%d tasks done in the replayed state)\n",
+      FLAGS_store.c_str(), FLAGS_mode.c_str(), static_cast<long long>(FLAGS_tasks), recorded,
       1e6 * write_seconds / recorded, static_cast<double>(bytes) / recorded, replay,
       snapshot_bytes / 1e6, log_bytes / 1e6, saved->tasks_done_size());
   log->reset();

@@ -42,8 +42,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(const 
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(MasterOptions* opts,
-                                                                              int* exit_code) {
+absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
+    MasterOptions* opts, const std::string& instance, int* exit_code) {
   const EtcdSection& e = opts->config.cluster.etcd;
   *exit_code = 2;
   EtcdClient::Options eo;
@@ -62,7 +62,8 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(Ma
   int port = 0;
   std::unique_ptr<grpc::Service> standby;
   std::unique_ptr<grpc::Server> server;
-  const std::string keys = EtcdJobKeys(e.prefix, opts->config.job.name);
+  const std::string keys = EtcdJobKeys(e.prefix, opts->config.job.name) +
+                           (instance.empty() ? "" : instance + "/");
   // (The address is known once the port is bound: the leadership is made
   // after, and the redirect asks it through this pointer.)
   std::atomic<MasterLeadership*> lead{nullptr};

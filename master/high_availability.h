@@ -27,7 +27,10 @@ class HighAvailability {
   // makes it a standby), and sets opts->port to the
   // port served and opts->state_store and state_replayed to the job's
   // state in etcd.
+  // `instance`: the bring-up's id ("" = none): the keys are
+  // PREFIX/JOB/[INSTANCE/].
   static absl::StatusOr<std::unique_ptr<HighAvailability>> AwaitLead(MasterOptions* opts,
+                                                                     const std::string& instance,
                                                                      int* exit_code);
   // The master that acts as the leader (null: none now): paused while the
   // lease cannot be renewed, resumed when it is again (leadership.h).

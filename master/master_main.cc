@@ -39,6 +39,10 @@ DEFINE_string(provider, "",
               "what starts the daemons `strata scale` adds when the config's "
               "elastic.provider is empty: a command and its arguments, split at spaces, "
               "with {action} {role} {count} {indices} replaced (launch.sh passes its own)");
+DEFINE_string(instance, "",
+              "with cluster.etcd: this bring-up of the job, so that a new one does not take an "
+              "earlier one's state in etcd for its own (keys PREFIX/JOB/INSTANCE/; launch.sh "
+              "gives each bring-up its own; restarts keep it)");
 DEFINE_string(state_dir, "",
               "the master's state directory: state changes are logged there and a master "
               "restarted on it carries on the job (docs/reliability.md); one master at a time");
@@ -95,7 +99,7 @@ int main(int argc, char** argv) {
       opts.state_dir.clear();
     }
     int code = 1;
-    auto elected = strata::master::HighAvailability::AwaitLead(&opts, &code);
+    auto elected = strata::master::HighAvailability::AwaitLead(&opts, FLAGS_instance, &code);
     if (!elected.ok()) return strata::StartFailed("master", elected.status(), code);
     if (*elected == nullptr) return 0;  // stopped while a standby
     ha = *std::move(elected);

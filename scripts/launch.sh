@@ -203,7 +203,8 @@ start_daemon() {
 exit_status() {
   local name="$1" host
   read -r host _ < "$RUN_DIR/pids/$name"
-  on_host "$host" "cat '$RUN_DIR/exit/$name' 2>/dev/null || true"
+  # (Empty, too, when the host cannot be reached: a master's host gone.)
+  on_host "$host" "cat '$RUN_DIR/exit/$name' 2>/dev/null || true" 2>/dev/null || true
 }
 
 # restart_daemon NAME: starts it again with the command it was started with.
@@ -507,12 +508,15 @@ do_up() {
   # (No spaces in the provider's words: the master splits it at spaces.)
   local provider=()
   [[ "$RUN_DIR$ROOT" != *" "* ]] && provider=(--provider "$ROOT/scripts/launch.sh provide --run-dir $RUN_DIR --action {action} --role {role} --indices {indices}")
-  # (With etcd the masters keep the job's state there, not in --state_dir.)
+  # (With etcd the masters keep the job's state there, not in --state_dir;
+  # under keys of this bring-up's own, which restarts keep.)
+  local instance; instance="$(date +%Y%m%d-%H%M%S)-$$"
   while read -r role index host port data_port http_port; do
     [[ "$role" == master ]] || continue
     start_daemon master "$index" "$host" "$BIN_DIR/strata-master" --config "$CONFIG" $(tls_args "$host") \
       --hosts "$HOSTS" --host "$host" --port "$port" --http_port "$http_port" \
       --summary "$RUN_DIR/summary.json" --state_dir "$RUN_DIR/master-state${index#0}" \
+      --instance "$instance" \
       --event_log "$RUN_DIR/events.jsonl" --audit_log "$RUN_DIR/audit.jsonl" \
       ${provider[@]+"${provider[@]}"} ${resume_args[@]+"${resume_args[@]}"} ${STRATA_MASTER_FLAGS:-}
   done <<< "$plan"

@@ -46,7 +46,9 @@ def init(config=None, master=None, index=None, tls_dir=None):
     """Joins the job as a worker; returns the Job.
 
     Arguments default to what the launcher sets: STRATA_CONFIG (the job's
-    config file), STRATA_MASTER (host:port), STRATA_INDEX (this worker's
+    config file), STRATA_MASTER (host:port; or several, comma-separated:
+    a leader and its standbys, the worker follows the leader),
+    STRATA_INDEX (this worker's
     index), STRATA_TLS_DIR (an mtls cluster's certificates); and
     STRATA_HOST, STRATA_HTTP_PORT (the worker's status page and /metrics;
     -1 = none).

@@ -32,6 +32,7 @@ br="${tag}br"
 declare -A NS=([10]=m0 [11]=m1 [20]=p [30]=w)
 ip_of() { echo "10.$net.0.$1"; }
 cleanup_net() {
+  set +e
   for h in "${!NS[@]}"; do
     ip netns pids "$tag-${NS[$h]}" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
     ip netns del "$tag-${NS[$h]}" 2>/dev/null
@@ -39,7 +40,7 @@ cleanup_net() {
   ip link del "$br" 2>/dev/null
   true
 }
-trap 'r=$?; pkill -CONT -f -- "$WORK/etcd" 2>/dev/null; cleanup_net; cleanup_fault "$r"' EXIT
+trap 'r=$?; set +e; pkill -CONT -f -- "$WORK/etcd" 2>/dev/null; cleanup_net; cleanup_fault "$r"' EXIT
 if ! ip link add "$br" type bridge 2>/dev/null; then
   skip "cannot make network namespaces here (ip link add: not permitted)"
 fi
@@ -120,12 +121,16 @@ for line in open(sys.argv[1], errors="replace"):
 PY
 }
 # check_run NAME: the job succeeded with every task, nothing acknowledged
-# lost, nobody declared dead, within 1% of the fault-free accuracy.
+# lost, no node declared dead or failed, within 1% of the fault-free
+# accuracy.
 check_run() {
   local s; s="$(summary "$1")"
   [[ "$(summary_field "$1" tasks_done)" == "$(summary_field "$1" tasks_total)" ]] || fail "$1: data tasks lost"
   [[ "$(ledger_field "$1" lost)" == 0 ]] || fail "$1: acknowledged updates lost: $(cat "$s")"
   grep -q 'declared dead' "$s" && fail "$1: nodes were declared dead across the failover: $(cat "$s")"
+  # Every node followed the new leader: none failed on the way.
+  grep -E '(pserver|worker)-[0-9]+ failed' "$WORK/$1.out" &&
+    fail "$1: nodes failed across the failover: $(grep -E 'failed' "$WORK/$1.out")"
   assert_accuracy_close "$1" base
 }
 

@@ -110,27 +110,82 @@ security:
     return "127.0.0.1:%d" % ports["master"]
 
 
-class Cluster:
-    """A master and pservers; workers are the test's."""
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, tmp, workers=1, pservers=1, master_args=(), **config):
+
+def start_etcd(directory):
+    """A single-member etcd (Debian's etcd-server) on free ports of
+    127.0.0.1, its data in `directory`: (process, endpoint), once it
+    answers."""
+    client, peer = free_port(), free_port()
+    c, p = "http://127.0.0.1:%d" % client, "http://127.0.0.1:%d" % peer
+    log = open(os.path.join(directory, "etcd.log"), "w")
+    proc = subprocess.Popen(
+        ["/usr/bin/etcd", "--name", "e", "--data-dir", os.path.join(directory, "etcd"),
+         "--listen-client-urls", c, "--advertise-client-urls", c, "--listen-peer-urls", p,
+         "--initial-advertise-peer-urls", p, "--initial-cluster", "e=" + p],
+        stdout=log, stderr=subprocess.STDOUT)
+    end = time.time() + 15
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", client), timeout=0.2).close()
+            return proc, "127.0.0.1:%d" % client
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("etcd did not come up; its log: %s" % directory)
+
+
+class Cluster:
+    """A master and pservers; workers are the test's. `etcd`: an endpoint,
+    for two masters (127.0.0.1 leading, 127.0.0.2 a standby; docs/
+    reliability.md, "Master high availability"): the nodes are given the
+    standby first, so that they follow its redirect."""
+
+    def __init__(self, tmp, workers=1, pservers=1, master_args=(), etcd=None, **config):
         self.dir = str(tmp)
         os.makedirs(self.dir, exist_ok=True)
         self.config = os.path.join(self.dir, "job.yaml")
+        if etcd is not None:
+            config["cluster_extra"] = (config.get("cluster_extra", "") +
+                                       "  etcd:\n    endpoints: [%s]\n" % etcd)
         self.master = job_config(self.config, workers=workers, **config)
         self.summary = os.path.join(self.dir, "summary.json")
         with open(os.path.join(self.dir, "hosts"), "w") as f:
             f.write("127.0.0.1 master pserver=%d worker=%d\n" % (pservers, workers))
+            if etcd is not None:
+                f.write("127.0.0.2 master\n")
         self.procs = []
+        self.standby = etcd is not None
         self._start("master", [os.path.join(BIN, "strata-master"), "--config", self.config,
                                "--hosts", os.path.join(self.dir, "hosts"), "--summary",
                                self.summary, "--state_dir", os.path.join(self.dir, "state"),
-                               *master_args])
+                               "--host", "127.0.0.1", *master_args])
+        if etcd is not None:
+            self.wait_log("master", "this master leads")
+            self._start("standby", [os.path.join(BIN, "strata-master"), "--config", self.config,
+                                    "--hosts", os.path.join(self.dir, "hosts"), "--summary",
+                                    self.summary, "--host", "127.0.0.2", *master_args])
+            self.wait_log("standby", "standby: the leading master is 127.0.0.1")
+            self.master = "127.0.0.2:%s,%s" % (self.master.split(":")[1], self.master)
         for i in range(pservers):
             self._start("pserver-%d" % i,
                         [os.path.join(BIN, "strata-pserver"), "--config", self.config,
                          "--master", self.master, "--index", str(i), "--port", "0",
                          "--data_port", "0", "--http_port", "-1"])
+
+    def wait_log(self, name, text, timeout=30):
+        path = os.path.join(self.dir, name + ".log")
+        end = time.time() + timeout
+        while time.time() < end:
+            with open(path) as f:
+                if text in f.read():
+                    return
+            time.sleep(0.05)
+        raise AssertionError("%s: no '%s' within %d s (%s)" % (name, text, timeout, path))
 
     def _start(self, name, argv):
         log = open(os.path.join(self.dir, name + ".log"), "w")
@@ -155,7 +210,8 @@ class Cluster:
         import json
         end = time.time() + timeout
         while time.time() < end:
-            if self.procs[0].poll() is not None and not os.path.exists(self.summary):
+            if (not self.standby and self.procs[0].poll() is not None
+                    and not os.path.exists(self.summary)):
                 with open(os.path.join(self.dir, "master.log")) as f:
                     tail = f.read()[-2000:]
                 raise AssertionError("the master exited (%d) without a summary:\n%s"

@@ -36,6 +36,43 @@ def test_the_readme_mlp_in_pytorch_trains_as_a_worker(cluster_factory):
     assert summary["final_test_accuracy"] > 0.7
 
 
+def test_a_pytorch_worker_follows_the_leader_of_two_masters(cluster_factory, tmp_path):
+    """Two masters elect a leader through etcd (docs/reliability.md, "Master
+    high availability"): the PyTorch script, given the standby first,
+    follows its redirect to the leader; the leader SIGKILLed mid-job, the
+    standby leads from the state in etcd and the script trains on to the
+    end of the job."""
+    import json
+    import urllib.request
+    from conftest import start_etcd
+    assert os.path.exists("/usr/bin/etcd"), "scripts/install-deps.sh --test installs etcd-server"
+    etcd, endpoint = start_etcd(str(tmp_path))
+    try:
+        c = cluster_factory(steps_records=32000, etcd=endpoint)
+        w = run_example(c)
+        status = "http://127.0.0.1:%d/status" % (int(c.master.split(":")[-1]) + 1)
+        samples, end = 0, time.time() + 60
+        while samples < 3200 and time.time() < end and w.poll() is None:
+            try:
+                with urllib.request.urlopen(status, timeout=1) as r:
+                    samples = int(json.load(r)["job"].get("samples", 0))
+            except OSError:
+                pass
+            time.sleep(0.05)
+        assert samples >= 3200, "the job did not train under the first leader"
+        c.procs[0].kill()
+        summary = c.wait_summary(timeout=120)
+        assert w.wait(timeout=60) == 0
+        assert summary["state"] == "succeeded", summary
+        assert summary["steps"] == 500
+        assert any("master restarted (restart 1)" in e and "replayed from etcd" in e
+                   for e in summary["events"]), summary["events"]
+        assert summary["final_test_accuracy"] > 0.7
+    finally:
+        etcd.kill()
+        etcd.wait()
+
+
 def checkpoint_values(root):
     """The fp32 values (stream 2) of every partition file of the one
     checkpoint under `root`, by file name (docs/checkpoint-format.md;

@@ -14,9 +14,6 @@
 #include "storage/file_system.h"
 
 namespace strata::master {
-namespace {
-
-// etcd's mTLS: the master's own certificate and the cluster's CA.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(const MasterOptions& o) {
   if (!o.config.cluster.etcd.tls) return std::shared_ptr<grpc::ChannelCredentials>();
   const ControlPlaneSecurity& sec = o.security;
@@ -39,8 +36,6 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(const 
   }
   return grpc::SslCredentials(ssl);
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
     MasterOptions* opts, const std::string& instance, int* exit_code) {

@@ -16,6 +16,12 @@
 
 namespace strata::master {
 
+// The credentials for etcd: null (plain text) unless cluster.etcd.tls, then
+// mTLS with the master's own certificate and the cluster's CA (its
+// security's cert_file, key_file, ca_file). InvalidArgument naming the key
+// when the cluster is not mTLS or a file cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(const MasterOptions& o);
+
 class HighAvailability {
  public:
   // Connects to opts->config.cluster.etcd (none of its members answering is

@@ -17,7 +17,10 @@
 #include "gtest/gtest.h"
 #include "master/etcd_client.h"
 #include "master/leadership.h"
+#include "master/high_availability.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/read_file.h"
+#include "tests/testing/test_certs.h"
 
 namespace strata::master {
 namespace {
@@ -269,6 +272,52 @@ TEST_F(EtcdTest, ASnapshotThatDoesNotDecodeIsDataLossNamingItsKey) {
   EXPECT_TRUE(absl::IsDataLoss(bad.status())) << bad.status();
   EXPECT_THAT(bad.status().message(), HasSubstr(keys + "state/snap/"));
   EXPECT_THAT(bad.status().message(), HasSubstr("to start the master afresh"));
+}
+
+// cluster.etcd.tls: the master shows etcd its own certificate, and trusts
+// etcd's by the cluster's CA; etcd refuses a client without one.
+TEST(EtcdTlsTest, AMasterTalksToEtcdOverMutualTlsWithItsOwnCertificate) {
+  if (!EtcdProcess::Installed()) GTEST_SKIP() << "no /usr/bin/etcd (etcd-server not installed)";
+  const std::string dir = "/tmp/strata-etcd-tls-test-" + std::to_string(getpid());
+  ASSERT_TRUE(testing::MakeTestCerts(dir).ok());
+  const std::string host = dir + "/127.0.0.1/";
+  // (etcd serves with the host's master certificate: 127.0.0.1 is in it.)
+  EtcdProcess::Tls tls{host + "master.crt", host + "master.key", host + "ca.crt"};
+  EtcdProcess etcd(&tls);
+  MasterOptions o;
+  o.config.cluster.etcd.tls = true;
+  o.security.plaintext = false;
+  o.security.ca_file = host + "ca.crt";
+  o.security.cert_file = host + "master.crt";
+  o.security.key_file = host + "master.key";
+  auto creds = EtcdCredentials(o);
+  ASSERT_TRUE(creds.ok()) << creds.status();
+  ASSERT_NE(*creds, nullptr);
+  std::unique_ptr<EtcdClient> c;
+  for (int i = 0; i < 100 && c == nullptr; ++i) {
+    auto got = EtcdClient::Connect({{etcd.endpoint()}, *creds, absl::Seconds(1)});
+    if (got.ok()) c = *std::move(got);
+    else absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_NE(c, nullptr) << "no mTLS connection to etcd";
+  MasterLeadership::Options lo;
+  lo.etcd = c.get();
+  lo.keys = "/strata-test/tls/";
+  lo.address = "127.0.0.1:7070";
+  MasterLeadership lead(lo);
+  ASSERT_TRUE(lead.Campaign([] { return false; }).ok());
+  // Plain text, or TLS without a client certificate: refused.
+  EXPECT_FALSE(EtcdClient::Connect({{etcd.endpoint()}, nullptr, absl::Milliseconds(500)}).ok());
+  grpc::SslCredentialsOptions no_cert;
+  no_cert.pem_root_certs = testing::ReadFileForTesting(host + "ca.crt");
+  EXPECT_FALSE(EtcdClient::Connect(
+                   {{etcd.endpoint()}, grpc::SslCredentials(no_cert), absl::Milliseconds(500)})
+                   .ok());
+  // tls without an mTLS cluster: refused naming the key.
+  o.security.plaintext = true;
+  EXPECT_THAT(EtcdCredentials(o).status().message(), HasSubstr("cluster.etcd.tls"));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace

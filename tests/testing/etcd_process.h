@@ -43,12 +43,18 @@ class EtcdProcess {
  public:
   static bool Installed() { return access(kEtcdBinary, X_OK) == 0; }
 
-  EtcdProcess() {
+  // TLS, when given: the server's certificate and key, and the CA its
+  // clients' certificates must be signed by (client-cert-auth).
+  struct Tls {
+    std::string cert, key, ca;
+  };
+  explicit EtcdProcess(const Tls* tls = nullptr) {
     char tmpl[] = "/tmp/strata-etcd-test-XXXXXX";
     dir_ = mkdtemp(tmpl);
     client_port_ = FreeLocalPort();
     const int peer_port = FreeLocalPort();
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
+    const std::string client =
+        absl::StrCat(tls != nullptr ? "https" : "http", "://127.0.0.1:", client_port_);
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port);
     std::vector<std::string> args = {kEtcdBinary,
                                      "--name=t",
@@ -60,6 +66,12 @@ class EtcdProcess {
                                      "--initial-cluster=t=" + peer,
                                      "--log-outputs=" + dir_ + "/etcd.log",
                                      "--logger=zap"};
+    if (tls != nullptr) {
+      args.push_back("--cert-file=" + tls->cert);
+      args.push_back("--key-file=" + tls->key);
+      args.push_back("--trusted-ca-file=" + tls->ca);
+      args.push_back("--client-cert-auth");
+    }
     pid_ = fork();
     if (pid_ == 0) {
       std::vector<char*> argv;

@@ -35,11 +35,13 @@ etcdserverpb::RequestOp DeleteRange(std::string from, std::string to) {
   return op;
 }
 
-// Every key under `prefix`, in key order.
-absl::StatusOr<etcdserverpb::RangeResponse> Under(EtcdClient* etcd, const std::string& prefix) {
+// Every key under `prefix`, in key order, as of `revision` (0: now).
+absl::StatusOr<etcdserverpb::RangeResponse> Under(EtcdClient* etcd, const std::string& prefix,
+                                                  int64_t revision = 0) {
   etcdserverpb::RangeRequest req;
   req.set_key(prefix);
   req.set_range_end(PrefixRangeEnd(prefix));
+  req.set_revision(revision);
   return etcd->Range(req);
 }
 
@@ -55,22 +57,26 @@ std::string EtcdStateStore::where() const {
   return absl::StrCat("etcd ", options_.etcd->endpoint(), " keys ", options_.keys, "state/");
 }
 
-absl::StatusOr<std::unique_ptr<EtcdStateStore>> EtcdStateStore::Open(
-    Options options, std::optional<proto::MasterState>* state) {
-  state->reset();
-  EtcdClient* etcd = options.etcd;
-  const std::string keys = options.keys;
-  std::unique_ptr<EtcdStateStore> store(new EtcdStateStore(std::move(options)));
-  STRATA_ASSIGN_OR_RETURN(EtcdClient::Value head_kv, etcd->Get(HeadKey(keys)));
-  if (head_kv.found) {
-    proto::EtcdStateHead head;
-    if (!head.ParseFromString(head_kv.value)) {
-      return absl::DataLossError(absl::StrCat("etcd key ", HeadKey(keys),
-                                              " does not parse; delete the keys under ", keys,
-                                              "state/ to start the master afresh"));
-    }
-    const std::string gen = GenPrefix(keys, head.generation());
-    STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse parts, Under(etcd, gen));
+absl::Status EtcdStateReader::Follow() {
+  records_read_ = 0;
+  STRATA_ASSIGN_OR_RETURN(EtcdClient::Value head_kv, etcd_->Get(HeadKey(keys_)));
+  if (!head_kv.found) {  // nothing written yet
+    state_.reset();
+    generation_ = 0;
+    return absl::OkStatus();
+  }
+  proto::EtcdStateHead head;
+  if (!head.ParseFromString(head_kv.value)) {
+    return absl::DataLossError(absl::StrCat("etcd key ", HeadKey(keys_),
+                                            " does not parse; delete the keys under ", keys_,
+                                            "state/ to start the master afresh"));
+  }
+  if (head.generation() != generation_ || !state_.has_value()) {
+    const std::string gen = GenPrefix(keys_, head.generation());
+    // (All of it as of the head's read: a snapshot the leader writes
+    // meanwhile does not tear it; a revision compacted since is an error
+    // that the next Follow does not meet.)
+    STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse parts, Under(etcd_, gen, head_kv.revision));
     std::string bytes;
     for (const mvccpb::KeyValue& kv : parts.kvs()) bytes += kv.value();
     StateRecords r = DecodeStateRecords(gen, bytes);
@@ -79,12 +85,17 @@ absl::StatusOr<std::unique_ptr<EtcdStateStore>> EtcdStateStore::Open(
       return absl::DataLossError(absl::StrCat(
           "etcd snapshot ", gen, ": ", parts.kvs_size(), " of ", head.parts(), " parts, ",
           r.bad.empty() ? absl::StrCat(r.states.size(), " record(s)") : r.bad,
-          "; delete the keys under ", keys, "state/ to start the master afresh"));
+          "; delete the keys under ", keys_, "state/ to start the master afresh"));
     }
-    *state = std::move(r.states[0]);
-    store->generation_ = head.generation();
+    state_ = std::move(r.states[0]);
+    generation_ = head.generation();
   }
-  STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse log, Under(etcd, LogPrefix(keys)));
+  // The log's records after the state's.
+  etcdserverpb::RangeRequest req;
+  req.set_key(LogKey(keys_, state_->record_seq() + 1));
+  req.set_range_end(PrefixRangeEnd(LogPrefix(keys_)));
+  req.set_revision(head_kv.revision);
+  STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse log, etcd_->Range(req));
   std::vector<proto::MasterState> records;
   for (const mvccpb::KeyValue& kv : log.kvs()) {
     StateRecords r = DecodeStateRecords(kv.key(), kv.value());
@@ -95,7 +106,20 @@ absl::StatusOr<std::unique_ptr<EtcdStateStore>> EtcdStateStore::Open(
     }
     records.push_back(std::move(r.states[0]));
   }
-  ReplayStateRecords(absl::StrCat("etcd ", LogPrefix(keys)), std::move(records), state);
+  records_read_ = static_cast<int>(records.size());
+  ReplayStateRecords(absl::StrCat("etcd ", LogPrefix(keys_)), std::move(records), &state_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<EtcdStateStore>> EtcdStateStore::Open(
+    Options options, std::optional<proto::MasterState>* state, EtcdStateReader* followed) {
+  std::optional<EtcdStateReader> own;
+  if (followed == nullptr) followed = &own.emplace(options.etcd, options.keys);
+  // (Elected: nobody writes now; one read brings it up to date.)
+  STRATA_RETURN_IF_ERROR(followed->Follow());
+  *state = followed->state();
+  std::unique_ptr<EtcdStateStore> store(new EtcdStateStore(std::move(options)));
+  store->generation_ = followed->generation();
   if (state->has_value()) {
     store->seq_ = (*state)->record_seq();
     store->state_ = **state;

@@ -31,6 +31,32 @@
 
 namespace strata::master {
 
+// Reads the state in etcd, and again as it changes: a standby follows it
+// (every second), so that once elected it reads only what was written
+// since. Not thread-safe.
+class EtcdStateReader {
+ public:
+  EtcdStateReader(EtcdClient* etcd, std::string keys)  // keys: PREFIX/JOB/
+      : etcd_(etcd), keys_(std::move(keys)) {}
+  // Brings the state up to date: the snapshot and the log again when a new
+  // snapshot is current (or none was read yet), else only the log's
+  // records after the last one read. A snapshot that does not decode is
+  // DATA_LOSS naming its key; a bad log record ends the state there
+  // (logged).
+  absl::Status Follow();
+  const std::optional<proto::MasterState>& state() const { return state_; }
+  uint64_t generation() const { return generation_; }
+  // The log records the last Follow read.
+  int records_read() const { return records_read_; }
+
+ private:
+  EtcdClient* const etcd_;
+  const std::string keys_;
+  std::optional<proto::MasterState> state_;
+  uint64_t generation_ = 0;  // of the snapshot state_ started from; 0: none
+  int records_read_ = 0;
+};
+
 // Not thread-safe: one writer (the StateRecorder) at a time.
 class EtcdStateStore : public StateStore {
  public:
@@ -46,8 +72,11 @@ class EtcdStateStore : public StateStore {
   // then writes it as a new snapshot. A snapshot that does not decode is
   // DATA_LOSS naming its key; a bad log record ends the replay there
   // (logged).
+  // `followed`: what a standby read so far (its reader, brought up to date
+  // here), or null to read it all.
   static absl::StatusOr<std::unique_ptr<EtcdStateStore>> Open(
-      Options options, std::optional<proto::MasterState>* state);
+      Options options, std::optional<proto::MasterState>* state,
+      EtcdStateReader* followed = nullptr);
 
   using StateStore::Append;
   // A transaction that finds this master no longer leads fails with

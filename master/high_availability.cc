@@ -57,8 +57,8 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
   int port = 0;
   std::unique_ptr<grpc::Service> standby;
   std::unique_ptr<grpc::Server> server;
-  const std::string keys = EtcdJobKeys(e.prefix, opts->config.job.name) +
-                           (instance.empty() ? "" : instance + "/");
+  const std::string keys =
+      EtcdJobKeys(e.prefix, opts->config.job.name) + (instance.empty() ? "" : instance + "/");
   // (The address is known once the port is bound: the leadership is made
   // after, and the redirect asks it through this pointer.)
   std::atomic<MasterLeadership*> lead{nullptr};
@@ -78,10 +78,24 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
             << opts->config.job.name << " in etcd " << ha->etcd_->endpoint() << " (" << keys
             << "leader)";
 
+  // A standby follows the job's state in etcd, once a second: elected, it
+  // reads only what was written since.
+  EtcdStateReader follower(ha->etcd_.get(), keys);
+  absl::Time followed = absl::InfinitePast();
+  std::string follow_error;
+  auto follow = [&] {
+    if (absl::Now() - followed < absl::Seconds(1)) return;
+    followed = absl::Now();
+    absl::Status s = follower.Follow();
+    if (!s.ok() && s.ToString() != follow_error) {
+      LOG(WARNING) << "standby: following the job's state in etcd: " << s << "; trying again";
+    }
+    follow_error = s.ok() ? "" : s.ToString();
+  };
   std::atomic<bool> stop{false}, done{false};
   absl::Status campaign;
   std::thread campaigner([&] {
-    campaign = ha->leadership_->Campaign([&stop] { return stop.load(); });
+    campaign = ha->leadership_->Campaign([&stop] { return stop.load(); }, follow);
     done = true;
   });
   const int sig = WaitForTerminationSignal([&done] { return done.load(); });
@@ -106,11 +120,15 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
       }});
   opts->port = port;
   std::optional<proto::MasterState> replayed;
+  const uint64_t had = follower.state().has_value() ? follower.state()->record_seq() : 0;
   auto store = EtcdStateStore::Open(
-      EtcdStateStore::Options{ha->etcd_.get(), ha->leadership_.get(), keys}, &replayed);
+      EtcdStateStore::Options{ha->etcd_.get(), ha->leadership_.get(), keys}, &replayed, &follower);
   if (!store.ok()) return store.status();
   LOG(INFO) << "the job's state in etcd: "
-            << (replayed.has_value() ? absl::StrCat("replayed to record ", replayed->record_seq())
+            << (replayed.has_value() ? absl::StrCat("replayed to record ", replayed->record_seq(),
+                                                    had > 0 ? absl::StrCat(" (followed to record ",
+                                                                           had, " while a standby)")
+                                                            : std::string())
                                      : std::string("none yet (a new job)"));
   opts->state_store = *std::move(store);
   opts->state_replayed = std::move(replayed);

@@ -31,7 +31,8 @@ etcdserverpb::Compare MasterLeadership::StillLeading() const {
   return c;
 }
 
-absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped) {
+absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped,
+                                        const std::function<void()>& while_standby) {
   EtcdClient* etcd = options_.etcd;
   std::string last_error;
   while (!stopped()) {
@@ -92,6 +93,7 @@ absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped) {
       LOG(WARNING) << "standby: cannot campaign for the master's lead: " << s << "; trying again";
     }
     last_error = s.ok() ? "" : s.ToString();
+    if (s.ok() && while_standby) while_standby();
     stop_.WaitForNotificationWithTimeout(options_.poll);
   }
   return absl::CancelledError("stopped while a standby");

@@ -55,7 +55,10 @@ class MasterLeadership {
   // Blocks until this master leads (OK) or `stopped()` returns true
   // (CANCELLED). etcd being unreachable meanwhile is logged and tried
   // again. Call once.
-  absl::Status Campaign(const std::function<bool()>& stopped) ABSL_LOCKS_EXCLUDED(mu_);
+  // `while_standby` (may be empty) is called at each look while another
+  // master leads (a standby follows the state so).
+  absl::Status Campaign(const std::function<bool()>& stopped,
+                        const std::function<void()>& while_standby = {}) ABSL_LOCKS_EXCLUDED(mu_);
   // What the leader is told, from the keep-alive threads.
   struct Callbacks {
     // No renewal was answered within the lease (etcd unreachable, or

@@ -16,8 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "master/etcd_client.h"
-#include "master/leadership.h"
 #include "master/high_availability.h"
+#include "master/leadership.h"
 #include "tests/testing/etcd_process.h"
 #include "tests/testing/read_file.h"
 #include "tests/testing/test_certs.h"
@@ -248,6 +248,48 @@ TEST_F(EtcdTest, TheStateReplaysFromSnapshotPartsAndLogAndItsKeysStayBounded) {
   EXPECT_EQ(again->record_seq(), want.record_seq());
 }
 
+TEST_F(EtcdTest, AStandbyFollowsTheStateAndReadsOnlyWhatIsNewWhenElected) {
+  MasterLeadership a(LeadOptions("10.0.0.1:7070"));
+  ASSERT_TRUE(a.Campaign([] { return false; }).ok());
+  const std::string keys = "/strata-test/job/";
+  EtcdStateStore::Options o{etcd_client_.get(), &a, keys};
+  o.min_log_bytes = 2000;
+  std::optional<proto::MasterState> replayed;
+  auto store = EtcdStateStore::Open(o, &replayed);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EtcdStateReader standby(etcd_client_.get(), keys);
+  ASSERT_TRUE(standby.Follow().ok());
+  EXPECT_FALSE(standby.state().has_value());  // nothing written yet
+  ASSERT_TRUE((*store)->Append(Whole(20)).ok());
+  for (uint64_t t = 0; t < 5; ++t) ASSERT_TRUE((*store)->Append(Delta(t)).ok());
+  ASSERT_TRUE(standby.Follow().ok());
+  ASSERT_TRUE(standby.state().has_value());
+  EXPECT_EQ(standby.state()->tasks_done_size(), 25);
+  const uint64_t generation = standby.generation();
+  // Three more records: the next look reads those three only.
+  for (uint64_t t = 5; t < 8; ++t) ASSERT_TRUE((*store)->Append(Delta(t)).ok());
+  ASSERT_TRUE(standby.Follow().ok());
+  EXPECT_EQ(standby.records_read(), 3);
+  EXPECT_EQ(standby.generation(), generation);
+  EXPECT_EQ(standby.state()->record_seq(), (*store)->state().record_seq());
+  // Enough records for a new snapshot: the standby reads that one.
+  for (uint64_t t = 8; t < 200; ++t) ASSERT_TRUE((*store)->Append(Delta(t)).ok());
+  ASSERT_TRUE(standby.Follow().ok());
+  EXPECT_NE(standby.generation(), generation);
+  EXPECT_EQ(standby.state()->tasks_done_size(), 220);
+  EXPECT_EQ(standby.state()->events_size(), 200);
+  // A few more, then it is elected: it reads those few, and the state is
+  // the leader's.
+  ASSERT_TRUE((*store)->Append(Delta(500)).ok());
+  ASSERT_TRUE((*store)->Append(Delta(501)).ok());
+  std::optional<proto::MasterState> elected;
+  auto b_store = EtcdStateStore::Open(o, &elected, &standby);
+  ASSERT_TRUE(b_store.ok()) << b_store.status();
+  EXPECT_EQ(standby.records_read(), 2);
+  ASSERT_TRUE(elected.has_value());
+  EXPECT_EQ(elected->SerializeAsString(), (*store)->state().SerializeAsString());
+}
+
 TEST_F(EtcdTest, ASnapshotThatDoesNotDecodeIsDataLossNamingItsKey) {
   MasterLeadership a(LeadOptions("10.0.0.1:7070"));
   ASSERT_TRUE(a.Campaign([] { return false; }).ok());
@@ -296,8 +338,10 @@ TEST(EtcdTlsTest, AMasterTalksToEtcdOverMutualTlsWithItsOwnCertificate) {
   std::unique_ptr<EtcdClient> c;
   for (int i = 0; i < 100 && c == nullptr; ++i) {
     auto got = EtcdClient::Connect({{etcd.endpoint()}, *creds, absl::Seconds(1)});
-    if (got.ok()) c = *std::move(got);
-    else absl::SleepFor(absl::Milliseconds(100));
+    if (got.ok())
+      c = *std::move(got);
+    else
+      absl::SleepFor(absl::Milliseconds(100));
   }
   ASSERT_NE(c, nullptr) << "no mTLS connection to etcd";
   MasterLeadership::Options lo;

@@ -35,16 +35,6 @@ etcdserverpb::RequestOp DeleteRange(std::string from, std::string to) {
   return op;
 }
 
-// Every key under `prefix`, in key order, as of `revision` (0: now).
-absl::StatusOr<etcdserverpb::RangeResponse> Under(EtcdClient* etcd, const std::string& prefix,
-                                                  int64_t revision = 0) {
-  etcdserverpb::RangeRequest req;
-  req.set_key(prefix);
-  req.set_range_end(PrefixRangeEnd(prefix));
-  req.set_revision(revision);
-  return etcd->Range(req);
-}
-
 }  // namespace
 
 std::string EtcdJobKeys(const std::string& prefix, const std::string& job) {
@@ -76,7 +66,11 @@ absl::Status EtcdStateReader::Follow() {
     // (All of it as of the head's read: a snapshot the leader writes
     // meanwhile does not tear it; a revision compacted since is an error
     // that the next Follow does not meet.)
-    STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse parts, Under(etcd_, gen, head_kv.revision));
+    etcdserverpb::RangeRequest preq;  // (its parts only)
+    preq.set_key(absl::StrFormat("%s%06d", gen, 0));
+    preq.set_range_end(absl::StrFormat("%s%06d", gen, head.parts()));
+    preq.set_revision(head_kv.revision);
+    STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse parts, etcd_->Range(preq));
     std::string bytes;
     for (const mvccpb::KeyValue& kv : parts.kvs()) bytes += kv.value();
     StateRecords r = DecodeStateRecords(gen, bytes);
@@ -156,6 +150,13 @@ absl::Status EtcdStateStore::WriteSnapshot() {
   uint32_t parts = 0;
   for (size_t off = 0; off < bytes.size() || parts == 0; off += options_.part_bytes) {
     std::vector<etcdserverpb::RequestOp> ops;
+    // (A generation's number may have been used by a snapshot whose head
+    // was never written, a leader's before: its parts go, the first
+    // overwritten. etcd refuses a delete and a put of one key in one
+    // transaction.)
+    if (parts == 0) {
+      ops.push_back(DeleteRange(absl::StrFormat("%s%06d", prefix, 1), PrefixRangeEnd(prefix)));
+    }
     ops.push_back(
         Put(absl::StrFormat("%s%06d", prefix, parts++), bytes.substr(off, options_.part_bytes)));
     STRATA_RETURN_IF_ERROR(Commit(std::move(ops), nullptr));

@@ -104,6 +104,8 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
   server->Shutdown(absl::ToChronoTime(absl::Now()));
   server.reset();
   if (sig != 0 || !campaign.ok()) {
+    // (Elected just as the signal came: the lead is handed on at once.)
+    if (campaign.ok()) ha->leadership_->Resign();
     LOG(INFO) << "stopped while a standby";
     return std::unique_ptr<HighAvailability>();
   }
@@ -121,8 +123,18 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
   opts->port = port;
   std::optional<proto::MasterState> replayed;
   const uint64_t had = follower.state().has_value() ? follower.state()->record_seq() : 0;
-  auto store = EtcdStateStore::Open(
-      EtcdStateStore::Options{ha->etcd_.get(), ha->leadership_.get(), keys}, &replayed, &follower);
+  // (An etcd member down, or a read at a revision another job's compaction
+  // just dropped, passes: tried again while the lease lasts.)
+  absl::StatusOr<std::unique_ptr<EtcdStateStore>> store;
+  for (int attempt = 0;; ++attempt) {
+    store =
+        EtcdStateStore::Open(EtcdStateStore::Options{ha->etcd_.get(), ha->leadership_.get(), keys},
+                             &replayed, &follower);
+    const absl::Status& s = store.status();
+    if (s.ok() || absl::IsDataLoss(s) || absl::IsFailedPrecondition(s) || attempt >= 5) break;
+    LOG(WARNING) << "reading the job's state in etcd: " << s << "; trying again";
+    absl::SleepFor(absl::Milliseconds(200));
+  }
   if (!store.ok()) return store.status();
   LOG(INFO) << "the job's state in etcd: "
             << (replayed.has_value() ? absl::StrCat("replayed to record ", replayed->record_seq(),

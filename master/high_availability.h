@@ -43,6 +43,8 @@ class HighAvailability {
   void Attach(MasterServer* master) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives the lead up at once (a clean exit).
   void Resign() { leadership_->Resign(); }
+  // (The keep-alive threads stop first: their callbacks use this.)
+  ~HighAvailability() { leadership_.reset(); }
 
  private:
   HighAvailability() = default;

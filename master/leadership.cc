@@ -49,9 +49,11 @@ absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped,
         return absl::OkStatus();
       }
       // No leader: try to become it, with a lease of our own.
+      // (The lease counts from before it was asked for: etcd's runs from
+      // when etcd granted it.)
+      const absl::Time granted = absl::Now();
       auto lease = etcd->GrantLease(options_.lease_seconds);
       if (!lease.ok()) return lease.status();
-      const absl::Time granted = absl::Now();
       etcdserverpb::TxnRequest txn;
       etcdserverpb::Compare* c = txn.add_compare();
       c->set_key(leader_key_);
@@ -150,6 +152,9 @@ void MasterLeadership::MaybeResume(absl::Time valid_until) {
                       seen->found ? absl::StrCat("; ", seen->value, " leads") : "", ")"));
     return;
   }
+  // (Transitions and their callbacks in one order: a pause decided before
+  // this resume is told before it.)
+  absl::MutexLock t(&transitions_mu_);
   std::function<void()> resume;
   {
     absl::MutexLock l(&mu_);
@@ -166,6 +171,7 @@ void MasterLeadership::MaybeResume(absl::Time valid_until) {
 
 void MasterLeadership::WatchdogLoop() {
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+    absl::MutexLock t(&transitions_mu_);
     std::function<void(const std::string&)> pause;
     {
       absl::MutexLock l(&mu_);
@@ -187,6 +193,7 @@ void MasterLeadership::WatchdogLoop() {
 void MasterLeadership::Deposed(const std::string& why) { Lose(why); }
 
 void MasterLeadership::Lose(const std::string& why) {
+  absl::MutexLock t(&transitions_mu_);
   std::function<void(const std::string&)> lost;
   {
     absl::MutexLock l(&mu_);
@@ -204,8 +211,11 @@ void MasterLeadership::Lose(const std::string& why) {
 void MasterLeadership::Resign() {
   int64_t lease;
   {
+    absl::MutexLock t(&transitions_mu_);
     absl::MutexLock l(&mu_);
-    if (!leading_.load()) return;
+    // (Paused too: the threads stop, and the lease is given back if etcd
+    // answers.)
+    if (lost_called_ || (!leading_.load() && !paused_)) return;
     lost_called_ = true;  // (no lost() for a resignation)
     leading_ = false;
     lease = lease_;

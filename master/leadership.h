@@ -100,11 +100,14 @@ class MasterLeadership {
   void WatchdogLoop();
   // After a renewal answered while paused: acts again when the key is
   // still ours.
-  void MaybeResume(absl::Time valid_until) ABSL_LOCKS_EXCLUDED(mu_);
-  void Lose(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  void MaybeResume(absl::Time valid_until) ABSL_LOCKS_EXCLUDED(mu_, transitions_mu_);
+  void Lose(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_, transitions_mu_);
 
   const Options options_;
   const std::string leader_key_;
+  // Held while a pause, a resume or the loss is decided and its callback
+  // runs: callbacks come in the order of the transitions.
+  absl::Mutex transitions_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::string leader_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;

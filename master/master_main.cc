@@ -107,7 +107,10 @@ int main(int argc, char** argv) {
   auto master = strata::master::MasterServer::Create(std::move(opts));
   if (!master.ok()) return strata::StartFailed("master", master.status());
   if (ha != nullptr) ha->Attach(master->get());
-  if (auto s = (*master)->Start(); !s.ok()) return strata::StartFailed("master", s);
+  if (auto s = (*master)->Start(); !s.ok()) {
+    if (ha != nullptr) ha->Attach(nullptr);
+    return strata::StartFailed("master", s);
+  }
   const int sig = strata::WaitForTerminationSignal(
       [&] { return FLAGS_exit_when_done && (*master)->WaitForJobEnd(absl::ZeroDuration()); });
   if (sig == SIGTERM && env->config.checkpoint.enabled &&

@@ -202,17 +202,28 @@ void MasterServer::Tick() {
     ticket = PersistLocked();
     pushes.swap(view_pushes_);
   }
-  AwaitPersisted(ticket).IgnoreError();  // (logged; the next tick tries again)
+  const absl::Status persisted = AwaitPersisted(ticket);  // (logged; the next tick tries again)
+  // A leader of several (its state in etcd) acts on nothing it could not
+  // record, nor once paused (its lease may have run out while it waited):
+  // the next leader starts from what is recorded (docs/reliability.md).
+  if (paused_.load() || (!persisted.ok() && options_.state_store != nullptr)) {
+    absl::MutexLock l(&mu_);
+    view_pushes_.insert(pushes.begin(), pushes.end());
+    return;
+  }
   // (Recorded first: a view a pserver acts on survives a master restart.)
   if (!pushes.empty()) {
     const proto::ClusterView view = nodes_.View();
     nodes_.ViewApplied(PushView(view, nodes_.LivePServers(pushes), absl::Seconds(1)), view.epoch());
   }
+  if (paused_.load()) return;
   for (const auto& [id, probe] : nodes_.ProbeSuspects()) {
     absl::MutexLock l(&mu_);
     if (auto d = nodes_.DeclareUnreachable(id, probe, job_.over())) DepartedLocked(*d);
   }
+  if (paused_.load()) return;
   RecoverLostPartitions();
+  if (paused_.load()) return;
   MaybePlacePartitions();
   TakeLedger();
 }

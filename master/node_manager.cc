@@ -963,8 +963,8 @@ void NodeManager::Save(proto::MasterState* st) const {
 
 void NodeManager::GraceAll() {
   absl::MutexLock l(&mu_);
-  const int64_t until = ToUnixMs(clock_->Now()) + options_.cluster.dead_timeout_ms;
-  for (proto::NodeInfo& n : *view_.mutable_members()) n.set_last_heartbeat_unix_ms(until);
+  const int64_t now = ToUnixMs(clock_->Now());
+  for (proto::NodeInfo& n : *view_.mutable_members()) n.set_last_heartbeat_unix_ms(now);
   suspects_.clear();
 }
 

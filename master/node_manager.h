@@ -293,9 +293,8 @@ class NodeManager {
   void FillSummary(proto::JobSummary* s) const ABSL_LOCKS_EXCLUDED(mu_);
   void Save(proto::MasterState* st) const ABSL_LOCKS_EXCLUDED(mu_);
   void Restore(const proto::MasterState& st) ABSL_LOCKS_EXCLUDED(mu_);
-  // Every node's last heartbeat set to now plus the dead timeout: a master
-  // that did not hear them for a while (paused) does not take them for
-  // dead.
+  // Every node's last heartbeat set to now: a master that did not hear them
+  // for a while (paused) gives each the dead timeout anew.
   void GraceAll() ABSL_LOCKS_EXCLUDED(mu_);
   // The strata_master_view_epoch and strata_master_nodes_* gauges.
   void RegisterMetrics() ABSL_LOCKS_EXCLUDED(mu_);

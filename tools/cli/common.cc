@@ -32,8 +32,12 @@ std::string ClusterAccess::Leader(const std::string& masters) const {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
     proto::GetStatusResponse resp;
     const absl::Status s = FromGrpcStatus(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp));
-    if (s.ok()) return m;
-    if (const std::string leader = LeaderOf(s); !leader.empty()) return leader;
+    if (HasReason(s, proto::REASON_NOT_LEADER)) {
+      if (const std::string leader = LeaderOf(s); !leader.empty()) return leader;
+      continue;
+    }
+    // (Any other answer, a refusal too, is the leader's: only it serves.)
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return m;
   }
   return list[0];
 }

@@ -71,17 +71,15 @@ absl::Status EtcdStateReader::Follow() {
     preq.set_range_end(absl::StrFormat("%s%06d", gen, head.parts()));
     preq.set_revision(head_kv.revision);
     STRATA_ASSIGN_OR_RETURN(etcdserverpb::RangeResponse parts, etcd_->Range(preq));
+    const std::string afresh =
+        absl::StrCat("delete the keys under ", keys_, "state/ to start the master afresh");
+    if (parts.kvs_size() != static_cast<int>(head.parts())) {
+      return absl::DataLossError(absl::StrCat("etcd snapshot ", gen, ": ", parts.kvs_size(), " of ",
+                                              head.parts(), " parts; ", afresh));
+    }
     std::string bytes;
     for (const mvccpb::KeyValue& kv : parts.kvs()) bytes += kv.value();
-    StateRecords r = DecodeStateRecords(gen, bytes);
-    if (parts.kvs_size() != static_cast<int>(head.parts()) || !r.bad.empty() ||
-        r.states.size() != 1 || r.states[0].delta()) {
-      return absl::DataLossError(absl::StrCat(
-          "etcd snapshot ", gen, ": ", parts.kvs_size(), " of ", head.parts(), " parts, ",
-          r.bad.empty() ? absl::StrCat(r.states.size(), " record(s)") : r.bad,
-          "; delete the keys under ", keys_, "state/ to start the master afresh"));
-    }
-    state_ = std::move(r.states[0]);
+    STRATA_ASSIGN_OR_RETURN(state_, DecodeSnapshot("etcd snapshot " + gen, bytes, afresh));
     generation_ = head.generation();
   }
   // The log's records after the state's.
@@ -127,7 +125,6 @@ absl::Status EtcdStateStore::Commit(std::vector<etcdserverpb::RequestOp> ops, in
   etcdserverpb::TxnRequest txn;
   *txn.add_compare() = lead->StillLeading();
   for (etcdserverpb::RequestOp& op : ops) *txn.add_success() = std::move(op);
-  ++transactions_;
   STRATA_ASSIGN_OR_RETURN(etcdserverpb::TxnResponse resp, options_.etcd->Txn(txn));
   if (!resp.succeeded()) {
     const std::string why =
@@ -165,7 +162,6 @@ absl::Status EtcdStateStore::WriteSnapshot() {
   head.set_generation(gen);
   head.set_parts(parts);
   head.set_seq(seq_);
-  head.set_bytes(bytes.size());
   // The head names the new snapshot; the log and every other snapshot
   // (an older one, or parts of one whose head was never written) go.
   std::vector<etcdserverpb::RequestOp> ops;
@@ -188,43 +184,27 @@ absl::Status EtcdStateStore::WriteSnapshot() {
 
 absl::Status EtcdStateStore::Append(std::vector<proto::MasterState> records) {
   if (records.empty()) return absl::OkStatus();
-  bool snapshot = broken_;
-  std::vector<std::pair<std::string, std::string>> puts;
-  uint64_t bytes = 0;
-  for (proto::MasterState& r : records) {
-    r.set_record_seq(++seq_);
-    if (!r.delta()) snapshot = true;
-    if (!snapshot) {
-      std::string rec = EncodeStateRecord(r);
-      // A record etcd would refuse alone: a snapshot instead (in parts).
-      if (rec.size() > options_.txn_bytes) snapshot = true;
-      bytes += rec.size();
-      puts.emplace_back(LogKey(options_.keys, r.record_seq()), std::move(rec));
-    }
-    ApplyStateRecord(std::move(r), &state_);
-  }
-  if (!snapshot &&
-      log_bytes_ + bytes >= std::max<uint64_t>(options_.min_log_bytes, snapshot_bytes_)) {
-    snapshot = true;
-  }
+  // (A record etcd would refuse alone: a snapshot instead, in parts.)
+  PreparedRecords p = PrepareRecords(std::move(records), broken_, log_bytes_, snapshot_bytes_,
+                                     options_.min_log_bytes, options_.txn_bytes, &seq_, &state_);
   absl::Status s;
-  if (snapshot) {
+  if (p.snapshot) {
     s = WriteSnapshot();
   } else {
     // As few transactions as etcd's limits allow (128 operations, 1.5 MiB).
     std::vector<etcdserverpb::RequestOp> ops;
     size_t in_txn = 0;
-    for (size_t i = 0; i < puts.size() && s.ok(); ++i) {
-      in_txn += puts[i].second.size();
-      ops.push_back(Put(std::move(puts[i].first), std::move(puts[i].second)));
-      const bool last = i + 1 == puts.size();
-      if (last || ops.size() >= 100 || in_txn + puts[i + 1].second.size() > options_.txn_bytes) {
+    for (size_t i = 0; i < p.encoded.size() && s.ok(); ++i) {
+      in_txn += p.encoded[i].size();
+      ops.push_back(Put(LogKey(options_.keys, p.first_seq + i), std::move(p.encoded[i])));
+      const bool last = i + 1 == p.encoded.size();
+      if (last || ops.size() >= 100 || in_txn + p.encoded[i + 1].size() > options_.txn_bytes) {
         s = Commit(std::move(ops), nullptr);
         ops.clear();
         in_txn = 0;
       }
     }
-    if (s.ok()) log_bytes_ += bytes;
+    if (s.ok()) log_bytes_ += p.bytes;
   }
   broken_ = !s.ok();
   return s;

@@ -85,9 +85,6 @@ class EtcdStateStore : public StateStore {
   const proto::MasterState& state() const override { return state_; }
   std::string where() const override;
 
-  // How many etcd transactions the records so far took (for the bench).
-  uint64_t transactions() const { return transactions_; }
-
  private:
   explicit EtcdStateStore(Options options) : options_(std::move(options)) {}
   absl::Status WriteSnapshot();
@@ -100,7 +97,6 @@ class EtcdStateStore : public StateStore {
   uint64_t generation_ = 0;  // of the current snapshot
   uint64_t log_bytes_ = 0;
   uint64_t snapshot_bytes_ = 0;
-  uint64_t transactions_ = 0;
   bool broken_ = false;
 };
 

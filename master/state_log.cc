@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/crc32c.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
@@ -103,6 +105,45 @@ void ApplyStateRecord(proto::MasterState record, proto::MasterState* state) {
   *state = std::move(next);
 }
 
+absl::StatusOr<proto::MasterState> DecodeSnapshot(const std::string& where, absl::string_view bytes,
+                                                  const std::string& afresh) {
+  StateRecords r = DecodeStateRecords(where, bytes);
+  if (!r.bad.empty() || r.states.size() != 1 || r.states[0].delta()) {
+    return absl::DataLossError(absl::StrCat(
+        !r.bad.empty()         ? r.bad
+        : r.states.size() != 1 ? absl::StrCat(where, ": ", r.states.size(), " records, expected 1")
+                               : absl::StrCat(where, ": a record of changes, not a state"),
+        "; ", afresh));
+  }
+  return std::move(r.states[0]);
+}
+
+PreparedRecords PrepareRecords(std::vector<proto::MasterState> records, bool broken,
+                               uint64_t log_bytes, uint64_t snapshot_bytes, uint64_t min_log_bytes,
+                               uint64_t max_record_bytes, uint64_t* seq,
+                               proto::MasterState* state) {
+  PreparedRecords p;
+  p.snapshot = broken;
+  p.first_seq = *seq + 1;
+  for (proto::MasterState& r : records) {
+    r.set_record_seq(++*seq);
+    if (!r.delta())
+      p.snapshot = true;  // the whole state: the records before it need not be written
+    if (!p.snapshot) {
+      std::string rec = EncodeStateRecord(r);
+      if (rec.size() > max_record_bytes) p.snapshot = true;
+      p.bytes += rec.size();
+      p.encoded.push_back(std::move(rec));
+    }
+    ApplyStateRecord(std::move(r), state);
+  }
+  if (!p.snapshot && log_bytes + p.bytes >= std::max(min_log_bytes, snapshot_bytes)) {
+    p.snapshot = true;
+  }
+  if (p.snapshot) p.encoded.clear();
+  return p;
+}
+
 void ReplayStateRecords(const std::string& where, std::vector<proto::MasterState> records,
                         std::optional<proto::MasterState>* state) {
   for (proto::MasterState& s : records) {
@@ -128,17 +169,11 @@ absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(storage::FileSystem* fs
   const std::string snapshot = storage::JoinPath(dir, "snapshot");
   if (fs->Exists(snapshot)) {
     STRATA_ASSIGN_OR_RETURN(std::string bytes, fs->ReadFile(snapshot));
-    StateRecords r = DecodeStateRecords(snapshot, bytes);
     // The snapshot is written atomically: a bad one is not a torn write.
-    if (!r.bad.empty() || r.states.size() != 1 || r.states[0].delta()) {
-      return absl::DataLossError(
-          absl::StrCat(!r.bad.empty() ? r.bad
-                       : r.states.size() != 1
-                           ? absl::StrCat(snapshot, ": ", r.states.size(), " records, expected 1")
-                           : absl::StrCat(snapshot, ": a record of changes, not a state"),
-                       "; move the state directory ", dir, " away to start the master afresh"));
-    }
-    *state = std::move(r.states[0]);
+    STRATA_ASSIGN_OR_RETURN(*state,
+                            DecodeSnapshot(snapshot, bytes,
+                                           absl::StrCat("move the state directory ", dir,
+                                                        " away to start the master afresh")));
   }
   const std::string log = storage::JoinPath(dir, "log");
   if (fs->Exists(log)) {
@@ -183,28 +218,19 @@ absl::Status StateLog::StartLog() {
 
 absl::Status StateLog::Append(std::vector<proto::MasterState> records) {
   if (records.empty()) return absl::OkStatus();
-  bool snapshot = broken_;
-  std::string bytes;
-  for (proto::MasterState& r : records) {
-    r.set_record_seq(++seq_);
-    if (!r.delta()) snapshot = true;  // the whole state: the records before it need not be written
-    if (!snapshot) bytes += EncodeStateRecord(r);
-    ApplyStateRecord(std::move(r), &state_);
-  }
-  if (!snapshot &&
-      log_bytes_ + bytes.size() >= std::max<uint64_t>(options_.min_log_bytes, snapshot_bytes_)) {
-    snapshot = true;
-  }
+  const PreparedRecords p = PrepareRecords(std::move(records), broken_, log_bytes_, snapshot_bytes_,
+                                           options_.min_log_bytes, UINT64_MAX, &seq_, &state_);
   absl::Status s;
-  if (snapshot) {
+  if (p.snapshot) {
     s = WriteSnapshot();
     if (s.ok()) s = StartLog();
   } else {
     const std::string log = storage::JoinPath(dir_, "log");
-    s = log_ == nullptr ? absl::FailedPreconditionError("no log open") : log_->Append(bytes);
+    s = log_ == nullptr ? absl::FailedPreconditionError("no log open")
+                        : log_->Append(absl::StrJoin(p.encoded, ""));
     if (s.ok()) s = log_->Sync();
     if (!s.ok()) s = absl::Status(s.code(), absl::StrCat(log, ": ", s.message()));
-    if (s.ok()) log_bytes_ += bytes.size();
+    if (s.ok()) log_bytes_ += p.bytes;
   }
   broken_ = !s.ok();
   return s;

@@ -198,6 +198,30 @@ struct StateRecords {
 };
 StateRecords DecodeStateRecords(const std::string& path, absl::string_view bytes);
 
+// The one record of a snapshot's bytes (`where` names it in errors): the
+// whole state. DATA_LOSS saying what is wrong and `afresh` (how to start
+// the master without it) when the bytes are not exactly one good record of
+// a whole state.
+absl::StatusOr<proto::MasterState> DecodeSnapshot(const std::string& where, absl::string_view bytes,
+                                                  const std::string& afresh);
+
+// What a StateStore's Append writes (StateLog and EtcdStateStore share the
+// decision): `records` are numbered after *seq and applied to *state; the
+// whole state is written as a snapshot when one of them is the whole state,
+// when the last write failed (`broken`), when the log would reach the
+// snapshot's size (at least min_log_bytes), or when a record is over
+// max_record_bytes; else the records' bytes are appended (`encoded`, the
+// first of seq `first_seq`).
+struct PreparedRecords {
+  bool snapshot = false;
+  std::vector<std::string> encoded;
+  uint64_t first_seq = 0;
+  uint64_t bytes = 0;
+};
+PreparedRecords PrepareRecords(std::vector<proto::MasterState> records, bool broken,
+                               uint64_t log_bytes, uint64_t snapshot_bytes, uint64_t min_log_bytes,
+                               uint64_t max_record_bytes, uint64_t* seq, proto::MasterState* state);
+
 // Applies the records of a log, in order, to *state (the snapshot's, or
 // none): those at or below the state's seq are skipped (in the snapshot);
 // a record of changes that does not follow the one before ends the replay

@@ -13,27 +13,12 @@ constexpr char kReasonUrl[] = "type.googleapis.com/strata.proto.ErrorInfo";
 }  // namespace
 
 absl::Status WithReason(absl::Status s, proto::ErrorReason reason) {
-  if (s.ok()) return s;
-  if (reason == proto::REASON_UNSPECIFIED) {
-    s.ErasePayload(kReasonUrl);
-    return s;
-  }
   proto::ErrorInfo info;
   info.set_reason(reason);
-  s.SetPayload(kReasonUrl, absl::Cord(info.SerializeAsString()));
-  return s;
+  return WithErrorInfo(std::move(s), info);
 }
 
-proto::ErrorReason ReasonOf(const absl::Status& s) {
-  if (s.ok()) return proto::REASON_UNSPECIFIED;
-  auto payload = s.GetPayload(kReasonUrl);
-  if (!payload.has_value()) return proto::REASON_UNSPECIFIED;
-  proto::ErrorInfo info;
-  if (!info.ParseFromString(std::string(*payload)) || !proto::ErrorReason_IsValid(info.reason())) {
-    return proto::REASON_UNSPECIFIED;
-  }
-  return info.reason();
-}
+proto::ErrorReason ReasonOf(const absl::Status& s) { return ErrorInfoOf(s).reason(); }
 
 proto::ErrorInfo ErrorInfoOf(const absl::Status& s) {
   proto::ErrorInfo info;

@@ -203,10 +203,10 @@ void MasterServer::Tick() {
     pushes.swap(view_pushes_);
   }
   const absl::Status persisted = AwaitPersisted(ticket);  // (logged; the next tick tries again)
-  // A leader of several (its state in etcd) acts on nothing it could not
-  // record, nor once paused (its lease may have run out while it waited):
-  // the next leader starts from what is recorded (docs/reliability.md).
-  if (paused_.load() || (!persisted.ok() && options_.state_store != nullptr)) {
+  // Nothing goes out that could not be recorded (a restarted or elected
+  // master starts from what is), nor once paused (a leader of several
+  // whose lease may have run out while it waited; docs/reliability.md).
+  if (paused_.load() || !persisted.ok()) {
     absl::MutexLock l(&mu_);
     view_pushes_.insert(pushes.begin(), pushes.end());
     return;

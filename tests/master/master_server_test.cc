@@ -396,6 +396,29 @@ TEST_F(MasterServerTest, UnreachablePserverKeepsTheJobWaiting) {
   EXPECT_EQ(lease.outcome(), proto::LeaseTaskResponse::WAIT);
 }
 
+// A leader of several that could not renew its lease (docs/reliability.md,
+// "Master high availability") heard no heartbeat while paused: resumed, it
+// gives every node the dead timeout anew instead of taking them all for
+// dead, and says so.
+TEST_F(MasterServerTest, AResumedMasterGivesEveryNodeTheDeadTimeoutAnew) {
+  CreateMaster();
+  uint32_t ps, a;
+  StartRunningJob(&ps, &a);
+  master_->Pause();
+  EXPECT_TRUE(master_->paused());
+  clock_.Advance(absl::Seconds(20));  // (no heartbeats while paused)
+  master_->Resume();
+  EXPECT_FALSE(master_->paused());
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(a), proto::ALIVE);
+  EXPECT_EQ(StateOf(ps), proto::ALIVE);
+  EXPECT_THAT(master_->GetStatus().job().events(), Contains(HasSubstr("master resumed")));
+  // Past the dead timeout (5000 ms) from the resume, silence is death again.
+  clock_.Advance(absl::Milliseconds(5001));
+  master_->TickForTesting();
+  EXPECT_EQ(StateOf(a), proto::DEAD);
+}
+
 TEST_F(MasterServerTest, WorkerWithoutHeartbeatsIsDeadAfterTheTimeoutAndLosesItsTasks) {
   CreateMaster();
   uint32_t ps, a;

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/strata.grpc.pb.h"
 #include "tests/testing/etcd_process.h"
+#include "tools/cli/common.h"
 
 namespace strata::master {
 namespace {
@@ -30,6 +31,13 @@ class LeaderMaster : public proto::Master::Service {
                               proto::ClusterView* view) override {
     ++views;
     view->set_epoch(9);
+    return grpc::Status::OK;
+  }
+  std::atomic<int> statuses{0};
+  grpc::Status GetStatus(grpc::ServerContext*, const proto::GetStatusRequest*,
+                         proto::GetStatusResponse* resp) override {
+    ++statuses;
+    resp->mutable_job()->set_name("led");
     return grpc::Status::OK;
   }
 };
@@ -143,6 +151,25 @@ TEST_F(StandbyTest, ANodeWaitsThroughAnElectionForTheLeader) {
   elect.join();
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(leader_.views.load(), 1);
+}
+
+// The CLI (`strata status --master A,B`): the leader of the list, by the
+// standby's redirect or past a dead master, asked for its status once.
+TEST_F(StandbyTest, TheCliFindsTheLeaderOfAListAndAsksItOnce) {
+  SetLeader(leader_address_);
+  tools::cli::ClusterAccess cli;
+  EXPECT_EQ(cli.Leader(standby_address_ + "," + leader_address_), leader_address_);
+  const std::string dead = absl::StrCat("127.0.0.1:", testing::FreeLocalPort());
+  EXPECT_EQ(cli.Leader(dead + "," + leader_address_), leader_address_);
+  EXPECT_EQ(cli.Leader(dead), dead);  // one address: taken as it is
+  leader_.statuses = 0;
+  auto status = cli.FetchStatus(dead + "," + leader_address_);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->job().name(), "led");
+  EXPECT_EQ(leader_.statuses.load(), 1);
+  // None answering: the first, whose error the caller sees.
+  SetLeader("");
+  EXPECT_EQ(cli.Leader(dead + "," + standby_address_), dead);
 }
 
 }  // namespace

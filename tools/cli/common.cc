@@ -22,7 +22,8 @@ std::shared_ptr<grpc::Channel> ClusterAccess::Channel(const std::string& address
   return grpc::CreateChannel(Leader(address), creds ? creds : grpc::InsecureChannelCredentials());
 }
 
-std::string ClusterAccess::Leader(const std::string& masters) const {
+std::string ClusterAccess::Leader(const std::string& masters,
+                                  std::optional<proto::GetStatusResponse>* status) const {
   const std::vector<std::string> list = absl::StrSplit(masters, ',', absl::SkipWhitespace());
   if (list.size() <= 1) return masters;
   for (const std::string& m : list) {
@@ -37,6 +38,7 @@ std::string ClusterAccess::Leader(const std::string& masters) const {
       continue;
     }
     // (Any other answer, a refusal too, is the leader's: only it serves.)
+    if (s.ok() && status != nullptr) *status = std::move(resp);
     if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return m;
   }
   return list[0];
@@ -56,7 +58,9 @@ absl::Status ClusterAccess::FromCall(const grpc::Status& s, const std::string& p
 
 absl::StatusOr<proto::GetStatusResponse> ClusterAccess::FetchStatus(
     const std::string& master) const {
-  const std::string leader = Leader(master);
+  std::optional<proto::GetStatusResponse> answered;
+  const std::string leader = Leader(master, &answered);
+  if (answered.has_value()) return *std::move(answered);
   auto stub = proto::Master::NewStub(Channel(leader));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -44,7 +45,10 @@ struct ClusterAccess {
   // Of the masters in `masters` (comma-separated), the one that leads: the
   // first that answers, or the leader a standby names. A single address
   // is returned as it is, with no call; when none answers, the first.
-  std::string Leader(const std::string& masters) const;
+  // `status`, when given, is set to the leader's status when the leader
+  // answered the status call that found it (nothing to ask again).
+  std::string Leader(const std::string& masters,
+                     std::optional<proto::GetStatusResponse>* status = nullptr) const;
   // A call's status, naming `peer`.
   absl::Status FromCall(const grpc::Status& s, const std::string& peer) const;
   // The master's GetStatus, within 5 s.

@@ -91,15 +91,6 @@ absl::Status CheckMasterHosts(const HostFile& hosts, bool etcd_configured) {
   return absl::OkStatus();
 }
 
-std::string HostFile::MasterAddresses(int port) const {
-  std::vector<std::string> out;
-  for (const HostEntry& m : master_hosts()) {
-    const bool v6 = m.host.find(':') != std::string::npos;
-    out.push_back(absl::StrCat(v6 ? "[" : "", m.host, v6 ? "]" : "", ":", port));
-  }
-  return absl::StrJoin(out, ",");
-}
-
 const HostEntry& HostFile::master_host() const {
   for (const HostEntry& h : hosts) {
     if (h.masters == 1) return h;

@@ -64,9 +64,6 @@ struct HostFile {
   const HostEntry& master_host() const;
   // Every host that runs a master, in file order.
   std::vector<HostEntry> master_hosts() const;
-  // Their gRPC addresses at `port`, comma-separated: what nodes, the CLI
-  // and the Python package are given (they follow the leader).
-  std::string MasterAddresses(int port) const;
 };
 
 inline constexpr size_t kMaxMasters = 3;

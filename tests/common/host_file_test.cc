@@ -111,7 +111,6 @@ TEST(ParseHostFileTest, TwoOrThreeMastersAreALeaderAndStandbysThatNeedEtcd) {
   ASSERT_EQ(two->master_hosts().size(), 2u);
   EXPECT_EQ(two->master_host().host, "a");
   EXPECT_EQ(two->master_hosts()[1].host, "c");
-  EXPECT_EQ(two->MasterAddresses(7070), "a:7070,c:7070");
   EXPECT_TRUE(CheckMasterHosts(*two, /*etcd_configured=*/true).ok());
   const absl::Status s = CheckMasterHosts(*two, /*etcd_configured=*/false);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
@@ -120,7 +119,6 @@ TEST(ParseHostFileTest, TwoOrThreeMastersAreALeaderAndStandbysThatNeedEtcd) {
   auto one = ParseHostFile("fe80::1 master pserver worker\n", "h");
   ASSERT_TRUE(one.ok());
   EXPECT_TRUE(CheckMasterHosts(*one, false).ok());
-  EXPECT_EQ(one->MasterAddresses(7070), "[fe80::1]:7070");
 }
 
 TEST(ParseHostFileTest, FourMastersNameTheirLines) {

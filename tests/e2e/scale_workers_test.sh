@@ -7,14 +7,18 @@
 # progress and scales beyond the room, shrinks to 1 (the others drain and
 # exit 0, not restarted), grows again (a drained index started anew) and
 # finishes: every record trained, the update ledger's lost 0, and the
-# test accuracy within 0.02 of the same job run at a fixed size first.
+# test accuracy within 0.035 of the same job run at a fixed size first.
 # (A worker that joins a bsp job midway, by a scale or a restart, costs
 # about 1% of test accuracy here with 2000-record tasks, with a wider
 # spread: 0.855-0.882 against 0.877-0.887 at a fixed size over seeds; the
 # cause is the job's tail, where one worker trains the rest of its last
 # task alone at its share of the batch (docs/reliability.md, "Accuracy
 # after a worker restart"). The tasks here are of 500 records, as in the
-# fault suite, which shortens that tail.)
+# fault suite, which shortens that tail but does not end it: CI saw
+# 0.8564 against 0.8819 (0.0255) with them. The bound is those spreads'
+# extremes, 0.855 against 0.887, and a little: a job that trains wrongly
+# after a scale (lost or doubled updates) ends far lower, and the ledger
+# and the record count are checked exactly.)
 BUILD_DIR="$1"
 source "$(dirname "$0")/lib.sh"
 [[ -f $FMNIST/train-images-idx3-ubyte.gz ]] || skip "dataset-fashion-mnist not installed"
@@ -115,7 +119,7 @@ grep -q 'scale done' <<< "$out" || fail "scale to 2 not done: $out"
 set +e; wait "$launcher"; rc=$?; set -e
 (( rc == 0 )) || { tail -n 30 "$work/run.out"; fail "launch.sh run exited $rc"; }
 summary="$work/run/summary.json"
-check_scaled_job "$summary" "scaling 1 -> 3 -> 1 -> 2 workers" "$fixed_acc" 0.02 "$epochs"
+check_scaled_job "$summary" "scaling 1 -> 3 -> 1 -> 2 workers" "$fixed_acc" 0.035 "$epochs"
 # 1 -> 3, 3 -> 1 and the last 1 -> 2; with a quick drain, also the second
 # scale's 1 -> 2 and its 2 -> 1 (500-record tasks drain quickly).
 # (The workers' scales only.)

@@ -125,13 +125,19 @@ wait_for_samples() {
 # within 30 s (no hang on a step after a fault); else fails with "WHAT"
 # and why().
 expect_training_goes_on() {
-  local a deadline=$((SECONDS + 30))
-  a="$(job_samples)"
+  local a="" n deadline=$((SECONDS + 30))
+  # (The master may not answer for a moment: a new leader's status page
+  # comes up after its election.)
   while (( SECONDS < deadline )); do
-    (( $(job_samples) > a + 5000 )) && return 0
+    n="$(job_samples 2>/dev/null)" || n=""
+    if [[ -z "$a" ]]; then
+      a="$n"
+    elif [[ -n "$n" ]] && (( n > a + 5000 )); then
+      return 0
+    fi
     sleep 0.05
   done
-  fail "$2 (at $(job_samples) samples, $a before)$(printf '\n'; why "$1")"
+  fail "$2 (at $(job_samples 2>/dev/null) samples, ${a:-none} before)$(printf '\n'; why "$1")"
 }
 
 now() { date +%s.%N; }

@@ -109,8 +109,10 @@ install_all() {
   [[ -e "$ETC/nftables-strata.nft" ]] ||
     install -m 0644 "$ROOT_DIR/conf/nftables-strata.nft" "$ETC/nftables-strata.nft"
   [[ -e "$ETC/strata.env" ]] ||
-    printf '%s\n' "# The master's address, and this host's, for the pserver and worker units." \
-      "STRATA_MASTER=127.0.0.1:7070" "STRATA_HOST=127.0.0.1" > "$ETC/strata.env"
+    printf '%s\n' "# The masters' addresses (host:port, comma-separated), and this host's, for the units." \
+      "STRATA_MASTER=127.0.0.1:7070" "STRATA_HOST=127.0.0.1" \
+      "# With cluster.etcd: the bring-up whose state the masters keep in etcd (a new job, a new one)." \
+      "STRATA_INSTANCE=" > "$ETC/strata.env"
   local owner=""
   if [[ -z $DEST ]] && getent passwd strata > /dev/null; then owner=strata:strata; fi
   for d in "$DEST/var/lib/strata" "$DEST/var/log/strata"; do

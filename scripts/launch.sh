@@ -147,6 +147,17 @@ on_host_in() {
 
 master_address() { cat "$RUN_DIR/master.address"; }
 
+# plan_masters PLAN: the plan's masters, "host:port,..." (one, or a leader
+# and standbys: docs/reliability.md, "Master high availability"), the
+# address the nodes and the CLI are given.
+plan_masters() {
+  awk '$1 == "master" { h = $3; if (h ~ /:/) h = "[" h "]"; printf "%s%s:%s", (n++ ? "," : ""), h, $4 }' <<< "$1"
+}
+
+# A bring-up's own id: with etcd the masters keep the job's state under
+# keys of it (restarts keep it), so a new job never takes an earlier one's.
+new_instance() { echo "$(date +%Y%m%d-%H%M%S)-$$"; }
+
 # The certificates of an mtls config (docs/security.md): --tls-dir, or a
 # set made for this run in RUN_DIR/tls; every host of the plan must have
 # its directory there. Sets TLS_DIR and exports STRATA_TLS_DIR (the admin
@@ -222,7 +233,7 @@ wait_for_master() {
   for _ in $(seq 1 150); do
     if "$STRATA" status --master "$addr" > /dev/null 2>&1; then return 0; fi
     if [[ -f "$RUN_DIR/systemd" ]]; then
-      if ! unit_active master-0; then
+      if ! any_master_unit_active; then
         echo "launch.sh: strata-master.service failed during start-up; its journal:" >&2
         unit_journal master-0 | tail -n 20 >&2 || true
         return 1
@@ -263,6 +274,15 @@ unit_active() {
   local host unit _since; read -r host unit _since < "$RUN_DIR/units/$1"
   on_host "$host" "systemctl is-active --quiet $unit"
 }
+# Whether a master unit of this run is active (several: a leader and
+# standbys).
+any_master_unit_active() {
+  local f
+  for f in "$RUN_DIR"/units/master-*; do
+    [[ -f "$f" ]] && unit_active "${f##*/}" && return 0
+  done
+  return 1
+}
 unit_journal() {  # this run's journal of the unit (since it was started)
   local host unit since=""; read -r host unit since < "$RUN_DIR/units/$1"
   on_host "$host" "journalctl -u $unit --no-pager -o short-precise ${since:+--since '@$since'}"
@@ -272,13 +292,16 @@ up_systemd() {
   local plan="$1" role index host port data_port http_port h
   [[ -z "$RESUME" ]] || die "--resume with --systemd is not supported: put checkpoint.resume in the config"
   [[ -z "$TRACE" ]] || die "--trace with --systemd is not supported"
-  (( $(grep -c '^master ' <<< "$plan") == 1 )) ||
-    die "several masters with --systemd are not supported yet: start strata-master.service on each master host yourself (docs/reliability.md, \"Master high availability\")"
   # Where the units' daemons look for their certificates.
   SYSTEMD_TLS_DIR="$("$STRATA" security-config --config "$CONFIG" | awk '$1 == "tls_dir" { print $2 }')"
-  read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan")"
-  local master="$host:$port" master_host="$host"
+  # Each master host runs strata-master.service: one, or a leader and
+  # standbys (with etcd, under this bring-up's own keys: STRATA_INSTANCE).
+  local master master_hosts instance
+  master="$(plan_masters "$plan")"
+  master_hosts="$(awk '$1 == "master" { print $3 }' <<< "$plan")"
+  instance="$(new_instance)"
   echo "$master" > "$RUN_DIR/master.address"
+  read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan" | head -n 1)"
   echo "$host:$http_port" > "$RUN_DIR/master.http"
   mkdir -p "$RUN_DIR/units"
   touch "$RUN_DIR/systemd"
@@ -307,7 +330,7 @@ up_systemd() {
       mv /etc/strata/strata.yaml.new /etc/strata/strata.yaml" &&
     on_host_in "$HOSTS" "$h" "cat > /etc/strata/hosts.new && chmod 0644 /etc/strata/hosts.new &&
       mv /etc/strata/hosts.new /etc/strata/hosts" &&
-    on_host "$h" "printf 'STRATA_MASTER=%s\\nSTRATA_HOST=%s\\n' '$master' '$h' > /etc/strata/strata.env" ||
+    on_host "$h" "printf 'STRATA_MASTER=%s\\nSTRATA_HOST=%s\\nSTRATA_INSTANCE=%s\\n' '$master' '$h' '$instance' > /etc/strata/strata.env" ||
       { rm -f "$RUN_DIR/systemd"; die "cannot set up /etc/strata on $h"; }
     if [[ -f "$RUN_DIR/tls.dir" ]]; then
       # This host's certificates only (never the CA's key), the keys the
@@ -322,7 +345,7 @@ up_systemd() {
       rm -f "$tar"
     fi
   done
-  setup_provider "$master_host" "$all_hosts" || { rm -f "$RUN_DIR/systemd"; die "cannot set up the master's provider"; }
+  setup_provider "$master_hosts" "$all_hosts" || { rm -f "$RUN_DIR/systemd"; die "cannot set up the master's provider"; }
   local failed=0
   # start_unit NAME HOST UNIT [SHELL BEFORE]
   start_unit() {
@@ -331,10 +354,13 @@ up_systemd() {
     on_host "$2" "${4:+$4; }systemctl reset-failed $3 2>/dev/null; systemctl start $3" ||
       { echo "launch.sh: systemctl start $3 failed on $2" >&2; failed=1; }
   }
-  # A new job: no state of an earlier one in the master's state directory,
+  # A new job: no state of an earlier one in a master's state directory,
   # and its own event log (the last one's kept beside it).
-  start_unit master-0 "$master_host" strata-master.service \
-    "rm -rf /var/lib/strata/master /var/lib/strata/summary.json; if [ -f /var/log/strata/events.jsonl ]; then mv /var/log/strata/events.jsonl /var/log/strata/events.jsonl.1; fi"
+  while read -r role index host port data_port http_port; do
+    [[ "$role" == master ]] || continue
+    start_unit "master-$index" "$host" strata-master.service \
+      "rm -rf /var/lib/strata/master /var/lib/strata/summary.json; if [ -f /var/log/strata/events.jsonl ]; then mv /var/log/strata/events.jsonl /var/log/strata/events.jsonl.1; fi"
+  done <<< "$plan"
   if (( failed )) || ! wait_for_master; then
     do_down
     return 1
@@ -358,11 +384,12 @@ up_systemd() {
 # is installed as /etc/strata/provider/id on the master's host, strata's
 # alone; on every host, root's logins take it from /etc/strata/provider/
 # authorized_keys (install.sh's sshd drop-in), where its command= lets it
-# run lib/strata/units only. The master's host also gets the hosts' ssh
-# keys (no key is taken on trust) and the plan with the host file's room
+# run lib/strata/units only. Each master's host (MASTER_HOSTS: whichever
+# leads runs the provider) also gets the key, the hosts' ssh keys (no key
+# is taken on trust) and the plan with the host file's room
 # (/etc/strata/plan: which host runs which index).
 setup_provider() {
-  local master_host="$1" hosts="$2" h keys dir="$RUN_DIR/provider"
+  local master_hosts="$1" hosts="$2" h keys dir="$RUN_DIR/provider" master_host
   mkdir -p "$dir"
   [[ -f "$dir/id" ]] || ssh-keygen -q -t ed25519 -N '' -C "strata-provider ($RUN_DIR)" -f "$dir/id" ||
     { echo "launch.sh: ssh-keygen failed" >&2; return 1; }
@@ -378,14 +405,16 @@ setup_provider() {
     awk -v h="$h" '{ print h, $1, $2 }' <<< "$keys" >> "$dir/known_hosts"
   done
   cat "$RUN_DIR/plan" "$RUN_DIR/plan.spare" > "$dir/plan"
-  on_host_in "$dir/plan" "$master_host" "cat > /etc/strata/plan.new && chmod 0644 /etc/strata/plan.new &&
-      mv /etc/strata/plan.new /etc/strata/plan" &&
-  on_host_in "$dir/known_hosts" "$master_host" "cat > /etc/strata/provider/known_hosts.new &&
-      chmod 0644 /etc/strata/provider/known_hosts.new &&
-      mv /etc/strata/provider/known_hosts.new /etc/strata/provider/known_hosts" &&
-  on_host_in "$dir/id" "$master_host" "umask 077 && cat > /etc/strata/provider/id.new &&
-      chown strata:strata /etc/strata/provider/id.new && mv /etc/strata/provider/id.new /etc/strata/provider/id" ||
-    { echo "launch.sh: cannot install the provider's key, the plan or the hosts' keys on $master_host" >&2; return 1; }
+  for master_host in $master_hosts; do
+    on_host_in "$dir/plan" "$master_host" "cat > /etc/strata/plan.new && chmod 0644 /etc/strata/plan.new &&
+        mv /etc/strata/plan.new /etc/strata/plan" &&
+    on_host_in "$dir/known_hosts" "$master_host" "cat > /etc/strata/provider/known_hosts.new &&
+        chmod 0644 /etc/strata/provider/known_hosts.new &&
+        mv /etc/strata/provider/known_hosts.new /etc/strata/provider/known_hosts" &&
+    on_host_in "$dir/id" "$master_host" "umask 077 && cat > /etc/strata/provider/id.new &&
+        chown strata:strata /etc/strata/provider/id.new && mv /etc/strata/provider/id.new /etc/strata/provider/id" ||
+      { echo "launch.sh: cannot install the provider's key, the plan or the hosts' keys on $master_host" >&2; return 1; }
+  done
 }
 
 # Pservers and workers the master's provider started (strata scale) that
@@ -422,13 +451,33 @@ down_systemd() {
     name="${f##*/}"
     unit_journal "$name" > "$RUN_DIR/logs/$name.log" 2>&1 || true
   done
-  if [[ -f "$RUN_DIR/units/master-0" ]]; then
-    read -r host unit since < "$RUN_DIR/units/master-0"
-    on_host "$host" "cat /var/lib/strata/summary.json" > "$RUN_DIR/summary.json.tmp" 2>/dev/null &&
-      mv "$RUN_DIR/summary.json.tmp" "$RUN_DIR/summary.json" || rm -f "$RUN_DIR/summary.json.tmp"
-    on_host "$host" "cat /var/log/strata/events.jsonl" > "$RUN_DIR/events.jsonl" 2>/dev/null || true
-    # (The whole audit log: its chain runs across jobs.)
-    on_host "$host" "cat /var/log/strata/audit.jsonl" > "$RUN_DIR/audit.jsonl" 2>/dev/null || true
+  # Each master's host has what that master wrote while it led: the
+  # newest summary (the last leader's), the event logs merged in time
+  # order, and each host's audit log whole (its chain runs across jobs):
+  # RUN_DIR/audit.jsonl from master 0's host, audit-master-N.jsonl from
+  # the others'.
+  local newest=-1 mtime events=() audit
+  for f in "$RUN_DIR"/units/master-*; do
+    [[ -f "$f" ]] || continue
+    name="${f##*/}"
+    read -r host unit since < "$f"
+    mtime="$(on_host "$host" "stat -c %Y /var/lib/strata/summary.json 2>/dev/null" 2>/dev/null)" || mtime=""
+    if [[ -n "$mtime" ]] && (( mtime > newest )) &&
+       on_host "$host" "cat /var/lib/strata/summary.json" > "$RUN_DIR/summary.json.tmp" 2>/dev/null; then
+      mv "$RUN_DIR/summary.json.tmp" "$RUN_DIR/summary.json"
+      newest="$mtime"
+    fi
+    rm -f "$RUN_DIR/summary.json.tmp"
+    on_host "$host" "cat /var/log/strata/events.jsonl" > "$RUN_DIR/events.$name.jsonl" 2>/dev/null || true
+    events+=("$RUN_DIR/events.$name.jsonl")
+    audit="$RUN_DIR/audit.jsonl"
+    [[ "$name" == master-0 ]] || audit="$RUN_DIR/audit-$name.jsonl"
+    on_host "$host" "cat /var/log/strata/audit.jsonl" > "$audit" 2>/dev/null || true
+  done
+  if (( ${#events[@]} > 0 )); then
+    # (Each line begins {"unix_ms": N, ...)
+    sort -s -n -k2,2 "${events[@]}" > "$RUN_DIR/events.jsonl" 2>/dev/null || true
+    rm -f "${events[@]}"
   fi
   rm -f "$RUN_DIR"/units/* "$RUN_DIR/systemd"
 }
@@ -488,9 +537,7 @@ do_up() {
   local role index host port data_port http_port
   # The masters: one, or a leader and standbys (docs/reliability.md,
   # "Master high availability"): the nodes and the CLI get them all.
-  local masters
-  masters="$(awk '$1 == "master" { h = $3; if (h ~ /:/) h = "[" h "]"; printf "%s%s:%s", (n++ ? "," : ""), h, $4 }' <<< "$plan")"
-  echo "$masters" > "$RUN_DIR/master.address"
+  plan_masters "$plan" > "$RUN_DIR/master.address"
   read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan" | head -n 1)"
   echo "$host:$http_port" > "$RUN_DIR/master.http"
   local resume_args=()
@@ -508,9 +555,8 @@ do_up() {
   # (No spaces in the provider's words: the master splits it at spaces.)
   local provider=()
   [[ "$RUN_DIR$ROOT" != *" "* ]] && provider=(--provider "$ROOT/scripts/launch.sh provide --run-dir $RUN_DIR --action {action} --role {role} --indices {indices}")
-  # (With etcd the masters keep the job's state there, not in --state_dir;
-  # under keys of this bring-up's own, which restarts keep.)
-  local instance; instance="$(date +%Y%m%d-%H%M%S)-$$"
+  # (With etcd the masters keep the job's state there, not in --state_dir.)
+  local instance; instance="$(new_instance)"
   while read -r role index host port data_port http_port; do
     [[ "$role" == master ]] || continue
     start_daemon master "$index" "$host" "$BIN_DIR/strata-master" --config "$CONFIG" $(tls_args "$host") \

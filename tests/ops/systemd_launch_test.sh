@@ -15,7 +15,8 @@
 #      (Restart=on-failure) and rejoins;
 #   6. strata stop, then launch.sh down --systemd: the units stop, and their
 #      journals, the summary and the event log come back to the run dir;
-#      then a whole short job with launch.sh run --systemd;
+#      then a whole short job with launch.sh run --systemd, with two
+#      masters elected through etcd, the leader's killed mid-job;
 #   7. install.sh uninstall.
 # Afterwards no container, namespace, bridge or mount is left.
 BUILD_DIR="$1"
@@ -309,15 +310,90 @@ grep -q "\"who\": \"admin:admin\", \"from\": \"ipv4:$subnet.1:[0-9]*\", \"action
   fail "the audit log does not name the operator's stop"
 grep -q 'progress: worker 1' "$work/run/logs/worker-1.log" || fail "worker 1's journal did not come back"
 
-# A whole job with run --systemd: up, its progress, the summary, down.
-TEST_SECURITY=mtls write_config "$work/short.yaml" bsp 2 "$base" 6000
-"$ROOT/scripts/launch.sh" run --systemd --config "$work/short.yaml" --hosts "$work/hosts" \
+# A whole job with run --systemd: up, its progress, the summary, down. Its
+# masters are two, on hosts 1 and 2, a leader and a standby elected
+# through an etcd on this machine (docs/reliability.md, "Master high
+# availability"): the leader's master is killed mid-job, the standby
+# leads, systemd restarts the killed one (as a standby) and the job
+# succeeds.
+etcd_port=$((base + 60))
+[[ -x /usr/bin/etcd ]] || fail "no /usr/bin/etcd: scripts/install-deps.sh --test installs etcd-server"
+/usr/bin/etcd --name sd --data-dir "$work/etcd" \
+  --listen-client-urls "http://$subnet.1:$etcd_port" --advertise-client-urls "http://$subnet.1:$etcd_port" \
+  --listen-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+  --initial-cluster "sd=http://127.0.0.1:$((etcd_port + 1))" > "$work/etcd.log" 2>&1 &
+etcd_pid=$!
+# (Long enough that the kill comes mid-job: 60 epochs of 12000 records,
+# about 10 s.)
+TEST_SECURITY=mtls write_config "$work/short.yaml" bsp 60 "$base" 12000
+sed -i "s|^cluster:\$|cluster:\n  etcd:\n    endpoints: [$subnet.1:$etcd_port]|" "$work/short.yaml"
+grep -q '^  etcd:$' "$work/short.yaml" || fail "no etcd section in the config"
+cat > "$work/hosts-ha" <<HOSTS
+$(addr_of 1) master pserver
+$(addr_of 2) master pserver worker
+$(addr_of 3) worker=1..2
+HOSTS
+masters="$(addr_of 1):$base,$(addr_of 2):$base"
+"$ROOT/scripts/launch.sh" run --systemd --config "$work/short.yaml" --hosts "$work/hosts-ha" \
   --remote-cmd "${SSH[*]}" --run-dir "$work/run2" --bin-dir "$BUILD_DIR/bin" --timeout 300 \
-  > "$work/run2.out" 2>&1 || { cat "$work/run2.out"; fail "launch.sh run --systemd failed"; }
+  > "$work/run2.out" 2>&1 &
+launcher=$!
+ha_why() {  # what the launcher and the masters said
+  tail -n 20 "$work/run2.out"
+  for h in 1 2; do
+    echo "--- host $h's master:"
+    "${SSH[@]}" "$(addr_of "$h")" 'journalctl -u strata-master --no-pager | tail -n 15'
+  done
+  tail -n 5 "$work/etcd.log"
+}
+# (The CLI with this run's admin certificate, once launch.sh made it.)
+for _ in $(seq 1 300); do
+  [[ -f "$work/run2/tls/admin/client.crt" ]] && break
+  sleep 0.1
+done
+export STRATA_TLS_DIR="$work/run2/tls/admin"
+for _ in $(seq 1 600); do
+  s="$(steps_of "$masters")"
+  [[ -n "$s" && "$s" -ge 300 ]] && break
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.1
+done
+[[ -n "$s" && "$s" -ge 300 ]] || { ha_why; fail "the job with two masters did not reach step 300"; }
+leads() {  # leads HOST: whether host H's master journal says it leads
+  "${SSH[@]}" "$(addr_of "$1")" 'journalctl -u strata-master --no-pager' | grep -q 'this master leads'
+}
+leader=""
+for h in 1 2; do leads "$h" && leader="$h"; done
+[[ -n $leader ]] || { ha_why; fail "neither master's journal says it leads"; }
+other=$(( leader == 1 ? 2 : 1 ))
+"${SSH[@]}" "$(addr_of "$leader")" 'systemctl kill -s KILL strata-master.service'
+for _ in $(seq 1 200); do leads "$other" && break; sleep 0.1; done
+leads "$other" || { ha_why; fail "the standby on host $other did not lead within 20 s of the leader's kill"; }
+restarted=""
+for _ in $(seq 1 100); do
+  if "${SSH[@]}" "$(addr_of "$leader")" 'journalctl -u strata-master --no-pager' |
+       grep -q 'standby: the leading master is'; then restarted=1; break; fi
+  sleep 0.2
+done
+[[ -n $restarted ]] || fail "systemd's restart of the killed master on host $leader is not a standby"
+set +e; wait "$launcher"; rc=$?; set -e
+(( rc == 0 )) || { ha_why; fail "launch.sh run --systemd exited $rc"; }
 grep -q '^progress: epoch ' "$work/run2.out" || { cat "$work/run2.out"; fail "run --systemd showed no progress"; }
 grep -q 'launch.sh: job succeeded' "$work/run2.out" || { cat "$work/run2.out"; fail "run --systemd did not succeed"; }
 [[ "$(json_field "$work/run2/summary.json" state)" == succeeded ]] || fail "run --systemd: no summary"
+grep -q 'state of epoch [0-9]* replayed from etcd' "$work/run2/summary.json" ||
+  fail "the new leader did not carry on from the state in etcd: $(cat "$work/run2/summary.json")"
+for h in 1 2; do
+  "${SSH[@]}" "$(addr_of "$h")" 'systemctl is-active --quiet strata-master.service' &&
+    fail "run --systemd left the master running on host $h"
+done
 "${SSH[@]}" "$(addr_of 2)" 'systemctl is-active --quiet strata-worker@0.service' && fail "run --systemd left units running"
+[[ -s "$work/run2/logs/master-0.log" && -s "$work/run2/logs/master-1.log" ]] ||
+  fail "the masters' journals did not come back"
+kill "$etcd_pid" 2>/dev/null || true
+wait "$etcd_pid" 2>/dev/null || true
+echo "run --systemd with two masters: the leader on host $leader killed, host $other's master led, the job succeeded"
 
 # 7. Uninstall.
 for h in "${hosts[@]}"; do
@@ -348,4 +424,4 @@ for h in "${hosts[@]}"; do
 done
 grep -q "strata-sd-$tag-" /proc/self/mountinfo && fail "mounts left: $(grep "strata-sd-$tag-" /proc/self/mountinfo)"
 assert_nothing_left "$work"
-echo "PASS: install, validate, up --systemd on 3 systemd hosts, top/status/page, systemd restart, strata scale through the provider, stop, down, uninstall"
+echo "PASS: install, validate, up --systemd on 3 systemd hosts, top/status/page, systemd restart, strata scale through the provider, stop, down, run --systemd with a master failover, uninstall"

@@ -125,7 +125,7 @@ int Run() {
     }
     etcd = *std::move(c);
     lead = std::make_unique<strata::master::MasterLeadership>(
-        strata::master::MasterLeadership::Options{etcd.get(), keys, "bench:0", 10});
+        strata::master::MasterLeadership::Options{etcd.get(), keys, "bench:0", "", 10});
     if (absl::Status s = lead->Campaign([] { return false; }); !s.ok()) {
       std::cerr << "strata-state-log-bench: " << s << "\n";
       return 1;

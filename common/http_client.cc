@@ -50,6 +50,11 @@ absl::StatusOr<HttpResult> HttpFetch(const std::string& url, const HttpClientOpt
   }
   const CURLcode rc = curl_easy_perform(curl);
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &result.status);
+  char* location = nullptr;  // (redirects are not followed)
+  if (curl_easy_getinfo(curl, CURLINFO_REDIRECT_URL, &location) == CURLE_OK &&
+      location != nullptr) {
+    result.location = location;
+  }
   curl_easy_cleanup(curl);
   curl_slist_free_all(headers);
   if (rc != CURLE_OK) {

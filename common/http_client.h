@@ -22,6 +22,7 @@ struct HttpClientOptions {
 struct HttpResult {
   long status = 0;
   std::string body;
+  std::string location;  // a redirect's target (not followed), or ""
 };
 
 // GET `url`. Unavailable naming the URL when no response came (connection,

@@ -97,6 +97,8 @@ const char* ReasonPhrase(int status) {
       return "OK";
     case 204:
       return "No Content";
+    case 307:
+      return "Temporary Redirect";
     case 400:
       return "Bad Request";
     case 401:
@@ -127,6 +129,7 @@ std::string FormatResponse(const HttpResponse& response, bool head_only,
       "HTTP/1.1 ", response.status, " ", ReasonPhrase(response.status), "\r\n",
       "Content-Type: ", response.content_type, "\r\n", "Content-Length: ", response.body.size(),
       "\r\n", response.status == 401 ? "WWW-Authenticate: Bearer realm=\"strata\"\r\n" : "",
+      response.location.empty() ? "" : absl::StrCat("Location: ", response.location, "\r\n"),
       extra_headers, "Connection: close\r\n\r\n");
   if (!head_only) out += response.body;
   return out;

@@ -35,7 +35,8 @@ struct HttpRequest {
 struct HttpResponse {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
-  std::string body;  // (a 401 gets "WWW-Authenticate: Bearer" added)
+  std::string body;           // (a 401 gets "WWW-Authenticate: Bearer" added)
+  std::string location = {};  // a redirect's Location header ("": none)
 };
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;

@@ -7,7 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
 #include "common/security.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "master/etcd_state.h"
 #include "master/standby.h"
@@ -71,8 +74,27 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
   if (!started.ok()) return started.status();
   server = *std::move(started);
   const std::string address = absl::StrCat(opts->host, ":", port);
+  // And its HTTP endpoints on the master's HTTP port: its own health and
+  // metrics, the leader's pages redirected there. Elected, it hands the
+  // port to the leader's own (MasterServer::Start).
+  MetricsRegistry standby_metrics;
+  AddProcessMetrics(&standby_metrics);
+  HttpServer http;
+  std::string http_address;
+  if (opts->http_port >= 0) {
+    ServeStandbyHttp(
+        &http, &standby_metrics,
+        [&lead] {
+          MasterLeadership* l = lead.load();
+          return l != nullptr ? LeaderAddresses{l->leader(), l->leader_http()} : LeaderAddresses{};
+        },
+        !opts->security.plaintext);
+    STRATA_RETURN_IF_ERROR(SecureHttp(opts->security, &http, nullptr));
+    STRATA_RETURN_IF_ERROR(http.Start(opts->host, opts->http_port));
+    http_address = absl::StrCat(opts->host, ":", http.port());
+  }
   ha->leadership_ = std::make_unique<MasterLeadership>(
-      MasterLeadership::Options{ha->etcd_.get(), keys, address, e.lease_seconds});
+      MasterLeadership::Options{ha->etcd_.get(), keys, address, http_address, e.lease_seconds});
   lead = ha->leadership_.get();
   LOG(INFO) << "master " << address << ": a standby, campaigning for the lead of job "
             << opts->config.job.name << " in etcd " << ha->etcd_->endpoint() << " (" << keys
@@ -103,6 +125,8 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
   campaigner.join();
   server->Shutdown(absl::ToChronoTime(absl::Now()));
   server.reset();
+  http.Shutdown();
+  lead = nullptr;
   if (sig != 0 || !campaign.ok()) {
     // (Elected just as the signal came: the lead is handed on at once.)
     if (campaign.ok()) ha->leadership_->Resign();
@@ -121,6 +145,7 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
         std::_Exit(3);
       }});
   opts->port = port;
+  if (opts->http_port >= 0) opts->http_port = http.port();
   std::optional<proto::MasterState> replayed;
   const uint64_t had = follower.state().has_value() ? follower.state()->record_seq() : 0;
   // (An etcd member down, or a read at a revision another job's compaction

@@ -2,11 +2,28 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "glog/logging.h"
 
 namespace strata::master {
+
+std::string LeaderValue(const std::string& address, const std::string& http_address) {
+  return http_address.empty() ? address : absl::StrCat(address, "\nhttp ", http_address);
+}
+
+LeaderAddresses ParseLeaderValue(const std::string& value) {
+  LeaderAddresses out;
+  std::vector<std::string> lines = absl::StrSplit(value, '\n');
+  out.address = lines.empty() ? "" : lines[0];
+  for (size_t i = 1; i < lines.size(); ++i) {
+    if (absl::StartsWith(lines[i], "http ")) out.http = lines[i].substr(5);
+  }
+  return out;
+}
 
 MasterLeadership::MasterLeadership(Options options)
     : options_(std::move(options)), leader_key_(options_.keys + "leader") {}
@@ -20,6 +37,17 @@ MasterLeadership::~MasterLeadership() {
 std::string MasterLeadership::leader() const {
   absl::MutexLock l(&mu_);
   return leader_;
+}
+
+std::string MasterLeadership::leader_http() const {
+  absl::MutexLock l(&mu_);
+  return leader_http_;
+}
+
+void MasterLeadership::SawLeaderLocked(const std::string& value) {
+  LeaderAddresses seen = ParseLeaderValue(value);
+  leader_ = std::move(seen.address);
+  leader_http_ = std::move(seen.http);
 }
 
 etcdserverpb::Compare MasterLeadership::StillLeading() const {
@@ -41,11 +69,13 @@ absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped,
       if (!seen.ok()) return seen.status();
       if (seen->found) {
         absl::MutexLock l(&mu_);
-        if (leader_ != seen->value) {
-          LOG(INFO) << "standby: the leading master is " << seen->value << " (" << leader_key_
-                    << ", revision " << seen->create_revision << ")";
+        const std::string before = leader_;
+        SawLeaderLocked(seen->value);
+        if (leader_ != before) {
+          LOG(INFO) << "standby: the leading master is " << leader_
+                    << (leader_http_.empty() ? "" : absl::StrCat(" (http ", leader_http_, ")"))
+                    << " (" << leader_key_ << ", revision " << seen->create_revision << ")";
         }
-        leader_ = seen->value;
         return absl::OkStatus();
       }
       // No leader: try to become it, with a lease of our own.
@@ -62,7 +92,7 @@ absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped,
       c->set_create_revision(0);  // absent
       etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
       put->set_key(leader_key_);
-      put->set_value(options_.address);
+      put->set_value(LeaderValue(options_.address, options_.http_address));
       put->set_lease(*lease);
       txn.add_failure()->mutable_request_range()->set_key(leader_key_);
       auto resp = etcd->Txn(txn);
@@ -72,7 +102,7 @@ absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped,
         const auto& r = resp->responses(0).response_range();
         if (r.kvs_size() > 0) {
           absl::MutexLock l(&mu_);
-          leader_ = r.kvs(0).value();
+          SawLeaderLocked(r.kvs(0).value());
         }
         return absl::OkStatus();
       }
@@ -82,6 +112,7 @@ absl::Status MasterLeadership::Campaign(const std::function<bool()>& stopped,
       valid_until_ = granted + absl::Seconds(options_.lease_seconds) -
                      std::min(absl::Milliseconds(500), absl::Seconds(options_.lease_seconds) / 4);
       leader_ = options_.address;
+      leader_http_ = options_.http_address;
       leading_ = true;
       return absl::OkStatus();
     }();
@@ -201,6 +232,7 @@ void MasterLeadership::Lose(const std::string& why) {
     lost_called_ = true;
     leading_ = false;
     leader_.clear();
+    leader_http_.clear();
     lost = callbacks_.lost;
   }
   LOG(ERROR) << "this master no longer leads: " << why << " (its last state write: etcd revision "

@@ -32,6 +32,15 @@
 
 namespace strata::master {
 
+// The leader key's value: the leader's gRPC address, then, when it serves
+// HTTP, a line "http HOST:PORT"; and the two read back from it.
+std::string LeaderValue(const std::string& address, const std::string& http_address);
+struct LeaderAddresses {
+  std::string address;
+  std::string http;
+};
+LeaderAddresses ParseLeaderValue(const std::string& value);
+
 // Owns: the keep-alive threads (joined by the destructor), the lease, what
 // it knows of the leader (under mu_). Thread-safe.
 class MasterLeadership {
@@ -41,8 +50,10 @@ class MasterLeadership {
     // The job's keys: PREFIX/JOB/ (ends in "/"); the leader key is
     // KEYS + "leader".
     std::string keys;
-    // This master's gRPC address, what standbys redirect to.
+    // This master's gRPC address, what standbys redirect to; and its
+    // HTTP one ("" when it serves none), where standbys send browsers.
     std::string address;
+    std::string http_address;
     int lease_seconds = 3;
     // How often a standby looks at the leader key.
     absl::Duration poll = absl::Milliseconds(200);
@@ -87,6 +98,9 @@ class MasterLeadership {
   // The leader's address as last seen ("" when none is known); this
   // master's own while it leads.
   std::string leader() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The leader's HTTP address as last seen ("" when none is known or it
+  // serves none).
+  std::string leader_http() const ABSL_LOCKS_EXCLUDED(mu_);
   bool leading() const { return leading_.load(); }
   // Leading: the leader key's create revision (the fencing token).
   int64_t revision() const { return revision_.load(); }
@@ -110,6 +124,9 @@ class MasterLeadership {
   absl::Mutex transitions_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::string leader_ ABSL_GUARDED_BY(mu_);
+  std::string leader_http_ ABSL_GUARDED_BY(mu_);
+  // What a leader key's value names (LeaderValue) taken as the leader.
+  void SawLeaderLocked(const std::string& value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   // The lease runs at least until this (renewal sent + TTL - margin).
   absl::Time valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

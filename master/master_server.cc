@@ -14,6 +14,7 @@
 #include "master/master_parts.h"
 #include "master/placement.h"
 #include "master/pserver_calls.h"
+#include "master/standby.h"
 #include "master/status_page.h"
 
 namespace strata::master {
@@ -494,6 +495,7 @@ void MasterServer::RegisterMetrics() {
                             tasks(&TaskScheduler::done));
   metrics_.AddCallbackGauge("strata_master_tasks_leased", "Data tasks leased now",
                             tasks(&TaskScheduler::leased));
+  AddLeaderMetric(&metrics_, [this] { return !paused(); });
 }
 
 // Checkpoints (master/checkpoint_coordinator.h): the coordinator's calls,

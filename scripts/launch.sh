@@ -538,6 +538,7 @@ do_up() {
   # The masters: one, or a leader and standbys (docs/reliability.md,
   # "Master high availability"): the nodes and the CLI get them all.
   plan_masters "$plan" > "$RUN_DIR/master.address"
+  # (The first master's page: a standby sends it to the leader's.)
   read -r role index host port data_port http_port <<< "$(grep '^master ' <<< "$plan" | head -n 1)"
   echo "$host:$http_port" > "$RUN_DIR/master.http"
   local resume_args=()

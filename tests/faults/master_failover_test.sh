@@ -96,16 +96,22 @@ sed -i "s|^  replication: 1\$|  replication: 1\n  etcd:\n    endpoints: [$(ip_of
 grep -q '^  etcd:$' "$WORK/job.yaml" || fail "no etcd section in the config"
 printf '%s master\n%s master\n%s pserver=3\n%s worker=2\n' \
   "$(ip_of 10)" "$(ip_of 11)" "$(ip_of 20)" "$(ip_of 30)" > "$WORK/hosts"
-# The leader serves the status page; a standby does not.
+# The leader serves the status page; a standby redirects it there (307),
+# followed here.
 master_status() {
-  curl -sf -m 1 "http://$(ip_of 10):$((BASE + 1))/status" ||
-    curl -sf -m 1 "http://$(ip_of 11):$((BASE + 1))/status"
+  curl -sfL -m 1 "http://$(ip_of 10):$((BASE + 1))/status" ||
+    curl -sfL -m 1 "http://$(ip_of 11):$((BASE + 1))/status"
 }
-# leader_host: 10 or 11, whichever answers its status page ("" if neither).
+# serves_status H: whether host H's master serves the status page itself
+# (200: it leads).
+serves_status() {
+  [[ "$(curl -s -m 1 -o /dev/null -w '%{http_code}' "http://$(ip_of "$1"):$((BASE + 1))/status")" == 200 ]]
+}
+# leader_host: 10 or 11, whichever serves its status page ("" if neither).
 leader_host() {
   local h
   for h in 10 11; do
-    curl -sf -m 1 -o /dev/null "http://$(ip_of "$h"):$((BASE + 1))/status" && { echo "$h"; return; }
+    serves_status "$h" && { echo "$h"; return; }
   done
 }
 # log_time FILE PATTERN: the time (s since the epoch) of the first line
@@ -160,7 +166,7 @@ ip netns pids "$tag-${NS[$old]}" | xargs -r kill -KILL
 ip netns del "$tag-${NS[$old]}"
 back=""
 for _ in $(seq 1 200); do  # 20 s at most
-  if curl -sf -m 1 -o /dev/null "http://$(ip_of "$new"):$((BASE + 1))/status"; then back="$(now)"; break; fi
+  if serves_status "$new"; then back="$(now)"; break; fi
   sleep 0.1
 done
 [[ -n "$back" ]] || fail "kill: the standby did not lead within 20 s$(printf '\n'; why kill)"
@@ -182,6 +188,10 @@ for _ in $(seq 1 100); do
 done
 grep -q "standby: the leading master is $(ip_of "$new")" "$WORK/returned.log" ||
   fail "kill: the old leader, back, is not a standby: $(tail -3 "$WORK/returned.log")"
+# Its HTTP port sends the leader's pages to the leader's.
+loc="$(curl -s -m 1 -o /dev/null -w '%{http_code} %{redirect_url}' "http://$(ip_of "$old"):$((BASE + 1))/status?x=1" || true)"
+[[ "$loc" == "307 http://$(ip_of "$new"):$((BASE + 1))/status?x=1" ]] ||
+  fail "kill: the standby's status page is not a redirect to the leader's: '$loc'"
 wait_job || fail "kill: the job failed: $(why kill)"
 pkill -KILL -f -- "strata-master .*--host $(ip_of "$old") " 2>/dev/null
 wait "$returned" 2>/dev/null || true

@@ -123,8 +123,10 @@ TEST_F(EtcdTest, ALeaseEndsWithoutRenewalsAndIsRenewedWithThem) {
 }
 
 TEST_F(EtcdTest, OneOfTwoMastersLeadsAndTheOtherRedirectsToIt) {
-  MasterLeadership a(LeadOptions("10.0.0.1:7070"));
-  MasterLeadership b(LeadOptions("10.0.0.2:7070"));
+  MasterLeadership::Options ao = LeadOptions("10.0.0.1:7070");
+  ao.http_address = "10.0.0.1:7071";
+  MasterLeadership a(ao);
+  MasterLeadership b(LeadOptions("10.0.0.2:7070"));  // (serving no HTTP)
   ASSERT_TRUE(a.Campaign([] { return false; }).ok());
   EXPECT_TRUE(a.leading());
   EXPECT_EQ(a.leader(), "10.0.0.1:7070");
@@ -137,6 +139,7 @@ TEST_F(EtcdTest, OneOfTwoMastersLeadsAndTheOtherRedirectsToIt) {
   absl::SleepFor(absl::Seconds(3));  // more than the lease: a renews it
   EXPECT_FALSE(b.leading());
   EXPECT_EQ(b.leader(), "10.0.0.1:7070");
+  EXPECT_EQ(b.leader_http(), "10.0.0.1:7071");  // where its pages redirect
   // a resigns: b leads at once, under a newer revision.
   const absl::Time resigned = absl::Now();
   a.Resign();
@@ -146,6 +149,7 @@ TEST_F(EtcdTest, OneOfTwoMastersLeadsAndTheOtherRedirectsToIt) {
   EXPECT_LT(absl::Now() - resigned, absl::Seconds(1));
   EXPECT_GT(b.revision(), a.revision());
   EXPECT_EQ(b.leader(), "10.0.0.2:7070");
+  EXPECT_EQ(b.leader_http(), "");
 }
 
 TEST_F(EtcdTest, ALeaderWhoseRenewalsFailPausesAndActsAgainWhenNobodyElseWasElected) {

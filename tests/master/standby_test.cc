@@ -12,6 +12,9 @@
 #include "absl/synchronization/mutex.h"
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
+#include "common/http_client.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
 #include "common/node_agent.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -170,6 +173,68 @@ TEST_F(StandbyTest, TheCliFindsTheLeaderOfAListAndAsksItOnce) {
   // None answering: the first, whose error the caller sees.
   SetLeader("");
   EXPECT_EQ(cli.Leader(dead + "," + standby_address_), dead);
+}
+
+TEST(LeaderValueTest, CarriesTheGrpcAndHttpAddresses) {
+  const LeaderAddresses both = ParseLeaderValue(LeaderValue("10.0.0.1:7070", "10.0.0.1:7071"));
+  EXPECT_EQ(both.address, "10.0.0.1:7070");
+  EXPECT_EQ(both.http, "10.0.0.1:7071");
+  const LeaderAddresses grpc_only = ParseLeaderValue(LeaderValue("[::1]:7070", ""));
+  EXPECT_EQ(grpc_only.address, "[::1]:7070");
+  EXPECT_EQ(grpc_only.http, "");
+  EXPECT_EQ(LeaderValue("[::1]:7070", ""), "[::1]:7070");  // as before HTTP was named
+}
+
+// A standby's HTTP port: its own health and metrics; the leader's pages
+// redirected to the leader's HTTP address, 503 while none is known.
+TEST(StandbyHttpTest, RedirectsTheLeadersPagesAndServesItsOwnHealthAndMetrics) {
+  absl::Mutex mu;
+  LeaderAddresses leader;
+  MetricsRegistry metrics;
+  HttpServer http;
+  ServeStandbyHttp(
+      &http, &metrics,
+      [&] {
+        absl::MutexLock l(&mu);
+        return leader;
+      },
+      /*https=*/false);
+  ASSERT_TRUE(http.Start("127.0.0.1", 0).ok());
+  const std::string base = absl::StrCat("http://127.0.0.1:", http.port());
+  auto get = [&](const std::string& path) {
+    auto r = HttpFetch(base + path, HttpClientOptions{});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : HttpResult{};
+  };
+  HttpResult r = get("/status");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_THAT(r.body, HasSubstr("no leading master is known yet"));
+  {
+    absl::MutexLock l(&mu);
+    leader = {"10.0.0.1:7070", ""};
+  }
+  r = get("/");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_THAT(r.body, HasSubstr("the leading master 10.0.0.1:7070 serves no HTTP"));
+  {
+    absl::MutexLock l(&mu);
+    leader = {"10.0.0.1:7070", "10.0.0.1:7071"};
+  }
+  r = get("/?refresh=0");
+  EXPECT_EQ(r.status, 307);
+  EXPECT_EQ(r.location, "http://10.0.0.1:7071/?refresh=0");
+  r = get("/status");
+  EXPECT_EQ(r.status, 307);
+  EXPECT_EQ(r.location, "http://10.0.0.1:7071/status");
+  r = get("/healthz");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.body,
+              HasSubstr("standby; the leading master is 10.0.0.1:7070 (http 10.0.0.1:7071)"));
+  r = get("/metrics");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.body, HasSubstr("strata_master_leader 0"));
+  EXPECT_EQ(r.location, "");
+  http.Shutdown();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -649,6 +650,7 @@ std::string CheckpointCoordinator::Due(uint64_t step, bool running) {
   }
   if (final_pending_) return "final";
   if (!running) return "";
+  if (!again_.empty()) return std::exchange(again_, std::string());
   if (cfg_.every_steps > 0 && step >= next_step_trigger_) {
     next_step_trigger_ = (step / cfg_.every_steps + 1) * cfg_.every_steps;
     return "steps";
@@ -660,6 +662,8 @@ std::string CheckpointCoordinator::Due(uint64_t step, bool running) {
 }
 
 void CheckpointCoordinator::Tick() {
+  // (Read first: a pause from here on is one under this turn's checkpoint.)
+  const uint64_t pauses = this->pauses();
   const Master::Cluster c = master_->CheckpointCluster(/*with_view=*/false);
   if (!c.ready) return;
   // The step now: the newest partition version (bsp: the step; asp: the
@@ -676,6 +680,16 @@ void CheckpointCoordinator::Tick() {
   const std::string reason = Due(step, c.running);
   if (reason.empty()) return;
   auto r = Checkpoint(reason, /*stop_after=*/false);
+  if (!r.ok() && this->pauses() != pauses) {
+    // This master paused under it (its lead in etcd not renewed in time):
+    // taken again once it acts again (the final one stays pending).
+    LOG(WARNING) << "the " << reason << " checkpoint, cancelled by a pause of this master, is "
+                 << "taken again once it acts again";
+    if (reason == "final") return;
+    absl::MutexLock l(&mu_);
+    again_ = reason;
+    return;
+  }
   if (reason == "final") {
     {
       absl::MutexLock l(&mu_);
@@ -688,6 +702,7 @@ void CheckpointCoordinator::Tick() {
 
 void CheckpointCoordinator::CancelInflight() {
   absl::MutexLock il(&inflight_mu_);
+  ++pauses_;
   for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
 }
 

@@ -126,7 +126,9 @@ class CheckpointCoordinator {
   void Start();
   void Shutdown() ABSL_LOCKS_EXCLUDED(inflight_mu_);
   // The pserver calls of a checkpoint under way are cancelled (it fails;
-  // the previous checkpoint stays the latest): a paused master.
+  // the previous checkpoint stays the latest): a paused master. The
+  // checkpoint thread's checkpoint so cancelled is taken again once the
+  // master acts again (Tick), the final one included.
   void CancelInflight() ABSL_LOCKS_EXCLUDED(inflight_mu_);
 
   // Takes a checkpoint now and answers when it is complete: every
@@ -141,7 +143,8 @@ class CheckpointCoordinator {
   // is.
   void Tick() ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
   // Why a checkpoint is due now at step `step` ("steps", "interval",
-  // "final"), or "" when none is; `running`: the job trains.
+  // "final"), or "" when none is; `running`: the job trains. A checkpoint
+  // a pause cancelled is due again at once, with its own reason.
   std::string Due(uint64_t step, bool running) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every data task is done: a bsp checkpoint waiting for its cut sets it
@@ -326,6 +329,14 @@ class CheckpointCoordinator {
   std::set<grpc::ClientContext*> inflight_ ABSL_GUARDED_BY(inflight_mu_);
   uint64_t trainings_done_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // TrainingDone calls
   bool stopping_ ABSL_GUARDED_BY(inflight_mu_) = false;
+  uint64_t pauses_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // CancelInflight calls
+  uint64_t pauses() const ABSL_LOCKS_EXCLUDED(inflight_mu_) {
+    absl::MutexLock l(&inflight_mu_);
+    return pauses_;
+  }
+  // The reason of the checkpoint thread's checkpoint a pause cancelled,
+  // due again ("" when none).
+  std::string again_ ABSL_GUARDED_BY(mu_);
   // Set by RegisterMetrics (null without metrics).
   Histogram* seconds_histogram_ = nullptr;
   Histogram* bytes_histogram_ = nullptr;

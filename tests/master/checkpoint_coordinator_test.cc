@@ -457,6 +457,73 @@ TEST_F(CheckpointCoordinatorTest, TickTakesTheFinalCheckpointThenLetsTheJobEvalu
   EXPECT_FALSE(c.final_pending());
 }
 
+// A master paused under a checkpoint (its lead in etcd not renewed in
+// time: MasterServer::Pause) cancels it; the checkpoint thread takes it
+// again once the master acts again, not a whole interval later. The final
+// one stays pending until it is taken.
+TEST_F(CheckpointCoordinatorTest, ACheckpointAPauseCancelledIsTakenAgainOnceTheMasterActs) {
+  config_.checkpoint.every_steps = 100;
+  CheckpointCoordinator& c = Make();
+  ps1_.set_version(150);
+  ps2_.set_version(150);
+  c.Tick();  // the first look starts the step count: next at 200
+  EXPECT_TRUE(ps1_.requests().empty());
+  ps1_.set_version(200);
+  ps2_.set_version(200);
+  // Due by steps; its cut is ahead, so the pservers wait for it, and the
+  // master pauses meanwhile.
+  ps1_.WaitForCut(true);
+  ps2_.WaitForCut(true);
+  std::thread pause([&] {
+    while (ps1_.requests().empty()) absl::SleepFor(absl::Milliseconds(5));
+    {
+      absl::MutexLock l(&master_.mu_);
+      master_.ready = false;  // (a paused master's cluster is not ready)
+    }
+    c.CancelInflight();
+  });
+  c.Tick();
+  pause.join();
+  EXPECT_EQ(Status().checkpoints(), 0u);
+  EXPECT_EQ(Status().checkpoint_failures(), 1u);
+  c.Tick();  // paused: nothing
+  EXPECT_EQ(ps1_.requests().size(), 1u);
+  // It acts again: the cancelled one is due at once (the step trigger had
+  // moved on to 300, and the pservers are still at 200).
+  ps1_.WaitForCut(false);
+  ps2_.WaitForCut(false);
+  {
+    absl::MutexLock l(&master_.mu_);
+    master_.ready = true;
+  }
+  c.Tick();
+  EXPECT_EQ(ps1_.requests().size(), 2u);
+  EXPECT_EQ(Status().checkpoints(), 1u);
+  c.Tick();  // nothing more due
+  EXPECT_EQ(ps1_.requests().size(), 2u);
+
+  // The final checkpoint, cancelled so: still pending, taken after the pause.
+  {
+    absl::MutexLock l(&master_.mu_);
+    master_.running = false;
+    master_.training_over = true;
+    master_.after_read = [&] { c.CancelInflight(); };  // paused just after the read
+  }
+  c.TrainingDone();
+  ps1_.Fail(absl::CancelledError("cancelled"));
+  c.Tick();
+  EXPECT_TRUE(c.final_pending());
+  {
+    absl::MutexLock l(&master_.mu_);
+    EXPECT_EQ(master_.final_done, 0);
+  }
+  ps1_.Fail(absl::OkStatus());
+  c.Tick();
+  EXPECT_FALSE(c.final_pending());
+  absl::MutexLock l(&master_.mu_);
+  EXPECT_EQ(master_.final_done, 1);
+}
+
 // A job resuming from a checkpoint places its partitions from it: the
 // pservers get the partitions' chains only, the phase says how far the
 // loading is, and once placed there is nothing left to restore.

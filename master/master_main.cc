@@ -1,10 +1,12 @@
 // strata-master: membership, cluster view, placement, data tasks, job status.
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/daemon.h"
 #include "common/daemon_env.h"
@@ -71,6 +73,20 @@ int main(int argc, char** argv) {
   if (auto s = strata::CheckMasterHosts(*hosts, !env->config.cluster.etcd.endpoints.empty());
       !s.ok()) {
     return strata::StartFailed("master", s, 2);
+  }
+  // (Several masters: each is one of the host file's, so that the leader
+  // key and the view name an address the nodes were given.)
+  if (const auto masters = hosts->master_hosts();
+      masters.size() > 1 && !FLAGS_host.empty() &&
+      std::none_of(masters.begin(), masters.end(),
+                   [](const strata::HostEntry& m) { return m.host == FLAGS_host; })) {
+    std::string listed;
+    for (const auto& m : masters) absl::StrAppend(&listed, listed.empty() ? "" : ", ", m.host);
+    return strata::StartFailed(
+        "master",
+        absl::InvalidArgumentError(absl::StrCat("--host ", FLAGS_host, " is not one of ",
+                                                FLAGS_hosts, "'s masters (", listed, ")")),
+        2);
   }
   opts.config = env->config;
   opts.expected_pservers = hosts->total_pservers();

@@ -111,8 +111,9 @@ install_all() {
   [[ -e "$ETC/strata.env" ]] ||
     printf '%s\n' "# The masters' addresses (host:port, comma-separated), and this host's, for the units." \
       "STRATA_MASTER=127.0.0.1:7070" "STRATA_HOST=127.0.0.1" \
-      "# With cluster.etcd: the bring-up whose state the masters keep in etcd (a new job, a new one)." \
-      "STRATA_INSTANCE=" > "$ETC/strata.env"
+      "# A master host with several masters: its own master line's address (unset: the first's)," \
+      "# and the bring-up whose state the masters keep in etcd (a new job, a new one)." \
+      "STRATA_MASTER_HOST=" "STRATA_INSTANCE=" > "$ETC/strata.env"
   local owner=""
   if [[ -z $DEST ]] && getent passwd strata > /dev/null; then owner=strata:strata; fi
   for d in "$DEST/var/lib/strata" "$DEST/var/log/strata"; do

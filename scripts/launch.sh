@@ -330,7 +330,7 @@ up_systemd() {
       mv /etc/strata/strata.yaml.new /etc/strata/strata.yaml" &&
     on_host_in "$HOSTS" "$h" "cat > /etc/strata/hosts.new && chmod 0644 /etc/strata/hosts.new &&
       mv /etc/strata/hosts.new /etc/strata/hosts" &&
-    on_host "$h" "printf 'STRATA_MASTER=%s\\nSTRATA_HOST=%s\\nSTRATA_INSTANCE=%s\\n' '$master' '$h' '$instance' > /etc/strata/strata.env" ||
+    on_host "$h" "printf 'STRATA_MASTER=%s\\nSTRATA_HOST=%s\\nSTRATA_MASTER_HOST=%s\\nSTRATA_INSTANCE=%s\\n' '$master' '$h' '$h' '$instance' > /etc/strata/strata.env" ||
       { rm -f "$RUN_DIR/systemd"; die "cannot set up /etc/strata on $h"; }
     if [[ -f "$RUN_DIR/tls.dir" ]]; then
       # This host's certificates only (never the CA's key), the keys the
@@ -436,15 +436,25 @@ adopt_provided_units() {
 down_systemd() {
   local f name host unit since pat
   adopt_provided_units
-  # Workers first, then pservers, then the master; systemd sends SIGTERM
+  # Workers first, then pservers, then the masters; systemd sends SIGTERM
   # (a checkpoint first when they are on) and SIGKILL after TimeoutStopSec.
-  for pat in 'worker-*' 'pserver-*' 'master-*'; do
+  # (The masters all at once: one by one, a standby stopped after the
+  # leader would be elected and lead a job whose nodes are gone.)
+  for pat in 'worker-*' 'pserver-*'; do
     for f in "$RUN_DIR"/units/$pat; do
       [[ -f "$f" ]] || continue
       read -r host unit since < "$f"
       on_host "$host" "systemctl stop $unit" || echo "launch.sh: systemctl stop $unit failed on $host" >&2
     done
   done
+  local stops=()
+  for f in "$RUN_DIR"/units/master-*; do
+    [[ -f "$f" ]] || continue
+    read -r host unit since < "$f"
+    { on_host "$host" "systemctl stop $unit" || echo "launch.sh: systemctl stop $unit failed on $host" >&2; } &
+    stops+=($!)
+  done
+  (( ${#stops[@]} == 0 )) || wait "${stops[@]}" || true
   # What they left: the journals, the master's summary and event log.
   for f in "$RUN_DIR"/units/*; do
     [[ -f "$f" ]] || continue

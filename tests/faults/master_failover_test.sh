@@ -155,7 +155,13 @@ rc=0
 (( rc == 2 )) || fail "an unreachable etcd: the master exited $rc"
 grep -q "etcd (cluster.etcd.endpoints) cannot be reached: 127.0.0.1:1: .*127.0.0.1:2: " "$WORK/far-etcd.log" ||
   fail "an unreachable etcd: no clear message: $(tail -2 "$WORK/far-etcd.log")"
-echo "bad configs refused: two masters without etcd, and an unreachable etcd"
+rc=0
+"$BUILD_DIR/bin/strata-master" --config "$WORK/job.yaml" --hosts "$WORK/hosts" --host 10.254.0.9 \
+  --port 0 --http_port -1 > "$WORK/other-host.log" 2>&1 || rc=$?
+(( rc == 2 )) || fail "a master on none of the host file's master hosts: it exited $rc"
+grep -q -- "--host 10.254.0.9 is not one of $WORK/hosts's masters ($(ip_of 10), $(ip_of 11))" "$WORK/other-host.log" ||
+  fail "a master on none of the host file's master hosts: no clear message: $(tail -2 "$WORK/other-host.log")"
+echo "bad configs refused: two masters without etcd, an unreachable etcd, a master host not in the host file"
 
 # --- kill: the leader's host dies mid-job.
 baseline_then_start kill 30000

@@ -361,7 +361,7 @@ for _ in $(seq 1 600); do
 done
 [[ -n "$s" && "$s" -ge 300 ]] || { ha_why; fail "the job with two masters did not reach step 300"; }
 leads() {  # leads HOST: whether host H's master journal says it leads
-  "${SSH[@]}" "$(addr_of "$1")" 'journalctl -u strata-master --no-pager' | grep -q 'this master leads'
+  "${SSH[@]}" "$(addr_of "$1")" "journalctl -u strata-master --no-pager | grep -q 'this master leads'"
 }
 leader=""
 for h in 1 2; do leads "$h" && leader="$h"; done
@@ -372,8 +372,10 @@ for _ in $(seq 1 200); do leads "$other" && break; sleep 0.1; done
 leads "$other" || { ha_why; fail "the standby on host $other did not lead within 20 s of the leader's kill"; }
 restarted=""
 for _ in $(seq 1 100); do
-  if "${SSH[@]}" "$(addr_of "$leader")" 'journalctl -u strata-master --no-pager' |
-       grep -q 'standby: the leading master is'; then restarted=1; break; fi
+  if "${SSH[@]}" "$(addr_of "$leader")" \
+       "journalctl -u strata-master --no-pager | grep -q 'standby: the leading master is'"; then
+    restarted=1; break
+  fi
   sleep 0.2
 done
 [[ -n $restarted ]] || fail "systemd's restart of the killed master on host $leader is not a standby"

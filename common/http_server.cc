@@ -40,14 +40,6 @@ constexpr absl::Duration kDrainTimeout = absl::Milliseconds(200);
 constexpr int kAcceptPollMs = 100;
 constexpr absl::Duration kTlsFileCheckInterval = absl::Seconds(1);
 
-// "host:port", bracketing IPv6 literals.
-std::string HostPort(const std::string& host, int port) {
-  if (host.find(':') != std::string::npos) {
-    return absl::StrCat("[", host, "]:", port);
-  }
-  return absl::StrCat(host, ":", port);
-}
-
 std::string ErrnoText(int err) { return std::strerror(err); }
 
 // Milliseconds left until `deadline`, clamped to [0, INT_MAX].
@@ -741,6 +733,13 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port, const std
         absl::StrCat("GET ", url, ": HTTP ", status, reason.empty() ? "" : " ", reason));
   }
   return body;
+}
+
+std::string HostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
 }
 
 }  // namespace strata

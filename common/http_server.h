@@ -90,6 +90,9 @@ class HttpServer {
   std::thread thread_;
 };
 
+// "host:port", an IPv6 literal bracketed ("[fd00::1]:7071").
+std::string HostPort(const std::string& host, int port);
+
 // GET http://host:port/path; returns the body of a 200 response, or an error
 // (Unavailable for connection errors, naming host:port; Internal with the
 // status code for non-200 responses).

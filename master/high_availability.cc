@@ -85,13 +85,16 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
     ServeStandbyHttp(
         &http, &standby_metrics,
         [&lead] {
+          // (Elected, until its own server takes the port: 503, not a
+          // redirect to itself.)
           MasterLeadership* l = lead.load();
-          return l != nullptr ? LeaderAddresses{l->leader(), l->leader_http()} : LeaderAddresses{};
+          return l != nullptr && !l->leading() ? LeaderAddresses{l->leader(), l->leader_http()}
+                                               : LeaderAddresses{};
         },
         !opts->security.plaintext);
     STRATA_RETURN_IF_ERROR(SecureHttp(opts->security, &http, nullptr));
     STRATA_RETURN_IF_ERROR(http.Start(opts->host, opts->http_port));
-    http_address = absl::StrCat(opts->host, ":", http.port());
+    http_address = HostPort(opts->host, http.port());
   }
   ha->leadership_ = std::make_unique<MasterLeadership>(
       MasterLeadership::Options{ha->etcd_.get(), keys, address, http_address, e.lease_seconds});

@@ -179,8 +179,10 @@ void MasterLeadership::MaybeResume(absl::Time valid_until) {
   auto seen = options_.etcd->Get(leader_key_);
   if (!seen.ok()) return;  // (the next renewal tries again)
   if (!seen->found || seen->create_revision != revision_.load()) {
-    Lose(absl::StrCat(leader_key_, " is no longer this master's (revision ", revision_.load(),
-                      seen->found ? absl::StrCat("; ", seen->value, " leads") : "", ")"));
+    Lose(absl::StrCat(
+        leader_key_, " is no longer this master's (revision ", revision_.load(),
+        seen->found ? absl::StrCat("; ", ParseLeaderValue(seen->value).address, " leads") : "",
+        ")"));
     return;
   }
   // (Transitions and their callbacks in one order: a pause decided before

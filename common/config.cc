@@ -749,6 +749,7 @@ std::vector<ConfigReader::Field> ConfigReader::ClusterFields(ClusterSection* clu
                     Int("lease_seconds", &e->lease_seconds, IntInRange(1, 600)),
                     Int("request_timeout_ms", &e->request_timeout_ms, IntAtLeast(1)),
                     Bool("tls", &e->tls),
+                    Bool("compact", &e->compact),
                 };
               }),
   };

@@ -217,6 +217,11 @@ struct EtcdSection {
   // master.key of security.tls_dir); etcd must trust that CA. Plain text
   // when false.
   bool tls = false;
+  // Compact etcd's history after each snapshot of the job's state (etcd
+  // keeps every revision until compacted, and compaction is the whole
+  // etcd's). false: an etcd shared with others, compacted by its own
+  // --auto-compaction-retention.
+  bool compact = true;
 };
 
 // An etcd endpoint as gRPC dials it: "host:port" from "host:port",

@@ -175,7 +175,10 @@ absl::Status EtcdStateStore::WriteSnapshot() {
   snapshot_bytes_ = bytes.size();
   log_bytes_ = 0;
   // The history of what was replaced goes too (etcd keeps every revision
-  // until compacted). Best effort: the next snapshot compacts again.
+  // until compacted), unless etcd is compacted by its own policy
+  // (cluster.etcd.compact false). Best effort: the next snapshot compacts
+  // again.
+  if (!options_.compact) return absl::OkStatus();
   if (absl::Status s = options_.etcd->Compact(revision); !s.ok()) {
     LOG(WARNING) << "compacting etcd at revision " << revision << ": " << s;
   }

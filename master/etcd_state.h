@@ -67,6 +67,7 @@ class EtcdStateStore : public StateStore {
     uint64_t min_log_bytes = 1 << 20;        // as StateLog's
     size_t part_bytes = 512 << 10;           // of a snapshot's part
     size_t txn_bytes = 1 << 20;              // records in one transaction
+    bool compact = true;                     // cluster.etcd.compact
   };
   // Replays the state in etcd into *state (nullopt when there is none),
   // then writes it as a new snapshot. A snapshot that does not decode is

@@ -155,9 +155,9 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
   // just dropped, passes: tried again while the lease lasts.)
   absl::StatusOr<std::unique_ptr<EtcdStateStore>> store;
   for (int attempt = 0;; ++attempt) {
-    store =
-        EtcdStateStore::Open(EtcdStateStore::Options{ha->etcd_.get(), ha->leadership_.get(), keys},
-                             &replayed, &follower);
+    EtcdStateStore::Options so{ha->etcd_.get(), ha->leadership_.get(), keys};
+    so.compact = e.compact;
+    store = EtcdStateStore::Open(so, &replayed, &follower);
     const absl::Status& s = store.status();
     if (s.ok() || absl::IsDataLoss(s) || absl::IsFailedPrecondition(s) || attempt >= 5) break;
     LOG(WARNING) << "reading the job's state in etcd: " << s << "; trying again";

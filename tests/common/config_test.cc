@@ -713,14 +713,16 @@ TEST(ParseJobConfigTest, EtcdSectionForStandbyMastersAndItsChecks) {
       JobConfig c,
       ParseWithData("cluster:\n  etcd:\n    endpoints: [10.0.0.1:2379, http://10.0.0.2:2379/]\n"
                     "    prefix: /jobs\n    lease_seconds: 5\n    request_timeout_ms: 900\n"
-                    "    tls: true\n"));
+                    "    tls: true\n    compact: false\n"));
   EXPECT_THAT(c.cluster.etcd.endpoints, ElementsAre("10.0.0.1:2379", "http://10.0.0.2:2379/"));
   EXPECT_EQ(c.cluster.etcd.prefix, "/jobs");
   EXPECT_EQ(c.cluster.etcd.lease_seconds, 5);
   EXPECT_EQ(c.cluster.etcd.request_timeout_ms, 900);
   EXPECT_TRUE(c.cluster.etcd.tls);
+  EXPECT_FALSE(c.cluster.etcd.compact);
   STRATA_ASSERT_OK_AND_ASSIGN(JobConfig none, ParseWithData(""));
   EXPECT_TRUE(none.cluster.etcd.endpoints.empty());  // one master, no etcd
+  EXPECT_TRUE(none.cluster.etcd.compact);
   ExpectError(ParseWithData("cluster:\n  etcd:\n    prefix: /x\n"),
               "local.yaml:7:3: ", "cluster.etcd.endpoints", "is missing or empty");
   ExpectError(ParseWithData("cluster:\n  etcd:\n    endpoints: [10.0.0.1]\n"),

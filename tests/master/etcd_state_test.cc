@@ -252,6 +252,28 @@ TEST_F(EtcdTest, TheStateReplaysFromSnapshotPartsAndLogAndItsKeysStayBounded) {
   EXPECT_EQ(again->record_seq(), want.record_seq());
 }
 
+// cluster.etcd.compact false (an etcd shared with others, compacted by
+// its own policy): the snapshots replace the log, but etcd's history is
+// left alone.
+TEST_F(EtcdTest, WithoutCompactionEtcdsHistoryIsLeftToItsOwnPolicy) {
+  MasterLeadership a(LeadOptions("10.0.0.1:7070"));
+  ASSERT_TRUE(a.Campaign([] { return false; }).ok());
+  const std::string keys = "/strata-test/job/";
+  EtcdStateStore::Options o{etcd_client_.get(), &a, keys};
+  o.min_log_bytes = 2000;
+  o.compact = false;
+  std::optional<proto::MasterState> replayed;
+  auto store = EtcdStateStore::Open(o, &replayed);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Append(Whole(100)).ok());
+  for (uint64_t t = 0; t < 200; ++t) ASSERT_TRUE((*store)->Append(Delta(t)).ok()) << t;
+  EXPECT_LT(BytesUnder(keys + "state/") / EncodeStateRecord((*store)->state()).size(), 2.2);
+  etcdserverpb::RangeRequest old;
+  old.set_key(keys + "state/head");
+  old.set_revision(2);
+  EXPECT_TRUE(etcd_client_->Range(old).ok()) << "etcd was compacted";
+}
+
 TEST_F(EtcdTest, AStandbyFollowsTheStateAndReadsOnlyWhatIsNewWhenElected) {
   MasterLeadership a(LeadOptions("10.0.0.1:7070"));
   ASSERT_TRUE(a.Campaign([] { return false; }).ok());

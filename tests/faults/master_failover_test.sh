@@ -198,6 +198,10 @@ grep -q "standby: the leading master is $(ip_of "$new")" "$WORK/returned.log" ||
 loc="$(curl -s -m 1 -o /dev/null -w '%{http_code} %{redirect_url}' "http://$(ip_of "$old"):$((BASE + 1))/status?x=1" || true)"
 [[ "$loc" == "307 http://$(ip_of "$new"):$((BASE + 1))/status?x=1" ]] ||
   fail "kill: the standby's status page is not a redirect to the leader's: '$loc'"
+# strata status on the list says which master leads.
+roles="$("$STRATA" status --master "$(ip_of "$old"):$BASE,$(ip_of "$new"):$BASE" | grep '^  masters: ' || true)"
+[[ "$roles" == "  masters: $(ip_of "$old"):$BASE standby, $(ip_of "$new"):$BASE leads" ]] ||
+  fail "kill: strata status does not say which master leads: '$roles'"
 wait_job || fail "kill: the job failed: $(why kill)"
 pkill -KILL -f -- "strata-master .*--host $(ip_of "$old") " 2>/dev/null
 wait "$returned" 2>/dev/null || true

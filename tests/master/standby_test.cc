@@ -173,6 +173,20 @@ TEST_F(StandbyTest, TheCliFindsTheLeaderOfAListAndAsksItOnce) {
   // None answering: the first, whose error the caller sees.
   SetLeader("");
   EXPECT_EQ(cli.Leader(dead + "," + standby_address_), dead);
+  // `strata status` on a list: what each master is, each asked once, the
+  // leader's status kept.
+  SetLeader(leader_address_);
+  leader_.statuses = 0;
+  std::optional<proto::GetStatusResponse> answered;
+  const auto roles = cli.Masters(standby_address_ + "," + leader_address_ + "," + dead, &answered);
+  ASSERT_EQ(roles.size(), 3u);
+  EXPECT_EQ(roles[0].address, standby_address_);
+  EXPECT_EQ(roles[0].role, "standby");
+  EXPECT_EQ(roles[1].role, "leads");
+  EXPECT_THAT(roles[2].role, HasSubstr("unreachable ("));
+  ASSERT_TRUE(answered.has_value());
+  EXPECT_EQ(answered->job().name(), "led");
+  EXPECT_EQ(leader_.statuses.load(), 1);
 }
 
 TEST(LeaderValueTest, CarriesTheGrpcAndHttpAddresses) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -44,7 +45,10 @@ std::string JobProgressLine(const proto::JobStatus& j) {
 namespace cli {
 namespace {
 
-std::string StatusText(const proto::GetStatusResponse& st) {
+// `masters`: each master of a list and what it is (ClusterAccess::Masters),
+// or none for one master.
+std::string StatusText(const proto::GetStatusResponse& st,
+                       const std::vector<ClusterAccess::MasterRole>& masters) {
   std::ostringstream out;
   const proto::JobStatus& j = st.job();
   out << absl::StrFormat(
@@ -64,6 +68,13 @@ std::string StatusText(const proto::GetStatusResponse& st) {
   }
   if (!j.audit_head().empty()) {
     out << absl::StrFormat("  audit log: %d records, head %s\n", j.audit_records(), j.audit_head());
+  }
+  if (!masters.empty()) {
+    out << "  masters:";
+    for (size_t i = 0; i < masters.size(); ++i) {
+      out << (i == 0 ? " " : ", ") << masters[i].address << " " << masters[i].role;
+    }
+    out << "\n";
   }
   out << absl::StrFormat("  scale: %d worker(s), %d pserver(s) wanted; %s%s\n", j.workers_target(),
                          j.pservers_target(), j.autoscale(),
@@ -259,11 +270,18 @@ CliResult Status(const Invocation& in) {
   if (!in.flags.count("master")) {
     return Failure(2, "strata status: --master HOST:PORT is required");
   }
-  auto st = in.cluster.FetchStatus(in.flags.at("master"));
+  // A list of masters (a leader and standbys): each asked what it is, the
+  // leader's answer kept for the status.
+  const std::string& master = in.flags.at("master");
+  std::vector<ClusterAccess::MasterRole> masters;
+  std::optional<proto::GetStatusResponse> answered;
+  if (master.find(',') != std::string::npos) masters = in.cluster.Masters(master, &answered);
+  auto st = answered.has_value() ? absl::StatusOr<proto::GetStatusResponse>(*std::move(answered))
+                                 : in.cluster.FetchStatus(master);
   if (!st.ok()) return Failure(1, absl::StrCat("strata status: ", st.status().message()));
   CliResult r;
   r.data = JsonValue::FromProto(*st);
-  r.text = [st = *std::move(st)] { return StatusText(st); };
+  r.text = [st = *std::move(st), masters = std::move(masters)] { return StatusText(st, masters); };
   return r;
 }
 

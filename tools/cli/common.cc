@@ -27,12 +27,8 @@ std::string ClusterAccess::Leader(const std::string& masters,
   const std::vector<std::string> list = absl::StrSplit(masters, ',', absl::SkipWhitespace());
   if (list.size() <= 1) return masters;
   for (const std::string& m : list) {
-    auto stub = proto::Master::NewStub(
-        grpc::CreateChannel(m, creds ? creds : grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
     proto::GetStatusResponse resp;
-    const absl::Status s = FromGrpcStatus(stub->GetStatus(&ctx, proto::GetStatusRequest(), &resp));
+    const absl::Status s = AskStatus(m, &resp);
     if (HasReason(s, proto::REASON_NOT_LEADER)) {
       if (const std::string leader = LeaderOf(s); !leader.empty()) return leader;
       continue;
@@ -42,6 +38,40 @@ std::string ClusterAccess::Leader(const std::string& masters,
     if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return m;
   }
   return list[0];
+}
+
+absl::Status ClusterAccess::AskStatus(const std::string& master,
+                                      proto::GetStatusResponse* resp) const {
+  auto stub = proto::Master::NewStub(
+      grpc::CreateChannel(master, creds ? creds : grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+  return FromGrpcStatus(stub->GetStatus(&ctx, proto::GetStatusRequest(), resp));
+}
+
+std::vector<ClusterAccess::MasterRole> ClusterAccess::Masters(
+    const std::string& masters, std::optional<proto::GetStatusResponse>* status) const {
+  std::vector<MasterRole> out;
+  const std::vector<std::string> list = absl::StrSplit(masters, ',', absl::SkipWhitespace());
+  for (const std::string& m : list) {
+    proto::GetStatusResponse resp;
+    const absl::Status s = AskStatus(m, &resp);
+    std::string role;
+    if (HasReason(s, proto::REASON_NOT_LEADER)) {
+      // (A leader paused, its lease in etcd not renewed, answers the same
+      // with no leader named.)
+      role = LeaderOf(s).empty() ? "standby (no leader known)" : "standby";
+    } else if (s.ok()) {
+      role = "leads";
+      if (!status->has_value()) *status = std::move(resp);
+    } else if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+      role = absl::StrCat("unreachable (", s.message(), ")");
+    } else {
+      role = "leads";  // (any other answer is the leader's: only it serves)
+    }
+    out.push_back({m, std::move(role)});
+  }
+  return out;
 }
 
 absl::Status ClusterAccess::FromCall(const grpc::Status& s, const std::string& peer) const {

@@ -49,6 +49,17 @@ struct ClusterAccess {
   // answered the status call that found it (nothing to ask again).
   std::string Leader(const std::string& masters,
                      std::optional<proto::GetStatusResponse>* status = nullptr) const;
+  // Every master of `masters` (comma-separated), each asked once, in
+  // order, and what it is: "leads", "standby", or why it did not answer.
+  // `status` is set to the leader's status when it answered.
+  struct MasterRole {
+    std::string address;
+    std::string role;
+  };
+  std::vector<MasterRole> Masters(const std::string& masters,
+                                  std::optional<proto::GetStatusResponse>* status) const;
+  // One master's GetStatus, within 3 s (a standby answers NOT_LEADER).
+  absl::Status AskStatus(const std::string& master, proto::GetStatusResponse* resp) const;
   // A call's status, naming `peer`.
   absl::Status FromCall(const grpc::Status& s, const std::string& peer) const;
   // The master's GetStatus, within 5 s.

@@ -229,9 +229,9 @@ restart_daemon() {
 
 # Polls the master until it answers (bounded).
 wait_for_master() {
-  local addr; addr="$(master_address)"
+  local addr last="" f; addr="$(master_address)"
   for _ in $(seq 1 150); do
-    if "$STRATA" status --master "$addr" > /dev/null 2>&1; then return 0; fi
+    if last="$("$STRATA" status --master "$addr" 2>&1 > /dev/null)"; then return 0; fi
     if [[ -f "$RUN_DIR/systemd" ]]; then
       if ! any_master_unit_active; then
         echo "launch.sh: strata-master.service failed during start-up; its journal:" >&2
@@ -245,7 +245,13 @@ wait_for_master() {
     fi
     sleep 0.2
   done
-  echo "launch.sh: master at $addr did not answer within 30 s" >&2
+  echo "launch.sh: master at $addr did not answer within 30 s: ${last:-no answer}" >&2
+  # (What the masters said meanwhile.)
+  for f in "$RUN_DIR"/logs/master-*.log; do
+    [[ -f "$f" ]] || continue
+    echo "launch.sh: ${f##*/} ends:" >&2
+    tail -n 8 "$f" >&2 || true
+  done
   return 1
 }
 

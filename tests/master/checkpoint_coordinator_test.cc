@@ -1,5 +1,6 @@
 #include "master/checkpoint_coordinator.h"
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -62,7 +63,9 @@ class FakePServer final : public proto::PServerAdmin::Service {
     requests_.push_back(*req);
     if (!fail_.ok()) return ToGrpcStatus(fail_);
     // As a pserver does: a bsp cut ahead of the partitions is waited for
-    // (until the call is cancelled, or its deadline).
+    // (until the call is cancelled, or its deadline). (The wait holds mu_:
+    // a test sees it by waiting_for_cut.)
+    if (wait_for_cut_ && req->at_version() && version_ < req->version()) ++waiting_for_cut;
     while (wait_for_cut_ && req->at_version() && version_ < req->version()) {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
       mu_.AwaitWithTimeout(absl::Condition::kTrue, absl::Milliseconds(10));
@@ -134,6 +137,7 @@ class FakePServer final : public proto::PServerAdmin::Service {
     absl::MutexLock l(&mu_);
     return requests_;
   }
+  std::atomic<int> waiting_for_cut{0};  // calls that began waiting for their cut
 
  private:
   storage::FileSystem* const fs_;
@@ -475,7 +479,11 @@ TEST_F(CheckpointCoordinatorTest, ACheckpointAPauseCancelledIsTakenAgainOnceTheM
   ps1_.WaitForCut(true);
   ps2_.WaitForCut(true);
   std::thread pause([&] {
-    while (ps1_.requests().empty()) absl::SleepFor(absl::Milliseconds(5));
+    // (Both calls made, each waiting: requests() would wait on the
+    // handler's lock.)
+    while (ps1_.waiting_for_cut.load() == 0 || ps2_.waiting_for_cut.load() == 0) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     {
       absl::MutexLock l(&master_.mu_);
       master_.ready = false;  // (a paused master's cluster is not ready)

@@ -74,18 +74,23 @@ int main(int argc, char** argv) {
       !s.ok()) {
     return strata::StartFailed("master", s, 2);
   }
-  // (Several masters: each is one of the host file's, so that the leader
-  // key and the view name an address the nodes were given.)
+  // (Several masters: each says which of the host file's it is, so that
+  // the leader key and the view name an address the nodes were given; the
+  // first's by default would make every master claim the first's.)
   if (const auto masters = hosts->master_hosts();
-      masters.size() > 1 && !FLAGS_host.empty() &&
+      masters.size() > 1 &&
       std::none_of(masters.begin(), masters.end(),
                    [](const strata::HostEntry& m) { return m.host == FLAGS_host; })) {
     std::string listed;
     for (const auto& m : masters) absl::StrAppend(&listed, listed.empty() ? "" : ", ", m.host);
     return strata::StartFailed(
         "master",
-        absl::InvalidArgumentError(absl::StrCat("--host ", FLAGS_host, " is not one of ",
-                                                FLAGS_hosts, "'s masters (", listed, ")")),
+        absl::InvalidArgumentError(absl::StrCat(
+            FLAGS_host.empty() ? "no --host given"
+                               : absl::StrCat("--host ", FLAGS_host, " is not one of them"),
+            ": ", FLAGS_hosts, " lists several masters (", listed,
+            "), and each master is started with --host naming its own (under systemd: "
+            "STRATA_MASTER_HOST in /etc/strata/strata.env)")),
         2);
   }
   opts.config = env->config;

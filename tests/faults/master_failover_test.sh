@@ -151,7 +151,7 @@ grep -q "2 masters (lines 1, 2) but the config has no cluster.etcd.endpoints" "$
 sed "s|^    endpoints: .*|    endpoints: [127.0.0.1:1, 127.0.0.1:2]|" "$WORK/job.yaml" > "$WORK/far-etcd.yaml"
 rc=0
 "$BUILD_DIR/bin/strata-master" --config "$WORK/far-etcd.yaml" --hosts "$WORK/hosts" --port 0 \
-  --http_port -1 > "$WORK/far-etcd.log" 2>&1 || rc=$?
+  --host "$(ip_of 10)" --http_port -1 > "$WORK/far-etcd.log" 2>&1 || rc=$?
 (( rc == 2 )) || fail "an unreachable etcd: the master exited $rc"
 grep -q "etcd (cluster.etcd.endpoints) cannot be reached: 127.0.0.1:1: .*127.0.0.1:2: " "$WORK/far-etcd.log" ||
   fail "an unreachable etcd: no clear message: $(tail -2 "$WORK/far-etcd.log")"
@@ -159,9 +159,15 @@ rc=0
 "$BUILD_DIR/bin/strata-master" --config "$WORK/job.yaml" --hosts "$WORK/hosts" --host 10.254.0.9 \
   --port 0 --http_port -1 > "$WORK/other-host.log" 2>&1 || rc=$?
 (( rc == 2 )) || fail "a master on none of the host file's master hosts: it exited $rc"
-grep -q -- "--host 10.254.0.9 is not one of $WORK/hosts's masters ($(ip_of 10), $(ip_of 11))" "$WORK/other-host.log" ||
+grep -q -- "--host 10.254.0.9 is not one of them: $WORK/hosts lists several masters ($(ip_of 10), $(ip_of 11))" "$WORK/other-host.log" ||
   fail "a master on none of the host file's master hosts: no clear message: $(tail -2 "$WORK/other-host.log")"
-echo "bad configs refused: two masters without etcd, an unreachable etcd, a master host not in the host file"
+rc=0
+"$BUILD_DIR/bin/strata-master" --config "$WORK/job.yaml" --hosts "$WORK/hosts" \
+  --port 0 --http_port -1 > "$WORK/no-host.log" 2>&1 || rc=$?
+(( rc == 2 )) || fail "one of several masters without --host: it exited $rc"
+grep -q -- "no --host given: .* STRATA_MASTER_HOST" "$WORK/no-host.log" ||
+  fail "one of several masters without --host: no clear message: $(tail -2 "$WORK/no-host.log")"
+echo "bad configs refused: two masters without etcd, an unreachable etcd, a master host not in the host file or none given"
 
 # --- kill: the leader's host dies mid-job.
 baseline_then_start kill 30000

@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
   // (The address is known once the port is bound: the leadership is made
   // after, and the redirect asks it through this pointer.)
   std::atomic<MasterLeadership*> lead{nullptr};
-  standby = NewStandbyService(absl::StrCat(opts->host, ":", opts->port), [&lead] {
+  standby = NewStandbyService(HostPort(opts->host, opts->port), [&lead] {
     MasterLeadership* l = lead.load();
     return l != nullptr ? l->leader() : std::string();
   });
@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
                                     standby.get(), opts->config.cluster.control_connect_ms, &port);
   if (!started.ok()) return started.status();
   server = *std::move(started);
-  const std::string address = absl::StrCat(opts->host, ":", port);
+  const std::string address = HostPort(opts->host, port);
   // And its HTTP endpoints on the master's HTTP port: its own health and
   // metrics, the leader's pages redirected there. Elected, it hands the
   // port to the leader's own (MasterServer::Start).

@@ -246,12 +246,20 @@ wait_for_master() {
     sleep 0.2
   done
   echo "launch.sh: master at $addr did not answer within 30 s: ${last:-no answer}" >&2
-  # (What the masters said meanwhile.)
-  for f in "$RUN_DIR"/logs/master-*.log; do
-    [[ -f "$f" ]] || continue
-    echo "launch.sh: ${f##*/} ends:" >&2
-    tail -n 8 "$f" >&2 || true
-  done
+  # (What the masters said meanwhile: their logs, or their units' journals.)
+  if [[ -f "$RUN_DIR/systemd" ]]; then
+    for f in "$RUN_DIR"/units/master-*; do
+      [[ -f "$f" ]] || continue
+      echo "launch.sh: ${f##*/}'s journal ends:" >&2
+      unit_journal "${f##*/}" | tail -n 8 >&2 || true
+    done
+  else
+    for f in "$RUN_DIR"/logs/master-*.log; do
+      [[ -f "$f" ]] || continue
+      echo "launch.sh: ${f##*/} ends:" >&2
+      tail -n 8 "$f" >&2 || true
+    done
+  fi
   return 1
 }
 

@@ -187,6 +187,20 @@ TEST_F(StandbyTest, TheCliFindsTheLeaderOfAListAndAsksItOnce) {
   ASSERT_TRUE(answered.has_value());
   EXPECT_EQ(answered->job().name(), "led");
   EXPECT_EQ(leader_.statuses.load(), 1);
+  // A leader paused (its lease in etcd not renewed) refuses as a standby
+  // that knows no leader, while the standby still names it.
+  auto paused = NewStandbyService("paused", [] { return std::string(); });
+  std::string paused_address;
+  auto paused_server = Serve(paused.get(), &paused_address);
+  SetLeader(paused_address);
+  std::optional<proto::GetStatusResponse> none;
+  const auto while_paused = cli.Masters(standby_address_ + "," + paused_address, &none);
+  ASSERT_EQ(while_paused.size(), 2u);
+  EXPECT_EQ(while_paused[0].role, "standby");
+  EXPECT_EQ(while_paused[0].leader, paused_address);
+  EXPECT_EQ(while_paused[1].role, "leads, paused (its lease in etcd not renewed)");
+  EXPECT_FALSE(none.has_value());
+  paused_server->Shutdown();
 }
 
 TEST(LeaderValueTest, CarriesTheGrpcAndHttpAddresses) {

@@ -275,9 +275,26 @@ CliResult Status(const Invocation& in) {
   const std::string& master = in.flags.at("master");
   std::vector<ClusterAccess::MasterRole> masters;
   std::optional<proto::GetStatusResponse> answered;
-  if (master.find(',') != std::string::npos) masters = in.cluster.Masters(master, &answered);
-  auto st = answered.has_value() ? absl::StatusOr<proto::GetStatusResponse>(*std::move(answered))
-                                 : in.cluster.FetchStatus(master);
+  absl::StatusOr<proto::GetStatusResponse> st;
+  if (master.find(',') == std::string::npos) {
+    st = in.cluster.FetchStatus(master);
+  } else {
+    masters = in.cluster.Masters(master, &answered);
+    std::string named;  // the leader a standby named, when none answered as one
+    for (const auto& m : masters) {
+      if (!m.leader.empty()) named = m.leader;
+    }
+    if (answered.has_value()) {
+      st = *std::move(answered);
+    } else if (!named.empty() && named.find(',') == std::string::npos) {
+      st = in.cluster.FetchStatus(named);  // (one address: asked directly)
+    } else {
+      std::string seen;
+      for (const auto& m : masters)
+        absl::StrAppend(&seen, seen.empty() ? "" : ", ", m.address, " ", m.role);
+      st = absl::UnavailableError(absl::StrCat("no master leads now: ", seen));
+    }
+  }
   if (!st.ok()) return Failure(1, absl::StrCat("strata status: ", st.status().message()));
   CliResult r;
   r.data = JsonValue::FromProto(*st);

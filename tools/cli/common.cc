@@ -56,11 +56,10 @@ std::vector<ClusterAccess::MasterRole> ClusterAccess::Masters(
   for (const std::string& m : list) {
     proto::GetStatusResponse resp;
     const absl::Status s = AskStatus(m, &resp);
-    std::string role;
+    std::string role, leader;
     if (HasReason(s, proto::REASON_NOT_LEADER)) {
-      // (A leader paused, its lease in etcd not renewed, answers the same
-      // with no leader named.)
-      role = LeaderOf(s).empty() ? "standby (no leader known)" : "standby";
+      leader = LeaderOf(s);
+      role = leader.empty() ? "standby (no leader known)" : "standby";
     } else if (s.ok()) {
       role = "leads";
       if (!status->has_value()) *status = std::move(resp);
@@ -69,7 +68,18 @@ std::vector<ClusterAccess::MasterRole> ClusterAccess::Masters(
     } else {
       role = "leads";  // (any other answer is the leader's: only it serves)
     }
-    out.push_back({m, std::move(role)});
+    out.push_back({m, std::move(role), std::move(leader)});
+  }
+  // A leader paused (its lease in etcd not renewed) answers as a standby
+  // that knows no leader; the standbys still name it.
+  for (MasterRole& r : out) {
+    if (r.role != "standby (no leader known)") continue;
+    for (const MasterRole& other : out) {
+      if (other.leader == r.address) {
+        r.role = "leads, paused (its lease in etcd not renewed)";
+        break;
+      }
+    }
   }
   return out;
 }

@@ -50,11 +50,14 @@ struct ClusterAccess {
   std::string Leader(const std::string& masters,
                      std::optional<proto::GetStatusResponse>* status = nullptr) const;
   // Every master of `masters` (comma-separated), each asked once, in
-  // order, and what it is: "leads", "standby", or why it did not answer.
-  // `status` is set to the leader's status when it answered.
+  // order, and what it is: "leads", "leads, paused ..." (a standby names it
+  // but it refuses as one: its lease in etcd not renewed), "standby", or
+  // why it did not answer. `status` is set to the leader's status when it
+  // answered.
   struct MasterRole {
     std::string address;
     std::string role;
+    std::string leader;  // a standby's: the leader it named ("": none)
   };
   std::vector<MasterRole> Masters(const std::string& masters,
                                   std::optional<proto::GetStatusResponse>* status) const;

@@ -149,15 +149,21 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
       }});
   opts->port = port;
   if (opts->http_port >= 0) opts->http_port = http.port();
+  STRATA_RETURN_IF_ERROR(ha->TakeUpState(opts, keys, &follower));
+  return ha;
+}
+
+absl::Status HighAvailability::TakeUpState(MasterOptions* opts, const std::string& keys,
+                                           EtcdStateReader* follower) {
   std::optional<proto::MasterState> replayed;
-  const uint64_t had = follower.state().has_value() ? follower.state()->record_seq() : 0;
+  const uint64_t had = follower->state().has_value() ? follower->state()->record_seq() : 0;
   // (An etcd member down, or a read at a revision another job's compaction
   // just dropped, passes: tried again while the lease lasts.)
   absl::StatusOr<std::unique_ptr<EtcdStateStore>> store;
   for (int attempt = 0;; ++attempt) {
-    EtcdStateStore::Options so{ha->etcd_.get(), ha->leadership_.get(), keys};
-    so.compact = e.compact;
-    store = EtcdStateStore::Open(so, &replayed, &follower);
+    EtcdStateStore::Options so{etcd_.get(), leadership_.get(), keys};
+    so.compact = opts->config.cluster.etcd.compact;
+    store = EtcdStateStore::Open(so, &replayed, follower);
     const absl::Status& s = store.status();
     if (s.ok() || absl::IsDataLoss(s) || absl::IsFailedPrecondition(s) || attempt >= 5) break;
     LOG(WARNING) << "reading the job's state in etcd: " << s << "; trying again";
@@ -172,7 +178,7 @@ absl::StatusOr<std::unique_ptr<HighAvailability>> HighAvailability::AwaitLead(
                                      : std::string("none yet (a new job)"));
   opts->state_store = *std::move(store);
   opts->state_replayed = std::move(replayed);
-  return ha;
+  return absl::OkStatus();
 }
 
 void HighAvailability::Attach(MasterServer* master) {

@@ -6,11 +6,13 @@
 #define STRATA_MASTER_HIGH_AVAILABILITY_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "master/etcd_client.h"
+#include "master/etcd_state.h"
 #include "master/leadership.h"
 #include "master/master_server.h"
 
@@ -50,6 +52,9 @@ class HighAvailability {
   HighAvailability() = default;
   void Pause() ABSL_LOCKS_EXCLUDED(mu_);
   void Resume() ABSL_LOCKS_EXCLUDED(mu_);
+  // Elected: the job's state in etcd brought up from what `follower` read
+  // as a standby, opened as opts->state_store (opts->state_replayed).
+  absl::Status TakeUpState(MasterOptions* opts, const std::string& keys, EtcdStateReader* follower);
 
   std::unique_ptr<EtcdClient> etcd_;
   std::unique_ptr<MasterLeadership> leadership_;
